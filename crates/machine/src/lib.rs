@@ -1,0 +1,37 @@
+//! faultline's machine: a deterministic x86-64 CPU with a VMX-like
+//! virtualization interface.
+//!
+//! The machine knows no hypervisor policy. It offers what VT-x offers a
+//! hypervisor: guest mode with EPT, an exception bitmap, CR3-load exiting with
+//! a CR3-target list, CR0/CR4 guest/host masks, HLT/I/O/MSR/VMCALL/CPUID
+//! exits, event injection, a VPID-tagged TLB with INVEPT/INVVPID, and a cycle
+//! counter that advances in virtual time only. Everything else (memory
+//! virtualization, scheduling, devices) is the hypervisor's job (`crates/hv`).
+//!
+//! Layout:
+//! - [`addr`]: address-space newtypes (`Gva`, `Gpa`, `Hpa`, `Gfn`, `Hfn`).
+//! - [`memory`]: the machine's host-physical memory (an mmap region).
+//! - [`cost`]: the virtual-time cost table.
+//! - [`cpu`]: architectural state and the interpreter.
+//! - [`alu`]: pure integer-instruction semantics with exact flags.
+//! - [`mmu`]: guest paging walker, EPT walker and the TLB.
+//! - [`apic`]: the local APIC in x2APIC mode.
+//! - [`vmx`]: VM-execution controls, VM exits and event injection.
+//! - [`elf`], [`bare`]: loading an ELF and running it with no hypervisor.
+
+pub mod addr;
+pub mod alu;
+pub mod apic;
+pub mod bare;
+pub mod cost;
+pub mod cpu;
+pub mod elf;
+pub mod memory;
+pub mod mmu;
+pub mod vmx;
+
+pub use addr::{Gfn, Gpa, Gva, Hfn, Hpa};
+pub use cost::CycleCosts;
+pub use cpu::{Cpu, CpuConfig};
+pub use memory::{MemError, PhysMemory};
+pub use vmx::{EventInjection, EventKind, VmExit, VmxControls};

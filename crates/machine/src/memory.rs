@@ -1,0 +1,292 @@
+//! The machine's host-physical memory.
+//!
+//! One anonymous mmap region, addressed by [`Hpa`] from 0 to `size`. The
+//! hypervisor carves frames out of it for guest memory, EPT tables and
+//! everything else; the CPU reads page tables and guest data from it.
+//!
+//! All accesses go through atomics (relaxed for data, sequentially consistent
+//! for cmpxchg), so several host threads may run CPUs over the same memory
+//! without data races in the Rust sense: on x86-64 a relaxed atomic load or
+//! store is a plain `mov`. Unaligned multi-byte accesses are split into bytes.
+//! An access outside the region is a [`MemError`], never a host fault.
+
+use crate::addr::{Hpa, PAGE_SIZE};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use thiserror::Error;
+
+/// An access the machine's memory cannot satisfy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum MemError {
+    /// The range `[hpa, hpa + len)` is not inside host-physical memory.
+    #[error("host-physical access {hpa:?}+{len} outside machine memory of {size:#x} bytes")]
+    OutOfRange { hpa: Hpa, len: u64, size: u64 },
+    /// An atomic access that must be naturally aligned was not.
+    #[error("misaligned atomic access at {hpa:?}")]
+    Misaligned { hpa: Hpa },
+}
+
+/// Errors creating the memory region.
+#[derive(Debug, Error)]
+pub enum MemCreateError {
+    #[error("memory size {0:#x} is zero or not a multiple of 4 KiB")]
+    BadSize(u64),
+    #[error("mmap of {size:#x} bytes failed: {source}")]
+    Mmap {
+        size: u64,
+        source: std::io::Error,
+    },
+}
+
+/// Host-physical memory of the machine.
+pub struct PhysMemory {
+    base: *mut u8,
+    size: u64,
+}
+
+// SAFETY: the region is only accessed through atomic operations (or through
+// `&mut self`), so sharing it between threads cannot cause data races.
+unsafe impl Send for PhysMemory {}
+// SAFETY: as above.
+unsafe impl Sync for PhysMemory {}
+
+impl std::fmt::Debug for PhysMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PhysMemory").field("size", &self.size).finish()
+    }
+}
+
+impl PhysMemory {
+    /// Maps `size` bytes of zeroed memory (lazily backed by the host).
+    pub fn new(size: u64) -> Result<Self, MemCreateError> {
+        if size == 0 || size % PAGE_SIZE != 0 || size > (1u64 << 46) {
+            return Err(MemCreateError::BadSize(size));
+        }
+        // SAFETY: an anonymous private mapping with no address hint touches no
+        // existing memory; the result is checked against MAP_FAILED.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(MemCreateError::Mmap {
+                size,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(Self {
+            base: ptr.cast(),
+            size,
+        })
+    }
+
+    /// Size in bytes.
+    #[inline]
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Checks that `[hpa, hpa+len)` lies inside memory.
+    #[inline]
+    pub fn check(&self, hpa: Hpa, len: u64) -> Result<(), MemError> {
+        match hpa.0.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(MemError::OutOfRange {
+                hpa,
+                len,
+                size: self.size,
+            }),
+        }
+    }
+
+    /// Raw pointer to `hpa`. Only valid after [`Self::check`].
+    #[inline]
+    fn ptr(&self, hpa: Hpa) -> *mut u8 {
+        // SAFETY (of the arithmetic): callers checked hpa < size, so the
+        // result stays inside the mapping.
+        self.base.wrapping_add(hpa.0 as usize)
+    }
+
+    /// Reads a little-endian value of `len` bytes (1, 2, 4 or 8).
+    #[inline]
+    pub fn read(&self, hpa: Hpa, len: u8) -> Result<u64, MemError> {
+        self.check(hpa, len as u64)?;
+        let p = self.ptr(hpa);
+        if hpa.0 & (len as u64 - 1) == 0 {
+            // SAFETY: the range is inside the mapping (checked above) and
+            // naturally aligned, so it is a valid atomic of that width.
+            unsafe {
+                Ok(match len {
+                    1 => (*(p as *const AtomicU8)).load(Ordering::Relaxed) as u64,
+                    2 => (*(p as *const AtomicU16)).load(Ordering::Relaxed) as u64,
+                    4 => (*(p as *const AtomicU32)).load(Ordering::Relaxed) as u64,
+                    _ => (*(p as *const AtomicU64)).load(Ordering::Relaxed),
+                })
+            }
+        } else {
+            let mut v = 0u64;
+            for i in 0..len as usize {
+                // SAFETY: each byte is inside the checked range.
+                let b = unsafe { (*(p.add(i) as *const AtomicU8)).load(Ordering::Relaxed) };
+                v |= (b as u64) << (8 * i);
+            }
+            Ok(v)
+        }
+    }
+
+    /// Writes the low `len` bytes (1, 2, 4 or 8) of `value`, little-endian.
+    #[inline]
+    pub fn write(&self, hpa: Hpa, len: u8, value: u64) -> Result<(), MemError> {
+        self.check(hpa, len as u64)?;
+        let p = self.ptr(hpa);
+        if hpa.0 & (len as u64 - 1) == 0 {
+            // SAFETY: in range and naturally aligned (see `read`).
+            unsafe {
+                match len {
+                    1 => (*(p as *const AtomicU8)).store(value as u8, Ordering::Relaxed),
+                    2 => (*(p as *const AtomicU16)).store(value as u16, Ordering::Relaxed),
+                    4 => (*(p as *const AtomicU32)).store(value as u32, Ordering::Relaxed),
+                    _ => (*(p as *const AtomicU64)).store(value, Ordering::Relaxed),
+                }
+            }
+        } else {
+            for i in 0..len as usize {
+                // SAFETY: each byte is inside the checked range.
+                unsafe {
+                    (*(p.add(i) as *const AtomicU8)).store((value >> (8 * i)) as u8, Ordering::Relaxed)
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// 8-byte read.
+    #[inline]
+    pub fn read_u64(&self, hpa: Hpa) -> Result<u64, MemError> {
+        self.read(hpa, 8)
+    }
+
+    /// 8-byte write.
+    #[inline]
+    pub fn write_u64(&self, hpa: Hpa, value: u64) -> Result<(), MemError> {
+        self.write(hpa, 8, value)
+    }
+
+    /// The 8-byte word at `hpa` as an atomic, e.g. a page-table entry that
+    /// the CPU and the hypervisor update concurrently.
+    #[inline]
+    pub fn atomic_u64(&self, hpa: Hpa) -> Result<&AtomicU64, MemError> {
+        self.check(hpa, 8)?;
+        if hpa.0 & 7 != 0 {
+            return Err(MemError::Misaligned { hpa });
+        }
+        // SAFETY: in range and 8-byte aligned; the reference lives no longer
+        // than `&self`, and the mapping lives as long as `self`.
+        Ok(unsafe { &*(self.ptr(hpa) as *const AtomicU64) })
+    }
+
+    /// Compare-and-exchange of `len` bytes at a naturally aligned `hpa`.
+    /// Returns `Ok(previous)`; the swap happened iff `previous == current`.
+    pub fn cmpxchg(&self, hpa: Hpa, len: u8, current: u64, new: u64) -> Result<u64, MemError> {
+        self.check(hpa, len as u64)?;
+        if hpa.0 & (len as u64 - 1) != 0 {
+            return Err(MemError::Misaligned { hpa });
+        }
+        let p = self.ptr(hpa);
+        let sc = Ordering::SeqCst;
+        // SAFETY: in range and naturally aligned.
+        unsafe {
+            Ok(match len {
+                1 => {
+                    let a = &*(p as *const AtomicU8);
+                    a.compare_exchange(current as u8, new as u8, sc, sc).unwrap_or_else(|v| v) as u64
+                }
+                2 => {
+                    let a = &*(p as *const AtomicU16);
+                    a.compare_exchange(current as u16, new as u16, sc, sc).unwrap_or_else(|v| v) as u64
+                }
+                4 => {
+                    let a = &*(p as *const AtomicU32);
+                    a.compare_exchange(current as u32, new as u32, sc, sc).unwrap_or_else(|v| v) as u64
+                }
+                _ => {
+                    let a = &*(p as *const AtomicU64);
+                    a.compare_exchange(current, new, sc, sc).unwrap_or_else(|v| v)
+                }
+            })
+        }
+    }
+
+    /// Copies bytes out of memory.
+    pub fn read_bytes(&self, hpa: Hpa, buf: &mut [u8]) -> Result<(), MemError> {
+        self.check(hpa, buf.len() as u64)?;
+        let p = self.ptr(hpa);
+        for (i, b) in buf.iter_mut().enumerate() {
+            // SAFETY: inside the checked range.
+            *b = unsafe { (*(p.add(i) as *const AtomicU8)).load(Ordering::Relaxed) };
+        }
+        Ok(())
+    }
+
+    /// Copies bytes into memory.
+    pub fn write_bytes(&self, hpa: Hpa, buf: &[u8]) -> Result<(), MemError> {
+        self.check(hpa, buf.len() as u64)?;
+        let p = self.ptr(hpa);
+        for (i, b) in buf.iter().enumerate() {
+            // SAFETY: inside the checked range.
+            unsafe { (*(p.add(i) as *const AtomicU8)).store(*b, Ordering::Relaxed) };
+        }
+        Ok(())
+    }
+
+    /// Fills `[hpa, hpa+len)` with zeros.
+    pub fn zero(&self, hpa: Hpa, len: u64) -> Result<(), MemError> {
+        self.check(hpa, len)?;
+        let mut off = 0;
+        while off < len {
+            let a = hpa.add(off);
+            if a.0 & 7 == 0 && len - off >= 8 {
+                self.write(a, 8, 0)?;
+                off += 8;
+            } else {
+                self.write(a, 1, 0)?;
+                off += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PhysMemory {
+    fn drop(&mut self) {
+        // SAFETY: base/size are exactly what mmap returned; nothing borrows
+        // the region past `self`'s lifetime.
+        unsafe {
+            libc::munmap(self.base.cast(), self.size as usize);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_write_and_bounds() {
+        let m = PhysMemory::new(2 * PAGE_SIZE).unwrap();
+        m.write(Hpa(8), 8, 0x1122334455667788).unwrap();
+        assert_eq!(m.read(Hpa(8), 8).unwrap(), 0x1122334455667788);
+        assert_eq!(m.read(Hpa(9), 2).unwrap(), 0x6677);
+        m.write(Hpa(0x1fff), 1, 0xab).unwrap();
+        assert!(matches!(m.read(Hpa(0x1fff), 2), Err(MemError::OutOfRange { .. })));
+        assert!(m.read(Hpa(u64::MAX), 8).is_err());
+        assert_eq!(m.cmpxchg(Hpa(8), 8, 0x1122334455667788, 5).unwrap(), 0x1122334455667788);
+        assert_eq!(m.read_u64(Hpa(8)).unwrap(), 5);
+        assert!(PhysMemory::new(123).is_err());
+    }
+}
