@@ -28,6 +28,7 @@ pub mod cpu;
 pub mod elf;
 pub mod memory;
 pub mod mmu;
+pub mod programs;
 pub mod vmx;
 
 pub use addr::{Gfn, Gpa, Gva, Hfn, Hpa};

@@ -1,0 +1,49 @@
+//! The bare-mode test programs of `guest-tests/`, built by `build.rs` with
+//! the host gcc and embedded as ELF images.
+//!
+//! Each program writes to COM1 and stops through the isa-debug-exit port:
+//! value 0 (status 1) means success. See `guest-tests/rt.h` for the
+//! conventions and [`crate::bare`] for the machine they run on.
+
+/// Prints "hello from the machine\n" and exits with value 0.
+pub const HELLO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hello.elf"));
+/// Self-checking test of exception delivery (#DE, #UD, #BP, #GP, #PF).
+pub const EXCEPTIONS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/exceptions.elf"));
+/// Self-checking test of ring 3, SYSCALL/SYSRET and user-mode faults.
+pub const USERMODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/usermode.elf"));
+/// Self-checking test of the x2APIC timer, TPR and self-IPIs.
+pub const TIMER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/timer.elf"));
+/// Self-checking test of string instructions and locked atomics.
+pub const STRINGOPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/stringops.elf"));
+/// The `mips` benchmark workload (a few hundred million instructions);
+/// prints "mips_workload checksum <hex>".
+pub const MIPS_WORKLOAD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mips_workload.elf"));
+/// One round of the same workload (~1/12 of it), for tests.
+pub const MIPS_WORKLOAD_SMALL: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/mips_workload_small.elf"));
+
+/// Every program with its name.
+pub const ALL: &[(&str, &[u8])] = &[
+    ("hello", HELLO),
+    ("exceptions", EXCEPTIONS),
+    ("usermode", USERMODE),
+    ("timer", TIMER),
+    ("stringops", STRINGOPS),
+    ("mips_workload", MIPS_WORKLOAD),
+    ("mips_workload_small", MIPS_WORKLOAD_SMALL),
+];
+
+/// The self-checking system tests (exit value 0 on success).
+pub const SYSTEM_TESTS: &[(&str, &[u8])] = &[
+    ("exceptions", EXCEPTIONS),
+    ("usermode", USERMODE),
+    ("timer", TIMER),
+    ("stringops", STRINGOPS),
+];
+
+/// Looks a program up by name.
+pub fn by_name(name: &str) -> Option<&'static [u8]> {
+    ALL.iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, bytes)| *bytes)
+}
