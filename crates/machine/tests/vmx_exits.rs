@@ -226,7 +226,7 @@ fn user_write_to_supervisor_page_error_code() {
     let pde = PD + (DATA >> 21) * 8;
     let v = g.mem.read_u64(Hpa(pde)).unwrap();
     g.mem.write_u64(Hpa(pde), v & !4).unwrap();
-    g.to_user();
+    g.enter_user_mode();
     assert_eq!(
         g.run(),
         VmExit::Exception {

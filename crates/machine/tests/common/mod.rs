@@ -115,7 +115,7 @@ impl Rig {
     }
 
     /// Switches the CPU to ring 3 (user segments), keeping RIP and RSP.
-    pub fn to_user(&mut self) {
+    pub fn enter_user_mode(&mut self) {
         let s = self.cpu.state_mut();
         s.cs = Segment {
             selector: USER_CS,
