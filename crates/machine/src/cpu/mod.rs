@@ -455,10 +455,11 @@ impl Cpu {
             None
         };
         match deadline {
+            // Events were checked before idling, so a deadline not in the
+            // future would mean no progress: treat it as nothing to wait for.
+            Some(d) if d <= self.cycles => Some(VmExit::Hlt),
             Some(d) if d < cycle_limit => {
-                if d > self.cycles {
-                    self.cycles = d;
-                }
+                self.cycles = d;
                 self.check_events = true;
                 None
             }
