@@ -71,7 +71,13 @@ fn compile_and_collect() -> BTreeMap<Code, (Vec<u8>, String)> {
                     forms.entry(insn.code()).or_insert_with(|| {
                         let mut text = String::new();
                         IntelFormatter::new().format(&insn, &mut text);
-                        (raw, format!("{text}   ({}{opt})", src.file_name().unwrap().to_string_lossy()))
+                        (
+                            raw,
+                            format!(
+                                "{text}   ({}{opt})",
+                                src.file_name().unwrap().to_string_lossy()
+                            ),
+                        )
                     });
                 }
             }

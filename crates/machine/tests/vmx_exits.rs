@@ -8,7 +8,8 @@ use iced_x86::code_asm::*;
 use machine::cpu::state::{cr0, Activity};
 use machine::mmu::ept::epte;
 use machine::vmx::{
-    ept_qual, CrAccess, EventInjection, EventKind, Eptp, InveptKind, IoDirection, IpiDest, IpiMode, MsrExiting,
+    ept_qual, CrAccess, Eptp, EventInjection, EventKind, InveptKind, IoDirection, IpiDest, IpiMode,
+    MsrExiting,
 };
 use machine::{Gpa, Gva, Hpa, VmExit};
 
@@ -24,8 +25,11 @@ fn build_ept(rig: &Rig, perm: impl Fn(u64) -> u64) -> Eptp {
     m.write_u64(Hpa(pml4), pdpt | 7).unwrap();
     m.write_u64(Hpa(pdpt), pd | 7).unwrap();
     for i in 0..(MEM >> 21) {
-        m.write_u64(Hpa(pd + i * 8), (i << 21) | epte::HUGE | epte::MEMTYPE_WB | perm(i))
-            .unwrap();
+        m.write_u64(
+            Hpa(pd + i * 8),
+            (i << 21) | epte::HUGE | epte::MEMTYPE_WB | perm(i),
+        )
+        .unwrap();
     }
     Eptp::new(Hpa(pml4), true)
 }
@@ -47,7 +51,11 @@ fn cpuid_exits_in_guest_mode_and_runs_natively_in_bare_mode() {
     assert_eq!(g.cpu.exit_instruction_len(), 2);
     g.cpu.skip_instruction();
     assert_eq!(g.run(), VmExit::Hlt);
-    assert_eq!(g.cpu.state().rip, CODE + 7, "HLT exit leaves RIP at the HLT");
+    assert_eq!(
+        g.cpu.state().rip,
+        CODE + 7,
+        "HLT exit leaves RIP at the HLT"
+    );
 }
 
 #[test]
@@ -72,7 +80,18 @@ fn io_exits_and_completion() {
     );
     g.cpu.skip_instruction();
     let e = g.run();
-    assert!(matches!(e, VmExit::Io { port: 0x3f8, size: 1, direction: IoDirection::In, .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            VmExit::Io {
+                port: 0x3f8,
+                size: 1,
+                direction: IoDirection::In,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     g.cpu.complete_io_in(1, 0x5a);
     assert_eq!(g.run(), VmExit::Hlt);
     assert_eq!(g.gpr(3) & 0xff, 0x5a);
@@ -90,7 +109,17 @@ fn io_bitmap_lets_unlisted_ports_through() {
         ..controls()
     });
     let e = g.run();
-    assert!(matches!(e, VmExit::Io { port: 0xf4, value: 0xff, .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            VmExit::Io {
+                port: 0xf4,
+                value: 0xff,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -208,8 +237,16 @@ fn page_fault_error_code_mask_and_match() {
     assert_eq!(g.gpr(15), HANDLER_MARK + 14);
     assert_eq!(g.cpu.state().cr2, 0x8000_0000);
     let stack_ptr = g.cpu.state().gpr[4];
-    assert_eq!(g.mem.read_u64(Hpa(stack_ptr)).unwrap(), 0, "error code: not present, read, supervisor");
-    assert_eq!(g.mem.read_u64(Hpa(stack_ptr + 8)).unwrap(), CODE + 10, "faulting RIP");
+    assert_eq!(
+        g.mem.read_u64(Hpa(stack_ptr)).unwrap(),
+        0,
+        "error code: not present, read, supervisor"
+    );
+    assert_eq!(
+        g.mem.read_u64(Hpa(stack_ptr + 8)).unwrap(),
+        CODE + 10,
+        "faulting RIP"
+    );
 }
 
 #[test]
@@ -258,7 +295,11 @@ fn cr0_guest_host_mask_and_read_shadow() {
     assert_eq!(real & cr0::TS, 0);
     assert_eq!(g.gpr(3) & cr0::TS, cr0::TS, "guest sees the shadow");
     match e {
-        VmExit::CrAccess(CrAccess::MovTo { cr: 0, gpr: 0, value }) => assert_eq!(value & cr0::TS, 0),
+        VmExit::CrAccess(CrAccess::MovTo {
+            cr: 0,
+            gpr: 0,
+            value,
+        }) => assert_eq!(value & cr0::TS, 0),
         e => panic!("{e:?}"),
     }
 }
@@ -286,7 +327,11 @@ fn cr3_target_list_hit_does_not_exit_and_miss_exits() {
             value: PML4 + 0x10_0000
         })
     );
-    assert_eq!(g.cpu.state().cr3, PML4, "the listed value loaded without an exit");
+    assert_eq!(
+        g.cpu.state().cr3,
+        PML4,
+        "the listed value loaded without an exit"
+    );
     assert_eq!(g.cpu.stats().vm_exits, 1);
 }
 
@@ -299,7 +344,10 @@ fn cr3_store_and_cr8_exiting() {
         cr3_store_exiting: true,
         ..controls()
     });
-    assert_eq!(g.run(), VmExit::CrAccess(CrAccess::MovFrom { cr: 3, gpr: 0 }));
+    assert_eq!(
+        g.run(),
+        VmExit::CrAccess(CrAccess::MovFrom { cr: 3, gpr: 0 })
+    );
     let mut g = rig(|a| {
         a.mov(eax, 5).unwrap();
         a.mov(cr8, rax).unwrap();
@@ -308,7 +356,14 @@ fn cr3_store_and_cr8_exiting() {
         cr8_exiting: true,
         ..controls()
     });
-    assert_eq!(g.run(), VmExit::CrAccess(CrAccess::MovTo { cr: 8, gpr: 0, value: 5 }));
+    assert_eq!(
+        g.run(),
+        VmExit::CrAccess(CrAccess::MovTo {
+            cr: 8,
+            gpr: 0,
+            value: 5
+        })
+    );
 }
 
 #[test]
@@ -353,7 +408,11 @@ fn external_interrupts_exit_or_go_to_the_guest() {
     });
     g.cpu.post_external_interrupt(0x30);
     assert_eq!(g.run(), VmExit::ExternalInterrupt { vector: 0x30 });
-    assert_eq!(g.cpu.state().rip, CODE, "exits before any instruction, IF or not");
+    assert_eq!(
+        g.cpu.state().rip,
+        CODE,
+        "exits before any instruction, IF or not"
+    );
 
     let mut g = rig(prog).guest(controls());
     g.cpu.post_external_interrupt(0x30);
@@ -373,7 +432,11 @@ fn interrupt_window_exit_respects_sti_blocking() {
         ..controls()
     });
     assert_eq!(g.run(), VmExit::InterruptWindow);
-    assert_eq!(g.cpu.state().rip, CODE + 2, "the instruction after STI runs first");
+    assert_eq!(
+        g.cpu.state().rip,
+        CODE + 2,
+        "the instruction after STI runs first"
+    );
 }
 
 #[test]
@@ -405,7 +468,11 @@ fn double_fault_goes_through_ist() {
     r.mem.write_u64(Hpa(e), lo | (1 << 32)).unwrap();
     assert_eq!(r.run(), VmExit::Hlt);
     assert_eq!(r.gpr(15), HANDLER_MARK + 8);
-    assert_eq!(r.cpu.state().gpr[4], IST1 - 48, "frame with error code on IST1");
+    assert_eq!(
+        r.cpu.state().gpr[4],
+        IST1 - 48,
+        "frame with error code on IST1"
+    );
 }
 
 #[test]
@@ -436,7 +503,11 @@ fn each_injection_kind() {
             assert_eq!(g.mem.read_u64(Hpa(stack_ptr)).unwrap(), code as u64);
             frame_at += 8;
         }
-        assert_eq!(g.mem.read_u64(Hpa(frame_at)).unwrap(), ret, "{kind:?} return RIP");
+        assert_eq!(
+            g.mem.read_u64(Hpa(frame_at)).unwrap(),
+            ret,
+            "{kind:?} return RIP"
+        );
         assert!(g.cpu.pending_injection().is_none());
     }
 }
@@ -486,7 +557,10 @@ fn ept_violation_qualification_and_fix_up() {
         VmExit::EptViolation {
             gpa: Gpa(RO),
             gla: Some(Gva(RO)),
-            qualification: ept_qual::WRITE | ept_qual::READABLE | ept_qual::GLA_VALID | ept_qual::GLA_TRANSLATED
+            qualification: ept_qual::WRITE
+                | ept_qual::READABLE
+                | ept_qual::GLA_VALID
+                | ept_qual::GLA_TRANSLATED
         }
     );
     // The hv makes it writable, flushes, resumes.
@@ -520,7 +594,12 @@ fn ept_misconfig() {
         ept: Some(eptp),
         ..controls()
     }));
-    assert_eq!(g.run(), VmExit::EptMisconfig { gpa: Gpa(0x60_0000) });
+    assert_eq!(
+        g.run(),
+        VmExit::EptMisconfig {
+            gpa: Gpa(0x60_0000)
+        }
+    );
 }
 
 #[test]
@@ -599,7 +678,11 @@ fn ipi_to_another_cpu_exits_after_the_write() {
         }
         e => panic!("{e:?}"),
     }
-    assert_eq!(r.run(), VmExit::Hlt, "the write completed; execution goes on");
+    assert_eq!(
+        r.run(),
+        VmExit::Hlt,
+        "the write completed; execution goes on"
+    );
 }
 
 #[test]
@@ -624,7 +707,10 @@ fn apic_timer_wakes_a_halted_cpu() {
     });
     assert_eq!(r.run(), VmExit::Hlt);
     assert_eq!(r.gpr(15), HANDLER_MARK + 0x40);
-    assert!(r.cpu.cycles() >= 100_000, "idle time skipped to the deadline");
+    assert!(
+        r.cpu.cycles() >= 100_000,
+        "idle time skipped to the deadline"
+    );
     assert!(r.cpu.stats().instructions < 50, "without spinning");
 }
 
@@ -643,7 +729,9 @@ fn access_outside_machine_memory_is_a_machine_error() {
         a.mov(rax, qword_ptr(0xc000_0000u64)).unwrap();
     });
     // PDPT entry 3: a 1 GiB page at 4 GiB, far outside 64 MiB of memory.
-    r.mem.write_u64(Hpa(PDPT + 3 * 8), 0x1_0000_0000 | 0x87).unwrap();
+    r.mem
+        .write_u64(Hpa(PDPT + 3 * 8), 0x1_0000_0000 | 0x87)
+        .unwrap();
     let e = r.run();
     assert!(matches!(e, VmExit::MachineError(_)), "{e:?}");
     assert_eq!(r.cpu.state().rip, CODE);
@@ -707,7 +795,12 @@ fn same_program_same_cycles_and_state() {
         r.mem.read_bytes(Hpa(DATA), &mut page).unwrap();
         let mut h = machine::cpu::state::Fnv::default();
         h.bytes(&page);
-        (r.cpu.cycles(), r.cpu.state_digest(), h.finish(), r.cpu.stats().instructions)
+        (
+            r.cpu.cycles(),
+            r.cpu.state_digest(),
+            h.finish(),
+            r.cpu.stats().instructions,
+        )
     };
     let a = run();
     let b = run();

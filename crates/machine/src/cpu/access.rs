@@ -83,7 +83,13 @@ impl Cpu {
             vpid: self.vpid(),
         };
         let mut refs = 0;
-        let r = mmu::translate(&mut self.tlb, &ctx, Gva(la), Access { kind, user }, &mut refs);
+        let r = mmu::translate(
+            &mut self.tlb,
+            &ctx,
+            Gva(la),
+            Access { kind, user },
+            &mut refs,
+        );
         if refs != 0 {
             self.stats.page_walk_refs += refs;
             self.cycles += refs * self.costs.page_walk_ref;
@@ -112,7 +118,13 @@ impl Cpu {
 
     /// Reads with an explicit privilege (implicit supervisor accesses, such
     /// as descriptor-table and TSS reads, pass `user = false`).
-    pub(crate) fn read_mem_as(&mut self, mem: &PhysMemory, la: u64, size: Size, user: bool) -> Result<u64, Fault> {
+    pub(crate) fn read_mem_as(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        size: Size,
+        user: bool,
+    ) -> Result<u64, Fault> {
         let n = size.bytes() as u64;
         if (la & 0xfff) + n <= 0x1000 {
             let hpa = self.translate(mem, la, AccessKind::Read, user)?;
@@ -133,7 +145,13 @@ impl Cpu {
 
     /// Writes `size` bytes at linear address `la`.
     #[inline]
-    pub(crate) fn write_mem(&mut self, mem: &PhysMemory, la: u64, size: Size, value: u64) -> Result<(), Fault> {
+    pub(crate) fn write_mem(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        size: Size,
+        value: u64,
+    ) -> Result<(), Fault> {
         let user = self.user_access();
         self.write_mem_as(mem, la, size, value, user)
     }
@@ -165,7 +183,13 @@ impl Cpu {
 
     /// A store to host-physical memory, noting writes into cached code.
     #[inline]
-    pub(crate) fn store(&mut self, mem: &PhysMemory, hpa: Hpa, size: Size, value: u64) -> Result<(), Fault> {
+    pub(crate) fn store(
+        &mut self,
+        mem: &PhysMemory,
+        hpa: Hpa,
+        size: Size,
+        value: u64,
+    ) -> Result<(), Fault> {
         mem.write(hpa, size.bytes(), value)?;
         if mem.is_code(hpa) || mem.is_code(hpa.add(size.bytes() as u64 - 1)) {
             self.code_written = true;
@@ -228,7 +252,10 @@ impl Cpu {
             a = a.wrapping_add(self.reg_for_address(base));
         }
         if index != Register::None {
-            a = a.wrapping_add(self.reg_for_address(index).wrapping_mul(i.memory_index_scale() as u64));
+            a = a.wrapping_add(
+                self.reg_for_address(index)
+                    .wrapping_mul(i.memory_index_scale() as u64),
+            );
         }
         // 32-bit address size (0x67): the address wraps at 4 GiB.
         if base.is_gpr32() || index.is_gpr32() || base == Register::EIP {
@@ -260,7 +287,13 @@ impl Cpu {
     /// Reads operand `n` zero-extended (immediates come sign-extended to
     /// 64 bits and are masked by the caller's size).
     #[inline]
-    pub(crate) fn read_op(&mut self, mem: &PhysMemory, i: &Instruction, n: u32, size: Size) -> Result<u64, Fault> {
+    pub(crate) fn read_op(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+        n: u32,
+        size: Size,
+    ) -> Result<u64, Fault> {
         match i.op_kind(n) {
             OpKind::Register => Ok(self.reg(i.op_register(n))),
             OpKind::Memory => {
@@ -273,7 +306,14 @@ impl Cpu {
 
     /// Writes operand `n`.
     #[inline]
-    pub(crate) fn write_op(&mut self, mem: &PhysMemory, i: &Instruction, n: u32, size: Size, v: u64) -> Result<(), Fault> {
+    pub(crate) fn write_op(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+        n: u32,
+        size: Size,
+        v: u64,
+    ) -> Result<(), Fault> {
         match i.op_kind(n) {
             OpKind::Register => {
                 self.set_reg(i.op_register(n), v);
@@ -290,7 +330,13 @@ impl Cpu {
     /// Resolves operand `n` as a read-modify-write destination, checking
     /// write permission up front as hardware does.
     #[inline]
-    pub(crate) fn place(&mut self, mem: &PhysMemory, i: &Instruction, n: u32, size: Size) -> Result<Place, Fault> {
+    pub(crate) fn place(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+        n: u32,
+        size: Size,
+    ) -> Result<Place, Fault> {
         match i.op_kind(n) {
             OpKind::Register => {
                 let (idx, _, high) = gpr_info(i.op_register(n));
@@ -306,7 +352,12 @@ impl Cpu {
                     // Check both pages for writing before anything changes.
                     let user = self.user_access();
                     self.translate(mem, la, AccessKind::Write, user)?;
-                    self.translate(mem, la.wrapping_add(size.bytes() as u64 - 1), AccessKind::Write, user)?;
+                    self.translate(
+                        mem,
+                        la.wrapping_add(size.bytes() as u64 - 1),
+                        AccessKind::Write,
+                        user,
+                    )?;
                     Ok(Place::Split { la })
                 }
             }
@@ -316,11 +367,20 @@ impl Cpu {
 
     /// Reads a resolved place.
     #[inline]
-    pub(crate) fn read_place(&mut self, mem: &PhysMemory, p: Place, size: Size) -> Result<u64, Fault> {
+    pub(crate) fn read_place(
+        &mut self,
+        mem: &PhysMemory,
+        p: Place,
+        size: Size,
+    ) -> Result<u64, Fault> {
         match p {
             Place::Reg { idx, high } => {
                 let v = self.state.gpr[idx as usize & 15];
-                Ok(if high { (v >> 8) & 0xff } else { v & size.mask() })
+                Ok(if high {
+                    (v >> 8) & 0xff
+                } else {
+                    v & size.mask()
+                })
             }
             Place::Mem { hpa } => Ok(mem.read(hpa, size.bytes())?),
             Place::Split { la } => self.read_mem(mem, la, size),
@@ -329,7 +389,13 @@ impl Cpu {
 
     /// Writes a resolved place.
     #[inline]
-    pub(crate) fn write_place(&mut self, mem: &PhysMemory, p: Place, size: Size, v: u64) -> Result<(), Fault> {
+    pub(crate) fn write_place(
+        &mut self,
+        mem: &PhysMemory,
+        p: Place,
+        size: Size,
+        v: u64,
+    ) -> Result<(), Fault> {
         match p {
             Place::Reg { idx, high } => {
                 self.set_gpr_sized(idx, size, high, v);

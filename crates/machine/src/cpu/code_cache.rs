@@ -114,7 +114,13 @@ impl CodeCache {
     }
 
     /// Caches a freshly decoded block and marks its frame as holding code.
-    pub fn insert(&mut self, mem: &PhysMemory, hpa: Hpa, rip: u64, insns: Vec<Instruction>) -> Rc<Block> {
+    pub fn insert(
+        &mut self,
+        mem: &PhysMemory,
+        hpa: Hpa,
+        rip: u64,
+        insns: Vec<Instruction>,
+    ) -> Rc<Block> {
         if self.map.len() >= MAX_BLOCKS {
             self.map.clear();
             self.front.iter_mut().for_each(|s| *s = None);
@@ -147,7 +153,9 @@ pub fn decode_block(bytes: &[u8], rip: u64) -> Option<Vec<Instruction>> {
     while decoder.can_decode() && insns.len() < MAX_BLOCK_INSNS {
         let pos = decoder.position();
         let insn = decoder.decode();
-        if insn.code() == Code::INVALID && decoder.last_error() == iced_x86::DecoderError::NoMoreBytes {
+        if insn.code() == Code::INVALID
+            && decoder.last_error() == iced_x86::DecoderError::NoMoreBytes
+        {
             // Runs off the page: end the block before it; if it is the
             // first instruction, the caller fetches across the boundary.
             let _ = pos;

@@ -167,9 +167,17 @@ impl Cpu {
     /// Reads a 64-bit word of the TSS at `offset`.
     fn tss_read(&mut self, mem: &PhysMemory, offset: u64) -> Result<u64, Fault> {
         if offset + 7 > self.state.tr.limit as u64 || self.state.tr.attr & seg_attr::UNUSABLE != 0 {
-            return Err(Fault::with_code(vector::TS, (self.state.tr.selector & !3) as u32));
+            return Err(Fault::with_code(
+                vector::TS,
+                (self.state.tr.selector & !3) as u32,
+            ));
         }
-        self.read_mem_as(mem, self.state.tr.base.wrapping_add(offset), Size::B8, false)
+        self.read_mem_as(
+            mem,
+            self.state.tr.base.wrapping_add(offset),
+            Size::B8,
+            false,
+        )
     }
 
     /// Builds the interrupt frame and transfers control to the handler.

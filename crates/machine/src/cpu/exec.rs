@@ -98,7 +98,11 @@ impl Cpu {
             M::Bswap => {
                 let size = Self::op_size(i, 0);
                 let v = self.reg(i.op0_register());
-                let r = if size == Size::B2 { 0 } else { alu::bswap(size, v) };
+                let r = if size == Size::B2 {
+                    0
+                } else {
+                    alu::bswap(size, v)
+                };
                 self.set_reg(i.op0_register(), r);
                 Ok(())
             }
@@ -111,14 +115,22 @@ impl Cpu {
             M::Push => self.exec_push(mem, i),
             M::Pop => self.exec_pop(mem, i),
             M::Pushfq | M::Pushf => {
-                let size = if i.mnemonic() == M::Pushf { Size::B2 } else { Size::B8 };
+                let size = if i.mnemonic() == M::Pushf {
+                    Size::B2
+                } else {
+                    Size::B8
+                };
                 // VM and RF read as 0 in the pushed image.
                 let v = self.state.rflags & !(rflags::VM | rflags::RF);
                 self.push(mem, size, v)
             }
             M::Popfq | M::Popf => self.exec_popf(mem, i),
             M::Leave => {
-                let size = if i.stack_pointer_increment() == 2 { Size::B2 } else { Size::B8 };
+                let size = if i.stack_pointer_increment() == 2 {
+                    Size::B2
+                } else {
+                    Size::B8
+                };
                 let saved = self.state.gpr[4];
                 self.state.gpr[4] = self.state.gpr[5];
                 match self.pop(mem, size) {
@@ -182,7 +194,11 @@ impl Cpu {
                 }
             }
             M::Jrcxz | M::Jecxz => {
-                let size = if i.mnemonic() == M::Jecxz { Size::B4 } else { Size::B8 };
+                let size = if i.mnemonic() == M::Jecxz {
+                    Size::B4
+                } else {
+                    Size::B8
+                };
                 if self.state.gpr[1] & size.mask() == 0 {
                     self.jump(i.near_branch_target())
                 } else {
@@ -279,7 +295,9 @@ impl Cpu {
             }
             M::Xlatb => {
                 let base = self.state.gpr[3];
-                let la = base.wrapping_add(self.state.gpr[0] & 0xff).wrapping_add(self.segment_base(i.memory_segment()));
+                let la = base
+                    .wrapping_add(self.state.gpr[0] & 0xff)
+                    .wrapping_add(self.segment_base(i.memory_segment()));
                 let v = self.read_mem(mem, la, Size::B1)?;
                 self.set_gpr_sized(0, Size::B1, false, v);
                 Ok(())
@@ -325,7 +343,9 @@ impl Cpu {
     #[inline]
     fn branch_target(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<u64, Fault> {
         match i.op0_kind() {
-            OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16 => Ok(i.near_branch_target()),
+            OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16 => {
+                Ok(i.near_branch_target())
+            }
             OpKind::Register | OpKind::Memory => {
                 // Far forms (jmp/call m16:64) are not supported: #UD.
                 if i.is_jmp_far_indirect() || i.is_call_far_indirect() {
@@ -377,7 +397,9 @@ impl Cpu {
         let p = self.place(mem, i, 0, size)?;
         let fl = self.state.rflags;
         if i.has_lock_prefix() {
-            let old = self.atomic_update(mem, p, size, |old| Some(alu::binop(op, size, old, src, fl).0))?;
+            let old = self.atomic_update(mem, p, size, |old| {
+                Some(alu::binop(op, size, old, src, fl).0)
+            })?;
             self.state.rflags = alu::binop(op, size, old, src, fl).1;
         } else {
             let old = self.read_place(mem, p, size)?;
@@ -480,7 +502,10 @@ impl Cpu {
         let (high, low) = if size == Size::B1 {
             ((self.state.gpr[0] >> 8) & 0xff, self.state.gpr[0] & 0xff)
         } else {
-            (self.state.gpr[2] & size.mask(), self.state.gpr[0] & size.mask())
+            (
+                self.state.gpr[2] & size.mask(),
+                self.state.gpr[0] & size.mask(),
+            )
         };
         let r = if i.mnemonic() == M::Div {
             alu::div(size, high, low, divisor)
@@ -506,7 +531,9 @@ impl Cpu {
             // signed, in units of the operand size.
             let offset = size.sign_extend(self.reg(i.op1_register()));
             let ea = self.effective_address(i);
-            let la = ea.wrapping_add(((offset as i64) >> size.bits().trailing_zeros()) as u64 * size.bytes() as u64);
+            let la = ea.wrapping_add(
+                ((offset as i64) >> size.bits().trailing_zeros()) as u64 * size.bytes() as u64,
+            );
             let bit = (offset & (bits - 1)) as u32;
             let p = if op == BitOp::Bt {
                 // BT only reads: do not require write permission.
@@ -527,7 +554,9 @@ impl Cpu {
             (self.place(mem, i, 0, size)?, bit)
         };
         let old = if i.has_lock_prefix() {
-            self.atomic_update(mem, p, size, |old| Some(alu::bit_test(op, size, old, bit, fl).0))?
+            self.atomic_update(mem, p, size, |old| {
+                Some(alu::bit_test(op, size, old, bit, fl).0)
+            })?
         } else {
             let old = self.read_place(mem, p, size)?;
             self.write_place(mem, p, size, alu::bit_test(op, size, old, bit, fl).0)?;
@@ -545,7 +574,12 @@ impl Cpu {
             Ok(Place::Mem { hpa })
         } else {
             self.translate(mem, la, crate::mmu::AccessKind::Write, user)?;
-            self.translate(mem, la.wrapping_add(size.bytes() as u64 - 1), crate::mmu::AccessKind::Write, user)?;
+            self.translate(
+                mem,
+                la.wrapping_add(size.bytes() as u64 - 1),
+                crate::mmu::AccessKind::Write,
+                user,
+            )?;
             Ok(Place::Split { la })
         }
     }
@@ -579,7 +613,11 @@ impl Cpu {
             return Ok(());
         }
         // XCHG with memory is always locked.
-        let (mem_op, reg_op) = if i.op0_kind() == OpKind::Memory { (0, 1) } else { (1, 0) };
+        let (mem_op, reg_op) = if i.op0_kind() == OpKind::Memory {
+            (0, 1)
+        } else {
+            (1, 0)
+        };
         let r = i.op_register(reg_op);
         let v = self.reg(r);
         let p = self.place(mem, i, mem_op, size)?;
@@ -594,7 +632,12 @@ impl Cpu {
         let acc = self.state.gpr[0] & size.mask();
         let p = self.place(mem, i, 0, size)?;
         let old = if i.has_lock_prefix() {
-            self.atomic_update(mem, p, size, |old| if old == acc { Some(src) } else { None })?
+            self.atomic_update(
+                mem,
+                p,
+                size,
+                |old| if old == acc { Some(src) } else { None },
+            )?
         } else {
             let old = self.read_place(mem, p, size)?;
             // The destination is written either way (with its old value on
@@ -616,7 +659,9 @@ impl Cpu {
         let fl = self.state.rflags;
         let p = self.place(mem, i, 0, size)?;
         let old = if i.has_lock_prefix() {
-            self.atomic_update(mem, p, size, |old| Some(alu::binop(BinOp::Add, size, old, src, fl).0))?
+            self.atomic_update(mem, p, size, |old| {
+                Some(alu::binop(BinOp::Add, size, old, src, fl).0)
+            })?
         } else {
             let old = self.read_place(mem, p, size)?;
             self.write_place(mem, p, size, alu::binop(BinOp::Add, size, old, src, fl).0)?;
@@ -641,13 +686,21 @@ impl Cpu {
 
     fn convert_to_rdx(&mut self, size: Size) -> Result<(), Fault> {
         let a = self.state.gpr[0] & size.mask();
-        let hi = if a & size.sign_bit() != 0 { size.mask() } else { 0 };
+        let hi = if a & size.sign_bit() != 0 {
+            size.mask()
+        } else {
+            0
+        };
         self.set_gpr_sized(2, size, false, hi);
         Ok(())
     }
 
     fn exec_push(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
-        let size = if i.stack_pointer_increment() == -2 { Size::B2 } else { Size::B8 };
+        let size = if i.stack_pointer_increment() == -2 {
+            Size::B2
+        } else {
+            Size::B8
+        };
         let v = match i.op0_kind() {
             OpKind::Register if i.op0_register().is_segment_register() => {
                 self.segment(i.op0_register()).selector as u64
@@ -658,7 +711,11 @@ impl Cpu {
     }
 
     fn exec_pop(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
-        let size = if i.stack_pointer_increment() == 2 { Size::B2 } else { Size::B8 };
+        let size = if i.stack_pointer_increment() == 2 {
+            Size::B2
+        } else {
+            Size::B8
+        };
         let saved = self.state.gpr[4];
         let v = self.pop(mem, size)?;
         let r = if i.op0_kind() == OpKind::Register && i.op0_register().is_segment_register() {
@@ -674,7 +731,11 @@ impl Cpu {
     }
 
     fn exec_popf(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
-        let size = if i.mnemonic() == M::Popf { Size::B2 } else { Size::B8 };
+        let size = if i.mnemonic() == M::Popf {
+            Size::B2
+        } else {
+            Size::B8
+        };
         let v = self.pop(mem, size)?;
         let cpl = self.state.cpl();
         let iopl = ((self.state.rflags & rflags::IOPL) >> 12) as u8;
@@ -725,7 +786,12 @@ impl Cpu {
 
     /// INT n / INT3: delivered through the IDT with the return address
     /// after the instruction.
-    fn software_interrupt(&mut self, mem: &PhysMemory, i: &Instruction, vec: u8) -> Result<(), Fault> {
+    fn software_interrupt(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+        vec: u8,
+    ) -> Result<(), Fault> {
         let ev = crate::vmx::EventInjection {
             kind: crate::vmx::EventKind::SoftwareInterrupt,
             vector: vec,
@@ -754,7 +820,12 @@ impl Cpu {
         }
     }
 
-    fn exec_string(&mut self, mem: &PhysMemory, i: &Instruction, op: StringOp) -> Result<(), Fault> {
+    fn exec_string(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+        op: StringOp,
+    ) -> Result<(), Fault> {
         let size = match i.memory_size().size() {
             1 => Size::B1,
             2 => Size::B2,
@@ -778,7 +849,11 @@ impl Cpu {
         let rep = i.has_rep_prefix() || i.has_repe_prefix() || i.has_repne_prefix();
         let src_base = self.segment_base(i.memory_segment());
         let step = size.bytes() as u64;
-        let delta = if self.state.rflags & rflags::DF != 0 { step.wrapping_neg() } else { step };
+        let delta = if self.state.rflags & rflags::DF != 0 {
+            step.wrapping_neg()
+        } else {
+            step
+        };
         let mut done = 0u64;
         loop {
             if rep {

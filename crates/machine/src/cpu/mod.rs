@@ -33,8 +33,8 @@ use crate::vmx::{EventInjection, EventKind, InveptKind, InvvpidKind, VmExit, Vmx
 use crate::Gva;
 use code_cache::CodeCache;
 use iced_x86::Instruction;
-pub use state::{Activity, CpuState, Gpr};
 use state::{interruptibility, rflags};
+pub use state::{Activity, CpuState, Gpr};
 
 /// Construction parameters of a CPU.
 #[derive(Debug, Clone)]
@@ -489,7 +489,8 @@ impl Cpu {
         self.check_events = false;
         let now = self.tsc();
         self.apic.update_timer(now);
-        let blocked = self.state.interruptibility & (interruptibility::STI | interruptibility::MOV_SS) != 0;
+        let blocked =
+            self.state.interruptibility & (interruptibility::STI | interruptibility::MOV_SS) != 0;
         let if_set = self.state.rflags & rflags::IF != 0;
         let can_interrupt = if_set && !blocked;
         if blocked {

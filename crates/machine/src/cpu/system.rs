@@ -27,7 +27,9 @@ fn ud() -> Fault {
 
 /// Whether a PAT value has only valid memory types (0, 1, 4, 5, 6, 7).
 fn valid_pat(v: u64) -> bool {
-    v.to_le_bytes().iter().all(|&b| matches!(b, 0 | 1 | 4 | 5 | 6 | 7))
+    v.to_le_bytes()
+        .iter()
+        .all(|&b| matches!(b, 0 | 1 | 4 | 5 | 6 | 7))
 }
 
 /// The machine's own CPUID answers (what bare-mode code sees; the
@@ -44,14 +46,31 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
             // x2APIC, POPCNT, TSC-deadline.
             let ecx = (1 << 21) | (1 << 23) | (1 << 24);
             // TSC, MSR, PAE, APIC, PGE, CMOV, PAT, CLFSH.
-            let edx = (1 << 4) | (1 << 5) | (1 << 6) | (1 << 9) | (1 << 13) | (1 << 15) | (1 << 16) | (1 << 19);
+            let edx = (1 << 4)
+                | (1 << 5)
+                | (1 << 6)
+                | (1 << 9)
+                | (1 << 13)
+                | (1 << 15)
+                | (1 << 16)
+                | (1 << 19);
             [eax, ebx, ecx, edx]
         }
         7 if subleaf == 0 => [0, (1 << 7) | (1 << 20), 0, 0], // SMEP, SMAP
-        0xb => [0, 1, (subleaf & 0xff) | if subleaf == 0 { 1 << 8 } else { 0 }, apic_id],
+        0xb => [
+            0,
+            1,
+            (subleaf & 0xff) | if subleaf == 0 { 1 << 8 } else { 0 },
+            apic_id,
+        ],
         0x8000_0000 => [0x8000_0008, 0, 0, 0],
         // LAHF/SAHF, LZCNT; SYSCALL, NX, 1 GiB pages, RDTSCP, long mode.
-        0x8000_0001 => [0, 0, 1 | (1 << 5), (1 << 11) | (1 << 20) | (1 << 26) | (1 << 27) | (1 << 29)],
+        0x8000_0001 => [
+            0,
+            0,
+            1 | (1 << 5),
+            (1 << 11) | (1 << 20) | (1 << 26) | (1 << 27) | (1 << 29),
+        ],
         0x8000_0008 => [crate::mmu::paging::MAX_PHYS_ADDR_BITS | (48 << 8), 0, 0, 0],
         _ => [0; 4],
     }
@@ -143,7 +162,9 @@ impl Cpu {
                 self.cycles += self.costs.serializing;
                 let la = self.effective_address(i);
                 if self.vmx.as_ref().is_some_and(|v| v.invlpg_exiting) {
-                    return Err(Fault::Exit(VmExit::Invlpg { gva: crate::Gva(la) }));
+                    return Err(Fault::Exit(VmExit::Invlpg {
+                        gva: crate::Gva(la),
+                    }));
                 }
                 let vpid = self.vpid();
                 self.tlb.invlpg(vpid, crate::Gva(la));
@@ -169,7 +190,11 @@ impl Cpu {
                 if self.state.cr4 & cr4::UMIP != 0 && cpl > 0 {
                     return Err(gp(0));
                 }
-                let t = if i.mnemonic() == M::Sgdt { self.state.gdtr } else { self.state.idtr };
+                let t = if i.mnemonic() == M::Sgdt {
+                    self.state.gdtr
+                } else {
+                    self.state.idtr
+                };
                 let la = self.effective_address(i);
                 // Check both parts before writing either.
                 self.read_mem(mem, la, Size::B2)?;
@@ -186,8 +211,16 @@ impl Cpu {
                 if self.state.cr4 & cr4::UMIP != 0 && cpl > 0 {
                     return Err(gp(0));
                 }
-                let sel = if i.mnemonic() == M::Str { self.state.tr.selector } else { self.state.ldtr.selector };
-                let size = if i.op0_kind() == OpKind::Memory { Size::B2 } else { Self::op_size(i, 0) };
+                let sel = if i.mnemonic() == M::Str {
+                    self.state.tr.selector
+                } else {
+                    self.state.ldtr.selector
+                };
+                let size = if i.op0_kind() == OpKind::Memory {
+                    Size::B2
+                } else {
+                    Self::op_size(i, 0)
+                };
                 self.write_op(mem, i, 0, size, sel as u64)
             }
             M::Lldt => {
@@ -226,7 +259,11 @@ impl Cpu {
                 if let Some(v) = self.vmx.as_deref() {
                     if v.cr0_guest_host_mask & cr0::TS != 0 && v.cr0_read_shadow & cr0::TS != 0 {
                         let value = self.guest_visible_cr0() & !cr0::TS;
-                        return Err(Fault::Exit(VmExit::CrAccess(CrAccess::MovTo { cr: 0, gpr: 0, value })));
+                        return Err(Fault::Exit(VmExit::CrAccess(CrAccess::MovTo {
+                            cr: 0,
+                            gpr: 0,
+                            value,
+                        })));
                     }
                 }
                 self.state.cr0 &= !cr0::TS;
@@ -251,23 +288,39 @@ impl Cpu {
     /// CR0 as the guest reads it (host-owned bits come from the shadow).
     fn guest_visible_cr0(&self) -> u64 {
         match self.vmx.as_deref() {
-            Some(v) => (self.state.cr0 & !v.cr0_guest_host_mask) | (v.cr0_read_shadow & v.cr0_guest_host_mask),
+            Some(v) => {
+                (self.state.cr0 & !v.cr0_guest_host_mask)
+                    | (v.cr0_read_shadow & v.cr0_guest_host_mask)
+            }
             None => self.state.cr0,
         }
     }
 
     fn guest_visible_cr4(&self) -> u64 {
         match self.vmx.as_deref() {
-            Some(v) => (self.state.cr4 & !v.cr4_guest_host_mask) | (v.cr4_read_shadow & v.cr4_guest_host_mask),
+            Some(v) => {
+                (self.state.cr4 & !v.cr4_guest_host_mask)
+                    | (v.cr4_read_shadow & v.cr4_guest_host_mask)
+            }
             None => self.state.cr4,
         }
     }
 
     /// MOV to/from control, debug and segment registers.
-    pub(super) fn exec_mov_system(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+    pub(super) fn exec_mov_system(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+    ) -> Result<(), Fault> {
         let to = i.op0_kind() == OpKind::Register
-            && (i.op0_register().is_cr() || i.op0_register().is_segment_register() || i.op0_register().is_dr());
-        let sys = if to { i.op0_register() } else { i.op1_register() };
+            && (i.op0_register().is_cr()
+                || i.op0_register().is_segment_register()
+                || i.op0_register().is_dr());
+        let sys = if to {
+            i.op0_register()
+        } else {
+            i.op1_register()
+        };
         if sys.is_dr() {
             // Debug registers are not implemented.
             return Err(ud());
@@ -281,14 +334,22 @@ impl Cpu {
                 return self.load_segment_register(mem, sys, sel);
             }
             let sel = self.segment(sys).selector as u64;
-            let size = if i.op0_kind() == OpKind::Memory { Size::B2 } else { Self::op_size(i, 0) };
+            let size = if i.op0_kind() == OpKind::Memory {
+                Size::B2
+            } else {
+                Self::op_size(i, 0)
+            };
             return self.write_op(mem, i, 0, size, sel);
         }
         // Control registers.
         self.require_cpl0()?;
         self.cycles += self.costs.serializing;
         let cr = sys.number() as u8;
-        let gpr_reg = if to { i.op1_register() } else { i.op0_register() };
+        let gpr_reg = if to {
+            i.op1_register()
+        } else {
+            i.op0_register()
+        };
         let gpr = gpr_info(gpr_reg).0;
         if to {
             let value = self.state.gpr[gpr as usize];
@@ -310,7 +371,8 @@ impl Cpu {
                     if (value ^ v.cr0_read_shadow) & v.cr0_guest_host_mask != 0 {
                         return Err(exit);
                     }
-                    new = (value & !v.cr0_guest_host_mask) | (self.state.cr0 & v.cr0_guest_host_mask);
+                    new =
+                        (value & !v.cr0_guest_host_mask) | (self.state.cr0 & v.cr0_guest_host_mask);
                 }
                 if new >> 32 != 0 {
                     return Err(gp(0));
@@ -332,7 +394,13 @@ impl Cpu {
             }
             3 => {
                 if let Some(v) = self.vmx.as_deref() {
-                    if v.cr3_load_exiting && !v.cr3_targets.iter().take(crate::vmx::MAX_CR3_TARGETS).any(|&t| t == value) {
+                    if v.cr3_load_exiting
+                        && !v
+                            .cr3_targets
+                            .iter()
+                            .take(crate::vmx::MAX_CR3_TARGETS)
+                            .any(|&t| t == value)
+                    {
                         return Err(exit);
                     }
                 }
@@ -349,7 +417,8 @@ impl Cpu {
                     if (value ^ v.cr4_read_shadow) & v.cr4_guest_host_mask != 0 {
                         return Err(exit);
                     }
-                    new = (value & !v.cr4_guest_host_mask) | (self.state.cr4 & v.cr4_guest_host_mask);
+                    new =
+                        (value & !v.cr4_guest_host_mask) | (self.state.cr4 & v.cr4_guest_host_mask);
                 }
                 let host_owned = self.vmx.as_deref().map_or(0, |v| v.cr4_guest_host_mask);
                 if new & !(cr4::SUPPORTED | (host_owned & cr4::VMXE)) != 0 || new & cr4::PAE == 0 {
@@ -412,13 +481,23 @@ impl Cpu {
 
     /// Reads the GDT descriptor for `selector` (LDT selectors are not
     /// supported). `ext` is the EXT bit of any resulting error code.
-    pub(super) fn load_descriptor(&mut self, mem: &PhysMemory, selector: u16, ext: u32) -> Result<Segment, Fault> {
+    pub(super) fn load_descriptor(
+        &mut self,
+        mem: &PhysMemory,
+        selector: u16,
+        ext: u32,
+    ) -> Result<Segment, Fault> {
         let index = (selector & !7) as u64;
         let err = gp((selector as u32 & !3) | ext);
         if selector & 4 != 0 || index + 7 > self.state.gdtr.limit as u64 {
             return Err(err);
         }
-        let d = self.read_mem_as(mem, self.state.gdtr.base.wrapping_add(index), Size::B8, false)?;
+        let d = self.read_mem_as(
+            mem,
+            self.state.gdtr.base.wrapping_add(index),
+            Size::B8,
+            false,
+        )?;
         let attr = ((d >> 40) & 0xff) as u32 | ((((d >> 52) & 0xf) as u32) << 12);
         let mut limit = ((d & 0xffff) | ((d >> 32) & 0xf_0000)) as u32;
         if attr & seg_attr::GRANULARITY != 0 {
@@ -434,7 +513,12 @@ impl Cpu {
     }
 
     /// MOV/POP to SS, DS, ES, FS or GS.
-    pub(super) fn load_segment_register(&mut self, mem: &PhysMemory, r: Register, sel: u16) -> Result<(), Fault> {
+    pub(super) fn load_segment_register(
+        &mut self,
+        mem: &PhysMemory,
+        r: Register,
+        sel: u16,
+    ) -> Result<(), Fault> {
         let cpl = self.state.cpl();
         let rpl = (sel & 3) as u8;
         let null = sel & !3 == 0;
@@ -453,7 +537,8 @@ impl Cpu {
                 }
             } else {
                 let d = self.load_descriptor(mem, sel, 0)?;
-                let writable_data = d.attr & seg_attr::S != 0 && d.attr & 0x8 == 0 && d.attr & 0x2 != 0;
+                let writable_data =
+                    d.attr & seg_attr::S != 0 && d.attr & 0x8 == 0 && d.attr & 0x2 != 0;
                 if rpl != cpl || d.dpl() != cpl || !writable_data {
                     return Err(err);
                 }
@@ -471,7 +556,11 @@ impl Cpu {
             Segment {
                 selector: sel,
                 // Intel keeps the FS/GS base when a null selector is loaded.
-                base: if matches!(r, Register::FS | Register::GS) { old_base } else { 0 },
+                base: if matches!(r, Register::FS | Register::GS) {
+                    old_base
+                } else {
+                    0
+                },
                 limit: 0,
                 attr: seg_attr::UNUSABLE,
             }
@@ -542,7 +631,12 @@ impl Cpu {
             } else {
                 i.immediate8() as u16
             };
-            (port, gpr_info(i.op0_register()).1.bytes(), IoDirection::In, 0)
+            (
+                port,
+                gpr_info(i.op0_register()).1.bytes(),
+                IoDirection::In,
+                0,
+            )
         } else {
             let port = if i.op0_kind() == OpKind::Register {
                 self.state.gpr[2] as u16
@@ -550,7 +644,12 @@ impl Cpu {
                 i.immediate8() as u16
             };
             let (_, size, _) = gpr_info(i.op1_register());
-            (port, size.bytes(), IoDirection::Out, (self.state.gpr[0] & size.mask()) as u32)
+            (
+                port,
+                size.bytes(),
+                IoDirection::Out,
+                (self.state.gpr[0] & size.mask()) as u32,
+            )
         };
         // No TSS I/O permission bitmap: CPL > IOPL is #GP.
         if self.state.cpl() > self.iopl() {
@@ -585,7 +684,8 @@ impl Cpu {
         let Some(v) = self.vmx.as_deref() else {
             return false;
         };
-        if v.virtualize_x2apic && (apic::MSR_X2APIC_FIRST..=apic::MSR_X2APIC_LAST).contains(&index) {
+        if v.virtualize_x2apic && (apic::MSR_X2APIC_FIRST..=apic::MSR_X2APIC_LAST).contains(&index)
+        {
             return false;
         }
         match &v.msr_exiting {
@@ -594,7 +694,11 @@ impl Cpu {
                 read_passthrough,
                 write_passthrough,
             } => {
-                let list = if write { write_passthrough } else { read_passthrough };
+                let list = if write {
+                    write_passthrough
+                } else {
+                    read_passthrough
+                };
                 !list.contains(&index)
             }
         }
@@ -770,7 +874,12 @@ impl Cpu {
     }
 
     /// Checks the SS for a return to privilege `cpl`.
-    fn return_stack_segment(&mut self, mem: &PhysMemory, sel: u16, cpl: u8) -> Result<Segment, Fault> {
+    fn return_stack_segment(
+        &mut self,
+        mem: &PhysMemory,
+        sel: u16,
+        cpl: u8,
+    ) -> Result<Segment, Fault> {
         if sel & !3 == 0 {
             if cpl == 3 || (sel & 3) as u8 != cpl {
                 return Err(gp(0));
@@ -799,10 +908,18 @@ impl Cpu {
         let rsp = self.state.gpr[4];
         let ss_fault = super::access::stack_fault;
         let rip = self.read_mem(mem, rsp, Size::B8).map_err(ss_fault)?;
-        let cs = self.read_mem(mem, rsp.wrapping_add(8), Size::B8).map_err(ss_fault)? as u16;
-        let fl = self.read_mem(mem, rsp.wrapping_add(16), Size::B8).map_err(ss_fault)?;
-        let new_rsp = self.read_mem(mem, rsp.wrapping_add(24), Size::B8).map_err(ss_fault)?;
-        let ss = self.read_mem(mem, rsp.wrapping_add(32), Size::B8).map_err(ss_fault)? as u16;
+        let cs = self
+            .read_mem(mem, rsp.wrapping_add(8), Size::B8)
+            .map_err(ss_fault)? as u16;
+        let fl = self
+            .read_mem(mem, rsp.wrapping_add(16), Size::B8)
+            .map_err(ss_fault)?;
+        let new_rsp = self
+            .read_mem(mem, rsp.wrapping_add(24), Size::B8)
+            .map_err(ss_fault)?;
+        let ss = self
+            .read_mem(mem, rsp.wrapping_add(32), Size::B8)
+            .map_err(ss_fault)? as u16;
         let new_cpl = (cs & 3) as u8;
         if new_cpl < cpl {
             return Err(gp((cs & !3) as u32));
@@ -831,16 +948,27 @@ impl Cpu {
 
     fn exec_retf(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
         // Only the 64-bit operand-size form (lretq).
-        let pops = i.stack_pointer_increment() as i64 - if i.op_count() == 1 { i.immediate16() as i64 } else { 0 };
+        let pops = i.stack_pointer_increment() as i64
+            - if i.op_count() == 1 {
+                i.immediate16() as i64
+            } else {
+                0
+            };
         if pops != 16 {
             return Err(ud());
         }
-        let extra = if i.op_count() == 1 { i.immediate16() as u64 } else { 0 };
+        let extra = if i.op_count() == 1 {
+            i.immediate16() as u64
+        } else {
+            0
+        };
         let cpl = self.state.cpl();
         let rsp = self.state.gpr[4];
         let ss_fault = super::access::stack_fault;
         let rip = self.read_mem(mem, rsp, Size::B8).map_err(ss_fault)?;
-        let cs = self.read_mem(mem, rsp.wrapping_add(8), Size::B8).map_err(ss_fault)? as u16;
+        let cs = self
+            .read_mem(mem, rsp.wrapping_add(8), Size::B8)
+            .map_err(ss_fault)? as u16;
         let new_cpl = (cs & 3) as u8;
         if new_cpl < cpl {
             return Err(gp((cs & !3) as u32));
@@ -853,7 +981,9 @@ impl Cpu {
         let mut stack = None;
         if new_cpl > cpl {
             let outer_rsp = self.read_mem(mem, new_rsp, Size::B8).map_err(ss_fault)?;
-            let ss = self.read_mem(mem, new_rsp.wrapping_add(8), Size::B8).map_err(ss_fault)? as u16;
+            let ss = self
+                .read_mem(mem, new_rsp.wrapping_add(8), Size::B8)
+                .map_err(ss_fault)? as u16;
             stack = Some(self.return_stack_segment(mem, ss, new_cpl)?);
             new_rsp = outer_rsp.wrapping_add(extra);
         }

@@ -66,11 +66,15 @@ pub fn rig(code: impl FnOnce(&mut CodeAssembler)) -> Rig {
     for v in 0..256u64 {
         let h = HANDLERS + v * 16;
         let mut a = CodeAssembler::new(64).unwrap();
-        a.mov(iced_x86::code_asm::r15d, (HANDLER_MARK + v) as u32).unwrap();
+        a.mov(iced_x86::code_asm::r15d, (HANDLER_MARK + v) as u32)
+            .unwrap();
         a.hlt().unwrap();
         let bytes = a.assemble(h).unwrap();
         mem.write_bytes(Hpa(h), &bytes).unwrap();
-        let lo = (h & 0xffff) | ((KERNEL_CS as u64) << 16) | (0x8eu64 << 40) | (((h >> 16) & 0xffff) << 48);
+        let lo = (h & 0xffff)
+            | ((KERNEL_CS as u64) << 16)
+            | (0x8eu64 << 40)
+            | (((h >> 16) & 0xffff) << 48);
         w(&mem, IDT + v * 16, lo);
         w(&mem, IDT + v * 16 + 8, h >> 32);
     }
