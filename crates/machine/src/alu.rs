@@ -12,7 +12,7 @@
 //!
 //! Values are passed zero-extended in a `u64`; results come back masked to
 //! the operand size.
-//!
+
 pub use crate::cpu::state::rflags;
 
 use rflags::{AF, ARITH, CF, OF, PF, SF, ZF};
@@ -151,7 +151,8 @@ pub enum BinOp {
 }
 
 /// `dst op src`: returns (result, new rflags). Flags: CF OF SF ZF AF PF as
-/// the SDM defines (AF undefined for logic ops: cleared, as Intel does).
+/// the SDM defines (AF undefined for logic ops: cleared, as Intel and Zen 3
+/// do).
 #[inline]
 pub fn binop(op: BinOp, size: Size, dst: u64, src: u64, rflags: u64) -> (u64, u64) {
     let mask = size.mask();
@@ -616,7 +617,9 @@ pub fn bswap(size: Size, v: u64) -> u64 {
 /// opcodes: O, NO, B, AE, E, NE, BE, A, S, NS, P, NP, L, GE, LE, G).
 ///
 /// Only the low nibble of `cc` is used. Odd codes negate the even code
-/// below them.
+/// below them. Branch-free: the eight even conditions are packed into one
+/// byte and `cc >> 1` selects a bit, so a data-dependent `cc` at one call
+/// site costs no mispredictions.
 #[inline]
 pub fn condition(cc: u8, rflags: u64) -> bool {
     let cf = rflags & CF;
@@ -624,17 +627,16 @@ pub fn condition(cc: u8, rflags: u64) -> bool {
     let zf = (rflags >> 6) & 1;
     let sf = (rflags >> 7) & 1;
     let of = (rflags >> 11) & 1;
-    let base = match (cc >> 1) & 7 {
-        0 => of,
-        1 => cf,
-        2 => zf,
-        3 => cf | zf,
-        4 => sf,
-        5 => pf,
-        6 => sf ^ of,
-        _ => zf | (sf ^ of),
-    };
-    (base ^ u64::from(cc & 1)) != 0
+    let less = sf ^ of;
+    let even_conditions = of // O
+        | cf << 1 // B
+        | zf << 2 // E
+        | (cf | zf) << 3 // BE
+        | sf << 4 // S
+        | pf << 5 // P
+        | less << 6 // L
+        | (zf | less) << 7; // LE
+    ((even_conditions >> ((cc >> 1) & 7)) ^ u64::from(cc)) & 1 != 0
 }
 
 /// Hand-computed cases that do not need the host CPU: chiefly the choices
