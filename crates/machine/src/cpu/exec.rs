@@ -596,9 +596,13 @@ impl Cpu {
             M::Lzcnt => alu::lzcnt(size, src, fl),
             _ => alu::popcnt(size, src, fl),
         };
-        // BSF/BSR with a zero source leave the destination as it was; a
-        // 32-bit destination is still zero-extended on Intel.
-        self.set_reg(dst_reg, r);
+        // BSF/BSR with a zero source leave the whole destination register
+        // untouched (no zero-extension of a 32-bit destination), as the
+        // hardware we check against does.
+        let zero_scan = matches!(i.mnemonic(), M::Bsf | M::Bsr) && src == 0;
+        if !zero_scan {
+            self.set_reg(dst_reg, r);
+        }
         self.state.rflags = nf;
         Ok(())
     }
