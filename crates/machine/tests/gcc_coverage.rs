@@ -112,7 +112,10 @@ fn every_instruction_gcc_emits_is_implemented() {
             ..controls()
         });
         let limit = r.cpu.cycles() + 100_000;
-        if let VmExit::Exception { vector: 6, .. } = r.cpu.run(&r.mem, limit) {
+        // Only a #UD on the instruction itself counts: control transfers
+        // may run on into whatever the registers point at.
+        let exit = r.cpu.run(&r.mem, limit);
+        if matches!(exit, VmExit::Exception { vector: 6, .. }) && r.cpu.state().rip == CODE {
             missing.push(text.clone());
         }
     }

@@ -55,19 +55,21 @@ pub(crate) fn gpr_info(r: Register) -> (u8, Size, bool) {
 }
 
 impl Cpu {
-    /// Paging registers for the MMU.
+    /// Paging registers for the MMU. Implicit supervisor accesses
+    /// (descriptor tables, TSS, interrupt frames) ignore RFLAGS.AC for SMAP.
     #[inline]
-    fn paging_regs(&self) -> PagingRegs {
+    fn paging_regs(&self, implicit: bool) -> PagingRegs {
         PagingRegs {
             cr0: self.state.cr0,
             cr3: self.state.cr3,
             cr4: self.state.cr4,
             efer: self.state.efer,
-            rflags_ac: self.state.rflags & rflags::AC != 0,
+            rflags_ac: !implicit && self.state.rflags & rflags::AC != 0,
         }
     }
 
-    /// Translates `la` for an access, charging page-walk references.
+    /// Translates `la` for an access by the running code, charging
+    /// page-walk references.
     #[inline]
     pub(crate) fn translate(
         &mut self,
@@ -76,9 +78,22 @@ impl Cpu {
         kind: AccessKind,
         user: bool,
     ) -> Result<Hpa, Fault> {
+        self.translate_as(mem, la, kind, user, false)
+    }
+
+    /// Translation with the implicit-supervisor flag spelled out.
+    #[inline]
+    fn translate_as(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        kind: AccessKind,
+        user: bool,
+        implicit: bool,
+    ) -> Result<Hpa, Fault> {
         let ctx = TranslateCtx {
             mem,
-            regs: self.paging_regs(),
+            regs: self.paging_regs(implicit),
             ept: self.vmx.as_ref().and_then(|v| v.ept),
             vpid: self.vpid(),
         };
@@ -113,28 +128,54 @@ impl Cpu {
     #[inline]
     pub(crate) fn read_mem(&mut self, mem: &PhysMemory, la: u64, size: Size) -> Result<u64, Fault> {
         let user = self.user_access();
-        self.read_mem_as(mem, la, size, user)
+        self.read_mem_as(mem, la, size, user, false)
     }
 
-    /// Reads with an explicit privilege (implicit supervisor accesses, such
-    /// as descriptor-table and TSS reads, pass `user = false`).
-    pub(crate) fn read_mem_as(
+    /// An implicit supervisor read (descriptor tables, TSS, IDT gates).
+    pub(crate) fn read_implicit(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        size: Size,
+    ) -> Result<u64, Fault> {
+        self.read_mem_as(mem, la, size, false, true)
+    }
+
+    /// An implicit supervisor write (interrupt frames, the busy TSS bit).
+    pub(crate) fn write_implicit(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        size: Size,
+        v: u64,
+    ) -> Result<(), Fault> {
+        self.write_mem_as(mem, la, size, v, false, true)
+    }
+
+    fn read_mem_as(
         &mut self,
         mem: &PhysMemory,
         la: u64,
         size: Size,
         user: bool,
+        implicit: bool,
     ) -> Result<u64, Fault> {
         let n = size.bytes() as u64;
         if (la & 0xfff) + n <= 0x1000 {
-            let hpa = self.translate(mem, la, AccessKind::Read, user)?;
+            let hpa = self.translate_as(mem, la, AccessKind::Read, user, implicit)?;
             Ok(mem.read(hpa, size.bytes())?)
         } else {
             // Translate both pages first so a fault leaves nothing half done.
             let mut v = 0u64;
             let mut hpas = [Hpa(0); 8];
             for (i, h) in hpas.iter_mut().enumerate().take(n as usize) {
-                *h = self.translate(mem, la.wrapping_add(i as u64), AccessKind::Read, user)?;
+                *h = self.translate_as(
+                    mem,
+                    la.wrapping_add(i as u64),
+                    AccessKind::Read,
+                    user,
+                    implicit,
+                )?;
             }
             for (i, h) in hpas.iter().enumerate().take(n as usize) {
                 v |= mem.read(*h, 1)? << (8 * i);
@@ -153,26 +194,32 @@ impl Cpu {
         value: u64,
     ) -> Result<(), Fault> {
         let user = self.user_access();
-        self.write_mem_as(mem, la, size, value, user)
+        self.write_mem_as(mem, la, size, value, user, false)
     }
 
-    /// Writes with an explicit privilege.
-    pub(crate) fn write_mem_as(
+    fn write_mem_as(
         &mut self,
         mem: &PhysMemory,
         la: u64,
         size: Size,
         value: u64,
         user: bool,
+        implicit: bool,
     ) -> Result<(), Fault> {
         let n = size.bytes() as u64;
         if (la & 0xfff) + n <= 0x1000 {
-            let hpa = self.translate(mem, la, AccessKind::Write, user)?;
+            let hpa = self.translate_as(mem, la, AccessKind::Write, user, implicit)?;
             self.store(mem, hpa, size, value)
         } else {
             let mut hpas = [Hpa(0); 8];
             for (i, h) in hpas.iter_mut().enumerate().take(n as usize) {
-                *h = self.translate(mem, la.wrapping_add(i as u64), AccessKind::Write, user)?;
+                *h = self.translate_as(
+                    mem,
+                    la.wrapping_add(i as u64),
+                    AccessKind::Write,
+                    user,
+                    implicit,
+                )?;
             }
             for (i, h) in hpas.iter().enumerate().take(n as usize) {
                 self.store(mem, *h, Size::B1, value >> (8 * i))?;

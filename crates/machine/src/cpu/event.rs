@@ -172,12 +172,7 @@ impl Cpu {
                 (self.state.tr.selector & !3) as u32,
             ));
         }
-        self.read_mem_as(
-            mem,
-            self.state.tr.base.wrapping_add(offset),
-            Size::B8,
-            false,
-        )
+        self.read_implicit(mem, self.state.tr.base.wrapping_add(offset), Size::B8)
     }
 
     /// Builds the interrupt frame and transfers control to the handler.
@@ -192,8 +187,8 @@ impl Cpu {
             return Err(Fault::with_code(vector::GP, idt_error));
         }
         let gate_la = self.state.idtr.base.wrapping_add(vec * 16);
-        let lo = self.read_mem_as(mem, gate_la, Size::B8, false)?;
-        let hi = self.read_mem_as(mem, gate_la.wrapping_add(8), Size::B8, false)?;
+        let lo = self.read_implicit(mem, gate_la, Size::B8)?;
+        let hi = self.read_implicit(mem, gate_la.wrapping_add(8), Size::B8)?;
         let gate_type = (lo >> 40) & 0xf;
         let gate_dpl = ((lo >> 45) & 3) as u8;
         let present = (lo >> 47) & 1 != 0;
@@ -255,7 +250,7 @@ impl Cpu {
         }
         for &word in frame.iter().take(n) {
             rsp = rsp.wrapping_sub(8);
-            self.write_mem_as(mem, rsp, Size::B8, word, false)
+            self.write_implicit(mem, rsp, Size::B8, word)
                 .map_err(super::access::stack_fault)?;
         }
         // Commit.

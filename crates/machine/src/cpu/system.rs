@@ -492,12 +492,7 @@ impl Cpu {
         if selector & 4 != 0 || index + 7 > self.state.gdtr.limit as u64 {
             return Err(err);
         }
-        let d = self.read_mem_as(
-            mem,
-            self.state.gdtr.base.wrapping_add(index),
-            Size::B8,
-            false,
-        )?;
+        let d = self.read_implicit(mem, self.state.gdtr.base.wrapping_add(index), Size::B8)?;
         let attr = ((d >> 40) & 0xff) as u32 | ((((d >> 52) & 0xf) as u32) << 12);
         let mut limit = ((d & 0xffff) | ((d >> 32) & 0xf_0000)) as u32;
         if attr & seg_attr::GRANULARITY != 0 {
@@ -607,14 +602,14 @@ impl Cpu {
             return Err(Fault::with_code(vector::NP, (sel & !3) as u32));
         }
         let desc_la = self.state.gdtr.base.wrapping_add(index);
-        let high = self.read_mem_as(mem, desc_la.wrapping_add(8), Size::B8, false)?;
+        let high = self.read_implicit(mem, desc_la.wrapping_add(8), Size::B8)?;
         let base = (d.base & 0xffff_ffff) | ((high & 0xffff_ffff) << 32);
         if !is_canonical(base) {
             return Err(gp((sel & !3) as u32));
         }
         // Mark the descriptor busy (type 0xb).
-        let low = self.read_mem_as(mem, desc_la, Size::B8, false)?;
-        self.write_mem_as(mem, desc_la, Size::B8, low | (2 << 40), false)?;
+        let low = self.read_implicit(mem, desc_la, Size::B8)?;
+        self.write_implicit(mem, desc_la, Size::B8, low | (2 << 40))?;
         self.state.tr = Segment {
             selector: sel,
             base,
