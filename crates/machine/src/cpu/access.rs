@@ -91,6 +91,14 @@ impl Cpu {
         user: bool,
         implicit: bool,
     ) -> Result<Hpa, Fault> {
+        // Implicit accesses differ only in SMAP's AC handling: they bypass
+        // the first-level TLB rather than get classes of their own.
+        let class = kind as usize * 2 + user as usize;
+        if !implicit {
+            if let Some(hpa) = self.l1.lookup(class, la, self.tlb.epoch(), self.mode_epoch) {
+                return Ok(hpa);
+            }
+        }
         let ctx = TranslateCtx {
             mem,
             regs: self.paging_regs(implicit),
@@ -109,7 +117,12 @@ impl Cpu {
             self.stats.page_walk_refs += refs;
             self.cycles += refs * self.costs.page_walk_ref;
         }
-        r.map_err(translate_fault)
+        let hpa = r.map_err(translate_fault)?;
+        if !implicit {
+            self.l1
+                .fill(class, la, hpa, self.tlb.epoch(), self.mode_epoch);
+        }
+        Ok(hpa)
     }
 
     /// Translation for an instruction fetch at the current privilege.
