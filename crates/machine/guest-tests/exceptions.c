@@ -4,12 +4,15 @@
  * handler sees the right vector, error code, faulting RIP and CR2, that the
  * interrupted context is restored by IRETQ (stack and registers), and that
  * IST and CR0.WP, NX, reserved bits, accessed/dirty bits and INVLPG behave.
+ * Also: a REP STOSB faulting half-way is restartable (RCX/RDI show the
+ * progress), a not-present IDT gate raises #NP, and a fault while
+ * delivering a #PF escalates to #DF.
  * Exits 0 when every check passes. */
 #include "rt.h"
 
 /* What the last trap looked like. */
 static volatile struct {
-    u64 count, vector, error_code, rip, cr2, rflags, handler_stack, handler_rflags;
+    u64 count, vector, error_code, rip, cr2, rflags, handler_stack, handler_rflags, rcx, rdi;
 } last;
 
 /* If non-zero, the handler resumes here instead of at the frame's RIP (used
@@ -18,6 +21,14 @@ volatile u64 resume_rip;
 
 static void record_trap(struct trap_frame *f)
 {
+    /* A fault nobody armed a fixup for would return to the faulting
+     * instruction and fault forever: report it and stop instead. #BP is a
+     * trap and returns after the INT3. */
+    if (!resume_rip && f->vector != 3) {
+        printf("unexpected exception: vector %llu error %#llx rip %#llx cr2 %#llx\n", f->vector,
+               f->error_code, f->rip, read_cr2());
+        exit(0x7e);
+    }
     last.count++;
     last.vector = f->vector;
     last.error_code = f->error_code;
@@ -26,6 +37,8 @@ static void record_trap(struct trap_frame *f)
     last.rflags = f->rflags;
     last.handler_stack = (u64)f;
     last.handler_rflags = read_rflags();
+    last.rcx = f->rcx;
+    last.rdi = f->rdi;
     if (resume_rip) {
         f->rip = resume_rip;
         resume_rip = 0;
@@ -201,13 +214,16 @@ static void test_general_protection(void)
 
 /* A private mapping at TEST_VA (PML4 slot 254, far from the identity map):
  * page 0 read/write, page 1 read-only, page 2 not present, page 3 no-execute,
- * page 4 with a reserved physical-address bit. */
+ * page 4 with a reserved physical-address bit, page 5 read/write, page 6 not
+ * present (until the REP test maps it), page 7 never mapped. */
 #define TEST_VA 0x00007f0000000000ull
 #define PML4_SLOT 254
-static u64 pdpt[512] __attribute__((aligned(4096)));
-static u64 pd[512] __attribute__((aligned(4096)));
-static u64 pt[512] __attribute__((aligned(4096)));
-static u8 pages[5][4096] __attribute__((aligned(4096)));
+/* volatile: the CPU reads and updates (A/D bits) these behind the
+ * compiler's back. */
+static volatile u64 pdpt[512] __attribute__((aligned(4096)));
+static volatile u64 pd[512] __attribute__((aligned(4096)));
+static volatile u64 pt[512] __attribute__((aligned(4096)));
+static u8 pages[7][4096] __attribute__((aligned(4096)));
 
 #define PF_P 1u
 #define PF_W 2u
@@ -228,6 +244,9 @@ static void map_test_pages(void)
     pt[2] = 0;
     pt[3] = (u64)pages[3] | PTE_P | PTE_W | PTE_NX;
     pt[4] = (u64)pages[4] | PTE_P | PTE_W | (1ull << 50); /* above MAXPHYADDR */
+    pt[5] = (u64)pages[5] | PTE_P | PTE_W;
+    pt[6] = 0;
+    pt[7] = 0;
     write_cr3(read_cr3());
 }
 
@@ -309,6 +328,7 @@ static void test_page_faults(void)
      * cached) makes the access work. */
     pt[2] = (u64)pages[2] | PTE_P | PTE_W;
     pages[2][0x10] = 0x42;
+    barrier();
     reset_last();
     CHECK_EQ(*(volatile u8 *)(page_va(2) + 0x10), 0x42);
     CHECK_EQ(last.count, 0);
@@ -316,6 +336,7 @@ static void test_page_faults(void)
     /* Instruction fetch from a no-execute page: P|I/D, and the saved RIP
      * and CR2 are the target. */
     pages[3][0] = 0xc3; /* ret, never executed */
+    barrier();
     reset_last();
     u64 resume;
     __asm__ volatile("lea 1f(%%rip), %%rax\n\t"
@@ -342,6 +363,68 @@ static void test_page_faults(void)
     CHECK_EQ(*(volatile u8 *)(page_va(0) + 0x10), 0x42);
 }
 
+/* A REP STOSB that runs into a not-present page faults with RCX and RDI
+ * showing the progress made; mapping the page and executing it again with
+ * those registers finishes the job. */
+static void test_restartable_rep(void)
+{
+    u64 fault;
+    const u64 start = page_va(6) - 96;
+    reset_last();
+    __asm__ volatile(ARM_RESUME "mov %1, %%rdi\n\t"
+                                "mov $200, %%ecx\n\t"
+                                "mov $0x5a, %%eax\n\t"
+                                "0: rep stosb\n\t"
+                                "1:\n\t"
+                     : "=&r"(fault)
+                     : "r"(start)
+                     : "rax", "rcx", "rdi", "memory");
+    CHECK_TRAP(14, PF_W, fault);
+    CHECK_EQ(last.cr2, page_va(6));
+    CHECK_EQ(last.rcx, 200 - 96);
+    CHECK_EQ(last.rdi, page_va(6));
+    CHECK_EQ(pages[5][4095], 0x5a);
+    CHECK_EQ(pages[5][4000], 0x5a);
+    CHECK_EQ(pages[5][3999], 0);
+
+    pt[6] = (u64)pages[6] | PTE_P | PTE_W;
+    barrier();
+    u64 count = last.rcx, dest = last.rdi;
+    __asm__ volatile("rep stosb" : "+c"(count), "+D"(dest) : "a"(0x5a) : "memory");
+    CHECK_EQ(count, 0);
+    CHECK_EQ(pages[6][103], 0x5a);
+    CHECK_EQ(pages[6][104], 0);
+}
+
+static void test_not_present_gate_and_double_fault(void)
+{
+    u64 fault;
+    /* INT 0x90 through a not-present gate: #NP with the IDT flag (bit 1)
+     * and the gate's index in the error code. */
+    idt_set_present(0x90, 0);
+    reset_last();
+    __asm__ volatile(ARM_RESUME "0: int $0x90\n\t1:\n\t" : "=&r"(fault) : : "rax", "memory");
+    CHECK_TRAP(11, 0x90 * 8 + 2, fault);
+    idt_set_present(0x90, 1);
+
+    /* A #PF whose gate is not present raises #NP while delivering the #PF:
+     * a contributory fault after a page fault is a double fault, with error
+     * code 0, here on IST1 as operating systems configure it. The saved RIP
+     * of a #DF is undefined, so it is not checked. */
+    u64 ist1 = current_tss()->ist[0];
+    idt_set_gate(8, 0, 1);
+    idt_set_present(14, 0);
+    reset_last();
+    faulting_read(page_va(7), &fault);
+    idt_set_present(14, 1);
+    idt_set_gate(8, 0, 0);
+    CHECK_EQ(last.count, 1);
+    CHECK_EQ(last.vector, 8);
+    CHECK_EQ(last.error_code, 0);
+    CHECK_EQ(last.cr2, page_va(7));
+    CHECK(last.handler_stack < ist1 && last.handler_stack >= ist1 - 4096);
+}
+
 int kmain(void);
 int kmain(void)
 {
@@ -353,5 +436,7 @@ int kmain(void)
     test_breakpoint();
     test_general_protection();
     test_page_faults();
+    test_restartable_rep();
+    test_not_present_gate_and_double_fault();
     return check_report("exceptions");
 }

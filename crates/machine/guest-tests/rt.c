@@ -154,6 +154,7 @@ struct descriptor_pointer {
 } __attribute__((packed));
 
 #define GATE_INTERRUPT 0x8e /* present, DPL 0, 64-bit interrupt gate */
+#define GATE_PRESENT 0x80
 
 extern const u64 isr_stub_table[256];
 static struct idt_gate idt[256] __attribute__((aligned(16)));
@@ -163,6 +164,14 @@ void idt_set_gate(u8 vector, int dpl, int ist)
 {
     idt[vector].type_attr = (u8)(GATE_INTERRUPT | ((dpl & 3) << 5));
     idt[vector].ist = (u8)(ist & 7);
+}
+
+void idt_set_present(u8 vector, int present)
+{
+    if (present)
+        idt[vector].type_attr |= GATE_PRESENT;
+    else
+        idt[vector].type_attr &= (u8)~GATE_PRESENT;
 }
 
 void idt_init(void)

@@ -46,6 +46,8 @@ typedef unsigned long usize;
 #define MSR_STAR 0xc0000081
 #define MSR_LSTAR 0xc0000082
 #define MSR_FMASK 0xc0000084
+#define MSR_GS_BASE 0xc0000101
+#define MSR_KERNEL_GS_BASE 0xc0000102
 #define EFER_SCE (1ull << 0)
 #define EFER_NXE (1ull << 11)
 
@@ -106,6 +108,9 @@ static inline u16 read_ss(void)
     __asm__ volatile("mov %%ss, %0" : "=r"(v));
     return v;
 }
+/* Keeps the compiler from moving memory accesses across this point (e.g.
+ * a page-table store past the access it is meant to affect). */
+static inline void barrier(void) { __asm__ volatile("" : : : "memory"); }
 static inline void cli(void) { __asm__ volatile("cli" : : : "memory"); }
 static inline void sti(void) { __asm__ volatile("sti" : : : "memory"); }
 
@@ -150,6 +155,8 @@ void idt_init(void);
 void idt_set_handler(u8 vector, trap_handler_t handler);
 /* Gate options: dpl 0-3, ist 0 (none) or 1-7. */
 void idt_set_gate(u8 vector, int dpl, int ist);
+/* Marks a gate present or not present (delivery through it is then #NP). */
+void idt_set_present(u8 vector, int present);
 
 /* The TSS the machine set up (found through STR and SGDT). */
 struct tss64 {

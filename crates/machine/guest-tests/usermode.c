@@ -10,7 +10,8 @@
  *   2. enters ring 3 again with SYSRETQ;
  *   3. runs user code that touches a supervisor page with no fixup: the
  *      kernel "kills" it from the #PF handler.
- * Exits 0 when every check passes. */
+ * Throughout, SWAPGS switches between the kernel's per-CPU GS and the
+ * user's. Exits 0 when every check passes. */
 #include "rt.h"
 
 extern char __image_start[], __image_end[];
@@ -33,12 +34,24 @@ extern char __image_start[], __image_end[];
 static u8 user_stack[4 * 4096] __attribute__((aligned(4096)));
 static u8 syscall_stack[4 * 4096] __attribute__((aligned(16)));
 
+/* Per-CPU data, reached through GS in the kernel as Linux does: SWAPGS on
+ * kernel entry from ring 3 and before the return to it exchanges GS_BASE
+ * and KERNEL_GS_BASE, so the kernel runs with GS = &percpu and ring 3 with
+ * GS = &user_tls. The assembly below uses the offsets. */
+#define PERCPU_MAGIC 0x7065726370755f30ull
+#define USER_TLS_MAGIC 0x757365725f746c73ull
+struct percpu {
+    u64 syscall_stack_top; /* 0 */
+    u64 user_rsp;          /* 8 */
+    u64 user_rip;          /* 16 */
+    u64 user_rflags;       /* 24 */
+    u64 magic;             /* 32 */
+};
+static struct percpu percpu = { .magic = PERCPU_MAGIC };
+static const u64 user_tls[1] = { USER_TLS_MAGIC };
+
 /* Shared with the assembly below. */
 u64 kernel_saved_rsp;
-u64 syscall_stack_top;
-u64 syscall_user_rsp;
-u64 syscall_user_rip;
-u64 syscall_user_rflags;
 volatile u64 resume_rip;
 
 /* Runs `rip` in ring 3 on stack `rsp` with RFLAGS.IF set, until the kernel
@@ -58,6 +71,7 @@ __asm__(".text\n"
         "    push %r14\n"
         "    push %r15\n"
         "    mov %rsp, kernel_saved_rsp(%rip)\n"
+        "    swapgs\n"
         "    pushq $0x1b\n" /* SS: user data */
         "    push %rsi\n"   /* RSP */
         "    pushq $0x202\n" /* RFLAGS: IF */
@@ -76,6 +90,7 @@ __asm__(".text\n"
         "    mov %rdi, %rcx\n"   /* SYSRET: RIP from RCX */
         "    mov $0x202, %r11\n" /* RFLAGS from R11 */
         "    mov %rsi, %rsp\n"
+        "    swapgs\n"
         "    sysretq\n"
         "\n"
         "return_to_kernel:\n"
@@ -91,10 +106,11 @@ __asm__(".text\n"
         "\n"
         /* SYSCALL: RCX = user RIP, R11 = user RFLAGS, RSP still the user's. */
         "syscall_entry:\n"
-        "    mov %rsp, syscall_user_rsp(%rip)\n"
-        "    mov syscall_stack_top(%rip), %rsp\n"
-        "    mov %rcx, syscall_user_rip(%rip)\n"
-        "    mov %r11, syscall_user_rflags(%rip)\n"
+        "    swapgs\n"
+        "    mov %rsp, %gs:8\n"
+        "    mov %gs:0, %rsp\n"
+        "    mov %rcx, %gs:16\n"
+        "    mov %r11, %gs:24\n"
         "    push %rcx\n"
         "    push %r11\n"
         "    mov %rdx, %rcx\n"
@@ -104,13 +120,14 @@ __asm__(".text\n"
         "    call syscall_dispatch\n"
         "    pop %r11\n"
         "    pop %rcx\n"
-        "    mov syscall_user_rsp(%rip), %rsp\n"
+        "    mov %gs:8, %rsp\n"
+        "    swapgs\n"
         "    sysretq\n");
 
 /* ---- kernel side ---------------------------------------------------------- */
 
 static volatile struct {
-    u64 count, cs, ss, rflags;
+    u64 count, cs, ss, rflags, gs_magic;
 } ksys;
 
 u64 syscall_dispatch(u64 nr, u64 a1, u64 a2, u64 a3)
@@ -119,6 +136,9 @@ u64 syscall_dispatch(u64 nr, u64 a1, u64 a2, u64 a3)
     ksys.cs = read_cs();
     ksys.ss = read_ss();
     ksys.rflags = read_rflags();
+    u64 magic;
+    __asm__ volatile("mov %%gs:32, %0" : "=r"(magic));
+    ksys.gs_magic = magic;
     switch (nr) {
     case SYS_WRITE:
         for (u64 i = 0; i < a2; i++)
@@ -154,11 +174,20 @@ static void user_trap(struct trap_frame *f)
         r->frame = (u64)f;
     }
     trap_count++;
+    if (!resume_rip && (f->cs & 3) == 0) {
+        /* A kernel fault with no fixup would repeat forever. */
+        printf("unexpected kernel exception: vector %llu error %#llx rip %#llx cr2 %#llx\n",
+               f->vector, f->error_code, f->rip, read_cr2());
+        exit(0x7e);
+    }
     if (resume_rip) {
         f->rip = resume_rip;
         resume_rip = 0;
     } else if ((f->cs & 3) == 3 && f->vector != 0x80) {
-        /* An unexpected user fault kills the user program. */
+        /* An unexpected user fault kills the user program. This entry
+         * did not SWAPGS (the handler needs no per-CPU data); the kernel
+         * expects its own GS back. */
+        __asm__ volatile("swapgs" : : : "memory");
         return_to_kernel(0xdead0000 | f->vector);
     }
 }
@@ -176,7 +205,7 @@ static inline u64 syscall3(u64 nr, u64 a1, u64 a2, u64 a3)
 
 /* What the user code observed; checked by the kernel afterwards. */
 static volatile struct {
-    u64 cs, ss, rflags;
+    u64 cs, ss, rflags, tls_magic;
     u64 write_ret, add_ret, df_syscall_ret, rflags_after_df_syscall;
     u64 fault_rip[8];
     u64 int80_after;
@@ -197,6 +226,11 @@ static void user_main(void)
     ulog.cs = read_cs();
     ulog.ss = read_ss();
     ulog.rflags = read_rflags();
+    {
+        u64 magic;
+        __asm__ volatile("mov %%gs:0, %0" : "=r"(magic));
+        ulog.tls_magic = magic;
+    }
     ulog.write_ret = syscall3(SYS_WRITE, (u64)msg, sizeof(msg) - 1, 0);
     ulog.add_ret = syscall3(SYS_ADD, 40, 2, 100);
 
@@ -307,7 +341,9 @@ int kmain(void)
     wrmsr(MSR_LSTAR, (u64)syscall_entry);
     wrmsr(MSR_FMASK, MSR_FMASK_VALUE);
     CHECK_EQ(rdmsr(MSR_FMASK), MSR_FMASK_VALUE);
-    syscall_stack_top = (u64)(syscall_stack + sizeof(syscall_stack));
+    percpu.syscall_stack_top = (u64)(syscall_stack + sizeof(syscall_stack));
+    wrmsr(MSR_GS_BASE, (u64)&percpu);
+    wrmsr(MSR_KERNEL_GS_BASE, (u64)user_tls);
     /* As if called: RSP = 8 mod 16 at function entry. */
     u64 user_stack_top = (u64)(user_stack + sizeof(user_stack)) - 8;
 
@@ -329,8 +365,12 @@ int kmain(void)
     CHECK_EQ(ksys.ss, KERNEL_DS);
     CHECK_EQ(ksys.rflags & (RFLAGS_IF | RFLAGS_DF), 0);
     CHECK_EQ(ksys.count, 4);
-    CHECK(syscall_user_rflags & RFLAGS_IF);
-    CHECK(syscall_user_rsp > (u64)user_stack && syscall_user_rsp <= user_stack_top);
+    CHECK(percpu.user_rflags & RFLAGS_IF);
+    CHECK(percpu.user_rsp > (u64)user_stack && percpu.user_rsp <= user_stack_top);
+    CHECK(percpu.user_rip > (u64)user_main && percpu.user_rip < (u64)user_main + 4096);
+    /* GS: the user's in ring 3, the kernel's in the system call. */
+    CHECK_EQ(ulog.tls_magic, USER_TLS_MAGIC);
+    CHECK_EQ(ksys.gs_magic, PERCPU_MAGIC);
 
     CHECK_EQ(trap_count, 6);
     check_user_trap(0, 13, 0, ulog.fault_rip[0], rsp0);
@@ -357,5 +397,8 @@ int kmain(void)
     CHECK_EQ(traps[0].error_code, PF_P | PF_W | PF_U);
     CHECK_EQ(traps[0].cr2, SUPERVISOR_ADDR + 0x30);
 
+    /* Every path back to the kernel restored the kernel's GS. */
+    CHECK_EQ(rdmsr(MSR_GS_BASE), (u64)&percpu);
+    CHECK_EQ(rdmsr(MSR_KERNEL_GS_BASE), (u64)user_tls);
     return check_report("usermode");
 }

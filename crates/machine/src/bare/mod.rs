@@ -37,8 +37,9 @@
 //! ([`GUEST_PASSTHROUGH_MSRS`]). Exits are handled as a minimal hypervisor
 //! would: I/O as in bare mode; HLT by skipping idle time to the next APIC
 //! timer deadline (as KVM blocks a halted vCPU until an interrupt), or an
-//! error if nothing can wake the CPU; CPUID and any MSR outside the bitmap
-//! are errors (the test programs use neither), as are all other exits.
+//! error if nothing can wake the CPU; an MSR outside the bitmap gets #GP(0)
+//! injected (the MSR does not exist for this guest); CPUID is an error (the
+//! test programs do not use it), as are all other exits.
 //!
 //! # Single CPU
 //!
@@ -53,7 +54,9 @@ use crate::cpu::{Cpu, CpuConfig, CpuStats, Gpr};
 use crate::elf::{self, ElfError};
 use crate::memory::{MemCreateError, MemError, PhysMemory};
 use crate::mmu::tlb::TlbStats;
-use crate::vmx::{Eptp, IoDirection, Ipi, MsrExiting, VmExit, VmxControls};
+use crate::vmx::{
+    Eptp, EventInjection, EventKind, IoDirection, Ipi, MsrExiting, VmExit, VmxControls,
+};
 use page_tables::{PageSize, PageTableError};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -106,6 +109,8 @@ const TSS_IST1: u64 = 0x24;
 const TSS_IOMAP_BASE: u64 = 0x66;
 /// TSS limit: 104 bytes, no I/O permission bitmap.
 const TSS_LIMIT: u32 = 0x67;
+/// #GP.
+const GP_VECTOR: u8 = 13;
 
 /// MSRs the guest-mode variant lets the program access without an exit.
 pub const GUEST_PASSTHROUGH_MSRS: &[u32] = &[
@@ -464,6 +469,16 @@ impl BareMachine {
                     self.cpu.complete_io_in(size, value & size_mask(size));
                 }
                 VmExit::Hlt => self.handle_hlt()?,
+                // An MSR outside the pass-through bitmap does not exist for
+                // this guest: #GP(0), as KVM answers an unknown MSR.
+                VmExit::MsrRead { .. } | VmExit::MsrWrite { .. } => {
+                    self.cpu.inject_event(EventInjection {
+                        kind: EventKind::HardwareException,
+                        vector: GP_VECTOR,
+                        error_code: Some(0),
+                        instruction_len: 0,
+                    });
+                }
                 VmExit::TripleFault => return Err(BareError::TripleFault { rip }),
                 VmExit::MachineError(error) => return Err(BareError::MachineError { rip, error }),
                 VmExit::CycleLimit => return Err(BareError::CycleLimit { limit, rip }),
