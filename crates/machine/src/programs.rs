@@ -16,7 +16,7 @@ pub const TIMER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/timer.elf"));
 /// Self-checking test of string instructions and locked atomics.
 pub const STRINGOPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/stringops.elf"));
 /// The `mips` benchmark workload (a few hundred million instructions);
-/// prints "mips_workload checksum <hex>".
+/// prints `mips_workload checksum <16 hex digits>`.
 pub const MIPS_WORKLOAD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mips_workload.elf"));
 /// One round of the same workload (~1/12 of it), for tests.
 pub const MIPS_WORKLOAD_SMALL: &[u8] =

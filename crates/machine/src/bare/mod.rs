@@ -68,8 +68,8 @@ pub const KERNEL_CS: u16 = 0x08;
 /// Selector of the ring-0 data segment.
 pub const KERNEL_DS: u16 = 0x10;
 /// Selector of the ring-3 data segment (GDT entry 3, RPL 3). It precedes
-/// the user code segment, as SYSRET requires (SS = STAR[63:48] + 8,
-/// CS = STAR[63:48] + 16).
+/// the user code segment, as SYSRET requires (SS = `STAR[63:48] + 8`,
+/// CS = `STAR[63:48] + 16`).
 pub const USER_DS: u16 = 0x18 | 3;
 /// Selector of the 64-bit ring-3 code segment (GDT entry 4, RPL 3).
 pub const USER_CS: u16 = 0x20 | 3;

@@ -142,6 +142,16 @@ fn main() -> ExitCode {
             }
         }
     }
+    if let Some((setup, m)) = results
+        .iter()
+        .find(|(_, m)| m.checksum_line != results[0].1.checksum_line)
+    {
+        eprintln!(
+            "mips: {name}: `{}` computed {:?} but `{}` computed {:?}",
+            results[0].0.label, results[0].1.checksum_line, setup.label, m.checksum_line
+        );
+        return ExitCode::FAILURE;
+    }
     let checksum = results[0]
         .1
         .checksum_line
