@@ -31,10 +31,7 @@ pub enum MemCreateError {
     #[error("memory size {0:#x} is zero or not a multiple of 4 KiB")]
     BadSize(u64),
     #[error("mmap of {size:#x} bytes failed: {source}")]
-    Mmap {
-        size: u64,
-        source: std::io::Error,
-    },
+    Mmap { size: u64, source: std::io::Error },
 }
 
 /// Host-physical memory of the machine.
@@ -51,7 +48,9 @@ unsafe impl Sync for PhysMemory {}
 
 impl std::fmt::Debug for PhysMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PhysMemory").field("size", &self.size).finish()
+        f.debug_struct("PhysMemory")
+            .field("size", &self.size)
+            .finish()
     }
 }
 
@@ -158,7 +157,8 @@ impl PhysMemory {
             for i in 0..len as usize {
                 // SAFETY: each byte is inside the checked range.
                 unsafe {
-                    (*(p.add(i) as *const AtomicU8)).store((value >> (8 * i)) as u8, Ordering::Relaxed)
+                    (*(p.add(i) as *const AtomicU8))
+                        .store((value >> (8 * i)) as u8, Ordering::Relaxed)
                 };
             }
         }
@@ -204,19 +204,23 @@ impl PhysMemory {
             Ok(match len {
                 1 => {
                     let a = &*(p as *const AtomicU8);
-                    a.compare_exchange(current as u8, new as u8, sc, sc).unwrap_or_else(|v| v) as u64
+                    a.compare_exchange(current as u8, new as u8, sc, sc)
+                        .unwrap_or_else(|v| v) as u64
                 }
                 2 => {
                     let a = &*(p as *const AtomicU16);
-                    a.compare_exchange(current as u16, new as u16, sc, sc).unwrap_or_else(|v| v) as u64
+                    a.compare_exchange(current as u16, new as u16, sc, sc)
+                        .unwrap_or_else(|v| v) as u64
                 }
                 4 => {
                     let a = &*(p as *const AtomicU32);
-                    a.compare_exchange(current as u32, new as u32, sc, sc).unwrap_or_else(|v| v) as u64
+                    a.compare_exchange(current as u32, new as u32, sc, sc)
+                        .unwrap_or_else(|v| v) as u64
                 }
                 _ => {
                     let a = &*(p as *const AtomicU64);
-                    a.compare_exchange(current, new, sc, sc).unwrap_or_else(|v| v)
+                    a.compare_exchange(current, new, sc, sc)
+                        .unwrap_or_else(|v| v)
                 }
             })
         }
@@ -283,9 +287,15 @@ mod tests {
         assert_eq!(m.read(Hpa(8), 8).unwrap(), 0x1122334455667788);
         assert_eq!(m.read(Hpa(9), 2).unwrap(), 0x6677);
         m.write(Hpa(0x1fff), 1, 0xab).unwrap();
-        assert!(matches!(m.read(Hpa(0x1fff), 2), Err(MemError::OutOfRange { .. })));
+        assert!(matches!(
+            m.read(Hpa(0x1fff), 2),
+            Err(MemError::OutOfRange { .. })
+        ));
         assert!(m.read(Hpa(u64::MAX), 8).is_err());
-        assert_eq!(m.cmpxchg(Hpa(8), 8, 0x1122334455667788, 5).unwrap(), 0x1122334455667788);
+        assert_eq!(
+            m.cmpxchg(Hpa(8), 8, 0x1122334455667788, 5).unwrap(),
+            0x1122334455667788
+        );
         assert_eq!(m.read_u64(Hpa(8)).unwrap(), 5);
         assert!(PhysMemory::new(123).is_err());
     }

@@ -65,8 +65,21 @@ pub mod cr4 {
     pub const SMEP: u64 = 1 << 20;
     pub const SMAP: u64 = 1 << 21;
     /// Bits this CPU accepts; setting any other is #GP.
-    pub const SUPPORTED: u64 =
-        VME | PVI | TSD | DE | PSE | PAE | MCE | PGE | PCE | OSFXSR | OSXMMEXCPT | UMIP | FSGSBASE | SMEP | SMAP;
+    pub const SUPPORTED: u64 = VME
+        | PVI
+        | TSD
+        | DE
+        | PSE
+        | PAE
+        | MCE
+        | PGE
+        | PCE
+        | OSFXSR
+        | OSXMMEXCPT
+        | UMIP
+        | FSGSBASE
+        | SMEP
+        | SMAP;
     /// Changing these flushes the TLB (SDM 4.10.4.1).
     pub const TLB_FLUSHING: u64 = PGE | PAE | PSE | SMEP | SMAP | PCIDE;
 }
@@ -367,7 +380,9 @@ impl CpuState {
         ] {
             h.u64(v);
         }
-        for s in [self.es, self.cs, self.ss, self.ds, self.fs, self.gs, self.ldtr, self.tr] {
+        for s in [
+            self.es, self.cs, self.ss, self.ds, self.fs, self.gs, self.ldtr, self.tr,
+        ] {
             h.u64(s.selector as u64);
             h.u64(s.base);
             h.u64(s.limit as u64);
