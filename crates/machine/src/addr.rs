@@ -12,6 +12,13 @@ pub const PAGE_SIZE: u64 = 4096;
 /// log2 of [`PAGE_SIZE`].
 pub const PAGE_SHIFT: u32 = 12;
 
+/// Whether a linear address is canonical for 48-bit linear addresses
+/// (bits 63:47 all equal).
+#[inline]
+pub const fn is_canonical(la: u64) -> bool {
+    ((la as i64) << 16 >> 16) as u64 == la
+}
+
 macro_rules! address_type {
     ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
         $(#[$doc])*

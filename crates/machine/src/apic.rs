@@ -3,10 +3,34 @@
 //! Time is the CPU's TSC (passed in as `now`), so the timer is as
 //! deterministic as everything else.
 //!
-//! STUB: to be implemented (see the helper task); signatures are the contract.
-#![allow(unused_variables)]
+//! Follows the Intel SDM Vol. 3, chapter "Advanced Programmable Interrupt
+//! Controller (APIC)", x2APIC mode only:
+//! - Register access: RDMSR/WRMSR of an address the x2APIC register table
+//!   does not list, RDMSR of a write-only register, WRMSR of a read-only
+//!   register, and non-zero writes to reserved bits (including the upper 32
+//!   bits of every register but the ICR) raise #GP ([`ApicGp`]); a faulting
+//!   write changes nothing. Read-only status bits inside writable registers
+//!   (delivery status, remote IRR) ignore writes and read 0. Reserved
+//!   encodings of the ICR delivery mode (011b, 111b) and of the LVT timer
+//!   mode (11b) raise #GP as well.
+//! - All interrupts are edge-triggered (there is no I/O APIC), so the TMR
+//!   reads 0 and EOI broadcasts nothing.
+//! - Only x2APIC mode exists: IA32_APIC_BASE writes that would disable the
+//!   APIC or return it to xAPIC mode raise #GP.
+//! - Errors are logged like the SDM's ESR: detected errors accumulate
+//!   internally and become visible in the ESR when software writes it (with
+//!   0); each detected error raises the LVT error interrupt if unmasked.
 
-use crate::vmx::Ipi;
+mod timer;
+mod vectors;
+
+#[cfg(test)]
+mod tests;
+
+use crate::mmu::paging::MAX_PHYS_ADDR_BITS;
+use crate::vmx::{Ipi, IpiDest, IpiMode};
+use timer::{Timer, TimerMode, DIVIDE_CONFIG_BITS, LVT_TIMER_MODE_MASK};
+use vectors::VectorSet;
 
 /// IA32_APIC_BASE.
 pub const MSR_APIC_BASE: u32 = 0x1b;
@@ -31,75 +55,642 @@ pub enum ApicWrite {
     Done,
     /// An IPI was written to the ICR; self-IPIs are already in the IRR and
     /// never returned.
+    ///
+    /// A fixed-mode IPI whose destinations include this APIC as well as
+    /// others (all-including-self shorthand, physical broadcast
+    /// 0xffff_ffff, a logical destination matching this APIC's LDR) is
+    /// already in this APIC's IRR too: the caller delivers fixed IPIs only
+    /// to the *other* destinations (see [`Lapic::is_destination`]). Every
+    /// other delivery mode, including lowest priority, is left entirely to
+    /// the caller, self included.
     SendIpi(Ipi),
 }
 
+/// The version register: version 0x15, highest LVT entry index 6 in bits
+/// 23:16 (seven entries, CMCI included), bit 24 (directed EOI) clear.
+const APIC_VERSION: u32 = 0x15 | ((LVT_ENTRIES as u32 - 1) << 16);
+
+/// IA32_APIC_BASE: this processor is the bootstrap processor.
+const APIC_BASE_BSP: u64 = 1 << 8;
+/// IA32_APIC_BASE: x2APIC mode enable.
+const APIC_BASE_X2APIC_ENABLE: u64 = 1 << 10;
+/// IA32_APIC_BASE: APIC global enable.
+const APIC_BASE_GLOBAL_ENABLE: u64 = 1 << 11;
+/// IA32_APIC_BASE: the xAPIC MMIO base (bits 12 to MAXPHYADDR-1); kept but
+/// meaningless in x2APIC mode.
+const APIC_BASE_ADDRESS_MASK: u64 = ((1 << MAX_PHYS_ADDR_BITS) - 1) & !0xfff;
+/// The reset value of the MMIO base.
+const APIC_BASE_DEFAULT_ADDRESS: u64 = 0xfee0_0000;
+
+/// SVR bits 7:0: the spurious-interrupt vector.
+const SVR_VECTOR: u32 = 0xff;
+/// SVR bit 8: APIC software enable.
+const SVR_SOFTWARE_ENABLE: u32 = 1 << 8;
+/// SVR bit 9: focus processor checking (stored, no effect: there is no
+/// lowest-priority arbitration here).
+const SVR_FOCUS_DISABLE: u32 = 1 << 9;
+/// SVR bits that exist; bit 12 (EOI-broadcast suppression) is reserved
+/// because the version register does not advertise it.
+const SVR_WRITABLE: u32 = SVR_VECTOR | SVR_SOFTWARE_ENABLE | SVR_FOCUS_DISABLE;
+/// SVR after reset: vector 0xff, software-disabled.
+const SVR_RESET: u32 = 0xff;
+
+/// LVT bits 7:0: the vector.
+const LVT_VECTOR: u32 = 0xff;
+/// LVT bits 10:8: delivery mode (not in the timer and error entries).
+const LVT_DELIVERY_MODE: u32 = 0b111 << 8;
+/// LVT bit 12: delivery status (read-only, always idle here).
+const LVT_DELIVERY_STATUS: u32 = 1 << 12;
+/// LINT bit 13: input pin polarity.
+const LVT_PIN_POLARITY: u32 = 1 << 13;
+/// LINT bit 14: remote IRR (read-only, 0: no level-triggered inputs).
+const LVT_REMOTE_IRR: u32 = 1 << 14;
+/// LINT bit 15: trigger mode.
+const LVT_TRIGGER_MODE: u32 = 1 << 15;
+/// LVT bit 16: masked.
+const LVT_MASKED: u32 = 1 << 16;
+/// Number of LVT entries.
+const LVT_ENTRIES: usize = 7;
+
+/// ESR bit 5: an illegal vector (0-15) in a message being sent.
+const ESR_SEND_ILLEGAL_VECTOR: u32 = 1 << 5;
+/// ESR bit 6: an illegal vector (0-15) in an interrupt received, generated
+/// from the LVT or sent to self.
+const ESR_RECEIVE_ILLEGAL_VECTOR: u32 = 1 << 6;
+
+/// Vectors 0-15 are reserved for exceptions and never accepted.
+const FIRST_LEGAL_VECTOR: u8 = 16;
+
+/// ICR bits 7:0: vector.
+const ICR_VECTOR: u64 = 0xff;
+/// ICR bits 10:8: delivery mode.
+const ICR_DELIVERY_MODE_SHIFT: u32 = 8;
+/// ICR bit 11: logical destination mode.
+const ICR_LOGICAL: u64 = 1 << 11;
+/// ICR bit 12: delivery status. Removed in x2APIC mode; writes are
+/// ignored and it reads as idle.
+const ICR_DELIVERY_STATUS: u64 = 1 << 12;
+/// ICR bit 14: level (assert).
+const ICR_LEVEL_ASSERT: u64 = 1 << 14;
+/// ICR bit 15: trigger mode (level).
+const ICR_TRIGGER_LEVEL: u64 = 1 << 15;
+/// ICR bits 19:18: destination shorthand.
+const ICR_SHORTHAND_SHIFT: u32 = 18;
+/// ICR bits 63:32: destination (x2APIC id or logical id).
+const ICR_DESTINATION_SHIFT: u32 = 32;
+/// ICR bits that exist in x2APIC mode; the rest (13, 17:16, 31:20) are
+/// reserved.
+const ICR_DEFINED: u64 = ICR_VECTOR
+    | (0b111 << ICR_DELIVERY_MODE_SHIFT)
+    | ICR_LOGICAL
+    | ICR_DELIVERY_STATUS
+    | ICR_LEVEL_ASSERT
+    | ICR_TRIGGER_LEVEL
+    | (0b11 << ICR_SHORTHAND_SHIFT)
+    | (0xffff_ffff << ICR_DESTINATION_SHIFT);
+
+/// The destination that addresses every APIC (physical or logical).
+const BROADCAST_DESTINATION: u32 = 0xffff_ffff;
+
+/// The LVT entries, in LVT index order (the version register counts them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LvtEntry {
+    Cmci,
+    Timer,
+    Thermal,
+    PerfCounter,
+    Lint0,
+    Lint1,
+    Error,
+}
+
+impl LvtEntry {
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Bits software can set; everything outside these and
+    /// [`LvtEntry::read_only_bits`] is reserved.
+    fn writable_bits(self) -> u32 {
+        match self {
+            LvtEntry::Timer => LVT_VECTOR | LVT_MASKED | LVT_TIMER_MODE_MASK,
+            LvtEntry::Error => LVT_VECTOR | LVT_MASKED,
+            LvtEntry::Cmci | LvtEntry::Thermal | LvtEntry::PerfCounter => {
+                LVT_VECTOR | LVT_DELIVERY_MODE | LVT_MASKED
+            }
+            LvtEntry::Lint0 | LvtEntry::Lint1 => {
+                LVT_VECTOR | LVT_DELIVERY_MODE | LVT_PIN_POLARITY | LVT_TRIGGER_MODE | LVT_MASKED
+            }
+        }
+    }
+
+    /// Status bits software may write but that ignore the write.
+    fn read_only_bits(self) -> u32 {
+        match self {
+            LvtEntry::Lint0 | LvtEntry::Lint1 => LVT_DELIVERY_STATUS | LVT_REMOTE_IRR,
+            _ => LVT_DELIVERY_STATUS,
+        }
+    }
+}
+
+/// An x2APIC register, decoded from its MSR address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Register {
+    Id,
+    Version,
+    Tpr,
+    Ppr,
+    Eoi,
+    Ldr,
+    Svr,
+    /// ISR bits `32 * n ..= 32 * n + 31`.
+    Isr(usize),
+    Tmr(usize),
+    Irr(usize),
+    Esr,
+    Lvt(LvtEntry),
+    Icr,
+    InitialCount,
+    CurrentCount,
+    DivideConfig,
+    SelfIpi,
+}
+
+impl Register {
+    /// The register at x2APIC MSR `msr`; `None` for reserved addresses
+    /// (among them 0x809 APR, 0x80c RRD, 0x80e DFR and 0x831 ICR-high,
+    /// which exist only in xAPIC mode).
+    fn decode(msr: u32) -> Option<Register> {
+        let bank = |first: u32| (msr - first) as usize;
+        Some(match msr {
+            0x802 => Register::Id,
+            0x803 => Register::Version,
+            0x808 => Register::Tpr,
+            0x80a => Register::Ppr,
+            0x80b => Register::Eoi,
+            0x80d => Register::Ldr,
+            0x80f => Register::Svr,
+            0x810..=0x817 => Register::Isr(bank(0x810)),
+            0x818..=0x81f => Register::Tmr(bank(0x818)),
+            0x820..=0x827 => Register::Irr(bank(0x820)),
+            0x828 => Register::Esr,
+            0x82f => Register::Lvt(LvtEntry::Cmci),
+            0x830 => Register::Icr,
+            0x832 => Register::Lvt(LvtEntry::Timer),
+            0x833 => Register::Lvt(LvtEntry::Thermal),
+            0x834 => Register::Lvt(LvtEntry::PerfCounter),
+            0x835 => Register::Lvt(LvtEntry::Lint0),
+            0x836 => Register::Lvt(LvtEntry::Lint1),
+            0x837 => Register::Lvt(LvtEntry::Error),
+            0x838 => Register::InitialCount,
+            0x839 => Register::CurrentCount,
+            0x83e => Register::DivideConfig,
+            0x83f => Register::SelfIpi,
+            _ => return None,
+        })
+    }
+}
+
 /// A local APIC.
-#[derive(Debug, Clone)]
-pub struct Lapic {}
+///
+/// `Clone` is a complete snapshot (for migration and checkpoints): the
+/// timer is stored as the TSC value of its next expiry, so a clone restored
+/// on a CPU whose TSC continues from the same value behaves identically.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lapic {
+    id: u32,
+    /// IA32_APIC_BASE.
+    apic_base: u64,
+    tpr: u8,
+    svr: u32,
+    irr: VectorSet,
+    isr: VectorSet,
+    /// The ESR as software reads it (latched by the last ESR write).
+    esr: u32,
+    /// Errors detected since the last ESR write.
+    esr_pending: u32,
+    /// LVT entries by [`LvtEntry::index`]; the timer entry without its mode
+    /// bits, which live in `timer`.
+    lvt: [u32; LVT_ENTRIES],
+    /// The ICR as last written (delivery status clear).
+    icr: u64,
+    timer: Timer,
+}
 
 impl Lapic {
     /// A reset APIC with this x2APIC id, globally enabled in x2APIC mode
     /// (IA32_APIC_BASE bits 10 and 11 set; the software-enable bit in the
     /// SVR is clear, as after reset).
     pub fn new(apic_id: u32) -> Self {
-        todo!()
+        let bsp = if apic_id == 0 { APIC_BASE_BSP } else { 0 };
+        Lapic {
+            id: apic_id,
+            apic_base: APIC_BASE_DEFAULT_ADDRESS
+                | APIC_BASE_GLOBAL_ENABLE
+                | APIC_BASE_X2APIC_ENABLE
+                | bsp,
+            tpr: 0,
+            svr: SVR_RESET,
+            irr: VectorSet::default(),
+            isr: VectorSet::default(),
+            esr: 0,
+            esr_pending: 0,
+            lvt: [LVT_MASKED; LVT_ENTRIES],
+            icr: 0,
+            timer: Timer::default(),
+        }
+    }
+
+    /// INIT: every register returns to its reset value except the x2APIC id
+    /// and IA32_APIC_BASE (the APIC stays in x2APIC mode, as the SDM
+    /// specifies for INIT in x2APIC mode). Pending and in-service
+    /// interrupts are discarded and the timer is disarmed.
+    pub fn reset(&mut self) {
+        *self = Lapic {
+            apic_base: self.apic_base,
+            ..Lapic::new(self.id)
+        };
     }
 
     /// The x2APIC id.
     pub fn id(&self) -> u32 {
-        todo!()
+        self.id
+    }
+
+    /// The logical x2APIC id (LDR), fixed by the x2APIC id in cluster
+    /// mode: cluster `id >> 4` in bits 31:16, bit `id & 0xf` set in 15:0.
+    pub fn logical_id(&self) -> u32 {
+        ((self.id >> 4) << 16) | (1 << (self.id & 0xf))
+    }
+
+    /// Whether an IPI sent by the APIC `sender_id` to `dest` targets this
+    /// APIC (for routing [`ApicWrite::SendIpi`]).
+    pub fn is_destination(&self, dest: IpiDest, sender_id: u32) -> bool {
+        match dest {
+            IpiDest::Physical(id) => id == self.id || id == BROADCAST_DESTINATION,
+            IpiDest::Logical(logical) => {
+                let ldr = self.logical_id();
+                logical == BROADCAST_DESTINATION
+                    || (logical >> 16 == ldr >> 16 && logical & ldr & 0xffff != 0)
+            }
+            IpiDest::SelfOnly => sender_id == self.id,
+            IpiDest::AllIncludingSelf => true,
+            IpiDest::AllExcludingSelf => sender_id != self.id,
+        }
     }
 
     /// RDMSR of IA32_APIC_BASE, IA32_TSC_DEADLINE or an x2APIC MSR.
     pub fn read_msr(&self, msr: u32, now: u64) -> Result<u64, ApicGp> {
-        todo!()
+        let gp = ApicGp { msr };
+        match msr {
+            MSR_APIC_BASE => Ok(self.apic_base),
+            MSR_TSC_DEADLINE => Ok(self.timer.tsc_deadline()),
+            _ => {
+                let register = Register::decode(msr).ok_or(gp)?;
+                self.read_register(register, now).ok_or(gp)
+            }
+        }
     }
 
     /// WRMSR of IA32_APIC_BASE, IA32_TSC_DEADLINE or an x2APIC MSR.
     pub fn write_msr(&mut self, msr: u32, value: u64, now: u64) -> Result<ApicWrite, ApicGp> {
-        todo!()
+        // Timer expiries up to `now` happened under the configuration
+        // before this write (e.g. a periodic timer masked until now must not
+        // fire for the periods it spent masked once this write unmasks it).
+        self.update_timer(now);
+        let gp = ApicGp { msr };
+        let result = match msr {
+            MSR_APIC_BASE => self.write_apic_base(value).map(|()| ApicWrite::Done),
+            MSR_TSC_DEADLINE => {
+                self.timer.write_tsc_deadline(value);
+                Ok(ApicWrite::Done)
+            }
+            _ => match Register::decode(msr) {
+                Some(register) => self.write_register(register, value, now),
+                None => Err(()),
+            },
+        };
+        // A deadline already in the past fires at once.
+        self.update_timer(now);
+        result.map_err(|()| gp)
     }
 
     /// Moves an expired timer into the IRR (and re-arms a periodic one).
     pub fn update_timer(&mut self, now: u64) {
-        todo!()
+        if self.timer.fire_if_due(now) {
+            let lvt = self.lvt[LvtEntry::Timer.index()];
+            // A masked timer still counts; it just raises nothing.
+            if lvt & LVT_MASKED == 0 {
+                self.accept_interrupt(lvt_vector(lvt));
+            }
+        }
     }
 
     /// The TSC value at which the timer next fires, if armed and unmasked.
+    /// It can be at or before the current TSC if [`Lapic::update_timer`]
+    /// has not been called since then.
     pub fn next_timer_deadline(&self) -> Option<u64> {
-        todo!()
+        if self.lvt[LvtEntry::Timer.index()] & LVT_MASKED != 0 {
+            return None;
+        }
+        self.timer.expiry()
     }
 
     /// Sets `vector` pending in the IRR (an IPI or device interrupt).
+    ///
+    /// A software-disabled APIC drops it (it accepts only NMI, SMI, INIT
+    /// and SIPI, which the CPU handles without the IRR). An illegal vector
+    /// (0-15) is not accepted either; it sets the ESR's receive-illegal-
+    /// vector bit.
     pub fn accept_interrupt(&mut self, vector: u8) {
-        todo!()
+        if !self.software_enabled() {
+            return;
+        }
+        if vector < FIRST_LEGAL_VECTOR {
+            self.record_error(ESR_RECEIVE_ILLEGAL_VECTOR);
+            return;
+        }
+        self.irr.insert(vector);
     }
 
     /// The highest-priority pending vector that the processor priority
-    /// allows to be delivered now, if any (does not change state).
+    /// allows to be delivered now, if any (does not change state): the
+    /// highest IRR vector whose priority class (bits 7:4) is above the PPR's,
+    /// and only while the APIC is software-enabled (a disabled APIC holds
+    /// its IRR).
     pub fn deliverable_vector(&self) -> Option<u8> {
-        todo!()
+        if !self.software_enabled() {
+            return None;
+        }
+        let vector = self.irr.highest()?;
+        (priority_class(vector) > priority_class(self.ppr())).then_some(vector)
     }
 
-    /// The CPU is delivering `vector`: IRR -> ISR.
+    /// The CPU is delivering `vector`: IRR -> ISR. Does nothing if `vector`
+    /// is not pending.
     pub fn start_delivery(&mut self, vector: u8) {
-        todo!()
+        if self.irr.contains(vector) {
+            self.irr.remove(vector);
+            self.isr.insert(vector);
+        }
     }
 
     /// CR8 view of the TPR (TPR bits 7:4).
     pub fn cr8(&self) -> u64 {
-        todo!()
+        u64::from(self.tpr >> 4)
     }
 
-    /// MOV to CR8.
+    /// MOV to CR8: TPR bits 7:4 = CR8 bits 3:0, TPR bits 3:0 = 0. (Reserved
+    /// CR8 bits are the CPU's to reject; they are ignored here.)
     pub fn set_cr8(&mut self, value: u64) {
-        todo!()
+        self.tpr = ((value & 0xf) as u8) << 4;
     }
 
     /// Whether the APIC is software-enabled (SVR bit 8); when disabled it
     /// accepts no interrupts except NMI/INIT/SIPI.
     pub fn software_enabled(&self) -> bool {
-        todo!()
+        self.svr & SVR_SOFTWARE_ENABLE != 0
     }
+
+    /// The task-priority register.
+    pub fn tpr(&self) -> u8 {
+        self.tpr
+    }
+
+    /// The processor-priority register: the TPR, or the priority class of
+    /// the highest in-service vector if that class is higher.
+    pub fn ppr(&self) -> u8 {
+        let in_service_class = self.isr.highest().map_or(0, priority_class);
+        if priority_class(self.tpr) >= in_service_class {
+            self.tpr
+        } else {
+            in_service_class
+        }
+    }
+
+    /// IRR0..IRR7 (vectors 0-31 first), for debugging.
+    pub fn irr(&self) -> [u32; 8] {
+        self.irr.registers()
+    }
+
+    /// ISR0..ISR7 (vectors 0-31 first), for debugging.
+    pub fn isr(&self) -> [u32; 8] {
+        self.isr.registers()
+    }
+
+    /// The register's value, or `None` if reading it raises #GP.
+    fn read_register(&self, register: Register, now: u64) -> Option<u64> {
+        let value = match register {
+            Register::Id => self.id,
+            Register::Version => APIC_VERSION,
+            Register::Tpr => u32::from(self.tpr),
+            Register::Ppr => u32::from(self.ppr()),
+            Register::Ldr => self.logical_id(),
+            Register::Svr => self.svr,
+            Register::Isr(index) => self.isr.register(index),
+            // Everything is edge-triggered.
+            Register::Tmr(_) => 0,
+            Register::Irr(index) => self.irr.register(index),
+            Register::Esr => self.esr,
+            Register::Lvt(entry) => self.read_lvt(entry),
+            Register::Icr => return Some(self.icr),
+            Register::InitialCount => self.timer.initial_count(),
+            Register::CurrentCount => self.timer.current_count(now),
+            Register::DivideConfig => self.timer.divide_config(),
+            Register::Eoi | Register::SelfIpi => return None,
+        };
+        Some(u64::from(value))
+    }
+
+    /// Writes a register; `Err(())` means #GP and nothing changed.
+    fn write_register(
+        &mut self,
+        register: Register,
+        value: u64,
+        now: u64,
+    ) -> Result<ApicWrite, ()> {
+        // `value` as a 32-bit register value with only `defined` bits set;
+        // only the ICR is 64 bits wide, the upper halves of the others are
+        // reserved.
+        let checked = |defined: u32| match u32::try_from(value) {
+            Ok(low) if low & !defined == 0 => Ok(low),
+            _ => Err(()),
+        };
+        match register {
+            Register::Icr => return self.write_icr(value),
+            Register::Tpr => self.tpr = checked(0xff)? as u8,
+            Register::Eoi => {
+                checked(0)?;
+                self.end_of_interrupt();
+            }
+            Register::Svr => self.write_svr(checked(SVR_WRITABLE)?),
+            Register::Esr => {
+                checked(0)?;
+                self.esr = std::mem::take(&mut self.esr_pending);
+            }
+            Register::Lvt(entry) => self.write_lvt(entry, checked(u32::MAX)?)?,
+            Register::InitialCount => self.timer.write_initial_count(checked(u32::MAX)?, now),
+            Register::DivideConfig => {
+                self.timer
+                    .write_divide_config(checked(DIVIDE_CONFIG_BITS)?, now);
+            }
+            Register::SelfIpi => self.send_to_self(checked(0xff)? as u8),
+            Register::Id
+            | Register::Version
+            | Register::Ppr
+            | Register::Ldr
+            | Register::Isr(_)
+            | Register::Tmr(_)
+            | Register::Irr(_)
+            | Register::CurrentCount => return Err(()),
+        }
+        Ok(ApicWrite::Done)
+    }
+
+    /// IA32_APIC_BASE: the MMIO base may change (it has no effect in x2APIC
+    /// mode); clearing the global or x2APIC enable (leaving x2APIC mode) and
+    /// reserved bits raise #GP. The BSP flag is the hardware's and ignores
+    /// writes.
+    fn write_apic_base(&mut self, value: u64) -> Result<(), ()> {
+        let modes = APIC_BASE_GLOBAL_ENABLE | APIC_BASE_X2APIC_ENABLE;
+        let defined = APIC_BASE_ADDRESS_MASK | modes | APIC_BASE_BSP;
+        if value & !defined != 0 || value & modes != modes {
+            return Err(());
+        }
+        self.apic_base =
+            (value & (APIC_BASE_ADDRESS_MASK | modes)) | (self.apic_base & APIC_BASE_BSP);
+        Ok(())
+    }
+
+    /// SVR: clearing the software enable masks every LVT entry (they stay
+    /// masked until software unmasks them after re-enabling).
+    fn write_svr(&mut self, value: u32) {
+        self.svr = value;
+        if !self.software_enabled() {
+            for entry in &mut self.lvt {
+                *entry |= LVT_MASKED;
+            }
+        }
+    }
+
+    fn read_lvt(&self, entry: LvtEntry) -> u32 {
+        let stored = self.lvt[entry.index()];
+        match entry {
+            LvtEntry::Timer => stored | self.timer.mode().lvt_bits(),
+            _ => stored,
+        }
+    }
+
+    /// An LVT entry: reserved bits (and the reserved timer mode) raise #GP,
+    /// read-only status bits are ignored, and while the APIC is
+    /// software-disabled the mask bit cannot be cleared.
+    fn write_lvt(&mut self, entry: LvtEntry, value: u32) -> Result<(), ()> {
+        if value & !(entry.writable_bits() | entry.read_only_bits()) != 0 {
+            return Err(());
+        }
+        if entry == LvtEntry::Timer {
+            let mode = TimerMode::from_lvt(value).ok_or(())?;
+            self.timer.set_mode(mode);
+        }
+        let mut stored = value & entry.writable_bits() & !LVT_TIMER_MODE_MASK;
+        if !self.software_enabled() {
+            stored |= LVT_MASKED;
+        }
+        self.lvt[entry.index()] = stored;
+        Ok(())
+    }
+
+    /// EOI: the highest in-service vector is done. (No EOI broadcast: all
+    /// interrupts are edge-triggered.)
+    fn end_of_interrupt(&mut self) {
+        if let Some(vector) = self.isr.highest() {
+            self.isr.remove(vector);
+        }
+    }
+
+    /// The SELF IPI register: a fixed, edge-triggered IPI to this APIC.
+    fn send_to_self(&mut self, vector: u8) {
+        if vector < FIRST_LEGAL_VECTOR {
+            self.record_error(ESR_SEND_ILLEGAL_VECTOR);
+        }
+        // Receiving it checks the vector again (receive-illegal-vector).
+        self.accept_interrupt(vector);
+    }
+
+    /// ICR write: decodes the IPI, delivers the fixed-mode part aimed at
+    /// this APIC, and hands the rest to the caller (see [`ApicWrite`]).
+    fn write_icr(&mut self, value: u64) -> Result<ApicWrite, ()> {
+        if value & !ICR_DEFINED != 0 {
+            return Err(());
+        }
+        let mode = match (value >> ICR_DELIVERY_MODE_SHIFT) & 0b111 {
+            0b000 => IpiMode::Fixed,
+            0b001 => IpiMode::LowestPriority,
+            0b010 => IpiMode::Smi,
+            0b100 => IpiMode::Nmi,
+            0b101 => IpiMode::Init,
+            0b110 => IpiMode::Startup,
+            _ => return Err(()),
+        };
+        let destination = (value >> ICR_DESTINATION_SHIFT) as u32;
+        let dest = match (value >> ICR_SHORTHAND_SHIFT) & 0b11 {
+            0b00 if value & ICR_LOGICAL != 0 => IpiDest::Logical(destination),
+            0b00 => IpiDest::Physical(destination),
+            0b01 => IpiDest::SelfOnly,
+            0b10 => IpiDest::AllIncludingSelf,
+            _ => IpiDest::AllExcludingSelf,
+        };
+        // The trigger mode only matters for INIT de-assert, which the
+        // receiver recognises by `level_assert == false`.
+        let ipi = Ipi {
+            dest,
+            vector: (value & ICR_VECTOR) as u8,
+            mode,
+            level_assert: value & ICR_LEVEL_ASSERT != 0,
+        };
+        self.icr = value & !ICR_DELIVERY_STATUS;
+
+        let carries_vector = matches!(mode, IpiMode::Fixed | IpiMode::LowestPriority);
+        if mode == IpiMode::Fixed && self.is_destination(dest, self.id) {
+            self.accept_interrupt(ipi.vector);
+        }
+        if carries_vector && ipi.vector < FIRST_LEGAL_VECTOR {
+            // The message is not sent.
+            self.record_error(ESR_SEND_ILLEGAL_VECTOR);
+            return Ok(ApicWrite::Done);
+        }
+        let only_self = matches!(dest, IpiDest::SelfOnly)
+            || (dest == IpiDest::Physical(self.id) && self.id != BROADCAST_DESTINATION);
+        if mode == IpiMode::Fixed && only_self {
+            Ok(ApicWrite::Done)
+        } else {
+            Ok(ApicWrite::SendIpi(ipi))
+        }
+    }
+
+    /// Logs an error for the ESR and raises the LVT error interrupt if
+    /// unmasked (an illegal vector in the LVT error entry itself only logs
+    /// receive-illegal-vector, so errors never recurse).
+    fn record_error(&mut self, error: u32) {
+        self.esr_pending |= error;
+        let lvt = self.lvt[LvtEntry::Error.index()];
+        if lvt & LVT_MASKED == 0 {
+            let vector = lvt_vector(lvt);
+            if vector < FIRST_LEGAL_VECTOR {
+                self.esr_pending |= ESR_RECEIVE_ILLEGAL_VECTOR;
+            } else {
+                self.irr.insert(vector);
+            }
+        }
+    }
+}
+
+/// The priority class of a vector or priority (bits 7:4).
+fn priority_class(priority: u8) -> u8 {
+    priority & 0xf0
+}
+
+/// The vector field of an LVT entry.
+fn lvt_vector(lvt: u32) -> u8 {
+    (lvt & LVT_VECTOR) as u8
 }

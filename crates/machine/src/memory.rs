@@ -38,6 +38,11 @@ pub enum MemCreateError {
 pub struct PhysMemory {
     base: *mut u8,
     size: u64,
+    /// Per frame: non-zero if some CPU has decoded code from it.
+    code_frames: Box<[AtomicU8]>,
+    /// Per frame: bumped by every store into a frame in `code_frames`, so
+    /// decoded blocks of that frame become stale on every CPU.
+    code_generation: Box<[AtomicU32]>,
 }
 
 // SAFETY: the region is only accessed through atomic operations (or through
@@ -78,9 +83,12 @@ impl PhysMemory {
                 source: std::io::Error::last_os_error(),
             });
         }
+        let frames = (size / PAGE_SIZE) as usize;
         Ok(Self {
             base: ptr.cast(),
             size,
+            code_frames: (0..frames).map(|_| AtomicU8::new(0)).collect(),
+            code_generation: (0..frames).map(|_| AtomicU32::new(0)).collect(),
         })
     }
 
@@ -142,6 +150,7 @@ impl PhysMemory {
     #[inline]
     pub fn write(&self, hpa: Hpa, len: u8, value: u64) -> Result<(), MemError> {
         self.check(hpa, len as u64)?;
+        self.note_store(hpa, len as u64);
         let p = self.ptr(hpa);
         if hpa.0 & (len as u64 - 1) == 0 {
             // SAFETY: in range and naturally aligned (see `read`).
@@ -179,6 +188,9 @@ impl PhysMemory {
 
     /// The 8-byte word at `hpa` as an atomic, e.g. a page-table entry that
     /// the CPU and the hypervisor update concurrently.
+    ///
+    /// Stores through the returned atomic bypass code-cache invalidation:
+    /// use it for page tables, not for code.
     #[inline]
     pub fn atomic_u64(&self, hpa: Hpa) -> Result<&AtomicU64, MemError> {
         self.check(hpa, 8)?;
@@ -194,6 +206,7 @@ impl PhysMemory {
     /// Returns `Ok(previous)`; the swap happened iff `previous == current`.
     pub fn cmpxchg(&self, hpa: Hpa, len: u8, current: u64, new: u64) -> Result<u64, MemError> {
         self.check(hpa, len as u64)?;
+        self.note_store(hpa, len as u64);
         if hpa.0 & (len as u64 - 1) != 0 {
             return Err(MemError::Misaligned { hpa });
         }
@@ -240,12 +253,55 @@ impl PhysMemory {
     /// Copies bytes into memory.
     pub fn write_bytes(&self, hpa: Hpa, buf: &[u8]) -> Result<(), MemError> {
         self.check(hpa, buf.len() as u64)?;
+        self.note_store(hpa, buf.len() as u64);
         let p = self.ptr(hpa);
         for (i, b) in buf.iter().enumerate() {
             // SAFETY: inside the checked range.
             unsafe { (*(p.add(i) as *const AtomicU8)).store(*b, Ordering::Relaxed) };
         }
         Ok(())
+    }
+
+    /// Records a store to `[hpa, hpa+len)` (already bounds-checked): stores
+    /// into frames holding decoded code invalidate that code.
+    #[inline]
+    fn note_store(&self, hpa: Hpa, len: u64) {
+        let first = (hpa.0 / PAGE_SIZE) as usize;
+        let last = ((hpa.0 + len.max(1) - 1) / PAGE_SIZE) as usize;
+        for f in first..=last {
+            if self.code_frames[f].load(Ordering::Relaxed) != 0 {
+                self.code_generation[f].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether the frame of `hpa` holds decoded code.
+    #[inline]
+    pub fn is_code(&self, hpa: Hpa) -> bool {
+        self.code_frames
+            .get((hpa.0 / PAGE_SIZE) as usize)
+            .is_some_and(|f| f.load(Ordering::Relaxed) != 0)
+    }
+
+    /// Marks the frame of `hpa` as holding decoded code; returns its
+    /// current code-write generation.
+    pub fn mark_code(&self, hpa: Hpa) -> u32 {
+        let f = (hpa.0 / PAGE_SIZE) as usize;
+        match self.code_frames.get(f) {
+            Some(flag) => {
+                flag.store(1, Ordering::Relaxed);
+                self.code_generation[f].load(Ordering::Relaxed)
+            }
+            None => 0,
+        }
+    }
+
+    /// The code-write generation of the frame of `hpa`.
+    #[inline]
+    pub fn code_generation(&self, hpa: Hpa) -> u32 {
+        self.code_generation
+            .get((hpa.0 / PAGE_SIZE) as usize)
+            .map_or(0, |g| g.load(Ordering::Relaxed))
     }
 
     /// Fills `[hpa, hpa+len)` with zeros.

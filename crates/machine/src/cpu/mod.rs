@@ -1,15 +1,40 @@
 //! One CPU: architectural state, the interpreter and the VMX glue.
-#![allow(unused_variables, dead_code)]
+//!
+//! The run loop is a small state machine over [`state::Activity`]:
+//! an active CPU executes decoded blocks (straight-line runs of
+//! instructions ending at a branch, a serializing instruction or a page end)
+//! from a per-CPU code cache; between blocks it checks, in priority order,
+//! the cycle limit, a pending VM-entry injection, the interrupt window, host
+//! interrupts and local-APIC interrupts. A halted CPU skips virtual time to
+//! its next timer deadline instead of spinning.
+//!
+//! Sub-modules split the interpreter by concern:
+//! - [`code_cache`]: decoded blocks keyed by host-physical address.
+//! - `access`: linear memory and operand access (translation, splits).
+//! - `event`: exception/interrupt delivery through the IDT, double and
+//!   triple faults, and the VMX exception-bitmap decision.
+//! - `exec`: integer, data-movement and control-flow instructions.
+//! - `system`: privileged and system instructions (CRs, MSRs, descriptor
+//!   tables, SYSCALL/SYSRET, IRETQ, I/O, CPUID, ...).
 
+mod access;
+pub mod code_cache;
+mod event;
+pub use event::has_error_code;
+mod exec;
 pub mod state;
+mod system;
 
 use crate::apic::Lapic;
 use crate::cost::CycleCosts;
-use crate::memory::PhysMemory;
+use crate::memory::{MemError, PhysMemory};
 use crate::mmu::tlb::{Tlb, TlbConfig};
-use crate::vmx::{EventInjection, InveptKind, InvvpidKind, VmExit, VmxControls};
+use crate::vmx::{EventInjection, EventKind, InveptKind, InvvpidKind, VmExit, VmxControls};
 use crate::Gva;
-pub use state::{CpuState, Gpr};
+use code_cache::CodeCache;
+use iced_x86::Instruction;
+use state::{interruptibility, rflags};
+pub use state::{Activity, CpuState, Gpr};
 
 /// Construction parameters of a CPU.
 #[derive(Debug, Clone)]
@@ -33,114 +58,595 @@ impl Default for CpuConfig {
 /// Counters kept by the CPU.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CpuStats {
+    /// Retired instructions.
     pub instructions: u64,
+    /// Exceptions raised (delivered to the guest or exiting).
     pub exceptions: u64,
+    /// Interrupts delivered through the IDT.
     pub interrupts: u64,
+    /// VM exits (guest mode only).
     pub vm_exits: u64,
+    /// VM entries (guest mode only).
     pub vm_entries: u64,
+    /// Memory references made by page walks.
     pub page_walk_refs: u64,
+    /// Blocks decoded (code-cache misses).
+    pub blocks_decoded: u64,
+}
+
+/// Why an instruction did not complete: an architectural exception to
+/// deliver, or something that leaves the CPU (a VM exit or machine error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// An exception. `cr2` is set for #PF.
+    Exception {
+        vector: u8,
+        error_code: Option<u32>,
+        cr2: Option<u64>,
+    },
+    /// The instruction exits (or the machine could not complete it).
+    Exit(VmExit),
+}
+
+impl Fault {
+    pub(crate) const fn exception(vector: u8) -> Fault {
+        Fault::Exception {
+            vector,
+            error_code: None,
+            cr2: None,
+        }
+    }
+    pub(crate) const fn with_code(vector: u8, code: u32) -> Fault {
+        Fault::Exception {
+            vector,
+            error_code: Some(code),
+            cr2: None,
+        }
+    }
+}
+
+impl From<MemError> for Fault {
+    fn from(e: MemError) -> Self {
+        Fault::Exit(VmExit::MachineError(e))
+    }
+}
+
+/// Exception vectors.
+pub mod vector {
+    pub const DE: u8 = 0;
+    pub const DB: u8 = 1;
+    pub const NMI: u8 = 2;
+    pub const BP: u8 = 3;
+    pub const OF: u8 = 4;
+    pub const BR: u8 = 5;
+    pub const UD: u8 = 6;
+    pub const NM: u8 = 7;
+    pub const DF: u8 = 8;
+    pub const TS: u8 = 10;
+    pub const NP: u8 = 11;
+    pub const SS: u8 = 12;
+    pub const GP: u8 = 13;
+    pub const PF: u8 = 14;
+    pub const MF: u8 = 16;
+    pub const AC: u8 = 17;
+    pub const MC: u8 = 18;
+    pub const XM: u8 = 19;
+}
+
+/// Host interrupts waiting for this CPU (a 256-bit pending set: a vector is
+/// pending at most once, as with an interrupt controller's request register).
+#[derive(Debug, Clone, Copy, Default)]
+struct PendingVectors([u64; 4]);
+
+impl PendingVectors {
+    fn set(&mut self, v: u8) {
+        self.0[(v >> 6) as usize] |= 1 << (v & 63);
+    }
+    fn highest(&self) -> Option<u8> {
+        (0..4)
+            .rev()
+            .find(|&i| self.0[i] != 0)
+            .map(|i| (i as u32 * 64 + 63 - self.0[i].leading_zeros()) as u8)
+    }
+    fn clear(&mut self, v: u8) {
+        self.0[(v >> 6) as usize] &= !(1 << (v & 63));
+    }
 }
 
 /// One x86-64 CPU.
 pub struct Cpu {
     state: CpuState,
+    cycles: u64,
+    costs: CycleCosts,
+    tlb: Tlb,
+    apic: Lapic,
+    vmx: Option<Box<VmxControls>>,
+    injection: Option<EventInjection>,
+    /// The event being delivered when the last exit happened (the VMX
+    /// IDT-vectoring information): the hv must re-inject it.
+    idt_vectoring: Option<EventInjection>,
+    host_interrupts: PendingVectors,
+    exit_len: u8,
+    stats: CpuStats,
+    code: CodeCache,
+    /// Target RIP of the instruction being executed (branches set it).
+    next_rip: u64,
+    /// Set when something between instructions may have become deliverable
+    /// (STI, POPF, IRET, APIC writes, posted interrupts, EOI...).
+    check_events: bool,
+    /// Set when a store hit a page holding cached code.
+    code_written: bool,
+    /// An IPI the APIC produced during the last instruction.
+    pending_ipi: Option<crate::vmx::Ipi>,
+}
+
+impl std::fmt::Debug for Cpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cpu")
+            .field("rip", &format_args!("{:#x}", self.state.rip))
+            .field("cycles", &self.cycles)
+            .field("guest_mode", &self.vmx.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the run loop does next.
+enum Step {
+    /// Keep executing.
+    Continue,
+    /// Leave `run` with this exit.
+    Exit(VmExit),
 }
 
 impl Cpu {
     /// A CPU in the default 64-bit state ([`CpuState::default`]).
     pub fn new(config: CpuConfig) -> Self {
-        todo!()
+        Cpu {
+            state: CpuState::default(),
+            cycles: 0,
+            costs: config.costs,
+            tlb: Tlb::new(config.tlb),
+            apic: Lapic::new(config.apic_id),
+            vmx: None,
+            injection: None,
+            idt_vectoring: None,
+            host_interrupts: PendingVectors::default(),
+            exit_len: 0,
+            stats: CpuStats::default(),
+            code: CodeCache::new(),
+            next_rip: 0,
+            check_events: true,
+            code_written: false,
+            pending_ipi: None,
+        }
     }
+
     /// Architectural state (the VMCS guest-state area, in guest mode).
     pub fn state(&self) -> &CpuState {
         &self.state
     }
+
     /// Mutable architectural state. Changing CR3 here does not flush the
     /// TLB, as writing the VMCS guest CR3 field does not.
     pub fn state_mut(&mut self) -> &mut CpuState {
+        self.check_events = true;
         &mut self.state
     }
+
     /// The cycle counter (virtual time of this CPU).
     pub fn cycles(&self) -> u64 {
-        todo!()
+        self.cycles
     }
+
     /// Moves the cycle counter forward (a halted CPU skipping idle time).
     pub fn advance_cycles(&mut self, n: u64) {
-        todo!()
+        self.cycles = self.cycles.saturating_add(n);
+        self.check_events = true;
     }
+
     /// Counters.
     pub fn stats(&self) -> CpuStats {
-        todo!()
+        self.stats
     }
+
+    /// The cost table in use.
+    pub fn costs(&self) -> &CycleCosts {
+        &self.costs
+    }
+
+    /// The TSC as the running code sees it (guest TSC in guest mode).
+    pub fn tsc(&self) -> u64 {
+        let offset = self.vmx.as_ref().map_or(0, |v| v.tsc_offset);
+        self.cycles.wrapping_add(offset as u64)
+    }
+
+    /// A digest of the architectural state and the cycle counter, for
+    /// determinism checks.
+    pub fn state_digest(&self) -> u64 {
+        let mut h = state::Fnv::default();
+        h.u64(self.state.digest());
+        h.u64(self.cycles);
+        h.u64(self.stats.instructions);
+        h.finish()
+    }
+
+    /// Enters guest mode with these controls (`Some`), or returns to bare
+    /// mode (`None`). Entering or leaving flushes nothing; with VPID 0 the
+    /// TLB is flushed on each entry and exit instead.
+    pub fn set_vmx(&mut self, controls: Option<VmxControls>) {
+        self.vmx = controls.map(Box::new);
+        self.check_events = true;
+    }
+
+    /// The VM-execution controls, in guest mode.
+    pub fn vmx(&self) -> Option<&VmxControls> {
+        self.vmx.as_deref()
+    }
+
+    /// Mutable VM-execution controls.
+    pub fn vmx_mut(&mut self) -> Option<&mut VmxControls> {
+        self.check_events = true;
+        self.vmx.as_deref_mut()
+    }
+
+    /// Sets the VM-entry event-injection field.
+    pub fn inject_event(&mut self, event: EventInjection) {
+        self.injection = Some(event);
+        self.check_events = true;
+    }
+
+    /// The event waiting to be injected on the next entry, if any.
+    pub fn pending_injection(&self) -> Option<EventInjection> {
+        self.injection
+    }
+
+    /// The event whose delivery the last exit interrupted (the VMX
+    /// IDT-vectoring information). The hypervisor re-injects it after
+    /// handling the exit (e.g. after fixing an EPT violation on the guest
+    /// stack during interrupt delivery).
+    pub fn idt_vectoring_info(&self) -> Option<EventInjection> {
+        self.idt_vectoring
+    }
+
+    /// Length of the instruction that caused the last exit.
+    pub fn exit_instruction_len(&self) -> u8 {
+        self.exit_len
+    }
+
+    /// Advances RIP past the instruction that caused the last exit, and
+    /// ends STI/MOV-SS blocking as completing an instruction does.
+    pub fn skip_instruction(&mut self) {
+        self.state.rip = self.state.rip.wrapping_add(self.exit_len as u64);
+        self.state.interruptibility = 0;
+        self.exit_len = 0;
+        self.check_events = true;
+    }
+
+    /// Completes an `in` that exited: writes AL/AX/EAX with `value` and
+    /// skips the instruction. (A 32-bit `in` zero-extends into RAX.)
+    pub fn complete_io_in(&mut self, size: u8, value: u32) {
+        let rax = &mut self.state.gpr[0];
+        *rax = match size {
+            1 => (*rax & !0xff) | (value as u64 & 0xff),
+            2 => (*rax & !0xffff) | (value as u64 & 0xffff),
+            _ => value as u64,
+        };
+        self.skip_instruction();
+    }
+
+    /// Completes an RDMSR that exited: EDX:EAX = value, skip.
+    pub fn complete_rdmsr(&mut self, value: u64) {
+        self.state.gpr[Gpr::Rax as usize] = value & 0xffff_ffff;
+        self.state.gpr[Gpr::Rdx as usize] = value >> 32;
+        self.skip_instruction();
+    }
+
+    /// A host (external) interrupt arrives at this CPU. In guest mode with
+    /// external-interrupt exiting it causes a VM exit at the next
+    /// instruction boundary; otherwise it is delivered through the IDT when
+    /// RFLAGS.IF allows.
+    pub fn post_external_interrupt(&mut self, vector: u8) {
+        self.host_interrupts.set(vector);
+        self.check_events = true;
+    }
+
+    /// The local APIC.
+    pub fn apic(&self) -> &Lapic {
+        &self.apic
+    }
+
+    /// The local APIC, mutably (to deliver IPIs and device interrupts).
+    pub fn apic_mut(&mut self) -> &mut Lapic {
+        self.check_events = true;
+        &mut self.apic
+    }
+
+    /// The TLB (for statistics).
+    pub fn tlb(&self) -> &Tlb {
+        &self.tlb
+    }
+
+    /// INVEPT issued by the hypervisor.
+    pub fn invept(&mut self, kind: InveptKind) {
+        self.tlb.invept(kind);
+    }
+
+    /// INVVPID issued by the hypervisor.
+    pub fn invvpid(&mut self, kind: InvvpidKind) {
+        self.tlb.invvpid(kind);
+    }
+
+    /// INVLPG on behalf of the hypervisor, in the current VPID.
+    pub fn invlpg(&mut self, gva: Gva) {
+        let vpid = self.vpid();
+        self.tlb.invlpg(vpid, gva);
+    }
+
+    /// The VPID tagging this CPU's current translations.
+    #[inline]
+    pub(crate) fn vpid(&self) -> u16 {
+        self.vmx.as_ref().map_or(0, |v| v.vpid)
+    }
+
     /// Runs until something needs the outside world or `cycles()` reaches
     /// `cycle_limit` (then [`VmExit::CycleLimit`]).
     pub fn run(&mut self, mem: &PhysMemory, cycle_limit: u64) -> VmExit {
-        todo!()
+        self.exit_len = 0;
+        let guest = self.vmx.is_some();
+        if guest {
+            self.stats.vm_entries += 1;
+            self.cycles += self.costs.vm_entry;
+            if self.vpid() == 0 {
+                self.tlb.flush_vpid(0);
+            }
+            self.idt_vectoring = None;
+        }
+        self.check_events = true;
+        let exit = self.run_loop(mem, cycle_limit);
+        if guest {
+            self.stats.vm_exits += 1;
+            self.cycles += self.costs.vm_exit;
+            if self.vpid() == 0 {
+                self.tlb.flush_vpid(0);
+            }
+        }
+        exit
     }
-    /// Enters guest mode with these controls (`Some`), or returns to bare
-    /// mode (`None`).
-    pub fn set_vmx(&mut self, controls: Option<VmxControls>) {
-        todo!()
+
+    fn run_loop(&mut self, mem: &PhysMemory, cycle_limit: u64) -> VmExit {
+        // VM-entry injection happens before anything else, whatever RFLAGS.IF.
+        if let Some(ev) = self.injection.take() {
+            self.state.activity = Activity::Active;
+            if let Step::Exit(e) = self.deliver_injected(mem, ev) {
+                return e;
+            }
+        }
+        loop {
+            if self.cycles >= cycle_limit {
+                return VmExit::CycleLimit;
+            }
+            if self.check_events || self.timer_due() {
+                match self.check_events_now(mem) {
+                    Step::Continue => {}
+                    Step::Exit(e) => return e,
+                }
+            }
+            match self.state.activity {
+                Activity::Active => {}
+                Activity::Halted => match self.idle(cycle_limit) {
+                    Some(exit) => return exit,
+                    None => continue,
+                },
+                Activity::WaitForSipi => return VmExit::Hlt,
+                Activity::Shutdown => return VmExit::TripleFault,
+            }
+            if let Step::Exit(e) = self.run_block(mem, cycle_limit) {
+                return e;
+            }
+        }
     }
-    /// The VM-execution controls, in guest mode.
-    pub fn vmx(&self) -> Option<&VmxControls> {
-        todo!()
+
+    /// A halted CPU: skip to the next event that could wake it.
+    fn idle(&mut self, cycle_limit: u64) -> Option<VmExit> {
+        let can_take_interrupts = self.state.rflags & rflags::IF != 0;
+        let deadline = if can_take_interrupts {
+            self.timer_deadline_cycles()
+        } else {
+            None
+        };
+        match deadline {
+            // Events were checked before idling, so a deadline not in the
+            // future would mean no progress: treat it as nothing to wait for.
+            Some(d) if d <= self.cycles => Some(VmExit::Hlt),
+            Some(d) if d < cycle_limit => {
+                self.cycles = d;
+                self.check_events = true;
+                None
+            }
+            Some(_) => {
+                self.cycles = self.cycles.max(cycle_limit);
+                Some(VmExit::CycleLimit)
+            }
+            None => Some(VmExit::Hlt),
+        }
     }
-    /// Mutable VM-execution controls.
-    pub fn vmx_mut(&mut self) -> Option<&mut VmxControls> {
-        todo!()
+
+    /// The cycle at which the APIC timer next fires, if armed.
+    fn timer_deadline_cycles(&self) -> Option<u64> {
+        let offset = self.vmx.as_ref().map_or(0, |v| v.tsc_offset);
+        self.apic
+            .next_timer_deadline()
+            .map(|tsc| (tsc as i128 - offset as i128).max(0) as u64)
     }
-    /// Sets the VM-entry event-injection field.
-    pub fn inject_event(&mut self, event: EventInjection) {
-        todo!()
+
+    #[inline]
+    fn timer_due(&self) -> bool {
+        matches!(self.timer_deadline_cycles(), Some(d) if d <= self.cycles)
     }
-    /// The event waiting to be injected on the next entry, if any.
-    pub fn pending_injection(&self) -> Option<EventInjection> {
-        todo!()
+
+    /// Between instructions: interrupt window, host interrupts, APIC.
+    fn check_events_now(&mut self, mem: &PhysMemory) -> Step {
+        self.check_events = false;
+        let now = self.tsc();
+        self.apic.update_timer(now);
+        let blocked =
+            self.state.interruptibility & (interruptibility::STI | interruptibility::MOV_SS) != 0;
+        let if_set = self.state.rflags & rflags::IF != 0;
+        let can_interrupt = if_set && !blocked;
+        if blocked {
+            // Look again after the next instruction.
+            self.check_events = true;
+        }
+        if let Some(v) = self.vmx.as_deref() {
+            if v.interrupt_window_exiting && can_interrupt {
+                return Step::Exit(VmExit::InterruptWindow);
+            }
+            if v.external_interrupt_exiting {
+                if let Some(vec) = self.host_interrupts.highest() {
+                    self.host_interrupts.clear(vec);
+                    self.state.activity = match self.state.activity {
+                        Activity::Halted => Activity::Active,
+                        a => a,
+                    };
+                    return Step::Exit(VmExit::ExternalInterrupt { vector: vec });
+                }
+            }
+        }
+        if !can_interrupt {
+            return Step::Continue;
+        }
+        if let Some(vec) = self.host_interrupts.highest() {
+            self.host_interrupts.clear(vec);
+            return self.deliver_interrupt(mem, vec);
+        }
+        if let Some(vec) = self.apic.deliverable_vector() {
+            self.apic.start_delivery(vec);
+            return self.deliver_interrupt(mem, vec);
+        }
+        Step::Continue
     }
-    /// Length of the instruction that caused the last exit.
-    pub fn exit_instruction_len(&self) -> u8 {
-        todo!()
+
+    fn deliver_interrupt(&mut self, mem: &PhysMemory, vector: u8) -> Step {
+        if self.state.activity == Activity::Halted {
+            self.state.activity = Activity::Active;
+        }
+        self.stats.interrupts += 1;
+        self.check_events = true;
+        let ev = EventInjection {
+            kind: EventKind::ExternalInterrupt,
+            vector,
+            error_code: None,
+            instruction_len: 0,
+        };
+        self.deliver_event(mem, ev)
     }
-    /// Advances RIP past the instruction that caused the last exit.
-    pub fn skip_instruction(&mut self) {
-        todo!()
+
+    /// Executes one block (or a single instruction when the next one must
+    /// be followed by an event check).
+    fn run_block(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
+        let single = self.state.interruptibility != 0;
+        let block = match self.fetch_block(mem) {
+            Ok(b) => b,
+            Err(f) => return self.handle_fault(mem, f, 0),
+        };
+        let mut executed = 0u64;
+        let mut step = Step::Continue;
+        for insn in block.insns.iter() {
+            let rip = self.state.rip;
+            self.next_rip = insn.next_ip();
+            match self.exec(mem, insn) {
+                Ok(()) => {
+                    executed += 1;
+                    self.state.rip = self.next_rip;
+                    if self.state.interruptibility != 0 && !single {
+                        // STI / MOV SS just set blocking: stop so the next
+                        // instruction runs alone before events are checked.
+                        break;
+                    }
+                    if single {
+                        self.state.interruptibility = 0;
+                        break;
+                    }
+                    if let Some(ipi) = self.pending_ipi.take() {
+                        step = Step::Exit(VmExit::Ipi(ipi));
+                        break;
+                    }
+                    if self.next_rip != insn.next_ip()
+                        || self.code_written
+                        || self.check_events
+                        || self.cycles >= cycle_limit
+                        || self.state.activity != Activity::Active
+                    {
+                        break;
+                    }
+                }
+                Err(f) => {
+                    debug_assert_eq!(rip, self.state.rip);
+                    step = self.handle_fault(mem, f, insn.len() as u8);
+                    break;
+                }
+            }
+        }
+        self.code_written = false;
+        self.stats.instructions += executed;
+        self.cycles += executed * self.costs.instruction;
+        if let Some(ipi) = self.pending_ipi.take() {
+            if matches!(step, Step::Continue) {
+                step = Step::Exit(VmExit::Ipi(ipi));
+            }
+        }
+        step
     }
-    /// Completes an `in` that exited: writes AL/AX/EAX with `value` and
-    /// skips the instruction.
-    pub fn complete_io_in(&mut self, size: u8, value: u32) {
-        todo!()
+
+    /// Turns a fault of the current instruction into an exception delivery
+    /// or an exit.
+    fn handle_fault(&mut self, mem: &PhysMemory, fault: Fault, insn_len: u8) -> Step {
+        match fault {
+            Fault::Exception {
+                vector,
+                error_code,
+                cr2,
+            } => self.raise_exception(mem, vector, error_code, cr2),
+            Fault::Exit(exit) => {
+                self.exit_len = insn_len;
+                Step::Exit(exit)
+            }
+        }
     }
-    /// Completes an RDMSR that exited: EDX:EAX = value, skip.
-    pub fn complete_rdmsr(&mut self, value: u64) {
-        todo!()
+
+    /// Decodes or finds the block at RIP.
+    fn fetch_block(&mut self, mem: &PhysMemory) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
+        let rip = self.state.rip;
+        let hpa = self.translate_fetch(mem, rip)?;
+        if let Some(b) = self.code.lookup(mem, hpa, rip) {
+            return Ok(b);
+        }
+        self.stats.blocks_decoded += 1;
+        let room = 4096 - (rip & 0xfff) as usize;
+        let mut buf = [0u8; 4096];
+        let first = &mut buf[..room];
+        mem.read_bytes(hpa, first)?;
+        match code_cache::decode_block(first, rip) {
+            Some(insns) => Ok(self.code.insert(mem, hpa, rip, insns)),
+            None => {
+                // The first instruction crosses into the next page: fetch
+                // up to 15 bytes across the boundary and run it uncached.
+                let mut bytes = [0u8; 15];
+                let n = room.min(15);
+                bytes[..n].copy_from_slice(&buf[..n]);
+                let next_page = (rip & !0xfff).wrapping_add(0x1000);
+                let hpa2 = self.translate_fetch(mem, next_page)?;
+                mem.read_bytes(hpa2, &mut bytes[n..])?;
+                let insn = code_cache::decode_one(&bytes, rip);
+                Ok(std::rc::Rc::new(code_cache::Block::uncached(insn)))
+            }
+        }
     }
-    /// A host (external) interrupt arrives at this CPU.
-    pub fn post_external_interrupt(&mut self, vector: u8) {
-        todo!()
-    }
-    /// The local APIC.
-    pub fn apic(&self) -> &Lapic {
-        todo!()
-    }
-    /// The local APIC, mutably (to deliver IPIs and device interrupts).
-    pub fn apic_mut(&mut self) -> &mut Lapic {
-        todo!()
-    }
-    /// The TLB (for statistics).
-    pub fn tlb(&self) -> &Tlb {
-        todo!()
-    }
-    /// INVEPT issued by the hypervisor.
-    pub fn invept(&mut self, kind: InveptKind) {
-        todo!()
-    }
-    /// INVVPID issued by the hypervisor.
-    pub fn invvpid(&mut self, kind: InvvpidKind) {
-        todo!()
-    }
-    /// INVLPG on behalf of the hypervisor, in the current VPID.
-    pub fn invlpg(&mut self, gva: Gva) {
-        todo!()
-    }
+}
+
+/// Whether an instruction ends a block: control flow, anything that may
+/// change translation, privilege or interrupt state.
+pub(crate) fn ends_block(insn: &Instruction) -> bool {
+    use iced_x86::FlowControl;
+    !matches!(insn.flow_control(), FlowControl::Next) || code_cache::is_serializing(insn)
 }

@@ -1,6 +1,32 @@
 //! The EPT walker.
 //!
-//! STUB: to be implemented (see the helper task).
+//! Four levels from [`Eptp::pml4`], 1 GiB (PDPTE) and 2 MiB (PDE) leaves via
+//! bit 7. The permissions of a translation are the AND of the R/W/X bits of
+//! every entry used. An entry with R, W and X all clear is not present and
+//! ends the walk with a violation. Each present entry is checked for
+//! misconfiguration (SDM 29.3.3.1) before the walk goes on:
+//! - W set with R clear (execute-only, X set with R and W clear, is
+//!   supported, as with IA32_VMX_EPT_VPID_CAP bit 0);
+//! - address bits 51:46 set (above MAXPHYADDR);
+//! - bit 7 set in a PML4E;
+//! - in a leaf: memory type 2, 3 or 7; in a large leaf, the reserved
+//!   address bits (20:12 for 2 MiB, 29:12 for 1 GiB).
+//!
+//! Other reserved bits of non-leaf entries (e.g. bits 6:3) are not checked.
+//!
+//! A guest-physical address with bits above MAXPHYADDR cannot be mapped and
+//! gives a violation with no permissions (as for a not-present entry).
+//!
+//! With EPT A/D enabled in the EPTP, a successful walk sets A in every entry
+//! used and D in the leaf for a write, by compare-and-exchange; if an entry
+//! changed since it was read the EPT walk restarts. A walk that ends in a
+//! violation or misconfiguration sets no flags.
+
+use super::paging::{MAX_PHYS_ADDR_BITS, PHYS_ADDR_RESERVED};
+use super::{AccessKind, PageSize, TranslateError};
+use crate::addr::{Gpa, Gva, Hpa};
+use crate::memory::PhysMemory;
+use crate::vmx::{ept_qual, Eptp};
 
 /// EPT entry bits (Intel SDM Vol. 3, 29.3.2).
 pub mod epte {
@@ -17,4 +43,217 @@ pub mod epte {
     /// Dirty (leaf entries only).
     pub const DIRTY: u64 = 1 << 9;
     pub const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
+}
+
+/// Reserved address bits of a 2 MiB EPT leaf (20:12).
+const RESERVED_2M: u64 = 0x001f_f000;
+/// Reserved address bits of a 1 GiB EPT leaf (29:12).
+const RESERVED_1G: u64 = 0x3fff_f000;
+
+/// Effective EPT permissions of a guest-physical address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EptPerms {
+    pub read: bool,
+    pub write: bool,
+    pub exec: bool,
+}
+
+impl EptPerms {
+    /// Everything allowed (no EPT).
+    pub const ALL: EptPerms = EptPerms {
+        read: true,
+        write: true,
+        exec: true,
+    };
+    /// Nothing allowed (not present).
+    pub const NONE: EptPerms = EptPerms {
+        read: false,
+        write: false,
+        exec: false,
+    };
+
+    /// From the R/W/X bits (2:0) of an entry or an AND of entries.
+    #[inline]
+    pub const fn from_bits(bits: u64) -> EptPerms {
+        EptPerms {
+            read: bits & epte::READ != 0,
+            write: bits & epte::WRITE != 0,
+            exec: bits & epte::EXEC != 0,
+        }
+    }
+
+    /// Whether an access of `kind` is allowed.
+    #[inline]
+    pub const fn allows(self, kind: AccessKind) -> bool {
+        match kind {
+            AccessKind::Read => self.read,
+            AccessKind::Write => self.write,
+            AccessKind::Execute => self.exec,
+        }
+    }
+
+    /// The READABLE/WRITABLE/EXECUTABLE bits of an exit qualification.
+    #[inline]
+    pub const fn qualification_bits(self) -> u64 {
+        (if self.read { ept_qual::READABLE } else { 0 })
+            | (if self.write { ept_qual::WRITABLE } else { 0 })
+            | (if self.exec { ept_qual::EXECUTABLE } else { 0 })
+    }
+}
+
+/// A successful EPT translation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EptTranslation {
+    /// Host-physical address of the guest-physical address translated.
+    pub hpa: Hpa,
+    /// Permissions (AND over the levels).
+    pub perms: EptPerms,
+    /// Size of the page the leaf maps.
+    pub page_size: PageSize,
+    /// A later write needs no EPT dirty-flag update: the leaf's D flag is
+    /// set, or EPT A/D is disabled.
+    pub dirty_recorded: bool,
+}
+
+/// The EPT-violation error for an access of `kind` to `gpa`, with the
+/// permissions of the translation as far as it was walked. `gla` is the
+/// linear address the access came from and whether it was the final access
+/// (`true`) or a guest paging-structure access (`false`).
+pub fn violation(
+    gpa: Gpa,
+    kind: AccessKind,
+    perms: EptPerms,
+    gla: Option<(Gva, bool)>,
+) -> TranslateError {
+    let access = match kind {
+        AccessKind::Read => ept_qual::READ,
+        AccessKind::Write => ept_qual::WRITE,
+        AccessKind::Execute => ept_qual::FETCH,
+    };
+    let gla_bits = match gla {
+        None => 0,
+        Some((_, false)) => ept_qual::GLA_VALID,
+        Some((_, true)) => ept_qual::GLA_VALID | ept_qual::GLA_TRANSLATED,
+    };
+    TranslateError::EptViolation {
+        gpa,
+        gla: gla.map(|(gva, _)| gva),
+        qualification: access | perms.qualification_bits() | gla_bits,
+    }
+}
+
+/// Translates `gpa` through the EPT rooted at `eptp` for an access of
+/// `kind`, setting EPT A/D flags when the EPTP enables them. `gla` is the
+/// linear address the access came from, if any, and whether the access is
+/// to the translated address itself (`true`) or to a guest paging
+/// structure (`false`); it only shapes the violation qualification. Adds
+/// every EPT entry read to `walk_refs` (4 for a 4 KiB page).
+pub fn ept_translate(
+    mem: &PhysMemory,
+    eptp: Eptp,
+    gpa: Gpa,
+    kind: AccessKind,
+    gla: Option<(Gva, bool)>,
+    walk_refs: &mut u64,
+) -> Result<EptTranslation, TranslateError> {
+    if gpa.0 >> MAX_PHYS_ADDR_BITS != 0 {
+        return Err(violation(gpa, kind, EptPerms::NONE, gla));
+    }
+    loop {
+        if let Some(t) = ept_walk_once(mem, eptp, gpa, kind, gla, walk_refs)? {
+            return Ok(t);
+        }
+    }
+}
+
+/// Whether a present EPT entry at `level` (3 = PML4E ... 0 = PTE) is
+/// misconfigured.
+fn misconfigured(entry: u64, level: u32) -> bool {
+    if entry & (epte::READ | epte::WRITE) == epte::WRITE || entry & PHYS_ADDR_RESERVED != 0 {
+        return true;
+    }
+    let huge = entry & epte::HUGE != 0;
+    if level == 3 {
+        return huge;
+    }
+    if level == 0 || huge {
+        let memory_type = (entry >> epte::MEMTYPE_SHIFT) & 7;
+        let reserved_addr = match level {
+            2 => RESERVED_1G,
+            1 => RESERVED_2M,
+            _ => 0,
+        };
+        return matches!(memory_type, 2 | 3 | 7) || entry & reserved_addr != 0;
+    }
+    false
+}
+
+/// One attempt; `Ok(None)` if an entry changed before its A/D update.
+fn ept_walk_once(
+    mem: &PhysMemory,
+    eptp: Eptp,
+    gpa: Gpa,
+    kind: AccessKind,
+    gla: Option<(Gva, bool)>,
+    walk_refs: &mut u64,
+) -> Result<Option<EptTranslation>, TranslateError> {
+    let mut used = [(Hpa(0), 0u64); 4];
+    let mut used_count = 0;
+    let mut perm_bits = epte::READ | epte::WRITE | epte::EXEC;
+    let mut table = eptp.pml4();
+    let mut level = 3u32;
+    let size = loop {
+        let index = (gpa.0 >> (PageSize::Size4K.shift() + 9 * level)) & 0x1ff;
+        let entry_hpa = table.add(index * 8);
+        let entry = mem.read_u64(entry_hpa)?;
+        *walk_refs += 1;
+
+        let entry_perms = entry & (epte::READ | epte::WRITE | epte::EXEC);
+        perm_bits &= entry_perms;
+        if entry_perms == 0 {
+            return Err(violation(gpa, kind, EptPerms::NONE, gla));
+        }
+        if misconfigured(entry, level) {
+            return Err(TranslateError::EptMisconfig { gpa });
+        }
+        used[used_count] = (entry_hpa, entry);
+        used_count += 1;
+        if level == 0 || entry & epte::HUGE != 0 {
+            break PageSize::of_leaf_level(level);
+        }
+        table = Hpa(entry & epte::ADDR_MASK);
+        level -= 1;
+    };
+
+    let perms = EptPerms::from_bits(perm_bits);
+    if !perms.allows(kind) {
+        return Err(violation(gpa, kind, perms, gla));
+    }
+
+    let leaf_index = used_count - 1;
+    let mut leaf = used[leaf_index].1;
+    if eptp.ad_enabled() {
+        for (i, &(hpa, value)) in used[..used_count].iter().enumerate() {
+            let dirty = if i == leaf_index && kind == AccessKind::Write {
+                epte::DIRTY
+            } else {
+                0
+            };
+            let new = value | epte::ACCESSED | dirty;
+            if new != value && mem.cmpxchg(hpa, 8, value, new)? != value {
+                return Ok(None);
+            }
+            if i == leaf_index {
+                leaf = new;
+            }
+        }
+    }
+
+    let offset_mask = size.bytes() - 1;
+    Ok(Some(EptTranslation {
+        hpa: Hpa((leaf & epte::ADDR_MASK & !offset_mask) | (gpa.0 & offset_mask)),
+        perms,
+        page_size: size,
+        dirty_recorded: !eptp.ad_enabled() || leaf & epte::DIRTY != 0,
+    }))
 }

@@ -8,17 +8,39 @@
 //! - [`tlb`]: a set-associative, VPID-tagged TLB of combined translations
 //!   with the x86 flush rules.
 //!
-//! STUB: to be implemented (see the helper task); signatures are the contract.
-#![allow(unused_variables)]
+//! [`translate`] ties them together. Its order of work for one access:
+//! 1. canonical check (48-bit linear addresses);
+//! 2. CR0.PG clear and no EPT: the address is host-physical, done;
+//! 3. TLB lookup (tag compare in one set per page size), with the
+//!    permission check done against the *current* CR0.WP/CR4.SMEP/SMAP/
+//!    RFLAGS.AC, so changing those needs no flush;
+//! 4. on a miss: the guest walk (every paging-structure reference through
+//!    EPT when EPT is on), permission checks, A/D updates, then the EPT walk
+//!    of the final guest-physical address, then a TLB fill.
+//!
+//! `walk_refs` counts paging-structure entry reads, guest and EPT, including
+//! re-reads after a walk restarts because an entry changed under its A/D
+//! update; the A/D writes themselves are not counted. A 4 KiB guest page
+//! under 4 KiB EPT pages costs 4 * (4 + 1) + 4 = 24, a bare 4 KiB walk 4.
+//!
+//! Scope: with CR0.PG set, paging is always IA-32e 4-level paging (the
+//! machine runs 64-bit guests); 32-bit and PAE paging are not modelled.
+//! PCIDs are not supported (CR4.PCIDE is not a supported CR4 bit), so CR3
+//! bits 11:0 are ignored and TLB entries are tagged by VPID only.
+//! Protection keys are not modelled.
 
 pub mod ept;
 pub mod paging;
 pub mod tlb;
 
+#[cfg(test)]
+mod tests;
+
 use crate::addr::{Gpa, Gva, Hpa};
+use crate::cpu::state::cr0;
 use crate::memory::{MemError, PhysMemory};
 use crate::vmx::Eptp;
-use tlb::Tlb;
+use tlb::{Tlb, TlbFill};
 
 /// What an access does with the byte it reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +108,56 @@ impl From<MemError> for TranslateError {
     }
 }
 
+/// Size of the page a translation maps (guest paging or EPT leaf).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PageSize {
+    Size4K,
+    Size2M,
+    Size1G,
+}
+
+impl PageSize {
+    /// Every size, smallest first.
+    pub const ALL: [PageSize; 3] = [PageSize::Size4K, PageSize::Size2M, PageSize::Size1G];
+
+    /// log2 of the size in bytes.
+    #[inline]
+    pub const fn shift(self) -> u32 {
+        match self {
+            PageSize::Size4K => 12,
+            PageSize::Size2M => 21,
+            PageSize::Size1G => 30,
+        }
+    }
+
+    /// Size in bytes.
+    #[inline]
+    pub const fn bytes(self) -> u64 {
+        1 << self.shift()
+    }
+
+    /// The size of a leaf found at paging-structure `level` (0 = PT,
+    /// 1 = PD, 2 = PDPT); the same numbering in guest paging and EPT.
+    #[inline]
+    pub(crate) const fn of_leaf_level(level: u32) -> PageSize {
+        match level {
+            0 => PageSize::Size4K,
+            1 => PageSize::Size2M,
+            _ => PageSize::Size1G,
+        }
+    }
+}
+
+/// Number of implemented linear-address bits (4-level paging).
+const LINEAR_ADDRESS_BITS: u32 = 48;
+
+/// Whether bits 63:47 of `gva` are all equal.
+#[inline]
+pub fn is_canonical(gva: Gva) -> bool {
+    let shift = 64 - LINEAR_ADDRESS_BITS;
+    (((gva.0 << shift) as i64) >> shift) as u64 == gva.0
+}
+
 /// Translates `gva` for `access`, through the TLB and on a miss through a
 /// page walk (guest paging, and EPT for every guest-physical reference),
 /// setting accessed/dirty flags as hardware does and filling the TLB.
@@ -93,6 +165,12 @@ impl From<MemError> for TranslateError {
 /// Adds the number of memory references the walk made to `walk_refs` (0 on
 /// a TLB hit; up to 24 for a 2-D walk). Returns the host-physical address
 /// of `gva` itself (not the page base).
+///
+/// A TLB entry is used only if it allows this access under the current
+/// paging registers; a write also needs the guest (and, with EPT A/D, the
+/// EPT) dirty flag known to be set. Otherwise the entry is dropped and the
+/// translation walked again, as hardware re-walks before faulting, so a
+/// fault always reflects what is in memory now.
 #[inline]
 pub fn translate(
     tlb: &mut Tlb,
@@ -101,5 +179,55 @@ pub fn translate(
     access: Access,
     walk_refs: &mut u64,
 ) -> Result<Hpa, TranslateError> {
-    todo!()
+    if !is_canonical(gva) {
+        return Err(TranslateError::NonCanonical { gva });
+    }
+    if ctx.regs.cr0 & cr0::PG == 0 && ctx.ept.is_none() {
+        // No paging and no EPT: linear = physical, nothing to cache.
+        return Ok(Hpa(gva.0));
+    }
+    if let Some(hpa) = tlb.lookup(ctx, gva, access) {
+        return Ok(hpa);
+    }
+    translate_miss(tlb, ctx, gva, access, walk_refs)
+}
+
+/// The TLB-miss path: full walk, then fill.
+#[cold]
+#[inline(never)]
+fn translate_miss(
+    tlb: &mut Tlb,
+    ctx: &TranslateCtx<'_>,
+    gva: Gva,
+    access: Access,
+    walk_refs: &mut u64,
+) -> Result<Hpa, TranslateError> {
+    let guest = if ctx.regs.cr0 & cr0::PG != 0 {
+        Some(paging::walk(ctx, gva, access, walk_refs)?)
+    } else {
+        None
+    };
+    let gpa = guest.map_or(Gpa(gva.0), |g| g.gpa);
+    let final_ept = match ctx.ept {
+        Some(eptp) => Some(ept::ept_translate(
+            ctx.mem,
+            eptp,
+            gpa,
+            access.kind,
+            Some((gva, true)),
+            walk_refs,
+        )?),
+        None => None,
+    };
+    let hpa = final_ept.map_or(Hpa(gpa.0), |t| t.hpa);
+    tlb.insert(
+        ctx,
+        gva,
+        TlbFill {
+            hpa,
+            guest,
+            ept: final_ept,
+        },
+    );
+    Ok(hpa)
 }

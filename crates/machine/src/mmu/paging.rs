@@ -1,6 +1,31 @@
 //! IA-32e (4-level) guest paging.
 //!
-//! STUB: to be implemented (see the helper task).
+//! The walker reads the four levels from CR3, checks present and reserved
+//! bits at each level as it goes (a fault at one level stops the walk),
+//! accumulates the permissions (R/W and U/S are ANDed over the levels, XD is
+//! ORed), checks the access against them, and only then sets the accessed
+//! flag in every entry used and the dirty flag in the leaf for a write.
+//! Setting A/D only after the whole walk succeeded means a faulting access
+//! leaves the paging structures untouched (the SDM allows A to be set on
+//! upper levels even when the walk later faults; we chose the stricter
+//! behaviour, which is also Intel's for the leaf).
+//!
+//! A/D updates use a compare-and-exchange against the value the walk read,
+//! so a concurrent update by the hypervisor or another CPU is never lost; if
+//! the entry changed under us the whole walk restarts (lock-free: a restart
+//! means another agent's write succeeded).
+//!
+//! Under EPT every paging-structure entry is read through an EPT
+//! translation of its guest-physical address: an EPT read, or an EPT write
+//! when EPT A/D is enabled (SDM 29.3.3.2: with EPT A/D, accesses to guest
+//! paging structures are treated as writes). Setting guest A/D is an EPT
+//! write even without EPT A/D, so a guest page table in EPT-read-only memory
+//! gives an EPT violation when a flag must be set.
+
+use super::ept::{self, EptPerms};
+use super::{Access, AccessKind, PageSize, PagingRegs, TranslateCtx, TranslateError};
+use crate::addr::{Gpa, Gva, Hpa};
+use crate::cpu::state::{cr0, cr4, efer};
 
 /// Page-table entry bits.
 pub mod pte {
@@ -31,3 +56,262 @@ pub mod pf_error {
 /// MAXPHYADDR reported by CPUID.80000008H:EAX[7:0]; physical-address bits
 /// above it in paging entries are reserved.
 pub const MAX_PHYS_ADDR_BITS: u32 = 46;
+
+/// Address bits 51:MAXPHYADDR: reserved in every paging entry (guest and
+/// EPT alike).
+pub(crate) const PHYS_ADDR_RESERVED: u64 = pte::ADDR_MASK & !((1 << MAX_PHYS_ADDR_BITS) - 1);
+
+/// Reserved address bits of a 2 MiB leaf (bits 20:13; bit 12 is PAT).
+const RESERVED_2M: u64 = 0x001f_e000;
+/// Reserved address bits of a 1 GiB leaf (bits 29:13; bit 12 is PAT).
+const RESERVED_1G: u64 = 0x3fff_e000;
+
+/// The permissions a guest translation grants, combined over all levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestPerms {
+    /// R/W set at every level.
+    pub writable: bool,
+    /// U/S set at every level.
+    pub user: bool,
+    /// XD set at some level, with EFER.NXE on.
+    pub no_execute: bool,
+}
+
+/// Whether `access` is allowed to a page with `perms` under `regs` (SDM
+/// 4.6). `Access::user == false` counts as an *explicit* supervisor access,
+/// so RFLAGS.AC can override SMAP; the interface has no way to mark an
+/// implicit supervisor access (which SMAP always checks), so the CPU core
+/// must pass `rflags_ac: false` for those.
+#[inline]
+pub fn access_permitted(perms: GuestPerms, access: Access, regs: &PagingRegs) -> bool {
+    if access.user {
+        if !perms.user {
+            return false;
+        }
+        return match access.kind {
+            AccessKind::Read => true,
+            AccessKind::Write => perms.writable,
+            AccessKind::Execute => !perms.no_execute,
+        };
+    }
+    let smap_blocks = perms.user && regs.cr4 & cr4::SMAP != 0 && !regs.rflags_ac;
+    let smep_blocks = perms.user && regs.cr4 & cr4::SMEP != 0;
+    match access.kind {
+        AccessKind::Read => !smap_blocks,
+        AccessKind::Write => !smap_blocks && (perms.writable || regs.cr0 & cr0::WP == 0),
+        AccessKind::Execute => !perms.no_execute && !smep_blocks,
+    }
+}
+
+/// The W, U and I/D bits every #PF error code for `access` carries. I/D is
+/// reported only when EFER.NXE or CR4.SMEP is on (SDM 4.7).
+#[inline]
+fn error_code_base(access: Access, regs: &PagingRegs) -> u32 {
+    let mut code = 0;
+    if access.kind == AccessKind::Write {
+        code |= pf_error::WRITE;
+    }
+    if access.user {
+        code |= pf_error::USER;
+    }
+    if access.kind == AccessKind::Execute
+        && (regs.efer & efer::NXE != 0 || regs.cr4 & cr4::SMEP != 0)
+    {
+        code |= pf_error::FETCH;
+    }
+    code
+}
+
+/// The result of a successful guest walk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestTranslation {
+    /// Guest-physical address of the translated byte.
+    pub gpa: Gpa,
+    /// Size of the page the leaf maps.
+    pub size: PageSize,
+    pub perms: GuestPerms,
+    /// Leaf G flag, with CR4.PGE on.
+    pub global: bool,
+    /// The leaf's dirty flag is set (after this access's update).
+    pub dirty: bool,
+}
+
+/// One paging-structure entry the walk used, kept for the A/D update.
+#[derive(Debug, Clone, Copy)]
+struct UsedEntry {
+    gpa: Gpa,
+    hpa: Hpa,
+    value: u64,
+    /// EPT permissions of the entry's guest-physical address.
+    ept_perms: EptPerms,
+}
+
+/// Walks the guest page tables for `access` to `gva` (CR0.PG must be set),
+/// setting A/D flags, with EPT applied to every paging-structure reference
+/// when `ctx.ept` is set. Does not translate the final guest-physical
+/// address through EPT. Adds every entry read (guest and EPT) to
+/// `walk_refs`.
+pub fn walk(
+    ctx: &TranslateCtx<'_>,
+    gva: Gva,
+    access: Access,
+    walk_refs: &mut u64,
+) -> Result<GuestTranslation, TranslateError> {
+    loop {
+        if let Some(t) = walk_once(ctx, gva, access, walk_refs)? {
+            return Ok(t);
+        }
+    }
+}
+
+/// One attempt; `Ok(None)` if an entry changed before its A/D update.
+fn walk_once(
+    ctx: &TranslateCtx<'_>,
+    gva: Gva,
+    access: Access,
+    walk_refs: &mut u64,
+) -> Result<Option<GuestTranslation>, TranslateError> {
+    let regs = &ctx.regs;
+    let nxe = regs.efer & efer::NXE != 0;
+    let err_base = error_code_base(access, regs);
+    let page_fault = |extra: u32| TranslateError::PageFault {
+        gva,
+        error_code: err_base | extra,
+    };
+    let reserved_any_level = PHYS_ADDR_RESERVED | if nxe { 0 } else { pte::NX };
+
+    let mut used = [UsedEntry {
+        gpa: Gpa(0),
+        hpa: Hpa(0),
+        value: 0,
+        ept_perms: EptPerms::ALL,
+    }; 4];
+    let mut used_count = 0;
+    let mut perms = GuestPerms {
+        writable: true,
+        user: true,
+        no_execute: false,
+    };
+    let mut table = Gpa(regs.cr3 & pte::ADDR_MASK);
+    // Level 3 = PML4, 2 = PDPT, 1 = PD, 0 = PT.
+    let mut level = 3u32;
+    let size = loop {
+        let index = (gva.0 >> (PageSize::Size4K.shift() + 9 * level)) & 0x1ff;
+        let entry_gpa = table.add(index * 8);
+        let (entry_hpa, ept_perms) = structure_hpa(ctx, entry_gpa, gva, walk_refs)?;
+        let entry = ctx.mem.read_u64(entry_hpa)?;
+        *walk_refs += 1;
+
+        if entry & pte::PRESENT == 0 {
+            return Err(page_fault(0));
+        }
+        let huge = entry & pte::HUGE != 0;
+        let reserved = reserved_any_level
+            | match (level, huge) {
+                (3, _) => pte::HUGE,
+                (2, true) => RESERVED_1G,
+                (1, true) => RESERVED_2M,
+                _ => 0,
+            };
+        if entry & reserved != 0 {
+            return Err(page_fault(pf_error::PRESENT | pf_error::RSVD));
+        }
+
+        perms.writable &= entry & pte::WRITABLE != 0;
+        perms.user &= entry & pte::USER != 0;
+        perms.no_execute |= nxe && entry & pte::NX != 0;
+        used[used_count] = UsedEntry {
+            gpa: entry_gpa,
+            hpa: entry_hpa,
+            value: entry,
+            ept_perms,
+        };
+        used_count += 1;
+
+        if level == 0 || huge {
+            break PageSize::of_leaf_level(level);
+        }
+        table = Gpa(entry & pte::ADDR_MASK);
+        level -= 1;
+    };
+
+    if !access_permitted(perms, access, regs) {
+        return Err(page_fault(pf_error::PRESENT));
+    }
+
+    let used = &used[..used_count];
+    let leaf_index = used_count - 1;
+    let wanted = |i: usize, e: &UsedEntry| {
+        let dirty = if i == leaf_index && access.kind == AccessKind::Write {
+            pte::DIRTY
+        } else {
+            0
+        };
+        e.value | pte::ACCESSED | dirty
+    };
+    // Every flag update is an EPT write; check them all before changing
+    // anything.
+    if ctx.ept.is_some() {
+        for (i, e) in used.iter().enumerate() {
+            if wanted(i, e) != e.value && !e.ept_perms.write {
+                return Err(ept::violation(
+                    e.gpa,
+                    AccessKind::Write,
+                    e.ept_perms,
+                    Some((gva, false)),
+                ));
+            }
+        }
+    }
+    for (i, e) in used.iter().enumerate() {
+        let new = wanted(i, e);
+        if new != e.value && ctx.mem.cmpxchg(e.hpa, 8, e.value, new)? != e.value {
+            return Ok(None);
+        }
+    }
+
+    let leaf = used[leaf_index].value
+        | if access.kind == AccessKind::Write {
+            pte::DIRTY
+        } else {
+            0
+        };
+    let page_base = leaf & pte::ADDR_MASK & !(size.bytes() - 1);
+    Ok(Some(GuestTranslation {
+        gpa: Gpa(page_base | (gva.0 & (size.bytes() - 1))),
+        size,
+        perms,
+        global: leaf & pte::GLOBAL != 0 && regs.cr4 & cr4::PGE != 0,
+        dirty: leaf & pte::DIRTY != 0,
+    }))
+}
+
+/// Host-physical address of a paging-structure entry, and the EPT
+/// permissions of its page (all permissions without EPT).
+#[inline]
+fn structure_hpa(
+    ctx: &TranslateCtx<'_>,
+    entry_gpa: Gpa,
+    gva: Gva,
+    walk_refs: &mut u64,
+) -> Result<(Hpa, EptPerms), TranslateError> {
+    match ctx.ept {
+        None => Ok((Hpa(entry_gpa.0), EptPerms::ALL)),
+        Some(eptp) => {
+            let kind = if eptp.ad_enabled() {
+                AccessKind::Write
+            } else {
+                AccessKind::Read
+            };
+            let t = ept::ept_translate(
+                ctx.mem,
+                eptp,
+                entry_gpa,
+                kind,
+                Some((gva, false)),
+                walk_refs,
+            )?;
+            Ok((t.hpa, t.perms))
+        }
+    }
+}

@@ -1,15 +1,51 @@
 //! The TLB.
 //!
-//! STUB: to be implemented (see the helper task).
-#![allow(unused_variables)]
+//! A set-associative cache of *combined* translations: linear page ->
+//! host-physical page, with everything needed to decide at lookup time
+//! whether an access may use the entry (guest W/U/NX combined over the
+//! levels, the EPT R/W/X of the final guest-physical page, and whether the
+//! guest and EPT dirty flags are known to be set). Access rights that
+//! depend on CR0.WP, CR4.SMEP/SMAP, RFLAGS.AC and the CPL are evaluated on
+//! every hit, so changing them needs no flush.
+//!
+//! Entries are tagged with the VPID, the EPTP (when EPT is on), whether
+//! guest paging was on (entries made with CR0.PG clear are guest-physical
+//! mappings: linear = guest-physical, through EPT), and the page size.
+//!
+//! Page sizes: an entry maps a page of the *effective* size, the smaller of
+//! the guest page and the EPT page (a guest 2 MiB page on 4 KiB EPT pages is
+//! not contiguous in host memory). An entry of size S lives in the set
+//! indexed by its page number at size S; a lookup probes the 4 KiB set, and
+//! the 2 MiB and 1 GiB sets only while large entries may be present. INVLPG
+//! likewise probes the set of each size, which drops every large entry
+//! covering the address exactly. When the effective size is smaller than
+//! the guest page ("splintered" entries), an INVLPG anywhere in the guest
+//! page must drop all the pieces (SDM 4.10.2.3): the entry records the guest
+//! page size, and while any splintered entry may be present INVLPG also
+//! scans the whole TLB for pieces of the guest page containing the address.
+//!
+//! Replacement is deterministic: an invalid way if there is one, otherwise
+//! bit-PLRU (each way has a "recently used" bit set on hit or fill; when all
+//! bits of a set would be set, all but the newest are cleared; the victim
+//! is the lowest way whose bit is clear).
+//!
+//! Invalidation is never narrower than the SDM requires, sometimes wider
+//! (which is architecturally allowed): INVVPID and VPID flushes also drop
+//! guest-physical mappings of that VPID, and INVLPG drops guest-physical
+//! mappings of the address.
 
-use crate::addr::Gva;
+use super::ept::EptTranslation;
+use super::paging::{access_permitted, GuestPerms, GuestTranslation};
+use super::{Access, AccessKind, PageSize, TranslateCtx};
+use crate::addr::{Gva, Hpa};
+use crate::cpu::state::cr0;
 use crate::vmx::{InveptKind, InvvpidKind};
 
 /// TLB geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TlbConfig {
-    /// Total entries (a power of two, multiple of `ways`).
+    /// Total entries. [`Tlb::new`] uses [`TlbConfig::normalized`]: a
+    /// power-of-two number of sets times `ways`, rounded up.
     pub entries: usize,
     /// Associativity.
     pub ways: usize,
@@ -25,48 +61,470 @@ impl Default for TlbConfig {
     }
 }
 
+impl TlbConfig {
+    /// Largest associativity (the replacement state is a 64-bit mask).
+    pub const MAX_WAYS: usize = 64;
+    /// Largest number of sets.
+    pub const MAX_SETS: usize = 1 << 16;
+
+    /// The geometry actually built from `self`, never panicking: `ways` is
+    /// clamped to `1..=MAX_WAYS` (it need not be a power of two: 12 ways x
+    /// 128 sets gives Skylake's 1536 entries), and the number of sets,
+    /// `entries / ways` rounded up, is clamped to `1..=MAX_SETS` and rounded
+    /// up to a power of two. `entries` is then `sets * ways`.
+    pub fn normalized(self) -> TlbConfig {
+        let ways = self.ways.clamp(1, Self::MAX_WAYS);
+        let sets = self
+            .entries
+            .div_ceil(ways)
+            .clamp(1, Self::MAX_SETS)
+            .next_power_of_two();
+        TlbConfig {
+            entries: sets * ways,
+            ways,
+        }
+    }
+}
+
 /// Hit/miss/flush counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TlbStats {
+    /// Lookups answered by an entry.
     pub hits: u64,
+    /// Lookups that needed a walk (including hits on an entry that did not
+    /// allow the access, which is dropped).
     pub misses: u64,
+    /// Invalidation operations (each INVLPG, CR3-load flush, VPID flush,
+    /// INVVPID, INVEPT or full flush counts once).
     pub flushes: u64,
 }
 
+/// What a walk found, to be cached by [`Tlb::insert`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TlbFill {
+    /// Host-physical address of the translated byte.
+    pub hpa: Hpa,
+    /// The guest translation; `None` with guest paging off.
+    pub guest: Option<GuestTranslation>,
+    /// The EPT translation of the final guest-physical address; `None`
+    /// without EPT.
+    pub ept: Option<EptTranslation>,
+}
+
+/// Bits of [`Entry::tag`]. The tag holds everything a lookup must match
+/// except the EPTP, which is compared as a second word.
+mod tag {
+    /// Page number at the entry's page size (linear bits 47:size).
+    pub const VPN: u64 = (1 << 36) - 1;
+    pub const VPID_SHIFT: u32 = 40;
+    pub const VPID: u64 = 0xffff << VPID_SHIFT;
+    pub const SIZE_SHIFT: u32 = 56;
+    pub const SIZE: u64 = 3 << SIZE_SHIFT;
+    /// Made with guest paging on (a linear or combined mapping).
+    pub const PAGING: u64 = 1 << 58;
+    /// Made with EPT on (`Entry::eptp` is meaningful).
+    pub const EPT: u64 = 1 << 59;
+    pub const VALID: u64 = 1 << 63;
+    /// What INVLPG matches: address, size and VPID, whatever the mode.
+    pub const ADDRESS_MATCH: u64 = VALID | VPID | SIZE | VPN;
+}
+
+/// Bits of [`Entry::data`]: the host-physical page base (bits 51:12) and
+/// flags in bits 11:0.
+mod data {
+    pub const GUEST_WRITABLE: u64 = 1 << 0;
+    pub const GUEST_USER: u64 = 1 << 1;
+    pub const GUEST_NX: u64 = 1 << 2;
+    /// The guest leaf's D flag is set (or guest paging is off).
+    pub const GUEST_DIRTY: u64 = 1 << 3;
+    pub const EPT_READ: u64 = 1 << 4;
+    pub const EPT_WRITE: u64 = 1 << 5;
+    pub const EPT_EXEC: u64 = 1 << 6;
+    /// The EPT leaf's D flag is set (or EPT A/D / EPT is off).
+    pub const EPT_DIRTY: u64 = 1 << 7;
+    /// Survives CR3 loads.
+    pub const GLOBAL: u64 = 1 << 8;
+    /// Size of the guest page the entry is a piece of (2 bits).
+    pub const LINEAR_SIZE_SHIFT: u32 = 9;
+    pub const HPA: u64 = 0x000f_ffff_ffff_f000;
+}
+
+/// Linear-address bits a 4-level translation uses.
+const VA_MASK: u64 = (1 << 48) - 1;
+
+const fn size_code(size: PageSize) -> u64 {
+    match size {
+        PageSize::Size4K => 0,
+        PageSize::Size2M => 1,
+        PageSize::Size1G => 2,
+    }
+}
+
+const fn size_from_code(code: u64) -> PageSize {
+    match code & 3 {
+        0 => PageSize::Size4K,
+        1 => PageSize::Size2M,
+        _ => PageSize::Size1G,
+    }
+}
+
+/// One cached translation. `tag == 0` means invalid.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Entry {
+    tag: u64,
+    /// Raw EPTP the entry was made under (0 without EPT).
+    eptp: u64,
+    data: u64,
+}
+
+impl Entry {
+    const INVALID: Entry = Entry {
+        tag: 0,
+        eptp: 0,
+        data: 0,
+    };
+
+    #[inline]
+    fn valid(&self) -> bool {
+        self.tag & tag::VALID != 0
+    }
+    fn vpid(&self) -> u16 {
+        ((self.tag & tag::VPID) >> tag::VPID_SHIFT) as u16
+    }
+    fn size(&self) -> PageSize {
+        size_from_code(self.tag >> tag::SIZE_SHIFT)
+    }
+    fn linear_size(&self) -> PageSize {
+        size_from_code(self.data >> data::LINEAR_SIZE_SHIFT)
+    }
+    fn splintered(&self) -> bool {
+        self.linear_size() > self.size()
+    }
+    /// First linear address (bits 47:0) the entry maps.
+    fn linear_base(&self) -> u64 {
+        (self.tag & tag::VPN) << self.size().shift()
+    }
+}
+
+/// The tag bits that come from the translation context.
+#[inline]
+fn context_tag(vpid: u16, paging: bool, ept: bool) -> u64 {
+    tag::VALID
+        | ((vpid as u64) << tag::VPID_SHIFT)
+        | if paging { tag::PAGING } else { 0 }
+        | if ept { tag::EPT } else { 0 }
+}
+
+/// Whether a cached translation allows `access` now.
+#[inline]
+fn entry_permits(entry_data: u64, access: Access, ctx: &TranslateCtx<'_>, paging: bool) -> bool {
+    if paging {
+        let perms = GuestPerms {
+            writable: entry_data & data::GUEST_WRITABLE != 0,
+            user: entry_data & data::GUEST_USER != 0,
+            no_execute: entry_data & data::GUEST_NX != 0,
+        };
+        if !access_permitted(perms, access, &ctx.regs) {
+            return false;
+        }
+    }
+    let needed = match access.kind {
+        AccessKind::Read => data::EPT_READ,
+        // A write must also find both dirty flags set: otherwise the walk
+        // has to run again to set them.
+        AccessKind::Write => data::EPT_WRITE | data::GUEST_DIRTY | data::EPT_DIRTY,
+        AccessKind::Execute => data::EPT_EXEC,
+    };
+    entry_data & needed == needed
+}
+
 /// A VPID-tagged translation lookaside buffer.
-#[derive(Debug, Clone)]
-pub struct Tlb {}
+#[derive(Clone)]
+pub struct Tlb {
+    /// `sets * ways` entries, set by set.
+    entries: Vec<Entry>,
+    /// Per set: bit w set = way w recently used.
+    recently_used: Vec<u64>,
+    ways: usize,
+    /// `sets - 1` (sets is a power of two).
+    set_mask: usize,
+    /// All ways' bits.
+    full_set_mask: u64,
+    /// An entry larger than 4 KiB may be present (cleared by full scans).
+    may_hold_large: bool,
+    /// A splintered entry may be present (cleared by full scans).
+    may_hold_splinters: bool,
+    stats: TlbStats,
+}
+
+impl std::fmt::Debug for Tlb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tlb")
+            .field("config", &self.config())
+            .field("occupancy", &self.occupancy())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
 
 impl Tlb {
+    /// An empty TLB with the geometry `config.normalized()`.
     pub fn new(config: TlbConfig) -> Self {
-        todo!()
+        let config = config.normalized();
+        let sets = config.entries / config.ways;
+        Tlb {
+            entries: vec![Entry::INVALID; config.entries],
+            recently_used: vec![0; sets],
+            ways: config.ways,
+            set_mask: sets - 1,
+            full_set_mask: if config.ways == 64 {
+                u64::MAX
+            } else {
+                (1u64 << config.ways) - 1
+            },
+            may_hold_large: false,
+            may_hold_splinters: false,
+            stats: TlbStats::default(),
+        }
     }
+
+    /// The geometry in use.
+    pub fn config(&self) -> TlbConfig {
+        TlbConfig {
+            entries: self.entries.len(),
+            ways: self.ways,
+        }
+    }
+
+    /// Number of valid entries.
+    pub fn occupancy(&self) -> usize {
+        self.entries.iter().filter(|e| e.valid()).count()
+    }
+
+    /// The set of page number `vpn` (at any size) as an index range.
+    #[inline]
+    fn set_range(&self, vpn: u64) -> (usize, std::ops::Range<usize>) {
+        let set = (vpn as usize) & self.set_mask;
+        (set, set * self.ways..(set + 1) * self.ways)
+    }
+
+    #[inline]
+    fn touch(&mut self, set: usize, way: usize) {
+        let bits = &mut self.recently_used[set];
+        *bits |= 1 << way;
+        if *bits == self.full_set_mask {
+            *bits = 1 << way;
+        }
+    }
+
+    /// Looks `gva` up for `access`. Returns the host-physical address on a
+    /// usable hit; on a hit that does not allow the access, drops the entry
+    /// so that the walk that follows refills it.
+    #[inline]
+    pub(crate) fn lookup(
+        &mut self,
+        ctx: &TranslateCtx<'_>,
+        gva: Gva,
+        access: Access,
+    ) -> Option<Hpa> {
+        let paging = ctx.regs.cr0 & cr0::PG != 0;
+        let context = context_tag(ctx.vpid, paging, ctx.ept.is_some());
+        let eptp = ctx.ept.map_or(0, |e| e.0);
+        let va = gva.0 & VA_MASK;
+        let probes = if self.may_hold_large {
+            PageSize::ALL.len()
+        } else {
+            1
+        };
+        for &size in &PageSize::ALL[..probes] {
+            let vpn = va >> size.shift();
+            let wanted = context | (size_code(size) << tag::SIZE_SHIFT) | vpn;
+            let (set, range) = self.set_range(vpn);
+            let ways = &mut self.entries[range];
+            let Some(way) = ways.iter().position(|e| e.tag == wanted && e.eptp == eptp) else {
+                continue;
+            };
+            let entry_data = ways[way].data;
+            if entry_permits(entry_data, access, ctx, paging) {
+                self.stats.hits += 1;
+                self.touch(set, way);
+                return Some(Hpa((entry_data & data::HPA) | (va & (size.bytes() - 1))));
+            }
+            ways[way] = Entry::INVALID;
+            break;
+        }
+        self.stats.misses += 1;
+        None
+    }
+
+    /// Caches the translation of `gva` a walk just made under `ctx`.
+    pub(crate) fn insert(&mut self, ctx: &TranslateCtx<'_>, gva: Gva, fill: TlbFill) {
+        let guest_size = fill.guest.map_or(PageSize::Size1G, |g| g.size);
+        let ept_size = fill.ept.map_or(PageSize::Size1G, |t| t.page_size);
+        let size = guest_size.min(ept_size);
+        // Without guest paging there is no larger linear page to splinter.
+        let linear_size = if fill.guest.is_some() {
+            guest_size
+        } else {
+            size
+        };
+
+        let mut flags = match fill.guest {
+            Some(g) => {
+                (if g.perms.writable {
+                    data::GUEST_WRITABLE
+                } else {
+                    0
+                }) | (if g.perms.user { data::GUEST_USER } else { 0 })
+                    | (if g.perms.no_execute {
+                        data::GUEST_NX
+                    } else {
+                        0
+                    })
+                    | (if g.dirty { data::GUEST_DIRTY } else { 0 })
+                    | (if g.global { data::GLOBAL } else { 0 })
+            }
+            None => data::GUEST_WRITABLE | data::GUEST_USER | data::GUEST_DIRTY,
+        };
+        flags |= match fill.ept {
+            Some(t) => {
+                (if t.perms.read { data::EPT_READ } else { 0 })
+                    | (if t.perms.write { data::EPT_WRITE } else { 0 })
+                    | (if t.perms.exec { data::EPT_EXEC } else { 0 })
+                    | (if t.dirty_recorded { data::EPT_DIRTY } else { 0 })
+            }
+            None => data::EPT_READ | data::EPT_WRITE | data::EPT_EXEC | data::EPT_DIRTY,
+        };
+        flags |= size_code(linear_size) << data::LINEAR_SIZE_SHIFT;
+
+        let va = gva.0 & VA_MASK;
+        let vpn = va >> size.shift();
+        let paging = fill.guest.is_some();
+        let entry = Entry {
+            tag: context_tag(ctx.vpid, paging, ctx.ept.is_some())
+                | (size_code(size) << tag::SIZE_SHIFT)
+                | vpn,
+            eptp: ctx.ept.map_or(0, |e| e.0),
+            data: (fill.hpa.0 & data::HPA & !(size.bytes() - 1)) | flags,
+        };
+
+        let (set, range) = self.set_range(vpn);
+        let ways = &mut self.entries[range];
+        let way = ways
+            .iter()
+            .position(|e| e.tag == entry.tag && e.eptp == entry.eptp)
+            .or_else(|| ways.iter().position(|e| !e.valid()))
+            .unwrap_or_else(|| {
+                let not_recent = !self.recently_used[set] & self.full_set_mask;
+                if not_recent == 0 {
+                    0
+                } else {
+                    not_recent.trailing_zeros() as usize
+                }
+            });
+        ways[way] = entry;
+        self.touch(set, way);
+        self.may_hold_large |= size != PageSize::Size4K;
+        self.may_hold_splinters |= linear_size > size;
+    }
+
+    /// Drops every entry for which `drop` is true, and recomputes the
+    /// large/splintered summaries. Counts one flush.
+    fn drop_where(&mut self, mut drop: impl FnMut(&Entry) -> bool) {
+        self.stats.flushes += 1;
+        let mut large = false;
+        let mut splinters = false;
+        for e in self.entries.iter_mut().filter(|e| e.valid()) {
+            if drop(e) {
+                *e = Entry::INVALID;
+            } else {
+                large |= e.size() != PageSize::Size4K;
+                splinters |= e.splintered();
+            }
+        }
+        self.may_hold_large = large;
+        self.may_hold_splinters = splinters;
+    }
+
     /// INVLPG: drop entries of `vpid` covering `gva`, global or not.
     pub fn invlpg(&mut self, vpid: u16, gva: Gva) {
-        todo!()
+        let va = gva.0 & VA_MASK;
+        let probes = if self.may_hold_large {
+            PageSize::ALL.len()
+        } else {
+            1
+        };
+        for &size in &PageSize::ALL[..probes] {
+            let vpn = va >> size.shift();
+            let wanted = tag::VALID
+                | ((vpid as u64) << tag::VPID_SHIFT)
+                | (size_code(size) << tag::SIZE_SHIFT)
+                | vpn;
+            let (_, range) = self.set_range(vpn);
+            for e in &mut self.entries[range] {
+                if e.tag & tag::ADDRESS_MATCH == wanted {
+                    *e = Entry::INVALID;
+                }
+            }
+        }
+        if self.may_hold_splinters {
+            // Pieces of a guest large page live in the sets of their own
+            // 4 KiB / 2 MiB page numbers: find them all.
+            self.drop_where(|e| {
+                let linear = e.linear_size();
+                e.vpid() == vpid
+                    && e.splintered()
+                    && e.linear_base() >> linear.shift() == va >> linear.shift()
+            });
+        } else {
+            self.stats.flushes += 1;
+        }
     }
+
     /// MOV to CR3 (without PCID): drop the non-global entries of `vpid`.
+    /// Guest-physical mappings (made with paging off) do not depend on CR3
+    /// and are kept.
     pub fn flush_non_global(&mut self, vpid: u16) {
-        todo!()
+        self.drop_where(|e| {
+            e.vpid() == vpid && e.tag & tag::PAGING != 0 && e.data & data::GLOBAL == 0
+        });
     }
+
     /// Drop all entries of `vpid` (e.g. CR4.PGE toggled).
     pub fn flush_vpid(&mut self, vpid: u16) {
-        todo!()
+        self.drop_where(|e| e.vpid() == vpid);
     }
+
     /// Drop everything.
     pub fn flush_all(&mut self) {
-        todo!()
+        self.drop_where(|_| true);
     }
-    /// INVVPID.
+
+    /// INVVPID. `AllContext` spares VPID 0 (the host's).
     pub fn invvpid(&mut self, kind: InvvpidKind) {
-        todo!()
+        match kind {
+            InvvpidKind::IndividualAddress { vpid, gva } => self.invlpg(vpid, gva),
+            InvvpidKind::SingleContext { vpid } => self.flush_vpid(vpid),
+            InvvpidKind::AllContext => self.drop_where(|e| e.vpid() != 0),
+            InvvpidKind::SingleContextRetainingGlobals { vpid } => self.flush_non_global(vpid),
+        }
     }
-    /// INVEPT.
+
+    /// INVEPT: drop the mappings made under EPT, all of them (`Global`) or
+    /// those whose EPTP has the same PML4 address (`SingleContext`, which
+    /// the SDM keys by the EP4TA, bits 51:12).
     pub fn invept(&mut self, kind: InveptKind) {
-        todo!()
+        match kind {
+            InveptKind::SingleContext(eptp) => {
+                let root = eptp.pml4().0;
+                self.drop_where(|e| e.tag & tag::EPT != 0 && e.eptp & data::HPA == root);
+            }
+            InveptKind::Global => self.drop_where(|e| e.tag & tag::EPT != 0),
+        }
     }
+
     /// Counters.
     pub fn stats(&self) -> TlbStats {
-        todo!()
+        self.stats
     }
 }

@@ -1,0 +1,548 @@
+//! Linear-memory and operand access.
+//!
+//! Every guest data access goes linear address -> [`mmu::translate`] (TLB,
+//! then page walk) -> host-physical address -> [`PhysMemory`]. Accesses that
+//! cross a page boundary are split into bytes, each translated, so a fault
+//! on the second page reports the right CR2. Translation failures become
+//! [`Fault`]s: #PF, #GP/#SS for non-canonical addresses, or a VM exit for
+//! EPT violations and misconfigurations.
+
+use super::state::rflags;
+use super::{vector, Cpu, Fault};
+use crate::addr::{Gva, Hpa};
+use crate::alu::Size;
+use crate::memory::PhysMemory;
+use crate::mmu::{self, Access, AccessKind, PagingRegs, TranslateCtx, TranslateError};
+use crate::vmx::VmExit;
+use iced_x86::{Instruction, OpKind, Register};
+
+/// Where a read-modify-write operand lives.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Place {
+    /// General register `idx`; `high` for AH/CH/DH/BH.
+    Reg { idx: u8, high: bool },
+    /// Memory inside one page, already translated for writing.
+    Mem { hpa: Hpa },
+    /// Memory crossing a page boundary (accessed byte by byte).
+    Split { la: u64 },
+}
+
+/// Decodes an iced general-purpose register into (index, size, high-byte).
+#[inline]
+pub(crate) fn gpr_info(r: Register) -> (u8, Size, bool) {
+    let v = r as u32;
+    let al = Register::AL as u32;
+    let ax = Register::AX as u32;
+    let eax = Register::EAX as u32;
+    let rax = Register::RAX as u32;
+    if v >= rax && v < rax + 16 {
+        ((v - rax) as u8, Size::B8, false)
+    } else if v >= eax && v < eax + 16 {
+        ((v - eax) as u8, Size::B4, false)
+    } else if v >= ax && v < ax + 16 {
+        ((v - ax) as u8, Size::B2, false)
+    } else {
+        let k = v.wrapping_sub(al);
+        match k {
+            0..=3 => (k as u8, Size::B1, false),
+            4..=7 => ((k - 4) as u8, Size::B1, true),
+            8..=19 => ((k - 4) as u8, Size::B1, false),
+            // Not a general register: callers only pass GPRs, but a wrong
+            // value must not index out of bounds.
+            _ => (0, Size::B8, false),
+        }
+    }
+}
+
+impl Cpu {
+    /// Paging registers for the MMU. Implicit supervisor accesses
+    /// (descriptor tables, TSS, interrupt frames) ignore RFLAGS.AC for SMAP.
+    #[inline]
+    fn paging_regs(&self, implicit: bool) -> PagingRegs {
+        PagingRegs {
+            cr0: self.state.cr0,
+            cr3: self.state.cr3,
+            cr4: self.state.cr4,
+            efer: self.state.efer,
+            rflags_ac: !implicit && self.state.rflags & rflags::AC != 0,
+        }
+    }
+
+    /// Translates `la` for an access by the running code, charging
+    /// page-walk references.
+    #[inline]
+    pub(crate) fn translate(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        kind: AccessKind,
+        user: bool,
+    ) -> Result<Hpa, Fault> {
+        self.translate_as(mem, la, kind, user, false)
+    }
+
+    /// Translation with the implicit-supervisor flag spelled out.
+    #[inline]
+    fn translate_as(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        kind: AccessKind,
+        user: bool,
+        implicit: bool,
+    ) -> Result<Hpa, Fault> {
+        let ctx = TranslateCtx {
+            mem,
+            regs: self.paging_regs(implicit),
+            ept: self.vmx.as_ref().and_then(|v| v.ept),
+            vpid: self.vpid(),
+        };
+        let mut refs = 0;
+        let r = mmu::translate(
+            &mut self.tlb,
+            &ctx,
+            Gva(la),
+            Access { kind, user },
+            &mut refs,
+        );
+        if refs != 0 {
+            self.stats.page_walk_refs += refs;
+            self.cycles += refs * self.costs.page_walk_ref;
+        }
+        r.map_err(translate_fault)
+    }
+
+    /// Translation for an instruction fetch at the current privilege.
+    #[inline]
+    pub(crate) fn translate_fetch(&mut self, mem: &PhysMemory, la: u64) -> Result<Hpa, Fault> {
+        let user = self.state.cpl() == 3;
+        self.translate(mem, la, AccessKind::Execute, user)
+    }
+
+    #[inline]
+    fn user_access(&self) -> bool {
+        self.state.cpl() == 3
+    }
+
+    /// Reads `size` bytes at linear address `la` (a normal data access).
+    #[inline]
+    pub(crate) fn read_mem(&mut self, mem: &PhysMemory, la: u64, size: Size) -> Result<u64, Fault> {
+        let user = self.user_access();
+        self.read_mem_as(mem, la, size, user, false)
+    }
+
+    /// An implicit supervisor read (descriptor tables, TSS, IDT gates).
+    pub(crate) fn read_implicit(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        size: Size,
+    ) -> Result<u64, Fault> {
+        self.read_mem_as(mem, la, size, false, true)
+    }
+
+    /// An implicit supervisor write (interrupt frames, the busy TSS bit).
+    pub(crate) fn write_implicit(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        size: Size,
+        v: u64,
+    ) -> Result<(), Fault> {
+        self.write_mem_as(mem, la, size, v, false, true)
+    }
+
+    fn read_mem_as(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        size: Size,
+        user: bool,
+        implicit: bool,
+    ) -> Result<u64, Fault> {
+        let n = size.bytes() as u64;
+        if (la & 0xfff) + n <= 0x1000 {
+            let hpa = self.translate_as(mem, la, AccessKind::Read, user, implicit)?;
+            Ok(mem.read(hpa, size.bytes())?)
+        } else {
+            // Translate both pages first so a fault leaves nothing half done.
+            let mut v = 0u64;
+            let mut hpas = [Hpa(0); 8];
+            for (i, h) in hpas.iter_mut().enumerate().take(n as usize) {
+                *h = self.translate_as(
+                    mem,
+                    la.wrapping_add(i as u64),
+                    AccessKind::Read,
+                    user,
+                    implicit,
+                )?;
+            }
+            for (i, h) in hpas.iter().enumerate().take(n as usize) {
+                v |= mem.read(*h, 1)? << (8 * i);
+            }
+            Ok(v)
+        }
+    }
+
+    /// Writes `size` bytes at linear address `la`.
+    #[inline]
+    pub(crate) fn write_mem(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        size: Size,
+        value: u64,
+    ) -> Result<(), Fault> {
+        let user = self.user_access();
+        self.write_mem_as(mem, la, size, value, user, false)
+    }
+
+    fn write_mem_as(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        size: Size,
+        value: u64,
+        user: bool,
+        implicit: bool,
+    ) -> Result<(), Fault> {
+        let n = size.bytes() as u64;
+        if (la & 0xfff) + n <= 0x1000 {
+            let hpa = self.translate_as(mem, la, AccessKind::Write, user, implicit)?;
+            self.store(mem, hpa, size, value)
+        } else {
+            let mut hpas = [Hpa(0); 8];
+            for (i, h) in hpas.iter_mut().enumerate().take(n as usize) {
+                *h = self.translate_as(
+                    mem,
+                    la.wrapping_add(i as u64),
+                    AccessKind::Write,
+                    user,
+                    implicit,
+                )?;
+            }
+            for (i, h) in hpas.iter().enumerate().take(n as usize) {
+                self.store(mem, *h, Size::B1, value >> (8 * i))?;
+            }
+            Ok(())
+        }
+    }
+
+    /// A store to host-physical memory, noting writes into cached code.
+    #[inline]
+    pub(crate) fn store(
+        &mut self,
+        mem: &PhysMemory,
+        hpa: Hpa,
+        size: Size,
+        value: u64,
+    ) -> Result<(), Fault> {
+        mem.write(hpa, size.bytes(), value)?;
+        if mem.is_code(hpa) || mem.is_code(hpa.add(size.bytes() as u64 - 1)) {
+            self.code_written = true;
+        }
+        Ok(())
+    }
+
+    /// Reads a general register of the given iced kind.
+    #[inline]
+    pub(crate) fn reg(&self, r: Register) -> u64 {
+        let (idx, size, high) = gpr_info(r);
+        let v = self.state.gpr[idx as usize];
+        if high {
+            (v >> 8) & 0xff
+        } else {
+            v & size.mask()
+        }
+    }
+
+    /// Writes a general register with x86 partial-register rules: 32-bit
+    /// writes zero-extend, 8/16-bit writes merge.
+    #[inline]
+    pub(crate) fn set_reg(&mut self, r: Register, value: u64) {
+        let (idx, size, high) = gpr_info(r);
+        self.set_gpr_sized(idx, size, high, value);
+    }
+
+    #[inline]
+    pub(crate) fn set_gpr_sized(&mut self, idx: u8, size: Size, high: bool, value: u64) {
+        let slot = &mut self.state.gpr[idx as usize & 15];
+        *slot = match (size, high) {
+            (Size::B8, _) => value,
+            (Size::B4, _) => value & 0xffff_ffff,
+            (Size::B2, _) => (*slot & !0xffff) | (value & 0xffff),
+            (Size::B1, false) => (*slot & !0xff) | (value & 0xff),
+            (Size::B1, true) => (*slot & !0xff00) | ((value & 0xff) << 8),
+        };
+    }
+
+    /// The 64-bit value of a full register (for addressing).
+    #[inline]
+    fn reg_for_address(&self, r: Register) -> u64 {
+        match r {
+            Register::None => 0,
+            Register::RIP | Register::EIP => 0,
+            _ => {
+                let (idx, _, _) = gpr_info(r);
+                self.state.gpr[idx as usize]
+            }
+        }
+    }
+
+    /// Effective linear address of the memory operand.
+    #[inline]
+    pub(crate) fn effective_address(&self, i: &Instruction) -> u64 {
+        let base = i.memory_base();
+        let index = i.memory_index();
+        let mut a = i.memory_displacement64();
+        if base != Register::RIP && base != Register::EIP {
+            a = a.wrapping_add(self.reg_for_address(base));
+        }
+        if index != Register::None {
+            a = a.wrapping_add(
+                self.reg_for_address(index)
+                    .wrapping_mul(i.memory_index_scale() as u64),
+            );
+        }
+        // 32-bit address size (0x67): the address wraps at 4 GiB.
+        if base.is_gpr32() || index.is_gpr32() || base == Register::EIP {
+            a &= 0xffff_ffff;
+        }
+        a.wrapping_add(self.segment_base(i.memory_segment()))
+    }
+
+    /// Base of a segment for address computation (64-bit mode: only FS and
+    /// GS have one).
+    #[inline]
+    pub(crate) fn segment_base(&self, seg: Register) -> u64 {
+        match seg {
+            Register::FS => self.state.fs.base,
+            Register::GS => self.state.gs.base,
+            _ => 0,
+        }
+    }
+
+    /// Operand size of operand `n` (register or memory).
+    #[inline]
+    pub(crate) fn op_size(i: &Instruction, n: u32) -> Size {
+        match i.op_kind(n) {
+            OpKind::Register => gpr_info(i.op_register(n)).1,
+            _ => Size::from_bytes(i.memory_size().size()).unwrap_or(Size::B8),
+        }
+    }
+
+    /// Reads operand `n` zero-extended (immediates come sign-extended to
+    /// 64 bits and are masked by the caller's size).
+    #[inline]
+    pub(crate) fn read_op(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+        n: u32,
+        size: Size,
+    ) -> Result<u64, Fault> {
+        match i.op_kind(n) {
+            OpKind::Register => Ok(self.reg(i.op_register(n))),
+            OpKind::Memory => {
+                let la = self.effective_address(i);
+                self.read_mem(mem, la, size)
+            }
+            _ => Ok(i.immediate(n) & size.mask()),
+        }
+    }
+
+    /// Writes operand `n`.
+    #[inline]
+    pub(crate) fn write_op(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+        n: u32,
+        size: Size,
+        v: u64,
+    ) -> Result<(), Fault> {
+        match i.op_kind(n) {
+            OpKind::Register => {
+                self.set_reg(i.op_register(n), v);
+                Ok(())
+            }
+            OpKind::Memory => {
+                let la = self.effective_address(i);
+                self.write_mem(mem, la, size, v)
+            }
+            _ => Err(Fault::exception(vector::UD)),
+        }
+    }
+
+    /// Resolves operand `n` as a read-modify-write destination, checking
+    /// write permission up front as hardware does.
+    #[inline]
+    pub(crate) fn place(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+        n: u32,
+        size: Size,
+    ) -> Result<Place, Fault> {
+        match i.op_kind(n) {
+            OpKind::Register => {
+                let (idx, _, high) = gpr_info(i.op_register(n));
+                Ok(Place::Reg { idx, high })
+            }
+            OpKind::Memory => {
+                let la = self.effective_address(i);
+                if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
+                    let user = self.user_access();
+                    let hpa = self.translate(mem, la, AccessKind::Write, user)?;
+                    Ok(Place::Mem { hpa })
+                } else {
+                    // Check both pages for writing before anything changes.
+                    let user = self.user_access();
+                    self.translate(mem, la, AccessKind::Write, user)?;
+                    self.translate(
+                        mem,
+                        la.wrapping_add(size.bytes() as u64 - 1),
+                        AccessKind::Write,
+                        user,
+                    )?;
+                    Ok(Place::Split { la })
+                }
+            }
+            _ => Err(Fault::exception(vector::UD)),
+        }
+    }
+
+    /// Reads a resolved place.
+    #[inline]
+    pub(crate) fn read_place(
+        &mut self,
+        mem: &PhysMemory,
+        p: Place,
+        size: Size,
+    ) -> Result<u64, Fault> {
+        match p {
+            Place::Reg { idx, high } => {
+                let v = self.state.gpr[idx as usize & 15];
+                Ok(if high {
+                    (v >> 8) & 0xff
+                } else {
+                    v & size.mask()
+                })
+            }
+            Place::Mem { hpa } => Ok(mem.read(hpa, size.bytes())?),
+            Place::Split { la } => self.read_mem(mem, la, size),
+        }
+    }
+
+    /// Writes a resolved place.
+    #[inline]
+    pub(crate) fn write_place(
+        &mut self,
+        mem: &PhysMemory,
+        p: Place,
+        size: Size,
+        v: u64,
+    ) -> Result<(), Fault> {
+        match p {
+            Place::Reg { idx, high } => {
+                self.set_gpr_sized(idx, size, high, v);
+                Ok(())
+            }
+            Place::Mem { hpa } => self.store(mem, hpa, size, v),
+            Place::Split { la } => self.write_mem(mem, la, size, v),
+        }
+    }
+
+    /// Atomically replaces a memory place: `f(old)` gives `Some(new)` to
+    /// store or `None` to store nothing; returns the old value. Used for
+    /// LOCK-prefixed instructions and XCHG with memory, so that CPUs on
+    /// several host threads stay coherent.
+    pub(crate) fn atomic_update(
+        &mut self,
+        mem: &PhysMemory,
+        p: Place,
+        size: Size,
+        mut f: impl FnMut(u64) -> Option<u64>,
+    ) -> Result<u64, Fault> {
+        match p {
+            Place::Mem { hpa } if hpa.0 % size.bytes() as u64 == 0 => loop {
+                let old = mem.read(hpa, size.bytes())?;
+                match f(old) {
+                    None => return Ok(old),
+                    Some(new) => {
+                        let seen = mem.cmpxchg(hpa, size.bytes(), old, new)?;
+                        if seen == old {
+                            if mem.is_code(hpa) {
+                                self.code_written = true;
+                            }
+                            self.cycles += self.costs.locked;
+                            return Ok(old);
+                        }
+                    }
+                }
+            },
+            _ => {
+                // Registers, and split or misaligned locks (which real CPUs
+                // execute with a bus lock): not atomic across host threads.
+                let old = self.read_place(mem, p, size)?;
+                if let Some(new) = f(old) {
+                    self.write_place(mem, p, size, new)?;
+                }
+                Ok(old)
+            }
+        }
+    }
+
+    /// Pushes a value of `size` bytes on the stack.
+    #[inline]
+    pub(crate) fn push(&mut self, mem: &PhysMemory, size: Size, v: u64) -> Result<(), Fault> {
+        let rsp = self.state.gpr[4].wrapping_sub(size.bytes() as u64);
+        self.write_mem(mem, rsp, size, v).map_err(stack_fault)?;
+        self.state.gpr[4] = rsp;
+        Ok(())
+    }
+
+    /// Pops a value of `size` bytes from the stack.
+    #[inline]
+    pub(crate) fn pop(&mut self, mem: &PhysMemory, size: Size) -> Result<u64, Fault> {
+        let rsp = self.state.gpr[4];
+        let v = self.read_mem(mem, rsp, size).map_err(stack_fault)?;
+        self.state.gpr[4] = rsp.wrapping_add(size.bytes() as u64);
+        Ok(v)
+    }
+}
+
+/// A non-canonical stack address is #SS(0), not #GP(0).
+pub(crate) fn stack_fault(f: Fault) -> Fault {
+    match f {
+        Fault::Exception {
+            vector: vector::GP,
+            error_code: Some(0),
+            cr2: None,
+        } => Fault::with_code(vector::SS, 0),
+        f => f,
+    }
+}
+
+/// Maps an MMU error to the fault the CPU raises.
+pub(crate) fn translate_fault(e: TranslateError) -> Fault {
+    match e {
+        TranslateError::PageFault { gva, error_code } => Fault::Exception {
+            vector: vector::PF,
+            error_code: Some(error_code),
+            cr2: Some(gva.0),
+        },
+        TranslateError::NonCanonical { .. } => Fault::with_code(vector::GP, 0),
+        TranslateError::EptViolation {
+            gpa,
+            gla,
+            qualification,
+        } => Fault::Exit(VmExit::EptViolation {
+            gpa,
+            gla,
+            qualification,
+        }),
+        TranslateError::EptMisconfig { gpa } => Fault::Exit(VmExit::EptMisconfig { gpa }),
+        TranslateError::Memory(e) => Fault::Exit(VmExit::MachineError(e)),
+    }
+}

@@ -1,0 +1,208 @@
+//! Decoded-instruction cache.
+//!
+//! Decoding is the most expensive part of interpreting x86, so each CPU
+//! keeps decoded blocks keyed by the host-physical address of their first
+//! byte. A block never crosses a page, so one translation of RIP validates
+//! the whole block. A block also remembers the linear address it was
+//! decoded at (RIP-relative operands and branch targets depend on it) and
+//! the code-write generation of its frame: any store into a frame that
+//! holds cached code bumps the frame's generation in [`PhysMemory`], which
+//! makes the blocks of that frame stale on every CPU (self-modifying code,
+//! and the hypervisor loading new code, both work).
+
+use crate::addr::Hpa;
+use crate::memory::PhysMemory;
+use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Mnemonic};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::rc::Rc;
+
+/// Longest block, in instructions.
+const MAX_BLOCK_INSNS: usize = 64;
+/// Blocks kept before the cache is emptied (a crude but deterministic bound).
+const MAX_BLOCKS: usize = 1 << 16;
+/// Direct-mapped front cache in front of the hash map.
+const FRONT_SIZE: usize = 4096;
+
+/// A decoded straight-line run of instructions.
+#[derive(Debug)]
+pub struct Block {
+    /// Linear address of the first instruction.
+    pub rip: u64,
+    /// Host-physical address of the first byte.
+    pub hpa: u64,
+    /// Code-write generation of the frame when decoded.
+    pub generation: u32,
+    /// The instructions, in order.
+    pub insns: Vec<Instruction>,
+}
+
+impl Block {
+    /// A one-instruction block that is not cached (page-crossing).
+    pub fn uncached(insn: Instruction) -> Block {
+        Block {
+            rip: insn.ip(),
+            hpa: u64::MAX,
+            generation: 0,
+            insns: vec![insn],
+        }
+    }
+}
+
+/// Multiplicative hasher for host-physical addresses.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// Per-CPU cache of decoded blocks.
+pub struct CodeCache {
+    map: HashMap<u64, Rc<Block>, BuildHasherDefault<AddrHasher>>,
+    front: Vec<Option<Rc<Block>>>,
+}
+
+impl Default for CodeCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CodeCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        CodeCache {
+            map: HashMap::default(),
+            front: vec![None; FRONT_SIZE],
+        }
+    }
+
+    #[inline]
+    fn slot(hpa: u64) -> usize {
+        ((hpa ^ (hpa >> 12)) as usize) & (FRONT_SIZE - 1)
+    }
+
+    /// The valid block starting at `hpa` and decoded at `rip`, if cached.
+    #[inline]
+    pub fn lookup(&mut self, mem: &PhysMemory, hpa: Hpa, rip: u64) -> Option<Rc<Block>> {
+        let gen = mem.code_generation(hpa);
+        let slot = Self::slot(hpa.0);
+        if let Some(b) = &self.front[slot] {
+            if b.hpa == hpa.0 && b.rip == rip && b.generation == gen {
+                return Some(b.clone());
+            }
+        }
+        let b = self.map.get(&hpa.0)?;
+        if b.rip == rip && b.generation == gen {
+            let b = b.clone();
+            self.front[slot] = Some(b.clone());
+            Some(b)
+        } else {
+            None
+        }
+    }
+
+    /// Caches a freshly decoded block and marks its frame as holding code.
+    pub fn insert(
+        &mut self,
+        mem: &PhysMemory,
+        hpa: Hpa,
+        rip: u64,
+        insns: Vec<Instruction>,
+    ) -> Rc<Block> {
+        if self.map.len() >= MAX_BLOCKS {
+            self.map.clear();
+            self.front.iter_mut().for_each(|s| *s = None);
+        }
+        let generation = mem.mark_code(hpa);
+        let b = Rc::new(Block {
+            rip,
+            hpa: hpa.0,
+            generation,
+            insns,
+        });
+        self.map.insert(hpa.0, b.clone());
+        self.front[Self::slot(hpa.0)] = Some(b.clone());
+        b
+    }
+
+    /// Drops every block.
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.front.iter_mut().for_each(|s| *s = None);
+    }
+}
+
+/// Decodes a block from `bytes` (which run to the end of the page) at
+/// linear address `rip`. `None` when the first instruction does not fit
+/// in `bytes` (it crosses the page end).
+pub fn decode_block(bytes: &[u8], rip: u64) -> Option<Vec<Instruction>> {
+    let mut decoder = Decoder::with_ip(64, bytes, rip, DecoderOptions::NONE);
+    let mut insns = Vec::with_capacity(8);
+    while decoder.can_decode() && insns.len() < MAX_BLOCK_INSNS {
+        let pos = decoder.position();
+        let insn = decoder.decode();
+        if insn.code() == Code::INVALID
+            && decoder.last_error() == iced_x86::DecoderError::NoMoreBytes
+        {
+            // Runs off the page: end the block before it; if it is the
+            // first instruction, the caller fetches across the boundary.
+            let _ = pos;
+            break;
+        }
+        let end = super::ends_block(&insn) || insn.code() == Code::INVALID;
+        insns.push(insn);
+        if end {
+            break;
+        }
+    }
+    if insns.is_empty() {
+        None
+    } else {
+        Some(insns)
+    }
+}
+
+/// Decodes one instruction from up to 15 bytes.
+pub fn decode_one(bytes: &[u8], rip: u64) -> Instruction {
+    let mut decoder = Decoder::with_ip(64, bytes, rip, DecoderOptions::NONE);
+    decoder.decode()
+}
+
+/// Serializing or state-changing instructions end a block so that their
+/// effects (new translation, privilege, interrupt flag, descriptor tables)
+/// apply to the next instruction fetch and pending events are checked.
+pub fn is_serializing(insn: &Instruction) -> bool {
+    match insn.mnemonic() {
+        Mnemonic::Cpuid
+        | Mnemonic::Wrmsr
+        | Mnemonic::Invlpg
+        | Mnemonic::Lgdt
+        | Mnemonic::Lidt
+        | Mnemonic::Ltr
+        | Mnemonic::Sti
+        | Mnemonic::Cli
+        | Mnemonic::Popfq
+        | Mnemonic::Popf
+        | Mnemonic::Hlt
+        | Mnemonic::Vmcall
+        | Mnemonic::Wbinvd => true,
+        // MOV to a control or segment register.
+        Mnemonic::Mov => {
+            insn.op0_kind() == iced_x86::OpKind::Register
+                && (insn.op0_register().is_cr() || insn.op0_register().is_segment_register())
+        }
+        _ => false,
+    }
+}

@@ -1,0 +1,941 @@
+//! Integer, data-movement, string and control-flow instructions.
+//!
+//! `exec` dispatches on the mnemonic; operand forms are handled generically
+//! through `access` (register, memory, immediate), and the arithmetic
+//! itself lives in [`crate::alu`]. An instruction either completes (and the
+//! run loop moves RIP to `next_rip`) or returns a [`Fault`] having changed no
+//! architectural state, so exceptions are precise.
+
+use super::access::Place;
+use super::state::rflags;
+use super::{vector, Cpu, Fault};
+use crate::alu::{self, BinOp, BitOp, ShiftOp, Size};
+use crate::memory::PhysMemory;
+use iced_x86::{Code, Instruction, Mnemonic as M, OpKind};
+
+/// Longest run of `rep` iterations between event checks.
+const REP_CHUNK: u64 = 4096;
+
+#[inline]
+fn ud() -> Fault {
+    Fault::exception(vector::UD)
+}
+
+#[inline]
+fn gp0() -> Fault {
+    Fault::with_code(vector::GP, 0)
+}
+
+impl Cpu {
+    /// Executes one instruction.
+    pub(super) fn exec(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        match i.mnemonic() {
+            M::Mov => self.exec_mov(mem, i),
+            M::Add => self.exec_binop(mem, i, BinOp::Add),
+            M::Or => self.exec_binop(mem, i, BinOp::Or),
+            M::Adc => self.exec_binop(mem, i, BinOp::Adc),
+            M::Sbb => self.exec_binop(mem, i, BinOp::Sbb),
+            M::And => self.exec_binop(mem, i, BinOp::And),
+            M::Sub => self.exec_binop(mem, i, BinOp::Sub),
+            M::Xor => self.exec_binop(mem, i, BinOp::Xor),
+            M::Cmp => {
+                let size = Self::op_size(i, 0);
+                let a = self.read_op(mem, i, 0, size)?;
+                let b = self.read_op(mem, i, 1, size)?;
+                self.state.rflags = alu::binop(BinOp::Cmp, size, a, b, self.state.rflags).1;
+                Ok(())
+            }
+            M::Test => {
+                let size = Self::op_size(i, 0);
+                let a = self.read_op(mem, i, 0, size)?;
+                let b = self.read_op(mem, i, 1, size)?;
+                self.state.rflags = alu::test(size, a, b, self.state.rflags);
+                Ok(())
+            }
+            M::Inc => self.exec_unary(mem, i, alu::inc),
+            M::Dec => self.exec_unary(mem, i, alu::dec),
+            M::Neg => self.exec_unary(mem, i, alu::neg),
+            M::Not => self.exec_unary(mem, i, |size, v, fl| (!v & size.mask(), fl)),
+            M::Rol => self.exec_shift(mem, i, ShiftOp::Rol),
+            M::Ror => self.exec_shift(mem, i, ShiftOp::Ror),
+            M::Rcl => self.exec_shift(mem, i, ShiftOp::Rcl),
+            M::Rcr => self.exec_shift(mem, i, ShiftOp::Rcr),
+            M::Shl => self.exec_shift(mem, i, ShiftOp::Shl),
+            M::Sal => self.exec_shift(mem, i, ShiftOp::Sal),
+            M::Shr => self.exec_shift(mem, i, ShiftOp::Shr),
+            M::Sar => self.exec_shift(mem, i, ShiftOp::Sar),
+            M::Shld | M::Shrd => self.exec_double_shift(mem, i),
+            M::Mul | M::Imul => self.exec_mul(mem, i),
+            M::Div | M::Idiv => self.exec_div(mem, i),
+            M::Bt => self.exec_bit(mem, i, BitOp::Bt),
+            M::Bts => self.exec_bit(mem, i, BitOp::Bts),
+            M::Btr => self.exec_bit(mem, i, BitOp::Btr),
+            M::Btc => self.exec_bit(mem, i, BitOp::Btc),
+            M::Bsf | M::Bsr | M::Tzcnt | M::Lzcnt | M::Popcnt => self.exec_bitscan(mem, i),
+            M::Movzx | M::Movsx | M::Movsxd => {
+                let src_size = Self::op_size(i, 1);
+                let dst_size = Self::op_size(i, 0);
+                let v = self.read_op(mem, i, 1, src_size)?;
+                let v = if i.mnemonic() == M::Movzx {
+                    v
+                } else {
+                    src_size.sign_extend(v)
+                };
+                self.write_op(mem, i, 0, dst_size, v & dst_size.mask())
+            }
+            M::Lea => {
+                if i.op1_kind() != OpKind::Memory {
+                    return Err(ud());
+                }
+                let size = Self::op_size(i, 0);
+                let ea = self.lea_address(i);
+                self.set_reg(i.op0_register(), ea & size.mask());
+                Ok(())
+            }
+            M::Xchg => self.exec_xchg(mem, i),
+            M::Cmpxchg => self.exec_cmpxchg(mem, i),
+            M::Xadd => self.exec_xadd(mem, i),
+            M::Bswap => {
+                let size = Self::op_size(i, 0);
+                let v = self.reg(i.op0_register());
+                let r = if size == Size::B2 {
+                    0
+                } else {
+                    alu::bswap(size, v)
+                };
+                self.set_reg(i.op0_register(), r);
+                Ok(())
+            }
+            M::Cbw => self.convert_acc(Size::B1, Size::B2),
+            M::Cwde => self.convert_acc(Size::B2, Size::B4),
+            M::Cdqe => self.convert_acc(Size::B4, Size::B8),
+            M::Cwd => self.convert_to_rdx(Size::B2),
+            M::Cdq => self.convert_to_rdx(Size::B4),
+            M::Cqo => self.convert_to_rdx(Size::B8),
+            M::Push => self.exec_push(mem, i),
+            M::Pop => self.exec_pop(mem, i),
+            M::Pushfq | M::Pushf => {
+                let size = if i.mnemonic() == M::Pushf {
+                    Size::B2
+                } else {
+                    Size::B8
+                };
+                // VM and RF read as 0 in the pushed image.
+                let v = self.state.rflags & !(rflags::VM | rflags::RF);
+                self.push(mem, size, v)
+            }
+            M::Popfq | M::Popf => self.exec_popf(mem, i),
+            M::Leave => {
+                let size = if i.stack_pointer_increment() == 2 {
+                    Size::B2
+                } else {
+                    Size::B8
+                };
+                let saved = self.state.gpr[4];
+                self.state.gpr[4] = self.state.gpr[5];
+                match self.pop(mem, size) {
+                    Ok(v) => {
+                        self.set_gpr_sized(5, size, false, v);
+                        Ok(())
+                    }
+                    Err(f) => {
+                        self.state.gpr[4] = saved;
+                        Err(f)
+                    }
+                }
+            }
+            M::Enter => self.exec_enter(mem, i),
+            M::Jmp => {
+                let target = self.branch_target(mem, i)?;
+                self.jump(target)
+            }
+            M::Call => {
+                let target = self.branch_target(mem, i)?;
+                if !crate::addr::is_canonical(target) {
+                    return Err(gp0());
+                }
+                self.push(mem, Size::B8, i.next_ip())?;
+                self.next_rip = target;
+                Ok(())
+            }
+            M::Ret => {
+                let saved = self.state.gpr[4];
+                let target = self.pop(mem, Size::B8)?;
+                if !crate::addr::is_canonical(target) {
+                    self.state.gpr[4] = saved;
+                    return Err(gp0());
+                }
+                if i.op_count() == 1 {
+                    self.state.gpr[4] = self.state.gpr[4].wrapping_add(i.immediate16() as u64);
+                }
+                self.next_rip = target;
+                Ok(())
+            }
+            M::Jo
+            | M::Jno
+            | M::Jb
+            | M::Jae
+            | M::Je
+            | M::Jne
+            | M::Jbe
+            | M::Ja
+            | M::Js
+            | M::Jns
+            | M::Jp
+            | M::Jnp
+            | M::Jl
+            | M::Jge
+            | M::Jle
+            | M::Jg => {
+                if self.cond(i) {
+                    self.jump(i.near_branch_target())
+                } else {
+                    Ok(())
+                }
+            }
+            M::Jrcxz | M::Jecxz => {
+                let size = if i.mnemonic() == M::Jecxz {
+                    Size::B4
+                } else {
+                    Size::B8
+                };
+                if self.state.gpr[1] & size.mask() == 0 {
+                    self.jump(i.near_branch_target())
+                } else {
+                    Ok(())
+                }
+            }
+            M::Loop | M::Loope | M::Loopne => {
+                // With an address-size prefix the counter is ECX.
+                let size = if matches!(
+                    i.code(),
+                    Code::Loop_rel8_64_ECX | Code::Loope_rel8_64_ECX | Code::Loopne_rel8_64_ECX
+                ) {
+                    Size::B4
+                } else {
+                    Size::B8
+                };
+                let rcx = self.state.gpr[1].wrapping_sub(1) & size.mask();
+                self.set_gpr_sized(1, size, false, rcx);
+                let zf = self.state.rflags & rflags::ZF != 0;
+                let taken = rcx != 0
+                    && match i.mnemonic() {
+                        M::Loope => zf,
+                        M::Loopne => !zf,
+                        _ => true,
+                    };
+                if taken {
+                    self.jump(i.near_branch_target())
+                } else {
+                    Ok(())
+                }
+            }
+            M::Seto
+            | M::Setno
+            | M::Setb
+            | M::Setae
+            | M::Sete
+            | M::Setne
+            | M::Setbe
+            | M::Seta
+            | M::Sets
+            | M::Setns
+            | M::Setp
+            | M::Setnp
+            | M::Setl
+            | M::Setge
+            | M::Setle
+            | M::Setg => {
+                let v = self.cond(i) as u64;
+                self.write_op(mem, i, 0, Size::B1, v)
+            }
+            M::Cmovo
+            | M::Cmovno
+            | M::Cmovb
+            | M::Cmovae
+            | M::Cmove
+            | M::Cmovne
+            | M::Cmovbe
+            | M::Cmova
+            | M::Cmovs
+            | M::Cmovns
+            | M::Cmovp
+            | M::Cmovnp
+            | M::Cmovl
+            | M::Cmovge
+            | M::Cmovle
+            | M::Cmovg => {
+                let size = Self::op_size(i, 0);
+                let src = self.read_op(mem, i, 1, size)?;
+                let dst = self.reg(i.op0_register());
+                // A 32-bit CMOV writes (zero-extends) its destination even
+                // when the condition is false.
+                let v = if self.cond(i) { src } else { dst };
+                self.set_reg(i.op0_register(), v);
+                Ok(())
+            }
+            M::Clc => self.set_flags(rflags::CF, false),
+            M::Stc => self.set_flags(rflags::CF, true),
+            M::Cmc => {
+                self.state.rflags ^= rflags::CF;
+                Ok(())
+            }
+            M::Cld => self.set_flags(rflags::DF, false),
+            M::Std => self.set_flags(rflags::DF, true),
+            M::Lahf => {
+                let ah = (self.state.rflags & (rflags::ARITH & 0xff)) | rflags::FIXED1;
+                self.set_gpr_sized(0, Size::B1, true, ah);
+                Ok(())
+            }
+            M::Sahf => {
+                let ah = (self.state.gpr[0] >> 8) & 0xff;
+                let mask = rflags::CF | rflags::PF | rflags::AF | rflags::ZF | rflags::SF;
+                self.state.rflags = (self.state.rflags & !mask) | (ah & mask);
+                Ok(())
+            }
+            M::Xlatb => {
+                let base = self.state.gpr[3];
+                let la = base
+                    .wrapping_add(self.state.gpr[0] & 0xff)
+                    .wrapping_add(self.segment_base(i.memory_segment()));
+                let v = self.read_mem(mem, la, Size::B1)?;
+                self.set_gpr_sized(0, Size::B1, false, v);
+                Ok(())
+            }
+            M::Movsb | M::Movsw | M::Movsd | M::Movsq => self.exec_string(mem, i, StringOp::Movs),
+            M::Stosb | M::Stosw | M::Stosd | M::Stosq => self.exec_string(mem, i, StringOp::Stos),
+            M::Lodsb | M::Lodsw | M::Lodsd | M::Lodsq => self.exec_string(mem, i, StringOp::Lods),
+            M::Cmpsb | M::Cmpsw | M::Cmpsd | M::Cmpsq => self.exec_string(mem, i, StringOp::Cmps),
+            M::Scasb | M::Scasw | M::Scasd | M::Scasq => self.exec_string(mem, i, StringOp::Scas),
+            M::Nop | M::Pause | M::Endbr64 | M::Lfence | M::Mfence | M::Sfence => Ok(()),
+            M::Prefetchnta | M::Prefetcht0 | M::Prefetcht1 | M::Prefetcht2 | M::Prefetchw => Ok(()),
+            M::Clflush | M::Clflushopt => {
+                // No caches to flush, but the address must be valid.
+                let la = self.effective_address(i);
+                self.read_mem(mem, la, Size::B1).map(|_| ())
+            }
+            M::Ud0 | M::Ud1 | M::Ud2 => Err(ud()),
+            M::Int3 => self.software_interrupt(mem, i, vector::BP),
+            M::Int => self.software_interrupt(mem, i, i.immediate8()),
+            M::Int1 => Err(Fault::exception(vector::DB)),
+            _ => self.exec_system(mem, i),
+        }
+    }
+
+    /// Condition of a Jcc/SETcc/CMOVcc.
+    #[inline]
+    fn cond(&self, i: &Instruction) -> bool {
+        let cc = i.condition_code() as u8;
+        cc != 0 && alu::condition(cc - 1, self.state.rflags)
+    }
+
+    #[inline]
+    fn set_flags(&mut self, mask: u64, on: bool) -> Result<(), Fault> {
+        if on {
+            self.state.rflags |= mask;
+        } else {
+            self.state.rflags &= !mask;
+        }
+        Ok(())
+    }
+
+    /// Target of a near JMP/CALL: relative, register or memory.
+    #[inline]
+    fn branch_target(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<u64, Fault> {
+        match i.op0_kind() {
+            OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16 => {
+                Ok(i.near_branch_target())
+            }
+            OpKind::Register | OpKind::Memory => {
+                // Far forms (jmp/call m16:64) are not supported: #UD.
+                if i.is_jmp_far_indirect() || i.is_call_far_indirect() {
+                    return Err(ud());
+                }
+                self.read_op(mem, i, 0, Size::B8)
+            }
+            _ => Err(ud()),
+        }
+    }
+
+    /// Transfers control; a non-canonical target faults on the branch.
+    #[inline]
+    pub(super) fn jump(&mut self, target: u64) -> Result<(), Fault> {
+        if !crate::addr::is_canonical(target) {
+            return Err(gp0());
+        }
+        self.next_rip = target;
+        Ok(())
+    }
+
+    /// LEA's address: no segment base, address size applied.
+    fn lea_address(&self, i: &Instruction) -> u64 {
+        let ea = self.effective_address(i);
+        ea.wrapping_sub(self.segment_base(i.memory_segment()))
+    }
+
+    fn exec_mov(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        if i.op0_kind() == OpKind::Register {
+            let r = i.op0_register();
+            if r.is_cr() || r.is_segment_register() || r.is_dr() {
+                return self.exec_mov_system(mem, i);
+            }
+        }
+        if i.op1_kind() == OpKind::Register {
+            let r = i.op1_register();
+            if r.is_cr() || r.is_segment_register() || r.is_dr() {
+                return self.exec_mov_system(mem, i);
+            }
+        }
+        let size = Self::op_size(i, 0);
+        let v = self.read_op(mem, i, 1, size)?;
+        self.write_op(mem, i, 0, size, v)
+    }
+
+    fn exec_binop(&mut self, mem: &PhysMemory, i: &Instruction, op: BinOp) -> Result<(), Fault> {
+        let size = Self::op_size(i, 0);
+        let src = self.read_op(mem, i, 1, size)?;
+        let p = self.place(mem, i, 0, size)?;
+        let fl = self.state.rflags;
+        if i.has_lock_prefix() {
+            let old = self.atomic_update(mem, p, size, |old| {
+                Some(alu::binop(op, size, old, src, fl).0)
+            })?;
+            self.state.rflags = alu::binop(op, size, old, src, fl).1;
+        } else {
+            let old = self.read_place(mem, p, size)?;
+            let (r, nf) = alu::binop(op, size, old, src, fl);
+            self.write_place(mem, p, size, r)?;
+            self.state.rflags = nf;
+        }
+        Ok(())
+    }
+
+    fn exec_unary(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+        f: fn(Size, u64, u64) -> (u64, u64),
+    ) -> Result<(), Fault> {
+        let size = Self::op_size(i, 0);
+        let p = self.place(mem, i, 0, size)?;
+        let fl = self.state.rflags;
+        let old = if i.has_lock_prefix() {
+            self.atomic_update(mem, p, size, |old| Some(f(size, old, fl).0))?
+        } else {
+            let old = self.read_place(mem, p, size)?;
+            self.write_place(mem, p, size, f(size, old, fl).0)?;
+            old
+        };
+        self.state.rflags = f(size, old, fl).1;
+        Ok(())
+    }
+
+    fn exec_shift(&mut self, mem: &PhysMemory, i: &Instruction, op: ShiftOp) -> Result<(), Fault> {
+        let size = Self::op_size(i, 0);
+        let count = self.read_op(mem, i, 1, Size::B1)? as u8;
+        let p = self.place(mem, i, 0, size)?;
+        let v = self.read_place(mem, p, size)?;
+        let (r, fl) = alu::shift(op, size, v, count, self.state.rflags);
+        self.write_place(mem, p, size, r)?;
+        self.state.rflags = fl;
+        Ok(())
+    }
+
+    fn exec_double_shift(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        let size = Self::op_size(i, 0);
+        let src = self.reg(i.op1_register());
+        let count = self.read_op(mem, i, 2, Size::B1)? as u8;
+        let p = self.place(mem, i, 0, size)?;
+        let v = self.read_place(mem, p, size)?;
+        let (r, fl) = if i.mnemonic() == M::Shld {
+            alu::shld(size, v, src, count, self.state.rflags)
+        } else {
+            alu::shrd(size, v, src, count, self.state.rflags)
+        };
+        self.write_place(mem, p, size, r)?;
+        self.state.rflags = fl;
+        Ok(())
+    }
+
+    fn exec_mul(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        self.cycles += self.costs.multiply;
+        let signed = i.mnemonic() == M::Imul;
+        let fl = self.state.rflags;
+        match i.op_count() {
+            1 => {
+                let size = Self::op_size(i, 0);
+                let b = self.read_op(mem, i, 0, size)?;
+                let a = self.state.gpr[0] & size.mask();
+                let (lo, hi, nf) = if signed {
+                    alu::imul(size, a, b, fl)
+                } else {
+                    alu::mul(size, a, b, fl)
+                };
+                if size == Size::B1 {
+                    self.set_gpr_sized(0, Size::B2, false, (lo & 0xff) | ((hi & 0xff) << 8));
+                } else {
+                    self.set_gpr_sized(0, size, false, lo);
+                    self.set_gpr_sized(2, size, false, hi);
+                }
+                self.state.rflags = nf;
+            }
+            2 | 3 => {
+                let size = Self::op_size(i, 0);
+                let (a, b) = if i.op_count() == 2 {
+                    (self.reg(i.op0_register()), self.read_op(mem, i, 1, size)?)
+                } else {
+                    (self.read_op(mem, i, 1, size)?, i.immediate(2) & size.mask())
+                };
+                let (lo, _, nf) = alu::imul(size, a, b, fl);
+                self.set_reg(i.op0_register(), lo);
+                self.state.rflags = nf;
+            }
+            _ => return Err(ud()),
+        }
+        Ok(())
+    }
+
+    fn exec_div(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        self.cycles += self.costs.divide;
+        let size = Self::op_size(i, 0);
+        let divisor = self.read_op(mem, i, 0, size)?;
+        let (high, low) = if size == Size::B1 {
+            ((self.state.gpr[0] >> 8) & 0xff, self.state.gpr[0] & 0xff)
+        } else {
+            (
+                self.state.gpr[2] & size.mask(),
+                self.state.gpr[0] & size.mask(),
+            )
+        };
+        let r = if i.mnemonic() == M::Div {
+            alu::div(size, high, low, divisor)
+        } else {
+            alu::idiv(size, high, low, divisor)
+        };
+        let (q, rem) = r.ok_or(Fault::exception(vector::DE))?;
+        if size == Size::B1 {
+            self.set_gpr_sized(0, Size::B2, false, (q & 0xff) | ((rem & 0xff) << 8));
+        } else {
+            self.set_gpr_sized(0, size, false, q);
+            self.set_gpr_sized(2, size, false, rem);
+        }
+        Ok(())
+    }
+
+    fn exec_bit(&mut self, mem: &PhysMemory, i: &Instruction, op: BitOp) -> Result<(), Fault> {
+        let size = Self::op_size(i, 0);
+        let bits = size.bits() as u64;
+        let fl = self.state.rflags;
+        let (p, bit) = if i.op0_kind() == OpKind::Memory && i.op1_kind() == OpKind::Register {
+            // A register bit offset addresses memory beyond the operand:
+            // signed, in units of the operand size.
+            let offset = size.sign_extend(self.reg(i.op1_register()));
+            let ea = self.effective_address(i);
+            let la = ea.wrapping_add(
+                ((offset as i64) >> size.bits().trailing_zeros()) as u64 * size.bytes() as u64,
+            );
+            let bit = (offset & (bits - 1)) as u32;
+            let p = if op == BitOp::Bt {
+                // BT only reads: do not require write permission.
+                let v = self.read_mem(mem, la, size)?;
+                self.state.rflags = alu::bit_test(op, size, v, bit, fl).1;
+                return Ok(());
+            } else {
+                self.place_at(mem, la, size)?
+            };
+            (p, bit)
+        } else {
+            let bit = (self.read_op(mem, i, 1, size)? & (bits - 1)) as u32;
+            if op == BitOp::Bt {
+                let v = self.read_op(mem, i, 0, size)?;
+                self.state.rflags = alu::bit_test(op, size, v, bit, fl).1;
+                return Ok(());
+            }
+            (self.place(mem, i, 0, size)?, bit)
+        };
+        let old = if i.has_lock_prefix() {
+            self.atomic_update(mem, p, size, |old| {
+                Some(alu::bit_test(op, size, old, bit, fl).0)
+            })?
+        } else {
+            let old = self.read_place(mem, p, size)?;
+            self.write_place(mem, p, size, alu::bit_test(op, size, old, bit, fl).0)?;
+            old
+        };
+        self.state.rflags = alu::bit_test(op, size, old, bit, fl).1;
+        Ok(())
+    }
+
+    /// A memory place at an explicit linear address (write-checked).
+    fn place_at(&mut self, mem: &PhysMemory, la: u64, size: Size) -> Result<Place, Fault> {
+        let user = self.state.cpl() == 3;
+        if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
+            let hpa = self.translate(mem, la, crate::mmu::AccessKind::Write, user)?;
+            Ok(Place::Mem { hpa })
+        } else {
+            self.translate(mem, la, crate::mmu::AccessKind::Write, user)?;
+            self.translate(
+                mem,
+                la.wrapping_add(size.bytes() as u64 - 1),
+                crate::mmu::AccessKind::Write,
+                user,
+            )?;
+            Ok(Place::Split { la })
+        }
+    }
+
+    fn exec_bitscan(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        let size = Self::op_size(i, 0);
+        let src = self.read_op(mem, i, 1, size)?;
+        let fl = self.state.rflags;
+        let dst_reg = i.op0_register();
+        let (r, nf) = match i.mnemonic() {
+            M::Bsf => alu::bsf(size, src, self.reg(dst_reg), fl),
+            M::Bsr => alu::bsr(size, src, self.reg(dst_reg), fl),
+            M::Tzcnt => alu::tzcnt(size, src, fl),
+            M::Lzcnt => alu::lzcnt(size, src, fl),
+            _ => alu::popcnt(size, src, fl),
+        };
+        // BSF/BSR with a zero source leave the whole destination register
+        // untouched (no zero-extension of a 32-bit destination), as the
+        // hardware we check against does.
+        let zero_scan = matches!(i.mnemonic(), M::Bsf | M::Bsr) && src == 0;
+        if !zero_scan {
+            self.set_reg(dst_reg, r);
+        }
+        self.state.rflags = nf;
+        Ok(())
+    }
+
+    fn exec_xchg(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        let size = Self::op_size(i, 0);
+        if i.op0_kind() == OpKind::Register && i.op1_kind() == OpKind::Register {
+            let a = self.reg(i.op0_register());
+            let b = self.reg(i.op1_register());
+            self.set_reg(i.op0_register(), b);
+            self.set_reg(i.op1_register(), a);
+            return Ok(());
+        }
+        // XCHG with memory is always locked.
+        let (mem_op, reg_op) = if i.op0_kind() == OpKind::Memory {
+            (0, 1)
+        } else {
+            (1, 0)
+        };
+        let r = i.op_register(reg_op);
+        let v = self.reg(r);
+        let p = self.place(mem, i, mem_op, size)?;
+        let old = self.atomic_update(mem, p, size, |_| Some(v))?;
+        self.set_reg(r, old);
+        Ok(())
+    }
+
+    fn exec_cmpxchg(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        let size = Self::op_size(i, 0);
+        let src = self.reg(i.op1_register());
+        let acc = self.state.gpr[0] & size.mask();
+        let p = self.place(mem, i, 0, size)?;
+        let old = if i.has_lock_prefix() {
+            self.atomic_update(
+                mem,
+                p,
+                size,
+                |old| if old == acc { Some(src) } else { None },
+            )?
+        } else {
+            let old = self.read_place(mem, p, size)?;
+            // The destination is written either way (with its old value on
+            // failure), as the processor's locked write cycle does.
+            self.write_place(mem, p, size, if old == acc { src } else { old })?;
+            old
+        };
+        self.state.rflags = alu::binop(BinOp::Cmp, size, acc, old, self.state.rflags).1;
+        if old != acc {
+            self.set_gpr_sized(0, size, false, old);
+        }
+        Ok(())
+    }
+
+    fn exec_xadd(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        let size = Self::op_size(i, 0);
+        let src_reg = i.op1_register();
+        let src = self.reg(src_reg);
+        let fl = self.state.rflags;
+        let p = self.place(mem, i, 0, size)?;
+        let old = if i.has_lock_prefix() {
+            self.atomic_update(mem, p, size, |old| {
+                Some(alu::binop(BinOp::Add, size, old, src, fl).0)
+            })?
+        } else {
+            let old = self.read_place(mem, p, size)?;
+            self.write_place(mem, p, size, alu::binop(BinOp::Add, size, old, src, fl).0)?;
+            old
+        };
+        let (sum, nf) = alu::binop(BinOp::Add, size, old, src, fl);
+        self.set_reg(src_reg, old);
+        if let Place::Reg { .. } = p {
+            // xadd reg, reg: the destination gets the sum after the source
+            // got the old value (matters when both are the same register).
+            self.write_place(mem, p, size, sum)?;
+        }
+        self.state.rflags = nf;
+        Ok(())
+    }
+
+    fn convert_acc(&mut self, from: Size, to: Size) -> Result<(), Fault> {
+        let v = from.sign_extend(self.state.gpr[0] & from.mask());
+        self.set_gpr_sized(0, to, false, v & to.mask());
+        Ok(())
+    }
+
+    fn convert_to_rdx(&mut self, size: Size) -> Result<(), Fault> {
+        let a = self.state.gpr[0] & size.mask();
+        let hi = if a & size.sign_bit() != 0 {
+            size.mask()
+        } else {
+            0
+        };
+        self.set_gpr_sized(2, size, false, hi);
+        Ok(())
+    }
+
+    fn exec_push(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        let size = if i.stack_pointer_increment() == -2 {
+            Size::B2
+        } else {
+            Size::B8
+        };
+        let v = match i.op0_kind() {
+            OpKind::Register if i.op0_register().is_segment_register() => {
+                self.segment(i.op0_register()).selector as u64
+            }
+            _ => self.read_op(mem, i, 0, size)?,
+        };
+        self.push(mem, size, v & size.mask())
+    }
+
+    fn exec_pop(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        let size = if i.stack_pointer_increment() == 2 {
+            Size::B2
+        } else {
+            Size::B8
+        };
+        let saved = self.state.gpr[4];
+        let v = self.pop(mem, size)?;
+        let r = if i.op0_kind() == OpKind::Register && i.op0_register().is_segment_register() {
+            self.load_segment_register(mem, i.op0_register(), v as u16)
+        } else {
+            // POP into memory computes the address after incrementing RSP.
+            self.write_op(mem, i, 0, size, v)
+        };
+        if r.is_err() {
+            self.state.gpr[4] = saved;
+        }
+        r
+    }
+
+    fn exec_popf(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        let size = if i.mnemonic() == M::Popf {
+            Size::B2
+        } else {
+            Size::B8
+        };
+        let v = self.pop(mem, size)?;
+        let cpl = self.state.cpl();
+        let iopl = ((self.state.rflags & rflags::IOPL) >> 12) as u8;
+        let mut mask = rflags::WRITABLE & !rflags::RF;
+        if cpl > 0 {
+            mask &= !rflags::IOPL;
+        }
+        if cpl > iopl {
+            mask &= !rflags::IF;
+        }
+        if size == Size::B2 {
+            mask &= 0xffff;
+        }
+        let old = self.state.rflags;
+        self.state.rflags = (old & !mask) | (v & mask) | rflags::FIXED1;
+        if (old ^ self.state.rflags) & rflags::IF != 0 {
+            self.check_events = true;
+        }
+        Ok(())
+    }
+
+    fn exec_enter(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        let alloc = i.immediate16() as u64;
+        let level = (i.immediate8_2nd() & 31) as u64;
+        let saved = (self.state.gpr[4], self.state.gpr[5]);
+        let r = (|| {
+            let rbp = self.state.gpr[5];
+            self.push(mem, Size::B8, rbp)?;
+            let frame = self.state.gpr[4];
+            if level > 0 {
+                let mut p = rbp;
+                for _ in 1..level {
+                    p = p.wrapping_sub(8);
+                    let v = self.read_mem(mem, p, Size::B8)?;
+                    self.push(mem, Size::B8, v)?;
+                }
+                self.push(mem, Size::B8, frame)?;
+            }
+            self.state.gpr[5] = frame;
+            self.state.gpr[4] = self.state.gpr[4].wrapping_sub(alloc);
+            Ok(())
+        })();
+        if r.is_err() {
+            (self.state.gpr[4], self.state.gpr[5]) = saved;
+        }
+        r
+    }
+
+    /// INT n / INT3: delivered through the IDT with the return address
+    /// after the instruction.
+    fn software_interrupt(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+        vec: u8,
+    ) -> Result<(), Fault> {
+        let ev = crate::vmx::EventInjection {
+            kind: crate::vmx::EventKind::SoftwareInterrupt,
+            vector: vec,
+            error_code: None,
+            instruction_len: i.len() as u8,
+        };
+        if vec == vector::BP {
+            // In guest mode INT3 is a #BP exception for the exception bitmap.
+            if let Some(v) = self.vmx.as_deref() {
+                if v.exception_bitmap & (1 << vector::BP) != 0 {
+                    return Err(Fault::Exit(crate::vmx::VmExit::Exception {
+                        vector: vector::BP,
+                        error_code: None,
+                        qualification: 0,
+                    }));
+                }
+            }
+        }
+        match self.deliver_event(mem, ev) {
+            super::Step::Continue => {
+                // Delivery moved RIP to the handler.
+                self.next_rip = self.state.rip;
+                Ok(())
+            }
+            super::Step::Exit(e) => Err(Fault::Exit(e)),
+        }
+    }
+
+    fn exec_string(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+        op: StringOp,
+    ) -> Result<(), Fault> {
+        let size = match i.memory_size().size() {
+            1 => Size::B1,
+            2 => Size::B2,
+            4 => Size::B4,
+            _ => Size::B8,
+        };
+        // Distinguish string MOVSD/CMPSD from their SSE namesakes.
+        let string_form = matches!(
+            i.op0_kind(),
+            OpKind::MemoryESRDI | OpKind::MemoryESEDI | OpKind::MemorySegRSI | OpKind::MemorySegESI
+        ) || matches!(
+            i.op1_kind(),
+            OpKind::MemoryESRDI | OpKind::MemoryESEDI | OpKind::MemorySegRSI | OpKind::MemorySegESI
+        );
+        if !string_form {
+            return Err(ud());
+        }
+        let addr32 = matches!(i.op0_kind(), OpKind::MemoryESEDI | OpKind::MemorySegESI)
+            || matches!(i.op1_kind(), OpKind::MemoryESEDI | OpKind::MemorySegESI);
+        let amask = if addr32 { 0xffff_ffffu64 } else { u64::MAX };
+        let rep = i.has_rep_prefix() || i.has_repe_prefix() || i.has_repne_prefix();
+        let src_base = self.segment_base(i.memory_segment());
+        let step = size.bytes() as u64;
+        let delta = if self.state.rflags & rflags::DF != 0 {
+            step.wrapping_neg()
+        } else {
+            step
+        };
+        let mut done = 0u64;
+        loop {
+            if rep {
+                if self.state.gpr[1] & amask == 0 {
+                    break;
+                }
+                if done == REP_CHUNK {
+                    // Resume this instruction after an event check.
+                    self.next_rip = self.state.rip;
+                    break;
+                }
+            }
+            let rsi = self.state.gpr[6] & amask;
+            let rdi = self.state.gpr[7] & amask;
+            let mut zf_stop = false;
+            match op {
+                StringOp::Movs => {
+                    let v = self.read_mem(mem, src_base.wrapping_add(rsi), size)?;
+                    self.write_mem(mem, rdi, size, v)?;
+                    self.advance_index(6, delta, amask);
+                    self.advance_index(7, delta, amask);
+                }
+                StringOp::Stos => {
+                    self.write_mem(mem, rdi, size, self.state.gpr[0] & size.mask())?;
+                    self.advance_index(7, delta, amask);
+                }
+                StringOp::Lods => {
+                    let v = self.read_mem(mem, src_base.wrapping_add(rsi), size)?;
+                    self.set_gpr_sized(0, size, false, v);
+                    self.advance_index(6, delta, amask);
+                }
+                StringOp::Cmps => {
+                    let a = self.read_mem(mem, src_base.wrapping_add(rsi), size)?;
+                    let b = self.read_mem(mem, rdi, size)?;
+                    self.state.rflags = alu::binop(BinOp::Cmp, size, a, b, self.state.rflags).1;
+                    self.advance_index(6, delta, amask);
+                    self.advance_index(7, delta, amask);
+                    zf_stop = true;
+                }
+                StringOp::Scas => {
+                    let b = self.read_mem(mem, rdi, size)?;
+                    let a = self.state.gpr[0] & size.mask();
+                    self.state.rflags = alu::binop(BinOp::Cmp, size, a, b, self.state.rflags).1;
+                    self.advance_index(7, delta, amask);
+                    zf_stop = true;
+                }
+            }
+            done += 1;
+            if !rep {
+                break;
+            }
+            // With 32-bit addressing the counter is ECX (zero-extended).
+            self.state.gpr[1] = (self.state.gpr[1] & amask).wrapping_sub(1) & amask;
+            if zf_stop {
+                let zf = self.state.rflags & rflags::ZF != 0;
+                if (i.has_repe_prefix() && !zf) || (i.has_repne_prefix() && zf) {
+                    break;
+                }
+            }
+        }
+        if done > 1 {
+            let extra = (done - 1) * (self.costs.instruction + self.costs.string_iteration);
+            self.cycles += extra;
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn advance_index(&mut self, reg: usize, delta: u64, amask: u64) {
+        self.state.gpr[reg] = self.state.gpr[reg].wrapping_add(delta) & amask;
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StringOp {
+    Movs,
+    Stos,
+    Lods,
+    Cmps,
+    Scas,
+}

@@ -1,0 +1,993 @@
+//! System instructions: control registers, MSRs, descriptor tables,
+//! segment loads, SYSCALL/SYSRET, IRETQ, far return, I/O, CPUID, HLT, ...
+//!
+//! Each one first applies the architectural checks (CPL, reserved bits),
+//! then, in guest mode, the VM-execution controls decide whether it exits;
+//! otherwise it executes natively on the CPU's own state.
+
+use super::access::gpr_info;
+use super::state::{cr0, cr4, efer, interruptibility, msr, rflags, seg_attr, Activity, Segment};
+use super::{vector, Cpu, Fault};
+use crate::addr::is_canonical;
+use crate::alu::Size;
+use crate::apic::{self, ApicWrite};
+use crate::memory::PhysMemory;
+use crate::vmx::{CrAccess, IoDirection, MsrExiting, VmExit};
+use iced_x86::{Instruction, Mnemonic as M, OpKind, Register};
+
+#[inline]
+fn gp(code: u32) -> Fault {
+    Fault::with_code(vector::GP, code)
+}
+
+#[inline]
+fn ud() -> Fault {
+    Fault::exception(vector::UD)
+}
+
+/// Whether a PAT value has only valid memory types (0, 1, 4, 5, 6, 7).
+fn valid_pat(v: u64) -> bool {
+    v.to_le_bytes()
+        .iter()
+        .all(|&b| matches!(b, 0 | 1 | 4 | 5 | 6 | 7))
+}
+
+/// The machine's own CPUID answers (what bare-mode code sees; the
+/// hypervisor builds its guests' CPUID on top of this).
+pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
+    // "GenuineIntel": the machine models an Intel core (undefined flags
+    // and the like follow Intel).
+    const VENDOR: [u32; 3] = [0x756e_6547, 0x4965_6e69, 0x6c65_746e];
+    match leaf {
+        0 => [0xb, VENDOR[0], VENDOR[2], VENDOR[1]],
+        1 => {
+            let eax = 0x0005_0654; // family 6, model 0x55, stepping 4
+            let ebx = (apic_id << 24) | (1 << 16) | (8 << 8);
+            // x2APIC, POPCNT, TSC-deadline.
+            let ecx = (1 << 21) | (1 << 23) | (1 << 24);
+            // TSC, MSR, PAE, APIC, PGE, CMOV, PAT, CLFSH.
+            let edx = (1 << 4)
+                | (1 << 5)
+                | (1 << 6)
+                | (1 << 9)
+                | (1 << 13)
+                | (1 << 15)
+                | (1 << 16)
+                | (1 << 19);
+            [eax, ebx, ecx, edx]
+        }
+        7 if subleaf == 0 => [0, (1 << 7) | (1 << 20), 0, 0], // SMEP, SMAP
+        0xb => [
+            0,
+            1,
+            (subleaf & 0xff) | if subleaf == 0 { 1 << 8 } else { 0 },
+            apic_id,
+        ],
+        0x8000_0000 => [0x8000_0008, 0, 0, 0],
+        // LAHF/SAHF, LZCNT; SYSCALL, NX, 1 GiB pages, RDTSCP, long mode.
+        0x8000_0001 => [
+            0,
+            0,
+            1 | (1 << 5),
+            (1 << 11) | (1 << 20) | (1 << 26) | (1 << 27) | (1 << 29),
+        ],
+        0x8000_0008 => [crate::mmu::paging::MAX_PHYS_ADDR_BITS | (48 << 8), 0, 0, 0],
+        _ => [0; 4],
+    }
+}
+
+impl Cpu {
+    /// System instructions and anything `exec` does not know (#UD).
+    pub(super) fn exec_system(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        let cpl = self.state.cpl();
+        match i.mnemonic() {
+            M::Hlt => {
+                self.require_cpl0()?;
+                if self.vmx.as_ref().is_some_and(|v| v.hlt_exiting) {
+                    return Err(Fault::Exit(VmExit::Hlt));
+                }
+                self.state.activity = Activity::Halted;
+                Ok(())
+            }
+            M::Cli | M::Sti => {
+                if cpl > self.iopl() {
+                    return Err(gp(0));
+                }
+                if i.mnemonic() == M::Cli {
+                    self.state.rflags &= !rflags::IF;
+                } else {
+                    if self.state.rflags & rflags::IF == 0 {
+                        self.state.interruptibility |= interruptibility::STI;
+                    }
+                    self.state.rflags |= rflags::IF;
+                    self.check_events = true;
+                }
+                Ok(())
+            }
+            M::In | M::Out => self.exec_io(i),
+            M::Cpuid => {
+                self.cycles += self.costs.serializing;
+                if self.vmx.is_some() {
+                    return Err(Fault::Exit(VmExit::Cpuid));
+                }
+                let r = native_cpuid(
+                    self.state.gpr[0] as u32,
+                    self.state.gpr[1] as u32,
+                    self.apic.id(),
+                );
+                for (reg, v) in [0usize, 3, 1, 2].into_iter().zip(r) {
+                    self.state.gpr[reg] = v as u64;
+                }
+                Ok(())
+            }
+            M::Rdmsr => {
+                self.require_cpl0()?;
+                let index = self.state.gpr[1] as u32;
+                if self.msr_exits(index, false) {
+                    return Err(Fault::Exit(VmExit::MsrRead { index }));
+                }
+                let v = self.read_msr(index)?;
+                self.state.gpr[0] = v & 0xffff_ffff;
+                self.state.gpr[2] = v >> 32;
+                Ok(())
+            }
+            M::Wrmsr => {
+                self.require_cpl0()?;
+                self.cycles += self.costs.serializing;
+                let index = self.state.gpr[1] as u32;
+                let value = (self.state.gpr[0] & 0xffff_ffff) | (self.state.gpr[2] << 32);
+                if self.msr_exits(index, true) {
+                    return Err(Fault::Exit(VmExit::MsrWrite { index, value }));
+                }
+                self.write_msr(index, value)
+            }
+            M::Rdtsc | M::Rdtscp => {
+                if self.state.cr4 & cr4::TSD != 0 && cpl > 0 {
+                    return Err(gp(0));
+                }
+                let rdtscp = i.mnemonic() == M::Rdtscp;
+                if self.vmx.as_ref().is_some_and(|v| v.rdtsc_exiting) {
+                    return Err(Fault::Exit(VmExit::Rdtsc { rdtscp }));
+                }
+                let tsc = self.tsc();
+                self.state.gpr[0] = tsc & 0xffff_ffff;
+                self.state.gpr[2] = tsc >> 32;
+                if rdtscp {
+                    self.state.gpr[1] = self.state.tsc_aux & 0xffff_ffff;
+                }
+                Ok(())
+            }
+            M::Invlpg => {
+                self.require_cpl0()?;
+                self.cycles += self.costs.serializing;
+                let la = self.effective_address(i);
+                if self.vmx.as_ref().is_some_and(|v| v.invlpg_exiting) {
+                    return Err(Fault::Exit(VmExit::Invlpg {
+                        gva: crate::Gva(la),
+                    }));
+                }
+                let vpid = self.vpid();
+                self.tlb.invlpg(vpid, crate::Gva(la));
+                Ok(())
+            }
+            M::Lgdt | M::Lidt => {
+                self.require_cpl0()?;
+                let la = self.effective_address(i);
+                let limit = self.read_mem(mem, la, Size::B2)? as u16;
+                let base = self.read_mem(mem, la.wrapping_add(2), Size::B8)?;
+                if !is_canonical(base) {
+                    return Err(gp(0));
+                }
+                let t = super::state::DescriptorTable { base, limit };
+                if i.mnemonic() == M::Lgdt {
+                    self.state.gdtr = t;
+                } else {
+                    self.state.idtr = t;
+                }
+                Ok(())
+            }
+            M::Sgdt | M::Sidt => {
+                if self.state.cr4 & cr4::UMIP != 0 && cpl > 0 {
+                    return Err(gp(0));
+                }
+                let t = if i.mnemonic() == M::Sgdt {
+                    self.state.gdtr
+                } else {
+                    self.state.idtr
+                };
+                let la = self.effective_address(i);
+                // Check both parts before writing either.
+                self.read_mem(mem, la, Size::B2)?;
+                self.read_mem(mem, la.wrapping_add(2), Size::B8)?;
+                self.write_mem(mem, la, Size::B2, t.limit as u64)?;
+                self.write_mem(mem, la.wrapping_add(2), Size::B8, t.base)
+            }
+            M::Ltr => {
+                self.require_cpl0()?;
+                let sel = self.read_op(mem, i, 0, Size::B2)? as u16;
+                self.load_task_register(mem, sel)
+            }
+            M::Str | M::Sldt => {
+                if self.state.cr4 & cr4::UMIP != 0 && cpl > 0 {
+                    return Err(gp(0));
+                }
+                let sel = if i.mnemonic() == M::Str {
+                    self.state.tr.selector
+                } else {
+                    self.state.ldtr.selector
+                };
+                let size = if i.op0_kind() == OpKind::Memory {
+                    Size::B2
+                } else {
+                    Self::op_size(i, 0)
+                };
+                self.write_op(mem, i, 0, size, sel as u64)
+            }
+            M::Lldt => {
+                self.require_cpl0()?;
+                let sel = self.read_op(mem, i, 0, Size::B2)? as u16;
+                if sel & !3 != 0 {
+                    // Local descriptor tables are not supported.
+                    return Err(gp((sel & !3) as u32));
+                }
+                self.state.ldtr = Segment {
+                    selector: sel,
+                    attr: seg_attr::UNUSABLE,
+                    ..Segment::default()
+                };
+                Ok(())
+            }
+            M::Swapgs => {
+                self.require_cpl0()?;
+                std::mem::swap(&mut self.state.gs.base, &mut self.state.kernel_gs_base);
+                Ok(())
+            }
+            M::Syscall => self.exec_syscall(i),
+            M::Sysretq => self.exec_sysret(),
+            M::Iretq => self.exec_iretq(mem),
+            M::Retf => self.exec_retf(mem, i),
+            M::Vmcall => {
+                if self.vmx.is_some() {
+                    Err(Fault::Exit(VmExit::Vmcall))
+                } else {
+                    Err(ud())
+                }
+            }
+            M::Wbinvd | M::Invd => self.require_cpl0(),
+            M::Clts => {
+                self.require_cpl0()?;
+                if let Some(v) = self.vmx.as_deref() {
+                    if v.cr0_guest_host_mask & cr0::TS != 0 && v.cr0_read_shadow & cr0::TS != 0 {
+                        let value = self.guest_visible_cr0() & !cr0::TS;
+                        return Err(Fault::Exit(VmExit::CrAccess(CrAccess::MovTo {
+                            cr: 0,
+                            gpr: 0,
+                            value,
+                        })));
+                    }
+                }
+                self.state.cr0 &= !cr0::TS;
+                Ok(())
+            }
+            _ => Err(ud()),
+        }
+    }
+
+    fn require_cpl0(&self) -> Result<(), Fault> {
+        if self.state.cpl() == 0 {
+            Ok(())
+        } else {
+            Err(gp(0))
+        }
+    }
+
+    fn iopl(&self) -> u8 {
+        ((self.state.rflags & rflags::IOPL) >> 12) as u8
+    }
+
+    /// CR0 as the guest reads it (host-owned bits come from the shadow).
+    fn guest_visible_cr0(&self) -> u64 {
+        match self.vmx.as_deref() {
+            Some(v) => {
+                (self.state.cr0 & !v.cr0_guest_host_mask)
+                    | (v.cr0_read_shadow & v.cr0_guest_host_mask)
+            }
+            None => self.state.cr0,
+        }
+    }
+
+    fn guest_visible_cr4(&self) -> u64 {
+        match self.vmx.as_deref() {
+            Some(v) => {
+                (self.state.cr4 & !v.cr4_guest_host_mask)
+                    | (v.cr4_read_shadow & v.cr4_guest_host_mask)
+            }
+            None => self.state.cr4,
+        }
+    }
+
+    /// MOV to/from control, debug and segment registers.
+    pub(super) fn exec_mov_system(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+    ) -> Result<(), Fault> {
+        let to = i.op0_kind() == OpKind::Register
+            && (i.op0_register().is_cr()
+                || i.op0_register().is_segment_register()
+                || i.op0_register().is_dr());
+        let sys = if to {
+            i.op0_register()
+        } else {
+            i.op1_register()
+        };
+        if sys.is_dr() {
+            // Debug registers are not implemented.
+            return Err(ud());
+        }
+        if sys.is_segment_register() {
+            if to {
+                if sys == Register::CS {
+                    return Err(ud());
+                }
+                let sel = self.read_op(mem, i, 1, Size::B2)? as u16;
+                return self.load_segment_register(mem, sys, sel);
+            }
+            let sel = self.segment(sys).selector as u64;
+            let size = if i.op0_kind() == OpKind::Memory {
+                Size::B2
+            } else {
+                Self::op_size(i, 0)
+            };
+            return self.write_op(mem, i, 0, size, sel);
+        }
+        // Control registers.
+        self.require_cpl0()?;
+        self.cycles += self.costs.serializing;
+        let cr = sys.number() as u8;
+        let gpr_reg = if to {
+            i.op1_register()
+        } else {
+            i.op0_register()
+        };
+        let gpr = gpr_info(gpr_reg).0;
+        if to {
+            let value = self.state.gpr[gpr as usize];
+            self.mov_to_cr(cr, gpr, value)
+        } else {
+            let v = self.mov_from_cr(cr, gpr)?;
+            self.state.gpr[gpr as usize] = v;
+            Ok(())
+        }
+    }
+
+    fn mov_to_cr(&mut self, cr: u8, gpr: u8, value: u64) -> Result<(), Fault> {
+        let exit = Fault::Exit(VmExit::CrAccess(CrAccess::MovTo { cr, gpr, value }));
+        let vpid = self.vpid();
+        match cr {
+            0 => {
+                let mut new = value;
+                if let Some(v) = self.vmx.as_deref() {
+                    if (value ^ v.cr0_read_shadow) & v.cr0_guest_host_mask != 0 {
+                        return Err(exit);
+                    }
+                    new =
+                        (value & !v.cr0_guest_host_mask) | (self.state.cr0 & v.cr0_guest_host_mask);
+                }
+                if new >> 32 != 0 {
+                    return Err(gp(0));
+                }
+                let new = (new & cr0::DEFINED) | cr0::ET;
+                if new & cr0::PG == 0 || new & cr0::PE == 0 {
+                    // Leaving long mode (or paging) is not supported.
+                    return Err(gp(0));
+                }
+                if new & cr0::NW != 0 && new & cr0::CD == 0 {
+                    return Err(gp(0));
+                }
+                self.state.cr0 = new;
+                Ok(())
+            }
+            2 => {
+                self.state.cr2 = value;
+                Ok(())
+            }
+            3 => {
+                if let Some(v) = self.vmx.as_deref() {
+                    if v.cr3_load_exiting
+                        && !v
+                            .cr3_targets
+                            .iter()
+                            .take(crate::vmx::MAX_CR3_TARGETS)
+                            .any(|&t| t == value)
+                    {
+                        return Err(exit);
+                    }
+                }
+                if value >> crate::mmu::paging::MAX_PHYS_ADDR_BITS != 0 {
+                    return Err(gp(0));
+                }
+                self.state.cr3 = value;
+                self.tlb.flush_non_global(vpid);
+                Ok(())
+            }
+            4 => {
+                let mut new = value;
+                if let Some(v) = self.vmx.as_deref() {
+                    if (value ^ v.cr4_read_shadow) & v.cr4_guest_host_mask != 0 {
+                        return Err(exit);
+                    }
+                    new =
+                        (value & !v.cr4_guest_host_mask) | (self.state.cr4 & v.cr4_guest_host_mask);
+                }
+                let host_owned = self.vmx.as_deref().map_or(0, |v| v.cr4_guest_host_mask);
+                if new & !(cr4::SUPPORTED | (host_owned & cr4::VMXE)) != 0 || new & cr4::PAE == 0 {
+                    return Err(gp(0));
+                }
+                let old = self.state.cr4;
+                self.state.cr4 = new;
+                if (old ^ new) & cr4::TLB_FLUSHING != 0 {
+                    self.tlb.flush_vpid(vpid);
+                }
+                Ok(())
+            }
+            8 => {
+                if self.vmx.as_ref().is_some_and(|v| v.cr8_exiting) {
+                    return Err(exit);
+                }
+                if value >> 4 != 0 {
+                    return Err(gp(0));
+                }
+                self.apic.set_cr8(value);
+                self.check_events = true;
+                Ok(())
+            }
+            _ => Err(ud()),
+        }
+    }
+
+    fn mov_from_cr(&mut self, cr: u8, gpr: u8) -> Result<u64, Fault> {
+        match cr {
+            0 => Ok(self.guest_visible_cr0()),
+            2 => Ok(self.state.cr2),
+            3 => {
+                if self.vmx.as_ref().is_some_and(|v| v.cr3_store_exiting) {
+                    return Err(Fault::Exit(VmExit::CrAccess(CrAccess::MovFrom { cr, gpr })));
+                }
+                Ok(self.state.cr3)
+            }
+            4 => Ok(self.guest_visible_cr4()),
+            8 => {
+                if self.vmx.as_ref().is_some_and(|v| v.cr8_exiting) {
+                    return Err(Fault::Exit(VmExit::CrAccess(CrAccess::MovFrom { cr, gpr })));
+                }
+                Ok(self.apic.cr8())
+            }
+            _ => Err(ud()),
+        }
+    }
+
+    /// The segment register named by an iced register.
+    pub(super) fn segment(&self, r: Register) -> &Segment {
+        match r {
+            Register::ES => &self.state.es,
+            Register::CS => &self.state.cs,
+            Register::SS => &self.state.ss,
+            Register::FS => &self.state.fs,
+            Register::GS => &self.state.gs,
+            _ => &self.state.ds,
+        }
+    }
+
+    /// Reads the GDT descriptor for `selector` (LDT selectors are not
+    /// supported). `ext` is the EXT bit of any resulting error code.
+    pub(super) fn load_descriptor(
+        &mut self,
+        mem: &PhysMemory,
+        selector: u16,
+        ext: u32,
+    ) -> Result<Segment, Fault> {
+        let index = (selector & !7) as u64;
+        let err = gp((selector as u32 & !3) | ext);
+        if selector & 4 != 0 || index + 7 > self.state.gdtr.limit as u64 {
+            return Err(err);
+        }
+        let d = self.read_implicit(mem, self.state.gdtr.base.wrapping_add(index), Size::B8)?;
+        let attr = ((d >> 40) & 0xff) as u32 | ((((d >> 52) & 0xf) as u32) << 12);
+        let mut limit = ((d & 0xffff) | ((d >> 32) & 0xf_0000)) as u32;
+        if attr & seg_attr::GRANULARITY != 0 {
+            limit = (limit << 12) | 0xfff;
+        }
+        let base = ((d >> 16) & 0xff_ffff) | ((d >> 56) << 24);
+        Ok(Segment {
+            selector,
+            base,
+            limit,
+            attr,
+        })
+    }
+
+    /// MOV/POP to SS, DS, ES, FS or GS.
+    pub(super) fn load_segment_register(
+        &mut self,
+        mem: &PhysMemory,
+        r: Register,
+        sel: u16,
+    ) -> Result<(), Fault> {
+        let cpl = self.state.cpl();
+        let rpl = (sel & 3) as u8;
+        let null = sel & !3 == 0;
+        let err = gp((sel & !3) as u32);
+        if r == Register::SS {
+            let seg = if null {
+                // 64-bit mode allows a null SS below ring 3 with RPL = CPL.
+                if cpl == 3 || rpl != cpl {
+                    return Err(gp(0));
+                }
+                Segment {
+                    selector: sel,
+                    base: 0,
+                    limit: 0,
+                    attr: seg_attr::UNUSABLE | ((cpl as u32) << seg_attr::DPL_SHIFT),
+                }
+            } else {
+                let d = self.load_descriptor(mem, sel, 0)?;
+                let writable_data =
+                    d.attr & seg_attr::S != 0 && d.attr & 0x8 == 0 && d.attr & 0x2 != 0;
+                if rpl != cpl || d.dpl() != cpl || !writable_data {
+                    return Err(err);
+                }
+                if d.attr & seg_attr::PRESENT == 0 {
+                    return Err(Fault::with_code(vector::SS, (sel & !3) as u32));
+                }
+                d
+            };
+            self.state.ss = seg;
+            self.state.interruptibility |= interruptibility::MOV_SS;
+            return Ok(());
+        }
+        let old_base = self.segment(r).base;
+        let seg = if null {
+            Segment {
+                selector: sel,
+                // Intel keeps the FS/GS base when a null selector is loaded.
+                base: if matches!(r, Register::FS | Register::GS) {
+                    old_base
+                } else {
+                    0
+                },
+                limit: 0,
+                attr: seg_attr::UNUSABLE,
+            }
+        } else {
+            let d = self.load_descriptor(mem, sel, 0)?;
+            let code = d.attr & 0x8 != 0;
+            let readable = !code || d.attr & 0x2 != 0;
+            let conforming_code = code && d.attr & 0x4 != 0;
+            if d.attr & seg_attr::S == 0 || !readable {
+                return Err(err);
+            }
+            if !conforming_code && (d.dpl() < cpl || d.dpl() < rpl) {
+                return Err(err);
+            }
+            if d.attr & seg_attr::PRESENT == 0 {
+                return Err(Fault::with_code(vector::NP, (sel & !3) as u32));
+            }
+            d
+        };
+        match r {
+            Register::DS => self.state.ds = seg,
+            Register::ES => self.state.es = seg,
+            Register::FS => self.state.fs = seg,
+            Register::GS => self.state.gs = seg,
+            _ => return Err(ud()),
+        }
+        Ok(())
+    }
+
+    fn load_task_register(&mut self, mem: &PhysMemory, sel: u16) -> Result<(), Fault> {
+        if sel & !3 == 0 {
+            return Err(gp(0));
+        }
+        let d = self.load_descriptor(mem, sel, 0)?;
+        let index = (sel & !7) as u64;
+        if index + 15 > self.state.gdtr.limit as u64 {
+            return Err(gp((sel & !3) as u32));
+        }
+        // A 64-bit available TSS (system descriptor type 9).
+        if d.attr & seg_attr::S != 0 || d.attr & seg_attr::TYPE_MASK != 0x9 {
+            return Err(gp((sel & !3) as u32));
+        }
+        if d.attr & seg_attr::PRESENT == 0 {
+            return Err(Fault::with_code(vector::NP, (sel & !3) as u32));
+        }
+        let desc_la = self.state.gdtr.base.wrapping_add(index);
+        let high = self.read_implicit(mem, desc_la.wrapping_add(8), Size::B8)?;
+        let base = (d.base & 0xffff_ffff) | ((high & 0xffff_ffff) << 32);
+        if !is_canonical(base) {
+            return Err(gp((sel & !3) as u32));
+        }
+        // Mark the descriptor busy (type 0xb).
+        let low = self.read_implicit(mem, desc_la, Size::B8)?;
+        self.write_implicit(mem, desc_la, Size::B8, low | (2 << 40))?;
+        self.state.tr = Segment {
+            selector: sel,
+            base,
+            limit: d.limit,
+            attr: (d.attr & !seg_attr::TYPE_MASK) | seg_attr::TYPE_TSS64_BUSY,
+        };
+        Ok(())
+    }
+
+    fn exec_io(&mut self, i: &Instruction) -> Result<(), Fault> {
+        let (port, size, direction, value) = if i.mnemonic() == M::In {
+            let port = if i.op1_kind() == OpKind::Register {
+                self.state.gpr[2] as u16
+            } else {
+                i.immediate8() as u16
+            };
+            (
+                port,
+                gpr_info(i.op0_register()).1.bytes(),
+                IoDirection::In,
+                0,
+            )
+        } else {
+            let port = if i.op0_kind() == OpKind::Register {
+                self.state.gpr[2] as u16
+            } else {
+                i.immediate8() as u16
+            };
+            let (_, size, _) = gpr_info(i.op1_register());
+            (
+                port,
+                size.bytes(),
+                IoDirection::Out,
+                (self.state.gpr[0] & size.mask()) as u32,
+            )
+        };
+        // No TSS I/O permission bitmap: CPL > IOPL is #GP.
+        if self.state.cpl() > self.iopl() {
+            return Err(gp(0));
+        }
+        let exits = match self.vmx.as_deref() {
+            None => true,
+            Some(v) => match &v.io_exiting {
+                None => true,
+                Some(ports) => ports.contains(&port),
+            },
+        };
+        if exits {
+            return Err(Fault::Exit(VmExit::Io {
+                port,
+                size,
+                direction,
+                value,
+            }));
+        }
+        // Nothing is attached to a port that does not exit: reads float high.
+        if direction == IoDirection::In {
+            let mask = Size::from_bytes(size as usize).map_or(0xff, |s| s.mask());
+            let idx = gpr_info(i.op0_register());
+            self.set_gpr_sized(idx.0, idx.1, false, mask);
+        }
+        Ok(())
+    }
+
+    /// Whether an MSR access exits in guest mode.
+    fn msr_exits(&self, index: u32, write: bool) -> bool {
+        let Some(v) = self.vmx.as_deref() else {
+            return false;
+        };
+        if v.virtualize_x2apic && (apic::MSR_X2APIC_FIRST..=apic::MSR_X2APIC_LAST).contains(&index)
+        {
+            return false;
+        }
+        match &v.msr_exiting {
+            MsrExiting::All => true,
+            MsrExiting::Bitmap {
+                read_passthrough,
+                write_passthrough,
+            } => {
+                let list = if write {
+                    write_passthrough
+                } else {
+                    read_passthrough
+                };
+                !list.contains(&index)
+            }
+        }
+    }
+
+    /// RDMSR on the CPU's own MSRs.
+    pub(crate) fn read_msr(&mut self, index: u32) -> Result<u64, Fault> {
+        let s = &self.state;
+        Ok(match index {
+            msr::EFER => s.efer,
+            msr::STAR => s.star,
+            msr::LSTAR => s.lstar,
+            msr::CSTAR => s.cstar,
+            msr::FMASK => s.fmask,
+            msr::FS_BASE => s.fs.base,
+            msr::GS_BASE => s.gs.base,
+            msr::KERNEL_GS_BASE => s.kernel_gs_base,
+            msr::TSC_AUX => s.tsc_aux,
+            msr::PAT => s.pat,
+            msr::SYSENTER_CS => s.sysenter_cs,
+            msr::SYSENTER_ESP => s.sysenter_esp,
+            msr::SYSENTER_EIP => s.sysenter_eip,
+            msr::MISC_ENABLE => s.misc_enable,
+            msr::MTRR_DEF_TYPE => s.mtrr_def_type,
+            msr::TSC => self.tsc(),
+            // MTRRcap: no variable or fixed ranges.
+            0xfe => 0,
+            msr::APIC_BASE | msr::TSC_DEADLINE | apic::MSR_X2APIC_FIRST..=apic::MSR_X2APIC_LAST => {
+                let now = self.tsc();
+                self.apic.read_msr(index, now).map_err(|_| gp(0))?
+            }
+            _ => return Err(gp(0)),
+        })
+    }
+
+    /// WRMSR on the CPU's own MSRs.
+    pub(crate) fn write_msr(&mut self, index: u32, v: u64) -> Result<(), Fault> {
+        let canonical = |v: u64| if is_canonical(v) { Ok(v) } else { Err(gp(0)) };
+        match index {
+            msr::EFER => {
+                if v & !(efer::WRITABLE | efer::LMA) != 0 || v & efer::LME == 0 {
+                    // Leaving long mode is not supported.
+                    return Err(gp(0));
+                }
+                self.state.efer = (v & efer::WRITABLE) | efer::LMA;
+                let vpid = self.vpid();
+                self.tlb.flush_vpid(vpid);
+            }
+            msr::STAR => self.state.star = v,
+            msr::LSTAR => self.state.lstar = canonical(v)?,
+            msr::CSTAR => self.state.cstar = canonical(v)?,
+            msr::FMASK => self.state.fmask = v & 0xffff_ffff,
+            msr::FS_BASE => self.state.fs.base = canonical(v)?,
+            msr::GS_BASE => self.state.gs.base = canonical(v)?,
+            msr::KERNEL_GS_BASE => self.state.kernel_gs_base = canonical(v)?,
+            msr::TSC_AUX => {
+                if v >> 32 != 0 {
+                    return Err(gp(0));
+                }
+                self.state.tsc_aux = v;
+            }
+            msr::PAT => {
+                if !valid_pat(v) {
+                    return Err(gp(0));
+                }
+                self.state.pat = v;
+            }
+            msr::SYSENTER_CS => self.state.sysenter_cs = v & 0xffff,
+            msr::SYSENTER_ESP => self.state.sysenter_esp = canonical(v)?,
+            msr::SYSENTER_EIP => self.state.sysenter_eip = canonical(v)?,
+            msr::MISC_ENABLE => self.state.misc_enable = v,
+            msr::MTRR_DEF_TYPE => {
+                if v & !0xcff != 0 {
+                    return Err(gp(0));
+                }
+                self.state.mtrr_def_type = v;
+            }
+            msr::TSC => {
+                // Writing the TSC moves this CPU's cycle counter, as the
+                // machine has no separate TSC.
+                let offset = self.vmx.as_ref().map_or(0, |x| x.tsc_offset);
+                self.cycles = v.wrapping_sub(offset as u64);
+            }
+            msr::APIC_BASE | msr::TSC_DEADLINE | apic::MSR_X2APIC_FIRST..=apic::MSR_X2APIC_LAST => {
+                let now = self.tsc();
+                match self.apic.write_msr(index, v, now).map_err(|_| gp(0))? {
+                    ApicWrite::Done => {}
+                    ApicWrite::SendIpi(ipi) => self.pending_ipi = Some(ipi),
+                }
+                self.check_events = true;
+            }
+            _ => return Err(gp(0)),
+        }
+        Ok(())
+    }
+
+    fn exec_syscall(&mut self, i: &Instruction) -> Result<(), Fault> {
+        if self.state.efer & efer::SCE == 0 {
+            return Err(ud());
+        }
+        self.cycles += self.costs.privilege_transition;
+        let s = &mut self.state;
+        s.gpr[1] = i.next_ip();
+        s.gpr[11] = s.rflags & !rflags::RF;
+        s.rflags = (s.rflags & !(s.fmask | rflags::RF)) | rflags::FIXED1;
+        let sel = ((s.star >> 32) & 0xffff) as u16;
+        s.cs = Segment {
+            selector: sel & !3,
+            base: 0,
+            limit: 0xffff_ffff,
+            attr: seg_attr::CODE64_KERNEL,
+        };
+        s.ss = Segment {
+            selector: (sel & !3).wrapping_add(8),
+            base: 0,
+            limit: 0xffff_ffff,
+            attr: seg_attr::DATA_KERNEL,
+        };
+        self.next_rip = s.lstar;
+        self.check_events = true;
+        Ok(())
+    }
+
+    fn exec_sysret(&mut self) -> Result<(), Fault> {
+        if self.state.efer & efer::SCE == 0 {
+            return Err(ud());
+        }
+        self.require_cpl0()?;
+        let rcx = self.state.gpr[1];
+        if !is_canonical(rcx) {
+            return Err(gp(0));
+        }
+        self.cycles += self.costs.privilege_transition;
+        let s = &mut self.state;
+        let base = ((s.star >> 48) & 0xffff) as u16;
+        s.rflags = (s.gpr[11] & 0x3c_7fd7) | rflags::FIXED1;
+        s.cs = Segment {
+            selector: base.wrapping_add(16) | 3,
+            base: 0,
+            limit: 0xffff_ffff,
+            attr: seg_attr::CODE64_USER,
+        };
+        s.ss = Segment {
+            selector: base.wrapping_add(8) | 3,
+            base: 0,
+            limit: 0xffff_ffff,
+            attr: seg_attr::DATA_USER,
+        };
+        self.next_rip = rcx;
+        self.check_events = true;
+        Ok(())
+    }
+
+    /// Checks a code-segment descriptor for a return to privilege `rpl`.
+    fn return_code_segment(&mut self, mem: &PhysMemory, sel: u16) -> Result<Segment, Fault> {
+        let err = gp((sel & !3) as u32);
+        if sel & !3 == 0 {
+            return Err(gp(0));
+        }
+        let d = self.load_descriptor(mem, sel, 0)?;
+        let code = d.attr & seg_attr::S != 0 && d.attr & 0x8 != 0;
+        if !code || d.dpl() != (sel & 3) as u8 {
+            return Err(err);
+        }
+        if d.attr & seg_attr::LONG == 0 {
+            // Compatibility mode is not supported.
+            return Err(err);
+        }
+        if d.attr & seg_attr::PRESENT == 0 {
+            return Err(Fault::with_code(vector::NP, (sel & !3) as u32));
+        }
+        Ok(d)
+    }
+
+    /// Checks the SS for a return to privilege `cpl`.
+    fn return_stack_segment(
+        &mut self,
+        mem: &PhysMemory,
+        sel: u16,
+        cpl: u8,
+    ) -> Result<Segment, Fault> {
+        if sel & !3 == 0 {
+            if cpl == 3 || (sel & 3) as u8 != cpl {
+                return Err(gp(0));
+            }
+            return Ok(Segment {
+                selector: sel,
+                base: 0,
+                limit: 0,
+                attr: seg_attr::UNUSABLE | ((cpl as u32) << seg_attr::DPL_SHIFT),
+            });
+        }
+        let d = self.load_descriptor(mem, sel, 0)?;
+        let writable_data = d.attr & seg_attr::S != 0 && d.attr & 0x8 == 0 && d.attr & 0x2 != 0;
+        if (sel & 3) as u8 != cpl || d.dpl() != cpl || !writable_data {
+            return Err(gp((sel & !3) as u32));
+        }
+        if d.attr & seg_attr::PRESENT == 0 {
+            return Err(Fault::with_code(vector::SS, (sel & !3) as u32));
+        }
+        Ok(d)
+    }
+
+    fn exec_iretq(&mut self, mem: &PhysMemory) -> Result<(), Fault> {
+        self.cycles += self.costs.privilege_transition;
+        let cpl = self.state.cpl();
+        let rsp = self.state.gpr[4];
+        let ss_fault = super::access::stack_fault;
+        let rip = self.read_mem(mem, rsp, Size::B8).map_err(ss_fault)?;
+        let cs = self
+            .read_mem(mem, rsp.wrapping_add(8), Size::B8)
+            .map_err(ss_fault)? as u16;
+        let fl = self
+            .read_mem(mem, rsp.wrapping_add(16), Size::B8)
+            .map_err(ss_fault)?;
+        let new_rsp = self
+            .read_mem(mem, rsp.wrapping_add(24), Size::B8)
+            .map_err(ss_fault)?;
+        let ss = self
+            .read_mem(mem, rsp.wrapping_add(32), Size::B8)
+            .map_err(ss_fault)? as u16;
+        let new_cpl = (cs & 3) as u8;
+        if new_cpl < cpl {
+            return Err(gp((cs & !3) as u32));
+        }
+        let code = self.return_code_segment(mem, cs)?;
+        let stack = self.return_stack_segment(mem, ss, new_cpl)?;
+        if !is_canonical(rip) {
+            return Err(gp(0));
+        }
+        let mut mask = rflags::WRITABLE;
+        if cpl > 0 {
+            mask &= !rflags::IOPL;
+        }
+        if cpl > self.iopl() {
+            mask &= !rflags::IF;
+        }
+        let s = &mut self.state;
+        s.rflags = (s.rflags & !mask) | (fl & mask) | rflags::FIXED1;
+        s.cs = code;
+        s.ss = stack;
+        s.gpr[4] = new_rsp;
+        self.next_rip = rip;
+        self.check_events = true;
+        Ok(())
+    }
+
+    fn exec_retf(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        // Only the 64-bit operand-size form (lretq).
+        let pops = i.stack_pointer_increment() as i64
+            - if i.op_count() == 1 {
+                i.immediate16() as i64
+            } else {
+                0
+            };
+        if pops != 16 {
+            return Err(ud());
+        }
+        let extra = if i.op_count() == 1 {
+            i.immediate16() as u64
+        } else {
+            0
+        };
+        let cpl = self.state.cpl();
+        let rsp = self.state.gpr[4];
+        let ss_fault = super::access::stack_fault;
+        let rip = self.read_mem(mem, rsp, Size::B8).map_err(ss_fault)?;
+        let cs = self
+            .read_mem(mem, rsp.wrapping_add(8), Size::B8)
+            .map_err(ss_fault)? as u16;
+        let new_cpl = (cs & 3) as u8;
+        if new_cpl < cpl {
+            return Err(gp((cs & !3) as u32));
+        }
+        let code = self.return_code_segment(mem, cs)?;
+        if !is_canonical(rip) {
+            return Err(gp(0));
+        }
+        let mut new_rsp = rsp.wrapping_add(16 + extra);
+        let mut stack = None;
+        if new_cpl > cpl {
+            let outer_rsp = self.read_mem(mem, new_rsp, Size::B8).map_err(ss_fault)?;
+            let ss = self
+                .read_mem(mem, new_rsp.wrapping_add(8), Size::B8)
+                .map_err(ss_fault)? as u16;
+            stack = Some(self.return_stack_segment(mem, ss, new_cpl)?);
+            new_rsp = outer_rsp.wrapping_add(extra);
+        }
+        self.state.cs = code;
+        if let Some(ss) = stack {
+            self.state.ss = ss;
+        }
+        self.state.gpr[4] = new_rsp;
+        self.next_rip = rip;
+        Ok(())
+    }
+}
