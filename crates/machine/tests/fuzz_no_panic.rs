@@ -64,11 +64,36 @@ fn input() -> impl Strategy<Value = FuzzInput> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    // Failures are not persisted to a file: reproducers that proptest finds
+    // become the explicit regression tests below.
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn interpreter_never_panics(input in input()) {
         let exits = run_fuzz_input(&input).expect("sandbox setup");
         prop_assert!(!exits.is_empty());
+    }
+}
+
+/// Inputs proptest found, kept as fixed regression cases.
+#[test]
+fn found_inputs_do_not_panic() {
+    // bt [rax+0fh], ecx (the displacement byte is the sentinel's first
+    // byte) with ecx = -1: a negative bit offset on a memory operand.
+    let mut gpr = [0u64; 16];
+    gpr[1] = u64::MAX;
+    let bt_negative_offset = FuzzInput {
+        code: vec![0x0f, 0xa3, 0x48],
+        gpr,
+        rflags: 0,
+        mode: SandboxMode::KernelBare,
+        window: vec![0; WINDOW_SIZE],
+    };
+    for input in [bt_negative_offset] {
+        run_fuzz_input(&input).expect("sandbox setup");
     }
 }

@@ -28,8 +28,8 @@ struct Args {
     case: Option<u64>,
 }
 
-/// Stop after this many panics (the rest are likely the same bug).
-const MAX_PANICS: u64 = 20;
+/// Stop after this many distinct panic messages.
+const MAX_DISTINCT_PANICS: usize = 20;
 
 fn main() {
     let args = Args::parse();
@@ -40,12 +40,16 @@ fn main() {
     let mut exits: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut cases = 0u64;
     let mut panicked = 0u64;
+    // Distinct panic messages (with location): count and first input.
+    let mut distinct: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let mut index = args.case.unwrap_or(0);
     loop {
         if args.case.is_some() && cases == 1 {
             break;
         }
-        if args.case.is_none() && (start.elapsed() >= deadline || panicked >= MAX_PANICS) {
+        if args.case.is_none()
+            && (start.elapsed() >= deadline || distinct.len() >= MAX_DISTINCT_PANICS)
+        {
             break;
         }
         let input = FuzzInput::generate(&mut Rng::for_item(args.seed, index));
@@ -64,8 +68,14 @@ fn main() {
             }
             Err(message) => {
                 panicked += 1;
-                println!("PANIC case {index} (seed {}): {message}", args.seed);
-                println!("{}", input.describe().trim_end());
+                let entry = distinct.entry(message.clone()).or_insert((0, index));
+                entry.0 += 1;
+                // The full reproducer is printed for the first input hitting
+                // each distinct panic; the rest are counted.
+                if entry.0 == 1 {
+                    println!("PANIC case {index} (seed {}): {message}", args.seed);
+                    println!("{}", input.describe().trim_end());
+                }
             }
         }
         cases += 1;
@@ -77,12 +87,19 @@ fn main() {
     if progress && cases >= 1000 {
         eprintln!();
     }
+    for (message, (count, first)) in &distinct {
+        println!(
+            "panic x{count} (first: --seed {} --case {first}): {message}",
+            args.seed
+        );
+    }
     let summary: Vec<String> = exits.iter().map(|(k, v)| format!("{k}: {v}")).collect();
     println!("exits: {}", summary.join(", "));
     println!(
-        "fuzz: {cases} cases in {:.1} s (seed {}), {panicked} panics",
+        "fuzz: {cases} cases in {:.1} s (seed {}), {panicked} panics ({} distinct)",
         start.elapsed().as_secs_f64(),
-        args.seed
+        args.seed,
+        distinct.len()
     );
     if panicked > 0 {
         std::process::exit(1);

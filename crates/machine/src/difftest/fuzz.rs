@@ -21,7 +21,7 @@ pub const FUZZ_MAX_ENTRIES: usize = 4;
 pub const FUZZ_MAX_CODE: usize = 96;
 
 /// One fuzz input.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct FuzzInput {
     pub code: Vec<u8>,
     pub gpr: [u64; 16],
@@ -31,6 +31,31 @@ pub struct FuzzInput {
     pub mode: SandboxMode,
     /// Window contents (data page, then stack page).
     pub window: Vec<u8>,
+}
+
+impl std::fmt::Debug for FuzzInput {
+    /// Everything but the window in full (a shrunk proptest input stays
+    /// readable); the window as its first bytes and distinct values.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut distinct: Vec<u8> = self.window.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let head: Vec<u8> = self.window.iter().take(16).copied().collect();
+        f.debug_struct("FuzzInput")
+            .field("code", &format_args!("{:02x?}", self.code))
+            .field("gpr", &format_args!("{:#x?}", self.gpr))
+            .field("rflags", &format_args!("{:#x}", self.rflags))
+            .field("mode", &self.mode)
+            .field(
+                "window",
+                &format_args!(
+                    "{} bytes, first {head:02x?}, {} distinct values",
+                    self.window.len(),
+                    distinct.len()
+                ),
+            )
+            .finish()
+    }
 }
 
 /// Legacy and REX prefixes.

@@ -1191,6 +1191,17 @@ impl Generator<'_> {
                 item.push(lea, Hints::default());
             }
         }
+        if address_size == 32 && self.rng.chance(1, 2) {
+            // A 32-bit address size uses ESI/EDI and writes them back
+            // zero-extended: put garbage above bit 31 to see both.
+            for reg in [Register::RSI, Register::RDI] {
+                let bit = 32 + self.rng.below(32) as i64;
+                item.push(
+                    Instruction::with2(Code::Bts_rm64_imm8, reg, bit).ok()?,
+                    Hints::default(),
+                );
+            }
+        }
         item.push(
             Instruction::with2(Code::Mov_r32_imm32, Register::ECX, count as i64).ok()?,
             Hints::default(),
@@ -1402,6 +1413,155 @@ mod tests {
         ] {
             assert!(seen_mnemonics.contains(needed), "never generated {needed}");
         }
+    }
+
+    #[test]
+    fn required_forms_are_generated() {
+        use iced_x86::{OpKind, Register as R};
+        let mut seen = std::collections::BTreeSet::new();
+        let mut note = |what: String| {
+            seen.insert(what);
+        };
+        for index in 0..4000 {
+            let case = generate_case(17, index, &config());
+            let mut decoder = Decoder::with_ip(64, &case.code, CODE_ADDR, DecoderOptions::NONE);
+            for instr in decoder.iter() {
+                let m = format!("{:?}", instr.mnemonic());
+                let width = match instr.op0_kind() {
+                    OpKind::Register => instr.op0_register().size() * 8,
+                    OpKind::Memory => instr.memory_size().size() * 8,
+                    _ => 0,
+                };
+                note(format!("{m}/{width}"));
+                let has_memory = (0..instr.op_count()).any(|i| instr.op_kind(i) == OpKind::Memory);
+                if has_memory {
+                    note(format!(
+                        "{m}/mem{}",
+                        if instr.has_lock_prefix() { "/lock" } else { "" }
+                    ));
+                    if instr.memory_base() == R::RIP {
+                        note("rip-relative".into());
+                    }
+                    let base32 = instr.memory_base().size() == 4;
+                    if base32
+                        || (instr.memory_base() == R::None && instr.memory_index().size() == 4)
+                    {
+                        note("address32".into());
+                    }
+                    if instr.memory_index() != R::None {
+                        note(format!("scale{}", instr.memory_index_scale()));
+                    }
+                }
+                if instr.has_rep_prefix() {
+                    note(format!("rep {m}"));
+                }
+                if instr.has_repne_prefix() {
+                    note(format!("repne {m}"));
+                }
+                if instr.is_string_instruction()
+                    && !instr.has_rep_prefix()
+                    && !instr.has_repne_prefix()
+                {
+                    note(format!("plain {m}"));
+                }
+                let shift = [M::Shl, M::Shr, M::Sar, M::Rol, M::Ror, M::Rcl, M::Rcr];
+                if shift.contains(&instr.mnemonic()) {
+                    if instr.op1_kind() == OpKind::Register {
+                        note("shift by cl".into());
+                    } else if format!("{:?}", instr.code()).ends_with("_1") {
+                        note("shift by 1 (D0/D1)".into());
+                    } else {
+                        note(match instr.immediate8() as usize {
+                            0 => "shift imm 0".into(),
+                            1 => "shift imm 1".into(),
+                            c if c > width => "shift imm above width".into(),
+                            _ => "shift imm other".into(),
+                        });
+                    }
+                }
+                if instr.is_jcc_short() {
+                    note("jcc short".into());
+                }
+                if instr.is_jcc_near() {
+                    note("jcc near".into());
+                }
+            }
+        }
+        let mut required: Vec<String> = Vec::new();
+        let all_widths = [
+            "Add", "Or", "Adc", "Sbb", "And", "Sub", "Xor", "Cmp", "Test", "Inc", "Dec", "Neg",
+            "Not", "Shl", "Shr", "Sar", "Rol", "Ror", "Rcl", "Rcr", "Mul", "Imul", "Div", "Idiv",
+            "Mov", "Xchg", "Cmpxchg", "Xadd",
+        ];
+        for m in all_widths {
+            for w in [8, 16, 32, 64] {
+                required.push(format!("{m}/{w}"));
+            }
+        }
+        let wide_only = [
+            "Shld", "Shrd", "Bt", "Bts", "Btr", "Btc", "Bsf", "Bsr", "Tzcnt", "Lzcnt", "Popcnt",
+            "Cmove", "Movsx", "Movzx", "Lea",
+        ];
+        for m in wide_only {
+            for w in [16, 32, 64] {
+                required.push(format!("{m}/{w}"));
+            }
+        }
+        for m in ["Xchg", "Cmpxchg", "Xadd", "Add", "Bts", "Neg"] {
+            required.push(format!("{m}/mem"));
+            required.push(format!("{m}/mem/lock"));
+        }
+        for m in [
+            "Bt", "Imul", "Cmovne", "Movsxd", "Push", "Pop", "Sete", "Nop",
+        ] {
+            required.push(format!("{m}/mem"));
+        }
+        for m in ["Movsb", "Movsq", "Stosw", "Lodsd", "Cmpsb", "Scasq"] {
+            required.push(format!("plain {m}"));
+        }
+        for r in [
+            "rep Movsd",
+            "rep Stosb",
+            "rep Lodsq",
+            "rep Cmpsw",
+            "repne Cmpsb",
+            "rep Scasd",
+            "repne Scasb",
+        ] {
+            required.push(r.into());
+        }
+        let misc = [
+            "Cbw/0",
+            "Cwde/0",
+            "Cdqe/0",
+            "Cwd/0",
+            "Cdq/0",
+            "Cqo/0",
+            "Bswap/32",
+            "Bswap/64",
+            "Std/0",
+            "Cld/0",
+            "Movsxd/64",
+            "Jrcxz/0",
+            "Jmp/0",
+            "Loop/0",
+            "rip-relative",
+            "address32",
+            "scale1",
+            "scale2",
+            "scale4",
+            "scale8",
+            "shift by cl",
+            "shift by 1 (D0/D1)",
+            "shift imm 0",
+            "shift imm 1",
+            "shift imm above width",
+            "jcc short",
+            "jcc near",
+        ];
+        required.extend(misc.iter().map(|s| s.to_string()));
+        let missing: Vec<&String> = required.iter().filter(|r| !seen.contains(*r)).collect();
+        assert!(missing.is_empty(), "never generated: {missing:?}");
     }
 
     #[test]
