@@ -93,7 +93,5 @@ fn found_inputs_do_not_panic() {
         mode: SandboxMode::KernelBare,
         window: vec![0; WINDOW_SIZE],
     };
-    for input in [bt_negative_offset] {
-        run_fuzz_input(&input).expect("sandbox setup");
-    }
+    run_fuzz_input(&bt_negative_offset).expect("sandbox setup");
 }
