@@ -115,7 +115,8 @@ impl Case {
 
 /// Disassembles `code` placed at `addr` (Intel syntax).
 pub fn disassemble(code: &[u8], addr: u64) -> Vec<(u64, Vec<u8>, String)> {
-    let mut decoder = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
+    // Without the validity checks, a misplaced LOCK shows as written.
+    let mut decoder = Decoder::with_ip(64, code, addr, DecoderOptions::NO_INVALID_CHECK);
     let mut formatter = IntelFormatter::new();
     let mut out = Vec::new();
     for instr in decoder.iter() {
@@ -243,6 +244,10 @@ enum Template {
     Divide,
     /// A shift or rotate by CL with CL set first.
     ShiftByKnownCl,
+    /// An instruction that must raise #UD: UD2, or a LOCK prefix where it
+    /// is not allowed (register destination, or an instruction that cannot
+    /// be locked).
+    InvalidOpcode,
 }
 
 use Mnemonic as M;
@@ -343,6 +348,7 @@ const TEMPLATES: &[(Template, u32)] = &[
     (Template::String, 8),
     (Template::Generic(NOP), 1),
     (Template::Generic(FLAG_OPS), 2),
+    (Template::InvalidOpcode, 1),
 ];
 
 /// Whether the generator can instantiate an operand of this kind.
@@ -703,6 +709,7 @@ impl Generator<'_> {
             Template::Jump => self.jump(i, n),
             Template::Divide => self.divide(),
             Template::ShiftByKnownCl => self.shift_by_known_cl(),
+            Template::InvalidOpcode => self.invalid_opcode(),
         }
     }
 
@@ -1090,6 +1097,24 @@ impl Generator<'_> {
         Some(item)
     }
 
+    /// UD2, or an instruction with a LOCK prefix it does not allow.
+    fn invalid_opcode(&mut self) -> Option<Item> {
+        if self.rng.chance(1, 3) {
+            return Some(Item::single(Instruction::with(Code::Ud2)));
+        }
+        let family = *self.rng.pick(&[ALU, UNARY, MOV, BIT_TESTS, EXTEND, SHIFTS]);
+        let mnemonic = *self.rng.pick(family);
+        let mut item = self.generic(mnemonic)?;
+        let last = item.instrs.last_mut()?;
+        let lockable = last.code().op_code().can_use_lock_prefix()
+            && last.op0_kind() == iced_x86::OpKind::Memory;
+        if lockable {
+            return None;
+        }
+        last.set_has_lock_prefix(true);
+        Some(item)
+    }
+
     /// DIV/IDIV; more often than not with the high half of the dividend
     /// made small (zero or the sign extension) so that the quotient fits,
     /// otherwise with whatever the registers hold (mostly #DE).
@@ -1356,7 +1381,8 @@ mod tests {
         let mut seen_mnemonics = std::collections::BTreeSet::new();
         for index in 0..2000 {
             let case = generate_case(11, index, &config());
-            let mut decoder = Decoder::with_ip(64, &case.code, CODE_ADDR, DecoderOptions::NONE);
+            let mut decoder =
+                Decoder::with_ip(64, &case.code, CODE_ADDR, DecoderOptions::NO_INVALID_CHECK);
             for instr in decoder.iter() {
                 seen_mnemonics.insert(format!("{:?}", instr.mnemonic()));
                 assert!(!instr.is_invalid(), "case {index}: invalid instruction");
@@ -1424,9 +1450,16 @@ mod tests {
         };
         for index in 0..4000 {
             let case = generate_case(17, index, &config());
-            let mut decoder = Decoder::with_ip(64, &case.code, CODE_ADDR, DecoderOptions::NONE);
+            let mut decoder =
+                Decoder::with_ip(64, &case.code, CODE_ADDR, DecoderOptions::NO_INVALID_CHECK);
             for instr in decoder.iter() {
                 let m = format!("{:?}", instr.mnemonic());
+                if instr.has_lock_prefix()
+                    && !(instr.op_code().can_use_lock_prefix()
+                        && instr.op0_kind() == OpKind::Memory)
+                {
+                    note("invalid lock".into());
+                }
                 let width = match instr.op0_kind() {
                     OpKind::Register => instr.op0_register().size() * 8,
                     OpKind::Memory => instr.memory_size().size() * 8,
