@@ -115,13 +115,7 @@ impl CodeCache {
     }
 
     /// Caches a freshly decoded block and marks its frame as holding code.
-    pub fn insert(
-        &mut self,
-        mem: &PhysMemory,
-        hpa: Hpa,
-        rip: u64,
-        insns: Vec<Op>,
-    ) -> Rc<Block> {
+    pub fn insert(&mut self, mem: &PhysMemory, hpa: Hpa, rip: u64, insns: Vec<Op>) -> Rc<Block> {
         if self.map.len() >= MAX_BLOCKS {
             self.map.clear();
             self.front.iter_mut().for_each(|s| *s = None);

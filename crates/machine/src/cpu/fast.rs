@@ -112,6 +112,13 @@ pub enum Fast {
         imm: u64,
         m: MemOp,
     },
+    /// Two- and three-operand IMUL with register sources.
+    Imul {
+        dst: u8,
+        src: u8,
+        size: Size,
+        imm: Option<u64>,
+    },
     TestRR {
         a: u8,
         b: u8,
@@ -418,6 +425,21 @@ fn classify_inner(i: &Instruction) -> Option<Fast> {
             }
             _ => return None,
         },
+        M::Imul if i.op_count() >= 2 && k1 == OpKind::Register => {
+            let (dst, size) = gpr(i.op0_register())?;
+            let (src, _) = gpr(i.op1_register())?;
+            let imm = if i.op_count() == 3 {
+                Some(i.immediate(2) & size.mask())
+            } else {
+                None
+            };
+            Fast::Imul {
+                dst,
+                src,
+                size,
+                imm,
+            }
+        }
         M::Inc | M::Dec if k0 == OpKind::Register => {
             let (dst, size) = gpr(i.op0_register())?;
             Fast::IncDec {
@@ -627,6 +649,22 @@ impl Cpu {
             Fast::TestRR { a, b, size } => {
                 let r = self.r(a, size) & self.r(b, size);
                 self.state.rflags = (self.state.rflags & !rflags::ARITH) | szp(size, r);
+                Ok(())
+            }
+            Fast::Imul {
+                dst,
+                src,
+                size,
+                imm,
+            } => {
+                self.cycles += self.costs.multiply;
+                let (a, b) = match imm {
+                    Some(imm) => (self.r(src, size), imm),
+                    None => (self.r(dst, size), self.r(src, size)),
+                };
+                let (lo, _, f) = alu::imul(size, a, b, self.state.rflags);
+                self.w(dst, size, lo);
+                self.state.rflags = f;
                 Ok(())
             }
             Fast::TestRI { a, size, imm } => {
