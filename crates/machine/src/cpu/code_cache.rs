@@ -10,6 +10,7 @@
 //! makes the blocks of that frame stale on every CPU (self-modifying code,
 //! and the hypervisor loading new code, both work).
 
+use super::fast::Op;
 use crate::addr::Hpa;
 use crate::memory::PhysMemory;
 use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Mnemonic};
@@ -33,8 +34,8 @@ pub struct Block {
     pub hpa: u64,
     /// Code-write generation of the frame when decoded.
     pub generation: u32,
-    /// The instructions, in order.
-    pub insns: Vec<Instruction>,
+    /// The instructions, in order, with their fast forms.
+    pub insns: Vec<Op>,
 }
 
 impl Block {
@@ -44,7 +45,7 @@ impl Block {
             rip: insn.ip(),
             hpa: u64::MAX,
             generation: 0,
-            insns: vec![insn],
+            insns: vec![Op::new(insn)],
         }
     }
 }
@@ -114,13 +115,7 @@ impl CodeCache {
     }
 
     /// Caches a freshly decoded block and marks its frame as holding code.
-    pub fn insert(
-        &mut self,
-        mem: &PhysMemory,
-        hpa: Hpa,
-        rip: u64,
-        insns: Vec<Instruction>,
-    ) -> Rc<Block> {
+    pub fn insert(&mut self, mem: &PhysMemory, hpa: Hpa, rip: u64, insns: Vec<Op>) -> Rc<Block> {
         if self.map.len() >= MAX_BLOCKS {
             self.map.clear();
             self.front.iter_mut().for_each(|s| *s = None);
@@ -147,7 +142,7 @@ impl CodeCache {
 /// Decodes a block from `bytes` (which run to the end of the page) at
 /// linear address `rip`. `None` when the first instruction does not fit
 /// in `bytes` (it crosses the page end).
-pub fn decode_block(bytes: &[u8], rip: u64) -> Option<Vec<Instruction>> {
+pub fn decode_block(bytes: &[u8], rip: u64) -> Option<Vec<Op>> {
     let mut decoder = Decoder::with_ip(64, bytes, rip, DecoderOptions::NONE);
     let mut insns = Vec::with_capacity(8);
     while decoder.can_decode() && insns.len() < MAX_BLOCK_INSNS {
@@ -162,7 +157,7 @@ pub fn decode_block(bytes: &[u8], rip: u64) -> Option<Vec<Instruction>> {
             break;
         }
         let end = super::ends_block(&insn) || insn.code() == Code::INVALID;
-        insns.push(insn);
+        insns.push(Op::new(insn));
         if end {
             break;
         }

@@ -254,6 +254,7 @@ impl Cpu {
                 .map_err(super::access::stack_fault)?;
         }
         // Commit.
+        self.mode_epoch += 1;
         self.state.gpr[4] = rsp;
         self.state.cs = Segment {
             selector: (selector & !3) | new_cpl as u16,

@@ -755,6 +755,8 @@ impl Cpu {
         }
         let old = self.state.rflags;
         self.state.rflags = (old & !mask) | (v & mask) | rflags::FIXED1;
+        // RFLAGS.AC matters to SMAP.
+        self.mode_epoch += 1;
         if (old ^ self.state.rflags) & rflags::IF != 0 {
             self.check_events = true;
         }

@@ -20,6 +20,8 @@
 mod access;
 pub mod code_cache;
 mod event;
+mod fast;
+mod l1tlb;
 pub use event::has_error_code;
 mod exec;
 pub mod state;
@@ -178,6 +180,14 @@ pub struct Cpu {
     code_written: bool,
     /// An IPI the APIC produced during the last instruction.
     pending_ipi: Option<crate::vmx::Ipi>,
+    /// First-level TLB in front of `tlb` (see [`l1tlb`]).
+    l1: l1tlb::L1Tlb,
+    /// Bumped whenever something translation permissions depend on may
+    /// have changed (CRs, EFER, CPL, RFLAGS.AC, VMX controls).
+    mode_epoch: u64,
+    /// Cycle of the next APIC timer expiry (`u64::MAX`: none), refreshed
+    /// whenever events are checked (every APIC change requests a check).
+    next_timer_cycle: u64,
 }
 
 impl std::fmt::Debug for Cpu {
@@ -218,6 +228,9 @@ impl Cpu {
             check_events: true,
             code_written: false,
             pending_ipi: None,
+            l1: l1tlb::L1Tlb::new(),
+            mode_epoch: 1,
+            next_timer_cycle: 0,
         }
     }
 
@@ -230,6 +243,7 @@ impl Cpu {
     /// TLB, as writing the VMCS guest CR3 field does not.
     pub fn state_mut(&mut self) -> &mut CpuState {
         self.check_events = true;
+        self.mode_epoch += 1;
         &mut self.state
     }
 
@@ -274,6 +288,7 @@ impl Cpu {
     /// mode (`None`). Entering or leaving flushes nothing; with VPID 0 the
     /// TLB is flushed on each entry and exit instead.
     pub fn set_vmx(&mut self, controls: Option<VmxControls>) {
+        self.mode_epoch += 1;
         self.vmx = controls.map(Box::new);
         self.check_events = true;
     }
@@ -286,6 +301,7 @@ impl Cpu {
     /// Mutable VM-execution controls.
     pub fn vmx_mut(&mut self) -> Option<&mut VmxControls> {
         self.check_events = true;
+        self.mode_epoch += 1;
         self.vmx.as_deref_mut()
     }
 
@@ -425,7 +441,7 @@ impl Cpu {
             if self.cycles >= cycle_limit {
                 return VmExit::CycleLimit;
             }
-            if self.check_events || self.timer_due() {
+            if self.check_events || self.cycles >= self.next_timer_cycle {
                 match self.check_events_now(mem) {
                     Step::Continue => {}
                     Step::Exit(e) => return e,
@@ -440,7 +456,7 @@ impl Cpu {
                 Activity::WaitForSipi => return VmExit::Hlt,
                 Activity::Shutdown => return VmExit::TripleFault,
             }
-            if let Step::Exit(e) = self.run_block(mem, cycle_limit) {
+            if let Step::Exit(e) = self.run_block(mem) {
                 return e;
             }
         }
@@ -479,16 +495,12 @@ impl Cpu {
             .map(|tsc| (tsc as i128 - offset as i128).max(0) as u64)
     }
 
-    #[inline]
-    fn timer_due(&self) -> bool {
-        matches!(self.timer_deadline_cycles(), Some(d) if d <= self.cycles)
-    }
-
     /// Between instructions: interrupt window, host interrupts, APIC.
     fn check_events_now(&mut self, mem: &PhysMemory) -> Step {
         self.check_events = false;
         let now = self.tsc();
         self.apic.update_timer(now);
+        self.next_timer_cycle = self.timer_deadline_cycles().unwrap_or(u64::MAX);
         let blocked =
             self.state.interruptibility & (interruptibility::STI | interruptibility::MOV_SS) != 0;
         let if_set = self.state.rflags & rflags::IF != 0;
@@ -543,7 +555,7 @@ impl Cpu {
 
     /// Executes one block (or a single instruction when the next one must
     /// be followed by an event check).
-    fn run_block(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
+    fn run_block(&mut self, mem: &PhysMemory) -> Step {
         let single = self.state.interruptibility != 0;
         let block = match self.fetch_block(mem) {
             Ok(b) => b,
@@ -551,41 +563,32 @@ impl Cpu {
         };
         let mut executed = 0u64;
         let mut step = Step::Continue;
-        for insn in block.insns.iter() {
-            let rip = self.state.rip;
-            self.next_rip = insn.next_ip();
-            match self.exec(mem, insn) {
+        for op in block.insns.iter() {
+            self.next_rip = op.next_ip;
+            match self.exec_op(mem, op) {
                 Ok(()) => {
                     executed += 1;
                     self.state.rip = self.next_rip;
-                    if self.state.interruptibility != 0 && !single {
-                        // STI / MOV SS just set blocking: stop so the next
-                        // instruction runs alone before events are checked.
-                        break;
-                    }
-                    if single {
-                        self.state.interruptibility = 0;
-                        break;
-                    }
-                    if let Some(ipi) = self.pending_ipi.take() {
-                        step = Step::Exit(VmExit::Ipi(ipi));
-                        break;
-                    }
-                    if self.next_rip != insn.next_ip()
-                        || self.code_written
+                    // Leave the block on a taken branch, or when something
+                    // between instructions needs a look: new STI/MOV-SS
+                    // blocking, pending events or IPIs, HLT, a store into
+                    // cached code.
+                    if self.next_rip != op.next_ip
                         || self.check_events
-                        || self.cycles >= cycle_limit
-                        || self.state.activity != Activity::Active
+                        || self.code_written
+                        || single
                     {
                         break;
                     }
                 }
                 Err(f) => {
-                    debug_assert_eq!(rip, self.state.rip);
-                    step = self.handle_fault(mem, f, insn.len() as u8);
+                    step = self.handle_fault(mem, f, op.insn.len() as u8);
                     break;
                 }
             }
+        }
+        if single && executed > 0 {
+            self.state.interruptibility = 0;
         }
         self.code_written = false;
         self.stats.instructions += executed;

@@ -79,6 +79,8 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
 impl Cpu {
     /// System instructions and anything `exec` does not know (#UD).
     pub(super) fn exec_system(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        // System instructions may change what translations depend on.
+        self.mode_epoch += 1;
         let cpl = self.state.cpl();
         match i.mnemonic() {
             M::Hlt => {
@@ -87,6 +89,7 @@ impl Cpu {
                     return Err(Fault::Exit(VmExit::Hlt));
                 }
                 self.state.activity = Activity::Halted;
+                self.check_events = true;
                 Ok(())
             }
             M::Cli | M::Sti => {
@@ -312,6 +315,7 @@ impl Cpu {
         mem: &PhysMemory,
         i: &Instruction,
     ) -> Result<(), Fault> {
+        self.mode_epoch += 1;
         let to = i.op0_kind() == OpKind::Register
             && (i.op0_register().is_cr()
                 || i.op0_register().is_segment_register()
@@ -544,6 +548,7 @@ impl Cpu {
             };
             self.state.ss = seg;
             self.state.interruptibility |= interruptibility::MOV_SS;
+            self.check_events = true;
             return Ok(());
         }
         let old_base = self.segment(r).base;
@@ -776,6 +781,7 @@ impl Cpu {
                 // machine has no separate TSC.
                 let offset = self.vmx.as_ref().map_or(0, |x| x.tsc_offset);
                 self.cycles = v.wrapping_sub(offset as u64);
+                self.check_events = true;
             }
             msr::APIC_BASE | msr::TSC_DEADLINE | apic::MSR_X2APIC_FIRST..=apic::MSR_X2APIC_LAST => {
                 let now = self.tsc();

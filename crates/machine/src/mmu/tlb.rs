@@ -238,9 +238,30 @@ fn entry_permits(entry_data: u64, access: Access, ctx: &TranslateCtx<'_>, paging
     entry_data & needed == needed
 }
 
+/// Host-side lookup accelerator, not part of the modelled TLB: for a few
+/// recently used 4 KiB linear pages, where their entry sits. Every change to
+/// `Tlb::entries` bumps `Tlb::epoch`, which invalidates all hints at once,
+/// so the TLB answers, counts and replaces exactly as it would without them.
+#[derive(Debug, Clone, Copy, Default)]
+struct Hint {
+    /// Context tag | 4 KiB page number (0 = empty).
+    key: u64,
+    eptp: u64,
+    epoch: u64,
+    set: u32,
+    way: u32,
+}
+
+/// Number of hints (direct-mapped by 4 KiB page number).
+const HINTS: usize = 64;
+
 /// A VPID-tagged translation lookaside buffer.
 #[derive(Clone)]
 pub struct Tlb {
+    /// Lookup accelerator (see [`Hint`]).
+    hints: Box<[Hint; HINTS]>,
+    /// Bumped on every change to `entries`.
+    epoch: u64,
     /// `sets * ways` entries, set by set.
     entries: Vec<Entry>,
     /// Per set: bit w set = way w recently used.
@@ -273,6 +294,8 @@ impl Tlb {
         let config = config.normalized();
         let sets = config.entries / config.ways;
         Tlb {
+            hints: Box::new([Hint::default(); HINTS]),
+            epoch: 1,
             entries: vec![Entry::INVALID; config.entries],
             recently_used: vec![0; sets],
             ways: config.ways,
@@ -331,6 +354,19 @@ impl Tlb {
         let context = context_tag(ctx.vpid, paging, ctx.ept.is_some());
         let eptp = ctx.ept.map_or(0, |e| e.0);
         let va = gva.0 & VA_MASK;
+        let hint_key = context | (va >> 12);
+        let hint_slot = ((va >> 12) as usize) & (HINTS - 1);
+        let h = self.hints[hint_slot];
+        if h.key == hint_key && h.eptp == eptp && h.epoch == self.epoch {
+            // Same entries as when the hint was made: it is still there.
+            let e = self.entries[h.set as usize * self.ways + h.way as usize];
+            if entry_permits(e.data, access, ctx, paging) {
+                self.stats.hits += 1;
+                self.touch(h.set as usize, h.way as usize);
+                let size = e.size();
+                return Some(Hpa((e.data & data::HPA) | (va & (size.bytes() - 1))));
+            }
+        }
         let probes = if self.may_hold_large {
             PageSize::ALL.len()
         } else {
@@ -348,9 +384,17 @@ impl Tlb {
             if entry_permits(entry_data, access, ctx, paging) {
                 self.stats.hits += 1;
                 self.touch(set, way);
+                self.hints[hint_slot] = Hint {
+                    key: hint_key,
+                    eptp,
+                    epoch: self.epoch,
+                    set: set as u32,
+                    way: way as u32,
+                };
                 return Some(Hpa((entry_data & data::HPA) | (va & (size.bytes() - 1))));
             }
             ways[way] = Entry::INVALID;
+            self.epoch += 1;
             break;
         }
         self.stats.misses += 1;
@@ -423,6 +467,7 @@ impl Tlb {
                 }
             });
         ways[way] = entry;
+        self.epoch += 1;
         self.touch(set, way);
         self.may_hold_large |= size != PageSize::Size4K;
         self.may_hold_splinters |= linear_size > size;
@@ -432,6 +477,7 @@ impl Tlb {
     /// large/splintered summaries. Counts one flush.
     fn drop_where(&mut self, mut drop: impl FnMut(&Entry) -> bool) {
         self.stats.flushes += 1;
+        self.epoch += 1;
         let mut large = false;
         let mut splinters = false;
         for e in self.entries.iter_mut().filter(|e| e.valid()) {
@@ -448,6 +494,7 @@ impl Tlb {
 
     /// INVLPG: drop entries of `vpid` covering `gva`, global or not.
     pub fn invlpg(&mut self, vpid: u16, gva: Gva) {
+        self.epoch += 1;
         let va = gva.0 & VA_MASK;
         let probes = if self.may_hold_large {
             PageSize::ALL.len()
@@ -521,6 +568,14 @@ impl Tlb {
             }
             InveptKind::Global => self.drop_where(|e| e.tag & tag::EPT != 0),
         }
+    }
+
+    /// A number that changes whenever any entry changes (fill, eviction,
+    /// invalidation). Caches derived from this TLB, such as the CPU's
+    /// first-level TLB, stay valid exactly while it does not change.
+    #[inline]
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Counters.

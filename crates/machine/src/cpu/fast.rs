@@ -1,0 +1,811 @@
+//! Pre-decoded fast paths for the most frequent instruction forms.
+//!
+//! When a block is decoded, each instruction is classified once into a
+//! [`Fast`] form with its operands resolved to register indices, immediates
+//! and a compact memory operand. The common forms of compiled C (register
+//! and memory MOV, the ALU group, LEA, INC/DEC, PUSH/POP, near branches)
+//! then execute without going through iced-x86's generic operand accessors.
+//! Everything else, and every unusual variant (high-byte registers, LOCK,
+//! segment tricks), stays [`Fast::Generic`] and runs through `exec`, which
+//! is the reference: `fast_matches_generic` in the tests runs both paths on
+//! random states and compares them.
+
+use super::state::rflags;
+use super::{Cpu, Fault};
+use crate::alu::{self, BinOp, Size};
+use crate::memory::PhysMemory;
+use iced_x86::{Instruction, Mnemonic as M, OpKind, Register};
+
+/// Register index meaning "none".
+const NONE: u8 = 16;
+
+/// A memory operand with everything resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemOp {
+    base: u8,
+    index: u8,
+    scale_shift: u8,
+    /// 0: no segment base, 1: FS, 2: GS.
+    seg: u8,
+    addr32: bool,
+    /// Displacement, or the absolute target of a RIP-relative operand.
+    disp: u64,
+}
+
+/// An instruction form with a fast path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fast {
+    /// No fast path: run the generic interpreter.
+    Generic,
+    MovRR {
+        dst: u8,
+        src: u8,
+        size: Size,
+    },
+    MovRI {
+        dst: u8,
+        size: Size,
+        imm: u64,
+    },
+    MovRM {
+        dst: u8,
+        size: Size,
+        m: MemOp,
+    },
+    MovMR {
+        src: u8,
+        size: Size,
+        m: MemOp,
+    },
+    MovMI {
+        size: Size,
+        imm: u64,
+        m: MemOp,
+    },
+    /// MOVZX/MOVSX/MOVSXD from a register or memory.
+    ExtendR {
+        dst: u8,
+        dsize: Size,
+        src: u8,
+        ssize: Size,
+        signed: bool,
+    },
+    ExtendM {
+        dst: u8,
+        dsize: Size,
+        ssize: Size,
+        signed: bool,
+        m: MemOp,
+    },
+    Lea {
+        dst: u8,
+        size: Size,
+        m: MemOp,
+    },
+    AluRR {
+        op: BinOp,
+        dst: u8,
+        src: u8,
+        size: Size,
+    },
+    AluRI {
+        op: BinOp,
+        dst: u8,
+        size: Size,
+        imm: u64,
+    },
+    AluRM {
+        op: BinOp,
+        dst: u8,
+        size: Size,
+        m: MemOp,
+    },
+    AluMR {
+        op: BinOp,
+        src: u8,
+        size: Size,
+        m: MemOp,
+    },
+    AluMI {
+        op: BinOp,
+        size: Size,
+        imm: u64,
+        m: MemOp,
+    },
+    /// Two- and three-operand IMUL with register sources.
+    Imul {
+        dst: u8,
+        src: u8,
+        size: Size,
+        imm: Option<u64>,
+    },
+    TestRR {
+        a: u8,
+        b: u8,
+        size: Size,
+    },
+    TestRI {
+        a: u8,
+        size: Size,
+        imm: u64,
+    },
+    IncDec {
+        dst: u8,
+        size: Size,
+        dec: bool,
+    },
+    Push {
+        src: u8,
+    },
+    Pop {
+        dst: u8,
+    },
+    Jcc {
+        cc: u8,
+        target: u64,
+    },
+    Jmp {
+        target: u64,
+    },
+    Call {
+        target: u64,
+    },
+    Ret,
+}
+
+/// A decoded instruction with its fast form.
+#[derive(Debug, Clone)]
+pub struct Op {
+    pub insn: Instruction,
+    pub fast: Fast,
+    /// Address of the next instruction.
+    pub next_ip: u64,
+}
+
+impl Op {
+    /// Classifies a decoded instruction.
+    pub fn new(insn: Instruction) -> Op {
+        Op {
+            fast: classify(&insn),
+            next_ip: insn.next_ip(),
+            insn,
+        }
+    }
+}
+
+/// PF for each low byte of a result.
+static PARITY: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        if (i as u8).count_ones() % 2 == 0 {
+            t[i] = rflags::PF as u8;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// SF, ZF and PF of a result.
+#[inline(always)]
+fn szp(size: Size, r: u64) -> u64 {
+    (PARITY[(r & 0xff) as usize] as u64)
+        | (((r == 0) as u64) << 6)
+        | (((r >> (size.bits() - 1)) & 1) << 7)
+}
+
+/// The ALU group with flags, for masked inputs; identical to
+/// [`alu::binop`] (checked by tests), but inlined for the common ops.
+#[inline(always)]
+pub fn binop_fast(op: BinOp, size: Size, a: u64, b: u64, fl: u64) -> (u64, u64) {
+    let mask = size.mask();
+    let sbit = size.bits() - 1;
+    let (r, cf, of, af) = match op {
+        BinOp::Add => {
+            let r = a.wrapping_add(b) & mask;
+            (
+                r,
+                (r < a) as u64,
+                (((a ^ r) & (b ^ r)) >> sbit) & 1,
+                (a ^ b ^ r) & 0x10,
+            )
+        }
+        BinOp::Sub | BinOp::Cmp => {
+            let r = a.wrapping_sub(b) & mask;
+            (
+                r,
+                (a < b) as u64,
+                (((a ^ b) & (a ^ r)) >> sbit) & 1,
+                (a ^ b ^ r) & 0x10,
+            )
+        }
+        BinOp::And => (a & b, 0, 0, 0),
+        BinOp::Or => (a | b, 0, 0, 0),
+        BinOp::Xor => (a ^ b, 0, 0, 0),
+        BinOp::Adc | BinOp::Sbb => return alu::binop(op, size, a, b, fl),
+    };
+    (
+        r,
+        (fl & !rflags::ARITH) | cf | af | szp(size, r) | (of << 11),
+    )
+}
+
+/// INC/DEC with flags (CF preserved), for a masked input.
+#[inline(always)]
+pub fn incdec_fast(size: Size, a: u64, dec: bool, fl: u64) -> (u64, u64) {
+    let mask = size.mask();
+    let sign = size.sign_bit();
+    let (r, of) = if dec {
+        let r = a.wrapping_sub(1) & mask;
+        (r, (a == sign) as u64)
+    } else {
+        let r = a.wrapping_add(1) & mask;
+        (r, (r == sign) as u64)
+    };
+    let af = (a ^ 1 ^ r) & 0x10;
+    let keep = fl & !(rflags::ARITH & !rflags::CF);
+    (r, keep | af | szp(size, r) | (of << 11))
+}
+
+fn gpr(r: Register) -> Option<(u8, Size)> {
+    if !r.is_gpr() {
+        return None;
+    }
+    match r {
+        Register::AH | Register::CH | Register::DH | Register::BH => None,
+        _ => {
+            let (idx, size, high) = super::access::gpr_info(r);
+            if high {
+                None
+            } else {
+                Some((idx, size))
+            }
+        }
+    }
+}
+
+fn mem_operand(i: &Instruction) -> Option<MemOp> {
+    let base = i.memory_base();
+    let index = i.memory_index();
+    // RIP-relative operands carry their absolute target in the displacement.
+    let b = match base {
+        Register::None | Register::RIP | Register::EIP => NONE,
+        r => gpr(r)?.0,
+    };
+    let x = match index {
+        Register::None => NONE,
+        r => gpr(r)?.0,
+    };
+    let seg = match i.memory_segment() {
+        Register::FS => 1,
+        Register::GS => 2,
+        _ => 0,
+    };
+    let scale = i.memory_index_scale();
+    Some(MemOp {
+        base: b,
+        index: x,
+        scale_shift: scale.trailing_zeros() as u8,
+        seg,
+        addr32: base.is_gpr32() || index.is_gpr32() || base == Register::EIP,
+        disp: i.memory_displacement64(),
+    })
+}
+
+fn alu_op(m: M) -> Option<BinOp> {
+    Some(match m {
+        M::Add => BinOp::Add,
+        M::Or => BinOp::Or,
+        M::Adc => BinOp::Adc,
+        M::Sbb => BinOp::Sbb,
+        M::And => BinOp::And,
+        M::Sub => BinOp::Sub,
+        M::Xor => BinOp::Xor,
+        M::Cmp => BinOp::Cmp,
+        _ => return None,
+    })
+}
+
+fn is_imm(k: OpKind) -> bool {
+    matches!(
+        k,
+        OpKind::Immediate8
+            | OpKind::Immediate16
+            | OpKind::Immediate32
+            | OpKind::Immediate64
+            | OpKind::Immediate8to16
+            | OpKind::Immediate8to32
+            | OpKind::Immediate8to64
+            | OpKind::Immediate32to64
+    )
+}
+
+/// The fast form of `i`, if it has one.
+pub fn classify(i: &Instruction) -> Fast {
+    if i.has_lock_prefix() || i.has_rep_prefix() || i.has_repne_prefix() || i.has_xacquire_prefix()
+    {
+        return Fast::Generic;
+    }
+    classify_inner(i).unwrap_or(Fast::Generic)
+}
+
+fn classify_inner(i: &Instruction) -> Option<Fast> {
+    let k0 = i.op0_kind();
+    let k1 = if i.op_count() > 1 {
+        i.op1_kind()
+    } else {
+        OpKind::Register
+    };
+    let m = i.mnemonic();
+    Some(match m {
+        M::Mov => match (k0, k1) {
+            (OpKind::Register, OpKind::Register) => {
+                let (dst, size) = gpr(i.op0_register())?;
+                let (src, _) = gpr(i.op1_register())?;
+                Fast::MovRR { dst, src, size }
+            }
+            (OpKind::Register, OpKind::Memory) => {
+                let (dst, size) = gpr(i.op0_register())?;
+                Fast::MovRM {
+                    dst,
+                    size,
+                    m: mem_operand(i)?,
+                }
+            }
+            (OpKind::Memory, OpKind::Register) => {
+                let (src, size) = gpr(i.op1_register())?;
+                Fast::MovMR {
+                    src,
+                    size,
+                    m: mem_operand(i)?,
+                }
+            }
+            (OpKind::Register, k) if is_imm(k) => {
+                let (dst, size) = gpr(i.op0_register())?;
+                Fast::MovRI {
+                    dst,
+                    size,
+                    imm: i.immediate(1) & size.mask(),
+                }
+            }
+            (OpKind::Memory, k) if is_imm(k) => {
+                let size = Size::from_bytes(i.memory_size().size())?;
+                Fast::MovMI {
+                    size,
+                    imm: i.immediate(1) & size.mask(),
+                    m: mem_operand(i)?,
+                }
+            }
+            _ => return None,
+        },
+        M::Movzx | M::Movsx | M::Movsxd => {
+            let (dst, dsize) = gpr(i.op0_register())?;
+            let signed = m != M::Movzx;
+            match k1 {
+                OpKind::Register => {
+                    let (src, ssize) = gpr(i.op1_register())?;
+                    Fast::ExtendR {
+                        dst,
+                        dsize,
+                        src,
+                        ssize,
+                        signed,
+                    }
+                }
+                OpKind::Memory => Fast::ExtendM {
+                    dst,
+                    dsize,
+                    ssize: Size::from_bytes(i.memory_size().size())?,
+                    signed,
+                    m: mem_operand(i)?,
+                },
+                _ => return None,
+            }
+        }
+        M::Lea if k1 == OpKind::Memory => {
+            let (dst, size) = gpr(i.op0_register())?;
+            let mut mo = mem_operand(i)?;
+            // LEA ignores segment bases.
+            mo.seg = 0;
+            Fast::Lea { dst, size, m: mo }
+        }
+        M::Test => match (k0, k1) {
+            (OpKind::Register, OpKind::Register) => {
+                let (a, size) = gpr(i.op0_register())?;
+                let (b, _) = gpr(i.op1_register())?;
+                Fast::TestRR { a, b, size }
+            }
+            (OpKind::Register, k) if is_imm(k) => {
+                let (a, size) = gpr(i.op0_register())?;
+                Fast::TestRI {
+                    a,
+                    size,
+                    imm: i.immediate(1) & size.mask(),
+                }
+            }
+            _ => return None,
+        },
+        M::Imul if i.op_count() >= 2 && k1 == OpKind::Register => {
+            let (dst, size) = gpr(i.op0_register())?;
+            let (src, _) = gpr(i.op1_register())?;
+            let imm = if i.op_count() == 3 {
+                Some(i.immediate(2) & size.mask())
+            } else {
+                None
+            };
+            Fast::Imul {
+                dst,
+                src,
+                size,
+                imm,
+            }
+        }
+        M::Inc | M::Dec if k0 == OpKind::Register => {
+            let (dst, size) = gpr(i.op0_register())?;
+            Fast::IncDec {
+                dst,
+                size,
+                dec: m == M::Dec,
+            }
+        }
+        M::Push if k0 == OpKind::Register && i.stack_pointer_increment() == -8 => Fast::Push {
+            src: gpr(i.op0_register())?.0,
+        },
+        M::Pop if k0 == OpKind::Register && i.stack_pointer_increment() == 8 => {
+            let (dst, _) = gpr(i.op0_register())?;
+            Fast::Pop { dst }
+        }
+        M::Jmp
+            if k0 == OpKind::NearBranch64 && crate::addr::is_canonical(i.near_branch_target()) =>
+        {
+            Fast::Jmp {
+                target: i.near_branch_target(),
+            }
+        }
+        M::Call
+            if k0 == OpKind::NearBranch64 && crate::addr::is_canonical(i.near_branch_target()) =>
+        {
+            Fast::Call {
+                target: i.near_branch_target(),
+            }
+        }
+        M::Ret if i.op_count() == 0 => Fast::Ret,
+        _ if i.is_jcc_short_or_near()
+            && k0 == OpKind::NearBranch64
+            && crate::addr::is_canonical(i.near_branch_target()) =>
+        {
+            Fast::Jcc {
+                cc: i.condition_code() as u8 - 1,
+                target: i.near_branch_target(),
+            }
+        }
+        _ => {
+            let op = alu_op(m)?;
+            match (k0, k1) {
+                (OpKind::Register, OpKind::Register) => {
+                    let (dst, size) = gpr(i.op0_register())?;
+                    let (src, _) = gpr(i.op1_register())?;
+                    Fast::AluRR { op, dst, src, size }
+                }
+                (OpKind::Register, OpKind::Memory) => {
+                    let (dst, size) = gpr(i.op0_register())?;
+                    Fast::AluRM {
+                        op,
+                        dst,
+                        size,
+                        m: mem_operand(i)?,
+                    }
+                }
+                (OpKind::Memory, OpKind::Register) => {
+                    let (src, size) = gpr(i.op1_register())?;
+                    Fast::AluMR {
+                        op,
+                        src,
+                        size,
+                        m: mem_operand(i)?,
+                    }
+                }
+                (OpKind::Register, k) if is_imm(k) => {
+                    let (dst, size) = gpr(i.op0_register())?;
+                    Fast::AluRI {
+                        op,
+                        dst,
+                        size,
+                        imm: i.immediate(1) & size.mask(),
+                    }
+                }
+                (OpKind::Memory, k) if is_imm(k) => {
+                    let size = Size::from_bytes(i.memory_size().size())?;
+                    Fast::AluMI {
+                        op,
+                        size,
+                        imm: i.immediate(1) & size.mask(),
+                        m: mem_operand(i)?,
+                    }
+                }
+                _ => return None,
+            }
+        }
+    })
+}
+
+impl Cpu {
+    #[inline(always)]
+    fn fast_ea(&self, m: &MemOp) -> u64 {
+        let mut a = m.disp;
+        if m.base != NONE {
+            a = a.wrapping_add(self.state.gpr[m.base as usize & 15]);
+        }
+        if m.index != NONE {
+            a = a.wrapping_add(self.state.gpr[m.index as usize & 15] << m.scale_shift);
+        }
+        if m.addr32 {
+            a &= 0xffff_ffff;
+        }
+        match m.seg {
+            1 => a.wrapping_add(self.state.fs.base),
+            2 => a.wrapping_add(self.state.gs.base),
+            _ => a,
+        }
+    }
+
+    #[inline(always)]
+    fn r(&self, idx: u8, size: Size) -> u64 {
+        self.state.gpr[idx as usize & 15] & size.mask()
+    }
+
+    #[inline(always)]
+    fn w(&mut self, idx: u8, size: Size, v: u64) {
+        self.set_gpr_sized(idx, size, false, v);
+    }
+
+    /// Executes an instruction, through its fast path if it has one.
+    #[inline(always)]
+    pub(super) fn exec_op(&mut self, mem: &PhysMemory, op: &Op) -> Result<(), Fault> {
+        match op.fast {
+            Fast::Generic => self.exec(mem, &op.insn),
+            Fast::MovRR { dst, src, size } => {
+                let v = self.r(src, size);
+                self.w(dst, size, v);
+                Ok(())
+            }
+            Fast::MovRI { dst, size, imm } => {
+                self.w(dst, size, imm);
+                Ok(())
+            }
+            Fast::MovRM { dst, size, m } => {
+                let v = self.read_mem(mem, self.fast_ea(&m), size)?;
+                self.w(dst, size, v);
+                Ok(())
+            }
+            Fast::MovMR { src, size, m } => {
+                let v = self.r(src, size);
+                self.write_mem(mem, self.fast_ea(&m), size, v)
+            }
+            Fast::MovMI { size, imm, m } => self.write_mem(mem, self.fast_ea(&m), size, imm),
+            Fast::ExtendR {
+                dst,
+                dsize,
+                src,
+                ssize,
+                signed,
+            } => {
+                let v = self.r(src, ssize);
+                let v = if signed { ssize.sign_extend(v) } else { v };
+                self.w(dst, dsize, v & dsize.mask());
+                Ok(())
+            }
+            Fast::ExtendM {
+                dst,
+                dsize,
+                ssize,
+                signed,
+                m,
+            } => {
+                let v = self.read_mem(mem, self.fast_ea(&m), ssize)?;
+                let v = if signed { ssize.sign_extend(v) } else { v };
+                self.w(dst, dsize, v & dsize.mask());
+                Ok(())
+            }
+            Fast::Lea { dst, size, m } => {
+                let a = self.fast_ea(&m);
+                self.w(dst, size, a & size.mask());
+                Ok(())
+            }
+            Fast::AluRR { op, dst, src, size } => {
+                let a = self.r(dst, size);
+                let b = self.r(src, size);
+                let (r, f) = binop_fast(op, size, a, b, self.state.rflags);
+                if op != BinOp::Cmp {
+                    self.w(dst, size, r);
+                }
+                self.state.rflags = f;
+                Ok(())
+            }
+            Fast::AluRI { op, dst, size, imm } => {
+                let a = self.r(dst, size);
+                let (r, f) = binop_fast(op, size, a, imm, self.state.rflags);
+                if op != BinOp::Cmp {
+                    self.w(dst, size, r);
+                }
+                self.state.rflags = f;
+                Ok(())
+            }
+            Fast::AluRM { op, dst, size, m } => {
+                let b = self.read_mem(mem, self.fast_ea(&m), size)?;
+                let a = self.r(dst, size);
+                let (r, f) = binop_fast(op, size, a, b, self.state.rflags);
+                if op != BinOp::Cmp {
+                    self.w(dst, size, r);
+                }
+                self.state.rflags = f;
+                Ok(())
+            }
+            Fast::AluMR { op, src, size, m } => {
+                let b = self.r(src, size);
+                self.alu_mem(mem, op, size, self.fast_ea(&m), b)
+            }
+            Fast::AluMI { op, size, imm, m } => self.alu_mem(mem, op, size, self.fast_ea(&m), imm),
+            Fast::TestRR { a, b, size } => {
+                let r = self.r(a, size) & self.r(b, size);
+                self.state.rflags = (self.state.rflags & !rflags::ARITH) | szp(size, r);
+                Ok(())
+            }
+            Fast::Imul {
+                dst,
+                src,
+                size,
+                imm,
+            } => {
+                self.cycles += self.costs.multiply;
+                let (a, b) = match imm {
+                    Some(imm) => (self.r(src, size), imm),
+                    None => (self.r(dst, size), self.r(src, size)),
+                };
+                let (lo, _, f) = alu::imul(size, a, b, self.state.rflags);
+                self.w(dst, size, lo);
+                self.state.rflags = f;
+                Ok(())
+            }
+            Fast::TestRI { a, size, imm } => {
+                let r = self.r(a, size) & imm;
+                self.state.rflags = (self.state.rflags & !rflags::ARITH) | szp(size, r);
+                Ok(())
+            }
+            Fast::IncDec { dst, size, dec } => {
+                let a = self.r(dst, size);
+                let (r, f) = incdec_fast(size, a, dec, self.state.rflags);
+                self.w(dst, size, r);
+                self.state.rflags = f;
+                Ok(())
+            }
+            Fast::Push { src } => {
+                let v = self.state.gpr[src as usize & 15];
+                self.push(mem, Size::B8, v)
+            }
+            Fast::Pop { dst } => {
+                let v = self.pop(mem, Size::B8)?;
+                self.state.gpr[dst as usize & 15] = v;
+                Ok(())
+            }
+            Fast::Jcc { cc, target } => {
+                if alu::condition(cc, self.state.rflags) {
+                    self.next_rip = target;
+                }
+                Ok(())
+            }
+            Fast::Jmp { target } => {
+                self.next_rip = target;
+                Ok(())
+            }
+            Fast::Call { target } => {
+                self.push(mem, Size::B8, op.next_ip)?;
+                self.next_rip = target;
+                Ok(())
+            }
+            Fast::Ret => {
+                let rsp = self.state.gpr[4];
+                let target = self
+                    .read_mem(mem, rsp, Size::B8)
+                    .map_err(super::access::stack_fault)?;
+                if !crate::addr::is_canonical(target) {
+                    return Err(Fault::with_code(super::vector::GP, 0));
+                }
+                self.state.gpr[4] = rsp.wrapping_add(8);
+                self.next_rip = target;
+                Ok(())
+            }
+        }
+    }
+
+    /// `op [la], b` (not locked): read, compute, write back unless CMP.
+    #[inline(always)]
+    fn alu_mem(
+        &mut self,
+        mem: &PhysMemory,
+        op: BinOp,
+        size: Size,
+        la: u64,
+        b: u64,
+    ) -> Result<(), Fault> {
+        if op == BinOp::Cmp {
+            let a = self.read_mem(mem, la, size)?;
+            self.state.rflags = binop_fast(op, size, a, b, self.state.rflags).1;
+            return Ok(());
+        }
+        if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
+            let user = self.state.cpl() == 3;
+            let hpa = self.translate(mem, la, crate::mmu::AccessKind::Write, user)?;
+            let a = mem.read(hpa, size.bytes())?;
+            let (r, f) = binop_fast(op, size, a, b, self.state.rflags);
+            self.store(mem, hpa, size, r)?;
+            self.state.rflags = f;
+            Ok(())
+        } else {
+            // Page-crossing: let the generic path check both pages.
+            let a = self.read_mem(mem, la, size)?;
+            let (r, f) = binop_fast(op, size, a, b, self.state.rflags);
+            self.write_mem(mem, la, size, r)?;
+            self.state.rflags = f;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xorshift(s: &mut u64) -> u64 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
+
+    #[test]
+    fn fast_alu_equals_reference_alu() {
+        let mut s = 0x1234_5678_9abc_def1u64;
+        let sizes = [Size::B1, Size::B2, Size::B4, Size::B8];
+        let ops = [
+            BinOp::Add,
+            BinOp::Sub,
+            BinOp::Cmp,
+            BinOp::And,
+            BinOp::Or,
+            BinOp::Xor,
+        ];
+        for n in 0..200_000 {
+            let size = sizes[n % 4];
+            let edge = [0, 1, size.sign_bit(), size.mask(), size.sign_bit() - 1];
+            let a = if n % 7 == 0 {
+                edge[n % 5]
+            } else {
+                xorshift(&mut s) & size.mask()
+            };
+            let b = if n % 11 == 0 {
+                edge[(n / 3) % 5]
+            } else {
+                xorshift(&mut s) & size.mask()
+            };
+            let fl = xorshift(&mut s) & (rflags::ARITH | rflags::DF | rflags::IF) | rflags::FIXED1;
+            for op in ops {
+                assert_eq!(
+                    binop_fast(op, size, a, b, fl),
+                    alu::binop(op, size, a, b, fl),
+                    "{op:?} {size:?} {a:#x} {b:#x}"
+                );
+            }
+            let (r, f) = incdec_fast(size, a, false, fl);
+            assert_eq!((r, f), alu::inc(size, a, fl), "inc {size:?} {a:#x}");
+            let (r, f) = incdec_fast(size, a, true, fl);
+            assert_eq!((r, f), alu::dec(size, a, fl), "dec {size:?} {a:#x}");
+            let t = a & b;
+            assert_eq!(
+                (fl & !rflags::ARITH) | szp(size, t),
+                alu::test(size, a, b, fl),
+                "test {size:?} {a:#x} {b:#x}"
+            );
+        }
+    }
+}
