@@ -5,7 +5,7 @@
 
 use machine::cpu::state::rflags;
 use machine::difftest::layout::{
-    window_addr, window_offset, CODE_ADDR, DATA_ADDR, INITIAL_RSP, WINDOW_SIZE,
+    window_addr, window_offset, CODE_ADDR, DATA_ADDR, INITIAL_RSP, STACK_ADDR, WINDOW_SIZE,
 };
 use machine::difftest::native::NativeRunner;
 use machine::difftest::{generate_case, FaultKind, GenConfig, InitialState, Stop};
@@ -176,17 +176,28 @@ fn runaway_child_is_killed() {
 #[test]
 fn generated_cases_only_finish_or_fault_as_intended_natively() {
     // The generator keeps every access inside the window and every
-    // instruction valid on this host, except UD2 and misplaced LOCK
-    // prefixes generated on purpose: natively a case can only finish,
-    // raise #DE, or raise #UD at one of those. Anything else is a generator
-    // bug.
+    // instruction valid on this host, except where it means to fault: UD2
+    // and misplaced LOCK prefixes (#UD), page-edge accesses running into a
+    // guard page next to the window (#PF), 16-byte instructions (#GP), and
+    // divisions (#DE). Any other stop is a generator bug.
     let mut runner = NativeRunner::new().unwrap();
     let config = GenConfig::for_host();
-    let mut finished = 0;
-    let mut divide = 0;
-    for index in 0..400 {
+    let guards = [
+        DATA_ADDR - 0x1000,
+        DATA_ADDR + 0x1000,
+        STACK_ADDR - 0x1000,
+        STACK_ADDR + 0x1000,
+    ];
+    let (mut finished, mut divide, mut invalid, mut protection) = (0, 0, 0, 0);
+    for index in 0..600 {
         let case = generate_case(21, index, &config);
         let out = runner.run(&case.code, &case.initial).unwrap();
+        let at = || {
+            case.disassembly()
+                .into_iter()
+                .find(|d| d.0 == out.rip)
+                .unwrap()
+        };
         match out.stop {
             Stop::Finished => finished += 1,
             Stop::Fault {
@@ -197,17 +208,34 @@ fn generated_cases_only_finish_or_fault_as_intended_natively() {
                 kind: FaultKind::InvalidOpcode,
                 ..
             } => {
-                let at = case
-                    .disassembly()
-                    .into_iter()
-                    .find(|d| d.0 == out.rip)
-                    .unwrap();
+                invalid += 1;
+                let at = at();
                 assert!(
                     at.2 == "ud2" || at.2.starts_with("lock "),
                     "case {index}: #UD at {at:?}"
                 );
             }
-            other => panic!(
+            Stop::Fault {
+                kind: FaultKind::Protection,
+                address: Some(a),
+                ..
+            } => {
+                protection += 1;
+                assert!(
+                    guards.iter().any(|&g| (g..g + 0x1000).contains(&a)),
+                    "case {index}: #PF at {a:#x}"
+                );
+            }
+            Stop::Fault {
+                kind: FaultKind::Protection,
+                address: None,
+                ..
+            } => {
+                protection += 1;
+                let at = at();
+                assert!(at.1.len() > 15, "case {index}: #GP at {at:?}");
+            }
+            ref other => panic!(
                 "case {index}: {other:?} at {:#x}\n{:#?}",
                 out.rip,
                 case.disassembly()
@@ -216,7 +244,7 @@ fn generated_cases_only_finish_or_fault_as_intended_natively() {
         assert!(case.checkpoints.iter().any(|c| c.addr == out.rip) || out.stop == Stop::Finished);
     }
     assert!(
-        finished > 300 && divide > 0,
-        "finished {finished}, #DE {divide}"
+        finished > 400 && divide > 0 && invalid > 0 && protection > 0,
+        "finished {finished}, #DE {divide}, #UD {invalid}, #GP/#PF {protection}"
     );
 }

@@ -84,6 +84,8 @@ pub struct Case {
     pub initial: InitialState,
     /// One per reachable instruction, in address order.
     pub checkpoints: Vec<Checkpoint>,
+    /// The address of every instruction, reachable or not, in order.
+    pub boundaries: Vec<u64>,
     /// Definedness at the end of the snippet.
     pub end: Definedness,
 }
@@ -107,9 +109,25 @@ impl Case {
         all
     }
 
-    /// The snippet disassembled: (address, bytes, Intel syntax).
+    /// The snippet disassembled: (address, bytes, Intel syntax), one
+    /// entry per generated instruction (so an over-long instruction shows
+    /// as one entry).
     pub fn disassembly(&self) -> Vec<(u64, Vec<u8>, String)> {
-        disassemble(&self.code, CODE_ADDR)
+        let mut ends = self.boundaries.iter().skip(1).copied().collect::<Vec<_>>();
+        ends.push(CODE_ADDR + self.code.len() as u64);
+        self.boundaries
+            .iter()
+            .zip(ends)
+            .map(|(&start, end)| {
+                let bytes = &self.code[(start - CODE_ADDR) as usize..(end - CODE_ADDR) as usize];
+                let mut decoded = disassemble(bytes, start);
+                let text = match decoded.len() {
+                    1 if decoded[0].1.len() == bytes.len() => decoded.remove(0).2,
+                    _ => format!("(bad: {} bytes, longer than 15)", bytes.len()),
+                };
+                (start, bytes.to_vec(), text)
+            })
+            .collect()
     }
 }
 
@@ -248,6 +266,14 @@ enum Template {
     /// is not allowed (register destination, or an instruction that cannot
     /// be locked).
     InvalidOpcode,
+    /// A memory access or string instruction at the edge of a window page,
+    /// often crossing into the unmapped neighbour page: both runs must
+    /// fault at the same instruction (and iteration) without partial
+    /// writes.
+    PageEdge,
+    /// An instruction padded with ignored segment prefixes to 15 bytes
+    /// (valid) or 16 (#GP: too long).
+    Padded,
 }
 
 use Mnemonic as M;
@@ -349,6 +375,8 @@ const TEMPLATES: &[(Template, u32)] = &[
     (Template::Generic(NOP), 1),
     (Template::Generic(FLAG_OPS), 2),
     (Template::InvalidOpcode, 1),
+    (Template::PageEdge, 3),
+    (Template::Padded, 1),
 ];
 
 /// Whether the generator can instantiate an operand of this kind.
@@ -492,6 +520,8 @@ struct Generator<'a> {
     index_value: u64,
     writable: Vec<usize>,
     tracker: Tracker,
+    /// Place the next memory operands at a window page edge.
+    edge: bool,
 }
 
 fn try_generate(rng: &mut Rng, seed: u64, index: u64, config: &GenConfig) -> Option<Case> {
@@ -513,6 +543,7 @@ fn try_generate(rng: &mut Rng, seed: u64, index: u64, config: &GenConfig) -> Opt
         index_value,
         writable,
         tracker: Tracker::new(&[base, index_reg]),
+        edge: false,
     };
 
     let n_items = 1 + gen.rng.index(config.max_items.max(1));
@@ -559,6 +590,7 @@ fn try_generate(rng: &mut Rng, seed: u64, index: u64, config: &GenConfig) -> Opt
     flat.push(sentinel);
 
     let (code, offsets) = encode_block(&flat)?;
+    let boundaries = offsets.iter().map(|&off| CODE_ADDR + off as u64).collect();
     let checkpoints = offsets
         .iter()
         .zip(flat_states)
@@ -575,6 +607,7 @@ fn try_generate(rng: &mut Rng, seed: u64, index: u64, config: &GenConfig) -> Opt
         code,
         initial,
         checkpoints,
+        boundaries,
         end: in_state[n_items].unwrap_or(Definedness::ALL_DEFINED),
     })
 }
@@ -691,6 +724,19 @@ impl Generator<'_> {
                 return None;
             }
             states.push(state);
+            if instr.code() == Code::DeclareByte {
+                // Raw bytes (a padded instruction): track what they decode
+                // to; an over-long one faults and changes nothing.
+                let bytes: Vec<u8> = (0..instr.declare_data_len())
+                    .map(|i| instr.get_declare_byte_value(i))
+                    .collect();
+                let decoded =
+                    Decoder::with_ip(64, &bytes, CODE_ADDR, DecoderOptions::NONE).decode();
+                if !decoded.is_invalid() {
+                    state = self.tracker.apply(&state, &decoded, *hints).ok()?;
+                }
+                continue;
+            }
             state = self.tracker.apply(&state, instr, *hints).ok()?;
         }
         Some((states, state))
@@ -710,6 +756,23 @@ impl Generator<'_> {
             Template::Divide => self.divide(),
             Template::ShiftByKnownCl => self.shift_by_known_cl(),
             Template::InvalidOpcode => self.invalid_opcode(),
+            Template::PageEdge => {
+                self.edge = true;
+                let item = if self.rng.chance(1, 3) {
+                    self.string_op()
+                } else {
+                    // Not the bit tests: the SDM lets a bit test on memory access 2 or
+                    // 4 (or 8) bytes around the addressed bit, so whether it
+                    // faults next to a page end is implementation-specific.
+                    let families = [ALU, UNARY, SHIFTS, MOV, EXTEND, STACK, EXCHANGE, MULTIPLY];
+                    let family = *self.rng.pick(&families);
+                    let mnemonic = *self.rng.pick(family);
+                    self.generic(mnemonic)
+                };
+                self.edge = false;
+                item
+            }
+            Template::Padded => self.padded(),
         }
     }
 
@@ -734,6 +797,11 @@ impl Generator<'_> {
     }
 
     fn instance(&mut self, code: Code) -> Option<Item> {
+        // MOVSXD r16, m16 reads 16 bits on Intel but 32 on AMD: at a page
+        // end the fault is vendor-specific.
+        if self.edge && code == Code::Movsxd_r16_rm16 {
+            return None;
+        }
         let op_code = code.op_code();
         let kinds = op_code.op_kinds();
         let mnemonic = code.mnemonic();
@@ -803,7 +871,7 @@ impl Generator<'_> {
         Some(match kind {
             K::r8_or_mem | K::r16_or_mem | K::r32_or_mem | K::r64_or_mem => {
                 let bits = rm_bits(kind);
-                if self.rng.chance(1, 2) {
+                if self.edge || self.rng.chance(1, 2) {
                     Operand::Mem(self.window_memory(bits / 8))
                 } else {
                     Operand::Reg(self.register(bits, destination, mnemonic))
@@ -880,6 +948,9 @@ impl Generator<'_> {
     /// A memory operand of `size` bytes whose address is in the window, in
     /// one of the addressing modes.
     fn window_memory(&mut self, size: u32) -> MemoryOperand {
+        if self.edge {
+            return self.edge_memory(size);
+        }
         let base64 = R64[self.base];
         let index64 = R64[self.index];
         let long = |rng: &mut Rng| if rng.chance(1, 4) { 8 } else { 1 };
@@ -1005,6 +1076,80 @@ impl Generator<'_> {
                     .pick(&[Register::ES, Register::CS, Register::SS, Register::DS]);
         }
         m
+    }
+
+    /// A memory operand at one edge of a window page: the access fits
+    /// exactly, crosses into the unmapped neighbour page, or lies entirely
+    /// beyond.
+    fn edge_memory(&mut self, size: u32) -> MemoryOperand {
+        let size = size as u64;
+        let page = if self.rng.chance(1, 4) {
+            STACK_ADDR
+        } else {
+            DATA_ADDR
+        };
+        let target = if self.rng.chance(2, 3) {
+            // Upper edge: from "ends at the last byte" to "starts past it".
+            page + WINDOW_PAGE_SIZE - size + self.rng.below(size + 1)
+        } else {
+            // Lower edge: starting up to `size` bytes below the page.
+            page - self.rng.below(size + 1)
+        };
+        match self.rng.below(3) {
+            0 => MemoryOperand::with_displ(target, 8),
+            1 => MemoryOperand::new(
+                Register::RIP,
+                Register::None,
+                1,
+                target as i64,
+                8,
+                false,
+                Register::None,
+            ),
+            _ => {
+                let disp = target.wrapping_sub(self.base_value) as i64;
+                MemoryOperand::new(
+                    R64[self.base],
+                    Register::None,
+                    1,
+                    disp,
+                    1,
+                    false,
+                    Register::None,
+                )
+            }
+        }
+    }
+
+    /// One instruction padded with ignored segment prefixes to exactly 15
+    /// bytes (the limit) or 16 (#GP). Branches and RIP-relative operands
+    /// are not padded (their displacements depend on the layout).
+    fn padded(&mut self) -> Option<Item> {
+        let family = *self.rng.pick(&[
+            ALU, UNARY, SHIFTS, MOV, EXTEND, MULTIPLY, BIT_SCANS, CONVERT,
+        ]);
+        let mnemonic = *self.rng.pick(family);
+        if !self.allowed(mnemonic) {
+            return None;
+        }
+        let mut item = self.generic(mnemonic)?;
+        let last = item.instrs.pop()?;
+        let hints = item.hints.pop()?;
+        if last.is_ip_rel_memory_operand() {
+            return None;
+        }
+        let mut encoder = Encoder::new(64);
+        encoder.encode(&last, CODE_ADDR).ok()?;
+        let bytes = encoder.take_buffer();
+        let total: usize = if self.rng.chance(1, 3) { 16 } else { 15 };
+        let padding = total.checked_sub(bytes.len()).filter(|&p| p > 0)?;
+        let mut padded = Vec::with_capacity(total);
+        for _ in 0..padding {
+            padded.push(*self.rng.pick(&[0x2e, 0x3e, 0x26, 0x36]));
+        }
+        padded.extend_from_slice(&bytes);
+        item.push(Instruction::with_declare_byte(&padded).ok()?, hints);
+        Some(item)
     }
 
     /// Any address (for LEA and NOP, which do not access memory): every
@@ -1188,8 +1333,19 @@ impl Generator<'_> {
             jump_to: None,
             falls_through: true,
         };
-        // Pointers at least count * size bytes from the page ends, so both
-        // directions stay inside; sometimes into the stack page.
+        // Pointers at least 0x100 bytes from the page ends, so the at most
+        // 64 bytes a string instruction here touches stay inside in either
+        // direction; sometimes into the stack page. At a page edge, one
+        // pointer instead starts within reach of the end it runs towards,
+        // so the repetition crosses into the unmapped neighbour page.
+        let upwards = self.rng.chance(1, 2);
+        let edge_reg = if reads_rsi && (!reads_rdi || self.rng.chance(1, 2)) {
+            Register::RSI
+        } else {
+            Register::RDI
+        };
+        let iterations = if rep == RepPrefixKind::None { 1 } else { count };
+        let span = iterations.max(1) * size as u64;
         for (needed, reg) in [(reads_rsi, Register::RSI), (reads_rdi, Register::RDI)] {
             if needed || self.rng.chance(1, 4) {
                 let page = if self.rng.chance(1, 4) {
@@ -1197,7 +1353,15 @@ impl Generator<'_> {
                 } else {
                     DATA_ADDR
                 };
-                let target = page + 0x100 + self.rng.below(WINDOW_PAGE_SIZE - 0x200);
+                let target = if self.edge && reg == edge_reg {
+                    if upwards {
+                        page + WINDOW_PAGE_SIZE - self.rng.below(span + 1)
+                    } else {
+                        page - size as u64 + self.rng.below(span + 1)
+                    }
+                } else {
+                    page + 0x100 + self.rng.below(WINDOW_PAGE_SIZE - 0x200)
+                };
                 let disp = target.wrapping_sub(self.base_value) as i64;
                 let lea = Instruction::with2(
                     Code::Lea_r64_m,
@@ -1231,10 +1395,16 @@ impl Generator<'_> {
             Instruction::with2(Code::Mov_r32_imm32, Register::ECX, count as i64).ok()?,
             Hints::default(),
         );
-        match self.rng.below(3) {
-            0 => item.push(Instruction::with(Code::Std), Hints::default()),
-            1 => item.push(Instruction::with(Code::Cld), Hints::default()),
-            _ => {}
+        if self.edge {
+            // The direction decides which page end the pointer runs into.
+            let set_df = if upwards { Code::Cld } else { Code::Std };
+            item.push(Instruction::with(set_df), Hints::default());
+        } else {
+            match self.rng.below(3) {
+                0 => item.push(Instruction::with(Code::Std), Hints::default()),
+                1 => item.push(Instruction::with(Code::Cld), Hints::default()),
+                _ => {}
+            }
         }
         let seg = Register::None;
         let instr = match (kind, size) {
@@ -1332,6 +1502,18 @@ mod tests {
     use super::*;
     use iced_x86::{InstructionInfoFactory, OpAccess};
 
+    /// Each generated instruction decoded at its own boundary (so an
+    /// over-long one cannot desynchronise the rest), those skipped.
+    fn instructions(case: &Case) -> Vec<Instruction> {
+        case.disassembly()
+            .into_iter()
+            .filter(|(_, bytes, _)| bytes.len() <= 15)
+            .map(|(addr, bytes, _)| {
+                Decoder::with_ip(64, &bytes, addr, DecoderOptions::NO_INVALID_CHECK).decode()
+            })
+            .collect()
+    }
+
     fn config() -> GenConfig {
         GenConfig {
             max_items: 8,
@@ -1381,9 +1563,7 @@ mod tests {
         let mut seen_mnemonics = std::collections::BTreeSet::new();
         for index in 0..2000 {
             let case = generate_case(11, index, &config());
-            let mut decoder =
-                Decoder::with_ip(64, &case.code, CODE_ADDR, DecoderOptions::NO_INVALID_CHECK);
-            for instr in decoder.iter() {
+            for instr in instructions(&case) {
                 seen_mnemonics.insert(format!("{:?}", instr.mnemonic()));
                 assert!(!instr.is_invalid(), "case {index}: invalid instruction");
                 if matches!(instr.mnemonic(), M::Lea | M::Nop) || instr.is_string_instruction() {
@@ -1423,10 +1603,11 @@ mod tests {
                     } else {
                         addr
                     };
-                    let in_data = (DATA_ADDR..DATA_ADDR + WINDOW_PAGE_SIZE).contains(&addr);
-                    let near_stack = (STACK_ADDR..STACK_ADDR + WINDOW_PAGE_SIZE).contains(&addr);
+                    // Page-edge items start accesses up to 8 bytes outside
+                    // a window page (in its unmapped neighbour).
+                    let near = |page: u64| (page - 8..page + WINDOW_PAGE_SIZE + 8).contains(&addr);
                     assert!(
-                        in_data || near_stack,
+                        near(DATA_ADDR) || near(STACK_ADDR),
                         "case {index}: {instr} accesses {addr:#x}"
                     );
                 }
@@ -1450,9 +1631,7 @@ mod tests {
         };
         for index in 0..4000 {
             let case = generate_case(17, index, &config());
-            let mut decoder =
-                Decoder::with_ip(64, &case.code, CODE_ADDR, DecoderOptions::NO_INVALID_CHECK);
-            for instr in decoder.iter() {
+            for instr in instructions(&case) {
                 let m = format!("{:?}", instr.mnemonic());
                 if instr.has_lock_prefix()
                     && !(instr.op_code().can_use_lock_prefix()
@@ -1601,13 +1780,22 @@ mod tests {
     fn fault_points_have_checkpoints_and_encoding_matches() {
         for index in 0..300 {
             let case = generate_case(5, index, &config());
-            let decoded = disassemble(&case.code, CODE_ADDR);
+            let decoded = case.disassembly();
             assert!(!decoded.is_empty());
             let total: usize = decoded.iter().map(|d| d.1.len()).sum();
             assert_eq!(total, case.code.len());
+            for (addr, bytes, text) in &decoded {
+                // Only the padded items are longer than 15 bytes, and every
+                // instruction decodes whole.
+                assert!(bytes.len() <= 16, "{addr:#x}: {text}");
+                assert!(
+                    bytes.len() == 16 || !text.starts_with("(bad"),
+                    "{addr:#x}: {text}"
+                );
+            }
             for c in &case.checkpoints {
                 assert!(
-                    decoded.iter().any(|d| d.0 == c.addr),
+                    case.boundaries.contains(&c.addr),
                     "checkpoint off an instruction boundary"
                 );
             }

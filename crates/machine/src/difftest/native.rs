@@ -386,7 +386,18 @@ unsafe fn child_main(job: &ChildJob<'_>) -> ! {
             (NATIVE_IO_ADDR, 4096, rw),
             (NATIVE_TRAMPOLINE_ADDR, 4096, rwx),
         ];
-        for (step, (addr, len, prot)) in regions.into_iter().enumerate() {
+        // Inaccessible guard pages around the window pages, so an access
+        // running off a window page faults here exactly as it does in the
+        // interpreter (where the neighbours are unmapped), whatever else
+        // the host process has mapped.
+        let guard = WINDOW_PAGE_SIZE;
+        let guards = [
+            (DATA_ADDR - guard, guard as usize, libc::PROT_NONE),
+            (DATA_ADDR + guard, guard as usize, libc::PROT_NONE),
+            (STACK_ADDR - guard, guard as usize, libc::PROT_NONE),
+            (STACK_ADDR + guard, guard as usize, libc::PROT_NONE),
+        ];
+        for (step, (addr, len, prot)) in regions.into_iter().chain(guards).enumerate() {
             if !map_fixed(addr, len, prot) {
                 setup_failed(shared, step as u32 + 1);
             }
