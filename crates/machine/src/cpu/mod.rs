@@ -649,7 +649,11 @@ impl Cpu {
 
 /// Whether an instruction ends a block: control flow, anything that may
 /// change translation, privilege or interrupt state.
+///
+/// Conditional branches do not end a block: when not taken, execution goes
+/// on in the same block (the run loop leaves it when one is taken).
 pub(crate) fn ends_block(insn: &Instruction) -> bool {
     use iced_x86::FlowControl;
-    !matches!(insn.flow_control(), FlowControl::Next) || code_cache::is_serializing(insn)
+    !matches!(insn.flow_control(), FlowControl::Next | FlowControl::ConditionalBranch)
+        || code_cache::is_serializing(insn)
 }
