@@ -654,6 +654,8 @@ impl Cpu {
 /// on in the same block (the run loop leaves it when one is taken).
 pub(crate) fn ends_block(insn: &Instruction) -> bool {
     use iced_x86::FlowControl;
-    !matches!(insn.flow_control(), FlowControl::Next | FlowControl::ConditionalBranch)
-        || code_cache::is_serializing(insn)
+    !matches!(
+        insn.flow_control(),
+        FlowControl::Next | FlowControl::ConditionalBranch
+    ) || code_cache::is_serializing(insn)
 }

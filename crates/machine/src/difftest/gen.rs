@@ -91,6 +91,33 @@ pub struct Case {
 }
 
 impl Case {
+    /// A case from hand-written code: every instruction boundary (found by
+    /// decoding) is a checkpoint and everything counts as defined, so the
+    /// author vouches that the code reads no undefined state.
+    pub fn handwritten(code: Vec<u8>, initial: InitialState) -> Case {
+        let boundaries: Vec<u64> =
+            Decoder::with_ip(64, &code, CODE_ADDR, DecoderOptions::NO_INVALID_CHECK)
+                .iter()
+                .map(|i| i.ip())
+                .collect();
+        let checkpoints = boundaries
+            .iter()
+            .map(|&addr| Checkpoint {
+                addr,
+                defined: Definedness::ALL_DEFINED,
+            })
+            .collect();
+        Case {
+            seed: 0,
+            index: 0,
+            code,
+            initial,
+            checkpoints,
+            boundaries,
+            end: Definedness::ALL_DEFINED,
+        }
+    }
+
     /// The definedness to compare with when a run stopped at `rip`
     /// (`finished`: the end of the snippet). For an address that is not an
     /// instruction start (which a correct run never reports) the union of
