@@ -37,6 +37,8 @@ pub struct MemOp {
 pub enum Fast {
     /// No fast path: run the generic interpreter.
     Generic,
+    /// More than 15 bytes with prefixes: #GP(0).
+    TooLong,
     MovRR {
         dst: u8,
         src: u8,
@@ -163,6 +165,16 @@ pub struct Op {
 }
 
 impl Op {
+    /// An instruction longer than 15 bytes (`insn` is the decoder's
+    /// invalid result; its IP is the instruction's).
+    pub fn too_long(insn: Instruction) -> Op {
+        Op {
+            fast: Fast::TooLong,
+            next_ip: insn.ip(),
+            insn,
+        }
+    }
+
     /// Classifies a decoded instruction.
     pub fn new(insn: Instruction) -> Op {
         Op {
@@ -564,6 +576,7 @@ impl Cpu {
     pub(super) fn exec_op(&mut self, mem: &PhysMemory, op: &Op) -> Result<(), Fault> {
         match op.fast {
             Fast::Generic => self.exec(mem, &op.insn),
+            Fast::TooLong => Err(Fault::with_code(super::vector::GP, 0)),
             Fast::MovRR { dst, src, size } => {
                 let v = self.r(src, size);
                 self.w(dst, size, v);

@@ -640,8 +640,8 @@ impl Cpu {
                 let next_page = (rip & !0xfff).wrapping_add(0x1000);
                 let hpa2 = self.translate_fetch(mem, next_page)?;
                 mem.read_bytes(hpa2, &mut bytes[n..])?;
-                let insn = code_cache::decode_one(&bytes, rip);
-                Ok(std::rc::Rc::new(code_cache::Block::uncached(insn)))
+                let op = code_cache::decode_one(&bytes, rip);
+                Ok(std::rc::Rc::new(code_cache::Block::uncached(op)))
             }
         }
     }
