@@ -41,12 +41,7 @@ impl Size {
     /// Mask of the low `bits()` bits.
     #[inline]
     pub const fn mask(self) -> u64 {
-        match self {
-            Size::B1 => 0xff,
-            Size::B2 => 0xffff,
-            Size::B4 => 0xffff_ffff,
-            Size::B8 => u64::MAX,
-        }
+        u64::MAX >> (64 - self.bits())
     }
     /// The sign bit.
     #[inline]

@@ -25,6 +25,7 @@ pub mod apic;
 pub mod bare;
 pub mod cost;
 pub mod cpu;
+pub mod difftest;
 pub mod elf;
 pub mod memory;
 pub mod mmu;

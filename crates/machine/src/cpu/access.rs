@@ -81,8 +81,9 @@ impl Cpu {
         self.translate_as(mem, la, kind, user, false)
     }
 
-    /// Translation with the implicit-supervisor flag spelled out.
-    #[inline]
+    /// Translation with the implicit-supervisor flag spelled out: the
+    /// first-level TLB inline, everything else out of line.
+    #[inline(always)]
     fn translate_as(
         &mut self,
         mem: &PhysMemory,
@@ -93,12 +94,24 @@ impl Cpu {
     ) -> Result<Hpa, Fault> {
         // Implicit accesses differ only in SMAP's AC handling: they bypass
         // the first-level TLB rather than get classes of their own.
-        let class = kind as usize * 2 + user as usize;
         if !implicit {
+            let class = kind as usize * 2 + user as usize;
             if let Some(hpa) = self.l1.lookup(class, la, self.tlb.epoch(), self.mode_epoch) {
                 return Ok(hpa);
             }
         }
+        self.translate_slow(mem, la, kind, user, implicit)
+    }
+
+    #[inline(never)]
+    fn translate_slow(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        kind: AccessKind,
+        user: bool,
+        implicit: bool,
+    ) -> Result<Hpa, Fault> {
         let ctx = TranslateCtx {
             mem,
             regs: self.paging_regs(implicit),
@@ -119,6 +132,7 @@ impl Cpu {
         }
         let hpa = r.map_err(translate_fault)?;
         if !implicit {
+            let class = kind as usize * 2 + user as usize;
             self.l1
                 .fill(class, la, hpa, self.tlb.epoch(), self.mode_epoch);
         }
@@ -280,12 +294,14 @@ impl Cpu {
     #[inline]
     pub(crate) fn set_gpr_sized(&mut self, idx: u8, size: Size, high: bool, value: u64) {
         let slot = &mut self.state.gpr[idx as usize & 15];
-        *slot = match (size, high) {
-            (Size::B8, _) => value,
-            (Size::B4, _) => value & 0xffff_ffff,
-            (Size::B2, _) => (*slot & !0xffff) | (value & 0xffff),
-            (Size::B1, false) => (*slot & !0xff) | (value & 0xff),
-            (Size::B1, true) => (*slot & !0xff00) | ((value & 0xff) << 8),
+        let m = size.mask();
+        *slot = if high {
+            (*slot & !0xff00) | ((value & 0xff) << 8)
+        } else if size.bytes() >= 4 {
+            // 32-bit writes zero-extend; 64-bit writes replace.
+            value & m
+        } else {
+            (*slot & !m) | (value & m)
         };
     }
 

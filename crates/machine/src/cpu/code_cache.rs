@@ -40,12 +40,12 @@ pub struct Block {
 
 impl Block {
     /// A one-instruction block that is not cached (page-crossing).
-    pub fn uncached(insn: Instruction) -> Block {
+    pub fn uncached(op: Op) -> Block {
         Block {
-            rip: insn.ip(),
+            rip: op.insn.ip(),
             hpa: u64::MAX,
             generation: 0,
-            insns: vec![Op::new(insn)],
+            insns: vec![op],
         }
     }
 }
@@ -115,13 +115,7 @@ impl CodeCache {
     }
 
     /// Caches a freshly decoded block and marks its frame as holding code.
-    pub fn insert(
-        &mut self,
-        mem: &PhysMemory,
-        hpa: Hpa,
-        rip: u64,
-        insns: Vec<Op>,
-    ) -> Rc<Block> {
+    pub fn insert(&mut self, mem: &PhysMemory, hpa: Hpa, rip: u64, insns: Vec<Op>) -> Rc<Block> {
         if self.map.len() >= MAX_BLOCKS {
             self.map.clear();
             self.front.iter_mut().for_each(|s| *s = None);
@@ -154,13 +148,16 @@ pub fn decode_block(bytes: &[u8], rip: u64) -> Option<Vec<Op>> {
     while decoder.can_decode() && insns.len() < MAX_BLOCK_INSNS {
         let pos = decoder.position();
         let insn = decoder.decode();
-        if insn.code() == Code::INVALID
-            && decoder.last_error() == iced_x86::DecoderError::NoMoreBytes
-        {
-            // Runs off the page: end the block before it; if it is the
-            // first instruction, the caller fetches across the boundary.
-            let _ = pos;
-            break;
+        if insn.code() == Code::INVALID {
+            if too_long(&bytes[pos..]) {
+                insns.push(Op::too_long(insn));
+                break;
+            }
+            if decoder.last_error() == iced_x86::DecoderError::NoMoreBytes {
+                // Runs off the page: end the block before it; if it is the
+                // first instruction, the caller fetches across the boundary.
+                break;
+            }
         }
         let end = super::ends_block(&insn) || insn.code() == Code::INVALID;
         insns.push(Op::new(insn));
@@ -175,10 +172,52 @@ pub fn decode_block(bytes: &[u8], rip: u64) -> Option<Vec<Op>> {
     }
 }
 
-/// Decodes one instruction from up to 15 bytes.
-pub fn decode_one(bytes: &[u8], rip: u64) -> Instruction {
+/// Whether the bytes start with an instruction longer than 15 bytes
+/// (possible only with redundant prefixes), which is #GP(0), not #UD.
+pub fn too_long(bytes: &[u8]) -> bool {
+    let is_prefix = |b: u8| {
+        matches!(
+            b,
+            0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3
+        ) || b & 0xf0 == 0x40
+    };
+    let prefixes = bytes.iter().take_while(|&&b| is_prefix(b)).count();
+    if prefixes >= 15 {
+        return true;
+    }
+    if prefixes < 2 {
+        return false;
+    }
+    // Shorten the prefix run without changing the instruction's meaning or
+    // length: segment overrides go (they never change the length), other
+    // legacy prefixes keep only their last occurrence, and a REX prefix
+    // counts only right before the opcode. Decode that to learn the length.
+    let mut short: Vec<u8> = Vec::with_capacity(32);
+    for (k, &b) in bytes[..prefixes].iter().enumerate() {
+        let segment = matches!(b, 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65);
+        let rex = b & 0xf0 == 0x40;
+        let last_rex = rex && k + 1 == prefixes;
+        if (!segment && !rex && !bytes[k + 1..prefixes].contains(&b)) || last_rex {
+            short.push(b);
+        }
+    }
+    let removed = prefixes - short.len();
+    short.extend_from_slice(&bytes[prefixes..bytes.len().min(prefixes + 15)]);
+    let mut d = Decoder::new(64, &short, DecoderOptions::NONE);
+    let insn = d.decode();
+    insn.code() != Code::INVALID && insn.len() + removed > 15
+}
+
+/// Decodes one instruction from up to 15 bytes (an instruction that
+/// crosses into the next page).
+pub fn decode_one(bytes: &[u8], rip: u64) -> Op {
     let mut decoder = Decoder::with_ip(64, bytes, rip, DecoderOptions::NONE);
-    decoder.decode()
+    let insn = decoder.decode();
+    if insn.code() == Code::INVALID && too_long(bytes) {
+        Op::too_long(insn)
+    } else {
+        Op::new(insn)
+    }
 }
 
 /// Serializing or state-changing instructions end a block so that their

@@ -532,7 +532,8 @@ impl Cpu {
             let offset = size.sign_extend(self.reg(i.op1_register()));
             let ea = self.effective_address(i);
             let la = ea.wrapping_add(
-                ((offset as i64) >> size.bits().trailing_zeros()) as u64 * size.bytes() as u64,
+                (((offset as i64) >> size.bits().trailing_zeros()) as u64)
+                    .wrapping_mul(size.bytes() as u64),
             );
             let bit = (offset & (bits - 1)) as u32;
             let p = if op == BitOp::Bt {
@@ -644,9 +645,14 @@ impl Cpu {
             )?
         } else {
             let old = self.read_place(mem, p, size)?;
-            // The destination is written either way (with its old value on
-            // failure), as the processor's locked write cycle does.
-            self.write_place(mem, p, size, if old == acc { src } else { old })?;
+            if old == acc {
+                self.write_place(mem, p, size, src)?;
+            } else if let Place::Mem { .. } | Place::Split { .. } = p {
+                // A memory destination is written back with its old value
+                // on failure (the locked write cycle); a register one is
+                // left untouched, upper half included.
+                self.write_place(mem, p, size, old)?;
+            }
             old
         };
         self.state.rflags = alu::binop(BinOp::Cmp, size, acc, old, self.state.rflags).1;

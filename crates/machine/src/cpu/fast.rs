@@ -37,6 +37,8 @@ pub struct MemOp {
 pub enum Fast {
     /// No fast path: run the generic interpreter.
     Generic,
+    /// More than 15 bytes with prefixes: #GP(0).
+    TooLong,
     MovRR {
         dst: u8,
         src: u8,
@@ -112,6 +114,13 @@ pub enum Fast {
         imm: u64,
         m: MemOp,
     },
+    /// Two- and three-operand IMUL with register sources.
+    Imul {
+        dst: u8,
+        src: u8,
+        size: Size,
+        imm: Option<u64>,
+    },
     TestRR {
         a: u8,
         b: u8,
@@ -156,6 +165,16 @@ pub struct Op {
 }
 
 impl Op {
+    /// An instruction longer than 15 bytes (`insn` is the decoder's
+    /// invalid result; its IP is the instruction's).
+    pub fn too_long(insn: Instruction) -> Op {
+        Op {
+            fast: Fast::TooLong,
+            next_ip: insn.ip(),
+            insn,
+        }
+    }
+
     /// Classifies a decoded instruction.
     pub fn new(insn: Instruction) -> Op {
         Op {
@@ -418,6 +437,21 @@ fn classify_inner(i: &Instruction) -> Option<Fast> {
             }
             _ => return None,
         },
+        M::Imul if i.op_count() >= 2 && k1 == OpKind::Register => {
+            let (dst, size) = gpr(i.op0_register())?;
+            let (src, _) = gpr(i.op1_register())?;
+            let imm = if i.op_count() == 3 {
+                Some(i.immediate(2) & size.mask())
+            } else {
+                None
+            };
+            Fast::Imul {
+                dst,
+                src,
+                size,
+                imm,
+            }
+        }
         M::Inc | M::Dec if k0 == OpKind::Register => {
             let (dst, size) = gpr(i.op0_register())?;
             Fast::IncDec {
@@ -542,6 +576,7 @@ impl Cpu {
     pub(super) fn exec_op(&mut self, mem: &PhysMemory, op: &Op) -> Result<(), Fault> {
         match op.fast {
             Fast::Generic => self.exec(mem, &op.insn),
+            Fast::TooLong => Err(Fault::with_code(super::vector::GP, 0)),
             Fast::MovRR { dst, src, size } => {
                 let v = self.r(src, size);
                 self.w(dst, size, v);
@@ -627,6 +662,22 @@ impl Cpu {
             Fast::TestRR { a, b, size } => {
                 let r = self.r(a, size) & self.r(b, size);
                 self.state.rflags = (self.state.rflags & !rflags::ARITH) | szp(size, r);
+                Ok(())
+            }
+            Fast::Imul {
+                dst,
+                src,
+                size,
+                imm,
+            } => {
+                self.cycles += self.costs.multiply;
+                let (a, b) = match imm {
+                    Some(imm) => (self.r(src, size), imm),
+                    None => (self.r(dst, size), self.r(src, size)),
+                };
+                let (lo, _, f) = alu::imul(size, a, b, self.state.rflags);
+                self.w(dst, size, lo);
+                self.state.rflags = f;
                 Ok(())
             }
             Fast::TestRI { a, size, imm } => {

@@ -185,6 +185,9 @@ pub struct Cpu {
     /// Bumped whenever something translation permissions depend on may
     /// have changed (CRs, EFER, CPL, RFLAGS.AC, VMX controls).
     mode_epoch: u64,
+    /// Cycle of the next APIC timer expiry (`u64::MAX`: none), refreshed
+    /// whenever events are checked (every APIC change requests a check).
+    next_timer_cycle: u64,
 }
 
 impl std::fmt::Debug for Cpu {
@@ -227,6 +230,7 @@ impl Cpu {
             pending_ipi: None,
             l1: l1tlb::L1Tlb::new(),
             mode_epoch: 1,
+            next_timer_cycle: 0,
         }
     }
 
@@ -437,7 +441,7 @@ impl Cpu {
             if self.cycles >= cycle_limit {
                 return VmExit::CycleLimit;
             }
-            if self.check_events || self.timer_due() {
+            if self.check_events || self.cycles >= self.next_timer_cycle {
                 match self.check_events_now(mem) {
                     Step::Continue => {}
                     Step::Exit(e) => return e,
@@ -491,16 +495,12 @@ impl Cpu {
             .map(|tsc| (tsc as i128 - offset as i128).max(0) as u64)
     }
 
-    #[inline]
-    fn timer_due(&self) -> bool {
-        matches!(self.timer_deadline_cycles(), Some(d) if d <= self.cycles)
-    }
-
     /// Between instructions: interrupt window, host interrupts, APIC.
     fn check_events_now(&mut self, mem: &PhysMemory) -> Step {
         self.check_events = false;
         let now = self.tsc();
         self.apic.update_timer(now);
+        self.next_timer_cycle = self.timer_deadline_cycles().unwrap_or(u64::MAX);
         let blocked =
             self.state.interruptibility & (interruptibility::STI | interruptibility::MOV_SS) != 0;
         let if_set = self.state.rflags & rflags::IF != 0;
@@ -640,8 +640,8 @@ impl Cpu {
                 let next_page = (rip & !0xfff).wrapping_add(0x1000);
                 let hpa2 = self.translate_fetch(mem, next_page)?;
                 mem.read_bytes(hpa2, &mut bytes[n..])?;
-                let insn = code_cache::decode_one(&bytes, rip);
-                Ok(std::rc::Rc::new(code_cache::Block::uncached(insn)))
+                let op = code_cache::decode_one(&bytes, rip);
+                Ok(std::rc::Rc::new(code_cache::Block::uncached(op)))
             }
         }
     }
@@ -649,7 +649,13 @@ impl Cpu {
 
 /// Whether an instruction ends a block: control flow, anything that may
 /// change translation, privilege or interrupt state.
+///
+/// Conditional branches do not end a block: when not taken, execution goes
+/// on in the same block (the run loop leaves it when one is taken).
 pub(crate) fn ends_block(insn: &Instruction) -> bool {
     use iced_x86::FlowControl;
-    !matches!(insn.flow_control(), FlowControl::Next) || code_cache::is_serializing(insn)
+    !matches!(
+        insn.flow_control(),
+        FlowControl::Next | FlowControl::ConditionalBranch
+    ) || code_cache::is_serializing(insn)
 }

@@ -781,6 +781,7 @@ impl Cpu {
                 // machine has no separate TSC.
                 let offset = self.vmx.as_ref().map_or(0, |x| x.tsc_offset);
                 self.cycles = v.wrapping_sub(offset as u64);
+                self.check_events = true;
             }
             msr::APIC_BASE | msr::TSC_DEADLINE | apic::MSR_X2APIC_FIRST..=apic::MSR_X2APIC_LAST => {
                 let now = self.tsc();

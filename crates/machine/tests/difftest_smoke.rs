@@ -1,0 +1,39 @@
+//! A small differential run as part of the test suite: random instruction
+//! sequences on the host CPU and in the interpreter must agree exactly.
+//! (Runs natively, so only on x86-64 Linux.)
+#![cfg(all(target_arch = "x86_64", target_os = "linux"))]
+
+use machine::difftest::compare::text_report;
+use machine::difftest::{panics, run_campaign, GenConfig};
+
+#[test]
+fn three_hundred_random_sequences_match_the_host_cpu() {
+    panics::install_quiet_hook();
+    let report =
+        run_campaign(0x5eed, 0, 300, &GenConfig::for_host(), |_, _| {}).expect("native runner");
+    assert_eq!(report.cases, 300);
+    // The generator must exercise both ways of stopping.
+    assert!(
+        report.native_stops.get("finished").copied().unwrap_or(0) > 200,
+        "{:?}",
+        report.native_stops
+    );
+    assert!(
+        report.native_stops.get("#DE/SIGFPE").copied().unwrap_or(0) > 0,
+        "{:?}",
+        report.native_stops
+    );
+    if !report.mismatches.is_empty() {
+        let shown: Vec<String> = report
+            .mismatches
+            .iter()
+            .take(5)
+            .map(|o| text_report(&o.case, &o.native, &o.interp, &o.differences))
+            .collect();
+        panic!(
+            "{} of 300 cases mismatch; first ones:\n{}",
+            report.mismatches.len(),
+            shown.join("\n")
+        );
+    }
+}

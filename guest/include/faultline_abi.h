@@ -1,0 +1,83 @@
+/* faultline's boot and hypercall ABI, guest side. Mirrors crates/abi
+ * (the Rust side); the _Static_asserts below use the same numbers as the
+ * Rust const asserts, so the two layouts cannot drift apart silently. */
+#ifndef FAULTLINE_ABI_H
+#define FAULTLINE_ABI_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#define BOOT_INFO_MAGIC 0x31544f4f42544c46ull /* "FLTBOOT1" */
+#define BOOT_INFO_VERSION 1
+#define MAX_MEM_REGIONS 32
+#define MAX_CPUS 64
+#define CMDLINE_LEN 512
+#define MEM_USABLE 1
+#define MEM_RESERVED 2
+
+struct mem_region {
+    uint64_t base;
+    uint64_t len;
+    uint32_t kind;
+    uint32_t reserved;
+};
+
+struct boot_info {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t num_cpus;
+    uint64_t mem_size;
+    uint64_t tsc_hz;
+    uint64_t kernel_start;
+    uint64_t kernel_end;
+    uint32_t num_regions;
+    uint32_t reserved;
+    struct mem_region regions[MAX_MEM_REGIONS];
+    uint32_t apic_ids[MAX_CPUS];
+    char cmdline[CMDLINE_LEN];
+};
+
+_Static_assert(sizeof(struct mem_region) == 24, "mem_region layout");
+_Static_assert(offsetof(struct boot_info, magic) == 0, "boot_info layout");
+_Static_assert(offsetof(struct boot_info, version) == 8, "boot_info layout");
+_Static_assert(offsetof(struct boot_info, num_cpus) == 12, "boot_info layout");
+_Static_assert(offsetof(struct boot_info, mem_size) == 16, "boot_info layout");
+_Static_assert(offsetof(struct boot_info, tsc_hz) == 24, "boot_info layout");
+_Static_assert(offsetof(struct boot_info, kernel_start) == 32, "boot_info layout");
+_Static_assert(offsetof(struct boot_info, kernel_end) == 40, "boot_info layout");
+_Static_assert(offsetof(struct boot_info, num_regions) == 48, "boot_info layout");
+_Static_assert(offsetof(struct boot_info, regions) == 56, "boot_info layout");
+_Static_assert(offsetof(struct boot_info, apic_ids) == 56 + 24 * MAX_MEM_REGIONS, "boot_info layout");
+_Static_assert(offsetof(struct boot_info, cmdline) == 56 + 24 * MAX_MEM_REGIONS + 4 * MAX_CPUS, "boot_info layout");
+_Static_assert(sizeof(struct boot_info) == 56 + 24 * MAX_MEM_REGIONS + 4 * MAX_CPUS + CMDLINE_LEN, "boot_info layout");
+
+#define KVM_HC_KICK_CPU 5
+#define KVM_HC_SEND_IPI 10
+#define KVM_HC_SCHED_YIELD 11
+#define HC_FAULTLINE_BASE 0x46000000ull
+#define HC_START_CPU (HC_FAULTLINE_BASE + 0)
+#define HC_REPORT (HC_FAULTLINE_BASE + 1)
+#define HC_SHUTDOWN (HC_FAULTLINE_BASE + 2)
+#define REPORT_MAX 4096
+
+#define HC_EPERM 1
+#define HC_E2BIG 7
+#define HC_EFAULT 14
+#define HC_EBUSY 16
+#define HC_EINVAL 22
+#define KVM_ENOSYS 1000
+
+#define COM1_PORT 0x3f8
+#define DEBUG_EXIT_PORT 0xf4
+
+static inline long hypercall4(unsigned long nr, unsigned long a0, unsigned long a1,
+                              unsigned long a2, unsigned long a3) {
+    long ret;
+    __asm__ volatile("vmcall"
+                     : "=a"(ret)
+                     : "a"(nr), "b"(a0), "c"(a1), "d"(a2), "S"(a3)
+                     : "memory");
+    return ret;
+}
+
+#endif
