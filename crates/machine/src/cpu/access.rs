@@ -179,6 +179,7 @@ impl Cpu {
         self.write_mem_as(mem, la, size, v, false, true)
     }
 
+    #[inline(always)]
     fn read_mem_as(
         &mut self,
         mem: &PhysMemory,
@@ -187,28 +188,42 @@ impl Cpu {
         user: bool,
         implicit: bool,
     ) -> Result<u64, Fault> {
-        let n = size.bytes() as u64;
-        if (la & 0xfff) + n <= 0x1000 {
+        if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
             let hpa = self.translate_as(mem, la, AccessKind::Read, user, implicit)?;
             Ok(mem.read(hpa, size.bytes())?)
         } else {
-            // Translate both pages first so a fault leaves nothing half done.
-            let mut v = 0u64;
-            let mut hpas = [Hpa(0); 8];
-            for (i, h) in hpas.iter_mut().enumerate().take(n as usize) {
-                *h = self.translate_as(
-                    mem,
-                    la.wrapping_add(i as u64),
-                    AccessKind::Read,
-                    user,
-                    implicit,
-                )?;
-            }
-            for (i, h) in hpas.iter().enumerate().take(n as usize) {
-                v |= mem.read(*h, 1)? << (8 * i);
-            }
-            Ok(v)
+            self.read_split(mem, la, size, user, implicit)
         }
+    }
+
+    /// A read crossing a page boundary: both pages are translated before
+    /// anything is read, so a fault leaves nothing half done.
+    #[cold]
+    #[inline(never)]
+    fn read_split(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        size: Size,
+        user: bool,
+        implicit: bool,
+    ) -> Result<u64, Fault> {
+        let n = size.bytes() as usize;
+        let mut v = 0u64;
+        let mut hpas = [Hpa(0); 8];
+        for (i, h) in hpas.iter_mut().enumerate().take(n) {
+            *h = self.translate_as(
+                mem,
+                la.wrapping_add(i as u64),
+                AccessKind::Read,
+                user,
+                implicit,
+            )?;
+        }
+        for (i, h) in hpas.iter().enumerate().take(n) {
+            v |= mem.read(*h, 1)? << (8 * i);
+        }
+        Ok(v)
     }
 
     /// Writes `size` bytes at linear address `la`.
@@ -224,6 +239,7 @@ impl Cpu {
         self.write_mem_as(mem, la, size, value, user, false)
     }
 
+    #[inline(always)]
     fn write_mem_as(
         &mut self,
         mem: &PhysMemory,
@@ -233,26 +249,42 @@ impl Cpu {
         user: bool,
         implicit: bool,
     ) -> Result<(), Fault> {
-        let n = size.bytes() as u64;
-        if (la & 0xfff) + n <= 0x1000 {
+        if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
             let hpa = self.translate_as(mem, la, AccessKind::Write, user, implicit)?;
             self.store(mem, hpa, size, value)
         } else {
-            let mut hpas = [Hpa(0); 8];
-            for (i, h) in hpas.iter_mut().enumerate().take(n as usize) {
-                *h = self.translate_as(
-                    mem,
-                    la.wrapping_add(i as u64),
-                    AccessKind::Write,
-                    user,
-                    implicit,
-                )?;
-            }
-            for (i, h) in hpas.iter().enumerate().take(n as usize) {
-                self.store(mem, *h, Size::B1, value >> (8 * i))?;
-            }
-            Ok(())
+            self.write_split(mem, la, size, value, user, implicit)
         }
+    }
+
+    /// A write crossing a page boundary: both pages are translated (and
+    /// checked for writing) before anything is written.
+    #[cold]
+    #[inline(never)]
+    fn write_split(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        size: Size,
+        value: u64,
+        user: bool,
+        implicit: bool,
+    ) -> Result<(), Fault> {
+        let n = size.bytes() as usize;
+        let mut hpas = [Hpa(0); 8];
+        for (i, h) in hpas.iter_mut().enumerate().take(n) {
+            *h = self.translate_as(
+                mem,
+                la.wrapping_add(i as u64),
+                AccessKind::Write,
+                user,
+                implicit,
+            )?;
+        }
+        for (i, h) in hpas.iter().enumerate().take(n) {
+            self.store(mem, *h, Size::B1, value >> (8 * i))?;
+        }
+        Ok(())
     }
 
     /// A store to host-physical memory, noting writes into cached code.

@@ -12,7 +12,7 @@
 
 use super::state::rflags;
 use super::{Cpu, Fault};
-use crate::alu::{self, BinOp, Size};
+use crate::alu::{self, BinOp, ShiftOp, Size};
 use crate::memory::PhysMemory;
 use iced_x86::{Instruction, Mnemonic as M, OpKind, Register};
 
@@ -113,6 +113,13 @@ pub enum Fast {
         size: Size,
         imm: u64,
         m: MemOp,
+    },
+    /// Shift or rotate of a register by an immediate or by CL (`None`).
+    Shift {
+        op: ShiftOp,
+        dst: u8,
+        size: Size,
+        count: Option<u8>,
     },
     /// Two- and three-operand IMUL with register sources.
     Imul {
@@ -452,6 +459,28 @@ fn classify_inner(i: &Instruction) -> Option<Fast> {
                 imm,
             }
         }
+        M::Shl | M::Sal | M::Shr | M::Sar | M::Rol | M::Ror if k0 == OpKind::Register => {
+            let (dst, size) = gpr(i.op0_register())?;
+            let op = match m {
+                M::Shl => ShiftOp::Shl,
+                M::Sal => ShiftOp::Sal,
+                M::Shr => ShiftOp::Shr,
+                M::Sar => ShiftOp::Sar,
+                M::Rol => ShiftOp::Rol,
+                _ => ShiftOp::Ror,
+            };
+            let count = match k1 {
+                OpKind::Register if i.op1_register() == Register::CL => None,
+                OpKind::Immediate8 => Some(i.immediate8()),
+                _ => return None,
+            };
+            Fast::Shift {
+                op,
+                dst,
+                size,
+                count,
+            }
+        }
         M::Inc | M::Dec if k0 == OpKind::Register => {
             let (dst, size) = gpr(i.op0_register())?;
             Fast::IncDec {
@@ -662,6 +691,19 @@ impl Cpu {
             Fast::TestRR { a, b, size } => {
                 let r = self.r(a, size) & self.r(b, size);
                 self.state.rflags = (self.state.rflags & !rflags::ARITH) | szp(size, r);
+                Ok(())
+            }
+            Fast::Shift {
+                op: shift,
+                dst,
+                size,
+                count,
+            } => {
+                let n = count.unwrap_or(self.state.gpr[1] as u8);
+                let v = self.r(dst, size);
+                let (r, f) = alu::shift(shift, size, v, n, self.state.rflags);
+                self.w(dst, size, r);
+                self.state.rflags = f;
                 Ok(())
             }
             Fast::Imul {

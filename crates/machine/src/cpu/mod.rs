@@ -625,9 +625,12 @@ impl Cpu {
             return Ok(b);
         }
         self.stats.blocks_decoded += 1;
+        // Bytes to the end of the page, but no more than a long block needs
+        // (a block cut short by the window simply ends early).
         let room = 4096 - (rip & 0xfff) as usize;
-        let mut buf = [0u8; 4096];
-        let first = &mut buf[..room];
+        let window = room.min(DECODE_WINDOW);
+        let mut buf = [0u8; DECODE_WINDOW];
+        let first = &mut buf[..window];
         mem.read_bytes(hpa, first)?;
         match code_cache::decode_block(first, rip) {
             Some(insns) => Ok(self.code.insert(mem, hpa, rip, insns)),
@@ -646,6 +649,9 @@ impl Cpu {
         }
     }
 }
+
+/// Bytes fetched to decode one block.
+const DECODE_WINDOW: usize = 512;
 
 /// Whether an instruction ends a block: control flow, anything that may
 /// change translation, privilege or interrupt state.
