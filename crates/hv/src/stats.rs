@@ -35,13 +35,14 @@ pub struct VcpuStats {
 }
 
 impl VcpuStats {
-    /// Share of the vCPU's time spent busy.
-    pub fn utilization(&self) -> f64 {
-        let total = self.busy_cycles + self.idle_cycles;
-        if total == 0 {
+    /// Share of `virtual_cycles` (the VM's virtual time) this vCPU spent
+    /// busy. A vCPU's own clock can lag the VM's when the VM stops in the
+    /// middle of a round, so the VM's time is the denominator.
+    pub fn utilization(&self, virtual_cycles: u64) -> f64 {
+        if virtual_cycles == 0 {
             0.0
         } else {
-            self.busy_cycles as f64 / total as f64
+            self.busy_cycles as f64 / virtual_cycles as f64
         }
     }
 }
