@@ -818,9 +818,10 @@ impl Vm {
         let ok = match msr_index {
             msr::EFER => {
                 let s = cpu.state();
-                // Long mode stays on: the guest may change SCE and NXE only.
+                // As KVM: LMA is read-only (a written value is ignored);
+                // long mode stays on, so the guest may change SCE and NXE.
                 let fixed = efer::LME;
-                if value & !efer::WRITABLE != 0 || value & fixed != s.efer & fixed {
+                if value & !(efer::WRITABLE | efer::LMA) != 0 || value & fixed != s.efer & fixed {
                     false
                 } else {
                     let new = (value & efer::WRITABLE) | (s.efer & efer::LMA);
