@@ -20,6 +20,8 @@ pub struct VcpuStats {
     pub ept_faults: u64,
     /// Guest frames allocated by those faults (first touches).
     pub frames_allocated: u64,
+    /// Virtual cycles spent waiting for `mmu_lock`.
+    pub mmu_lock_wait_cycles: u64,
     /// HLT exits.
     pub halts: u64,
     /// IPIs routed.

@@ -653,7 +653,9 @@ impl Vm {
             VmExit::EptViolation {
                 gpa, qualification, ..
             } => {
+                let now = self.vcpus[index].cpu.cycles() + *cycles;
                 let outcome = handle_ept_violation(
+                    now,
                     &self.mem,
                     &mut self.frames,
                     &mut self.slots,
@@ -668,6 +670,7 @@ impl Vm {
                         let stats = &mut self.vcpus[index].stats;
                         stats.ept_faults += 1;
                         stats.frames_allocated += outcome.allocated as u64;
+                        stats.mmu_lock_wait_cycles += outcome.lock_wait;
                         Ok(Next::Continue)
                     }
                     Err(FaultError::OutsideMemory { gpa }) => Err(VmError::OutsideMemory {

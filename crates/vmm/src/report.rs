@@ -21,6 +21,7 @@ pub struct VcpuSummary {
     pub idle_cycles: u64,
     pub utilization: f64,
     pub ept_faults: u64,
+    pub mmu_lock_wait_cycles: u64,
     pub halts: u64,
     pub ipis_sent: u64,
     pub exits: BTreeMap<String, ExitSummary>,
@@ -47,6 +48,7 @@ pub struct Summary {
     pub host_frames_in_use: u64,
     pub host_frames_peak: u64,
     pub ept_tables: u64,
+    pub mmu_lock_wait_cycles: u64,
     pub exits: BTreeMap<String, ExitSummary>,
     pub vcpus: Vec<VcpuSummary>,
     pub reports: Vec<ReportLine>,
@@ -86,6 +88,7 @@ impl Summary {
             host_frames_in_use: stats.frames_in_use,
             host_frames_peak: stats.frames_peak,
             ept_tables: stats.ept_tables,
+            mmu_lock_wait_cycles: stats.vcpus.iter().map(|v| v.mmu_lock_wait_cycles).sum(),
             exits: exits(&stats.exits()),
             vcpus: stats
                 .vcpus
@@ -99,6 +102,7 @@ impl Summary {
                     idle_cycles: v.idle_cycles,
                     utilization: v.utilization(stats.virtual_cycles),
                     ept_faults: v.ept_faults,
+                    mmu_lock_wait_cycles: v.mmu_lock_wait_cycles,
                     halts: v.halts,
                     ipis_sent: v.ipis_sent,
                     exits: exits(&v.exits),
@@ -151,6 +155,11 @@ impl Summary {
             self.host_frames_in_use,
             self.host_frames_peak,
             self.ept_tables
+        );
+        let _ = writeln!(
+            s,
+            "mmu_lock:     {} cycles waited",
+            self.mmu_lock_wait_cycles
         );
         let _ = writeln!(s, "exits:");
         for (name, e) in &self.exits {
