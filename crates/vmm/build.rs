@@ -28,6 +28,8 @@ fn build_guest(guest: &Path, out: &Path) {
         .arg(guest)
         .arg(format!("BUILD={}", build.display()))
         .arg(build.join("kernel.elf"))
+        // Cargo reads the build script's stdout for directives.
+        .stdout(std::process::Stdio::from(std::io::stderr()))
         .status()
         .unwrap_or_else(|e| panic!("running make for the guest kernel: {e}"));
     assert!(

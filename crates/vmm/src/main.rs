@@ -42,12 +42,15 @@ struct RunArgs {
     /// Format of the summary printed after the guest's output.
     #[arg(long, value_enum, default_value_t = StatsFormat::Text)]
     stats: StatsFormat,
-    /// Seed handed to the guest (`seed=S` on its command line).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Seed handed to the guest as the boot option `seed=S`.
+    #[arg(long)]
+    seed: Option<u64>,
     /// Run this kernel ELF instead of the bundled guest kernel.
     #[arg(long)]
     kernel: Option<PathBuf>,
+    /// A guest boot option (repeatable), e.g. `--option crash=triple`.
+    #[arg(long = "option", value_name = "OPT")]
+    options: Vec<String>,
     /// Scheduling quantum in virtual cycles.
     #[arg(long, default_value_t = 100_000)]
     quantum: u64,
@@ -76,6 +79,18 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("`{s}` is not a size (e.g. 256M, 1G)"))?;
     n.checked_mul(1 << shift)
         .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// The kernel command line: boot options, `--`, the program and its
+/// arguments (see `abi::BootInfo::cmdline`).
+fn boot_cmdline(seed: Option<u64>, extra: &[String], program: &[String]) -> String {
+    let mut options = extra.to_vec();
+    if let Some(seed) = seed {
+        options.push(format!("seed={seed}"));
+    }
+    format!("{} -- {}", options.join(" "), program.join(" "))
+        .trim_start()
+        .to_string()
 }
 
 #[cfg(bundled_kernel)]
@@ -115,7 +130,7 @@ fn run(args: RunArgs) -> ExitCode {
     let config = VmConfig {
         vcpus: args.vcpus,
         mem_size: args.mem,
-        cmdline: format!("seed={} -- {}", args.seed, args.program.join(" ")),
+        cmdline: boot_cmdline(args.seed, &args.options, &args.program),
         quantum: args.quantum,
         ..VmConfig::default()
     };
@@ -179,7 +194,19 @@ fn run(args: RunArgs) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{boot_cmdline, parse_size};
+
+    #[test]
+    fn cmdline() {
+        let program = ["bm".to_string(), "-f".to_string(), "4".to_string()];
+        assert_eq!(boot_cmdline(Some(3), &[], &program), "seed=3 -- bm -f 4");
+        assert_eq!(boot_cmdline(None, &[], &program), "-- bm -f 4");
+        let crash = ["crash=triple".to_string()];
+        assert_eq!(
+            boot_cmdline(Some(1), &crash, &program),
+            "crash=triple seed=1 -- bm -f 4"
+        );
+    }
 
     #[test]
     fn sizes() {
