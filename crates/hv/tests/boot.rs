@@ -64,6 +64,8 @@ fn smp_starts_aps_routes_ipis_and_wakes_on_the_timer() {
     assert!(out.contains("all 4 cpus up\n"), "{out}");
     assert!(out.contains("timer ok\n"), "{out}");
     assert!(!out.contains("no IPI received"), "{out}");
+    assert!(out.contains("msr gp ok\n"), "{out}");
+    assert!(out.contains("kick ok\n"), "{out}");
     let stats = vm.stats();
     assert_eq!(stats.vcpus.iter().map(|v| v.ipis_sent).sum::<u64>(), 3);
     // The BSP slept through the 1 ms timer without interpreting it.
