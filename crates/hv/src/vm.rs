@@ -420,6 +420,16 @@ impl Vm {
         Ok(frame)
     }
 
+    /// The MMU (for inspection).
+    pub fn mmu(&self) -> &Mmu {
+        &self.mmu
+    }
+
+    /// Host memory (for inspection).
+    pub fn host_memory(&self) -> &PhysMemory {
+        &self.mem
+    }
+
     /// Guest RAM size in bytes.
     pub fn mem_size(&self) -> u64 {
         self.mem_size

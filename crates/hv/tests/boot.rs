@@ -161,3 +161,37 @@ fn memslot_delete_zaps_and_refaults() {
     assert_eq!(vm.memslot_generation(), generation + 3);
     assert!(vm.read_guest(machine::Gpa(2 << 32), &mut buf).is_err());
 }
+
+#[test]
+fn deleting_guest_ram_zaps_its_sptes_and_frees_its_frames() {
+    use hv::mmu::{spte, tdp};
+    let mut vm = Vm::boot(&config(1, ""), HELLO).expect("boot");
+    assert!(matches!(vm.run(), StopReason::DebugExit { .. }));
+    let entry = machine::Gfn(0x200);
+    let leaf = |vm: &Vm| {
+        let inner = vm.mmu().lock();
+        let at = inner
+            .root
+            .find_leaf(vm.host_memory(), entry)
+            .unwrap()
+            .unwrap();
+        tdp::read_spte(vm.host_memory(), at).unwrap()
+    };
+    let mapped = leaf(&vm);
+    assert!(spte::is_present(mapped));
+    assert_ne!(
+        mapped & spte::ACCESSED,
+        0,
+        "the CPU set the EPT accessed flag"
+    );
+    let before = vm.stats().frames_in_use;
+    vm.delete_memslot(hv::vm::RAM_SLOT).unwrap();
+    assert_eq!(leaf(&vm), 0, "zapped");
+    let after = vm.stats().frames_in_use;
+    // Every guest frame went back; only the EPT tables remain.
+    assert!(before > after, "{before} -> {after}");
+    assert_eq!(after, vm.stats().ept_tables);
+    assert!(vm
+        .read_guest(machine::Gpa(0x200000), &mut [0u8; 1])
+        .is_err());
+}
