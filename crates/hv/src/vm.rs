@@ -7,8 +7,10 @@
 //! runs until its own cycle counter reaches the round's end (each vCPU has
 //! its own clock, as each core has its own TSC; the rounds keep them within
 //! about a quantum of each other). A halted vCPU is not interpreted: its
-//! clock jumps to its APIC timer deadline, or to the round's end. When no
-//! vCPU can run, the VM jumps straight to the earliest timer deadline.
+//! clock jumps to its APIC timer deadline, or to the round's end. Halted
+//! vCPUs' deadlines sit in an event queue in virtual time (`timer_events`,
+//! ordered by deadline then vCPU); when no vCPU can run, the VM jumps
+//! straight to the earliest event.
 //! Nothing depends on host time or hash order, so the same configuration
 //! gives the same output and cycle counts.
 
@@ -27,6 +29,7 @@ use machine::cpu::{vector, Activity, Gpr};
 use machine::vmx::{InveptKind, InvvpidKind, IoDirection, Ipi, IpiMode, MsrExiting};
 use machine::VmxControls;
 use machine::{Cpu, CpuConfig, EventInjection, EventKind, Gfn, Gpa, Hfn, PhysMemory, VmExit};
+use std::collections::BTreeSet;
 
 /// How a VM is built.
 #[derive(Debug, Clone)]
@@ -107,6 +110,8 @@ pub struct Vcpu {
     /// Earliest virtual time at which a wake-up sent by another vCPU can be
     /// seen (the sender's clock).
     wake_not_before: u64,
+    /// While halted: the timer deadline registered in the VM's event queue.
+    timer_event: Option<u64>,
     stats: VcpuStats,
 }
 
@@ -141,6 +146,9 @@ pub struct Vm {
     reports: Vec<Report>,
     stopped: Option<StopReason>,
     kernel: Option<ElfImage>,
+    /// The event queue in virtual time: (deadline, vCPU) of the timers that
+    /// will wake halted vCPUs, earliest first.
+    timer_events: BTreeSet<(u64, usize)>,
 }
 
 /// MSRs the guest reads and writes without exits (the CPU's own state).
@@ -209,6 +217,7 @@ impl Vm {
                     run: RunState::WaitingForStart,
                     kicked: false,
                     wake_not_before: 0,
+                    timer_event: None,
                     stats: VcpuStats::default(),
                 }
             })
@@ -227,6 +236,7 @@ impl Vm {
             reports: Vec::new(),
             stopped: None,
             kernel: None,
+            timer_events: BTreeSet::new(),
         })
     }
 
@@ -515,10 +525,7 @@ impl Vm {
         if !runnable {
             // Nothing to interpret: jump to the first timer that can wake
             // a vCPU.
-            match (0..self.vcpus.len())
-                .filter_map(|i| self.halted_wake_deadline(i))
-                .min()
-            {
+            match self.timer_events.first().map(|&(deadline, _)| deadline) {
                 Some(deadline) => self.time = self.time.max(deadline.saturating_sub(1)),
                 None => {
                     self.stopped =
@@ -546,6 +553,34 @@ impl Vm {
         let offset = vcpu.cpu.vmx().map_or(0, |c| c.tsc_offset);
         let deadline = vcpu.cpu.apic().next_timer_deadline()?;
         Some(deadline.wrapping_sub(offset as u64).max(vcpu.cpu.cycles()))
+    }
+
+    /// vCPU `index` halts; its timer (if it can wake it) joins the queue.
+    fn halt(&mut self, index: usize) {
+        self.vcpus[index].run = RunState::Halted;
+        self.register_timer(index);
+    }
+
+    fn register_timer(&mut self, index: usize) {
+        if let Some(old) = self.vcpus[index].timer_event.take() {
+            self.timer_events.remove(&(old, index));
+        }
+        // While halted nothing but the hv touches the APIC timer, so the
+        // deadline stays valid until the vCPU runs again.
+        if let Some(deadline) = self.halted_wake_deadline(index) {
+            self.timer_events.insert((deadline, index));
+            self.vcpus[index].timer_event = Some(deadline);
+        }
+    }
+
+    /// vCPU `index` leaves the halted state.
+    fn unhalt(&mut self, index: usize) {
+        let vcpu = &mut self.vcpus[index];
+        if let Some(old) = vcpu.timer_event.take() {
+            self.timer_events.remove(&(old, index));
+        }
+        vcpu.kicked = false;
+        vcpu.run = RunState::Runnable;
     }
 
     fn can_wake(&self, index: usize) -> bool {
@@ -576,19 +611,19 @@ impl Vm {
                     if self.can_wake(index) {
                         let at = self.vcpus[index].wake_not_before;
                         self.idle_until(index, at);
-                        let vcpu = &mut self.vcpus[index];
-                        vcpu.kicked = false;
-                        vcpu.run = RunState::Runnable;
+                        self.unhalt(index);
                         continue;
                     }
-                    match self.halted_wake_deadline(index) {
+                    match self.vcpus[index].timer_event {
                         Some(deadline) if deadline < round_end => {
                             self.idle_until(index, deadline);
                             let vcpu = &mut self.vcpus[index];
                             let tsc = vcpu.cpu.tsc();
                             vcpu.cpu.apic_mut().update_timer(tsc);
                             if !self.can_wake(index) {
-                                // Fired masked, or priority too low: wait on.
+                                // The interrupt's priority is too low to
+                                // wake it; a periodic timer re-armed.
+                                self.register_timer(index);
                                 self.idle_until(index, round_end);
                                 return;
                             }
@@ -610,7 +645,7 @@ impl Vm {
                     vcpu.stats.busy_cycles += vcpu.cpu.cycles() - before;
                     match self.handle_exit(index, exit) {
                         Next::Continue => {}
-                        Next::Halt => self.vcpus[index].run = RunState::Halted,
+                        Next::Halt => self.halt(index),
                         Next::Stop(reason) => {
                             self.stopped = Some(reason);
                             return;
