@@ -252,7 +252,7 @@ const fn masked_count(size: Size, count: u8) -> u32 {
 /// - AF after SHL/SHR/SAR: set.
 /// - CF after SHL/SHR of an 8/16-bit operand by at least its width: the bit
 ///   shifted out of a wider register, i.e. 0.
-#[inline]
+#[inline(always)]
 pub fn shift(op: ShiftOp, size: Size, v: u64, count: u8, rflags: u64) -> (u64, u64) {
     let v = v & size.mask();
     let count = masked_count(size, count);

@@ -160,6 +160,34 @@ pub enum Fast {
         target: u64,
     },
     Ret,
+    /// Indirect CALL/JMP through a register or memory.
+    CallR {
+        src: u8,
+    },
+    CallM {
+        m: MemOp,
+    },
+    JmpR {
+        src: u8,
+    },
+    JmpM {
+        m: MemOp,
+    },
+    /// CMOVcc from a register or memory.
+    CmovR {
+        cc: u8,
+        dst: u8,
+        src: u8,
+        size: Size,
+    },
+    CmovM {
+        cc: u8,
+        dst: u8,
+        size: Size,
+        m: MemOp,
+    },
+    /// NOP, PAUSE, ENDBR64.
+    Nop,
 }
 
 /// A decoded instruction with its fast form.
@@ -511,6 +539,62 @@ fn classify_inner(i: &Instruction) -> Option<Fast> {
             }
         }
         M::Ret if i.op_count() == 0 => Fast::Ret,
+        M::Call | M::Jmp if k0 == OpKind::Register && i.op0_register().size() == 8 => {
+            let src = gpr(i.op0_register())?.0;
+            if m == M::Call {
+                Fast::CallR { src }
+            } else {
+                Fast::JmpR { src }
+            }
+        }
+        M::Call | M::Jmp
+            if k0 == OpKind::Memory
+                && i.memory_size().size() == 8
+                && !i.is_call_far_indirect()
+                && !i.is_jmp_far_indirect() =>
+        {
+            let mo = mem_operand(i)?;
+            if m == M::Call {
+                Fast::CallM { m: mo }
+            } else {
+                Fast::JmpM { m: mo }
+            }
+        }
+        M::Nop | M::Pause | M::Endbr64 => Fast::Nop,
+        M::Cmovo
+        | M::Cmovno
+        | M::Cmovb
+        | M::Cmovae
+        | M::Cmove
+        | M::Cmovne
+        | M::Cmovbe
+        | M::Cmova
+        | M::Cmovs
+        | M::Cmovns
+        | M::Cmovp
+        | M::Cmovnp
+        | M::Cmovl
+        | M::Cmovge
+        | M::Cmovle
+        | M::Cmovg => {
+            let (dst, size) = gpr(i.op0_register())?;
+            let cc = i.condition_code() as u8 - 1;
+            match k1 {
+                OpKind::Register => Fast::CmovR {
+                    cc,
+                    dst,
+                    src: gpr(i.op1_register())?.0,
+                    size,
+                },
+                OpKind::Memory => Fast::CmovM {
+                    cc,
+                    dst,
+                    size,
+                    m: mem_operand(i)?,
+                },
+                _ => return None,
+            }
+        }
         _ if i.is_jcc_short_or_near()
             && k0 == OpKind::NearBranch64
             && crate::addr::is_canonical(i.near_branch_target()) =>
@@ -701,7 +785,15 @@ impl Cpu {
             } => {
                 let n = count.unwrap_or(self.state.gpr[1] as u8);
                 let v = self.r(dst, size);
-                let (r, f) = alu::shift(shift, size, v, n, self.state.rflags);
+                let fl = self.state.rflags;
+                // Constant ops let the compiler specialize each shift.
+                let (r, f) = match shift {
+                    ShiftOp::Shl | ShiftOp::Sal => alu::shift(ShiftOp::Shl, size, v, n, fl),
+                    ShiftOp::Shr => alu::shift(ShiftOp::Shr, size, v, n, fl),
+                    ShiftOp::Sar => alu::shift(ShiftOp::Sar, size, v, n, fl),
+                    ShiftOp::Rol => alu::shift(ShiftOp::Rol, size, v, n, fl),
+                    _ => alu::shift(shift, size, v, n, fl),
+                };
                 self.w(dst, size, r);
                 self.state.rflags = f;
                 Ok(())
@@ -758,6 +850,44 @@ impl Cpu {
                 self.next_rip = target;
                 Ok(())
             }
+            Fast::CallR { src } => {
+                let target = self.state.gpr[src as usize & 15];
+                self.call_to(mem, op, target)
+            }
+            Fast::CallM { m } => {
+                let target = self.read_mem(mem, self.fast_ea(&m), Size::B8)?;
+                self.call_to(mem, op, target)
+            }
+            Fast::JmpR { src } => {
+                let target = self.state.gpr[src as usize & 15];
+                self.jump(target)
+            }
+            Fast::JmpM { m } => {
+                let target = self.read_mem(mem, self.fast_ea(&m), Size::B8)?;
+                self.jump(target)
+            }
+            Fast::CmovR { cc, dst, src, size } => {
+                // A 32-bit CMOV writes (zero-extends) its destination even
+                // when the condition is false.
+                let v = if alu::condition(cc, self.state.rflags) {
+                    self.r(src, size)
+                } else {
+                    self.r(dst, size)
+                };
+                self.w(dst, size, v);
+                Ok(())
+            }
+            Fast::CmovM { cc, dst, size, m } => {
+                let src = self.read_mem(mem, self.fast_ea(&m), size)?;
+                let v = if alu::condition(cc, self.state.rflags) {
+                    src
+                } else {
+                    self.r(dst, size)
+                };
+                self.w(dst, size, v);
+                Ok(())
+            }
+            Fast::Nop => Ok(()),
             Fast::Ret => {
                 let rsp = self.state.gpr[4];
                 let target = self
@@ -771,6 +901,18 @@ impl Cpu {
                 Ok(())
             }
         }
+    }
+
+    /// Near call to `target`: push the return address, then jump; a
+    /// non-canonical target faults before anything is pushed.
+    #[inline(always)]
+    fn call_to(&mut self, mem: &PhysMemory, op: &Op, target: u64) -> Result<(), Fault> {
+        if !crate::addr::is_canonical(target) {
+            return Err(Fault::with_code(super::vector::GP, 0));
+        }
+        self.push(mem, Size::B8, op.next_ip)?;
+        self.next_rip = target;
+        Ok(())
     }
 
     /// `op [la], b` (not locked): read, compute, write back unless CMP.
