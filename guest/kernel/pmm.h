@@ -1,0 +1,39 @@
+/* Physical page allocator: a free list threaded through the free 4 KiB
+ * pages themselves (RAM is identity-mapped, so a physical address is also
+ * a kernel pointer). Pure enough to be unit-tested on the host (-DHOSTED),
+ * where "physical" memory is an aligned host buffer. */
+#ifndef PMM_H
+#define PMM_H
+
+#include <stdint.h>
+#include "spinlock.h"
+
+#define PAGE_SIZE 4096ULL
+#define PMM_MAX_RANGES 64
+
+struct pmm_range {
+    uint64_t base, end;
+};
+
+struct pmm {
+    spinlock_t lock;
+    uint64_t free_head; /* physical address of the first free page, 0 = none */
+    uint64_t free_pages;
+    uint64_t total_pages;
+    int nranges;
+    struct pmm_range ranges[PMM_MAX_RANGES]; /* where pages came from, for checks */
+};
+
+void pmm_init(struct pmm *p);
+/* Adds [base, base+len) rounded inward to pages, minus any overlap with
+ * the `nholes` ranges in `holes`. */
+void pmm_add_range(struct pmm *p, uint64_t base, uint64_t len, const struct pmm_range *holes, int nholes);
+uint64_t pmm_alloc(struct pmm *p);        /* 0 when out of memory */
+uint64_t pmm_alloc_zeroed(struct pmm *p); /* 0 when out of memory */
+void pmm_free(struct pmm *p, uint64_t pa);
+int pmm_owns(const struct pmm *p, uint64_t pa);
+/* Walks the free list: every page aligned, owned, counted once within the
+ * count. Returns 0 when consistent, else a negative code naming the check. */
+int pmm_check(struct pmm *p);
+
+#endif

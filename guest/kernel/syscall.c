@@ -1,0 +1,289 @@
+/* System calls and user processes. */
+#include "kernel.h"
+
+#define MAX_PROCS 64
+static struct process procs[MAX_PROCS];
+static spinlock_t procs_lock;
+static int init_tid;
+
+/* The user image (build/user.bin) starts with this header (user/crt0.S). */
+#define USER_IMAGE_MAGIC 0x31474d4955544c46ULL /* "FLTUIMG1" */
+struct user_header {
+    uint64_t magic;
+    uint64_t entry;        /* _start: (argc, argv) */
+    uint64_t thread_entry; /* thread start: (fn, arg) */
+    uint64_t end;          /* end of .bss, page aligned */
+};
+extern const uint8_t user_image[], user_image_end[];
+
+static struct process *proc_alloc(void) {
+    spin_lock(&procs_lock);
+    struct process *p = NULL;
+    for (int i = 0; i < MAX_PROCS; i++) {
+        if (procs[i].refs == 0 && procs[i].mm == NULL) {
+            p = &procs[i];
+            memset(p, 0, sizeof(*p));
+            p->refs = 1;
+            break;
+        }
+    }
+    spin_unlock(&procs_lock);
+    return p;
+}
+
+static struct task *user_thread(struct process *p, const char *name, uint64_t rip, uint64_t a0, uint64_t a1) {
+    /* Each thread's stack is a demand-zero region below the previous one,
+     * with an unmapped guard page between them. */
+    spin_lock(&p->mm->lock);
+    uint64_t top = p->mm->stack_next;
+    p->mm->stack_next -= USER_STACK_SIZE + PAGE_SIZE;
+    spin_unlock(&p->mm->lock);
+    if (mm_add_vma(p->mm, top - USER_STACK_SIZE, top) != 0)
+        return NULL;
+    struct task *t = task_alloc(name);
+    if (!t)
+        return NULL;
+    t->proc = p;
+    t->mm = p->mm;
+    t->user_rip = rip;
+    t->user_rsp = top;
+    t->user_a0 = a0;
+    t->user_a1 = a1;
+    return t;
+}
+
+/* Copies bytes into a process that is not running, through the identity
+ * map, faulting pages in as needed. */
+static int copy_to_process(struct mm *mm, uint64_t va, const void *src, uint64_t n) {
+    const uint8_t *s = src;
+    while (n) {
+        if (vm_handle_user_fault(mm, va) != 0)
+            return -EFAULT;
+        uint64_t pa = vm_translate(mm->pml4, va, NULL);
+        uint64_t chunk = PAGE_SIZE - (va & (PAGE_SIZE - 1));
+        if (chunk > n)
+            chunk = n;
+        memcpy((void *)(uintptr_t)pa, s, chunk);
+        va += chunk;
+        s += chunk;
+        n -= chunk;
+    }
+    return 0;
+}
+
+int start_init_process(const char *cmdline) {
+    const struct user_header *h = (const struct user_header *)user_image;
+    uint64_t size = (uint64_t)(user_image_end - user_image);
+    if (size < sizeof(*h) || h->magic != USER_IMAGE_MAGIC || h->end < USER_BASE + size)
+        panic("bad user image (size %lu)", size);
+    struct process *p = proc_alloc();
+    KASSERT(p);
+    p->mm = mm_create();
+    KASSERT(p->mm);
+    KASSERT(mm_add_vma(p->mm, USER_BASE, h->end) == 0);
+    if (copy_to_process(p->mm, USER_BASE, user_image, size) != 0)
+        panic("cannot load the user image");
+
+    /* argv block at the top of the first stack: argc, argv[], strings. */
+    char line[CMDLINE_LEN];
+    size_t len = strlen(cmdline);
+    if (len >= sizeof(line))
+        len = sizeof(line) - 1;
+    memcpy(line, cmdline, len);
+    line[len] = '\0';
+    char *words[32];
+    int argc = split_words(line, words, 32);
+    if (argc == 0)
+        panic("no program given (command line: '%s')", cmdline);
+
+    struct task *t = user_thread(p, words[0], h->entry, 0, 0);
+    KASSERT(t);
+    uint64_t block[1 + 33];
+    uint64_t strings = t->user_rsp - 1024;
+    uint64_t blk = strings - sizeof(block);
+    uint64_t at = strings;
+    block[0] = (uint64_t)argc;
+    for (int i = 0; i < argc; i++) {
+        size_t n = strlen(words[i]) + 1;
+        if (at + n > t->user_rsp)
+            panic("command line too long");
+        copy_to_process(p->mm, at, words[i], n);
+        block[1 + i] = at;
+        at += n;
+    }
+    block[1 + argc] = 0;
+    copy_to_process(p->mm, blk, block, sizeof(block));
+    t->user_a0 = blk;
+    t->user_rsp = blk - 64;
+    init_tid = t->tid;
+    task_start(t, 0);
+    return t->tid;
+}
+
+static struct process *cur_proc(void) { return this_cpu()->current->proc; }
+
+static int64_t sys_write(int fd, uint64_t buf, uint64_t len) {
+    struct process *p = cur_proc();
+    if (!user_range_ok(p->mm, buf, len))
+        return len ? -EFAULT : 0;
+    if (fd == 1 || fd == 2) {
+        console_write((const char *)(uintptr_t)buf, len);
+        return (int64_t)len;
+    }
+    if (fd < 0 || fd >= MAX_FDS || !p->fds[fd].pipe || !p->fds[fd].writer)
+        return -EBADF;
+    return pipe_write(p->fds[fd].pipe, (const uint8_t *)(uintptr_t)buf, len);
+}
+
+static int64_t sys_read(int fd, uint64_t buf, uint64_t len) {
+    struct process *p = cur_proc();
+    if (!user_range_ok(p->mm, buf, len))
+        return len ? -EFAULT : 0;
+    if (fd < 0 || fd >= MAX_FDS || !p->fds[fd].pipe || p->fds[fd].writer)
+        return -EBADF;
+    return pipe_read(p->fds[fd].pipe, (uint8_t *)(uintptr_t)buf, len);
+}
+
+static int64_t sys_pipe(uint64_t ufds) {
+    struct process *p = cur_proc();
+    if (!user_range_ok(p->mm, ufds, 2 * sizeof(int)))
+        return -EFAULT;
+    spin_lock(&p->lock);
+    int r = -1, w = -1;
+    for (int i = 3; i < MAX_FDS; i++) {
+        if (p->fds[i].pipe)
+            continue;
+        if (r < 0)
+            r = i;
+        else if (w < 0)
+            w = i;
+    }
+    if (w < 0) {
+        spin_unlock(&p->lock);
+        return -EMFILE;
+    }
+    struct pipe *pp = pipe_create();
+    if (!pp) {
+        spin_unlock(&p->lock);
+        return -ENOMEM;
+    }
+    p->fds[r] = (struct file){pp, 0};
+    p->fds[w] = (struct file){pp, 1};
+    spin_unlock(&p->lock);
+    int *out = (int *)(uintptr_t)ufds;
+    out[0] = r;
+    out[1] = w;
+    return 0;
+}
+
+static int64_t sys_close(int fd) {
+    struct process *p = cur_proc();
+    if (fd < 0 || fd >= MAX_FDS)
+        return -EBADF;
+    spin_lock(&p->lock);
+    struct file f = p->fds[fd];
+    p->fds[fd].pipe = NULL;
+    spin_unlock(&p->lock);
+    if (!f.pipe)
+        return -EBADF;
+    pipe_close(f.pipe, f.writer);
+    return 0;
+}
+
+static int64_t sys_mmap(uint64_t len) {
+    struct mm *mm = cur_proc()->mm;
+    if (len == 0 || len > (1ULL << 40))
+        return -EINVAL;
+    len = (len + PAGE_SIZE - 1) & ~(PAGE_SIZE - 1);
+    spin_lock(&mm->lock);
+    uint64_t va = mm->mmap_next;
+    mm->mmap_next += len + PAGE_SIZE; /* guard page between mappings */
+    spin_unlock(&mm->lock);
+    int rc = mm_add_vma(mm, va, va + len);
+    return rc ? rc : (int64_t)va;
+}
+
+static int64_t sys_spawn(uint64_t fn, uint64_t arg) {
+    struct process *p = cur_proc();
+    if (fn < USER_BASE || fn >= USER_TOP)
+        return -EFAULT;
+    const struct user_header *h = (const struct user_header *)user_image;
+    spin_lock(&p->lock);
+    p->refs++;
+    spin_unlock(&p->lock);
+    struct task *t = user_thread(p, this_cpu()->current->name, h->thread_entry, fn, arg);
+    if (!t) {
+        spin_lock(&p->lock);
+        p->refs--;
+        spin_unlock(&p->lock);
+        return -ENOMEM;
+    }
+    task_start(t, pick_cpu());
+    return t->tid;
+}
+
+static int64_t sys_report(uint64_t buf, uint64_t len) {
+    struct process *p = cur_proc();
+    if (len > REPORT_MAX - 1)
+        return -E2BIG_ERR;
+    if (!user_range_ok(p->mm, buf, len))
+        return -EFAULT;
+    char line[REPORT_MAX];
+    memcpy(line, (const void *)(uintptr_t)buf, len);
+    line[len] = '\0';
+    report("%s", line);
+    return 0;
+}
+
+static void sys_exit(int code) {
+    struct task *t = this_cpu()->current;
+    if (t->tid == init_tid) {
+        /* The program is done: its exit status is the VM's. */
+        report("program=%s exit=%d time_ns=%lu", t->name, code, now_ns());
+        shutdown(code);
+    }
+    task_exit(code);
+}
+
+int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3) {
+    (void)a3;
+    switch (nr) {
+    case SYS_WRITE:
+        return sys_write((int)a0, a1, a2);
+    case SYS_READ:
+        return sys_read((int)a0, a1, a2);
+    case SYS_EXIT:
+        sys_exit((int)a0);
+        return 0;
+    case SYS_YIELD:
+        yield();
+        return 0;
+    case SYS_SLEEP:
+        sleep_until(rdtsc() + a0 / 1000 * (tsc_hz / 1000000) + 1);
+        return 0;
+    case SYS_GETCPU:
+        return this_cpu()->id;
+    case SYS_TIME:
+        return (int64_t)now_ns();
+    case SYS_MMAP:
+        return sys_mmap(a0);
+    case SYS_SPAWN:
+        return sys_spawn(a0, a1);
+    case SYS_WAIT:
+        return task_wait((int)a0);
+    case SYS_PIPE:
+        return sys_pipe(a0);
+    case SYS_CLOSE:
+        return sys_close((int)a0);
+    case SYS_REPORT:
+        return sys_report(a0, a1);
+    case SYS_NCPUS:
+        return ncpus;
+    case SYS_GETTID:
+        return this_cpu()->current->tid;
+    case SYS_SHUTDOWN:
+        shutdown((int)a0);
+    default:
+        return -ENOSYS;
+    }
+}
