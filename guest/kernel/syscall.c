@@ -71,20 +71,15 @@ static int copy_to_process(struct mm *mm, uint64_t va, const void *src, uint64_t
     return 0;
 }
 
-int start_init_process(const char *cmdline) {
+/* Creates a process running the user image with the given command line
+ * (program name first). It inherits the parent's open pipes. Returns the
+ * new main thread (not yet started) or NULL. */
+static struct task *proc_create(const char *cmdline, struct process *parent) {
     const struct user_header *h = (const struct user_header *)user_image;
     uint64_t size = (uint64_t)(user_image_end - user_image);
     if (size < sizeof(*h) || h->magic != USER_IMAGE_MAGIC || h->end < USER_BASE + size)
         panic("bad user image (size %lu)", size);
-    struct process *p = proc_alloc();
-    KASSERT(p);
-    p->mm = mm_create();
-    KASSERT(p->mm);
-    KASSERT(mm_add_vma(p->mm, USER_BASE, h->end) == 0);
-    if (copy_to_process(p->mm, USER_BASE, user_image, size) != 0)
-        panic("cannot load the user image");
 
-    /* argv block at the top of the first stack: argc, argv[], strings. */
     char line[CMDLINE_LEN];
     size_t len = strlen(cmdline);
     if (len >= sizeof(line))
@@ -94,10 +89,28 @@ int start_init_process(const char *cmdline) {
     char *words[32];
     int argc = split_words(line, words, 32);
     if (argc == 0)
-        panic("no program given (command line: '%s')", cmdline);
+        return NULL;
 
-    struct task *t = user_thread(p, words[0], h->entry, 0, 0);
-    KASSERT(t);
+    struct process *p = proc_alloc();
+    if (!p)
+        return NULL;
+    p->mm = mm_create();
+    if (!p->mm) {
+        p->refs = 0;
+        return NULL;
+    }
+    struct task *t = NULL;
+    if (mm_add_vma(p->mm, USER_BASE, h->end) != 0 ||
+        copy_to_process(p->mm, USER_BASE, user_image, size) != 0 ||
+        !(t = user_thread(p, words[0], h->entry, 0, 0))) {
+        mm_destroy(p->mm);
+        p->mm = NULL;
+        p->refs = 0;
+        return NULL;
+    }
+
+    /* argv block below the top of the first stack: argc, argv[], then the
+     * strings. */
     uint64_t block[1 + 33];
     uint64_t strings = t->user_rsp - 1024;
     uint64_t blk = strings - sizeof(block);
@@ -105,9 +118,7 @@ int start_init_process(const char *cmdline) {
     block[0] = (uint64_t)argc;
     for (int i = 0; i < argc; i++) {
         size_t n = strlen(words[i]) + 1;
-        if (at + n > t->user_rsp)
-            panic("command line too long");
-        copy_to_process(p->mm, at, words[i], n);
+        copy_to_process(p->mm, at, words[i], n); /* fits: line < CMDLINE_LEN < 1024 */
         block[1 + i] = at;
         at += n;
     }
@@ -115,8 +126,42 @@ int start_init_process(const char *cmdline) {
     copy_to_process(p->mm, blk, block, sizeof(block));
     t->user_a0 = blk;
     t->user_rsp = blk - 64;
+
+    if (parent) {
+        spin_lock(&parent->lock);
+        for (int i = 0; i < MAX_FDS; i++) {
+            if (parent->fds[i].pipe) {
+                p->fds[i] = parent->fds[i];
+                pipe_ref(p->fds[i].pipe, p->fds[i].writer);
+            }
+        }
+        spin_unlock(&parent->lock);
+    }
+    return t;
+}
+
+int start_init_process(const char *cmdline) {
+    struct task *t = proc_create(cmdline, NULL);
+    if (!t)
+        panic("cannot start '%s'", cmdline);
     init_tid = t->tid;
     task_start(t, 0);
+    return t->tid;
+}
+
+static int64_t sys_spawn_proc(uint64_t ucmd, uint64_t len) {
+    struct process *p = this_cpu()->current->proc;
+    if (len == 0 || len >= CMDLINE_LEN)
+        return -EINVAL;
+    if (!user_range_ok(p->mm, ucmd, len))
+        return -EFAULT;
+    char cmd[CMDLINE_LEN];
+    memcpy(cmd, (const void *)(uintptr_t)ucmd, len);
+    cmd[len] = '\0';
+    struct task *t = proc_create(cmd, p);
+    if (!t)
+        return -ENOMEM;
+    task_start(t, pick_cpu());
     return t->tid;
 }
 
@@ -281,6 +326,8 @@ int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uin
         return ncpus;
     case SYS_GETTID:
         return this_cpu()->current->tid;
+    case SYS_SPAWN_PROC:
+        return sys_spawn_proc(a0, a1);
     case SYS_SHUTDOWN:
         shutdown((int)a0);
     default:

@@ -18,6 +18,9 @@
 #define SYS_NCPUS 13
 #define SYS_GETTID 14
 #define SYS_SHUTDOWN 15 /* (code): power off (the init process's last word) */
+#define SYS_SPAWN_PROC 16 /* (cmdline, len) -> tid of the main thread of a new
+                             process running that program; it inherits the
+                             caller's pipes */
 
 #define EINVAL 22
 #define EFAULT 14

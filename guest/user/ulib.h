@@ -31,6 +31,9 @@ static inline void *mmap_anon(size_t len) {
     return r < 0 ? NULL : (void *)r;
 }
 static inline int spawn(int (*fn)(void *), void *arg) { return (int)syscall4(SYS_SPAWN, (uint64_t)fn, (uint64_t)arg, 0, 0); }
+/* Starts a new process running the program named first in `cmd`; it
+ * inherits this process's pipes. Returns the tid of its main thread. */
+static inline int spawn_proc(const char *cmd) { return (int)syscall4(SYS_SPAWN_PROC, (uint64_t)cmd, strlen(cmd), 0, 0); }
 static inline int wait_thread(int tid) { return (int)syscall4(SYS_WAIT, (uint64_t)tid, 0, 0, 0); }
 static inline int pipe(int fds[2]) { return (int)syscall4(SYS_PIPE, (uint64_t)fds, 0, 0, 0); }
 static inline int close(int fd) { return (int)syscall4(SYS_CLOSE, (uint64_t)fd, 0, 0, 0); }
