@@ -128,7 +128,7 @@ struct task {
     struct process *proc; /* NULL for kernel threads */
     struct mm *mm;       /* address space to run in (kernel_mm for kthreads) */
     struct waitq *waiters_of_exit;
-    void (*kfn)(void *);
+    int (*kfn)(void *);
     void *karg;
     uint64_t user_rip, user_rsp, user_a0, user_a1; /* first entry to ring 3 */
     char name[16];
@@ -156,6 +156,8 @@ struct cpu {
     struct mm *loaded_mm;
     uint64_t ticks;
     uint64_t ctx_switches;
+    uint64_t page_faults; /* demand-zero faults served */
+    uint64_t syscalls;
     uint64_t gdt[7];
     struct {
         uint32_t reserved0;
@@ -216,6 +218,8 @@ uint64_t vm_translate(uint64_t pml4, uint64_t va, uint64_t *flags);
 int vm_handle_user_fault(struct mm *mm, uint64_t va);
 int user_range_ok(struct mm *mm, uint64_t va, uint64_t len);
 void vm_self_check(void);
+/* Maps the 2 MiB page at `pa` in the kernel's identity map (for tests). */
+void vm_map_kernel_2m(uint64_t pa);
 #define PTE_P 1ULL
 #define PTE_W 2ULL
 #define PTE_U 4ULL
@@ -227,7 +231,7 @@ void vm_self_check(void);
 void sched_init_cpu(struct cpu *c);
 struct task *task_alloc(const char *name);
 void task_start(struct task *t, int cpu);
-struct task *kthread_create(const char *name, void (*fn)(void *), void *arg);
+struct task *kthread_create(const char *name, int (*fn)(void *), void *arg);
 void schedule(void);
 void yield(void);
 void sched_tick(void);
@@ -245,6 +249,8 @@ extern struct task tasks[MAX_TASKS];
 /* syscall.c, user.c */
 int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3);
 int start_init_process(const char *cmdline);
+/* Ends the calling user thread; the program's main thread ends the VM. */
+void thread_exit(int code) __attribute__((noreturn));
 void enter_user(uint64_t rip, uint64_t rsp, uint64_t a0, uint64_t a1) __attribute__((noreturn));
 
 /* pipe.c */

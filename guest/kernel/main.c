@@ -38,7 +38,77 @@ static const char *program_cmdline(const char *cmdline) {
     return cmdline;
 }
 
+/* Boot options (the words before "--"). `crash=KIND` makes the kernel fail
+ * on purpose so the hypervisor's error paths can be tested:
+ *   triple      a fault with an empty IDT: #GP, #DF, then a triple fault
+ *   wild-write  a write to guest-physical memory past the end of RAM
+ *   panic       a kernel panic (exit through isa-debug-exit) */
+static void crash(const char *kind) {
+    kprintf("crash=%s requested\n", kind);
+    if (strcmp(kind, "triple") == 0) {
+        struct {
+            uint16_t limit;
+            uint64_t base;
+        } __attribute__((packed)) empty = {0, 0};
+        __asm__ volatile("lidt %0; ud2" ::"m"(empty));
+    } else if (strcmp(kind, "wild-write") == 0) {
+        uint64_t pa = (boot->mem_size + (2ULL << 20) - 1) & ~((2ULL << 20) - 1);
+        vm_map_kernel_2m(pa);
+        *(volatile uint64_t *)(uintptr_t)pa = 0xbad;
+        panic("wild write to %lx past the end of RAM did not stop the VM", pa);
+    } else if (strcmp(kind, "panic") == 0) {
+        panic("crash=panic requested");
+    }
+    kprintf("unknown crash kind '%s' ignored\n", kind);
+}
+
+static void boot_options(const char *cmdline) {
+    char line[CMDLINE_LEN];
+    size_t n = strlen(cmdline);
+    if (n >= sizeof(line))
+        n = sizeof(line) - 1;
+    memcpy(line, cmdline, n);
+    line[n] = '\0';
+    char *words[32];
+    int nw = split_words(line, words, 32);
+    for (int i = 0; i < nw && strcmp(words[i], "--") != 0; i++) {
+        if (strncmp(words[i], "crash=", 6) == 0)
+            crash(words[i] + 6);
+        else
+            kprintf("unknown boot option '%s' ignored\n", words[i]);
+    }
+}
+
 #ifdef DEBUG
+/* Scheduler self-check: kernel threads spread over the CPUs sleep for
+ * staggered virtual times and must wake no earlier than asked. */
+static int sleeper(void *arg) {
+    uint64_t i = (uint64_t)(uintptr_t)arg;
+    uint64_t until = rdtsc() + (i + 1) * (tsc_hz / 1000);
+    sleep_until(until);
+    if (rdtsc() < until)
+        return -1;
+    yield();
+    return (int)i + 100;
+}
+
+static int sched_self_check(void) {
+    int n = 2 * ncpus;
+    int tids[2 * MAX_CPUS];
+    for (int i = 0; i < n; i++) {
+        struct task *t = kthread_create("sleeper", sleeper, (void *)(uintptr_t)i);
+        KASSERT(t);
+        tids[i] = t->tid;
+    }
+    for (int i = 0; i < n; i++) {
+        int rc = task_wait(tids[i]);
+        if (rc != i + 100)
+            panic("sched self-check: sleeper %d returned %d", i, rc);
+    }
+    kprintf("sched: self-check passed (%d kernel threads)\n", n);
+    return 0;
+}
+
 static void self_checks(void) {
     int rc = pmm_check(&kpmm);
     if (rc)
@@ -55,6 +125,17 @@ static void self_checks(void) {
     vm_self_check();
 }
 #endif
+
+/* The first kernel thread: runs the debug self-checks that need a
+ * scheduler, then starts the program. */
+static int init_thread(void *arg) {
+    (void)arg;
+#ifdef DEBUG
+    sched_self_check();
+#endif
+    start_init_process(program_cmdline(boot->cmdline));
+    return 0;
+}
 
 void kmain(struct boot_info *bi);
 
@@ -90,6 +171,7 @@ void kmain(struct boot_info *bi) {
 #endif
     smp_boot();
     kprintf("smp: %d cpu(s) online\n", ncpus);
-    start_init_process(program_cmdline(bi->cmdline));
+    boot_options(bi->cmdline);
+    kthread_create("init", init_thread, NULL);
     cpu_idle_loop();
 }

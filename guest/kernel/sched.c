@@ -116,7 +116,7 @@ void task_start(struct task *t, int cpu) {
     kick(c);
 }
 
-struct task *kthread_create(const char *name, void (*fn)(void *), void *arg) {
+struct task *kthread_create(const char *name, int (*fn)(void *), void *arg) {
     struct task *t = task_alloc(name);
     if (!t)
         return NULL;
@@ -164,10 +164,8 @@ void task_first_run(void);
 void task_first_run(void) {
     finish_switch();
     struct task *t = this_cpu()->current;
-    if (t->kfn) {
-        t->kfn(t->karg);
-        task_exit(0);
-    }
+    if (t->kfn)
+        task_exit(t->kfn(t->karg));
     enter_user(t->user_rip, t->user_rsp, t->user_a0, t->user_a1);
 }
 

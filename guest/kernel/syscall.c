@@ -280,26 +280,32 @@ static int64_t sys_report(uint64_t buf, uint64_t len) {
     return 0;
 }
 
-static void sys_exit(int code) {
+static void program_done(struct task *t, int code) {
+    /* The program is done: its exit status is the VM's. */
+    report("program=%s exit=%d time_ns=%lu free_pages=%lu", t->name, code, now_ns(), kpmm.free_pages);
+    for (int i = 0; i < ncpus; i++)
+        report("cpu=%d ticks=%lu ctx_switches=%lu page_faults=%lu syscalls=%lu", i, cpus[i].ticks,
+               cpus[i].ctx_switches, cpus[i].page_faults, cpus[i].syscalls);
+    shutdown(code);
+}
+
+void thread_exit(int code) {
     struct task *t = this_cpu()->current;
-    if (t->tid == init_tid) {
-        /* The program is done: its exit status is the VM's. */
-        report("program=%s exit=%d time_ns=%lu", t->name, code, now_ns());
-        shutdown(code);
-    }
+    if (t->tid == init_tid)
+        program_done(t, code);
     task_exit(code);
 }
 
 int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3) {
     (void)a3;
+    this_cpu()->syscalls++;
     switch (nr) {
     case SYS_WRITE:
         return sys_write((int)a0, a1, a2);
     case SYS_READ:
         return sys_read((int)a0, a1, a2);
     case SYS_EXIT:
-        sys_exit((int)a0);
-        return 0;
+        thread_exit((int)a0);
     case SYS_YIELD:
         yield();
         return 0;

@@ -23,7 +23,7 @@ static void user_fault(struct trapframe *tf, uint64_t cr2) {
     kprintf("user fault: task %d (%s) on cpu %d: %s (vector %lu) error %lx rip %lx cr2 %lx\n", t->tid,
             t->name, this_cpu()->id, name, tf->vector, tf->error, tf->rip, cr2);
     dump(tf);
-    task_exit(-(int)tf->vector - 128);
+    thread_exit(128 + (int)tf->vector);
 }
 
 void trap(struct trapframe *tf) {
@@ -47,8 +47,10 @@ void trap(struct trapframe *tf) {
          * touched by the process or by the kernel on its behalf. */
         if (t->proc && cr2 >= USER_BASE && cr2 < USER_TOP && !(tf->error & 1)) {
             int rc = vm_handle_user_fault(t->mm, cr2);
-            if (rc == 0)
+            if (rc == 0) {
+                c->page_faults++;
                 break;
+            }
             if (rc == -ENOMEM)
                 panic("out of memory on a user page fault at %lx", cr2);
         }

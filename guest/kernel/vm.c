@@ -40,6 +40,15 @@ void vm_init(void) {
     write_cr3(pml4);
 }
 
+void vm_map_kernel_2m(uint64_t pa) {
+    uint64_t pdpt = table(kernel_mm.pml4)[0] & PTE_ADDR;
+    uint64_t *pdpte = &table(pdpt)[(pa >> 30) & 511];
+    if (!(*pdpte & PTE_P))
+        *pdpte = alloc_table() | PTE_P | PTE_W;
+    table(*pdpte & PTE_ADDR)[(pa >> 21) & 511] = (pa & ~((2ULL << 20) - 1)) | PTE_P | PTE_W | PTE_PS;
+    invlpg(pa);
+}
+
 struct mm *mm_create(void) {
     spin_lock(&mm_pool_lock);
     struct mm *mm = NULL;

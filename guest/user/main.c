@@ -5,6 +5,7 @@ int hello_main(int argc, char **argv);
 int bm_main(int argc, char **argv);
 int ctxsw_main(int argc, char **argv);
 int memtouch_main(int argc, char **argv);
+int fault_main(int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -14,6 +15,7 @@ static const struct {
     {"bm", bm_main},
     {"ctxsw", ctxsw_main},
     {"memtouch", memtouch_main},
+    {"fault", fault_main},
 };
 
 int umain(int argc, char **argv);
