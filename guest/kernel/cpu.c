@@ -81,7 +81,9 @@ void cpu_init_tables(struct cpu *c) {
 }
 
 void syscall_init(void) {
-    wrmsr(MSR_EFER, rdmsr(MSR_EFER) | 1); /* SCE */
+    /* SCE. LMA (bit 10) is read-only; leave it out of the write, as some
+     * hypervisors reject writing it back. */
+    wrmsr(MSR_EFER, (rdmsr(MSR_EFER) | 1) & ~(1ULL << 10));
     /* SYSCALL: CS = 0x08, SS = 0x10. SYSRET: CS = 0x10 + 16, SS = 0x10 + 8. */
     wrmsr(MSR_STAR, ((uint64_t)0x10 << 48) | ((uint64_t)SEL_KCODE << 32));
     wrmsr(MSR_LSTAR, (uint64_t)(uintptr_t)syscall_entry);

@@ -128,16 +128,17 @@ static void test_pmm(void) {
     CHECK(!pmm_owns(&p, base + 40 * PAGE_SIZE));
     CHECK(pmm_owns(&p, base + 41 * PAGE_SIZE));
 
-    /* Hand out everything: distinct, owned, the lowest page included. */
+    /* Nothing is touched until handed out (guest RAM stays untouched). */
+    CHECK(p.free_listed == 0);
+    /* Hand out everything: distinct, owned, in address order. */
     uint64_t got[64];
     size_t n = 0;
     for (uint64_t pa; (pa = pmm_alloc(&p)) != 0;)
         got[n++] = pa;
     CHECK(n == p.total_pages);
-    uint64_t lowest = UINT64_MAX;
-    for (size_t i = 0; i < n; i++)
-        lowest = got[i] < lowest ? got[i] : lowest;
-    CHECK(lowest == base + PAGE_SIZE);
+    CHECK(got[0] == base + PAGE_SIZE);
+    for (size_t i = 1; i < n; i++)
+        CHECK(got[i] > got[i - 1]);
     for (size_t i = 0; i < n; i++) {
         CHECK(pmm_owns(&p, got[i]));
         for (size_t j = 0; j < i; j++)
@@ -160,12 +161,26 @@ static void test_pmm(void) {
     CHECK(zero);
     pmm_free(&p, z);
 
-    /* The checker notices corruption: a double free and a foreign page. */
-    pmm_free(&p, got[3]); /* already free: the list now has a cycle */
-    CHECK(pmm_check(&p) == -2);
+    /* The checker notices corruption: a foreign page, then a double free. */
     uint64_t *head = (uint64_t *)(uintptr_t)p.free_head;
+    uint64_t saved = *head;
     *head = base; /* link a page the allocator does not own */
     CHECK(pmm_check(&p) == -1);
+    *head = saved;
+    CHECK(pmm_check(&p) == 0);
+    pmm_free(&p, got[3]); /* already free: the list now has a cycle */
+    CHECK(pmm_check(&p) == -2);
+    free(mem);
+
+    /* A page freed that was never handed out is caught. */
+    mem = aligned_alloc(PAGE_SIZE, 8 * PAGE_SIZE);
+    base = (uint64_t)(uintptr_t)mem;
+    pmm_init(&p);
+    pmm_add_range(&p, base, 8 * PAGE_SIZE, NULL, 0);
+    CHECK(p.total_pages == 8 && pmm_check(&p) == 0);
+    CHECK(pmm_alloc(&p) == base);
+    pmm_free(&p, base + 5 * PAGE_SIZE);
+    CHECK(pmm_check(&p) == -5);
     free(mem);
 }
 
