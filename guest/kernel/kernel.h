@@ -66,6 +66,9 @@ static inline uint64_t read_cr3(void) {
 }
 static inline void write_cr3(uint64_t v) { __asm__ volatile("mov %0, %%cr3" ::"r"(v) : "memory"); }
 static inline void invlpg(uint64_t va) { __asm__ volatile("invlpg (%0)" ::"r"(va) : "memory"); }
+static inline void cpuid(uint32_t leaf, uint32_t *a, uint32_t *b, uint32_t *c, uint32_t *d) {
+    __asm__ volatile("cpuid" : "=a"(*a), "=b"(*b), "=c"(*c), "=d"(*d) : "a"(leaf), "c"(0));
+}
 static inline void cpu_relax(void) { __asm__ volatile("pause"); }
 
 #define MSR_EFER 0xc0000080
@@ -175,6 +178,7 @@ extern int ncpus;
 extern struct boot_info *boot;
 extern struct pmm kpmm;
 extern uint64_t tsc_hz;
+extern uint32_t kvm_features; /* CPUID 0x40000001 EAX when running under a KVM-like hv */
 
 static inline struct cpu *this_cpu(void) {
     struct cpu *c;

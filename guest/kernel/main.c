@@ -7,6 +7,20 @@ int ncpus;
 struct boot_info *boot;
 struct pmm kpmm;
 uint64_t tsc_hz;
+uint32_t kvm_features;
+
+/* KVM's paravirtual interface: CPUID 0x40000000 = "KVMKVMKVM\0\0\0". */
+static void pv_detect(void) {
+    uint32_t a, sig[3];
+    cpuid(0x40000000, &a, &sig[0], &sig[1], &sig[2]);
+    if (memcmp(sig, "KVMKVMKVM\0\0\0", 12) != 0) {
+        kprintf("pv: no KVM signature\n");
+        return;
+    }
+    uint32_t b, c, d;
+    cpuid(0x40000001, &kvm_features, &b, &c, &d);
+    kprintf("pv: KVM signature, features %x (max leaf %x)\n", kvm_features, a);
+}
 
 static void pmm_setup(void) {
     pmm_init(&kpmm);
@@ -152,6 +166,7 @@ void kmain(struct boot_info *bi) {
     kprintf("faultline guest: %d cpu(s), %lu MiB, tsc %lu Hz, cmdline '%s'\n", ncpus,
             bi->mem_size >> 20, tsc_hz, bi->cmdline);
 
+    pv_detect();
     pmm_setup();
     vm_init();
     kprintf("mem: %lu pages free of %lu\n", kpmm.free_pages, kpmm.total_pages);

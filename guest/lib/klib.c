@@ -253,6 +253,29 @@ int parse_size(const char *s, uint64_t *out) {
     return 0;
 }
 
+int parse_seconds_ns(const char *s, uint64_t *out) {
+    uint64_t whole = 0, frac = 0, scale = 1000000000ULL;
+    int digits = 0;
+    for (; *s >= '0' && *s <= '9'; s++, digits++) {
+        if (whole > (UINT64_MAX / scale - 9) / 10)
+            return -1;
+        whole = whole * 10 + (uint64_t)(*s - '0');
+    }
+    if (*s == '.') {
+        s++;
+        for (; *s >= '0' && *s <= '9'; s++, digits++) {
+            if (scale == 1)
+                return -1; /* finer than a nanosecond */
+            scale /= 10;
+            frac += (uint64_t)(*s - '0') * scale;
+        }
+    }
+    if (*s || digits == 0)
+        return -1;
+    *out = whole * 1000000000ULL + frac;
+    return 0;
+}
+
 int split_words(char *line, char **words, int max) {
     int n = 0;
     while (*line) {

@@ -30,6 +30,10 @@ int ksnprintf(char *buf, size_t size, const char *fmt, ...)
  * Returns 0 on success, -1 on malformed input or overflow. */
 int parse_size(const char *s, uint64_t *out);
 
+/* Parses seconds as a decimal with up to 9 fraction digits ("1", "0.25")
+ * into nanoseconds. Returns 0 on success, -1 on malformed input or overflow. */
+int parse_seconds_ns(const char *s, uint64_t *out);
+
 /* Splits `line` in place at spaces into at most `max` words. */
 int split_words(char *line, char **words, int max);
 

@@ -67,6 +67,16 @@ static void test_parse(void) {
     CHECK(parse_size("99999999999999999999", &v) == -1);
     CHECK(parse_size("17179869184G", &v) == -1); /* 2^34 GiB overflows */
 
+    CHECK(parse_seconds_ns("1", &v) == 0 && v == 1000000000ULL);
+    CHECK(parse_seconds_ns("0.25", &v) == 0 && v == 250000000ULL);
+    CHECK(parse_seconds_ns(".5", &v) == 0 && v == 500000000ULL);
+    CHECK(parse_seconds_ns("2.000000001", &v) == 0 && v == 2000000001ULL);
+    CHECK(parse_seconds_ns("1.0000000001", &v) == -1);
+    CHECK(parse_seconds_ns("", &v) == -1);
+    CHECK(parse_seconds_ns(".", &v) == -1);
+    CHECK(parse_seconds_ns("1s", &v) == -1);
+    CHECK(parse_seconds_ns("99999999999999999999", &v) == -1);
+
     char line[] = "  bm -f 4  -w 4 ";
     char *w[8];
     int n = split_words(line, w, 8);

@@ -53,15 +53,20 @@ static int fault_thread(void *arg) {
 }
 
 static int usage(void) {
-    printf("usage: bm [-f faulting_threads] [-w work_threads] [-m bytes] [-t seconds] [-s seed]\n");
+    printf("usage: bm [-f faulting_threads] [-w work_threads] [-m bytes] [-t seconds, fractions allowed] [-s seed]\n");
     return 2;
 }
 
 int bm_main(int argc, char **argv);
 
 int bm_main(int argc, char **argv) {
-    uint64_t nfault = 1, nwork = 1, bytes = 64ULL << 20, seconds = 1, seed = 1;
+    uint64_t nfault = 1, nwork = 1, bytes = 64ULL << 20, duration_ns = 1000000000ULL, seed = 1;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-t") == 0) {
+            if (i + 1 >= argc || parse_seconds_ns(argv[++i], &duration_ns) != 0)
+                return usage();
+            continue;
+        }
         uint64_t *dst = NULL;
         if (strcmp(argv[i], "-f") == 0)
             dst = &nfault;
@@ -69,8 +74,6 @@ int bm_main(int argc, char **argv) {
             dst = &nwork;
         else if (strcmp(argv[i], "-m") == 0)
             dst = &bytes;
-        else if (strcmp(argv[i], "-t") == 0)
-            dst = &seconds;
         else if (strcmp(argv[i], "-s") == 0)
             dst = &seed;
         if (!dst || i + 1 >= argc || parse_size(argv[++i], dst) != 0)
@@ -86,10 +89,10 @@ int bm_main(int argc, char **argv) {
             return 1;
         }
     }
-    printf("bm: %lu faulting + %lu work threads, %lu MiB array, %lu s, %d cpus\n", nfault, nwork,
-           bytes >> 20, seconds, ncpus());
+    printf("bm: %lu faulting + %lu work threads, %lu MiB array, %lu ms, %d cpus\n", nfault, nwork,
+           bytes >> 20, duration_ns / 1000000, ncpus());
     uint64_t start = time_ns();
-    uint64_t deadline = start + seconds * 1000000000ULL;
+    uint64_t deadline = start + duration_ns;
     int tids[MAX_THREADS];
     uint64_t n = nfault + nwork;
     for (uint64_t i = 0; i < n; i++) {
