@@ -149,7 +149,19 @@ int start_init_process(const char *cmdline) {
     return t->tid;
 }
 
-static int64_t sys_spawn_proc(uint64_t ucmd, uint64_t len) {
+/* The CPU for a new task: the one asked for, or the least loaded. */
+static int64_t target_cpu(int64_t cpu) {
+    if (cpu < 0)
+        return pick_cpu();
+    if (cpu >= ncpus || !cpus[cpu].online)
+        return -EINVAL;
+    return cpu;
+}
+
+static int64_t sys_spawn_proc(uint64_t ucmd, uint64_t len, int64_t cpu) {
+    cpu = target_cpu(cpu);
+    if (cpu < 0)
+        return cpu;
     struct process *p = this_cpu()->current->proc;
     if (len == 0 || len >= CMDLINE_LEN)
         return -EINVAL;
@@ -161,7 +173,7 @@ static int64_t sys_spawn_proc(uint64_t ucmd, uint64_t len) {
     struct task *t = proc_create(cmd, p);
     if (!t)
         return -ENOMEM;
-    task_start(t, pick_cpu());
+    task_start(t, (int)cpu);
     return t->tid;
 }
 
@@ -248,10 +260,13 @@ static int64_t sys_mmap(uint64_t len) {
     return rc ? rc : (int64_t)va;
 }
 
-static int64_t sys_spawn(uint64_t fn, uint64_t arg) {
+static int64_t sys_spawn(uint64_t fn, uint64_t arg, int64_t cpu) {
     struct process *p = cur_proc();
     if (fn < USER_BASE || fn >= USER_TOP)
         return -EFAULT;
+    cpu = target_cpu(cpu);
+    if (cpu < 0)
+        return cpu;
     const struct user_header *h = (const struct user_header *)user_image;
     spin_lock(&p->lock);
     p->refs++;
@@ -263,7 +278,7 @@ static int64_t sys_spawn(uint64_t fn, uint64_t arg) {
         spin_unlock(&p->lock);
         return -ENOMEM;
     }
-    task_start(t, pick_cpu());
+    task_start(t, (int)cpu);
     return t->tid;
 }
 
@@ -319,7 +334,7 @@ int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uin
     case SYS_MMAP:
         return sys_mmap(a0);
     case SYS_SPAWN:
-        return sys_spawn(a0, a1);
+        return sys_spawn(a0, a1, (int64_t)a2);
     case SYS_WAIT:
         return task_wait((int)a0);
     case SYS_PIPE:
@@ -333,7 +348,7 @@ int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uin
     case SYS_GETTID:
         return this_cpu()->current->tid;
     case SYS_SPAWN_PROC:
-        return sys_spawn_proc(a0, a1);
+        return sys_spawn_proc(a0, a1, (int64_t)a2);
     case SYS_SHUTDOWN:
         shutdown((int)a0);
     default:

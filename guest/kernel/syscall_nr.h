@@ -9,7 +9,8 @@
 #define SYS_GETCPU 4
 #define SYS_TIME 5   /* -> virtual ns since boot */
 #define SYS_MMAP 6   /* (len) -> address of demand-zero anonymous memory */
-#define SYS_SPAWN 7  /* (entry, arg) -> tid of a new thread in this process */
+#define SYS_SPAWN 7  /* (entry, arg, cpu) -> tid of a new thread in this process;
+                        cpu = -1 picks the least loaded CPU */
 #define SYS_WAIT 8   /* (tid) -> its exit code */
 #define SYS_PIPE 9   /* (int fds[2]) -> 0; fds[0] reads, fds[1] writes */
 #define SYS_READ 10  /* (fd, buf, len) -> bytes read, 0 at end of file */
@@ -18,7 +19,7 @@
 #define SYS_NCPUS 13
 #define SYS_GETTID 14
 #define SYS_SHUTDOWN 15 /* (code): power off (the init process's last word) */
-#define SYS_SPAWN_PROC 16 /* (cmdline, len) -> tid of the main thread of a new
+#define SYS_SPAWN_PROC 16 /* (cmdline, len, cpu) -> tid of the main thread of a new
                              process running that program; it inherits the
                              caller's pipes */
 

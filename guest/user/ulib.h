@@ -30,10 +30,22 @@ static inline void *mmap_anon(size_t len) {
     int64_t r = syscall4(SYS_MMAP, len, 0, 0, 0);
     return r < 0 ? NULL : (void *)r;
 }
-static inline int spawn(int (*fn)(void *), void *arg) { return (int)syscall4(SYS_SPAWN, (uint64_t)fn, (uint64_t)arg, 0, 0); }
+/* A new thread running fn(arg) on the least loaded CPU, or on `cpu`. */
+static inline int spawn(int (*fn)(void *), void *arg) {
+    return (int)syscall4(SYS_SPAWN, (uint64_t)fn, (uint64_t)arg, (uint64_t)-1, 0);
+}
+static inline int spawn_on(int (*fn)(void *), void *arg, int cpu) {
+    return (int)syscall4(SYS_SPAWN, (uint64_t)fn, (uint64_t)arg, (uint64_t)(int64_t)cpu, 0);
+}
 /* Starts a new process running the program named first in `cmd`; it
  * inherits this process's pipes. Returns the tid of its main thread. */
-static inline int spawn_proc(const char *cmd) { return (int)syscall4(SYS_SPAWN_PROC, (uint64_t)cmd, strlen(cmd), 0, 0); }
+static inline int spawn_proc(const char *cmd) {
+    return (int)syscall4(SYS_SPAWN_PROC, (uint64_t)cmd, strlen(cmd), (uint64_t)-1, 0);
+}
+/* The same on a given CPU. */
+static inline int spawn_proc_on(const char *cmd, int cpu) {
+    return (int)syscall4(SYS_SPAWN_PROC, (uint64_t)cmd, strlen(cmd), (uint64_t)(int64_t)cpu, 0);
+}
 static inline int wait_thread(int tid) { return (int)syscall4(SYS_WAIT, (uint64_t)tid, 0, 0, 0); }
 static inline int pipe(int fds[2]) { return (int)syscall4(SYS_PIPE, (uint64_t)fds, 0, 0, 0); }
 static inline int close(int fd) { return (int)syscall4(SYS_CLOSE, (uint64_t)fd, 0, 0, 0); }
