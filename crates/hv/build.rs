@@ -1,0 +1,48 @@
+//! Compiles the hv's C test kernels (tests/guests/*.c) with the host gcc
+//! and the guest's flags, into OUT_DIR/<name>.elf for the integration tests.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+const KERNELS: [&str; 4] = ["hello", "smp", "triple", "outside"];
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
+    let guests = manifest.join("tests/guests");
+    let include = manifest.join("../../guest/include");
+    println!("cargo:rerun-if-changed={}", guests.display());
+    println!("cargo:rerun-if-changed={}", include.display());
+    for name in KERNELS {
+        let src = guests.join(format!("{name}.c"));
+        let elf = out.join(format!("{name}.elf"));
+        let status = Command::new("gcc")
+            .args([
+                "-O2",
+                "-ffreestanding",
+                "-mgeneral-regs-only",
+                "-mno-red-zone",
+                "-nostdlib",
+                "-static",
+                "-fno-pie",
+                "-no-pie",
+                "-fno-stack-protector",
+                "-fno-asynchronous-unwind-tables",
+                "-Wall",
+                "-Werror",
+                "-Wl,--build-id=none",
+                "-Wl,--no-warn-rwx-segments",
+            ])
+            .arg(format!("-Wl,-T,{}", guests.join("link.ld").display()))
+            .arg("-I")
+            .arg(&include)
+            .arg("-I")
+            .arg(&guests)
+            .arg(&src)
+            .arg("-o")
+            .arg(&elf)
+            .status()
+            .unwrap_or_else(|e| panic!("running gcc to build test kernel {name}: {e}"));
+        assert!(status.success(), "gcc failed on {}", src.display());
+    }
+}

@@ -1,0 +1,85 @@
+//! Errors: one enum per operation.
+
+use crate::boot::ElfError;
+use crate::frames::OutOfFrames;
+use crate::memslot::MemslotError;
+use crate::mmu::fault::FaultError;
+use crate::mmu::tdp::TdpError;
+use machine::memory::MemCreateError;
+use machine::{Gpa, MemError};
+use thiserror::Error;
+
+/// Creating a VM failed.
+#[derive(Debug, Error)]
+pub enum CreateError {
+    #[error("a VM needs 1 to {max} vCPUs, not {0}", max = abi::MAX_CPUS)]
+    BadVcpuCount(u32),
+    #[error("guest memory must be a multiple of 2 MiB between 2 MiB and {max} bytes, not {0}", max = crate::boot::MAX_GUEST_MEM)]
+    BadMemSize(u64),
+    #[error("command line of {0} bytes is too long (at most {max})", max = abi::CMDLINE_LEN - 1)]
+    CmdlineTooLong(usize),
+    #[error("allocating host memory: {0}")]
+    HostMemory(#[from] MemCreateError),
+    #[error("kernel image: {0}")]
+    Elf(#[from] ElfError),
+    #[error("building the EPT root: {0}")]
+    Tdp(#[from] TdpError),
+    #[error("writing guest memory during boot: {0}")]
+    GuestMemory(#[from] GuestMemoryError),
+    #[error("memslot: {0}")]
+    Memslot(#[from] MemslotError),
+}
+
+/// An hv access to guest-physical memory failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum GuestMemoryError {
+    #[error("gpa {0} is outside every memslot")]
+    Unmapped(Gpa),
+    #[error("{0}")]
+    OutOfFrames(#[from] OutOfFrames),
+    #[error("host memory: {0:?}")]
+    Host(MemError),
+}
+
+impl From<MemError> for GuestMemoryError {
+    fn from(e: MemError) -> Self {
+        GuestMemoryError::Host(e)
+    }
+}
+
+/// Why a running VM stopped with an error. Every variant names the vCPU
+/// and the guest RIP where it happened.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum VmError {
+    #[error(
+        "vCPU {vcpu}: triple fault at rip {rip:#x} (the guest could not deliver a double fault)"
+    )]
+    TripleFault { vcpu: usize, rip: u64 },
+    #[error("vCPU {vcpu}: guest access outside its memory at gpa {gpa:#x}, rip {rip:#x}")]
+    OutsideMemory { vcpu: usize, gpa: u64, rip: u64 },
+    #[error("vCPU {vcpu}: EPT violation at gpa {gpa:#x}, rip {rip:#x}: {source}")]
+    EptFault {
+        vcpu: usize,
+        gpa: u64,
+        rip: u64,
+        source: FaultError,
+    },
+    #[error("vCPU {vcpu}: EPT misconfiguration at gpa {gpa:#x}, rip {rip:#x} (an hv bug)")]
+    EptMisconfig { vcpu: usize, gpa: u64, rip: u64 },
+    #[error("vCPU {vcpu}: machine error {error:?} at rip {rip:#x}")]
+    Machine {
+        vcpu: usize,
+        rip: u64,
+        error: MemError,
+    },
+    #[error("vCPU {vcpu}: unsupported VM exit `{exit}` at rip {rip:#x}")]
+    UnsupportedExit { vcpu: usize, rip: u64, exit: String },
+    #[error("vCPU {vcpu}: the hv could not access guest memory at rip {rip:#x}: {source}")]
+    GuestMemory {
+        vcpu: usize,
+        rip: u64,
+        source: GuestMemoryError,
+    },
+    #[error("every vCPU is halted with nothing to wake it (virtual time {cycles} cycles)")]
+    AllHalted { cycles: u64 },
+}

@@ -1,0 +1,89 @@
+//! Counters per vCPU and per exit reason.
+
+use std::collections::BTreeMap;
+
+/// Count and hv cycles of one exit reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExitStat {
+    pub count: u64,
+    /// Cycles the hv charged handling these exits (beyond the machine's
+    /// VM exit/entry transition costs).
+    pub hv_cycles: u64,
+}
+
+/// Counters of one vCPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VcpuStats {
+    /// Exit reason (`VmExit::name`) -> counters, in name order.
+    pub exits: BTreeMap<String, ExitStat>,
+    /// EPT violations fixed.
+    pub ept_faults: u64,
+    /// Guest frames allocated by those faults (first touches).
+    pub frames_allocated: u64,
+    /// Virtual cycles spent waiting for `mmu_lock`.
+    pub mmu_lock_wait_cycles: u64,
+    /// HLT exits.
+    pub halts: u64,
+    /// IPIs routed.
+    pub ipis_sent: u64,
+    /// Cycles interpreting guest code or handling its exits.
+    pub busy_cycles: u64,
+    /// Cycles skipped while halted or not started.
+    pub idle_cycles: u64,
+    /// The vCPU's clock.
+    pub cycles: u64,
+    /// Retired guest instructions.
+    pub instructions: u64,
+}
+
+impl VcpuStats {
+    /// Share of `virtual_cycles` (the VM's virtual time) this vCPU spent
+    /// busy. A vCPU's own clock can lag the VM's when the VM stops in the
+    /// middle of a round, so the VM's time is the denominator.
+    pub fn utilization(&self, virtual_cycles: u64) -> f64 {
+        if virtual_cycles == 0 {
+            0.0
+        } else {
+            self.busy_cycles as f64 / virtual_cycles as f64
+        }
+    }
+}
+
+/// Counters of a VM.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VmStats {
+    /// Virtual time: the furthest vCPU clock.
+    pub virtual_cycles: u64,
+    pub vcpus: Vec<VcpuStats>,
+    /// Host frames in use (guest RAM touched + EPT tables).
+    pub frames_in_use: u64,
+    pub frames_peak: u64,
+    /// EPT table frames.
+    pub ept_tables: u64,
+    pub memslot_generation: u64,
+}
+
+impl VmStats {
+    /// Exits summed over vCPUs, by reason.
+    pub fn exits(&self) -> BTreeMap<String, ExitStat> {
+        let mut all: BTreeMap<String, ExitStat> = BTreeMap::new();
+        for v in &self.vcpus {
+            for (name, stat) in &v.exits {
+                let e = all.entry(name.clone()).or_default();
+                e.count += stat.count;
+                e.hv_cycles += stat.hv_cycles;
+            }
+        }
+        all
+    }
+
+    /// Instructions summed over vCPUs.
+    pub fn instructions(&self) -> u64 {
+        self.vcpus.iter().map(|v| v.instructions).sum()
+    }
+
+    /// EPT faults summed over vCPUs.
+    pub fn ept_faults(&self) -> u64 {
+        self.vcpus.iter().map(|v| v.ept_faults).sum()
+    }
+}

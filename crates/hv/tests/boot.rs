@@ -1,0 +1,197 @@
+//! Integration tests: boot the C test kernels of tests/guests under the hv.
+
+use hv::{StopReason, Vm, VmConfig, VmError};
+
+const HELLO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hello.elf"));
+const SMP: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/smp.elf"));
+const TRIPLE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/triple.elf"));
+const OUTSIDE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/outside.elf"));
+
+fn config(vcpus: u32, cmdline: &str) -> VmConfig {
+    VmConfig {
+        vcpus,
+        mem_size: 64 << 20,
+        cmdline: cmdline.to_string(),
+        ..VmConfig::default()
+    }
+}
+
+fn run(kernel: &[u8], config: &VmConfig) -> (Vm, StopReason, String) {
+    let mut vm = Vm::boot(config, kernel).expect("boot");
+    let reason = vm.run();
+    let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
+    (vm, reason, out)
+}
+
+#[test]
+fn hello_prints_reports_and_exits_through_the_debug_port() {
+    let (vm, reason, out) = run(HELLO, &config(1, "seed=1 -- hello a b"));
+    assert_eq!(
+        reason,
+        StopReason::DebugExit {
+            status: (0x21 << 1) | 1
+        },
+        "{out}"
+    );
+    assert!(out.contains("hello from the guest\n"), "{out}");
+    assert!(
+        out.contains("cpus=1 mem=64M cmdline=seed=1 -- hello a b\n"),
+        "{out}"
+    );
+    assert!(out.contains("signature=KVMKVMKVM\n"), "{out}");
+    assert!(out.contains("enosys ok\n"), "{out}");
+    assert_eq!(vm.reports().len(), 1);
+    assert_eq!(vm.reports()[0].line, "test=hello value=42");
+    let stats = vm.stats();
+    // Demand paging: only touched pages got frames, far fewer than 64 MiB.
+    assert!(stats.ept_faults() >= 3, "{stats:?}");
+    assert!(stats.vcpus[0].frames_allocated >= 1);
+    assert!(stats.frames_in_use < 1000, "{stats:?}");
+    let exits = stats.exits();
+    assert!(exits["io"].count > 20);
+    assert_eq!(exits["cpuid"].count, 1);
+    assert_eq!(exits["vmcall"].count, 2);
+    assert!(stats.instructions() > 100);
+}
+
+#[test]
+fn smp_starts_aps_routes_ipis_and_wakes_on_the_timer() {
+    let (vm, reason, out) = run(SMP, &config(4, ""));
+    assert_eq!(reason, StopReason::DebugExit { status: 1 }, "{out}");
+    for id in 1..4 {
+        assert!(out.contains(&format!("cpu {id} up\n")), "{out}");
+    }
+    assert!(out.contains("all 4 cpus up\n"), "{out}");
+    assert!(out.contains("timer ok\n"), "{out}");
+    assert!(!out.contains("no IPI received"), "{out}");
+    assert!(out.contains("msr gp ok\n"), "{out}");
+    assert!(out.contains("kick ok\n"), "{out}");
+    let stats = vm.stats();
+    assert_eq!(stats.vcpus.iter().map(|v| v.ipis_sent).sum::<u64>(), 3);
+    // The BSP slept through the 1 ms timer without interpreting it.
+    assert!(
+        stats.vcpus[0].idle_cycles >= 3_000_000 - 100_000,
+        "{stats:?}"
+    );
+    assert!(stats.vcpus[0].cycles >= 3_000_000);
+}
+
+#[test]
+fn same_config_same_output_and_cycles() {
+    let a = run(SMP, &config(3, ""));
+    let b = run(SMP, &config(3, ""));
+    assert_eq!(a.1, b.1);
+    assert_eq!(a.2, b.2);
+    assert_eq!(a.0.stats(), b.0.stats());
+    let digests = |vm: &Vm| {
+        vm.vcpus()
+            .iter()
+            .map(|v| v.cpu().state_digest())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(digests(&a.0), digests(&b.0));
+}
+
+#[test]
+fn triple_fault_stops_the_vm_with_a_clear_error() {
+    let (_, reason, out) = run(TRIPLE, &config(1, ""));
+    assert!(out.contains("about to triple fault"));
+    match reason {
+        StopReason::Error(e @ VmError::TripleFault { vcpu: 0, .. }) => {
+            assert!(
+                e.to_string().contains("vCPU 0: triple fault at rip 0x2"),
+                "{e}"
+            );
+        }
+        other => panic!("expected a triple fault, got {other:?}"),
+    }
+}
+
+#[test]
+fn write_outside_guest_memory_stops_the_vm_with_a_clear_error() {
+    let (_, reason, out) = run(OUTSIDE, &config(1, ""));
+    assert!(out.contains("writing outside guest memory"), "{out}");
+    assert!(!out.contains("still alive"), "{out}");
+    let expected_gpa = (64u64 << 20) + (128 << 20);
+    match reason {
+        StopReason::Error(e @ VmError::OutsideMemory { vcpu: 0, gpa, .. }) => {
+            assert_eq!(gpa, expected_gpa);
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!(
+                    "guest access outside its memory at gpa {expected_gpa:#x}, rip 0x"
+                )),
+                "{msg}"
+            );
+        }
+        other => panic!("expected an outside-memory error, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_kernels_are_refused_before_running() {
+    let err = Vm::boot(&config(1, ""), b"not an elf").unwrap_err();
+    assert_eq!(err.to_string(), "kernel image: not an ELF file (bad magic)");
+    let too_small = VmConfig {
+        mem_size: 3 << 20,
+        ..config(1, "")
+    };
+    assert!(Vm::boot(&too_small, HELLO).is_err());
+}
+
+#[test]
+fn memslot_delete_zaps_and_refaults() {
+    let mut vm = Vm::boot(&config(1, ""), HELLO).expect("boot");
+    assert!(matches!(vm.run(), StopReason::DebugExit { .. }));
+    let generation = vm.memslot_generation();
+    vm.add_memslot(7, machine::Gpa(1 << 32), 1 << 20, Default::default())
+        .unwrap();
+    vm.write_guest(machine::Gpa((1 << 32) + 8), b"abc").unwrap();
+    let mut buf = [0u8; 3];
+    vm.read_guest(machine::Gpa((1 << 32) + 8), &mut buf)
+        .unwrap();
+    assert_eq!(&buf, b"abc");
+    vm.move_memslot(7, machine::Gpa(2 << 32)).unwrap();
+    vm.read_guest(machine::Gpa((2 << 32) + 8), &mut buf)
+        .unwrap();
+    assert_eq!(&buf, b"abc");
+    let in_use = vm.stats().frames_in_use;
+    vm.delete_memslot(7).unwrap();
+    assert_eq!(vm.stats().frames_in_use, in_use - 1);
+    assert_eq!(vm.memslot_generation(), generation + 3);
+    assert!(vm.read_guest(machine::Gpa(2 << 32), &mut buf).is_err());
+}
+
+#[test]
+fn deleting_guest_ram_zaps_its_sptes_and_frees_its_frames() {
+    use hv::mmu::{spte, tdp};
+    let mut vm = Vm::boot(&config(1, ""), HELLO).expect("boot");
+    assert!(matches!(vm.run(), StopReason::DebugExit { .. }));
+    let entry = machine::Gfn(0x200);
+    let leaf = |vm: &Vm| {
+        let inner = vm.mmu().lock();
+        let at = inner
+            .root
+            .find_leaf(vm.host_memory(), entry)
+            .unwrap()
+            .unwrap();
+        tdp::read_spte(vm.host_memory(), at).unwrap()
+    };
+    let mapped = leaf(&vm);
+    assert!(spte::is_present(mapped));
+    assert_ne!(
+        mapped & spte::ACCESSED,
+        0,
+        "the CPU set the EPT accessed flag"
+    );
+    let before = vm.stats().frames_in_use;
+    vm.delete_memslot(hv::vm::RAM_SLOT).unwrap();
+    assert_eq!(leaf(&vm), 0, "zapped");
+    let after = vm.stats().frames_in_use;
+    // Every guest frame went back; only the EPT tables remain.
+    assert!(before > after, "{before} -> {after}");
+    assert_eq!(after, vm.stats().ept_tables);
+    assert!(vm
+        .read_guest(machine::Gpa(0x200000), &mut [0u8; 1])
+        .is_err());
+}

@@ -1,0 +1,194 @@
+//! The run summary, as text or JSON. Only virtual-time figures appear here,
+//! so the same run prints the same summary.
+
+use hv::{StopReason, Vm};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+#[derive(Serialize)]
+pub struct ExitSummary {
+    pub count: u64,
+    pub hv_cycles: u64,
+}
+
+#[derive(Serialize)]
+pub struct VcpuSummary {
+    pub id: usize,
+    pub cycles: u64,
+    pub instructions: u64,
+    pub busy_cycles: u64,
+    pub idle_cycles: u64,
+    pub utilization: f64,
+    pub ept_faults: u64,
+    pub mmu_lock_wait_cycles: u64,
+    pub halts: u64,
+    pub ipis_sent: u64,
+    pub exits: BTreeMap<String, ExitSummary>,
+}
+
+#[derive(Serialize)]
+pub struct ReportLine {
+    pub vcpu: usize,
+    pub cycles: u64,
+    pub line: String,
+}
+
+#[derive(Serialize)]
+pub struct Summary {
+    /// "debug_exit", "shutdown" or "error".
+    pub stop: String,
+    pub exit_status: Option<u64>,
+    pub error: Option<String>,
+    pub virtual_cycles: u64,
+    pub virtual_seconds: f64,
+    pub instructions: u64,
+    pub ept_faults: u64,
+    pub guest_frames_allocated: u64,
+    pub host_frames_in_use: u64,
+    pub host_frames_peak: u64,
+    pub ept_tables: u64,
+    pub mmu_lock_wait_cycles: u64,
+    pub exits: BTreeMap<String, ExitSummary>,
+    pub vcpus: Vec<VcpuSummary>,
+    pub reports: Vec<ReportLine>,
+}
+
+fn exits(map: &BTreeMap<String, hv::stats::ExitStat>) -> BTreeMap<String, ExitSummary> {
+    map.iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                ExitSummary {
+                    count: v.count,
+                    hv_cycles: v.hv_cycles,
+                },
+            )
+        })
+        .collect()
+}
+
+impl Summary {
+    pub fn new(vm: &Vm, reason: &StopReason) -> Summary {
+        let stats = vm.stats();
+        let (stop, exit_status, error) = match reason {
+            StopReason::DebugExit { status } => ("debug_exit", Some(u64::from(*status)), None),
+            StopReason::Shutdown { status } => ("shutdown", Some(*status), None),
+            StopReason::Error(e) => ("error", None, Some(e.to_string())),
+        };
+        Summary {
+            stop: stop.to_string(),
+            exit_status,
+            error,
+            virtual_cycles: stats.virtual_cycles,
+            virtual_seconds: stats.virtual_cycles as f64 / machine::cost::CYCLES_PER_SECOND as f64,
+            instructions: stats.instructions(),
+            ept_faults: stats.ept_faults(),
+            guest_frames_allocated: stats.vcpus.iter().map(|v| v.frames_allocated).sum(),
+            host_frames_in_use: stats.frames_in_use,
+            host_frames_peak: stats.frames_peak,
+            ept_tables: stats.ept_tables,
+            mmu_lock_wait_cycles: stats.vcpus.iter().map(|v| v.mmu_lock_wait_cycles).sum(),
+            exits: exits(&stats.exits()),
+            vcpus: stats
+                .vcpus
+                .iter()
+                .enumerate()
+                .map(|(id, v)| VcpuSummary {
+                    id,
+                    cycles: v.cycles,
+                    instructions: v.instructions,
+                    busy_cycles: v.busy_cycles,
+                    idle_cycles: v.idle_cycles,
+                    utilization: v.utilization(stats.virtual_cycles),
+                    ept_faults: v.ept_faults,
+                    mmu_lock_wait_cycles: v.mmu_lock_wait_cycles,
+                    halts: v.halts,
+                    ipis_sent: v.ipis_sent,
+                    exits: exits(&v.exits),
+                })
+                .collect(),
+            reports: vm
+                .reports()
+                .iter()
+                .map(|r| ReportLine {
+                    vcpu: r.vcpu,
+                    cycles: r.cycles,
+                    line: r.line.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        let mut s =
+            serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+        s.push('\n');
+        s
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "--- faultline summary ---");
+        match (&self.error, self.exit_status) {
+            (Some(e), _) => {
+                let _ = writeln!(s, "stopped:      error: {e}");
+            }
+            (None, Some(status)) => {
+                let _ = writeln!(s, "stopped:      {} (status {status})", self.stop);
+            }
+            (None, None) => {
+                let _ = writeln!(s, "stopped:      {}", self.stop);
+            }
+        }
+        let _ = writeln!(
+            s,
+            "virtual time: {:.6} s ({} cycles)",
+            self.virtual_seconds, self.virtual_cycles
+        );
+        let _ = writeln!(s, "instructions: {}", self.instructions);
+        let _ = writeln!(
+            s,
+            "EPT faults:   {} ({} guest frames allocated; host frames in use {}, peak {}, EPT tables {})",
+            self.ept_faults,
+            self.guest_frames_allocated,
+            self.host_frames_in_use,
+            self.host_frames_peak,
+            self.ept_tables
+        );
+        let _ = writeln!(
+            s,
+            "mmu_lock:     {} cycles waited",
+            self.mmu_lock_wait_cycles
+        );
+        let _ = writeln!(s, "exits:");
+        for (name, e) in &self.exits {
+            let _ = writeln!(
+                s,
+                "  {name:<20} {:>12} exits {:>14} hv cycles",
+                e.count, e.hv_cycles
+            );
+        }
+        let _ = writeln!(s, "vCPUs:");
+        for v in &self.vcpus {
+            let exits: u64 = v.exits.values().map(|e| e.count).sum();
+            let _ = writeln!(
+                s,
+                "  vcpu {:<3} {:>6.1}% busy {:>14} instructions {:>10} exits {:>8} EPT faults {:>6} halts",
+                v.id,
+                v.utilization * 100.0,
+                v.instructions,
+                exits,
+                v.ept_faults,
+                v.halts
+            );
+        }
+        if !self.reports.is_empty() {
+            let _ = writeln!(s, "reports:");
+            for r in &self.reports {
+                let _ = writeln!(s, "  vcpu {} @{}: {}", r.vcpu, r.cycles, r.line);
+            }
+        }
+        s
+    }
+}

@@ -1,0 +1,135 @@
+//! The `faultline` command line, run as a process on the hv's test kernels.
+
+use std::process::{Command, Output};
+
+fn kernel(name: &str) -> String {
+    format!("{}/test-{name}.elf", env!("OUT_DIR"))
+}
+
+fn faultline(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_faultline"))
+        .args(args)
+        .output()
+        .expect("run faultline")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn runs_a_kernel_prints_its_output_then_the_summary() {
+    let k = kernel("hello");
+    let out = faultline(&[
+        "run", "--mem", "64M", "--seed", "7", "--kernel", &k, "--", "hello", "x",
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some((0x21 << 1) | 1), "{stdout}");
+    assert!(stdout.contains("cmdline=seed=7 -- hello x\n"), "{stdout}");
+    let summary = stdout.find("--- faultline summary ---").expect("summary");
+    assert!(stdout.find("hello from the guest").unwrap() < summary);
+    assert!(stdout.contains("virtual time: "), "{stdout}");
+    assert!(stdout.contains("EPT faults:"), "{stdout}");
+    assert!(stdout.contains("vcpu 0 "), "{stdout}");
+    assert!(stdout.contains("test=hello value=42"), "{stdout}");
+    // Not a terminal: no progress lines on stderr.
+    assert!(!text(&out.stderr).contains("[faultline]"));
+}
+
+#[test]
+fn json_stats_and_deterministic_output() {
+    let k = kernel("smp");
+    let args = [
+        "run", "--vcpus", "3", "--mem", "32M", "--stats", "json", "--kernel", &k, "--", "smp",
+    ];
+    let a = faultline(&args);
+    let b = faultline(&args);
+    assert_eq!(a.stdout, b.stdout, "same config, same output and counts");
+    let stdout = text(&a.stdout);
+    let json_start = stdout.find('{').expect("json");
+    let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).expect("valid json");
+    assert_eq!(v["stop"], "debug_exit");
+    assert_eq!(v["vcpus"].as_array().unwrap().len(), 3);
+    assert!(v["instructions"].as_u64().unwrap() > 100);
+    assert_eq!(v["exits"]["ipi"]["count"], 2);
+}
+
+#[test]
+fn guest_triple_fault_is_reported_and_the_process_exits_cleanly() {
+    let out = faultline(&[
+        "run",
+        "--mem",
+        "16M",
+        "--kernel",
+        &kernel("triple"),
+        "--",
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("VM stopped: vCPU 0: triple fault at rip 0x"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(text(&out.stdout).contains("stopped:      error: vCPU 0: triple fault"));
+}
+
+#[test]
+fn guest_write_outside_memory_is_reported_and_the_process_exits_cleanly() {
+    let out = faultline(&[
+        "run",
+        "--mem",
+        "16M",
+        "--kernel",
+        &kernel("outside"),
+        "--",
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("guest access outside its memory at gpa 0x9000000, rip 0x"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn missing_or_malformed_kernels_are_clear_errors() {
+    let out = faultline(&["run", "--kernel", "/nonexistent/kernel.elf", "--", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("cannot read kernel /nonexistent/kernel.elf"));
+    let out = faultline(&[
+        "run",
+        "--kernel",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+        "--",
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("not an ELF file"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = faultline(&[
+        "run",
+        "--mem",
+        "3M",
+        "--kernel",
+        &kernel("hello"),
+        "--",
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("multiple of 2 MiB"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = faultline(&["run", "--mem", "lots", "--", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = faultline(&["run", "--kernel", &kernel("hello")]);
+    assert_eq!(out.status.code(), Some(2), "a program is required");
+}
