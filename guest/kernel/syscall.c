@@ -311,9 +311,8 @@ void thread_exit(int code) {
     task_exit(code);
 }
 
-int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3) {
+static int64_t do_syscall(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3) {
     (void)a3;
-    this_cpu()->syscalls++;
     switch (nr) {
     case SYS_WRITE:
         return sys_write((int)a0, a1, a2);
@@ -354,4 +353,14 @@ int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uin
     default:
         return -ENOSYS;
     }
+}
+
+int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3) {
+    this_cpu()->syscalls++;
+    int64_t ret = do_syscall(nr, a0, a1, a2, a3);
+    /* Like an interrupt, a system call returns to user mode through the
+     * scheduler when a wakeup or the timer asked for it. */
+    if (this_cpu()->need_resched)
+        schedule();
+    return ret;
 }
