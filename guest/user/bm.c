@@ -1,0 +1,125 @@
+/* The seed-000 benchmark: `-f` faulting threads write to random pages of
+ * an `-m`-byte array (first touches are page faults, in the guest and in
+ * the hypervisor), while `-w` work threads increment counters; after `-t`
+ * seconds of virtual time each work thread's count is printed, and their
+ * sum as `total: N`. Deterministic for a given `-s` seed. */
+#include "ulib.h"
+
+#define MAX_THREADS 64
+#define TIME_CHECK_EVERY 1024
+
+struct worker {
+    uint64_t count;
+    uint64_t deadline_ns;
+    uint64_t seed;
+    uint8_t *array;
+    uint64_t pages;
+    uint8_t pad[24]; /* one cache line each */
+};
+
+static struct worker workers[MAX_THREADS];
+
+static int work_thread(void *arg) {
+    struct worker *w = arg;
+    uint64_t n = 0;
+    for (;;) {
+        for (int i = 0; i < TIME_CHECK_EVERY; i++) {
+            n++;
+            __asm__ volatile("" : "+r"(n)); /* keeps the increments from being folded */
+        }
+        w->count = n;
+        if (time_ns() >= w->deadline_ns)
+            break;
+    }
+    return 0;
+}
+
+static int fault_thread(void *arg) {
+    struct worker *w = arg;
+    uint64_t rng = w->seed;
+    uint64_t n = 0;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            uint64_t page = xorshift64(&rng) % w->pages;
+            volatile uint64_t *p = (volatile uint64_t *)(w->array + page * 4096 + (n % 512) * 8);
+            *p += 1;
+            n++;
+        }
+        w->count = n;
+        if (time_ns() >= w->deadline_ns)
+            break;
+    }
+    return 0;
+}
+
+static int usage(void) {
+    printf("usage: bm [-f faulting_threads] [-w work_threads] [-m bytes] [-t seconds, fractions allowed] [-s seed]\n");
+    return 2;
+}
+
+int bm_main(int argc, char **argv);
+
+int bm_main(int argc, char **argv) {
+    uint64_t nfault = 1, nwork = 1, bytes = 64ULL << 20, duration_ns = 1000000000ULL, seed = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-t") == 0) {
+            if (i + 1 >= argc || parse_seconds_ns(argv[++i], &duration_ns) != 0)
+                return usage();
+            continue;
+        }
+        uint64_t *dst = NULL;
+        if (strcmp(argv[i], "-f") == 0)
+            dst = &nfault;
+        else if (strcmp(argv[i], "-w") == 0)
+            dst = &nwork;
+        else if (strcmp(argv[i], "-m") == 0)
+            dst = &bytes;
+        else if (strcmp(argv[i], "-s") == 0)
+            dst = &seed;
+        if (!dst || i + 1 >= argc || parse_size(argv[++i], dst) != 0)
+            return usage();
+    }
+    if (nfault + nwork == 0 || nfault + nwork > MAX_THREADS || bytes < 4096 || seed == 0)
+        return usage();
+    uint8_t *array = NULL;
+    if (nfault) {
+        array = mmap_anon(bytes);
+        if (!array) {
+            printf("bm: cannot map %lu bytes\n", bytes);
+            return 1;
+        }
+    }
+    printf("bm: %lu faulting + %lu work threads, %lu MiB array, %lu ms, %d cpus\n", nfault, nwork,
+           bytes >> 20, duration_ns / 1000000, ncpus());
+    uint64_t start = time_ns();
+    uint64_t deadline = start + duration_ns;
+    int tids[MAX_THREADS];
+    uint64_t n = nfault + nwork;
+    for (uint64_t i = 0; i < n; i++) {
+        struct worker *w = &workers[i];
+        w->deadline_ns = deadline;
+        w->seed = seed * 0x9E3779B97F4A7C15ULL + i + 1;
+        w->array = array;
+        w->pages = bytes / 4096;
+        tids[i] = spawn(i < nfault ? fault_thread : work_thread, w);
+        if (tids[i] < 0) {
+            printf("bm: spawn failed: %d\n", tids[i]);
+            return 1;
+        }
+    }
+    uint64_t total = 0, touches = 0;
+    for (uint64_t i = 0; i < n; i++)
+        wait_thread(tids[i]);
+    uint64_t elapsed = time_ns() - start;
+    for (uint64_t i = 0; i < nfault; i++)
+        touches += workers[i].count;
+    for (uint64_t i = 0; i < nwork; i++) {
+        printf("worker %lu: %lu\n", i, workers[nfault + i].count);
+        total += workers[nfault + i].count;
+    }
+    printf("faulting threads: %lu page writes\n", touches);
+    printf("total: %lu\n", total);
+    report("bm_total=%lu bm_page_writes=%lu bm_elapsed_ns=%lu bm_fault_threads=%lu bm_work_threads=%lu", total,
+           touches, elapsed, nfault, nwork);
+    return 0;
+}
