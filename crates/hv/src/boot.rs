@@ -12,6 +12,7 @@
 //! | 0x5000.. | one page directory per GiB of RAM (2 MiB pages) |
 //! | 0x70000..0x80000 | boot stack of the bootstrap vCPU |
 
+use machine::elf::{self, ElfError, ElfImage};
 use thiserror::Error;
 
 /// GDT of the boot state.
@@ -39,165 +40,86 @@ pub const KERNEL_DS: u16 = 0x10;
 /// GDT entries: null, code (L=1, P, DPL 0, execute/read), data.
 pub const GDT: [u64; 3] = [0, 0x00af_9b00_0000_ffff, 0x00cf_9300_0000_ffff];
 
-/// A malformed or unsuitable kernel image.
+/// A kernel image hv cannot boot: malformed as an ELF file, or a valid
+/// executable that does not fit the boot layout.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum ElfError {
-    #[error("not an ELF file (bad magic)")]
-    BadMagic,
-    #[error("file too short ({0} bytes) for an ELF64 header")]
-    Truncated(usize),
-    #[error("not a 64-bit little-endian ELF")]
-    NotElf64,
-    #[error("not an x86-64 executable (e_machine {0})")]
-    WrongMachine(u16),
-    #[error("not a static executable (e_type {0}; need ET_EXEC)")]
-    NotExecutable(u16),
-    #[error("program header table out of the file")]
-    BadProgramHeaders,
-    #[error("segment {index}: file range out of the file")]
-    SegmentOutOfFile { index: usize },
-    #[error("segment {index}: memory size smaller than file size")]
-    BadSegmentSize { index: usize },
-    #[error("no loadable segment")]
-    NoSegments,
-    #[error("segment at {start:#x}..{end:#x} is outside guest RAM {low:#x}..{mem:#x}")]
+pub enum KernelError {
+    /// Rejected by the ELF parser or loader.
+    #[error("{0}")]
+    Elf(#[from] ElfError),
+    /// A segment lies (partly) outside the guest RAM a kernel may occupy.
+    #[error(
+        "segment {index} (physical {start:#x}..{end:#x}) is outside the guest RAM a kernel may occupy ({low:#x}..{mem:#x})"
+    )]
     OutOfRam {
+        index: usize,
         start: u64,
         end: u64,
         low: u64,
         mem: u64,
     },
-    #[error("entry point {0:#x} is outside every segment")]
-    BadEntry(u64),
+    /// The entry point is not a loaded executable byte at its identity-mapped
+    /// (physical) address.
+    #[error(
+        "entry point {0:#x} is not inside the physical range of an executable segment (the boot page tables identity-map guest RAM)"
+    )]
+    EntryNotLoaded(u64),
 }
 
-/// One PT_LOAD segment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Segment {
-    /// Guest-physical load address.
-    pub paddr: u64,
-    /// Offset of the file bytes.
-    pub offset: usize,
-    pub filesz: u64,
-    pub memsz: u64,
-}
-
-/// A parsed kernel image.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ElfImage {
+/// Where a checked kernel image lies in guest RAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelImage {
+    /// Guest address of the first instruction (virtual = physical at boot).
     pub entry: u64,
-    pub segments: Vec<Segment>,
-    /// Lowest and one-past-highest loaded address, page-aligned.
+    /// Lowest loaded guest-physical address, rounded down to a page.
     pub start: u64,
+    /// One past the highest loaded guest-physical address, rounded up to a
+    /// page.
     pub end: u64,
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or([0; 4]))
-}
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]))
-}
-
-const PT_LOAD: u32 = 1;
 const PAGE: u64 = 4096;
 
-/// Parses a static ELF64 x86-64 executable and checks that it loads into
-/// guest RAM `[LOW_RESERVED_END, mem_size)` (physical addresses).
-pub fn parse_elf(bytes: &[u8], mem_size: u64) -> Result<ElfImage, ElfError> {
-    if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
-        return Err(ElfError::BadMagic);
-    }
-    if bytes.len() < 64 {
-        return Err(ElfError::Truncated(bytes.len()));
-    }
-    if bytes[4] != 2 || bytes[5] != 1 {
-        return Err(ElfError::NotElf64);
-    }
-    let e_type = u16_at(bytes, 16);
-    let machine = u16_at(bytes, 18);
-    if machine != 62 {
-        return Err(ElfError::WrongMachine(machine));
-    }
-    if e_type != 2 {
-        return Err(ElfError::NotExecutable(e_type));
-    }
-    let entry = u64_at(bytes, 24);
-    let phoff = u64_at(bytes, 32);
-    let phentsize = u16_at(bytes, 54) as u64;
-    let phnum = u16_at(bytes, 56) as u64;
-    let table_end = phentsize
-        .checked_mul(phnum)
-        .and_then(|n| n.checked_add(phoff));
-    if phentsize < 56 || table_end.is_none_or(|end| end > bytes.len() as u64) {
-        return Err(ElfError::BadProgramHeaders);
-    }
-    let mut segments = Vec::new();
-    for index in 0..phnum as usize {
-        let ph = (phoff + index as u64 * phentsize) as usize;
-        if u32_at(bytes, ph) != PT_LOAD {
-            continue;
-        }
-        let offset = u64_at(bytes, ph + 8);
-        let paddr = u64_at(bytes, ph + 24);
-        let filesz = u64_at(bytes, ph + 32);
-        let memsz = u64_at(bytes, ph + 40);
-        if offset
-            .checked_add(filesz)
-            .is_none_or(|end| end > bytes.len() as u64)
-        {
-            return Err(ElfError::SegmentOutOfFile { index });
-        }
-        if memsz < filesz {
-            return Err(ElfError::BadSegmentSize { index });
-        }
-        let end = paddr.checked_add(memsz);
-        if paddr < LOW_RESERVED_END || end.is_none_or(|end| end > mem_size) {
-            return Err(ElfError::OutOfRam {
-                start: paddr,
-                end: end.unwrap_or(u64::MAX),
+/// Parses `bytes` with [`machine::elf::parse`] and checks what the boot
+/// layout needs beyond a valid executable: every non-empty segment inside
+/// guest RAM `[LOW_RESERVED_END, mem_size)` (physical addresses), and the
+/// entry point inside an executable segment's physical range, because the
+/// bootstrap vCPU starts under an identity map.
+pub fn parse_kernel(
+    bytes: &[u8],
+    mem_size: u64,
+) -> Result<(ElfImage<'_>, KernelImage), KernelError> {
+    let image = elf::parse(bytes)?;
+    // Empty segments load nothing: they need no RAM and do not widen the
+    // kernel range.
+    let loaded = || image.segments.iter().filter(|s| s.memsz != 0);
+    for seg in loaded() {
+        if seg.paddr < LOW_RESERVED_END || seg.paddr_end() > mem_size {
+            return Err(KernelError::OutOfRam {
+                index: seg.index,
+                start: seg.paddr,
+                end: seg.paddr_end(),
                 low: LOW_RESERVED_END,
                 mem: mem_size,
             });
         }
-        if memsz == 0 {
-            continue;
-        }
-        segments.push(Segment {
-            paddr,
-            offset: offset as usize,
-            filesz,
-            memsz,
-        });
     }
-    let start = segments
-        .iter()
-        .map(|s| s.paddr)
-        .min()
-        .ok_or(ElfError::NoSegments)?
-        & !(PAGE - 1);
-    let end = segments
-        .iter()
-        .map(|s| s.paddr + s.memsz)
+    let entry = image.entry;
+    if !loaded().any(|s| s.flags.execute && s.paddr <= entry && entry < s.paddr_end()) {
+        return Err(KernelError::EntryNotLoaded(entry));
+    }
+    // `parse` accepts an image only if the entry lies in a non-empty
+    // segment, so `loaded()` is not empty here.
+    let start = loaded().map(|s| s.paddr).min().unwrap_or(0) & !(PAGE - 1);
+    // Cannot overflow: every end is at most `mem_size`, itself page-aligned
+    // far below 2^64.
+    let end = loaded()
+        .map(|s| s.paddr_end())
         .max()
-        .ok_or(ElfError::NoSegments)?
+        .unwrap_or(0)
         .div_ceil(PAGE)
         * PAGE;
-    if !segments
-        .iter()
-        .any(|s| entry >= s.paddr && entry < s.paddr + s.memsz)
-    {
-        return Err(ElfError::BadEntry(entry));
-    }
-    Ok(ElfImage {
-        entry,
-        segments,
-        start,
-        end,
-    })
+    Ok((image, KernelImage { entry, start, end }))
 }
 
 /// The memory map: the low region and the kernel reserved, the rest usable.
@@ -243,7 +165,11 @@ pub fn identity_map_entries(mem_size: u64) -> Vec<(u64, u64)> {
 mod tests {
     use super::*;
 
-    fn tiny_elf(paddr: u64, entry: u64, code: &[u8]) -> Vec<u8> {
+    /// A one-segment executable (read + execute) whose file bytes are
+    /// `code` and whose memory size is `code.len() + 100`.
+    fn tiny_elf(vaddr: u64, paddr: u64, entry: u64, code: &[u8]) -> Vec<u8> {
+        const PT_LOAD: u32 = 1;
+        const PF_RX: u32 = 5;
         let mut f = vec![0u8; 0x78];
         f[..4].copy_from_slice(b"\x7fELF");
         f[4] = 2;
@@ -251,13 +177,16 @@ mod tests {
         f[6] = 1;
         f[16..18].copy_from_slice(&2u16.to_le_bytes());
         f[18..20].copy_from_slice(&62u16.to_le_bytes());
+        f[20..24].copy_from_slice(&1u32.to_le_bytes());
         f[24..32].copy_from_slice(&entry.to_le_bytes());
         f[32..40].copy_from_slice(&64u64.to_le_bytes());
         f[54..56].copy_from_slice(&56u16.to_le_bytes());
         f[56..58].copy_from_slice(&1u16.to_le_bytes());
         let ph = 64;
         f[ph..ph + 4].copy_from_slice(&PT_LOAD.to_le_bytes());
+        f[ph + 4..ph + 8].copy_from_slice(&PF_RX.to_le_bytes());
         f[ph + 8..ph + 16].copy_from_slice(&0x78u64.to_le_bytes());
+        f[ph + 16..ph + 24].copy_from_slice(&vaddr.to_le_bytes());
         f[ph + 24..ph + 32].copy_from_slice(&paddr.to_le_bytes());
         f[ph + 32..ph + 40].copy_from_slice(&(code.len() as u64).to_le_bytes());
         f[ph + 40..ph + 48].copy_from_slice(&(code.len() as u64 + 100).to_le_bytes());
@@ -266,33 +195,65 @@ mod tests {
     }
 
     #[test]
-    fn parses_a_minimal_executable() {
-        let image = parse_elf(&tiny_elf(0x20_0000, 0x20_0000, &[0xf4]), 1 << 30).unwrap();
-        assert_eq!(image.entry, 0x20_0000);
-        assert_eq!((image.start, image.end), (0x20_0000, 0x20_1000));
-        assert_eq!(image.segments[0].offset, 0x78);
+    fn kernel_range_is_page_aligned_around_the_segments() {
+        let bytes = tiny_elf(0x20_0010, 0x20_0010, 0x20_0010, &[0xf4]);
+        let (image, kernel) = parse_kernel(&bytes, 1 << 30).unwrap();
+        assert_eq!(image.segments.len(), 1);
+        assert_eq!(
+            kernel,
+            KernelImage {
+                entry: 0x20_0010,
+                start: 0x20_0000,
+                end: 0x20_1000
+            }
+        );
     }
 
     #[test]
-    fn rejects_bad_images_with_a_reason() {
-        assert_eq!(parse_elf(b"hello", 1 << 30), Err(ElfError::BadMagic));
-        assert_eq!(parse_elf(b"\x7fELF", 1 << 30), Err(ElfError::Truncated(4)));
-        let low = tiny_elf(0x1000, 0x1000, &[0xf4]);
-        assert!(matches!(
-            parse_elf(&low, 1 << 30),
-            Err(ElfError::OutOfRam { .. })
-        ));
-        let bad_entry = tiny_elf(0x20_0000, 0x50_0000, &[0xf4]);
+    fn segments_must_lie_in_guest_ram_above_the_reserved_region() {
+        let low = tiny_elf(0x1000, 0x1000, 0x1000, &[0xf4]);
         assert_eq!(
-            parse_elf(&bad_entry, 1 << 30),
-            Err(ElfError::BadEntry(0x50_0000))
+            parse_kernel(&low, 1 << 30).unwrap_err(),
+            KernelError::OutOfRam {
+                index: 0,
+                start: 0x1000,
+                end: 0x1000 + 101,
+                low: LOW_RESERVED_END,
+                mem: 1 << 30
+            }
         );
-        let mut truncated = tiny_elf(0x20_0000, 0x20_0000, &[0xf4; 16]);
-        truncated.truncate(0x78 + 4);
+        // The .bss tail (memsz past the file bytes) must fit too.
+        let high = tiny_elf(0x1f_fff0, 0x1f_fff0, 0x1f_fff0, &[0xf4]);
+        let err = parse_kernel(&high, 2 << 20).unwrap_err();
+        assert!(
+            matches!(err, KernelError::OutOfRam { end: 0x20_0055, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("outside the guest RAM"), "{err}");
+        parse_kernel(&high, 4 << 20).unwrap();
+    }
+
+    #[test]
+    fn entry_must_be_loaded_at_its_identity_mapped_address() {
+        // Valid for the ELF parser (entry inside the segment's virtual
+        // range) but the segment is loaded elsewhere physically.
+        let higher_half = tiny_elf(
+            0xffff_8000_0020_0000,
+            0x20_0000,
+            0xffff_8000_0020_0000,
+            &[0xf4],
+        );
         assert_eq!(
-            parse_elf(&truncated, 1 << 30),
-            Err(ElfError::SegmentOutOfFile { index: 0 })
+            parse_kernel(&higher_half, 1 << 30).unwrap_err(),
+            KernelError::EntryNotLoaded(0xffff_8000_0020_0000)
         );
+    }
+
+    #[test]
+    fn parser_errors_pass_through_with_their_message() {
+        let err = parse_kernel(b"hello", 1 << 30).unwrap_err();
+        assert_eq!(err, KernelError::Elf(ElfError::NotElf));
+        assert!(err.to_string().contains("not an ELF file"), "{err}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Errors: one enum per operation.
 
-use crate::boot::ElfError;
+use crate::boot::KernelError;
 use crate::frames::OutOfFrames;
 use crate::memslot::MemslotError;
 use crate::mmu::fault::FaultError;
@@ -21,7 +21,7 @@ pub enum CreateError {
     #[error("allocating host memory: {0}")]
     HostMemory(#[from] MemCreateError),
     #[error("kernel image: {0}")]
-    Elf(#[from] ElfError),
+    Kernel(#[from] KernelError),
     #[error("building the EPT root: {0}")]
     Tdp(#[from] TdpError),
     #[error("writing guest memory during boot: {0}")]

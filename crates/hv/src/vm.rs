@@ -14,7 +14,7 @@
 //! Nothing depends on host time or hash order, so the same configuration
 //! gives the same output and cycle counts.
 
-use crate::boot::{self, ElfImage};
+use crate::boot::{self, KernelError, KernelImage};
 use crate::cost::HvCosts;
 use crate::cpuid::guest_cpuid;
 use crate::error::{CreateError, GuestMemoryError, VmError};
@@ -145,7 +145,7 @@ pub struct Vm {
     serial: Vec<u8>,
     reports: Vec<Report>,
     stopped: Option<StopReason>,
-    kernel: Option<ElfImage>,
+    kernel: Option<KernelImage>,
     /// The event queue in virtual time: (deadline, vCPU) of the timers that
     /// will wake halted vCPUs, earliest first.
     timer_events: BTreeSet<(u64, usize)>,
@@ -264,13 +264,9 @@ impl Vm {
         if config.cmdline.len() >= abi::CMDLINE_LEN {
             return Err(CreateError::CmdlineTooLong(config.cmdline.len()));
         }
-        let image = boot::parse_elf(kernel, config.mem_size)?;
+        let (elf, image) = boot::parse_kernel(kernel, config.mem_size)?;
         let mut vm = Vm::new(config)?;
-        for seg in &image.segments {
-            let bytes = &kernel[seg.offset..seg.offset + seg.filesz as usize];
-            vm.write_guest(Gpa(seg.paddr), bytes)?;
-            // The rest of memsz is .bss: guest RAM is zero until written.
-        }
+        vm.load_kernel(&elf)?;
         vm.write_guest(Gpa(boot::GDT_GPA), &gdt_bytes())?;
         for (gpa, entry) in boot::identity_map_entries(config.mem_size) {
             vm.write_guest(Gpa(gpa), &entry.to_le_bytes())?;
@@ -300,6 +296,27 @@ impl Vm {
         vm.kernel = Some(image);
         vm.start_vcpu(0, entry, boot::BOOT_STACK_TOP, boot::BOOT_INFO_GPA, 0);
         Ok(vm)
+    }
+
+    /// Copies the kernel's segments into guest RAM (zero-filling .bss).
+    fn load_kernel(&mut self, elf: &machine::elf::ElfImage<'_>) -> Result<(), CreateError> {
+        // `load_into` only translates, it cannot allocate: back every page
+        // the segments cover first (demand paging would otherwise leave
+        // them unbacked).
+        for seg in &elf.segments {
+            let mut page = seg.paddr & !0xfff;
+            while page < seg.paddr_end() {
+                self.backing_frame(Gpa(page).frame())?;
+                page += 4096;
+            }
+        }
+        let slots = &self.slots;
+        machine::elf::load_into(elf, &self.mem, |paddr| {
+            let gfn = Gpa(paddr).frame();
+            slots.lookup(gfn)?.backing(gfn).map(frame_hpa)
+        })
+        .map_err(KernelError::from)?;
+        Ok(())
     }
 
     /// Puts vCPU `index` in the abi boot state at `rip` with `rsp` and
@@ -471,7 +488,7 @@ impl Vm {
     }
 
     /// The loaded kernel, if booted from an ELF.
-    pub fn kernel(&self) -> Option<&ElfImage> {
+    pub fn kernel(&self) -> Option<&KernelImage> {
         self.kernel.as_ref()
     }
 

@@ -1,6 +1,7 @@
 //! Integration tests: boot the C test kernels of tests/guests under the hv.
 
-use hv::{StopReason, Vm, VmConfig, VmError};
+use hv::boot::KernelError;
+use hv::{CreateError, StopReason, Vm, VmConfig, VmError};
 
 const HELLO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hello.elf"));
 const SMP: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/smp.elf"));
@@ -131,7 +132,25 @@ fn write_outside_guest_memory_stops_the_vm_with_a_clear_error() {
 #[test]
 fn bad_kernels_are_refused_before_running() {
     let err = Vm::boot(&config(1, ""), b"not an elf").unwrap_err();
-    assert_eq!(err.to_string(), "kernel image: not an ELF file (bad magic)");
+    assert_eq!(
+        err.to_string(),
+        "kernel image: not an ELF file (bad magic number)"
+    );
+    // A valid executable that does not fit in 2 MiB of guest RAM (the
+    // kernel loads at 2 MiB).
+    let no_room = VmConfig {
+        mem_size: 2 << 20,
+        ..config(1, "")
+    };
+    let err = Vm::boot(&no_room, HELLO).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CreateError::Kernel(KernelError::OutOfRam { mem: 0x20_0000, .. })
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("outside the guest RAM"), "{err}");
     let too_small = VmConfig {
         mem_size: 3 << 20,
         ..config(1, "")
