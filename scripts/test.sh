@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit and integration tests, and a
-# short differential test of the interpreter against this machine's CPU.
+# The whole test suite: formatting, lints, the guest's host-side unit tests,
+# and every Rust unit and integration test (which include booting the guest
+# kernel, a differential test of the interpreter against this machine's CPU,
+# and no-panic fuzzing of the decoder/interpreter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets --locked -- -D warnings
+make -C guest test
 cargo test --release --workspace --locked
