@@ -23,6 +23,7 @@ mod event;
 mod fast;
 mod l1tlb;
 pub use event::has_error_code;
+pub use system::native_cpuid;
 mod exec;
 pub mod state;
 mod system;
