@@ -8,7 +8,7 @@
 //! EPT violations and misconfigurations.
 
 use super::state::rflags;
-use super::{vector, Cpu, Fault};
+use super::{vector, Cpu, Fault, FaultKind};
 use crate::addr::{Gva, Hpa};
 use crate::alu::Size;
 use crate::memory::PhysMemory;
@@ -575,35 +575,33 @@ impl Cpu {
 
 /// A non-canonical stack address is #SS(0), not #GP(0).
 pub(crate) fn stack_fault(f: Fault) -> Fault {
-    match f {
-        Fault::Exception {
+    match f.kind() {
+        FaultKind::Exception {
             vector: vector::GP,
             error_code: Some(0),
             cr2: None,
         } => Fault::with_code(vector::SS, 0),
-        f => f,
+        _ => f,
     }
 }
 
 /// Maps an MMU error to the fault the CPU raises.
 pub(crate) fn translate_fault(e: TranslateError) -> Fault {
     match e {
-        TranslateError::PageFault { gva, error_code } => Fault::Exception {
-            vector: vector::PF,
-            error_code: Some(error_code),
-            cr2: Some(gva.0),
-        },
+        TranslateError::PageFault { gva, error_code } => {
+            Fault::exception_with(vector::PF, Some(error_code), Some(gva.0))
+        }
         TranslateError::NonCanonical { .. } => Fault::with_code(vector::GP, 0),
         TranslateError::EptViolation {
             gpa,
             gla,
             qualification,
-        } => Fault::Exit(VmExit::EptViolation {
+        } => Fault::exit(VmExit::EptViolation {
             gpa,
             gla,
             qualification,
         }),
-        TranslateError::EptMisconfig { gpa } => Fault::Exit(VmExit::EptMisconfig { gpa }),
-        TranslateError::Memory(e) => Fault::Exit(VmExit::MachineError(e)),
+        TranslateError::EptMisconfig { gpa } => Fault::exit(VmExit::EptMisconfig { gpa }),
+        TranslateError::Memory(e) => Fault::exit(VmExit::MachineError(e)),
     }
 }

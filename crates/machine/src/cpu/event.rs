@@ -10,7 +10,7 @@
 //! the hypervisor can re-inject it.
 
 use super::state::{rflags, seg_attr, Activity, Segment};
-use super::{vector, Cpu, Fault, Step};
+use super::{vector, Cpu, Fault, FaultKind, Step};
 use crate::alu::Size;
 use crate::memory::PhysMemory;
 use crate::vmx::{EventInjection, EventKind, VmExit};
@@ -116,12 +116,12 @@ impl Cpu {
 
     /// A fault happened while delivering `ev`.
     fn delivery_failed(&mut self, mem: &PhysMemory, ev: EventInjection, f: Fault) -> Step {
-        match f {
-            Fault::Exit(e) => {
+        match f.into_kind() {
+            FaultKind::Exit(e) => {
                 self.idt_vectoring = Some(ev);
                 Step::Exit(e)
             }
-            Fault::Exception {
+            FaultKind::Exception {
                 vector: v2,
                 error_code,
                 cr2,

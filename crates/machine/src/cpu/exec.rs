@@ -814,7 +814,7 @@ impl Cpu {
             // In guest mode INT3 is a #BP exception for the exception bitmap.
             if let Some(v) = self.vmx.as_deref() {
                 if v.exception_bitmap & (1 << vector::BP) != 0 {
-                    return Err(Fault::Exit(crate::vmx::VmExit::Exception {
+                    return Err(Fault::exit(crate::vmx::VmExit::Exception {
                         vector: vector::BP,
                         error_code: None,
                         qualification: 0,
@@ -828,7 +828,7 @@ impl Cpu {
                 self.next_rip = self.state.rip;
                 Ok(())
             }
-            super::Step::Exit(e) => Err(Fault::Exit(e)),
+            super::Step::Exit(e) => Err(Fault::exit(e)),
         }
     }
 

@@ -80,7 +80,7 @@ pub struct CpuStats {
 /// Why an instruction did not complete: an architectural exception to
 /// deliver, or something that leaves the CPU (a VM exit or machine error).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Fault {
+pub(crate) enum FaultKind {
     /// An exception. `cr2` is set for #PF.
     Exception {
         vector: u8,
@@ -91,26 +91,39 @@ pub(crate) enum Fault {
     Exit(VmExit),
 }
 
+/// A [`FaultKind`], boxed: faults are rare, and a one-pointer error keeps
+/// every `Result<u64, Fault>` of the memory-access hot path in registers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fault(Box<FaultKind>);
+
 impl Fault {
-    pub(crate) const fn exception(vector: u8) -> Fault {
-        Fault::Exception {
-            vector,
-            error_code: None,
-            cr2: None,
-        }
+    pub(crate) fn exception(vector: u8) -> Fault {
+        Self::exception_with(vector, None, None)
     }
-    pub(crate) const fn with_code(vector: u8, code: u32) -> Fault {
-        Fault::Exception {
+    pub(crate) fn with_code(vector: u8, code: u32) -> Fault {
+        Self::exception_with(vector, Some(code), None)
+    }
+    pub(crate) fn exception_with(vector: u8, error_code: Option<u32>, cr2: Option<u64>) -> Fault {
+        Fault(Box::new(FaultKind::Exception {
             vector,
-            error_code: Some(code),
-            cr2: None,
-        }
+            error_code,
+            cr2,
+        }))
+    }
+    pub(crate) fn exit(exit: VmExit) -> Fault {
+        Fault(Box::new(FaultKind::Exit(exit)))
+    }
+    pub(crate) fn kind(&self) -> &FaultKind {
+        &self.0
+    }
+    pub(crate) fn into_kind(self) -> FaultKind {
+        *self.0
     }
 }
 
 impl From<MemError> for Fault {
     fn from(e: MemError) -> Self {
-        Fault::Exit(VmExit::MachineError(e))
+        Fault::exit(VmExit::MachineError(e))
     }
 }
 
@@ -605,13 +618,13 @@ impl Cpu {
     /// Turns a fault of the current instruction into an exception delivery
     /// or an exit.
     fn handle_fault(&mut self, mem: &PhysMemory, fault: Fault, insn_len: u8) -> Step {
-        match fault {
-            Fault::Exception {
+        match fault.into_kind() {
+            FaultKind::Exception {
                 vector,
                 error_code,
                 cr2,
             } => self.raise_exception(mem, vector, error_code, cr2),
-            Fault::Exit(exit) => {
+            FaultKind::Exit(exit) => {
                 self.exit_len = insn_len;
                 Step::Exit(exit)
             }

@@ -86,7 +86,7 @@ impl Cpu {
             M::Hlt => {
                 self.require_cpl0()?;
                 if self.vmx.as_ref().is_some_and(|v| v.hlt_exiting) {
-                    return Err(Fault::Exit(VmExit::Hlt));
+                    return Err(Fault::exit(VmExit::Hlt));
                 }
                 self.state.activity = Activity::Halted;
                 self.check_events = true;
@@ -111,7 +111,7 @@ impl Cpu {
             M::Cpuid => {
                 self.cycles += self.costs.serializing;
                 if self.vmx.is_some() {
-                    return Err(Fault::Exit(VmExit::Cpuid));
+                    return Err(Fault::exit(VmExit::Cpuid));
                 }
                 let r = native_cpuid(
                     self.state.gpr[0] as u32,
@@ -127,7 +127,7 @@ impl Cpu {
                 self.require_cpl0()?;
                 let index = self.state.gpr[1] as u32;
                 if self.msr_exits(index, false) {
-                    return Err(Fault::Exit(VmExit::MsrRead { index }));
+                    return Err(Fault::exit(VmExit::MsrRead { index }));
                 }
                 let v = self.read_msr(index)?;
                 self.state.gpr[0] = v & 0xffff_ffff;
@@ -140,7 +140,7 @@ impl Cpu {
                 let index = self.state.gpr[1] as u32;
                 let value = (self.state.gpr[0] & 0xffff_ffff) | (self.state.gpr[2] << 32);
                 if self.msr_exits(index, true) {
-                    return Err(Fault::Exit(VmExit::MsrWrite { index, value }));
+                    return Err(Fault::exit(VmExit::MsrWrite { index, value }));
                 }
                 self.write_msr(index, value)
             }
@@ -150,7 +150,7 @@ impl Cpu {
                 }
                 let rdtscp = i.mnemonic() == M::Rdtscp;
                 if self.vmx.as_ref().is_some_and(|v| v.rdtsc_exiting) {
-                    return Err(Fault::Exit(VmExit::Rdtsc { rdtscp }));
+                    return Err(Fault::exit(VmExit::Rdtsc { rdtscp }));
                 }
                 let tsc = self.tsc();
                 self.state.gpr[0] = tsc & 0xffff_ffff;
@@ -165,7 +165,7 @@ impl Cpu {
                 self.cycles += self.costs.serializing;
                 let la = self.effective_address(i);
                 if self.vmx.as_ref().is_some_and(|v| v.invlpg_exiting) {
-                    return Err(Fault::Exit(VmExit::Invlpg {
+                    return Err(Fault::exit(VmExit::Invlpg {
                         gva: crate::Gva(la),
                     }));
                 }
@@ -251,7 +251,7 @@ impl Cpu {
             M::Retf => self.exec_retf(mem, i),
             M::Vmcall => {
                 if self.vmx.is_some() {
-                    Err(Fault::Exit(VmExit::Vmcall))
+                    Err(Fault::exit(VmExit::Vmcall))
                 } else {
                     Err(ud())
                 }
@@ -262,7 +262,7 @@ impl Cpu {
                 if let Some(v) = self.vmx.as_deref() {
                     if v.cr0_guest_host_mask & cr0::TS != 0 && v.cr0_read_shadow & cr0::TS != 0 {
                         let value = self.guest_visible_cr0() & !cr0::TS;
-                        return Err(Fault::Exit(VmExit::CrAccess(CrAccess::MovTo {
+                        return Err(Fault::exit(VmExit::CrAccess(CrAccess::MovTo {
                             cr: 0,
                             gpr: 0,
                             value,
@@ -366,7 +366,7 @@ impl Cpu {
     }
 
     fn mov_to_cr(&mut self, cr: u8, gpr: u8, value: u64) -> Result<(), Fault> {
-        let exit = Fault::Exit(VmExit::CrAccess(CrAccess::MovTo { cr, gpr, value }));
+        let exit = Fault::exit(VmExit::CrAccess(CrAccess::MovTo { cr, gpr, value }));
         let vpid = self.vpid();
         match cr {
             0 => {
@@ -456,14 +456,14 @@ impl Cpu {
             2 => Ok(self.state.cr2),
             3 => {
                 if self.vmx.as_ref().is_some_and(|v| v.cr3_store_exiting) {
-                    return Err(Fault::Exit(VmExit::CrAccess(CrAccess::MovFrom { cr, gpr })));
+                    return Err(Fault::exit(VmExit::CrAccess(CrAccess::MovFrom { cr, gpr })));
                 }
                 Ok(self.state.cr3)
             }
             4 => Ok(self.guest_visible_cr4()),
             8 => {
                 if self.vmx.as_ref().is_some_and(|v| v.cr8_exiting) {
-                    return Err(Fault::Exit(VmExit::CrAccess(CrAccess::MovFrom { cr, gpr })));
+                    return Err(Fault::exit(VmExit::CrAccess(CrAccess::MovFrom { cr, gpr })));
                 }
                 Ok(self.apic.cr8())
             }
@@ -663,7 +663,7 @@ impl Cpu {
             },
         };
         if exits {
-            return Err(Fault::Exit(VmExit::Io {
+            return Err(Fault::exit(VmExit::Io {
                 port,
                 size,
                 direction,
