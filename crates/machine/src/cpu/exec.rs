@@ -249,22 +249,7 @@ impl Cpu {
                 let v = self.cond(i) as u64;
                 self.write_op(mem, i, 0, Size::B1, v)
             }
-            M::Cmovo
-            | M::Cmovno
-            | M::Cmovb
-            | M::Cmovae
-            | M::Cmove
-            | M::Cmovne
-            | M::Cmovbe
-            | M::Cmova
-            | M::Cmovs
-            | M::Cmovns
-            | M::Cmovp
-            | M::Cmovnp
-            | M::Cmovl
-            | M::Cmovge
-            | M::Cmovle
-            | M::Cmovg => {
+            m if super::fast::is_cmovcc(m) => {
                 let size = Self::op_size(i, 0);
                 let src = self.read_op(mem, i, 1, size)?;
                 let dst = self.reg(i.op0_register());

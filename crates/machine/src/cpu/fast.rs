@@ -339,6 +339,29 @@ fn mem_operand(i: &Instruction) -> Option<MemOp> {
     })
 }
 
+/// CMOVcc, whatever the condition.
+pub(crate) fn is_cmovcc(m: M) -> bool {
+    matches!(
+        m,
+        M::Cmovo
+            | M::Cmovno
+            | M::Cmovb
+            | M::Cmovae
+            | M::Cmove
+            | M::Cmovne
+            | M::Cmovbe
+            | M::Cmova
+            | M::Cmovs
+            | M::Cmovns
+            | M::Cmovp
+            | M::Cmovnp
+            | M::Cmovl
+            | M::Cmovge
+            | M::Cmovle
+            | M::Cmovg
+    )
+}
+
 fn alu_op(m: M) -> Option<BinOp> {
     Some(match m {
         M::Add => BinOp::Add,
@@ -561,22 +584,7 @@ fn classify_inner(i: &Instruction) -> Option<Fast> {
             }
         }
         M::Nop | M::Pause | M::Endbr64 => Fast::Nop,
-        M::Cmovo
-        | M::Cmovno
-        | M::Cmovb
-        | M::Cmovae
-        | M::Cmove
-        | M::Cmovne
-        | M::Cmovbe
-        | M::Cmova
-        | M::Cmovs
-        | M::Cmovns
-        | M::Cmovp
-        | M::Cmovnp
-        | M::Cmovl
-        | M::Cmovge
-        | M::Cmovle
-        | M::Cmovg => {
+        m if is_cmovcc(m) => {
             let (dst, size) = gpr(i.op0_register())?;
             let cc = i.condition_code() as u8 - 1;
             match k1 {
