@@ -13,6 +13,8 @@ fn main() {
     let include = manifest.join("../../guest/include");
     println!("cargo:rerun-if-changed={}", guests.display());
     println!("cargo:rerun-if-changed={}", include.display());
+    // Dependents (the vmm's CLI tests) read this as DEP_..._DIR.
+    println!("cargo:dir={}", out.display());
     for name in KERNELS {
         let src = guests.join(format!("{name}.c"));
         let elf = out.join(format!("{name}.elf"));

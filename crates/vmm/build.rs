@@ -1,12 +1,11 @@
 //! Builds what the `faultline` binary embeds and its tests boot:
 //! - the guest kernel, by `make -C guest` when `guest/Makefile` exists
 //!   (embedded as the default kernel; cfg `bundled_kernel`);
-//! - the hv's C test kernels (crates/hv/tests/guests), for the CLI tests.
+//! - nothing for the CLI tests: they boot the hv's C test kernels, which
+//!   the hv's build script compiled and whose directory it hands over.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-const TEST_KERNELS: [&str; 4] = ["hello", "smp", "triple", "outside"];
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(bundled_kernel)");
@@ -14,7 +13,9 @@ fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
     let root = manifest.join("../..");
     build_guest(&root.join("guest"), &out);
-    build_test_kernels(&root, &out);
+    let kernels = std::env::var("DEP_FAULTLINE_HV_TEST_KERNELS_DIR")
+        .expect("the hv build script reports its test-kernel directory");
+    println!("cargo:rustc-env=FAULTLINE_HV_TEST_KERNELS={kernels}");
 }
 
 fn build_guest(guest: &Path, out: &Path) {
@@ -42,37 +43,4 @@ fn build_guest(guest: &Path, out: &Path) {
         "cargo:rustc-env=FAULTLINE_GUEST_KERNEL={}",
         build.join("kernel.elf").display()
     );
-}
-
-fn build_test_kernels(root: &Path, out: &Path) {
-    let guests = root.join("crates/hv/tests/guests");
-    println!("cargo:rerun-if-changed={}", guests.display());
-    for name in TEST_KERNELS {
-        let status = Command::new("gcc")
-            .args([
-                "-O2",
-                "-ffreestanding",
-                "-mgeneral-regs-only",
-                "-mno-red-zone",
-                "-nostdlib",
-                "-static",
-                "-fno-pie",
-                "-no-pie",
-                "-fno-stack-protector",
-                "-fno-asynchronous-unwind-tables",
-                "-Wl,--build-id=none",
-                "-Wl,--no-warn-rwx-segments",
-            ])
-            .arg(format!("-Wl,-T,{}", guests.join("link.ld").display()))
-            .arg("-I")
-            .arg(root.join("guest/include"))
-            .arg("-I")
-            .arg(&guests)
-            .arg(guests.join(format!("{name}.c")))
-            .arg("-o")
-            .arg(out.join(format!("test-{name}.elf")))
-            .status()
-            .unwrap_or_else(|e| panic!("running gcc to build test kernel {name}: {e}"));
-        assert!(status.success(), "gcc failed on test kernel {name}");
-    }
 }

@@ -3,7 +3,7 @@
 use std::process::{Command, Output};
 
 fn kernel(name: &str) -> String {
-    format!("{}/test-{name}.elf", env!("OUT_DIR"))
+    format!("{}/{name}.elf", env!("FAULTLINE_HV_TEST_KERNELS"))
 }
 
 fn faultline(args: &[&str]) -> Output {
