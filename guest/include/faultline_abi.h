@@ -60,6 +60,50 @@ _Static_assert(sizeof(struct boot_info) == 56 + 24 * MAX_MEM_REGIONS + 4 * MAX_C
 #define HC_SHUTDOWN (HC_FAULTLINE_BASE + 2)
 #define REPORT_MAX 4096
 
+/* Asynchronous page faults: KVM's x86 ABI (see crates/abi for the prose). */
+#define KVM_FEATURE_ASYNC_PF (1u << 4)
+#define KVM_FEATURE_PV_UNHALT (1u << 7)
+#define KVM_FEATURE_ASYNC_PF_INT (1u << 14)
+#define MSR_KVM_ASYNC_PF_EN 0x4b564d02u
+#define MSR_KVM_ASYNC_PF_INT 0x4b564d06u
+#define MSR_KVM_ASYNC_PF_ACK 0x4b564d07u
+#define KVM_ASYNC_PF_ENABLED (1ull << 0)
+#define KVM_ASYNC_PF_SEND_ALWAYS (1ull << 1)
+#define KVM_ASYNC_PF_DELIVERY_AS_PF_VMEXIT (1ull << 2)
+#define KVM_ASYNC_PF_DELIVERY_AS_INT (1ull << 3)
+#define KVM_ASYNC_PF_RESERVED 0x30ull
+#define KVM_PV_REASON_PAGE_NOT_PRESENT 1u
+#define APF_WAKE_ALL 0xffffffffu
+
+struct kvm_apf_data {
+    uint32_t flags;
+    uint32_t token;
+    uint32_t pad[14];
+} __attribute__((aligned(64)));
+
+/* Asynchronous page faults: the event protocol (after seed 002). */
+#define HC_APF_VERSION (HC_FAULTLINE_BASE + 3)
+#define HC_APF_SLOTS (HC_FAULTLINE_BASE + 4)
+#define HC_APF_ENABLE (HC_FAULTLINE_BASE + 5)
+#define HC_APF_DISABLE (HC_FAULTLINE_BASE + 6)
+#define HC_APF_ACK (HC_FAULTLINE_BASE + 7)
+#define APF_EVENT_VERSION 1
+#define APF_EVENT_SEND_ALWAYS (1ull << 0)
+#define APF_MAX_OUTSTANDING 64
+
+struct apf_event_area {
+    uint32_t notpresent_token;
+    uint32_t ready_token;
+    uint32_t pad[14];
+} __attribute__((aligned(64)));
+
+_Static_assert(sizeof(struct kvm_apf_data) == 64 && _Alignof(struct kvm_apf_data) == 64, "kvm_apf_data layout");
+_Static_assert(offsetof(struct kvm_apf_data, flags) == 0, "kvm_apf_data layout");
+_Static_assert(offsetof(struct kvm_apf_data, token) == 4, "kvm_apf_data layout");
+_Static_assert(sizeof(struct apf_event_area) == 64 && _Alignof(struct apf_event_area) == 64, "apf_event_area layout");
+_Static_assert(offsetof(struct apf_event_area, notpresent_token) == 0, "apf_event_area layout");
+_Static_assert(offsetof(struct apf_event_area, ready_token) == 4, "apf_event_area layout");
+
 #define HC_EPERM 1
 #define HC_E2BIG 7
 #define HC_EFAULT 14

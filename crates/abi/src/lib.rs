@@ -157,6 +157,120 @@ pub const HC_SHUTDOWN: u64 = HC_FAULTLINE_BASE + 2;
 /// Longest [`HC_REPORT`] line.
 pub const REPORT_MAX: u64 = 4096;
 
+// ---- Asynchronous page faults: KVM's x86 ABI ----
+//
+// CPUID 0x40000001 EAX advertises [`KVM_FEATURE_ASYNC_PF`] and
+// [`KVM_FEATURE_ASYNC_PF_INT`] when the hv runs `--apf pv` with the x86
+// protocol. The guest enables delivery per vCPU by writing
+// [`MSR_KVM_ASYNC_PF_INT`] (the page-ready vector) and then
+// [`MSR_KVM_ASYNC_PF_EN`] = gpa of its 64-byte-aligned [`KvmApfData`] |
+// [`KVM_ASYNC_PF_ENABLED`] | [`KVM_ASYNC_PF_DELIVERY_AS_INT`] (and
+// [`KVM_ASYNC_PF_SEND_ALWAYS`] to be told at CPL 0 too).
+//
+// Page not present: a #PF with error code 0, CR2 = token, and
+// `KvmApfData::flags` = [`KVM_PV_REASON_PAGE_NOT_PRESENT`]; the guest clears
+// `flags`, puts the task to sleep on the token and schedules another.
+// Page ready: `KvmApfData::token` = token (or [`APF_WAKE_ALL`]) and an
+// interrupt on the page-ready vector; the guest wakes the waiter, zeroes
+// `token` and writes 1 to [`MSR_KVM_ASYNC_PF_ACK`] so the next can come.
+
+/// CPUID 0x40000001 EAX: asynchronous page faults.
+pub const KVM_FEATURE_ASYNC_PF: u32 = 1 << 4;
+/// CPUID 0x40000001 EAX: KVM_HC_KICK_CPU wakes a halted vCPU.
+pub const KVM_FEATURE_PV_UNHALT: u32 = 1 << 7;
+/// CPUID 0x40000001 EAX: page-ready notifications as an interrupt.
+pub const KVM_FEATURE_ASYNC_PF_INT: u32 = 1 << 14;
+
+/// Enable and area address (bits 63:6).
+pub const MSR_KVM_ASYNC_PF_EN: u32 = 0x4b56_4d02;
+/// Page-ready interrupt vector (bits 7:0; higher bits are reserved).
+pub const MSR_KVM_ASYNC_PF_INT: u32 = 0x4b56_4d06;
+/// Write 1: the page-ready slot is free again.
+pub const MSR_KVM_ASYNC_PF_ACK: u32 = 0x4b56_4d07;
+
+/// `MSR_KVM_ASYNC_PF_EN` bit 0.
+pub const KVM_ASYNC_PF_ENABLED: u64 = 1 << 0;
+/// `MSR_KVM_ASYNC_PF_EN` bit 1: also deliver page-not-present at CPL 0.
+pub const KVM_ASYNC_PF_SEND_ALWAYS: u64 = 1 << 1;
+/// `MSR_KVM_ASYNC_PF_EN` bit 2: nested-only; #GP here (not advertised).
+pub const KVM_ASYNC_PF_DELIVERY_AS_PF_VMEXIT: u64 = 1 << 2;
+/// `MSR_KVM_ASYNC_PF_EN` bit 3: page-ready as an interrupt (required).
+pub const KVM_ASYNC_PF_DELIVERY_AS_INT: u64 = 1 << 3;
+/// `MSR_KVM_ASYNC_PF_EN` bits 5:4 are reserved (#GP if set).
+pub const KVM_ASYNC_PF_RESERVED: u64 = 0x30;
+
+/// `KvmApfData::flags`: the #PF is a page-not-present notification.
+pub const KVM_PV_REASON_PAGE_NOT_PRESENT: u32 = 1;
+/// Page-ready token meaning "wake every waiter" (after a cancel or restore).
+pub const APF_WAKE_ALL: u32 = u32::MAX;
+
+/// KVM's `struct kvm_vcpu_pv_apf_data`: the per-vCPU 64-byte area.
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvmApfData {
+    /// [`KVM_PV_REASON_PAGE_NOT_PRESENT`] while a not-present #PF is pending.
+    pub flags: u32,
+    /// Page-ready token; 0 when the slot is free.
+    pub token: u32,
+    pub pad: [u32; 14],
+}
+
+// ---- Asynchronous page faults: the event protocol (after seed 002) ----
+//
+// Selected with `--apf pv --apf-protocol event`. CPUID advertises no
+// ASYNC_PF bit (the MSRs above give #GP); the guest finds the protocol with
+// [`HC_APF_VERSION`]. Both notifications are interrupts on vectors the
+// guest chooses, with the token in a 64-byte [`ApfEventArea`]:
+// - page not present: `notpresent_token` = token, then an interrupt on the
+//   not-present vector (delivered only when the slot is 0, IF = 1, no other
+//   event is pending and, unless [`APF_EVENT_SEND_ALWAYS`], at CPL 3);
+//   the guest reads the token, zeroes the slot and sleeps the task;
+// - page ready: `ready_token` = token (or [`APF_WAKE_ALL`]), then an
+//   interrupt on the ready vector; the guest wakes the waiter, zeroes the
+//   slot and calls [`HC_APF_ACK`].
+
+/// Returns [`APF_EVENT_VERSION`], or `-KVM_ENOSYS` when the event protocol
+/// is not offered.
+pub const HC_APF_VERSION: u64 = HC_FAULTLINE_BASE + 3;
+/// Returns the most page-not-present notifications outstanding per vCPU.
+pub const HC_APF_SLOTS: u64 = HC_FAULTLINE_BASE + 4;
+/// RBX = gpa of the [`ApfEventArea`] (64-byte aligned), RCX = not-present
+/// vector, RDX = page-ready vector (both 32..=255 and different), RSI =
+/// flags ([`APF_EVENT_SEND_ALWAYS`]). Returns 0, `-EINVAL` or `-EFAULT`.
+pub const HC_APF_ENABLE: u64 = HC_FAULTLINE_BASE + 5;
+/// Disables delivery and cancels everything outstanding. Returns 0.
+pub const HC_APF_DISABLE: u64 = HC_FAULTLINE_BASE + 6;
+/// The page-ready slot is free again. Returns 0, or `-EINVAL` if disabled.
+pub const HC_APF_ACK: u64 = HC_FAULTLINE_BASE + 7;
+/// The event protocol's version.
+pub const APF_EVENT_VERSION: u64 = 1;
+/// `HC_APF_ENABLE` flag: also deliver page-not-present at CPL 0.
+pub const APF_EVENT_SEND_ALWAYS: u64 = 1 << 0;
+/// Most notifications outstanding per vCPU (both protocols, as KVM's
+/// ASYNC_PF_PER_VCPU).
+pub const APF_MAX_OUTSTANDING: u64 = 64;
+
+/// The event protocol's per-vCPU shared area.
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApfEventArea {
+    /// Token of the page-not-present event being delivered; 0 when free.
+    pub notpresent_token: u32,
+    /// Token of the page-ready interrupt being delivered; 0 when free.
+    pub ready_token: u32,
+    pub pad: [u32; 14],
+}
+
+const _: () = {
+    use core::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<KvmApfData>() == 64 && align_of::<KvmApfData>() == 64);
+    assert!(offset_of!(KvmApfData, flags) == 0);
+    assert!(offset_of!(KvmApfData, token) == 4);
+    assert!(size_of::<ApfEventArea>() == 64 && align_of::<ApfEventArea>() == 64);
+    assert!(offset_of!(ApfEventArea, notpresent_token) == 0);
+    assert!(offset_of!(ApfEventArea, ready_token) == 4);
+};
+
 /// Hypercall error numbers, as KVM returns them (negated in RAX).
 pub mod errno {
     pub const EPERM: i64 = 1;
