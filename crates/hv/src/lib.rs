@@ -17,6 +17,7 @@ pub mod frames;
 pub mod memslot;
 pub mod mmu;
 pub mod stats;
+pub mod swap;
 pub mod vm;
 
 pub use error::{CreateError, GuestMemoryError, VmError};
