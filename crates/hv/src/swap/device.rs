@@ -87,7 +87,7 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
         _ => return Err(format!("`{unit}` is not a unit (ns, us, ms or s)")),
     };
     let cycles = value * scale * CYCLES_PER_SECOND as f64;
-    if !cycles.is_finite() || cycles < 0.0 || cycles > 1e18 {
+    if !cycles.is_finite() || !(0.0..=1e18).contains(&cycles) {
         return Err(format!("`{s}` is out of range"));
     }
     Ok(cycles.round() as u64)
@@ -383,7 +383,7 @@ mod tests {
         let w2 = d.submit_write(0);
         assert!(w2 > w1);
         let r = d.submit_read(0);
-        assert!(r - 0 >= DevicePreset::Hdd.model().read_latency.min);
+        assert!(r >= DevicePreset::Hdd.model().read_latency.min);
         assert_eq!(
             d.stats().read_queue_cycles,
             0,
