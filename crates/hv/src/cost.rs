@@ -40,6 +40,8 @@ pub struct HvCosts {
     pub event_injection: u64,
     /// Issuing an INVEPT.
     pub invept: u64,
+    /// Submitting a swap I/O request (building and queueing it).
+    pub io_submit: u64,
 }
 
 impl HvCosts {
@@ -58,6 +60,7 @@ impl HvCosts {
         cpuid_msr: 100,
         event_injection: 50,
         invept: 200,
+        io_submit: 1000,
     };
 }
 

@@ -9,6 +9,7 @@
 //! - [`cost`]: virtual-cycle charges of hv work;
 //! - [`stats`], [`error`].
 
+pub mod apf;
 pub mod boot;
 pub mod cost;
 pub mod cpuid;
@@ -16,6 +17,7 @@ pub mod error;
 pub mod frames;
 pub mod memslot;
 pub mod mmu;
+pub mod pager;
 pub mod stats;
 pub mod swap;
 pub mod vm;

@@ -1,12 +1,16 @@
 //! Memslots: guest-physical ranges and the host frames backing them.
 //!
 //! A slot is KVM's `kvm_memory_slot`: a gfn range and its backing. The
-//! backing here is demand-allocated host frames, one entry per guest page
-//! (0 = not yet allocated; frame 0 is never allocated), playing the role of
-//! the VMM's anonymous memory behind `userspace_addr`. Every change to the
+//! backing here is demand-allocated host frames, one entry per guest page,
+//! playing the role of the VMM's anonymous memory behind `userspace_addr`:
+//! a page is untouched (reads as zero), resident in a host frame, or
+//! swapped out to a swap-file slot (see [`PageState`]). A resident page may
+//! also keep a clean copy on swap (the swap cache), so evicting it again
+//! without a write in between costs no I/O. Every change to the
 //! set bumps its generation, so anything derived from slot contents (sptes
 //! now; cached lookups later) can tell it is stale.
 
+use crate::swap::SwapSlot;
 use machine::{Gfn, Hfn};
 use std::collections::BTreeMap;
 use thiserror::Error;
@@ -21,6 +25,21 @@ pub struct SlotFlags {
     pub readonly: bool,
 }
 
+/// Where a guest page's contents are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageState {
+    /// Never touched: reads as zero, no frame, no swap slot.
+    Untouched,
+    /// In a host frame.
+    Resident(Hfn),
+    /// Only on swap, in this slot.
+    Swapped(SwapSlot),
+}
+
+/// `backing` value of a page that is on swap only (frame numbers never
+/// come near it; 0 means untouched, as frame 0 is never allocated).
+const SWAPPED: u64 = u64::MAX;
+
 /// One guest-physical range.
 #[derive(Debug, Clone)]
 pub struct Memslot {
@@ -28,8 +47,11 @@ pub struct Memslot {
     pub base_gfn: Gfn,
     pub npages: u64,
     pub flags: SlotFlags,
-    /// Host frame backing each page, 0 if never touched.
+    /// Host frame backing each page; 0 if never touched; [`SWAPPED`].
     backing: Vec<u64>,
+    /// Swap slot + 1 holding each page (the page itself when swapped out,
+    /// a clean copy when resident); 0 for none.
+    swap: Vec<u32>,
 }
 
 impl Memslot {
@@ -38,25 +60,94 @@ impl Memslot {
         gfn.0 >= self.base_gfn.0 && gfn.0 - self.base_gfn.0 < self.npages
     }
 
-    /// The frame backing `gfn`, if allocated. `gfn` must be in the slot.
+    /// Index of `gfn` in the slot. `gfn` must be in the slot.
+    pub fn index_of(&self, gfn: Gfn) -> u64 {
+        gfn.0 - self.base_gfn.0
+    }
+
+    /// The gfn of page `index`.
+    pub fn gfn_at(&self, index: u64) -> Gfn {
+        Gfn(self.base_gfn.0 + index)
+    }
+
+    /// The frame backing `gfn`, if resident. `gfn` must be in the slot.
     pub fn backing(&self, gfn: Gfn) -> Option<Hfn> {
-        let frame = self.backing[(gfn.0 - self.base_gfn.0) as usize];
-        (frame != 0).then_some(Hfn(frame))
+        match self.state_at(self.index_of(gfn)) {
+            PageState::Resident(frame) => Some(frame),
+            _ => None,
+        }
     }
 
-    /// Records the frame backing `gfn`.
+    /// Where page `index` is. `index` must be below `npages`.
+    pub fn state_at(&self, index: u64) -> PageState {
+        match self.backing[index as usize] {
+            0 => PageState::Untouched,
+            SWAPPED => match self.swap_slot_at(index) {
+                Some(slot) => PageState::Swapped(slot),
+                // Unreachable by construction (set_swapped takes the slot);
+                // reading as untouched would lose data, so say so loudly in
+                // debug builds.
+                None => {
+                    debug_assert!(false, "swapped page without a swap slot");
+                    PageState::Untouched
+                }
+            },
+            frame => PageState::Resident(Hfn(frame)),
+        }
+    }
+
+    /// Where `gfn` is.
+    pub fn state(&self, gfn: Gfn) -> PageState {
+        self.state_at(self.index_of(gfn))
+    }
+
+    /// Records the frame backing `gfn` (now resident).
     pub fn set_backing(&mut self, gfn: Gfn, frame: Hfn) {
-        debug_assert!(frame.0 != 0);
-        self.backing[(gfn.0 - self.base_gfn.0) as usize] = frame.0;
+        debug_assert!(frame.0 != 0 && frame.0 != SWAPPED);
+        let i = self.index_of(gfn) as usize;
+        self.backing[i] = frame.0;
     }
 
-    /// All allocated backing frames with their gfns, in gfn order.
+    /// Page `index` is now only on swap, in `slot`.
+    pub fn set_swapped(&mut self, index: u64, slot: SwapSlot) {
+        self.backing[index as usize] = SWAPPED;
+        self.swap[index as usize] = slot.0 + 1;
+    }
+
+    /// The swap slot holding page `index` (or its clean copy).
+    pub fn swap_slot_at(&self, index: u64) -> Option<SwapSlot> {
+        match self.swap[index as usize] {
+            0 => None,
+            s => Some(SwapSlot(s - 1)),
+        }
+    }
+
+    /// Forgets the clean swap copy of resident page `index` (it is about to
+    /// change) and returns the slot to free.
+    pub fn take_swap_copy(&mut self, index: u64) -> Option<SwapSlot> {
+        if self.backing[index as usize] == SWAPPED {
+            return None;
+        }
+        let slot = self.swap_slot_at(index);
+        self.swap[index as usize] = 0;
+        slot
+    }
+
+    /// All resident frames with their gfns, in gfn order.
     pub fn backed_pages(&self) -> impl Iterator<Item = (Gfn, Hfn)> + '_ {
         self.backing
             .iter()
             .enumerate()
-            .filter(|(_, &f)| f != 0)
+            .filter(|(_, &f)| f != 0 && f != SWAPPED)
             .map(|(i, &f)| (Gfn(self.base_gfn.0 + i as u64), Hfn(f)))
+    }
+
+    /// All swap slots the slot's pages use, in gfn order.
+    pub fn swap_slots(&self) -> impl Iterator<Item = SwapSlot> + '_ {
+        self.swap
+            .iter()
+            .filter(|&&s| s != 0)
+            .map(|&s| SwapSlot(s - 1))
     }
 
     /// One past the last gfn.
@@ -109,6 +200,11 @@ impl Memslots {
         self.by_base.values().find(|s| s.id == id)
     }
 
+    /// The slot with this id, mutably.
+    pub fn get_mut(&mut self, id: SlotId) -> Option<&mut Memslot> {
+        self.by_base.values_mut().find(|s| s.id == id)
+    }
+
     /// All slots in gfn order.
     pub fn iter(&self) -> impl Iterator<Item = &Memslot> {
         self.by_base.values()
@@ -154,6 +250,7 @@ impl Memslots {
         }
         self.check_free(base_gfn, npages, None)?;
         let backing = vec![0; npages as usize];
+        let swap = vec![0; npages as usize];
         self.by_base.insert(
             base_gfn.0,
             Memslot {
@@ -162,6 +259,7 @@ impl Memslots {
                 npages,
                 flags,
                 backing,
+                swap,
             },
         );
         self.generation += 1;
@@ -235,5 +333,31 @@ mod tests {
         assert!(slots.lookup(Gfn(0)).is_none());
         assert_eq!(slots.generation(), 4);
         assert_eq!(slots.delete(0).unwrap_err(), MemslotError::NoSuchSlot(0));
+    }
+
+    #[test]
+    fn pages_move_between_untouched_resident_and_swapped() {
+        let mut slots = Memslots::default();
+        slots.add(3, Gfn(16), 4, SlotFlags::default()).unwrap();
+        let slot = slots.get_mut(3).unwrap();
+        assert_eq!(slot.state(Gfn(17)), PageState::Untouched);
+        slot.set_backing(Gfn(17), Hfn(9));
+        assert_eq!(slot.state(Gfn(17)), PageState::Resident(Hfn(9)));
+        slot.set_swapped(1, SwapSlot(4));
+        assert_eq!(slot.state(Gfn(17)), PageState::Swapped(SwapSlot(4)));
+        assert_eq!(slot.backing(Gfn(17)), None);
+        assert_eq!(slot.backed_pages().count(), 0);
+        assert_eq!(
+            slot.take_swap_copy(1),
+            None,
+            "a swapped page keeps its slot"
+        );
+        // Swapped back in: resident with a clean copy on swap.
+        slot.set_backing(Gfn(17), Hfn(11));
+        assert_eq!(slot.swap_slot_at(1), Some(SwapSlot(4)));
+        assert_eq!(slot.swap_slots().collect::<Vec<_>>(), [SwapSlot(4)]);
+        assert_eq!(slot.take_swap_copy(1), Some(SwapSlot(4)));
+        assert_eq!(slot.swap_slot_at(1), None);
+        assert_eq!(slot.state(Gfn(17)), PageState::Resident(Hfn(11)));
     }
 }

@@ -1,0 +1,450 @@
+//! Host memory overcommit: the frame pool limit, eviction and page-in.
+//!
+//! Guest pages live in host frames while resident. The pool holds at most
+//! `limit` of them (the seed's container limit, `--host-mem`); resident
+//! pages plus pages being read in count against it. When a new page needs
+//! a frame and the pool is full, a batch of pages is evicted:
+//!
+//! 1. **Clock** over resident pages, in the order they became resident:
+//!    a page whose EPT accessed bit is set gets a second chance (the bit is
+//!    cleared, the page goes to the back); the first page found with the
+//!    bit clear is the victim.
+//! 2. **rmap zap**: every spte mapping the frame is cleared under
+//!    `mmu_lock`; their dirty bits say whether the guest wrote the page.
+//! 3. **Write-back**: a dirty page, or one with no copy on swap, is written
+//!    to a swap slot (the data goes to the file now; the device model
+//!    charges the write). A clean page with a copy on swap is just dropped.
+//! 4. The frame returns to the allocator. The caller issues one INVEPT on
+//!    every vCPU for the whole batch before the frames are reused.
+//!
+//! A page-in reads the slot into a fresh frame at once, but the page only
+//! becomes resident at the completion time the device model gives: until
+//! then it is "in flight" and a vCPU touching it waits (how it waits is the
+//! async-page-fault policy's business, `vm.rs`). The swap slot is kept, so
+//! the page stays clean on swap until the guest writes it.
+//!
+//! Clearing accessed bits needs no TLB flush: a cached translation keeps a
+//! page looking idle until the next INVEPT, which every eviction batch
+//! issues anyway (KVM's `clear_young` makes the same trade).
+
+use crate::cost::HvCosts;
+use crate::frames::{frame_hpa, FrameAllocator, OutOfFrames};
+use crate::memslot::{Memslots, PageState, SlotId};
+use crate::mmu::{spte, Mmu};
+use crate::swap::{Device, DeviceModel, DeviceStats, SwapError, SwapFile, SwapSlot};
+use machine::{Gfn, Hfn, MemError, PhysMemory};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Pages evicted at once when the pool is full (one INVEPT per batch).
+pub const EVICT_BATCH: usize = 16;
+
+/// A guest page, by memslot and index (stable across memslot moves).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PageRef {
+    pub slot: SlotId,
+    pub index: u64,
+}
+
+/// A page being read from swap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InFlight {
+    pub page: PageRef,
+    pub frame: Hfn,
+    /// Virtual time the read completes.
+    pub ready_at: u64,
+}
+
+/// A pager operation failed; the VM stops.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PagerError {
+    #[error("swap: {0}")]
+    Swap(#[from] SwapError),
+    #[error("{0}")]
+    OutOfFrames(#[from] OutOfFrames),
+    #[error("host memory: {0:?}")]
+    Memory(MemError),
+    #[error("host memory limit of {limit} pages reached and no page can be evicted (all {in_flight} in flight)")]
+    NothingToEvict { limit: u64, in_flight: u64 },
+}
+
+impl From<MemError> for PagerError {
+    fn from(e: MemError) -> Self {
+        PagerError::Memory(e)
+    }
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PagerStats {
+    /// Pages evicted.
+    pub evictions: u64,
+    /// Evicted pages written to swap.
+    pub swap_outs: u64,
+    /// Evicted pages dropped because swap already held them.
+    pub clean_drops: u64,
+    /// Pages read from swap.
+    pub swap_ins: u64,
+    /// Of those, read synchronously for the hv's own access.
+    pub sync_swap_ins: u64,
+    /// Clock steps that found the accessed bit set.
+    pub second_chances: u64,
+    /// Eviction batches (INVEPTs).
+    pub batches: u64,
+    /// Most pages resident or in flight at once.
+    pub peak_resident: u64,
+}
+
+/// The host side of guest memory: pool limit, clock, swap.
+#[derive(Debug)]
+pub struct Pager {
+    limit: u64,
+    /// Resident plus in-flight pages.
+    resident: u64,
+    clock: VecDeque<PageRef>,
+    in_flight: BTreeMap<SwapSlot, InFlight>,
+    swap_path: Option<PathBuf>,
+    swap: Option<SwapFile>,
+    device: Device,
+    buf: Box<[u8; 4096]>,
+    stats: PagerStats,
+}
+
+/// The host state the pager works on (disjoint borrows of the VM).
+pub struct Host<'a> {
+    pub mem: &'a PhysMemory,
+    pub frames: &'a mut FrameAllocator,
+    pub slots: &'a mut Memslots,
+    pub mmu: &'a Mmu,
+    pub costs: &'a HvCosts,
+}
+
+/// What obtaining a frame did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Virtual cycles of hv work.
+    pub cycles: u64,
+    /// sptes were zapped: INVEPT every vCPU before running guest code.
+    pub flush: bool,
+}
+
+impl Work {
+    fn add(&mut self, other: Work) {
+        self.cycles += other.cycles;
+        self.flush |= other.flush;
+    }
+}
+
+impl Pager {
+    /// A pool of `limit` pages, swapping to `swap_path` (a temporary file
+    /// if `None`, created on first use) through a device of `model`.
+    pub fn new(limit: u64, swap_path: Option<PathBuf>, model: DeviceModel, seed: u64) -> Self {
+        Pager {
+            limit: limit.max(1),
+            resident: 0,
+            clock: VecDeque::new(),
+            in_flight: BTreeMap::new(),
+            swap_path,
+            swap: None,
+            device: Device::new(model, seed),
+            buf: Box::new([0; 4096]),
+            stats: PagerStats::default(),
+        }
+    }
+
+    /// Opens the swap file now (so a bad path is reported at VM creation).
+    pub fn open_swap(&mut self) -> Result<(), SwapError> {
+        if self.swap.is_none() {
+            self.swap = Some(match &self.swap_path {
+                Some(path) => SwapFile::create(path)?,
+                None => SwapFile::temporary()?,
+            });
+        }
+        Ok(())
+    }
+
+    /// The swap file, if open.
+    pub fn swap_file(&self) -> Option<&SwapFile> {
+        self.swap.as_ref()
+    }
+
+    /// The swap file, opened if needed (tests use it to inject faults).
+    pub fn swap_file_mut(&mut self) -> Result<&mut SwapFile, SwapError> {
+        self.open_swap()?;
+        Ok(self.swap.as_mut().expect("just opened"))
+    }
+
+    /// Pool size in pages.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Resident plus in-flight pages.
+    pub fn resident(&self) -> u64 {
+        self.resident
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> PagerStats {
+        self.stats
+    }
+
+    /// The device's counters.
+    pub fn device_stats(&self) -> DeviceStats {
+        self.device.stats()
+    }
+
+    /// The device model.
+    pub fn device_model(&self) -> &DeviceModel {
+        self.device.model()
+    }
+
+    /// The read of `slot`, if in flight.
+    pub fn in_flight(&self, slot: SwapSlot) -> Option<InFlight> {
+        self.in_flight.get(&slot).copied()
+    }
+
+    /// A frame for a new resident page, evicting a batch first if the pool
+    /// is full. The frame's contents are stale: the caller fills it.
+    pub fn alloc_frame(
+        &mut self,
+        host: &mut Host<'_>,
+        now: u64,
+    ) -> Result<(Hfn, Work), PagerError> {
+        let mut work = Work::default();
+        if self.resident >= self.limit {
+            work.add(self.evict_batch(host, now)?);
+        }
+        let frame = host.frames.alloc()?;
+        work.cycles += host.costs.frame_alloc;
+        self.resident += 1;
+        self.stats.peak_resident = self.stats.peak_resident.max(self.resident);
+        Ok((frame, work))
+    }
+
+    /// Records that `page` became resident (for the clock).
+    pub fn note_resident(&mut self, page: PageRef) {
+        self.clock.push_back(page);
+    }
+
+    /// A resident page's frame was freed outside the pager (memslot
+    /// deletion).
+    pub fn note_freed(&mut self) {
+        self.resident = self.resident.saturating_sub(1);
+    }
+
+    fn evict_batch(&mut self, host: &mut Host<'_>, now: u64) -> Result<Work, PagerError> {
+        let mut work = Work::default();
+        let mut evicted = 0;
+        // Two full turns of the clock clear every accessed bit once, so a
+        // victim is found unless no page is resident at all.
+        let mut budget = 2 * self.clock.len() + 1;
+        while evicted < EVICT_BATCH && budget > 0 {
+            budget -= 1;
+            let Some(page) = self.clock.pop_front() else {
+                break;
+            };
+            work.cycles += host.costs.spte_read;
+            let Some(slot) = host.slots.get(page.slot) else {
+                continue; // stale: the memslot is gone
+            };
+            if page.index >= slot.npages {
+                continue;
+            }
+            let PageState::Resident(frame) = slot.state_at(page.index) else {
+                continue; // stale: evicted or freed since
+            };
+            if self.test_and_clear_young(host, frame)? {
+                self.stats.second_chances += 1;
+                self.clock.push_back(page);
+                continue;
+            }
+            work.add(self.evict(host, page, frame, now)?);
+            evicted += 1;
+        }
+        if evicted == 0 {
+            return Err(PagerError::NothingToEvict {
+                limit: self.limit,
+                in_flight: self.in_flight.len() as u64,
+            });
+        }
+        self.stats.batches += 1;
+        Ok(work)
+    }
+
+    /// Whether any spte mapping `frame` has its accessed bit set; clears
+    /// them.
+    fn test_and_clear_young(&self, host: &Host<'_>, frame: Hfn) -> Result<bool, PagerError> {
+        let inner = host.mmu.lock();
+        let mut young = false;
+        for &at in inner.rmap.get(frame) {
+            let old = host
+                .mem
+                .atomic_u64(at)?
+                .fetch_and(!spte::ACCESSED, std::sync::atomic::Ordering::Relaxed);
+            young |= old & spte::ACCESSED != 0;
+        }
+        Ok(young)
+    }
+
+    fn evict(
+        &mut self,
+        host: &mut Host<'_>,
+        page: PageRef,
+        frame: Hfn,
+        now: u64,
+    ) -> Result<Work, PagerError> {
+        let costs = host.costs;
+        let mut work = Work::default();
+        let mut dirty = false;
+        {
+            let mut inner = host.mmu.lock();
+            for at in inner.rmap.take(frame) {
+                let old = host
+                    .mem
+                    .atomic_u64(at)?
+                    .swap(0, std::sync::atomic::Ordering::Relaxed);
+                dirty |= old & spte::DIRTY != 0;
+                work.cycles += costs.spte_write;
+                work.flush = true;
+            }
+        }
+        let slot = host
+            .slots
+            .get_mut(page.slot)
+            .expect("evict: the caller checked the memslot");
+        let copy = slot.swap_slot_at(page.index);
+        let target = match copy {
+            Some(copy) if !dirty => {
+                self.stats.clean_drops += 1;
+                copy
+            }
+            _ => {
+                self.open_swap()?;
+                let swap = self.swap.as_mut().expect("just opened");
+                let target = match copy {
+                    Some(copy) => copy,
+                    None => swap.alloc()?,
+                };
+                host.mem.read_bytes(frame_hpa(frame), &mut self.buf[..])?;
+                swap.write(target, &self.buf)?;
+                self.device.submit_write(now);
+                self.stats.swap_outs += 1;
+                work.cycles += costs.copy_4k + costs.io_submit;
+                target
+            }
+        };
+        slot.set_swapped(page.index, target);
+        host.frames.free(frame);
+        self.resident -= 1;
+        self.stats.evictions += 1;
+        Ok(work)
+    }
+
+    /// Starts reading swapped-out `page` (in `slot`) at `now`, unless it is
+    /// already in flight; returns the read and the hv work it took.
+    pub fn start_page_in(
+        &mut self,
+        host: &mut Host<'_>,
+        page: PageRef,
+        slot: SwapSlot,
+        now: u64,
+    ) -> Result<(InFlight, Work), PagerError> {
+        if let Some(read) = self.in_flight.get(&slot) {
+            return Ok((*read, Work::default()));
+        }
+        let (frame, mut work) = self.alloc_frame(host, now)?;
+        self.open_swap()?;
+        let swap = self.swap.as_ref().expect("just opened");
+        if let Err(e) = swap.read(slot, &mut self.buf) {
+            host.frames.free(frame);
+            self.resident -= 1;
+            return Err(e.into());
+        }
+        host.mem.write_bytes(frame_hpa(frame), &self.buf[..])?;
+        let ready_at = self.device.submit_read(now);
+        work.cycles += host.costs.io_submit + host.costs.copy_4k;
+        let read = InFlight {
+            page,
+            frame,
+            ready_at,
+        };
+        self.in_flight.insert(slot, read);
+        self.stats.swap_ins += 1;
+        Ok((read, work))
+    }
+
+    /// Completes the read of `slot` (its time has come): the page is
+    /// resident in its frame, with its clean copy kept on swap. Returns the
+    /// gfn and frame, or `None` if the read is not in flight (completed
+    /// already or cancelled).
+    pub fn finish_page_in(&mut self, slots: &mut Memslots, slot: SwapSlot) -> Option<(Gfn, Hfn)> {
+        let read = self.in_flight.remove(&slot)?;
+        let memslot = slots.get_mut(read.page.slot)?;
+        if read.page.index >= memslot.npages
+            || memslot.state_at(read.page.index) != PageState::Swapped(slot)
+        {
+            // Cannot happen while memslot changes cancel reads first; keep
+            // the accounting right regardless.
+            self.resident -= 1;
+            return None;
+        }
+        let gfn = memslot.gfn_at(read.page.index);
+        memslot.set_backing(gfn, read.frame);
+        self.clock.push_back(read.page);
+        Some((gfn, read.frame))
+    }
+
+    /// Reads a swapped-out page synchronously (for the hv's own accesses,
+    /// which do not wait in virtual time) and returns its frame.
+    pub fn swap_in_now(
+        &mut self,
+        host: &mut Host<'_>,
+        page: PageRef,
+        slot: SwapSlot,
+        now: u64,
+    ) -> Result<(Hfn, Work), PagerError> {
+        let (_, work) = self.start_page_in(host, page, slot, now)?;
+        self.stats.sync_swap_ins += 1;
+        let (_, frame) = self
+            .finish_page_in(host.slots, slot)
+            .expect("the read was just started");
+        Ok((frame, work))
+    }
+
+    /// The hv is about to write resident `page`: its swap copy goes stale.
+    pub fn drop_swap_copy(&mut self, slots: &mut Memslots, page: PageRef) {
+        if let Some(memslot) = slots.get_mut(page.slot) {
+            if let Some(copy) = memslot.take_swap_copy(page.index) {
+                if let Some(swap) = self.swap.as_mut() {
+                    swap.free(copy);
+                }
+            }
+        }
+    }
+
+    /// Forgets memslot `id` (being deleted): cancels its reads, frees its
+    /// swap slots. Returns the in-flight frames to free.
+    pub fn forget_memslot(&mut self, slots: &Memslots, id: SlotId) -> Vec<Hfn> {
+        let cancelled: Vec<SwapSlot> = self
+            .in_flight
+            .iter()
+            .filter(|(_, r)| r.page.slot == id)
+            .map(|(&s, _)| s)
+            .collect();
+        let mut frames = Vec::new();
+        for s in cancelled {
+            if let Some(read) = self.in_flight.remove(&s) {
+                frames.push(read.frame);
+                self.resident -= 1;
+            }
+        }
+        if let (Some(memslot), Some(swap)) = (slots.get(id), self.swap.as_mut()) {
+            for s in memslot.swap_slots() {
+                swap.free(s);
+            }
+        }
+        frames
+    }
+}
