@@ -5,6 +5,8 @@ use crate::frames::OutOfFrames;
 use crate::memslot::MemslotError;
 use crate::mmu::fault::FaultError;
 use crate::mmu::tdp::TdpError;
+use crate::pager::PagerError;
+use crate::swap::SwapError;
 use machine::memory::MemCreateError;
 use machine::{Gpa, MemError};
 use thiserror::Error;
@@ -28,6 +30,10 @@ pub enum CreateError {
     GuestMemory(#[from] GuestMemoryError),
     #[error("memslot: {0}")]
     Memslot(#[from] MemslotError),
+    #[error("{0}")]
+    Swap(#[from] SwapError),
+    #[error("host memory of {host_mem} bytes is too small (at least {min})")]
+    HostMemTooSmall { host_mem: u64, min: u64 },
 }
 
 /// An hv access to guest-physical memory failed.
@@ -39,6 +45,8 @@ pub enum GuestMemoryError {
     OutOfFrames(#[from] OutOfFrames),
     #[error("host memory: {0:?}")]
     Host(MemError),
+    #[error("{0}")]
+    Pager(#[from] PagerError),
 }
 
 impl From<MemError> for GuestMemoryError {
@@ -82,4 +90,25 @@ pub enum VmError {
     },
     #[error("every vCPU is halted with nothing to wake it (virtual time {cycles} cycles)")]
     AllHalted { cycles: u64 },
+    #[error("vCPU {vcpu}: paging in gpa {gpa:#x} at rip {rip:#x}: {source}")]
+    Pager {
+        vcpu: usize,
+        gpa: u64,
+        rip: u64,
+        source: PagerError,
+    },
+}
+
+/// Setting a vCPU's APF state (a VMM restoring it) failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ApfStateError {
+    #[error("no vCPU {0}")]
+    NoSuchVcpu(usize),
+    #[error("the state enables the {wanted} protocol but this VM runs {running}")]
+    WrongProtocol {
+        wanted: &'static str,
+        running: String,
+    },
+    #[error("invalid APF state: {0}")]
+    Invalid(String),
 }

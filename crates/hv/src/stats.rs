@@ -1,5 +1,8 @@
 //! Counters per vCPU and per exit reason.
 
+use crate::apf::ApfStats;
+use crate::pager::PagerStats;
+use crate::swap::DeviceStats;
 use std::collections::BTreeMap;
 
 /// Count and hv cycles of one exit reason.
@@ -34,6 +37,8 @@ pub struct VcpuStats {
     pub cycles: u64,
     /// Retired guest instructions.
     pub instructions: u64,
+    /// Asynchronous page faults and waits for swapped pages.
+    pub apf: ApfStats,
 }
 
 impl VcpuStats {
@@ -61,6 +66,20 @@ pub struct VmStats {
     /// EPT table frames.
     pub ept_tables: u64,
     pub memslot_generation: u64,
+    /// Host memory pool for guest pages, in pages.
+    pub host_mem_pages: u64,
+    /// Guest pages resident (or being read) now.
+    pub resident_pages: u64,
+    /// Eviction and swap counters.
+    pub pager: PagerStats,
+    /// The swap device's counters.
+    pub device: DeviceStats,
+    /// The swap device model's name and parameters.
+    pub device_desc: String,
+    /// `off`, `halt` or `pv`.
+    pub apf_mode: &'static str,
+    /// `x86` or `event`.
+    pub apf_protocol: &'static str,
 }
 
 impl VmStats {
@@ -80,6 +99,24 @@ impl VmStats {
     /// Instructions summed over vCPUs.
     pub fn instructions(&self) -> u64 {
         self.vcpus.iter().map(|v| v.instructions).sum()
+    }
+
+    /// APF counters summed over vCPUs (peak outstanding: the maximum).
+    pub fn apf(&self) -> ApfStats {
+        let mut all = ApfStats::default();
+        for v in &self.vcpus {
+            let a = &v.apf;
+            all.not_present += a.not_present;
+            all.ready += a.ready;
+            all.wake_all += a.wake_all;
+            all.halts += a.halts;
+            all.halt_cycles += a.halt_cycles;
+            all.stalls += a.stalls;
+            all.stall_cycles += a.stall_cycles;
+            all.peak_outstanding = all.peak_outstanding.max(a.peak_outstanding);
+            all.repeat_faults += a.repeat_faults;
+        }
+        all
     }
 
     /// EPT faults summed over vCPUs.

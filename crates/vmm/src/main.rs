@@ -54,9 +54,122 @@ struct RunArgs {
     /// Scheduling quantum in virtual cycles.
     #[arg(long, default_value_t = 100_000)]
     quantum: u64,
+    #[command(flatten)]
+    overcommit: OvercommitArgs,
     /// The guest program and its arguments.
     #[arg(last = true, required = true, value_name = "PROGRAM ARGS")]
     program: Vec<String>,
+}
+
+/// Host memory, swap and async page fault options (shared by `run` and
+/// the benchmarks).
+#[derive(clap::Args, Debug, Clone)]
+pub struct OvercommitArgs {
+    /// Host memory for guest pages (the container limit), e.g. 64M; the
+    /// guest may have more. Default: as much as guest memory (no swapping).
+    #[arg(long, value_parser = parse_size)]
+    host_mem: Option<u64>,
+    /// Swap file (created or truncated). Default: a temporary file, removed
+    /// at exit.
+    #[arg(long, value_name = "FILE")]
+    swap: Option<PathBuf>,
+    /// Swap device preset (see docs/apf.md for where the numbers come from).
+    #[arg(long, value_enum, default_value_t = SwapDeviceArg::Hdd)]
+    swap_device: SwapDeviceArg,
+    /// Read latency, overriding the preset: fixed (`8ms`) or a uniform
+    /// range (`4ms-17ms`).
+    #[arg(long, value_parser = parse_latency)]
+    swap_latency: Option<hv::swap::LatencyRange>,
+    /// Bandwidth in bytes per second, overriding the preset (e.g. 500M).
+    #[arg(long, value_parser = parse_size)]
+    swap_bandwidth: Option<u64>,
+    /// Requests the device serves at once, overriding the preset.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    swap_queue: Option<u32>,
+    /// How a vCPU waits for a page on swap: stall (off), halt in the hv
+    /// (halt), or tell the PV guest (pv).
+    #[arg(long, value_enum, default_value_t = ApfArg::Pv)]
+    apf: ApfArg,
+    /// The paravirtual protocol of `--apf pv`.
+    #[arg(long, value_enum, default_value_t = ApfProtocolArg::X86)]
+    apf_protocol: ApfProtocolArg,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwapDeviceArg {
+    Hdd,
+    Ssd,
+    Nvme,
+    Net,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApfArg {
+    Off,
+    Halt,
+    Pv,
+}
+
+impl From<ApfArg> for hv::apf::ApfMode {
+    fn from(a: ApfArg) -> Self {
+        match a {
+            ApfArg::Off => hv::apf::ApfMode::Off,
+            ApfArg::Halt => hv::apf::ApfMode::Halt,
+            ApfArg::Pv => hv::apf::ApfMode::Pv,
+        }
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApfProtocolArg {
+    X86,
+    Event,
+}
+
+impl OvercommitArgs {
+    /// The device model: the preset with the overrides applied.
+    pub fn device(&self) -> hv::swap::DeviceModel {
+        use hv::swap::DevicePreset;
+        let preset = match self.swap_device {
+            SwapDeviceArg::Hdd => DevicePreset::Hdd,
+            SwapDeviceArg::Ssd => DevicePreset::Ssd,
+            SwapDeviceArg::Nvme => DevicePreset::Nvme,
+            SwapDeviceArg::Net => DevicePreset::Net,
+        };
+        let mut model = preset.model();
+        let overridden = self.swap_latency.is_some()
+            || self.swap_bandwidth.is_some()
+            || self.swap_queue.is_some();
+        if let Some(latency) = self.swap_latency {
+            model.read_latency = latency;
+        }
+        if let Some(bandwidth) = self.swap_bandwidth {
+            model.bandwidth = bandwidth.max(1);
+        }
+        if let Some(queue) = self.swap_queue {
+            model.queue = queue;
+        }
+        if overridden {
+            model.name.push('+');
+        }
+        model
+    }
+
+    /// Applies these options to `config`.
+    pub fn apply(&self, config: &mut VmConfig) {
+        config.host_mem = self.host_mem;
+        config.swap_path = self.swap.clone();
+        config.swap_device = self.device();
+        config.apf = self.apf.into();
+        config.apf_protocol = match self.apf_protocol {
+            ApfProtocolArg::X86 => hv::apf::ApfProtocol::X86,
+            ApfProtocolArg::Event => hv::apf::ApfProtocol::Event,
+        };
+    }
+}
+
+fn parse_latency(s: &str) -> Result<hv::swap::LatencyRange, String> {
+    s.parse()
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,13 +240,15 @@ fn run(args: RunArgs) -> ExitCode {
             }
         },
     };
-    let config = VmConfig {
+    let mut config = VmConfig {
         vcpus: args.vcpus,
         mem_size: args.mem,
         cmdline: boot_cmdline(args.seed, &args.options, &args.program),
         quantum: args.quantum,
+        seed: args.seed.unwrap_or(1),
         ..VmConfig::default()
     };
+    args.overcommit.apply(&mut config);
     let mut vm = match Vm::boot(&config, &kernel) {
         Ok(vm) => vm,
         Err(e) => {

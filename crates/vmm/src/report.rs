@@ -24,7 +24,42 @@ pub struct VcpuSummary {
     pub mmu_lock_wait_cycles: u64,
     pub halts: u64,
     pub ipis_sent: u64,
+    pub apf: hv::apf::ApfStats,
     pub exits: BTreeMap<String, ExitSummary>,
+}
+
+/// Host memory overcommit: the pool, the swap device, what moved.
+#[derive(Serialize)]
+pub struct MemorySummary {
+    pub host_mem_pages: u64,
+    pub resident_pages: u64,
+    pub swap_device: String,
+    pub pager: hv::pager::PagerStats,
+    pub swap_reads: u64,
+    pub swap_writes: u64,
+    pub mean_read_wait_cycles: u64,
+    pub max_read_wait_cycles: u64,
+}
+
+/// Asynchronous page faults, summed over vCPUs.
+#[derive(Serialize)]
+pub struct ApfSummary {
+    pub mode: String,
+    pub protocol: String,
+    /// Page-not-present notifications sent.
+    pub not_present_sent: u64,
+    /// Page-ready notifications sent (wake-alls included).
+    pub ready_sent: u64,
+    pub wake_all_sent: u64,
+    /// Halts in the hv waiting for a page.
+    pub halts: u64,
+    pub halt_cycles: u64,
+    /// Synchronous waits (no interrupts) for a page.
+    pub stalls: u64,
+    pub stall_cycles: u64,
+    /// Most outstanding on one vCPU.
+    pub peak_outstanding: u64,
+    pub repeat_faults: u64,
 }
 
 #[derive(Serialize)]
@@ -50,6 +85,8 @@ pub struct Summary {
     pub ept_tables: u64,
     pub mmu_lock_wait_cycles: u64,
     pub exits: BTreeMap<String, ExitSummary>,
+    pub memory: MemorySummary,
+    pub apf: ApfSummary,
     pub vcpus: Vec<VcpuSummary>,
     pub reports: Vec<ReportLine>,
 }
@@ -90,6 +127,32 @@ impl Summary {
             ept_tables: stats.ept_tables,
             mmu_lock_wait_cycles: stats.vcpus.iter().map(|v| v.mmu_lock_wait_cycles).sum(),
             exits: exits(&stats.exits()),
+            memory: MemorySummary {
+                host_mem_pages: stats.host_mem_pages,
+                resident_pages: stats.resident_pages,
+                swap_device: stats.device_desc.clone(),
+                pager: stats.pager,
+                swap_reads: stats.device.reads,
+                swap_writes: stats.device.writes,
+                mean_read_wait_cycles: stats.device.read_wait_cycles / stats.device.reads.max(1),
+                max_read_wait_cycles: stats.device.max_read_wait_cycles,
+            },
+            apf: {
+                let a = stats.apf();
+                ApfSummary {
+                    mode: stats.apf_mode.to_string(),
+                    protocol: stats.apf_protocol.to_string(),
+                    not_present_sent: a.not_present,
+                    ready_sent: a.ready,
+                    wake_all_sent: a.wake_all,
+                    halts: a.halts,
+                    halt_cycles: a.halt_cycles,
+                    stalls: a.stalls,
+                    stall_cycles: a.stall_cycles,
+                    peak_outstanding: a.peak_outstanding,
+                    repeat_faults: a.repeat_faults,
+                }
+            },
             vcpus: stats
                 .vcpus
                 .iter()
@@ -105,6 +168,7 @@ impl Summary {
                     mmu_lock_wait_cycles: v.mmu_lock_wait_cycles,
                     halts: v.halts,
                     ipis_sent: v.ipis_sent,
+                    apf: v.apf,
                     exits: exits(&v.exits),
                 })
                 .collect(),
@@ -161,6 +225,44 @@ impl Summary {
             "mmu_lock:     {} cycles waited",
             self.mmu_lock_wait_cycles
         );
+        let m = &self.memory;
+        let _ = writeln!(
+            s,
+            "host memory:  {} pages pool, {} resident; {} evictions ({} written, {} clean drops), {} swap-ins, {} batches",
+            m.host_mem_pages,
+            m.resident_pages,
+            m.pager.evictions,
+            m.pager.swap_outs,
+            m.pager.clean_drops,
+            m.pager.swap_ins,
+            m.pager.batches
+        );
+        if m.swap_reads + m.swap_writes > 0 {
+            let _ = writeln!(
+                s,
+                "swap device:  {}; {} reads (mean wait {} cycles, max {}), {} writes",
+                m.swap_device,
+                m.swap_reads,
+                m.mean_read_wait_cycles,
+                m.max_read_wait_cycles,
+                m.swap_writes
+            );
+        }
+        let a = &self.apf;
+        let _ = writeln!(
+            s,
+            "async PF:     --apf {} ({}): {} not-present, {} ready ({} wake-all), {} halts ({} cycles), {} stalls ({} cycles), peak outstanding {}",
+            a.mode,
+            a.protocol,
+            a.not_present_sent,
+            a.ready_sent,
+            a.wake_all_sent,
+            a.halts,
+            a.halt_cycles,
+            a.stalls,
+            a.stall_cycles,
+            a.peak_outstanding
+        );
         let _ = writeln!(s, "exits:");
         for (name, e) in &self.exits {
             let _ = writeln!(
@@ -174,13 +276,17 @@ impl Summary {
             let exits: u64 = v.exits.values().map(|e| e.count).sum();
             let _ = writeln!(
                 s,
-                "  vcpu {:<3} {:>6.1}% busy {:>14} instructions {:>10} exits {:>8} EPT faults {:>6} halts",
+                "  vcpu {:<3} {:>6.1}% busy {:>14} instructions {:>10} exits {:>8} EPT faults {:>6} halts | apf {} np {} ready {} halts {} stall cycles",
                 v.id,
                 v.utilization * 100.0,
                 v.instructions,
                 exits,
                 v.ept_faults,
-                v.halts
+                v.halts,
+                v.apf.not_present,
+                v.apf.ready,
+                v.apf.halts,
+                v.apf.stall_cycles
             );
         }
         if !self.reports.is_empty() {
