@@ -5,6 +5,8 @@
 //! configuration or kernel-image error; 3 when the VM stopped with an error
 //! (triple fault, access outside guest memory, unsupported exit).
 
+mod bench;
+mod plot;
 mod report;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -29,6 +31,133 @@ struct Cli {
 enum Command {
     /// Boot the guest kernel and run a guest program.
     Run(RunArgs),
+    /// Reproduce a seed experiment (several VM runs compared side by side).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Seed 000: `bm -f 4 -w 4` with guest memory 4x host memory, the
+    /// array between the two; total work with --apf off, halt and pv, and
+    /// the ideal (the array fits in host memory).
+    Apf(ApfBenchArgs),
+    /// Seed 002: one vCPU, guest memory 2x host memory, a task writing
+    /// all its memory several times, with and without a calculation task,
+    /// APF off and on.
+    #[command(name = "apf-calc")]
+    ApfCalc(ApfCalcBenchArgs),
+}
+
+/// Options every benchmark shares.
+#[derive(clap::Args, Debug)]
+struct BenchCommon {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Seed of the guest program and the device model.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// VM runs at once (each on its own host thread). Default: the host's
+    /// cores.
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Run this kernel ELF instead of the bundled guest kernel.
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// Swap device preset (the benchmark's own default if not given).
+    #[arg(long, value_enum)]
+    swap_device: Option<SwapDeviceArg>,
+    /// Read latency, overriding the preset: `8ms` or `4ms-17ms`.
+    #[arg(long, value_parser = parse_latency)]
+    swap_latency: Option<hv::swap::LatencyRange>,
+    /// Bandwidth in bytes per second, overriding the preset.
+    #[arg(long, value_parser = parse_size)]
+    swap_bandwidth: Option<u64>,
+    /// Requests the device serves at once, overriding the preset.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    swap_queue: Option<u32>,
+    /// The paravirtual protocol of the `pv` runs.
+    #[arg(long, value_enum, default_value_t = ApfProtocolArg::X86)]
+    apf_protocol: ApfProtocolArg,
+}
+
+impl BenchCommon {
+    fn overcommit(&self, default_device: SwapDeviceArg) -> OvercommitArgs {
+        OvercommitArgs {
+            host_mem: None,
+            swap: None,
+            swap_device: self.swap_device.unwrap_or(default_device),
+            swap_latency: self.swap_latency,
+            swap_bandwidth: self.swap_bandwidth,
+            swap_queue: self.swap_queue,
+            apf: ApfArg::Pv,
+            apf_protocol: self.apf_protocol,
+        }
+    }
+
+    fn jobs(&self) -> usize {
+        self.jobs
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+struct ApfBenchArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// vCPUs (the seed: 4).
+    #[arg(long, default_value_t = 4)]
+    vcpus: u32,
+    /// Host memory for guest pages (the container limit).
+    #[arg(long, default_value = "32M", value_parser = parse_size)]
+    host_mem: u64,
+    /// Guest memory (default: 4x host memory, as the seed).
+    #[arg(long, value_parser = parse_size)]
+    mem: Option<u64>,
+    /// bm's array (default: 2x host memory: larger than host memory,
+    /// smaller than guest memory).
+    #[arg(long, value_parser = parse_size)]
+    array: Option<u64>,
+    /// bm's run time in virtual seconds (the seed ran 60 s on real
+    /// hardware; the ratios settle well before).
+    #[arg(long, default_value = "0.2")]
+    duration: String,
+    /// Faulting threads.
+    #[arg(long, default_value_t = 4)]
+    fault_threads: u32,
+    /// Work threads.
+    #[arg(long, default_value_t = 4)]
+    work_threads: u32,
+    /// Where the SVG plot goes.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// Instead: pv/off gain at each of these fixed read latencies.
+    #[arg(long, num_args = 0.., value_delimiter = ',', value_parser = hv::swap::device::parse_duration,
+          default_missing_value = "100us,1ms,4ms,10ms,20ms")]
+    sweep_latency: Option<Vec<u64>>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ApfCalcBenchArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// Host memory for guest pages (the container limit).
+    #[arg(long, default_value = "16M", value_parser = parse_size)]
+    host_mem: u64,
+    /// Guest memory (default: 2x host memory, as the seed).
+    #[arg(long, value_parser = parse_size)]
+    mem: Option<u64>,
+    /// The writer's memory (default: 1.25x host memory).
+    #[arg(long, value_parser = parse_size)]
+    array: Option<u64>,
+    /// Times the writer writes all of it.
+    #[arg(long, default_value_t = 2)]
+    loops: u32,
+    /// Bytes between the writer's stores.
+    #[arg(long, default_value_t = 512)]
+    stride: u32,
 }
 
 #[derive(clap::Args, Debug)]
@@ -218,27 +347,111 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run(args),
+        Command::Bench(BenchCommand::Apf(args)) => bench_apf(args),
+        Command::Bench(BenchCommand::ApfCalc(args)) => bench_apf_calc(args),
     }
 }
 
+/// The kernel image: `path`, or the bundled guest kernel.
+fn load_kernel(path: Option<&PathBuf>) -> Result<Vec<u8>, String> {
+    match path {
+        Some(path) => {
+            std::fs::read(path).map_err(|e| format!("cannot read kernel {}: {e}", path.display()))
+        }
+        None => BUNDLED_KERNEL.map(<[u8]>::to_vec).ok_or_else(|| {
+            "this build has no bundled guest kernel (guest/ was not built); pass --kernel FILE"
+                .to_string()
+        }),
+    }
+}
+
+/// Prints a benchmark's output, or its error (exit status 3).
+fn finish_bench(result: Result<String, String>) -> ExitCode {
+    match result {
+        Ok(out) => {
+            let _ = std::io::stdout().write_all(out.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("faultline: bench failed: {e}");
+            ExitCode::from(3)
+        }
+    }
+}
+
+fn bench_apf(args: ApfBenchArgs) -> ExitCode {
+    let kernel = match load_kernel(args.common.kernel.as_ref()) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("faultline: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mem = args.mem.unwrap_or(args.host_mem * 4);
+    let array = args.array.unwrap_or(args.host_mem * 2);
+    if array >= mem || mem % (2 << 20) != 0 {
+        eprintln!("faultline: the array ({array} bytes) must be smaller than guest memory ({mem} bytes, a multiple of 2 MiB)");
+        return ExitCode::from(2);
+    }
+    let mut base = VmConfig::default();
+    args.common.overcommit(SwapDeviceArg::Hdd).apply(&mut base);
+    let bench = bench::ApfBench {
+        vcpus: args.vcpus,
+        host_mem: args.host_mem,
+        mem,
+        array,
+        duration: args.duration.clone(),
+        seed: args.common.seed,
+        fault_threads: args.fault_threads,
+        work_threads: args.work_threads,
+        base,
+        json: args.common.json,
+        plot: args.plot.clone().unwrap_or_else(|| {
+            PathBuf::from(if args.sweep_latency.is_some() {
+                "faultline-bench-apf-sweep.svg"
+            } else {
+                "faultline-bench-apf.svg"
+            })
+        }),
+        jobs: args.common.jobs(),
+        sweep: args.sweep_latency.clone(),
+    };
+    finish_bench(bench.run(&kernel))
+}
+
+fn bench_apf_calc(args: ApfCalcBenchArgs) -> ExitCode {
+    let kernel = match load_kernel(args.common.kernel.as_ref()) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("faultline: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mem = args.mem.unwrap_or(args.host_mem * 2);
+    let array = args.array.unwrap_or(args.host_mem / 4 * 5);
+    let mut base = VmConfig::default();
+    args.common.overcommit(SwapDeviceArg::Ssd).apply(&mut base);
+    let bench = bench::ApfCalcBench {
+        host_mem: args.host_mem,
+        mem,
+        array,
+        loops: args.loops,
+        stride: args.stride,
+        seed: args.common.seed,
+        base,
+        json: args.common.json,
+        jobs: args.common.jobs(),
+    };
+    finish_bench(bench.run(&kernel))
+}
+
 fn run(args: RunArgs) -> ExitCode {
-    let kernel = match &args.kernel {
-        Some(path) => match std::fs::read(path) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                eprintln!("faultline: cannot read kernel {}: {e}", path.display());
-                return ExitCode::from(2);
-            }
-        },
-        None => match BUNDLED_KERNEL {
-            Some(bytes) => bytes.to_vec(),
-            None => {
-                eprintln!(
-                    "faultline: this build has no bundled guest kernel (guest/ was not built); pass --kernel FILE"
-                );
-                return ExitCode::from(2);
-            }
-        },
+    let kernel = match load_kernel(args.kernel.as_ref()) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("faultline: {e}");
+            return ExitCode::from(2);
+        }
     };
     let mut config = VmConfig {
         vcpus: args.vcpus,
