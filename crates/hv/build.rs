@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 4] = ["hello", "smp", "triple", "outside"];
+const KERNELS: [&str; 5] = ["hello", "smp", "triple", "outside", "apfabi"];
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
