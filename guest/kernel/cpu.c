@@ -130,6 +130,7 @@ void ap_main(struct cpu *c) {
     c->loaded_mm = &kernel_mm;
     syscall_init();
     apic_init(c);
+    apf_cpu_init(c);
     __atomic_store_n(&c->online, 1, __ATOMIC_RELEASE);
     cpu_idle_loop();
 }

@@ -8,11 +8,15 @@
 #include "../lib/klib.h"
 #include "spinlock.h"
 #include "pmm.h"
+#include "apf_waiters.h"
 #include "syscall_nr.h"
 
 #define KSTACK_SIZE (16 * 1024)
 #define HZ 250 /* scheduler ticks per second of virtual time */
-#define QUANTUM_TICKS 2
+/* A task's time slice, measured on the TSC from when it was switched in
+ * (2 ticks' worth): while the host stalls a vCPU, timer ticks coalesce and
+ * are lost, so counting ticks would stretch a stalled task's slice. */
+#define SLICE_NS (2 * 1000000000ULL / HZ)
 #define MAX_TASKS 256
 #define MAX_FDS 16
 
@@ -24,6 +28,8 @@
 
 #define VEC_TIMER 0x20
 #define VEC_RESCHED 0x21
+#define VEC_APF_READY 0x22      /* page ready (both protocols), through the local APIC */
+#define VEC_APF_NOTPRESENT 0x23 /* event protocol's page not present, injected by the hv: no EOI */
 #define VEC_SPURIOUS 0xff
 
 /* User space lives in PML4 slots 1..255; slot 0 is the kernel's identity
@@ -141,6 +147,20 @@ struct waitq {
     struct task *head;
 };
 
+/* A CPU's asynchronous page fault state. The areas are where the hv
+ * writes tokens; the kernel's identity map makes their addresses their
+ * guest-physical addresses. */
+struct apf_cpu {
+    struct kvm_apf_data x86_area;        /* MSR_KVM_ASYNC_PF_EN points here */
+    struct apf_event_area event_area;    /* HC_APF_ENABLE points here */
+    int enabled;
+    uint64_t not_present; /* not-present notifications received */
+    uint64_t ready;       /* page-ready notifications received (wake-alls included) */
+    uint64_t early;       /* readies that found no waiter (a ready-first node) */
+    uint64_t wake_all;    /* APF_WAKE_ALL readies */
+    uint64_t spurious;    /* notifications with token 0 */
+};
+
 struct cpu {
     struct cpu *self;        /* %gs:0 */
     uint64_t user_rsp;       /* %gs:8  scratch during syscall entry */
@@ -153,7 +173,7 @@ struct cpu {
     struct task *rq_head, *rq_tail;
     int rq_len;
     struct task *sleepers;   /* sorted by wake_tsc */
-    int ticks_left;
+    uint64_t slice_start_tsc; /* when the current task was switched in */
     volatile int need_resched;
     volatile int online;
     struct mm *loaded_mm;
@@ -161,6 +181,7 @@ struct cpu {
     uint64_t ctx_switches;
     uint64_t page_faults; /* demand-zero faults served */
     uint64_t syscalls;
+    struct apf_cpu apf;
     uint64_t gdt[7];
     struct {
         uint32_t reserved0;
@@ -242,6 +263,16 @@ void sched_tick(void);
 void sleep_until(uint64_t tsc);
 void wait_event_block(struct waitq *q, spinlock_t *lock);
 void waitq_wake_all(struct waitq *q);
+/* Blocking in two steps, for sleepers that publish themselves under their
+ * own lock: sched_block_begin marks the current task blocked and returns
+ * its CPU with the run-queue lock held (a waker on another CPU then waits
+ * until the task is off the CPU); the caller drops its own lock and calls
+ * sched_block_finish, which switches away until the task is woken. */
+struct cpu *sched_block_begin(void);
+void sched_block_finish(struct cpu *c);
+/* Wakes a blocked task with wakeup preemption: it goes to the front of its
+ * CPU's run queue and that CPU reschedules, so it runs next. */
+void task_wake_preempt(struct task *t);
 void task_exit(int code) __attribute__((noreturn));
 int task_wait(int tid);
 struct task *task_by_tid(int tid);
@@ -249,6 +280,24 @@ void cpu_idle_loop(void) __attribute__((noreturn));
 int pick_cpu(void);
 uint64_t now_ns(void);
 extern struct task tasks[MAX_TASKS];
+
+/* apf.c: asynchronous page faults (KVM's x86 protocol or the event one) */
+enum apf_protocol { APF_NONE, APF_X86, APF_EVENT };
+extern enum apf_protocol apf_protocol;
+/* Once, on the boot CPU before any apf_cpu_init: picks the protocol. */
+void apf_init(int disabled_by_option);
+/* Each CPU at bring-up, after apic_init: enables delivery to its area. */
+void apf_cpu_init(struct cpu *c);
+/* The boot-time "apf: ..." line, once every CPU is up. */
+void apf_print_status(void);
+/* A #PF that is an x86 page-not-present notification: the task slept until
+ * the page was ready. Returns 0 for an ordinary page fault. */
+int apf_x86_page_fault(struct trapframe *tf, uint64_t cr2);
+/* VEC_APF_NOTPRESENT / VEC_APF_READY; return 0 if unexpected here. */
+int apf_event_not_present(struct trapframe *tf);
+int apf_page_ready(void);
+/* Console summary and HC_REPORT line, at shutdown. */
+void apf_report(void);
 
 /* syscall.c, user.c */
 int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3);

@@ -76,19 +76,43 @@ static void crash(const char *kind) {
     kprintf("unknown crash kind '%s' ignored\n", kind);
 }
 
-static void boot_options(const char *cmdline) {
-    char line[CMDLINE_LEN];
-    size_t n = strlen(cmdline);
-    if (n >= sizeof(line))
-        n = sizeof(line) - 1;
-    memcpy(line, cmdline, n);
+/* Copies the boot options (the words before "--") into `line` and points
+ * `words` at them; returns how many there are. */
+static int boot_words(char *line, size_t size, char **words, int max) {
+    size_t n = strlen(boot->cmdline);
+    if (n >= size)
+        n = size - 1;
+    memcpy(line, boot->cmdline, n);
     line[n] = '\0';
+    int nw = split_words(line, words, max);
+    for (int i = 0; i < nw; i++)
+        if (strcmp(words[i], "--") == 0)
+            return i;
+    return nw;
+}
+
+/* Whether the boot option `name` is present; for options needed before
+ * the other CPUs come up. */
+static int boot_flag(const char *name) {
+    char line[CMDLINE_LEN];
     char *words[32];
-    int nw = split_words(line, words, 32);
-    for (int i = 0; i < nw && strcmp(words[i], "--") != 0; i++) {
+    int nw = boot_words(line, sizeof(line), words, 32);
+    for (int i = 0; i < nw; i++)
+        if (strcmp(words[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+/* Boot options acted on once the system is up. `no-apf` (asynchronous page
+ * faults off) was acted on at bring-up. */
+static void boot_options(void) {
+    char line[CMDLINE_LEN];
+    char *words[32];
+    int nw = boot_words(line, sizeof(line), words, 32);
+    for (int i = 0; i < nw; i++) {
         if (strncmp(words[i], "crash=", 6) == 0)
             crash(words[i] + 6);
-        else
+        else if (strcmp(words[i], "no-apf") != 0)
             kprintf("unknown boot option '%s' ignored\n", words[i]);
     }
 }
@@ -230,17 +254,20 @@ void kmain(struct boot_info *bi) {
         cpus[i].self = &cpus[i];
         sched_init_cpu(&cpus[i]);
     }
+    apf_init(boot_flag("no-apf"));
     idt_init();
     cpu_init_tables(&cpus[0]);
     syscall_init();
     apic_init(&cpus[0]);
+    apf_cpu_init(&cpus[0]);
     cpus[0].online = 1;
 #ifdef DEBUG
     self_checks();
 #endif
     smp_boot();
     kprintf("smp: %d cpu(s) online\n", ncpus);
-    boot_options(bi->cmdline);
+    apf_print_status();
+    boot_options();
     kthread_create("init", init_thread, NULL);
     cpu_idle_loop();
 }

@@ -1,5 +1,6 @@
-/* Tasks and the scheduler: per-CPU run queues (round robin, preempted by
- * the APIC timer), sleeping on virtual time, wait queues, exit and wait.
+/* Tasks and the scheduler: per-CPU run queues (round robin; a task that
+ * used up its time slice is preempted at a timer tick), sleeping on virtual
+ * time, wait queues, wakeup preemption, exit and wait.
  *
  * A task stays on the CPU it was started on; new tasks go to the least
  * loaded CPU. Locking: a CPU's rq_lock guards its run queue, its sleepers
@@ -13,6 +14,7 @@ static spinlock_t task_table_lock;
 static spinlock_t exit_lock;
 static int next_tid = 1;
 static uint8_t kstacks[MAX_TASKS][KSTACK_SIZE] __attribute__((aligned(16)));
+static uint64_t slice_cycles; /* SLICE_NS in TSC cycles */
 
 static void rq_push(struct cpu *c, struct task *t) {
     t->next = NULL;
@@ -21,6 +23,16 @@ static void rq_push(struct cpu *c, struct task *t) {
     else
         c->rq_head = t;
     c->rq_tail = t;
+    c->rq_len++;
+}
+
+/* A task woken after sleeping on a page runs next, as CFS favours a task
+ * that slept: its CPU had other work meanwhile, now it is the waiter's turn. */
+static void rq_push_front(struct cpu *c, struct task *t) {
+    t->next = c->rq_head;
+    c->rq_head = t;
+    if (!c->rq_tail)
+        c->rq_tail = t;
     c->rq_len++;
 }
 
@@ -182,7 +194,7 @@ static void schedule_locked(struct cpu *c) {
     if (!next)
         next = c->idle;
     next->state = T_RUNNING;
-    c->ticks_left = QUANTUM_TICKS;
+    c->slice_start_tsc = rdtsc();
     if (next == prev) {
         spin_unlock(&c->rq_lock);
         return;
@@ -220,7 +232,10 @@ void sched_tick(void) {
         t->state = T_RUNNABLE;
         rq_push(c, t);
     }
-    if (c->current == c->idle ? c->rq_len > 0 : --c->ticks_left <= 0 && c->rq_len > 0)
+    /* Time, not ticks: ticks lost while the host stalled this vCPU must not
+     * lengthen the slice. */
+    int slice_used = now - c->slice_start_tsc >= slice_cycles;
+    if (c->rq_len > 0 && (c->current == c->idle || slice_used))
         c->need_resched = 1;
     spin_unlock(&c->rq_lock);
 }
@@ -243,16 +258,36 @@ void sleep_until(uint64_t tsc) {
     schedule_locked(c);
 }
 
-void wait_event_block(struct waitq *q, spinlock_t *lock) {
+struct cpu *sched_block_begin(void) {
     struct cpu *c = this_cpu();
-    struct task *t = c->current;
     spin_lock(&c->rq_lock);
-    t->state = T_BLOCKED;
+    c->current->state = T_BLOCKED;
+    return c;
+}
+
+void sched_block_finish(struct cpu *c) { schedule_locked(c); }
+
+void wait_event_block(struct waitq *q, spinlock_t *lock) {
+    struct cpu *c = sched_block_begin();
+    struct task *t = c->current;
     t->next = q->head;
     q->head = t;
     spin_unlock(lock);
-    schedule_locked(c);
+    sched_block_finish(c);
     spin_lock(lock);
+}
+
+void task_wake_preempt(struct task *t) {
+    struct cpu *c = &cpus[t->cpu];
+    spin_lock(&c->rq_lock);
+    int woken = t->state == T_BLOCKED;
+    if (woken) {
+        t->state = T_RUNNABLE;
+        rq_push_front(c, t);
+    }
+    spin_unlock(&c->rq_lock);
+    if (woken)
+        kick(c);
 }
 
 /* Caller holds the lock that guards q. */
@@ -306,6 +341,7 @@ int task_wait(int tid) {
 }
 
 void sched_init_cpu(struct cpu *c) {
+    slice_cycles = tsc_hz * SLICE_NS / 1000000000ULL; /* no overflow below 2 THz */
     struct task *idle = task_alloc("idle");
     KASSERT(idle);
     idle->cpu = c->id;

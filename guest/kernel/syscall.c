@@ -301,6 +301,7 @@ static void program_done(struct task *t, int code) {
     for (int i = 0; i < ncpus; i++)
         report("cpu=%d ticks=%lu ctx_switches=%lu page_faults=%lu syscalls=%lu", i, cpus[i].ticks,
                cpus[i].ctx_switches, cpus[i].page_faults, cpus[i].syscalls);
+    apf_report();
     shutdown(code);
 }
 

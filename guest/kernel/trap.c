@@ -40,8 +40,19 @@ void trap(struct trapframe *tf) {
         break;
     case VEC_SPURIOUS:
         break;
+    case VEC_APF_READY:
+        if (!apf_page_ready())
+            goto unexpected;
+        break;
+    case VEC_APF_NOTPRESENT:
+        if (!apf_event_not_present(tf))
+            goto unexpected;
+        break;
     case 14: {
+        /* CR2 first: it is the token if this is an async PF notification. */
         uint64_t cr2 = read_cr2();
+        if (apf_x86_page_fault(tf, cr2))
+            break;
         struct task *t = c->current;
         /* Demand-zero: a user address inside one of the process's regions,
          * touched by the process or by the kernel on its behalf. */
@@ -68,6 +79,7 @@ void trap(struct trapframe *tf) {
                   exception_names[tf->vector] ? exception_names[tf->vector] : "exception", tf->vector,
                   tf->error, tf->rip, read_cr2(), c->id);
         }
+    unexpected:
         kprintf("unexpected interrupt %lu on cpu %d\n", tf->vector, c->id);
         apic_eoi();
         break;

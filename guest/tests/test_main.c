@@ -4,17 +4,9 @@
 #include <string.h>
 #include "../lib/klib.h"
 #include "../kernel/pmm.h"
+#include "check.h"
 
-static int failures, checks;
-
-#define CHECK(c)                                                                                   \
-    do {                                                                                           \
-        checks++;                                                                                  \
-        if (!(c)) {                                                                                \
-            failures++;                                                                            \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
-        }                                                                                          \
-    } while (0)
+int failures, checks;
 
 static void expect_fmt(const char *want, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void expect_fmt(const char *want, const char *fmt, ...) {
@@ -200,6 +192,7 @@ int main(void) {
     test_ring();
     test_xorshift();
     test_pmm();
+    test_apf_waiters();
     printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }
