@@ -93,7 +93,7 @@ void apf_print_status(void) {
 }
 
 /* Called under the token's bucket lock; returns holding this CPU's run
- * queue lock, which apf_sleep's sched_block_finish releases. */
+ * queue lock, which wait_for_token's sched_block_finish releases. */
 static void block_current(void *task) {
     struct cpu *c = sched_block_begin();
     KASSERT(task == c->current);
@@ -101,8 +101,32 @@ static void block_current(void *task) {
 
 static void wake_task(void *task) { task_wake_preempt(task); }
 
-/* The current user task waits until the page behind `token` is ready. */
-static void apf_sleep(struct trapframe *tf, uint32_t token) {
+/* Puts the current task to sleep until the page behind `token` is
+ * ready; returns at once if the ready came first. */
+static enum apf_sleep_result wait_for_token(uint32_t token) {
+    enum apf_sleep_result r = apf_waiters_sleep(&apf_waiters, token, this_cpu()->current, block_current);
+    if (r == APF_SLEEP_QUEUED)
+        sched_block_finish(this_cpu());
+    else if (r == APF_SLEEP_NO_NODE)
+        panic("apf: waiter pool exhausted (%d nodes) sleeping on token %x", APF_POOL_NODES, token);
+    return r;
+}
+
+/* Wakes the task waiting on `token` (every waiter for APF_WAKE_ALL), or
+ * remembers that the page is ready for the task that will ask. */
+static enum apf_wake_result wake_token(uint32_t token) {
+    if (token == APF_WAKE_ALL) {
+        apf_waiters_wake_all(&apf_waiters, wake_task);
+        return APF_WAKE_WOKE;
+    }
+    enum apf_wake_result r = apf_waiters_wake(&apf_waiters, token, wake_task);
+    if (r == APF_WAKE_NO_NODE)
+        panic("apf: waiter pool exhausted (%d nodes) on an early ready for token %x", APF_POOL_NODES, token);
+    return r;
+}
+
+/* A page-not-present notification for the current user task. */
+static void not_present(struct trapframe *tf, uint32_t token) {
     struct cpu *c = this_cpu();
     if (!(tf->cs & 3))
         panic("apf: page-not-present (token %x) in kernel mode at rip %lx, but SEND_ALWAYS is off", token,
@@ -112,38 +136,19 @@ static void apf_sleep(struct trapframe *tf, uint32_t token) {
         return;
     }
     c->apf.not_present++;
-    switch (apf_waiters_sleep(&apf_waiters, token, c->current, block_current)) {
-    case APF_SLEEP_QUEUED:
-        sched_block_finish(c);
-        break;
-    case APF_SLEEP_ALREADY_READY:
-        break;
-    case APF_SLEEP_NO_NODE:
-        panic("apf: waiter pool exhausted (%d nodes) sleeping on token %x", APF_POOL_NODES, token);
-    }
+    wait_for_token(token);
 }
 
-static void apf_wake(struct cpu *c, uint32_t token) {
+static void page_ready(struct cpu *c, uint32_t token) {
     c->apf.ready++;
     if (token == 0) {
         c->apf.spurious++;
         return;
     }
-    if (token == APF_WAKE_ALL) {
+    if (token == APF_WAKE_ALL)
         c->apf.wake_all++;
-        apf_waiters_wake_all(&apf_waiters, wake_task);
-        return;
-    }
-    switch (apf_waiters_wake(&apf_waiters, token, wake_task)) {
-    case APF_WAKE_WOKE:
-        break;
-    case APF_WAKE_EARLY:
-    case APF_WAKE_DUPLICATE:
+    if (wake_token(token) != APF_WAKE_WOKE)
         c->apf.early++;
-        break;
-    case APF_WAKE_NO_NODE:
-        panic("apf: waiter pool exhausted (%d nodes) on an early ready for token %x", APF_POOL_NODES, token);
-    }
 }
 
 int apf_x86_page_fault(struct trapframe *tf, uint64_t cr2) {
@@ -154,7 +159,7 @@ int apf_x86_page_fault(struct trapframe *tf, uint64_t cr2) {
     if (!(*flags & KVM_PV_REASON_PAGE_NOT_PRESENT))
         return 0;
     *flags = 0;
-    apf_sleep(tf, (uint32_t)cr2);
+    not_present(tf, (uint32_t)cr2);
     return 1;
 }
 
@@ -165,7 +170,7 @@ int apf_event_not_present(struct trapframe *tf) {
     volatile uint32_t *slot = &c->apf.event_area.notpresent_token;
     uint32_t token = *slot;
     *slot = 0; /* the slot is free: the hv may deliver the next one */
-    apf_sleep(tf, token);
+    not_present(tf, token);
     return 1;
 }
 
@@ -187,7 +192,7 @@ int apf_page_ready(void) {
         apic_eoi();
         hypercall4(HC_APF_ACK, 0, 0, 0, 0);
     }
-    apf_wake(c, token);
+    page_ready(c, token);
     return 1;
 }
 
@@ -214,3 +219,98 @@ void apf_report(void) {
            "apf_waiting=%u apf_early_unclaimed=%u",
            protocol_name(apf_protocol), np, ready, early, wake_all, spurious, waiting, early_left);
 }
+
+#ifdef DEBUG
+/* Boot self-check of the sleeping and waking machinery with kernel
+ * threads standing in for faulting user tasks (no hv involved). Tokens
+ * use vCPU field 0xfff, which no real token has. */
+#define CHECK_TOKEN(i) (((uint32_t)(0x7f000 + (i)) << 12) | 0xfff)
+
+struct apf_check {
+    uint32_t token;
+    volatile int slept; /* 1 if it blocked, 0 if the ready came first */
+    volatile int done;
+};
+
+static volatile int check_log[4];
+static volatile int check_log_len;
+
+static void log_run(int who) {
+    int i = __atomic_fetch_add(&check_log_len, 1, __ATOMIC_ACQ_REL);
+    if (i < 4)
+        check_log[i] = who;
+}
+
+static int check_sleeper(void *arg) {
+    struct apf_check *k = arg;
+    k->slept = wait_for_token(k->token) == APF_SLEEP_QUEUED;
+    log_run(0);
+    k->done = 1;
+    return 7;
+}
+
+static int check_runner(void *arg) {
+    log_run((int)(uintptr_t)arg);
+    return 0;
+}
+
+static struct task *start_on(const char *name, int (*fn)(void *), void *arg, int cpu) {
+    struct task *t = task_alloc(name);
+    KASSERT(t);
+    t->kfn = fn;
+    t->karg = arg;
+    task_start(t, cpu);
+    return t;
+}
+
+static void until_blocked(struct task *t) {
+    while (t->state != T_BLOCKED)
+        yield();
+}
+
+void apf_self_check(void) {
+    int here = this_cpu()->id, other = ncpus > 1 ? (here + 1) % ncpus : here;
+    static struct apf_check k[5];
+    for (int i = 0; i < 5; i++)
+        k[i] = (struct apf_check){.token = CHECK_TOKEN(i)};
+
+    /* Not present, then ready from another CPU. */
+    struct task *t = start_on("apf-check", check_sleeper, &k[0], other);
+    until_blocked(t);
+    KASSERT(!k[0].done);
+    KASSERT(wake_token(k[0].token) == APF_WAKE_WOKE);
+    KASSERT(task_wait(t->tid) == 7 && k[0].slept);
+
+    /* Ready first: the sleep does not block. */
+    KASSERT(wake_token(k[1].token) == APF_WAKE_EARLY);
+    t = start_on("apf-check", check_sleeper, &k[1], other);
+    KASSERT(task_wait(t->tid) == 7 && !k[1].slept);
+
+    /* Wake-all wakes waiters on both CPUs and drops ready-first nodes. */
+    struct task *w[3];
+    for (int i = 0; i < 3; i++)
+        w[i] = start_on("apf-check", check_sleeper, &k[2 + i], i % 2 ? other : here);
+    for (int i = 0; i < 3; i++)
+        until_blocked(w[i]);
+    KASSERT(wake_token(CHECK_TOKEN(99)) == APF_WAKE_EARLY);
+    wake_token(APF_WAKE_ALL);
+    for (int i = 0; i < 3; i++)
+        KASSERT(task_wait(w[i]->tid) == 7 && k[2 + i].slept);
+
+    /* Wakeup preemption: the woken task runs before tasks queued earlier. */
+    k[0] = (struct apf_check){.token = CHECK_TOKEN(0)};
+    t = start_on("apf-check", check_sleeper, &k[0], here);
+    until_blocked(t);
+    check_log_len = 0;
+    struct task *r1 = start_on("apf-run", check_runner, (void *)1, here);
+    struct task *r2 = start_on("apf-run", check_runner, (void *)2, here);
+    KASSERT(wake_token(k[0].token) == APF_WAKE_WOKE);
+    KASSERT(task_wait(t->tid) == 7 && task_wait(r1->tid) == 0 && task_wait(r2->tid) == 0);
+    KASSERT(check_log_len == 3 && check_log[0] == 0 && check_log[1] == 1 && check_log[2] == 2);
+
+    uint32_t waiting, early;
+    apf_waiters_count(&apf_waiters, &waiting, &early);
+    KASSERT(waiting == 0 && early == 0 && apf_waiters.free_nodes == APF_POOL_NODES);
+    kprintf("apf: self-check passed (sleep/wake across cpus, ready first, wake-all, wakeup preemption)\n");
+}
+#endif

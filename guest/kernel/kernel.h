@@ -298,6 +298,7 @@ int apf_event_not_present(struct trapframe *tf);
 int apf_page_ready(void);
 /* Console summary and HC_REPORT line, at shutdown. */
 void apf_report(void);
+void apf_self_check(void); /* DEBUG kernels, from a kernel thread */
 
 /* syscall.c, user.c */
 int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3);

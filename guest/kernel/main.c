@@ -198,6 +198,7 @@ static int sched_self_check(void) {
     }
     kprintf("sched: self-check passed (%d kernel threads)\n", n);
     pipe_self_check();
+    apf_self_check();
     return 0;
 }
 

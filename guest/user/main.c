@@ -6,6 +6,8 @@ int bm_main(int argc, char **argv);
 int ctxsw_main(int argc, char **argv);
 int memtouch_main(int argc, char **argv);
 int fault_main(int argc, char **argv);
+int pagetag_main(int argc, char **argv);
+int apfcalc_main(int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -16,6 +18,8 @@ static const struct {
     {"ctxsw", ctxsw_main},
     {"memtouch", memtouch_main},
     {"fault", fault_main},
+    {"pagetag", pagetag_main},
+    {"apfcalc", apfcalc_main},
 };
 
 int umain(int argc, char **argv);

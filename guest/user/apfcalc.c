@@ -1,0 +1,107 @@
+/* Seed 002's "testsuite": a writer thread writes one word every `-s` bytes
+ * of an `-m`-byte array, `-l` times over; with `-c` a calculation thread
+ * counts (as bm's work threads do) until the writer is done. With the
+ * guest's memory larger than what the host gives it, the writer keeps
+ * hitting pages the host evicted: without asynchronous page faults its
+ * vCPU stalls on each, with them the calculation thread runs meanwhile.
+ * Prints the writer's elapsed virtual time and the calculation count; the
+ * last loop's words are verified afterwards (exit 1 on a mismatch). */
+#include "ulib.h"
+
+#define CALC_CHECK_EVERY 1024
+
+struct job {
+    volatile uint64_t *array;
+    uint64_t words, stride_words, loops;
+    uint64_t elapsed_ns;
+    volatile int done;
+};
+
+struct calc {
+    const struct job *job;
+    uint64_t count;
+};
+
+static uint64_t value(uint64_t loop, uint64_t word) { return (loop + 1) * 0x100000001b3ULL ^ word; }
+
+static int writer_thread(void *arg) {
+    struct job *j = arg;
+    uint64_t start = time_ns();
+    for (uint64_t loop = 0; loop < j->loops; loop++)
+        for (uint64_t w = 0; w < j->words; w += j->stride_words)
+            j->array[w] = value(loop, w);
+    j->elapsed_ns = time_ns() - start;
+    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static int calc_thread(void *arg) {
+    struct calc *c = arg;
+    uint64_t n = 0;
+    while (!__atomic_load_n(&c->job->done, __ATOMIC_ACQUIRE)) {
+        for (int i = 0; i < CALC_CHECK_EVERY; i++) {
+            n++;
+            __asm__ volatile("" : "+r"(n)); /* keeps the increments from being folded */
+        }
+        c->count = n;
+    }
+    return 0;
+}
+
+static int usage(void) {
+    printf("usage: apfcalc [-m bytes] [-l loops] [-c (calculation thread)] [-s stride bytes, a multiple of 8]\n");
+    return 2;
+}
+
+int apfcalc_main(int argc, char **argv);
+
+int apfcalc_main(int argc, char **argv) {
+    uint64_t bytes = 48ULL << 20, loops = 3, stride = 512;
+    int with_calc = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-c") == 0) {
+            with_calc = 1;
+            continue;
+        }
+        uint64_t *dst = NULL;
+        if (strcmp(argv[i], "-m") == 0)
+            dst = &bytes;
+        else if (strcmp(argv[i], "-l") == 0)
+            dst = &loops;
+        else if (strcmp(argv[i], "-s") == 0)
+            dst = &stride;
+        if (!dst || i + 1 >= argc || parse_size(argv[++i], dst) != 0)
+            return usage();
+    }
+    if (bytes < 8 || loops == 0 || stride == 0 || stride % 8 != 0)
+        return usage();
+    static struct job job;
+    static struct calc calc;
+    job = (struct job){.words = bytes / 8, .stride_words = stride / 8, .loops = loops};
+    job.array = mmap_anon(bytes);
+    if (!job.array) {
+        printf("apfcalc: cannot map %lu bytes\n", bytes);
+        return 1;
+    }
+    calc = (struct calc){.job = &job};
+    printf("apfcalc: writer over %lu MiB, stride %lu, %lu loops, %s, %d cpus\n", bytes >> 20, stride, loops,
+           with_calc ? "with a calculation thread" : "alone", ncpus());
+    int calc_tid = with_calc ? spawn(calc_thread, &calc) : 0;
+    int writer_tid = spawn(writer_thread, &job);
+    if (writer_tid < 0 || calc_tid < 0) {
+        printf("apfcalc: spawn failed: %d %d\n", writer_tid, calc_tid);
+        return 1;
+    }
+    int rc = wait_thread(writer_tid);
+    if (with_calc)
+        rc |= wait_thread(calc_tid);
+    uint64_t bad = 0;
+    for (uint64_t w = 0; w < job.words; w += job.stride_words)
+        bad += job.array[w] != value(loops - 1, w);
+    uint64_t us = job.elapsed_ns / 1000;
+    printf("apfcalc: writer %lu.%06lu s, calculation %lu, %lu bad words\n", us / 1000000, us % 1000000, calc.count,
+           bad);
+    report("apfcalc_ns=%lu apfcalc_calc=%lu apfcalc_loops=%lu apfcalc_bytes=%lu apfcalc_bad=%lu", job.elapsed_ns,
+           calc.count, loops, bytes, bad);
+    return rc == 0 && bad == 0 ? 0 : 1;
+}
