@@ -21,9 +21,25 @@ struct worker {
 
 static struct worker workers[MAX_THREADS];
 
+/* The start barrier (the seed's pthread barrier): the timed part begins
+ * once every thread has started, so thread creation and the first touches
+ * of their stacks (which may come back from host swap) are not timed.
+ * Blocking pipe reads, not spinning: a spinning waiter would burn the
+ * vCPU time the others need. Each thread writes a byte to `ready_pipe`
+ * and then waits for one on `go_pipe`. */
+static int ready_pipe[2], go_pipe[2];
+
+static void wait_for_start(void) {
+    char c = 1;
+    write(ready_pipe[1], &c, 1);
+    while (read(go_pipe[0], &c, 1) != 1) {
+    }
+}
+
 static int work_thread(void *arg) {
     struct worker *w = arg;
     uint64_t n = 0;
+    wait_for_start();
     for (;;) {
         for (int i = 0; i < TIME_CHECK_EVERY; i++) {
             n++;
@@ -40,6 +56,7 @@ static int fault_thread(void *arg) {
     struct worker *w = arg;
     uint64_t rng = w->seed;
     uint64_t n = 0;
+    wait_for_start();
     for (;;) {
         for (int i = 0; i < 64; i++) {
             uint64_t page = xorshift64(&rng) % w->pages;
@@ -108,13 +125,14 @@ int bm_main(int argc, char **argv) {
             ((volatile uint8_t *)array)[off] = 0;
         prefault_ns = time_ns() - t0;
     }
-    uint64_t start = time_ns();
-    uint64_t deadline = start + duration_ns;
     int tids[MAX_THREADS];
     uint64_t n = nfault + nwork;
+    if (pipe(ready_pipe) < 0 || pipe(go_pipe) < 0) {
+        printf("bm: cannot create the start barrier's pipes\n");
+        return 1;
+    }
     for (uint64_t i = 0; i < n; i++) {
         struct worker *w = &workers[i];
-        w->deadline_ns = deadline;
         w->seed = seed * 0x9E3779B97F4A7C15ULL + i + 1;
         w->array = array;
         w->pages = bytes / 4096;
@@ -123,6 +141,24 @@ int bm_main(int argc, char **argv) {
             printf("bm: spawn failed: %d\n", tids[i]);
             return 1;
         }
+    }
+    char buf[MAX_THREADS];
+    for (uint64_t got = 0; got < n;) {
+        int64_t r = read(ready_pipe[0], buf, n - got);
+        if (r <= 0) {
+            printf("bm: start barrier: read failed: %ld\n", r);
+            return 1;
+        }
+        got += (uint64_t)r;
+    }
+    uint64_t start = time_ns();
+    uint64_t deadline = start + duration_ns;
+    for (uint64_t i = 0; i < n; i++)
+        workers[i].deadline_ns = deadline;
+    memset(buf, 1, sizeof(buf));
+    if (write(go_pipe[1], buf, n) != (int64_t)n) {
+        printf("bm: start barrier: write failed\n");
+        return 1;
     }
     uint64_t total = 0, touches = 0;
     for (uint64_t i = 0; i < n; i++)
