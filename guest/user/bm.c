@@ -57,16 +57,15 @@ static int fault_thread(void *arg) {
     uint64_t rng = w->seed;
     uint64_t n = 0;
     wait_for_start();
-    for (;;) {
-        for (int i = 0; i < 64; i++) {
-            uint64_t page = xorshift64(&rng) % w->pages;
-            volatile uint64_t *p = (volatile uint64_t *)(w->array + page * 4096 + (n % 512) * 8);
-            *p += 1;
-            n++;
-        }
+    /* The deadline is checked after every write: one write can wait for a
+     * host swap-in of many milliseconds, so a batch of writes could run
+     * far past it. */
+    while (time_ns() < w->deadline_ns) {
+        uint64_t page = xorshift64(&rng) % w->pages;
+        volatile uint64_t *p = (volatile uint64_t *)(w->array + page * 4096 + (n % 512) * 8);
+        *p += 1;
+        n++;
         w->count = n;
-        if (time_ns() >= w->deadline_ns)
-            break;
     }
     return 0;
 }

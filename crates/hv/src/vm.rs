@@ -1644,6 +1644,10 @@ impl Vm {
         if apf.enabled(self.apf_protocol) {
             apf.queue_wake_all();
         }
+        // A vCPU halted on a fault that no longer exists retries instead.
+        if self.vcpus[index].run == RunState::ApfHalted {
+            self.set_runnable(index);
+        }
         Ok(())
     }
 
