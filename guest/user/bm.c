@@ -135,7 +135,10 @@ int bm_main(int argc, char **argv) {
         w->seed = seed * 0x9E3779B97F4A7C15ULL + i + 1;
         w->array = array;
         w->pages = bytes / 4096;
-        tids[i] = spawn(i < nfault ? fault_thread : work_thread, w);
+        /* Round robin over the CPUs (the kernel places a new thread on the
+         * least loaded CPU, but these block at the start barrier at once,
+         * so they would look like no load at all). */
+        tids[i] = spawn_on(i < nfault ? fault_thread : work_thread, w, (int)(i % (uint64_t)ncpus()));
         if (tids[i] < 0) {
             printf("bm: spawn failed: %d\n", tids[i]);
             return 1;

@@ -122,6 +122,13 @@ impl Memslot {
         }
     }
 
+    /// Page `index` is untouched again (its frame and swap slot, if any,
+    /// are the caller's to release): it reads as zero.
+    pub fn set_untouched(&mut self, index: u64) {
+        self.backing[index as usize] = 0;
+        self.swap[index as usize] = 0;
+    }
+
     /// Forgets the clean swap copy of resident page `index` (it is about to
     /// change) and returns the slot to free.
     pub fn take_swap_copy(&mut self, index: u64) -> Option<SwapSlot> {

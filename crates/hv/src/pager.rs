@@ -5,10 +5,20 @@
 //! pages plus pages being read in count against it. When a new page needs
 //! a frame and the pool is full, a batch of pages is evicted:
 //!
-//! 1. **Clock** over resident pages, in the order they became resident:
-//!    a page whose EPT accessed bit is set gets a second chance (the bit is
-//!    cleared, the page goes to the back); the first page found with the
-//!    bit clear is the victim.
+//! 1. **WSClock** (Carr and Hennessy's working-set clock) over the EPT
+//!    accessed bits: the scan goes round the resident pages in order; a
+//!    page found accessed has its bit cleared and its last-use time set to
+//!    now; a page found idle whose last use is at least [`WORKING_SET_AGE`]
+//!    of virtual time ago is the victim; other idle pages wait. If a whole
+//!    turn finds no victim (everything was used within the window, as when
+//!    a stream of first touches fills the pool), the page idle the longest
+//!    goes. Kernel text, stacks and page tables in steady use stay; a
+//!    stream of pages touched once is what leaves.
+//!
+//!    An accessed bit only says something if the TLB was flushed since it
+//!    was cleared (a cached translation sets no bit), so every batch that
+//!    clears bits or zaps sptes ends with an INVEPT on every vCPU, as
+//!    Linux's `clear_flush_young` does for a KVM guest.
 //! 2. **rmap zap**: every spte mapping the frame is cleared under
 //!    `mmu_lock`; their dirty bits say whether the guest wrote the page.
 //! 3. **Write-back**: a dirty page, or one with no copy on swap, is written
@@ -39,6 +49,11 @@ use thiserror::Error;
 
 /// Pages evicted at once when the pool is full (one INVEPT per batch).
 pub const EVICT_BATCH: usize = 16;
+
+/// A page idle for at least this long (virtual cycles: 10 ms) is outside
+/// the working set. Longer than the guest's 4 ms timer tick, so what runs
+/// on every tick stays resident.
+pub const WORKING_SET_AGE: u64 = machine::cost::CYCLES_PER_SECOND / 100;
 
 /// A guest page, by memslot and index (stable across memslot moves).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -88,21 +103,39 @@ pub struct PagerStats {
     pub swap_ins: u64,
     /// Of those, read synchronously for the hv's own access.
     pub sync_swap_ins: u64,
-    /// Clock steps that found the accessed bit set.
+    /// Scan steps that found the accessed bit set.
     pub second_chances: u64,
+    /// Victims taken as "idle the longest" after a turn found none outside
+    /// the working set.
+    pub oldest_evictions: u64,
     /// Eviction batches (INVEPTs).
     pub batches: u64,
     /// Most pages resident or in flight at once.
     pub peak_resident: u64,
 }
 
-/// The host side of guest memory: pool limit, clock, swap.
+/// A resident page on the clock.
+#[derive(Debug, Clone, Copy)]
+struct ClockEntry {
+    page: PageRef,
+    /// The frame it became resident in (an entry whose page now lives in
+    /// another frame is stale).
+    frame: Hfn,
+    /// Virtual time it was last seen accessed (or became resident).
+    last_used: u64,
+    /// Arrival order (breaks ties: among pages last seen used at the same
+    /// time, the newest goes first, as after a stream of first touches).
+    arrival: u64,
+}
+
+/// The host side of guest memory: pool limit, page lists, swap.
 #[derive(Debug)]
 pub struct Pager {
     limit: u64,
     /// Resident plus in-flight pages.
     resident: u64,
-    clock: VecDeque<PageRef>,
+    clock: VecDeque<ClockEntry>,
+    arrivals: u64,
     in_flight: BTreeMap<SwapSlot, InFlight>,
     swap_path: Option<PathBuf>,
     swap: Option<SwapFile>,
@@ -144,6 +177,7 @@ impl Pager {
             limit: limit.max(1),
             resident: 0,
             clock: VecDeque::new(),
+            arrivals: 0,
             in_flight: BTreeMap::new(),
             swap_path,
             swap: None,
@@ -223,9 +257,36 @@ impl Pager {
         Ok((frame, work))
     }
 
-    /// Records that `page` became resident (for the clock).
-    pub fn note_resident(&mut self, page: PageRef) {
-        self.clock.push_back(page);
+    /// Records that `page` became resident in `frame` at virtual time
+    /// `now`.
+    pub fn note_resident(&mut self, page: PageRef, frame: Hfn, now: u64) {
+        self.arrivals += 1;
+        self.clock.push_back(ClockEntry {
+            page,
+            frame,
+            last_used: now,
+            arrival: self.arrivals,
+        });
+    }
+
+    /// Resident `page` left memory other than by eviction (the hv dropped
+    /// an all-zero page, or its memslot went): forget its clock entry.
+    pub fn forget_resident(&mut self, page: PageRef) {
+        self.clock.retain(|e| e.page != page);
+        self.resident = self.resident.saturating_sub(1);
+    }
+
+    /// The frame of the clock entry's page if it is still resident in the
+    /// frame the entry was made for.
+    fn resident_frame(slots: &Memslots, entry: &ClockEntry) -> Option<Hfn> {
+        let slot = slots.get(entry.page.slot)?;
+        if entry.page.index >= slot.npages {
+            return None;
+        }
+        match slot.state_at(entry.page.index) {
+            PageState::Resident(frame) if frame == entry.frame => Some(frame),
+            _ => None,
+        }
     }
 
     /// A resident page's frame was freed outside the pager (memslot
@@ -237,31 +298,44 @@ impl Pager {
     fn evict_batch(&mut self, host: &mut Host<'_>, now: u64) -> Result<Work, PagerError> {
         let mut work = Work::default();
         let mut evicted = 0;
-        // Two full turns of the clock clear every accessed bit once, so a
-        // victim is found unless no page is resident at all.
-        let mut budget = 2 * self.clock.len() + 1;
-        while evicted < EVICT_BATCH && budget > 0 {
-            budget -= 1;
-            let Some(page) = self.clock.pop_front() else {
+        let mut looked = 0;
+        while evicted < EVICT_BATCH {
+            if looked >= self.clock.len() {
+                // A whole turn and no page outside the working set: the
+                // one idle the longest goes (rare enough for a search).
+                let oldest = (0..self.clock.len()).min_by_key(|&i| {
+                    let e = &self.clock[i];
+                    (e.last_used, std::cmp::Reverse(e.arrival))
+                });
+                let Some(entry) = oldest.and_then(|i| self.clock.remove(i)) else {
+                    break;
+                };
+                if let Some(frame) = Self::resident_frame(host.slots, &entry) {
+                    work.add(self.evict(host, entry.page, frame, now)?);
+                    self.stats.oldest_evictions += 1;
+                    evicted += 1;
+                }
+                continue;
+            }
+            let Some(mut entry) = self.clock.pop_front() else {
                 break;
             };
+            let Some(frame) = Self::resident_frame(host.slots, &entry) else {
+                continue; // stale: evicted, freed or its memslot gone
+            };
+            looked += 1;
             work.cycles += host.costs.spte_read;
-            let Some(slot) = host.slots.get(page.slot) else {
-                continue; // stale: the memslot is gone
-            };
-            if page.index >= slot.npages {
-                continue;
-            }
-            let PageState::Resident(frame) = slot.state_at(page.index) else {
-                continue; // stale: evicted or freed since
-            };
             if self.test_and_clear_young(host, frame)? {
                 self.stats.second_chances += 1;
-                self.clock.push_back(page);
-                continue;
+                entry.last_used = now;
+                work.flush = true;
+                self.clock.push_back(entry);
+            } else if now.saturating_sub(entry.last_used) >= WORKING_SET_AGE {
+                work.add(self.evict(host, entry.page, frame, now)?);
+                evicted += 1;
+            } else {
+                self.clock.push_back(entry);
             }
-            work.add(self.evict(host, page, frame, now)?);
-            evicted += 1;
         }
         if evicted == 0 {
             return Err(PagerError::NothingToEvict {
@@ -392,7 +466,7 @@ impl Pager {
         }
         let gfn = memslot.gfn_at(read.page.index);
         memslot.set_backing(gfn, read.frame);
-        self.clock.push_back(read.page);
+        self.note_resident(read.page, read.frame, read.ready_at);
         Some((gfn, read.frame))
     }
 
@@ -440,6 +514,7 @@ impl Pager {
                 self.resident -= 1;
             }
         }
+        self.clock.retain(|e| e.page.slot != id);
         if let (Some(memslot), Some(swap)) = (slots.get(id), self.swap.as_mut()) {
             for s in memslot.swap_slots() {
                 swap.free(s);

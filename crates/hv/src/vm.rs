@@ -419,6 +419,28 @@ impl Vm {
             slots.lookup(gfn)?.backing(gfn).map(frame_hpa)
         })
         .map_err(KernelError::from)?;
+        // Pages wholly in a segment's zero-filled tail (.bss) need no frame:
+        // an untouched page reads as zero. Keeping them would make them
+        // the pager's first victims, written to swap and read back later.
+        for seg in &elf.segments {
+            let zero_from = (seg.paddr + seg.data.len() as u64).next_multiple_of(4096);
+            let mut page = zero_from;
+            while page + 4096 <= seg.paddr_end() {
+                let gfn = Gpa(page).frame();
+                if let Some(slot) = self.slots.lookup_mut(gfn) {
+                    if let PageState::Resident(frame) = slot.state(gfn) {
+                        let page = PageRef {
+                            slot: slot.id,
+                            index: slot.index_of(gfn),
+                        };
+                        slot.set_untouched(page.index);
+                        self.frames.free(frame);
+                        self.pager.forget_resident(page);
+                    }
+                }
+                page += 4096;
+            }
+        }
         Ok(())
     }
 
@@ -587,7 +609,7 @@ impl Vm {
                     .lookup_mut(gfn)
                     .ok_or(GuestMemoryError::Unmapped(gfn.addr()))?
                     .set_backing(gfn, frame);
-                self.pager.note_resident(page);
+                self.pager.note_resident(page, frame, now);
                 (frame, work)
             }
             PageState::Swapped(slot) => match self.pager.in_flight(slot) {
@@ -1226,7 +1248,7 @@ impl Vm {
                     .get_mut(page.slot)
                     .expect("looked up above")
                     .set_backing(gfn, frame);
-                self.pager.note_resident(page);
+                self.pager.note_resident(page, frame, now);
                 *cycles += work.cycles + self.costs.zero_4k;
                 if work.flush {
                     self.flush_ept();

@@ -37,7 +37,10 @@ fn restore_mid_run(protocol: ApfProtocol) {
             let json = serde_json::to_string(&state).expect("serializable");
             let back: hv::apf::ApfState = serde_json::from_str(&json).expect("deserializable");
             vm.set_apf_state(i, &back).expect("restore");
-            assert!(vm.vcpus()[i].apf().works.is_empty(), "outstanding faults do not move");
+            assert!(
+                vm.vcpus()[i].apf().works.is_empty(),
+                "outstanding faults do not move"
+            );
             restored += 1;
         }
     }

@@ -23,7 +23,15 @@ fn stderr(out: &Output) -> String {
 /// A small overcommitted VM: 48 MiB of guest memory on 8 MiB of host
 /// memory, swapping to a fast device so the test stays quick.
 const SMALL: [&str; 10] = [
-    "--vcpus", "2", "--mem", "48M", "--host-mem", "8M", "--swap-device", "nvme", "--stats",
+    "--vcpus",
+    "2",
+    "--mem",
+    "48M",
+    "--host-mem",
+    "8M",
+    "--swap-device",
+    "nvme",
+    "--stats",
     "json",
 ];
 
@@ -57,8 +65,14 @@ fn pages_survive_swapping_under_every_mode_and_protocol() {
         assert!(text.contains(" 0 bad pages"), "{mode:?}: {text}");
         let v = json_summary(&text);
         let pager = &v["memory"]["pager"];
-        assert!(pager["evictions"].as_u64().unwrap() > 1000, "{mode:?}: {pager}");
-        assert!(pager["swap_ins"].as_u64().unwrap() > 1000, "{mode:?}: {pager}");
+        assert!(
+            pager["evictions"].as_u64().unwrap() > 1000,
+            "{mode:?}: {pager}"
+        );
+        assert!(
+            pager["swap_ins"].as_u64().unwrap() > 1000,
+            "{mode:?}: {pager}"
+        );
         let apf = &v["apf"];
         let notified = apf["not_present_sent"].as_u64().unwrap();
         match mode {
@@ -75,7 +89,11 @@ fn pages_survive_swapping_under_every_mode_and_protocol() {
                 assert!(notified > 100, "{mode:?}: {apf}");
                 // Every not-present is followed by its page-ready (plus
                 // the wake-all each vCPU gets when it enables delivery).
-                assert_eq!(apf["ready_sent"].as_u64().unwrap(), notified + 2, "{mode:?}: {apf}");
+                assert_eq!(
+                    apf["ready_sent"].as_u64().unwrap(),
+                    notified + 2,
+                    "{mode:?}: {apf}"
+                );
             }
         }
     }
@@ -87,27 +105,53 @@ fn swapping_runs_are_deterministic() {
     let (a, text_a) = pagetag(&args);
     let (b, text_b) = pagetag(&args);
     assert!(a.status.success() && b.status.success());
-    assert_eq!(text_a, text_b, "same configuration, same output and counters");
+    assert_eq!(
+        text_a, text_b,
+        "same configuration, same output and counters"
+    );
 }
 
 #[test]
 fn a_full_swap_disk_stops_the_vm_with_a_clear_error() {
     let out = faultline(&[
-        "run", "--mem", "48M", "--host-mem", "8M", "--swap", "/dev/full", "--", "memtouch",
+        "run",
+        "--mem",
+        "48M",
+        "--host-mem",
+        "8M",
+        "--swap",
+        "/dev/full",
+        "--",
+        "memtouch",
     ]);
     assert_eq!(out.status.code(), Some(3), "{}", stdout(&out));
     let err = stderr(&out);
     assert!(err.contains("VM stopped"), "{err}");
-    assert!(err.contains("/dev/full") && err.contains("No space left on device"), "{err}");
+    assert!(
+        err.contains("/dev/full") && err.contains("No space left on device"),
+        "{err}"
+    );
 }
 
 #[test]
 fn bad_swap_and_host_memory_options_are_refused_at_boot() {
     let out = faultline(&[
-        "run", "--mem", "48M", "--host-mem", "8M", "--swap", "/nonexistent/dir/swap", "--", "hello",
+        "run",
+        "--mem",
+        "48M",
+        "--host-mem",
+        "8M",
+        "--swap",
+        "/nonexistent/dir/swap",
+        "--",
+        "hello",
     ]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("cannot create swap file /nonexistent/dir/swap"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot create swap file /nonexistent/dir/swap"),
+        "{}",
+        stderr(&out)
+    );
     let out = faultline(&["run", "--mem", "48M", "--host-mem", "1M", "--", "hello"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("too small"), "{}", stderr(&out));
