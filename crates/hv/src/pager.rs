@@ -523,3 +523,248 @@ impl Pager {
         frames
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memslot::SlotFlags;
+    use crate::mmu::fault::install_mapping;
+    use crate::mmu::tdp::{self, TdpRoot};
+    use crate::swap::DevicePreset;
+    use machine::Gfn;
+
+    struct Fixture {
+        mem: PhysMemory,
+        frames: FrameAllocator,
+        slots: Memslots,
+        mmu: Mmu,
+        costs: HvCosts,
+        pager: Pager,
+    }
+
+    const MS: u64 = machine::cost::CYCLES_PER_SECOND / 1000;
+
+    /// 64 guest pages on a pool of `limit` pages.
+    fn fixture(limit: u64) -> Fixture {
+        let mem = PhysMemory::new(512 * 4096).unwrap();
+        let mut frames = FrameAllocator::new(Hfn(1), Hfn(512));
+        let mmu = Mmu::new(TdpRoot::new(&mem, &mut frames).unwrap());
+        let mut slots = Memslots::default();
+        slots.add(0, Gfn(0), 64, SlotFlags::default()).unwrap();
+        let model = DevicePreset::Ssd.model();
+        Fixture {
+            mem,
+            frames,
+            slots,
+            mmu,
+            costs: HvCosts::DEFAULT,
+            pager: Pager::new(limit, None, model, 1),
+        }
+    }
+
+    impl Fixture {
+        fn host(&mut self) -> (Host<'_>, &mut Pager) {
+            (
+                Host {
+                    mem: &self.mem,
+                    frames: &mut self.frames,
+                    slots: &mut self.slots,
+                    mmu: &self.mmu,
+                    costs: &self.costs,
+                },
+                &mut self.pager,
+            )
+        }
+
+        /// Makes gfn resident with `fill` in every byte, mapped by an spte.
+        fn touch(&mut self, gfn: u64, fill: u8, now: u64) -> Work {
+            let page = PageRef {
+                slot: 0,
+                index: gfn,
+            };
+            let (mut host, pager) = self.host();
+            let (frame, work) = pager.alloc_frame(&mut host, now).unwrap();
+            self.mem
+                .write_bytes(frame_hpa(frame), &[fill; 4096])
+                .unwrap();
+            self.slots.get_mut(0).unwrap().set_backing(Gfn(gfn), frame);
+            self.pager.note_resident(page, frame, now);
+            install_mapping(
+                now,
+                &self.mem,
+                &mut self.frames,
+                &self.mmu,
+                &self.costs,
+                Gfn(gfn),
+                frame,
+                true,
+            )
+            .unwrap();
+            work
+        }
+
+        /// Sets the accessed (and dirty) bits of gfn's spte, as a guest
+        /// access through EPT would.
+        fn access(&self, gfn: u64, write: bool) {
+            let leaf = self
+                .mmu
+                .lock()
+                .root
+                .find_leaf(&self.mem, Gfn(gfn))
+                .unwrap()
+                .unwrap();
+            let v = tdp::read_spte(&self.mem, leaf).unwrap();
+            let bits = spte::ACCESSED | if write { spte::DIRTY } else { 0 };
+            tdp::write_spte(&self.mem, leaf, v | bits).unwrap();
+        }
+
+        fn state(&self, gfn: u64) -> PageState {
+            self.slots.get(0).unwrap().state(Gfn(gfn))
+        }
+    }
+
+    #[test]
+    fn a_full_pool_evicts_idle_pages_and_keeps_used_ones() {
+        let mut f = fixture(EVICT_BATCH as u64 + 8);
+        for g in 0..EVICT_BATCH as u64 + 8 {
+            f.touch(g, g as u8 + 1, 0);
+        }
+        // Pages 0..8 are in use; the rest idle since time 0.
+        for g in 0..8 {
+            f.access(g, false);
+        }
+        let now = 20 * MS;
+        let work = f.touch(40, 0xee, now);
+        assert!(work.flush, "zapped sptes need an INVEPT");
+        for g in 0..8 {
+            assert!(
+                matches!(f.state(g), PageState::Resident(_)),
+                "gfn {g} in use"
+            );
+        }
+        let swapped = (8..EVICT_BATCH as u64 + 8)
+            .filter(|&g| matches!(f.state(g), PageState::Swapped(_)))
+            .count();
+        assert_eq!(swapped, EVICT_BATCH);
+        assert_eq!(
+            f.pager.stats().swap_outs,
+            EVICT_BATCH as u64,
+            "never on swap: written"
+        );
+        assert_eq!(f.pager.resident(), 9);
+        // The zapped sptes are gone.
+        assert_eq!(
+            tdp::read_spte(
+                &f.mem,
+                f.mmu
+                    .lock()
+                    .root
+                    .find_leaf(&f.mem, Gfn(8))
+                    .unwrap()
+                    .unwrap()
+            )
+            .unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn pages_come_back_from_swap_intact_and_clean_ones_are_dropped_not_rewritten() {
+        let mut f = fixture(EVICT_BATCH as u64);
+        for g in 0..EVICT_BATCH as u64 {
+            f.touch(g, 0x40 + g as u8, 0);
+        }
+        f.touch(50, 1, 20 * MS); // evicts all 16
+        let PageState::Swapped(slot) = f.state(3) else {
+            panic!("gfn 3 evicted: {:?}", f.state(3));
+        };
+        let page = PageRef { slot: 0, index: 3 };
+        let (mut host, pager) = f.host();
+        let (read, _) = pager.start_page_in(&mut host, page, slot, 30 * MS).unwrap();
+        let model = DevicePreset::Ssd.model();
+        assert!(read.ready_at >= 30 * MS + model.read_latency.min);
+        assert_eq!(
+            f.state(3),
+            PageState::Swapped(slot),
+            "not resident before completion"
+        );
+        let (gfn, frame) = f.pager.finish_page_in(&mut f.slots, slot).unwrap();
+        assert_eq!(gfn, Gfn(3));
+        let mut buf = [0u8; 4096];
+        f.mem.read_bytes(frame_hpa(frame), &mut buf).unwrap();
+        assert!(
+            buf.iter().all(|&b| b == 0x43),
+            "contents survived the round trip"
+        );
+        assert_eq!(
+            f.slots.get(0).unwrap().swap_slot_at(3),
+            Some(slot),
+            "clean copy kept"
+        );
+        install_mapping(
+            0,
+            &f.mem,
+            &mut f.frames,
+            &f.mmu,
+            &f.costs,
+            Gfn(3),
+            frame,
+            true,
+        )
+        .unwrap();
+        // Evict it again without a write: dropped, not written.
+        let before = f.pager.stats();
+        for g in 20..40 {
+            f.touch(g, 9, 60 * MS);
+        }
+        let after = f.pager.stats();
+        assert!(
+            matches!(f.state(3), PageState::Swapped(s) if s == slot),
+            "same slot"
+        );
+        assert_eq!(
+            after.clean_drops - before.clean_drops,
+            1,
+            "only gfn 3 had a clean copy"
+        );
+        assert_eq!(
+            after.swap_outs - before.swap_outs,
+            after.evictions - before.evictions - 1,
+            "every other victim was written"
+        );
+    }
+
+    #[test]
+    fn a_written_page_is_written_back_again() {
+        let mut f = fixture(EVICT_BATCH as u64);
+        for g in 0..EVICT_BATCH as u64 {
+            f.touch(g, 7, 0);
+        }
+        f.touch(50, 1, 20 * MS);
+        let PageState::Swapped(slot) = f.state(0) else {
+            panic!()
+        };
+        let page = PageRef { slot: 0, index: 0 };
+        let (mut host, pager) = f.host();
+        pager.start_page_in(&mut host, page, slot, 30 * MS).unwrap();
+        let (_, frame) = f.pager.finish_page_in(&mut f.slots, slot).unwrap();
+        install_mapping(
+            0,
+            &f.mem,
+            &mut f.frames,
+            &f.mmu,
+            &f.costs,
+            Gfn(0),
+            frame,
+            true,
+        )
+        .unwrap();
+        f.access(0, true); // the guest writes it
+        let drops = f.pager.stats().clean_drops;
+        for g in 20..37 {
+            f.touch(g, 9, 80 * MS + g);
+        }
+        assert!(matches!(f.state(0), PageState::Swapped(_)));
+        assert_eq!(f.pager.stats().clean_drops, drops, "dirty: not dropped");
+    }
+}
