@@ -27,6 +27,8 @@ pub use system::native_cpuid;
 mod exec;
 pub mod state;
 mod system;
+#[cfg(test)]
+mod tests;
 
 use crate::apic::Lapic;
 use crate::cost::CycleCosts;
@@ -34,7 +36,7 @@ use crate::memory::{MemError, PhysMemory};
 use crate::mmu::tlb::{Tlb, TlbConfig};
 use crate::vmx::{EventInjection, EventKind, InveptKind, InvvpidKind, VmExit, VmxControls};
 use crate::Gva;
-use code_cache::CodeCache;
+use code_cache::{CodeCache, MAX_INSN_LEN};
 use iced_x86::Instruction;
 use state::{interruptibility, rflags};
 pub use state::{Activity, CpuState, Gpr};
@@ -638,7 +640,6 @@ impl Cpu {
         if let Some(b) = self.code.lookup(mem, hpa, rip) {
             return Ok(b);
         }
-        self.stats.blocks_decoded += 1;
         // Bytes to the end of the page, but no more than a long block needs
         // (a block cut short by the window simply ends early).
         let room = 4096 - (rip & 0xfff) as usize;
@@ -646,21 +647,45 @@ impl Cpu {
         let mut buf = [0u8; DECODE_WINDOW];
         let first = &mut buf[..window];
         mem.read_bytes(hpa, first)?;
-        match code_cache::decode_block(first, rip) {
-            Some(insns) => Ok(self.code.insert(mem, hpa, rip, insns)),
-            None => {
-                // The first instruction crosses into the next page: fetch
-                // up to 15 bytes across the boundary and run it uncached.
-                let mut bytes = [0u8; 15];
-                let n = room.min(15);
-                bytes[..n].copy_from_slice(&buf[..n]);
-                let next_page = (rip & !0xfff).wrapping_add(0x1000);
-                let hpa2 = self.translate_fetch(mem, next_page)?;
-                mem.read_bytes(hpa2, &mut bytes[n..])?;
-                let op = code_cache::decode_one(&bytes, rip);
-                Ok(std::rc::Rc::new(code_cache::Block::uncached(op)))
-            }
+        // A page-crossing instruction seen before, with the same bytes up
+        // to the page end, would fail to decode here the same way: go
+        // straight to its second page.
+        if room < MAX_INSN_LEN && self.code.crossing_prefix_matches(rip, hpa, first) {
+            return self.fetch_crossing(mem, rip, hpa, &buf);
         }
+        match code_cache::decode_block(first, rip) {
+            Some(insns) => {
+                self.stats.blocks_decoded += 1;
+                Ok(self.code.insert(mem, hpa, rip, insns))
+            }
+            None => self.fetch_crossing(mem, rip, hpa, &buf),
+        }
+    }
+
+    /// The instruction at `rip` crosses into the next page (`buf` holds
+    /// its bytes up to the page end): fetch up to 15 bytes across the
+    /// boundary and run it alone, decoded again unless the same bytes
+    /// from the same frames were decoded before.
+    fn fetch_crossing(
+        &mut self,
+        mem: &PhysMemory,
+        rip: u64,
+        hpa: crate::Hpa,
+        buf: &[u8],
+    ) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
+        let room = 4096 - (rip & 0xfff) as usize;
+        let mut bytes = [0u8; MAX_INSN_LEN];
+        let n = room.min(MAX_INSN_LEN);
+        bytes[..n].copy_from_slice(&buf[..n]);
+        let next_page = (rip & !0xfff).wrapping_add(0x1000);
+        let hpa2 = self.translate_fetch(mem, next_page)?;
+        mem.read_bytes(hpa2, &mut bytes[n..])?;
+        if let Some(b) = self.code.lookup_crossing(rip, hpa, hpa2, &bytes) {
+            return Ok(b);
+        }
+        self.stats.blocks_decoded += 1;
+        let op = code_cache::decode_one(&bytes, rip);
+        Ok(self.code.insert_crossing(rip, hpa, hpa2, &bytes, op))
     }
 }
 
