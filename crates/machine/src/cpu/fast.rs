@@ -220,6 +220,17 @@ impl Op {
     }
 }
 
+/// What the run loop does after an instruction completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Flow {
+    /// Go on with the next instruction of the block.
+    Next,
+    /// Go on, unless the instruction stored into cached code.
+    Stored,
+    /// Leave the block; execution continues at `Cpu::next_rip`.
+    Leave,
+}
+
 /// PF for each low byte of a result.
 static PARITY: [u8; 256] = {
     let mut t = [0u8; 256];
@@ -694,29 +705,33 @@ impl Cpu {
 
     /// Executes an instruction, through its fast path if it has one.
     #[inline(always)]
-    pub(super) fn exec_op(&mut self, mem: &PhysMemory, op: &Op) -> Result<(), Fault> {
+    pub(super) fn exec_op(&mut self, mem: &PhysMemory, op: &Op) -> Result<Flow, Fault> {
         match op.fast {
-            Fast::Generic => self.exec(mem, &op.insn),
+            Fast::Generic => self.exec_generic(mem, op),
             Fast::TooLong => Err(Fault::with_code(super::vector::GP, 0)),
             Fast::MovRR { dst, src, size } => {
                 let v = self.r(src, size);
                 self.w(dst, size, v);
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::MovRI { dst, size, imm } => {
                 self.w(dst, size, imm);
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::MovRM { dst, size, m } => {
                 let v = self.read_mem(mem, self.fast_ea(&m), size)?;
                 self.w(dst, size, v);
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::MovMR { src, size, m } => {
                 let v = self.r(src, size);
-                self.write_mem(mem, self.fast_ea(&m), size, v)
+                self.write_mem(mem, self.fast_ea(&m), size, v)?;
+                Ok(Flow::Stored)
             }
-            Fast::MovMI { size, imm, m } => self.write_mem(mem, self.fast_ea(&m), size, imm),
+            Fast::MovMI { size, imm, m } => {
+                self.write_mem(mem, self.fast_ea(&m), size, imm)?;
+                Ok(Flow::Stored)
+            }
             Fast::ExtendR {
                 dst,
                 dsize,
@@ -727,7 +742,7 @@ impl Cpu {
                 let v = self.r(src, ssize);
                 let v = if signed { ssize.sign_extend(v) } else { v };
                 self.w(dst, dsize, v & dsize.mask());
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::ExtendM {
                 dst,
@@ -739,12 +754,12 @@ impl Cpu {
                 let v = self.read_mem(mem, self.fast_ea(&m), ssize)?;
                 let v = if signed { ssize.sign_extend(v) } else { v };
                 self.w(dst, dsize, v & dsize.mask());
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::Lea { dst, size, m } => {
                 let a = self.fast_ea(&m);
                 self.w(dst, size, a & size.mask());
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::AluRR { op, dst, src, size } => {
                 let a = self.r(dst, size);
@@ -754,7 +769,7 @@ impl Cpu {
                     self.w(dst, size, r);
                 }
                 self.state.rflags = f;
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::AluRI { op, dst, size, imm } => {
                 let a = self.r(dst, size);
@@ -763,7 +778,7 @@ impl Cpu {
                     self.w(dst, size, r);
                 }
                 self.state.rflags = f;
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::AluRM { op, dst, size, m } => {
                 let b = self.read_mem(mem, self.fast_ea(&m), size)?;
@@ -773,17 +788,21 @@ impl Cpu {
                     self.w(dst, size, r);
                 }
                 self.state.rflags = f;
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::AluMR { op, src, size, m } => {
                 let b = self.r(src, size);
-                self.alu_mem(mem, op, size, self.fast_ea(&m), b)
+                self.alu_mem(mem, op, size, self.fast_ea(&m), b)?;
+                Ok(Flow::Stored)
             }
-            Fast::AluMI { op, size, imm, m } => self.alu_mem(mem, op, size, self.fast_ea(&m), imm),
+            Fast::AluMI { op, size, imm, m } => {
+                self.alu_mem(mem, op, size, self.fast_ea(&m), imm)?;
+                Ok(Flow::Stored)
+            }
             Fast::TestRR { a, b, size } => {
                 let r = self.r(a, size) & self.r(b, size);
                 self.state.rflags = (self.state.rflags & !rflags::ARITH) | szp(size, r);
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::Shift {
                 op: shift,
@@ -804,7 +823,7 @@ impl Cpu {
                 };
                 self.w(dst, size, r);
                 self.state.rflags = f;
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::Imul {
                 dst,
@@ -820,59 +839,66 @@ impl Cpu {
                 let (lo, _, f) = alu::imul(size, a, b, self.state.rflags);
                 self.w(dst, size, lo);
                 self.state.rflags = f;
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::TestRI { a, size, imm } => {
                 let r = self.r(a, size) & imm;
                 self.state.rflags = (self.state.rflags & !rflags::ARITH) | szp(size, r);
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::IncDec { dst, size, dec } => {
                 let a = self.r(dst, size);
                 let (r, f) = incdec_fast(size, a, dec, self.state.rflags);
                 self.w(dst, size, r);
                 self.state.rflags = f;
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::Push { src } => {
                 let v = self.state.gpr[src as usize & 15];
-                self.push(mem, Size::B8, v)
+                self.push(mem, Size::B8, v)?;
+                Ok(Flow::Stored)
             }
             Fast::Pop { dst } => {
                 let v = self.pop(mem, Size::B8)?;
                 self.state.gpr[dst as usize & 15] = v;
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::Jcc { cc, target } => {
                 if alu::condition(cc, self.state.rflags) {
                     self.next_rip = target;
+                    Ok(Flow::Leave)
+                } else {
+                    Ok(Flow::Next)
                 }
-                Ok(())
             }
             Fast::Jmp { target } => {
                 self.next_rip = target;
-                Ok(())
+                Ok(Flow::Leave)
             }
             Fast::Call { target } => {
                 self.push(mem, Size::B8, op.next_ip)?;
                 self.next_rip = target;
-                Ok(())
+                Ok(Flow::Leave)
             }
             Fast::CallR { src } => {
                 let target = self.state.gpr[src as usize & 15];
-                self.call_to(mem, op, target)
+                self.call_to(mem, op, target)?;
+                Ok(Flow::Leave)
             }
             Fast::CallM { m } => {
                 let target = self.read_mem(mem, self.fast_ea(&m), Size::B8)?;
-                self.call_to(mem, op, target)
+                self.call_to(mem, op, target)?;
+                Ok(Flow::Leave)
             }
             Fast::JmpR { src } => {
                 let target = self.state.gpr[src as usize & 15];
-                self.jump(target)
+                self.jump(target)?;
+                Ok(Flow::Leave)
             }
             Fast::JmpM { m } => {
                 let target = self.read_mem(mem, self.fast_ea(&m), Size::B8)?;
-                self.jump(target)
+                self.jump(target)?;
+                Ok(Flow::Leave)
             }
             Fast::CmovR { cc, dst, src, size } => {
                 // A 32-bit CMOV writes (zero-extends) its destination even
@@ -883,7 +909,7 @@ impl Cpu {
                     self.r(dst, size)
                 };
                 self.w(dst, size, v);
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::CmovM { cc, dst, size, m } => {
                 let src = self.read_mem(mem, self.fast_ea(&m), size)?;
@@ -893,9 +919,9 @@ impl Cpu {
                     self.r(dst, size)
                 };
                 self.w(dst, size, v);
-                Ok(())
+                Ok(Flow::Next)
             }
-            Fast::Nop => Ok(()),
+            Fast::Nop => Ok(Flow::Next),
             Fast::Ret => {
                 let rsp = self.state.gpr[4];
                 let target = self
@@ -906,8 +932,25 @@ impl Cpu {
                 }
                 self.state.gpr[4] = rsp.wrapping_add(8);
                 self.next_rip = target;
-                Ok(())
+                Ok(Flow::Leave)
             }
+        }
+    }
+
+    /// An instruction without a fast form, through the generic
+    /// interpreter, which reads RIP (REP, INT n) and sets `next_rip`.
+    #[inline(never)]
+    fn exec_generic(&mut self, mem: &PhysMemory, op: &Op) -> Result<Flow, Fault> {
+        self.state.rip = op.insn.ip();
+        self.next_rip = op.next_ip;
+        self.exec(mem, &op.insn)?;
+        // Leave on a jump, or when something between instructions needs a
+        // look: new STI/MOV-SS blocking, pending events or IPIs, HLT, a
+        // store into cached code.
+        if self.next_rip != op.next_ip || self.check_events || self.code_written {
+            Ok(Flow::Leave)
+        } else {
+            Ok(Flow::Next)
         }
     }
 

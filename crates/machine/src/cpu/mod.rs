@@ -571,38 +571,54 @@ impl Cpu {
 
     /// Executes one block (or a single instruction when the next one must
     /// be followed by an event check).
+    ///
+    /// RIP is written when the block is left, not per instruction: the
+    /// fast paths do not read it, the generic path sets it for itself, and
+    /// a fault sets it to the faulting instruction.
     fn run_block(&mut self, mem: &PhysMemory) -> Step {
         let single = self.state.interruptibility != 0;
         let block = match self.fetch_block(mem) {
             Ok(b) => b,
             Err(f) => return self.handle_fault(mem, f, 0),
         };
-        let mut executed = 0u64;
+        // Pending events (e.g. just after delivering an interrupt) are
+        // looked at again after the first instruction.
+        let insns = if single || self.check_events {
+            &block.insns[..1]
+        } else {
+            &block.insns[..]
+        };
+        let mut executed = insns.len();
         let mut step = Step::Continue;
-        for op in block.insns.iter() {
-            self.next_rip = op.next_ip;
+        let mut rip = insns[insns.len() - 1].next_ip;
+        for (k, op) in insns.iter().enumerate() {
             match self.exec_op(mem, op) {
-                Ok(()) => {
-                    executed += 1;
-                    self.state.rip = self.next_rip;
-                    // Leave the block on a taken branch, or when something
-                    // between instructions needs a look: new STI/MOV-SS
-                    // blocking, pending events or IPIs, HLT, a store into
-                    // cached code.
-                    if self.next_rip != op.next_ip
-                        || self.check_events
-                        || self.code_written
-                        || single
-                    {
+                Ok(fast::Flow::Next) => {}
+                Ok(fast::Flow::Stored) => {
+                    if self.code_written {
+                        executed = k + 1;
+                        rip = op.next_ip;
                         break;
                     }
                 }
+                Ok(fast::Flow::Leave) => {
+                    executed = k + 1;
+                    rip = self.next_rip;
+                    break;
+                }
                 Err(f) => {
+                    executed = k;
+                    if !matches!(op.fast, fast::Fast::Generic) {
+                        self.state.rip = op.insn.ip();
+                    }
                     step = self.handle_fault(mem, f, op.insn.len() as u8);
+                    rip = self.state.rip;
                     break;
                 }
             }
         }
+        self.state.rip = rip;
+        let executed = executed as u64;
         if single && executed > 0 {
             self.state.interruptibility = 0;
         }
