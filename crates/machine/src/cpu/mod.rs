@@ -204,6 +204,8 @@ pub struct Cpu {
     /// Cycle of the next APIC timer expiry (`u64::MAX`: none), refreshed
     /// whenever events are checked (every APIC change requests a check).
     next_timer_cycle: u64,
+    /// Arithmetic flags not yet folded into RFLAGS (see [`fast::LazyFlags`]).
+    lazy: fast::LazyFlags,
 }
 
 impl std::fmt::Debug for Cpu {
@@ -247,6 +249,7 @@ impl Cpu {
             l1: l1tlb::L1Tlb::new(),
             mode_epoch: 1,
             next_timer_cycle: 0,
+            lazy: fast::LazyFlags::NONE,
         }
     }
 
@@ -435,6 +438,8 @@ impl Cpu {
         }
         self.check_events = true;
         let exit = self.run_loop(mem, cycle_limit);
+        // Nothing outside a run sees pending flags.
+        self.flush_flags();
         if guest {
             self.stats.vm_exits += 1;
             self.cycles += self.costs.vm_exit;
@@ -636,6 +641,7 @@ impl Cpu {
     /// Turns a fault of the current instruction into an exception delivery
     /// or an exit.
     fn handle_fault(&mut self, mem: &PhysMemory, fault: Fault, insn_len: u8) -> Step {
+        self.flush_flags();
         match fault.into_kind() {
             FaultKind::Exception {
                 vector,

@@ -62,3 +62,24 @@ fn page_crossing_instruction_is_cached_and_revalidated() {
     run_from(&mut cpu, &mem, at);
     assert_eq!(cpu.state().gpr[0], 0x5533_2266 + 0x0102_0304);
 }
+
+#[test]
+fn shift_by_a_masked_zero_count_keeps_pending_flags_and_zero_extends() {
+    let (mem, mut cpu) = machine();
+    let at = 0x10000;
+    // cmp eax, ebx; mov cl, 32; shl edx, cl; jb +1; hlt; hlt
+    mem.write_bytes(
+        Hpa(at),
+        &[0x39, 0xd8, 0xb1, 0x20, 0xd3, 0xe2, 0x72, 0x01, 0xf4, 0xf4],
+    )
+    .unwrap();
+    let s = cpu.state_mut();
+    s.gpr[Gpr::Rax as usize] = 1;
+    s.gpr[Gpr::Rbx as usize] = 2;
+    s.gpr[Gpr::Rdx as usize] = 0xffff_ffff_0000_0001;
+    run_from(&mut cpu, &mem, at);
+    assert_eq!(cpu.state().gpr[Gpr::Rdx as usize], 1, "32-bit write");
+    assert_eq!(cpu.state().rip, at + 10, "JB saw CF from the CMP");
+    assert_ne!(cpu.state().rflags & state::rflags::CF, 0, "flags folded in");
+    assert_eq!(cpu.stats().instructions, 5);
+}
