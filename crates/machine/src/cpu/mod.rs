@@ -477,7 +477,7 @@ impl Cpu {
                 Activity::WaitForSipi => return VmExit::Hlt,
                 Activity::Shutdown => return VmExit::TripleFault,
             }
-            if let Step::Exit(e) = self.run_block(mem) {
+            if let Step::Exit(e) = self.run_blocks(mem, cycle_limit) {
                 return e;
             }
         }
@@ -574,12 +574,31 @@ impl Cpu {
         self.deliver_event(mem, ev)
     }
 
+    /// Executes blocks for as long as nothing needs a look between them:
+    /// the checks of `run_loop` that would find nothing to do are made
+    /// here, without leaving the loop.
+    fn run_blocks(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
+        loop {
+            if let Step::Exit(e) = self.run_block(mem) {
+                return Step::Exit(e);
+            }
+            if self.cycles >= cycle_limit
+                || self.check_events
+                || self.cycles >= self.next_timer_cycle
+                || self.state.activity != Activity::Active
+            {
+                return Step::Continue;
+            }
+        }
+    }
+
     /// Executes one block (or a single instruction when the next one must
     /// be followed by an event check).
     ///
     /// RIP is written when the block is left, not per instruction: the
     /// fast paths do not read it, the generic path sets it for itself, and
     /// a fault sets it to the faulting instruction.
+    #[inline(always)]
     fn run_block(&mut self, mem: &PhysMemory) -> Step {
         let single = self.state.interruptibility != 0;
         let block = match self.fetch_block(mem) {
