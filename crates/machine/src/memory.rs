@@ -149,8 +149,22 @@ impl PhysMemory {
     /// Writes the low `len` bytes (1, 2, 4 or 8) of `value`, little-endian.
     #[inline]
     pub fn write(&self, hpa: Hpa, len: u8, value: u64) -> Result<(), MemError> {
+        self.write_noting_code(hpa, len, value).map(|_| ())
+    }
+
+    /// [`Self::write`], also telling whether the bytes written lie in a
+    /// frame holding decoded code (whose blocks are now stale).
+    #[inline]
+    pub fn write_noting_code(&self, hpa: Hpa, len: u8, value: u64) -> Result<bool, MemError> {
         self.check(hpa, len as u64)?;
-        self.note_store(hpa, len as u64);
+        let code = self.note_store(hpa, len as u64);
+        self.store_unchecked(hpa, len, value);
+        Ok(code)
+    }
+
+    /// The store of [`Self::write`], for a range already checked.
+    #[inline]
+    fn store_unchecked(&self, hpa: Hpa, len: u8, value: u64) {
         let p = self.ptr(hpa);
         if hpa.0 & (len as u64 - 1) == 0 {
             // SAFETY: in range and naturally aligned (see `read`).
@@ -171,7 +185,6 @@ impl PhysMemory {
                 };
             }
         }
-        Ok(())
     }
 
     /// 8-byte read.
@@ -263,16 +276,30 @@ impl PhysMemory {
     }
 
     /// Records a store to `[hpa, hpa+len)` (already bounds-checked): stores
-    /// into frames holding decoded code invalidate that code.
+    /// into frames holding decoded code invalidate that code. Returns
+    /// whether there was any.
     #[inline]
-    fn note_store(&self, hpa: Hpa, len: u64) {
+    fn note_store(&self, hpa: Hpa, len: u64) -> bool {
         let first = (hpa.0 / PAGE_SIZE) as usize;
         let last = ((hpa.0 + len.max(1) - 1) / PAGE_SIZE) as usize;
-        for f in first..=last {
-            if self.code_frames[f].load(Ordering::Relaxed) != 0 {
-                self.code_generation[f].fetch_add(1, Ordering::Relaxed);
-            }
+        if first == last {
+            // The usual case, without a loop.
+            return self.note_frame_store(first);
         }
+        let mut code = false;
+        for f in first..=last {
+            code |= self.note_frame_store(f);
+        }
+        code
+    }
+
+    #[inline(always)]
+    fn note_frame_store(&self, frame: usize) -> bool {
+        let code = self.code_frames[frame].load(Ordering::Relaxed) != 0;
+        if code {
+            self.code_generation[frame].fetch_add(1, Ordering::Relaxed);
+        }
+        code
     }
 
     /// Whether the frame of `hpa` holds decoded code.

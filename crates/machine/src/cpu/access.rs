@@ -296,8 +296,7 @@ impl Cpu {
         size: Size,
         value: u64,
     ) -> Result<(), Fault> {
-        mem.write(hpa, size.bytes(), value)?;
-        if mem.is_code(hpa) || mem.is_code(hpa.add(size.bytes() as u64 - 1)) {
+        if mem.write_noting_code(hpa, size.bytes(), value)? {
             self.code_written = true;
         }
         Ok(())

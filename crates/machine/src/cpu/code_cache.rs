@@ -24,6 +24,10 @@ const MAX_BLOCK_INSNS: usize = 64;
 const MAX_BLOCKS: usize = 1 << 16;
 /// Direct-mapped front cache in front of the hash map.
 const FRONT_SIZE: usize = 4096;
+/// Direct-mapped cache of page-crossing instructions.
+const CROSSING_SLOTS: usize = 64;
+/// The longest x86 instruction, in bytes.
+pub const MAX_INSN_LEN: usize = 15;
 
 /// A decoded straight-line run of instructions.
 #[derive(Debug)]
@@ -68,10 +72,25 @@ impl Hasher for AddrHasher {
     }
 }
 
+/// A decoded instruction that crosses a page boundary.
+///
+/// Such an instruction is not in the block map: its frames are not marked
+/// as code (marking them would make stores to them end blocks, changing
+/// timing), so it is validated instead by the fifteen bytes it was decoded
+/// from, on both pages, and the frames they came from.
+struct CrossingEntry {
+    rip: u64,
+    hpa: u64,
+    next_hpa: u64,
+    bytes: [u8; MAX_INSN_LEN],
+    block: Rc<Block>,
+}
+
 /// Per-CPU cache of decoded blocks.
 pub struct CodeCache {
     map: HashMap<u64, Rc<Block>, BuildHasherDefault<AddrHasher>>,
     front: Vec<Option<Rc<Block>>>,
+    crossing: Vec<Option<CrossingEntry>>,
 }
 
 impl Default for CodeCache {
@@ -86,7 +105,66 @@ impl CodeCache {
         CodeCache {
             map: HashMap::default(),
             front: vec![None; FRONT_SIZE],
+            crossing: (0..CROSSING_SLOTS).map(|_| None).collect(),
         }
+    }
+
+    #[inline]
+    fn crossing_slot(rip: u64) -> usize {
+        (rip as usize ^ (rip >> 12) as usize) & (CROSSING_SLOTS - 1)
+    }
+
+    /// Whether the page-crossing instruction cached for `rip` was decoded
+    /// from exactly these first-page bytes at `hpa` (the bytes up to the
+    /// page end). If so, its decoding depends only on the rest of its
+    /// bytes, checked by [`Self::lookup_crossing`].
+    pub fn crossing_prefix_matches(&self, rip: u64, hpa: Hpa, first: &[u8]) -> bool {
+        match &self.crossing[Self::crossing_slot(rip)] {
+            Some(e) => e.rip == rip && e.hpa == hpa.0 && e.bytes[..first.len()] == *first,
+            None => false,
+        }
+    }
+
+    /// The page-crossing instruction at `rip`, if it was decoded from the
+    /// same frames and the same bytes.
+    pub fn lookup_crossing(
+        &self,
+        rip: u64,
+        hpa: Hpa,
+        next_hpa: Hpa,
+        bytes: &[u8; MAX_INSN_LEN],
+    ) -> Option<Rc<Block>> {
+        match &self.crossing[Self::crossing_slot(rip)] {
+            Some(e)
+                if e.rip == rip
+                    && e.hpa == hpa.0
+                    && e.next_hpa == next_hpa.0
+                    && e.bytes == *bytes =>
+            {
+                Some(e.block.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Caches a page-crossing instruction decoded from `bytes`.
+    pub fn insert_crossing(
+        &mut self,
+        rip: u64,
+        hpa: Hpa,
+        next_hpa: Hpa,
+        bytes: &[u8; MAX_INSN_LEN],
+        op: Op,
+    ) -> Rc<Block> {
+        let block = Rc::new(Block::uncached(op));
+        self.crossing[Self::crossing_slot(rip)] = Some(CrossingEntry {
+            rip,
+            hpa: hpa.0,
+            next_hpa: next_hpa.0,
+            bytes: *bytes,
+            block: block.clone(),
+        });
+        block
     }
 
     #[inline]
@@ -136,6 +214,7 @@ impl CodeCache {
     pub fn clear(&mut self) {
         self.map.clear();
         self.front.iter_mut().for_each(|s| *s = None);
+        self.crossing.iter_mut().for_each(|s| *s = None);
     }
 }
 

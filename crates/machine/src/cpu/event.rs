@@ -82,6 +82,8 @@ impl Cpu {
         cr2: Option<u64>,
         outer: Option<EventInjection>,
     ) -> Step {
+        // The delivery pushes RFLAGS.
+        self.flush_flags();
         if ev.kind == EventKind::HardwareException {
             if let Some(v) = self.vmx.as_deref() {
                 if self.exception_exits(v, ev.vector, ev.error_code.unwrap_or(0)) {

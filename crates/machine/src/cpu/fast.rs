@@ -220,6 +220,126 @@ impl Op {
     }
 }
 
+/// What the run loop does after an instruction completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Flow {
+    /// Go on with the next instruction of the block.
+    Next,
+    /// Go on, unless the instruction stored into cached code.
+    Stored,
+    /// Leave the block; execution continues at `Cpu::next_rip`.
+    Leave,
+}
+
+/// Which computation the pending arithmetic flags come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LazyKind {
+    /// Nothing pending: RFLAGS is exact.
+    None,
+    /// ADD: flags of `a + b = r`.
+    Add,
+    /// SUB or CMP: flags of `a - b = r`.
+    Sub,
+    /// AND, OR, XOR, TEST: SF, ZF, PF of `r`; CF, OF, AF clear.
+    Logic,
+}
+
+/// Arithmetic flags (CF PF AF ZF SF OF) not yet folded into RFLAGS.
+///
+/// Most ALU results' flags are overwritten before anything reads them, so
+/// the fast ALU forms record their operands and result here instead of
+/// computing flags. While something is pending the arithmetic bits of
+/// `state.rflags` are stale (the other bits are always exact);
+/// [`Cpu::flush_flags`] folds the pending flags in. Every reader of the
+/// arithmetic flags outside the fast forms flushes first: the generic
+/// interpreter, event delivery, and `Cpu::run` before it returns, so
+/// nothing outside a run ever sees pending flags.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LazyFlags {
+    kind: LazyKind,
+    size: Size,
+    a: u64,
+    b: u64,
+    r: u64,
+}
+
+impl LazyFlags {
+    pub(super) const NONE: LazyFlags = LazyFlags {
+        kind: LazyKind::None,
+        size: Size::B8,
+        a: 0,
+        b: 0,
+        r: 0,
+    };
+
+    /// The arithmetic flags in their RFLAGS positions (nothing pending: 0).
+    #[inline]
+    fn arith(&self) -> u64 {
+        let LazyFlags {
+            kind,
+            size,
+            a,
+            b,
+            r,
+        } = *self;
+        let sbit = size.bits() - 1;
+        match kind {
+            LazyKind::None => 0,
+            LazyKind::Add => {
+                let of = (((a ^ r) & (b ^ r)) >> sbit) & 1;
+                (r < a) as u64 | ((a ^ b ^ r) & 0x10) | szp(size, r) | (of << 11)
+            }
+            LazyKind::Sub => {
+                let of = (((a ^ b) & (a ^ r)) >> sbit) & 1;
+                (a < b) as u64 | ((a ^ b ^ r) & 0x10) | szp(size, r) | (of << 11)
+            }
+            LazyKind::Logic => szp(size, r),
+        }
+    }
+
+    /// Condition `cc` (as in [`alu::condition`]) straight from the pending
+    /// operands, when that is cheap: everything but PF after SUB/CMP and
+    /// the logic ops. `None`: flush and use RFLAGS.
+    #[inline(always)]
+    fn condition(&self, cc: u8) -> Option<bool> {
+        let LazyFlags {
+            kind,
+            size,
+            a,
+            b,
+            r,
+        } = *self;
+        let negative = (r >> (size.bits() - 1)) & 1 != 0;
+        let base = match (kind, cc >> 1) {
+            (LazyKind::Sub, 1) => a < b,
+            (LazyKind::Sub, 2) => a == b,
+            (LazyKind::Sub, 3) => a <= b,
+            (LazyKind::Sub, 4) => negative,
+            (LazyKind::Sub, 6) => (size.sign_extend(a) as i64) < (size.sign_extend(b) as i64),
+            (LazyKind::Sub, 7) => (size.sign_extend(a) as i64) <= (size.sign_extend(b) as i64),
+            (LazyKind::Add, 1) => r < a,
+            (LazyKind::Add, 2) => r == 0,
+            (LazyKind::Add, 3) => r < a || r == 0,
+            (LazyKind::Add, 4) => negative,
+            (LazyKind::Logic, 0 | 1) => false,
+            (LazyKind::Logic, 2 | 3) => r == 0,
+            (LazyKind::Logic, 4 | 6) => negative,
+            (LazyKind::Logic, 7) => r == 0 || negative,
+            _ => return None,
+        };
+        Some(base ^ (cc & 1 != 0))
+    }
+}
+
+/// Flags an ALU instruction produces, to apply once it has completed.
+#[derive(Debug, Clone, Copy)]
+enum NewFlags {
+    /// Left pending.
+    Lazy(LazyFlags),
+    /// Computed (ADC and SBB, which read CF): the whole new RFLAGS.
+    Exact(u64),
+}
+
 /// PF for each low byte of a result.
 static PARITY: [u8; 256] = {
     let mut t = [0u8; 256];
@@ -239,42 +359,6 @@ fn szp(size: Size, r: u64) -> u64 {
     (PARITY[(r & 0xff) as usize] as u64)
         | (((r == 0) as u64) << 6)
         | (((r >> (size.bits() - 1)) & 1) << 7)
-}
-
-/// The ALU group with flags, for masked inputs; identical to
-/// [`alu::binop`] (checked by tests), but inlined for the common ops.
-#[inline(always)]
-pub fn binop_fast(op: BinOp, size: Size, a: u64, b: u64, fl: u64) -> (u64, u64) {
-    let mask = size.mask();
-    let sbit = size.bits() - 1;
-    let (r, cf, of, af) = match op {
-        BinOp::Add => {
-            let r = a.wrapping_add(b) & mask;
-            (
-                r,
-                (r < a) as u64,
-                (((a ^ r) & (b ^ r)) >> sbit) & 1,
-                (a ^ b ^ r) & 0x10,
-            )
-        }
-        BinOp::Sub | BinOp::Cmp => {
-            let r = a.wrapping_sub(b) & mask;
-            (
-                r,
-                (a < b) as u64,
-                (((a ^ b) & (a ^ r)) >> sbit) & 1,
-                (a ^ b ^ r) & 0x10,
-            )
-        }
-        BinOp::And => (a & b, 0, 0, 0),
-        BinOp::Or => (a | b, 0, 0, 0),
-        BinOp::Xor => (a ^ b, 0, 0, 0),
-        BinOp::Adc | BinOp::Sbb => return alu::binop(op, size, a, b, fl),
-    };
-    (
-        r,
-        (fl & !rflags::ARITH) | cf | af | szp(size, r) | (of << 11),
-    )
 }
 
 /// INC/DEC with flags (CF preserved), for a masked input.
@@ -663,6 +747,69 @@ fn classify_inner(i: &Instruction) -> Option<Fast> {
 }
 
 impl Cpu {
+    /// Folds pending arithmetic flags into RFLAGS (see [`LazyFlags`]).
+    #[inline(always)]
+    pub(super) fn flush_flags(&mut self) {
+        if self.lazy.kind != LazyKind::None {
+            self.fold_lazy_flags();
+        }
+    }
+
+    #[inline(never)]
+    fn fold_lazy_flags(&mut self) {
+        self.state.rflags = (self.state.rflags & !rflags::ARITH) | self.lazy.arith();
+        self.lazy = LazyFlags::NONE;
+    }
+
+    /// Condition `cc` of the current flags, pending or not.
+    #[inline(always)]
+    fn condition_now(&mut self, cc: u8) -> bool {
+        match self.lazy.condition(cc) {
+            Some(c) => c,
+            None => {
+                self.flush_flags();
+                alu::condition(cc, self.state.rflags)
+            }
+        }
+    }
+
+    /// `a op b` for masked inputs: the result, and the flags to apply with
+    /// [`Self::apply_flags`] once nothing can fault any more.
+    #[inline(always)]
+    fn alu_op(&mut self, op: BinOp, size: Size, a: u64, b: u64) -> (u64, NewFlags) {
+        let mask = size.mask();
+        let (kind, r) = match op {
+            BinOp::Add => (LazyKind::Add, a.wrapping_add(b) & mask),
+            BinOp::Sub | BinOp::Cmp => (LazyKind::Sub, a.wrapping_sub(b) & mask),
+            BinOp::And => (LazyKind::Logic, a & b),
+            BinOp::Or => (LazyKind::Logic, a | b),
+            BinOp::Xor => (LazyKind::Logic, a ^ b),
+            BinOp::Adc | BinOp::Sbb => {
+                self.flush_flags();
+                let (r, f) = alu::binop(op, size, a, b, self.state.rflags);
+                return (r, NewFlags::Exact(f));
+            }
+        };
+        (
+            r,
+            NewFlags::Lazy(LazyFlags {
+                kind,
+                size,
+                a,
+                b,
+                r,
+            }),
+        )
+    }
+
+    #[inline(always)]
+    fn apply_flags(&mut self, f: NewFlags) {
+        match f {
+            NewFlags::Lazy(l) => self.lazy = l,
+            NewFlags::Exact(fl) => self.state.rflags = fl,
+        }
+    }
+
     #[inline(always)]
     fn fast_ea(&self, m: &MemOp) -> u64 {
         let mut a = m.disp;
@@ -694,29 +841,33 @@ impl Cpu {
 
     /// Executes an instruction, through its fast path if it has one.
     #[inline(always)]
-    pub(super) fn exec_op(&mut self, mem: &PhysMemory, op: &Op) -> Result<(), Fault> {
+    pub(super) fn exec_op(&mut self, mem: &PhysMemory, op: &Op) -> Result<Flow, Fault> {
         match op.fast {
-            Fast::Generic => self.exec(mem, &op.insn),
+            Fast::Generic => self.exec_generic(mem, op),
             Fast::TooLong => Err(Fault::with_code(super::vector::GP, 0)),
             Fast::MovRR { dst, src, size } => {
                 let v = self.r(src, size);
                 self.w(dst, size, v);
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::MovRI { dst, size, imm } => {
                 self.w(dst, size, imm);
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::MovRM { dst, size, m } => {
                 let v = self.read_mem(mem, self.fast_ea(&m), size)?;
                 self.w(dst, size, v);
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::MovMR { src, size, m } => {
                 let v = self.r(src, size);
-                self.write_mem(mem, self.fast_ea(&m), size, v)
+                self.write_mem(mem, self.fast_ea(&m), size, v)?;
+                Ok(Flow::Stored)
             }
-            Fast::MovMI { size, imm, m } => self.write_mem(mem, self.fast_ea(&m), size, imm),
+            Fast::MovMI { size, imm, m } => {
+                self.write_mem(mem, self.fast_ea(&m), size, imm)?;
+                Ok(Flow::Stored)
+            }
             Fast::ExtendR {
                 dst,
                 dsize,
@@ -727,7 +878,7 @@ impl Cpu {
                 let v = self.r(src, ssize);
                 let v = if signed { ssize.sign_extend(v) } else { v };
                 self.w(dst, dsize, v & dsize.mask());
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::ExtendM {
                 dst,
@@ -739,51 +890,55 @@ impl Cpu {
                 let v = self.read_mem(mem, self.fast_ea(&m), ssize)?;
                 let v = if signed { ssize.sign_extend(v) } else { v };
                 self.w(dst, dsize, v & dsize.mask());
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::Lea { dst, size, m } => {
                 let a = self.fast_ea(&m);
                 self.w(dst, size, a & size.mask());
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::AluRR { op, dst, src, size } => {
                 let a = self.r(dst, size);
                 let b = self.r(src, size);
-                let (r, f) = binop_fast(op, size, a, b, self.state.rflags);
+                let (r, f) = self.alu_op(op, size, a, b);
                 if op != BinOp::Cmp {
                     self.w(dst, size, r);
                 }
-                self.state.rflags = f;
-                Ok(())
+                self.apply_flags(f);
+                Ok(Flow::Next)
             }
             Fast::AluRI { op, dst, size, imm } => {
                 let a = self.r(dst, size);
-                let (r, f) = binop_fast(op, size, a, imm, self.state.rflags);
+                let (r, f) = self.alu_op(op, size, a, imm);
                 if op != BinOp::Cmp {
                     self.w(dst, size, r);
                 }
-                self.state.rflags = f;
-                Ok(())
+                self.apply_flags(f);
+                Ok(Flow::Next)
             }
             Fast::AluRM { op, dst, size, m } => {
                 let b = self.read_mem(mem, self.fast_ea(&m), size)?;
                 let a = self.r(dst, size);
-                let (r, f) = binop_fast(op, size, a, b, self.state.rflags);
+                let (r, f) = self.alu_op(op, size, a, b);
                 if op != BinOp::Cmp {
                     self.w(dst, size, r);
                 }
-                self.state.rflags = f;
-                Ok(())
+                self.apply_flags(f);
+                Ok(Flow::Next)
             }
             Fast::AluMR { op, src, size, m } => {
                 let b = self.r(src, size);
-                self.alu_mem(mem, op, size, self.fast_ea(&m), b)
+                self.alu_mem(mem, op, size, self.fast_ea(&m), b)?;
+                Ok(Flow::Stored)
             }
-            Fast::AluMI { op, size, imm, m } => self.alu_mem(mem, op, size, self.fast_ea(&m), imm),
+            Fast::AluMI { op, size, imm, m } => {
+                self.alu_mem(mem, op, size, self.fast_ea(&m), imm)?;
+                Ok(Flow::Stored)
+            }
             Fast::TestRR { a, b, size } => {
-                let r = self.r(a, size) & self.r(b, size);
-                self.state.rflags = (self.state.rflags & !rflags::ARITH) | szp(size, r);
-                Ok(())
+                let (_, f) = self.alu_op(BinOp::And, size, self.r(a, size), self.r(b, size));
+                self.apply_flags(f);
+                Ok(Flow::Next)
             }
             Fast::Shift {
                 op: shift,
@@ -793,6 +948,24 @@ impl Cpu {
             } => {
                 let n = count.unwrap_or(self.state.gpr[1] as u8);
                 let v = self.r(dst, size);
+                let count_mask = if size == Size::B8 { 0x3f } else { 0x1f };
+                if n & count_mask == 0 {
+                    // Leaves the flags alone; a 32-bit destination is
+                    // still written (zero-extended).
+                    self.w(dst, size, v);
+                    return Ok(Flow::Next);
+                }
+                if matches!(
+                    shift,
+                    ShiftOp::Shl | ShiftOp::Sal | ShiftOp::Shr | ShiftOp::Sar
+                ) {
+                    // Shifts by a nonzero count define every arithmetic
+                    // flag: what was pending no longer matters.
+                    self.lazy = LazyFlags::NONE;
+                } else {
+                    // Rotates keep SF ZF AF PF.
+                    self.flush_flags();
+                }
                 let fl = self.state.rflags;
                 // Constant ops let the compiler specialize each shift.
                 let (r, f) = match shift {
@@ -804,7 +977,7 @@ impl Cpu {
                 };
                 self.w(dst, size, r);
                 self.state.rflags = f;
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::Imul {
                 dst,
@@ -813,6 +986,8 @@ impl Cpu {
                 imm,
             } => {
                 self.cycles += self.costs.multiply;
+                // IMUL leaves SF ZF AF PF unchanged.
+                self.flush_flags();
                 let (a, b) = match imm {
                     Some(imm) => (self.r(src, size), imm),
                     None => (self.r(dst, size), self.r(src, size)),
@@ -820,82 +995,91 @@ impl Cpu {
                 let (lo, _, f) = alu::imul(size, a, b, self.state.rflags);
                 self.w(dst, size, lo);
                 self.state.rflags = f;
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::TestRI { a, size, imm } => {
-                let r = self.r(a, size) & imm;
-                self.state.rflags = (self.state.rflags & !rflags::ARITH) | szp(size, r);
-                Ok(())
+                let (_, f) = self.alu_op(BinOp::And, size, self.r(a, size), imm);
+                self.apply_flags(f);
+                Ok(Flow::Next)
             }
             Fast::IncDec { dst, size, dec } => {
+                // INC and DEC leave CF unchanged.
+                self.flush_flags();
                 let a = self.r(dst, size);
                 let (r, f) = incdec_fast(size, a, dec, self.state.rflags);
                 self.w(dst, size, r);
                 self.state.rflags = f;
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::Push { src } => {
                 let v = self.state.gpr[src as usize & 15];
-                self.push(mem, Size::B8, v)
+                self.push(mem, Size::B8, v)?;
+                Ok(Flow::Stored)
             }
             Fast::Pop { dst } => {
                 let v = self.pop(mem, Size::B8)?;
                 self.state.gpr[dst as usize & 15] = v;
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::Jcc { cc, target } => {
-                if alu::condition(cc, self.state.rflags) {
+                if self.condition_now(cc) {
                     self.next_rip = target;
+                    Ok(Flow::Leave)
+                } else {
+                    Ok(Flow::Next)
                 }
-                Ok(())
             }
             Fast::Jmp { target } => {
                 self.next_rip = target;
-                Ok(())
+                Ok(Flow::Leave)
             }
             Fast::Call { target } => {
                 self.push(mem, Size::B8, op.next_ip)?;
                 self.next_rip = target;
-                Ok(())
+                Ok(Flow::Leave)
             }
             Fast::CallR { src } => {
                 let target = self.state.gpr[src as usize & 15];
-                self.call_to(mem, op, target)
+                self.call_to(mem, op, target)?;
+                Ok(Flow::Leave)
             }
             Fast::CallM { m } => {
                 let target = self.read_mem(mem, self.fast_ea(&m), Size::B8)?;
-                self.call_to(mem, op, target)
+                self.call_to(mem, op, target)?;
+                Ok(Flow::Leave)
             }
             Fast::JmpR { src } => {
                 let target = self.state.gpr[src as usize & 15];
-                self.jump(target)
+                self.jump(target)?;
+                Ok(Flow::Leave)
             }
             Fast::JmpM { m } => {
                 let target = self.read_mem(mem, self.fast_ea(&m), Size::B8)?;
-                self.jump(target)
+                self.jump(target)?;
+                Ok(Flow::Leave)
             }
             Fast::CmovR { cc, dst, src, size } => {
                 // A 32-bit CMOV writes (zero-extends) its destination even
                 // when the condition is false.
-                let v = if alu::condition(cc, self.state.rflags) {
+                let v = if self.condition_now(cc) {
                     self.r(src, size)
                 } else {
                     self.r(dst, size)
                 };
                 self.w(dst, size, v);
-                Ok(())
+                Ok(Flow::Next)
             }
             Fast::CmovM { cc, dst, size, m } => {
                 let src = self.read_mem(mem, self.fast_ea(&m), size)?;
-                let v = if alu::condition(cc, self.state.rflags) {
+                let v = if self.condition_now(cc) {
                     src
                 } else {
                     self.r(dst, size)
                 };
                 self.w(dst, size, v);
-                Ok(())
+                Ok(Flow::Next)
             }
-            Fast::Nop => Ok(()),
+            Fast::Nop => Ok(Flow::Next),
             Fast::Ret => {
                 let rsp = self.state.gpr[4];
                 let target = self
@@ -906,8 +1090,26 @@ impl Cpu {
                 }
                 self.state.gpr[4] = rsp.wrapping_add(8);
                 self.next_rip = target;
-                Ok(())
+                Ok(Flow::Leave)
             }
+        }
+    }
+
+    /// An instruction without a fast form, through the generic
+    /// interpreter, which reads RIP (REP, INT n) and sets `next_rip`.
+    #[inline(never)]
+    fn exec_generic(&mut self, mem: &PhysMemory, op: &Op) -> Result<Flow, Fault> {
+        self.flush_flags();
+        self.state.rip = op.insn.ip();
+        self.next_rip = op.next_ip;
+        self.exec(mem, &op.insn)?;
+        // Leave on a jump, or when something between instructions needs a
+        // look: new STI/MOV-SS blocking, pending events or IPIs, HLT, a
+        // store into cached code.
+        if self.next_rip != op.next_ip || self.check_events || self.code_written {
+            Ok(Flow::Leave)
+        } else {
+            Ok(Flow::Next)
         }
     }
 
@@ -935,23 +1137,24 @@ impl Cpu {
     ) -> Result<(), Fault> {
         if op == BinOp::Cmp {
             let a = self.read_mem(mem, la, size)?;
-            self.state.rflags = binop_fast(op, size, a, b, self.state.rflags).1;
+            let (_, f) = self.alu_op(op, size, a, b);
+            self.apply_flags(f);
             return Ok(());
         }
         if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
             let user = self.state.cpl() == 3;
             let hpa = self.translate(mem, la, crate::mmu::AccessKind::Write, user)?;
             let a = mem.read(hpa, size.bytes())?;
-            let (r, f) = binop_fast(op, size, a, b, self.state.rflags);
+            let (r, f) = self.alu_op(op, size, a, b);
             self.store(mem, hpa, size, r)?;
-            self.state.rflags = f;
+            self.apply_flags(f);
             Ok(())
         } else {
             // Page-crossing: let the generic path check both pages.
             let a = self.read_mem(mem, la, size)?;
-            let (r, f) = binop_fast(op, size, a, b, self.state.rflags);
+            let (r, f) = self.alu_op(op, size, a, b);
             self.write_mem(mem, la, size, r)?;
-            self.state.rflags = f;
+            self.apply_flags(f);
             Ok(())
         }
     }
@@ -969,7 +1172,8 @@ mod tests {
     }
 
     #[test]
-    fn fast_alu_equals_reference_alu() {
+    fn lazy_alu_flags_equal_reference_alu() {
+        let mut cpu = Cpu::new(super::super::CpuConfig::default());
         let mut s = 0x1234_5678_9abc_def1u64;
         let sizes = [Size::B1, Size::B2, Size::B4, Size::B8];
         let ops = [
@@ -979,8 +1183,11 @@ mod tests {
             BinOp::And,
             BinOp::Or,
             BinOp::Xor,
+            BinOp::Adc,
+            BinOp::Sbb,
         ];
-        for n in 0..200_000 {
+        let mut answered = 0;
+        for n in 0..100_000 {
             let size = sizes[n % 4];
             let edge = [0, 1, size.sign_bit(), size.mask(), size.sign_bit() - 1];
             let a = if n % 7 == 0 {
@@ -990,27 +1197,54 @@ mod tests {
             };
             let b = if n % 11 == 0 {
                 edge[(n / 3) % 5]
+            } else if n % 13 == 0 {
+                a
             } else {
                 xorshift(&mut s) & size.mask()
             };
             let fl = xorshift(&mut s) & (rflags::ARITH | rflags::DF | rflags::IF) | rflags::FIXED1;
             for op in ops {
-                assert_eq!(
-                    binop_fast(op, size, a, b, fl),
-                    alu::binop(op, size, a, b, fl),
-                    "{op:?} {size:?} {a:#x} {b:#x}"
-                );
+                let want = alu::binop(op, size, a, b, fl);
+                cpu.state.rflags = fl;
+                cpu.lazy = LazyFlags::NONE;
+                let (r, f) = cpu.alu_op(op, size, a, b);
+                cpu.apply_flags(f);
+                assert_eq!(r, want.0, "{op:?} {size:?} {a:#x} {b:#x}");
+                for cc in 0..16u8 {
+                    if let Some(c) = cpu.lazy.condition(cc) {
+                        answered += 1;
+                        assert_eq!(
+                            c,
+                            alu::condition(cc, want.1),
+                            "cc {cc} after {op:?} {size:?} {a:#x} {b:#x}"
+                        );
+                    }
+                }
+                cpu.flush_flags();
+                assert_eq!(cpu.state.rflags, want.1, "{op:?} {size:?} {a:#x} {b:#x}");
+                assert_eq!(cpu.lazy.kind, LazyKind::None);
             }
+        }
+        assert!(answered > 100_000, "conditions come from pending flags");
+    }
+
+    #[test]
+    fn fast_incdec_equals_reference_alu() {
+        let mut s = 0x1234_5678_9abc_def1u64;
+        let sizes = [Size::B1, Size::B2, Size::B4, Size::B8];
+        for n in 0..200_000 {
+            let size = sizes[n % 4];
+            let edge = [0, 1, size.sign_bit(), size.mask(), size.sign_bit() - 1];
+            let a = if n % 7 == 0 {
+                edge[n % 5]
+            } else {
+                xorshift(&mut s) & size.mask()
+            };
+            let fl = xorshift(&mut s) & (rflags::ARITH | rflags::DF | rflags::IF) | rflags::FIXED1;
             let (r, f) = incdec_fast(size, a, false, fl);
             assert_eq!((r, f), alu::inc(size, a, fl), "inc {size:?} {a:#x}");
             let (r, f) = incdec_fast(size, a, true, fl);
             assert_eq!((r, f), alu::dec(size, a, fl), "dec {size:?} {a:#x}");
-            let t = a & b;
-            assert_eq!(
-                (fl & !rflags::ARITH) | szp(size, t),
-                alu::test(size, a, b, fl),
-                "test {size:?} {a:#x} {b:#x}"
-            );
         }
     }
 }

@@ -27,6 +27,8 @@ pub use system::native_cpuid;
 mod exec;
 pub mod state;
 mod system;
+#[cfg(test)]
+mod tests;
 
 use crate::apic::Lapic;
 use crate::cost::CycleCosts;
@@ -34,7 +36,7 @@ use crate::memory::{MemError, PhysMemory};
 use crate::mmu::tlb::{Tlb, TlbConfig};
 use crate::vmx::{EventInjection, EventKind, InveptKind, InvvpidKind, VmExit, VmxControls};
 use crate::Gva;
-use code_cache::CodeCache;
+use code_cache::{CodeCache, MAX_INSN_LEN};
 use iced_x86::Instruction;
 use state::{interruptibility, rflags};
 pub use state::{Activity, CpuState, Gpr};
@@ -202,6 +204,8 @@ pub struct Cpu {
     /// Cycle of the next APIC timer expiry (`u64::MAX`: none), refreshed
     /// whenever events are checked (every APIC change requests a check).
     next_timer_cycle: u64,
+    /// Arithmetic flags not yet folded into RFLAGS (see [`fast::LazyFlags`]).
+    lazy: fast::LazyFlags,
 }
 
 impl std::fmt::Debug for Cpu {
@@ -245,6 +249,7 @@ impl Cpu {
             l1: l1tlb::L1Tlb::new(),
             mode_epoch: 1,
             next_timer_cycle: 0,
+            lazy: fast::LazyFlags::NONE,
         }
     }
 
@@ -433,6 +438,8 @@ impl Cpu {
         }
         self.check_events = true;
         let exit = self.run_loop(mem, cycle_limit);
+        // Nothing outside a run sees pending flags.
+        self.flush_flags();
         if guest {
             self.stats.vm_exits += 1;
             self.cycles += self.costs.vm_exit;
@@ -470,7 +477,7 @@ impl Cpu {
                 Activity::WaitForSipi => return VmExit::Hlt,
                 Activity::Shutdown => return VmExit::TripleFault,
             }
-            if let Step::Exit(e) = self.run_block(mem) {
+            if let Step::Exit(e) = self.run_blocks(mem, cycle_limit) {
                 return e;
             }
         }
@@ -567,40 +574,75 @@ impl Cpu {
         self.deliver_event(mem, ev)
     }
 
+    /// Executes blocks for as long as nothing needs a look between them:
+    /// the checks of `run_loop` that would find nothing to do are made
+    /// here, without leaving the loop.
+    fn run_blocks(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
+        loop {
+            if let Step::Exit(e) = self.run_block(mem) {
+                return Step::Exit(e);
+            }
+            if self.cycles >= cycle_limit
+                || self.check_events
+                || self.cycles >= self.next_timer_cycle
+                || self.state.activity != Activity::Active
+            {
+                return Step::Continue;
+            }
+        }
+    }
+
     /// Executes one block (or a single instruction when the next one must
     /// be followed by an event check).
+    ///
+    /// RIP is written when the block is left, not per instruction: the
+    /// fast paths do not read it, the generic path sets it for itself, and
+    /// a fault sets it to the faulting instruction.
+    #[inline(always)]
     fn run_block(&mut self, mem: &PhysMemory) -> Step {
         let single = self.state.interruptibility != 0;
         let block = match self.fetch_block(mem) {
             Ok(b) => b,
             Err(f) => return self.handle_fault(mem, f, 0),
         };
-        let mut executed = 0u64;
+        // Pending events (e.g. just after delivering an interrupt) are
+        // looked at again after the first instruction.
+        let insns = if single || self.check_events {
+            &block.insns[..1]
+        } else {
+            &block.insns[..]
+        };
+        let mut executed = insns.len();
         let mut step = Step::Continue;
-        for op in block.insns.iter() {
-            self.next_rip = op.next_ip;
+        let mut rip = insns[insns.len() - 1].next_ip;
+        for (k, op) in insns.iter().enumerate() {
             match self.exec_op(mem, op) {
-                Ok(()) => {
-                    executed += 1;
-                    self.state.rip = self.next_rip;
-                    // Leave the block on a taken branch, or when something
-                    // between instructions needs a look: new STI/MOV-SS
-                    // blocking, pending events or IPIs, HLT, a store into
-                    // cached code.
-                    if self.next_rip != op.next_ip
-                        || self.check_events
-                        || self.code_written
-                        || single
-                    {
+                Ok(fast::Flow::Next) => {}
+                Ok(fast::Flow::Stored) => {
+                    if self.code_written {
+                        executed = k + 1;
+                        rip = op.next_ip;
                         break;
                     }
                 }
+                Ok(fast::Flow::Leave) => {
+                    executed = k + 1;
+                    rip = self.next_rip;
+                    break;
+                }
                 Err(f) => {
+                    executed = k;
+                    if !matches!(op.fast, fast::Fast::Generic) {
+                        self.state.rip = op.insn.ip();
+                    }
                     step = self.handle_fault(mem, f, op.insn.len() as u8);
+                    rip = self.state.rip;
                     break;
                 }
             }
         }
+        self.state.rip = rip;
+        let executed = executed as u64;
         if single && executed > 0 {
             self.state.interruptibility = 0;
         }
@@ -618,6 +660,7 @@ impl Cpu {
     /// Turns a fault of the current instruction into an exception delivery
     /// or an exit.
     fn handle_fault(&mut self, mem: &PhysMemory, fault: Fault, insn_len: u8) -> Step {
+        self.flush_flags();
         match fault.into_kind() {
             FaultKind::Exception {
                 vector,
@@ -638,7 +681,6 @@ impl Cpu {
         if let Some(b) = self.code.lookup(mem, hpa, rip) {
             return Ok(b);
         }
-        self.stats.blocks_decoded += 1;
         // Bytes to the end of the page, but no more than a long block needs
         // (a block cut short by the window simply ends early).
         let room = 4096 - (rip & 0xfff) as usize;
@@ -646,21 +688,45 @@ impl Cpu {
         let mut buf = [0u8; DECODE_WINDOW];
         let first = &mut buf[..window];
         mem.read_bytes(hpa, first)?;
-        match code_cache::decode_block(first, rip) {
-            Some(insns) => Ok(self.code.insert(mem, hpa, rip, insns)),
-            None => {
-                // The first instruction crosses into the next page: fetch
-                // up to 15 bytes across the boundary and run it uncached.
-                let mut bytes = [0u8; 15];
-                let n = room.min(15);
-                bytes[..n].copy_from_slice(&buf[..n]);
-                let next_page = (rip & !0xfff).wrapping_add(0x1000);
-                let hpa2 = self.translate_fetch(mem, next_page)?;
-                mem.read_bytes(hpa2, &mut bytes[n..])?;
-                let op = code_cache::decode_one(&bytes, rip);
-                Ok(std::rc::Rc::new(code_cache::Block::uncached(op)))
-            }
+        // A page-crossing instruction seen before, with the same bytes up
+        // to the page end, would fail to decode here the same way: go
+        // straight to its second page.
+        if room < MAX_INSN_LEN && self.code.crossing_prefix_matches(rip, hpa, first) {
+            return self.fetch_crossing(mem, rip, hpa, &buf);
         }
+        match code_cache::decode_block(first, rip) {
+            Some(insns) => {
+                self.stats.blocks_decoded += 1;
+                Ok(self.code.insert(mem, hpa, rip, insns))
+            }
+            None => self.fetch_crossing(mem, rip, hpa, &buf),
+        }
+    }
+
+    /// The instruction at `rip` crosses into the next page (`buf` holds
+    /// its bytes up to the page end): fetch up to 15 bytes across the
+    /// boundary and run it alone, decoded again unless the same bytes
+    /// from the same frames were decoded before.
+    fn fetch_crossing(
+        &mut self,
+        mem: &PhysMemory,
+        rip: u64,
+        hpa: crate::Hpa,
+        buf: &[u8],
+    ) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
+        let room = 4096 - (rip & 0xfff) as usize;
+        let mut bytes = [0u8; MAX_INSN_LEN];
+        let n = room.min(MAX_INSN_LEN);
+        bytes[..n].copy_from_slice(&buf[..n]);
+        let next_page = (rip & !0xfff).wrapping_add(0x1000);
+        let hpa2 = self.translate_fetch(mem, next_page)?;
+        mem.read_bytes(hpa2, &mut bytes[n..])?;
+        if let Some(b) = self.code.lookup_crossing(rip, hpa, hpa2, &bytes) {
+            return Ok(b);
+        }
+        self.stats.blocks_decoded += 1;
+        let op = code_cache::decode_one(&bytes, rip);
+        Ok(self.code.insert_crossing(rip, hpa, hpa2, &bytes, op))
     }
 }
 
