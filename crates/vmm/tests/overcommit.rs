@@ -165,14 +165,32 @@ fn bench_apf_prints_json_and_a_plot_and_repeats_exactly() {
     let plot = dir.path().join("apf.svg");
     let plot = plot.to_str().unwrap();
     let args = [
-        "bench", "apf", "--json", "--vcpus", "2", "--host-mem", "8M", "--duration", "0.01",
-        "--fault-threads", "2", "--work-threads", "2", "--swap-device", "nvme", "--plot", plot,
+        "bench",
+        "apf",
+        "--json",
+        "--vcpus",
+        "2",
+        "--host-mem",
+        "8M",
+        "--duration",
+        "0.01",
+        "--fault-threads",
+        "2",
+        "--work-threads",
+        "2",
+        "--swap-device",
+        "nvme",
+        "--plot",
+        plot,
     ];
     let a = faultline(&args);
     assert!(a.status.success(), "{}", stderr(&a));
     let v: serde_json::Value = serde_json::from_slice(&a.stdout).expect("json");
     for mode in ["off", "halt", "pv", "ideal"] {
-        assert!(v["modes"][mode]["total"].as_u64().unwrap() > 0, "{mode}: {v}");
+        assert!(
+            v["modes"][mode]["total"].as_u64().unwrap() > 0,
+            "{mode}: {v}"
+        );
     }
     assert!(v["ratios"]["pv_over_off"].as_f64().unwrap() > 0.0);
     assert_eq!(v["seed"]["pv_over_off"], 1.91);
@@ -185,8 +203,17 @@ fn bench_apf_prints_json_and_a_plot_and_repeats_exactly() {
 #[test]
 fn bench_apf_calc_prints_the_issue_json_shape() {
     let out = faultline(&[
-        "bench", "apf-calc", "--json", "--host-mem", "8M", "--array", "8M", "--loops", "1",
-        "--swap-device", "nvme",
+        "bench",
+        "apf-calc",
+        "--json",
+        "--host-mem",
+        "8M",
+        "--array",
+        "8M",
+        "--loops",
+        "1",
+        "--swap-device",
+        "nvme",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
