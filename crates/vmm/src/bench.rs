@@ -105,9 +105,21 @@ pub fn run_all(specs: Vec<RunSpec>, kernel: &[u8], jobs: usize) -> Result<Vec<Ru
     if progress {
         eprint!("\r\x1b[K");
     }
+    // Host-side figures vary run to run, so they stay off stdout.
+    let results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    let walls: Vec<String> = results
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|o| format!("{} {:.1}s", o.label, o.wall.as_secs_f64()))
+        .collect();
+    eprintln!(
+        "faultline bench: {} runs in {:.1}s wall ({})",
+        total,
+        started.elapsed().as_secs_f64(),
+        walls.join(", ")
+    );
     results
-        .into_inner()
-        .unwrap_or_else(|e| e.into_inner())
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err("a run did not finish".into())))
         .collect()
@@ -184,7 +196,6 @@ fn run_counters(o: &RunOutcome) -> serde_json::Value {
         "stalls": apf.stalls,
         "stall_cycles": apf.stall_cycles,
         "peak_outstanding": apf.peak_outstanding,
-        "wall_seconds": o.wall.as_secs_f64(),
     })
 }
 
