@@ -39,9 +39,13 @@ impl Size {
         (self as u32) * 8
     }
     /// Mask of the low `bits()` bits.
+    // A table indexed by the byte count rather than a shift by
+    // `64 - bits()`: one load, and masks are on every fast-path register
+    // access.
     #[inline]
     pub const fn mask(self) -> u64 {
-        u64::MAX >> (64 - self.bits())
+        const MASKS: [u64; 9] = [0, 0xff, 0xffff, 0, 0xffff_ffff, 0, 0, 0, u64::MAX];
+        MASKS[self as usize]
     }
     /// The sign bit.
     #[inline]
@@ -642,6 +646,13 @@ mod tests {
     use super::*;
 
     const BASE: u64 = rflags::FIXED1;
+
+    #[test]
+    fn size_masks_cover_exactly_the_bit_width() {
+        for size in [Size::B1, Size::B2, Size::B4, Size::B8] {
+            assert_eq!(size.mask(), u64::MAX >> (64 - size.bits()), "{size:?}");
+        }
+    }
 
     #[test]
     fn rotate_through_carry_reduces_8_and_16_bit_counts() {

@@ -802,6 +802,54 @@ impl Cpu {
         )
     }
 
+    /// `dst op= b` for a register destination and a masked `b`. Nothing
+    /// can fault here, so the pending flags are recorded at once rather
+    /// than returned (the common ops then stay in registers).
+    #[inline(always)]
+    fn alu_reg(&mut self, op: BinOp, dst: u8, size: Size, b: u64) {
+        let a = self.r(dst, size);
+        let mask = size.mask();
+        let (kind, r) = match op {
+            BinOp::Add => (LazyKind::Add, a.wrapping_add(b) & mask),
+            BinOp::Sub | BinOp::Cmp => (LazyKind::Sub, a.wrapping_sub(b) & mask),
+            BinOp::And => (LazyKind::Logic, a & b),
+            BinOp::Or => (LazyKind::Logic, a | b),
+            BinOp::Xor => (LazyKind::Logic, a ^ b),
+            BinOp::Adc | BinOp::Sbb => return self.alu_reg_with_carry(op, dst, size, a, b),
+        };
+        self.lazy = LazyFlags {
+            kind,
+            size,
+            a,
+            b,
+            r,
+        };
+        if op != BinOp::Cmp {
+            self.w(dst, size, r);
+        }
+    }
+
+    /// TEST of two masked values: only the flags, left pending.
+    #[inline(always)]
+    fn test_flags(&mut self, size: Size, a: u64, b: u64) {
+        self.lazy = LazyFlags {
+            kind: LazyKind::Logic,
+            size,
+            a,
+            b,
+            r: a & b,
+        };
+    }
+
+    /// ADC and SBB of [`Self::alu_reg`], which read CF and so compute
+    /// RFLAGS exactly.
+    #[inline(never)]
+    fn alu_reg_with_carry(&mut self, op: BinOp, dst: u8, size: Size, a: u64, b: u64) {
+        let (r, f) = self.alu_op(op, size, a, b);
+        self.w(dst, size, r);
+        self.apply_flags(f);
+    }
+
     #[inline(always)]
     fn apply_flags(&mut self, f: NewFlags) {
         match f {
@@ -898,32 +946,17 @@ impl Cpu {
                 Ok(Flow::Next)
             }
             Fast::AluRR { op, dst, src, size } => {
-                let a = self.r(dst, size);
                 let b = self.r(src, size);
-                let (r, f) = self.alu_op(op, size, a, b);
-                if op != BinOp::Cmp {
-                    self.w(dst, size, r);
-                }
-                self.apply_flags(f);
+                self.alu_reg(op, dst, size, b);
                 Ok(Flow::Next)
             }
             Fast::AluRI { op, dst, size, imm } => {
-                let a = self.r(dst, size);
-                let (r, f) = self.alu_op(op, size, a, imm);
-                if op != BinOp::Cmp {
-                    self.w(dst, size, r);
-                }
-                self.apply_flags(f);
+                self.alu_reg(op, dst, size, imm);
                 Ok(Flow::Next)
             }
             Fast::AluRM { op, dst, size, m } => {
                 let b = self.read_mem(mem, self.fast_ea(&m), size)?;
-                let a = self.r(dst, size);
-                let (r, f) = self.alu_op(op, size, a, b);
-                if op != BinOp::Cmp {
-                    self.w(dst, size, r);
-                }
-                self.apply_flags(f);
+                self.alu_reg(op, dst, size, b);
                 Ok(Flow::Next)
             }
             Fast::AluMR { op, src, size, m } => {
@@ -936,8 +969,7 @@ impl Cpu {
                 Ok(Flow::Stored)
             }
             Fast::TestRR { a, b, size } => {
-                let (_, f) = self.alu_op(BinOp::And, size, self.r(a, size), self.r(b, size));
-                self.apply_flags(f);
+                self.test_flags(size, self.r(a, size), self.r(b, size));
                 Ok(Flow::Next)
             }
             Fast::Shift {
@@ -998,8 +1030,7 @@ impl Cpu {
                 Ok(Flow::Next)
             }
             Fast::TestRI { a, size, imm } => {
-                let (_, f) = self.alu_op(BinOp::And, size, self.r(a, size), imm);
-                self.apply_flags(f);
+                self.test_flags(size, self.r(a, size), imm);
                 Ok(Flow::Next)
             }
             Fast::IncDec { dst, size, dec } => {
@@ -1223,6 +1254,27 @@ mod tests {
                 cpu.flush_flags();
                 assert_eq!(cpu.state.rflags, want.1, "{op:?} {size:?} {a:#x} {b:#x}");
                 assert_eq!(cpu.lazy.kind, LazyKind::None);
+
+                // The register-destination form, with partial-register
+                // rules: bits above a 1- or 2-byte result are kept.
+                let upper = xorshift(&mut s) & !size.mask();
+                cpu.state.gpr[3] = upper | a;
+                cpu.state.rflags = fl;
+                cpu.alu_reg(op, 3, size, b);
+                cpu.flush_flags();
+                let reg = match (op, size) {
+                    (BinOp::Cmp, _) => upper | a,
+                    (_, Size::B4 | Size::B8) => want.0,
+                    _ => upper | want.0,
+                };
+                assert_eq!(
+                    cpu.state.gpr[3], reg,
+                    "alu_reg {op:?} {size:?} {a:#x} {b:#x}"
+                );
+                assert_eq!(
+                    cpu.state.rflags, want.1,
+                    "alu_reg {op:?} {size:?} {a:#x} {b:#x}"
+                );
             }
         }
         assert!(answered > 100_000, "conditions come from pending flags");
