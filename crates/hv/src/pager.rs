@@ -198,17 +198,6 @@ impl Pager {
         Ok(())
     }
 
-    /// The swap file, if open.
-    pub fn swap_file(&self) -> Option<&SwapFile> {
-        self.swap.as_ref()
-    }
-
-    /// The swap file, opened if needed (tests use it to inject faults).
-    pub fn swap_file_mut(&mut self) -> Result<&mut SwapFile, SwapError> {
-        self.open_swap()?;
-        Ok(self.swap.as_mut().expect("just opened"))
-    }
-
     /// Pool size in pages.
     pub fn limit(&self) -> u64 {
         self.limit
@@ -254,6 +243,25 @@ impl Pager {
         work.cycles += host.costs.frame_alloc;
         self.resident += 1;
         self.stats.peak_resident = self.stats.peak_resident.max(self.resident);
+        Ok((frame, work))
+    }
+
+    /// The first touch of untouched `page` (at `gfn`): a zeroed frame,
+    /// recorded as its backing and put on the clock.
+    pub fn first_touch(
+        &mut self,
+        host: &mut Host<'_>,
+        page: PageRef,
+        gfn: Gfn,
+        now: u64,
+    ) -> Result<(Hfn, Work), PagerError> {
+        let (frame, mut work) = self.alloc_frame(host, now)?;
+        host.mem.zero(frame_hpa(frame), machine::addr::PAGE_SIZE)?;
+        work.cycles += host.costs.zero_4k;
+        if let Some(slot) = host.slots.get_mut(page.slot) {
+            slot.set_backing(gfn, frame);
+        }
+        self.note_resident(page, frame, now);
         Ok((frame, work))
     }
 

@@ -603,14 +603,8 @@ impl Vm {
         let (frame, work) = match state {
             PageState::Resident(frame) => return Ok(frame),
             PageState::Untouched => {
-                let (frame, work) = self.pager.alloc_frame(&mut host!(self), now)?;
-                self.mem.zero(frame_hpa(frame), 4096)?;
-                self.slots
-                    .lookup_mut(gfn)
-                    .ok_or(GuestMemoryError::Unmapped(gfn.addr()))?
-                    .set_backing(gfn, frame);
-                self.pager.note_resident(page, frame, now);
-                (frame, work)
+                let mut host = host!(self);
+                self.pager.first_touch(&mut host, page, gfn, now)?
             }
             PageState::Swapped(slot) => match self.pager.in_flight(slot) {
                 // On its way in: the hv does not wait in virtual time.
@@ -1239,17 +1233,9 @@ impl Vm {
                 let mut host = host!(self);
                 let (frame, work) = self
                     .pager
-                    .alloc_frame(&mut host, now)
+                    .first_touch(&mut host, page, gfn, now)
                     .map_err(pager_error)?;
-                self.mem
-                    .zero(frame_hpa(frame), machine::addr::PAGE_SIZE)
-                    .map_err(|e| fault_error(FaultError::Memory(e)))?;
-                self.slots
-                    .get_mut(page.slot)
-                    .expect("looked up above")
-                    .set_backing(gfn, frame);
-                self.pager.note_resident(page, frame, now);
-                *cycles += work.cycles + self.costs.zero_4k;
+                *cycles += work.cycles;
                 if work.flush {
                     self.flush_ept();
                     *cycles += self.costs.invept;

@@ -11,7 +11,7 @@ use hv::apf::ApfMode;
 use hv::stats::VmStats;
 use hv::{RunStatus, StopReason, Vm, VmConfig};
 use serde_json::json;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -589,7 +589,6 @@ impl ApfCalcBench {
             "(times: the writer's elapsed virtual time; with calc, APF on: {} not-present, {} ready, {} swap-ins)",
             apf.not_present, apf.ready, outcomes[1].stats.pager.swap_ins
         );
-        let _ = std::io::stdout().flush();
         Ok(s)
     }
 }
