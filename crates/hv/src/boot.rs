@@ -38,7 +38,7 @@ pub const BOOT_STACK_TOP: u64 = 0x80000;
 pub const LOW_RESERVED_END: u64 = 0x10_0000;
 /// Most guest RAM the boot page tables cover: the page directories must
 /// fit below the boot stack.
-pub const MAX_GUEST_MEM: u64 = ((BOOT_STACK_TOP - 0x10000 - PD_GPA) / 4096) << 30;
+pub const MAX_GUEST_MEM: u64 = ((BOOT_STACK_TOP - 0x10000 - PD_GPA) / PAGE_SIZE) << 30;
 
 /// GDT entries: null, code (L=1, P, DPL 0, execute/read), data.
 pub const GDT: [u64; 3] = [0, 0x00af_9b00_0000_ffff, 0x00cf_9300_0000_ffff];

@@ -528,7 +528,7 @@ mod tests {
 
     /// 64 guest pages on a pool of `limit` pages.
     fn fixture(limit: u64) -> Fixture {
-        let mem = PhysMemory::new(512 * 4096).unwrap();
+        let mem = PhysMemory::new(512 * PAGE_SIZE).unwrap();
         let mut frames = FrameAllocator::new(Hfn(1), Hfn(512));
         let mmu = Mmu::new(&mem, &mut frames).unwrap();
         let mut slots = Memslots::default();

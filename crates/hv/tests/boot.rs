@@ -242,3 +242,26 @@ fn memslot_delete_zaps_and_refaults() {
         .read_guest(machine::Gpa(0x200000), &mut [0u8; 1])
         .is_err());
 }
+
+#[test]
+fn any_quantum_makes_progress() {
+    // A quantum below the VM entry + exit cost used to hang: every entry
+    // paid the transition, ran nothing, and pushed the clock past the
+    // round's end. 0 is taken as 1.
+    for quantum in [0, 1, 10, 100, 300, 650, 1000, 1201, 100_000] {
+        let config = VmConfig {
+            quantum,
+            ..config(2, "")
+        };
+        let mut vm = Vm::boot(&config, SMP).expect("boot");
+        // The run takes about 3.5 M cycles of virtual time; allow ample.
+        let status = vm.run_until(100_000_000);
+        let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
+        assert_eq!(
+            status,
+            RunStatus::Stopped(StopReason::DebugExit { status: 1 }),
+            "quantum {quantum}: {out}"
+        );
+        assert!(out.contains("all 2 cpus up\n"), "quantum {quantum}: {out}");
+    }
+}

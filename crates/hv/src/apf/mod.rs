@@ -132,6 +132,9 @@ impl ApfProtocol {
     }
 }
 
+/// Low bits of a token holding the vCPU id (KVM's token layout).
+const TOKEN_VCPU_BITS: u32 = 12;
+
 /// Slots of the gfn hash (KVM's ASYNC_PF_PER_VCPU).
 const HASH_SLOTS: usize = abi::APF_MAX_OUTSTANDING as usize;
 const EMPTY: u64 = u64::MAX;
@@ -359,7 +362,8 @@ impl ApfVcpu {
     /// A fresh token for vCPU `vcpu_id`: `(id++ << 12) | vcpu_id`, never 0.
     pub fn new_token(&mut self, vcpu_id: u32) -> u32 {
         loop {
-            let token = (self.state.next_id << 12) | (vcpu_id & 0xfff);
+            let token =
+                (self.state.next_id << TOKEN_VCPU_BITS) | (vcpu_id & ((1 << TOKEN_VCPU_BITS) - 1));
             self.state.next_id = self.state.next_id.wrapping_add(1);
             if token != 0 && token != abi::APF_WAKE_ALL {
                 return token;

@@ -142,7 +142,7 @@ mod tests {
 
     #[test]
     fn leaf_walk_allocates_three_tables_once_with_headers_and_finds_them_again() {
-        let mem = PhysMemory::new(64 * 4096).unwrap();
+        let mem = PhysMemory::new(64 * machine::addr::PAGE_SIZE).unwrap();
         let mut frames = FrameAllocator::new(Hfn(1), Hfn(64));
         let mut headers = PageHeaders::default();
         let mut roots = Roots::default();

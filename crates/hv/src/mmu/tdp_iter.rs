@@ -132,10 +132,11 @@ mod tests {
     use crate::mmu::page::{PageHeaders, PageRole};
     use crate::mmu::root::Roots;
     use crate::mmu::tdp::{leaf_for, write_spte, WalkWork};
+    use machine::Gpa;
 
     #[test]
     fn visits_exactly_the_present_entries_of_the_range_parents_first() {
-        let mem = PhysMemory::new(256 * 4096).unwrap();
+        let mem = PhysMemory::new(256 * machine::addr::PAGE_SIZE).unwrap();
         let mut frames = FrameAllocator::new(Hfn(1), Hfn(256));
         let mut headers = PageHeaders::default();
         let mut roots = Roots::default();
@@ -157,7 +158,7 @@ mod tests {
                 .map(|e| e.gfn.0)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(leaves(0..u64::MAX >> 12), gfns);
+        assert_eq!(leaves(0..Gpa(u64::MAX).frame().0), gfns);
         assert_eq!(leaves(6..513), [6, 511, 512]);
         assert_eq!(leaves(513..700), Vec::<u64>::new());
         assert_eq!(leaves(701..(1 << 20) + 1), [1 << 20]);

@@ -201,7 +201,13 @@ impl Vm {
                     }
                 }
                 RunState::Runnable => {
-                    if vcpu.clock() >= round_end {
+                    // An entry that could not retire one instruction before
+                    // the round's end would still pay the VM entry and exit
+                    // and push the clock past it; with a quantum below that
+                    // cost no instruction would ever run. Leave the rest of
+                    // the round to the next one instead.
+                    let entry = Cycles(vcpu.cpu.costs().vm_entry);
+                    if vcpu.clock() + entry >= round_end {
                         return;
                     }
                     // Stop at the next page arrival to announce it on time.
