@@ -1114,7 +1114,11 @@ impl Vm {
         let vcpu_id = index;
         match exit {
             VmExit::CycleLimit => Ok(Next::Continue),
-            VmExit::TripleFault => Err(VmError::TripleFault { vcpu: vcpu_id, rip }),
+            VmExit::TripleFault => Err(VmError::TripleFault {
+                vcpu: vcpu_id,
+                rip,
+                cause: self.vcpus[index].cpu.triple_fault_cause(),
+            }),
             VmExit::EptViolation {
                 gpa, qualification, ..
             } => self.ept_violation(index, gpa, qualification, vectoring, cycles),
