@@ -126,7 +126,7 @@ fn paging_outside_guest_memory_stops_with_an_hv_error() {
         assert!(!out.contains("still running"), "{variant}: {out}");
         let (e, msg) = error(status, &out);
         assert!(
-            matches!(e, VmError::OutsideMemory { vcpu: 0, gpa, .. } if gpa >> 21 == outside >> 21),
+            matches!(e, VmError::OutsideMemory { vcpu: 0, gpa, .. } if gpa.0 >> 21 == outside >> 21),
             "{variant}: {msg}"
         );
         assert!(msg.contains("outside its memory"), "{variant}: {msg}");
