@@ -23,4 +23,7 @@ pub mod swap;
 pub mod vm;
 
 pub use error::{CreateError, GuestMemoryError, VmError};
+/// Virtual cycles in a virtual second (the machine's clock rate), for
+/// VMMs converting durations.
+pub use machine::cost::CYCLES_PER_SECOND;
 pub use vm::{Report, RunStatus, StopReason, Vm, VmConfig};
