@@ -297,3 +297,48 @@ fn bench_interrupted_reports_its_runs_and_exits_130() {
     assert!(!plot.exists());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+#[test]
+fn progress_shows_on_a_terminal_only() {
+    let args = [
+        "run",
+        "--vcpus",
+        "2",
+        "--mem",
+        "64M",
+        "--time-limit",
+        "20ms",
+        "--",
+        "bm",
+        "-f",
+        "2",
+        "-w",
+        "2",
+        "-m",
+        "8M",
+        "-t",
+        "1",
+    ];
+    let out = faultline(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("virtual"), "not a terminal: {stderr}");
+    // On a terminal (a pseudo-terminal from script(1), when installed).
+    let Ok(probe) = Command::new("script").arg("--version").output() else {
+        return;
+    };
+    if !probe.status.success() {
+        return;
+    }
+    let command = std::iter::once(env!("CARGO_BIN_EXE_faultline"))
+        .chain(args)
+        .collect::<Vec<_>>();
+    let out = Command::new("script")
+        .args(["-qec", &shell_words::join(command), "/dev/null"])
+        .output()
+        .expect("script");
+    let seen = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        seen.contains("virtual 0.0") && seen.contains("MIPS"),
+        "{seen}"
+    );
+}
