@@ -12,7 +12,14 @@
 //! | 0x5000.. | one page directory per GiB of RAM (2 MiB pages) |
 //! | 0x70000..0x80000 | boot stack of the bootstrap vCPU |
 
+use crate::error::CreateError;
+use crate::memslot::PageState;
+use crate::pager::PageRef;
+use crate::vcpu::VcpuId;
+use crate::vm::{Vm, VmConfig};
+use machine::addr::PAGE_SIZE;
 use machine::elf::{self, ElfError, ElfImage};
+use machine::Gpa;
 use thiserror::Error;
 
 /// GDT of the boot state.
@@ -31,12 +38,8 @@ pub const BOOT_STACK_TOP: u64 = 0x80000;
 pub const LOW_RESERVED_END: u64 = 0x10_0000;
 /// Most guest RAM the boot page tables cover: the page directories must
 /// fit below the boot stack.
-pub const MAX_GUEST_MEM: u64 = ((BOOT_STACK_TOP - 0x10000 - PD_GPA) / 4096) << 30;
+pub const MAX_GUEST_MEM: u64 = ((BOOT_STACK_TOP - 0x10000 - PD_GPA) / PAGE_SIZE) << 30;
 
-/// Selector of the boot code segment.
-pub const KERNEL_CS: u16 = 0x08;
-/// Selector of the boot data segment.
-pub const KERNEL_DS: u16 = 0x10;
 /// GDT entries: null, code (L=1, P, DPL 0, execute/read), data.
 pub const GDT: [u64; 3] = [0, 0x00af_9b00_0000_ffff, 0x00cf_9300_0000_ffff];
 
@@ -78,7 +81,7 @@ pub struct KernelImage {
     pub end: u64,
 }
 
-const PAGE: u64 = 4096;
+const PAGE: u64 = PAGE_SIZE;
 
 /// Parses `bytes` with [`machine::elf::parse`] and checks what the boot
 /// layout needs beyond a valid executable: every non-empty segment inside
@@ -120,6 +123,91 @@ pub fn parse_kernel(
         .div_ceil(PAGE)
         * PAGE;
     Ok((image, KernelImage { entry, start, end }))
+}
+
+/// Builds a VM booted per `abi`: the kernel loaded, boot page tables, GDT,
+/// BootInfo and stack built, the bootstrap vCPU ready at the entry point.
+pub(crate) fn boot(config: &VmConfig, kernel: &[u8]) -> Result<Vm, CreateError> {
+    if config.cmdline.len() >= abi::CMDLINE_LEN {
+        return Err(CreateError::CmdlineTooLong(config.cmdline.len()));
+    }
+    let (elf, image) = parse_kernel(kernel, config.mem_size)?;
+    let mut vm = Vm::new(config)?;
+    load_kernel(&mut vm, &elf)?;
+    let gdt: Vec<u8> = GDT.iter().flat_map(|d| d.to_le_bytes()).collect();
+    vm.write_guest(Gpa(GDT_GPA), &gdt)?;
+    for (gpa, entry) in identity_map_entries(config.mem_size) {
+        vm.write_guest(Gpa(gpa), &entry.to_le_bytes())?;
+    }
+    let mut info = abi::BootInfo {
+        num_cpus: config.vcpus,
+        mem_size: config.mem_size,
+        tsc_hz: machine::cost::CYCLES_PER_SECOND,
+        kernel_start: image.start,
+        kernel_end: image.end,
+        ..abi::BootInfo::default()
+    };
+    let map = memory_map(config.mem_size, image.start, image.end);
+    info.num_regions = map.len() as u32;
+    info.regions[..map.len()].copy_from_slice(&map);
+    for (i, id) in info
+        .apic_ids
+        .iter_mut()
+        .take(config.vcpus as usize)
+        .enumerate()
+    {
+        *id = i as u32;
+    }
+    info.cmdline[..config.cmdline.len()].copy_from_slice(config.cmdline.as_bytes());
+    vm.write_guest(Gpa(BOOT_INFO_GPA), info.as_bytes())?;
+    let entry = image.entry;
+    vm.kernel = Some(image);
+    vm.start_vcpu(VcpuId(0), entry, BOOT_STACK_TOP, BOOT_INFO_GPA);
+    Ok(vm)
+}
+
+/// Copies the kernel's segments into guest RAM (zero-filling .bss).
+fn load_kernel(vm: &mut Vm, elf: &ElfImage<'_>) -> Result<(), CreateError> {
+    let shared = &mut vm.shared;
+    // `load_into` only translates, it cannot allocate: back every page the
+    // segments cover first (demand paging would otherwise leave them
+    // unbacked).
+    for seg in &elf.segments {
+        let mut page = seg.paddr & !(PAGE - 1);
+        while page < seg.paddr_end() {
+            shared.backing_frame(Gpa(page).frame())?;
+            page += PAGE;
+        }
+    }
+    let slots = &shared.host.slots;
+    elf::load_into(elf, &shared.host.mem, |paddr| {
+        let gfn = Gpa(paddr).frame();
+        slots.lookup(gfn)?.backing(gfn).map(|f| f.addr())
+    })
+    .map_err(KernelError::from)?;
+    // Pages wholly in a segment's zero-filled tail (.bss) need no frame:
+    // an untouched page reads as zero. Keeping them would make them the
+    // pager's first victims, written to swap and read back later.
+    for seg in &elf.segments {
+        let mut page = (seg.paddr + seg.data.len() as u64).next_multiple_of(PAGE);
+        while page + PAGE <= seg.paddr_end() {
+            let gfn = Gpa(page).frame();
+            if let Some(slot) = shared.host.slots.lookup_mut(gfn) {
+                if let PageState::Resident(frame) = slot.state(gfn) {
+                    let page = PageRef {
+                        slot: slot.id,
+                        index: slot.index_of(gfn),
+                    };
+                    slot.set_untouched(page.index);
+                    shared.host.frames.free(frame);
+                    shared.pager.forget_resident(page);
+                }
+            }
+            page += PAGE;
+        }
+    }
+    vm.carry_out_cross_requests();
+    Ok(())
 }
 
 /// The memory map: the low region and the kernel reserved, the rest usable.

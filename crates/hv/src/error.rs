@@ -4,7 +4,7 @@ use crate::boot::KernelError;
 use crate::frames::OutOfFrames;
 use crate::memslot::MemslotError;
 use crate::mmu::fault::FaultError;
-use crate::mmu::tdp::TdpError;
+use crate::mmu::root::RootError;
 use crate::pager::PagerError;
 use crate::swap::SwapError;
 use machine::memory::MemCreateError;
@@ -25,7 +25,7 @@ pub enum CreateError {
     #[error("kernel image: {0}")]
     Kernel(#[from] KernelError),
     #[error("building the EPT root: {0}")]
-    Tdp(#[from] TdpError),
+    Root(#[from] RootError),
     #[error("writing guest memory during boot: {0}")]
     GuestMemory(#[from] GuestMemoryError),
     #[error("memslot: {0}")]
@@ -64,16 +64,16 @@ pub enum VmError {
     )]
     TripleFault { vcpu: usize, rip: u64 },
     #[error("vCPU {vcpu}: guest access outside its memory at gpa {gpa:#x}, rip {rip:#x}")]
-    OutsideMemory { vcpu: usize, gpa: u64, rip: u64 },
+    OutsideMemory { vcpu: usize, gpa: Gpa, rip: u64 },
     #[error("vCPU {vcpu}: EPT violation at gpa {gpa:#x}, rip {rip:#x}: {source}")]
     EptFault {
         vcpu: usize,
-        gpa: u64,
+        gpa: Gpa,
         rip: u64,
         source: FaultError,
     },
     #[error("vCPU {vcpu}: EPT misconfiguration at gpa {gpa:#x}, rip {rip:#x} (an hv bug)")]
-    EptMisconfig { vcpu: usize, gpa: u64, rip: u64 },
+    EptMisconfig { vcpu: usize, gpa: Gpa, rip: u64 },
     #[error("vCPU {vcpu}: machine error {error:?} at rip {rip:#x}")]
     Machine {
         vcpu: usize,
@@ -88,12 +88,14 @@ pub enum VmError {
         rip: u64,
         source: GuestMemoryError,
     },
+    #[error("vCPU {vcpu}: loading its EPT root: {source}")]
+    Root { vcpu: usize, source: RootError },
     #[error("every vCPU is halted with nothing to wake it (virtual time {cycles} cycles)")]
     AllHalted { cycles: u64 },
     #[error("vCPU {vcpu}: paging in gpa {gpa:#x} at rip {rip:#x}: {source}")]
     Pager {
         vcpu: usize,
-        gpa: u64,
+        gpa: Gpa,
         rip: u64,
         source: PagerError,
     },

@@ -5,7 +5,7 @@
 //! a LIFO free list, so allocation order (and with it every host-physical
 //! address the guest's data lands on) is deterministic.
 
-use machine::{Hfn, Hpa};
+use machine::Hfn;
 use thiserror::Error;
 
 /// The allocator has no frame left (the host memory limit was reached).
@@ -74,16 +74,6 @@ impl FrameAllocator {
     pub fn peak(&self) -> u64 {
         self.peak
     }
-
-    /// Size of the pool in frames.
-    pub fn capacity(&self) -> u64 {
-        self.end - self.first
-    }
-}
-
-/// Host-physical address of the first byte of a frame.
-pub fn frame_hpa(frame: Hfn) -> Hpa {
-    Hpa(frame.0 << machine::addr::PAGE_SHIFT)
 }
 
 #[cfg(test)]

@@ -1,29 +1,48 @@
 //! faultline's hypervisor: VMs and vCPUs over the machine's VMX interface.
 //!
-//! - [`vm`]: the VM, exit handling and the deterministic vCPU scheduler;
-//! - [`memslot`]: guest-physical ranges and their backing, with a generation;
-//! - [`frames`]: the host frame allocator;
-//! - [`mmu`]: the EPT MMU (spte layout, TDP tables, rmap, fault handler);
-//! - [`boot`]: kernel ELF loading and the `abi` boot state;
-//! - [`cpuid`]: the guest's CPUID with KVM's PV leaves;
-//! - [`cost`]: virtual-cycle charges of hv work;
-//! - [`stats`], [`error`].
+//! The public face is small: [`Vm`] and its configuration, what a run
+//! returns, statistics, the async-PF and swap-device settings, and the
+//! errors. Everything else is crate-private; `docs/design.md` and
+//! `docs/mmu.md` describe the inside:
+//! - `vm/`: the VM (shared state, the scheduler) and its public API;
+//! - `vcpu/`: a vCPU, its requests and its exit handlers by concern;
+//! - `mmu/`: the EPT MMU (roots, page headers, the fault path, the notifier
+//!   API the pager uses, the TDP iterator, the invariant checker);
+//! - `apf/`: asynchronous page faults (state, policy, both protocols,
+//!   save/restore);
+//! - `pager.rs`, `swap/`: host memory overcommit;
+//! - `memslot.rs`, `frames.rs`, `host.rs`, `boot.rs`, `cpuid.rs`,
+//!   `cost.rs`, `time.rs`.
 
 pub mod apf;
-pub mod boot;
+pub(crate) mod boot;
 pub mod cost;
-pub mod cpuid;
+pub(crate) mod cpuid;
 pub mod error;
-pub mod frames;
+pub(crate) mod frames;
+pub(crate) mod host;
 pub mod memslot;
-pub mod mmu;
+pub(crate) mod mmu;
 pub mod pager;
 pub mod stats;
 pub mod swap;
+pub(crate) mod time;
+pub(crate) mod vcpu;
 pub mod vm;
 
-pub use error::{CreateError, GuestMemoryError, VmError};
-/// Virtual cycles in a virtual second (the machine's clock rate), for
-/// VMMs converting durations.
-pub use machine::cost::CYCLES_PER_SECOND;
-pub use vm::{Report, RunStatus, StopReason, Vm, VmConfig};
+pub use apf::{ApfMode, ApfProtocol, ApfState, ApfStats, EventConfig};
+pub use boot::{parse_kernel, KernelError, KernelImage, MAX_GUEST_MEM};
+pub use cost::HvCosts;
+pub use error::{ApfStateError, CreateError, GuestMemoryError, VmError};
+pub use memslot::{MemslotError, SlotFlags, SlotId};
+pub use mmu::check::InvariantError;
+pub use mmu::spte;
+pub use pager::PagerStats;
+pub use stats::{ExitStat, VcpuStats, VmStats};
+pub use swap::{DeviceModel, DevicePreset, DeviceStats, LatencyRange};
+pub use time::Cycles;
+pub use vcpu::{Vcpu, VcpuId};
+pub use vm::{Report, RunStatus, StopReason, Vm, VmConfig, MIN_HOST_MEM, RAM_SLOT};
+
+/// Virtual cycles per second of virtual time (the machine's 3 GHz clock).
+pub const CYCLES_PER_SECOND: u64 = machine::cost::CYCLES_PER_SECOND;

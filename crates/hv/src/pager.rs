@@ -37,12 +37,14 @@
 //! page looking idle until the next INVEPT, which every eviction batch
 //! issues anyway (KVM's `clear_young` makes the same trade).
 
-use crate::cost::HvCosts;
-use crate::frames::{frame_hpa, FrameAllocator, OutOfFrames};
+use crate::frames::OutOfFrames;
+use crate::host::Host;
 use crate::memslot::{Memslots, PageState, SlotId};
-use crate::mmu::{spte, Mmu};
+use crate::mmu::lock::Timed;
 use crate::swap::{Device, DeviceModel, DeviceStats, SwapError, SwapFile, SwapSlot};
-use machine::{Gfn, Hfn, MemError, PhysMemory};
+use crate::time::Cycles;
+use machine::addr::PAGE_SIZE;
+use machine::{Gfn, Hfn, MemError};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use thiserror::Error;
@@ -53,22 +55,22 @@ pub const EVICT_BATCH: usize = 16;
 /// A page idle for at least this long (virtual cycles: 10 ms) is outside
 /// the working set. Longer than the guest's 4 ms timer tick, so what runs
 /// on every tick stays resident.
-pub const WORKING_SET_AGE: u64 = machine::cost::CYCLES_PER_SECOND / 100;
+pub const WORKING_SET_AGE: Cycles = Cycles(machine::cost::CYCLES_PER_SECOND / 100);
 
 /// A guest page, by memslot and index (stable across memslot moves).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct PageRef {
+pub(crate) struct PageRef {
     pub slot: SlotId,
     pub index: u64,
 }
 
 /// A page being read from swap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InFlight {
+pub(crate) struct InFlight {
     pub page: PageRef,
     pub frame: Hfn,
     /// Virtual time the read completes.
-    pub ready_at: u64,
+    pub ready_at: Cycles,
 }
 
 /// A pager operation failed; the VM stops.
@@ -122,7 +124,7 @@ struct ClockEntry {
     /// another frame is stale).
     frame: Hfn,
     /// Virtual time it was last seen accessed (or became resident).
-    last_used: u64,
+    last_used: Cycles,
     /// Arrival order (breaks ties: among pages last seen used at the same
     /// time, the newest goes first, as after a stream of first touches).
     arrival: u64,
@@ -130,7 +132,7 @@ struct ClockEntry {
 
 /// The host side of guest memory: pool limit, page lists, swap.
 #[derive(Debug)]
-pub struct Pager {
+pub(crate) struct Pager {
     limit: u64,
     /// Resident plus in-flight pages.
     resident: u64,
@@ -140,24 +142,15 @@ pub struct Pager {
     swap_path: Option<PathBuf>,
     swap: Option<SwapFile>,
     device: Device,
-    buf: Box<[u8; 4096]>,
+    buf: Box<[u8; PAGE_SIZE as usize]>,
     stats: PagerStats,
-}
-
-/// The host state the pager works on (disjoint borrows of the VM).
-pub struct Host<'a> {
-    pub mem: &'a PhysMemory,
-    pub frames: &'a mut FrameAllocator,
-    pub slots: &'a mut Memslots,
-    pub mmu: &'a Mmu,
-    pub costs: &'a HvCosts,
 }
 
 /// What obtaining a frame did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Work {
+pub(crate) struct Work {
     /// Virtual cycles of hv work.
-    pub cycles: u64,
+    pub cycles: Cycles,
     /// sptes were zapped: INVEPT every vCPU before running guest code.
     pub flush: bool,
 }
@@ -182,7 +175,7 @@ impl Pager {
             swap_path,
             swap: None,
             device: Device::new(model, seed),
-            buf: Box::new([0; 4096]),
+            buf: Box::new([0; PAGE_SIZE as usize]),
             stats: PagerStats::default(),
         }
     }
@@ -230,17 +223,13 @@ impl Pager {
 
     /// A frame for a new resident page, evicting a batch first if the pool
     /// is full. The frame's contents are stale: the caller fills it.
-    pub fn alloc_frame(
-        &mut self,
-        host: &mut Host<'_>,
-        now: u64,
-    ) -> Result<(Hfn, Work), PagerError> {
+    pub fn alloc_frame(&mut self, host: &mut Host, now: Cycles) -> Result<(Hfn, Work), PagerError> {
         let mut work = Work::default();
         if self.resident >= self.limit {
             work.add(self.evict_batch(host, now)?);
         }
         let frame = host.frames.alloc()?;
-        work.cycles += host.costs.frame_alloc;
+        work.cycles += Cycles(host.costs.frame_alloc);
         self.resident += 1;
         self.stats.peak_resident = self.stats.peak_resident.max(self.resident);
         Ok((frame, work))
@@ -250,14 +239,14 @@ impl Pager {
     /// recorded as its backing and put on the clock.
     pub fn first_touch(
         &mut self,
-        host: &mut Host<'_>,
+        host: &mut Host,
         page: PageRef,
         gfn: Gfn,
-        now: u64,
+        now: Cycles,
     ) -> Result<(Hfn, Work), PagerError> {
         let (frame, mut work) = self.alloc_frame(host, now)?;
-        host.mem.zero(frame_hpa(frame), machine::addr::PAGE_SIZE)?;
-        work.cycles += host.costs.zero_4k;
+        host.mem.zero(frame.addr(), PAGE_SIZE)?;
+        work.cycles += Cycles(host.costs.zero_4k);
         if let Some(slot) = host.slots.get_mut(page.slot) {
             slot.set_backing(gfn, frame);
         }
@@ -267,7 +256,7 @@ impl Pager {
 
     /// Records that `page` became resident in `frame` at virtual time
     /// `now`.
-    pub fn note_resident(&mut self, page: PageRef, frame: Hfn, now: u64) {
+    pub fn note_resident(&mut self, page: PageRef, frame: Hfn, now: Cycles) {
         self.arrivals += 1;
         self.clock.push_back(ClockEntry {
             page,
@@ -303,7 +292,7 @@ impl Pager {
         self.resident = self.resident.saturating_sub(1);
     }
 
-    fn evict_batch(&mut self, host: &mut Host<'_>, now: u64) -> Result<Work, PagerError> {
+    fn evict_batch(&mut self, host: &mut Host, now: Cycles) -> Result<Work, PagerError> {
         let mut work = Work::default();
         let mut evicted = 0;
         let mut looked = 0;
@@ -318,7 +307,7 @@ impl Pager {
                 let Some(entry) = oldest.and_then(|i| self.clock.remove(i)) else {
                     break;
                 };
-                if let Some(frame) = Self::resident_frame(host.slots, &entry) {
+                if let Some(frame) = Self::resident_frame(&host.slots, &entry) {
                     work.add(self.evict(host, entry.page, frame, now)?);
                     self.stats.oldest_evictions += 1;
                     evicted += 1;
@@ -328,12 +317,15 @@ impl Pager {
             let Some(mut entry) = self.clock.pop_front() else {
                 break;
             };
-            let Some(frame) = Self::resident_frame(host.slots, &entry) else {
+            let Some(frame) = Self::resident_frame(&host.slots, &entry) else {
                 continue; // stale: evicted, freed or its memslot gone
             };
             looked += 1;
-            work.cycles += host.costs.spte_read;
-            if self.test_and_clear_young(host, frame)? {
+            let (young, cycles) =
+                host.mmu
+                    .test_and_clear_young(&host.mem, &host.costs, frame, Timed::Untimed)?;
+            work.cycles += cycles;
+            if young {
                 self.stats.second_chances += 1;
                 entry.last_used = now;
                 work.flush = true;
@@ -355,43 +347,22 @@ impl Pager {
         Ok(work)
     }
 
-    /// Whether any spte mapping `frame` has its accessed bit set; clears
-    /// them.
-    fn test_and_clear_young(&self, host: &Host<'_>, frame: Hfn) -> Result<bool, PagerError> {
-        let inner = host.mmu.lock();
-        let mut young = false;
-        for &at in inner.rmap.get(frame) {
-            let old = host
-                .mem
-                .atomic_u64(at)?
-                .fetch_and(!spte::ACCESSED, std::sync::atomic::Ordering::Relaxed);
-            young |= old & spte::ACCESSED != 0;
-        }
-        Ok(young)
-    }
-
     fn evict(
         &mut self,
-        host: &mut Host<'_>,
+        host: &mut Host,
         page: PageRef,
         frame: Hfn,
-        now: u64,
+        now: Cycles,
     ) -> Result<Work, PagerError> {
         let costs = host.costs;
-        let mut work = Work::default();
-        let mut dirty = false;
-        {
-            let mut inner = host.mmu.lock();
-            for at in inner.rmap.take(frame) {
-                let old = host
-                    .mem
-                    .atomic_u64(at)?
-                    .swap(0, std::sync::atomic::Ordering::Relaxed);
-                dirty |= old & spte::DIRTY != 0;
-                work.cycles += costs.spte_write;
-                work.flush = true;
-            }
-        }
+        let zapped = host
+            .mmu
+            .zap_frame(&host.mem, &costs, frame, Timed::Untimed)?;
+        let dirty = zapped.dirty;
+        let mut work = Work {
+            cycles: zapped.cycles,
+            flush: zapped.sptes > 0,
+        };
         let slot = host
             .slots
             .get_mut(page.slot)
@@ -409,11 +380,11 @@ impl Pager {
                     Some(copy) => copy,
                     None => swap.alloc()?,
                 };
-                host.mem.read_bytes(frame_hpa(frame), &mut self.buf[..])?;
+                host.mem.read_bytes(frame.addr(), &mut self.buf[..])?;
                 swap.write(target, &self.buf)?;
-                self.device.submit_write(now);
+                self.device.submit_write(now.0);
                 self.stats.swap_outs += 1;
-                work.cycles += costs.copy_4k + costs.io_submit;
+                work.cycles += Cycles(costs.copy_4k + costs.io_submit);
                 target
             }
         };
@@ -428,10 +399,10 @@ impl Pager {
     /// already in flight; returns the read and the hv work it took.
     pub fn start_page_in(
         &mut self,
-        host: &mut Host<'_>,
+        host: &mut Host,
         page: PageRef,
         slot: SwapSlot,
-        now: u64,
+        now: Cycles,
     ) -> Result<(InFlight, Work), PagerError> {
         if let Some(read) = self.in_flight.get(&slot) {
             return Ok((*read, Work::default()));
@@ -444,9 +415,9 @@ impl Pager {
             self.resident -= 1;
             return Err(e.into());
         }
-        host.mem.write_bytes(frame_hpa(frame), &self.buf[..])?;
-        let ready_at = self.device.submit_read(now);
-        work.cycles += host.costs.io_submit + host.costs.copy_4k;
+        host.mem.write_bytes(frame.addr(), &self.buf[..])?;
+        let ready_at = Cycles(self.device.submit_read(now.0));
+        work.cycles += Cycles(host.costs.io_submit + host.costs.copy_4k);
         let read = InFlight {
             page,
             frame,
@@ -482,15 +453,15 @@ impl Pager {
     /// which do not wait in virtual time) and returns its frame.
     pub fn swap_in_now(
         &mut self,
-        host: &mut Host<'_>,
+        host: &mut Host,
         page: PageRef,
         slot: SwapSlot,
-        now: u64,
+        now: Cycles,
     ) -> Result<(Hfn, Work), PagerError> {
         let (_, work) = self.start_page_in(host, page, slot, now)?;
         self.stats.sync_swap_ins += 1;
         let (_, frame) = self
-            .finish_page_in(host.slots, slot)
+            .finish_page_in(&mut host.slots, slot)
             .expect("the read was just started");
         Ok((frame, work))
     }
@@ -535,99 +506,102 @@ impl Pager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cost::HvCosts;
+    use crate::frames::FrameAllocator;
     use crate::memslot::SlotFlags;
-    use crate::mmu::fault::install_mapping;
-    use crate::mmu::tdp::{self, TdpRoot};
+    use crate::mmu::root::RootId;
+    use crate::mmu::{spte, Mmu};
     use crate::swap::DevicePreset;
-    use machine::Gfn;
+    use machine::{Gfn, PhysMemory};
 
     struct Fixture {
-        mem: PhysMemory,
-        frames: FrameAllocator,
-        slots: Memslots,
-        mmu: Mmu,
-        costs: HvCosts,
+        host: Host,
         pager: Pager,
     }
 
-    const MS: u64 = machine::cost::CYCLES_PER_SECOND / 1000;
+    const MS: Cycles = Cycles(machine::cost::CYCLES_PER_SECOND / 1000);
+    const ROOT: RootId = RootId(0);
+
+    fn ms(n: u64) -> Cycles {
+        Cycles(MS.0 * n)
+    }
 
     /// 64 guest pages on a pool of `limit` pages.
     fn fixture(limit: u64) -> Fixture {
-        let mem = PhysMemory::new(512 * 4096).unwrap();
+        let mem = PhysMemory::new(512 * PAGE_SIZE).unwrap();
         let mut frames = FrameAllocator::new(Hfn(1), Hfn(512));
-        let mmu = Mmu::new(TdpRoot::new(&mem, &mut frames).unwrap());
+        let mmu = Mmu::new(&mem, &mut frames).unwrap();
         let mut slots = Memslots::default();
         slots.add(0, Gfn(0), 64, SlotFlags::default()).unwrap();
         let model = DevicePreset::Ssd.model();
         Fixture {
-            mem,
-            frames,
-            slots,
-            mmu,
-            costs: HvCosts::DEFAULT,
+            host: Host {
+                mem,
+                frames,
+                slots,
+                mmu,
+                costs: HvCosts::DEFAULT,
+            },
             pager: Pager::new(limit, None, model, 1),
         }
     }
 
     impl Fixture {
-        fn host(&mut self) -> (Host<'_>, &mut Pager) {
-            (
-                Host {
-                    mem: &self.mem,
-                    frames: &mut self.frames,
-                    slots: &mut self.slots,
-                    mmu: &self.mmu,
-                    costs: &self.costs,
-                },
-                &mut self.pager,
-            )
+        /// Maps resident gfn (as the fault path does).
+        fn map(&mut self, gfn: u64, frame: Hfn) {
+            let h = &mut self.host;
+            let mapped = h.mmu.map_gfn(
+                &h.mem,
+                &mut h.frames,
+                &h.costs,
+                ROOT,
+                Gfn(gfn),
+                frame,
+                true,
+                Cycles::ZERO,
+            );
+            mapped.result.unwrap();
         }
 
-        /// Makes gfn resident with `fill` in every byte, mapped by an spte.
-        fn touch(&mut self, gfn: u64, fill: u8, now: u64) -> Work {
+        /// Makes gfn resident with `fill` in every byte, mapped by an spte,
+        /// and checks the MMU's invariants.
+        fn touch(&mut self, gfn: u64, fill: u8, now: Cycles) -> Work {
             let page = PageRef {
                 slot: 0,
                 index: gfn,
             };
-            let (mut host, pager) = self.host();
-            let (frame, work) = pager.alloc_frame(&mut host, now).unwrap();
-            self.mem
-                .write_bytes(frame_hpa(frame), &[fill; 4096])
+            let (frame, work) = self.pager.alloc_frame(&mut self.host, now).unwrap();
+            self.host
+                .mem
+                .write_bytes(frame.addr(), &[fill; PAGE_SIZE as usize])
                 .unwrap();
-            self.slots.get_mut(0).unwrap().set_backing(Gfn(gfn), frame);
+            self.host
+                .slots
+                .get_mut(0)
+                .unwrap()
+                .set_backing(Gfn(gfn), frame);
             self.pager.note_resident(page, frame, now);
-            install_mapping(
-                now,
-                &self.mem,
-                &mut self.frames,
-                &self.mmu,
-                &self.costs,
-                Gfn(gfn),
-                frame,
-                true,
-            )
-            .unwrap();
+            self.map(gfn, frame);
+            let h = &self.host;
+            h.mmu.check(&h.mem, &h.slots, &h.costs).unwrap();
             work
         }
 
         /// Sets the accessed (and dirty) bits of gfn's spte, as a guest
         /// access through EPT would.
         fn access(&self, gfn: u64, write: bool) {
-            let leaf = self
-                .mmu
-                .lock()
-                .root
-                .find_leaf(&self.mem, Gfn(gfn))
-                .unwrap()
-                .unwrap();
-            let v = tdp::read_spte(&self.mem, leaf).unwrap();
             let bits = spte::ACCESSED | if write { spte::DIRTY } else { 0 };
-            tdp::write_spte(&self.mem, leaf, v | bits).unwrap();
+            let h = &self.host;
+            h.mmu.set_leaf_bits_for_test(&h.mem, Gfn(gfn), bits);
+        }
+
+        fn spte(&self, gfn: u64) -> Option<u64> {
+            let h = &self.host;
+            h.mmu.leaf_spte(&h.mem, &h.costs, Gfn(gfn))
         }
 
         fn state(&self, gfn: u64) -> PageState {
-            self.slots.get(0).unwrap().state(Gfn(gfn))
+            self.host.slots.get(0).unwrap().state(Gfn(gfn))
         }
     }
 
@@ -635,13 +609,13 @@ mod tests {
     fn a_full_pool_evicts_idle_pages_and_keeps_used_ones() {
         let mut f = fixture(EVICT_BATCH as u64 + 8);
         for g in 0..EVICT_BATCH as u64 + 8 {
-            f.touch(g, g as u8 + 1, 0);
+            f.touch(g, g as u8 + 1, Cycles::ZERO);
         }
         // Pages 0..8 are in use; the rest idle since time 0.
         for g in 0..8 {
             f.access(g, false);
         }
-        let now = 20 * MS;
+        let now = ms(20);
         let work = f.touch(40, 0xee, now);
         assert!(work.flush, "zapped sptes need an INVEPT");
         for g in 0..8 {
@@ -661,69 +635,50 @@ mod tests {
         );
         assert_eq!(f.pager.resident(), 9);
         // The zapped sptes are gone.
-        assert_eq!(
-            tdp::read_spte(
-                &f.mem,
-                f.mmu
-                    .lock()
-                    .root
-                    .find_leaf(&f.mem, Gfn(8))
-                    .unwrap()
-                    .unwrap()
-            )
-            .unwrap(),
-            0
-        );
+        assert_eq!(f.spte(8), Some(0));
+        assert!(f.spte(0).is_some_and(spte::is_present));
     }
 
     #[test]
     fn pages_come_back_from_swap_intact_and_clean_ones_are_dropped_not_rewritten() {
         let mut f = fixture(EVICT_BATCH as u64);
         for g in 0..EVICT_BATCH as u64 {
-            f.touch(g, 0x40 + g as u8, 0);
+            f.touch(g, 0x40 + g as u8, Cycles::ZERO);
         }
-        f.touch(50, 1, 20 * MS); // evicts all 16
+        f.touch(50, 1, ms(20)); // evicts all 16
         let PageState::Swapped(slot) = f.state(3) else {
             panic!("gfn 3 evicted: {:?}", f.state(3));
         };
         let page = PageRef { slot: 0, index: 3 };
-        let (mut host, pager) = f.host();
-        let (read, _) = pager.start_page_in(&mut host, page, slot, 30 * MS).unwrap();
+        let (read, _) = f
+            .pager
+            .start_page_in(&mut f.host, page, slot, ms(30))
+            .unwrap();
         let model = DevicePreset::Ssd.model();
-        assert!(read.ready_at >= 30 * MS + model.read_latency.min);
+        assert!(read.ready_at >= ms(30) + Cycles(model.read_latency.min));
         assert_eq!(
             f.state(3),
             PageState::Swapped(slot),
             "not resident before completion"
         );
-        let (gfn, frame) = f.pager.finish_page_in(&mut f.slots, slot).unwrap();
+        let (gfn, frame) = f.pager.finish_page_in(&mut f.host.slots, slot).unwrap();
         assert_eq!(gfn, Gfn(3));
-        let mut buf = [0u8; 4096];
-        f.mem.read_bytes(frame_hpa(frame), &mut buf).unwrap();
+        let mut buf = [0u8; PAGE_SIZE as usize];
+        f.host.mem.read_bytes(frame.addr(), &mut buf).unwrap();
         assert!(
             buf.iter().all(|&b| b == 0x43),
             "contents survived the round trip"
         );
         assert_eq!(
-            f.slots.get(0).unwrap().swap_slot_at(3),
+            f.host.slots.get(0).unwrap().swap_slot_at(3),
             Some(slot),
             "clean copy kept"
         );
-        install_mapping(
-            0,
-            &f.mem,
-            &mut f.frames,
-            &f.mmu,
-            &f.costs,
-            Gfn(3),
-            frame,
-            true,
-        )
-        .unwrap();
+        f.map(3, frame);
         // Evict it again without a write: dropped, not written.
         let before = f.pager.stats();
         for g in 20..40 {
-            f.touch(g, 9, 60 * MS);
+            f.touch(g, 9, ms(60));
         }
         let after = f.pager.stats();
         assert!(
@@ -746,31 +701,22 @@ mod tests {
     fn a_written_page_is_written_back_again() {
         let mut f = fixture(EVICT_BATCH as u64);
         for g in 0..EVICT_BATCH as u64 {
-            f.touch(g, 7, 0);
+            f.touch(g, 7, Cycles::ZERO);
         }
-        f.touch(50, 1, 20 * MS);
+        f.touch(50, 1, ms(20));
         let PageState::Swapped(slot) = f.state(0) else {
             panic!()
         };
         let page = PageRef { slot: 0, index: 0 };
-        let (mut host, pager) = f.host();
-        pager.start_page_in(&mut host, page, slot, 30 * MS).unwrap();
-        let (_, frame) = f.pager.finish_page_in(&mut f.slots, slot).unwrap();
-        install_mapping(
-            0,
-            &f.mem,
-            &mut f.frames,
-            &f.mmu,
-            &f.costs,
-            Gfn(0),
-            frame,
-            true,
-        )
-        .unwrap();
+        f.pager
+            .start_page_in(&mut f.host, page, slot, ms(30))
+            .unwrap();
+        let (_, frame) = f.pager.finish_page_in(&mut f.host.slots, slot).unwrap();
+        f.map(0, frame);
         f.access(0, true); // the guest writes it
         let drops = f.pager.stats().clean_drops;
         for g in 20..37 {
-            f.touch(g, 9, 80 * MS + g);
+            f.touch(g, 9, ms(80) + Cycles(g));
         }
         assert!(matches!(f.state(0), PageState::Swapped(_)));
         assert_eq!(f.pager.stats().clean_drops, drops, "dirty: not dropped");

@@ -114,11 +114,7 @@ fn event_protocol_checks_its_hypercall_arguments() {
     };
     vm.set_apf_state(0, &state).unwrap();
     assert_eq!(vm.apf_state(0), Some(state));
-    assert_eq!(
-        vm.vcpus()[0].apf().ready_queue.len(),
-        1,
-        "a wake-all is queued"
-    );
+    assert_eq!(vm.vcpus()[0].apf_ready_queued(), 1, "a wake-all is queued");
     let x86 = ApfState {
         msr_en: 0x20_0000 | abi::KVM_ASYNC_PF_ENABLED,
         ..ApfState::default()

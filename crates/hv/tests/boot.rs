@@ -1,7 +1,6 @@
 //! Integration tests: boot the C test kernels of tests/guests under the hv.
 
-use hv::boot::KernelError;
-use hv::{CreateError, StopReason, Vm, VmConfig, VmError};
+use hv::{spte, CreateError, KernelError, RunStatus, StopReason, Vm, VmConfig, VmError, RAM_SLOT};
 
 const HELLO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hello.elf"));
 const SMP: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/smp.elf"));
@@ -116,7 +115,7 @@ fn write_outside_guest_memory_stops_the_vm_with_a_clear_error() {
     let expected_gpa = (64u64 << 20) + (128 << 20);
     match reason {
         StopReason::Error(e @ VmError::OutsideMemory { vcpu: 0, gpa, .. }) => {
-            assert_eq!(gpa, expected_gpa);
+            assert_eq!(gpa, machine::Gpa(expected_gpa));
             let msg = e.to_string();
             assert!(
                 msg.contains(&format!(
@@ -158,11 +157,63 @@ fn bad_kernels_are_refused_before_running() {
     assert!(Vm::boot(&too_small, HELLO).is_err());
 }
 
+/// Runs `kernel` and checks the MMU's invariants on the way.
+fn run_checked(kernel: &[u8], config: &VmConfig) -> (Vm, StopReason) {
+    let mut vm = Vm::boot(config, kernel).expect("boot");
+    loop {
+        vm.check_mmu().expect("MMU invariants");
+        if let RunStatus::Stopped(reason) = vm.run_until(vm.time() + 2_000_000) {
+            vm.check_mmu().expect("MMU invariants at the end");
+            return (vm, reason);
+        }
+    }
+}
+
+#[test]
+fn the_mmu_invariants_hold_through_boot_smp_and_the_end() {
+    let (_, reason) = run_checked(SMP, &config(4, ""));
+    assert_eq!(reason, StopReason::DebugExit { status: 1 });
+    let (_, reason) = run_checked(HELLO, &config(1, "-- hello"));
+    assert!(matches!(reason, StopReason::DebugExit { .. }));
+}
+
 #[test]
 fn memslot_delete_zaps_and_refaults() {
-    let mut vm = Vm::boot(&config(1, ""), HELLO).expect("boot");
-    assert!(matches!(vm.run(), StopReason::DebugExit { .. }));
+    // Run the SMP kernel part way (its text, data and stacks are mapped),
+    // move guest RAM away and back (every spte of it zapped), and let it
+    // finish: the guest refaults what it touches and ends as an
+    // undisturbed run does, with more EPT violations.
+    let config = config(2, "");
+    let (undisturbed, reason, out) = run(SMP, &config);
+    assert_eq!(reason, StopReason::DebugExit { status: 1 }, "{out}");
+
+    let mut vm = Vm::boot(&config, SMP).expect("boot");
+    assert_eq!(vm.run_until(1_000_000), RunStatus::Running);
+    let text = machine::Gpa(0x20_0000);
+    let mapped = vm.spte(text).expect("the kernel's first page is mapped");
+    assert!(spte::is_present(mapped));
+    assert_ne!(mapped & spte::ACCESSED, 0, "the CPU set the accessed flag");
     let generation = vm.memslot_generation();
+    let faults_before = vm.stats().ept_faults();
+    vm.move_memslot(RAM_SLOT, machine::Gpa(1 << 32)).unwrap();
+    assert!(vm.spte(text).is_none_or(|s| !spte::is_present(s)), "zapped");
+    vm.check_mmu().unwrap();
+    vm.move_memslot(RAM_SLOT, machine::Gpa(0)).unwrap();
+    assert_eq!(vm.memslot_generation(), generation + 2);
+    let reason = vm.run();
+    let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
+    assert_eq!(reason, StopReason::DebugExit { status: 1 }, "{out}");
+    assert!(out.contains("all 2 cpus up\n"), "{out}");
+    vm.check_mmu().unwrap();
+    assert!(vm.spte(text).is_some_and(spte::is_present), "refaulted");
+    let refaults = vm.stats().ept_faults() - faults_before;
+    assert!(refaults > 0);
+    assert!(
+        vm.stats().ept_faults() > undisturbed.stats().ept_faults(),
+        "the zapped pages faulted in again"
+    );
+
+    // A second slot, through the hv's own accesses.
     vm.add_memslot(7, machine::Gpa(1 << 32), 1 << 20, Default::default())
         .unwrap();
     vm.write_guest(machine::Gpa((1 << 32) + 8), b"abc").unwrap();
@@ -177,40 +228,40 @@ fn memslot_delete_zaps_and_refaults() {
     let in_use = vm.stats().frames_in_use;
     vm.delete_memslot(7).unwrap();
     assert_eq!(vm.stats().frames_in_use, in_use - 1);
-    assert_eq!(vm.memslot_generation(), generation + 3);
     assert!(vm.read_guest(machine::Gpa(2 << 32), &mut buf).is_err());
-}
 
-#[test]
-fn deleting_guest_ram_zaps_its_sptes_and_frees_its_frames() {
-    use hv::mmu::{spte, tdp};
-    let mut vm = Vm::boot(&config(1, ""), HELLO).expect("boot");
-    assert!(matches!(vm.run(), StopReason::DebugExit { .. }));
-    let entry = machine::Gfn(0x200);
-    let leaf = |vm: &Vm| {
-        let inner = vm.mmu().lock();
-        let at = inner
-            .root
-            .find_leaf(vm.host_memory(), entry)
-            .unwrap()
-            .unwrap();
-        tdp::read_spte(vm.host_memory(), at).unwrap()
-    };
-    let mapped = leaf(&vm);
-    assert!(spte::is_present(mapped));
-    assert_ne!(
-        mapped & spte::ACCESSED,
-        0,
-        "the CPU set the EPT accessed flag"
-    );
+    // Deleting guest RAM zaps every spte and frees every guest frame.
     let before = vm.stats().frames_in_use;
-    vm.delete_memslot(hv::vm::RAM_SLOT).unwrap();
-    assert_eq!(leaf(&vm), 0, "zapped");
+    vm.delete_memslot(RAM_SLOT).unwrap();
+    vm.check_mmu().unwrap();
+    assert!(vm.spte(text).is_none_or(|s| !spte::is_present(s)));
     let after = vm.stats().frames_in_use;
-    // Every guest frame went back; only the EPT tables remain.
     assert!(before > after, "{before} -> {after}");
-    assert_eq!(after, vm.stats().ept_tables);
+    assert_eq!(after, vm.stats().ept_tables, "only the EPT tables remain");
     assert!(vm
         .read_guest(machine::Gpa(0x200000), &mut [0u8; 1])
         .is_err());
+}
+
+#[test]
+fn any_quantum_makes_progress() {
+    // A quantum below the VM entry + exit cost used to hang: every entry
+    // paid the transition, ran nothing, and pushed the clock past the
+    // round's end. 0 is taken as 1.
+    for quantum in [0, 1, 10, 100, 300, 650, 1000, 1201, 100_000] {
+        let config = VmConfig {
+            quantum,
+            ..config(2, "")
+        };
+        let mut vm = Vm::boot(&config, SMP).expect("boot");
+        // The run takes about 3.5 M cycles of virtual time; allow ample.
+        let status = vm.run_until(100_000_000);
+        let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
+        assert_eq!(
+            status,
+            RunStatus::Stopped(StopReason::DebugExit { status: 1 }),
+            "quantum {quantum}: {out}"
+        );
+        assert!(out.contains("all 2 cpus up\n"), "quantum {quantum}: {out}");
+    }
 }

@@ -19,7 +19,7 @@ pub enum ConfigError {
     #[error("kernel image {what}: {source}")]
     Kernel {
         what: String,
-        source: hv::boot::KernelError,
+        source: hv::KernelError,
     },
     #[error("--mem {}: guest memory must be a multiple of 2 MiB between {} (the kernel image ends at {image_end:#x}) and {}", format_size(*.mem), format_size(*.min), format_size(*.max))]
     MemSize {
@@ -28,7 +28,7 @@ pub enum ConfigError {
         max: u64,
         image_end: u64,
     },
-    #[error("--host-mem {}: host memory must be at least {} (the hv's minimum is {}; the kernel image's {} pages are all resident while it loads)", format_size(*.host_mem), format_size(*.min), format_size(hv::vm::MIN_HOST_MEM), .kernel / PAGE)]
+    #[error("--host-mem {}: host memory must be at least {} (the hv's minimum is {}; the kernel image's {} pages are all resident while it loads)", format_size(*.host_mem), format_size(*.min), format_size(hv::MIN_HOST_MEM), .kernel / PAGE)]
     HostMemTooSmall {
         host_mem: u64,
         min: u64,
@@ -99,11 +99,9 @@ impl Kernel {
         };
         let path = path.map(Path::to_path_buf);
         let (elf, image) =
-            hv::boot::parse_kernel(&bytes, hv::boot::MAX_GUEST_MEM).map_err(|source| {
-                ConfigError::Kernel {
-                    what: describe(path.as_deref()),
-                    source,
-                }
+            hv::parse_kernel(&bytes, hv::MAX_GUEST_MEM).map_err(|source| ConfigError::Kernel {
+                what: describe(path.as_deref()),
+                source,
             })?;
         let mut pages: Vec<(u64, u64)> = elf
             .segments
@@ -136,13 +134,13 @@ impl Kernel {
 
     /// Least host memory (`--host-mem`) a VM with this kernel can boot in.
     pub fn min_host_mem(&self) -> u64 {
-        self.loaded_bytes.max(hv::vm::MIN_HOST_MEM)
+        self.loaded_bytes.max(hv::MIN_HOST_MEM)
     }
 
     /// Checks guest and host memory sizes against what this kernel and the
     /// hv need.
     pub fn check_memory(&self, mem: u64, host_mem: Option<u64>) -> Result<(), ConfigError> {
-        let max = hv::boot::MAX_GUEST_MEM - hv::boot::MAX_GUEST_MEM % TWO_MIB;
+        let max = hv::MAX_GUEST_MEM - hv::MAX_GUEST_MEM % TWO_MIB;
         if mem % TWO_MIB != 0 || mem < self.min_mem || mem > max {
             return Err(ConfigError::MemSize {
                 mem,

@@ -28,7 +28,7 @@ fn restore_mid_run(protocol: ApfProtocol) {
             RunStatus::Stopped(reason) => panic!("stopped before the restore: {reason:?}"),
             RunStatus::Running => {}
         }
-        let outstanding: usize = vm.vcpus().iter().map(|v| v.apf().works.len()).sum();
+        let outstanding: usize = vm.vcpus().iter().map(|v| v.apf_outstanding()).sum();
         if outstanding == 0 || vm.stats().apf().not_present < 50 {
             continue;
         }
@@ -38,7 +38,7 @@ fn restore_mid_run(protocol: ApfProtocol) {
             let back: hv::apf::ApfState = serde_json::from_str(&json).expect("deserializable");
             vm.set_apf_state(i, &back).expect("restore");
             assert!(
-                vm.vcpus()[i].apf().works.is_empty(),
+                vm.vcpus()[i].apf_outstanding() == 0,
                 "outstanding faults do not move"
             );
             restored += 1;

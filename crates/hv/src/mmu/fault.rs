@@ -1,19 +1,33 @@
-//! Installing a guest page's mapping after an EPT violation.
+//! The EPT-violation path: from a faulting gpa to an installed spte.
 //!
-//! The VM (`vm.rs`) finds the frame behind the faulting gfn: allocated and
-//! zeroed on first touch, read back from swap, or already resident (see
-//! `pager.rs`). This module then takes `mmu_lock`, walks the EPT tables
-//! (allocating missing ones) and installs a 4 KiB leaf, recording it in
-//! the rmap.
+//! 1. Look the gfn up in the memslots (outside guest memory, or a write to
+//!    a read-only slot, is an error).
+//! 2. Find the frame behind it (KVM's `kvm_faultin_pfn`): resident already;
+//!    allocated and zeroed on first touch; or on swap: the read is started
+//!    (or found in flight) and, if it completes later than now, the fault
+//!    ends with [`FaultOutcome::WaitForPage`] for the async-PF policy to
+//!    decide how the vCPU waits. The pager may evict to make room (its
+//!    holds of `mmu_lock` go through [`super::notifier`]).
+//! 3. Install a 4 KiB leaf under `mmu_lock` ([`map_gfn`]), in the root the
+//!    vCPU entered with, and record it in the rmap.
 //!
-//! No INVEPT is needed here: the fault replaced a not-present entry, and
-//! the CPU caches no translation for a not-present entry. INVEPT is issued
-//! where a present spte is removed or restricted (memslot deletion,
-//! eviction).
+//! The path never calls the policy and never flushes a TLB itself: it
+//! returns what happened, and whether a remote TLB flush is needed (the
+//! pager zapped or aged sptes), for the vCPU to request.
+//!
+//! No INVEPT is needed for the new spte: the fault replaced a not-present
+//! entry, and the CPU caches no translation for a not-present entry.
 
-use super::{spte, tdp, Mmu};
+use super::lock::Timed;
+use super::root::RootId;
+use super::{spte, tdp, Mmu, MmuInner};
 use crate::cost::HvCosts;
-use crate::frames::{frame_hpa, FrameAllocator, OutOfFrames};
+use crate::frames::{FrameAllocator, OutOfFrames};
+use crate::host::Host;
+use crate::memslot::PageState;
+use crate::pager::{PageRef, Pager, PagerError};
+use crate::swap::SwapSlot;
+use crate::time::Cycles;
 use machine::{Gfn, Gpa, Hfn, MemError, PhysMemory};
 use thiserror::Error;
 
@@ -30,6 +44,10 @@ pub enum FaultError {
     Tdp(#[from] tdp::TdpError),
     #[error("host memory: {0:?}")]
     Memory(MemError),
+    #[error("paging in gpa {gpa}: {source}")]
+    Pager { gpa: Gpa, source: PagerError },
+    #[error("page-in of gpa {gpa} vanished (an hv bug)")]
+    PageInVanished { gpa: Gpa },
 }
 
 impl From<MemError> for FaultError {
@@ -38,173 +56,224 @@ impl From<MemError> for FaultError {
     }
 }
 
-/// What the handler did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct FaultOutcome {
-    /// Virtual cycles the work costs (charged to the faulting vCPU).
-    pub cycles: u64,
-    /// A new spte was installed (false: another vCPU already had).
-    pub installed: bool,
-    /// EPT tables allocated on the way down.
-    pub tables_allocated: u64,
-    /// Virtual cycles spent waiting for `mmu_lock` (included in `cycles`).
-    pub lock_wait: u64,
+/// How a fault ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FaultOutcome {
+    /// The spte is installed (or another vCPU had installed it): retry.
+    Mapped,
+    /// The page is on its way in from swap and arrives at `ready_at`: the
+    /// vCPU must wait for it (how is the async-PF policy's choice).
+    WaitForPage {
+        gfn: Gfn,
+        swap_slot: SwapSlot,
+        ready_at: Cycles,
+    },
 }
 
-/// Maps `gfn` to `frame` (writable or not) for a vCPU whose clock reads
-/// `now`, under `mmu_lock` with its contention modelled.
-#[allow(clippy::too_many_arguments)]
-pub fn install_mapping(
-    now: u64,
-    mem: &PhysMemory,
-    frames: &mut FrameAllocator,
-    mmu: &Mmu,
-    costs: &HvCosts,
-    gfn: Gfn,
-    frame: Hfn,
-    writable: bool,
-) -> Result<FaultOutcome, FaultError> {
-    let mut out = FaultOutcome {
-        cycles: costs.lock_acquire,
-        ..FaultOutcome::default()
+/// What the fault did, for the vCPU to charge and count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fault {
+    pub outcome: FaultOutcome,
+    /// A first touch allocated a frame.
+    pub frame_allocated: bool,
+    /// The page was already being read in (a repeated fault).
+    pub repeat: bool,
+    /// sptes were zapped or aged: every vCPU must flush its TLB before
+    /// running guest code again.
+    pub flush: bool,
+    /// Virtual cycles spent waiting for `mmu_lock`.
+    pub lock_wait: Cycles,
+}
+
+/// The clock of one exit: `now` stamps the pager's work (the vCPU's clock
+/// at the exit plus the exit's base charge) and `cycles` is what the exit
+/// has charged so far; the fault adds to it, and takes `mmu_lock` at
+/// `now + cycles`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ExitClock {
+    pub now: Cycles,
+    pub cycles: Cycles,
+}
+
+impl ExitClock {
+    /// The virtual time at which the next step happens.
+    pub fn at(&self) -> Cycles {
+        self.now + self.cycles
+    }
+}
+
+/// Handles an EPT violation at `gpa` (`write`: the access was a write) by a
+/// vCPU that entered with `root`.
+pub(crate) fn page_fault(
+    host: &mut Host,
+    pager: &mut Pager,
+    root: RootId,
+    gpa: Gpa,
+    write: bool,
+    clock: &mut ExitClock,
+) -> Result<Fault, FaultError> {
+    let costs = host.costs;
+    let now = clock.now;
+    let pager_error = |source| FaultError::Pager { gpa, source };
+    clock.cycles += Cycles(costs.memslot_lookup);
+    let gfn = gpa.frame();
+    let slot = host
+        .slots
+        .lookup(gfn)
+        .ok_or(FaultError::OutsideMemory { gpa })?;
+    let writable = !slot.flags.readonly;
+    if write && !writable {
+        return Err(FaultError::ReadOnly { gpa });
+    }
+    let page = PageRef {
+        slot: slot.id,
+        index: slot.index_of(gfn),
     };
-    let mut guard = mmu.lock();
-    let inner = &mut *guard;
-    let requested = now + out.cycles;
-    let granted = inner.timeline.grant(requested);
-    out.lock_wait = granted - requested;
-    out.cycles += out.lock_wait;
-
-    let mut held = 0;
-    let result = install(
-        mem, frames, inner, costs, gfn, frame, writable, &mut held, &mut out,
+    let mut fault = Fault {
+        outcome: FaultOutcome::Mapped,
+        frame_allocated: false,
+        repeat: false,
+        flush: false,
+        lock_wait: Cycles::ZERO,
+    };
+    let frame = match slot.state(gfn) {
+        PageState::Resident(frame) => frame,
+        PageState::Untouched => {
+            let (frame, work) = pager
+                .first_touch(host, page, gfn, now)
+                .map_err(pager_error)?;
+            clock.cycles += work.cycles;
+            if work.flush {
+                fault.flush = true;
+                clock.cycles += Cycles(costs.invept);
+            }
+            fault.frame_allocated = true;
+            frame
+        }
+        PageState::Swapped(swap_slot) => {
+            let read = match pager.in_flight(swap_slot) {
+                Some(read) => {
+                    fault.repeat = true;
+                    read
+                }
+                None => {
+                    let (read, work) = pager
+                        .start_page_in(host, page, swap_slot, now)
+                        .map_err(pager_error)?;
+                    clock.cycles += work.cycles;
+                    if work.flush {
+                        fault.flush = true;
+                        clock.cycles += Cycles(costs.invept);
+                    }
+                    read
+                }
+            };
+            if read.ready_at > clock.at() {
+                fault.outcome = FaultOutcome::WaitForPage {
+                    gfn,
+                    swap_slot,
+                    ready_at: read.ready_at,
+                };
+                return Ok(fault);
+            }
+            pager
+                .finish_page_in(&mut host.slots, swap_slot)
+                .map(|(_, frame)| frame)
+                .ok_or(FaultError::PageInVanished { gpa })?
+        }
+    };
+    let mapped = host.mmu.map_gfn(
+        &host.mem,
+        &mut host.frames,
+        &costs,
+        root,
+        gfn,
+        frame,
+        writable,
+        clock.at(),
     );
-    inner
-        .timeline
-        .record(granted, granted + held, out.lock_wait);
-    out.cycles += held;
-    result.map(|()| out)
+    clock.cycles += mapped.cycles;
+    fault.lock_wait = mapped.lock_wait;
+    mapped.result?;
+    Ok(fault)
 }
 
-/// The part of the fault under `mmu_lock`; `held` accumulates its cost.
+/// What installing a mapping did.
+#[derive(Debug)]
+pub(crate) struct Mapped {
+    /// Virtual cycles the hold cost (acquisition, wait, work).
+    pub cycles: Cycles,
+    /// Of which waiting for `mmu_lock`.
+    pub lock_wait: Cycles,
+    /// Whether a new spte went in (false: another vCPU had installed it),
+    /// or why not.
+    pub result: Result<bool, FaultError>,
+}
+
+impl Mmu {
+    /// Maps `gfn` to `frame` (writable or not) in `root`, under `mmu_lock`
+    /// taken at virtual time `at`, with its contention modelled. The cost
+    /// is charged even when it fails (the hold happened).
+    #[allow(clippy::too_many_arguments)]
+    pub fn map_gfn(
+        &self,
+        mem: &PhysMemory,
+        frames: &mut FrameAllocator,
+        costs: &HvCosts,
+        root: RootId,
+        gfn: Gfn,
+        frame: Hfn,
+        writable: bool,
+        at: Cycles,
+    ) -> Mapped {
+        let mut guard = self.hold(Timed::At(at), costs);
+        let result = install(mem, frames, &mut guard, costs, root, gfn, frame, writable);
+        Mapped {
+            cycles: guard.cycles(),
+            lock_wait: guard.waited(),
+            result,
+        }
+    }
+}
+
+/// The part of the fault under `mmu_lock`.
 #[allow(clippy::too_many_arguments)]
 fn install(
     mem: &PhysMemory,
     frames: &mut FrameAllocator,
-    inner: &mut super::MmuInner,
+    guard: &mut super::lock::MmuGuard<'_>,
     costs: &HvCosts,
+    root: RootId,
     gfn: Gfn,
     frame: Hfn,
     writable: bool,
-    held: &mut u64,
-    out: &mut FaultOutcome,
-) -> Result<(), FaultError> {
-    let mut work = tdp::WalkWork::default();
-    let leaf = inner.root.leaf_for(mem, frames, gfn, &mut work)?;
-    out.tables_allocated = work.tables_allocated;
-    *held += work.entries_read * costs.spte_read
-        + work.tables_allocated * (costs.frame_alloc + costs.zero_4k + costs.spte_write);
+) -> Result<bool, FaultError> {
+    let (walked, work) = {
+        let MmuInner { roots, headers, .. } = &mut **guard;
+        // A root zapped since the vCPU entered: nothing to install into;
+        // the vCPU reloads its root before it enters again.
+        let Some(root) = roots.get(root) else {
+            return Ok(false);
+        };
+        let mut work = tdp::WalkWork::default();
+        (
+            tdp::leaf_for(mem, frames, headers, root, gfn, &mut work),
+            work,
+        )
+    };
+    let leaf = walked?;
+    guard.charge(
+        work.entries_read * costs.spte_read
+            + work.tables_allocated * (costs.frame_alloc + costs.zero_4k + costs.spte_write),
+    );
     let current = tdp::read_spte(mem, leaf)?;
-    *held += costs.spte_read;
+    guard.charge(costs.spte_read);
     if spte::is_present(current) {
         // Raced with another fault on the same gfn, which installed it.
-        return Ok(());
+        return Ok(false);
     }
-    tdp::write_spte(
-        mem,
-        leaf,
-        spte::make_leaf(frame_hpa(frame).0, writable, true),
-    )?;
-    inner.rmap.add(frame, leaf);
-    *held += costs.spte_write;
-    out.installed = true;
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::mmu::tdp::TdpRoot;
-
-    struct Fixture {
-        mem: PhysMemory,
-        frames: FrameAllocator,
-        mmu: Mmu,
-    }
-
-    fn fixture() -> Fixture {
-        let mem = PhysMemory::new(256 * 4096).unwrap();
-        let mut frames = FrameAllocator::new(Hfn(1), Hfn(256));
-        let mmu = Mmu::new(TdpRoot::new(&mem, &mut frames).unwrap());
-        Fixture { mem, frames, mmu }
-    }
-
-    fn map(f: &mut Fixture, now: u64, gfn: u64, frame: u64) -> FaultOutcome {
-        install_mapping(
-            now,
-            &f.mem,
-            &mut f.frames,
-            &f.mmu,
-            &HvCosts::DEFAULT,
-            Gfn(gfn),
-            Hfn(frame),
-            true,
-        )
-        .unwrap()
-    }
-
-    #[test]
-    fn installs_a_writable_spte_once_and_records_it_in_the_rmap() {
-        let mut f = fixture();
-        let out = map(&mut f, 0, 3, 200);
-        assert!(out.installed);
-        assert_eq!(out.tables_allocated, 3);
-        let leaf = f
-            .mmu
-            .lock()
-            .root
-            .find_leaf(&f.mem, Gfn(3))
-            .unwrap()
-            .unwrap();
-        let spte = tdp::read_spte(&f.mem, leaf).unwrap();
-        assert_eq!(spte::hpa(spte), frame_hpa(Hfn(200)).0);
-        assert_eq!(spte & spte::RWX, spte::RWX);
-        assert_eq!(f.mmu.lock().rmap.get(Hfn(200)), &[leaf]);
-        let again = map(&mut f, 0, 3, 200);
-        assert!(!again.installed, "already present");
-        let ro = install_mapping(
-            0,
-            &f.mem,
-            &mut f.frames,
-            &f.mmu,
-            &HvCosts::DEFAULT,
-            Gfn(4),
-            Hfn(201),
-            false,
-        )
-        .unwrap();
-        assert!(ro.installed);
-        let leaf = f
-            .mmu
-            .lock()
-            .root
-            .find_leaf(&f.mem, Gfn(4))
-            .unwrap()
-            .unwrap();
-        assert_eq!(tdp::read_spte(&f.mem, leaf).unwrap() & spte::WRITE, 0);
-    }
-
-    #[test]
-    fn simultaneous_faults_contend_for_mmu_lock_in_virtual_time() {
-        let mut f = fixture();
-        let first = map(&mut f, 1000, 1, 201);
-        assert_eq!(first.lock_wait, 0);
-        // Another vCPU faulting at the same virtual time waits for the hold.
-        let second = map(&mut f, 1000, 2, 202);
-        assert!(second.lock_wait > 0, "{second:?}");
-        // Much later: no wait.
-        let third = map(&mut f, 1_000_000, 4, 203);
-        assert_eq!(third.lock_wait, 0);
-        assert_eq!(f.mmu.lock().timeline.contended, 1);
-    }
+    tdp::write_spte(mem, leaf, spte::make_leaf(frame.addr().0, writable, true))?;
+    guard.rmap.add(frame, leaf);
+    guard.charge(costs.spte_write);
+    Ok(true)
 }

@@ -1,151 +1,158 @@
-//! The MMU, split as KVM's `arch/x86/kvm/mmu`:
+//! The MMU, split by concern as KVM's `arch/x86/kvm/mmu`:
 //! - [`spte`]: the entry layout, every bit documented and overlap-checked;
-//! - [`tdp`]: the EPT (TDP) tables;
-//! - [`rmap`]: host frame -> sptes, for zapping;
-//! - [`fault`]: the EPT-violation handler (demand paging of guest RAM).
+//! - [`page`]: page headers (level, gfn, role, generation, parent link);
+//! - [`root`]: roots as objects, chosen by each vCPU at VM entry;
+//! - [`tdp`]: the EPT (TDP) tables; [`tdp_iter`]: walking a gfn range;
+//! - [`rmap`]: host frame -> sptes;
+//! - [`lock`]: `mmu_lock` and its virtual-time timeline;
+//! - [`fault`]: the EPT-violation path (find the frame, install the spte);
+//! - [`notifier`]: what the pager may do to mappings (test-and-clear-young,
+//!   zap a frame, zap a gfn range), KVM's MMU-notifier hooks;
+//! - [`check`]: the invariant checker the tests run.
 //!
-//! `mmu_lock` is a real `std::sync::Mutex` around the tables and the rmap.
-//! vCPUs run on one host thread today, so it is never contended on the
-//! host; contention is modelled in virtual time instead: the lock keeps the
-//! virtual-time intervals during which it was recently held
-//! ([`LockTimeline`]), and a vCPU asking for it inside one of them waits,
-//! in its own virtual time, until that hold ends.
+//! No code outside this module reads or writes an spte.
 
-pub mod fault;
-pub mod rmap;
+pub(crate) mod check;
+pub(crate) mod fault;
+pub(crate) mod lock;
+pub(crate) mod notifier;
+pub(crate) mod page;
+pub(crate) mod rmap;
+pub(crate) mod root;
 pub mod spte;
-pub mod tdp;
+pub(crate) mod tdp;
+pub(crate) mod tdp_iter;
 
+use crate::cost::HvCosts;
+use crate::frames::FrameAllocator;
+use lock::{LockTimeline, MmuGuard, MmuLock, Timed};
 use machine::vmx::Eptp;
-use machine::{Hfn, MemError, PhysMemory};
-use std::sync::{Mutex, MutexGuard};
+use machine::{Gfn, PhysMemory};
+use page::{PageHeaders, PageRole};
+use root::{RootError, RootId, Roots};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// State protected by `mmu_lock`.
 #[derive(Debug)]
-pub struct MmuInner {
-    pub root: tdp::TdpRoot,
+pub(crate) struct MmuInner {
+    pub roots: Roots,
+    pub headers: PageHeaders,
     pub rmap: rmap::Rmap,
     /// When, in virtual time, the lock was held.
     pub timeline: LockTimeline,
 }
 
-/// Recent virtual-time intervals during which `mmu_lock` was held.
-///
-/// vCPUs interleave in quanta, so a vCPU may take the lock at a virtual
-/// time earlier than a hold already recorded by another vCPU; only holds
-/// that contain the requested time delay it (a request before a hold
-/// would, on real hardware, have won the lock first). Only the last
-/// [`LockTimeline::WINDOW`] holds are kept: enough to cover a quantum's
-/// worth of faults from every vCPU.
-#[derive(Debug, Default)]
-pub struct LockTimeline {
-    holds: std::collections::VecDeque<(u64, u64)>,
-    /// Total virtual cycles vCPUs waited for the lock.
-    pub waited: u64,
-    /// Acquisitions that had to wait.
-    pub contended: u64,
-}
-
-impl LockTimeline {
-    /// Holds remembered.
-    pub const WINDOW: usize = 256;
-
-    /// The virtual time at which a request made at `at` gets the lock.
-    pub fn grant(&self, at: u64) -> u64 {
-        let mut t = at;
-        // Each step moves t to the end of a hold containing it, so this
-        // ends after at most WINDOW steps.
-        while let Some(&(_, end)) = self
-            .holds
-            .iter()
-            .find(|&&(start, end)| start <= t && t < end)
-        {
-            t = end;
-        }
-        t
-    }
-
-    /// Records a hold from `start` to `end` that waited `waited` cycles.
-    pub fn record(&mut self, start: u64, end: u64, waited: u64) {
-        if waited > 0 {
-            self.waited += waited;
-            self.contended += 1;
-        }
-        if self.holds.len() == Self::WINDOW {
-            self.holds.pop_front();
-        }
-        self.holds.push_back((start, end));
-    }
-}
-
 /// The VM's MMU.
 #[derive(Debug)]
-pub struct Mmu {
-    mmu_lock: Mutex<MmuInner>,
-    eptp: Eptp,
+pub(crate) struct Mmu {
+    lock: MmuLock,
+    /// The MMU generation: roots and tables made in an older one are
+    /// obsolete. Read without the lock at every VM entry (KVM reads
+    /// `mmu_valid_gen` the same way); changed only under the lock.
+    generation: AtomicU64,
+}
+
+/// The root a vCPU enters with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LoadedRoot {
+    pub id: RootId,
+    pub eptp: Eptp,
+    pub generation: u64,
 }
 
 impl Mmu {
-    /// An MMU with an empty EPT hierarchy (A/D flags enabled).
-    pub fn new(root: tdp::TdpRoot) -> Self {
-        let eptp = Eptp::new(root.pml4(), true);
-        Mmu {
-            mmu_lock: Mutex::new(MmuInner {
-                root,
+    /// An MMU with one empty TDP root (made now, so its frame comes first).
+    pub fn new(mem: &PhysMemory, frames: &mut FrameAllocator) -> Result<Self, RootError> {
+        let mut roots = Roots::default();
+        let mut headers = PageHeaders::default();
+        roots.create(mem, frames, &mut headers, PageRole::TDP_ROOT, 0)?;
+        Ok(Mmu {
+            lock: MmuLock::new(MmuInner {
+                roots,
+                headers,
                 rmap: rmap::Rmap::default(),
                 timeline: LockTimeline::default(),
             }),
-            eptp,
-        }
+            generation: AtomicU64::new(0),
+        })
     }
 
-    /// The EPT pointer every vCPU uses.
-    pub fn eptp(&self) -> Eptp {
-        self.eptp
+    /// Takes `mmu_lock` (see [`lock`]).
+    pub fn hold(&self, when: Timed, costs: &HvCosts) -> MmuGuard<'_> {
+        self.lock.hold(when, costs)
     }
 
-    /// Takes `mmu_lock`. A poisoned lock (a panic while holding it) still
-    /// yields the data: the tables are only ever changed by single atomic
-    /// stores, so they are consistent at every point.
-    pub fn lock(&self) -> MutexGuard<'_, MmuInner> {
-        self.mmu_lock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// The MMU generation.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
-    /// Removes every spte mapping these frames and returns how many were
-    /// cleared. The caller must INVEPT on every vCPU before the frames are
-    /// reused.
-    pub fn zap_frames(
+    /// Whether a vCPU may enter with `root` again (it was made in the
+    /// current generation).
+    pub fn is_current(&self, root: &LoadedRoot) -> bool {
+        root.generation == self.generation()
+    }
+
+    /// A valid root of `role` for a vCPU entering the guest (KVM's
+    /// `kvm_mmu_load`): the current generation's, made if none exists.
+    /// `previous` is the root the vCPU entered with last (its use count
+    /// moves to the new one).
+    pub fn load_root(
         &self,
         mem: &PhysMemory,
-        frames: impl IntoIterator<Item = Hfn>,
-    ) -> Result<u64, MemError> {
-        let mut inner = self.lock();
-        let mut zapped = 0;
-        for frame in frames {
-            for at in inner.rmap.take(frame) {
-                tdp::write_spte(mem, at, 0)?;
-                zapped += 1;
+        frames: &mut FrameAllocator,
+        costs: &HvCosts,
+        previous: Option<RootId>,
+    ) -> Result<LoadedRoot, RootError> {
+        let mut inner = self.hold(Timed::Untimed, costs);
+        let generation = self.generation();
+        let role = PageRole::TDP_ROOT;
+        let id = match inner.roots.find_valid(role, generation) {
+            Some(id) => id,
+            None => {
+                let MmuInner { roots, headers, .. } = &mut *inner;
+                roots.create(mem, frames, headers, role, generation)?
             }
+        };
+        if let Some(old) = previous.and_then(|p| inner.roots.get_mut(p)) {
+            old.users = old.users.saturating_sub(1);
         }
-        Ok(zapped)
+        let root = inner.roots.get_mut(id).expect("found or made above");
+        root.users += 1;
+        Ok(LoadedRoot {
+            id,
+            eptp: root.eptp(),
+            generation,
+        })
+    }
+
+    /// EPT table frames in use, roots included.
+    pub fn table_count(&self, costs: &HvCosts) -> u64 {
+        self.hold(Timed::Untimed, costs).headers.len() as u64
+    }
+
+    /// The leaf spte mapping `gfn` in the current generation's root, if
+    /// any (for inspection).
+    pub fn leaf_spte(&self, mem: &PhysMemory, costs: &HvCosts, gfn: Gfn) -> Option<u64> {
+        let inner = self.hold(Timed::Untimed, costs);
+        let root = inner
+            .roots
+            .find_valid(PageRole::TDP_ROOT, self.generation())?;
+        let pml4 = inner.roots.get(root)?.pml4;
+        let at = tdp::find_leaf(mem, pml4, gfn).ok()??;
+        tdp::read_spte(mem, at).ok()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::LockTimeline;
-
-    #[test]
-    fn a_request_inside_a_hold_waits_for_its_end_and_chains() {
-        let mut lock = LockTimeline::default();
-        lock.record(100, 200, 0);
-        lock.record(200, 250, 0);
-        assert_eq!(lock.grant(50), 50, "before every hold: no wait");
-        assert_eq!(lock.grant(150), 250, "waits through both holds");
-        assert_eq!(lock.grant(250), 250, "a hold's end is free");
-        lock.record(250, 300, 100);
-        assert_eq!((lock.waited, lock.contended), (100, 1));
+impl Mmu {
+    /// Sets `bits` in the leaf spte of `gfn`, as the CPU's A/D updates do.
+    pub fn set_leaf_bits_for_test(&self, mem: &PhysMemory, gfn: Gfn, bits: u64) {
+        let inner = self.hold(Timed::Untimed, &HvCosts::DEFAULT);
+        let root = inner.roots.iter().next().expect("a root").pml4;
+        let at = tdp::find_leaf(mem, root, gfn).unwrap().expect("mapped");
+        mem.atomic_u64(at)
+            .unwrap()
+            .fetch_or(bits, std::sync::atomic::Ordering::Relaxed);
     }
 }

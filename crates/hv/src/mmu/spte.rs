@@ -128,6 +128,18 @@ pub const fn hpa(spte: u64) -> u64 {
     spte & ADDR_MASK
 }
 
+/// The host frame the entry points at.
+pub const fn frame(spte: u64) -> machine::Hfn {
+    machine::Hpa(hpa(spte)).frame()
+}
+
+/// Writable implies MMU-writable implies host-writable (the spte invariant
+/// dirty logging and the fast page fault rely on).
+pub const fn writable_bits_consistent(spte: u64) -> bool {
+    (spte & WRITE == 0 || spte & MMU_WRITABLE != 0)
+        && (spte & MMU_WRITABLE == 0 || spte & HOST_WRITABLE != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

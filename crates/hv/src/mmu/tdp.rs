@@ -1,18 +1,19 @@
-//! The TDP (two-dimensional paging) MMU: 4-level EPT tables in host memory.
+//! The TDP (two-dimensional paging) tables: 4-level EPT hierarchies in host
+//! memory.
 //!
 //! Tables are host frames from the frame allocator; entries are written
 //! with atomic stores into machine memory, which is what the CPU's EPT
 //! walker reads (and sets A/D in by compare-and-exchange). All structural
-//! changes happen under `mmu_lock` (the caller holds it).
+//! changes happen under `mmu_lock` (the caller holds it). Every table made
+//! here gets its header ([`super::page`]).
 
+use super::page::{entry_span, PageHeader, PageHeaders, ENTRIES, ROOT_LEVEL};
+use super::root::Root;
 use super::spte;
-use crate::frames::{frame_hpa, FrameAllocator, OutOfFrames};
+use crate::frames::{FrameAllocator, OutOfFrames};
 use machine::{Gfn, Hfn, Hpa, MemError, PhysMemory};
 use std::sync::atomic::Ordering;
 use thiserror::Error;
-
-/// Entries per table.
-const ENTRIES: u64 = 512;
 
 /// Failures of table management.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -31,132 +32,133 @@ impl From<MemError> for TdpError {
 
 /// What a walk did, for cost accounting.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WalkWork {
+pub(crate) struct WalkWork {
     /// Entries read.
     pub entries_read: u64,
     /// Tables allocated (each zeroed and linked with one entry write).
     pub tables_allocated: u64,
 }
 
-/// One EPT hierarchy.
-#[derive(Debug)]
-pub struct TdpRoot {
-    pml4: Hfn,
-    /// Every table frame, root included, so teardown needs no walk.
-    tables: Vec<Hfn>,
+/// Index of `gfn`'s entry in a table at `level`.
+pub(crate) fn index(gfn: Gfn, level: u8) -> u64 {
+    (gfn.0 / entry_span(level)) & (ENTRIES - 1)
 }
 
-fn index(gfn: Gfn, level: u32) -> u64 {
-    (gfn.0 >> (9 * (level - 1))) & (ENTRIES - 1)
+/// The address of entry `i` of `table`.
+pub(crate) fn entry_at(table: Hpa, i: u64) -> Hpa {
+    table.add(i * std::mem::size_of::<u64>() as u64)
 }
 
-fn entry_hpa(table: Hpa, gfn: Gfn, level: u32) -> Hpa {
-    table.add(index(gfn, level) * 8)
+fn entry_hpa(table: Hpa, gfn: Gfn, level: u8) -> Hpa {
+    entry_at(table, index(gfn, level))
 }
 
-impl TdpRoot {
-    /// A new empty hierarchy (one zeroed PML4).
-    pub fn new(mem: &PhysMemory, frames: &mut FrameAllocator) -> Result<Self, TdpError> {
-        let pml4 = frames.alloc()?;
-        mem.zero(frame_hpa(pml4), machine::addr::PAGE_SIZE)?;
-        Ok(TdpRoot {
-            pml4,
-            tables: vec![pml4],
-        })
-    }
-
-    /// Host address of the PML4 (for the EPTP).
-    pub fn pml4(&self) -> Hpa {
-        frame_hpa(self.pml4)
-    }
-
-    /// Table frames in use, root included.
-    pub fn table_count(&self) -> usize {
-        self.tables.len()
-    }
-
-    /// The address of the 4 KiB leaf spte for `gfn`, allocating missing
-    /// tables on the way down.
-    pub fn leaf_for(
-        &mut self,
-        mem: &PhysMemory,
-        frames: &mut FrameAllocator,
-        gfn: Gfn,
-        work: &mut WalkWork,
-    ) -> Result<Hpa, TdpError> {
-        let mut table = self.pml4();
-        for level in (2..=4).rev() {
-            let slot = entry_hpa(table, gfn, level);
-            let entry = mem.atomic_u64(slot)?.load(Ordering::Acquire);
-            work.entries_read += 1;
-            table = if spte::is_present(entry) {
-                Hpa(spte::hpa(entry))
-            } else {
-                let frame = frames.alloc()?;
-                let next = frame_hpa(frame);
-                mem.zero(next, machine::addr::PAGE_SIZE)?;
-                self.tables.push(frame);
-                mem.atomic_u64(slot)?
-                    .store(spte::make_nonleaf(next.0), Ordering::Release);
-                work.tables_allocated += 1;
-                next
-            };
-        }
-        Ok(entry_hpa(table, gfn, 1))
-    }
-
-    /// The address of the leaf spte for `gfn` if its tables exist.
-    pub fn find_leaf(&self, mem: &PhysMemory, gfn: Gfn) -> Result<Option<Hpa>, TdpError> {
-        let mut table = self.pml4();
-        for level in (2..=4).rev() {
-            let entry = mem
-                .atomic_u64(entry_hpa(table, gfn, level))?
-                .load(Ordering::Acquire);
-            if !spte::is_present(entry) {
-                return Ok(None);
+/// The address of the 4 KiB leaf spte for `gfn` under `root`, allocating
+/// missing tables (with their headers) on the way down.
+pub(crate) fn leaf_for(
+    mem: &PhysMemory,
+    frames: &mut FrameAllocator,
+    headers: &mut PageHeaders,
+    root: &Root,
+    gfn: Gfn,
+    work: &mut WalkWork,
+) -> Result<Hpa, TdpError> {
+    let mut table = root.pml4.addr();
+    let mut role = root.role;
+    for level in (2..=ROOT_LEVEL).rev() {
+        let slot = entry_hpa(table, gfn, level);
+        let entry = read_spte(mem, slot)?;
+        work.entries_read += 1;
+        role = role.child();
+        table = if spte::is_present(entry) {
+            Hpa(spte::hpa(entry))
+        } else {
+            let frame = frames.alloc()?;
+            let next = frame.addr();
+            if let Err(e) = mem.zero(next, machine::addr::PAGE_SIZE) {
+                frames.free(frame);
+                return Err(e.into());
             }
-            table = Hpa(spte::hpa(entry));
-        }
-        Ok(Some(entry_hpa(table, gfn, 1)))
+            let span = entry_span(level);
+            headers.insert(
+                frame,
+                PageHeader {
+                    role,
+                    gfn: Gfn(gfn.0 / span * span),
+                    generation: root.generation,
+                    parent: Some(slot),
+                    root: root.id,
+                },
+            );
+            write_spte(mem, slot, spte::make_nonleaf(next.0))?;
+            work.tables_allocated += 1;
+            next
+        };
     }
+    Ok(entry_hpa(table, gfn, 1))
+}
 
-    /// Frees every table (the caller has flushed translations).
-    pub fn destroy(self, frames: &mut FrameAllocator) {
-        for frame in self.tables {
-            frames.free(frame);
+/// The address of the leaf spte for `gfn` under the root at `pml4`, if its
+/// tables exist.
+pub(crate) fn find_leaf(mem: &PhysMemory, pml4: Hfn, gfn: Gfn) -> Result<Option<Hpa>, TdpError> {
+    let mut table = pml4.addr();
+    for level in (2..=ROOT_LEVEL).rev() {
+        let entry = read_spte(mem, entry_hpa(table, gfn, level))?;
+        if !spte::is_present(entry) {
+            return Ok(None);
         }
+        table = Hpa(spte::hpa(entry));
     }
+    Ok(Some(entry_hpa(table, gfn, 1)))
 }
 
 /// Reads an spte.
-pub fn read_spte(mem: &PhysMemory, at: Hpa) -> Result<u64, MemError> {
+pub(crate) fn read_spte(mem: &PhysMemory, at: Hpa) -> Result<u64, MemError> {
     Ok(mem.atomic_u64(at)?.load(Ordering::Acquire))
 }
 
 /// Writes an spte.
-pub fn write_spte(mem: &PhysMemory, at: Hpa, value: u64) -> Result<(), MemError> {
+pub(crate) fn write_spte(mem: &PhysMemory, at: Hpa, value: u64) -> Result<(), MemError> {
     mem.atomic_u64(at)?.store(value, Ordering::Release);
     Ok(())
+}
+
+/// Atomically replaces an spte, returning the old value (the CPU may set
+/// A/D bits concurrently: a plain store could lose a dirty bit).
+pub(crate) fn exchange_spte(mem: &PhysMemory, at: Hpa, value: u64) -> Result<u64, MemError> {
+    Ok(mem.atomic_u64(at)?.swap(value, Ordering::Relaxed))
+}
+
+/// Atomically clears `bits` of an spte, returning the old value.
+pub(crate) fn clear_spte_bits(mem: &PhysMemory, at: Hpa, bits: u64) -> Result<u64, MemError> {
+    Ok(mem.atomic_u64(at)?.fetch_and(!bits, Ordering::Relaxed))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mmu::page::PageRole;
+    use crate::mmu::root::Roots;
 
     #[test]
-    fn leaf_walk_allocates_three_tables_once_and_finds_them_again() {
-        let mem = PhysMemory::new(64 * 4096).unwrap();
+    fn leaf_walk_allocates_three_tables_once_with_headers_and_finds_them_again() {
+        let mem = PhysMemory::new(64 * machine::addr::PAGE_SIZE).unwrap();
         let mut frames = FrameAllocator::new(Hfn(1), Hfn(64));
-        let mut root = TdpRoot::new(&mem, &mut frames).unwrap();
+        let mut headers = PageHeaders::default();
+        let mut roots = Roots::default();
+        let id = roots
+            .create(&mem, &mut frames, &mut headers, PageRole::TDP_ROOT, 0)
+            .unwrap();
+        let root = roots.get(id).unwrap().clone();
         let gfn = Gfn(0x12345);
-        assert_eq!(root.find_leaf(&mem, gfn).unwrap(), None);
+        assert_eq!(find_leaf(&mem, root.pml4, gfn).unwrap(), None);
         let mut work = WalkWork::default();
-        let leaf = root.leaf_for(&mem, &mut frames, gfn, &mut work).unwrap();
+        let leaf = leaf_for(&mem, &mut frames, &mut headers, &root, gfn, &mut work).unwrap();
         assert_eq!(work.tables_allocated, 3);
-        assert_eq!(root.table_count(), 4);
+        assert_eq!(headers.len(), 4);
         let mut again = WalkWork::default();
         assert_eq!(
-            root.leaf_for(&mem, &mut frames, gfn, &mut again).unwrap(),
+            leaf_for(&mem, &mut frames, &mut headers, &root, gfn, &mut again).unwrap(),
             leaf
         );
         assert_eq!(
@@ -166,9 +168,23 @@ mod tests {
                 tables_allocated: 0
             }
         );
-        assert_eq!(root.find_leaf(&mem, gfn).unwrap(), Some(leaf));
+        assert_eq!(find_leaf(&mem, root.pml4, gfn).unwrap(), Some(leaf));
         assert_eq!(leaf.0 & 0xfff, (gfn.0 & 511) * 8);
-        root.destroy(&mut frames);
+        // The leaf table's header: level 1, the 512-gfn block of `gfn`,
+        // linked to the entry above it.
+        let leaf_table = Hpa(leaf.0 & !0xfff).frame();
+        let header = headers.get(leaf_table).unwrap();
+        assert_eq!(header.role.level, 1);
+        assert_eq!(header.gfn, Gfn(0x12345 & !511));
+        let parent = header.parent.unwrap();
+        assert_eq!(
+            spte::hpa(read_spte(&mem, parent).unwrap()),
+            leaf_table.addr().0
+        );
+        let tables: Vec<Hfn> = headers.iter().map(|(f, _)| f).collect();
+        for f in tables {
+            frames.free(f);
+        }
         assert_eq!(frames.in_use(), 0);
     }
 }

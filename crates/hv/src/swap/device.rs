@@ -29,7 +29,7 @@ use std::fmt;
 use std::str::FromStr;
 
 /// Bytes moved per request (one page).
-const PAGE_BYTES: u64 = 4096;
+const PAGE_BYTES: u64 = machine::addr::PAGE_SIZE;
 
 /// A latency range in virtual cycles, drawn uniformly (min == max: fixed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use std::path::Path;
 use thiserror::Error;
 
 /// Bytes in a slot.
-pub const SLOT_BYTES: usize = 4096;
+pub const SLOT_BYTES: usize = machine::addr::PAGE_SIZE as usize;
 
 /// Index of a page-sized slot in the swap file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -1,7 +1,17 @@
-//! Asynchronous page faults: the per-vCPU host state of both protocols.
+//! Asynchronous page faults, as a module:
+//! - this file: the configuration and the per-vCPU host state;
+//! - [`policy`]: when a vCPU stalls, halts or tells the guest (consumes
+//!   the MMU fault path's `WaitForPage` outcome), and what happens when
+//!   a page arrives (prefault, page-ready);
+//! - [`x86`]: KVM's x86 protocol (CPUID bits, MSRs, #PF with the token in
+//!   CR2, page-ready as an interrupt);
+//! - [`event`]: the event protocol (hypercalls, both notifications as
+//!   interrupts);
+//! - [`restore`]: saving and restoring the guest-visible state.
 //!
-//! The policy (when to stall, halt or notify) lives in `vm.rs`, next to
-//! the scheduler it drives; this module holds the state it works on, with
+//! The shared areas are read and written at the offsets of the `abi`
+//! crate's structures ([`abi::KvmApfData`], [`abi::ApfEventArea`]).
+//!
 //! KVM's host rules:
 //! - at most [`abi::APF_MAX_OUTSTANDING`] (64) outstanding per vCPU;
 //! - a per-vCPU hash of the gfns with an outstanding fault ([`GfnHash`]),
@@ -11,9 +21,72 @@
 //! - cancel everything when the guest disables delivery; wake every waiter
 //!   ([`abi::APF_WAKE_ALL`]) when it enables it or when state is restored.
 
+pub(crate) mod event;
+pub(crate) mod policy;
+pub(crate) mod restore;
+pub(crate) mod x86;
+
+use crate::time::Cycles;
 use machine::{Gfn, Gpa};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+use std::mem::{align_of, offset_of};
+
+/// Where in the shared area the page-not-present token (event protocol)
+/// or reason flags (x86) go: the first u32 of both structures.
+const NOT_PRESENT_OFFSET: u64 = {
+    assert!(offset_of!(abi::KvmApfData, flags) == offset_of!(abi::ApfEventArea, notpresent_token));
+    offset_of!(abi::KvmApfData, flags) as u64
+};
+
+/// Where the page-ready token goes: the second u32 of both structures.
+const READY_OFFSET: u64 = {
+    assert!(offset_of!(abi::KvmApfData, token) == offset_of!(abi::ApfEventArea, ready_token));
+    offset_of!(abi::KvmApfData, token) as u64
+};
+
+/// Both areas are 64-byte aligned; the low bits of the MSR carry flags.
+pub(crate) const AREA_ALIGN: u64 = {
+    assert!(align_of::<abi::KvmApfData>() == align_of::<abi::ApfEventArea>());
+    align_of::<abi::KvmApfData>() as u64
+};
+
+/// The APF configuration of a VM (`--apf`, `--apf-protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ApfConfig {
+    pub mode: ApfMode,
+    pub protocol: ApfProtocol,
+}
+
+impl ApfConfig {
+    /// CPUID 0x40000001 EAX.
+    pub fn kvm_features(self) -> u32 {
+        let mut features = abi::KVM_FEATURE_PV_UNHALT;
+        if self.x86_offered() {
+            features |= abi::KVM_FEATURE_ASYNC_PF | abi::KVM_FEATURE_ASYNC_PF_INT;
+        }
+        features
+    }
+
+    /// Whether the x86 APF MSRs exist (advertised in CPUID).
+    pub fn x86_offered(self) -> bool {
+        self.mode == ApfMode::Pv && self.protocol == ApfProtocol::X86
+    }
+
+    /// Whether the event protocol's hypercalls answer.
+    pub fn event_offered(self) -> bool {
+        self.mode == ApfMode::Pv && self.protocol == ApfProtocol::Event
+    }
+
+    /// `"pv with protocol x86"`, for errors.
+    pub fn describe(self) -> String {
+        format!(
+            "{} with protocol {}",
+            self.mode.name(),
+            self.protocol.name()
+        )
+    }
+}
 
 /// How a vCPU waits for a page that is on swap (`--apf`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -59,6 +132,9 @@ impl ApfProtocol {
     }
 }
 
+/// Low bits of a token holding the vCPU id (KVM's token layout).
+const TOKEN_VCPU_BITS: u32 = 12;
+
 /// Slots of the gfn hash (KVM's ASYNC_PF_PER_VCPU).
 const HASH_SLOTS: usize = abi::APF_MAX_OUTSTANDING as usize;
 const EMPTY: u64 = u64::MAX;
@@ -67,7 +143,7 @@ const EMPTY: u64 = u64::MAX;
 /// probing over 64 slots (never more than 64 entries), deletion by
 /// backward shift so lookups stay correct without tombstones.
 #[derive(Debug, Clone)]
-pub struct GfnHash {
+pub(crate) struct GfnHash {
     slots: [u64; HASH_SLOTS],
 }
 
@@ -155,10 +231,12 @@ impl GfnHash {
     }
 
     /// Entries.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.slots.iter().filter(|&&s| s != EMPTY).count()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -166,12 +244,12 @@ impl GfnHash {
 
 /// One outstanding async fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ApfWork {
+pub(crate) struct ApfWork {
     pub token: u32,
     pub gfn: Gfn,
     /// The swap slot being read (keys the pager's in-flight read).
     pub swap_slot: crate::swap::SwapSlot,
-    pub ready_at: u64,
+    pub ready_at: Cycles,
     /// Page-not-present was delivered, so page-ready must be too.
     pub notified: bool,
 }
@@ -225,7 +303,7 @@ pub struct ApfStats {
 
 /// The host APF state of one vCPU.
 #[derive(Debug, Clone, Default)]
-pub struct ApfVcpu {
+pub(crate) struct ApfVcpu {
     pub state: ApfState,
     /// Outstanding faults, oldest first.
     pub works: Vec<ApfWork>,
@@ -250,9 +328,19 @@ impl ApfVcpu {
     /// The shared area.
     pub fn area(&self, protocol: ApfProtocol) -> Gpa {
         match protocol {
-            ApfProtocol::X86 => Gpa(self.state.msr_en & !0x3f),
+            ApfProtocol::X86 => Gpa(self.state.msr_en & !(AREA_ALIGN - 1)),
             ApfProtocol::Event => Gpa(self.state.event.map_or(0, |e| e.area)),
         }
+    }
+
+    /// The not-present slot of the shared area.
+    pub fn not_present_slot(&self, protocol: ApfProtocol) -> Gpa {
+        self.area(protocol).add(NOT_PRESENT_OFFSET)
+    }
+
+    /// The page-ready slot of the shared area.
+    pub fn ready_slot(&self, protocol: ApfProtocol) -> Gpa {
+        self.area(protocol).add(READY_OFFSET)
     }
 
     /// Whether page-not-present may be sent at CPL 0.
@@ -274,7 +362,8 @@ impl ApfVcpu {
     /// A fresh token for vCPU `vcpu_id`: `(id++ << 12) | vcpu_id`, never 0.
     pub fn new_token(&mut self, vcpu_id: u32) -> u32 {
         loop {
-            let token = (self.state.next_id << 12) | (vcpu_id & 0xfff);
+            let token =
+                (self.state.next_id << TOKEN_VCPU_BITS) | (vcpu_id & ((1 << TOKEN_VCPU_BITS) - 1));
             self.state.next_id = self.state.next_id.wrapping_add(1);
             if token != 0 && token != abi::APF_WAKE_ALL {
                 return token;
@@ -283,7 +372,7 @@ impl ApfVcpu {
     }
 
     /// Earliest completion among outstanding faults.
-    pub fn next_ready_at(&self) -> Option<u64> {
+    pub fn next_ready_at(&self) -> Option<Cycles> {
         self.works.iter().map(|w| w.ready_at).min()
     }
 

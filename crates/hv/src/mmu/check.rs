@@ -1,0 +1,118 @@
+//! The MMU invariant checker (run by the tests, and by the VM after
+//! memslot changes in debug builds).
+//!
+//! - every present non-leaf entry points at a table whose header names
+//!   that entry as its parent, one level down, covering the entry's gfns,
+//!   in the same root;
+//! - every leaf spte is a 4 KiB mapping of a gfn inside a memslot, of the
+//!   frame the memslot says the page is resident in, listed in the rmap;
+//! - writable implies MMU-writable implies host-writable, and a
+//!   host-writable spte's memslot is not read-only;
+//! - every rmap entry is a present leaf mapping its frame;
+//! - every header's table is reachable from its root.
+
+use super::lock::Timed;
+use super::page::ROOT_LEVEL;
+use super::tdp::read_spte;
+use super::tdp_iter::TdpIter;
+use super::{spte, Mmu};
+use crate::cost::HvCosts;
+use crate::memslot::{Memslots, PageState};
+use machine::{Gfn, Hfn, Hpa, PhysMemory};
+use std::collections::BTreeSet;
+use thiserror::Error;
+
+/// An MMU invariant that does not hold.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("MMU invariant broken: {0}")]
+pub struct InvariantError(pub String);
+
+impl Mmu {
+    /// Checks every invariant listed in the module documentation.
+    pub fn check(
+        &self,
+        mem: &PhysMemory,
+        slots: &Memslots,
+        costs: &HvCosts,
+    ) -> Result<(), InvariantError> {
+        let fail = |what: String| Err(InvariantError(what));
+        let inner = self.hold(Timed::Untimed, costs);
+        let mut reached: BTreeSet<Hfn> = BTreeSet::new();
+        let mut leaves: BTreeSet<Hpa> = BTreeSet::new();
+        for root in inner.roots.iter() {
+            reached.insert(root.pml4);
+            let all = Gfn(0)..Gfn(1 << (9 * ROOT_LEVEL as u32));
+            for entry in TdpIter::new(mem, root.pml4, all) {
+                let entry = entry.map_err(|e| InvariantError(format!("reading an spte: {e:?}")))?;
+                let value = entry.spte;
+                if !entry.is_leaf() {
+                    let child = spte::frame(value);
+                    let Some(h) = inner.headers.get(child) else {
+                        return fail(format!(
+                            "{:?} points at {child:?}, which has no header",
+                            entry.at
+                        ));
+                    };
+                    if h.parent != Some(entry.at)
+                        || h.role.level != entry.level - 1
+                        || h.gfn != entry.gfn
+                        || h.root != root.id
+                    {
+                        return fail(format!(
+                            "header of {child:?} {h:?} disagrees with its parent entry {entry:?}"
+                        ));
+                    }
+                    reached.insert(child);
+                    continue;
+                }
+                if entry.level != 1 {
+                    return fail(format!("huge leaf {entry:?}: the TDP MMU maps 4 KiB pages"));
+                }
+                let frame = spte::frame(value);
+                let Some(slot) = slots.lookup(entry.gfn) else {
+                    return fail(format!(
+                        "{entry:?} maps gfn {:?} outside every memslot",
+                        entry.gfn
+                    ));
+                };
+                if slot.state(entry.gfn) != PageState::Resident(frame) {
+                    return fail(format!(
+                        "{entry:?} maps {frame:?} but the memslot says {:?}",
+                        slot.state(entry.gfn)
+                    ));
+                }
+                if !inner.rmap.get(frame).contains(&entry.at) {
+                    return fail(format!("{entry:?} is missing from the rmap of {frame:?}"));
+                }
+                if !spte::writable_bits_consistent(value) {
+                    return fail(format!("{entry:?}: writable without MMU- or host-writable"));
+                }
+                if value & spte::HOST_WRITABLE != 0 && slot.flags.readonly {
+                    return fail(format!("{entry:?}: host-writable in a read-only memslot"));
+                }
+                leaves.insert(entry.at);
+            }
+        }
+        for (frame, at) in inner.rmap.iter() {
+            if !leaves.contains(&at) {
+                return fail(format!(
+                    "rmap of {frame:?} lists {at:?}, which is not a present leaf"
+                ));
+            }
+            let value = read_spte(mem, at).map_err(|e| InvariantError(format!("{e:?}")))?;
+            if spte::frame(value) != frame {
+                return fail(format!(
+                    "rmap of {frame:?} lists {at:?}, which maps another frame"
+                ));
+            }
+        }
+        for (frame, header) in inner.headers.iter() {
+            if !reached.contains(&frame) {
+                return fail(format!(
+                    "table {frame:?} ({header:?}) is not reachable from its root"
+                ));
+            }
+        }
+        Ok(())
+    }
+}

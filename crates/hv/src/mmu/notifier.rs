@@ -1,0 +1,100 @@
+//! What the host side (the pager, memslot changes) may do to the guest's
+//! mappings: KVM's MMU-notifier hooks. Nothing outside `mmu/` touches an
+//! spte; the pager asks through these, each one a hold of `mmu_lock`
+//! through [`super::lock`], so its cost and its hold are accounted like a
+//! fault's.
+//!
+//! None of them flushes TLBs: the caller requests a remote TLB flush of
+//! every vCPU (processed before each one's next VM entry) when sptes were
+//! cleared or aged, before the frames are reused.
+
+use super::lock::Timed;
+use super::tdp::{clear_spte_bits, exchange_spte};
+use super::tdp_iter::TdpIter;
+use super::{spte, Mmu};
+use crate::cost::HvCosts;
+use crate::time::Cycles;
+use machine::{Gfn, Hfn, MemError, PhysMemory};
+use std::ops::Range;
+
+/// What zapping the mappings of one frame found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Zapped {
+    /// sptes cleared.
+    pub sptes: u64,
+    /// One of them had the dirty bit: the guest wrote the page.
+    pub dirty: bool,
+    /// The hold's cost (acquisition, wait and the work under the lock).
+    pub cycles: Cycles,
+}
+
+impl Mmu {
+    /// Whether any spte mapping `frame` has its accessed bit set; clears
+    /// them (KVM's `test_and_clear_young`). Returns the answer and the
+    /// hold's cost.
+    pub fn test_and_clear_young(
+        &self,
+        mem: &PhysMemory,
+        costs: &HvCosts,
+        frame: Hfn,
+        when: Timed,
+    ) -> Result<(bool, Cycles), MemError> {
+        let mut inner = self.hold(when, costs);
+        inner.charge(costs.spte_read);
+        let mut young = false;
+        for &at in inner.rmap.get(frame) {
+            young |= clear_spte_bits(mem, at, spte::ACCESSED)? & spte::ACCESSED != 0;
+        }
+        Ok((young, inner.cycles()))
+    }
+
+    /// Clears every spte mapping `frame` (KVM's `unmap_gfn_range` for one
+    /// page, as reclaim does), reporting whether the guest dirtied it.
+    pub fn zap_frame(
+        &self,
+        mem: &PhysMemory,
+        costs: &HvCosts,
+        frame: Hfn,
+        when: Timed,
+    ) -> Result<Zapped, MemError> {
+        let mut inner = self.hold(when, costs);
+        let mut zapped = Zapped::default();
+        for at in inner.rmap.take(frame) {
+            let old = exchange_spte(mem, at, 0)?;
+            zapped.dirty |= old & spte::DIRTY != 0;
+            zapped.sptes += 1;
+            inner.charge(costs.spte_write);
+        }
+        zapped.cycles = inner.cycles();
+        Ok(zapped)
+    }
+
+    /// Clears every leaf spte translating a gfn in `range`, in every root
+    /// (memslot deletion and moves). Returns how many were cleared.
+    pub fn zap_gfn_range(
+        &self,
+        mem: &PhysMemory,
+        costs: &HvCosts,
+        range: Range<Gfn>,
+        when: Timed,
+    ) -> Result<Zapped, MemError> {
+        let mut inner = self.hold(when, costs);
+        let pml4s: Vec<Hfn> = inner.roots.iter().map(|r| r.pml4).collect();
+        let mut zapped = Zapped::default();
+        for pml4 in pml4s {
+            for entry in TdpIter::new(mem, pml4, range.clone()) {
+                let entry = entry?;
+                if !entry.is_leaf() {
+                    continue;
+                }
+                let old = exchange_spte(mem, entry.at, 0)?;
+                zapped.dirty |= old & spte::DIRTY != 0;
+                zapped.sptes += 1;
+                inner.rmap.remove(spte::frame(old), entry.at);
+                inner.charge(costs.spte_write);
+            }
+        }
+        zapped.cycles = inner.cycles();
+        Ok(zapped)
+    }
+}

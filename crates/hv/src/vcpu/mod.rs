@@ -1,0 +1,385 @@
+//! One vCPU: its machine CPU, scheduling state, requests and exit handling.
+//!
+//! A vCPU handles its own exits against the VM's shared state
+//! ([`Vcpu::handle_exit`]`(&mut self, &mut Shared, exit) -> Next`). What it
+//! needs done to other vCPUs (IPIs, kicks, starting an AP, remote TLB
+//! flushes) it queues as [`CrossRequest`]s in the shared state, and the
+//! scheduler carries them out before anything else runs. What must happen
+//! to a vCPU before it next enters the guest is a [`Requests`] bit
+//! (KVM's `KVM_REQ_*`), processed in [`Vcpu::enter`].
+//!
+//! Exit handlers, by concern:
+//! - [`cpuid`]: CPUID;
+//! - [`msr`]: RDMSR/WRMSR through the MSR table (the async-PF MSRs are
+//!   `apf::x86`'s);
+//! - [`io`]: port I/O (the serial port, the debug-exit port);
+//! - [`hypercall`]: VMCALL (the event protocol's hypercalls are
+//!   `apf::event`'s);
+//! - [`page_fault`]: EPT violations (the MMU's fault path, then the
+//!   async-PF policy);
+//! - IPIs and HLT here.
+
+mod cpuid;
+mod hypercall;
+mod io;
+pub(crate) mod msr;
+mod page_fault;
+
+use crate::apf::ApfVcpu;
+use crate::error::VmError;
+use crate::mmu::root::RootError;
+use crate::mmu::LoadedRoot;
+use crate::stats::VcpuStats;
+use crate::swap::SwapSlot;
+use crate::time::Cycles;
+use crate::vm::shared::{CrossRequest, Shared};
+use crate::vm::StopReason;
+use machine::cpu::state::rflags;
+use machine::vmx::{InveptKind, IpiMode};
+use machine::{Cpu, VmExit};
+
+/// Identifier of a vCPU: its index in the VM (also its APIC id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VcpuId(pub usize);
+
+/// Work a vCPU must do before its next VM entry (KVM's `KVM_REQ_*`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Requests(u32);
+
+impl Requests {
+    /// Choose a root again (the MMU generation changed, or none loaded).
+    pub const RELOAD_ROOT: Requests = Requests(1 << 0);
+    /// Flush the EPT translations of the current root (sptes were zapped
+    /// or aged).
+    pub const TLB_FLUSH: Requests = Requests(1 << 1);
+
+    pub fn set(&mut self, r: Requests) {
+        self.0 |= r.0;
+    }
+
+    /// Whether `r` is pending; clears it.
+    pub fn take(&mut self, r: Requests) -> bool {
+        let pending = self.0 & r.0 != 0;
+        self.0 &= !r.0;
+        pending
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// Scheduling state of a vCPU in the hv.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunState {
+    /// An application processor not yet started by HC_START_CPU.
+    WaitingForStart,
+    Runnable,
+    /// Halted by HLT until an interrupt it can take (or a kick).
+    Halted,
+    /// Stalled until a page read completes; nothing else happens to it
+    /// (no interrupts), as a vCPU blocked in a synchronous host fault.
+    Stalled {
+        until: Cycles,
+        slot: SwapSlot,
+    },
+    /// Halted in the hv on an outstanding async fault: wakes when one of
+    /// its pages arrives or an interrupt can be taken (KVM's APF halt).
+    ApfHalted,
+}
+
+/// What an exit handler asks the scheduler to do with the vCPU.
+#[derive(Debug)]
+pub(crate) enum Next {
+    Continue,
+    Halt,
+    /// Wait, without interrupts, for the read of `slot` due at `until`.
+    Stall {
+        until: Cycles,
+        slot: SwapSlot,
+    },
+    /// Halt until an outstanding page arrives or an interrupt comes.
+    ApfHalt,
+    Stop(StopReason),
+}
+
+/// One vCPU.
+#[derive(Debug)]
+pub struct Vcpu {
+    pub(crate) id: VcpuId,
+    pub(crate) cpu: Cpu,
+    pub(crate) run: RunState,
+    /// KVM_HC_KICK_CPU arrived while halted or before the next HLT.
+    pub(crate) kicked: bool,
+    /// Earliest virtual time at which a wake-up sent by another vCPU can be
+    /// seen (the sender's clock).
+    pub(crate) wake_not_before: Cycles,
+    /// While halted or stalled: the deadline registered in the VM's event
+    /// queue (timer, page arrival or end of a stall).
+    pub(crate) wake_event: Option<Cycles>,
+    pub(crate) apf: ApfVcpu,
+    pub(crate) stats: VcpuStats,
+    pub(crate) requests: Requests,
+    /// The root it entered with last.
+    pub(crate) root: Option<LoadedRoot>,
+}
+
+impl Vcpu {
+    pub(crate) fn new(id: VcpuId, cpu: Cpu) -> Self {
+        let mut requests = Requests::default();
+        requests.set(Requests::RELOAD_ROOT);
+        Vcpu {
+            id,
+            cpu,
+            run: RunState::WaitingForStart,
+            kicked: false,
+            wake_not_before: Cycles::ZERO,
+            wake_event: None,
+            apf: ApfVcpu::default(),
+            stats: VcpuStats::default(),
+            requests,
+            root: None,
+        }
+    }
+
+    /// The machine CPU.
+    pub fn cpu(&self) -> &Cpu {
+        &self.cpu
+    }
+
+    /// Async page faults outstanding (reads in flight it waits for).
+    pub fn apf_outstanding(&self) -> usize {
+        self.apf.works.len()
+    }
+
+    /// Page-ready notifications queued for the guest.
+    pub fn apf_ready_queued(&self) -> usize {
+        self.apf.ready_queue.len()
+    }
+
+    /// The vCPU's clock.
+    pub(crate) fn clock(&self) -> Cycles {
+        Cycles(self.cpu.cycles())
+    }
+
+    pub(crate) fn rip(&self) -> u64 {
+        self.cpu.state().rip
+    }
+
+    /// Charges hv work to the vCPU: the one way virtual time is charged
+    /// for work (idle time is [`Vcpu::idle_until`]).
+    pub(crate) fn charge(&mut self, cycles: Cycles) {
+        self.cpu.advance_cycles(cycles.0);
+        self.stats.busy_cycles += cycles.0;
+    }
+
+    /// Advances the clock to `until` without running (halted, stalled or
+    /// not started), counting the time as idle.
+    pub(crate) fn idle_until(&mut self, until: Cycles) {
+        let now = self.clock();
+        if until > now {
+            let idle = (until - now).0;
+            self.cpu.advance_cycles(idle);
+            self.stats.idle_cycles += idle;
+            match self.run {
+                RunState::Stalled { .. } => self.apf.stats.stall_cycles += idle,
+                RunState::ApfHalted => self.apf.stats.halt_cycles += idle,
+                _ => {}
+            }
+        }
+    }
+
+    /// Processes pending requests, then runs guest code until `limit` or
+    /// an exit (KVM's `vcpu_enter_guest`).
+    pub(crate) fn enter(&mut self, shared: &mut Shared, limit: Cycles) -> Result<VmExit, VmError> {
+        self.process_requests(shared)
+            .map_err(|source| VmError::Root {
+                vcpu: self.id.0,
+                source,
+            })?;
+        let before = self.cpu.cycles();
+        let exit = self.cpu.run(&shared.host.mem, limit.0);
+        self.stats.busy_cycles += self.cpu.cycles() - before;
+        Ok(exit)
+    }
+
+    fn process_requests(&mut self, shared: &mut Shared) -> Result<(), RootError> {
+        if self.requests.is_empty() && self.root.is_some_and(|r| shared.host.mmu.is_current(&r)) {
+            return Ok(());
+        }
+        let stale = self.root.is_none_or(|r| !shared.host.mmu.is_current(&r));
+        if self.requests.take(Requests::RELOAD_ROOT) || stale {
+            let host = &mut shared.host;
+            let root = host.mmu.load_root(
+                &host.mem,
+                &mut host.frames,
+                &host.costs,
+                self.root.map(|r| r.id),
+            )?;
+            if let Some(c) = self.cpu.vmx_mut() {
+                c.ept = Some(root.eptp);
+            }
+            self.root = Some(root);
+        }
+        if self.requests.take(Requests::TLB_FLUSH) {
+            if let Some(root) = self.root {
+                self.cpu.invept(InveptKind::SingleContext(root.eptp));
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles one exit, charging the hv's work to the vCPU.
+    pub(crate) fn handle_exit(&mut self, shared: &mut Shared, exit: VmExit) -> Next {
+        let name = exit.name();
+        let vectoring = self.cpu.idt_vectoring_info();
+        let mut cycles = Cycles(shared.host.costs.exit_base);
+        let next = match self.dispatch(shared, exit, vectoring.is_some(), &mut cycles) {
+            Ok(next) => next,
+            Err(error) => Next::Stop(StopReason::Error(error)),
+        };
+        // An exit in the middle of delivering an event (e.g. an EPT
+        // violation on the guest stack while pushing an interrupt frame)
+        // loses the event unless the hv re-injects it, as on VMX.
+        if let Some(event) = vectoring {
+            if self.cpu.pending_injection().is_none() {
+                self.cpu.inject_event(event);
+                cycles += Cycles(shared.host.costs.event_injection);
+            }
+        }
+        if name != "cycle_limit" {
+            self.charge(cycles);
+            let stat = self.stats.exits.entry(name.to_string()).or_default();
+            stat.count += 1;
+            stat.hv_cycles += cycles.0;
+        }
+        next
+    }
+
+    fn dispatch(
+        &mut self,
+        shared: &mut Shared,
+        exit: VmExit,
+        vectoring: bool,
+        cycles: &mut Cycles,
+    ) -> Result<Next, VmError> {
+        let rip = self.rip();
+        let vcpu = self.id.0;
+        let costs = shared.host.costs;
+        match exit {
+            VmExit::CycleLimit => Ok(Next::Continue),
+            VmExit::TripleFault => Err(VmError::TripleFault { vcpu, rip }),
+            VmExit::EptViolation {
+                gpa, qualification, ..
+            } => self.ept_violation(shared, gpa, qualification, vectoring, cycles),
+            VmExit::EptMisconfig { gpa } => Err(VmError::EptMisconfig { vcpu, gpa, rip }),
+            VmExit::MachineError(error) => Err(VmError::Machine { vcpu, rip, error }),
+            VmExit::Cpuid => {
+                *cycles += Cycles(costs.cpuid_msr);
+                self.handle_cpuid(shared.kvm_features);
+                Ok(Next::Continue)
+            }
+            VmExit::Hlt => {
+                self.cpu.skip_instruction();
+                self.stats.halts += 1;
+                self.wake_not_before = Cycles::ZERO;
+                Ok(Next::Halt)
+            }
+            VmExit::Io {
+                port,
+                size,
+                direction,
+                value,
+            } => {
+                *cycles += Cycles(costs.io_emulation);
+                Ok(self.handle_io(shared, port, size, direction, value))
+            }
+            VmExit::MsrRead { index } => {
+                *cycles += Cycles(costs.cpuid_msr);
+                self.handle_rdmsr(shared, index);
+                Ok(Next::Continue)
+            }
+            VmExit::MsrWrite { index, value } => {
+                *cycles += Cycles(costs.cpuid_msr);
+                self.handle_wrmsr(shared, index, value)?;
+                Ok(Next::Continue)
+            }
+            VmExit::Vmcall => {
+                *cycles += Cycles(costs.hypercall);
+                self.handle_hypercall(shared)
+            }
+            VmExit::Ipi(ipi) => match ipi.mode {
+                // Lowest priority is delivered like fixed to every
+                // destination (the "focus processor" choice is the
+                // platform's; all is legal for a single-destination use
+                // and deterministic).
+                IpiMode::Fixed | IpiMode::LowestPriority => {
+                    shared.cross.push(CrossRequest::Ipi {
+                        sender_apic: self.cpu.apic().id(),
+                        ipi,
+                        at: self.clock(),
+                    });
+                    self.stats.ipis_sent += 1;
+                    Ok(Next::Continue)
+                }
+                // APs are started with HC_START_CPU; INIT/SIPI, NMI and
+                // SMI IPIs are not modelled.
+                other => Err(VmError::UnsupportedExit {
+                    vcpu,
+                    rip,
+                    exit: format!("IPI with delivery mode {other:?} (start APs with HC_START_CPU)"),
+                }),
+            },
+            other => Err(VmError::UnsupportedExit {
+                vcpu,
+                rip,
+                exit: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// Whether an interrupt, a pending injection or a kick can wake the
+    /// halted vCPU now.
+    pub(crate) fn can_wake(&self) -> bool {
+        self.kicked
+            || self.cpu.pending_injection().is_some()
+            || (self.cpu.state().rflags & rflags::IF != 0
+                && self.cpu.apic().deliverable_vector().is_some())
+    }
+
+    /// The timer deadline that would wake the halted vCPU.
+    pub(crate) fn timer_wake_deadline(&self) -> Option<Cycles> {
+        if self.cpu.state().rflags & rflags::IF == 0 {
+            return None;
+        }
+        let offset = self.cpu.vmx().map_or(0, |c| c.tsc_offset);
+        let deadline = self.cpu.apic().next_timer_deadline()?;
+        Some(Cycles(
+            deadline.wrapping_sub(offset as u64).max(self.cpu.cycles()),
+        ))
+    }
+
+    /// Fires the APIC timer if it is due at the vCPU's clock.
+    pub(crate) fn update_timer(&mut self) {
+        let tsc = self.cpu.tsc();
+        self.cpu.apic_mut().update_timer(tsc);
+    }
+
+    /// When something may wake the vCPU (halted or stalled).
+    pub(crate) fn wake_deadline(&self) -> Option<Cycles> {
+        match self.run {
+            RunState::Halted | RunState::ApfHalted => {
+                // While halted nothing but the hv touches the APIC timer,
+                // so its deadline stays valid until the vCPU runs again.
+                let timer = self.timer_wake_deadline();
+                let page = self.apf.next_ready_at();
+                match (timer, page) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            }
+            RunState::Stalled { until, .. } => Some(until),
+            RunState::Runnable | RunState::WaitingForStart => None,
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! RDMSR and WRMSR exits, through the MSR table.
+//!
+//! MSRs the guest reads and writes without exits are listed in
+//! [`PASSTHROUGH_MSRS`]; the others exit and are looked up in [`MSRS`]:
+//! each entry says how to read and how to write one MSR (a write that
+//! returns false is refused with #GP, as KVM refuses it). The async-PF
+//! MSRs exist only when offered and are `apf::x86`'s. Anything else is
+//! #GP.
+
+use super::Vcpu;
+use crate::error::VmError;
+use crate::vm::shared::Shared;
+use machine::cpu::state::{efer, msr};
+use machine::cpu::vector;
+use machine::vmx::InvvpidKind;
+use machine::{Cpu, EventInjection, EventKind};
+
+/// MSRs the guest reads and writes without exits (the CPU's own state).
+pub const PASSTHROUGH_MSRS: [u32; 8] = [
+    msr::FS_BASE,
+    msr::GS_BASE,
+    msr::KERNEL_GS_BASE,
+    msr::STAR,
+    msr::LSTAR,
+    msr::CSTAR,
+    msr::FMASK,
+    msr::TSC_AUX,
+];
+
+/// How one emulated MSR is read and written.
+pub(crate) struct MsrEntry {
+    pub index: u32,
+    pub read: fn(&Cpu) -> Option<u64>,
+    /// False: refused (#GP).
+    pub write: fn(&mut Cpu, u64) -> bool,
+}
+
+/// The emulated MSRs.
+pub(crate) const MSRS: &[MsrEntry] = &[
+    MsrEntry {
+        index: msr::EFER,
+        read: |cpu| Some(cpu.state().efer),
+        write: write_efer,
+    },
+    MsrEntry {
+        index: msr::PAT,
+        read: |cpu| Some(cpu.state().pat),
+        write: |cpu, v| {
+            cpu.state_mut().pat = v;
+            true
+        },
+    },
+    MsrEntry {
+        index: msr::MISC_ENABLE,
+        read: |cpu| Some(cpu.state().misc_enable),
+        write: |cpu, v| {
+            cpu.state_mut().misc_enable = v;
+            true
+        },
+    },
+    MsrEntry {
+        index: msr::MTRR_DEF_TYPE,
+        read: |cpu| Some(cpu.state().mtrr_def_type),
+        write: |cpu, v| {
+            cpu.state_mut().mtrr_def_type = v;
+            true
+        },
+    },
+    MsrEntry {
+        index: msr::SYSENTER_CS,
+        read: |cpu| Some(cpu.state().sysenter_cs),
+        write: |cpu, v| {
+            cpu.state_mut().sysenter_cs = v;
+            true
+        },
+    },
+    MsrEntry {
+        index: msr::SYSENTER_ESP,
+        read: |cpu| Some(cpu.state().sysenter_esp),
+        write: |cpu, v| {
+            cpu.state_mut().sysenter_esp = v;
+            true
+        },
+    },
+    MsrEntry {
+        index: msr::SYSENTER_EIP,
+        read: |cpu| Some(cpu.state().sysenter_eip),
+        write: |cpu, v| {
+            cpu.state_mut().sysenter_eip = v;
+            true
+        },
+    },
+    MsrEntry {
+        index: msr::TSC,
+        read: |cpu| Some(cpu.tsc()),
+        write: |cpu, v| {
+            // As KVM: writing the TSC sets the offset.
+            let cycles = cpu.cycles();
+            if let Some(c) = cpu.vmx_mut() {
+                c.tsc_offset = v.wrapping_sub(cycles) as i64;
+            }
+            true
+        },
+    },
+    MsrEntry {
+        index: msr::APIC_BASE,
+        read: |cpu| cpu.apic().read_msr(msr::APIC_BASE, cpu.tsc()).ok(),
+        write: |cpu, v| {
+            let tsc = cpu.tsc();
+            cpu.apic_mut().write_msr(msr::APIC_BASE, v, tsc).is_ok()
+        },
+    },
+    MsrEntry {
+        index: msr::TSC_DEADLINE,
+        read: |cpu| cpu.apic().read_msr(msr::TSC_DEADLINE, cpu.tsc()).ok(),
+        write: |cpu, v| {
+            let tsc = cpu.tsc();
+            cpu.apic_mut().write_msr(msr::TSC_DEADLINE, v, tsc).is_ok()
+        },
+    },
+];
+
+/// As KVM: LMA is read-only (a written value is ignored); long mode stays
+/// on, so the guest may change SCE and NXE.
+fn write_efer(cpu: &mut Cpu, value: u64) -> bool {
+    let s = cpu.state();
+    let fixed = efer::LME;
+    if value & !(efer::WRITABLE | efer::LMA) != 0 || value & fixed != s.efer & fixed {
+        return false;
+    }
+    let new = (value & efer::WRITABLE) | (s.efer & efer::LMA);
+    cpu.state_mut().efer = new;
+    // NXE changes what translations allow.
+    let vpid = cpu.vmx().map_or(0, |c| c.vpid);
+    cpu.invvpid(InvvpidKind::SingleContext { vpid });
+    true
+}
+
+fn msr_entry(index: u32) -> Option<&'static MsrEntry> {
+    MSRS.iter().find(|e| e.index == index)
+}
+
+/// The #GP a refused MSR access gets.
+pub(crate) fn gp_fault() -> EventInjection {
+    EventInjection {
+        kind: EventKind::HardwareException,
+        vector: vector::GP,
+        error_code: Some(0),
+        instruction_len: 0,
+    }
+}
+
+impl Vcpu {
+    pub(super) fn handle_rdmsr(&mut self, shared: &Shared, index: u32) {
+        let value = match crate::apf::x86::rdmsr(self, shared, index) {
+            Some(v) => Some(v),
+            None => msr_entry(index).and_then(|e| (e.read)(&self.cpu)),
+        };
+        match value {
+            Some(value) => self.cpu.complete_rdmsr(value),
+            None => self.cpu.inject_event(gp_fault()),
+        }
+    }
+
+    pub(super) fn handle_wrmsr(
+        &mut self,
+        shared: &mut Shared,
+        index: u32,
+        value: u64,
+    ) -> Result<(), VmError> {
+        let ok = match crate::apf::x86::wrmsr(self, shared, index, value)? {
+            Some(ok) => ok,
+            None => msr_entry(index).is_some_and(|e| (e.write)(&mut self.cpu, value)),
+        };
+        if ok {
+            self.cpu.skip_instruction();
+        } else {
+            self.cpu.inject_event(gp_fault());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use machine::CpuConfig;
+
+    fn cpu() -> Cpu {
+        let mut cpu = Cpu::new(CpuConfig::default());
+        cpu.set_vmx(Some(machine::VmxControls::default()));
+        cpu.state_mut().efer = efer::LME | efer::LMA;
+        cpu
+    }
+
+    #[test]
+    fn efer_keeps_long_mode_and_ignores_lma_writes() {
+        let mut cpu = cpu();
+        let e = msr_entry(msr::EFER).unwrap();
+        assert!((e.write)(&mut cpu, efer::LME | efer::NXE | efer::SCE));
+        assert_eq!(
+            (e.read)(&cpu),
+            Some(efer::LME | efer::LMA | efer::NXE | efer::SCE)
+        );
+        assert!(!(e.write)(&mut cpu, 0), "clearing LME is refused");
+        assert!(!(e.write)(&mut cpu, efer::LME | (1 << 20)), "reserved bit");
+        // LMA is read-only: writing it clear is ignored, not refused.
+        assert!((e.write)(&mut cpu, efer::LME));
+        assert_ne!(cpu.state().efer & efer::LMA, 0);
+    }
+
+    #[test]
+    fn tsc_writes_set_the_offset_and_unknown_msrs_are_absent() {
+        let mut cpu = cpu();
+        cpu.advance_cycles(1000);
+        let e = msr_entry(msr::TSC).unwrap();
+        assert!((e.write)(&mut cpu, 5000));
+        assert_eq!(cpu.vmx().unwrap().tsc_offset, 4000);
+        assert_eq!((e.read)(&cpu), Some(5000));
+        assert!(msr_entry(0xdead_beef).is_none());
+        for m in PASSTHROUGH_MSRS {
+            assert!(msr_entry(m).is_none(), "{m:#x} never exits");
+        }
+    }
+}

@@ -1,0 +1,436 @@
+//! The VM: the shared state ([`shared`]), the vCPUs (`crate::vcpu`) and
+//! the scheduler ([`sched`]), behind a small public API.
+
+pub(crate) mod sched;
+pub(crate) mod shared;
+
+use crate::apf::{ApfConfig, ApfMode, ApfProtocol};
+use crate::boot::KernelImage;
+use crate::cost::HvCosts;
+use crate::error::{CreateError, GuestMemoryError, VmError};
+use crate::frames::FrameAllocator;
+use crate::host::Host;
+use crate::memslot::{MemslotError, Memslots, SlotFlags, SlotId};
+use crate::mmu::check::InvariantError;
+use crate::mmu::lock::Timed;
+use crate::mmu::Mmu;
+use crate::pager::Pager;
+use crate::stats::VmStats;
+use crate::swap::DeviceModel;
+use crate::time::Cycles;
+use crate::vcpu::msr::PASSTHROUGH_MSRS;
+use crate::vcpu::{Vcpu, VcpuId};
+use machine::addr::PAGE_SIZE;
+use machine::vmx::MsrExiting;
+use machine::{Cpu, CpuConfig, Gfn, Gpa, Hfn, PhysMemory, VmxControls};
+use sched::Scheduler;
+use shared::{CrossRequest, DirectoryEntry, Shared};
+use std::path::PathBuf;
+
+/// How a VM is built.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// Number of vCPUs (APIC ids 0..n).
+    pub vcpus: u32,
+    /// Guest RAM in bytes (a multiple of 2 MiB).
+    pub mem_size: u64,
+    /// The command line handed to the kernel.
+    pub cmdline: String,
+    /// Scheduling quantum in virtual cycles.
+    pub quantum: u64,
+    /// Host memory for EPT tables and bookkeeping beyond guest RAM.
+    pub host_overhead: u64,
+    /// The hv cost table.
+    pub costs: HvCosts,
+    /// Host frames for guest pages (the container limit); `None`: as much
+    /// as guest memory, so nothing is ever evicted.
+    pub host_mem: Option<u64>,
+    /// The swap file; `None`: a temporary file, unlinked at creation.
+    pub swap_path: Option<PathBuf>,
+    /// The swap device model.
+    pub swap_device: DeviceModel,
+    /// How a vCPU waits for a page on swap.
+    pub apf: ApfMode,
+    /// The paravirtual protocol of `ApfMode::Pv`.
+    pub apf_protocol: ApfProtocol,
+    /// Seeds the device model's latency draws.
+    pub seed: u64,
+}
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        VmConfig {
+            vcpus: 1,
+            mem_size: 256 << 20,
+            cmdline: String::new(),
+            quantum: 100_000,
+            host_overhead: 16 << 20,
+            costs: HvCosts::DEFAULT,
+            host_mem: None,
+            swap_path: None,
+            swap_device: DeviceModel::default(),
+            apf: ApfMode::Off,
+            apf_protocol: ApfProtocol::X86,
+            seed: 1,
+        }
+    }
+}
+
+/// Why the VM stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// The guest wrote to the isa-debug-exit port: status `(v << 1) | 1`.
+    DebugExit { status: u32 },
+    /// The guest called HC_SHUTDOWN.
+    Shutdown { status: u64 },
+    /// An unsupported or fatal exit.
+    Error(VmError),
+}
+
+/// Whether `run_until` returned because of the time limit or a stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunStatus {
+    /// The time limit was reached; the VM can run on.
+    Running,
+    /// The VM stopped.
+    Stopped(StopReason),
+}
+
+/// A structured result line handed over by HC_REPORT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub vcpu: usize,
+    /// Virtual time of the report (the vCPU's cycle counter).
+    pub cycles: u64,
+    pub line: String,
+}
+
+/// The memslot of guest RAM.
+pub const RAM_SLOT: SlotId = 0;
+
+/// The smallest host memory pool: room for every page one instruction can
+/// need at once (code, data, stack, four levels of guest page tables, an
+/// IDT/TSS delivery) many times over, so eviction cannot livelock.
+pub const MIN_HOST_MEM: u64 = 4 << 20;
+
+/// A virtual machine.
+#[derive(Debug)]
+pub struct Vm {
+    pub(crate) shared: Shared,
+    pub(crate) vcpus: Vec<Vcpu>,
+    pub(crate) sched: Scheduler,
+    mem_size: u64,
+    pub(crate) kernel: Option<KernelImage>,
+}
+
+/// The VM-execution controls of vCPU `id` (the EPT pointer is set at each
+/// VM entry, from the root the vCPU enters with).
+fn controls(id: u32) -> VmxControls {
+    VmxControls {
+        exception_bitmap: 0,
+        hlt_exiting: true,
+        io_exiting: None,
+        msr_exiting: MsrExiting::Bitmap {
+            read_passthrough: PASSTHROUGH_MSRS.to_vec(),
+            write_passthrough: PASSTHROUGH_MSRS.to_vec(),
+        },
+        virtualize_x2apic: true,
+        external_interrupt_exiting: false,
+        ept: None,
+        vpid: id as u16 + 1,
+        ..VmxControls::default()
+    }
+}
+
+impl Vm {
+    /// An empty VM: host memory, one RAM memslot of `mem_size` bytes at gpa
+    /// 0 and `vcpus` vCPUs in guest mode, all waiting (no kernel loaded).
+    pub fn new(config: &VmConfig) -> Result<Vm, CreateError> {
+        if config.vcpus == 0 || config.vcpus as usize > abi::MAX_CPUS {
+            return Err(CreateError::BadVcpuCount(config.vcpus));
+        }
+        let two_mib = 2 << 20;
+        if config.mem_size == 0
+            || config.mem_size % two_mib != 0
+            || config.mem_size > crate::boot::MAX_GUEST_MEM
+        {
+            return Err(CreateError::BadMemSize(config.mem_size));
+        }
+        // Guest RAM, its EPT tables (one table per 2 MiB, plus the upper
+        // levels) and slack. PhysMemory is a lazily-committed mmap, so
+        // untouched frames cost no host RAM.
+        let ept_tables = (config.mem_size / two_mib + 64) * PAGE_SIZE;
+        let host_size = config.mem_size + ept_tables + config.host_overhead;
+        let mem = PhysMemory::new(host_size)?;
+        let mut frames = FrameAllocator::new(Hfn(1), machine::Hpa(host_size).frame());
+        let limit = config
+            .host_mem
+            .unwrap_or(config.mem_size)
+            .min(config.mem_size);
+        if limit < MIN_HOST_MEM {
+            return Err(CreateError::HostMemTooSmall {
+                host_mem: limit,
+                min: MIN_HOST_MEM,
+            });
+        }
+        let mut pager = Pager::new(
+            limit / PAGE_SIZE,
+            config.swap_path.clone(),
+            config.swap_device.clone(),
+            config.seed,
+        );
+        if limit < config.mem_size {
+            pager.open_swap()?;
+        }
+        let mmu = Mmu::new(&mem, &mut frames)?;
+        let mut slots = Memslots::default();
+        slots.add(
+            RAM_SLOT,
+            Gfn(0),
+            config.mem_size / PAGE_SIZE,
+            SlotFlags::default(),
+        )?;
+        let vcpus: Vec<Vcpu> = (0..config.vcpus)
+            .map(|id| {
+                let mut cpu = Cpu::new(CpuConfig {
+                    apic_id: id,
+                    ..CpuConfig::default()
+                });
+                cpu.set_vmx(Some(controls(id)));
+                Vcpu::new(VcpuId(id as usize), cpu)
+            })
+            .collect();
+        let apf = ApfConfig {
+            mode: config.apf,
+            protocol: config.apf_protocol,
+        };
+        Ok(Vm {
+            shared: Shared {
+                host: Host {
+                    mem,
+                    frames,
+                    slots,
+                    mmu,
+                    costs: config.costs,
+                },
+                pager,
+                apf,
+                kvm_features: apf.kvm_features(),
+                serial: Vec::new(),
+                reports: Vec::new(),
+                directory: vcpus
+                    .iter()
+                    .map(|v| DirectoryEntry {
+                        apic_id: v.cpu.apic().id(),
+                        started: false,
+                    })
+                    .collect(),
+                cross: Vec::new(),
+                time: Cycles::ZERO,
+            },
+            vcpus,
+            sched: Scheduler::new(Cycles(config.quantum.max(1))),
+            mem_size: config.mem_size,
+            kernel: None,
+        })
+    }
+
+    /// A VM booted per `abi`: the kernel loaded, boot page tables, GDT,
+    /// BootInfo and stack built, the bootstrap vCPU ready at the entry point
+    /// (see `boot.rs`).
+    pub fn boot(config: &VmConfig, kernel: &[u8]) -> Result<Vm, CreateError> {
+        crate::boot::boot(config, kernel)
+    }
+
+    /// Starts vCPU `id` at `rip` (the bootstrap vCPU at boot).
+    pub(crate) fn start_vcpu(&mut self, id: VcpuId, rip: u64, rsp: u64, rdi: u64) {
+        self.shared.directory[id.0].started = true;
+        self.shared.cross.push(CrossRequest::StartCpu {
+            target: id,
+            rip,
+            rsp,
+            rdi,
+            at: Cycles::ZERO,
+        });
+        self.carry_out_cross_requests();
+    }
+
+    /// Adds a memslot (no backing allocated until touched).
+    pub fn add_memslot(
+        &mut self,
+        id: SlotId,
+        base: Gpa,
+        size: u64,
+        flags: SlotFlags,
+    ) -> Result<(), MemslotError> {
+        self.shared
+            .host
+            .slots
+            .add(id, base.frame(), size / PAGE_SIZE, flags)
+    }
+
+    /// Deletes a memslot: zaps every spte mapping its pages, flushes the
+    /// EPT translations of every vCPU, frees the backing frames.
+    pub fn delete_memslot(&mut self, id: SlotId) -> Result<(), MemslotError> {
+        let shared = &mut self.shared;
+        let cancelled = shared.pager.forget_memslot(&shared.host.slots, id);
+        let slots = &shared.host.slots;
+        for vcpu in &mut self.vcpus {
+            // Their pages are gone: forget the faults, the pages will
+            // never be announced.
+            vcpu.apf
+                .works
+                .retain(|w| slots.lookup(w.gfn).is_none_or(|s| s.id != id));
+        }
+        let slot = shared.host.slots.delete(id)?;
+        self.zap_gfns(slot.base_gfn..slot.end_gfn());
+        let shared = &mut self.shared;
+        for (_, frame) in slot.backed_pages() {
+            shared.host.frames.free(frame);
+            shared.pager.note_freed();
+        }
+        for frame in cancelled {
+            shared.host.frames.free(frame);
+        }
+        Ok(())
+    }
+
+    /// Moves a memslot to a new guest-physical base; its contents move with
+    /// it and its old mappings are zapped (they refault at the new gpa).
+    pub fn move_memslot(&mut self, id: SlotId, new_base: Gpa) -> Result<(), MemslotError> {
+        let slots = &mut self.shared.host.slots;
+        let old = slots.get(id).ok_or(MemslotError::NoSuchSlot(id))?;
+        let range = old.base_gfn..old.end_gfn();
+        slots.move_slot(id, new_base.frame())?;
+        self.zap_gfns(range);
+        Ok(())
+    }
+
+    /// Zaps the sptes of `range` and has every vCPU flush before it runs.
+    fn zap_gfns(&mut self, range: std::ops::Range<Gfn>) {
+        let host = &self.shared.host;
+        // The iterator reads only tables the MMU allocated in host memory,
+        // so clearing their entries cannot fail.
+        let zapped = host
+            .mmu
+            .zap_gfn_range(&host.mem, &host.costs, range, Timed::Untimed)
+            .map_or(0, |z| z.sptes);
+        if zapped > 0 {
+            self.shared.cross.push(CrossRequest::FlushAll);
+            self.carry_out_cross_requests();
+        }
+    }
+
+    /// The memslot generation.
+    pub fn memslot_generation(&self) -> u64 {
+        self.shared.host.slots.generation()
+    }
+
+    /// Copies `bytes` into guest-physical memory, allocating backing frames
+    /// for pages not yet touched and reading swapped-out pages back first
+    /// (as the VMM writing its own mapping).
+    pub fn write_guest(&mut self, gpa: Gpa, bytes: &[u8]) -> Result<(), GuestMemoryError> {
+        let result = self.shared.write_guest(gpa, bytes);
+        self.carry_out_cross_requests();
+        result
+    }
+
+    /// Reads guest-physical memory (untouched pages read as zero; swapped
+    /// pages are read back in).
+    pub fn read_guest(&mut self, gpa: Gpa, buf: &mut [u8]) -> Result<(), GuestMemoryError> {
+        let result = self.shared.read_guest(gpa, buf);
+        self.carry_out_cross_requests();
+        result
+    }
+
+    /// The leaf spte mapping `gpa` now, if any (see [`crate::spte`] for its
+    /// bits): for tests and inspection.
+    pub fn spte(&self, gpa: Gpa) -> Option<u64> {
+        let host = &self.shared.host;
+        host.mmu.leaf_spte(&host.mem, &host.costs, gpa.frame())
+    }
+
+    /// Checks the MMU's invariants (every spte consistent with its memslot,
+    /// the rmap and its page header; writable implies MMU-writable implies
+    /// host-writable).
+    pub fn check_mmu(&self) -> Result<(), InvariantError> {
+        let host = &self.shared.host;
+        host.mmu.check(&host.mem, &host.slots, &host.costs)
+    }
+
+    /// Guest RAM size in bytes.
+    pub fn mem_size(&self) -> u64 {
+        self.mem_size
+    }
+
+    /// The vCPUs.
+    pub fn vcpus(&self) -> &[Vcpu] {
+        &self.vcpus
+    }
+
+    /// Global virtual time in cycles.
+    pub fn time(&self) -> u64 {
+        self.shared.time.0
+    }
+
+    /// Serial output not yet taken.
+    pub fn take_serial(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.shared.serial)
+    }
+
+    /// HC_REPORT lines so far.
+    pub fn reports(&self) -> &[Report] {
+        &self.shared.reports
+    }
+
+    /// Why the VM stopped, if it did.
+    pub fn stop_reason(&self) -> Option<&StopReason> {
+        self.sched.stopped.as_ref()
+    }
+
+    /// The loaded kernel, if booted from an ELF.
+    pub fn kernel(&self) -> Option<&KernelImage> {
+        self.kernel.as_ref()
+    }
+
+    /// Statistics so far.
+    pub fn stats(&self) -> VmStats {
+        let shared = &self.shared;
+        let host = &shared.host;
+        VmStats {
+            virtual_cycles: self.vcpus.iter().map(|v| v.cpu.cycles()).max().unwrap_or(0),
+            vcpus: self
+                .vcpus
+                .iter()
+                .map(|v| {
+                    let mut s = v.stats.clone();
+                    s.cycles = v.cpu.cycles();
+                    s.instructions = v.cpu.stats().instructions;
+                    s.apf = v.apf.stats;
+                    s
+                })
+                .collect(),
+            frames_in_use: host.frames.in_use(),
+            frames_peak: host.frames.peak(),
+            ept_tables: host.mmu.table_count(&host.costs),
+            memslot_generation: host.slots.generation(),
+            host_mem_pages: shared.pager.limit(),
+            resident_pages: shared.pager.resident(),
+            pager: shared.pager.stats(),
+            device: shared.pager.device_stats(),
+            device_desc: {
+                let m = shared.pager.device_model();
+                format!(
+                    "{}: read latency {}, write setup {}, {} MB/s, queue {}",
+                    m.name,
+                    m.read_latency,
+                    crate::swap::device::format_duration(m.write_latency),
+                    m.bandwidth / 1_000_000,
+                    m.queue
+                )
+            },
+            apf_mode: shared.apf.mode.name(),
+            apf_protocol: shared.apf.protocol.name(),
+        }
+    }
+}

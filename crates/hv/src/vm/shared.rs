@@ -1,0 +1,179 @@
+//! The state every vCPU works on: guest memory behind the MMU and the
+//! pager, the APF configuration, the console, the reports, and the queue
+//! of cross-vCPU requests the scheduler carries out.
+
+use crate::apf::ApfConfig;
+use crate::error::GuestMemoryError;
+use crate::host::Host;
+use crate::memslot::PageState;
+use crate::pager::{PageRef, Pager, Work};
+use crate::time::Cycles;
+use crate::vcpu::VcpuId;
+use crate::vm::Report;
+use machine::addr::PAGE_SIZE;
+use machine::vmx::Ipi;
+use machine::{Gfn, Gpa, Hfn};
+
+/// Something a vCPU (or the hv) needs done to other vCPUs; the scheduler
+/// carries these out before any vCPU runs guest code again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CrossRequest {
+    /// Every vCPU flushes its EPT translations before its next entry
+    /// (sptes were zapped or aged).
+    FlushAll,
+    /// A fixed (or lowest-priority) IPI from the APIC `sender_apic`.
+    Ipi {
+        sender_apic: u32,
+        ipi: Ipi,
+        at: Cycles,
+    },
+    /// KVM_HC_KICK_CPU.
+    Kick { target: VcpuId, at: Cycles },
+    /// HC_START_CPU: the AP starts at `rip` with `rsp` and `rdi`.
+    StartCpu {
+        target: VcpuId,
+        rip: u64,
+        rsp: u64,
+        rdi: u64,
+        at: Cycles,
+    },
+}
+
+/// What every vCPU may know about the others.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DirectoryEntry {
+    pub apic_id: u32,
+    /// Started (the bootstrap vCPU, or an AP after HC_START_CPU).
+    pub started: bool,
+}
+
+/// The VM's shared state.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub host: Host,
+    pub pager: Pager,
+    pub apf: ApfConfig,
+    /// CPUID 0x40000001 EAX.
+    pub kvm_features: u32,
+    pub serial: Vec<u8>,
+    pub reports: Vec<Report>,
+    pub directory: Vec<DirectoryEntry>,
+    pub cross: Vec<CrossRequest>,
+    /// Global virtual time: the end of the last completed round (stamps
+    /// the hv's own accesses).
+    pub time: Cycles,
+}
+
+impl Shared {
+    pub fn vcpu_by_apic_id(&self, apic_id: u64) -> Option<VcpuId> {
+        self.directory
+            .iter()
+            .position(|d| u64::from(d.apic_id) == apic_id)
+            .map(VcpuId)
+    }
+
+    fn page_ref(&self, gfn: Gfn) -> Result<PageRef, GuestMemoryError> {
+        let slot = self
+            .host
+            .slots
+            .lookup(gfn)
+            .ok_or(GuestMemoryError::Unmapped(gfn.addr()))?;
+        Ok(PageRef {
+            slot: slot.id,
+            index: slot.index_of(gfn),
+        })
+    }
+
+    /// Copies `bytes` into guest-physical memory, allocating backing frames
+    /// for pages not yet touched and reading swapped-out pages back first
+    /// (as the VMM writing its own mapping).
+    pub fn write_guest(&mut self, gpa: Gpa, bytes: &[u8]) -> Result<(), GuestMemoryError> {
+        let mut done = 0usize;
+        while done < bytes.len() {
+            let at = gpa.add(done as u64);
+            let chunk = ((PAGE_SIZE - at.page_offset()) as usize).min(bytes.len() - done);
+            let frame = self.backing_frame(at.frame())?;
+            // The EPT dirty bit does not see the hv's own stores: make the
+            // swap copy stale explicitly.
+            let page = self.page_ref(at.frame())?;
+            self.pager.drop_swap_copy(&mut self.host.slots, page);
+            self.host.mem.write_bytes(
+                frame.addr().add(at.page_offset()),
+                &bytes[done..done + chunk],
+            )?;
+            done += chunk;
+        }
+        Ok(())
+    }
+
+    /// Reads guest-physical memory (untouched pages read as zero; swapped
+    /// pages are read back in).
+    pub fn read_guest(&mut self, gpa: Gpa, buf: &mut [u8]) -> Result<(), GuestMemoryError> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = gpa.add(done as u64);
+            let chunk = ((PAGE_SIZE - at.page_offset()) as usize).min(buf.len() - done);
+            let slot = self
+                .host
+                .slots
+                .lookup(at.frame())
+                .ok_or(GuestMemoryError::Unmapped(at))?;
+            match slot.state(at.frame()) {
+                PageState::Untouched => buf[done..done + chunk].fill(0),
+                _ => {
+                    let frame = self.backing_frame(at.frame())?;
+                    self.host.mem.read_bytes(
+                        frame.addr().add(at.page_offset()),
+                        &mut buf[done..done + chunk],
+                    )?;
+                }
+            }
+            done += chunk;
+        }
+        Ok(())
+    }
+
+    /// Reads a little-endian u32 of guest memory.
+    pub fn read_u32(&mut self, gpa: Gpa) -> Result<u32, GuestMemoryError> {
+        let mut buf = [0u8; 4];
+        self.read_guest(gpa, &mut buf)?;
+        Ok(u32::from_le_bytes(buf))
+    }
+
+    /// Writes a little-endian u32 of guest memory.
+    pub fn write_u32(&mut self, gpa: Gpa, value: u32) -> Result<(), GuestMemoryError> {
+        self.write_guest(gpa, &value.to_le_bytes())
+    }
+
+    /// The frame holding `gfn` for an access by the hv itself: allocated
+    /// and zeroed on first touch, read back synchronously from swap.
+    pub fn backing_frame(&mut self, gfn: Gfn) -> Result<Hfn, GuestMemoryError> {
+        let page = self.page_ref(gfn)?;
+        let now = self.time;
+        let state = self
+            .host
+            .slots
+            .lookup(gfn)
+            .ok_or(GuestMemoryError::Unmapped(gfn.addr()))?
+            .state(gfn);
+        let (frame, work) = match state {
+            PageState::Resident(frame) => return Ok(frame),
+            PageState::Untouched => self.pager.first_touch(&mut self.host, page, gfn, now)?,
+            PageState::Swapped(slot) => match self.pager.in_flight(slot) {
+                // On its way in: the hv does not wait in virtual time.
+                Some(_) => {
+                    let (_, frame) = self
+                        .pager
+                        .finish_page_in(&mut self.host.slots, slot)
+                        .ok_or(GuestMemoryError::Unmapped(gfn.addr()))?;
+                    (frame, Work::default())
+                }
+                None => self.pager.swap_in_now(&mut self.host, page, slot, now)?,
+            },
+        };
+        if work.flush {
+            self.cross.push(CrossRequest::FlushAll);
+        }
+        Ok(frame)
+    }
+}
