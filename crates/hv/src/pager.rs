@@ -532,7 +532,9 @@ mod tests {
         let mut frames = FrameAllocator::new(Hfn(1), Hfn(512));
         let mmu = Mmu::new(&mem, &mut frames).unwrap();
         let mut slots = Memslots::default();
-        slots.add(0, Gfn(0), 64, SlotFlags::default()).unwrap();
+        slots
+            .add(SlotId(0), Gfn(0), 64, SlotFlags::default())
+            .unwrap();
         let model = DevicePreset::Ssd.model();
         Fixture {
             host: Host {
@@ -567,7 +569,7 @@ mod tests {
         /// and checks the MMU's invariants.
         fn touch(&mut self, gfn: u64, fill: u8, now: Cycles) -> Work {
             let page = PageRef {
-                slot: 0,
+                slot: SlotId(0),
                 index: gfn,
             };
             let (frame, work) = self.pager.alloc_frame(&mut self.host, now).unwrap();
@@ -577,7 +579,7 @@ mod tests {
                 .unwrap();
             self.host
                 .slots
-                .get_mut(0)
+                .get_mut(SlotId(0))
                 .unwrap()
                 .set_backing(Gfn(gfn), frame);
             self.pager.note_resident(page, frame, now);
@@ -601,7 +603,7 @@ mod tests {
         }
 
         fn state(&self, gfn: u64) -> PageState {
-            self.host.slots.get(0).unwrap().state(Gfn(gfn))
+            self.host.slots.get(SlotId(0)).unwrap().state(Gfn(gfn))
         }
     }
 
@@ -649,7 +651,10 @@ mod tests {
         let PageState::Swapped(slot) = f.state(3) else {
             panic!("gfn 3 evicted: {:?}", f.state(3));
         };
-        let page = PageRef { slot: 0, index: 3 };
+        let page = PageRef {
+            slot: SlotId(0),
+            index: 3,
+        };
         let (read, _) = f
             .pager
             .start_page_in(&mut f.host, page, slot, ms(30))
@@ -670,7 +675,7 @@ mod tests {
             "contents survived the round trip"
         );
         assert_eq!(
-            f.host.slots.get(0).unwrap().swap_slot_at(3),
+            f.host.slots.get(SlotId(0)).unwrap().swap_slot_at(3),
             Some(slot),
             "clean copy kept"
         );
@@ -707,7 +712,10 @@ mod tests {
         let PageState::Swapped(slot) = f.state(0) else {
             panic!()
         };
-        let page = PageRef { slot: 0, index: 0 };
+        let page = PageRef {
+            slot: SlotId(0),
+            index: 0,
+        };
         f.pager
             .start_page_in(&mut f.host, page, slot, ms(30))
             .unwrap();

@@ -106,7 +106,7 @@ pub struct Report {
 }
 
 /// The memslot of guest RAM.
-pub const RAM_SLOT: SlotId = 0;
+pub const RAM_SLOT: SlotId = SlotId(0);
 
 /// The smallest host memory pool: room for every page one instruction can
 /// need at once (code, data, stack, four levels of guest page tables, an
