@@ -292,6 +292,10 @@ impl Pager {
         self.resident = self.resident.saturating_sub(1);
     }
 
+    /// Evicts up to [`EVICT_BATCH`] pages. `now` is when the batch starts
+    /// (what WSClock ages pages against); each `mmu_lock` hold is taken at
+    /// `now` plus the work done so far, so the batch's own holds follow one
+    /// another instead of waiting for each other.
     fn evict_batch(&mut self, host: &mut Host, now: Cycles) -> Result<Work, PagerError> {
         let mut work = Work::default();
         let mut evicted = 0;
@@ -308,7 +312,7 @@ impl Pager {
                     break;
                 };
                 if let Some(frame) = Self::resident_frame(&host.slots, &entry) {
-                    work.add(self.evict(host, entry.page, frame, now)?);
+                    work.add(self.evict(host, entry.page, frame, now, now + work.cycles)?);
                     self.stats.oldest_evictions += 1;
                     evicted += 1;
                 }
@@ -321,9 +325,12 @@ impl Pager {
                 continue; // stale: evicted, freed or its memslot gone
             };
             looked += 1;
-            let (young, cycles) =
-                host.mmu
-                    .test_and_clear_young(&host.mem, &host.costs, frame, Timed::Untimed)?;
+            let (young, cycles) = host.mmu.test_and_clear_young(
+                &host.mem,
+                &host.costs,
+                frame,
+                Timed::At(now + work.cycles),
+            )?;
             work.cycles += cycles;
             if young {
                 self.stats.second_chances += 1;
@@ -331,7 +338,7 @@ impl Pager {
                 work.flush = true;
                 self.clock.push_back(entry);
             } else if now.saturating_sub(entry.last_used) >= WORKING_SET_AGE {
-                work.add(self.evict(host, entry.page, frame, now)?);
+                work.add(self.evict(host, entry.page, frame, now, now + work.cycles)?);
                 evicted += 1;
             } else {
                 self.clock.push_back(entry);
@@ -353,11 +360,12 @@ impl Pager {
         page: PageRef,
         frame: Hfn,
         now: Cycles,
+        lock_at: Cycles,
     ) -> Result<Work, PagerError> {
         let costs = host.costs;
         let zapped = host
             .mmu
-            .zap_frame(&host.mem, &costs, frame, Timed::Untimed)?;
+            .zap_frame(&host.mem, &costs, frame, Timed::At(lock_at))?;
         let dirty = zapped.dirty;
         let mut work = Work {
             cycles: zapped.cycles,
