@@ -16,7 +16,14 @@ use std::collections::BTreeMap;
 use thiserror::Error;
 
 /// Identifier of a memslot, chosen by the caller (as KVM's slot number).
-pub type SlotId = u32;
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SlotId(pub u32);
+
+impl std::fmt::Display for SlotId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
 
 /// Memslot flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -310,43 +317,55 @@ mod tests {
     #[test]
     fn add_lookup_move_delete_bump_the_generation() {
         let mut slots = Memslots::default();
-        slots.add(0, Gfn(0), 16, SlotFlags::default()).unwrap();
-        slots.add(1, Gfn(32), 16, SlotFlags::default()).unwrap();
+        slots
+            .add(SlotId(0), Gfn(0), 16, SlotFlags::default())
+            .unwrap();
+        slots
+            .add(SlotId(1), Gfn(32), 16, SlotFlags::default())
+            .unwrap();
         assert_eq!(slots.generation(), 2);
-        assert_eq!(slots.lookup(Gfn(15)).unwrap().id, 0);
+        assert_eq!(slots.lookup(Gfn(15)).unwrap().id, SlotId(0));
         assert!(slots.lookup(Gfn(16)).is_none());
-        assert_eq!(slots.lookup(Gfn(40)).unwrap().id, 1);
+        assert_eq!(slots.lookup(Gfn(40)).unwrap().id, SlotId(1));
         assert!(matches!(
-            slots.add(2, Gfn(8), 16, SlotFlags::default()),
-            Err(MemslotError::Overlap { other: 0, .. })
+            slots.add(SlotId(2), Gfn(8), 16, SlotFlags::default()),
+            Err(MemslotError::Overlap {
+                other: SlotId(0),
+                ..
+            })
         ));
         assert_eq!(
-            slots.add(1, Gfn(100), 1, SlotFlags::default()),
-            Err(MemslotError::DuplicateId(1))
+            slots.add(SlotId(1), Gfn(100), 1, SlotFlags::default()),
+            Err(MemslotError::DuplicateId(SlotId(1)))
         );
         slots
             .lookup_mut(Gfn(33))
             .unwrap()
             .set_backing(Gfn(33), Hfn(7));
-        slots.move_slot(1, Gfn(64)).unwrap();
+        slots.move_slot(SlotId(1), Gfn(64)).unwrap();
         assert!(slots.lookup(Gfn(40)).is_none());
         assert_eq!(
             slots.lookup(Gfn(65)).unwrap().backing(Gfn(65)),
             Some(Hfn(7))
         );
         assert_eq!(slots.generation(), 3);
-        let removed = slots.delete(0).unwrap();
+        let removed = slots.delete(SlotId(0)).unwrap();
         assert_eq!(removed.npages, 16);
         assert!(slots.lookup(Gfn(0)).is_none());
         assert_eq!(slots.generation(), 4);
-        assert_eq!(slots.delete(0).unwrap_err(), MemslotError::NoSuchSlot(0));
+        assert_eq!(
+            slots.delete(SlotId(0)).unwrap_err(),
+            MemslotError::NoSuchSlot(SlotId(0))
+        );
     }
 
     #[test]
     fn pages_move_between_untouched_resident_and_swapped() {
         let mut slots = Memslots::default();
-        slots.add(3, Gfn(16), 4, SlotFlags::default()).unwrap();
-        let slot = slots.get_mut(3).unwrap();
+        slots
+            .add(SlotId(3), Gfn(16), 4, SlotFlags::default())
+            .unwrap();
+        let slot = slots.get_mut(SlotId(3)).unwrap();
         assert_eq!(slot.state(Gfn(17)), PageState::Untouched);
         slot.set_backing(Gfn(17), Hfn(9));
         assert_eq!(slot.state(Gfn(17)), PageState::Resident(Hfn(9)));

@@ -292,6 +292,10 @@ impl Pager {
         self.resident = self.resident.saturating_sub(1);
     }
 
+    /// Evicts up to [`EVICT_BATCH`] pages. `now` is when the batch starts
+    /// (what WSClock ages pages against); each `mmu_lock` hold is taken at
+    /// `now` plus the work done so far, so the batch's own holds follow one
+    /// another instead of waiting for each other.
     fn evict_batch(&mut self, host: &mut Host, now: Cycles) -> Result<Work, PagerError> {
         let mut work = Work::default();
         let mut evicted = 0;
@@ -308,7 +312,7 @@ impl Pager {
                     break;
                 };
                 if let Some(frame) = Self::resident_frame(&host.slots, &entry) {
-                    work.add(self.evict(host, entry.page, frame, now)?);
+                    work.add(self.evict(host, entry.page, frame, now, now + work.cycles)?);
                     self.stats.oldest_evictions += 1;
                     evicted += 1;
                 }
@@ -321,9 +325,12 @@ impl Pager {
                 continue; // stale: evicted, freed or its memslot gone
             };
             looked += 1;
-            let (young, cycles) =
-                host.mmu
-                    .test_and_clear_young(&host.mem, &host.costs, frame, Timed::Untimed)?;
+            let (young, cycles) = host.mmu.test_and_clear_young(
+                &host.mem,
+                &host.costs,
+                frame,
+                Timed::At(now + work.cycles),
+            )?;
             work.cycles += cycles;
             if young {
                 self.stats.second_chances += 1;
@@ -331,7 +338,7 @@ impl Pager {
                 work.flush = true;
                 self.clock.push_back(entry);
             } else if now.saturating_sub(entry.last_used) >= WORKING_SET_AGE {
-                work.add(self.evict(host, entry.page, frame, now)?);
+                work.add(self.evict(host, entry.page, frame, now, now + work.cycles)?);
                 evicted += 1;
             } else {
                 self.clock.push_back(entry);
@@ -353,11 +360,12 @@ impl Pager {
         page: PageRef,
         frame: Hfn,
         now: Cycles,
+        lock_at: Cycles,
     ) -> Result<Work, PagerError> {
         let costs = host.costs;
         let zapped = host
             .mmu
-            .zap_frame(&host.mem, &costs, frame, Timed::Untimed)?;
+            .zap_frame(&host.mem, &costs, frame, Timed::At(lock_at))?;
         let dirty = zapped.dirty;
         let mut work = Work {
             cycles: zapped.cycles,
@@ -532,7 +540,9 @@ mod tests {
         let mut frames = FrameAllocator::new(Hfn(1), Hfn(512));
         let mmu = Mmu::new(&mem, &mut frames).unwrap();
         let mut slots = Memslots::default();
-        slots.add(0, Gfn(0), 64, SlotFlags::default()).unwrap();
+        slots
+            .add(SlotId(0), Gfn(0), 64, SlotFlags::default())
+            .unwrap();
         let model = DevicePreset::Ssd.model();
         Fixture {
             host: Host {
@@ -567,7 +577,7 @@ mod tests {
         /// and checks the MMU's invariants.
         fn touch(&mut self, gfn: u64, fill: u8, now: Cycles) -> Work {
             let page = PageRef {
-                slot: 0,
+                slot: SlotId(0),
                 index: gfn,
             };
             let (frame, work) = self.pager.alloc_frame(&mut self.host, now).unwrap();
@@ -577,7 +587,7 @@ mod tests {
                 .unwrap();
             self.host
                 .slots
-                .get_mut(0)
+                .get_mut(SlotId(0))
                 .unwrap()
                 .set_backing(Gfn(gfn), frame);
             self.pager.note_resident(page, frame, now);
@@ -601,7 +611,7 @@ mod tests {
         }
 
         fn state(&self, gfn: u64) -> PageState {
-            self.host.slots.get(0).unwrap().state(Gfn(gfn))
+            self.host.slots.get(SlotId(0)).unwrap().state(Gfn(gfn))
         }
     }
 
@@ -649,7 +659,10 @@ mod tests {
         let PageState::Swapped(slot) = f.state(3) else {
             panic!("gfn 3 evicted: {:?}", f.state(3));
         };
-        let page = PageRef { slot: 0, index: 3 };
+        let page = PageRef {
+            slot: SlotId(0),
+            index: 3,
+        };
         let (read, _) = f
             .pager
             .start_page_in(&mut f.host, page, slot, ms(30))
@@ -670,7 +683,7 @@ mod tests {
             "contents survived the round trip"
         );
         assert_eq!(
-            f.host.slots.get(0).unwrap().swap_slot_at(3),
+            f.host.slots.get(SlotId(0)).unwrap().swap_slot_at(3),
             Some(slot),
             "clean copy kept"
         );
@@ -707,7 +720,10 @@ mod tests {
         let PageState::Swapped(slot) = f.state(0) else {
             panic!()
         };
-        let page = PageRef { slot: 0, index: 0 };
+        let page = PageRef {
+            slot: SlotId(0),
+            index: 0,
+        };
         f.pager
             .start_page_in(&mut f.host, page, slot, ms(30))
             .unwrap();

@@ -214,19 +214,25 @@ fn memslot_delete_zaps_and_refaults() {
     );
 
     // A second slot, through the hv's own accesses.
-    vm.add_memslot(7, machine::Gpa(1 << 32), 1 << 20, Default::default())
-        .unwrap();
+    vm.add_memslot(
+        hv::SlotId(7),
+        machine::Gpa(1 << 32),
+        1 << 20,
+        Default::default(),
+    )
+    .unwrap();
     vm.write_guest(machine::Gpa((1 << 32) + 8), b"abc").unwrap();
     let mut buf = [0u8; 3];
     vm.read_guest(machine::Gpa((1 << 32) + 8), &mut buf)
         .unwrap();
     assert_eq!(&buf, b"abc");
-    vm.move_memslot(7, machine::Gpa(2 << 32)).unwrap();
+    vm.move_memslot(hv::SlotId(7), machine::Gpa(2 << 32))
+        .unwrap();
     vm.read_guest(machine::Gpa((2 << 32) + 8), &mut buf)
         .unwrap();
     assert_eq!(&buf, b"abc");
     let in_use = vm.stats().frames_in_use;
-    vm.delete_memslot(7).unwrap();
+    vm.delete_memslot(hv::SlotId(7)).unwrap();
     assert_eq!(vm.stats().frames_in_use, in_use - 1);
     assert!(vm.read_guest(machine::Gpa(2 << 32), &mut buf).is_err());
 

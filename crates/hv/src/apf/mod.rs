@@ -246,7 +246,12 @@ impl GfnHash {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ApfWork {
     pub token: u32,
+    /// The gfn the guest touched, in memslot generation `generation`.
     pub gfn: Gfn,
+    /// The same page by memslot and index, which a memslot move keeps.
+    pub page: crate::pager::PageRef,
+    /// The memslot generation `gfn` was seen in.
+    pub generation: u64,
     /// The swap slot being read (keys the pager's in-flight read).
     pub swap_slot: crate::swap::SwapSlot,
     pub ready_at: Cycles,
@@ -311,6 +316,20 @@ pub(crate) struct ApfVcpu {
     pub ready_queue: VecDeque<u32>,
     pub gfns: GfnHash,
     pub stats: ApfStats,
+}
+
+impl ApfWork {
+    /// Where the page is now: `gfn` while the memslots are as they were
+    /// when the fault was taken; after a change (the memslot generation
+    /// moved), found again from the page's memslot and index (`None` if
+    /// the memslot is gone).
+    pub fn current_gfn(&self, slots: &crate::memslot::Memslots) -> Option<Gfn> {
+        if slots.generation() == self.generation {
+            return Some(self.gfn);
+        }
+        let slot = slots.get(self.page.slot)?;
+        (self.page.index < slot.npages).then(|| slot.gfn_at(self.page.index))
+    }
 }
 
 impl ApfVcpu {
@@ -464,5 +483,31 @@ mod tests {
         assert!(apf.enabled(ApfProtocol::X86));
         assert_eq!(apf.area(ApfProtocol::X86), Gpa(0x1000));
         assert!(!apf.enabled(ApfProtocol::Event));
+    }
+
+    #[test]
+    fn an_outstanding_fault_follows_its_page_when_the_memslot_moves() {
+        use crate::memslot::{Memslots, SlotFlags, SlotId};
+        let mut slots = Memslots::default();
+        slots
+            .add(SlotId(4), Gfn(0x100), 16, SlotFlags::default())
+            .unwrap();
+        let work = ApfWork {
+            token: 1,
+            gfn: Gfn(0x105),
+            page: crate::pager::PageRef {
+                slot: SlotId(4),
+                index: 5,
+            },
+            generation: slots.generation(),
+            swap_slot: crate::swap::SwapSlot(0),
+            ready_at: Cycles::ZERO,
+            notified: false,
+        };
+        assert_eq!(work.current_gfn(&slots), Some(Gfn(0x105)));
+        slots.move_slot(SlotId(4), Gfn(0x800)).unwrap();
+        assert_eq!(work.current_gfn(&slots), Some(Gfn(0x805)), "new generation");
+        slots.delete(SlotId(4)).unwrap();
+        assert_eq!(work.current_gfn(&slots), None);
     }
 }

@@ -6,6 +6,7 @@
 use super::{ApfMode, ApfProtocol, ApfWork};
 use crate::error::VmError;
 use crate::memslot::PageState;
+use crate::pager::PageRef;
 use crate::swap::SwapSlot;
 use crate::time::Cycles;
 use crate::vcpu::{Next, Vcpu};
@@ -47,6 +48,14 @@ pub(crate) fn wait_for_page(
     if vcpu.apf.works.len() as u64 >= abi::APF_MAX_OUTSTANDING {
         return Ok(stall);
     }
+    let slots = &shared.host.slots;
+    let Some(memslot) = slots.lookup(gfn) else {
+        return Ok(stall);
+    };
+    let page = PageRef {
+        slot: memslot.id,
+        index: memslot.index_of(gfn),
+    };
     let apic_id = vcpu.cpu.apic().id();
     let apf = &mut vcpu.apf;
     let token = apf.new_token(apic_id);
@@ -54,6 +63,8 @@ pub(crate) fn wait_for_page(
     apf.works.push(ApfWork {
         token,
         gfn,
+        page,
+        generation: slots.generation(),
         swap_slot: slot,
         ready_at,
         notified: false,
@@ -136,7 +147,11 @@ pub(crate) fn complete_arrived(vcpu: &mut Vcpu, shared: &mut Shared) -> Result<b
         shared
             .pager
             .finish_page_in(&mut shared.host.slots, work.swap_slot);
-        prefault(vcpu, shared, work.gfn, now)?;
+        // The memslot may have moved since the fault: map the page where
+        // it is now.
+        if let Some(gfn) = work.current_gfn(&shared.host.slots) {
+            prefault(vcpu, shared, gfn, now)?;
+        }
         let apf = &mut vcpu.apf;
         apf.gfns.remove(work.gfn);
         if work.notified {

@@ -25,7 +25,7 @@ use crate::cost::HvCosts;
 use crate::frames::{FrameAllocator, OutOfFrames};
 use crate::host::Host;
 use crate::memslot::PageState;
-use crate::pager::{PageRef, Pager, PagerError};
+use crate::pager::{PageRef, Pager, PagerError, Work};
 use crate::swap::SwapSlot;
 use crate::time::Cycles;
 use machine::{Gfn, Gpa, Hfn, MemError, PhysMemory};
@@ -136,17 +136,22 @@ pub(crate) fn page_fault(
         flush: false,
         lock_wait: Cycles::ZERO,
     };
+    // The pager's work is the vCPU's; sptes it zapped or aged need a
+    // remote flush (the INVEPT is charged here, issued before entry).
+    let mut charge = |fault: &mut Fault, work: Work| {
+        clock.cycles += work.cycles;
+        if work.flush {
+            fault.flush = true;
+            clock.cycles += Cycles(costs.invept);
+        }
+    };
     let frame = match slot.state(gfn) {
         PageState::Resident(frame) => frame,
         PageState::Untouched => {
             let (frame, work) = pager
                 .first_touch(host, page, gfn, now)
                 .map_err(pager_error)?;
-            clock.cycles += work.cycles;
-            if work.flush {
-                fault.flush = true;
-                clock.cycles += Cycles(costs.invept);
-            }
+            charge(&mut fault, work);
             fault.frame_allocated = true;
             frame
         }
@@ -160,11 +165,7 @@ pub(crate) fn page_fault(
                     let (read, work) = pager
                         .start_page_in(host, page, swap_slot, now)
                         .map_err(pager_error)?;
-                    clock.cycles += work.cycles;
-                    if work.flush {
-                        fault.flush = true;
-                        clock.cycles += Cycles(costs.invept);
-                    }
+                    charge(&mut fault, work);
                     read
                 }
             };

@@ -135,21 +135,27 @@ pub(crate) fn clear_spte_bits(mem: &PhysMemory, at: Hpa, bits: u64) -> Result<u6
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::mmu::page::PageRole;
     use crate::mmu::root::Roots;
 
-    #[test]
-    fn leaf_walk_allocates_three_tables_once_with_headers_and_finds_them_again() {
-        let mem = PhysMemory::new(64 * machine::addr::PAGE_SIZE).unwrap();
-        let mut frames = FrameAllocator::new(Hfn(1), Hfn(64));
+    /// Host memory of `frames` frames with one empty TDP root in it.
+    pub(crate) fn one_root(frames: u64) -> (PhysMemory, FrameAllocator, PageHeaders, Root) {
+        let mem = PhysMemory::new(frames * machine::addr::PAGE_SIZE).unwrap();
+        let mut allocator = FrameAllocator::new(Hfn(1), Hfn(frames));
         let mut headers = PageHeaders::default();
         let mut roots = Roots::default();
         let id = roots
-            .create(&mem, &mut frames, &mut headers, PageRole::TDP_ROOT, 0)
+            .create(&mem, &mut allocator, &mut headers, PageRole::TDP_ROOT, 0)
             .unwrap();
         let root = roots.get(id).unwrap().clone();
+        (mem, allocator, headers, root)
+    }
+
+    #[test]
+    fn leaf_walk_allocates_three_tables_once_with_headers_and_finds_them_again() {
+        let (mem, mut frames, mut headers, root) = one_root(64);
         let gfn = Gfn(0x12345);
         assert_eq!(find_leaf(&mem, root.pml4, gfn).unwrap(), None);
         let mut work = WalkWork::default();

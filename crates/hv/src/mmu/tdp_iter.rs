@@ -128,22 +128,13 @@ impl Iterator for TdpIter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frames::FrameAllocator;
-    use crate::mmu::page::{PageHeaders, PageRole};
-    use crate::mmu::root::Roots;
+    use crate::mmu::tdp::tests::one_root;
     use crate::mmu::tdp::{leaf_for, write_spte, WalkWork};
     use machine::Gpa;
 
     #[test]
     fn visits_exactly_the_present_entries_of_the_range_parents_first() {
-        let mem = PhysMemory::new(256 * machine::addr::PAGE_SIZE).unwrap();
-        let mut frames = FrameAllocator::new(Hfn(1), Hfn(256));
-        let mut headers = PageHeaders::default();
-        let mut roots = Roots::default();
-        let id = roots
-            .create(&mem, &mut frames, &mut headers, PageRole::TDP_ROOT, 0)
-            .unwrap();
-        let root = roots.get(id).unwrap().clone();
+        let (mem, mut frames, mut headers, root) = one_root(256);
         // Leaves in two 2 MiB blocks and one far away (another PDPT entry).
         let gfns = [5u64, 6, 511, 512, 700, 1 << 20];
         for &g in &gfns {

@@ -106,7 +106,7 @@ pub struct Report {
 }
 
 /// The memslot of guest RAM.
-pub const RAM_SLOT: SlotId = 0;
+pub const RAM_SLOT: SlotId = SlotId(0);
 
 /// The smallest host memory pool: room for every page one instruction can
 /// need at once (code, data, stack, four levels of guest page tables, an
@@ -274,13 +274,10 @@ impl Vm {
     pub fn delete_memslot(&mut self, id: SlotId) -> Result<(), MemslotError> {
         let shared = &mut self.shared;
         let cancelled = shared.pager.forget_memslot(&shared.host.slots, id);
-        let slots = &shared.host.slots;
         for vcpu in &mut self.vcpus {
             // Their pages are gone: forget the faults, the pages will
             // never be announced.
-            vcpu.apf
-                .works
-                .retain(|w| slots.lookup(w.gfn).is_none_or(|s| s.id != id));
+            vcpu.apf.works.retain(|w| w.page.slot != id);
         }
         let slot = shared.host.slots.delete(id)?;
         self.zap_gfns(slot.base_gfn..slot.end_gfn());
