@@ -1,6 +1,8 @@
 //! Builds what the `faultline` binary embeds and its tests boot:
 //! - the guest kernel, by `make -C guest` when `guest/Makefile` exists
-//!   (embedded as the default kernel; cfg `bundled_kernel`);
+//!   (embedded as the default kernel; cfg `bundled_kernel`), and the names
+//!   of its programs, read from the program table of `guest/user/main.c`
+//!   (so `faultline run` can refuse an unknown program before booting);
 //! - nothing for the CLI tests: they boot the hv's C test kernels, which
 //!   the hv's build script compiled and whose directory it hands over.
 
@@ -38,9 +40,38 @@ fn build_guest(guest: &Path, out: &Path) {
         "building the guest kernel (make -C {}) failed",
         guest.display()
     );
+    println!(
+        "cargo:rustc-env=FAULTLINE_GUEST_PROGRAMS={}",
+        guest_programs(&guest.join("user/main.c")).join(",")
+    );
     println!("cargo:rustc-cfg=bundled_kernel");
     println!(
         "cargo:rustc-env=FAULTLINE_GUEST_KERNEL={}",
         build.join("kernel.elf").display()
     );
+}
+
+/// The names in the `programs[]` table of the guest's `user/main.c`: its
+/// entries look like `{"hello", hello_main},`.
+fn guest_programs(main_c: &Path) -> Vec<String> {
+    let source = std::fs::read_to_string(main_c)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", main_c.display()));
+    let table = source
+        .split_once("programs[] = {")
+        .and_then(|(_, rest)| rest.split_once("};"))
+        .map(|(table, _)| table)
+        .unwrap_or_else(|| panic!("no `programs[] = {{ ... }};` table in {}", main_c.display()));
+    let names: Vec<String> = table
+        .lines()
+        .filter_map(|line| {
+            let entry = line.trim().strip_prefix("{\"")?;
+            Some(entry.split_once('"')?.0.to_string())
+        })
+        .collect();
+    assert!(
+        !names.is_empty(),
+        "the program table of {} lists no programs",
+        main_c.display()
+    );
+    names
 }

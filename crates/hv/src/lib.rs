@@ -31,7 +31,7 @@ pub(crate) mod vcpu;
 pub mod vm;
 
 pub use apf::{ApfMode, ApfProtocol, ApfState, ApfStats, EventConfig};
-pub use boot::{parse_kernel, KernelError, KernelImage};
+pub use boot::{parse_kernel, KernelError, KernelImage, MAX_GUEST_MEM};
 pub use cost::HvCosts;
 pub use error::{ApfStateError, CreateError, GuestMemoryError, VmError};
 pub use memslot::{MemslotError, SlotFlags, SlotId};

@@ -1,170 +1,267 @@
-//! Small SVG charts for the benchmarks (bars and lines), written by hand:
-//! a few dozen lines of SVG need no plotting stack or fonts.
+//! The benchmarks' SVG plots, drawn with plotters.
+//!
+//! The SVG backend writes text as `<text>` elements that the viewer lays
+//! out, so no font files or font libraries are needed (plotters is built
+//! without its font backends; its layout estimates text sizes).
 
-use std::fmt::Write;
+use plotters::coord::ranged1d::SegmentValue;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use std::path::Path;
+use std::time::Duration;
 
-const WIDTH: f64 = 720.0;
-const HEIGHT: f64 = 420.0;
-const LEFT: f64 = 90.0;
-const RIGHT: f64 = 30.0;
-const TOP: f64 = 50.0;
-const BOTTOM: f64 = 70.0;
-const COLORS: [&str; 5] = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#e15759"];
+const SIZE: (u32, u32) = (960, 560);
+const BAR: RGBColor = RGBColor(0x4e, 0x79, 0xa7);
+const LINE: RGBColor = RGBColor(0xf2, 0x8e, 0x2b);
+const REFERENCE: RGBColor = RGBColor(0xc0, 0x20, 0x20);
+const GRID: RGBColor = RGBColor(0xdd, 0xdd, 0xdd);
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+/// One bar: a value, an optional reference value drawn across it, and a
+/// note written above it.
+pub struct Bar {
+    pub label: String,
+    pub value: f64,
+    pub reference: Option<f64>,
+    pub note: String,
 }
 
-fn header(title: &str, y_label: &str) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="24" text-anchor="middle" font-size="15">{}</text>"#,
-        WIDTH / 2.0,
-        escape(title)
-    );
-    let _ = writeln!(
-        s,
-        r#"<text transform="translate(18,{}) rotate(-90)" text-anchor="middle">{}</text>"#,
-        TOP + (HEIGHT - TOP - BOTTOM) / 2.0,
-        escape(y_label)
-    );
-    s
-}
-
-/// Y axis with 5 gridlines from 0 to `max`.
-fn y_axis(s: &mut String, max: f64) {
-    let plot_h = HEIGHT - TOP - BOTTOM;
-    for i in 0..=5 {
-        let v = max * i as f64 / 5.0;
-        let y = TOP + plot_h - plot_h * i as f64 / 5.0;
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            WIDTH - RIGHT,
-            LEFT - 6.0,
-            y + 4.0,
-            short(v)
-        );
-    }
-}
-
-fn short(v: f64) -> String {
-    let a = v.abs();
-    if a >= 1e9 {
-        format!("{:.1}G", v / 1e9)
-    } else if a >= 1e6 {
-        format!("{:.1}M", v / 1e6)
-    } else if a >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else if a >= 10.0 || a == 0.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-/// A bar chart: one bar per (label, value), with `note` under each label.
-pub fn bars(title: &str, y_label: &str, bars: &[(String, f64, String)]) -> String {
-    let mut s = header(title, y_label);
-    let max = bars.iter().map(|b| b.1).fold(0.0, f64::max).max(1e-9) * 1.1;
-    y_axis(&mut s, max);
-    let plot_w = WIDTH - LEFT - RIGHT;
-    let plot_h = HEIGHT - TOP - BOTTOM;
-    let slot = plot_w / bars.len().max(1) as f64;
-    for (i, (label, value, note)) in bars.iter().enumerate() {
-        let h = plot_h * value / max;
-        let x = LEFT + slot * i as f64 + slot * 0.2;
-        let w = slot * 0.6;
-        let y = TOP + plot_h - h;
-        let _ = writeln!(
-            s,
-            r#"<rect x="{x:.1}" y="{y:.1}" width="{w:.1}" height="{h:.1}" fill="{}"/>"#,
-            COLORS[i % COLORS.len()]
-        );
-        let cx = x + w / 2.0;
-        let _ = writeln!(
-            s,
-            r#"<text x="{cx:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-            y - 5.0,
-            short(*value)
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{cx:.1}" y="{:.1}" text-anchor="middle" font-size="13">{}</text>"#,
-            TOP + plot_h + 20.0,
-            escape(label)
-        );
-        let _ = writeln!(
-            s,
-            r##"<text x="{cx:.1}" y="{:.1}" text-anchor="middle" fill="#555">{}</text>"##,
-            TOP + plot_h + 38.0,
-            escape(note)
-        );
-    }
-    s.push_str("</svg>\n");
-    s
-}
-
-/// A line chart of `points` (x labels in order, y values).
-pub fn line(title: &str, x_label: &str, y_label: &str, points: &[(String, f64)]) -> String {
-    let mut s = header(title, y_label);
-    let max = points.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-9) * 1.1;
-    y_axis(&mut s, max);
-    let plot_w = WIDTH - LEFT - RIGHT;
-    let plot_h = HEIGHT - TOP - BOTTOM;
-    let step = plot_w / points.len().max(1) as f64;
-    let coords: Vec<(f64, f64)> = points
+/// A round number with an SI suffix: `0`, `500k`, `2M`, `12.5M`.
+pub fn si(v: f64) -> String {
+    let (scaled, suffix) = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
         .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            (
-                LEFT + step * (i as f64 + 0.5),
-                TOP + plot_h - plot_h * p.1 / max,
-            )
+        .find(|(scale, _)| v.abs() >= *scale)
+        .map_or((v, ""), |&(scale, suffix)| (v / scale, suffix));
+    let text = format!("{scaled:.2}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text}{suffix}")
+}
+
+/// Seconds as a duration label (`100us`, `1ms`, `20ms`).
+fn duration_label(secs: f64) -> String {
+    crate::units::format_duration(Duration::from_nanos((secs * 1e9).round() as u64))
+}
+
+fn error(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// Title (large) and subtitle (small) across the top of `root`; returns
+/// the area below them.
+fn titled<'a>(
+    root: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
+    title: &str,
+    subtitle: &str,
+) -> Result<DrawingArea<SVGBackend<'a>, plotters::coord::Shift>, String> {
+    root.fill(&WHITE).map_err(error)?;
+    let center = SIZE.0 as i32 / 2;
+    let style = |size: u32| {
+        ("sans-serif", size)
+            .into_font()
+            .into_text_style(root)
+            .pos(Pos::new(HPos::Center, VPos::Top))
+    };
+    root.draw(&Text::new(title, (center, 12), style(22)))
+        .map_err(error)?;
+    root.draw(&Text::new(subtitle, (center, 42), style(13)))
+        .map_err(error)?;
+    Ok(root.split_vertically(64).1)
+}
+
+/// A bar chart with a dashed reference mark across each bar that has one.
+pub fn bars(
+    path: &Path,
+    title: &str,
+    subtitle: &str,
+    y_label: &str,
+    reference_label: &str,
+    bars: &[Bar],
+) -> Result<(), String> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    let body = titled(&root, title, subtitle)?;
+    let top = bars
+        .iter()
+        .flat_map(|b| [b.value, b.reference.unwrap_or(0.0)])
+        .fold(0.0, f64::max)
+        .max(1.0)
+        * 1.18;
+    // A segmented 0..last has last + 1 segments, one per bar.
+    let last = (bars.len() as u32).saturating_sub(1);
+    let mut chart = ChartBuilder::on(&body)
+        .margin_left(20)
+        .margin_right(30)
+        .margin_bottom(10)
+        .x_label_area_size(40)
+        .y_label_area_size(90)
+        .build_cartesian_2d((0u32..last).into_segmented(), 0f64..top)
+        .map_err(error)?;
+    let labels: Vec<&str> = bars.iter().map(|b| b.label.as_str()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .bold_line_style(GRID)
+        .light_line_style(TRANSPARENT)
+        .y_desc(y_label)
+        .y_label_formatter(&|v| si(*v))
+        .x_label_formatter(&|v| match v {
+            SegmentValue::CenterOf(i) => labels.get(*i as usize).unwrap_or(&"").to_string(),
+            _ => String::new(),
         })
-        .collect();
-    let path: Vec<String> = coords
-        .iter()
-        .map(|(x, y)| format!("{x:.1},{y:.1}"))
-        .collect();
-    let _ = writeln!(
-        s,
-        r#"<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>"#,
-        path.join(" "),
-        COLORS[0]
-    );
-    for ((x, y), (label, value)) in coords.iter().zip(points) {
-        let _ = writeln!(
-            s,
-            r#"<circle cx="{x:.1}" cy="{y:.1}" r="4" fill="{}"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-            COLORS[0],
-            y - 8.0,
-            short(*value)
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-            TOP + plot_h + 20.0,
-            escape(label)
-        );
+        .x_label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 14))
+        .draw()
+        .map_err(error)?;
+    chart
+        .draw_series(bars.iter().enumerate().map(|(i, b)| {
+            let i = i as u32;
+            let mut rect = Rectangle::new(
+                [
+                    (SegmentValue::Exact(i), 0.0),
+                    (SegmentValue::Exact(i + 1), b.value),
+                ],
+                BAR.filled(),
+            );
+            rect.set_margin(0, 0, 25, 25);
+            rect
+        }))
+        .map_err(error)?;
+    let note_style = ("sans-serif", 13)
+        .into_font()
+        .into_text_style(&body)
+        .pos(Pos::new(HPos::Center, VPos::Bottom));
+    chart
+        .draw_series(bars.iter().enumerate().map(|(i, b)| {
+            EmptyElement::at((SegmentValue::CenterOf(i as u32), b.value))
+                + Text::new(
+                    format!("{}  {}", si(b.value), b.note),
+                    (0, -6),
+                    note_style.clone(),
+                )
+        }))
+        .map_err(error)?;
+    let mut labelled = false;
+    for (i, b) in bars.iter().enumerate() {
+        let Some(r) = b.reference else { continue };
+        let i = i as u32;
+        let series = chart
+            .draw_series(DashedLineSeries::new(
+                [(SegmentValue::Exact(i), r), (SegmentValue::Exact(i + 1), r)],
+                8,
+                5,
+                REFERENCE.stroke_width(3),
+            ))
+            .map_err(error)?;
+        if !labelled {
+            labelled = true;
+            series.label(reference_label).legend(|(x, y)| {
+                PathElement::new([(x, y), (x + 20, y)], REFERENCE.stroke_width(3))
+            });
+        }
     }
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
-        LEFT + plot_w / 2.0,
-        HEIGHT - 15.0,
-        escape(x_label)
-    );
-    s.push_str("</svg>\n");
-    s
+    if labelled {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 13))
+            .draw()
+            .map_err(error)?;
+    }
+    root.present().map_err(error)
+}
+
+/// A line of `(seconds, value)` points over a logarithmic time axis, with
+/// a dashed horizontal reference line.
+pub fn sweep(
+    path: &Path,
+    title: &str,
+    subtitle: &str,
+    x_label: &str,
+    y_label: &str,
+    points: &[(f64, f64)],
+    reference: (&str, f64),
+) -> Result<(), String> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    let body = titled(&root, title, subtitle)?;
+    let (x_min, x_max) = points.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+        (lo.min(p.0), hi.max(p.0))
+    });
+    let (x_min, x_max) = if x_min <= x_max {
+        (x_min / 2.0, x_max * 2.0)
+    } else {
+        (1e-4, 1e-1)
+    };
+    let top = points
+        .iter()
+        .map(|p| p.1)
+        .fold(reference.1, f64::max)
+        .max(1.0)
+        * 1.2;
+    let mut chart = ChartBuilder::on(&body)
+        .margin_left(20)
+        .margin_right(30)
+        .margin_bottom(10)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d((x_min..x_max).log_scale(), 0f64..top)
+        .map_err(error)?;
+    chart
+        .configure_mesh()
+        .bold_line_style(GRID)
+        .light_line_style(TRANSPARENT)
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .x_label_formatter(&|v| duration_label(*v))
+        .y_label_formatter(&|v| si(*v))
+        .axis_desc_style(("sans-serif", 14))
+        .draw()
+        .map_err(error)?;
+    chart
+        .draw_series(LineSeries::new(
+            [(x_min, 1.0), (x_max, 1.0)],
+            BLACK.mix(0.4).stroke_width(1),
+        ))
+        .map_err(error)?
+        .label("no gain (pv = off)")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.mix(0.4)));
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(x_min, reference.1), (x_max, reference.1)],
+            8,
+            5,
+            REFERENCE.stroke_width(2),
+        ))
+        .map_err(error)?
+        .label(format!("{} ({})", reference.0, reference.1))
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], REFERENCE.stroke_width(2)));
+    chart
+        .draw_series(LineSeries::new(
+            points.iter().copied(),
+            LINE.stroke_width(3),
+        ))
+        .map_err(error)?
+        .label("faultline pv / off")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], LINE.stroke_width(3)));
+    let value_style = ("sans-serif", 13)
+        .into_font()
+        .into_text_style(&body)
+        .pos(Pos::new(HPos::Center, VPos::Bottom));
+    chart
+        .draw_series(points.iter().map(|&(x, y)| {
+            EmptyElement::at((x, y))
+                + Circle::new((0, 0), 5, LINE.filled())
+                + Text::new(format!("{y:.2}"), (0, -9), value_style.clone())
+        }))
+        .map_err(error)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .draw()
+        .map_err(error)?;
+    root.present().map_err(error)
 }
 
 #[cfg(test)]
@@ -172,24 +269,67 @@ mod tests {
     use super::*;
 
     #[test]
-    fn charts_are_well_formed_svg_with_every_label() {
-        let svg = bars(
-            "t <1>",
+    fn tick_labels_are_round() {
+        assert_eq!(si(0.0), "0");
+        assert_eq!(si(2e6), "2M");
+        assert_eq!(si(12.5e6), "12.5M");
+        assert_eq!(si(500e3), "500k");
+        assert_eq!(si(1.5), "1.5");
+        assert_eq!(duration_label(1e-4), "100us");
+        assert_eq!(duration_label(0.02), "20ms");
+    }
+
+    /// The trimmed contents of the SVG's text elements.
+    fn texts(svg: &str) -> Vec<String> {
+        svg.split("</text>")
+            .filter_map(|chunk| Some(chunk.rsplit_once('>')?.1.trim().to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn charts_are_svg_with_every_label_and_the_reference() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bars.svg");
+        let b = |label: &str, value, reference| Bar {
+            label: label.into(),
+            value,
+            reference,
+            note: format!("{label} note"),
+        };
+        bars(
+            &path,
+            "title <1>",
+            "sub",
             "work",
+            "seed",
             &[
-                ("off".into(), 10.0, "1.00x".into()),
-                ("pv".into(), 20.0, "2.00x".into()),
+                b("off", 1e7, Some(1e7)),
+                b("pv", 2e7, Some(1.9e7)),
+                b("ideal", 3e7, None),
             ],
-        );
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-        assert!(svg.contains("t &lt;1&gt;") && svg.contains(">pv<") && svg.contains("2.00x"));
-        assert_eq!(svg.matches("<rect").count(), 3, "background and two bars");
-        let svg = line(
-            "sweep",
+        )
+        .unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.starts_with("<svg"), "{svg}");
+        let found = texts(&svg);
+        for text in ["title &lt;1&gt;", "pv", "30M  ideal note", "seed", "20M"] {
+            assert!(found.iter().any(|t| t == text), "{text}: {found:?}");
+        }
+        assert!(svg.contains("stroke-dasharray") || svg.matches("<polyline").count() >= 2);
+        let path = dir.path().join("sweep.svg");
+        sweep(
+            &path,
+            "t",
+            "s",
             "latency",
             "gain",
-            &[("1ms".into(), 1.5), ("4ms".into(), 2.5)],
-        );
-        assert!(svg.contains("<polyline") && svg.contains(">4ms<"));
+            &[(1e-4, 1.2), (1e-3, 1.5), (2e-2, 2.5)],
+            ("seed", 1.91),
+        )
+        .unwrap();
+        let found = texts(&std::fs::read_to_string(&path).unwrap());
+        for text in ["1ms", "2.50", "seed (1.91)", "latency"] {
+            assert!(found.iter().any(|t| t == text), "{text}: {found:?}");
+        }
     }
 }

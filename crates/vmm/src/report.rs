@@ -1,6 +1,8 @@
 //! The run summary, as text or JSON. Only virtual-time figures appear here,
 //! so the same run prints the same summary.
 
+use crate::session::Ending;
+use crate::units::{cycles_to_secs, format_duration};
 use hv::{StopReason, Vm};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -69,12 +71,59 @@ pub struct ReportLine {
     pub line: String,
 }
 
+/// Why the run ended: `{"reason": ..., ...}` in JSON.
+#[derive(Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum Stop {
+    /// The guest called HC_SHUTDOWN with `status`.
+    Shutdown { status: u64 },
+    /// The guest wrote v to the isa-debug-exit port: `status` is
+    /// `(v << 1) | 1`.
+    DebugExit { status: u32 },
+    /// The VM stopped with an error (triple fault, access outside guest
+    /// memory, swap I/O error, ...).
+    Error { message: String },
+    /// SIGINT or SIGTERM.
+    Interrupted { signal: &'static str },
+    /// `--time-limit` (virtual time) was reached.
+    TimeLimit { limit: String, limit_cycles: u64 },
+    /// `--wall-limit` (host time) was reached.
+    WallLimit { limit: String },
+}
+
+impl Stop {
+    fn new(ending: &Ending) -> Stop {
+        match ending {
+            Ending::Vm(StopReason::Shutdown { status }) => Stop::Shutdown { status: *status },
+            Ending::Vm(StopReason::DebugExit { status }) => Stop::DebugExit { status: *status },
+            Ending::Vm(StopReason::Error(e)) => Stop::Error {
+                message: e.to_string(),
+            },
+            Ending::Interrupted(signal) => Stop::Interrupted {
+                signal: signal.name(),
+            },
+            Ending::TimeLimit(d) => Stop::TimeLimit {
+                limit: format_duration(*d),
+                limit_cycles: crate::units::duration_to_cycles(*d),
+            },
+            Ending::WallLimit(d) => Stop::WallLimit {
+                limit: format_duration(*d),
+            },
+        }
+    }
+}
+
 #[derive(Serialize)]
 pub struct Summary {
-    /// "debug_exit", "shutdown" or "error".
-    pub stop: String,
-    pub exit_status: Option<u64>,
-    pub error: Option<String>,
+    pub stop: Stop,
+    /// The process's exit status.
+    pub exit_status: u8,
+    /// The guest's console output (JSON only: as text it precedes the
+    /// summary), decoded as UTF-8 with invalid bytes replaced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub console: Option<String>,
+    #[serde(skip)]
+    stop_text: String,
     pub virtual_cycles: u64,
     pub virtual_seconds: f64,
     pub instructions: u64,
@@ -106,19 +155,15 @@ fn exits(map: &BTreeMap<String, hv::stats::ExitStat>) -> BTreeMap<String, ExitSu
 }
 
 impl Summary {
-    pub fn new(vm: &Vm, reason: &StopReason) -> Summary {
+    pub fn new(vm: &Vm, ending: &Ending, exit_status: u8, console: Option<String>) -> Summary {
         let stats = vm.stats();
-        let (stop, exit_status, error) = match reason {
-            StopReason::DebugExit { status } => ("debug_exit", Some(u64::from(*status)), None),
-            StopReason::Shutdown { status } => ("shutdown", Some(*status), None),
-            StopReason::Error(e) => ("error", None, Some(e.to_string())),
-        };
         Summary {
-            stop: stop.to_string(),
+            stop: Stop::new(ending),
             exit_status,
-            error,
+            console,
+            stop_text: ending.describe(),
             virtual_cycles: stats.virtual_cycles,
-            virtual_seconds: stats.virtual_cycles as f64 / machine::cost::CYCLES_PER_SECOND as f64,
+            virtual_seconds: cycles_to_secs(stats.virtual_cycles),
             instructions: stats.instructions(),
             ept_faults: stats.ept_faults(),
             guest_frames_allocated: stats.vcpus.iter().map(|v| v.frames_allocated).sum(),
@@ -194,17 +239,7 @@ impl Summary {
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "--- faultline summary ---");
-        match (&self.error, self.exit_status) {
-            (Some(e), _) => {
-                let _ = writeln!(s, "stopped:      error: {e}");
-            }
-            (None, Some(status)) => {
-                let _ = writeln!(s, "stopped:      {} (status {status})", self.stop);
-            }
-            (None, None) => {
-                let _ = writeln!(s, "stopped:      {}", self.stop);
-            }
-        }
+        let _ = writeln!(s, "stopped:      {}", self.stop_text);
         let _ = writeln!(
             s,
             "virtual time: {:.6} s ({} cycles)",
@@ -292,9 +327,40 @@ impl Summary {
         if !self.reports.is_empty() {
             let _ = writeln!(s, "reports:");
             for r in &self.reports {
-                let _ = writeln!(s, "  vcpu {} @{}: {}", r.vcpu, r.cycles, r.line);
+                let line = escape_controls(&r.line);
+                let _ = writeln!(s, "  vcpu {} @{}: {line}", r.vcpu, r.cycles);
             }
         }
         s
+    }
+}
+
+/// `line` with control characters (NUL, escape sequences, newlines...)
+/// written as escapes, so a guest's report cannot garble the summary or
+/// the terminal.
+pub fn escape_controls(line: &str) -> String {
+    line.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape_controls;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(escape_controls("a=1 b=\"x\""), "a=1 b=\"x\"");
+        assert_eq!(
+            escape_controls("nul\0 esc\x1b[2J\n"),
+            "nul\\u{0} esc\\u{1b}[2J\\n"
+        );
+        assert_eq!(escape_controls("µs"), "µs");
     }
 }

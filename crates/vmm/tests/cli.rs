@@ -45,10 +45,14 @@ fn json_stats_and_deterministic_output() {
     let a = faultline(&args);
     let b = faultline(&args);
     assert_eq!(a.stdout, b.stdout, "same config, same output and counts");
-    let stdout = text(&a.stdout);
-    let json_start = stdout.find('{').expect("json");
-    let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).expect("valid json");
-    assert_eq!(v["stop"], "debug_exit");
+    let v: serde_json::Value =
+        serde_json::from_slice(&a.stdout).expect("stdout is one JSON document");
+    assert_eq!(v["stop"]["reason"], "debug_exit");
+    assert_eq!(v["stop"]["status"], v["exit_status"]);
+    assert!(
+        v["console"].as_str().unwrap().contains("all 3 cpus up"),
+        "{v}"
+    );
     assert_eq!(v["vcpus"].as_array().unwrap().len(), 3);
     assert!(v["instructions"].as_u64().unwrap() > 100);
     assert_eq!(v["exits"]["ipi"]["count"], 2);

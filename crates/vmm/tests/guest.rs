@@ -99,3 +99,17 @@ fn kernel_write_outside_memory_stops_the_vm_cleanly() {
     );
     assert!(!stdout(&out).contains("did not stop the VM"));
 }
+
+#[test]
+fn stats_json_is_exactly_one_document_with_the_console_inside() {
+    let out = faultline(&["run", "--stats", "json", "--", "hello"]);
+    assert!(out.status.success());
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
+    assert_eq!(v["stop"]["reason"], "shutdown");
+    assert_eq!(v["stop"]["status"], 0);
+    assert_eq!(v["exit_status"], 0);
+    let console = v["console"].as_str().expect("console");
+    assert!(console.contains("hello from user space"), "{console}");
+    assert!(v["reports"].as_array().is_some_and(|r| !r.is_empty()));
+}

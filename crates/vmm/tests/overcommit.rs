@@ -35,9 +35,10 @@ const SMALL: [&str; 10] = [
     "json",
 ];
 
+/// With `--stats json` stdout is one JSON document, the guest's console
+/// inside it.
 fn json_summary(text: &str) -> serde_json::Value {
-    let start = text.find("\n{").expect("json summary") + 1;
-    serde_json::from_str(&text[start..]).expect("valid json")
+    serde_json::from_str(text).expect("stdout is one JSON document")
 }
 
 fn pagetag(extra: &[&str]) -> (Output, String) {
@@ -113,22 +114,46 @@ fn swapping_runs_are_deterministic() {
 
 #[test]
 fn a_full_swap_disk_stops_the_vm_with_a_clear_error() {
-    let out = faultline(&[
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let swap = dir.path().join("swap");
+    let swap = swap.to_str().unwrap();
+    // The disk "fills up" at 1 MiB: writes past it fail with EFBIG (with
+    // SIGXFSZ ignored, which exec keeps).
+    let mut command = Command::new(env!("CARGO_BIN_EXE_faultline"));
+    command.args([
         "run",
         "--mem",
         "48M",
         "--host-mem",
         "8M",
         "--swap",
-        "/dev/full",
+        swap,
         "--",
         "memtouch",
     ]);
+    // SAFETY: between fork and exec the closure only makes two
+    // async-signal-safe system calls on plain values.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: 1 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0
+                || libc::signal(libc::SIGXFSZ, libc::SIG_IGN) == libc::SIG_ERR
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = command.output().expect("run faultline");
     assert_eq!(out.status.code(), Some(3), "{}", stdout(&out));
     let err = stderr(&out);
     assert!(err.contains("VM stopped"), "{err}");
     assert!(
-        err.contains("/dev/full") && err.contains("No space left on device"),
+        err.contains(swap) && err.contains("File too large"),
         "{err}"
     );
 }
@@ -148,15 +173,108 @@ fn bad_swap_and_host_memory_options_are_refused_at_boot() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        stderr(&out).contains("cannot create swap file /nonexistent/dir/swap"),
+        stderr(&out)
+            .contains("--swap /nonexistent/dir/swap: directory /nonexistent/dir does not exist"),
         "{}",
         stderr(&out)
     );
     let out = faultline(&["run", "--mem", "48M", "--host-mem", "1M", "--", "hello"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("too small"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--host-mem 1M: host memory must be at least"),
+        "{}",
+        stderr(&out)
+    );
     let out = faultline(&["run", "--swap-latency", "fast", "--", "hello"]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Every option is checked before the VM starts, with exit status 2.
+#[test]
+fn options_say_what_they_do() {
+    let refused = |args: &[&str], message: &str| {
+        let out = faultline(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{args:?}: {}", stderr(&out));
+        assert!(out.stdout.is_empty(), "{args:?}: no VM ran");
+    };
+    // Guest memory: whole 2 MiB units, at least the kernel image's end.
+    for mem in ["0", "2M", "3M", "4097K", "6M", "1T", "1024G"] {
+        refused(
+            &["run", "--mem", mem, "--", "hello"],
+            "guest memory must be a multiple of 2 MiB between 8M (the kernel image ends at",
+        );
+    }
+    let out = faultline(&["run", "--mem", "8M", "--", "hello"]);
+    assert!(out.status.success(), "8M is the bundled kernel's minimum");
+    // Host memory: the documented minimum is the kernel image's pages.
+    refused(
+        &["run", "--mem", "64M", "--host-mem", "4M", "--", "hello"],
+        "host memory must be at least 4956K",
+    );
+    let out = faultline(&["run", "--mem", "64M", "--host-mem", "4956K", "--", "hello"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    refused(
+        &["run", "--swap-bandwidth", "0", "--", "hello"],
+        "must be more than zero",
+    );
+    refused(
+        &[
+            "run",
+            "--mem",
+            "48M",
+            "--host-mem",
+            "8M",
+            "--swap",
+            "/proc/version",
+            "--",
+            "hello",
+        ],
+        "--swap /proc/version: on a kernel pseudo file system",
+    );
+    refused(
+        &[
+            "run",
+            "--mem",
+            "48M",
+            "--host-mem",
+            "8M",
+            "--swap",
+            "/dev/null",
+            "--",
+            "hello",
+        ],
+        "--swap /dev/null: not a regular file or block device",
+    );
+    refused(
+        &["run", "--swap", "/nonexistent-dir/x", "--", "hello"],
+        "--host-mem",
+    );
+    refused(
+        &["run", "--", "nosuch"],
+        "unknown program `nosuch`; the bundled kernel has: hello bm",
+    );
+    refused(&["run", "--", ""], "unknown program ``");
+    refused(
+        &["bench", "apf", "--duration", "abc"],
+        "`abc` is not a duration",
+    );
+    refused(
+        &["bench", "apf", "--plot", "/nonexistent-dir/x.svg"],
+        "--plot /nonexistent-dir/x.svg: directory /nonexistent-dir does not exist",
+    );
+    refused(
+        &["bench", "apf", "--host-mem", "4M"],
+        "host memory must be at least",
+    );
+    refused(
+        &["bench", "apf", "--run", "nosuch"],
+        "--run nosuch: no such run",
+    );
+    refused(
+        &["bench", "merge", "/nonexistent.json"],
+        "cannot read /nonexistent.json",
+    );
 }
 
 #[test]
@@ -196,8 +314,54 @@ fn bench_apf_prints_json_and_a_plot_and_repeats_exactly() {
     assert_eq!(v["seed"]["pv_over_off"], 1.91);
     let svg = std::fs::read_to_string(plot).expect("plot written");
     assert!(svg.starts_with("<svg") && svg.contains("ideal"));
-    let b = faultline(&args);
-    assert_eq!(a.stdout, b.stdout, "same command, same numbers");
+    std::fs::remove_file(plot).unwrap();
+
+    // The same benchmark fanned out: one command line per run, each
+    // printing its JSON result, merged into the same output and plot. (The
+    // runs are separate processes, so this also checks determinism.)
+    let mut list = args.to_vec();
+    list.push("--list-runs");
+    let lines = faultline(&list);
+    assert!(lines.status.success(), "{}", stderr(&lines));
+    let lines = stdout(&lines);
+    let mut files = Vec::new();
+    for (i, line) in lines.lines().enumerate() {
+        let words = shell_words::split(line).expect("a shell command line");
+        assert_eq!(words[0], env!("CARGO_BIN_EXE_faultline"));
+        let out = Command::new(&words[0])
+            .args(&words[1..])
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "{line}: {}", stderr(&out));
+        let file = dir.path().join(format!("run{i}.json"));
+        std::fs::write(&file, &out.stdout).unwrap();
+        files.push(file.to_str().unwrap().to_string());
+    }
+    assert_eq!(files.len(), 4, "{lines}");
+    let mut merge = vec!["bench", "merge", "--json", "--plot", plot];
+    merge.extend(files.iter().map(String::as_str));
+    let merged = faultline(&merge);
+    assert!(merged.status.success(), "{}", stderr(&merged));
+    assert_eq!(stdout(&merged), stdout(&a), "merge == direct run");
+    assert!(std::fs::read_to_string(plot).unwrap().contains("ideal"));
+    // A run missing or given twice is an error.
+    let mut short = merge.clone();
+    short.pop();
+    let out = faultline(&short);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("no result for run `ideal`"),
+        "{}",
+        stderr(&out)
+    );
+    short.push(&files[0]);
+    let out = faultline(&short);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("two results for run `off`"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

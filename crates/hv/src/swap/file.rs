@@ -9,7 +9,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use thiserror::Error;
 
 /// Bytes in a slot.
@@ -62,8 +62,6 @@ pub struct SwapFile {
     file: File,
     /// Shown in errors.
     path: String,
-    /// Removed when the swap file is dropped (the default temporary file).
-    remove_on_drop: Option<PathBuf>,
     next: u32,
     free: Vec<SwapSlot>,
     /// CRC-32 of what each slot holds; `None` for a free slot.
@@ -84,40 +82,29 @@ impl SwapFile {
                 path: path.display().to_string(),
                 reason: e.to_string(),
             })?;
-        Ok(Self::from_file(file, path.display().to_string(), None))
+        Ok(Self::from_file(file, path.display().to_string()))
     }
 
-    /// A temporary swap file in the system's temporary directory, removed
-    /// when this is dropped (or at once on Linux if the host supports it).
+    /// A temporary swap file in the system's temporary directory
+    /// (`$TMPDIR`), unlinked as soon as it is created: only the open
+    /// descriptor keeps it, so it cannot outlive the process, even one
+    /// killed by SIGKILL.
     pub fn temporary() -> Result<Self, SwapError> {
         let dir = std::env::temp_dir();
-        let named = tempfile::Builder::new()
-            .prefix("faultline-swap-")
-            .tempfile_in(&dir)
-            .map_err(|e| SwapError::Create {
-                path: dir.display().to_string(),
-                reason: e.to_string(),
-            })?;
-        let path = named.path().to_path_buf();
-        // Keep the path for messages and remove the file ourselves, so a
-        // panic elsewhere cannot leave it behind longer than the process.
-        let (file, temp_path) = named.into_parts();
-        let keep = temp_path.keep().map_err(|e| SwapError::Create {
-            path: path.display().to_string(),
+        let file = tempfile::tempfile_in(&dir).map_err(|e| SwapError::Create {
+            path: dir.display().to_string(),
             reason: e.to_string(),
         })?;
         Ok(Self::from_file(
             file,
-            keep.display().to_string(),
-            Some(keep.clone()),
+            format!("(unlinked temporary file in {})", dir.display()),
         ))
     }
 
-    fn from_file(file: File, path: String, remove_on_drop: Option<PathBuf>) -> Self {
+    fn from_file(file: File, path: String) -> Self {
         SwapFile {
             file,
             path,
-            remove_on_drop,
             next: 0,
             free: Vec::new(),
             checksums: Vec::new(),
@@ -220,14 +207,6 @@ impl SwapFile {
     }
 }
 
-impl Drop for SwapFile {
-    fn drop(&mut self) {
-        if let Some(path) = &self.remove_on_drop {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
 fn is_char_device(path: &Path) -> bool {
     use std::os::unix::fs::FileTypeExt;
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_char_device())
@@ -244,7 +223,9 @@ mod tests {
     #[test]
     fn pages_round_trip_and_slots_are_reused() {
         let mut swap = SwapFile::temporary().unwrap();
-        let path = swap.path().to_string();
+        // Unlinked from the start: nothing on disk to leave behind.
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(swap.file.metadata().unwrap().nlink(), 0);
         let a = swap.alloc().unwrap();
         let b = swap.alloc().unwrap();
         assert_eq!((a, b), (SwapSlot(0), SwapSlot(1)));
@@ -260,8 +241,6 @@ mod tests {
         );
         assert_eq!(swap.alloc().unwrap(), a);
         assert_eq!(swap.slots_in_use(), 2);
-        drop(swap);
-        assert!(!Path::new(&path).exists(), "the temporary file is removed");
     }
 
     #[test]

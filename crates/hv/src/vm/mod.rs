@@ -45,7 +45,7 @@ pub struct VmConfig {
     /// Host frames for guest pages (the container limit); `None`: as much
     /// as guest memory, so nothing is ever evicted.
     pub host_mem: Option<u64>,
-    /// The swap file; `None`: a temporary file, removed at exit.
+    /// The swap file; `None`: a temporary file, unlinked at creation.
     pub swap_path: Option<PathBuf>,
     /// The swap device model.
     pub swap_device: DeviceModel,

@@ -1,0 +1,326 @@
+//! `bench apf`: seed 000 (`bm` with APF off, halt and pv, and the ideal),
+//! or with `--sweep-latency` the pv/off gain against the swap latency.
+
+use super::{mib, Bench, BenchError, Output, RunResult, RunSpec};
+use crate::config::{ConfigError, Kernel};
+use crate::units::{duration_to_cycles, format_duration, format_seconds};
+use crate::{plot, ApfBenchArgs, BenchCommon, SwapDeviceArg};
+use hv::apf::ApfMode;
+use hv::VmConfig;
+use serde_json::json;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// The seed's ratios (total work against master).
+pub const SEED_000_PV: f64 = 1.91;
+pub const SEED_000_NONPV: f64 = 1.13;
+
+pub struct ApfBench {
+    args: ApfBenchArgs,
+    mem: u64,
+    array: u64,
+    base: VmConfig,
+}
+
+/// The seed's ratio against `off` for a run label.
+fn seed_ratio(label: &str) -> Option<f64> {
+    match label {
+        "off" => Some(1.0),
+        "halt" => Some(SEED_000_NONPV),
+        "pv" => Some(SEED_000_PV),
+        _ => None,
+    }
+}
+
+impl Bench for ApfBench {
+    const NAME: &'static str = "apf";
+    type Params = ApfBenchArgs;
+
+    fn new(args: ApfBenchArgs) -> ApfBench {
+        let mem = args.mem.unwrap_or(args.host_mem.saturating_mul(4));
+        let array = args.array.unwrap_or(args.host_mem.saturating_mul(2));
+        let mut base = VmConfig::default();
+        args.common.overcommit(SwapDeviceArg::Hdd).apply(&mut base);
+        ApfBench {
+            args,
+            mem,
+            array,
+            base,
+        }
+    }
+
+    fn params(&self) -> &ApfBenchArgs {
+        &self.args
+    }
+
+    fn common(&self) -> &BenchCommon {
+        &self.args.common
+    }
+
+    fn check(&self, kernel: &Kernel) -> Result<(), ConfigError> {
+        kernel.check_memory(self.mem, Some(self.args.host_mem))?;
+        if self.array >= self.mem {
+            return Err(ConfigError::Invalid(format!(
+                "the array ({} MiB) must be smaller than guest memory ({} MiB)",
+                mib(self.array),
+                mib(self.mem)
+            )));
+        }
+        if self.array < 1 << 20 {
+            return Err(ConfigError::Invalid(
+                "the array must be at least 1 MiB (bm takes whole MiB)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn specs(&self) -> Vec<RunSpec> {
+        if let Some(latencies) = &self.args.sweep_latency {
+            let mut specs = Vec::new();
+            for &latency in latencies {
+                for mode in [ApfMode::Off, ApfMode::Pv] {
+                    let mut config = self.bm_config(mode, Some(self.args.host_mem));
+                    config.swap_device.read_latency =
+                        hv::swap::LatencyRange::fixed(duration_to_cycles(latency));
+                    config.swap_device.name = format!("{}+latency", self.base.swap_device.name);
+                    specs.push(RunSpec {
+                        label: format!("{}@{}", mode.name(), format_duration(latency)),
+                        config,
+                    });
+                }
+            }
+            return specs;
+        }
+        let mut specs: Vec<RunSpec> = [ApfMode::Off, ApfMode::Halt, ApfMode::Pv]
+            .iter()
+            .map(|&m| RunSpec {
+                label: m.name().to_string(),
+                config: self.bm_config(m, Some(self.args.host_mem)),
+            })
+            .collect();
+        specs.push(RunSpec {
+            label: "ideal".into(),
+            config: self.bm_config(ApfMode::Pv, None),
+        });
+        specs
+    }
+
+    fn render(&self, results: &[RunResult], output: &Output) -> Result<String, BenchError> {
+        match &self.args.sweep_latency {
+            Some(latencies) => self.render_sweep(latencies, results, output),
+            None => self.render_modes(results, output),
+        }
+    }
+}
+
+impl ApfBench {
+    fn bm_config(&self, apf: ApfMode, host_mem: Option<u64>) -> VmConfig {
+        let a = &self.args;
+        let mut config = self.base.clone();
+        config.vcpus = a.vcpus;
+        config.mem_size = self.mem;
+        config.host_mem = host_mem;
+        config.apf = apf;
+        config.seed = a.common.seed;
+        config.cmdline = format!(
+            "seed={} -- bm -f {} -w {} -m {}M -t {} -s {}",
+            a.common.seed,
+            a.fault_threads,
+            a.work_threads,
+            mib(self.array),
+            format_seconds(a.duration),
+            a.common.seed
+        );
+        config
+    }
+
+    fn describe(&self) -> String {
+        let a = &self.args;
+        format!(
+            "bm -f {} -w {} -m {}M -t {}, {} vCPUs, guest {} MiB, host {} MiB, swap {}",
+            a.fault_threads,
+            a.work_threads,
+            mib(self.array),
+            format_seconds(a.duration),
+            a.vcpus,
+            mib(self.mem),
+            mib(a.host_mem),
+            self.base.swap_device.name
+        )
+    }
+
+    fn render_modes(&self, outcomes: &[RunResult], output: &Output) -> Result<String, BenchError> {
+        let totals: Vec<u64> = outcomes
+            .iter()
+            .map(|o| o.require("bm_total"))
+            .collect::<Result<_, _>>()?;
+        let off = totals[0].max(1) as f64;
+        let ratio = |t: u64| t as f64 / off;
+        let pv_over_ideal = totals[2] as f64 / totals[3].max(1) as f64;
+        let bars: Vec<plot::Bar> = outcomes
+            .iter()
+            .zip(&totals)
+            .map(|(o, &t)| plot::Bar {
+                label: o.label.clone(),
+                value: t as f64,
+                reference: seed_ratio(&o.label).map(|s| s * off),
+                note: match seed_ratio(&o.label) {
+                    Some(s) => format!("{:.2}x (seed {s:.2}x)", ratio(t)),
+                    None => format!("{:.2}x, array fits", ratio(t)),
+                },
+            })
+            .collect();
+        let plot_path = output.plot_path("bench-apf.svg");
+        output.write_plot(&plot_path, |path| {
+            plot::bars(
+                path,
+                "Seed 000: total work by async page fault mode",
+                &self.describe(),
+                "total work (bm_total)",
+                "seed 000's ratio to off, times off's total",
+                &bars,
+            )
+        })?;
+
+        if output.json {
+            let a = &self.args;
+            let mut modes = serde_json::Map::new();
+            for (o, &t) in outcomes.iter().zip(&totals) {
+                let mut v = o.counters();
+                v["total"] = json!(t);
+                v["ratio_vs_off"] = json!(ratio(t));
+                if let Some(s) = seed_ratio(&o.label) {
+                    v["seed_ratio_vs_off"] = json!(s);
+                }
+                modes.insert(o.label.clone(), v);
+            }
+            let out = json!({
+                "benchmark": "apf",
+                "config": {
+                    "vcpus": a.vcpus, "guest_mem": self.mem, "host_mem": a.host_mem,
+                    "array": self.array, "duration": format_seconds(a.duration), "seed": a.common.seed,
+                    "swap_device": self.base.swap_device.name,
+                    "fault_threads": a.fault_threads, "work_threads": a.work_threads,
+                },
+                "modes": modes,
+                "ratios": {
+                    "halt_over_off": ratio(totals[1]),
+                    "pv_over_off": ratio(totals[2]),
+                    "pv_over_ideal": pv_over_ideal,
+                },
+                "seed": {"halt_over_off": SEED_000_NONPV, "pv_over_off": SEED_000_PV},
+                "plot": plot_path.display().to_string(),
+            });
+            return Ok(format!(
+                "{}\n",
+                serde_json::to_string_pretty(&out).unwrap_or_default()
+            ));
+        }
+        let mut s = String::new();
+        let _ = writeln!(s, "bench apf (seed 000): {}", self.describe());
+        let _ = writeln!(
+            s,
+            "{:<6} {:>14} {:>7} {:>6} {:>9} {:>11} {:>9} {:>8} {:>10}",
+            "mode",
+            "total work",
+            "vs off",
+            "seed",
+            "swap-ins",
+            "not-present",
+            "apf halts",
+            "stalls",
+            "virtual s"
+        );
+        for (o, &t) in outcomes.iter().zip(&totals) {
+            let seed = seed_ratio(&o.label).map_or("-".to_string(), |r| format!("{r:.2}"));
+            let _ = writeln!(
+                s,
+                "{:<6} {:>14} {:>7.2} {:>6} {:>9} {:>11} {:>9} {:>8} {:>10.3}",
+                o.label,
+                t,
+                ratio(t),
+                seed,
+                o.swap_ins,
+                o.apf.not_present,
+                o.apf.halts,
+                o.apf.stalls,
+                o.virtual_seconds()
+            );
+        }
+        let _ = writeln!(
+            s,
+            "pv/off {:.2} (seed {SEED_000_PV}), halt/off {:.2} (seed {SEED_000_NONPV}), pv/ideal {:.2} (ideal: the array fits in host memory)",
+            ratio(totals[2]),
+            ratio(totals[1]),
+            pv_over_ideal
+        );
+        let _ = writeln!(s, "plot: {}", plot_path.display());
+        Ok(s)
+    }
+
+    fn render_sweep(
+        &self,
+        latencies: &[Duration],
+        outcomes: &[RunResult],
+        output: &Output,
+    ) -> Result<String, BenchError> {
+        let mut rows = Vec::new();
+        for (i, &latency) in latencies.iter().enumerate() {
+            let off = outcomes[2 * i].require("bm_total")?;
+            let pv = outcomes[2 * i + 1].require("bm_total")?;
+            rows.push((latency, off, pv, pv as f64 / off.max(1) as f64));
+        }
+        let points: Vec<(f64, f64)> = rows.iter().map(|r| (r.0.as_secs_f64(), r.3)).collect();
+        let plot_path = output.plot_path("bench-apf-sweep.svg");
+        output.write_plot(&plot_path, |path| {
+            plot::sweep(
+                path,
+                "Seed 000: pv/off gain against swap read latency",
+                &self.describe(),
+                "swap read latency (fixed, log scale)",
+                "pv / off total work",
+                &points,
+                ("seed 000's pv/off", SEED_000_PV),
+            )
+        })?;
+        if output.json {
+            let sweep: Vec<serde_json::Value> = rows
+                .iter()
+                .map(|&(latency, off, pv, gain)| {
+                    json!({"latency": format_duration(latency), "latency_cycles": duration_to_cycles(latency),
+                           "off": off, "pv": pv, "pv_over_off": gain})
+                })
+                .collect();
+            let out = json!({"benchmark": "apf-sweep-latency", "sweep": sweep,
+                             "seed": {"pv_over_off": SEED_000_PV},
+                             "plot": plot_path.display().to_string()});
+            return Ok(format!(
+                "{}\n",
+                serde_json::to_string_pretty(&out).unwrap_or_default()
+            ));
+        }
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "bench apf --sweep-latency (seed 000): {}",
+            self.describe()
+        );
+        let _ = writeln!(
+            s,
+            "{:>10} {:>14} {:>14} {:>7}",
+            "latency", "off total", "pv total", "pv/off"
+        );
+        for &(latency, off, pv, gain) in &rows {
+            let _ = writeln!(
+                s,
+                "{:>10} {:>14} {:>14} {:>7.2}",
+                format_duration(latency),
+                off,
+                pv,
+                gain
+            );
+        }
+        let _ = writeln!(s, "plot: {}", plot_path.display());
+        Ok(s)
+    }
+}

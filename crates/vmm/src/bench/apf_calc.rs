@@ -1,0 +1,178 @@
+//! `bench apf-calc`: seed 002 (a memory-limited guest with and without a
+//! calculation task, APF off and on).
+
+use super::{mib, Bench, BenchError, Output, RunResult, RunSpec};
+use crate::config::{ConfigError, Kernel};
+use crate::{ApfCalcBenchArgs, BenchCommon, SwapDeviceArg};
+use hv::apf::ApfMode;
+use hv::VmConfig;
+use serde_json::json;
+use std::fmt::Write as _;
+
+/// The seed's changes in total time with APF on.
+pub const SEED_002_WITH_CALC_PCT: f64 = -40.0;
+pub const SEED_002_WITHOUT_CALC_PCT: f64 = 3.0;
+
+pub struct ApfCalcBench {
+    args: ApfCalcBenchArgs,
+    mem: u64,
+    array: u64,
+    base: VmConfig,
+}
+
+impl Bench for ApfCalcBench {
+    const NAME: &'static str = "apf-calc";
+    type Params = ApfCalcBenchArgs;
+
+    fn new(args: ApfCalcBenchArgs) -> ApfCalcBench {
+        let mem = args.mem.unwrap_or(args.host_mem.saturating_mul(2));
+        let array = args.array.unwrap_or(args.host_mem / 4 * 5);
+        let mut base = VmConfig::default();
+        args.common.overcommit(SwapDeviceArg::Ssd).apply(&mut base);
+        ApfCalcBench {
+            args,
+            mem,
+            array,
+            base,
+        }
+    }
+
+    fn params(&self) -> &ApfCalcBenchArgs {
+        &self.args
+    }
+
+    fn common(&self) -> &BenchCommon {
+        &self.args.common
+    }
+
+    fn check(&self, kernel: &Kernel) -> Result<(), ConfigError> {
+        kernel.check_memory(self.mem, Some(self.args.host_mem))?;
+        if self.array < 1 << 20 || self.array >= self.mem {
+            return Err(ConfigError::Invalid(format!(
+                "the writer's memory ({} MiB) must be at least 1 MiB and smaller than guest memory ({} MiB)",
+                mib(self.array),
+                mib(self.mem)
+            )));
+        }
+        Ok(())
+    }
+
+    fn specs(&self) -> Vec<RunSpec> {
+        let mut specs = Vec::new();
+        for calc in [true, false] {
+            for mode in [ApfMode::Off, ApfMode::Pv] {
+                specs.push(RunSpec {
+                    label: format!(
+                        "{}{}",
+                        if calc { "calc+" } else { "" },
+                        if mode == ApfMode::Off { "off" } else { "on" }
+                    ),
+                    config: self.config(mode, calc),
+                });
+            }
+        }
+        specs
+    }
+
+    fn render(&self, outcomes: &[RunResult], output: &Output) -> Result<String, BenchError> {
+        let a = &self.args;
+        let ns: Vec<u64> = outcomes
+            .iter()
+            .map(|o| o.require("apfcalc_ns"))
+            .collect::<Result<_, _>>()?;
+        let calc: Vec<u64> = outcomes
+            .iter()
+            .map(|o| o.value("apfcalc_calc").unwrap_or(0))
+            .collect();
+        let change = |off: u64, on: u64| (on as f64 - off as f64) / off.max(1) as f64 * 100.0;
+        let with = change(ns[0], ns[1]);
+        let without = change(ns[2], ns[3]);
+        if output.json {
+            let run = |i: usize| outcomes[i].counters();
+            let out = json!({
+                "benchmark": "apf-calc",
+                "config": {"guest_mem": self.mem, "host_mem": a.host_mem, "array": self.array,
+                           "loops": a.loops, "stride": a.stride, "seed": a.common.seed,
+                           "swap_device": self.base.swap_device.name},
+                "with_calc": {"off_s": ns[0] as f64 / 1e9, "on_s": ns[1] as f64 / 1e9, "change_pct": with,
+                              "calc_off": calc[0], "calc_on": calc[1], "seed_change_pct": SEED_002_WITH_CALC_PCT,
+                              "runs": {"off": run(0), "on": run(1)}},
+                "without_calc": {"off_s": ns[2] as f64 / 1e9, "on_s": ns[3] as f64 / 1e9, "change_pct": without,
+                                 "seed_change_pct": SEED_002_WITHOUT_CALC_PCT,
+                                 "runs": {"off": run(2), "on": run(3)}},
+            });
+            return Ok(format!(
+                "{}\n",
+                serde_json::to_string_pretty(&out).unwrap_or_default()
+            ));
+        }
+        let mut s = String::new();
+        let _ = writeln!(s, "bench apf-calc (seed 002): {}", self.describe());
+        let _ = writeln!(
+            s,
+            "{:<14} {:>10} {:>10} {:>8} {:>6} {:>13} {:>13}",
+            "", "APF off", "APF on", "change", "seed", "calc (off)", "calc (on)"
+        );
+        let _ = writeln!(
+            s,
+            "{:<14} {:>9.3}s {:>9.3}s {:>+7.1}% {:>+5.0}% {:>13} {:>13}",
+            "with calc",
+            ns[0] as f64 / 1e9,
+            ns[1] as f64 / 1e9,
+            with,
+            SEED_002_WITH_CALC_PCT,
+            calc[0],
+            calc[1]
+        );
+        let _ = writeln!(
+            s,
+            "{:<14} {:>9.3}s {:>9.3}s {:>+7.1}% {:>+5.0}%",
+            "without calc",
+            ns[2] as f64 / 1e9,
+            ns[3] as f64 / 1e9,
+            without,
+            SEED_002_WITHOUT_CALC_PCT
+        );
+        let on = &outcomes[1];
+        let _ = writeln!(
+            s,
+            "(times: the writer's elapsed virtual time; with calc, APF on: {} not-present, {} ready, {} swap-ins)",
+            on.apf.not_present, on.apf.ready, on.swap_ins
+        );
+        Ok(s)
+    }
+}
+
+impl ApfCalcBench {
+    fn config(&self, apf: ApfMode, calc: bool) -> VmConfig {
+        let a = &self.args;
+        let mut config = self.base.clone();
+        config.vcpus = 1;
+        config.mem_size = self.mem;
+        config.host_mem = Some(a.host_mem);
+        config.apf = apf;
+        config.seed = a.common.seed;
+        config.cmdline = format!(
+            "seed={} -- apfcalc -m {}M -l {} -s {}{}",
+            a.common.seed,
+            mib(self.array),
+            a.loops,
+            a.stride,
+            if calc { " -c" } else { "" }
+        );
+        config
+    }
+
+    fn describe(&self) -> String {
+        let a = &self.args;
+        format!(
+            "apfcalc -m {}M -l {} -s {} [-c], 1 vCPU, guest {} MiB, host {} MiB, swap {}",
+            mib(self.array),
+            a.loops,
+            a.stride,
+            mib(self.mem),
+            mib(a.host_mem),
+            self.base.swap_device.name
+        )
+    }
+}

@@ -1,0 +1,573 @@
+//! `faultline bench ...`: the seed experiments, each a set of independent
+//! VM runs compared side by side.
+//!
+//! Every figure comes from the guest's own HC_REPORT lines and the hv's
+//! counters, all in virtual time, so the same command prints the same
+//! numbers; runs go in parallel (one host thread each, `--jobs`), which
+//! changes only the wall time.
+//!
+//! A benchmark is a list of labelled runs ([`RunSpec`]) and a rendering
+//! of their results ([`RunResult`]) into a table or JSON and a plot. The
+//! runs can also be fanned out: `--list-runs` prints one command line per
+//! run (`... --run LABEL`), each prints its result as a JSON [`RunFile`],
+//! and `bench merge` renders those files exactly as the direct run does.
+
+mod apf;
+mod apf_calc;
+
+use crate::config::{check_output_path, ConfigError, Kernel};
+use crate::session::{drive, BenchProgress, Ending, Limits};
+use crate::signals::{Signal, StopRequest};
+use crate::units::cycles_to_secs;
+use crate::{BenchCommand, BenchCommon, MergeArgs, EXIT_CONFIG, EXIT_VM_ERROR};
+use hv::{StopReason, Vm, VmConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// A benchmark failed.
+#[derive(Debug, Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{label}: cannot boot: {source}")]
+    Boot {
+        label: String,
+        source: hv::CreateError,
+    },
+    #[error("{label}: the VM stopped: {message}\nguest output ends with:\n{tail}")]
+    VmStopped {
+        label: String,
+        message: String,
+        tail: String,
+    },
+    #[error("{label}: the guest program failed ({reason})\nguest output ends with:\n{tail}")]
+    GuestFailed {
+        label: String,
+        reason: String,
+        tail: String,
+    },
+    #[error("run `{label}` reported no {key} (reports: {reports:?})")]
+    Missing {
+        label: String,
+        key: String,
+        reports: Vec<String>,
+    },
+    #[error("interrupted by {}: {}", .signal.name(), describe_interrupted(.runs))]
+    Interrupted {
+        signal: Signal,
+        runs: Vec<(String, RunState)>,
+    },
+    #[error("cannot write the plot {path}: {reason}")]
+    Plot { path: PathBuf, reason: String },
+    #[error("cannot read {path}: {reason}")]
+    ReadResult { path: PathBuf, reason: String },
+    #[error("merge: {0}")]
+    Merge(String),
+}
+
+impl BenchError {
+    fn exit_status(&self) -> u8 {
+        match self {
+            BenchError::Config(_)
+            | BenchError::Boot { .. }
+            | BenchError::ReadResult { .. }
+            | BenchError::Merge(_) => EXIT_CONFIG,
+            BenchError::Interrupted { signal, .. } => signal.exit_status(),
+            BenchError::VmStopped { .. }
+            | BenchError::GuestFailed { .. }
+            | BenchError::Missing { .. }
+            | BenchError::Plot { .. } => EXIT_VM_ERROR,
+        }
+    }
+}
+
+/// Where each run of an interrupted benchmark was.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunState {
+    Finished,
+    /// Stopped at this virtual time (seconds).
+    Interrupted(f64),
+    NotStarted,
+}
+
+fn describe_interrupted(runs: &[(String, RunState)]) -> String {
+    let list = |want: fn(&RunState) -> Option<String>| -> String {
+        let names: Vec<String> = runs
+            .iter()
+            .filter_map(|(label, state)| want(state).map(|extra| format!("{label}{extra}")))
+            .collect();
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(", ")
+        }
+    };
+    format!(
+        "finished: {}; interrupted: {}; not started: {}",
+        list(|s| (*s == RunState::Finished).then(String::new)),
+        list(|s| match s {
+            RunState::Interrupted(secs) => Some(format!(" (at {secs:.3} virtual s)")),
+            _ => None,
+        }),
+        list(|s| (*s == RunState::NotStarted).then(String::new)),
+    )
+}
+
+/// One VM run of a benchmark.
+pub struct RunSpec {
+    pub label: String,
+    pub config: VmConfig,
+}
+
+/// Asynchronous page fault counters of a run, summed over vCPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApfCounters {
+    pub not_present: u64,
+    pub ready: u64,
+    pub halts: u64,
+    pub halt_cycles: u64,
+    pub stalls: u64,
+    pub stall_cycles: u64,
+    pub peak_outstanding: u64,
+}
+
+/// What a run produced: every figure a benchmark renders, all integers
+/// (so a result read back from JSON is bit-for-bit the one written).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub label: String,
+    pub virtual_cycles: u64,
+    pub instructions: u64,
+    pub swap_ins: u64,
+    pub swap_outs: u64,
+    pub evictions: u64,
+    pub apf: ApfCounters,
+    /// HC_REPORT lines.
+    pub reports: Vec<String>,
+}
+
+impl RunResult {
+    fn new(label: String, vm: &Vm) -> RunResult {
+        let stats = vm.stats();
+        let apf = stats.apf();
+        RunResult {
+            label,
+            virtual_cycles: stats.virtual_cycles,
+            instructions: stats.instructions(),
+            swap_ins: stats.pager.swap_ins,
+            swap_outs: stats.pager.swap_outs,
+            evictions: stats.pager.evictions,
+            apf: ApfCounters {
+                not_present: apf.not_present,
+                ready: apf.ready,
+                halts: apf.halts,
+                halt_cycles: apf.halt_cycles,
+                stalls: apf.stalls,
+                stall_cycles: apf.stall_cycles,
+                peak_outstanding: apf.peak_outstanding,
+            },
+            reports: vm.reports().iter().map(|r| r.line.clone()).collect(),
+        }
+    }
+
+    /// `key=value` from the report lines.
+    pub fn value(&self, key: &str) -> Option<u64> {
+        self.reports.iter().find_map(|line| {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+        })
+    }
+
+    /// Like `value`, or an error naming the run.
+    pub fn require(&self, key: &str) -> Result<u64, BenchError> {
+        self.value(key).ok_or_else(|| BenchError::Missing {
+            label: self.label.clone(),
+            key: key.to_string(),
+            reports: self.reports.clone(),
+        })
+    }
+
+    pub fn virtual_seconds(&self) -> f64 {
+        cycles_to_secs(self.virtual_cycles)
+    }
+
+    /// Counters shown for each run in the JSON output.
+    pub fn counters(&self) -> serde_json::Value {
+        json!({
+            "virtual_seconds": self.virtual_seconds(),
+            "instructions": self.instructions,
+            "swap_ins": self.swap_ins,
+            "swap_outs": self.swap_outs,
+            "evictions": self.evictions,
+            "not_present_sent": self.apf.not_present,
+            "ready_sent": self.apf.ready,
+            "apf_halts": self.apf.halts,
+            "apf_halt_cycles": self.apf.halt_cycles,
+            "stalls": self.apf.stalls,
+            "stall_cycles": self.apf.stall_cycles,
+            "peak_outstanding": self.apf.peak_outstanding,
+        })
+    }
+}
+
+/// The JSON a `--run LABEL` invocation prints: the benchmark, its
+/// parameters (the options that shape its runs) and the run's result.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RunFile {
+    pub benchmark: String,
+    pub params: serde_json::Value,
+    pub run: RunResult,
+}
+
+/// How a benchmark's output is wanted.
+pub struct Output {
+    pub json: bool,
+    /// Where the plot goes; `None`: the benchmark's default under
+    /// [`RESULTS_DIR`].
+    pub plot: Option<PathBuf>,
+}
+
+/// Where plots go unless `--plot` says otherwise (under the current
+/// directory; created when needed).
+pub const RESULTS_DIR: &str = "faultline-results";
+
+impl Output {
+    /// The plot's path: `--plot`, or `faultline-results/<default_name>`.
+    pub fn plot_path(&self, default_name: &str) -> PathBuf {
+        self.plot
+            .clone()
+            .unwrap_or_else(|| Path::new(RESULTS_DIR).join(default_name))
+    }
+
+    /// Checks `--plot` before any run.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        match &self.plot {
+            Some(path) => check_output_path("--plot", path),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes a plot drawn by `draw` into `path`.
+    pub fn write_plot(
+        &self,
+        path: &Path,
+        draw: impl FnOnce(&Path) -> Result<(), String>,
+    ) -> Result<(), BenchError> {
+        let error = |reason: String| BenchError::Plot {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if self.plot.is_none() {
+            std::fs::create_dir_all(RESULTS_DIR).map_err(|e| error(e.to_string()))?;
+        }
+        draw(path).map_err(error)
+    }
+}
+
+/// A benchmark: its runs and how their results are shown.
+pub trait Bench {
+    /// `apf`, `apf-calc`: the name in `faultline bench NAME`.
+    const NAME: &'static str;
+    /// The options that shape the runs (serialized into each run file).
+    type Params: Serialize + serde::de::DeserializeOwned;
+
+    fn new(params: Self::Params) -> Self;
+    fn params(&self) -> &Self::Params;
+    fn common(&self) -> &BenchCommon;
+    /// Checks the options against each other and the kernel, before any
+    /// run.
+    fn check(&self, kernel: &Kernel) -> Result<(), ConfigError>;
+    fn specs(&self) -> Vec<RunSpec>;
+    fn render(&self, results: &[RunResult], output: &Output) -> Result<String, BenchError>;
+}
+
+pub fn main(command: BenchCommand) -> u8 {
+    let result = match command {
+        BenchCommand::Apf(args) => {
+            let output = Output {
+                json: args.common.json,
+                plot: args.plot.clone(),
+            };
+            execute(apf::ApfBench::new(args), &output)
+        }
+        BenchCommand::ApfCalc(args) => {
+            let output = Output {
+                json: args.common.json,
+                plot: None,
+            };
+            execute(apf_calc::ApfCalcBench::new(args), &output)
+        }
+        BenchCommand::Merge(args) => merge(&args),
+    };
+    match result {
+        Ok(out) => {
+            use std::io::Write;
+            let _ = std::io::stdout().write_all(out.as_bytes());
+            0
+        }
+        Err(e) => {
+            eprintln!("faultline bench: {e}");
+            e.exit_status()
+        }
+    }
+}
+
+/// Lists, runs one of, or runs all of `bench`'s runs.
+fn execute<B: Bench>(bench: B, output: &Output) -> Result<String, BenchError> {
+    let specs = bench.specs();
+    let common = bench.common();
+    if common.list_runs {
+        return Ok(list_runs(&specs));
+    }
+    let kernel = Kernel::load(common.kernel.as_deref())?;
+    bench.check(&kernel)?;
+    let stop = StopRequest::install().map_err(ConfigError::Signals)?;
+    if let Some(label) = &common.run {
+        let spec = specs
+            .into_iter()
+            .find(|s| &s.label == label)
+            .ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "--run {label}: no such run (see --list-runs for the labels)"
+                ))
+            })?;
+        let result = run_all(vec![spec], &kernel.bytes, 1, &stop)?.remove(0);
+        let file = RunFile {
+            benchmark: B::NAME.to_string(),
+            params: params_json(&bench),
+            run: result,
+        };
+        return Ok(format!(
+            "{}\n",
+            serde_json::to_string_pretty(&file).unwrap_or_default()
+        ));
+    }
+    output.check()?;
+    let results = run_all(specs, &kernel.bytes, common.jobs(), &stop)?;
+    bench.render(&results, output)
+}
+
+fn params_json<B: Bench>(bench: &B) -> serde_json::Value {
+    serde_json::to_value(bench.params()).unwrap_or_default()
+}
+
+/// One shell command line per run: this invocation with `--list-runs`
+/// replaced by `--run LABEL`.
+fn list_runs(specs: &[RunSpec]) -> String {
+    let exe = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "faultline".into());
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--list-runs")
+        .collect();
+    let mut out = String::new();
+    for spec in specs {
+        let mut line = vec![exe.clone()];
+        line.extend(args.iter().cloned());
+        line.extend(["--run".to_string(), spec.label.clone()]);
+        out.push_str(&shell_words::join(line));
+        out.push('\n');
+    }
+    out
+}
+
+/// Renders the results of separately run runs (`--run LABEL`, as
+/// `--list-runs` printed them) as the direct run does.
+fn merge(args: &MergeArgs) -> Result<String, BenchError> {
+    let mut files = Vec::new();
+    for path in &args.files {
+        let read_error = |reason: String| BenchError::ReadResult {
+            path: path.clone(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| read_error(e.to_string()))?;
+        let file: RunFile = serde_json::from_str(&text)
+            .map_err(|e| read_error(format!("not a `bench --run` result: {e}")))?;
+        files.push(file);
+    }
+    let first = &files[0];
+    if let Some(other) = files
+        .iter()
+        .find(|f| f.benchmark != first.benchmark || f.params != first.params)
+    {
+        return Err(BenchError::Merge(format!(
+            "the results come from different benchmarks or options ({} {} and {} {})",
+            first.benchmark, first.params, other.benchmark, other.params
+        )));
+    }
+    let output = Output {
+        json: args.json,
+        plot: args.plot.clone(),
+    };
+    output.check()?;
+    match first.benchmark.as_str() {
+        apf::ApfBench::NAME => merge_into::<apf::ApfBench>(files, &output),
+        apf_calc::ApfCalcBench::NAME => merge_into::<apf_calc::ApfCalcBench>(files, &output),
+        other => Err(BenchError::Merge(format!("unknown benchmark `{other}`"))),
+    }
+}
+
+fn merge_into<B: Bench>(files: Vec<RunFile>, output: &Output) -> Result<String, BenchError> {
+    let params: B::Params = serde_json::from_value(files[0].params.clone())
+        .map_err(|e| BenchError::Merge(format!("the options do not parse: {e}")))?;
+    let bench = B::new(params);
+    let mut results = Vec::new();
+    for spec in bench.specs() {
+        let mut matching = files.iter().filter(|f| f.run.label == spec.label);
+        let file = matching
+            .next()
+            .ok_or_else(|| BenchError::Merge(format!("no result for run `{}`", spec.label)))?;
+        if matching.next().is_some() {
+            return Err(BenchError::Merge(format!(
+                "two results for run `{}`",
+                spec.label
+            )));
+        }
+        results.push(file.run.clone());
+    }
+    if files.len() != results.len() {
+        return Err(BenchError::Merge(format!(
+            "{} results for {} runs: some are not runs of this benchmark",
+            files.len(),
+            results.len()
+        )));
+    }
+    bench.render(&results, output)
+}
+
+/// How one run ended.
+enum Outcome {
+    Done(RunResult, Duration),
+    Interrupted(f64),
+}
+
+/// Runs every spec, `jobs` at a time, showing progress on a terminal.
+/// Results come back in spec order. A signal stops every run in flight
+/// and starts no more.
+fn run_all(
+    specs: Vec<RunSpec>,
+    kernel: &[u8],
+    jobs: usize,
+    stop: &StopRequest,
+) -> Result<Vec<RunResult>, BenchError> {
+    let total = specs.len();
+    let labels: Vec<String> = specs.iter().map(|s| s.label.clone()).collect();
+    let queue = Mutex::new(specs.into_iter().enumerate().collect::<Vec<_>>());
+    let outcomes: Mutex<Vec<Option<Result<Outcome, BenchError>>>> =
+        Mutex::new((0..total).map(|_| None).collect());
+    let progress = BenchProgress::new(total);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1).min(total.max(1)) {
+            scope.spawn(|| loop {
+                if stop.signal().is_some() {
+                    break;
+                }
+                let next = {
+                    let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+                    (!q.is_empty()).then(|| q.remove(0))
+                };
+                let Some((i, spec)) = next else { break };
+                let outcome = run_one(spec, kernel, stop, &progress);
+                outcomes.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(outcome);
+            });
+        }
+    });
+    progress.finish();
+    let outcomes = outcomes.into_inner().unwrap_or_else(|e| e.into_inner());
+    // Host-side figures vary run to run, so they stay off stdout.
+    let walls: Vec<String> = outcomes
+        .iter()
+        .zip(&labels)
+        .filter_map(|(o, label)| match o {
+            Some(Ok(Outcome::Done(_, wall))) => Some(format!("{label} {:.1}s", wall.as_secs_f64())),
+            _ => None,
+        })
+        .collect();
+    eprintln!(
+        "faultline bench: {} runs in {:.1}s wall ({})",
+        total,
+        started.elapsed().as_secs_f64(),
+        walls.join(", ")
+    );
+    if let Some(signal) = stop.signal() {
+        let runs = labels
+            .into_iter()
+            .zip(&outcomes)
+            .map(|(label, o)| {
+                let state = match o {
+                    Some(Ok(Outcome::Done(..))) => RunState::Finished,
+                    Some(Ok(Outcome::Interrupted(secs))) => RunState::Interrupted(*secs),
+                    // A run that failed on its own before the signal.
+                    Some(Err(_)) => RunState::Finished,
+                    None => RunState::NotStarted,
+                };
+                (label, state)
+            })
+            .collect();
+        return Err(BenchError::Interrupted { signal, runs });
+    }
+    outcomes
+        .into_iter()
+        .map(|o| match o {
+            Some(Ok(Outcome::Done(result, _))) => Ok(result),
+            Some(Err(e)) => Err(e),
+            // Not reached: without a signal every run finishes.
+            Some(Ok(Outcome::Interrupted(_))) | None => {
+                Err(BenchError::Merge("a run did not finish".into()))
+            }
+        })
+        .collect()
+}
+
+fn run_one(
+    spec: RunSpec,
+    kernel: &[u8],
+    stop: &StopRequest,
+    bench_progress: &BenchProgress,
+) -> Result<Outcome, BenchError> {
+    let started = Instant::now();
+    let mut vm = Vm::boot(&spec.config, kernel).map_err(|source| BenchError::Boot {
+        label: spec.label.clone(),
+        source,
+    })?;
+    let mut serial = Vec::new();
+    let mut progress = bench_progress.start();
+    let prefix = format!("{}: ", spec.label);
+    let ending = drive(&mut vm, &Limits::default(), stop, |vm| {
+        serial.extend(vm.take_serial());
+        progress.update(&prefix, vm);
+    });
+    bench_progress.done(&progress);
+    let tail = || {
+        let text = String::from_utf8_lossy(&serial);
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    };
+    match ending {
+        Ending::Vm(StopReason::Shutdown { status: 0 } | StopReason::DebugExit { status: 1 }) => Ok(
+            Outcome::Done(RunResult::new(spec.label, &vm), started.elapsed()),
+        ),
+        Ending::Interrupted(_) => Ok(Outcome::Interrupted(cycles_to_secs(vm.time()))),
+        Ending::Vm(StopReason::Error(e)) => Err(BenchError::VmStopped {
+            label: spec.label,
+            message: e.to_string(),
+            tail: tail(),
+        }),
+        other => Err(BenchError::GuestFailed {
+            label: spec.label,
+            reason: other.describe(),
+            tail: tail(),
+        }),
+    }
+}
+
+/// MiB in `bytes` (for the guest programs' `-m` options).
+fn mib(bytes: u64) -> u64 {
+    bytes >> 20
+}

@@ -1,0 +1,135 @@
+//! `faultline run`: check the configuration, boot, drive the VM to its end
+//! and print the summary.
+
+use crate::config::{check_swap_path, ConfigError, Kernel};
+use crate::report::Summary;
+use crate::session::{drive, Ending, Limits, Progress};
+use crate::signals::StopRequest;
+use crate::{RunArgs, StatsFormat, EXIT_CONFIG, EXIT_LIMIT, EXIT_VM_ERROR};
+use hv::{StopReason, Vm, VmConfig};
+use std::io::Write;
+use std::time::Instant;
+
+/// The kernel command line: boot options, `--`, the program and its
+/// arguments (see `abi::BootInfo::cmdline`).
+pub fn boot_cmdline(seed: Option<u64>, extra: &[String], program: &[String]) -> String {
+    let mut options = extra.to_vec();
+    if let Some(seed) = seed {
+        options.push(format!("seed={seed}"));
+    }
+    format!("{} -- {}", options.join(" "), program.join(" "))
+        .trim_start()
+        .to_string()
+}
+
+/// The process's exit status for a run that ended so.
+pub fn exit_status(ending: &Ending) -> u8 {
+    match ending {
+        // Modulo 256, as a process's own exit status is.
+        Ending::Vm(StopReason::DebugExit { status }) => *status as u8,
+        Ending::Vm(StopReason::Shutdown { status }) => *status as u8,
+        Ending::Vm(StopReason::Error(_)) => EXIT_VM_ERROR,
+        Ending::Interrupted(signal) => signal.exit_status(),
+        Ending::TimeLimit(_) | Ending::WallLimit(_) => EXIT_LIMIT,
+    }
+}
+
+/// A booted VM and the signal handlers, or why there is none.
+fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
+    let stop = StopRequest::install().map_err(ConfigError::Signals)?;
+    let kernel = Kernel::load(args.kernel.as_deref())?;
+    kernel.check_program(args.program.first().map_or("", String::as_str))?;
+    kernel.check_memory(args.mem, args.overcommit.host_mem)?;
+    if let Some(swap) = &args.overcommit.swap {
+        check_swap_path(swap)?;
+    }
+    let mut config = VmConfig {
+        vcpus: args.vcpus,
+        mem_size: args.mem,
+        cmdline: boot_cmdline(args.seed, &args.options, &args.program),
+        quantum: args.quantum,
+        seed: args.seed.unwrap_or(1),
+        ..VmConfig::default()
+    };
+    args.overcommit.apply(&mut config);
+    let vm = Vm::boot(&config, &kernel.bytes).map_err(|source| ConfigError::Boot {
+        what: kernel.describe(),
+        source,
+    })?;
+    Ok((vm, stop))
+}
+
+pub fn run(args: RunArgs) -> u8 {
+    let (mut vm, stop) = match prepare(&args) {
+        Ok(ready) => ready,
+        Err(e) => {
+            eprintln!("faultline: {e}");
+            return EXIT_CONFIG;
+        }
+    };
+    let limits = Limits {
+        time: args.time_limit,
+        wall: args.wall_limit,
+    };
+    let json = args.stats == StatsFormat::Json;
+    let started = Instant::now();
+    let mut progress = Progress::single(limits.time);
+    let mut stdout = std::io::stdout().lock();
+    let mut console = Vec::new();
+    let ending = drive(&mut vm, &limits, &stop, |vm| {
+        let serial = vm.take_serial();
+        if json {
+            console.extend_from_slice(&serial);
+        } else if !serial.is_empty() {
+            // The bar must not be drawn over the guest's output. A closed
+            // stdout (e.g. piped into `head`) must not stop the VM.
+            progress.suspend(|| {
+                let _ = stdout.write_all(&serial);
+                let _ = stdout.flush();
+            });
+        }
+        progress.update("", vm);
+    });
+    progress.finish();
+    let wall = started.elapsed();
+
+    let status = exit_status(&ending);
+    let console = json.then(|| String::from_utf8_lossy(&console).into_owned());
+    let summary = Summary::new(&vm, &ending, status, console);
+    let text = if json {
+        summary.to_json()
+    } else {
+        summary.to_text()
+    };
+    let _ = stdout.write_all(text.as_bytes());
+    let _ = stdout.flush();
+    // Host-side figures vary run to run, so they stay off stdout.
+    let mips = summary.instructions as f64 / wall.as_secs_f64().max(1e-9) / 1e6;
+    eprintln!(
+        "faultline: wall time {:.3} s, {mips:.1} MIPS",
+        wall.as_secs_f64()
+    );
+    match &ending {
+        Ending::Vm(StopReason::Error(e)) => eprintln!("faultline: VM stopped: {e}"),
+        Ending::Vm(_) => {}
+        other => eprintln!("faultline: stopped: {}", other.describe()),
+    }
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::boot_cmdline;
+
+    #[test]
+    fn cmdline() {
+        let program = ["bm".to_string(), "-f".to_string(), "4".to_string()];
+        assert_eq!(boot_cmdline(Some(3), &[], &program), "seed=3 -- bm -f 4");
+        assert_eq!(boot_cmdline(None, &[], &program), "-- bm -f 4");
+        let crash = ["crash=triple".to_string()];
+        assert_eq!(
+            boot_cmdline(Some(1), &crash, &program),
+            "crash=triple seed=1 -- bm -f 4"
+        );
+    }
+}
