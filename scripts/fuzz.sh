@@ -46,7 +46,7 @@ fi
 rm -rf "$out/in"
 mkdir -p "$out/in"
 if [[ "$target" == elf ]]; then
-    strip -o "$out/in/exits.elf" "$(ls -t target/release/build/faultline-fuzz-*/out/exits.elf | head -1)"
+    strip -o "$out/in/exits.elf" "$(ls -t target/release/build/hv-*/out/hostile-exits.elf | head -1)"
 else
     cp seeds/"$target"/* "$out/in/"
 fi

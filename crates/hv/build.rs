@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::process::Command;
 
 const KERNELS: [&str; 5] = ["hello", "smp", "triple", "outside", "apfabi"];
-/// The hostile-guest suite (tests/guests/hostile/NAME.c -> hostile-NAME.elf).
-const HOSTILE: [&str; 6] = ["msr", "hypercall", "ports", "wild", "smc", "spin"];
+/// The hostile-guest suite (tests/guests/hostile/NAME.c -> hostile-NAME.elf);
+/// `exits` is the guest of the exit-handler fuzz target (fuzz/).
+const HOSTILE: [&str; 7] = ["msr", "hypercall", "ports", "wild", "smc", "spin", "exits"];
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));

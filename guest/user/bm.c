@@ -116,8 +116,8 @@ int bm_main(int argc, char **argv) {
             return 1;
         }
     }
-    printf("bm: %lu faulting + %lu work threads, %lu MiB array, %lu ms, %d cpus\n", nfault, nwork,
-           bytes >> 20, duration_ns / 1000000, ncpus());
+    printf("bm: %lu faulting + %lu work threads, %lu MiB array, %lu ms, %d cpus, seed %lu\n", nfault, nwork,
+           bytes >> 20, duration_ns / 1000000, ncpus(), seed);
     uint64_t prefault_ns = 0;
     if (array && prefault) {
         /* One write per page backs it as fully as a memset would: the

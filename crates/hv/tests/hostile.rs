@@ -5,7 +5,9 @@
 //! hv error naming what the guest did when it cannot go on, or, for the
 //! interrupts-off spin, still running when the time limit comes.
 
+use hv::apf::ApfMode;
 use hv::{RunStatus, StopReason, Vm, VmConfig, VmError};
+use machine::Gpa;
 
 const MSR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile-msr.elf"));
 const HYPERCALL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile-hypercall.elf"));
@@ -13,6 +15,7 @@ const PORTS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile-ports.elf
 const WILD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile-wild.elf"));
 const SMC: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile-smc.elf"));
 const SPIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile-spin.elf"));
+const EXITS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile-exits.elf"));
 
 const MEM: u64 = 64 << 20;
 /// Virtual time allowed to each run (cycles at the 3 GHz TSC): far more
@@ -162,4 +165,44 @@ fn hostile_runs_repeat_exactly() {
         let b = run(kernel, cmdline);
         assert_eq!(a, b);
     }
+}
+
+/// One operation of the `exits` guest (struct op in exits.c, 40 bytes):
+/// kind 0 WRMSR, 1 RDMSR, 2 faultline hypercall BASE + (index & 0xf),
+/// 3 any hypercall number; 0xff ends the list.
+fn op(kind: u8, index: u32, args: [u64; 4]) -> Vec<u8> {
+    let mut v = vec![kind, 0, 0, 0];
+    v.extend(index.to_le_bytes());
+    for a in args {
+        v.extend(a.to_le_bytes());
+    }
+    v
+}
+
+#[test]
+fn operations_written_into_guest_memory_reach_the_exit_handlers() {
+    // The exit-handler fuzz target's guest, driven by hand: a valid APF
+    // enable, then garbage the hv must refuse (#GP or an error return).
+    let config = VmConfig {
+        vcpus: 2,
+        mem_size: 8 << 20,
+        apf: ApfMode::Pv,
+        ..VmConfig::default()
+    };
+    let mut ops = Vec::new();
+    ops.extend(op(0, 0x4b56_4d06, [0x22, 0, 0, 0])); // MSR_KVM_ASYNC_PF_INT
+    ops.extend(op(0, 0x4b56_4d02, [0x10_0000 | 1 | 8, 0, 0, 0])); // ASYNC_PF_EN
+    ops.extend(op(1, 0x4b56_4d02, [0; 4]));
+    ops.extend(op(0, 0x4b56_4d02, [(1 << 40) | 1, 0, 0, 0])); // outside RAM: #GP
+    ops.extend(op(0, 0x4b56_4d06, [!0, 0, 0, 0])); // reserved bits: #GP
+    ops.extend(op(2, 1, [!0 - 8, 4096, 0, 0])); // HC_REPORT, wild pointer
+    ops.extend(op(2, 5, [1 << 40, 0x23, 0x22, 0])); // HC_APF_ENABLE outside
+    ops.extend(op(3, 10, [!0, !0, !0, 0x22])); // KVM_HC_SEND_IPI
+    ops.push(0xff);
+    let mut vm = Vm::boot(&config, EXITS).expect("boot");
+    vm.write_guest(Gpa(0x40_0000), &ops).unwrap();
+    let status = vm.run_until(LIMIT);
+    let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
+    assert_eq!(status, exited(0x20), "{out}");
+    assert!(vm.reports().is_empty(), "the wild report was refused");
 }

@@ -1,6 +1,6 @@
 //! Fuzz target: the ELF loaders. `machine::elf::parse` and `load_identity`
-//! (bare mode), the hv's kernel checks (`hv::boot::parse_kernel`) and a
-//! whole `Vm::boot` of whatever passes them. Any panic is a bug; every
+//! (bare mode), and a whole `Vm::boot` (the hv's kernel checks and its
+//! loading through memslots) of whatever parses. Any panic is a bug; every
 //! refusal must be an error value.
 
 use hv::{Vm, VmConfig};
@@ -13,8 +13,8 @@ fn main() {
         if let Ok(image) = machine::elf::parse(data) {
             let mem = PhysMemory::new(MEM).expect("host memory");
             let _ = machine::elf::load_identity(&image, &mem);
-        }
-        if hv::boot::parse_kernel(data, MEM).is_ok() {
+            // The hv's own checks (segments in RAM, the entry point loaded)
+            // and loading through its memslots.
             let config = VmConfig {
                 mem_size: MEM,
                 ..VmConfig::default()

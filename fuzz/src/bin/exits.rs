@@ -1,5 +1,5 @@
 //! Fuzz target: the hv's MSR and hypercall exit handlers, through the
-//! public API. A tiny guest (guests/exits.c) executes WRMSR, RDMSR and
+//! public API. A tiny guest (crates/hv/tests/guests/hostile/exits.c) executes WRMSR, RDMSR and
 //! VMCALL with indices, numbers and arguments from the fuzz input, written
 //! into guest memory before the run. Any host panic is a bug; the guest may
 //! end any way the hv decides (its own exit, an error stop, the limit).
@@ -8,8 +8,8 @@ use hv::apf::ApfMode;
 use hv::{Vm, VmConfig};
 use machine::Gpa;
 
-const KERNEL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/exits.elf"));
-/// Where guests/exits.c reads its operations (OPS_GPA) and how many it
+const KERNEL: &[u8] = include_bytes!(concat!(env!("HV_TEST_KERNELS"), "/hostile-exits.elf"));
+/// Where exits.c reads its operations (OPS_GPA) and how many it
 /// takes at most (MAX_OPS, 40 bytes each).
 const OPS_GPA: u64 = 0x40_0000;
 const MAX_OPS_BYTES: usize = 2048 * 40;

@@ -1,5 +1,5 @@
-/* The exit-handler fuzz target's guest: runs the operations the fuzzer
- * wrote at OPS_GPA (struct op, until kind 0xff or the end of the page
+/* The exit-handler fuzz target's guest (fuzz/src/bin/exits.rs): runs the
+ * operations the fuzzer wrote at OPS_GPA (struct op, until kind 0xff or the end of the page
  * range): WRMSR, RDMSR and VMCALL with the given index/number and
  * arguments. A refused MSR access is a #GP the handler skips. Exits 0x20. */
 #include "hostile.h"
