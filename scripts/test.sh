@@ -6,6 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
-cargo clippy --release --workspace --all-targets --locked -- -D warnings
+cargo clippy --release --workspace --all-targets --all-features --locked -- -D warnings
 make -C guest test
-cargo test --release --workspace --locked
+cargo test --release --workspace --all-features --locked

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 const KERNELS: [&str; 5] = ["hello", "smp", "triple", "outside", "apfabi"];
+/// The hostile-guest suite (tests/guests/hostile/NAME.c -> hostile-NAME.elf).
+const HOSTILE: [&str; 6] = ["msr", "hypercall", "ports", "wild", "smc", "spin"];
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
@@ -15,8 +17,12 @@ fn main() {
     println!("cargo:rerun-if-changed={}", include.display());
     // Dependents (the vmm's CLI tests) read this as DEP_..._DIR.
     println!("cargo:dir={}", out.display());
-    for name in KERNELS {
-        let src = guests.join(format!("{name}.c"));
+    let kernels = KERNELS.iter().map(|k| (format!("{k}.c"), k.to_string()));
+    let hostile = HOSTILE
+        .iter()
+        .map(|k| (format!("hostile/{k}.c"), format!("hostile-{k}")));
+    for (source, name) in kernels.chain(hostile) {
+        let src = guests.join(source);
         let elf = out.join(format!("{name}.elf"));
         let status = Command::new("gcc")
             .args([

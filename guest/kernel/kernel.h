@@ -200,6 +200,7 @@ extern struct boot_info *boot;
 extern struct pmm kpmm;
 extern uint64_t tsc_hz;
 extern uint32_t kvm_features; /* CPUID 0x40000001 EAX when running under a KVM-like hv */
+extern uint64_t boot_seed;    /* the boot option seed=S, 1 without it (SYS_SEED) */
 
 static inline struct cpu *this_cpu(void) {
     struct cpu *c;
@@ -303,6 +304,12 @@ void apf_self_check(void); /* DEBUG kernels, from a kernel thread */
 /* syscall.c, user.c */
 int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3);
 int start_init_process(const char *cmdline);
+/* The exit status of a program the OOM killer ended (128 + SIGKILL, as a
+ * shell reports it), and of a program that does not exist (as a shell). */
+#define EXIT_OOM_KILLED 137
+#define EXIT_NO_PROGRAM 127
+/* Ends the program: its process ran out of memory on a page fault at va. */
+void oom_kill(struct task *t, uint64_t va) __attribute__((noreturn));
 /* Ends the calling user thread; the program's main thread ends the VM. */
 void thread_exit(int code) __attribute__((noreturn));
 void enter_user(uint64_t rip, uint64_t rsp, uint64_t a0, uint64_t a1) __attribute__((noreturn));

@@ -8,6 +8,7 @@ struct boot_info *boot;
 struct pmm kpmm;
 uint64_t tsc_hz;
 uint32_t kvm_features;
+uint64_t boot_seed = 1;
 
 /* KVM's paravirtual interface: CPUID 0x40000000 = "KVMKVMKVM\0\0\0". */
 static void pv_detect(void) {
@@ -104,7 +105,8 @@ static int boot_flag(const char *name) {
 }
 
 /* Boot options acted on once the system is up. `no-apf` (asynchronous page
- * faults off) was acted on at bring-up. */
+ * faults off) was acted on at bring-up; `seed=S` sets `boot_seed`, which
+ * programs read with SYS_SEED. */
 static void boot_options(void) {
     char line[CMDLINE_LEN];
     char *words[32];
@@ -112,7 +114,10 @@ static void boot_options(void) {
     for (int i = 0; i < nw; i++) {
         if (strncmp(words[i], "crash=", 6) == 0)
             crash(words[i] + 6);
-        else if (strcmp(words[i], "no-apf") != 0)
+        else if (strncmp(words[i], "seed=", 5) == 0) {
+            if (parse_u64(words[i] + 5, &boot_seed) != 0)
+                kprintf("boot option '%s': not a decimal number; seed %lu used\n", words[i], boot_seed);
+        } else if (strcmp(words[i], "no-apf") != 0)
             kprintf("unknown boot option '%s' ignored\n", words[i]);
     }
 }

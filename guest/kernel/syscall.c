@@ -140,7 +140,15 @@ static struct task *proc_create(const char *cmdline, struct process *parent) {
     return t;
 }
 
+static void program_done(const char *name, int code) __attribute__((noreturn));
+
 int start_init_process(const char *cmdline) {
+    while (*cmdline == ' ')
+        cmdline++;
+    if (!*cmdline) {
+        kprintf("no program named on the command line ([boot options] -- PROGRAM ARGS...)\n");
+        program_done("", EXIT_NO_PROGRAM);
+    }
     struct task *t = proc_create(cmdline, NULL);
     if (!t)
         panic("cannot start '%s'", cmdline);
@@ -251,6 +259,10 @@ static int64_t sys_mmap(uint64_t len) {
     struct mm *mm = cur_proc()->mm;
     if (len == 0 || len > (1ULL << 40))
         return -EINVAL;
+    /* Overcommit, but not beyond reason (Linux's heuristic mode): a
+     * mapping larger than all of RAM could never be backed. */
+    if (len / PAGE_SIZE > kpmm.total_pages)
+        return -ENOMEM;
     len = (len + PAGE_SIZE - 1) & ~(PAGE_SIZE - 1);
     spin_lock(&mm->lock);
     uint64_t va = mm->mmap_next;
@@ -295,9 +307,9 @@ static int64_t sys_report(uint64_t buf, uint64_t len) {
     return 0;
 }
 
-static void program_done(struct task *t, int code) {
+static void program_done(const char *name, int code) {
     /* The program is done: its exit status is the VM's. */
-    report("program=%s exit=%d time_ns=%lu free_pages=%lu", t->name, code, now_ns(), kpmm.free_pages);
+    report("program=%s exit=%d time_ns=%lu free_pages=%lu", name, code, now_ns(), kpmm.free_pages);
     for (int i = 0; i < ncpus; i++)
         report("cpu=%d ticks=%lu ctx_switches=%lu page_faults=%lu syscalls=%lu", i, cpus[i].ticks,
                cpus[i].ctx_switches, cpus[i].page_faults, cpus[i].syscalls);
@@ -308,8 +320,21 @@ static void program_done(struct task *t, int code) {
 void thread_exit(int code) {
     struct task *t = this_cpu()->current;
     if (t->tid == init_tid)
-        program_done(t, code);
+        program_done(t->name, code);
     task_exit(code);
+}
+
+/* The whole program goes, not just the thread: its other threads may be
+ * waiting for this one, and the program is the VM's reason to run. */
+void oom_kill(struct task *t, uint64_t va) {
+    static int killing;
+    if (__atomic_exchange_n(&killing, 1, __ATOMIC_ACQ_REL))
+        for (;;) /* another CPU is already ending the program */
+            __asm__ volatile("cli; hlt");
+    kprintf("out of memory: killed program '%s' (task %d touched %lx; %lu of %lu pages free)\n", t->name,
+            t->tid, va, kpmm.free_pages, kpmm.total_pages);
+    report("oom_killed=%s oom_task=%d", t->name, t->tid);
+    program_done(t->name, EXIT_OOM_KILLED);
 }
 
 static int64_t do_syscall(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3) {
@@ -349,6 +374,8 @@ static int64_t do_syscall(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, ui
         return this_cpu()->current->tid;
     case SYS_SPAWN_PROC:
         return sys_spawn_proc(a0, a1, (int64_t)a2);
+    case SYS_SEED:
+        return (int64_t)boot_seed;
     case SYS_SHUTDOWN:
         shutdown((int)a0);
     default:

@@ -22,6 +22,7 @@
 #define SYS_SPAWN_PROC 16 /* (cmdline, len, cpu) -> tid of the main thread of a new
                              process running that program; it inherits the
                              caller's pipes */
+#define SYS_SEED 17 /* -> the boot option seed=S (1 without it) */
 
 #define EINVAL 22
 #define EFAULT 14

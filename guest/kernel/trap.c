@@ -63,7 +63,7 @@ void trap(struct trapframe *tf) {
                 break;
             }
             if (rc == -ENOMEM)
-                panic("out of memory on a user page fault at %lx", cr2);
+                oom_kill(t, cr2);
         }
         if (from_user)
             user_fault(tf, cr2);

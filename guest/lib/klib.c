@@ -213,16 +213,36 @@ int ksnprintf(char *buf, size_t size, const char *fmt, ...) {
     return n;
 }
 
+/* Leading decimal digits of *s into *v, advancing *s; -1 if there are
+ * none or they overflow. */
+static int parse_digits(const char **s, uint64_t *v) {
+    const char *p = *s;
+    uint64_t n = 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        uint64_t d = (uint64_t)(*p - '0');
+        if (n > (UINT64_MAX - d) / 10)
+            return -1;
+        n = n * 10 + d;
+    }
+    if (p == *s)
+        return -1;
+    *s = p;
+    *v = n;
+    return 0;
+}
+
+int parse_u64(const char *s, uint64_t *out) {
+    uint64_t v;
+    if (parse_digits(&s, &v) != 0 || *s)
+        return -1;
+    *out = v;
+    return 0;
+}
+
 int parse_size(const char *s, uint64_t *out) {
     uint64_t v = 0;
-    if (!*s)
+    if (parse_digits(&s, &v) != 0)
         return -1;
-    for (; *s >= '0' && *s <= '9'; s++) {
-        uint64_t d = (uint64_t)(*s - '0');
-        if (v > (UINT64_MAX - d) / 10)
-            return -1;
-        v = v * 10 + d;
-    }
     unsigned shift = 0;
     switch (*s) {
     case '\0':
@@ -250,6 +270,16 @@ int parse_size(const char *s, uint64_t *out) {
     if (shift && v > (UINT64_MAX >> shift))
         return -1;
     *out = v << shift;
+    return 0;
+}
+
+int parse_size_in(const char *s, uint64_t min, uint64_t max, uint64_t *out) {
+    uint64_t v;
+    if (parse_size(s, &v) != 0)
+        return -1;
+    if (v < min || v > max)
+        return -2;
+    *out = v;
     return 0;
 }
 

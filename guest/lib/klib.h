@@ -26,9 +26,17 @@ int kvsnprintf(char *buf, size_t size, const char *fmt, va_list ap);
 int ksnprintf(char *buf, size_t size, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Parses a plain decimal number (digits only, at least one). Returns 0 on
+ * success, -1 on malformed input or overflow. */
+int parse_u64(const char *s, uint64_t *out);
+
 /* Parses a decimal number with an optional K/M/G suffix (binary units).
  * Returns 0 on success, -1 on malformed input or overflow. */
 int parse_size(const char *s, uint64_t *out);
+
+/* parse_size, and the value must lie in [min, max]: returns -2 (and leaves
+ * *out alone) when it does not. */
+int parse_size_in(const char *s, uint64_t min, uint64_t max, uint64_t *out);
 
 /* Parses seconds as a decimal with up to 9 fraction digits ("1", "0.25")
  * into nanoseconds. Returns 0 on success, -1 on malformed input or overflow. */

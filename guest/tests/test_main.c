@@ -58,6 +58,26 @@ static void test_parse(void) {
     CHECK(parse_size("1MB", &v) == -1);
     CHECK(parse_size("99999999999999999999", &v) == -1);
     CHECK(parse_size("17179869184G", &v) == -1); /* 2^34 GiB overflows */
+    CHECK(parse_size("K", &v) == -1);            /* a suffix needs digits */
+    CHECK(parse_size("-1", &v) == -1);
+    CHECK(parse_size(" 1", &v) == -1);
+
+    /* Strict ranges: memtouch -p 4294967296 must not wrap to 0 passes. */
+    v = 7;
+    CHECK(parse_size_in("4294967296", 1, 1000000000, &v) == -2 && v == 7);
+    CHECK(parse_size_in("0", 1, 10, &v) == -2 && v == 7);
+    CHECK(parse_size_in("abc", 1, 10, &v) == -1 && v == 7);
+    CHECK(parse_size_in("10", 1, 10, &v) == 0 && v == 10);
+    CHECK(parse_size_in("4K", 4096, 4096, &v) == 0 && v == 4096);
+    CHECK(parse_size_in("18446744073709551615", 0, UINT64_MAX, &v) == 0 && v == UINT64_MAX);
+
+    /* Plain decimals (the boot option seed=S). */
+    CHECK(parse_u64("3", &v) == 0 && v == 3);
+    CHECK(parse_u64("18446744073709551615", &v) == 0 && v == UINT64_MAX);
+    CHECK(parse_u64("18446744073709551616", &v) == -1);
+    CHECK(parse_u64("1K", &v) == -1);
+    CHECK(parse_u64("", &v) == -1);
+    CHECK(parse_u64("0x10", &v) == -1);
 
     CHECK(parse_seconds_ns("1", &v) == 0 && v == 1000000000ULL);
     CHECK(parse_seconds_ns("0.25", &v) == 0 && v == 250000000ULL);

@@ -49,7 +49,7 @@ static int calc_thread(void *arg) {
 }
 
 static int usage(void) {
-    printf("usage: apfcalc [-m bytes] [-l loops] [-c (calculation thread)] [-s stride bytes, a multiple of 8]\n");
+    eprintf("usage: apfcalc [-m bytes] [-l loops] [-c (calculation thread)] [-s stride bytes, a multiple of 8]\n");
     return 2;
 }
 
@@ -59,28 +59,30 @@ int apfcalc_main(int argc, char **argv) {
     uint64_t bytes = 48ULL << 20, loops = 3, stride = 512;
     int with_calc = 0;
     for (int i = 1; i < argc; i++) {
+        int rc = -1;
         if (strcmp(argv[i], "-c") == 0) {
             with_calc = 1;
-            continue;
+            rc = 0;
+        } else if (strcmp(argv[i], "-m") == 0) {
+            rc = opt_size("apfcalc", argc, argv, &i, 8, MAX_ARRAY_BYTES, &bytes);
+        } else if (strcmp(argv[i], "-l") == 0) {
+            rc = opt_size("apfcalc", argc, argv, &i, 1, UINT32_MAX, &loops);
+        } else if (strcmp(argv[i], "-s") == 0) {
+            rc = opt_size("apfcalc", argc, argv, &i, 8, MAX_ARRAY_BYTES, &stride);
+            if (rc == 0 && stride % 8 != 0) {
+                eprintf("apfcalc: option -s: %lu is not a multiple of 8\n", stride);
+                rc = -1;
+            }
         }
-        uint64_t *dst = NULL;
-        if (strcmp(argv[i], "-m") == 0)
-            dst = &bytes;
-        else if (strcmp(argv[i], "-l") == 0)
-            dst = &loops;
-        else if (strcmp(argv[i], "-s") == 0)
-            dst = &stride;
-        if (!dst || i + 1 >= argc || parse_size(argv[++i], dst) != 0)
+        if (rc != 0)
             return usage();
     }
-    if (bytes < 8 || loops == 0 || stride == 0 || stride % 8 != 0)
-        return usage();
     static struct job job;
     static struct calc calc;
     job = (struct job){.words = bytes / 8, .stride_words = stride / 8, .loops = loops};
     job.array = mmap_anon(bytes);
     if (!job.array) {
-        printf("apfcalc: cannot map %lu bytes\n", bytes);
+        eprintf("apfcalc: cannot map %lu bytes: not enough guest memory\n", bytes);
         return 1;
     }
     calc = (struct calc){.job = &job};

@@ -4,7 +4,8 @@
  * their sum as `total: N`. As in the seed, the whole array is written
  * before the timed part (`-n` skips that), so the guest has every page and
  * the faults that remain are the host's: pages it evicted when the guest's
- * memory does not fit in its own. Deterministic for a given `-s` seed. */
+ * memory does not fit in its own. Deterministic for a given `-s` seed,
+ * which defaults to the boot option seed=S (`faultline run --seed S`). */
 #include "ulib.h"
 
 #define MAX_THREADS 64
@@ -71,45 +72,47 @@ static int fault_thread(void *arg) {
 }
 
 static int usage(void) {
-    printf("usage: bm [-f faulting_threads] [-w work_threads] [-m bytes] [-t seconds, fractions allowed] [-s seed] "
-           "[-n (no prefault)]\n");
+    eprintf("usage: bm [-f faulting_threads] [-w work_threads] [-m bytes] [-t seconds, fractions allowed] [-s seed] "
+            "[-n (no prefault)]\n"
+            "  at most %d threads in all; the seed defaults to the boot option seed=S (1 without it)\n",
+            MAX_THREADS);
     return 2;
 }
 
 int bm_main(int argc, char **argv);
 
 int bm_main(int argc, char **argv) {
-    uint64_t nfault = 1, nwork = 1, bytes = 64ULL << 20, duration_ns = 1000000000ULL, seed = 1;
+    uint64_t nfault = 1, nwork = 1, bytes = 64ULL << 20, duration_ns = 1000000000ULL, seed = boot_seed();
     int prefault = 1;
     for (int i = 1; i < argc; i++) {
+        int rc = -1;
         if (strcmp(argv[i], "-n") == 0) {
             prefault = 0;
-            continue;
+            rc = 0;
+        } else if (strcmp(argv[i], "-t") == 0) {
+            if (i + 1 >= argc)
+                eprintf("bm: option -t needs a value\n");
+            else if ((rc = parse_seconds_ns(argv[++i], &duration_ns)) != 0)
+                eprintf("bm: option -t: '%s' is not a number of seconds\n", argv[i]);
+        } else if (strcmp(argv[i], "-f") == 0) {
+            rc = opt_size("bm", argc, argv, &i, 0, MAX_THREADS, &nfault);
+        } else if (strcmp(argv[i], "-w") == 0) {
+            rc = opt_size("bm", argc, argv, &i, 0, MAX_THREADS, &nwork);
+        } else if (strcmp(argv[i], "-m") == 0) {
+            rc = opt_size("bm", argc, argv, &i, 4096, MAX_ARRAY_BYTES, &bytes);
+        } else if (strcmp(argv[i], "-s") == 0) {
+            rc = opt_size("bm", argc, argv, &i, 0, UINT64_MAX, &seed);
         }
-        if (strcmp(argv[i], "-t") == 0) {
-            if (i + 1 >= argc || parse_seconds_ns(argv[++i], &duration_ns) != 0)
-                return usage();
-            continue;
-        }
-        uint64_t *dst = NULL;
-        if (strcmp(argv[i], "-f") == 0)
-            dst = &nfault;
-        else if (strcmp(argv[i], "-w") == 0)
-            dst = &nwork;
-        else if (strcmp(argv[i], "-m") == 0)
-            dst = &bytes;
-        else if (strcmp(argv[i], "-s") == 0)
-            dst = &seed;
-        if (!dst || i + 1 >= argc || parse_size(argv[++i], dst) != 0)
+        if (rc != 0)
             return usage();
     }
-    if (nfault + nwork == 0 || nfault + nwork > MAX_THREADS || bytes < 4096 || seed == 0)
+    if (nfault + nwork == 0 || nfault + nwork > MAX_THREADS)
         return usage();
     uint8_t *array = NULL;
     if (nfault) {
         array = mmap_anon(bytes);
         if (!array) {
-            printf("bm: cannot map %lu bytes\n", bytes);
+            eprintf("bm: cannot map %lu bytes: not enough guest memory\n", bytes);
             return 1;
         }
     }
@@ -133,6 +136,8 @@ int bm_main(int argc, char **argv) {
     for (uint64_t i = 0; i < n; i++) {
         struct worker *w = &workers[i];
         w->seed = seed * 0x9E3779B97F4A7C15ULL + i + 1;
+        if (w->seed == 0) /* xorshift's one forbidden state (one seed per thread maps to it) */
+            w->seed = 0x9E3779B97F4A7C15ULL;
         w->array = array;
         w->pages = bytes / 4096;
         /* Round robin over the CPUs (the kernel places a new thread on the

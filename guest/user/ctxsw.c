@@ -43,11 +43,8 @@ int ctxsw_main(int argc, char **argv) {
             threads = 1;
         } else if (strcmp(argv[i], "-x") == 0) {
             cross = 1;
-        } else if (strcmp(argv[i], "-n") == 0 && i + 1 < argc && parse_size(argv[i + 1], &rounds) == 0 &&
-                   rounds >= 2) {
-            i++;
-        } else {
-            printf("usage: ctxsw [-t] [-x] [-n rounds]\n");
+        } else if (strcmp(argv[i], "-n") != 0 || opt_size("ctxsw", argc, argv, &i, 2, UINT32_MAX, &rounds) != 0) {
+            eprintf("usage: ctxsw [-t] [-x] [-n rounds, at least 2]\n");
             return 2;
         }
     }

@@ -14,6 +14,10 @@ static int bad_write(void *arg) {
 int fault_main(int argc, char **argv);
 
 int fault_main(int argc, char **argv) {
+    if (argc > 2 || (argc == 2 && strcmp(argv[1], "ud") != 0 && strcmp(argv[1], "thread") != 0)) {
+        eprintf("usage: fault [ud|thread]\n");
+        return 2;
+    }
     if (argc > 1 && strcmp(argv[1], "ud") == 0)
         __asm__ volatile("ud2");
     if (argc > 1 && strcmp(argv[1], "thread") == 0) {

@@ -28,9 +28,11 @@ int umain(int argc, char **argv) {
     for (size_t i = 0; i < sizeof(programs) / sizeof(programs[0]); i++)
         if (strcmp(argv[0], programs[i].name) == 0)
             return programs[i].main(argc, argv);
-    printf("unknown program '%s'; available:", argv[0]);
-    for (size_t i = 0; i < sizeof(programs) / sizeof(programs[0]); i++)
-        printf(" %s", programs[i].name);
-    printf("\n");
-    return 127;
+    /* One write, so the line stays whole on a shared console. */
+    char line[256];
+    int n = ksnprintf(line, sizeof(line), "unknown program '%s'; available:", argv[0]);
+    for (size_t i = 0; i < sizeof(programs) / sizeof(programs[0]) && n < (int)sizeof(line); i++)
+        n += ksnprintf(line + n, sizeof(line) - (size_t)n, " %s", programs[i].name);
+    eprintf("%s\n", line);
+    return 127; /* as a shell says "command not found" */
 }

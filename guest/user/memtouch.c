@@ -3,6 +3,7 @@
 #include "ulib.h"
 
 #define MAX_THREADS 64
+#define MAX_PASSES 1000000000 /* fits the int each thread counts in */
 
 struct slice {
     uint64_t *base;
@@ -32,20 +33,26 @@ static int toucher(void *arg) {
 
 int memtouch_main(int argc, char **argv);
 
+static int usage(void) {
+    eprintf("usage: memtouch [-m bytes, at least 4K] [-p passes, 1 to %d]\n", MAX_PASSES);
+    return 2;
+}
+
 int memtouch_main(int argc, char **argv) {
     uint64_t bytes = 16ULL << 20, passes = 3;
-    for (int i = 1; i + 1 < argc; i += 2) {
+    for (int i = 1; i < argc; i++) {
+        int rc = -1;
         if (strcmp(argv[i], "-m") == 0)
-            parse_size(argv[i + 1], &bytes);
+            rc = opt_size("memtouch", argc, argv, &i, 4096, MAX_ARRAY_BYTES, &bytes);
         else if (strcmp(argv[i], "-p") == 0)
-            parse_size(argv[i + 1], &passes);
+            rc = opt_size("memtouch", argc, argv, &i, 1, MAX_PASSES, &passes);
+        if (rc != 0)
+            return usage();
     }
-    if (passes == 0)
-        passes = 1;
     uint64_t pages = bytes / 4096;
     uint64_t *base = mmap_anon(pages * 4096);
     if (!base) {
-        printf("memtouch: mmap failed\n");
+        eprintf("memtouch: cannot map %lu bytes: not enough guest memory\n", pages * 4096);
         return 1;
     }
     int n = ncpus();

@@ -72,7 +72,7 @@ static int tagger(void *arg) {
 }
 
 static int usage(void) {
-    printf("usage: pagetag [-m bytes] [-p passes] [-t threads]\n");
+    eprintf("usage: pagetag [-m bytes, at least 4K] [-p passes] [-t threads, 1 to %d]\n", MAX_THREADS);
     return 2;
 }
 
@@ -81,24 +81,24 @@ int pagetag_main(int argc, char **argv);
 int pagetag_main(int argc, char **argv) {
     uint64_t bytes = 16ULL << 20, passes = 3, threads = (uint64_t)ncpus();
     for (int i = 1; i < argc; i++) {
-        uint64_t *dst = NULL;
+        int rc = -1;
         if (strcmp(argv[i], "-m") == 0)
-            dst = &bytes;
+            rc = opt_size("pagetag", argc, argv, &i, PAGE, MAX_ARRAY_BYTES, &bytes);
         else if (strcmp(argv[i], "-p") == 0)
-            dst = &passes;
+            rc = opt_size("pagetag", argc, argv, &i, 1, UINT32_MAX, &passes);
         else if (strcmp(argv[i], "-t") == 0)
-            dst = &threads;
-        if (!dst || i + 1 >= argc || parse_size(argv[++i], dst) != 0)
+            rc = opt_size("pagetag", argc, argv, &i, 1, MAX_THREADS, &threads);
+        if (rc != 0)
             return usage();
     }
     uint64_t pages = bytes / PAGE;
-    if (pages == 0 || passes == 0 || threads == 0 || threads > MAX_THREADS)
-        return usage();
+    if (threads > MAX_THREADS) /* more CPUs than threads, with no -t */
+        threads = MAX_THREADS;
     if (threads > pages)
         threads = pages;
     uint8_t *base = mmap_anon(pages * PAGE);
     if (!base) {
-        printf("pagetag: cannot map %lu bytes\n", pages * PAGE);
+        eprintf("pagetag: cannot map %lu bytes: not enough guest memory\n", pages * PAGE);
         return 1;
     }
     static struct slice slices[MAX_THREADS];

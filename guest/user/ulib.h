@@ -50,7 +50,22 @@ static inline int wait_thread(int tid) { return (int)syscall4(SYS_WAIT, (uint64_
 static inline int pipe(int fds[2]) { return (int)syscall4(SYS_PIPE, (uint64_t)fds, 0, 0, 0); }
 static inline int close(int fd) { return (int)syscall4(SYS_CLOSE, (uint64_t)fd, 0, 0, 0); }
 
+/* The boot option seed=S (1 without it): the default seed of the programs'
+ * random streams, so `faultline run --seed S` varies them. */
+static inline uint64_t boot_seed(void) { return (uint64_t)syscall4(SYS_SEED, 0, 0, 0, 0); }
+
 int printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* printf to stderr (fd 2): usage and error messages. */
+int eprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Largest array a program accepts (the kernel's mmap limit). */
+#define MAX_ARRAY_BYTES (1ULL << 40)
+
+/* The value of option argv[*i], the next word, parsed strictly (digits
+ * with an optional K/M/G suffix) and checked against [min, max]; advances
+ * *i past it. A missing, malformed or out-of-range value is an error: it
+ * prints why on stderr, naming the program and option, and returns -1. */
+int opt_size(const char *prog, int argc, char **argv, int *i, uint64_t min, uint64_t max, uint64_t *out);
 /* Hands a key=value line to the vmm (HC_REPORT through the kernel). */
 int report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

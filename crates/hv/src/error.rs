@@ -7,6 +7,7 @@ use crate::mmu::fault::FaultError;
 use crate::mmu::root::RootError;
 use crate::pager::PagerError;
 use crate::swap::SwapError;
+use machine::cpu::triple_fault::TripleFaultCause;
 use machine::memory::MemCreateError;
 use machine::{Gpa, MemError};
 use thiserror::Error;
@@ -59,10 +60,14 @@ impl From<MemError> for GuestMemoryError {
 /// and the guest RIP where it happened.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum VmError {
-    #[error(
-        "vCPU {vcpu}: triple fault at rip {rip:#x} (the guest could not deliver a double fault)"
-    )]
-    TripleFault { vcpu: usize, rip: u64 },
+    #[error("vCPU {vcpu}: triple fault at rip {rip:#x}: {}", triple_fault_cause(.cause))]
+    TripleFault {
+        vcpu: usize,
+        rip: u64,
+        /// The exception that began the chain and the one that made the
+        /// double fault undeliverable.
+        cause: Option<TripleFaultCause>,
+    },
     #[error("vCPU {vcpu}: guest access outside its memory at gpa {gpa:#x}, rip {rip:#x}")]
     OutsideMemory { vcpu: usize, gpa: Gpa, rip: u64 },
     #[error("vCPU {vcpu}: EPT violation at gpa {gpa:#x}, rip {rip:#x}: {source}")]
@@ -99,6 +104,13 @@ pub enum VmError {
         rip: u64,
         source: PagerError,
     },
+}
+
+fn triple_fault_cause(cause: &Option<TripleFaultCause>) -> String {
+    match cause {
+        Some(c) => c.to_string(),
+        None => "the guest could not deliver a double fault".to_string(),
+    }
 }
 
 /// Setting a vCPU's APF state (a VMM restoring it) failed.

@@ -21,6 +21,7 @@
 //!   internally and become visible in the ESR when software writes it (with
 //!   0); each detected error raises the LVT error interrupt if unmasked.
 
+mod halt;
 mod timer;
 mod vectors;
 

@@ -17,18 +17,25 @@
 //! - [`mmu`]: guest paging walker, EPT walker and the TLB.
 //! - [`apic`]: the local APIC in x2APIC mode.
 //! - [`vmx`]: VM-execution controls, VM exits and event injection.
-//! - [`elf`], [`bare`]: loading an ELF and running it with no hypervisor.
+//! - [`elf`]: loading an ELF.
+//!
+//! With the `tools` feature, the testing tools' modules too: `bare`
+//! (running an ELF with no hypervisor), `programs` (its test programs) and
+//! `difftest` (differential testing and fuzzing).
 
 pub mod addr;
 pub mod alu;
 pub mod apic;
+#[cfg(feature = "tools")]
 pub mod bare;
 pub mod cost;
 pub mod cpu;
+#[cfg(feature = "tools")]
 pub mod difftest;
 pub mod elf;
 pub mod memory;
 pub mod mmu;
+#[cfg(any(test, feature = "tools"))]
 pub mod programs;
 pub mod vmx;
 

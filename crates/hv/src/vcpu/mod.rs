@@ -34,7 +34,6 @@ use crate::swap::SwapSlot;
 use crate::time::Cycles;
 use crate::vm::shared::{CrossRequest, Shared};
 use crate::vm::StopReason;
-use machine::cpu::state::rflags;
 use machine::vmx::{InveptKind, IpiMode};
 use machine::{Cpu, VmExit};
 
@@ -268,7 +267,11 @@ impl Vcpu {
         let costs = shared.host.costs;
         match exit {
             VmExit::CycleLimit => Ok(Next::Continue),
-            VmExit::TripleFault => Err(VmError::TripleFault { vcpu, rip }),
+            VmExit::TripleFault => Err(VmError::TripleFault {
+                vcpu,
+                rip,
+                cause: self.cpu.triple_fault_cause(),
+            }),
             VmExit::EptViolation {
                 gpa, qualification, ..
             } => self.ept_violation(shared, gpa, qualification, vectoring, cycles),
@@ -338,31 +341,21 @@ impl Vcpu {
         }
     }
 
-    /// Whether an interrupt, a pending injection or a kick can wake the
-    /// halted vCPU now.
+    /// Whether a kick, or what the machine says wakes a halted CPU (an
+    /// interrupt it can take, an event to inject), can wake it now.
     pub(crate) fn can_wake(&self) -> bool {
-        self.kicked
-            || self.cpu.pending_injection().is_some()
-            || (self.cpu.state().rflags & rflags::IF != 0
-                && self.cpu.apic().deliverable_vector().is_some())
+        self.kicked || self.cpu.halted_can_wake()
     }
 
-    /// The timer deadline that would wake the halted vCPU.
+    /// The timer deadline that would wake the halted vCPU (the machine's
+    /// answer).
     pub(crate) fn timer_wake_deadline(&self) -> Option<Cycles> {
-        if self.cpu.state().rflags & rflags::IF == 0 {
-            return None;
-        }
-        let offset = self.cpu.vmx().map_or(0, |c| c.tsc_offset);
-        let deadline = self.cpu.apic().next_timer_deadline()?;
-        Some(Cycles(
-            deadline.wrapping_sub(offset as u64).max(self.cpu.cycles()),
-        ))
+        self.cpu.halted_timer_wake().map(Cycles)
     }
 
-    /// Fires the APIC timer if it is due at the vCPU's clock.
+    /// After skipping the clock: the machine fires the APIC timer if due.
     pub(crate) fn update_timer(&mut self) {
-        let tsc = self.cpu.tsc();
-        self.cpu.apic_mut().update_timer(tsc);
+        self.cpu.sync_apic_timer();
     }
 
     /// When something may wake the vCPU (halted or stalled).

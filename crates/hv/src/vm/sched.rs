@@ -145,6 +145,7 @@ impl Vm {
         // Wake-ups of a halted vCPU that moved no clock (a guard against
         // spinning on a deadline that cannot wake it).
         let mut stuck = 0;
+        let turn_start = self.vcpus[index].clock();
         loop {
             if let Err(error) = self.complete_io(index) {
                 self.sched.stopped = Some(StopReason::Error(error));
@@ -201,13 +202,16 @@ impl Vm {
                     }
                 }
                 RunState::Runnable => {
-                    // An entry that could not retire one instruction before
-                    // the round's end would still pay the VM entry and exit
-                    // and push the clock past it; with a quantum below that
-                    // cost no instruction would ever run. Leave the rest of
-                    // the round to the next one instead.
+                    // A vCPU whose clock, when its turn in the round came,
+                    // left less than a VM entry's cost before the round's
+                    // end could not retire an instruction: entering would
+                    // pay the entry and exit and push its clock past the
+                    // next round's end too, so with a quantum below that
+                    // cost no instruction would ever run. It sits the round
+                    // out and its budget carries over. (A vCPU that already
+                    // ran in the round re-enters as before.)
                     let entry = Cycles(vcpu.cpu.costs().vm_entry);
-                    if vcpu.clock() + entry >= round_end {
+                    if vcpu.clock() >= round_end || turn_start + entry >= round_end {
                         return;
                     }
                     // Stop at the next page arrival to announce it on time.
@@ -326,4 +330,94 @@ impl Vm {
 /// Records that `target` may wake no earlier than `at`.
 fn wake(target: &mut Vcpu, at: Cycles) {
     target.wake_not_before = target.wake_not_before.max(at);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vm::VmConfig;
+    use machine::Gpa;
+
+    const CODE: u64 = 0x10_0000;
+
+    /// A VM whose vCPU 0 runs `cli; 1: hlt; jmp 1b` (no guest kernel: the
+    /// boot page tables, the GDT and four bytes of code).
+    fn halting_vm(vcpus: u32) -> Vm {
+        let mut vm = Vm::new(&VmConfig {
+            vcpus,
+            mem_size: 4 << 20,
+            ..VmConfig::default()
+        })
+        .unwrap();
+        let gdt: Vec<u8> = boot::GDT.iter().flat_map(|d| d.to_le_bytes()).collect();
+        vm.write_guest(Gpa(boot::GDT_GPA), &gdt).unwrap();
+        for (gpa, entry) in boot::identity_map_entries(vm.mem_size()) {
+            vm.write_guest(Gpa(gpa), &entry.to_le_bytes()).unwrap();
+        }
+        vm.write_guest(Gpa(CODE), &[0xfa, 0xf4, 0xeb, 0xfd])
+            .unwrap();
+        vm.start_vcpu(VcpuId(0), CODE, boot::BOOT_STACK_TOP, 0);
+        vm
+    }
+
+    #[test]
+    fn nothing_left_to_wake_stops_the_vm_instead_of_spinning() {
+        let mut vm = halting_vm(2);
+        match vm.run() {
+            StopReason::Error(VmError::AllHalted { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(vm.vcpus[0].stats.halts, 1);
+        assert_eq!(vm.vcpus[1].run, RunState::WaitingForStart);
+    }
+
+    #[test]
+    fn a_kick_wakes_a_halted_vcpu_no_earlier_than_the_sender_clock() {
+        let mut vm = halting_vm(1);
+        assert_eq!(vm.run_until(10_000), RunStatus::Running);
+        assert_eq!(vm.vcpus[0].run, RunState::Halted);
+        let at = Cycles(5_000_000);
+        vm.shared.cross.push(CrossRequest::Kick {
+            target: VcpuId(0),
+            at,
+        });
+        vm.carry_out_cross_requests();
+        assert!(vm.vcpus[0].can_wake());
+        // It wakes, runs, halts again; then nothing is left to wake it.
+        let status = vm.run_until(vm.time() + 6_000_000);
+        assert!(
+            matches!(
+                status,
+                RunStatus::Stopped(StopReason::Error(VmError::AllHalted { .. }))
+            ),
+            "{status:?}"
+        );
+        assert_eq!(vm.vcpus[0].stats.halts, 2);
+        assert!(vm.vcpus[0].clock() >= at, "not before the kick was sent");
+        assert!(!vm.vcpus[0].kicked, "a wake-up consumes the kick");
+    }
+
+    #[test]
+    fn an_ap_starts_at_the_start_time_and_the_rounds_keep_clocks_together() {
+        let mut vm = halting_vm(2);
+        vm.shared.directory[1].started = true;
+        vm.shared.cross.push(CrossRequest::StartCpu {
+            target: VcpuId(1),
+            rip: CODE,
+            rsp: boot::BOOT_STACK_TOP,
+            rdi: 0,
+            at: Cycles(70_000),
+        });
+        vm.carry_out_cross_requests();
+        assert_eq!(vm.vcpus[1].clock(), Cycles(70_000), "idle until started");
+        assert_eq!(vm.vcpus[1].stats.idle_cycles, 70_000);
+        vm.run_until(50_000);
+        assert_eq!(vm.vcpus[1].stats.halts, 1);
+        // Two halted vCPUs and no event: the VM stops, deterministically.
+        let reason = vm.run();
+        assert!(matches!(
+            reason,
+            StopReason::Error(VmError::AllHalted { .. })
+        ));
+    }
 }

@@ -57,17 +57,20 @@ impl Cpu {
             error_code,
             instruction_len: 0,
         };
+        self.chain_first = Some(ev);
         self.deliver_with_cr2(mem, ev, cr2, None)
     }
 
     /// Delivers an interrupt or exception event (no CR2 update).
     pub(super) fn deliver_event(&mut self, mem: &PhysMemory, ev: EventInjection) -> Step {
+        self.chain_first = Some(ev);
         self.deliver_with_cr2(mem, ev, None, None)
     }
 
     /// Delivers an event injected on VM entry. Injected events are never
     /// intercepted by the exception bitmap (VMX delivers them directly).
     pub(super) fn deliver_injected(&mut self, mem: &PhysMemory, ev: EventInjection) -> Step {
+        self.chain_first = Some(ev);
         match self.push_idt_frame(mem, &ev) {
             Ok(()) => Step::Continue,
             Err(f) => self.delivery_failed(mem, ev, f),
@@ -144,7 +147,7 @@ impl Cpu {
                         | (Class::PageFault, Class::PageFault)
                 );
                 if first == Class::DoubleFault {
-                    return self.triple_fault();
+                    return self.triple_fault(v2);
                 }
                 if double {
                     let df = EventInjection {
@@ -161,7 +164,16 @@ impl Cpu {
         }
     }
 
-    fn triple_fault(&mut self) -> Step {
+    fn triple_fault(&mut self, during_double_fault: u8) -> Step {
+        self.triple_fault = Some(super::triple_fault::TripleFaultCause {
+            first: self.chain_first.unwrap_or(EventInjection {
+                kind: EventKind::HardwareException,
+                vector: vector::DF,
+                error_code: Some(0),
+                instruction_len: 0,
+            }),
+            during_double_fault,
+        });
         self.state.activity = Activity::Shutdown;
         Step::Exit(VmExit::TripleFault)
     }

@@ -19,6 +19,7 @@
 
 mod access;
 pub mod code_cache;
+pub mod debug_regs;
 mod event;
 mod fast;
 mod l1tlb;
@@ -29,6 +30,7 @@ pub mod state;
 mod system;
 #[cfg(test)]
 mod tests;
+pub mod triple_fault;
 
 use crate::apic::Lapic;
 use crate::cost::CycleCosts;
@@ -206,6 +208,10 @@ pub struct Cpu {
     next_timer_cycle: u64,
     /// Arithmetic flags not yet folded into RFLAGS (see [`fast::LazyFlags`]).
     lazy: fast::LazyFlags,
+    /// The event whose delivery began the current chain of nested faults.
+    chain_first: Option<EventInjection>,
+    /// Why the CPU shut down, once it triple-faulted.
+    triple_fault: Option<triple_fault::TripleFaultCause>,
 }
 
 impl std::fmt::Debug for Cpu {
@@ -250,7 +256,15 @@ impl Cpu {
             mode_epoch: 1,
             next_timer_cycle: 0,
             lazy: fast::LazyFlags::NONE,
+            chain_first: None,
+            triple_fault: None,
         }
+    }
+
+    /// After a [`VmExit::TripleFault`]: the event that began the chain of
+    /// faults and the one that made the double fault undeliverable.
+    pub fn triple_fault_cause(&self) -> Option<triple_fault::TripleFaultCause> {
+        self.triple_fault
     }
 
     /// Architectural state (the VMCS guest-state area, in guest mode).

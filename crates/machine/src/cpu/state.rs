@@ -270,6 +270,8 @@ pub struct CpuState {
     pub sysenter_eip: u64,
     pub misc_enable: u64,
     pub mtrr_def_type: u64,
+    /// DR0-DR3, DR6, DR7 (values only: no breakpoints fire).
+    pub debug: super::debug_regs::DebugRegs,
     /// [`interruptibility`] bits.
     pub interruptibility: u8,
     pub activity: Activity,
@@ -331,6 +333,7 @@ impl Default for CpuState {
             sysenter_eip: 0,
             misc_enable: 1,
             mtrr_def_type: 0xc06,
+            debug: super::debug_regs::DebugRegs::default(),
             interruptibility: 0,
             activity: Activity::Active,
         }
@@ -392,6 +395,11 @@ impl CpuState {
             h.u64(t.base);
             h.u64(t.limit as u64);
         }
+        for v in self.debug.dr {
+            h.u64(v);
+        }
+        h.u64(self.debug.dr6);
+        h.u64(self.debug.dr7);
         h.u64(self.interruptibility as u64);
         h.u64(self.activity as u64);
         h.finish()

@@ -326,8 +326,12 @@ impl Cpu {
             i.op1_register()
         };
         if sys.is_dr() {
-            // Debug registers are not implemented.
-            return Err(ud());
+            let gpr = if to {
+                i.op1_register()
+            } else {
+                i.op0_register()
+            };
+            return self.exec_mov_dr(sys, gpr, to);
         }
         if sys.is_segment_register() {
             if to {
