@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use iced_x86::code_asm::*;
-use machine::cpu::debug_regs::{DebugRegs, DR6_BD, DR6_FIXED_1, DR7_FIXED_1, DR7_GD};
+use machine::cpu::debug_regs::{DebugRegs, DR6_BD, DR6_FIXED_1, DR7_GD};
 use machine::cpu::state::cr4;
 use machine::cpu::triple_fault::TripleFaultCause;
 use machine::{EventInjection, EventKind, VmExit};

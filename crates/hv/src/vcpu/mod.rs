@@ -9,13 +9,13 @@
 //! (KVM's `KVM_REQ_*`), processed in [`Vcpu::enter`].
 //!
 //! Exit handlers, by concern:
-//! - [`cpuid`]: CPUID;
-//! - [`msr`]: RDMSR/WRMSR through the MSR table (the async-PF MSRs are
+//! - [`cpuid`] — CPUID;
+//! - [`msr`] — RDMSR/WRMSR through the MSR table (the async-PF MSRs are
 //!   `apf::x86`'s);
-//! - [`io`]: port I/O (the serial port, the debug-exit port);
-//! - [`hypercall`]: VMCALL (the event protocol's hypercalls are
+//! - [`io`] — port I/O (the serial port, the debug-exit port);
+//! - [`hypercall`] — VMCALL (the event protocol's hypercalls are
 //!   `apf::event`'s);
-//! - [`page_fault`]: EPT violations (the MMU's fault path, then the
+//! - [`page_fault`] — EPT violations (the MMU's fault path, then the
 //!   async-PF policy);
 //! - IPIs and HLT here.
 
