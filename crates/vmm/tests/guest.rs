@@ -113,3 +113,12 @@ fn stats_json_is_exactly_one_document_with_the_console_inside() {
     assert!(console.contains("hello from user space"), "{console}");
     assert!(v["reports"].as_array().is_some_and(|r| !r.is_empty()));
 }
+
+#[test]
+fn the_guest_takes_the_seed_boot_option() {
+    let out = faultline(&["run", "--mem", "64M", "--seed", "3", "--", "hello"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("cmdline 'seed=3 -- hello'"), "{text}");
+    assert!(!text.contains("unknown boot option"), "{text}");
+}

@@ -268,6 +268,10 @@ fn options_say_what_they_do() {
         "host memory must be at least",
     );
     refused(
+        &["bench", "apf", "--host-mem", "4M", "--list-runs"],
+        "host memory must be at least",
+    );
+    refused(
         &["bench", "apf", "--run", "nosuch"],
         "--run nosuch: no such run",
     );

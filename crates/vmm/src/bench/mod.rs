@@ -320,11 +320,12 @@ pub fn main(command: BenchCommand) -> u8 {
 fn execute<B: Bench>(bench: B, output: &Output) -> Result<String, BenchError> {
     let specs = bench.specs();
     let common = bench.common();
+    // Checked before listing too: a listed run must not fail on its options.
+    let kernel = Kernel::load(common.kernel.as_deref())?;
+    bench.check(&kernel)?;
     if common.list_runs {
         return Ok(list_runs(&specs));
     }
-    let kernel = Kernel::load(common.kernel.as_deref())?;
-    bench.check(&kernel)?;
     let stop = StopRequest::install().map_err(ConfigError::Signals)?;
     if let Some(label) = &common.run {
         let spec = specs
