@@ -273,6 +273,8 @@ pub struct CpuState {
     /// [`interruptibility`] bits.
     pub interruptibility: u8,
     pub activity: Activity,
+    /// x87 and SSE registers.
+    pub fpu: super::fpu_state::FpuState,
 }
 
 impl Default for CpuState {
@@ -333,6 +335,7 @@ impl Default for CpuState {
             mtrr_def_type: 0xc06,
             interruptibility: 0,
             activity: Activity::Active,
+            fpu: super::fpu_state::FpuState::default(),
         }
     }
 }
@@ -394,6 +397,7 @@ impl CpuState {
         }
         h.u64(self.interruptibility as u64);
         h.u64(self.activity as u64);
+        self.fpu.digest_into(&mut h);
         h.finish()
     }
 }
