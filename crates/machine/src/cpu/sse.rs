@@ -19,7 +19,7 @@ use super::{hostfp, vector, Cpu, Fault};
 use crate::alu::Size;
 use crate::memory::PhysMemory;
 use crate::mmu::AccessKind;
-use iced_x86::{Instruction, Mnemonic as M, OpKind, Register};
+use iced_x86::{CpuidFeature, Instruction, Mnemonic as M, OpKind, Register};
 
 #[inline]
 fn ud() -> Fault {
@@ -486,7 +486,16 @@ impl Cpu {
         // that are unmasked stop the operation before the post-computation
         // ones (overflow, underflow, precision) are looked for.
         let pre = flags & (mxcsr::IE | mxcsr::DE | mxcsr::ZE);
-        let reported = if pre & !masks != 0 { pre } else { flags };
+        let post = flags & (mxcsr::OE | mxcsr::UE);
+        let reported = if pre & !masks != 0 {
+            pre
+        } else if post & !masks != 0 {
+            // An unmasked overflow or underflow is reported without the
+            // precision flag (as the hardware we check against does).
+            flags & !mxcsr::PE
+        } else {
+            flags
+        };
         self.state.fpu.mxcsr |= reported;
         if self.state.cr4 & cr4::OSXMMEXCPT != 0 {
             Err(Fault::exception(vector::XM))
@@ -521,6 +530,16 @@ impl Cpu {
     /// Executes an SSE/SSE2 instruction ([`is_simd`]).
     pub(super) fn exec_simd(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
         let m = i.mnemonic();
+        // Later extensions reuse these mnemonics (SSE4.1 PEXTRW to memory,
+        // AVX forms): only SSE, SSE2 and FXSR are implemented.
+        if !i.cpuid_features().iter().all(|f| {
+            matches!(
+                f,
+                CpuidFeature::SSE | CpuidFeature::SSE2 | CpuidFeature::FXSR
+            )
+        }) {
+            return Err(ud());
+        }
         if m == M::Movnti {
             // A general-register store: no SSE state involved.
             let size = Self::op_size(i, 0);

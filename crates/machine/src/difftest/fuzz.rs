@@ -213,6 +213,7 @@ fn mutated_snippet(rng: &mut Rng) -> Vec<u8> {
         lzcnt: true,
         tzcnt: true,
         popcnt: true,
+        groups: super::gen::Group::ALL.to_vec(),
     };
     let mut code = generate_case(rng.next_u64(), 0, &config).code;
     let edits = rng.below(4);
