@@ -163,8 +163,12 @@ fn main() {
         if p.host {
             let exe = out.join(format!("{}_host", p.name));
             let mut cmd = Command::new(&cc);
-            cmd.arg(p.sse_opt.unwrap_or("-O2"))
-                .args(["-std=gnu11", "-Wall", "-Wextra", "-DHOSTED"]);
+            cmd.arg(p.sse_opt.unwrap_or("-O2")).args([
+                "-std=gnu11",
+                "-Wall",
+                "-Wextra",
+                "-DHOSTED",
+            ]);
             for d in p.defines {
                 cmd.arg(format!("-D{d}"));
             }

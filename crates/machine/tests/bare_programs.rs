@@ -176,7 +176,10 @@ fn assert_output_matches_native(name: &str, elf: &[u8], host: &str, mode: Mode) 
     assert!(native.status.success(), "{host}: {:?}", native.status);
     let native = String::from_utf8_lossy(&native.stdout);
     assert!(native.ends_with("fpmath done\n"), "{host}: {native}");
-    assert_eq!(serial, native, "{name} ({mode:?}): machine vs native output");
+    assert_eq!(
+        serial, native,
+        "{name} ({mode:?}): machine vs native output"
+    );
 }
 
 #[test]

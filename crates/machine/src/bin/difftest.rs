@@ -57,7 +57,10 @@ fn main() {
                         .iter()
                         .map(|g| g.name())
                         .collect();
-                    eprintln!("difftest: unknown group {name:?} (known: {})", known.join(", "));
+                    eprintln!(
+                        "difftest: unknown group {name:?} (known: {})",
+                        known.join(", ")
+                    );
                     std::process::exit(2);
                 }
             }
@@ -148,7 +151,14 @@ fn main() {
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 fn main() {
     let args = Args::parse();
-    let _ = (args.cases, args.seed, args.verbose, args.case, args.json, args.groups);
+    let _ = (
+        args.cases,
+        args.seed,
+        args.verbose,
+        args.case,
+        args.json,
+        args.groups,
+    );
     eprintln!("difftest: the native side needs x86-64 Linux");
     println!("difftest: 0 cases, 0 mismatches");
     std::process::exit(2);

@@ -311,12 +311,20 @@ mod tests {
         let (r, flags) = xmm_to_int(Mnemonic::Cvttsd2si, pd(-2.75, 0.0), true, 0x1f80).unwrap();
         assert_eq!((r as i64, flags), (-2, 1 << 5));
         let (r, flags) = xmm_to_int(Mnemonic::Cvtsd2si, pd(1e300, 0.0), false, 0x1f80).unwrap();
-        assert_eq!((r, flags), (0x8000_0000, 1), "32-bit indefinite, zero-extended");
+        assert_eq!(
+            (r, flags),
+            (0x8000_0000, 1),
+            "32-bit indefinite, zero-extended"
+        );
         let (r, _) = int_to_xmm(Mnemonic::Cvtsi2sd, 0, u64::MAX, true, 0x1f80).unwrap();
         assert_eq!(f64::from_bits(r as u64), -1.0);
-        let (fl, flags) = xmm_comi(Mnemonic::Ucomisd, pd(1.0, 0.0), pd(f64::NAN, 0.0), 0x1f80)
-            .unwrap();
-        assert_eq!((fl, flags), (0x45, 0), "unordered: ZF PF CF, quiet NaN no IE");
+        let (fl, flags) =
+            xmm_comi(Mnemonic::Ucomisd, pd(1.0, 0.0), pd(f64::NAN, 0.0), 0x1f80).unwrap();
+        assert_eq!(
+            (fl, flags),
+            (0x45, 0),
+            "unordered: ZF PF CF, quiet NaN no IE"
+        );
         let (fl, _) = xmm_comi(Mnemonic::Comisd, pd(1.0, 0.0), pd(2.0, 0.0), 0x1f80).unwrap();
         assert_eq!(fl, 0x01, "less: CF");
         let (r, _) = xmm_cmp(Mnemonic::Cmppd, 1, pd(1.0, 3.0), pd(2.0, 2.0), 0x1f80).unwrap();

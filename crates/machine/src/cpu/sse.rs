@@ -356,8 +356,7 @@ impl Cpu {
             return Err(ud());
         }
         // No MMX: the MMX-register forms of these opcodes are #UD.
-        if (0..i.op_count()).any(|n| i.op_kind(n) == OpKind::Register && i.op_register(n).is_mm())
-        {
+        if (0..i.op_count()).any(|n| i.op_kind(n) == OpKind::Register && i.op_register(n).is_mm()) {
             return Err(ud());
         }
         if s.cr0 & cr0::TS != 0 {
@@ -520,9 +519,7 @@ impl Cpu {
     fn underflow_adjusted(&self, m: M, r: u128, flags: u32) -> u32 {
         let unmasked_ue = self.state.fpu.mxcsr & (mxcsr::UE << mxcsr::MASK_SHIFT) == 0;
         match underflow_lanes(m) {
-            Some((bits, lanes)) if unmasked_ue && has_denormal(r, bits, lanes) => {
-                flags | mxcsr::UE
-            }
+            Some((bits, lanes)) if unmasked_ue && has_denormal(r, bits, lanes) => flags | mxcsr::UE,
             _ => flags,
         }
     }
@@ -623,9 +620,8 @@ impl Cpu {
                     M::Movmskpd => 64,
                     _ => 8,
                 };
-                let bits = (0..128 / w).fold(0u64, |acc, k| {
-                    acc | ((lane(s, w, k) >> (w - 1)) & 1) << k
-                });
+                let bits =
+                    (0..128 / w).fold(0u64, |acc, k| acc | ((lane(s, w, k) >> (w - 1)) & 1) << k);
                 self.set_reg(i.op0_register(), bits);
                 Ok(())
             }
@@ -662,9 +658,9 @@ impl Cpu {
                 let imm = i.immediate8() as u32;
                 let sel = |k: u32| (imm >> (2 * k)) & 3;
                 let r = match m {
-                    M::Pshufd => (0..4).fold(0u128, |r, k| {
-                        r | (lane(s, 32, sel(k)) as u128) << (32 * k)
-                    }),
+                    M::Pshufd => {
+                        (0..4).fold(0u128, |r, k| r | (lane(s, 32, sel(k)) as u128) << (32 * k))
+                    }
                     M::Pshuflw => (0..4).fold(s & !(u64::MAX as u128), |r, k| {
                         r | (lane(s, 16, sel(k)) as u128) << (16 * k)
                     }),
@@ -702,7 +698,13 @@ impl Cpu {
                 };
                 Ok(())
             }
-            M::Psllw | M::Pslld | M::Psllq | M::Psrlw | M::Psrld | M::Psrlq | M::Psraw
+            M::Psllw
+            | M::Pslld
+            | M::Psllq
+            | M::Psrlw
+            | M::Psrld
+            | M::Psrlq
+            | M::Psraw
             | M::Psrad => {
                 let d = self.xmm_op(i, 0)?;
                 // The count is an immediate or the low quadword of an XMM
@@ -736,8 +738,7 @@ impl Cpu {
                 let a = self.state.fpu.xmm[d];
                 let pred = i.immediate8();
                 // Legacy encodings use predicate bits 2:0 only.
-                let (r, flags) =
-                    hostfp::xmm_cmp(m, pred, a, b, self.host_csr()).ok_or_else(ud)?;
+                let (r, flags) = hostfp::xmm_cmp(m, pred, a, b, self.host_csr()).ok_or_else(ud)?;
                 self.simd_fp_exceptions(flags)?;
                 self.state.fpu.xmm[d] = r;
                 Ok(())
@@ -756,8 +757,7 @@ impl Cpu {
             M::Cvtss2si | M::Cvttss2si | M::Cvtsd2si | M::Cvttsd2si => {
                 let wide = i.op0_register().is_gpr64();
                 let b = self.simd_src(mem, i, 1)?;
-                let (r, flags) =
-                    hostfp::xmm_to_int(m, b, wide, self.host_csr()).ok_or_else(ud)?;
+                let (r, flags) = hostfp::xmm_to_int(m, b, wide, self.host_csr()).ok_or_else(ud)?;
                 self.simd_fp_exceptions(flags)?;
                 self.set_reg(i.op0_register(), r);
                 Ok(())
@@ -807,7 +807,12 @@ impl Cpu {
             let image = self.state.fpu.fxsave_image(wide);
             // Every page of the image is checked before anything is stored.
             self.translate(mem, la, AccessKind::Write, user)?;
-            self.translate(mem, la.wrapping_add(FXSAVE_SIZE as u64 - 1), AccessKind::Write, user)?;
+            self.translate(
+                mem,
+                la.wrapping_add(FXSAVE_SIZE as u64 - 1),
+                AccessKind::Write,
+                user,
+            )?;
             // Bytes 464-511 are left to software: FXSAVE does not write them.
             for (k, chunk) in image[..464].chunks_exact(8).enumerate() {
                 let mut b = [0u8; 8];
@@ -853,8 +858,14 @@ mod tests {
         );
         assert_eq!(unpack(8, 0x0201, 0x0403, false), 0x0402_0301);
         assert_eq!(unpack(64, 1 | 2 << 64, 3 | 4 << 64, true), 2 | 4 << 64);
-        assert_eq!(pack(8, 0x0100_ff80_007f_fff0, 0, false) & 0xffff_ffff, 0xff00_7f00);
-        assert_eq!(pack(8, 0x0100_ff80_007f_fff0, 0, true) & 0xffff_ffff, 0x7f80_7ff0);
+        assert_eq!(
+            pack(8, 0x0100_ff80_007f_fff0, 0, false) & 0xffff_ffff,
+            0xff00_7f00
+        );
+        assert_eq!(
+            pack(8, 0x0100_ff80_007f_fff0, 0, true) & 0xffff_ffff,
+            0x7f80_7ff0
+        );
         assert_eq!(shift_lanes(16, 0x8000, 20, false, true), 0xffff);
         assert_eq!(shift_lanes(16, 0x8000, 16, false, false), 0);
         assert!(has_denormal(1, 64, 1) && !has_denormal(1 << 52, 64, 1));

@@ -23,9 +23,9 @@ use super::rng::Rng;
 use super::InitialState;
 use crate::cpu::state::rflags;
 use iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Code, CpuidFeature, Decoder, DecoderOptions, Encoder, EncodingKind,
-    Formatter, IcedError, Instruction, InstructionBlock, IntelFormatter, MemoryOperand, Mnemonic,
-    OpCodeOperandKind, Register, RepPrefixKind,
+    BlockEncoder, BlockEncoderOptions, Code, CpuidFeature, Decoder, DecoderOptions, Encoder,
+    EncodingKind, Formatter, IcedError, Instruction, InstructionBlock, IntelFormatter,
+    MemoryOperand, Mnemonic, OpCodeOperandKind, Register, RepPrefixKind,
 };
 use std::sync::OnceLock;
 
@@ -763,30 +763,43 @@ fn random_mxcsr(rng: &mut Rng) -> u32 {
 fn interesting_xmm(rng: &mut Rng) -> u128 {
     const F64: [u64; 20] = [
         0,
-        0x8000_0000_0000_0000,           // -0
-        0x3ff0_0000_0000_0000,           // 1
-        0xbff0_0000_0000_0000,           // -1
-        0x3ff8_0000_0000_0000,           // 1.5
-        0x3fd5_5555_5555_5555,           // 1/3
-        0x0010_0000_0000_0000,           // smallest normal
-        0x0000_0000_0000_0001,           // smallest denormal
-        0x000f_ffff_ffff_ffff,           // largest denormal
-        0x7fef_ffff_ffff_ffff,           // largest finite
-        0x7ff0_0000_0000_0000,           // +inf
-        0xfff0_0000_0000_0000,           // -inf
-        0x7ff8_0000_0000_0000,           // quiet NaN
-        0xfff8_0000_0000_0000,           // indefinite
-        0x7ff4_0000_0000_0001,           // signalling NaN
-        0x43e0_0000_0000_0000,           // 2^63
-        0xc3e0_0000_0000_0000,           // -2^63
-        0x41e0_0000_0000_0000,           // 2^31
-        0x4004_0000_0000_0000,           // 2.5
-        0x3c90_0000_0000_0000,           // 2^-54
+        0x8000_0000_0000_0000, // -0
+        0x3ff0_0000_0000_0000, // 1
+        0xbff0_0000_0000_0000, // -1
+        0x3ff8_0000_0000_0000, // 1.5
+        0x3fd5_5555_5555_5555, // 1/3
+        0x0010_0000_0000_0000, // smallest normal
+        0x0000_0000_0000_0001, // smallest denormal
+        0x000f_ffff_ffff_ffff, // largest denormal
+        0x7fef_ffff_ffff_ffff, // largest finite
+        0x7ff0_0000_0000_0000, // +inf
+        0xfff0_0000_0000_0000, // -inf
+        0x7ff8_0000_0000_0000, // quiet NaN
+        0xfff8_0000_0000_0000, // indefinite
+        0x7ff4_0000_0000_0001, // signalling NaN
+        0x43e0_0000_0000_0000, // 2^63
+        0xc3e0_0000_0000_0000, // -2^63
+        0x41e0_0000_0000_0000, // 2^31
+        0x4004_0000_0000_0000, // 2.5
+        0x3c90_0000_0000_0000, // 2^-54
     ];
     const F32: [u32; 16] = [
-        0, 0x8000_0000, 0x3f80_0000, 0xbf80_0000, 0x3fc0_0000, 0x3eaa_aaab, 0x0080_0000,
-        0x0000_0001, 0x007f_ffff, 0x7f7f_ffff, 0x7f80_0000, 0xff80_0000, 0x7fc0_0000,
-        0xffc0_0000, 0x7fa0_0001, 0x4f00_0000,
+        0,
+        0x8000_0000,
+        0x3f80_0000,
+        0xbf80_0000,
+        0x3fc0_0000,
+        0x3eaa_aaab,
+        0x0080_0000,
+        0x0000_0001,
+        0x007f_ffff,
+        0x7f7f_ffff,
+        0x7f80_0000,
+        0xff80_0000,
+        0x7fc0_0000,
+        0xffc0_0000,
+        0x7fa0_0001,
+        0x4f00_0000,
     ];
     let mut v = 0u128;
     match rng.below(4) {

@@ -92,9 +92,7 @@ impl FaultKind {
     pub fn from_signal(signal: i32, code: i32) -> FaultKind {
         match signal {
             // si_code FPE_INTDIV (1) or FPE_INTOVF (2): a #DE.
-            libc::SIGFPE if code == 1 || code == 2 => {
-                FaultKind::DivideError
-            }
+            libc::SIGFPE if code == 1 || code == 2 => FaultKind::DivideError,
             libc::SIGFPE => FaultKind::FloatingPoint,
             libc::SIGILL => FaultKind::InvalidOpcode,
             libc::SIGSEGV => FaultKind::Protection,

@@ -472,11 +472,7 @@ unsafe fn child_main(job: &ChildJob<'_>) -> ! {
         let out = std::slice::from_raw_parts(OUT_GPR as *const u64, 16);
         (*shared).gpr.copy_from_slice(out);
         (*shared).rflags = *(OUT_RFLAGS as *const u64);
-        std::ptr::copy_nonoverlapping(
-            OUT_FX as *const u8,
-            (*shared).fx.as_mut_ptr(),
-            FXSAVE_SIZE,
-        );
+        std::ptr::copy_nonoverlapping(OUT_FX as *const u8, (*shared).fx.as_mut_ptr(), FXSAVE_SIZE);
         (*shared).rip = 0;
         copy_window(shared);
         (*shared).status = STATUS_COMPLETED;
@@ -542,11 +538,7 @@ extern "C" fn on_signal(
         // The interrupted x87/SSE state, in FXSAVE format.
         let fp = uc.uc_mcontext.fpregs;
         if !fp.is_null() {
-            std::ptr::copy_nonoverlapping(
-                fp as *const u8,
-                (*shared).fx.as_mut_ptr(),
-                FXSAVE_SIZE,
-            );
+            std::ptr::copy_nonoverlapping(fp as *const u8, (*shared).fx.as_mut_ptr(), FXSAVE_SIZE);
         }
         (*shared).rflags = g[libc::REG_EFL as usize] as u64;
         (*shared).signal = signal;
