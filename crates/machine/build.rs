@@ -46,6 +46,10 @@ struct Program {
     defines: &'static [&'static str],
     /// Also build `$OUT_DIR/<name>_host`, a native executable.
     host: bool,
+    /// Code generation with gcc's defaults (SSE2 on) at this optimisation
+    /// level, instead of `-O2 -mgeneral-regs-only`; the host build uses
+    /// the same level.
+    sse_opt: Option<&'static str>,
 }
 
 const PROGRAMS: &[Program] = &[
@@ -54,36 +58,42 @@ const PROGRAMS: &[Program] = &[
         source: "hello.c",
         defines: &[],
         host: false,
+        sse_opt: None,
     },
     Program {
         name: "exceptions",
         source: "exceptions.c",
         defines: &[],
         host: false,
+        sse_opt: None,
     },
     Program {
         name: "usermode",
         source: "usermode.c",
         defines: &[],
         host: false,
+        sse_opt: None,
     },
     Program {
         name: "timer",
         source: "timer.c",
         defines: &[],
         host: false,
+        sse_opt: None,
     },
     Program {
         name: "stringops",
         source: "stringops.c",
         defines: &[],
         host: false,
+        sse_opt: None,
     },
     Program {
         name: "mips_workload",
         source: "mips_workload.c",
         defines: &[],
         host: true,
+        sse_opt: None,
     },
     // One round of the same workload: fast enough for the test suite in the
     // dev profile.
@@ -92,6 +102,23 @@ const PROGRAMS: &[Program] = &[
         source: "mips_workload.c",
         defines: &["WORKLOAD_ROUNDS=1"],
         host: true,
+        sse_opt: None,
+    },
+    // Floating point and auto-vectorised loops with SSE on, compared with
+    // the same program run natively.
+    Program {
+        name: "fpmath_o2",
+        source: "fpmath.c",
+        defines: &[],
+        host: true,
+        sse_opt: Some("-O2"),
+    },
+    Program {
+        name: "fpmath_o3",
+        source: "fpmath.c",
+        defines: &[],
+        host: true,
+        sse_opt: Some("-O3"),
     },
 ];
 
@@ -111,8 +138,17 @@ fn main() {
     for p in PROGRAMS {
         let elf = out.join(format!("{}.elf", p.name));
         let mut cmd = Command::new(&cc);
-        cmd.args(GUEST_FLAGS)
-            .arg("-T")
+        match p.sse_opt {
+            None => cmd.args(GUEST_FLAGS),
+            Some(opt) => cmd
+                .args(
+                    GUEST_FLAGS
+                        .iter()
+                        .filter(|f| !matches!(**f, "-O2" | "-mgeneral-regs-only")),
+                )
+                .arg(opt),
+        };
+        cmd.arg("-T")
             .arg(src.join("link.ld"))
             .arg(format!("-I{}", src.display()));
         for d in p.defines {
@@ -127,7 +163,12 @@ fn main() {
         if p.host {
             let exe = out.join(format!("{}_host", p.name));
             let mut cmd = Command::new(&cc);
-            cmd.args(["-O2", "-std=gnu11", "-Wall", "-Wextra", "-DHOSTED"]);
+            cmd.arg(p.sse_opt.unwrap_or("-O2")).args([
+                "-std=gnu11",
+                "-Wall",
+                "-Wextra",
+                "-DHOSTED",
+            ]);
             for d in p.defines {
                 cmd.arg(format!("-D{d}"));
             }

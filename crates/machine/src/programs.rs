@@ -22,6 +22,12 @@ pub const MIPS_WORKLOAD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mips_
 pub const MIPS_WORKLOAD_SMALL: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/mips_workload_small.elf"));
 
+/// Floating point and auto-vectorised loops built with SSE on at -O2;
+/// prints results (doubles through its own formatter) and "fpmath done".
+pub const FPMATH_O2: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fpmath_o2.elf"));
+/// The same program at -O3 (more vectorisation).
+pub const FPMATH_O3: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fpmath_o3.elf"));
+
 /// Every program with its name.
 pub const ALL: &[(&str, &[u8])] = &[
     ("hello", HELLO),
@@ -31,6 +37,8 @@ pub const ALL: &[(&str, &[u8])] = &[
     ("stringops", STRINGOPS),
     ("mips_workload", MIPS_WORKLOAD),
     ("mips_workload_small", MIPS_WORKLOAD_SMALL),
+    ("fpmath_o2", FPMATH_O2),
+    ("fpmath_o3", FPMATH_O3),
 ];
 
 /// The self-checking system tests (exit value 0 on success).

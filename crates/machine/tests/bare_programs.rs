@@ -159,3 +159,36 @@ fn full_workload_checksum_matches_the_native_cpu() {
     let host = concat!(env!("OUT_DIR"), "/mips_workload_host");
     assert_workload_matches_native("mips_workload", programs::MIPS_WORKLOAD, host, Mode::Bare);
 }
+
+/// Runs `elf` on the machine and `host` natively; their outputs must be
+/// identical.
+fn assert_output_matches_native(name: &str, elf: &[u8], host: &str, mode: Mode) {
+    let out = run(name, elf, mode, PageSize::Size2M);
+    let serial = String::from_utf8_lossy(&out.serial).into_owned();
+    assert!(
+        out.exit.success(),
+        "{name} ({mode:?}) exited with value {:#x}; serial output:\n{serial}",
+        out.exit.value
+    );
+    let native = Command::new(host)
+        .output()
+        .unwrap_or_else(|e| panic!("running {host}: {e}"));
+    assert!(native.status.success(), "{host}: {:?}", native.status);
+    let native = String::from_utf8_lossy(&native.stdout);
+    assert!(native.ends_with("fpmath done\n"), "{host}: {native}");
+    assert_eq!(
+        serial, native,
+        "{name} ({mode:?}): machine vs native output"
+    );
+}
+
+#[test]
+fn sse_floating_point_program_matches_the_native_cpu() {
+    // gcc's default code generation (SSE2: scalar double arithmetic,
+    // conversions, vectorised loops at -O3) and a printf of doubles.
+    let o2 = concat!(env!("OUT_DIR"), "/fpmath_o2_host");
+    let o3 = concat!(env!("OUT_DIR"), "/fpmath_o3_host");
+    assert_output_matches_native("fpmath_o2", programs::FPMATH_O2, o2, Mode::Bare);
+    assert_output_matches_native("fpmath_o3", programs::FPMATH_O3, o3, Mode::Bare);
+    assert_output_matches_native("fpmath_o3", programs::FPMATH_O3, o3, Mode::GuestEpt);
+}

@@ -21,6 +21,7 @@ fn initial(pairs: &[(usize, u64)]) -> InitialState {
         gpr,
         rflags: 0,
         window: vec![0; WINDOW_SIZE],
+        fpu: Default::default(),
     }
 }
 

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 fn code() -> impl Strategy<Value = Vec<u8>> {
     let token = prop_oneof![
         prop::sample::select(&PREFIXES[..]).prop_map(|b| vec![b]),
-        prop::sample::select(&OPCODES[..]).prop_map(|o| o.to_vec()),
+        prop::sample::select(OPCODES).prop_map(|o| o.to_vec()),
         prop::collection::vec(any::<u8>(), 1..6),
     ];
     prop_oneof![

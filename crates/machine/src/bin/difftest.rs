@@ -1,9 +1,11 @@
 //! Differential tester: random instruction sequences run natively and in
 //! the interpreter, compared register by register.
 //!
-//! `difftest --cases N --seed S [--verbose] [--case K] [--json]`
+//! `difftest --cases N --seed S [--groups int,sse] [--verbose] [--case K] [--json]`
 //!
-//! The last line of the output is always `difftest: N cases, M mismatches`;
+//! Each case belongs to one group (`int`: the integer ISA; `sse`: SSE/SSE2
+//! with XMM registers and MXCSR compared too); by default all groups are
+//! mixed, and the case count per group is printed. The last line of the output is always `difftest: N cases, M mismatches`;
 //! the exit status is non-zero when M > 0.
 
 use clap::Parser;
@@ -28,6 +30,10 @@ struct Args {
     /// Print mismatches as JSON objects, one per line.
     #[arg(long)]
     json: bool,
+    /// Comma-separated instruction groups to draw cases from (int, sse);
+    /// all by default.
+    #[arg(long, value_delimiter = ',')]
+    groups: Vec<String>,
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -40,7 +46,27 @@ fn main() {
 
     let args = Args::parse();
     panics::install_quiet_hook();
-    let config = GenConfig::for_host();
+    let mut config = GenConfig::for_host();
+    if !args.groups.is_empty() {
+        let mut groups = Vec::new();
+        for name in &args.groups {
+            match machine::difftest::gen::Group::from_name(name) {
+                Some(g) => groups.push(g),
+                None => {
+                    let known: Vec<&str> = machine::difftest::gen::Group::ALL
+                        .iter()
+                        .map(|g| g.name())
+                        .collect();
+                    eprintln!(
+                        "difftest: unknown group {name:?} (known: {})",
+                        known.join(", ")
+                    );
+                    std::process::exit(2);
+                }
+            }
+        }
+        config.groups = groups;
+    }
     let (first, count) = match args.case {
         Some(k) => (k, 1),
         None => (0, args.cases),
@@ -59,9 +85,11 @@ fn main() {
     let mut out = stdout.lock();
     let mut mismatches = 0u64;
     let mut stops: BTreeMap<String, u64> = BTreeMap::new();
+    let mut per_group: BTreeMap<machine::difftest::gen::Group, u64> = BTreeMap::new();
     let mut done = 0u64;
     for index in first..first + count {
         let case = generate_case(args.seed, index, &config);
+        *per_group.entry(case.group).or_default() += 1;
         let outcome = match run_case(&mut runner, case) {
             Ok(o) => o,
             Err(e) => {
@@ -108,6 +136,11 @@ fn main() {
         let summary: Vec<String> = stops.iter().map(|(k, v)| format!("{k}: {v}")).collect();
         let _ = writeln!(out, "native stops: {}", summary.join(", "));
     }
+    let groups: Vec<String> = per_group
+        .iter()
+        .map(|(g, n)| format!("{} {n}", g.name()))
+        .collect();
+    let _ = writeln!(out, "cases per group: {}", groups.join(", "));
     let _ = writeln!(out, "difftest: {done} cases, {mismatches} mismatches");
     let _ = out.flush();
     if mismatches > 0 {
@@ -118,7 +151,14 @@ fn main() {
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 fn main() {
     let args = Args::parse();
-    let _ = (args.cases, args.seed, args.verbose, args.case, args.json);
+    let _ = (
+        args.cases,
+        args.seed,
+        args.verbose,
+        args.case,
+        args.json,
+        args.groups,
+    );
     eprintln!("difftest: the native side needs x86-64 Linux");
     println!("difftest: 0 cases, 0 mismatches");
     std::process::exit(2);

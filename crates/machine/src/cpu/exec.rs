@@ -303,6 +303,7 @@ impl Cpu {
             M::Int3 => self.software_interrupt(mem, i, vector::BP),
             M::Int => self.software_interrupt(mem, i, i.immediate8()),
             M::Int1 => Err(Fault::exception(vector::DB)),
+            m if super::sse::is_simd(m) => self.exec_simd(mem, i),
             _ => self.exec_system(mem, i),
         }
     }
@@ -838,7 +839,7 @@ impl Cpu {
             OpKind::MemoryESRDI | OpKind::MemoryESEDI | OpKind::MemorySegRSI | OpKind::MemorySegESI
         );
         if !string_form {
-            return Err(ud());
+            return self.exec_simd(mem, i);
         }
         let addr32 = matches!(i.op0_kind(), OpKind::MemoryESEDI | OpKind::MemorySegESI)
             || matches!(i.op1_kind(), OpKind::MemoryESEDI | OpKind::MemorySegESI);

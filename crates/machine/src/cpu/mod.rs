@@ -26,6 +26,9 @@ mod l1tlb;
 pub use event::has_error_code;
 pub use system::native_cpuid;
 mod exec;
+pub mod fpu_state;
+mod hostfp;
+mod sse;
 pub mod state;
 mod system;
 #[cfg(test)]

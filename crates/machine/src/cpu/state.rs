@@ -275,6 +275,8 @@ pub struct CpuState {
     /// [`interruptibility`] bits.
     pub interruptibility: u8,
     pub activity: Activity,
+    /// x87 and SSE registers.
+    pub fpu: super::fpu_state::FpuState,
 }
 
 impl Default for CpuState {
@@ -336,6 +338,7 @@ impl Default for CpuState {
             debug: super::debug_regs::DebugRegs::default(),
             interruptibility: 0,
             activity: Activity::Active,
+            fpu: super::fpu_state::FpuState::default(),
         }
     }
 }
@@ -402,6 +405,7 @@ impl CpuState {
         h.u64(self.debug.dr7);
         h.u64(self.interruptibility as u64);
         h.u64(self.activity as u64);
+        self.fpu.digest_into(&mut h);
         h.finish()
     }
 }

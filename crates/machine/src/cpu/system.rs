@@ -45,7 +45,8 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
             let ebx = (apic_id << 24) | (1 << 16) | (8 << 8);
             // x2APIC, POPCNT, TSC-deadline.
             let ecx = (1 << 21) | (1 << 23) | (1 << 24);
-            // TSC, MSR, PAE, APIC, PGE, CMOV, PAT, CLFSH.
+            // TSC, MSR, PAE, APIC, PGE, CMOV, PAT, CLFSH, FXSR, SSE, SSE2.
+            // (No FPU bit: x87 arithmetic is not implemented; no MMX.)
             let edx = (1 << 4)
                 | (1 << 5)
                 | (1 << 6)
@@ -53,7 +54,10 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
                 | (1 << 13)
                 | (1 << 15)
                 | (1 << 16)
-                | (1 << 19);
+                | (1 << 19)
+                | (1 << 24)
+                | (1 << 25)
+                | (1 << 26);
             [eax, ebx, ecx, edx]
         }
         7 if subleaf == 0 => [0, (1 << 7) | (1 << 20), 0, 0], // SMEP, SMAP

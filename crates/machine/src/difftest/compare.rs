@@ -3,6 +3,7 @@
 use super::gen::Case;
 use super::layout::window_addr;
 use super::{FinalState, Stop, GPR_NAMES};
+use crate::cpu::fpu_state::FpuState;
 use crate::cpu::state::rflags;
 use std::fmt::Write as _;
 
@@ -24,6 +25,28 @@ pub enum Difference {
     Rflags { native: u64, interp: u64, mask: u64 },
     /// A window byte differs.
     Memory { addr: u64, native: u8, interp: u8 },
+    /// An x87/SSE register differs (`name`: xmm3, mxcsr, st2, fsw, ...).
+    Fpu {
+        name: String,
+        native: u128,
+        interp: u128,
+    },
+}
+
+/// The compared x87/SSE fields: XMM0-15, MXCSR, the x87 control, status
+/// and abridged tag words and the eight physical x87 registers. The last
+/// instruction and data pointers are not: AMD processors save them only
+/// while an exception is pending.
+fn fpu_fields(f: &FpuState) -> Vec<(String, u128)> {
+    let mut v: Vec<(String, u128)> = (0..16).map(|i| (format!("xmm{i}"), f.xmm[i])).collect();
+    v.push(("mxcsr".into(), f.mxcsr as u128));
+    v.push(("fcw".into(), f.fcw as u128));
+    v.push(("fsw".into(), f.fsw as u128));
+    v.push(("ftw".into(), f.ftw as u128));
+    for (i, r) in f.st.iter().enumerate() {
+        v.push((format!("r{i}"), *r));
+    }
+    v
 }
 
 /// Compares the runs of `case`. Registers and flags are compared in the
@@ -76,6 +99,18 @@ pub fn compare(case: &Case, native: &FinalState, interp: &FinalState) -> Vec<Dif
             interp: interp.rflags,
             mask,
         });
+    }
+    for ((name, a), (_, b)) in fpu_fields(&native.fpu)
+        .into_iter()
+        .zip(fpu_fields(&interp.fpu))
+    {
+        if a != b {
+            diffs.push(Difference::Fpu {
+                name,
+                native: a,
+                interp: b,
+            });
+        }
     }
     for (offset, (a, b)) in native.window.iter().zip(interp.window.iter()).enumerate() {
         if a != b {
@@ -145,6 +180,13 @@ pub fn text_report(
         case.initial.rflags,
         flag_names(case.initial.rflags)
     );
+    let fpu = &case.initial.fpu;
+    if *fpu != FpuState::default() {
+        let _ = writeln!(s, "    mxcsr={:#x}", fpu.mxcsr);
+        for (k, x) in fpu.xmm.iter().enumerate() {
+            let _ = writeln!(s, "    xmm{k}={x:032x}");
+        }
+    }
     let _ = writeln!(s, "  native: {} at {:#x}", native.stop, native.rip);
     let _ = writeln!(s, "  interp: {} at {:#x}", interp.stop, interp.rip);
     let mut memory_lines = 0;
@@ -184,6 +226,13 @@ pub fn text_report(
                     flag_names((native ^ interp) & mask),
                     flag_names(*mask)
                 );
+            }
+            Difference::Fpu {
+                name,
+                native,
+                interp,
+            } => {
+                let _ = writeln!(s, "  {name}: native={native:032x} interp={interp:032x}");
             }
             Difference::Memory {
                 addr,
@@ -311,6 +360,14 @@ pub fn json_report(
                 json_hex(*mask),
                 json_string(&flag_names((native ^ interp) & mask))
             ),
+            Difference::Fpu {
+                name,
+                native,
+                interp,
+            } => format!(
+                "{{\"kind\":\"fpu\",\"reg\":{},\"native\":\"{native:#x}\",\"interp\":\"{interp:#x}\"}}",
+                json_string(name)
+            ),
             Difference::Memory {
                 addr,
                 native,
@@ -349,6 +406,7 @@ mod tests {
             gpr: case.initial.gpr,
             rflags: case.initial.rflags,
             window: case.initial.window.clone(),
+            fpu: case.initial.fpu,
         }
     }
 

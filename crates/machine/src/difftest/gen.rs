@@ -23,9 +23,9 @@ use super::rng::Rng;
 use super::InitialState;
 use crate::cpu::state::rflags;
 use iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, Encoder, EncodingKind,
-    Formatter, IcedError, Instruction, InstructionBlock, IntelFormatter, MemoryOperand, Mnemonic,
-    OpCodeOperandKind, Register, RepPrefixKind,
+    BlockEncoder, BlockEncoderOptions, Code, CpuidFeature, Decoder, DecoderOptions, Encoder,
+    EncodingKind, Formatter, IcedError, Instruction, InstructionBlock, IntelFormatter,
+    MemoryOperand, Mnemonic, OpCodeOperandKind, Register, RepPrefixKind,
 };
 use std::sync::OnceLock;
 
@@ -40,6 +40,46 @@ pub struct GenConfig {
     pub tzcnt: bool,
     /// Generate POPCNT.
     pub popcnt: bool,
+    /// The instruction groups cases are drawn from (each case belongs to
+    /// one).
+    pub groups: Vec<Group>,
+}
+
+/// A family of cases: what the generator draws instructions from and
+/// which state it randomises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Group {
+    /// The integer ISA (general registers, flags, memory).
+    Int,
+    /// SSE/SSE2 with integer instructions mixed in: random XMM registers
+    /// and MXCSR, compared with the general state.
+    Sse,
+}
+
+impl Group {
+    /// Every group, in the order reports list them.
+    pub const ALL: [Group; 2] = [Group::Int, Group::Sse];
+
+    /// The group's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Group::Int => "int",
+            Group::Sse => "sse",
+        }
+    }
+
+    /// The group named `name`.
+    pub fn from_name(name: &str) -> Option<Group> {
+        Group::ALL.into_iter().find(|g| g.name() == name)
+    }
+
+    /// Relative frequency in a campaign over several groups.
+    fn weight(self) -> u32 {
+        match self {
+            Group::Int => 1,
+            Group::Sse => 1,
+        }
+    }
 }
 
 impl GenConfig {
@@ -52,6 +92,7 @@ impl GenConfig {
                 lzcnt: std::arch::is_x86_feature_detected!("lzcnt"),
                 tzcnt: std::arch::is_x86_feature_detected!("bmi1"),
                 popcnt: std::arch::is_x86_feature_detected!("popcnt"),
+                groups: Group::ALL.to_vec(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -61,6 +102,7 @@ impl GenConfig {
                 lzcnt: false,
                 tzcnt: false,
                 popcnt: false,
+                groups: Group::ALL.to_vec(),
             }
         }
     }
@@ -78,6 +120,7 @@ pub struct Checkpoint {
 pub struct Case {
     pub seed: u64,
     pub index: u64,
+    pub group: Group,
     /// The snippet, to be placed at [`CODE_ADDR`]; execution that reaches
     /// its end has finished.
     pub code: Vec<u8>,
@@ -110,6 +153,7 @@ impl Case {
         Case {
             seed: 0,
             index: 0,
+            group: Group::Int,
             code,
             initial,
             checkpoints,
@@ -175,11 +219,22 @@ pub fn disassemble(code: &[u8], addr: u64) -> Vec<(u64, Vec<u8>, String)> {
 
 /// Generates case `index` of the run seeded with `seed`.
 pub fn generate_case(seed: u64, index: u64, config: &GenConfig) -> Case {
+    // The group comes from a stream of its own, so a case of a group is
+    // the same whichever other groups the campaign includes.
+    let group = match config.groups.as_slice() {
+        [] => Group::Int,
+        [only] => *only,
+        groups => {
+            let mut pick = Rng::for_item(seed ^ 0x6772_6f75_7073, index);
+            let weights: Vec<u32> = groups.iter().map(|g| g.weight()).collect();
+            groups[pick.weighted(&weights)]
+        }
+    };
     let mut rng = Rng::for_item(seed, index);
     loop {
         // Encoding can fail only when a short branch cannot reach its
         // target; then the case is drawn again from the same stream.
-        if let Some(case) = try_generate(&mut rng, seed, index, config) {
+        if let Some(case) = try_generate(&mut rng, seed, index, config, group) {
             return case;
         }
     }
@@ -301,6 +356,12 @@ enum Template {
     /// An instruction padded with ignored segment prefixes to 15 bytes
     /// (valid) or 16 (#GP: too long).
     Padded,
+    /// LDMXCSR of a value stored just before (mostly valid).
+    LoadMxcsr,
+    /// FXSAVE (then FXRSTOR of the image, changed) at an aligned address.
+    Fxsave { restore: bool },
+    /// An SSE load or store at the edge of a window page.
+    SimdPageEdge,
 }
 
 use Mnemonic as M;
@@ -377,6 +438,207 @@ const BSWAP: &[Mnemonic] = &[M::Bswap];
 const NOP: &[Mnemonic] = &[M::Nop];
 const FLAG_OPS: &[Mnemonic] = &[M::Stc, M::Clc, M::Cmc, M::Std, M::Cld];
 
+const SSE_MOVE: &[Mnemonic] = &[
+    M::Movdqa,
+    M::Movdqu,
+    M::Movaps,
+    M::Movups,
+    M::Movapd,
+    M::Movupd,
+    M::Movntdq,
+    M::Movntps,
+    M::Movntpd,
+    M::Movnti,
+    M::Movd,
+    M::Movq,
+    M::Movss,
+    M::Movsd,
+    M::Movlps,
+    M::Movlpd,
+    M::Movhps,
+    M::Movhpd,
+    M::Movhlps,
+    M::Movlhps,
+    M::Movmskps,
+    M::Movmskpd,
+    M::Pmovmskb,
+    M::Pextrw,
+    M::Pinsrw,
+    M::Stmxcsr,
+];
+const SSE_INT: &[Mnemonic] = &[
+    M::Paddb,
+    M::Paddw,
+    M::Paddd,
+    M::Paddq,
+    M::Psubb,
+    M::Psubw,
+    M::Psubd,
+    M::Psubq,
+    M::Paddsb,
+    M::Paddsw,
+    M::Psubsb,
+    M::Psubsw,
+    M::Paddusb,
+    M::Paddusw,
+    M::Psubusb,
+    M::Psubusw,
+    M::Pcmpeqb,
+    M::Pcmpeqw,
+    M::Pcmpeqd,
+    M::Pcmpgtb,
+    M::Pcmpgtw,
+    M::Pcmpgtd,
+    M::Pminub,
+    M::Pmaxub,
+    M::Pminsw,
+    M::Pmaxsw,
+    M::Pavgb,
+    M::Pavgw,
+    M::Pmullw,
+    M::Pmulhw,
+    M::Pmulhuw,
+    M::Pmuludq,
+    M::Pmaddwd,
+    M::Psadbw,
+    M::Pand,
+    M::Pandn,
+    M::Por,
+    M::Pxor,
+    M::Andps,
+    M::Andpd,
+    M::Andnps,
+    M::Andnpd,
+    M::Orps,
+    M::Orpd,
+    M::Xorps,
+    M::Xorpd,
+    M::Punpcklbw,
+    M::Punpcklwd,
+    M::Punpckldq,
+    M::Punpcklqdq,
+    M::Punpckhbw,
+    M::Punpckhwd,
+    M::Punpckhdq,
+    M::Punpckhqdq,
+    M::Unpcklps,
+    M::Unpcklpd,
+    M::Unpckhps,
+    M::Unpckhpd,
+    M::Packsswb,
+    M::Packssdw,
+    M::Packuswb,
+    M::Pshufd,
+    M::Pshuflw,
+    M::Pshufhw,
+    M::Shufps,
+    M::Shufpd,
+    M::Pslldq,
+    M::Psrldq,
+    M::Psllw,
+    M::Pslld,
+    M::Psllq,
+    M::Psrlw,
+    M::Psrld,
+    M::Psrlq,
+    M::Psraw,
+    M::Psrad,
+];
+const SSE_FP: &[Mnemonic] = &[
+    M::Addss,
+    M::Addsd,
+    M::Addps,
+    M::Addpd,
+    M::Subss,
+    M::Subsd,
+    M::Subps,
+    M::Subpd,
+    M::Mulss,
+    M::Mulsd,
+    M::Mulps,
+    M::Mulpd,
+    M::Divss,
+    M::Divsd,
+    M::Divps,
+    M::Divpd,
+    M::Minss,
+    M::Minsd,
+    M::Minps,
+    M::Minpd,
+    M::Maxss,
+    M::Maxsd,
+    M::Maxps,
+    M::Maxpd,
+    M::Sqrtss,
+    M::Sqrtsd,
+    M::Sqrtps,
+    M::Sqrtpd,
+    M::Rcpss,
+    M::Rcpps,
+    M::Rsqrtss,
+    M::Rsqrtps,
+];
+const SSE_CONVERT: &[Mnemonic] = &[
+    M::Cvtss2sd,
+    M::Cvtsd2ss,
+    M::Cvtdq2ps,
+    M::Cvtps2dq,
+    M::Cvttps2dq,
+    M::Cvtdq2pd,
+    M::Cvtpd2dq,
+    M::Cvttpd2dq,
+    M::Cvtps2pd,
+    M::Cvtpd2ps,
+    M::Cvtsi2ss,
+    M::Cvtsi2sd,
+    M::Cvtss2si,
+    M::Cvttss2si,
+    M::Cvtsd2si,
+    M::Cvttsd2si,
+];
+const SSE_COMPARE: &[Mnemonic] = &[
+    M::Comiss,
+    M::Comisd,
+    M::Ucomiss,
+    M::Ucomisd,
+    M::Cmpss,
+    M::Cmpsd,
+    M::Cmpps,
+    M::Cmppd,
+];
+/// SSE instructions whose immediate is a shift count.
+const SSE_SHIFTS: &[Mnemonic] = &[
+    M::Pslldq,
+    M::Psrldq,
+    M::Psllw,
+    M::Pslld,
+    M::Psllq,
+    M::Psrlw,
+    M::Psrld,
+    M::Psrlq,
+    M::Psraw,
+    M::Psrad,
+];
+
+/// Templates of the SSE group: SSE/SSE2 forms, with the integer
+/// instructions that consume their results (flags, moves to GPRs).
+const SSE_TEMPLATES: &[(Template, u32)] = &[
+    (Template::Generic(SSE_MOVE), 14),
+    (Template::Generic(SSE_INT), 16),
+    (Template::Generic(SSE_FP), 16),
+    (Template::Generic(SSE_CONVERT), 8),
+    (Template::Generic(SSE_COMPARE), 8),
+    (Template::LoadMxcsr, 3),
+    (Template::Fxsave { restore: false }, 1),
+    (Template::Fxsave { restore: true }, 2),
+    (Template::SimdPageEdge, 3),
+    (Template::Generic(ALU), 3),
+    (Template::Generic(MOV), 2),
+    (Template::Generic(SETCC), 3),
+    (Template::Generic(CMOVCC), 2),
+    (Template::Jump, 3),
+];
+
 /// Templates and their relative weights.
 const TEMPLATES: &[(Template, u32)] = &[
     (Template::Generic(ALU), 20),
@@ -442,7 +704,136 @@ fn supported_operand(kind: OpCodeOperandKind) -> bool {
             | K::ax
             | K::eax
             | K::rax
+            | K::xmm_reg
+            | K::xmm_rm
+            | K::xmm_or_mem
     )
+}
+
+/// XMM register `k`.
+fn xmm(k: usize) -> Register {
+    match k & 15 {
+        0 => Register::XMM0,
+        1 => Register::XMM1,
+        2 => Register::XMM2,
+        3 => Register::XMM3,
+        4 => Register::XMM4,
+        5 => Register::XMM5,
+        6 => Register::XMM6,
+        7 => Register::XMM7,
+        8 => Register::XMM8,
+        9 => Register::XMM9,
+        10 => Register::XMM10,
+        11 => Register::XMM11,
+        12 => Register::XMM12,
+        13 => Register::XMM13,
+        14 => Register::XMM14,
+        _ => Register::XMM15,
+    }
+}
+
+/// A random MXCSR: any rounding mode, sometimes DAZ/FTZ, sticky flags
+/// already set, or exceptions unmasked.
+fn random_mxcsr(rng: &mut Rng) -> u32 {
+    let mut v = 0x1f80u32;
+    if rng.chance(1, 2) {
+        v |= (rng.below(4) as u32) << 13;
+    }
+    if rng.chance(1, 8) {
+        v |= 1 << 6;
+    }
+    if rng.chance(1, 8) {
+        v |= 1 << 15;
+    }
+    if rng.chance(1, 4) {
+        v |= rng.below(64) as u32;
+    }
+    if rng.chance(1, 6) {
+        // Unmask some of IE, DE, ZE and PE. Overflow and underflow stay
+        // masked: with them unmasked the precision flag depends on whether
+        // the unbounded-exponent result is exact, which the interpreter
+        // only approximates (docs/machine.md).
+        v &= !(((rng.below(64) as u32) & 0x27) << 7);
+    }
+    v
+}
+
+/// A 128-bit value made of floating-point edge cases (as doubles or as
+/// singles), small integers or random bits.
+fn interesting_xmm(rng: &mut Rng) -> u128 {
+    const F64: [u64; 20] = [
+        0,
+        0x8000_0000_0000_0000, // -0
+        0x3ff0_0000_0000_0000, // 1
+        0xbff0_0000_0000_0000, // -1
+        0x3ff8_0000_0000_0000, // 1.5
+        0x3fd5_5555_5555_5555, // 1/3
+        0x0010_0000_0000_0000, // smallest normal
+        0x0000_0000_0000_0001, // smallest denormal
+        0x000f_ffff_ffff_ffff, // largest denormal
+        0x7fef_ffff_ffff_ffff, // largest finite
+        0x7ff0_0000_0000_0000, // +inf
+        0xfff0_0000_0000_0000, // -inf
+        0x7ff8_0000_0000_0000, // quiet NaN
+        0xfff8_0000_0000_0000, // indefinite
+        0x7ff4_0000_0000_0001, // signalling NaN
+        0x43e0_0000_0000_0000, // 2^63
+        0xc3e0_0000_0000_0000, // -2^63
+        0x41e0_0000_0000_0000, // 2^31
+        0x4004_0000_0000_0000, // 2.5
+        0x3c90_0000_0000_0000, // 2^-54
+    ];
+    const F32: [u32; 16] = [
+        0,
+        0x8000_0000,
+        0x3f80_0000,
+        0xbf80_0000,
+        0x3fc0_0000,
+        0x3eaa_aaab,
+        0x0080_0000,
+        0x0000_0001,
+        0x007f_ffff,
+        0x7f7f_ffff,
+        0x7f80_0000,
+        0xff80_0000,
+        0x7fc0_0000,
+        0xffc0_0000,
+        0x7fa0_0001,
+        0x4f00_0000,
+    ];
+    let mut v = 0u128;
+    match rng.below(4) {
+        0 => {
+            for k in 0..2 {
+                let x = if rng.chance(3, 4) {
+                    *rng.pick(&F64)
+                } else {
+                    // A random finite double of moderate size.
+                    f64::from(rng.range_i64(-1000, 1000) as i32).to_bits() ^ rng.below(4)
+                };
+                v |= (x as u128) << (64 * k);
+            }
+        }
+        1 => {
+            for k in 0..4 {
+                let x = if rng.chance(3, 4) {
+                    *rng.pick(&F32)
+                } else {
+                    (rng.range_i64(-1000, 1000) as f32).to_bits() ^ rng.below(4) as u32
+                };
+                v |= (x as u128) << (32 * k);
+            }
+        }
+        2 => {
+            for k in 0..2 {
+                v |= (rng.interesting_u64() as u128) << (64 * k);
+            }
+        }
+        _ => {
+            v = rng.next_u64() as u128 | (rng.next_u64() as u128) << 64;
+        }
+    }
+    v
 }
 
 /// Every usable 64-bit-mode legacy encoding, grouped by mnemonic.
@@ -462,7 +853,20 @@ fn forms_of(mnemonic: Mnemonic) -> &'static [Code] {
                 && op.mode64()
                 && op.op_kinds().iter().all(|&k| supported_operand(k))
                 // BSWAP r16 has an undefined result.
-                && code != Code::Bswap_r16;
+                && code != Code::Bswap_r16
+                // Only the SSE and SSE2 forms of SIMD mnemonics (not the
+                // SSE4.1 PEXTRW to memory, say).
+                && code.cpuid_features().iter().all(|f| {
+                    !matches!(
+                        f,
+                        CpuidFeature::SSE3
+                            | CpuidFeature::SSSE3
+                            | CpuidFeature::SSE4_1
+                            | CpuidFeature::SSE4_2
+                            | CpuidFeature::SSE4A
+                            | CpuidFeature::MMX
+                    )
+                });
             if usable {
                 table[code.mnemonic() as usize].push(code);
             }
@@ -549,9 +953,19 @@ struct Generator<'a> {
     tracker: Tracker,
     /// Place the next memory operands at a window page edge.
     edge: bool,
+    /// The templates of the case's group, with weights.
+    templates: &'static [(Template, u32)],
+    /// Memory operand size of the form being instantiated.
+    mem_size: u32,
 }
 
-fn try_generate(rng: &mut Rng, seed: u64, index: u64, config: &GenConfig) -> Option<Case> {
+fn try_generate(
+    rng: &mut Rng,
+    seed: u64,
+    index: u64,
+    config: &GenConfig,
+    group: Group,
+) -> Option<Case> {
     let base = *rng.pick(&BASE_CANDIDATES);
     let index_reg = *rng.pick(&INDEX_CANDIDATES);
     let base_value = DATA_ADDR + 0x600 + rng.below(0x400);
@@ -559,7 +973,13 @@ fn try_generate(rng: &mut Rng, seed: u64, index: u64, config: &GenConfig) -> Opt
     let writable: Vec<usize> = (0..16)
         .filter(|&r| r != RSP && r != base && r != index_reg)
         .collect();
-    let initial = initial_state(rng, base, base_value, index_reg, index_value);
+    let mut initial = initial_state(rng, base, base_value, index_reg, index_value);
+    if group == Group::Sse {
+        for x in initial.fpu.xmm.iter_mut() {
+            *x = interesting_xmm(rng);
+        }
+        initial.fpu.mxcsr = random_mxcsr(rng);
+    }
 
     let mut gen = Generator {
         rng,
@@ -571,6 +991,11 @@ fn try_generate(rng: &mut Rng, seed: u64, index: u64, config: &GenConfig) -> Opt
         writable,
         tracker: Tracker::new(&[base, index_reg]),
         edge: false,
+        templates: match group {
+            Group::Int => TEMPLATES,
+            Group::Sse => SSE_TEMPLATES,
+        },
+        mem_size: 0,
     };
 
     let n_items = 1 + gen.rng.index(config.max_items.max(1));
@@ -631,6 +1056,7 @@ fn try_generate(rng: &mut Rng, seed: u64, index: u64, config: &GenConfig) -> Opt
     Some(Case {
         seed,
         index,
+        group,
         code,
         initial,
         checkpoints,
@@ -708,6 +1134,7 @@ fn initial_state(
         gpr,
         rflags: flags,
         window,
+        fpu: crate::cpu::fpu_state::FpuState::default(),
     }
 }
 
@@ -721,9 +1148,9 @@ impl Generator<'_> {
         n: usize,
         entry: Definedness,
     ) -> (Item, Vec<Definedness>, Definedness) {
-        let weights: Vec<u32> = TEMPLATES.iter().map(|t| t.1).collect();
+        let weights: Vec<u32> = self.templates.iter().map(|t| t.1).collect();
         for _ in 0..64 {
-            let template = TEMPLATES[self.rng.weighted(&weights)].0;
+            let template = self.templates[self.rng.weighted(&weights)].0;
             let Some(item) = self.draw(template, i, n) else {
                 continue;
             };
@@ -800,7 +1227,138 @@ impl Generator<'_> {
                 item
             }
             Template::Padded => self.padded(),
+            Template::LoadMxcsr => self.load_mxcsr(),
+            Template::Fxsave { restore } => self.fxsave(restore),
+            Template::SimdPageEdge => {
+                self.edge = true;
+                let mnemonic = *self.rng.pick(&[
+                    M::Movdqu,
+                    M::Movups,
+                    M::Movq,
+                    M::Movd,
+                    M::Movss,
+                    M::Movsd,
+                    M::Movhps,
+                    M::Movlpd,
+                    M::Addsd,
+                    M::Pinsrw,
+                    M::Cvtsi2sd,
+                ]);
+                let item = self.generic(mnemonic);
+                self.edge = false;
+                item
+            }
         }
+    }
+
+    /// `mov dword [m], v; ldmxcsr [m]` with a mostly valid MXCSR value.
+    fn load_mxcsr(&mut self) -> Option<Item> {
+        let m = self.window_memory(4);
+        let mut value = random_mxcsr(self.rng);
+        if self.rng.chance(1, 10) {
+            // A reserved bit: #GP(0). Not bit 17, which AMD processors
+            // accept (their misaligned-exception mask).
+            value |= 1 << (18 + self.rng.below(14));
+        }
+        let store = Instruction::with2(Code::Mov_rm32_imm32, m, value).ok()?;
+        let load = Instruction::with1(Code::Ldmxcsr_m32, m).ok()?;
+        let mut item = Item::single(store);
+        item.push(load, Hints::default());
+        Some(item)
+    }
+
+    /// FXSAVE64 or FXSAVE to an aligned window address, then stores that
+    /// clear the vendor-specific fields (the pointers, which AMD saves only
+    /// with an exception pending, and MXCSR_MASK); with `restore`, a few
+    /// fields changed and FXRSTOR of the image.
+    fn fxsave(&mut self, restore: bool) -> Option<Item> {
+        let target = (DATA_ADDR + 0x100 + self.rng.below(WINDOW_PAGE_SIZE - 0x200 - 512)) & !15;
+        let disp = target.wrapping_sub(self.base_value) as i64;
+        let at = |off: i64| {
+            MemoryOperand::new(
+                R64[self.base],
+                Register::None,
+                1,
+                disp + off,
+                4,
+                false,
+                Register::None,
+            )
+        };
+        let wide = self.rng.chance(1, 2);
+        let (save, load) = if wide {
+            (Code::Fxsave64_m512byte, Code::Fxrstor64_m512byte)
+        } else {
+            (Code::Fxsave_m512byte, Code::Fxrstor_m512byte)
+        };
+        let mut item = Item::single(Instruction::with1(save, at(0)).ok()?);
+        let zero = |off: i64| Instruction::with2(Code::Mov_rm64_imm32, at(off), 0);
+        for off in [0, 8, 16] {
+            // Bytes 0-5 (FCW, FSW, FTW) are kept: re-store them.
+            if off == 0 {
+                item.push(
+                    Instruction::with2(Code::Mov_rm16_imm16, at(6), 0).ok()?,
+                    Hints::default(),
+                );
+                continue;
+            }
+            item.push(zero(off).ok()?, Hints::default());
+        }
+        item.push(
+            Instruction::with2(Code::Mov_rm32_imm32, at(28), 0).ok()?,
+            Hints::default(),
+        );
+        if restore {
+            let mxcsr = random_mxcsr(self.rng);
+            item.push(
+                Instruction::with2(Code::Mov_rm32_imm32, at(24), mxcsr).ok()?,
+                Hints::default(),
+            );
+            for _ in 0..self.rng.below(3) {
+                let slot = 160 + 8 * self.rng.below(32) as i64;
+                let v = self.rng.interesting_u64() as i32;
+                item.push(
+                    Instruction::with2(Code::Mov_rm64_imm32, at(slot), v).ok()?,
+                    Hints::default(),
+                );
+            }
+            item.push(Instruction::with1(load, at(0)).ok()?, Hints::default());
+        }
+        Some(item)
+    }
+
+    /// A memory operand of the current form's size for an SSE instruction:
+    /// mostly 16-byte aligned when the operand is 16 bytes.
+    fn simd_memory(&mut self) -> MemoryOperand {
+        let size = self.mem_size.max(1);
+        if self.edge {
+            return self.edge_memory(size);
+        }
+        if size == 16 && self.rng.chance(7, 8) {
+            let target = self.window_target(16) & !15;
+            return match self.rng.below(3) {
+                0 => MemoryOperand::with_displ(target, 4),
+                1 => MemoryOperand::new(
+                    Register::RIP,
+                    Register::None,
+                    1,
+                    target as i64,
+                    8,
+                    false,
+                    Register::None,
+                ),
+                _ => MemoryOperand::new(
+                    R64[self.base],
+                    Register::None,
+                    1,
+                    target.wrapping_sub(self.base_value) as i64,
+                    4,
+                    false,
+                    Register::None,
+                ),
+            };
+        }
+        self.window_memory(size)
     }
 
     fn allowed(&self, mnemonic: Mnemonic) -> bool {
@@ -845,6 +1403,8 @@ impl Generator<'_> {
                 | M::Shld
                 | M::Shrd
         );
+        let is_shift = is_shift || SSE_SHIFTS.contains(&mnemonic);
+        self.mem_size = op_code.memory_size().size() as u32;
         let mut ops = Vec::with_capacity(kinds.len());
         for (position, &kind) in kinds.iter().enumerate() {
             ops.push(self.operand(kind, position, mnemonic, is_shift)?);
@@ -914,7 +1474,16 @@ impl Generator<'_> {
             K::r64_reg | K::r64_opcode | K::r64_rm => {
                 Operand::Reg(self.register(64, destination, mnemonic))
             }
+            K::mem if !matches!(mnemonic, M::Lea | M::Nop) => Operand::Mem(self.simd_memory()),
             K::mem => Operand::Mem(self.any_address()),
+            K::xmm_reg | K::xmm_rm => Operand::Reg(xmm(self.rng.index(16))),
+            K::xmm_or_mem => {
+                if self.edge || self.rng.chance(1, 2) {
+                    Operand::Mem(self.simd_memory())
+                } else {
+                    Operand::Reg(xmm(self.rng.index(16)))
+                }
+            }
             K::mem_offs => {
                 let target = self.window_target(8);
                 let size = if self.rng.chance(1, 4) { 4 } else { 8 };
@@ -1547,6 +2116,7 @@ mod tests {
             lzcnt: true,
             tzcnt: true,
             popcnt: true,
+            groups: Group::ALL.to_vec(),
         }
     }
 
@@ -1630,9 +2200,11 @@ mod tests {
                     } else {
                         addr
                     };
-                    // Page-edge items start accesses up to 8 bytes outside
-                    // a window page (in its unmapped neighbour).
-                    let near = |page: u64| (page - 8..page + WINDOW_PAGE_SIZE + 8).contains(&addr);
+                    // Page-edge items start accesses up to 16 bytes (an XMM
+                    // operand) outside a window page (in its unmapped
+                    // neighbour).
+                    let near =
+                        |page: u64| (page - 16..page + WINDOW_PAGE_SIZE + 16).contains(&addr);
                     assert!(
                         near(DATA_ADDR) || near(STACK_ADDR),
                         "case {index}: {instr} accesses {addr:#x}"

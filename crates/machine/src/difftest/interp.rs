@@ -222,6 +222,7 @@ pub fn run_snippet(
         exception_bitmap: 0xffff_ffff,
     };
     let mut cpu = sandbox.cpu(&mode, &initial.gpr, initial.rflags);
+    cpu.state_mut().fpu = initial.fpu;
     let sentinel_rip = CODE_ADDR + code.len() as u64;
     let exit = cpu.run(sandbox.memory(), cycle_limit);
     let state = cpu.state();
@@ -250,6 +251,7 @@ pub fn run_snippet(
         gpr: state.gpr,
         rflags: state.rflags,
         window: sandbox.window(),
+        fpu: state.fpu,
     })
 }
 

@@ -35,6 +35,7 @@ pub use compare::{compare, Difference};
 pub use gen::{generate_case, Case, GenConfig};
 pub use interp::{run_snippet, Sandbox, SandboxMode};
 
+use crate::cpu::fpu_state::FpuState;
 use crate::cpu::state::rflags;
 
 /// RFLAGS bits the tester loads and compares: the arithmetic flags and DF.
@@ -49,6 +50,8 @@ pub struct InitialState {
     pub rflags: u64,
     /// Contents of the memory window (data page, then stack page).
     pub window: Vec<u8>,
+    /// x87 and SSE state (XMM registers, MXCSR, the x87 stack).
+    pub fpu: FpuState,
 }
 
 /// How an exception that stopped a run is classified, so a native signal
@@ -65,6 +68,8 @@ pub enum FaultKind {
     Trap,
     /// #AC; SIGBUS.
     Alignment,
+    /// #XM or #MF; SIGFPE with a floating-point `si_code`.
+    FloatingPoint,
     /// Any other vector or signal (the raw number).
     Other(i32),
 }
@@ -78,14 +83,17 @@ impl FaultKind {
             12..=14 => FaultKind::Protection,
             1 | 3 => FaultKind::Trap,
             17 => FaultKind::Alignment,
+            16 | 19 => FaultKind::FloatingPoint,
             v => FaultKind::Other(v as i32),
         }
     }
 
-    /// The class of a POSIX signal.
-    pub fn from_signal(signal: i32) -> FaultKind {
+    /// The class of a POSIX signal with its `si_code`.
+    pub fn from_signal(signal: i32, code: i32) -> FaultKind {
         match signal {
-            libc::SIGFPE => FaultKind::DivideError,
+            // si_code FPE_INTDIV (1) or FPE_INTOVF (2): a #DE.
+            libc::SIGFPE if code == 1 || code == 2 => FaultKind::DivideError,
+            libc::SIGFPE => FaultKind::FloatingPoint,
             libc::SIGILL => FaultKind::InvalidOpcode,
             libc::SIGSEGV => FaultKind::Protection,
             libc::SIGTRAP => FaultKind::Trap,
@@ -102,6 +110,7 @@ impl FaultKind {
             FaultKind::Protection => "#GP/#PF/SIGSEGV".into(),
             FaultKind::Trap => "#BP/#DB/SIGTRAP".into(),
             FaultKind::Alignment => "#AC/SIGBUS".into(),
+            FaultKind::FloatingPoint => "#XM/#MF/SIGFPE".into(),
             FaultKind::Other(n) => format!("other({n})"),
         }
     }
@@ -151,6 +160,8 @@ pub struct FinalState {
     pub rflags: u64,
     /// Contents of the memory window at the end.
     pub window: Vec<u8>,
+    /// x87 and SSE state at the end.
+    pub fpu: FpuState,
 }
 
 impl FinalState {
@@ -163,6 +174,7 @@ impl FinalState {
             gpr: [0; 16],
             rflags: 0,
             window: vec![0; layout::WINDOW_SIZE],
+            fpu: FpuState::default(),
         }
     }
 }

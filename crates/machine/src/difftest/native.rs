@@ -50,6 +50,12 @@ const IN_RFLAGS: u64 = NATIVE_IO_ADDR + 0x80;
 const OUT_GPR: u64 = NATIVE_IO_ADDR + 0x100;
 const OUT_RFLAGS: u64 = NATIVE_IO_ADDR + 0x180;
 const HOST_RSP: u64 = NATIVE_IO_ADDR + 0x188;
+/// FXSAVE images (16-byte aligned): the host's, the snippet's initial
+/// one, the snippet's final one.
+const HOST_FX: u64 = NATIVE_IO_ADDR + 0x200;
+const IN_FX: u64 = NATIVE_IO_ADDR + 0x400;
+const OUT_FX: u64 = NATIVE_IO_ADDR + 0x600;
+use crate::cpu::fpu_state::{FpuState, FXSAVE_SIZE};
 
 const STATUS_NONE: u32 = 0;
 const STATUS_COMPLETED: u32 = 1;
@@ -70,6 +76,8 @@ struct SharedResult {
     rflags: u64,
     gpr: [u64; 16],
     window: [u8; WINDOW_SIZE],
+    /// The FXSAVE64 image of the final x87/SSE state.
+    fx: [u8; FXSAVE_SIZE],
 }
 
 /// The shared page of the current child, for the signal handler.
@@ -108,6 +116,9 @@ fn assemble_prologue() -> Result<Vec<u8>, IcedError> {
         a.push(r)?;
     }
     a.mov(qword_ptr(HOST_RSP), rsp)?;
+    // The whole x87/SSE state from an FXSAVE image (and the host's kept).
+    a.fxsave64(ptr(HOST_FX))?;
+    a.fxrstor64(ptr(IN_FX))?;
     a.push(qword_ptr(IN_RFLAGS))?;
     a.popfq()?;
     // MOV changes no flag, so the loaded RFLAGS reach the snippet intact.
@@ -125,6 +136,9 @@ fn assemble_epilogue() -> Result<Vec<u8>, IcedError> {
     for (i, r) in GPRS.iter().enumerate() {
         a.mov(qword_ptr(OUT_GPR + 8 * i as u64), *r)?;
     }
+    // FXSAVE/FXRSTOR change no flags.
+    a.fxsave64(ptr(OUT_FX))?;
+    a.fxrstor64(ptr(HOST_FX))?;
     // Back on the host stack before PUSHFQ: the snippet's stack is part of
     // the compared window.
     a.mov(rsp, qword_ptr(HOST_RSP))?;
@@ -192,6 +206,13 @@ impl NativeRunner {
         io_page[..16].copy_from_slice(&initial.gpr);
         // Arithmetic flags and DF only: TF or AC would change behaviour.
         io_page[16] = (initial.rflags & COMPARED_FLAGS) | rflags::FIXED1 | rflags::IF;
+        let image = initial.fpu.fxsave_image(true);
+        let fx_slot = ((IN_FX - NATIVE_IO_ADDR) / 8) as usize;
+        for (k, chunk) in image.chunks_exact(8).enumerate() {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(chunk);
+            io_page[fx_slot + k] = u64::from_le_bytes(b);
+        }
         let job = ChildJob {
             code_page: &code_page,
             io_page: &io_page,
@@ -285,13 +306,21 @@ fn interpret(r: &SharedResult, end: ChildEnd, code_len: usize) -> FinalState {
         gpr: r.gpr,
         rflags: r.rflags,
         window: r.window.to_vec(),
+        fpu: FpuState::default(),
     };
+    if r.status == STATUS_COMPLETED || r.status == STATUS_SIGNAL {
+        // The image's MXCSR_MASK and pointer fields are the host's own;
+        // only the state is taken.
+        if state.fpu.fxrstor_image(&r.fx, true).is_err() {
+            return FinalState::abnormal("native FXSAVE image with a reserved MXCSR");
+        }
+    }
     match (r.status, end) {
         (STATUS_COMPLETED, ChildEnd::Exited(0)) => {
             state.rip = CODE_ADDR + code_len as u64;
         }
         (STATUS_SIGNAL, ChildEnd::Exited(0)) => {
-            let kind = FaultKind::from_signal(r.signal);
+            let kind = FaultKind::from_signal(r.signal, r.detail);
             // A SIGSEGV from a #GP reports address 0; only a page fault
             // reports the address.
             let address = (r.signal == libc::SIGSEGV && r.detail != libc::SI_KERNEL)
@@ -443,6 +472,7 @@ unsafe fn child_main(job: &ChildJob<'_>) -> ! {
         let out = std::slice::from_raw_parts(OUT_GPR as *const u64, 16);
         (*shared).gpr.copy_from_slice(out);
         (*shared).rflags = *(OUT_RFLAGS as *const u64);
+        std::ptr::copy_nonoverlapping(OUT_FX as *const u8, (*shared).fx.as_mut_ptr(), FXSAVE_SIZE);
         (*shared).rip = 0;
         copy_window(shared);
         (*shared).status = STATUS_COMPLETED;
@@ -505,6 +535,11 @@ extern "C" fn on_signal(
             (*shared).gpr[i] = g[*reg as usize] as u64;
         }
         (*shared).rip = g[libc::REG_RIP as usize] as u64;
+        // The interrupted x87/SSE state, in FXSAVE format.
+        let fp = uc.uc_mcontext.fpregs;
+        if !fp.is_null() {
+            std::ptr::copy_nonoverlapping(fp as *const u8, (*shared).fx.as_mut_ptr(), FXSAVE_SIZE);
+        }
         (*shared).rflags = g[libc::REG_EFL as usize] as u64;
         (*shared).signal = signal;
         (*shared).detail = (*info).si_code;
