@@ -267,7 +267,11 @@ impl Vcpu {
         let costs = shared.host.costs;
         match exit {
             VmExit::CycleLimit => Ok(Next::Continue),
-            VmExit::TripleFault => Err(VmError::TripleFault { vcpu, rip }),
+            VmExit::TripleFault => Err(VmError::TripleFault {
+                vcpu,
+                rip,
+                cause: self.cpu.triple_fault_cause(),
+            }),
             VmExit::EptViolation {
                 gpa, qualification, ..
             } => self.ept_violation(shared, gpa, qualification, vectoring, cycles),
