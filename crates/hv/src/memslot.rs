@@ -34,7 +34,7 @@ pub struct SlotFlags {
 
 /// Where a guest page's contents are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PageState {
+pub(crate) enum PageState {
     /// Never touched: reads as zero, no frame, no swap slot.
     Untouched,
     /// In a host frame.
@@ -49,7 +49,7 @@ const SWAPPED: u64 = u64::MAX;
 
 /// One guest-physical range.
 #[derive(Debug, Clone)]
-pub struct Memslot {
+pub(crate) struct Memslot {
     pub id: SlotId,
     pub base_gfn: Gfn,
     pub npages: u64,
@@ -185,7 +185,7 @@ pub enum MemslotError {
 
 /// The set of memslots of a VM, with its generation.
 #[derive(Debug, Default)]
-pub struct Memslots {
+pub(crate) struct Memslots {
     /// Keyed by base gfn (slots never overlap), so lookup is a range query.
     by_base: BTreeMap<u64, Memslot>,
     generation: u64,
@@ -217,11 +217,6 @@ impl Memslots {
     /// The slot with this id, mutably.
     pub fn get_mut(&mut self, id: SlotId) -> Option<&mut Memslot> {
         self.by_base.values_mut().find(|s| s.id == id)
-    }
-
-    /// All slots in gfn order.
-    pub fn iter(&self) -> impl Iterator<Item = &Memslot> {
-        self.by_base.values()
     }
 
     fn check_free(

@@ -114,16 +114,19 @@ impl SwapFile {
     }
 
     /// Limits the file to `slots` slots (for tests of a full swap).
+    #[cfg(test)]
     pub fn set_max_slots(&mut self, slots: u32) {
         self.max_slots = slots;
     }
 
     /// The path (for messages).
+    #[cfg(test)]
     pub fn path(&self) -> &str {
         &self.path
     }
 
     /// Slots holding data.
+    #[cfg(test)]
     pub fn slots_in_use(&self) -> u64 {
         self.next as u64 - self.free.len() as u64
     }

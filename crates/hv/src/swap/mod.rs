@@ -2,7 +2,9 @@
 //! each transfer its time ([`device`]).
 
 pub mod device;
-pub mod file;
+pub(crate) mod file;
 
-pub use device::{Device, DeviceModel, DevicePreset, DeviceStats, LatencyRange};
-pub use file::{SwapError, SwapFile, SwapSlot};
+pub(crate) use device::Device;
+pub use device::{DeviceModel, DevicePreset, DeviceStats, LatencyRange};
+pub(crate) use file::SwapFile;
+pub use file::{SwapError, SwapSlot};
