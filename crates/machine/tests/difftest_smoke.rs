@@ -5,7 +5,7 @@
 
 use machine::difftest::compare::text_report;
 use machine::difftest::gen::Group;
-use machine::difftest::{panics, run_campaign, GenConfig};
+use machine::difftest::{panics, run_campaign, CampaignReport, GenConfig};
 
 #[test]
 fn three_hundred_random_sequences_match_the_host_cpu() {
@@ -24,19 +24,24 @@ fn three_hundred_random_sequences_match_the_host_cpu() {
         "{:?}",
         report.native_stops
     );
-    if !report.mismatches.is_empty() {
-        let shown: Vec<String> = report
-            .mismatches
-            .iter()
-            .take(5)
-            .map(|o| text_report(&o.case, &o.native, &o.interp, &o.differences))
-            .collect();
-        panic!(
-            "{} of 300 cases mismatch; first ones:\n{}",
-            report.mismatches.len(),
-            shown.join("\n")
-        );
-    }
+    assert_no_mismatches(&report);
+}
+
+/// Fails with the first mismatching cases' reports, if any.
+fn assert_no_mismatches(report: &CampaignReport) {
+    let shown: Vec<String> = report
+        .mismatches
+        .iter()
+        .take(5)
+        .map(|o| text_report(&o.case, &o.native, &o.interp, &o.differences))
+        .collect();
+    assert!(
+        report.mismatches.is_empty(),
+        "{} of {} cases mismatch; first ones:\n{}",
+        report.mismatches.len(),
+        report.cases,
+        shown.join("\n")
+    );
 }
 
 #[test]
@@ -57,16 +62,5 @@ fn three_hundred_sse_sequences_match_the_host_cpu() {
             report.native_stops
         );
     }
-    let shown: Vec<String> = report
-        .mismatches
-        .iter()
-        .take(5)
-        .map(|o| text_report(&o.case, &o.native, &o.interp, &o.differences))
-        .collect();
-    assert!(
-        report.mismatches.is_empty(),
-        "{} of 300 SSE cases mismatch; first ones:\n{}",
-        report.mismatches.len(),
-        shown.join("\n")
-    );
+    assert_no_mismatches(&report);
 }

@@ -17,12 +17,12 @@ use iced_x86::{Code, Instruction, Mnemonic as M, OpKind};
 const REP_CHUNK: u64 = 4096;
 
 #[inline]
-fn ud() -> Fault {
+pub(super) fn ud() -> Fault {
     Fault::exception(vector::UD)
 }
 
 #[inline]
-fn gp0() -> Fault {
+pub(super) fn gp0() -> Fault {
     Fault::with_code(vector::GP, 0)
 }
 

@@ -28,40 +28,57 @@ fn host_mxcsr(guest: u32) -> u32 {
     (guest & 0xffc0) | 0x1f80
 }
 
+/// Runs the asm `lines` between saving the host MXCSR and loading the
+/// guest's (see [`host_mxcsr`]), and reading the raised flags and restoring
+/// the host MXCSR; evaluates to the flags. The caller's lines may touch only
+/// the operands it passes, which it must declare (clobbered registers
+/// included).
+#[cfg(target_arch = "x86_64")]
+macro_rules! under_guest_mxcsr {
+    ($guest:expr, [$($line:expr),* $(,)?], $($operand:tt)*) => {{
+        let mut csr: u32 = host_mxcsr($guest);
+        let mut saved: u32 = 0;
+        // SAFETY: every use in this module passes lines that read and write
+        // only the locals whose addresses (valid and aligned for their
+        // types, accessed with unaligned-tolerant instructions) or values
+        // it hands over as operands, and declares every register it
+        // clobbers. The host MXCSR is restored before the block ends, so
+        // the Rust code around it sees an unchanged floating-point
+        // environment, and nothing can trap: every exception is masked
+        // while the guest operation runs.
+        unsafe {
+            core::arch::asm!(
+                "stmxcsr [{saved}]",
+                "ldmxcsr [{csr}]",
+                $($line,)*
+                "stmxcsr [{csr}]",
+                "ldmxcsr [{saved}]",
+                saved = in(reg) &mut saved as *mut u32,
+                csr = in(reg) &mut csr as *mut u32,
+                $($operand)*
+            );
+        }
+        csr & 0x3f
+    }};
+}
+
+/// `$insn` (operating on xmm0 and xmm1) with xmm0 = `$a`, xmm1 = `$b`:
+/// (new xmm0, flags).
 #[cfg(target_arch = "x86_64")]
 macro_rules! run_xmm {
     ($insn:expr, $a:expr, $b:expr, $csr:expr) => {{
         let mut r: u128 = $a;
         let b: u128 = $b;
-        let mut csr: u32 = host_mxcsr($csr);
-        let mut saved: u32 = 0;
-        // SAFETY: the block reads and writes only the three locals whose
-        // addresses it is given (each valid and aligned for its type,
-        // accessed with unaligned-tolerant instructions), clobbers only the
-        // declared xmm0/xmm1, and restores the host MXCSR before it ends,
-        // so the Rust code around it sees an unchanged floating-point
-        // environment. No instruction here can trap: every exception is
-        // masked while the guest operation runs.
-        unsafe {
-            core::arch::asm!(
-                "stmxcsr [{saved}]",
-                "ldmxcsr [{csr}]",
-                "movdqu xmm0, [{r}]",
-                "movdqu xmm1, [{b}]",
-                $insn,
-                "movdqu [{r}], xmm0",
-                "stmxcsr [{csr}]",
-                "ldmxcsr [{saved}]",
-                saved = in(reg) &mut saved as *mut u32,
-                csr = in(reg) &mut csr as *mut u32,
-                r = in(reg) &mut r as *mut u128,
-                b = in(reg) &b as *const u128,
-                out("xmm0") _,
-                out("xmm1") _,
-                options(nostack, preserves_flags),
-            );
-        }
-        (r, csr & 0x3f)
+        let flags = under_guest_mxcsr!(
+            $csr,
+            ["movdqu xmm0, [{r}]", "movdqu xmm1, [{b}]", $insn, "movdqu [{r}], xmm0"],
+            r = in(reg) &mut r as *mut u128,
+            b = in(reg) &b as *const u128,
+            out("xmm0") _,
+            out("xmm1") _,
+            options(nostack, preserves_flags),
+        );
+        (r, flags)
     }};
 }
 
@@ -127,37 +144,25 @@ pub fn xmm_cmp(m: Mnemonic, pred: u8, a: u128, b: u128, csr: u32) -> Option<(u12
 pub fn xmm_comi(m: Mnemonic, a: u128, b: u128, csr: u32) -> Option<(u64, u32)> {
     macro_rules! comi {
         ($text:literal) => {{
-            let a: u128 = a;
-            let b: u128 = b;
-            let mut csr: u32 = host_mxcsr(csr);
-            let mut saved: u32 = 0;
             let ah: u16;
-            // SAFETY: as in `run_xmm`: only the given locals are accessed,
-            // xmm0/xmm1 and RAX are declared clobbered, the host MXCSR is
-            // restored, and nothing can trap with every exception masked.
-            // The instruction sets RFLAGS, which LAHF reads into AH.
-            unsafe {
-                core::arch::asm!(
-                    "stmxcsr [{saved}]",
-                    "ldmxcsr [{csr}]",
+            // The instruction sets RFLAGS, which LAHF copies into AH.
+            let flags = under_guest_mxcsr!(
+                csr,
+                [
                     "movdqu xmm0, [{a}]",
                     "movdqu xmm1, [{b}]",
                     concat!($text, " xmm0, xmm1"),
-                    "lahf",
-                    "stmxcsr [{csr}]",
-                    "ldmxcsr [{saved}]",
-                    saved = in(reg) &mut saved as *mut u32,
-                    csr = in(reg) &mut csr as *mut u32,
-                    a = in(reg) &a as *const u128,
-                    b = in(reg) &b as *const u128,
-                    out("ax") ah,
-                    out("xmm0") _,
-                    out("xmm1") _,
-                    options(nostack),
-                );
-            }
+                    "lahf"
+                ],
+                a = in(reg) &a as *const u128,
+                b = in(reg) &b as *const u128,
+                out("ax") ah,
+                out("xmm0") _,
+                out("xmm1") _,
+                options(nostack),
+            );
             // AH holds SF ZF 0 AF 0 PF 1 CF; COMI* set only ZF PF CF.
-            (((ah >> 8) as u64) & 0x45, csr & 0x3f)
+            (((ah >> 8) as u64) & 0x45, flags)
         }};
     }
     Some(match m {
@@ -176,28 +181,15 @@ pub fn int_to_xmm(m: Mnemonic, a: u128, src: u64, wide: bool, csr: u32) -> Optio
     macro_rules! cvt {
         ($text:literal) => {{
             let mut r: u128 = a;
-            let mut csr: u32 = host_mxcsr(csr);
-            let mut saved: u32 = 0;
-            // SAFETY: as in `run_xmm`; the integer source is a register
-            // operand, xmm0 is declared clobbered.
-            unsafe {
-                core::arch::asm!(
-                    "stmxcsr [{saved}]",
-                    "ldmxcsr [{csr}]",
-                    "movdqu xmm0, [{r}]",
-                    $text,
-                    "movdqu [{r}], xmm0",
-                    "stmxcsr [{csr}]",
-                    "ldmxcsr [{saved}]",
-                    saved = in(reg) &mut saved as *mut u32,
-                    csr = in(reg) &mut csr as *mut u32,
-                    r = in(reg) &mut r as *mut u128,
-                    s = in(reg) src,
-                    out("xmm0") _,
-                    options(nostack, preserves_flags),
-                );
-            }
-            (r, csr & 0x3f)
+            let flags = under_guest_mxcsr!(
+                csr,
+                ["movdqu xmm0, [{r}]", $text, "movdqu [{r}], xmm0"],
+                r = in(reg) &mut r as *mut u128,
+                s = in(reg) src,
+                out("xmm0") _,
+                options(nostack, preserves_flags),
+            );
+            (r, flags)
         }};
     }
     Some(match (m, wide) {
@@ -215,29 +207,17 @@ pub fn int_to_xmm(m: Mnemonic, a: u128, src: u64, wide: bool, csr: u32) -> Optio
 pub fn xmm_to_int(m: Mnemonic, b: u128, wide: bool, csr: u32) -> Option<(u64, u32)> {
     macro_rules! cvt {
         ($text:literal) => {{
-            let b: u128 = b;
-            let mut csr: u32 = host_mxcsr(csr);
-            let mut saved: u32 = 0;
             let mut d: u64 = 0;
-            // SAFETY: as in `run_xmm`; the destination is a register
-            // operand (a 32-bit write zero-extends it), xmm1 is clobbered.
-            unsafe {
-                core::arch::asm!(
-                    "stmxcsr [{saved}]",
-                    "ldmxcsr [{csr}]",
-                    "movdqu xmm1, [{b}]",
-                    $text,
-                    "stmxcsr [{csr}]",
-                    "ldmxcsr [{saved}]",
-                    saved = in(reg) &mut saved as *mut u32,
-                    csr = in(reg) &mut csr as *mut u32,
-                    b = in(reg) &b as *const u128,
-                    d = inout(reg) d,
-                    out("xmm1") _,
-                    options(nostack, preserves_flags),
-                );
-            }
-            (d, csr & 0x3f)
+            // A 32-bit destination register is zero-extended.
+            let flags = under_guest_mxcsr!(
+                csr,
+                ["movdqu xmm1, [{b}]", $text],
+                b = in(reg) &b as *const u128,
+                d = inout(reg) d,
+                out("xmm1") _,
+                options(nostack, preserves_flags),
+            );
+            (d, flags)
         }};
     }
     Some(match (m, wide) {

@@ -21,81 +21,59 @@ use crate::memory::PhysMemory;
 use crate::mmu::AccessKind;
 use iced_x86::{CpuidFeature, Instruction, Mnemonic as M, OpKind, Register};
 
-#[inline]
-fn ud() -> Fault {
-    Fault::exception(vector::UD)
-}
-
-#[inline]
-fn gp0() -> Fault {
-    Fault::with_code(vector::GP, 0)
-}
+use super::exec::{gp0, ud};
 
 /// Whether `exec` hands this mnemonic to [`Cpu::exec_simd`].
 pub(super) fn is_simd(m: M) -> bool {
-    matches!(
-        m,
-        M::Movdqa
-            | M::Movdqu
-            | M::Movaps
-            | M::Movups
-            | M::Movapd
-            | M::Movupd
-            | M::Movntdq
-            | M::Movntps
-            | M::Movntpd
-            | M::Movnti
-            | M::Movd
-            | M::Movq
-            | M::Movss
-            | M::Movsd
-            | M::Movlps
-            | M::Movlpd
-            | M::Movhps
-            | M::Movhpd
-            | M::Movhlps
-            | M::Movlhps
-            | M::Movmskps
-            | M::Movmskpd
-            | M::Pmovmskb
-            | M::Ldmxcsr
-            | M::Stmxcsr
-            | M::Fxsave
-            | M::Fxsave64
-            | M::Fxrstor
-            | M::Fxrstor64
-            | M::Pextrw
-            | M::Pinsrw
-            | M::Pshufd
-            | M::Pshuflw
-            | M::Pshufhw
-            | M::Shufps
-            | M::Shufpd
-            | M::Pslldq
-            | M::Psrldq
-            | M::Psllw
-            | M::Pslld
-            | M::Psllq
-            | M::Psrlw
-            | M::Psrld
-            | M::Psrlq
-            | M::Psraw
-            | M::Psrad
-            | M::Comiss
-            | M::Comisd
-            | M::Ucomiss
-            | M::Ucomisd
-            | M::Cmpss
-            | M::Cmpsd
-            | M::Cmpps
-            | M::Cmppd
-            | M::Cvtsi2ss
-            | M::Cvtsi2sd
-            | M::Cvtss2si
-            | M::Cvttss2si
-            | M::Cvtsd2si
-            | M::Cvttsd2si
-    ) || lane_op(m).is_some()
+    is_full_move(m)
+        || matches!(
+            m,
+            M::Movnti
+                | M::Movd
+                | M::Movq
+                | M::Movss
+                | M::Movsd
+                | M::Movlps
+                | M::Movlpd
+                | M::Movhps
+                | M::Movhpd
+                | M::Movhlps
+                | M::Movlhps
+                | M::Movmskps
+                | M::Movmskpd
+                | M::Pmovmskb
+                | M::Ldmxcsr
+                | M::Stmxcsr
+                | M::Fxsave
+                | M::Fxsave64
+                | M::Fxrstor
+                | M::Fxrstor64
+                | M::Pextrw
+                | M::Pinsrw
+                | M::Pshufd
+                | M::Pshuflw
+                | M::Pshufhw
+                | M::Shufps
+                | M::Shufpd
+                | M::Pslldq
+                | M::Psrldq
+                | M::Comiss
+                | M::Comisd
+                | M::Ucomiss
+                | M::Ucomisd
+                | M::Cmpss
+                | M::Cmpsd
+                | M::Cmpps
+                | M::Cmppd
+                | M::Cvtsi2ss
+                | M::Cvtsi2sd
+                | M::Cvtss2si
+                | M::Cvttss2si
+                | M::Cvtsd2si
+                | M::Cvttsd2si
+        )
+        || lane_op(m).is_some()
+        || lane_shift(m).is_some()
         || whole_op(m).is_some()
         || is_host_fp(m)
 }
@@ -117,6 +95,38 @@ fn whole_op(m: M) -> Option<fn(u128, u128) -> u128> {
         M::Packuswb => |a, b| pack(8, a, b, false),
         _ => return None,
     })
+}
+
+/// Lane shifts by an immediate or an XMM/m128 count: (lane bits, left,
+/// arithmetic).
+fn lane_shift(m: M) -> Option<(u32, bool, bool)> {
+    Some(match m {
+        M::Psllw => (16, true, false),
+        M::Pslld => (32, true, false),
+        M::Psllq => (64, true, false),
+        M::Psrlw => (16, false, false),
+        M::Psrld => (32, false, false),
+        M::Psrlq => (64, false, false),
+        M::Psraw => (16, false, true),
+        M::Psrad => (32, false, true),
+        _ => return None,
+    })
+}
+
+/// Whole-register moves (XMM to XMM, or 16 bytes to or from memory).
+fn is_full_move(m: M) -> bool {
+    matches!(
+        m,
+        M::Movdqa
+            | M::Movdqu
+            | M::Movaps
+            | M::Movups
+            | M::Movapd
+            | M::Movupd
+            | M::Movntdq
+            | M::Movntps
+            | M::Movntpd
+    )
 }
 
 /// Floating-point instructions whose result comes from the host unit.
@@ -554,6 +564,15 @@ impl Cpu {
             self.state.fpu.xmm[d] = map_lanes(w, a, b, f);
             return Ok(());
         }
+        if let Some((w, left, arith)) = lane_shift(m) {
+            let d = self.xmm_op(i, 0)?;
+            // The count is an immediate or the low quadword of an XMM
+            // register or m128.
+            let count = self.simd_src(mem, i, 1)? as u64;
+            let x = self.state.fpu.xmm[d];
+            self.state.fpu.xmm[d] = shift_lanes(w, x, count, left, arith);
+            return Ok(());
+        }
         if let Some(f) = whole_op(m) {
             let d = self.xmm_op(i, 0)?;
             let b = self.simd_src(mem, i, 1)?;
@@ -572,15 +591,7 @@ impl Cpu {
             return Ok(());
         }
         match m {
-            M::Movdqa
-            | M::Movdqu
-            | M::Movaps
-            | M::Movups
-            | M::Movapd
-            | M::Movupd
-            | M::Movntdq
-            | M::Movntps
-            | M::Movntpd => {
+            m if is_full_move(m) => {
                 let v = self.simd_src(mem, i, 1)?;
                 self.simd_dst(mem, i, 0, v)
             }
@@ -696,32 +707,6 @@ impl Cpu {
                     (n, M::Pslldq) => x << (8 * n),
                     (n, _) => x >> (8 * n),
                 };
-                Ok(())
-            }
-            M::Psllw
-            | M::Pslld
-            | M::Psllq
-            | M::Psrlw
-            | M::Psrld
-            | M::Psrlq
-            | M::Psraw
-            | M::Psrad => {
-                let d = self.xmm_op(i, 0)?;
-                // The count is an immediate or the low quadword of an XMM
-                // register or m128.
-                let count = self.simd_src(mem, i, 1)? as u64;
-                let (w, left, arith) = match m {
-                    M::Psllw => (16, true, false),
-                    M::Pslld => (32, true, false),
-                    M::Psllq => (64, true, false),
-                    M::Psrlw => (16, false, false),
-                    M::Psrld => (32, false, false),
-                    M::Psrlq => (64, false, false),
-                    M::Psraw => (16, false, true),
-                    _ => (32, false, true),
-                };
-                let x = self.state.fpu.xmm[d];
-                self.state.fpu.xmm[d] = shift_lanes(w, x, count, left, arith);
                 Ok(())
             }
             M::Comiss | M::Comisd | M::Ucomiss | M::Ucomisd => {

@@ -533,16 +533,6 @@ const SSE_INT: &[Mnemonic] = &[
     M::Pshufhw,
     M::Shufps,
     M::Shufpd,
-    M::Pslldq,
-    M::Psrldq,
-    M::Psllw,
-    M::Pslld,
-    M::Psllq,
-    M::Psrlw,
-    M::Psrld,
-    M::Psrlq,
-    M::Psraw,
-    M::Psrad,
 ];
 const SSE_FP: &[Mnemonic] = &[
     M::Addss,
@@ -624,7 +614,8 @@ const SSE_SHIFTS: &[Mnemonic] = &[
 /// instructions that consume their results (flags, moves to GPRs).
 const SSE_TEMPLATES: &[(Template, u32)] = &[
     (Template::Generic(SSE_MOVE), 14),
-    (Template::Generic(SSE_INT), 16),
+    (Template::Generic(SSE_INT), 12),
+    (Template::Generic(SSE_SHIFTS), 4),
     (Template::Generic(SSE_FP), 16),
     (Template::Generic(SSE_CONVERT), 8),
     (Template::Generic(SSE_COMPARE), 8),
