@@ -171,6 +171,7 @@ fn user_mode_moves_fault_like_the_host_cpu() {
             gpr,
             rflags: 0,
             window: vec![0; WINDOW_SIZE],
+            fpu: Default::default(),
         };
         let outcome = run_case(&mut runner, Case::handwritten(code.to_vec(), init)).unwrap();
         assert!(
