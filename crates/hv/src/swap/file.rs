@@ -119,12 +119,6 @@ impl SwapFile {
         self.max_slots = slots;
     }
 
-    /// The path (for messages).
-    #[cfg(test)]
-    pub fn path(&self) -> &str {
-        &self.path
-    }
-
     /// Slots holding data.
     #[cfg(test)]
     pub fn slots_in_use(&self) -> u64 {
