@@ -7,6 +7,7 @@ use crate::mmu::fault::FaultError;
 use crate::mmu::root::RootError;
 use crate::pager::PagerError;
 use crate::swap::SwapError;
+use crate::vcpu::VcpuId;
 use machine::cpu::triple_fault::TripleFaultCause;
 use machine::memory::MemCreateError;
 use machine::{Gpa, MemError};
@@ -62,44 +63,48 @@ impl From<MemError> for GuestMemoryError {
 pub enum VmError {
     #[error("vCPU {vcpu}: triple fault at rip {rip:#x}: {}", triple_fault_cause(.cause))]
     TripleFault {
-        vcpu: usize,
+        vcpu: VcpuId,
         rip: u64,
         /// The exception that began the chain and the one that made the
         /// double fault undeliverable.
         cause: Option<TripleFaultCause>,
     },
     #[error("vCPU {vcpu}: guest access outside its memory at gpa {gpa:#x}, rip {rip:#x}")]
-    OutsideMemory { vcpu: usize, gpa: Gpa, rip: u64 },
+    OutsideMemory { vcpu: VcpuId, gpa: Gpa, rip: u64 },
     #[error("vCPU {vcpu}: EPT violation at gpa {gpa:#x}, rip {rip:#x}: {source}")]
     EptFault {
-        vcpu: usize,
+        vcpu: VcpuId,
         gpa: Gpa,
         rip: u64,
         source: FaultError,
     },
     #[error("vCPU {vcpu}: EPT misconfiguration at gpa {gpa:#x}, rip {rip:#x} (an hv bug)")]
-    EptMisconfig { vcpu: usize, gpa: Gpa, rip: u64 },
+    EptMisconfig { vcpu: VcpuId, gpa: Gpa, rip: u64 },
     #[error("vCPU {vcpu}: machine error {error:?} at rip {rip:#x}")]
     Machine {
-        vcpu: usize,
+        vcpu: VcpuId,
         rip: u64,
         error: MemError,
     },
     #[error("vCPU {vcpu}: unsupported VM exit `{exit}` at rip {rip:#x}")]
-    UnsupportedExit { vcpu: usize, rip: u64, exit: String },
+    UnsupportedExit {
+        vcpu: VcpuId,
+        rip: u64,
+        exit: String,
+    },
     #[error("vCPU {vcpu}: the hv could not access guest memory at rip {rip:#x}: {source}")]
     GuestMemory {
-        vcpu: usize,
+        vcpu: VcpuId,
         rip: u64,
         source: GuestMemoryError,
     },
     #[error("vCPU {vcpu}: loading its EPT root: {source}")]
-    Root { vcpu: usize, source: RootError },
+    Root { vcpu: VcpuId, source: RootError },
     #[error("every vCPU is halted with nothing to wake it (virtual time {cycles} cycles)")]
     AllHalted { cycles: u64 },
     #[error("vCPU {vcpu}: paging in gpa {gpa:#x} at rip {rip:#x}: {source}")]
     Pager {
-        vcpu: usize,
+        vcpu: VcpuId,
         gpa: Gpa,
         rip: u64,
         source: PagerError,

@@ -1,6 +1,9 @@
 //! Integration tests: boot the C test kernels of tests/guests under the hv.
 
-use hv::{spte, CreateError, KernelError, RunStatus, StopReason, Vm, VmConfig, VmError, RAM_SLOT};
+use hv::{
+    spte, CreateError, Cycles, KernelError, RunStatus, StopReason, VcpuId, Vm, VmConfig, VmError,
+    RAM_SLOT,
+};
 
 const HELLO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hello.elf"));
 const SMP: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/smp.elf"));
@@ -97,7 +100,11 @@ fn triple_fault_stops_the_vm_with_a_clear_error() {
     let (_, reason, out) = run(TRIPLE, &config(1, ""));
     assert!(out.contains("about to triple fault"));
     match reason {
-        StopReason::Error(e @ VmError::TripleFault { vcpu: 0, .. }) => {
+        StopReason::Error(
+            e @ VmError::TripleFault {
+                vcpu: VcpuId(0), ..
+            },
+        ) => {
             assert!(
                 e.to_string().contains("vCPU 0: triple fault at rip 0x2"),
                 "{e}"
@@ -114,7 +121,13 @@ fn write_outside_guest_memory_stops_the_vm_with_a_clear_error() {
     assert!(!out.contains("still alive"), "{out}");
     let expected_gpa = (64u64 << 20) + (128 << 20);
     match reason {
-        StopReason::Error(e @ VmError::OutsideMemory { vcpu: 0, gpa, .. }) => {
+        StopReason::Error(
+            e @ VmError::OutsideMemory {
+                vcpu: VcpuId(0),
+                gpa,
+                ..
+            },
+        ) => {
             assert_eq!(gpa, machine::Gpa(expected_gpa));
             let msg = e.to_string();
             assert!(
@@ -162,7 +175,7 @@ fn run_checked(kernel: &[u8], config: &VmConfig) -> (Vm, StopReason) {
     let mut vm = Vm::boot(config, kernel).expect("boot");
     loop {
         vm.check_mmu().expect("MMU invariants");
-        if let RunStatus::Stopped(reason) = vm.run_until(vm.time() + 2_000_000) {
+        if let RunStatus::Stopped(reason) = vm.run_until(vm.time() + Cycles(2_000_000)) {
             vm.check_mmu().expect("MMU invariants at the end");
             return (vm, reason);
         }
@@ -188,7 +201,7 @@ fn memslot_delete_zaps_and_refaults() {
     assert_eq!(reason, StopReason::DebugExit { status: 1 }, "{out}");
 
     let mut vm = Vm::boot(&config, SMP).expect("boot");
-    assert_eq!(vm.run_until(1_000_000), RunStatus::Running);
+    assert_eq!(vm.run_until(Cycles(1_000_000)), RunStatus::Running);
     let text = machine::Gpa(0x20_0000);
     let mapped = vm.spte(text).expect("the kernel's first page is mapped");
     assert!(spte::is_present(mapped));
@@ -261,7 +274,7 @@ fn any_quantum_makes_progress() {
         };
         let mut vm = Vm::boot(&config, SMP).expect("boot");
         // The run takes about 3.5 M cycles of virtual time; allow ample.
-        let status = vm.run_until(100_000_000);
+        let status = vm.run_until(Cycles(100_000_000));
         let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
         assert_eq!(
             status,

@@ -6,7 +6,7 @@
 //! interrupts-off spin, still running when the time limit comes.
 
 use hv::apf::ApfMode;
-use hv::{RunStatus, StopReason, Vm, VmConfig, VmError};
+use hv::{Cycles, RunStatus, StopReason, VcpuId, Vm, VmConfig, VmError};
 use machine::Gpa;
 
 const MSR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile-msr.elf"));
@@ -35,7 +35,7 @@ fn config(cmdline: &str) -> VmConfig {
 /// output.
 fn run(kernel: &[u8], cmdline: &str) -> (RunStatus, String) {
     let mut vm = Vm::boot(&config(cmdline), kernel).expect("boot");
-    let status = vm.run_until(LIMIT);
+    let status = vm.run_until(Cycles(LIMIT));
     let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
     (status, out)
 }
@@ -129,7 +129,7 @@ fn paging_outside_guest_memory_stops_with_an_hv_error() {
         assert!(!out.contains("still running"), "{variant}: {out}");
         let (e, msg) = error(status, &out);
         assert!(
-            matches!(e, VmError::OutsideMemory { vcpu: 0, gpa, .. } if gpa.0 >> 21 == outside >> 21),
+            matches!(e, VmError::OutsideMemory { vcpu: VcpuId(0), gpa, .. } if gpa.0 >> 21 == outside >> 21),
             "{variant}: {msg}"
         );
         assert!(msg.contains("outside its memory"), "{variant}: {msg}");
@@ -140,7 +140,16 @@ fn paging_outside_guest_memory_stops_with_an_hv_error() {
 fn a_garbage_idt_ends_in_a_named_triple_fault() {
     let (status, out) = run(WILD, "-- idt-garbage");
     let (e, msg) = error(status, &out);
-    assert!(matches!(e, VmError::TripleFault { vcpu: 0, .. }), "{msg}");
+    assert!(
+        matches!(
+            e,
+            VmError::TripleFault {
+                vcpu: VcpuId(0),
+                ..
+            }
+        ),
+        "{msg}"
+    );
     assert!(
         msg.contains("the chain began with #UD (invalid opcode)"),
         "{msg}"
@@ -150,12 +159,12 @@ fn a_garbage_idt_ends_in_a_named_triple_fault() {
 #[test]
 fn an_interrupts_off_spin_is_still_running_at_the_limit() {
     let mut vm = Vm::boot(&config(""), SPIN).expect("boot");
-    assert_eq!(vm.run_until(LIMIT / 10), RunStatus::Running);
+    assert_eq!(vm.run_until(Cycles(LIMIT / 10)), RunStatus::Running);
     let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
     assert!(out.contains("spin: interrupts off"), "{out}");
-    assert!(vm.time() >= LIMIT / 10);
+    assert!(vm.time() >= Cycles(LIMIT / 10));
     // It can be stopped at any later limit too, and never ends by itself.
-    assert_eq!(vm.run_until(LIMIT / 5), RunStatus::Running);
+    assert_eq!(vm.run_until(Cycles(LIMIT / 5)), RunStatus::Running);
 }
 
 #[test]
@@ -201,7 +210,7 @@ fn operations_written_into_guest_memory_reach_the_exit_handlers() {
     ops.push(0xff);
     let mut vm = Vm::boot(&config, EXITS).expect("boot");
     vm.write_guest(Gpa(0x40_0000), &ops).unwrap();
-    let status = vm.run_until(LIMIT);
+    let status = vm.run_until(Cycles(LIMIT));
     let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
     assert_eq!(status, exited(0x20), "{out}");
     assert!(vm.reports().is_empty(), "the wild report was refused");

@@ -4,7 +4,7 @@
 
 use crate::signals::{Signal, StopRequest};
 use crate::units::{cycles_to_secs, duration_to_cycles, format_duration};
-use hv::{RunStatus, StopReason, Vm};
+use hv::{Cycles, RunStatus, StopReason, Vm};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -72,7 +72,7 @@ pub fn drive(
                 return Ending::WallLimit(wall);
             }
         }
-        let now = vm.time();
+        let now = vm.time().0;
         let mut until = now.saturating_add(SLICE_CYCLES);
         if let (Some(limit), Some(d)) = (time_limit, limits.time) {
             if now >= limit {
@@ -80,7 +80,7 @@ pub fn drive(
             }
             until = until.min(limit);
         }
-        let status = vm.run_until(until);
+        let status = vm.run_until(Cycles(until));
         after_slice(vm);
         if let RunStatus::Stopped(reason) = status {
             return Ending::Vm(reason);
@@ -140,10 +140,10 @@ impl Progress {
             return;
         }
         self.last = Instant::now();
-        let virtual_secs = cycles_to_secs(vm.time());
+        let virtual_secs = cycles_to_secs(vm.time().0);
         let wall = self.started.elapsed().as_secs_f64().max(1e-9);
         let instructions = vm.stats().instructions();
-        self.bar.set_position(vm.time());
+        self.bar.set_position(vm.time().0);
         self.bar.set_message(format!(
             "{label}virtual {virtual_secs:.3} s ({:.3}x host time, {:.0} MIPS)",
             virtual_secs / wall,

@@ -5,7 +5,7 @@
 #![cfg(bundled_kernel)]
 
 use hv::apf::{ApfMode, ApfProtocol};
-use hv::{RunStatus, StopReason, Vm, VmConfig};
+use hv::{Cycles, RunStatus, StopReason, Vm, VmConfig};
 
 const KERNEL: &[u8] = include_bytes!(env!("FAULTLINE_GUEST_KERNEL"));
 
@@ -24,7 +24,7 @@ fn restore_mid_run(protocol: ApfProtocol) {
     // Run until async faults are in flight.
     let mut restored = 0;
     while restored == 0 {
-        match vm.run_until(vm.time() + 1_000_000) {
+        match vm.run_until(vm.time() + Cycles(1_000_000)) {
             RunStatus::Stopped(reason) => panic!("stopped before the restore: {reason:?}"),
             RunStatus::Running => {}
         }

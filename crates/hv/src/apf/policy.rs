@@ -112,7 +112,7 @@ pub(super) fn guest_u32(
     gpa: machine::Gpa,
 ) -> Result<u32, VmError> {
     shared.read_u32(gpa).map_err(|source| VmError::GuestMemory {
-        vcpu: vcpu.id.0,
+        vcpu: vcpu.id,
         rip: vcpu.rip(),
         source,
     })
@@ -128,7 +128,7 @@ pub(super) fn set_guest_u32(
     shared
         .write_u32(gpa, value)
         .map_err(|source| VmError::GuestMemory {
-            vcpu: vcpu.id.0,
+            vcpu: vcpu.id,
             rip: vcpu.rip(),
             source,
         })
@@ -193,7 +193,7 @@ fn prefault(vcpu: &mut Vcpu, shared: &mut Shared, gfn: Gfn, now: Cycles) -> Resu
         now,
     );
     mapped.result.map_err(|source| VmError::EptFault {
-        vcpu: vcpu.id.0,
+        vcpu: vcpu.id,
         gpa: gfn.addr(),
         rip: vcpu.rip(),
         source,

@@ -41,6 +41,12 @@ use machine::{Cpu, VmExit};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct VcpuId(pub usize);
 
+impl std::fmt::Display for VcpuId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// Work a vCPU must do before its next VM entry (KVM's `KVM_REQ_*`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Requests(u32);
@@ -193,7 +199,7 @@ impl Vcpu {
     pub(crate) fn enter(&mut self, shared: &mut Shared, limit: Cycles) -> Result<VmExit, VmError> {
         self.process_requests(shared)
             .map_err(|source| VmError::Root {
-                vcpu: self.id.0,
+                vcpu: self.id,
                 source,
             })?;
         let before = self.cpu.cycles();
@@ -263,7 +269,7 @@ impl Vcpu {
         cycles: &mut Cycles,
     ) -> Result<Next, VmError> {
         let rip = self.rip();
-        let vcpu = self.id.0;
+        let vcpu = self.id;
         let costs = shared.host.costs;
         match exit {
             VmExit::CycleLimit => Ok(Next::Continue),

@@ -20,7 +20,7 @@ impl Vcpu {
         cycles: &mut Cycles,
     ) -> Result<Next, VmError> {
         let rip = self.rip();
-        let vcpu = self.id.0;
+        let vcpu = self.id;
         let mut clock = ExitClock {
             now: self.clock() + *cycles,
             cycles: *cycles,

@@ -365,9 +365,9 @@ impl Vm {
         &self.vcpus
     }
 
-    /// Global virtual time in cycles.
-    pub fn time(&self) -> u64 {
-        self.shared.time.0
+    /// Global virtual time: the end of the last scheduling round.
+    pub fn time(&self) -> Cycles {
+        self.shared.time
     }
 
     /// Serial output not yet taken.

@@ -88,10 +88,9 @@ pub(crate) fn start_vcpu(vcpu: &mut Vcpu, rip: u64, rsp: u64, rdi: u64, at: Cycl
 }
 
 impl Vm {
-    /// Runs until global virtual time reaches `time_limit` (cycles) or the
-    /// VM stops.
-    pub fn run_until(&mut self, time_limit: u64) -> RunStatus {
-        while self.sched.stopped.is_none() && self.shared.time < Cycles(time_limit) {
+    /// Runs until global virtual time reaches `time_limit` or the VM stops.
+    pub fn run_until(&mut self, time_limit: Cycles) -> RunStatus {
+        while self.sched.stopped.is_none() && self.shared.time < time_limit {
             self.run_round();
         }
         match &self.sched.stopped {
@@ -103,7 +102,7 @@ impl Vm {
     /// Runs to completion.
     pub fn run(&mut self) -> StopReason {
         loop {
-            if let RunStatus::Stopped(reason) = self.run_until(u64::MAX) {
+            if let RunStatus::Stopped(reason) = self.run_until(Cycles::MAX) {
                 return reason;
             }
         }
@@ -374,7 +373,7 @@ mod tests {
     #[test]
     fn a_kick_wakes_a_halted_vcpu_no_earlier_than_the_sender_clock() {
         let mut vm = halting_vm(1);
-        assert_eq!(vm.run_until(10_000), RunStatus::Running);
+        assert_eq!(vm.run_until(Cycles(10_000)), RunStatus::Running);
         assert_eq!(vm.vcpus[0].run, RunState::Halted);
         let at = Cycles(5_000_000);
         vm.shared.cross.push(CrossRequest::Kick {
@@ -384,7 +383,7 @@ mod tests {
         vm.carry_out_cross_requests();
         assert!(vm.vcpus[0].can_wake());
         // It wakes, runs, halts again; then nothing is left to wake it.
-        let status = vm.run_until(vm.time() + 6_000_000);
+        let status = vm.run_until(vm.time() + Cycles(6_000_000));
         assert!(
             matches!(
                 status,
@@ -411,7 +410,7 @@ mod tests {
         vm.carry_out_cross_requests();
         assert_eq!(vm.vcpus[1].clock(), Cycles(70_000), "idle until started");
         assert_eq!(vm.vcpus[1].stats.idle_cycles, 70_000);
-        vm.run_until(50_000);
+        vm.run_until(Cycles(50_000));
         assert_eq!(vm.vcpus[1].stats.halts, 1);
         // Two halted vCPUs and no event: the VM stops, deterministically.
         let reason = vm.run();

@@ -554,7 +554,7 @@ fn run_one(
         Ending::Vm(StopReason::Shutdown { status: 0 } | StopReason::DebugExit { status: 1 }) => Ok(
             Outcome::Done(RunResult::new(spec.label, &vm), started.elapsed()),
         ),
-        Ending::Interrupted(_) => Ok(Outcome::Interrupted(cycles_to_secs(vm.time()))),
+        Ending::Interrupted(_) => Ok(Outcome::Interrupted(cycles_to_secs(vm.time().0))),
         Ending::Vm(StopReason::Error(e)) => Err(BenchError::VmStopped {
             label: spec.label,
             message: e.to_string(),
