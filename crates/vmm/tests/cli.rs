@@ -1,16 +1,10 @@
 //! The `faultline` command line, run as a process on the hv's test kernels.
 
-use std::process::{Command, Output};
+mod common;
+use common::faultline;
 
 fn kernel(name: &str) -> String {
     format!("{}/{name}.elf", env!("FAULTLINE_HV_TEST_KERNELS"))
-}
-
-fn faultline(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_faultline"))
-        .args(args)
-        .output()
-        .expect("run faultline")
 }
 
 fn text(bytes: &[u8]) -> String {

@@ -2,18 +2,8 @@
 //! guest/ by build.rs). Without guest/ in the tree there is nothing to test.
 #![cfg(bundled_kernel)]
 
-use std::process::{Command, Output};
-
-fn faultline(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_faultline"))
-        .args(args)
-        .output()
-        .expect("run faultline")
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+mod common;
+use common::{faultline, stdout};
 
 #[test]
 fn hello_runs_on_the_bundled_kernel() {

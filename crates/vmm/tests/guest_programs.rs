@@ -3,14 +3,10 @@
 //! and the boot option seed=S (`--seed`).
 #![cfg(bundled_kernel)]
 
-use std::process::{Command, Output};
+mod common;
+use common::faultline;
 
-fn faultline(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_faultline"))
-        .args(args)
-        .output()
-        .expect("run faultline")
-}
+use std::process::Output;
 
 /// stdout and stderr together (the guest's console may go to either).
 fn console(out: &Output) -> String {

@@ -3,22 +3,10 @@
 //! and clean stops on swap errors.
 #![cfg(bundled_kernel)]
 
+mod common;
+use common::{faultline, stderr, stdout};
+
 use std::process::{Command, Output};
-
-fn faultline(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_faultline"))
-        .args(args)
-        .output()
-        .expect("run faultline")
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 /// A small overcommitted VM: 48 MiB of guest memory on 8 MiB of host
 /// memory, swapping to a fast device so the test stays quick.

@@ -3,16 +3,12 @@
 //! `--time-limit` and `--wall-limit`, and the stop reasons in the summary.
 #![cfg(bundled_kernel)]
 
+mod common;
+use common::faultline;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-
-fn faultline(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_faultline"))
-        .args(args)
-        .output()
-        .expect("run faultline")
-}
+use std::process::{Child, Command, Stdio};
 
 /// An overcommitted `bm` that runs for a very long virtual time, its
 /// temporary swap file in `tmpdir`.
