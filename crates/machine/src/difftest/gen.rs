@@ -1327,27 +1327,7 @@ impl Generator<'_> {
         }
         if size == 16 && self.rng.chance(7, 8) {
             let target = self.window_target(16) & !15;
-            return match self.rng.below(3) {
-                0 => MemoryOperand::with_displ(target, 4),
-                1 => MemoryOperand::new(
-                    Register::RIP,
-                    Register::None,
-                    1,
-                    target as i64,
-                    8,
-                    false,
-                    Register::None,
-                ),
-                _ => MemoryOperand::new(
-                    R64[self.base],
-                    Register::None,
-                    1,
-                    target.wrapping_sub(self.base_value) as i64,
-                    4,
-                    false,
-                    Register::None,
-                ),
-            };
+            return self.absolute_rip_or_base(target, 4, 4);
         }
         self.window_memory(size)
     }
@@ -1608,15 +1588,7 @@ impl Generator<'_> {
             // [rip + target]
             6 => {
                 let target = self.window_target(size);
-                MemoryOperand::new(
-                    Register::RIP,
-                    Register::None,
-                    1,
-                    target as i64,
-                    8,
-                    false,
-                    Register::None,
-                )
+                rip_relative(target)
             }
             // 32-bit address size: [base32 + index32 * scale + disp],
             // wrapping at 4 GiB
@@ -1682,29 +1654,31 @@ impl Generator<'_> {
             // Lower edge: starting up to `size` bytes below the page.
             page - self.rng.below(size + 1)
         };
+        self.absolute_rip_or_base(target, 8, 1)
+    }
+
+    /// `target` addressed one of three ways, chosen at random: an absolute
+    /// displacement (`absolute_displ_size` bytes), RIP-relative, or
+    /// `[base + disp]` from the base register's value
+    /// (`base_displ_size` bytes).
+    fn absolute_rip_or_base(
+        &mut self,
+        target: u64,
+        absolute_displ_size: u32,
+        base_displ_size: u32,
+    ) -> MemoryOperand {
         match self.rng.below(3) {
-            0 => MemoryOperand::with_displ(target, 8),
-            1 => MemoryOperand::new(
-                Register::RIP,
+            0 => MemoryOperand::with_displ(target, absolute_displ_size),
+            1 => rip_relative(target),
+            _ => MemoryOperand::new(
+                R64[self.base],
                 Register::None,
                 1,
-                target as i64,
-                8,
+                target.wrapping_sub(self.base_value) as i64,
+                base_displ_size,
                 false,
                 Register::None,
             ),
-            _ => {
-                let disp = target.wrapping_sub(self.base_value) as i64;
-                MemoryOperand::new(
-                    R64[self.base],
-                    Register::None,
-                    1,
-                    disp,
-                    1,
-                    false,
-                    Register::None,
-                )
-            }
         }
     }
 
@@ -2065,6 +2039,20 @@ impl Generator<'_> {
             falls_through: !unconditional,
         })
     }
+}
+
+/// `[rip + target]`: the encoder turns the absolute target into the
+/// RIP-relative displacement.
+fn rip_relative(target: u64) -> MemoryOperand {
+    MemoryOperand::new(
+        Register::RIP,
+        Register::None,
+        1,
+        target as i64,
+        8,
+        false,
+        Register::None,
+    )
 }
 
 fn rm_bits(kind: OpCodeOperandKind) -> u32 {
