@@ -41,6 +41,21 @@ fn duration_label(secs: f64) -> String {
     crate::units::format_duration(Duration::from_nanos((secs * 1e9).round() as u64))
 }
 
+/// The legend box both plots draw, at `position`.
+fn draw_legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    position: SeriesLabelPosition,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .draw()
+        .map_err(error)
+}
+
 fn error(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
@@ -158,14 +173,7 @@ pub fn bars(
         }
     }
     if labelled {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 13))
-            .draw()
-            .map_err(error)?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     }
     root.present().map_err(error)
 }
@@ -253,14 +261,7 @@ pub fn sweep(
                 + Text::new(format!("{y:.2}"), (0, -9), value_style.clone())
         }))
         .map_err(error)?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 13))
-        .draw()
-        .map_err(error)?;
+    draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     root.present().map_err(error)
 }
 
