@@ -62,7 +62,7 @@ pub fn drive(
     mut after_slice: impl FnMut(&mut Vm),
 ) -> Ending {
     let started = Instant::now();
-    let time_limit = limits.time.map(duration_to_cycles);
+    let time_limit = limits.time.map(|d| Cycles(duration_to_cycles(d)));
     loop {
         if let Some(signal) = stop.signal() {
             return Ending::Interrupted(signal);
@@ -72,15 +72,15 @@ pub fn drive(
                 return Ending::WallLimit(wall);
             }
         }
-        let now = vm.time().0;
-        let mut until = now.saturating_add(SLICE_CYCLES);
+        let now = vm.time();
+        let mut until = now.saturating_add(Cycles(SLICE_CYCLES));
         if let (Some(limit), Some(d)) = (time_limit, limits.time) {
             if now >= limit {
                 return Ending::TimeLimit(d);
             }
             until = until.min(limit);
         }
-        let status = vm.run_until(Cycles(until));
+        let status = vm.run_until(until);
         after_slice(vm);
         if let RunStatus::Stopped(reason) = status {
             return Ending::Vm(reason);
