@@ -138,6 +138,9 @@ pub struct Summary {
     pub apf: ApfSummary,
     pub vcpus: Vec<VcpuSummary>,
     pub reports: Vec<ReportLine>,
+    /// Memslot changes made while the guest ran (`--memslot-period`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memslot: Option<crate::bench::memslot::MemslotRun>,
 }
 
 fn exits(map: &BTreeMap<String, hv::stats::ExitStat>) -> BTreeMap<String, ExitSummary> {
@@ -226,6 +229,7 @@ impl Summary {
                     line: r.line.clone(),
                 })
                 .collect(),
+            memslot: None,
         }
     }
 
@@ -260,6 +264,19 @@ impl Summary {
             "mmu_lock:     {} cycles waited",
             self.mmu_lock_wait_cycles
         );
+        if let Some(m) = &self.memslot {
+            let _ = writeln!(
+                s,
+                "memslots:     {} deletes + re-adds (zap {}): {:.3} ms each, {} pages zapped, {} lock breaks; longest vCPU stall {:.1} us, {} root reloads",
+                m.ops.len(),
+                m.zap,
+                m.op_ms(),
+                m.pages_zapped(),
+                m.lock_breaks(),
+                m.max_stall_us(),
+                m.root_reloads
+            );
+        }
         let m = &self.memory;
         let _ = writeln!(
             s,
