@@ -15,7 +15,6 @@ use crate::units::{cycles_to_secs, format_size};
 use crate::{plot, BenchCommon, MemslotBenchArgs, SwapDeviceArg};
 use hv::{Cycles, Gpa, MemslotError, SlotFlags, SlotId, Vm, VmConfig, ZapMode};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use std::fmt::Write as _;
 
 /// The seed's delete + re-add time, before and after (6 vCPUs, 2 GiB).
@@ -305,18 +304,22 @@ impl Bench for MemslotBench {
         let plot_path = output.plot_path("bench-memslot.svg");
         output.write_plot(&plot_path, |path| self.plot(path, &rows))?;
         if output.json {
-            let results: Vec<serde_json::Value> = rows
+            let results: Vec<JsonRow> = rows
                 .iter()
-                .map(|r| {
-                    json!({"mmu": r.mmu, "zap": r.run.zap, "mem_bytes": r.mem,
-                           "op_ms": r.run.op_ms(), "max_vcpu_stall_us": r.run.max_stall_us(),
-                           "pages_zapped": r.run.pages_zapped(), "lock_breaks": r.run.lock_breaks(),
-                           "refault_ms": r.run.refault_ms()})
+                .map(|r| JsonRow {
+                    mmu: r.mmu,
+                    zap: r.run.zap.clone(),
+                    mem_bytes: r.mem,
+                    op_ms: r.run.op_ms(),
+                    max_vcpu_stall_us: r.run.max_stall_us(),
+                    pages_zapped: r.run.pages_zapped(),
+                    lock_breaks: r.run.lock_breaks(),
+                    refault_ms: r.run.refault_ms(),
                 })
                 .collect();
             return Ok(format!(
                 "{}\n",
-                serde_json::to_string_pretty(&json!({ "results": results })).unwrap_or_default()
+                serde_json::to_string_pretty(&JsonOut { results }).unwrap_or_default()
             ));
         }
         let mut s = String::new();
@@ -380,6 +383,24 @@ impl Bench for MemslotBench {
         let _ = writeln!(s, "plot: {}", plot_path.display());
         Ok(s)
     }
+}
+
+/// The `--json` output (a struct, so the keys keep this order).
+#[derive(Serialize)]
+struct JsonOut {
+    results: Vec<JsonRow>,
+}
+
+#[derive(Serialize)]
+struct JsonRow {
+    mmu: &'static str,
+    zap: String,
+    mem_bytes: u64,
+    op_ms: f64,
+    max_vcpu_stall_us: f64,
+    pages_zapped: u64,
+    lock_breaks: u64,
+    refault_ms: f64,
 }
 
 /// One result row.
