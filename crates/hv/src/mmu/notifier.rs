@@ -11,7 +11,7 @@
 use super::lock::Timed;
 use super::tdp::{clear_spte_bits, exchange_spte};
 use super::tdp_iter::TdpIter;
-use super::{spte, Mmu};
+use super::{shadow, spte, Mmu};
 use crate::cost::HvCosts;
 use crate::time::Cycles;
 use machine::{Gfn, Hfn, MemError, PhysMemory};
@@ -42,8 +42,9 @@ impl Mmu {
         let mut inner = self.hold(when, costs);
         inner.charge(costs.spte_read);
         let mut young = false;
+        let accessed = self.accessed_mask();
         for &at in inner.rmap.get(frame) {
-            young |= clear_spte_bits(mem, at, spte::ACCESSED)? & spte::ACCESSED != 0;
+            young |= clear_spte_bits(mem, at, accessed)? & accessed != 0;
         }
         Ok((young, inner.cycles()))
     }
@@ -59,10 +60,12 @@ impl Mmu {
     ) -> Result<Zapped, MemError> {
         let mut inner = self.hold(when, costs);
         let mut zapped = Zapped::default();
+        let dirty = self.dirty_mask();
         for at in inner.rmap.take(frame) {
             let old = exchange_spte(mem, at, 0)?;
-            zapped.dirty |= old & spte::DIRTY != 0;
+            zapped.dirty |= old & dirty != 0;
             zapped.sptes += 1;
+            inner.shadow.pages.forget_leaf(at);
             inner.charge(costs.spte_write);
         }
         zapped.cycles = inner.cycles();
@@ -79,6 +82,9 @@ impl Mmu {
         when: Timed,
     ) -> Result<Zapped, MemError> {
         let mut inner = self.hold(when, costs);
+        if self.mode == super::MmuMode::Shadow {
+            return shadow::zap_gfn_range(mem, costs, &mut inner, range);
+        }
         let pml4s: Vec<Hfn> = inner.roots.iter().map(|r| r.pml4).collect();
         let mut zapped = Zapped::default();
         for pml4 in pml4s {

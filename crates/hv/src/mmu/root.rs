@@ -105,6 +105,12 @@ impl Roots {
             .map(|r| r.id)
     }
 
+    /// Forgets a root whose table was freed (a zapped shadow root).
+    pub fn remove(&mut self, id: RootId) -> Option<Root> {
+        let i = self.roots.iter().position(|r| r.id == id)?;
+        Some(self.roots.remove(i))
+    }
+
     /// Every root.
     pub fn iter(&self) -> impl Iterator<Item = &Root> {
         self.roots.iter()

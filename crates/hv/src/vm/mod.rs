@@ -13,7 +13,7 @@ use crate::host::Host;
 use crate::memslot::{MemslotError, Memslots, SlotFlags, SlotId};
 use crate::mmu::check::InvariantError;
 use crate::mmu::lock::Timed;
-use crate::mmu::Mmu;
+use crate::mmu::{Mmu, MmuMode};
 use crate::pager::Pager;
 use crate::stats::VmStats;
 use crate::swap::DeviceModel;
@@ -55,6 +55,11 @@ pub struct VmConfig {
     pub apf_protocol: ApfProtocol,
     /// Seeds the device model's latency draws.
     pub seed: u64,
+    /// EPT or shadow paging.
+    pub mmu: MmuMode,
+    /// Shadow paging: roots each vCPU remembers for a CR3 switch back
+    /// (KVM's `prev_roots`, 3).
+    pub shadow_prev_roots: usize,
 }
 
 impl Default for VmConfig {
@@ -72,6 +77,8 @@ impl Default for VmConfig {
             apf: ApfMode::Off,
             apf_protocol: ApfProtocol::X86,
             seed: 1,
+            mmu: MmuMode::Ept,
+            shadow_prev_roots: 3,
         }
     }
 }
@@ -123,9 +130,18 @@ pub struct Vm {
     pub(crate) kernel: Option<KernelImage>,
 }
 
-/// The VM-execution controls of vCPU `id` (the EPT pointer is set at each
-/// VM entry, from the root the vCPU enters with).
-fn controls(id: u32) -> VmxControls {
+/// The VM-execution controls of vCPU `id` (the EPT pointer, or under
+/// shadow paging CR3, is set at each VM entry from the root the vCPU
+/// enters with).
+fn controls(id: u32, mmu: MmuMode) -> VmxControls {
+    let base = base_controls(id);
+    match mmu {
+        MmuMode::Ept => base,
+        MmuMode::Shadow => crate::vcpu::shadow::shadow_controls(base),
+    }
+}
+
+fn base_controls(id: u32) -> VmxControls {
     VmxControls {
         exception_bitmap: 0,
         hlt_exiting: true,
@@ -182,7 +198,7 @@ impl Vm {
         if limit < config.mem_size {
             pager.open_swap()?;
         }
-        let mmu = Mmu::new(&mem, &mut frames)?;
+        let mmu = Mmu::new(&mem, &mut frames, config.mmu)?;
         let mut slots = Memslots::default();
         slots.add(
             RAM_SLOT,
@@ -196,8 +212,11 @@ impl Vm {
                     apic_id: id,
                     ..CpuConfig::default()
                 });
-                cpu.set_vmx(Some(controls(id)));
-                Vcpu::new(VcpuId(id as usize), cpu)
+                cpu.set_vmx(Some(controls(id, config.mmu)));
+                let mut vcpu = Vcpu::new(VcpuId(id as usize), cpu);
+                vcpu.mmu_mode = config.mmu;
+                vcpu.shadow.capacity = config.shadow_prev_roots;
+                vcpu
             })
             .collect();
         let apf = ApfConfig {

@@ -21,6 +21,8 @@ pub(crate) enum CrossRequest {
     /// Every vCPU flushes its EPT translations before its next entry
     /// (sptes were zapped or aged).
     FlushAll,
+    /// Shadow roots were zapped: every vCPU loads its root again.
+    ReloadRoots,
     /// A fixed (or lowest-priority) IPI from the APIC `sender_apic`.
     Ipi {
         sender_apic: u32,
@@ -143,6 +145,14 @@ impl Shared {
     /// Writes a little-endian u32 of guest memory.
     pub fn write_u32(&mut self, gpa: Gpa, value: u32) -> Result<(), GuestMemoryError> {
         self.write_guest(gpa, &value.to_le_bytes())
+    }
+
+    /// The hv stored into `gfn` behind the MMU's back: its swap copy, if
+    /// any, is stale.
+    pub fn drop_swap_copy(&mut self, gfn: Gfn) {
+        if let Ok(page) = self.page_ref(gfn) {
+            self.pager.drop_swap_copy(&mut self.host.slots, page);
+        }
     }
 
     /// The frame holding `gfn` for an access by the hv itself: allocated

@@ -617,7 +617,8 @@ impl Cpu {
     /// a fault sets it to the faulting instruction.
     #[inline(always)]
     fn run_block(&mut self, mem: &PhysMemory) -> Step {
-        let single = self.state.interruptibility != 0;
+        let mtf = self.vmx.as_ref().is_some_and(|v| v.monitor_trap_flag);
+        let single = self.state.interruptibility != 0 || mtf;
         let block = match self.fetch_block(mem) {
             Ok(b) => b,
             Err(f) => return self.handle_fault(mem, f, 0),
@@ -670,6 +671,9 @@ impl Cpu {
             if matches!(step, Step::Continue) {
                 step = Step::Exit(VmExit::Ipi(ipi));
             }
+        }
+        if mtf && matches!(step, Step::Continue) {
+            step = Step::Exit(VmExit::MonitorTrap);
         }
         step
     }
