@@ -447,6 +447,8 @@ impl Vm {
             },
             apf_mode: shared.apf.mode.name(),
             apf_protocol: shared.apf.protocol.name(),
+            mmu: host.mmu.mode.name(),
+            shadow: (host.mmu.mode == MmuMode::Shadow).then(|| host.mmu.shadow_stats(&host.costs)),
         }
     }
 }
