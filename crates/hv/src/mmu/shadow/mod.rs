@@ -17,6 +17,7 @@
 //! - [`cache`]: roots by guest CR3 and each vCPU's `prev_roots`.
 
 pub(crate) mod cache;
+pub(crate) mod check;
 pub(crate) mod fetch;
 pub(crate) mod gwalk;
 pub mod pages;
