@@ -31,6 +31,20 @@ use machine::{Gpa, Gva};
 const CR0_HOST_OWNED: u64 = cr0::PG | cr0::WP;
 /// CR4 bits the hv owns (they change the translation or the TLB).
 const CR4_HOST_OWNED: u64 = cr4::PGE | cr4::PSE | cr4::PAE | cr4::SMEP | cr4::SMAP | cr4::PCIDE;
+/// How the shadow fault path ended.
+enum ShadowFault {
+    /// The guest's own tables fault: inject this #PF.
+    Guest { error_code: u32 },
+    /// The page is on its way in from swap.
+    Wait {
+        gfn: machine::Gfn,
+        swap_slot: crate::swap::SwapSlot,
+        ready_at: Cycles,
+    },
+    /// The shadow leaf's outcome, for `gfn` backed by the frame.
+    Done(MapOutcome, machine::Gfn, machine::Hfn),
+}
+
 /// #PF vector.
 const PF: u8 = 14;
 /// Emulated writes to one guest table without a walk through it before
@@ -259,7 +273,7 @@ impl Vcpu {
     }
 
     /// A #PF under shadow paging: the guest's fault (injected) or the
-    /// shadow's (filled in).
+    /// shadow's (filled in, or the page waited for as under EPT).
     pub(super) fn shadow_page_fault(
         &mut self,
         shared: &mut Shared,
@@ -268,9 +282,6 @@ impl Vcpu {
         vectoring: bool,
         cycles: &mut Cycles,
     ) -> Result<Next, VmError> {
-        let rip = self.rip();
-        let vcpu = self.id;
-        let costs = shared.host.costs;
         let access = Access {
             kind: if error_code & pf_error::FETCH != 0 {
                 AccessKind::Execute
@@ -281,6 +292,81 @@ impl Vcpu {
             },
             user: error_code & pf_error::USER != 0,
         };
+        let end = self.shadow_fault(shared, gva, access, cycles)?;
+        if !matches!(end, ShadowFault::Guest { .. }) {
+            // The hv's own fault (the summary's "EPT faults" line counts
+            // these under shadow paging).
+            self.stats.ept_faults += 1;
+        }
+        match end {
+            ShadowFault::Guest { error_code } => {
+                self.inject_page_fault(shared, gva, error_code, vectoring, cycles);
+                Ok(Next::Continue)
+            }
+            ShadowFault::Wait {
+                gfn,
+                swap_slot,
+                ready_at,
+            } => {
+                // Remembered with the async fault, for the page-ready
+                // prefault (KVM's `work->arch.cr3` and `cr2_or_gpa`).
+                self.shadow.faulting = Some(crate::apf::ShadowPrefault {
+                    cr3: self.shadow.guest_cr3,
+                    gva,
+                    write: access.kind == AccessKind::Write,
+                    user: access.user,
+                });
+                let next = crate::apf::policy::wait_for_page(
+                    self, shared, gfn, swap_slot, ready_at, vectoring, cycles,
+                );
+                self.shadow.faulting = None;
+                next
+            }
+            ShadowFault::Done(MapOutcome::Emulate { leaf }, gfn, frame) => {
+                self.emulate_tracked_write(shared, gfn, gva, leaf, frame, cycles)?;
+                Ok(Next::Continue)
+            }
+            ShadowFault::Done(..) => Ok(Next::Continue),
+        }
+    }
+
+    /// Maps an arrived page ahead of the retried access when the guest's
+    /// CR3 is still the one it faulted under (KVM's
+    /// `kvm_arch_async_page_ready`). A guest fault or a tracked write is
+    /// left for the access itself.
+    pub(crate) fn shadow_prefault(
+        &mut self,
+        shared: &mut Shared,
+        fault: crate::apf::ShadowPrefault,
+    ) -> Result<(), VmError> {
+        if fault.cr3 != self.shadow.guest_cr3 {
+            return Ok(());
+        }
+        let access = Access {
+            kind: if fault.write {
+                AccessKind::Write
+            } else {
+                AccessKind::Read
+            },
+            user: fault.user,
+        };
+        let mut cycles = Cycles::ZERO;
+        let result = self.shadow_fault(shared, fault.gva, access, &mut cycles);
+        self.charge(cycles);
+        result.map(|_| ())
+    }
+
+    /// The shadow fault path: guest walk, the frame, the shadow leaf.
+    fn shadow_fault(
+        &mut self,
+        shared: &mut Shared,
+        gva: Gva,
+        access: Access,
+        cycles: &mut Cycles,
+    ) -> Result<ShadowFault, VmError> {
+        let rip = self.rip();
+        let vcpu = self.id;
+        let costs = shared.host.costs;
         let regs = self.guest_paging_regs();
         let mut memory = WalkMemory { shared, reads: 0 };
         let walked = gwalk::walk(&mut memory, &regs, gva, access);
@@ -288,8 +374,7 @@ impl Vcpu {
         let walk = match walked {
             Ok(walk) => walk,
             Err(WalkError::PageFault { error_code }) => {
-                self.inject_page_fault(shared, gva, error_code, vectoring, cycles);
-                return Ok(Next::Continue);
+                return Ok(ShadowFault::Guest { error_code })
             }
             Err(WalkError::Memory(source)) => {
                 return Err(VmError::GuestMemory { vcpu, rip, source });
@@ -327,23 +412,29 @@ impl Vcpu {
         if fault.repeat {
             self.apf.stats.repeat_faults += 1;
         }
-        self.stats.ept_faults += 1;
         let Some(resident) = resident else {
-            let FaultOutcome::WaitForPage {
-                gfn,
-                swap_slot,
-                ready_at,
-            } = fault.outcome
-            else {
-                return Ok(Next::Continue);
-            };
-            return crate::apf::policy::wait_for_page(
-                self, shared, gfn, swap_slot, ready_at, vectoring, cycles,
-            );
+            return Ok(match fault.outcome {
+                FaultOutcome::WaitForPage {
+                    gfn,
+                    swap_slot,
+                    ready_at,
+                } => ShadowFault::Wait {
+                    gfn,
+                    swap_slot,
+                    ready_at,
+                },
+                FaultOutcome::Mapped => {
+                    ShadowFault::Done(MapOutcome::Mapped, walk.gfn, machine::Hfn(0))
+                }
+            });
         };
         let Some(root) = self.root else {
             self.requests.set(Requests::RELOAD_ROOT);
-            return Ok(Next::Continue);
+            return Ok(ShadowFault::Done(
+                MapOutcome::NoRoot,
+                walk.gfn,
+                resident.frame,
+            ));
         };
         let context = self.paging_context();
         let host = &mut shared.host;
@@ -378,17 +469,10 @@ impl Vcpu {
         if held.reload {
             shared.cross.push(CrossRequest::ReloadRoots);
         }
-        match held.value {
-            MapOutcome::Mapped => Ok(Next::Continue),
-            MapOutcome::NoRoot => {
-                self.requests.set(Requests::RELOAD_ROOT);
-                Ok(Next::Continue)
-            }
-            MapOutcome::Emulate { leaf } => {
-                self.emulate_tracked_write(shared, walk.gfn, gva, leaf, resident.frame, cycles)?;
-                Ok(Next::Continue)
-            }
+        if held.value == MapOutcome::NoRoot {
+            self.requests.set(Requests::RELOAD_ROOT);
         }
+        Ok(ShadowFault::Done(held.value, walk.gfn, resident.frame))
     }
 
     /// A write to a write-tracked guest table: after a flood of them the

@@ -83,6 +83,8 @@ pub(crate) struct ShadowVcpu {
     /// A write to a tracked guest table being let through (one
     /// instruction under the monitor trap flag).
     pub pending_write: Option<PendingWrite>,
+    /// The fault being handed to the async-PF policy.
+    pub faulting: Option<crate::apf::ShadowPrefault>,
 }
 
 /// A guest write to a write-tracked table, let through for one
