@@ -8,6 +8,8 @@
 //! - [`fault`]: the EPT-violation path (find the frame, install the spte);
 //! - [`notifier`]: what the pager may do to mappings (test-and-clear-young,
 //!   zap a frame, zap a gfn range), KVM's MMU-notifier hooks;
+//! - [`walk`]: the guest page-table walker (the shadow MMU's view of the
+//!   guest's tables: permissions, A/D updates, the #PF the guest must see);
 //! - [`check`]: the invariant checker the tests run.
 //!
 //! No code outside this module reads or writes an spte.
@@ -22,6 +24,9 @@ pub(crate) mod root;
 pub mod spte;
 pub(crate) mod tdp;
 pub(crate) mod tdp_iter;
+// The shadow MMU is its user; until it lands only the tests call it.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod walk;
 
 use crate::cost::HvCosts;
 use crate::frames::FrameAllocator;
