@@ -146,7 +146,7 @@ void rt_main(void) {
             const struct tree *t = &trees[ti];
             for (int kind = ACC_READ; kind <= ACC_FETCH; kind++) {
                 install(t);
-                access_at((enum access_kind)kind, TEST_VA, mode == 2 ? 3 : 0, mode == 1);
+                access_at((enum access_kind)kind, TEST_VA, mode == 2 ? 3 : 0, mode == 1, 0);
                 uint64_t ad = 0;
                 for (int lvl = 0; lvl < 4; lvl++) ad |= (*entry_at(lvl) & (PTE_A | PTE_D)) << (8 * lvl);
                 uint8_t left = *(volatile uint8_t *)target_phys(t->leaf);

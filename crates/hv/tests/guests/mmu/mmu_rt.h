@@ -132,16 +132,19 @@ __asm__(".section .text.start, \"ax\"\n"
         "  jmp 1b\n"
         ".text\n");
 
-/* run_access(rip, cs, rflags, rsp, ss, rdi): iretq to rip with rdi set;
- * returns when a trap or the done interrupt longjmps back. */
-void run_access(uint64_t rip, uint64_t cs, uint64_t rflags, uint64_t rsp, uint64_t ss, uint64_t rdi);
+/* run_access(rip, cs, rflags, rsp, ss, rdi, rsi): iretq to rip with rdi
+ * and rsi set; returns when a trap or the done interrupt longjmps back. */
+void run_access(uint64_t rip, uint64_t cs, uint64_t rflags, uint64_t rsp, uint64_t ss, uint64_t rdi,
+                uint64_t rsi);
 __asm__(".text\n"
         ".globl run_access\n"
         "run_access:\n"
         "  push %rbp\n push %rbx\n push %r12\n push %r13\n push %r14\n push %r15\n"
         "  mov %rsp, access_return_rsp(%rip)\n"
+        "  mov 56(%rsp), %rax\n"
         "  push %r8\n push %rcx\n push %rdx\n push %rsi\n push %rdi\n"
         "  mov %r9, %rdi\n"
+        "  mov %rax, %rsi\n"
         "  iretq\n"
         /* Every vector lands here with (vector, error) pushed. */
         "trap_common:\n"
@@ -174,19 +177,23 @@ __asm__(".text\n"
         ".endr\n");
 
 /* The access stubs: one page, aliased for ring 3 at USER_STUBS. Each ends
- * in `int $0x80`; a fetch jumps to the target, which holds `int $0x80`. */
-extern char stubs_page[], stub_read[], stub_write[], stub_fetch[];
+ * in `int $0x80`; a fetch jumps to the target, which holds `int $0x80`.
+ * Byte accesses (the matrix) and 8-byte ones (the random test: the value
+ * stored is RSI, the value loaded comes back in RAX). */
+extern char stubs_page[], stub_read[], stub_write[], stub_fetch[], stub_load[], stub_store[];
 __asm__(".section .text.user, \"ax\"\n"
         ".balign 4096\n"
-        ".globl stubs_page, stub_read, stub_write, stub_fetch\n"
+        ".globl stubs_page, stub_read, stub_write, stub_fetch, stub_load, stub_store\n"
         "stubs_page:\n"
         "stub_read:\n  movzbl (%rdi), %eax\n  int $0x80\n"
         "stub_write:\n  movb $0xa5, (%rdi)\n  xor %eax, %eax\n  int $0x80\n"
         "stub_fetch:\n  jmp *%rdi\n"
+        "stub_load:\n  mov (%rdi), %rax\n  int $0x80\n"
+        "stub_store:\n  mov %rsi, (%rdi)\n  xor %eax, %eax\n  int $0x80\n"
         ".balign 4096\n"
         ".text\n");
 
-enum access_kind { ACC_READ, ACC_WRITE, ACC_FETCH };
+enum access_kind { ACC_READ, ACC_WRITE, ACC_FETCH, ACC_LOAD, ACC_STORE };
 /* The two bytes `int $0x80` that a fetch target holds. */
 #define INT80_LO 0xcd
 #define INT80_HI 0x80
@@ -242,16 +249,18 @@ static uint64_t stub_at(const char *stub, int cpl) {
     return cpl == 3 ? USER_STUBS + off : (uint64_t)stub;
 }
 
-/* Runs `kind` on `va` at `cpl` (0 or 3) with RFLAGS.AC = `ac`; the
- * outcome is in last_trap (vector VEC_DONE: no fault). */
-static void access_at(enum access_kind kind, uint64_t va, int cpl, int ac) {
-    const char *stub = kind == ACC_READ ? stub_read : kind == ACC_WRITE ? stub_write : stub_fetch;
+/* Runs `kind` on `va` at `cpl` (0 or 3) with RFLAGS.AC = `ac` (a store
+ * writes `value`); the outcome is in last_trap (vector VEC_DONE: no
+ * fault). */
+static void access_at(enum access_kind kind, uint64_t va, int cpl, int ac, uint64_t value) {
+    static const char *const stubs[] = {stub_read, stub_write, stub_fetch, stub_load, stub_store};
+    const char *stub = stubs[kind];
     uint64_t rflags = 2 | (ac ? RFLAGS_AC : 0);
     uint64_t sp = (uint64_t)trap_stack + sizeof trap_stack;
     if (cpl == 3)
-        run_access(stub_at(stub, 3), USER_CS, rflags, 0, USER_DS, va);
+        run_access(stub_at(stub, 3), USER_CS, rflags, 0, USER_DS, va, value);
     else
-        run_access(stub_at(stub, 0), KERNEL_CS, rflags, sp, KERNEL_DS, va);
+        run_access(stub_at(stub, 0), KERNEL_CS, rflags, sp, KERNEL_DS, va, value);
 }
 
 void rt_main(void);
