@@ -294,6 +294,11 @@ impl Vm {
                         vcpu.requests.set(Requests::TLB_FLUSH);
                     }
                 }
+                CrossRequest::ReloadRoots => {
+                    for vcpu in vcpus.iter_mut() {
+                        vcpu.requests.set(Requests::RELOAD_ROOT);
+                    }
+                }
                 CrossRequest::Ipi {
                     sender_apic,
                     ipi,
