@@ -528,3 +528,79 @@ fn the_access_of_an_error_code_walks_to_the_same_error_code() {
     let implicit = Access::from_error_code(pf_error::PRESENT, 3, true);
     assert!(implicit.implicit_supervisor && !implicit.user() && !implicit.ac());
 }
+
+/// The access matrix's per-case log (tests/guests/mmu/matrix.c built with
+/// -DCASE_LOG), as the machine's CPU executed it on the bare machine.
+const MATRIX_LOG: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mmu-matrix-log.elf"));
+
+fn hex(s: &str) -> u64 {
+    u64::from_str_radix(s.trim_start_matches("0x"), 16).expect("hex")
+}
+
+/// Every case of the access matrix, replayed through the walker from the
+/// entries the kernel installed: the walker predicts what the CPU did
+/// (fault or not, error code, A/D bits left), with the access the shadow
+/// MMU would describe (kind, CPL 3, RFLAGS.AC).
+#[test]
+fn predicts_every_case_of_the_access_matrix() {
+    let config = machine::bare::BareConfig {
+        mem_size: 64 << 20,
+        max_cycles: Some(50_000_000_000),
+        ..Default::default()
+    };
+    let out = machine::bare::BareMachine::run_elf(config, MATRIX_LOG).expect("bare run");
+    assert!(out.exit.success());
+    let log = String::from_utf8(out.serial).unwrap();
+    let mut lines = log.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header[0], "entries", "{header:?}");
+    let at: Vec<Hpa> = header[1..5].iter().map(|h| Hpa(hex(h))).collect();
+    let cr3 = hex(header[5].strip_prefix("cr3=").unwrap());
+    let va = Gva(hex(header[6].strip_prefix("va=").unwrap()));
+
+    let mem = PhysMemory::new(64 << 20).unwrap();
+    let mut cases = 0;
+    for line in lines.filter(|l| l.starts_with("case ")) {
+        let field = |key: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+                .unwrap_or_else(|| panic!("{key} in {line}"))
+        };
+        let ctx_bits: u64 = field("ctx").parse().unwrap();
+        let before: Vec<u64> = field("before").split(',').map(hex).collect();
+        for (a, e) in at.iter().zip(&before) {
+            mem.write_u64(*a, *e).unwrap();
+        }
+        let ctx = PagingContext {
+            cr0: cr0::PG | cr0::PE | if ctx_bits & 1 != 0 { cr0::WP } else { 0 },
+            cr3,
+            cr4: cr4::PAE
+                | if ctx_bits & 4 != 0 { cr4::SMEP } else { 0 }
+                | if ctx_bits & 8 != 0 { cr4::SMAP } else { 0 },
+            efer: efer::LME | efer::LMA | if ctx_bits & 2 != 0 { efer::NXE } else { 0 },
+        };
+        let mode = ctx_bits >> 4;
+        let kind = [AccessKind::Read, AccessKind::Write, AccessKind::Execute]
+            [field("kind").parse::<usize>().unwrap()];
+        let access = Access::new(kind, mode == 2, mode == 1);
+        let got = walk(&mut MemPtes(&mem), &ctx, va, access);
+        match field("vector") {
+            "128" => assert!(got.is_ok(), "{line}: {got:?}"),
+            "14" => assert_eq!(
+                got,
+                Err(WalkError::PageFault {
+                    error_code: hex(field("error")) as u32,
+                    address: va
+                }),
+                "{line}"
+            ),
+            v => panic!("{line}: vector {v}"),
+        }
+        let ad = at.iter().enumerate().fold(0, |ad, (lvl, a)| {
+            ad | (mem.read_u64(*a).unwrap() & (pte::ACCESSED | pte::DIRTY)) << (8 * lvl)
+        });
+        assert_eq!(ad, hex(field("ad")), "{line}");
+        cases += 1;
+    }
+    assert_eq!(cases, 28_512);
+}

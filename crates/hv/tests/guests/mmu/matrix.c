@@ -135,6 +135,19 @@ void rt_main(void) {
     uint64_t cr4 = read_cr4() & ~(CR4_SMEP | CR4_SMAP | CR4_PGE);
     uint64_t efer = rdmsr(EFER_MSR) & ~EFER_NXE;
     uint64_t cases = 0, ok = 0, faults = 0, other = 0;
+#ifdef CASE_LOG
+    /* Where the entries live, for a log reader that replays the walks. */
+    puts_serial("entries");
+    for (int lvl = 0; lvl < 4; lvl++) {
+        puts_serial(" ");
+        puthex((uint64_t)entry_at(lvl));
+    }
+    puts_serial(" cr3=");
+    puthex((uint64_t)kernel_pml4);
+    puts_serial(" va=");
+    puthex(TEST_VA);
+    puts_serial("\n");
+#endif
     /* Context bits: 0 WP, 1 NXE, 2 SMEP, 3 SMAP; then the mode: CPL 0
      * AC 0, CPL 0 AC 1, CPL 3. */
     for (int ctx = 0; ctx < 48; ctx++) {
@@ -146,6 +159,10 @@ void rt_main(void) {
             const struct tree *t = &trees[ti];
             for (int kind = ACC_READ; kind <= ACC_FETCH; kind++) {
                 install(t);
+#ifdef CASE_LOG
+                uint64_t before[4];
+                for (int lvl = 0; lvl < 4; lvl++) before[lvl] = *entry_at(lvl);
+#endif
                 access_at((enum access_kind)kind, TEST_VA, mode == 2 ? 3 : 0, mode == 1, 0);
                 uint64_t ad = 0;
                 for (int lvl = 0; lvl < 4; lvl++) ad |= (*entry_at(lvl) & (PTE_A | PTE_D)) << (8 * lvl);
@@ -183,6 +200,11 @@ void rt_main(void) {
                 puthex(ad);
                 puts_serial(" left=");
                 putu(left);
+                puts_serial(" before=");
+                for (int lvl = 0; lvl < 4; lvl++) {
+                    puthex(before[lvl]);
+                    puts_serial(lvl < 3 ? "," : "");
+                }
                 puts_serial("\n");
 #endif
                 cases++;
