@@ -10,12 +10,17 @@ const KERNELS: [&str; 5] = ["hello", "smp", "triple", "outside", "apfabi"];
 const HOSTILE: [&str; 7] = ["msr", "hypercall", "ports", "wild", "smc", "spin", "exits"];
 /// The MMU correctness kernels (tests/guests/mmu/SOURCE.c -> NAME.elf, with
 /// extra gcc flags): the access matrix (and its per-case log variant) and
-/// the random-mutation guest (and its variants that flush before every
-/// access, or leave out required flushes).
-const MMU: [(&str, &str, &[&str]); 5] = [
+/// the random-mutation guest (with a second seed, and variants that flush
+/// before every access or leave out required flushes).
+const MMU: [(&str, &str, &[&str]); 6] = [
     ("matrix", "mmu-matrix", &[]),
     ("matrix", "mmu-matrix-log", &["-DCASE_LOG"]),
     ("random", "mmu-random", &[]),
+    (
+        "random",
+        "mmu-random-seed2",
+        &["-DSEED=0x2b992ddfa23249d6ull"],
+    ),
     ("random", "mmu-random-paranoid", &["-DPARANOID"]),
     ("random", "mmu-random-skip-flushes", &["-DSKIP_FLUSHES"]),
 ];

@@ -4,8 +4,9 @@
  * a private region (two page tables each, drawn from a shared pool, so
  * address spaces share page tables when a PDE is repointed), a 2 MiB
  * large-page slot, and a global region (G pages, CR4.PGE on) shared by
- * all of them; accesses at CPL 0 and 3 (load, store, fetch) land between
- * the changes; CR0.WP, EFER.NXE and CR4.PGE toggle now and then. Some
+ * all of them; accesses at CPL 0 (RFLAGS.AC clear or set) and 3 (load,
+ * store, fetch) land between the changes; CR0.WP, EFER.NXE, CR4.PGE,
+ * CR4.SMEP and CR4.SMAP toggle now and then. Some
  * mappings point at the page tables themselves (read-only), so the guest
  * reads its own tables through them. Every access outcome (vector, error
  * code, CR2, the value loaded) and, at the end, every table entry (A/D
@@ -26,7 +27,7 @@
  *   mmu_gather does, so changes pile up in tables the shadow MMU may have
  *   left unsync.
  * - Changes that only add permission (P 0->1, R/W 0->1, XD 1->0, U/S
- *   0->1 with SMEP and SMAP off) are NOT followed by a flush. The SDM
+ *   0->1 while SMEP and SMAP are off) are NOT followed by a flush. The SDM
  *   allows a stale entry to give a "spurious" #PF then (4.10.4.3); the
  *   machine never does (a TLB entry that does not allow an access is
  *   dropped and the walk redone before faulting) and a shadow MMU must
@@ -38,9 +39,11 @@
  * - Switching address spaces loads CR3, which flushes every non-global
  *   translation, so only the current address space's pending pages need
  *   tracking; global pages stay pending across switches.
- * - EFER.NXE changes are followed by a CR3 load (a cached translation
- *   made under the other NXE would disagree with a fresh walk); CR0.WP
- *   changes need none (the permission check uses the current CR0.WP).
+ * - EFER.NXE, CR4.SMEP and CR4.SMAP changes are followed by a full flush
+ *   (a translation cached under the other NXE would disagree with a fresh
+ *   walk; for SMEP and SMAP it keeps the test independent of whether the
+ *   CR4 write flushes); CR0.WP changes need none (the permission check
+ *   uses the current CR0.WP).
  */
 #include "mmu_rt.h"
 
@@ -57,7 +60,9 @@
 #define DATA_PHYS 0x1000000ull            /* 16 MiB: the data frames */
 #define LARGE_PHYS 0x2000000ull           /* 32 MiB: two 2 MiB frames */
 #define FETCH_OFF 8                       /* each data page holds int $0x80 here */
+#ifndef SEED /* -DSEED=... builds another run */
 #define SEED 0x5eed0010c0ffee01ull
+#endif
 
 static uint64_t pml4s[NAS][512] __attribute__((aligned(4096)));
 static uint64_t pdpts[NAS][512] __attribute__((aligned(4096)));
@@ -82,7 +87,7 @@ static uint8_t pending[PRIV_PAGES];    /* current address space only */
 static uint8_t pending_large;
 static uint8_t pending_global[GLOBAL_PAGES];
 static uint64_t cr0_base, cr4_base, efer_base;
-static int wp = 1, nxe = 1;
+static int wp = 1, nxe = 1, smep, smap;
 static uint64_t stats_access, stats_fault, stats_flush, stats_unflushed, stats_invlpg, stats_cr3;
 /* Pages whose last change only added permission (no flush). */
 static uint8_t upgraded[PRIV_PAGES], upgraded_global[GLOBAL_PAGES];
@@ -126,10 +131,12 @@ static void flush_page(uint64_t va) {
     }
 }
 
+static uint64_t cur_cr4(void) { return cr4_base | (smep ? CR4_SMEP : 0) | (smap ? CR4_SMAP : 0); }
+
 static void toggle_pge(void) {
     if (!suppress_hw_flush) {
-        write_cr4(cr4_base & ~CR4_PGE);
-        write_cr4(cr4_base);
+        write_cr4(cur_cr4() & ~CR4_PGE);
+        write_cr4(cur_cr4());
     }
     for (int i = 0; i < GLOBAL_PAGES; i++) pending_global[i] = upgraded_global[i] = 0;
     for (int i = 0; i < PRIV_PAGES; i++) pending[i] = upgraded[i] = 0;
@@ -137,13 +144,15 @@ static void toggle_pge(void) {
 }
 
 /* Whether replacing `old` by `new` in a leaf only adds permission (no
- * flush needed), with SMEP and SMAP off. */
+ * flush needed). U/S 0->1 only adds with SMEP and SMAP off; with either
+ * on it takes supervisor access away. */
 static int only_adds(uint64_t old, uint64_t new) {
     if (!(old & PTE_P)) return 1;
     if (!(new & PTE_P)) return 0;
     if ((old ^ new) & (PTE_ADDR | PTE_PS | PTE_G)) return 0;
     if ((old & PTE_W) && !(new & PTE_W)) return 0;
     if ((old & PTE_U) && !(new & PTE_U)) return 0;
+    if (((old ^ new) & PTE_U) && (smep || smap)) return 0;
     if (!(old & PTE_NX) && (new & PTE_NX)) return 0;
     if ((old & ~new) & (PTE_A | PTE_D)) return 0;
     return 1;
@@ -312,8 +321,8 @@ static void op_access(uint64_t n) {
     /* Flush everything, outside the bookkeeping: no access can use a
      * cached translation, so the outcome is the page tables' alone. */
     write_cr3((uint64_t)pml4s[cur]);
-    write_cr4(cr4_base & ~CR4_PGE);
-    write_cr4(cr4_base);
+    write_cr4(cur_cr4() & ~CR4_PGE);
+    write_cr4(cur_cr4());
 #endif
     /* No pending change, so the leaf in memory is the translation: never
      * execute a page table's bytes as code. */
@@ -321,7 +330,8 @@ static void op_access(uint64_t n) {
     enum access_kind k = kind < 5 ? ACC_LOAD : kind < 8 ? ACC_STORE : ACC_FETCH;
     if (k == ACC_FETCH && (leaf & PTE_P) && is_table_frame(leaf)) k = ACC_LOAD;
     uint64_t off = k == ACC_FETCH ? FETCH_OFF : k == ACC_STORE ? 16 + 8 * below(510) : 8 * below(512);
-    access_at(k, va + off, chance(40) ? 3 : 0, 0, (n << 8) | 0x5a);
+    int cpl = chance(40) ? 3 : 0;
+    access_at(k, va + off, cpl, cpl == 0 && chance(30), (n << 8) | 0x5a);
     stats_access++;
     fold(n);
     fold_outcome();
@@ -386,16 +396,16 @@ void rt_main(void) {
 
     for (uint64_t n = 0; n < OPS; n++) {
         uint64_t r = below(100);
-        if (r < 45) op_access(n);
-        else if (r < 80) op_leaf();
-        else if (r < 83) op_pde();
-        else if (r < 85) op_large();
-        else if (r < 92) load_cr3((int)below(NAS));
-        else if (r < 94) flush_page(chance(50) ? priv_va((int)below(PRIV_PAGES)) : global_va((int)below(GLOBAL_PAGES)));
-        else if (r < 96) {
+        if (r < 44) op_access(n);
+        else if (r < 79) op_leaf();
+        else if (r < 82) op_pde();
+        else if (r < 84) op_large();
+        else if (r < 91) load_cr3((int)below(NAS));
+        else if (r < 93) flush_page(chance(50) ? priv_va((int)below(PRIV_PAGES)) : global_va((int)below(GLOBAL_PAGES)));
+        else if (r < 95) {
             wp = !wp;
             write_cr0(wp ? cr0_base : cr0_base & ~CR0_WP);
-        } else if (r < 97) {
+        } else if (r < 96) {
             /* NX bits turn reserved without NXE: clear them first (a
              * change that takes nothing away once NXE is off). */
             nxe = !nxe;
@@ -408,8 +418,16 @@ void rt_main(void) {
             wrmsr(EFER_MSR, efer_base | (nxe ? EFER_NXE : 0));
             toggle_pge();
             load_cr3(cur);
-        } else if (r < 98) {
+        } else if (r < 97) {
             toggle_pge();
+        } else if (r < 98) {
+            /* SMEP or SMAP: a full flush after, whatever the CR4 write
+             * itself flushes. */
+            if (chance(50)) smep = !smep;
+            else smap = !smap;
+            write_cr4(cur_cr4());
+            toggle_pge();
+            load_cr3(cur);
         } else {
             /* Read a leaf as the OS would (A/D included). */
             uint64_t *pte = priv_pte((int)below(PRIV_PAGES));
