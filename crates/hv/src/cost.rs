@@ -20,6 +20,10 @@ pub struct HvCosts {
     pub memslot_lookup: u64,
     /// Taking a frame from the frame allocator.
     pub frame_alloc: u64,
+    /// Returning a frame to the frame allocator (a zapped MMU page; as
+    /// freeing a page to the buddy allocator costs about what taking one
+    /// does).
+    pub frame_free: u64,
     /// Zeroing a 4 KiB frame (~64 cache lines at ~10 cycles each).
     pub zero_4k: u64,
     /// Copying 4 KiB.
@@ -50,6 +54,7 @@ impl HvCosts {
         exit_base: 300,
         memslot_lookup: 40,
         frame_alloc: 100,
+        frame_free: 100,
         zero_4k: 600,
         copy_4k: 700,
         spte_write: 20,

@@ -181,6 +181,8 @@ pub enum MemslotError {
     BadRange { base: u64, npages: u64 },
     #[error("memslot at gfns {base:#x}..{end:#x} overlaps memslot {other}")]
     Overlap { base: u64, end: u64, other: SlotId },
+    #[error(transparent)]
+    Zap(#[from] crate::mmu::zap::ZapError),
 }
 
 /// The set of memslots of a VM, with its generation.

@@ -25,6 +25,13 @@ pub struct VcpuStats {
     pub frames_allocated: u64,
     /// Virtual cycles spent waiting for `mmu_lock`.
     pub mmu_lock_wait_cycles: u64,
+    /// Roots reloaded after a zap-all.
+    pub root_reloads: u64,
+    /// Virtual cycles held up by zap-alls: waits behind their teardown
+    /// holds of `mmu_lock` and root reloads.
+    pub zap_stall_cycles: u64,
+    /// The longest single such stall.
+    pub zap_stall_max: u64,
     /// HLT exits.
     pub halts: u64,
     /// IPIs routed.
@@ -42,6 +49,12 @@ pub struct VcpuStats {
 }
 
 impl VcpuStats {
+    /// Counts a stall caused by a zap-all (nothing if zero).
+    pub(crate) fn note_zap_stall(&mut self, stall: crate::time::Cycles) {
+        self.zap_stall_cycles += stall.0;
+        self.zap_stall_max = self.zap_stall_max.max(stall.0);
+    }
+
     /// Share of `virtual_cycles` (the VM's virtual time) this vCPU spent
     /// busy. A vCPU's own clock can lag the VM's when the VM stops in the
     /// middle of a round, so the VM's time is the denominator.

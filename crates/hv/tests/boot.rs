@@ -245,8 +245,11 @@ fn memslot_delete_zaps_and_refaults() {
         .unwrap();
     assert_eq!(&buf, b"abc");
     let in_use = vm.stats().frames_in_use;
-    vm.delete_memslot(hv::SlotId(7)).unwrap();
-    assert_eq!(vm.stats().frames_in_use, in_use - 1);
+    let tables = vm.stats().ept_tables;
+    let report = vm.delete_memslot(hv::SlotId(7)).unwrap();
+    assert_eq!(report.pages_zapped, tables, "zap-all frees every table");
+    assert_eq!(vm.stats().ept_tables, 0, "until a vCPU loads a new root");
+    assert_eq!(vm.stats().frames_in_use, in_use - 1 - tables);
     assert!(vm.read_guest(machine::Gpa(2 << 32), &mut buf).is_err());
 
     // Deleting guest RAM zaps every spte and frees every guest frame.
@@ -256,7 +259,7 @@ fn memslot_delete_zaps_and_refaults() {
     assert!(vm.spte(text).is_none_or(|s| !spte::is_present(s)));
     let after = vm.stats().frames_in_use;
     assert!(before > after, "{before} -> {after}");
-    assert_eq!(after, vm.stats().ept_tables, "only the EPT tables remain");
+    assert_eq!(after, 0, "no guest frame and no EPT table remains");
     assert!(vm
         .read_guest(machine::Gpa(0x200000), &mut [0u8; 1])
         .is_err());

@@ -83,6 +83,8 @@ pub(crate) struct Fault {
     pub flush: bool,
     /// Virtual cycles spent waiting for `mmu_lock`.
     pub lock_wait: Cycles,
+    /// Of which behind a zap-all's teardown.
+    pub zap_wait: Cycles,
 }
 
 /// The clock of one exit: `now` stamps the pager's work (the vCPU's clock
@@ -133,6 +135,7 @@ pub(crate) fn page_fault(
     );
     clock.cycles += mapped.cycles;
     fault.lock_wait = mapped.lock_wait;
+    fault.zap_wait = mapped.zap_wait;
     mapped.result?;
     Ok(fault)
 }
@@ -178,6 +181,7 @@ pub(crate) fn faultin(
         repeat: false,
         flush: false,
         lock_wait: Cycles::ZERO,
+        zap_wait: Cycles::ZERO,
     };
     // The pager's work is the vCPU's; sptes it zapped or aged need a
     // remote flush (the INVEPT is charged here, issued before entry).
@@ -243,6 +247,8 @@ pub(crate) struct Mapped {
     pub cycles: Cycles,
     /// Of which waiting for `mmu_lock`.
     pub lock_wait: Cycles,
+    /// Of which behind a zap-all's teardown.
+    pub zap_wait: Cycles,
     /// Whether a new spte went in (false: another vCPU had installed it),
     /// or why not.
     pub result: Result<bool, FaultError>,
@@ -270,6 +276,7 @@ impl Mmu {
             return Mapped {
                 cycles: Cycles::ZERO,
                 lock_wait: Cycles::ZERO,
+                zap_wait: Cycles::ZERO,
                 result: Ok(false),
             };
         }
@@ -278,6 +285,7 @@ impl Mmu {
         Mapped {
             cycles: guard.cycles(),
             lock_wait: guard.waited(),
+            zap_wait: guard.zap_waited(),
             result,
         }
     }

@@ -29,6 +29,11 @@ use std::sync::{Mutex, MutexGuard};
 #[derive(Debug, Default)]
 pub(crate) struct LockTimeline {
     holds: VecDeque<(Cycles, Cycles)>,
+    /// The holds of a zap-all teardown (see `super::zap`), laid out ahead
+    /// of the vCPUs in virtual time when the operation runs, in start
+    /// order. Kept apart from `holds` so a burst of vCPU faults cannot
+    /// push them out of the window while vCPUs may still run into them.
+    zap_holds: Vec<(Cycles, Cycles)>,
     /// Total virtual cycles requesters waited for the lock.
     pub waited: Cycles,
     /// Acquisitions that had to wait.
@@ -42,18 +47,57 @@ impl LockTimeline {
     pub const WINDOW: usize = 256;
 
     /// The virtual time at which a request made at `at` gets the lock.
+    #[cfg(test)]
     pub fn grant(&self, at: Cycles) -> Cycles {
+        self.grant_with_zap_wait(at).0
+    }
+
+    /// The grant time of a request made at `at`, and how much of the wait
+    /// was spent behind zap-all teardown holds.
+    pub fn grant_with_zap_wait(&self, at: Cycles) -> (Cycles, Cycles) {
         let mut t = at;
+        let mut zap_wait = Cycles::ZERO;
         // Each step moves t to the end of a hold containing it, so this
-        // ends after at most WINDOW steps.
-        while let Some(&(_, end)) = self
-            .holds
-            .iter()
-            .find(|&&(start, end)| start <= t && t < end)
-        {
-            t = end;
+        // ends after at most one step per remembered hold.
+        loop {
+            if let Some(&(_, end)) = self
+                .holds
+                .iter()
+                .find(|&&(start, end)| start <= t && t < end)
+            {
+                t = end;
+                continue;
+            }
+            if let Some(end) = self.zap_hold_containing(t) {
+                zap_wait += end - t;
+                t = end;
+                continue;
+            }
+            return (t, zap_wait);
         }
-        t
+    }
+
+    /// The end of the zap hold containing `t`, if any (they never
+    /// overlap, so the last one starting at or before `t` is the only
+    /// candidate).
+    fn zap_hold_containing(&self, t: Cycles) -> Option<Cycles> {
+        let after = self.zap_holds.partition_point(|&(start, _)| start <= t);
+        let &(_, end) = self.zap_holds[..after].last()?;
+        (t < end).then_some(end)
+    }
+
+    /// Puts a teardown batch's hold on the timeline; batches are recorded
+    /// in time order.
+    pub fn record_zap_hold(&mut self, start: Cycles, end: Cycles) {
+        debug_assert!(self.zap_holds.last().is_none_or(|&(_, e)| e <= start));
+        self.acquisitions += 1;
+        self.zap_holds.push((start, end));
+    }
+
+    /// Forgets teardown holds that ended before `t` (no vCPU clock is
+    /// earlier).
+    pub fn forget_zap_holds_before(&mut self, t: Cycles) {
+        self.zap_holds.retain(|&(_, end)| end > t);
     }
 
     /// Records a hold from `start` to `end` that waited `waited` cycles.
@@ -98,8 +142,12 @@ pub(crate) struct MmuGuard<'a> {
 struct Hold {
     /// On the timeline (false: [`Timed::Untimed`]).
     timed: bool,
+    /// A zap-all teardown hold (recorded apart, see [`LockTimeline`]).
+    zap: bool,
     granted: Cycles,
     waited: Cycles,
+    /// Of `waited`, behind zap-all teardown holds.
+    zap_waited: Cycles,
     acquire: Cycles,
     held: Cycles,
 }
@@ -123,19 +171,23 @@ impl MmuLock {
         let hold = match when {
             Timed::Untimed => Hold {
                 timed: false,
+                zap: false,
                 granted: Cycles::ZERO,
                 waited: Cycles::ZERO,
+                zap_waited: Cycles::ZERO,
                 acquire: Cycles::ZERO,
                 held: Cycles::ZERO,
             },
             Timed::At(now) => {
                 let acquire = Cycles(costs.lock_acquire);
                 let requested = now + acquire;
-                let granted = inner.timeline.grant(requested);
+                let (granted, zap_waited) = inner.timeline.grant_with_zap_wait(requested);
                 Hold {
                     timed: true,
+                    zap: false,
                     granted,
                     waited: granted - requested,
+                    zap_waited,
                     acquire,
                     held: Cycles::ZERO,
                 }
@@ -145,7 +197,22 @@ impl MmuLock {
     }
 }
 
+impl MmuLock {
+    /// Takes `mmu_lock` at `at` for a batch of a zap-all teardown: a timed
+    /// hold kept on the timeline apart from the others.
+    pub fn hold_for_zap(&self, at: Cycles, costs: &HvCosts) -> MmuGuard<'_> {
+        let mut guard = self.hold(Timed::At(at), costs);
+        guard.hold.zap = true;
+        guard
+    }
+}
+
 impl MmuGuard<'_> {
+    /// The work charged so far under the lock.
+    pub fn held(&self) -> Cycles {
+        self.hold.held
+    }
+
     /// Adds `cycles` of work done under the lock (it lengthens the hold).
     pub fn charge(&mut self, cycles: u64) {
         self.hold.held += Cycles(cycles);
@@ -154,6 +221,17 @@ impl MmuGuard<'_> {
     /// Virtual cycles spent waiting for the lock.
     pub fn waited(&self) -> Cycles {
         self.hold.waited
+    }
+
+    /// Of [`MmuGuard::waited`], the part spent behind zap-all teardown
+    /// holds (what a zap-all costs the vCPUs).
+    pub fn zap_waited(&self) -> Cycles {
+        self.hold.zap_waited
+    }
+
+    /// When the holder got the lock (zero for an untimed hold).
+    pub fn granted(&self) -> Cycles {
+        self.hold.granted
     }
 
     /// Everything the holder pays: acquisition, wait and the work under
@@ -179,7 +257,11 @@ impl std::ops::DerefMut for MmuGuard<'_> {
 impl Drop for MmuGuard<'_> {
     fn drop(&mut self) {
         let h = self.hold;
-        if h.timed {
+        if h.zap {
+            self.inner
+                .timeline
+                .record_zap_hold(h.granted, h.granted + h.held);
+        } else if h.timed {
             self.inner
                 .timeline
                 .record(h.granted, h.granted + h.held, h.waited);
@@ -201,5 +283,38 @@ mod tests {
         assert_eq!(lock.grant(Cycles(250)), Cycles(250), "a hold's end is free");
         lock.record(Cycles(250), Cycles(300), Cycles(100));
         assert_eq!((lock.waited, lock.contended), (Cycles(100), 1));
+    }
+
+    #[test]
+    fn a_request_waits_for_the_zap_batch_it_falls_in_but_not_the_next() {
+        let mut lock = LockTimeline::default();
+        // Two teardown batches with a lock break between them.
+        lock.record_zap_hold(Cycles(1000), Cycles(2000));
+        lock.record_zap_hold(Cycles(2025), Cycles(3000));
+        assert_eq!(
+            lock.grant_with_zap_wait(Cycles(999)),
+            (Cycles(999), Cycles::ZERO)
+        );
+        assert_eq!(
+            lock.grant_with_zap_wait(Cycles(1500)),
+            (Cycles(2000), Cycles(500))
+        );
+        assert_eq!(
+            lock.grant_with_zap_wait(Cycles(2010)),
+            (Cycles(2010), Cycles::ZERO)
+        );
+        assert_eq!(
+            lock.grant_with_zap_wait(Cycles(2025)),
+            (Cycles(3000), Cycles(975))
+        );
+        // A vCPU hold ending inside a batch chains into it.
+        lock.record(Cycles(900), Cycles(1100), Cycles::ZERO);
+        assert_eq!(
+            lock.grant_with_zap_wait(Cycles(950)),
+            (Cycles(2000), Cycles(900))
+        );
+        lock.forget_zap_holds_before(Cycles(2010));
+        assert_eq!(lock.grant(Cycles(1500)), Cycles(1500));
+        assert_eq!(lock.grant(Cycles(2500)), Cycles(3000));
     }
 }

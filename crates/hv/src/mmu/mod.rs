@@ -8,6 +8,10 @@
 //! - [`fault`]: the EPT-violation path (find the frame, install the spte);
 //! - [`notifier`]: what the pager may do to mappings (test-and-clear-young,
 //!   zap a frame, zap a gfn range), KVM's MMU-notifier hooks;
+//! - [`walk`]: the guest page-table walker (the shadow MMU's view of the
+//!   guest's tables: permissions, A/D updates, the #PF the guest must see);
+//! - [`zap`]: zap-all, slow (one hold) or fast (by generation, batches
+//!   with lock breaks; seed 003);
 //! - [`check`]: the invariant checker the tests run;
 //! - [`shadow`]: the shadow MMU (`--mmu shadow`): shadow pages keyed by
 //!   (gfn, role), the page tracker, unsync pages, the root cache.
@@ -25,9 +29,14 @@ pub(crate) mod shadow;
 pub mod spte;
 pub(crate) mod tdp;
 pub(crate) mod tdp_iter;
+// The shadow MMU is its user; until it lands only the tests call it.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod walk;
+pub mod zap;
 
 use crate::cost::HvCosts;
 use crate::frames::FrameAllocator;
+use crate::time::Cycles;
 use lock::{LockTimeline, MmuGuard, MmuLock, Timed};
 use machine::vmx::Eptp;
 use machine::{Gfn, PhysMemory};
@@ -79,6 +88,15 @@ pub(crate) struct Mmu {
     /// obsolete. Read without the lock at every VM entry (KVM reads
     /// `mmu_valid_gen` the same way); changed only under the lock.
     generation: AtomicU64,
+}
+
+/// What loading a root cost the vCPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RootLoad {
+    /// Acquisition, wait and work (zero for an untimed load).
+    pub cycles: Cycles,
+    /// Of which waiting behind a zap-all's teardown.
+    pub zap_wait: Cycles,
 }
 
 /// The root a vCPU enters with.
@@ -151,22 +169,27 @@ impl Mmu {
     /// A valid root of `role` for a vCPU entering the guest (KVM's
     /// `kvm_mmu_load`): the current generation's, made if none exists.
     /// `previous` is the root the vCPU entered with last (its use count
-    /// moves to the new one).
+    /// moves to the new one). `when`: a vCPU's first load is set-up
+    /// (untimed); a reload after a zap-all is a timed hold whose cost the
+    /// vCPU pays.
     pub fn load_root(
         &self,
         mem: &PhysMemory,
         frames: &mut FrameAllocator,
         costs: &HvCosts,
         previous: Option<RootId>,
-    ) -> Result<LoadedRoot, RootError> {
-        let mut inner = self.hold(Timed::Untimed, costs);
+        when: Timed,
+    ) -> Result<(LoadedRoot, RootLoad), RootError> {
+        let mut inner = self.hold(when, costs);
         let generation = self.generation();
         let role = PageRole::TDP_ROOT;
         let id = match inner.roots.find_valid(role, generation) {
             Some(id) => id,
             None => {
                 let MmuInner { roots, headers, .. } = &mut *inner;
-                roots.create(mem, frames, headers, role, generation)?
+                let id = roots.create(mem, frames, headers, role, generation)?;
+                inner.charge(costs.frame_alloc + costs.zero_4k);
+                id
             }
         };
         if let Some(old) = previous.and_then(|p| inner.roots.get_mut(p)) {
@@ -174,11 +197,24 @@ impl Mmu {
         }
         let root = inner.roots.get_mut(id).expect("found or made above");
         root.users += 1;
-        Ok(LoadedRoot {
+        let loaded = LoadedRoot {
             id,
             eptp: root.eptp(),
             generation,
-        })
+        };
+        let load = RootLoad {
+            cycles: inner.cycles(),
+            zap_wait: inner.zap_waited(),
+        };
+        Ok((loaded, load))
+    }
+
+    /// Forgets zap-all teardown holds that ended before `t` (the oldest
+    /// vCPU clock: nothing can run into them any more).
+    pub fn forget_zap_holds_before(&self, t: Cycles, costs: &HvCosts) {
+        self.hold(Timed::Untimed, costs)
+            .timeline
+            .forget_zap_holds_before(t);
     }
 
     /// EPT table frames in use, roots included.

@@ -1,4 +1,4 @@
-//! What the host side (the pager, memslot changes) may do to the guest's
+//! What the host side (the pager) may do to the guest's
 //! mappings: KVM's MMU-notifier hooks. Nothing outside `mmu/` touches an
 //! spte; the pager asks through these, each one a hold of `mmu_lock`
 //! through [`super::lock`], so its cost and its hold are accounted like a
@@ -10,12 +10,10 @@
 
 use super::lock::Timed;
 use super::tdp::{clear_spte_bits, exchange_spte};
-use super::tdp_iter::TdpIter;
-use super::{shadow, spte, Mmu};
+use super::Mmu;
 use crate::cost::HvCosts;
 use crate::time::Cycles;
-use machine::{Gfn, Hfn, MemError, PhysMemory};
-use std::ops::Range;
+use machine::{Hfn, MemError, PhysMemory};
 
 /// What zapping the mappings of one frame found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -67,38 +65,6 @@ impl Mmu {
             zapped.sptes += 1;
             inner.shadow.pages.forget_leaf(at);
             inner.charge(costs.spte_write);
-        }
-        zapped.cycles = inner.cycles();
-        Ok(zapped)
-    }
-
-    /// Clears every leaf spte translating a gfn in `range`, in every root
-    /// (memslot deletion and moves). Returns how many were cleared.
-    pub fn zap_gfn_range(
-        &self,
-        mem: &PhysMemory,
-        costs: &HvCosts,
-        range: Range<Gfn>,
-        when: Timed,
-    ) -> Result<Zapped, MemError> {
-        let mut inner = self.hold(when, costs);
-        if self.mode == super::MmuMode::Shadow {
-            return shadow::zap_gfn_range(mem, costs, &mut inner, range);
-        }
-        let pml4s: Vec<Hfn> = inner.roots.iter().map(|r| r.pml4).collect();
-        let mut zapped = Zapped::default();
-        for pml4 in pml4s {
-            for entry in TdpIter::new(mem, pml4, range.clone()) {
-                let entry = entry?;
-                if !entry.is_leaf() {
-                    continue;
-                }
-                let old = exchange_spte(mem, entry.at, 0)?;
-                zapped.dirty |= old & spte::DIRTY != 0;
-                zapped.sptes += 1;
-                inner.rmap.remove(spte::frame(old), entry.at);
-                inner.charge(costs.spte_write);
-            }
         }
         zapped.cycles = inner.cycles();
         Ok(zapped)

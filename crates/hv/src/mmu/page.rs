@@ -86,9 +86,34 @@ impl PageHeaders {
         self.by_frame.get(&frame)
     }
 
+    pub fn get_mut(&mut self, frame: Hfn) -> Option<&mut PageHeader> {
+        self.by_frame.get_mut(&frame)
+    }
+
     /// Forgets the header of a table being freed.
     pub fn remove(&mut self, frame: Hfn) -> Option<PageHeader> {
         self.by_frame.remove(&frame)
+    }
+
+    /// The tables made before `generation` (obsolete once the MMU is in
+    /// it), parents before children: highest level first, then by frame.
+    /// This is the order the teardown frees them in, so each page's
+    /// children are unlinked before their turn comes.
+    pub fn obsolete(&self, generation: u64) -> Vec<Hfn> {
+        let mut pages: Vec<(std::cmp::Reverse<u8>, Hfn)> = self
+            .by_frame
+            .iter()
+            .filter(|(_, h)| h.generation < generation)
+            .map(|(&f, h)| (std::cmp::Reverse(h.role.level), f))
+            .collect();
+        pages.sort_unstable();
+        pages.into_iter().map(|(_, f)| f).collect()
+    }
+
+    /// Every table, parents before children (the teardown order of a
+    /// zap-all that does not go by generation).
+    pub fn all_top_down(&self) -> Vec<Hfn> {
+        self.obsolete(u64::MAX)
     }
 
     /// Every table, in frame order.

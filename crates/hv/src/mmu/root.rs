@@ -105,10 +105,16 @@ impl Roots {
             .map(|r| r.id)
     }
 
-    /// Forgets a root whose table was freed (a zapped shadow root).
+    /// The root whose top table is `pml4`.
+    pub fn by_table(&self, pml4: Hfn) -> Option<RootId> {
+        self.roots.iter().find(|r| r.pml4 == pml4).map(|r| r.id)
+    }
+
+    /// Forgets a root whose top table is being freed (a vCPU that entered
+    /// with it last reloads before it enters again).
     pub fn remove(&mut self, id: RootId) -> Option<Root> {
-        let i = self.roots.iter().position(|r| r.id == id)?;
-        Some(self.roots.remove(i))
+        let at = self.roots.iter().position(|r| r.id == id)?;
+        Some(self.roots.remove(at))
     }
 
     /// Every root.

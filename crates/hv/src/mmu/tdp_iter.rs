@@ -56,16 +56,26 @@ pub(crate) struct TdpIter<'a> {
 
 impl<'a> TdpIter<'a> {
     /// Walks the hierarchy at `pml4` over `range`.
+    #[cfg(test)]
     pub fn new(mem: &'a PhysMemory, pml4: Hfn, range: Range<Gfn>) -> Self {
+        Self::below(mem, pml4, ROOT_LEVEL, Gfn(0), range)
+    }
+
+    /// Walks the hierarchy below the table `table` at `level`, whose
+    /// first gfn is `base`, over the part of `range` it translates: a
+    /// detached subtree, as a zap-all's teardown leaves them.
+    pub fn below(mem: &'a PhysMemory, table: Hfn, level: u8, base: Gfn, range: Range<Gfn>) -> Self {
         let mut stack = Vec::with_capacity(ROOT_LEVEL as usize);
-        if range.start < range.end {
+        let start = range.start.0.max(base.0);
+        if start < range.end.0 {
             stack.push(Frame {
-                table: pml4.addr(),
-                level: ROOT_LEVEL,
-                base: 0,
-                next: range.start.0 / entry_span(ROOT_LEVEL) % ENTRIES,
+                table: table.addr(),
+                level,
+                base: base.0,
+                next: (start - base.0) / entry_span(level) % ENTRIES,
             });
         }
+        let range = Gfn(start)..range.end;
         TdpIter {
             mem,
             range: range.start.0..range.end.0,

@@ -30,6 +30,7 @@ pub(crate) mod shadow;
 
 use crate::apf::ApfVcpu;
 use crate::error::VmError;
+use crate::mmu::lock::Timed;
 use crate::mmu::root::RootError;
 use crate::mmu::shadow::cache::ShadowVcpu;
 use crate::mmu::{LoadedRoot, MmuMode};
@@ -228,17 +229,7 @@ impl Vcpu {
         }
         let stale = self.root.is_none_or(|r| !shared.host.mmu.is_current(&r));
         if self.requests.take(Requests::RELOAD_ROOT) || stale {
-            let host = &mut shared.host;
-            let root = host.mmu.load_root(
-                &host.mem,
-                &mut host.frames,
-                &host.costs,
-                self.root.map(|r| r.id),
-            )?;
-            if let Some(c) = self.cpu.vmx_mut() {
-                c.ept = Some(root.eptp);
-            }
-            self.root = Some(root);
+            self.reload_root(shared)?;
         }
         if self.requests.take(Requests::TLB_FLUSH) {
             if let Some(root) = self.root {
@@ -253,15 +244,60 @@ impl Vcpu {
     fn process_shadow_requests(&mut self, shared: &mut Shared) -> Result<(), VmError> {
         let stale = self.root.is_none_or(|r| !shared.host.mmu.is_current(&r));
         if self.requests.take(Requests::RELOAD_ROOT) || stale {
-            let cycles =
-                self.load_shadow_root(shared, false, crate::mmu::lock::Timed::At(self.clock()))?;
+            let previous = self.root;
+            let when = match previous {
+                Some(_) => Timed::At(self.clock()),
+                None => Timed::Untimed,
+            };
+            let (cycles, zap_wait) = self.load_shadow_root(shared, false, when)?;
             self.charge(cycles);
+            if previous.is_some() {
+                // As under EPT: a reload after a zap is a stall it caused.
+                self.stats.root_reloads += 1;
+                self.stats.mmu_lock_wait_cycles += zap_wait.0;
+                self.stats.note_zap_stall(cycles);
+            }
         }
         if self.requests.take(Requests::TLB_FLUSH) {
             let vpid = self.cpu.vmx().map_or(0, |v| v.vpid);
             self.cpu
                 .invvpid(machine::vmx::InvvpidKind::SingleContext { vpid });
         }
+        Ok(())
+    }
+
+    /// Loads a root (KVM's `kvm_mmu_reload`). The first load is set-up;
+    /// a reload (after a zap-all) takes `mmu_lock` at the vCPU's clock,
+    /// may wait behind the zap's teardown, builds the root if no vCPU has
+    /// yet, and flushes what the TLB holds under the old root (its top
+    /// table may be freed and reused): the vCPU pays all of it, and it
+    /// counts as a stall caused by the zap.
+    fn reload_root(&mut self, shared: &mut Shared) -> Result<(), RootError> {
+        let previous = self.root;
+        let when = match previous {
+            Some(_) => Timed::At(self.clock()),
+            None => Timed::Untimed,
+        };
+        let host = &mut shared.host;
+        let (root, load) = host.mmu.load_root(
+            &host.mem,
+            &mut host.frames,
+            &host.costs,
+            previous.map(|r| r.id),
+            when,
+        )?;
+        if let Some(old) = previous {
+            self.cpu.invept(InveptKind::SingleContext(old.eptp));
+            let cycles = load.cycles + Cycles(host.costs.invept);
+            self.charge(cycles);
+            self.stats.root_reloads += 1;
+            self.stats.mmu_lock_wait_cycles += load.zap_wait.0;
+            self.stats.note_zap_stall(cycles);
+        }
+        if let Some(c) = self.cpu.vmx_mut() {
+            c.ept = Some(root.eptp);
+        }
+        self.root = Some(root);
         Ok(())
     }
 

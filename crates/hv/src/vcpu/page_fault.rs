@@ -67,6 +67,7 @@ impl Vcpu {
         }
         self.stats.ept_faults += 1;
         self.stats.mmu_lock_wait_cycles += fault.lock_wait.0;
+        self.stats.note_zap_stall(fault.zap_wait);
         match fault.outcome {
             FaultOutcome::Mapped => Ok(Next::Continue),
             FaultOutcome::WaitForPage {

@@ -156,13 +156,14 @@ impl Vcpu {
     /// under shadow paging): from `prev_roots` when `cache` and it is
     /// there, else from the page hash (made if missing) under `mmu_lock`.
     /// Syncs unsync pages, points the machine's CR3 at the root and
-    /// flushes this vCPU's TLB. Returns the cost.
+    /// flushes this vCPU's TLB. Returns the cost and, of it, the wait
+    /// behind a zap-all's teardown.
     pub(crate) fn load_shadow_root(
         &mut self,
         shared: &mut Shared,
         cache: bool,
         at: Timed,
-    ) -> Result<Cycles, VmError> {
+    ) -> Result<(Cycles, Cycles), VmError> {
         let context = self.paging_context();
         let cr3 = self.shadow.guest_cr3;
         let host = &mut shared.host;
@@ -230,7 +231,7 @@ impl Vcpu {
             eptp: Eptp::new(frame.addr(), false),
             generation: shared.host.mmu.generation(),
         });
-        Ok(cycles)
+        Ok((cycles, held.zap_wait))
     }
 
     /// Injects the #PF the guest's own tables give (CR2 = the address).
@@ -463,6 +464,7 @@ impl Vcpu {
             .map_err(|e| self.shadow_error(e))?;
         *cycles += held.cycles;
         self.stats.mmu_lock_wait_cycles += held.lock_wait.0;
+        self.stats.note_zap_stall(held.zap_wait);
         if held.flush {
             shared.cross.push(CrossRequest::FlushAll);
         }
@@ -631,7 +633,7 @@ impl Vcpu {
                 }
                 self.shadow.guest_cr3 = value;
                 let at = Timed::At(self.clock() + *cycles);
-                *cycles += self.load_shadow_root(shared, true, at)?;
+                *cycles += self.load_shadow_root(shared, true, at)?.0;
             }
             CrAccess::MovTo { cr: 0, value, .. } => {
                 let v = self.cpu.vmx().expect("guest mode");
@@ -692,7 +694,7 @@ impl Vcpu {
     ) -> Result<(), VmError> {
         if self.paging_context() != before {
             let at = Timed::At(self.clock() + *cycles);
-            *cycles += self.load_shadow_root(shared, true, at)?;
+            *cycles += self.load_shadow_root(shared, true, at)?.0;
         } else {
             let vpid = self.vpid();
             self.cpu.invvpid(InvvpidKind::SingleContext { vpid });

@@ -12,7 +12,7 @@ use crate::frames::FrameAllocator;
 use crate::host::Host;
 use crate::memslot::{MemslotError, Memslots, SlotFlags, SlotId};
 use crate::mmu::check::InvariantError;
-use crate::mmu::lock::Timed;
+use crate::mmu::zap::{ZapError, ZapMode, ZapReport};
 use crate::mmu::{Mmu, MmuMode};
 use crate::pager::Pager;
 use crate::stats::VmStats;
@@ -60,6 +60,9 @@ pub struct VmConfig {
     /// Shadow paging: roots each vCPU remembers for a CR3 switch back
     /// (KVM's `prev_roots`, 3).
     pub shadow_prev_roots: usize,
+    /// How memslot deletion and moves (and [`Vm::zap_all`]) drop every
+    /// mapping.
+    pub zap: ZapMode,
 }
 
 impl Default for VmConfig {
@@ -79,6 +82,7 @@ impl Default for VmConfig {
             seed: 1,
             mmu: MmuMode::Ept,
             shadow_prev_roots: 3,
+            zap: ZapMode::Fast,
         }
     }
 }
@@ -128,6 +132,7 @@ pub struct Vm {
     pub(crate) sched: Scheduler,
     mem_size: u64,
     pub(crate) kernel: Option<KernelImage>,
+    zap: ZapMode,
 }
 
 /// The VM-execution controls of vCPU `id` (the EPT pointer, or under
@@ -251,6 +256,7 @@ impl Vm {
             sched: Scheduler::new(Cycles(config.quantum.max(1))),
             mem_size: config.mem_size,
             kernel: None,
+            zap: config.zap,
         })
     }
 
@@ -288,9 +294,9 @@ impl Vm {
             .add(id, base.frame(), size / PAGE_SIZE, flags)
     }
 
-    /// Deletes a memslot: zaps every spte mapping its pages, flushes the
-    /// EPT translations of every vCPU, frees the backing frames.
-    pub fn delete_memslot(&mut self, id: SlotId) -> Result<(), MemslotError> {
+    /// Deletes a memslot at the VM's current virtual time: drops every
+    /// mapping ([`Vm::zap_all`]) and frees the slot's backing frames.
+    pub fn delete_memslot(&mut self, id: SlotId) -> Result<ZapReport, MemslotError> {
         let shared = &mut self.shared;
         let cancelled = shared.pager.forget_memslot(&shared.host.slots, id);
         for vcpu in &mut self.vcpus {
@@ -299,7 +305,7 @@ impl Vm {
             vcpu.apf.works.retain(|w| w.page.slot != id);
         }
         let slot = shared.host.slots.delete(id)?;
-        self.zap_gfns(slot.base_gfn..slot.end_gfn());
+        let report = self.zap_all()?;
         let shared = &mut self.shared;
         for (_, frame) in slot.backed_pages() {
             shared.host.frames.free(frame);
@@ -308,33 +314,34 @@ impl Vm {
         for frame in cancelled {
             shared.host.frames.free(frame);
         }
-        Ok(())
+        Ok(report)
     }
 
-    /// Moves a memslot to a new guest-physical base; its contents move with
-    /// it and its old mappings are zapped (they refault at the new gpa).
-    pub fn move_memslot(&mut self, id: SlotId, new_base: Gpa) -> Result<(), MemslotError> {
-        let slots = &mut self.shared.host.slots;
-        let old = slots.get(id).ok_or(MemslotError::NoSuchSlot(id))?;
-        let range = old.base_gfn..old.end_gfn();
-        slots.move_slot(id, new_base.frame())?;
-        self.zap_gfns(range);
-        Ok(())
+    /// Moves a memslot to a new guest-physical base at the VM's current
+    /// virtual time; its contents move with it and every mapping is
+    /// dropped ([`Vm::zap_all`]; the guest refaults at the new gpa).
+    pub fn move_memslot(&mut self, id: SlotId, new_base: Gpa) -> Result<ZapReport, MemslotError> {
+        self.shared.host.slots.move_slot(id, new_base.frame())?;
+        Ok(self.zap_all()?)
     }
 
-    /// Zaps the sptes of `range` and has every vCPU flush before it runs.
-    fn zap_gfns(&mut self, range: std::ops::Range<Gfn>) {
-        let host = &self.shared.host;
-        // The iterator reads only tables the MMU allocated in host memory,
-        // so clearing their entries cannot fail.
-        let zapped = host
+    /// Drops every mapping of the VM, the configured way
+    /// ([`VmConfig::zap`]), as the VMM thread at the VM's current virtual
+    /// time (KVM: the memslot ioctl's thread): its holds of `mmu_lock`
+    /// go on the lock timeline, every vCPU reloads its root before it
+    /// next enters, and the vCPUs that fault or reload meanwhile wait for
+    /// the holds they run into. Call it between `run_until` slices.
+    pub fn zap_all(&mut self) -> Result<ZapReport, ZapError> {
+        let at = self.time();
+        let oldest = self.vcpus.iter().map(Vcpu::clock).min().unwrap_or(at);
+        let host = &mut self.shared.host;
+        host.mmu.forget_zap_holds_before(oldest, &host.costs);
+        let report = host
             .mmu
-            .zap_gfn_range(&host.mem, &host.costs, range, Timed::Untimed)
-            .map_or(0, |z| z.sptes);
-        if zapped > 0 {
-            self.shared.cross.push(CrossRequest::FlushAll);
-            self.carry_out_cross_requests();
-        }
+            .zap_all(&host.mem, &mut host.frames, &host.costs, self.zap, at)?;
+        self.shared.cross.push(CrossRequest::ReloadRoots);
+        self.carry_out_cross_requests();
+        Ok(report)
     }
 
     /// The memslot generation.

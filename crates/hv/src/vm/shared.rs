@@ -21,7 +21,8 @@ pub(crate) enum CrossRequest {
     /// Every vCPU flushes its EPT translations before its next entry
     /// (sptes were zapped or aged).
     FlushAll,
-    /// Shadow roots were zapped: every vCPU loads its root again.
+    /// Every vCPU loads a root again before its next entry (a zap-all
+    /// freed or obsoleted the one it has).
     ReloadRoots,
     /// A fixed (or lowest-priority) IPI from the APIC `sender_apic`.
     Ipi {

@@ -26,14 +26,12 @@ pub mod spte;
 pub(crate) mod sync;
 
 use super::lock::MmuGuard;
-use super::notifier::Zapped;
 use super::MmuInner;
 use crate::cost::HvCosts;
 use crate::time::Cycles;
 use machine::{Gfn, MemError, PhysMemory};
 pub use pages::ShadowError;
 pub(crate) use pages::{Effects, ShadowPages};
-use std::ops::Range;
 
 /// Counters of the shadow MMU (cumulative unless noted).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -69,32 +67,6 @@ pub struct ShadowStats {
 pub(crate) struct ShadowState {
     pub pages: ShadowPages,
     pub stats: ShadowStats,
-}
-
-/// Zaps every shadow leaf of a gfn in `range` (memslot deletion and moves).
-pub(crate) fn zap_gfn_range(
-    mem: &PhysMemory,
-    costs: &HvCosts,
-    inner: &mut MmuGuard<'_>,
-    range: Range<Gfn>,
-) -> Result<Zapped, MemError> {
-    let mut zapped = Zapped::default();
-    let leaves: Vec<_> = inner
-        .shadow
-        .pages
-        .leaves()
-        .filter(|(_, g)| range.contains(g))
-        .collect();
-    for (at, _) in leaves {
-        let old = super::tdp::exchange_spte(mem, at, 0)?;
-        zapped.dirty |= old & spte::DIRTY != 0;
-        zapped.sptes += 1;
-        inner.rmap.remove(spte::frame(old), at);
-        inner.shadow.pages.forget_leaf(at);
-        inner.charge(costs.spte_write);
-    }
-    zapped.cycles = inner.cycles();
-    Ok(zapped)
 }
 
 /// The shadow tables of `inner`, for an operation under `mmu_lock`.
@@ -144,6 +116,8 @@ pub(crate) struct Held<T> {
     pub cycles: Cycles,
     /// Of which waiting.
     pub lock_wait: Cycles,
+    /// Of which waiting behind a zap-all's teardown.
+    pub zap_wait: Cycles,
     /// A present spte was cleared or restricted: flush every vCPU.
     pub flush: bool,
     /// A root was zapped: every vCPU reloads.
@@ -183,6 +157,7 @@ impl super::Mmu {
             value,
             cycles: guard.cycles(),
             lock_wait: guard.waited(),
+            zap_wait: guard.zap_waited(),
             flush: fx.flush,
             reload: fx.reload,
         })

@@ -35,6 +35,8 @@ pub(crate) struct ShadowPage {
     pub unsync: bool,
     /// The root object, for a root.
     pub root: Option<RootId>,
+    /// Made before a fast zap-all, waiting for its teardown.
+    pub obsolete: bool,
 }
 
 /// Side effects of a change, for the caller to act on and charge.
@@ -142,6 +144,36 @@ impl ShadowPages {
         self.leaf_gfn.remove(&at);
     }
 
+    /// A page freed by a zap-all (`mmu/zap.rs`, which tears pages down by
+    /// their headers): forgets it (no-op for a TDP table).
+    pub fn forget_page(&mut self, frame: Hfn) {
+        let Some(page) = self.pages.remove(&frame) else {
+            return;
+        };
+        if self.by_key.get(&(page.gfn, page.role)) == Some(&frame) {
+            self.by_key.remove(&(page.gfn, page.role));
+        }
+        if let Some(list) = self.by_gfn.get_mut(&page.gfn) {
+            list.retain(|&f| f != frame);
+            if list.is_empty() {
+                self.by_gfn.remove(&page.gfn);
+            }
+        }
+    }
+
+    /// A fast zap-all made every page obsolete (`mmu/zap.rs`): none is
+    /// found again (a fault makes new ones); each is forgotten when the
+    /// teardown frees it.
+    pub fn invalidate_all(&mut self) {
+        self.by_key.clear();
+        self.by_gfn.clear();
+        self.flood.clear();
+        for page in self.pages.values_mut() {
+            page.obsolete = true;
+            page.unsync = false;
+        }
+    }
+
     /// Every shadow leaf and its gfn.
     pub fn leaves(&self) -> impl Iterator<Item = (Hpa, Gfn)> + '_ {
         self.leaf_gfn.iter().map(|(&a, &g)| (a, g))
@@ -172,7 +204,7 @@ impl ShadowPages {
     pub fn counts(&self) -> ([u64; 4], u64) {
         let mut levels = [0; 4];
         let mut unsync = 0;
-        for p in self.pages.values() {
+        for p in self.pages.values().filter(|p| !p.obsolete) {
             levels[p.role.level as usize - 1] += 1;
             unsync += p.unsync as u64;
         }
@@ -239,6 +271,7 @@ impl Tables<'_> {
                 parents: Vec::new(),
                 unsync: false,
                 root: root.map(|(id, _)| id),
+                obsolete: false,
             },
         );
         if !role.direct {
