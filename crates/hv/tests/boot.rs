@@ -266,6 +266,44 @@ fn memslot_delete_zaps_and_refaults() {
 }
 
 #[test]
+fn zap_all_slow_and_fast_drop_every_mapping_and_the_guest_ends_as_undisturbed() {
+    let (_, undisturbed, out) = run(SMP, &config(2, ""));
+    for zap in [hv::ZapMode::Slow, hv::ZapMode::Fast] {
+        let config = VmConfig {
+            zap,
+            ..config(2, "")
+        };
+        let mut vm = Vm::boot(&config, SMP).expect("boot");
+        assert_eq!(vm.run_until(Cycles(1_000_000)), RunStatus::Running);
+        let tables = vm.stats().ept_tables;
+        let report = vm.zap_all().unwrap();
+        assert_eq!(report.mode, zap);
+        assert_eq!(report.pages_zapped, tables);
+        assert!(report.sptes_zapped > 0);
+        assert_eq!(report.started, vm.time());
+        assert!(report.ended > report.started);
+        match zap {
+            hv::ZapMode::Slow => assert_eq!(report.lock_breaks, 0),
+            hv::ZapMode::Fast => assert_eq!(
+                report.lock_breaks,
+                tables.div_ceil(hv::BATCH_ZAP_PAGES as u64) - 1
+            ),
+        }
+        vm.check_mmu().unwrap();
+        assert_eq!(vm.stats().ept_tables, 0);
+        let reason = vm.run();
+        let text = String::from_utf8_lossy(&vm.take_serial()).into_owned();
+        assert_eq!(reason, undisturbed, "{zap:?}: {text}");
+        assert_eq!(text, out, "{zap:?}");
+        vm.check_mmu().unwrap();
+        let stats = vm.stats();
+        let reloads: u64 = stats.vcpus.iter().map(|v| v.root_reloads).sum();
+        assert_eq!(reloads, 2, "each vCPU reloaded once");
+        assert!(stats.vcpus.iter().any(|v| v.zap_stall_max > 0));
+    }
+}
+
+#[test]
 fn any_quantum_makes_progress() {
     // A quantum below the VM entry + exit cost used to hang: every entry
     // paid the transition, ran nothing, and pushed the clock past the

@@ -143,6 +143,9 @@ pub struct Summary {
     pub apf: ApfSummary,
     pub vcpus: Vec<VcpuSummary>,
     pub reports: Vec<ReportLine>,
+    /// Memslot changes made while the guest ran (`--memslot-period`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memslot: Option<crate::bench::memslot::MemslotRun>,
 }
 
 fn exits(map: &BTreeMap<String, hv::stats::ExitStat>) -> BTreeMap<String, ExitSummary> {
@@ -233,6 +236,7 @@ impl Summary {
                     line: r.line.clone(),
                 })
                 .collect(),
+            memslot: None,
         }
     }
 
@@ -279,6 +283,19 @@ impl Summary {
                 s,
                 "              roots {} built, {} reused, {} prev-root hits; {} guest #PFs injected; {} pages zapped",
                 sh.roots_built, sh.roots_reused, sh.prev_root_hits, sh.guest_pf_injected, sh.pages_zapped
+            );
+        }
+        if let Some(m) = &self.memslot {
+            let _ = writeln!(
+                s,
+                "memslots:     {} deletes + re-adds (zap {}): {:.3} ms each, {} pages zapped, {} lock breaks; longest vCPU stall {:.1} us, {} root reloads",
+                m.ops.len(),
+                m.zap,
+                m.op_ms(),
+                m.pages_zapped(),
+                m.lock_breaks(),
+                m.max_stall_us(),
+                m.root_reloads
             );
         }
         let m = &self.memory;

@@ -37,6 +37,8 @@ fn bad_option_values_are_usage_errors() {
         (&["apfcalc", "-s", "12"], "not a multiple of 8"),
         (&["ctxsw", "-n", "1"], "out of range"),
         (&["fault", "x"], "usage: fault"),
+        (&["touchloop", "-p", "0"], "out of range"),
+        (&["touchloop", "-x"], "usage: touchloop"),
     ] {
         let out = run(program);
         let text = console(&out);

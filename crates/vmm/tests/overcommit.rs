@@ -202,9 +202,9 @@ fn options_say_what_they_do() {
     // Host memory: the documented minimum is the kernel image's pages.
     refused(
         &["run", "--mem", "64M", "--host-mem", "4M", "--", "hello"],
-        "host memory must be at least 4956K",
+        "host memory must be at least 4960K",
     );
-    let out = faultline(&["run", "--mem", "64M", "--host-mem", "4956K", "--", "hello"]);
+    let out = faultline(&["run", "--mem", "64M", "--host-mem", "4960K", "--", "hello"]);
     assert!(out.status.success(), "{}", stderr(&out));
     refused(
         &["run", "--swap-bandwidth", "0", "--", "hello"],
