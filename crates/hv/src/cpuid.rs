@@ -1,6 +1,6 @@
 //! The guest's CPUID: the machine's own processor (`machine::cpu::native_cpuid`:
 //! x2APIC, TSC-deadline, POPCNT, SMEP/SMAP, NX, SYSCALL, 1 GiB pages, RDTSCP,
-//! long mode; no SSE/x87, which the machine does not run) plus the
+//! long mode, FPU, FXSR, SSE, SSE2) plus the
 //! hypervisor bit and KVM's paravirtual leaves.
 
 /// "KVMKVMKVM\0\0\0" as EBX, ECX, EDX.

@@ -28,12 +28,14 @@ pub use system::native_cpuid;
 mod exec;
 pub mod fpu_state;
 mod hostfp;
+mod hostx87;
 mod sse;
 pub mod state;
 mod system;
 #[cfg(test)]
 mod tests;
 pub mod triple_fault;
+mod x87;
 
 use crate::apic::Lapic;
 use crate::cost::CycleCosts;
