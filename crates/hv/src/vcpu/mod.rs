@@ -22,6 +22,7 @@
 mod cpuid;
 mod hypercall;
 mod io;
+pub(crate) mod kvmclock;
 pub(crate) mod msr;
 mod page_fault;
 
@@ -124,6 +125,7 @@ pub struct Vcpu {
     /// queue (timer, page arrival or end of a stall).
     pub(crate) wake_event: Option<Cycles>,
     pub(crate) apf: ApfVcpu,
+    pub(crate) kvmclock: kvmclock::KvmClock,
     pub(crate) stats: VcpuStats,
     pub(crate) requests: Requests,
     /// The root it entered with last.
@@ -142,6 +144,7 @@ impl Vcpu {
             wake_not_before: Cycles::ZERO,
             wake_event: None,
             apf: ApfVcpu::default(),
+            kvmclock: kvmclock::KvmClock::default(),
             stats: VcpuStats::default(),
             requests,
             root: None,

@@ -18,6 +18,7 @@ use crate::pager::Pager;
 use crate::stats::VmStats;
 use crate::swap::DeviceModel;
 use crate::time::Cycles;
+use crate::vcpu::kvmclock::WallClock;
 use crate::vcpu::msr::PASSTHROUGH_MSRS;
 use crate::vcpu::{Vcpu, VcpuId};
 use machine::addr::PAGE_SIZE;
@@ -55,10 +56,16 @@ pub struct VmConfig {
     pub apf_protocol: ApfProtocol,
     /// Seeds the device model's latency draws.
     pub seed: u64,
+    /// kvmclock's wall clock when the VM starts, in nanoseconds since the
+    /// Unix epoch (a fixed default, so runs repeat).
+    pub wall_clock_at_boot_ns: u64,
     /// How memslot deletion and moves (and [`Vm::zap_all`]) drop every
     /// mapping.
     pub zap: ZapMode,
 }
+
+/// 2026-01-01T00:00:00Z.
+pub const DEFAULT_WALL_CLOCK_AT_BOOT_NS: u64 = 1_767_225_600 * 1_000_000_000;
 
 impl Default for VmConfig {
     fn default() -> Self {
@@ -75,6 +82,7 @@ impl Default for VmConfig {
             apf: ApfMode::Off,
             apf_protocol: ApfProtocol::X86,
             seed: 1,
+            wall_clock_at_boot_ns: DEFAULT_WALL_CLOCK_AT_BOOT_NS,
             zap: ZapMode::Fast,
         }
     }
@@ -220,7 +228,13 @@ impl Vm {
                 },
                 pager,
                 apf,
-                kvm_features: apf.kvm_features(),
+                kvm_features: apf.kvm_features()
+                    | abi::KVM_FEATURE_CLOCKSOURCE2
+                    | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT,
+                wall_clock: WallClock {
+                    boot_ns: config.wall_clock_at_boot_ns,
+                    ..WallClock::default()
+                },
                 serial: Vec::new(),
                 reports: Vec::new(),
                 directory: vcpus
