@@ -24,6 +24,7 @@
 mod cpuid;
 mod hypercall;
 mod io;
+pub(crate) mod kvmclock;
 pub(crate) mod msr;
 mod page_fault;
 pub(crate) mod shadow;
@@ -128,6 +129,7 @@ pub struct Vcpu {
     /// queue (timer, page arrival or end of a stall).
     pub(crate) wake_event: Option<Cycles>,
     pub(crate) apf: ApfVcpu,
+    pub(crate) kvmclock: kvmclock::KvmClock,
     pub(crate) stats: VcpuStats,
     pub(crate) requests: Requests,
     /// The root it entered with last.
@@ -150,6 +152,7 @@ impl Vcpu {
             wake_not_before: Cycles::ZERO,
             wake_event: None,
             apf: ApfVcpu::default(),
+            kvmclock: kvmclock::KvmClock::default(),
             stats: VcpuStats::default(),
             requests,
             root: None,

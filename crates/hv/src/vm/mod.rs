@@ -18,6 +18,7 @@ use crate::pager::Pager;
 use crate::stats::VmStats;
 use crate::swap::DeviceModel;
 use crate::time::Cycles;
+use crate::vcpu::kvmclock::WallClock;
 use crate::vcpu::msr::PASSTHROUGH_MSRS;
 use crate::vcpu::{Vcpu, VcpuId};
 use machine::addr::PAGE_SIZE;
@@ -60,10 +61,16 @@ pub struct VmConfig {
     /// Shadow paging: roots each vCPU remembers for a CR3 switch back
     /// (KVM's `prev_roots`, 3).
     pub shadow_prev_roots: usize,
+    /// kvmclock's wall clock when the VM starts, in nanoseconds since the
+    /// Unix epoch (a fixed default, so runs repeat).
+    pub wall_clock_at_boot_ns: u64,
     /// How memslot deletion and moves (and [`Vm::zap_all`]) drop every
     /// mapping.
     pub zap: ZapMode,
 }
+
+/// 2026-01-01T00:00:00Z.
+pub const DEFAULT_WALL_CLOCK_AT_BOOT_NS: u64 = 1_767_225_600 * 1_000_000_000;
 
 impl Default for VmConfig {
     fn default() -> Self {
@@ -82,6 +89,7 @@ impl Default for VmConfig {
             seed: 1,
             mmu: MmuMode::Ept,
             shadow_prev_roots: 3,
+            wall_clock_at_boot_ns: DEFAULT_WALL_CLOCK_AT_BOOT_NS,
             zap: ZapMode::Fast,
         }
     }
@@ -239,7 +247,13 @@ impl Vm {
                 },
                 pager,
                 apf,
-                kvm_features: apf.kvm_features(),
+                kvm_features: apf.kvm_features()
+                    | abi::KVM_FEATURE_CLOCKSOURCE2
+                    | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT,
+                wall_clock: WallClock {
+                    boot_ns: config.wall_clock_at_boot_ns,
+                    ..WallClock::default()
+                },
                 serial: Vec::new(),
                 reports: Vec::new(),
                 directory: vcpus

@@ -58,6 +58,8 @@ pub(crate) struct Shared {
     pub apf: ApfConfig,
     /// CPUID 0x40000001 EAX.
     pub kvm_features: u32,
+    /// kvmclock's wall clock.
+    pub wall_clock: crate::vcpu::kvmclock::WallClock,
     pub serial: Vec<u8>,
     pub reports: Vec<Report>,
     pub directory: Vec<DirectoryEntry>,
