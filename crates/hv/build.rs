@@ -4,10 +4,26 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 5] = ["hello", "smp", "triple", "outside", "apfabi"];
+const KERNELS: [&str; 6] = ["hello", "smp", "triple", "outside", "apfabi", "kvmclock"];
 /// The hostile-guest suite (tests/guests/hostile/NAME.c -> hostile-NAME.elf);
 /// `exits` is the guest of the exit-handler fuzz target (fuzz/).
 const HOSTILE: [&str; 7] = ["msr", "hypercall", "ports", "wild", "smc", "spin", "exits"];
+/// The MMU correctness kernels (tests/guests/mmu/SOURCE.c -> NAME.elf, with
+/// extra gcc flags): the access matrix (and its per-case log variant) and
+/// the random-mutation guest (with a second seed, and variants that flush
+/// before every access or leave out required flushes).
+const MMU: [(&str, &str, &[&str]); 6] = [
+    ("matrix", "mmu-matrix", &[]),
+    ("matrix", "mmu-matrix-log", &["-DCASE_LOG"]),
+    ("random", "mmu-random", &[]),
+    (
+        "random",
+        "mmu-random-seed2",
+        &["-DSEED=0x2b992ddfa23249d6ull"],
+    ),
+    ("random", "mmu-random-paranoid", &["-DPARANOID"]),
+    ("random", "mmu-random-skip-flushes", &["-DSKIP_FLUSHES"]),
+];
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
@@ -18,11 +34,17 @@ fn main() {
     println!("cargo:rerun-if-changed={}", include.display());
     // Dependents (the vmm's CLI tests) read this as DEP_..._DIR.
     println!("cargo:dir={}", out.display());
-    let kernels = KERNELS.iter().map(|k| (format!("{k}.c"), k.to_string()));
+    let no_flags: &[&str] = &[];
+    let kernels = KERNELS
+        .iter()
+        .map(|k| (format!("{k}.c"), k.to_string(), no_flags));
     let hostile = HOSTILE
         .iter()
-        .map(|k| (format!("hostile/{k}.c"), format!("hostile-{k}")));
-    for (source, name) in kernels.chain(hostile) {
+        .map(|k| (format!("hostile/{k}.c"), format!("hostile-{k}"), no_flags));
+    let mmu = MMU
+        .iter()
+        .map(|&(src, name, flags)| (format!("mmu/{src}.c"), name.to_string(), flags));
+    for (source, name, flags) in kernels.chain(hostile).chain(mmu) {
         let src = guests.join(source);
         let elf = out.join(format!("{name}.elf"));
         let status = Command::new("gcc")
@@ -47,6 +69,7 @@ fn main() {
             .arg(&include)
             .arg("-I")
             .arg(&guests)
+            .args(flags)
             .arg(&src)
             .arg("-o")
             .arg(&elf)

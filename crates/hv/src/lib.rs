@@ -39,6 +39,7 @@ pub use memslot::{MemslotError, SlotFlags, SlotId};
 pub use mmu::check::InvariantError;
 pub use mmu::spte;
 pub use mmu::zap::{ZapError, ZapMode, ZapReport, BATCH_ZAP_PAGES};
+pub use mmu::{shadow::ShadowError, shadow::ShadowStats, MmuMode};
 pub use pager::PagerStats;
 pub use stats::{ExitStat, VcpuStats, VmStats};
 pub use swap::{DeviceModel, DevicePreset, DeviceStats, LatencyRange};

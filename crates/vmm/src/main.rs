@@ -142,6 +142,13 @@ pub struct BenchCommon {
     /// The paravirtual protocol of the `pv` runs.
     #[arg(long, value_enum, default_value_t = ApfProtocolArg::X86)]
     apf_protocol: ApfProtocolArg,
+    /// How guest memory is virtualised: EPT, or shadow page tables.
+    #[arg(long, value_enum, default_value_t = MmuArg::Ept)]
+    mmu: MmuArg,
+    /// Shadow paging: roots each vCPU keeps for a CR3 switch back (KVM's
+    /// prev_roots).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
+    shadow_prev_roots: u64,
     /// Print the benchmark's independent runs as command lines (one per
     /// line, each printing its result as JSON) instead of running them;
     /// `faultline bench merge` combines their results.
@@ -166,6 +173,8 @@ impl BenchCommon {
             swap_queue: self.swap_queue,
             apf: ApfArg::Pv,
             apf_protocol: self.apf_protocol,
+            mmu: self.mmu,
+            shadow_prev_roots: self.shadow_prev_roots,
         }
     }
 
@@ -356,6 +365,20 @@ pub struct OvercommitArgs {
     /// The paravirtual protocol of `--apf pv`.
     #[arg(long, value_enum, default_value_t = ApfProtocolArg::X86)]
     apf_protocol: ApfProtocolArg,
+    /// How guest memory is virtualised: EPT, or shadow page tables.
+    #[arg(long, value_enum, default_value_t = MmuArg::Ept)]
+    mmu: MmuArg,
+    /// Shadow paging: roots each vCPU keeps for a CR3 switch back (KVM's
+    /// prev_roots).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
+    shadow_prev_roots: u64,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MmuArg {
+    Ept,
+    Shadow,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -445,6 +468,11 @@ impl OvercommitArgs {
             ApfProtocolArg::X86 => hv::apf::ApfProtocol::X86,
             ApfProtocolArg::Event => hv::apf::ApfProtocol::Event,
         };
+        config.mmu = match self.mmu {
+            MmuArg::Ept => hv::MmuMode::Ept,
+            MmuArg::Shadow => hv::MmuMode::Shadow,
+        };
+        config.shadow_prev_roots = self.shadow_prev_roots as usize;
     }
 }
 

@@ -133,6 +133,11 @@ pub struct Summary {
     pub host_frames_peak: u64,
     pub ept_tables: u64,
     pub mmu_lock_wait_cycles: u64,
+    /// `ept` or `shadow`.
+    pub mmu: String,
+    /// Shadow paging's counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<hv::ShadowStats>,
     pub exits: BTreeMap<String, ExitSummary>,
     pub memory: MemorySummary,
     pub apf: ApfSummary,
@@ -174,6 +179,8 @@ impl Summary {
             host_frames_peak: stats.frames_peak,
             ept_tables: stats.ept_tables,
             mmu_lock_wait_cycles: stats.vcpus.iter().map(|v| v.mmu_lock_wait_cycles).sum(),
+            mmu: stats.mmu.to_string(),
+            shadow: stats.shadow,
             exits: exits(&stats.exits()),
             memory: MemorySummary {
                 host_mem_pages: stats.host_mem_pages,
@@ -264,6 +271,20 @@ impl Summary {
             "mmu_lock:     {} cycles waited",
             self.mmu_lock_wait_cycles
         );
+        let _ = writeln!(s, "mmu:          {}", self.mmu);
+        if let Some(sh) = &self.shadow {
+            let l = sh.pages_by_level;
+            let _ = writeln!(
+                s,
+                "shadow:       pages by level 1/2/3/4 {}/{}/{}/{}, {} unsync now ({} went unsync, {} syncs); tracked writes {} emulated, {} unprotected",
+                l[0], l[1], l[2], l[3], sh.unsync_pages, sh.unsynced, sh.syncs, sh.wp_emulated, sh.wp_unprotected
+            );
+            let _ = writeln!(
+                s,
+                "              roots {} built, {} reused, {} prev-root hits; {} guest #PFs injected; {} pages zapped",
+                sh.roots_built, sh.roots_reused, sh.prev_root_hits, sh.guest_pf_injected, sh.pages_zapped
+            );
+        }
         if let Some(m) = &self.memslot {
             let _ = writeln!(
                 s,
