@@ -254,6 +254,10 @@ pub struct MemslotBenchArgs {
     /// Guest memory (the seed: 2 GiB); the guest touches 7/8 of it.
     #[arg(long, default_value = "2G", value_parser = parse_size)]
     mem: u64,
+    /// The MMUs measured, each with slow and fast zap (this benchmark's
+    /// own list: `--mmu` is not used).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "ept,shadow")]
+    mmus: Vec<MmuArg>,
     /// Memslot deletes + re-adds per run (the seed: 10).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     ops: u32,

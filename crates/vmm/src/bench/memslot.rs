@@ -12,7 +12,7 @@
 use super::{Bench, BenchError, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::units::{cycles_to_secs, format_size};
-use crate::{plot, BenchCommon, MemslotBenchArgs, SwapDeviceArg};
+use crate::{plot, BenchCommon, MemslotBenchArgs, MmuArg, SwapDeviceArg};
 use hv::{Cycles, Gpa, MemslotError, SlotFlags, SlotId, Vm, VmConfig, ZapMode};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -50,7 +50,8 @@ pub struct MemslotOp {
     pub pages_zapped: u64,
     pub sptes_zapped: u64,
     pub lock_breaks: u64,
-    /// EPT violations from this op to the next (or the end), all vCPUs.
+    /// Fault exits (EPT violations; under shadow, #PF exits) from this op
+    /// to the next (or the end), all vCPUs.
     pub refaults: u64,
     /// Their cost: the hv's handling plus the VM exit and entry, summed
     /// over vCPUs.
@@ -101,7 +102,13 @@ impl MemslotRun {
     }
 }
 
-/// EPT-violation totals over every vCPU.
+/// The exits a refault takes: an EPT violation, or under shadow paging the
+/// guest #PF intercepted through the exception bitmap (the only exception
+/// it intercepts; once the array is touched the guest takes no #PF of its
+/// own).
+const FAULT_EXITS: [&str; 2] = ["ept_violation", "exception"];
+
+/// Fault-exit totals over every vCPU.
 #[derive(Debug, Clone, Copy, Default)]
 struct FaultTotals {
     count: u64,
@@ -111,12 +118,11 @@ struct FaultTotals {
 fn fault_totals(vm: &Vm) -> FaultTotals {
     let mut totals = FaultTotals::default();
     for (vcpu, stats) in vm.vcpus().iter().zip(vm.stats().vcpus) {
-        let Some(stat) = stats.exits.get("ept_violation") else {
-            continue;
-        };
         let costs = vcpu.cpu().costs();
-        totals.count += stat.count;
-        totals.cycles += stat.hv_cycles + stat.count * (costs.vm_exit + costs.vm_entry);
+        for stat in FAULT_EXITS.iter().filter_map(|name| stats.exits.get(*name)) {
+            totals.count += stat.count;
+            totals.cycles += stat.hv_cycles + stat.count * (costs.vm_exit + costs.vm_entry);
+        }
     }
     totals
 }
@@ -232,8 +238,13 @@ pub struct MemslotBench {
     mems: Vec<u64>,
 }
 
-/// The MMUs measured (the shadow MMU joins when the hv has it).
-const MMUS: [&str; 1] = ["ept"];
+/// The name of an MMU mode, as the bench's output spells it.
+fn mmu_name(mmu: MmuArg) -> &'static str {
+    match mmu {
+        MmuArg::Ept => "ept",
+        MmuArg::Shadow => "shadow",
+    }
+}
 
 impl Bench for MemslotBench {
     const NAME: &'static str = "memslot";
@@ -253,6 +264,9 @@ impl Bench for MemslotBench {
     }
 
     fn check(&self, kernel: &Kernel) -> Result<(), ConfigError> {
+        if self.args.mmus.is_empty() {
+            return Err(ConfigError::Invalid("--mmus names no MMU".into()));
+        }
         for &mem in &self.mems {
             kernel.check_memory(mem, None)?;
             if array(mem) < 1 << 20 {
@@ -268,11 +282,11 @@ impl Bench for MemslotBench {
     fn specs(&self) -> Vec<RunSpec> {
         let mut specs = Vec::new();
         for &mem in &self.mems {
-            for mmu in MMUS {
+            for &mmu in &self.args.mmus {
                 for zap in [ZapMode::Slow, ZapMode::Fast] {
                     specs.push(RunSpec {
-                        label: format!("{mmu}-{}-{}", zap.name(), format_size(mem)),
-                        config: self.config(mem, zap),
+                        label: format!("{}-{}-{}", mmu_name(mmu), zap.name(), format_size(mem)),
+                        config: self.config(mem, mmu, zap),
                         memslot: Some((ChurnTrigger::GuestPasses, self.args.ops)),
                     });
                 }
@@ -284,8 +298,9 @@ impl Bench for MemslotBench {
     fn render(&self, results: &[RunResult], output: &Output) -> Result<String, BenchError> {
         let mut rows = Vec::new();
         for (i, result) in results.iter().enumerate() {
-            let mem = self.mems[i / (2 * MMUS.len())];
-            let mmu = MMUS[i / 2 % MMUS.len()];
+            let mmus = &self.args.mmus;
+            let mem = self.mems[i / (2 * mmus.len())];
+            let mmu = mmu_name(mmus[i / 2 % mmus.len()]);
             let run = result.memslot.as_ref().ok_or_else(|| BenchError::Missing {
                 label: result.label.clone(),
                 key: "memslot".into(),
@@ -358,7 +373,7 @@ impl Bench for MemslotBench {
             s,
             "seed 003 (KVM, 6 vCPUs, 2 GiB, real hardware): delete + re-add {SEED_003_BEFORE_MS} ms before, {SEED_003_AFTER_MS} ms after"
         );
-        for mmu in MMUS {
+        for mmu in self.args.mmus.iter().map(|&m| mmu_name(m)) {
             for &mem in &self.mems {
                 let find = |zap: &str| {
                     rows.iter()
@@ -377,7 +392,7 @@ impl Bench for MemslotBench {
         }
         let _ = writeln!(
             s,
-            "(op: the VMM's delete + re-add in virtual time; stall: the longest single wait of a vCPU behind a zap's lock hold or its root reload; refault: EPT violations after each op, hv work + exit/entry, summed over vCPUs; means over {} ops)",
+            "(op: the VMM's delete + re-add in virtual time; stall: the longest single wait of a vCPU behind a zap's lock hold or its root reload; refault: EPT violations (shadow: #PF exits) after each op, hv work + exit/entry, summed over vCPUs; means over {} ops)",
             self.args.ops
         );
         let _ = writeln!(s, "plot: {}", plot_path.display());
@@ -417,10 +432,12 @@ fn array(mem: u64) -> u64 {
 }
 
 impl MemslotBench {
-    fn config(&self, mem: u64, zap: ZapMode) -> VmConfig {
+    fn config(&self, mem: u64, mmu: MmuArg, zap: ZapMode) -> VmConfig {
         let a = &self.args;
         let mut config = VmConfig::default();
-        a.common.overcommit(SwapDeviceArg::Ssd).apply(&mut config);
+        let mut options = a.common.overcommit(SwapDeviceArg::Ssd);
+        options.mmu = mmu;
+        options.apply(&mut config);
         config.host_mem = None;
         config.vcpus = a.vcpus;
         config.mem_size = mem;
@@ -448,7 +465,7 @@ impl MemslotBench {
     fn plot(&self, path: &std::path::Path, rows: &[Row]) -> Result<(), String> {
         let series = |value: fn(&MemslotRun) -> f64| -> Vec<plot::Series> {
             let mut out = Vec::new();
-            for mmu in MMUS {
+            for mmu in self.args.mmus.iter().map(|&m| mmu_name(m)) {
                 for zap in ["slow", "fast"] {
                     out.push(plot::Series {
                         label: format!("{mmu} {zap}"),
