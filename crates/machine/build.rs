@@ -120,6 +120,14 @@ const PROGRAMS: &[Program] = &[
         host: true,
         sse_opt: Some("-O3"),
     },
+    // long double arithmetic in the x87 unit, compared the same way.
+    Program {
+        name: "x87math",
+        source: "x87math.c",
+        defines: &[],
+        host: true,
+        sse_opt: Some("-O2"),
+    },
 ];
 
 fn main() {

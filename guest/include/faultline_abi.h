@@ -104,6 +104,41 @@ _Static_assert(sizeof(struct apf_event_area) == 64 && _Alignof(struct apf_event_
 _Static_assert(offsetof(struct apf_event_area, notpresent_token) == 0, "apf_event_area layout");
 _Static_assert(offsetof(struct apf_event_area, ready_token) == 4, "apf_event_area layout");
 
+/* kvmclock: KVM's paravirtual clock (see crates/abi for the prose). */
+#define KVM_FEATURE_CLOCKSOURCE2 (1u << 3)
+#define KVM_FEATURE_CLOCKSOURCE_STABLE_BIT (1u << 24)
+#define MSR_KVM_WALL_CLOCK_NEW 0x4b564d00u
+#define MSR_KVM_SYSTEM_TIME_NEW 0x4b564d01u
+#define KVM_SYSTEM_TIME_ENABLE (1ull << 0)
+#define PVCLOCK_TSC_STABLE_BIT (1u << 0)
+
+struct pvclock_vcpu_time_info {
+    uint32_t version;
+    uint32_t pad0;
+    uint64_t tsc_timestamp;
+    uint64_t system_time;
+    uint32_t tsc_to_system_mul;
+    int8_t tsc_shift;
+    uint8_t flags;
+    uint8_t pad[2];
+} __attribute__((packed));
+
+struct pvclock_wall_clock {
+    uint32_t version;
+    uint32_t sec;
+    uint32_t nsec;
+} __attribute__((packed));
+
+_Static_assert(sizeof(struct pvclock_vcpu_time_info) == 32, "pvclock_vcpu_time_info layout");
+_Static_assert(offsetof(struct pvclock_vcpu_time_info, tsc_timestamp) == 8, "pvclock_vcpu_time_info layout");
+_Static_assert(offsetof(struct pvclock_vcpu_time_info, system_time) == 16, "pvclock_vcpu_time_info layout");
+_Static_assert(offsetof(struct pvclock_vcpu_time_info, tsc_to_system_mul) == 24, "pvclock_vcpu_time_info layout");
+_Static_assert(offsetof(struct pvclock_vcpu_time_info, tsc_shift) == 28, "pvclock_vcpu_time_info layout");
+_Static_assert(offsetof(struct pvclock_vcpu_time_info, flags) == 29, "pvclock_vcpu_time_info layout");
+_Static_assert(sizeof(struct pvclock_wall_clock) == 12, "pvclock_wall_clock layout");
+_Static_assert(offsetof(struct pvclock_wall_clock, sec) == 4, "pvclock_wall_clock layout");
+_Static_assert(offsetof(struct pvclock_wall_clock, nsec) == 8, "pvclock_wall_clock layout");
+
 #define HC_EPERM 1
 #define HC_E2BIG 7
 #define HC_EFAULT 14

@@ -8,6 +8,7 @@ int memtouch_main(int argc, char **argv);
 int fault_main(int argc, char **argv);
 int pagetag_main(int argc, char **argv);
 int apfcalc_main(int argc, char **argv);
+int touchloop_main(int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -20,6 +21,7 @@ static const struct {
     {"fault", fault_main},
     {"pagetag", pagetag_main},
     {"apfcalc", apfcalc_main},
+    {"touchloop", touchloop_main},
 };
 
 int umain(int argc, char **argv);

@@ -271,6 +271,73 @@ const _: () = {
     assert!(offset_of!(ApfEventArea, ready_token) == 4);
 };
 
+// ---- kvmclock: KVM's paravirtual clock ----
+//
+// CPUID 0x40000001 EAX advertises [`KVM_FEATURE_CLOCKSOURCE2`] and
+// [`KVM_FEATURE_CLOCKSOURCE_STABLE_BIT`]. The guest writes
+// [`MSR_KVM_SYSTEM_TIME_NEW`] = gpa of a 32-byte [`PvclockVcpuTimeInfo`] |
+// [`KVM_SYSTEM_TIME_ENABLE`] per vCPU; the hv fills it (and refreshes it
+// whenever the vCPU's TSC is written), and the guest computes nanoseconds
+// since the VM started as
+// `system_time + (((tsc - tsc_timestamp) << tsc_shift) * tsc_to_system_mul >> 32)`
+// (a negative shift shifts right), retrying while `version` is odd or
+// changes under it. Writing [`MSR_KVM_WALL_CLOCK_NEW`] = gpa of a
+// [`PvclockWallClock`] makes the hv write the wall-clock time at which the
+// clock above read zero.
+
+/// CPUID 0x40000001 EAX: the kvmclock MSRs at 0x4b564d00/01.
+pub const KVM_FEATURE_CLOCKSOURCE2: u32 = 1 << 3;
+/// CPUID 0x40000001 EAX: [`PVCLOCK_TSC_STABLE_BIT`] is meaningful.
+pub const KVM_FEATURE_CLOCKSOURCE_STABLE_BIT: u32 = 1 << 24;
+/// Write: the gpa of a [`PvclockWallClock`] to fill.
+pub const MSR_KVM_WALL_CLOCK_NEW: u32 = 0x4b56_4d00;
+/// The gpa of this vCPU's [`PvclockVcpuTimeInfo`] | [`KVM_SYSTEM_TIME_ENABLE`].
+pub const MSR_KVM_SYSTEM_TIME_NEW: u32 = 0x4b56_4d01;
+/// `MSR_KVM_SYSTEM_TIME_NEW` bit 0.
+pub const KVM_SYSTEM_TIME_ENABLE: u64 = 1 << 0;
+/// `PvclockVcpuTimeInfo::flags`: every vCPU's TSC runs at the same rate
+/// from the same origin, so readings are monotonic across vCPUs.
+pub const PVCLOCK_TSC_STABLE_BIT: u8 = 1 << 0;
+
+/// The pvclock ABI's `struct pvclock_vcpu_time_info`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PvclockVcpuTimeInfo {
+    /// Even when stable; bumped by 2 on every update.
+    pub version: u32,
+    pub pad0: u32,
+    pub tsc_timestamp: u64,
+    /// Nanoseconds since the VM started, at `tsc_timestamp`.
+    pub system_time: u64,
+    pub tsc_to_system_mul: u32,
+    pub tsc_shift: i8,
+    pub flags: u8,
+    pub pad: [u8; 2],
+}
+
+/// The pvclock ABI's `struct pvclock_wall_clock`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PvclockWallClock {
+    pub version: u32,
+    pub sec: u32,
+    pub nsec: u32,
+}
+
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(size_of::<PvclockVcpuTimeInfo>() == 32);
+    assert!(offset_of!(PvclockVcpuTimeInfo, version) == 0);
+    assert!(offset_of!(PvclockVcpuTimeInfo, tsc_timestamp) == 8);
+    assert!(offset_of!(PvclockVcpuTimeInfo, system_time) == 16);
+    assert!(offset_of!(PvclockVcpuTimeInfo, tsc_to_system_mul) == 24);
+    assert!(offset_of!(PvclockVcpuTimeInfo, tsc_shift) == 28);
+    assert!(offset_of!(PvclockVcpuTimeInfo, flags) == 29);
+    assert!(size_of::<PvclockWallClock>() == 12);
+    assert!(offset_of!(PvclockWallClock, sec) == 4);
+    assert!(offset_of!(PvclockWallClock, nsec) == 8);
+};
+
 /// Hypercall error numbers, as KVM returns them (negated in RAX).
 pub mod errno {
     pub const EPERM: i64 = 1;

@@ -100,6 +100,12 @@ pub enum VmError {
     },
     #[error("vCPU {vcpu}: loading its EPT root: {source}")]
     Root { vcpu: VcpuId, source: RootError },
+    #[error("vCPU {vcpu}: shadow MMU at rip {rip:#x}: {source}")]
+    Shadow {
+        vcpu: VcpuId,
+        rip: u64,
+        source: crate::mmu::shadow::ShadowError,
+    },
     #[error("every vCPU is halted with nothing to wake it (virtual time {cycles} cycles)")]
     AllHalted { cycles: u64 },
     #[error("vCPU {vcpu}: paging in gpa {gpa:#x} at rip {rip:#x}: {source}")]

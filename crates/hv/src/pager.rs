@@ -538,7 +538,7 @@ mod tests {
     fn fixture(limit: u64) -> Fixture {
         let mem = PhysMemory::new(512 * PAGE_SIZE).unwrap();
         let mut frames = FrameAllocator::new(Hfn(1), Hfn(512));
-        let mmu = Mmu::new(&mem, &mut frames).unwrap();
+        let mmu = Mmu::new(&mem, &mut frames, crate::mmu::MmuMode::Ept).unwrap();
         let mut slots = Memslots::default();
         slots
             .add(SlotId(0), Gfn(0), 64, SlotFlags::default())

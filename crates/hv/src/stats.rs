@@ -93,6 +93,10 @@ pub struct VmStats {
     pub apf_mode: &'static str,
     /// `x86` or `event`.
     pub apf_protocol: &'static str,
+    /// `ept` or `shadow`.
+    pub mmu: &'static str,
+    /// The shadow MMU's counters (shadow paging only).
+    pub shadow: Option<crate::mmu::shadow::ShadowStats>,
 }
 
 impl VmStats {

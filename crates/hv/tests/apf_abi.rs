@@ -3,8 +3,10 @@
 //! checks, and the wake-all sent on enable.
 
 use hv::apf::{ApfMode, ApfProtocol, ApfState, EventConfig};
-use hv::{StopReason, Vm, VmConfig};
+use hv::{Vm, VmConfig};
 use std::collections::BTreeMap;
+
+mod probe;
 
 const APFABI: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/apfabi.elf"));
 
@@ -15,28 +17,11 @@ fn run(apf: ApfMode, protocol: ApfProtocol) -> (Vm, BTreeMap<String, u64>) {
         apf_protocol: protocol,
         ..VmConfig::default()
     };
-    let mut vm = Vm::boot(&config, APFABI).expect("boot");
-    let reason = vm.run();
-    let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
-    assert_eq!(
-        reason,
-        StopReason::DebugExit {
-            status: (0x21 << 1) | 1
-        },
-        "{out}"
-    );
-    let values = out
-        .lines()
-        .filter_map(|l| {
-            let (k, v) = l.split_once('=')?;
-            Some((
-                k.to_string(),
-                u64::from_str_radix(v.trim_start_matches("0x"), 16).ok()?,
-            ))
-        })
-        .collect();
-    (vm, values)
+    probe::run_probes(&config, APFABI)
 }
+
+/// kvmclock's CPUID bits, offered under every configuration.
+const CLOCK: u32 = abi::KVM_FEATURE_CLOCKSOURCE2 | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT;
 
 const ENOSYS: u64 = (-1000i64) as u64;
 const EINVAL: u64 = (-22i64) as u64;
@@ -45,8 +30,10 @@ const EFAULT: u64 = (-14i64) as u64;
 #[test]
 fn x86_protocol_follows_kvm_msr_rules() {
     let (vm, v) = run(ApfMode::Pv, ApfProtocol::X86);
-    let features =
-        abi::KVM_FEATURE_ASYNC_PF | abi::KVM_FEATURE_ASYNC_PF_INT | abi::KVM_FEATURE_PV_UNHALT;
+    let features = abi::KVM_FEATURE_ASYNC_PF
+        | abi::KVM_FEATURE_ASYNC_PF_INT
+        | abi::KVM_FEATURE_PV_UNHALT
+        | CLOCK;
     assert_eq!(v["features"], u64::from(features));
     assert_eq!(v["gp_reserved"], 1, "bits 5:4 are reserved");
     assert_eq!(v["gp_pf_vmexit"], 1, "ASYNC_PF_VMEXIT is not offered");
@@ -71,7 +58,7 @@ fn x86_protocol_follows_kvm_msr_rules() {
 fn without_pv_the_msrs_do_not_exist() {
     for mode in [ApfMode::Off, ApfMode::Halt] {
         let (_, v) = run(mode, ApfProtocol::X86);
-        assert_eq!(v["features"], u64::from(abi::KVM_FEATURE_PV_UNHALT));
+        assert_eq!(v["features"], u64::from(abi::KVM_FEATURE_PV_UNHALT | CLOCK));
         for probe in ["gp_int", "gp_enable", "gp_ack", "gp_disable"] {
             assert_eq!(v[probe], 1, "{probe} under {mode:?}");
         }
@@ -84,7 +71,7 @@ fn event_protocol_checks_its_hypercall_arguments() {
     let (mut vm, v) = run(ApfMode::Pv, ApfProtocol::Event);
     assert_eq!(
         v["features"],
-        u64::from(abi::KVM_FEATURE_PV_UNHALT),
+        u64::from(abi::KVM_FEATURE_PV_UNHALT | CLOCK),
         "no x86 bits"
     );
     assert_eq!(v["gp_enable"], 1, "x86 MSRs absent");

@@ -266,6 +266,44 @@ fn memslot_delete_zaps_and_refaults() {
 }
 
 #[test]
+fn zap_all_slow_and_fast_drop_every_mapping_and_the_guest_ends_as_undisturbed() {
+    let (_, undisturbed, out) = run(SMP, &config(2, ""));
+    for zap in [hv::ZapMode::Slow, hv::ZapMode::Fast] {
+        let config = VmConfig {
+            zap,
+            ..config(2, "")
+        };
+        let mut vm = Vm::boot(&config, SMP).expect("boot");
+        assert_eq!(vm.run_until(Cycles(1_000_000)), RunStatus::Running);
+        let tables = vm.stats().ept_tables;
+        let report = vm.zap_all().unwrap();
+        assert_eq!(report.mode, zap);
+        assert_eq!(report.pages_zapped, tables);
+        assert!(report.sptes_zapped > 0);
+        assert_eq!(report.started, vm.time());
+        assert!(report.ended > report.started);
+        match zap {
+            hv::ZapMode::Slow => assert_eq!(report.lock_breaks, 0),
+            hv::ZapMode::Fast => assert_eq!(
+                report.lock_breaks,
+                tables.div_ceil(hv::BATCH_ZAP_PAGES as u64) - 1
+            ),
+        }
+        vm.check_mmu().unwrap();
+        assert_eq!(vm.stats().ept_tables, 0);
+        let reason = vm.run();
+        let text = String::from_utf8_lossy(&vm.take_serial()).into_owned();
+        assert_eq!(reason, undisturbed, "{zap:?}: {text}");
+        assert_eq!(text, out, "{zap:?}");
+        vm.check_mmu().unwrap();
+        let stats = vm.stats();
+        let reloads: u64 = stats.vcpus.iter().map(|v| v.root_reloads).sum();
+        assert_eq!(reloads, 2, "each vCPU reloaded once");
+        assert!(stats.vcpus.iter().any(|v| v.zap_stall_max > 0));
+    }
+}
+
+#[test]
 fn any_quantum_makes_progress() {
     // A quantum below the VM entry + exit cost used to hang: every entry
     // paid the transition, ran nothing, and pushed the clock past the
@@ -285,5 +323,92 @@ fn any_quantum_makes_progress() {
             "quantum {quantum}: {out}"
         );
         assert!(out.contains("all 2 cpus up\n"), "quantum {quantum}: {out}");
+    }
+}
+
+/// `config` under shadow paging.
+fn shadow(config: VmConfig) -> VmConfig {
+    VmConfig {
+        mmu: hv::MmuMode::Shadow,
+        ..config
+    }
+}
+
+#[test]
+fn the_test_kernels_run_the_same_under_shadow_paging() {
+    for (kernel, config) in [
+        (HELLO, config(1, "seed=1 -- hello a b")),
+        (SMP, config(4, "")),
+        (SMP, config(2, "")),
+    ] {
+        let (ept, ept_reason, ept_out) = run(kernel, &config);
+        let (vm, reason, out) = run(kernel, &shadow(config.clone()));
+        assert_eq!(reason, ept_reason, "{out}");
+        assert_eq!(out, ept_out);
+        // Virtual times differ (other exits); the lines do not.
+        let lines = |vm: &Vm| {
+            vm.reports()
+                .iter()
+                .map(|r| r.line.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(lines(&vm), lines(&ept));
+        let stats = vm.stats();
+        assert_eq!(stats.mmu, "shadow");
+        let shadow = stats.shadow.expect("shadow counters");
+        assert!(shadow.roots_built >= 1, "{shadow:?}");
+        assert!(shadow.pages_by_level.iter().all(|&n| n > 0), "{shadow:?}");
+        assert!(stats.exits().contains_key("exception"), "#PF exits");
+        assert!(ept.stats().shadow.is_none());
+    }
+}
+
+#[test]
+fn shadow_paging_repeats_exactly() {
+    let config = shadow(config(3, ""));
+    let a = run(SMP, &config);
+    let b = run(SMP, &config);
+    assert_eq!(a.1, b.1);
+    assert_eq!(a.2, b.2);
+    assert_eq!(a.0.stats(), b.0.stats());
+}
+
+#[test]
+fn the_shadow_invariants_hold_through_boot_smp_memslot_moves_and_the_end() {
+    let (_, reason) = run_checked(SMP, &shadow(config(4, "")));
+    assert_eq!(reason, StopReason::DebugExit { status: 1 });
+    let (_, reason) = run_checked(HELLO, &shadow(config(1, "-- hello")));
+    assert!(matches!(reason, StopReason::DebugExit { .. }));
+
+    let config = shadow(config(2, ""));
+    let mut vm = Vm::boot(&config, SMP).expect("boot");
+    assert_eq!(vm.run_until(Cycles(1_000_000)), RunStatus::Running);
+    let faults = vm.stats().ept_faults();
+    vm.move_memslot(RAM_SLOT, machine::Gpa(1 << 32)).unwrap();
+    vm.check_mmu().unwrap();
+    vm.move_memslot(RAM_SLOT, machine::Gpa(0)).unwrap();
+    vm.check_mmu().unwrap();
+    let reason = vm.run();
+    let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
+    assert_eq!(reason, StopReason::DebugExit { status: 1 }, "{out}");
+    assert!(out.contains("all 2 cpus up\n"), "{out}");
+    vm.check_mmu().unwrap();
+    assert!(vm.stats().ept_faults() > faults, "zapped leaves refaulted");
+}
+
+#[test]
+fn shadow_paging_makes_progress_with_any_quantum() {
+    for quantum in [1, 650, 100_000] {
+        let config = VmConfig {
+            quantum,
+            ..shadow(config(2, ""))
+        };
+        let mut vm = Vm::boot(&config, SMP).expect("boot");
+        let status = vm.run_until(Cycles(100_000_000));
+        assert_eq!(
+            status,
+            RunStatus::Stopped(StopReason::DebugExit { status: 1 }),
+            "quantum {quantum}"
+        );
     }
 }

@@ -27,6 +27,9 @@ pub const MIPS_WORKLOAD_SMALL: &[u8] =
 pub const FPMATH_O2: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fpmath_o2.elf"));
 /// The same program at -O3 (more vectorisation).
 pub const FPMATH_O3: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fpmath_o3.elf"));
+/// long double arithmetic in the x87 unit (-O2, default flags); prints
+/// long doubles through its own formatter and "x87math done".
+pub const X87MATH: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/x87math.elf"));
 
 /// Every program with its name.
 pub const ALL: &[(&str, &[u8])] = &[
@@ -39,6 +42,7 @@ pub const ALL: &[(&str, &[u8])] = &[
     ("mips_workload_small", MIPS_WORKLOAD_SMALL),
     ("fpmath_o2", FPMATH_O2),
     ("fpmath_o3", FPMATH_O3),
+    ("x87math", X87MATH),
 ];
 
 /// The self-checking system tests (exit value 0 on success).

@@ -122,6 +122,11 @@ pub struct VmxControls {
     /// Exit as soon as the guest can take an interrupt (RFLAGS.IF=1, no
     /// STI/MOV-SS blocking, no event being injected).
     pub interrupt_window_exiting: bool,
+    /// Monitor trap flag: exit ([`VmExit::MonitorTrap`]) at the next
+    /// instruction boundary, after one guest instruction has completed (or
+    /// an event was delivered instead). A shadow MMU uses it to let one
+    /// write through to a write-protected guest page table.
+    pub monitor_trap_flag: bool,
     /// Extended page tables; `None` means guest-physical equals
     /// host-physical (a convenience for tests; real VMX without EPT runs
     /// the guest on the hv's shadow page tables, which it loads into CR3).
@@ -155,6 +160,7 @@ impl Default for VmxControls {
             virtualize_x2apic: false,
             external_interrupt_exiting: true,
             interrupt_window_exiting: false,
+            monitor_trap_flag: false,
             ept: None,
             vpid: 1,
             tsc_offset: 0,
@@ -263,6 +269,8 @@ pub enum VmExit {
     ExternalInterrupt { vector: u8 },
     /// The guest can now take an interrupt (`interrupt_window_exiting`).
     InterruptWindow,
+    /// One instruction completed under `monitor_trap_flag`.
+    MonitorTrap,
     /// A fault during delivery of a double fault: the CPU shut down.
     TripleFault,
     /// CPUID (always exits in guest mode).
@@ -316,6 +324,7 @@ impl VmExit {
             VmExit::Exception { .. } => "exception",
             VmExit::ExternalInterrupt { .. } => "external_interrupt",
             VmExit::InterruptWindow => "interrupt_window",
+            VmExit::MonitorTrap => "monitor_trap",
             VmExit::TripleFault => "triple_fault",
             VmExit::Cpuid => "cpuid",
             VmExit::Hlt => "hlt",

@@ -69,6 +69,11 @@ pub enum BenchCommand {
     /// APF off and on.
     #[command(name = "apf-calc")]
     ApfCalc(ApfCalcBenchArgs),
+    /// Seed 003: 6 vCPUs keep 2 GiB of guest memory touched while the VMM
+    /// deletes and re-adds a memslot 10 times; zap-all slow and fast: the
+    /// operation's time, the longest vCPU stall, pages zapped, lock
+    /// breaks, the refault cost.
+    Memslot(MemslotBenchArgs),
     /// Merge the JSON results of the runs `--list-runs` printed into the
     /// benchmark's table (or JSON) and plot, as a direct run prints them.
     Merge(MergeArgs),
@@ -137,6 +142,13 @@ pub struct BenchCommon {
     /// The paravirtual protocol of the `pv` runs.
     #[arg(long, value_enum, default_value_t = ApfProtocolArg::X86)]
     apf_protocol: ApfProtocolArg,
+    /// How guest memory is virtualised: EPT, or shadow page tables.
+    #[arg(long, value_enum, default_value_t = MmuArg::Ept)]
+    mmu: MmuArg,
+    /// Shadow paging: roots each vCPU keeps for a CR3 switch back (KVM's
+    /// prev_roots).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
+    shadow_prev_roots: u64,
     /// Print the benchmark's independent runs as command lines (one per
     /// line, each printing its result as JSON) instead of running them;
     /// `faultline bench merge` combines their results.
@@ -161,6 +173,8 @@ impl BenchCommon {
             swap_queue: self.swap_queue,
             apf: ApfArg::Pv,
             apf_protocol: self.apf_protocol,
+            mmu: self.mmu,
+            shadow_prev_roots: self.shadow_prev_roots,
         }
     }
 
@@ -230,6 +244,30 @@ pub struct ApfCalcBenchArgs {
     stride: u32,
 }
 
+#[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
+pub struct MemslotBenchArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// vCPUs (the seed: 6).
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=64))]
+    vcpus: u32,
+    /// Guest memory (the seed: 2 GiB); the guest touches 7/8 of it.
+    #[arg(long, default_value = "2G", value_parser = parse_size)]
+    mem: u64,
+    /// Memslot deletes + re-adds per run (the seed: 10).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    ops: u32,
+    /// Instead of --mem: each of these guest memory sizes.
+    #[arg(long, num_args = 0.., value_delimiter = ',', value_parser = parse_size,
+          default_missing_value = "256M,512M,1G,2G")]
+    sweep_mem: Option<Vec<u64>>,
+    /// Where the SVG plot goes (default: faultline-results/bench-memslot.svg
+    /// under the current directory).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    plot: Option<PathBuf>,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct MergeArgs {
     /// Print JSON instead of a table.
@@ -280,6 +318,15 @@ struct RunArgs {
     wall_limit: Option<Duration>,
     #[command(flatten)]
     overcommit: OvercommitArgs,
+    /// How memslot changes drop every mapping: one by one under one lock
+    /// hold (slow, KVM before seed 003) or by MMU generation with batched
+    /// teardown and lock breaks (fast).
+    #[arg(long, value_enum, default_value_t = ZapArg::Fast)]
+    zap: ZapArg,
+    /// Delete and re-add a 2 MiB memslot above guest RAM every DURATION of
+    /// virtual time while the guest runs (each drops every mapping).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    memslot_period: Option<Duration>,
     /// The guest program and its arguments.
     #[arg(last = true, required = true, value_name = "PROGRAM ARGS")]
     program: Vec<String>,
@@ -318,6 +365,20 @@ pub struct OvercommitArgs {
     /// The paravirtual protocol of `--apf pv`.
     #[arg(long, value_enum, default_value_t = ApfProtocolArg::X86)]
     apf_protocol: ApfProtocolArg,
+    /// How guest memory is virtualised: EPT, or shadow page tables.
+    #[arg(long, value_enum, default_value_t = MmuArg::Ept)]
+    mmu: MmuArg,
+    /// Shadow paging: roots each vCPU keeps for a CR3 switch back (KVM's
+    /// prev_roots).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
+    shadow_prev_roots: u64,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MmuArg {
+    Ept,
+    Shadow,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -327,6 +388,21 @@ pub enum SwapDeviceArg {
     Ssd,
     Nvme,
     Net,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZapArg {
+    Slow,
+    Fast,
+}
+
+impl From<ZapArg> for hv::ZapMode {
+    fn from(z: ZapArg) -> Self {
+        match z {
+            ZapArg::Slow => hv::ZapMode::Slow,
+            ZapArg::Fast => hv::ZapMode::Fast,
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -392,6 +468,11 @@ impl OvercommitArgs {
             ApfProtocolArg::X86 => hv::apf::ApfProtocol::X86,
             ApfProtocolArg::Event => hv::apf::ApfProtocol::Event,
         };
+        config.mmu = match self.mmu {
+            MmuArg::Ept => hv::MmuMode::Ept,
+            MmuArg::Shadow => hv::MmuMode::Shadow,
+        };
+        config.shadow_prev_roots = self.shadow_prev_roots as usize;
     }
 }
 

@@ -265,6 +265,119 @@ pub fn sweep(
     root.present().map_err(error)
 }
 
+/// A named line of `(x, y)` points.
+pub struct Series {
+    pub label: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// One chart of [`panels`]: lines and, optionally, labelled reference
+/// points (drawn as crosses).
+pub struct Panel {
+    pub y_label: String,
+    pub series: Vec<Series>,
+    pub reference: Option<(String, Vec<(f64, f64)>)>,
+}
+
+/// Line colours, one per series.
+const SERIES: [RGBColor; 4] = [
+    RGBColor(0xe1, 0x57, 0x59),
+    RGBColor(0x4e, 0x79, 0xa7),
+    RGBColor(0xf2, 0x8e, 0x2b),
+    RGBColor(0x59, 0xa1, 0x4f),
+];
+
+/// Charts side by side sharing a logarithmic x axis, each with a
+/// logarithmic y axis (values far apart, as slow and fast zaps are).
+pub fn panels(
+    path: &Path,
+    title: &str,
+    subtitle: &str,
+    x_label: &str,
+    panels: &[Panel],
+) -> Result<(), String> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    let body = titled(&root, title, subtitle)?;
+    let areas = body.split_evenly((1, panels.len().max(1)));
+    for (panel, area) in panels.iter().zip(&areas) {
+        let points = || {
+            panel
+                .series
+                .iter()
+                .flat_map(|s| s.points.iter())
+                .chain(panel.reference.iter().flat_map(|r| r.1.iter()))
+                .filter(|p| p.0 > 0.0 && p.1 > 0.0)
+        };
+        let (x_min, x_max) = points().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+            (lo.min(p.0), hi.max(p.0))
+        });
+        let (y_min, y_max) = points().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+            (lo.min(p.1), hi.max(p.1))
+        });
+        let (x_min, x_max) = if x_min <= x_max {
+            (x_min / 1.5, x_max * 1.5)
+        } else {
+            (1.0, 10.0)
+        };
+        let (y_min, y_max) = if y_min <= y_max {
+            (y_min / 3.0, y_max * 3.0)
+        } else {
+            (0.1, 10.0)
+        };
+        let mut chart = ChartBuilder::on(area)
+            .margin_left(10)
+            .margin_right(20)
+            .margin_bottom(10)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d((x_min..x_max).log_scale(), (y_min..y_max).log_scale())
+            .map_err(error)?;
+        chart
+            .configure_mesh()
+            .bold_line_style(GRID)
+            .light_line_style(TRANSPARENT)
+            .x_desc(x_label)
+            .y_desc(panel.y_label.as_str())
+            .x_label_formatter(&|v| si(*v))
+            .y_label_formatter(&|v| si(*v))
+            .axis_desc_style(("sans-serif", 14))
+            .draw()
+            .map_err(error)?;
+        for (i, series) in panel.series.iter().enumerate() {
+            let color = SERIES[i % SERIES.len()];
+            let positive: Vec<(f64, f64)> = series
+                .points
+                .iter()
+                .copied()
+                .filter(|p| p.0 > 0.0 && p.1 > 0.0)
+                .collect();
+            chart
+                .draw_series(LineSeries::new(positive.clone(), color.stroke_width(3)))
+                .map_err(error)?
+                .label(series.label.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], color.stroke_width(3))
+                });
+            chart
+                .draw_series(positive.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .map_err(error)?;
+        }
+        if let Some((label, points)) = &panel.reference {
+            chart
+                .draw_series(
+                    points
+                        .iter()
+                        .map(|&p| Cross::new(p, 7, REFERENCE.stroke_width(3))),
+                )
+                .map_err(error)?
+                .label(label.as_str())
+                .legend(|(x, y)| Cross::new((x + 10, y), 5, REFERENCE.stroke_width(2)));
+        }
+        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    }
+    root.present().map_err(error)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,6 +443,34 @@ mod tests {
         .unwrap();
         let found = texts(&std::fs::read_to_string(&path).unwrap());
         for text in ["1ms", "2.50", "seed (1.91)", "latency"] {
+            assert!(found.iter().any(|t| t == text), "{text}: {found:?}");
+        }
+        let path = dir.path().join("panels.svg");
+        let line = |label: &str, k: f64| Series {
+            label: label.into(),
+            points: vec![(256.0, k), (2048.0, 8.0 * k)],
+        };
+        panels(
+            &path,
+            "t",
+            "s",
+            "memory",
+            &[
+                Panel {
+                    y_label: "op ms".into(),
+                    series: vec![line("slow", 1.0), line("fast", 0.01)],
+                    reference: Some(("seed".into(), vec![(2048.0, 46.1)])),
+                },
+                Panel {
+                    y_label: "stall us".into(),
+                    series: vec![line("slow", 100.0), line("fast", 0.0)],
+                    reference: None,
+                },
+            ],
+        )
+        .unwrap();
+        let found = texts(&std::fs::read_to_string(&path).unwrap());
+        for text in ["op ms", "stall us", "slow", "fast", "seed", "memory"] {
             assert!(found.iter().any(|t| t == text), "{text}: {found:?}");
         }
     }

@@ -133,11 +133,19 @@ pub struct Summary {
     pub host_frames_peak: u64,
     pub ept_tables: u64,
     pub mmu_lock_wait_cycles: u64,
+    /// `ept` or `shadow`.
+    pub mmu: String,
+    /// Shadow paging's counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<hv::ShadowStats>,
     pub exits: BTreeMap<String, ExitSummary>,
     pub memory: MemorySummary,
     pub apf: ApfSummary,
     pub vcpus: Vec<VcpuSummary>,
     pub reports: Vec<ReportLine>,
+    /// Memslot changes made while the guest ran (`--memslot-period`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memslot: Option<crate::bench::memslot::MemslotRun>,
 }
 
 fn exits(map: &BTreeMap<String, hv::stats::ExitStat>) -> BTreeMap<String, ExitSummary> {
@@ -171,6 +179,8 @@ impl Summary {
             host_frames_peak: stats.frames_peak,
             ept_tables: stats.ept_tables,
             mmu_lock_wait_cycles: stats.vcpus.iter().map(|v| v.mmu_lock_wait_cycles).sum(),
+            mmu: stats.mmu.to_string(),
+            shadow: stats.shadow,
             exits: exits(&stats.exits()),
             memory: MemorySummary {
                 host_mem_pages: stats.host_mem_pages,
@@ -226,6 +236,7 @@ impl Summary {
                     line: r.line.clone(),
                 })
                 .collect(),
+            memslot: None,
         }
     }
 
@@ -260,6 +271,33 @@ impl Summary {
             "mmu_lock:     {} cycles waited",
             self.mmu_lock_wait_cycles
         );
+        let _ = writeln!(s, "mmu:          {}", self.mmu);
+        if let Some(sh) = &self.shadow {
+            let l = sh.pages_by_level;
+            let _ = writeln!(
+                s,
+                "shadow:       pages by level 1/2/3/4 {}/{}/{}/{}, {} unsync now ({} went unsync, {} syncs); tracked writes {} emulated, {} unprotected",
+                l[0], l[1], l[2], l[3], sh.unsync_pages, sh.unsynced, sh.syncs, sh.wp_emulated, sh.wp_unprotected
+            );
+            let _ = writeln!(
+                s,
+                "              roots {} built, {} reused, {} prev-root hits; {} guest #PFs injected; {} pages zapped",
+                sh.roots_built, sh.roots_reused, sh.prev_root_hits, sh.guest_pf_injected, sh.pages_zapped
+            );
+        }
+        if let Some(m) = &self.memslot {
+            let _ = writeln!(
+                s,
+                "memslots:     {} deletes + re-adds (zap {}): {:.3} ms each, {} pages zapped, {} lock breaks; longest vCPU stall {:.1} us, {} root reloads",
+                m.ops.len(),
+                m.zap,
+                m.op_ms(),
+                m.pages_zapped(),
+                m.lock_breaks(),
+                m.max_stall_us(),
+                m.root_reloads
+            );
+        }
         let m = &self.memory;
         let _ = writeln!(
             s,

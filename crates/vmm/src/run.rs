@@ -1,12 +1,14 @@
 //! `faultline run`: check the configuration, boot, drive the VM to its end
 //! and print the summary.
 
+use crate::bench::memslot::{ChurnTrigger, SlotChurn};
 use crate::config::{check_swap_path, ConfigError, Kernel};
 use crate::report::Summary;
 use crate::session::{drive, Ending, Limits, Progress};
 use crate::signals::StopRequest;
+use crate::units::duration_to_cycles;
 use crate::{RunArgs, StatsFormat, EXIT_CONFIG, EXIT_LIMIT, EXIT_VM_ERROR};
-use hv::{StopReason, Vm, VmConfig};
+use hv::{Cycles, StopReason, Vm, VmConfig};
 use std::io::Write;
 use std::time::Instant;
 
@@ -49,6 +51,7 @@ fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
         cmdline: boot_cmdline(args.seed, &args.options, &args.program),
         quantum: args.quantum,
         seed: args.seed.unwrap_or(1),
+        zap: args.zap.into(),
         ..VmConfig::default()
     };
     args.overcommit.apply(&mut config);
@@ -70,6 +73,20 @@ pub fn run(args: RunArgs) -> u8 {
     let limits = Limits {
         time: args.time_limit,
         wall: args.wall_limit,
+        slice: None,
+    };
+    let mut churn = match args.memslot_period {
+        Some(period) => {
+            let trigger = ChurnTrigger::Period(Cycles(duration_to_cycles(period)));
+            match SlotChurn::install(&mut vm, trigger, u32::MAX) {
+                Ok(churn) => Some(churn),
+                Err(e) => {
+                    eprintln!("faultline: --memslot-period: {e}");
+                    return EXIT_CONFIG;
+                }
+            }
+        }
+        None => None,
     };
     let json = args.stats == StatsFormat::Json;
     let started = Instant::now();
@@ -88,14 +105,27 @@ pub fn run(args: RunArgs) -> u8 {
                 let _ = stdout.flush();
             });
         }
+        if let Some(churn) = churn.as_mut() {
+            churn.after_slice(vm);
+        }
         progress.update("", vm);
     });
     progress.finish();
     let wall = started.elapsed();
 
-    let status = exit_status(&ending);
+    let mut status = exit_status(&ending);
+    let memslot = match churn.map(|c| c.finish(&vm, args.zap.into())) {
+        Some(Ok(run)) => Some(run),
+        Some(Err(e)) => {
+            eprintln!("faultline: a memslot change failed: {e}");
+            status = EXIT_VM_ERROR;
+            None
+        }
+        None => None,
+    };
     let console = json.then(|| String::from_utf8_lossy(&console).into_owned());
-    let summary = Summary::new(&vm, &ending, status, console);
+    let mut summary = Summary::new(&vm, &ending, status, console);
+    summary.memslot = memslot;
     let text = if json {
         summary.to_json()
     } else {

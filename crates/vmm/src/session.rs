@@ -22,6 +22,8 @@ pub struct Limits {
     pub time: Option<Duration>,
     /// Host (wall-clock) time.
     pub wall: Option<Duration>,
+    /// Virtual time between two looks (default [`SLICE_CYCLES`]).
+    pub slice: Option<Cycles>,
 }
 
 /// How a run ended.
@@ -73,7 +75,7 @@ pub fn drive(
             }
         }
         let now = vm.time();
-        let mut until = now.saturating_add(Cycles(SLICE_CYCLES));
+        let mut until = now.saturating_add(limits.slice.unwrap_or(Cycles(SLICE_CYCLES)));
         if let (Some(limit), Some(d)) = (time_limit, limits.time) {
             if now >= limit {
                 return Ending::TimeLimit(d);

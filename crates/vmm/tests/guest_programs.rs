@@ -37,6 +37,8 @@ fn bad_option_values_are_usage_errors() {
         (&["apfcalc", "-s", "12"], "not a multiple of 8"),
         (&["ctxsw", "-n", "1"], "out of range"),
         (&["fault", "x"], "usage: fault"),
+        (&["touchloop", "-p", "0"], "out of range"),
+        (&["touchloop", "-x"], "usage: touchloop"),
     ] {
         let out = run(program);
         let text = console(&out);
@@ -132,4 +134,68 @@ fn seed_option_reaches_the_programs_random_streams() {
     assert_ne!(three, one);
     assert!(bm_result(Some("3"), Some("5")).contains(", seed 5\n"));
     assert!(bm_result(None, None).contains(", seed 1\n"));
+}
+
+/// Every program runs under shadow paging as under EPT: the same exit
+/// status and the same result lines (times aside).
+#[test]
+fn every_program_runs_the_same_under_shadow_paging() {
+    for program in [
+        &["hello", "a", "b"][..],
+        &["memtouch", "-m", "8M", "-p", "2"],
+        &["ctxsw", "-n", "200"],
+        &["ctxsw", "-t", "-x", "-n", "200"],
+        &["fault", "ud"],
+        &["fault"],
+        &["fault", "thread"],
+        &["pagetag", "-m", "8M", "-p", "2"],
+        &["apfcalc", "-m", "2M", "-l", "1", "-c"],
+        &["bm", "-f", "2", "-w", "2", "-m", "8M", "-t", "0.01"],
+    ] {
+        let outputs: Vec<Output> = ["ept", "shadow"]
+            .iter()
+            .map(|mmu| {
+                let mut args = vec!["run", "--mmu", mmu, "--vcpus", "2", "--mem", "64M", "--"];
+                args.extend_from_slice(program);
+                faultline(&args)
+            })
+            .collect();
+        let (ept, shadow) = (&outputs[0], &outputs[1]);
+        let text = console(shadow);
+        assert_eq!(
+            shadow.status.code(),
+            ept.status.code(),
+            "{program:?}: {text}"
+        );
+        assert!(text.contains("mmu:          shadow"), "{program:?}: {text}");
+        // Lines without timing or counters are identical.
+        let stable = |out: &Output| {
+            console(out)
+                .lines()
+                .filter(|l| {
+                    (l.starts_with("memtouch:")
+                        || l.starts_with("pagetag:")
+                        || l.starts_with("hello"))
+                        && !l.contains("ns")
+                })
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(stable(shadow), stable(ept), "{program:?}");
+    }
+}
+
+/// Issue 10's acceptance, smaller: bm under shadow paging on 4 vCPUs runs
+/// and repeats exactly.
+#[test]
+fn bm_under_shadow_paging_repeats_exactly() {
+    let args = [
+        "run", "--mmu", "shadow", "--vcpus", "4", "--mem", "64M", "--stats", "json", "--", "bm",
+        "-f", "4", "-w", "4", "-m", "32M", "-t", "0.02",
+    ];
+    let a = faultline(&args);
+    let b = faultline(&args);
+    assert!(a.status.success(), "{}", console(&a));
+    assert_eq!(a.stdout, b.stdout, "same command, same output and counters");
+    assert!(console(&a).contains("total: "));
 }

@@ -48,8 +48,10 @@ fn pages_survive_swapping_under_every_mode_and_protocol() {
         &["--apf", "pv", "--apf-protocol", "event"],
         &["--apf", "pv", "--option", "no-apf"],
     ];
-    for mode in modes {
-        let (out, text) = pagetag(mode);
+    for (mode, mmu) in modes.iter().flat_map(|m| [(*m, "ept"), (*m, "shadow")]) {
+        let args: Vec<&str> = mode.iter().copied().chain(["--mmu", mmu]).collect();
+        let (out, text) = pagetag(&args);
+        let mode = (mode, mmu);
         assert!(out.status.success(), "{mode:?}: {text}\n{}", stderr(&out));
         assert!(text.contains(" 0 bad pages"), "{mode:?}: {text}");
         let v = json_summary(&text);
@@ -64,7 +66,8 @@ fn pages_survive_swapping_under_every_mode_and_protocol() {
         );
         let apf = &v["apf"];
         let notified = apf["not_present_sent"].as_u64().unwrap();
-        match mode {
+        assert_eq!(v["mmu"], mmu);
+        match mode.0 {
             ["--apf", "off"] => {
                 assert_eq!(notified, 0);
                 assert_eq!(apf["halts"], 0);
@@ -90,14 +93,15 @@ fn pages_survive_swapping_under_every_mode_and_protocol() {
 
 #[test]
 fn swapping_runs_are_deterministic() {
-    let args = ["--apf", "pv"];
-    let (a, text_a) = pagetag(&args);
-    let (b, text_b) = pagetag(&args);
-    assert!(a.status.success() && b.status.success());
-    assert_eq!(
-        text_a, text_b,
-        "same configuration, same output and counters"
-    );
+    for args in [&["--apf", "pv"][..], &["--apf", "pv", "--mmu", "shadow"]] {
+        let (a, text_a) = pagetag(args);
+        let (b, text_b) = pagetag(args);
+        assert!(a.status.success() && b.status.success());
+        assert_eq!(
+            text_a, text_b,
+            "{args:?}: same configuration, same output and counters"
+        );
+    }
 }
 
 #[test]
@@ -198,9 +202,9 @@ fn options_say_what_they_do() {
     // Host memory: the documented minimum is the kernel image's pages.
     refused(
         &["run", "--mem", "64M", "--host-mem", "4M", "--", "hello"],
-        "host memory must be at least 4956K",
+        "host memory must be at least 4960K",
     );
-    let out = faultline(&["run", "--mem", "64M", "--host-mem", "4956K", "--", "hello"]);
+    let out = faultline(&["run", "--mem", "64M", "--host-mem", "4960K", "--", "hello"]);
     assert!(out.status.success(), "{}", stderr(&out));
     refused(
         &["run", "--swap-bandwidth", "0", "--", "hello"],
@@ -377,5 +381,52 @@ fn bench_apf_calc_prints_the_issue_json_shape() {
         for key in ["off_s", "on_s", "change_pct"] {
             assert!(v[case][key].is_number(), "{case}.{key}: {v}");
         }
+    }
+}
+
+/// Issue 10's acceptance: page integrity under shadow paging with 4 vCPUs
+/// swapping, under both async page fault protocols.
+#[test]
+fn shadow_paging_keeps_pages_intact_with_four_vcpus_and_both_protocols() {
+    for protocol in ["x86", "event"] {
+        let out = faultline(&[
+            "run",
+            "--mmu",
+            "shadow",
+            "--vcpus",
+            "4",
+            "--mem",
+            "48M",
+            "--host-mem",
+            "8M",
+            "--swap-device",
+            "nvme",
+            "--apf-protocol",
+            protocol,
+            "--stats",
+            "json",
+            "--",
+            "pagetag",
+            "-m",
+            "24M",
+            "-p",
+            "2",
+        ]);
+        let text = stdout(&out);
+        assert!(out.status.success(), "{protocol}: {text}\n{}", stderr(&out));
+        assert!(text.contains(" 0 bad pages"), "{protocol}: {text}");
+        let v = json_summary(&text);
+        assert!(v["memory"]["pager"]["evictions"].as_u64().unwrap() > 1000);
+        assert!(
+            v["apf"]["not_present_sent"].as_u64().unwrap() > 100,
+            "{}",
+            v["apf"]
+        );
+        let shadow = &v["shadow"];
+        assert!(
+            shadow["guest_pf_injected"].as_u64().unwrap() > 0,
+            "{shadow}"
+        );
+        assert!(shadow["syncs"].as_u64().unwrap() > 0, "{shadow}");
     }
 }

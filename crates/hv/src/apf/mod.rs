@@ -257,6 +257,19 @@ pub(crate) struct ApfWork {
     pub ready_at: Cycles,
     /// Page-not-present was delivered, so page-ready must be too.
     pub notified: bool,
+    /// Under shadow paging: the faulting access, for the page-ready
+    /// prefault.
+    pub shadow: Option<ShadowPrefault>,
+}
+
+/// The access an async fault began with under shadow paging: the page is
+/// mapped for it when it arrives only if the guest's CR3 is still `cr3`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ShadowPrefault {
+    pub cr3: u64,
+    pub gva: machine::Gva,
+    pub write: bool,
+    pub user: bool,
 }
 
 /// The event protocol's per-vCPU configuration (from `HC_APF_ENABLE`).
@@ -503,6 +516,7 @@ mod tests {
             swap_slot: crate::swap::SwapSlot(0),
             ready_at: Cycles::ZERO,
             notified: false,
+            shadow: None,
         };
         assert_eq!(work.current_gfn(&slots), Some(Gfn(0x105)));
         slots.move_slot(SlotId(4), Gfn(0x800)).unwrap();

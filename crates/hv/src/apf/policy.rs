@@ -68,6 +68,7 @@ pub(crate) fn wait_for_page(
         swap_slot: slot,
         ready_at,
         notified: false,
+        shadow: vcpu.shadow.faulting,
     });
     apf.stats.peak_outstanding = apf.stats.peak_outstanding.max(apf.works.len() as u64);
     if shared.apf.mode == ApfMode::Pv && notify_not_present(vcpu, shared, token)? {
@@ -149,8 +150,13 @@ pub(crate) fn complete_arrived(vcpu: &mut Vcpu, shared: &mut Shared) -> Result<b
             .finish_page_in(&mut shared.host.slots, work.swap_slot);
         // The memslot may have moved since the fault: map the page where
         // it is now.
-        if let Some(gfn) = work.current_gfn(&shared.host.slots) {
-            prefault(vcpu, shared, gfn, now)?;
+        match work.shadow {
+            Some(fault) => vcpu.shadow_prefault(shared, fault)?,
+            None => {
+                if let Some(gfn) = work.current_gfn(&shared.host.slots) {
+                    prefault(vcpu, shared, gfn, now)?;
+                }
+            }
         }
         let apf = &mut vcpu.apf;
         apf.gfns.remove(work.gfn);

@@ -51,6 +51,16 @@ impl Mmu {
     ) -> Result<(), InvariantError> {
         let fail = |what: String| Err(InvariantError(what));
         let inner = self.hold(Timed::Untimed, costs);
+        if self.mode == super::MmuMode::Shadow {
+            return super::shadow::check::check(
+                mem,
+                slots,
+                &inner.shadow.pages,
+                &inner.headers,
+                &inner.roots,
+                &inner.rmap,
+            );
+        }
         let mut reached: BTreeSet<Hfn> = BTreeSet::new();
         let mut leaves: BTreeSet<Hpa> = BTreeSet::new();
         let generation = self.generation();

@@ -114,6 +114,50 @@ pub(crate) fn page_fault(
     write: bool,
     clock: &mut ExitClock,
 ) -> Result<Fault, FaultError> {
+    let (mut fault, resident) = faultin(host, pager, gpa, write, clock)?;
+    let Some(Resident {
+        gfn,
+        frame,
+        writable,
+    }) = resident
+    else {
+        return Ok(fault);
+    };
+    let mapped = host.mmu.map_gfn(
+        &host.mem,
+        &mut host.frames,
+        &host.costs,
+        root,
+        gfn,
+        frame,
+        writable,
+        clock.at(),
+    );
+    clock.cycles += mapped.cycles;
+    fault.lock_wait = mapped.lock_wait;
+    fault.zap_wait = mapped.zap_wait;
+    mapped.result?;
+    Ok(fault)
+}
+
+/// The frame a fault found, to be mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Resident {
+    pub gfn: Gfn,
+    pub frame: Hfn,
+    /// The memslot allows writes.
+    pub writable: bool,
+}
+
+/// Steps 1 and 2 of a fault (KVM's `kvm_faultin_pfn`): the frame behind
+/// `gpa`, or the wait for it (`None`, with the outcome in the fault).
+pub(crate) fn faultin(
+    host: &mut Host,
+    pager: &mut Pager,
+    gpa: Gpa,
+    write: bool,
+    clock: &mut ExitClock,
+) -> Result<(Fault, Option<Resident>), FaultError> {
     let costs = host.costs;
     let now = clock.now;
     let pager_error = |source| FaultError::Pager { gpa, source };
@@ -178,7 +222,7 @@ pub(crate) fn page_fault(
                     swap_slot,
                     ready_at: read.ready_at,
                 };
-                return Ok(fault);
+                return Ok((fault, None));
             }
             pager
                 .finish_page_in(&mut host.slots, swap_slot)
@@ -186,21 +230,14 @@ pub(crate) fn page_fault(
                 .ok_or(FaultError::PageInVanished { gpa })?
         }
     };
-    let mapped = host.mmu.map_gfn(
-        &host.mem,
-        &mut host.frames,
-        &costs,
-        root,
-        gfn,
-        frame,
-        writable,
-        clock.at(),
-    );
-    clock.cycles += mapped.cycles;
-    fault.lock_wait = mapped.lock_wait;
-    fault.zap_wait = mapped.zap_wait;
-    mapped.result?;
-    Ok(fault)
+    Ok((
+        fault,
+        Some(Resident {
+            gfn,
+            frame,
+            writable,
+        }),
+    ))
 }
 
 /// What installing a mapping did.
@@ -233,6 +270,16 @@ impl Mmu {
         writable: bool,
         at: Cycles,
     ) -> Mapped {
+        if self.mode == super::MmuMode::Shadow {
+            // A shadow leaf needs the guest-virtual address and the guest
+            // walk (`vcpu/shadow.rs` maps it); nothing to do by gfn.
+            return Mapped {
+                cycles: Cycles::ZERO,
+                lock_wait: Cycles::ZERO,
+                zap_wait: Cycles::ZERO,
+                result: Ok(false),
+            };
+        }
         let mut guard = self.hold(Timed::At(at), costs);
         let result = install(mem, frames, &mut guard, costs, root, gfn, frame, writable);
         Mapped {

@@ -54,6 +54,13 @@ impl LockTimeline {
 
     /// The grant time of a request made at `at`, and how much of the wait
     /// was spent behind zap-all teardown holds.
+    ///
+    /// A teardown batch delays only the requests made while it holds the
+    /// lock: one made earlier was queued before the batch asked for the
+    /// lock (the teardown re-asks after each lock break), so a fair lock
+    /// serves it first. Pushed past a batch's start by other holds, such a
+    /// request would in truth delay the batch, which the teardown, laid
+    /// out ahead of time, does not see (see `super::zap`).
     pub fn grant_with_zap_wait(&self, at: Cycles) -> (Cycles, Cycles) {
         let mut t = at;
         let mut zap_wait = Cycles::ZERO;
@@ -68,7 +75,7 @@ impl LockTimeline {
                 t = end;
                 continue;
             }
-            if let Some(end) = self.zap_hold_containing(t) {
+            if let Some(end) = self.zap_hold_containing(t, at) {
                 zap_wait += end - t;
                 t = end;
                 continue;
@@ -77,13 +84,13 @@ impl LockTimeline {
         }
     }
 
-    /// The end of the zap hold containing `t`, if any (they never
-    /// overlap, so the last one starting at or before `t` is the only
-    /// candidate).
-    fn zap_hold_containing(&self, t: Cycles) -> Option<Cycles> {
+    /// The end of the zap hold containing `t` that started no later than
+    /// `requested`, if any (they never overlap, so the last one starting
+    /// at or before `t` is the only candidate).
+    fn zap_hold_containing(&self, t: Cycles, requested: Cycles) -> Option<Cycles> {
         let after = self.zap_holds.partition_point(|&(start, _)| start <= t);
-        let &(_, end) = self.zap_holds[..after].last()?;
-        (t < end).then_some(end)
+        let &(start, end) = self.zap_holds[..after].last()?;
+        (t < end && start <= requested).then_some(end)
     }
 
     /// Puts a teardown batch's hold on the timeline; batches are recorded
@@ -307,14 +314,28 @@ mod tests {
             lock.grant_with_zap_wait(Cycles(2025)),
             (Cycles(3000), Cycles(975))
         );
-        // A vCPU hold ending inside a batch chains into it.
+        // A request queued before a batch asked for the lock is served
+        // before it, even when other holds keep it waiting into the
+        // batch.
         lock.record(Cycles(900), Cycles(1100), Cycles::ZERO);
         assert_eq!(
             lock.grant_with_zap_wait(Cycles(950)),
-            (Cycles(2000), Cycles(900))
+            (Cycles(1100), Cycles::ZERO)
+        );
+        // One made during a batch waits for it, and for a vCPU hold that
+        // got in at the lock break, but not for the next batch.
+        lock.record(Cycles(2000), Cycles(2100), Cycles::ZERO);
+        assert_eq!(
+            lock.grant_with_zap_wait(Cycles(1500)),
+            (Cycles(2100), Cycles(500))
         );
         lock.forget_zap_holds_before(Cycles(2010));
         assert_eq!(lock.grant(Cycles(1500)), Cycles(1500));
         assert_eq!(lock.grant(Cycles(2500)), Cycles(3000));
+        assert_eq!(
+            lock.grant(Cycles(2050)),
+            Cycles(3000),
+            "made during the second batch: behind the vCPU hold, then the batch"
+        );
     }
 }

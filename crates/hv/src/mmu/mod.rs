@@ -12,7 +12,9 @@
 //!   guest's tables: permissions, A/D updates, the #PF the guest must see);
 //! - [`zap`]: zap-all, slow (one hold) or fast (by generation, batches
 //!   with lock breaks; seed 003);
-//! - [`check`]: the invariant checker the tests run.
+//! - [`check`]: the invariant checker the tests run;
+//! - [`shadow`]: the shadow MMU (`--mmu shadow`): shadow pages keyed by
+//!   (gfn, role), the page tracker, unsync pages, the root cache.
 //!
 //! No code outside this module reads or writes an spte.
 
@@ -23,6 +25,7 @@ pub(crate) mod notifier;
 pub(crate) mod page;
 pub(crate) mod rmap;
 pub(crate) mod root;
+pub(crate) mod shadow;
 pub mod spte;
 pub(crate) mod tdp;
 pub(crate) mod tdp_iter;
@@ -41,6 +44,28 @@ use page::{PageHeaders, PageRole};
 use root::{RootError, RootId, Roots};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// How guest memory is virtualised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MmuMode {
+    /// Two-dimensional paging: the guest's page tables as they are, EPT
+    /// below them.
+    #[default]
+    Ept,
+    /// Shadow paging: the hv builds the tables the CPU walks from the
+    /// guest's own (see [`shadow`]).
+    Shadow,
+}
+
+impl MmuMode {
+    /// The name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            MmuMode::Ept => "ept",
+            MmuMode::Shadow => "shadow",
+        }
+    }
+}
+
 /// State protected by `mmu_lock`.
 #[derive(Debug)]
 pub(crate) struct MmuInner {
@@ -49,12 +74,16 @@ pub(crate) struct MmuInner {
     pub rmap: rmap::Rmap,
     /// When, in virtual time, the lock was held.
     pub timeline: LockTimeline,
+    /// The shadow MMU's pages, page tracker and counters (empty under EPT).
+    pub shadow: shadow::ShadowState,
 }
 
 /// The VM's MMU.
 #[derive(Debug)]
 pub(crate) struct Mmu {
     lock: MmuLock,
+    /// EPT or shadow, fixed at creation.
+    pub mode: MmuMode,
     /// The MMU generation: roots and tables made in an older one are
     /// obsolete. Read without the lock at every VM entry (KVM reads
     /// `mmu_valid_gen` the same way); changed only under the lock.
@@ -79,20 +108,46 @@ pub(crate) struct LoadedRoot {
 }
 
 impl Mmu {
-    /// An MMU with one empty TDP root (made now, so its frame comes first).
-    pub fn new(mem: &PhysMemory, frames: &mut FrameAllocator) -> Result<Self, RootError> {
+    /// An MMU of `mode`; under EPT with one empty TDP root (made now, so
+    /// its frame comes first). Shadow roots are made per guest CR3.
+    pub fn new(
+        mem: &PhysMemory,
+        frames: &mut FrameAllocator,
+        mode: MmuMode,
+    ) -> Result<Self, RootError> {
         let mut roots = Roots::default();
         let mut headers = PageHeaders::default();
-        roots.create(mem, frames, &mut headers, PageRole::TDP_ROOT, 0)?;
+        if mode == MmuMode::Ept {
+            roots.create(mem, frames, &mut headers, PageRole::TDP_ROOT, 0)?;
+        }
         Ok(Mmu {
             lock: MmuLock::new(MmuInner {
                 roots,
                 headers,
                 rmap: rmap::Rmap::default(),
                 timeline: LockTimeline::default(),
+                shadow: shadow::ShadowState::default(),
             }),
+            mode,
             generation: AtomicU64::new(0),
         })
+    }
+
+    /// The accessed bit of a leaf spte (the CPU sets it on use): EPT's bit
+    /// 8, or the x86 PTE's bit 5 in a shadow spte.
+    pub fn accessed_mask(&self) -> u64 {
+        match self.mode {
+            MmuMode::Ept => spte::ACCESSED,
+            MmuMode::Shadow => shadow::spte::ACCESSED,
+        }
+    }
+
+    /// The dirty bit of a leaf spte (EPT bit 9, x86 PTE bit 6).
+    pub fn dirty_mask(&self) -> u64 {
+        match self.mode {
+            MmuMode::Ept => spte::DIRTY,
+            MmuMode::Shadow => shadow::spte::DIRTY,
+        }
     }
 
     /// Takes `mmu_lock` (see [`lock`]).

@@ -10,7 +10,7 @@
 
 use super::lock::Timed;
 use super::tdp::{clear_spte_bits, exchange_spte};
-use super::{spte, Mmu};
+use super::Mmu;
 use crate::cost::HvCosts;
 use crate::time::Cycles;
 use machine::{Hfn, MemError, PhysMemory};
@@ -40,8 +40,9 @@ impl Mmu {
         let mut inner = self.hold(when, costs);
         inner.charge(costs.spte_read);
         let mut young = false;
+        let accessed = self.accessed_mask();
         for &at in inner.rmap.get(frame) {
-            young |= clear_spte_bits(mem, at, spte::ACCESSED)? & spte::ACCESSED != 0;
+            young |= clear_spte_bits(mem, at, accessed)? & accessed != 0;
         }
         Ok((young, inner.cycles()))
     }
@@ -57,10 +58,12 @@ impl Mmu {
     ) -> Result<Zapped, MemError> {
         let mut inner = self.hold(when, costs);
         let mut zapped = Zapped::default();
+        let dirty = self.dirty_mask();
         for at in inner.rmap.take(frame) {
             let old = exchange_spte(mem, at, 0)?;
-            zapped.dirty |= old & spte::DIRTY != 0;
+            zapped.dirty |= old & dirty != 0;
             zapped.sptes += 1;
+            inner.shadow.pages.forget_leaf(at);
             inner.charge(costs.spte_write);
         }
         zapped.cycles = inner.cycles();

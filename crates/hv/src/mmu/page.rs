@@ -34,6 +34,8 @@ pub(crate) struct PageRole {
     /// Direct: translates gfns to frames without a guest table behind it
     /// (every TDP page; shadow pages of guest huge pages).
     pub direct: bool,
+    /// A shadow page's guest paging context and access (`None` for TDP).
+    pub shadow: Option<super::shadow::role::ShadowRole>,
 }
 
 impl PageRole {
@@ -41,6 +43,7 @@ impl PageRole {
     pub const TDP_ROOT: PageRole = PageRole {
         level: ROOT_LEVEL,
         direct: true,
+        shadow: None,
     };
 
     /// The role of a child table one level down.
@@ -48,6 +51,7 @@ impl PageRole {
         PageRole {
             level: self.level - 1,
             direct: self.direct,
+            shadow: self.shadow,
         }
     }
 }

@@ -190,6 +190,8 @@ impl Mmu {
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel)
             + 1;
         let pages = guard.headers.obsolete(generation);
+        let mut guard = guard;
+        guard.shadow.pages.invalidate_all();
         (guard, Obsolete { pages, next: 0 })
     }
 
@@ -258,6 +260,7 @@ fn zap_page(
         let old = exchange_spte(mem, at, 0)?;
         if header.role.level == 1 || old & spte::HUGE != 0 {
             inner.rmap.remove(spte::frame(old), at);
+            inner.shadow.pages.forget_leaf(at);
             work.leaves += 1;
         } else {
             if let Some(child) = inner.headers.get_mut(spte::frame(old)) {
@@ -283,6 +286,7 @@ fn zap_page(
         }
     }
     inner.headers.remove(page);
+    inner.shadow.pages.forget_page(page);
     frames.free(page);
     work.pages += 1;
     Ok(())
@@ -300,7 +304,7 @@ mod tests {
     fn mapped(gfns: &[u64]) -> (Mmu, PhysMemory, FrameAllocator, Memslots) {
         let mem = PhysMemory::new(16 << 20).unwrap();
         let mut frames = FrameAllocator::new(Hfn(1), Hfn(2048));
-        let mmu = Mmu::new(&mem, &mut frames).unwrap();
+        let mmu = Mmu::new(&mem, &mut frames, super::super::MmuMode::Ept).unwrap();
         let mut slots = Memslots::default();
         slots
             .add(SlotId(0), Gfn(0), 1 << 21, SlotFlags::default())

@@ -17,19 +17,24 @@
 //!   `apf::event`'s);
 //! - `page_fault`: EPT violations (the MMU's fault path, then the
 //!   async-PF policy);
+//! - `shadow`: under shadow paging, guest #PF, CR3/CR0/CR4 accesses,
+//!   INVLPG and the monitor-trap step of a tracked write;
 //! - IPIs and HLT here.
 
 mod cpuid;
 mod hypercall;
 mod io;
+pub(crate) mod kvmclock;
 pub(crate) mod msr;
 mod page_fault;
+pub(crate) mod shadow;
 
 use crate::apf::ApfVcpu;
 use crate::error::VmError;
 use crate::mmu::lock::Timed;
 use crate::mmu::root::RootError;
-use crate::mmu::LoadedRoot;
+use crate::mmu::shadow::cache::ShadowVcpu;
+use crate::mmu::{LoadedRoot, MmuMode};
 use crate::stats::VcpuStats;
 use crate::swap::SwapSlot;
 use crate::time::Cycles;
@@ -124,10 +129,15 @@ pub struct Vcpu {
     /// queue (timer, page arrival or end of a stall).
     pub(crate) wake_event: Option<Cycles>,
     pub(crate) apf: ApfVcpu,
+    pub(crate) kvmclock: kvmclock::KvmClock,
     pub(crate) stats: VcpuStats,
     pub(crate) requests: Requests,
     /// The root it entered with last.
     pub(crate) root: Option<LoadedRoot>,
+    /// EPT or shadow paging (the VM's).
+    pub(crate) mmu_mode: MmuMode,
+    /// Shadow paging: the guest's CR3, `prev_roots`, a write in flight.
+    pub(crate) shadow: ShadowVcpu,
 }
 
 impl Vcpu {
@@ -142,9 +152,12 @@ impl Vcpu {
             wake_not_before: Cycles::ZERO,
             wake_event: None,
             apf: ApfVcpu::default(),
+            kvmclock: kvmclock::KvmClock::default(),
             stats: VcpuStats::default(),
             requests,
             root: None,
+            mmu_mode: MmuMode::Ept,
+            shadow: ShadowVcpu::default(),
         }
     }
 
@@ -198,11 +211,15 @@ impl Vcpu {
     /// Processes pending requests, then runs guest code until `limit` or
     /// an exit (KVM's `vcpu_enter_guest`).
     pub(crate) fn enter(&mut self, shared: &mut Shared, limit: Cycles) -> Result<VmExit, VmError> {
-        self.process_requests(shared)
-            .map_err(|source| VmError::Root {
-                vcpu: self.id,
-                source,
-            })?;
+        if self.mmu_mode == MmuMode::Shadow {
+            self.process_shadow_requests(shared)?;
+        } else {
+            self.process_requests(shared)
+                .map_err(|source| VmError::Root {
+                    vcpu: self.id,
+                    source,
+                })?;
+        }
         let before = self.cpu.cycles();
         let exit = self.cpu.run(&shared.host.mem, limit.0);
         self.stats.busy_cycles += self.cpu.cycles() - before;
@@ -221,6 +238,33 @@ impl Vcpu {
             if let Some(root) = self.root {
                 self.cpu.invept(InveptKind::SingleContext(root.eptp));
             }
+        }
+        Ok(())
+    }
+
+    /// Under shadow paging: requests before entry. A root reload (and
+    /// the sync it does) is charged to the vCPU like an exit's work.
+    fn process_shadow_requests(&mut self, shared: &mut Shared) -> Result<(), VmError> {
+        let stale = self.root.is_none_or(|r| !shared.host.mmu.is_current(&r));
+        if self.requests.take(Requests::RELOAD_ROOT) || stale {
+            let previous = self.root;
+            let when = match previous {
+                Some(_) => Timed::At(self.clock()),
+                None => Timed::Untimed,
+            };
+            let (cycles, zap_wait) = self.load_shadow_root(shared, false, when)?;
+            self.charge(cycles);
+            if previous.is_some() {
+                // As under EPT: a reload after a zap is a stall it caused.
+                self.stats.root_reloads += 1;
+                self.stats.mmu_lock_wait_cycles += zap_wait.0;
+                self.stats.note_zap_stall(cycles);
+            }
+        }
+        if self.requests.take(Requests::TLB_FLUSH) {
+            let vpid = self.cpu.vmx().map_or(0, |v| v.vpid);
+            self.cpu
+                .invvpid(machine::vmx::InvvpidKind::SingleContext { vpid });
         }
         Ok(())
     }
@@ -265,7 +309,13 @@ impl Vcpu {
         let name = exit.name();
         let vectoring = self.cpu.idt_vectoring_info();
         let mut cycles = Cycles(shared.host.costs.exit_base);
-        let next = match self.dispatch(shared, exit, vectoring.is_some(), &mut cycles) {
+        // A tracked write let through ends at the first exit after it,
+        // whatever the exit (the monitor trap, or something the
+        // instruction did first).
+        let finished = self.finish_tracked_write(shared, &mut cycles);
+        let next = match finished
+            .and_then(|()| self.dispatch(shared, exit, vectoring.is_some(), &mut cycles))
+        {
             Ok(next) => next,
             Err(error) => Next::Stop(StopReason::Error(error)),
         };
@@ -298,7 +348,24 @@ impl Vcpu {
         let vcpu = self.id;
         let costs = shared.host.costs;
         match exit {
-            VmExit::CycleLimit => Ok(Next::Continue),
+            VmExit::CycleLimit | VmExit::MonitorTrap => Ok(Next::Continue),
+            VmExit::Exception {
+                vector: 14,
+                error_code,
+                qualification,
+            } if self.mmu_mode == MmuMode::Shadow => self.shadow_page_fault(
+                shared,
+                machine::Gva(qualification),
+                error_code.unwrap_or(0),
+                vectoring,
+                cycles,
+            ),
+            VmExit::CrAccess(access) if self.mmu_mode == MmuMode::Shadow => {
+                self.shadow_cr_access(shared, access, cycles)
+            }
+            VmExit::Invlpg { gva } if self.mmu_mode == MmuMode::Shadow => {
+                self.shadow_invlpg(shared, gva, cycles)
+            }
             VmExit::TripleFault => Err(VmError::TripleFault {
                 vcpu,
                 rip,
@@ -336,7 +403,12 @@ impl Vcpu {
             }
             VmExit::MsrWrite { index, value } => {
                 *cycles += Cycles(costs.cpuid_msr);
+                let before = self.paging_context();
                 self.handle_wrmsr(shared, index, value)?;
+                if self.mmu_mode == MmuMode::Shadow && index == machine::cpu::state::msr::EFER {
+                    // EFER.NXE is part of the shadow's paging context.
+                    self.paging_changed(shared, before, cycles)?;
+                }
                 Ok(Next::Continue)
             }
             VmExit::Vmcall => {

@@ -152,10 +152,9 @@ pub(crate) fn gp_fault() -> EventInjection {
 
 impl Vcpu {
     pub(super) fn handle_rdmsr(&mut self, shared: &Shared, index: u32) {
-        let value = match crate::apf::x86::rdmsr(self, shared, index) {
-            Some(v) => Some(v),
-            None => msr_entry(index).and_then(|e| (e.read)(&self.cpu)),
-        };
+        let value = crate::apf::x86::rdmsr(self, shared, index)
+            .or_else(|| super::kvmclock::rdmsr(self, shared, index))
+            .or_else(|| msr_entry(index).and_then(|e| (e.read)(&self.cpu)));
         match value {
             Some(value) => self.cpu.complete_rdmsr(value),
             None => self.cpu.inject_event(gp_fault()),
@@ -170,8 +169,15 @@ impl Vcpu {
     ) -> Result<(), VmError> {
         let ok = match crate::apf::x86::wrmsr(self, shared, index, value)? {
             Some(ok) => ok,
-            None => msr_entry(index).is_some_and(|e| (e.write)(&mut self.cpu, value)),
+            None => match super::kvmclock::wrmsr(self, shared, index, value)? {
+                Some(ok) => ok,
+                None => msr_entry(index).is_some_and(|e| (e.write)(&mut self.cpu, value)),
+            },
         };
+        if ok && index == msr::TSC {
+            // The TSC moved: kvmclock's time info must follow it.
+            super::kvmclock::update_time_info(self, shared)?;
+        }
         if ok {
             self.cpu.skip_instruction();
         } else {

@@ -13,11 +13,12 @@ use crate::host::Host;
 use crate::memslot::{MemslotError, Memslots, SlotFlags, SlotId};
 use crate::mmu::check::InvariantError;
 use crate::mmu::zap::{ZapError, ZapMode, ZapReport};
-use crate::mmu::Mmu;
+use crate::mmu::{Mmu, MmuMode};
 use crate::pager::Pager;
 use crate::stats::VmStats;
 use crate::swap::DeviceModel;
 use crate::time::Cycles;
+use crate::vcpu::kvmclock::WallClock;
 use crate::vcpu::msr::PASSTHROUGH_MSRS;
 use crate::vcpu::{Vcpu, VcpuId};
 use machine::addr::PAGE_SIZE;
@@ -55,10 +56,21 @@ pub struct VmConfig {
     pub apf_protocol: ApfProtocol,
     /// Seeds the device model's latency draws.
     pub seed: u64,
+    /// EPT or shadow paging.
+    pub mmu: MmuMode,
+    /// Shadow paging: roots each vCPU remembers for a CR3 switch back
+    /// (KVM's `prev_roots`, 3).
+    pub shadow_prev_roots: usize,
+    /// kvmclock's wall clock when the VM starts, in nanoseconds since the
+    /// Unix epoch (a fixed default, so runs repeat).
+    pub wall_clock_at_boot_ns: u64,
     /// How memslot deletion and moves (and [`Vm::zap_all`]) drop every
     /// mapping.
     pub zap: ZapMode,
 }
+
+/// 2026-01-01T00:00:00Z.
+pub const DEFAULT_WALL_CLOCK_AT_BOOT_NS: u64 = 1_767_225_600 * 1_000_000_000;
 
 impl Default for VmConfig {
     fn default() -> Self {
@@ -75,6 +87,9 @@ impl Default for VmConfig {
             apf: ApfMode::Off,
             apf_protocol: ApfProtocol::X86,
             seed: 1,
+            mmu: MmuMode::Ept,
+            shadow_prev_roots: 3,
+            wall_clock_at_boot_ns: DEFAULT_WALL_CLOCK_AT_BOOT_NS,
             zap: ZapMode::Fast,
         }
     }
@@ -128,9 +143,18 @@ pub struct Vm {
     zap: ZapMode,
 }
 
-/// The VM-execution controls of vCPU `id` (the EPT pointer is set at each
-/// VM entry, from the root the vCPU enters with).
-fn controls(id: u32) -> VmxControls {
+/// The VM-execution controls of vCPU `id` (the EPT pointer, or under
+/// shadow paging CR3, is set at each VM entry from the root the vCPU
+/// enters with).
+fn controls(id: u32, mmu: MmuMode) -> VmxControls {
+    let base = base_controls(id);
+    match mmu {
+        MmuMode::Ept => base,
+        MmuMode::Shadow => crate::vcpu::shadow::shadow_controls(base),
+    }
+}
+
+fn base_controls(id: u32) -> VmxControls {
     VmxControls {
         exception_bitmap: 0,
         hlt_exiting: true,
@@ -187,7 +211,7 @@ impl Vm {
         if limit < config.mem_size {
             pager.open_swap()?;
         }
-        let mmu = Mmu::new(&mem, &mut frames)?;
+        let mmu = Mmu::new(&mem, &mut frames, config.mmu)?;
         let mut slots = Memslots::default();
         slots.add(
             RAM_SLOT,
@@ -201,8 +225,11 @@ impl Vm {
                     apic_id: id,
                     ..CpuConfig::default()
                 });
-                cpu.set_vmx(Some(controls(id)));
-                Vcpu::new(VcpuId(id as usize), cpu)
+                cpu.set_vmx(Some(controls(id, config.mmu)));
+                let mut vcpu = Vcpu::new(VcpuId(id as usize), cpu);
+                vcpu.mmu_mode = config.mmu;
+                vcpu.shadow.capacity = config.shadow_prev_roots;
+                vcpu
             })
             .collect();
         let apf = ApfConfig {
@@ -220,7 +247,13 @@ impl Vm {
                 },
                 pager,
                 apf,
-                kvm_features: apf.kvm_features(),
+                kvm_features: apf.kvm_features()
+                    | abi::KVM_FEATURE_CLOCKSOURCE2
+                    | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT,
+                wall_clock: WallClock {
+                    boot_ns: config.wall_clock_at_boot_ns,
+                    ..WallClock::default()
+                },
                 serial: Vec::new(),
                 reports: Vec::new(),
                 directory: vcpus
@@ -435,6 +468,8 @@ impl Vm {
             },
             apf_mode: shared.apf.mode.name(),
             apf_protocol: shared.apf.protocol.name(),
+            mmu: host.mmu.mode.name(),
+            shadow: (host.mmu.mode == MmuMode::Shadow).then(|| host.mmu.shadow_stats(&host.costs)),
         }
     }
 }

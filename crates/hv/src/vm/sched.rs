@@ -73,8 +73,8 @@ impl Scheduler {
 /// Puts `vcpu` in the abi boot state at `rip` with `rsp` and `rdi`,
 /// runnable from virtual time `at`.
 pub(crate) fn start_vcpu(vcpu: &mut Vcpu, rip: u64, rsp: u64, rdi: u64, at: Cycles) {
+    vcpu.set_guest_cr3(boot::PML4_GPA);
     let state = vcpu.cpu.state_mut();
-    state.cr3 = boot::PML4_GPA;
     state.gdtr = DescriptorTable {
         base: boot::GDT_GPA,
         limit: (boot::GDT.len() * 8 - 1) as u16,

@@ -58,6 +58,8 @@ pub(crate) struct Shared {
     pub apf: ApfConfig,
     /// CPUID 0x40000001 EAX.
     pub kvm_features: u32,
+    /// kvmclock's wall clock.
+    pub wall_clock: crate::vcpu::kvmclock::WallClock,
     pub serial: Vec<u8>,
     pub reports: Vec<Report>,
     pub directory: Vec<DirectoryEntry>,
@@ -146,6 +148,14 @@ impl Shared {
     /// Writes a little-endian u32 of guest memory.
     pub fn write_u32(&mut self, gpa: Gpa, value: u32) -> Result<(), GuestMemoryError> {
         self.write_guest(gpa, &value.to_le_bytes())
+    }
+
+    /// The hv stored into `gfn` behind the MMU's back: its swap copy, if
+    /// any, is stale.
+    pub fn drop_swap_copy(&mut self, gfn: Gfn) {
+        if let Ok(page) = self.page_ref(gfn) {
+            self.pager.drop_swap_copy(&mut self.host.slots, page);
+        }
     }
 
     /// The frame holding `gfn` for an access by the hv itself: allocated

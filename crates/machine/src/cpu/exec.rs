@@ -304,6 +304,7 @@ impl Cpu {
             M::Int => self.software_interrupt(mem, i, i.immediate8()),
             M::Int1 => Err(Fault::exception(vector::DB)),
             m if super::sse::is_simd(m) => self.exec_simd(mem, i),
+            m if super::x87::is_x87(m) => self.exec_x87(mem, i),
             _ => self.exec_system(mem, i),
         }
     }

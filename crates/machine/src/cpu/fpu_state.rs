@@ -35,6 +35,26 @@ pub const FCW_DEFAULT: u16 = 0x037f;
 /// Size of an FXSAVE image.
 pub const FXSAVE_SIZE: usize = 512;
 
+/// Size of an FNSTENV image and of an FNSAVE image (32-bit formats), and
+/// of the 16-bit environment (an operand-size prefix).
+pub const ENV_SIZE: usize = 28;
+pub const FSAVE_SIZE: usize = 108;
+pub const ENV16_SIZE: usize = 14;
+
+/// The tag of a non-empty x87 register: 0 valid, 1 zero, 2 special (NaN,
+/// infinity, denormal, or an unsupported encoding without the integer bit).
+pub fn x87_tag(r: u128) -> u16 {
+    let exp = (r >> 64) as u16 & 0x7fff;
+    let sig = r as u64;
+    match exp {
+        0x7fff => 2,
+        0 if sig == 0 => 1,
+        0 => 2,
+        _ if sig >> 63 == 0 => 2,
+        _ => 0,
+    }
+}
+
 /// x87, MMX-less SSE state: what FXSAVE saves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FpuState {
@@ -172,6 +192,117 @@ impl FpuState {
             *x = u128::from_le_bytes(b);
         }
         Ok(())
+    }
+
+    /// The full x87 tag word (two bits per physical register: 00 valid,
+    /// 01 zero, 10 special, 11 empty) derived from the abridged one and the
+    /// register contents, as FNSAVE reports it.
+    pub fn full_tag_word(&self) -> u16 {
+        (0..8).fold(0u16, |w, r| {
+            let tag = if self.ftw & (1 << r) == 0 {
+                3
+            } else {
+                x87_tag(self.st[r])
+            };
+            w | (tag << (2 * r))
+        })
+    }
+
+    /// The FNSAVE image (32-bit protected-mode format, used in 64-bit
+    /// mode; SDM Vol. 1, Figure 8-9): the FNSTENV environment in the first
+    /// 28 bytes, then ST(0)-ST(7) in stack order. Reserved halves read as
+    /// ones, as the hardware stores them.
+    pub fn fsave_image(&self) -> [u8; FSAVE_SIZE] {
+        let mut m = [0xffu8; FSAVE_SIZE];
+        m[0..2].copy_from_slice(&self.fcw.to_le_bytes());
+        m[4..6].copy_from_slice(&self.fsw.to_le_bytes());
+        m[8..10].copy_from_slice(&self.full_tag_word().to_le_bytes());
+        m[12..16].copy_from_slice(&(self.fip as u32).to_le_bytes());
+        m[16..18].copy_from_slice(&self.fcs.to_le_bytes());
+        m[18..20].copy_from_slice(&(self.fop & 0x7ff).to_le_bytes());
+        m[20..24].copy_from_slice(&(self.fdp as u32).to_le_bytes());
+        m[24..26].copy_from_slice(&self.fds.to_le_bytes());
+        let top = self.top();
+        for i in 0..8 {
+            let off = ENV_SIZE + 10 * i;
+            m[off..off + 10].copy_from_slice(&self.st[(top + i) & 7].to_le_bytes()[..10]);
+        }
+        m
+    }
+
+    /// Loads the environment part of an FNSAVE image (FLDENV), as the
+    /// hardware does: the tag word keeps only empty or not, the control
+    /// word's reserved bits read back fixed (bit 6 one, 7 and 13-15
+    /// zero), and the status word's ES and B bits are recomputed.
+    pub fn load_env_image(&mut self, m: &[u8]) {
+        let u16_at = |o: usize| u16::from_le_bytes([m[o], m[o + 1]]);
+        let u32_at = |o: usize| u32::from_le_bytes([m[o], m[o + 1], m[o + 2], m[o + 3]]);
+        self.set_fcw(u16_at(0));
+        self.set_fsw(u16_at(4));
+        self.set_full_tag_word(u16_at(8));
+        self.fip = u32_at(12) as u64;
+        self.fcs = u16_at(16);
+        self.fop = u16_at(18) & 0x7ff;
+        self.fdp = u32_at(20) as u64;
+        self.fds = u16_at(24);
+    }
+
+    /// Loads a 16-bit environment (FLDENV with an operand-size prefix; the
+    /// protected-mode format: 16-bit pointers, no opcode).
+    pub fn load_env16_image(&mut self, m: &[u8]) {
+        let u16_at = |o: usize| u16::from_le_bytes([m[o], m[o + 1]]);
+        self.set_fcw(u16_at(0));
+        self.set_fsw(u16_at(2));
+        self.set_full_tag_word(u16_at(4));
+        self.fip = u16_at(6) as u64;
+        self.fcs = u16_at(8);
+        self.fdp = u16_at(10) as u64;
+        self.fds = u16_at(12);
+    }
+
+    /// The 16-bit environment (FNSTENV with an operand-size prefix).
+    pub fn env16_image(&self) -> [u8; ENV16_SIZE] {
+        let mut m = [0u8; ENV16_SIZE];
+        let words = [
+            self.fcw,
+            self.fsw,
+            self.full_tag_word(),
+            self.fip as u16,
+            self.fcs,
+            self.fdp as u16,
+            self.fds,
+        ];
+        for (k, w) in words.iter().enumerate() {
+            m[2 * k..2 * k + 2].copy_from_slice(&w.to_le_bytes());
+        }
+        m
+    }
+
+    fn set_fcw(&mut self, v: u16) {
+        self.fcw = (v & 0x1f3f) | 0x40;
+    }
+
+    /// The error summary (and busy, its copy) is derived: set when an
+    /// exception flag is set whose mask is clear. Call after `set_fcw`.
+    fn set_fsw(&mut self, v: u16) {
+        let summary = if v & !self.fcw & 0x3f != 0 { 0x8080 } else { 0 };
+        self.fsw = (v & 0x7f7f) | summary;
+    }
+
+    fn set_full_tag_word(&mut self, tags: u16) {
+        self.ftw = (0..8).fold(0u8, |t, r| t | (u8::from((tags >> (2 * r)) & 3 != 3) << r));
+    }
+
+    /// The registers of an FNSAVE image (stack order, under the current
+    /// TOP), after an environment of `env_size` bytes.
+    pub fn load_fsave_registers(&mut self, m: &[u8], env_size: usize) {
+        let top = self.top();
+        for i in 0..8 {
+            let off = env_size + 10 * i;
+            let mut b = [0u8; 16];
+            b[..10].copy_from_slice(&m[off..off + 10]);
+            self.st[(top + i) & 7] = u128::from_le_bytes(b);
+        }
     }
 
     /// The x87 stack top (FSW bits 11-13).

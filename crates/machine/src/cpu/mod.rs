@@ -28,12 +28,14 @@ pub use system::native_cpuid;
 mod exec;
 pub mod fpu_state;
 mod hostfp;
+mod hostx87;
 mod sse;
 pub mod state;
 mod system;
 #[cfg(test)]
 mod tests;
 pub mod triple_fault;
+mod x87;
 
 use crate::apic::Lapic;
 use crate::cost::CycleCosts;
@@ -617,7 +619,8 @@ impl Cpu {
     /// a fault sets it to the faulting instruction.
     #[inline(always)]
     fn run_block(&mut self, mem: &PhysMemory) -> Step {
-        let single = self.state.interruptibility != 0;
+        let mtf = self.vmx.as_ref().is_some_and(|v| v.monitor_trap_flag);
+        let single = self.state.interruptibility != 0 || mtf;
         let block = match self.fetch_block(mem) {
             Ok(b) => b,
             Err(f) => return self.handle_fault(mem, f, 0),
@@ -670,6 +673,9 @@ impl Cpu {
             if matches!(step, Step::Continue) {
                 step = Step::Exit(VmExit::Ipi(ipi));
             }
+        }
+        if mtf && matches!(step, Step::Continue) {
+            step = Step::Exit(VmExit::MonitorTrap);
         }
         step
     }

@@ -45,9 +45,10 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
             let ebx = (apic_id << 24) | (1 << 16) | (8 << 8);
             // x2APIC, POPCNT, TSC-deadline.
             let ecx = (1 << 21) | (1 << 23) | (1 << 24);
-            // TSC, MSR, PAE, APIC, PGE, CMOV, PAT, CLFSH, FXSR, SSE, SSE2.
-            // (No FPU bit: x87 arithmetic is not implemented; no MMX.)
-            let edx = (1 << 4)
+            // FPU, TSC, MSR, PAE, APIC, PGE, CMOV, PAT, CLFSH, FXSR, SSE,
+            // SSE2. (No MMX.)
+            let edx = 1
+                | (1 << 4)
                 | (1 << 5)
                 | (1 << 6)
                 | (1 << 9)

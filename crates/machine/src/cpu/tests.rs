@@ -171,3 +171,132 @@ fn sse_control_bits_and_mxcsr_masks_decide_ud_nm_and_xm() {
     assert_eq!(mem.read(Hpa(0x20000 + 24), 4).unwrap(), 0x1f80, "MXCSR");
     assert_eq!(mem.read(Hpa(0x20000 + 160), 8).unwrap(), one as u64, "XMM0");
 }
+
+#[test]
+fn x87_control_bits_decide_nm_and_a_pending_exception_raises_mf_at_the_next_waiting_instruction() {
+    use state::cr0;
+    // fld1; fldz; fdivp st(1), st (1/0: ZE); fwait
+    const DIVIDE_BY_ZERO_THEN_FWAIT: [u8; 7] = [0xd9, 0xe8, 0xd9, 0xee, 0xde, 0xf9, 0x9b];
+    // #NM: CR0.EM or CR0.TS for an x87 instruction; FWAIT only with TS and MP.
+    for (set, code, want) in [
+        (cr0::TS, &[0xd9, 0xe8][..], Some(vector::NM)),
+        (cr0::EM, &[0xd9, 0xe8][..], Some(vector::NM)),
+        (cr0::TS, &[0x9b][..], None),
+        (cr0::TS | cr0::MP, &[0x9b][..], Some(vector::NM)),
+        (cr0::EM, &[0x9b][..], None),
+    ] {
+        let (mem, mut cpu) = machine();
+        let s = cpu.state_mut();
+        s.cr0 = (s.cr0 & !(cr0::TS | cr0::EM | cr0::MP)) | set;
+        assert_eq!(
+            run_guest_code(&mem, &mut cpu, code),
+            want,
+            "cr0 {set:#x} {code:x?}"
+        );
+    }
+    // Masked: +inf, ZE set, no #MF.
+    let (mem, mut cpu) = machine();
+    assert_eq!(
+        run_guest_code(&mem, &mut cpu, &DIVIDE_BY_ZERO_THEN_FWAIT),
+        None
+    );
+    let fpu = cpu.state().fpu;
+    assert_eq!(fpu.fsw & 0x80ff, 0x04, "ZE only, no summary");
+    assert_eq!(fpu.st[fpu.top()], 0x7fff_8000_0000_0000_0000, "+inf");
+    // Unmasked: the division leaves the stack as it was (no pop) and sets ES;
+    // the FWAIT after it raises #MF, with RIP at the FWAIT.
+    let (mem, mut cpu) = machine();
+    cpu.state_mut().fpu.fcw = 0x037f & !0x04;
+    assert_eq!(
+        run_guest_code(&mem, &mut cpu, &DIVIDE_BY_ZERO_THEN_FWAIT),
+        Some(vector::MF)
+    );
+    let fpu = cpu.state().fpu;
+    assert_eq!(cpu.state().rip, 0x10006);
+    assert_eq!(fpu.fsw & 0x80ff, 0x8084, "ZE, ES and B");
+    assert_eq!(fpu.top(), 6, "not popped");
+    assert_eq!(fpu.st[7], 0x3fff_8000_0000_0000_0000, "ST(1) = 1.0 kept");
+    assert_eq!(fpu.fop, 0x6f9, "last opcode: DE F9");
+    assert_eq!(fpu.fip, 0x10004, "last instruction: the FDIVP");
+    // FNCLEX (non-waiting) clears it; then FWAIT passes.
+    assert_eq!(run_guest_code(&mem, &mut cpu, &[0xdb, 0xe2, 0x9b]), None);
+    assert_eq!(cpu.state().fpu.fsw & 0x80ff, 0);
+}
+
+#[test]
+fn x87_store_is_suppressed_by_an_unmasked_invalid_operation() {
+    // fld1; fchs; fsqrt (invalid); fstp qword [0x20000]
+    let code = [
+        0xd9, 0xe8, 0xd9, 0xe0, 0xd9, 0xfa, 0xdd, 0x1c, 0x25, 0x00, 0x00, 0x02, 0x00,
+    ];
+    let (mem, mut cpu) = machine();
+    mem.write_u64(Hpa(0x20000), 0x1234).unwrap();
+    assert_eq!(run_guest_code(&mem, &mut cpu, &code), None);
+    assert_eq!(
+        mem.read_u64(Hpa(0x20000)).unwrap(),
+        0xfff8_0000_0000_0000,
+        "masked: the indefinite NaN is stored"
+    );
+    // With IE unmasked the FSQRT leaves ST(0) alone and the FSTP raises
+    // #MF before storing.
+    let (mem, mut cpu) = machine();
+    mem.write_u64(Hpa(0x20000), 0x1234).unwrap();
+    cpu.state_mut().fpu.fcw = 0x037e;
+    assert_eq!(run_guest_code(&mem, &mut cpu, &code), Some(vector::MF));
+    assert_eq!(cpu.state().rip, 0x10006);
+    assert_eq!(mem.read_u64(Hpa(0x20000)).unwrap(), 0x1234);
+    let fpu = cpu.state().fpu;
+    assert_eq!(fpu.st[fpu.top()], 0xbfff_8000_0000_0000_0000, "-1.0 kept");
+    // The store itself raising an unmasked invalid operation: FISTP of
+    // 1e30 to a word (fld qword [0x20008]; fistp word [0x20000]) stores
+    // nothing, pops nothing, and leaves #MF pending.
+    let code = [
+        0xdd, 0x04, 0x25, 0x08, 0x00, 0x02, 0x00, 0xdf, 0x1c, 0x25, 0x00, 0x00, 0x02, 0x00,
+    ];
+    for (fcw, stored) in [(0x037f, 0x8000), (0x037e, 0x1234)] {
+        let (mem, mut cpu) = machine();
+        mem.write_u64(Hpa(0x20000), 0x1234).unwrap();
+        mem.write_u64(Hpa(0x20008), 1e30f64.to_bits()).unwrap();
+        cpu.state_mut().fpu.fcw = fcw;
+        assert_eq!(run_guest_code(&mem, &mut cpu, &code), None);
+        assert_eq!(mem.read_u64(Hpa(0x20000)).unwrap(), stored, "fcw {fcw:#x}");
+        let fpu = cpu.state().fpu;
+        let unmasked = fcw & 1 == 0;
+        assert_eq!(fpu.fsw & 0x80 != 0, unmasked, "ES");
+        assert_eq!(
+            fpu.top(),
+            if unmasked { 7 } else { 0 },
+            "popped only when masked"
+        );
+    }
+}
+
+#[test]
+fn x87_environment_and_state_round_trip_through_memory() {
+    // fldpi; fld1; fnstenv [0x20000]; fnsave [0x20100]; frstor [0x20100]
+    let code = [
+        0xd9, 0xeb, 0xd9, 0xe8, 0xd9, 0x34, 0x25, 0x00, 0x00, 0x02, 0x00, 0xdd, 0x34, 0x25, 0x00,
+        0x01, 0x02, 0x00, 0xdd, 0x24, 0x25, 0x00, 0x01, 0x02, 0x00,
+    ];
+    let (mem, mut cpu) = machine();
+    assert_eq!(run_guest_code(&mem, &mut cpu, &code), None);
+    let env = |o: u64| mem.read(Hpa(0x20000 + o), 2).unwrap();
+    assert_eq!(env(0), 0x037f, "FCW");
+    assert_eq!(env(2), 0xffff, "reserved half reads as ones");
+    assert_eq!(env(4), 6 << 11, "FSW: TOP 6");
+    assert_eq!(env(8), 0x0fff, "tags: R6 and R7 valid, the rest empty");
+    assert_eq!(env(18), 0x1e8, "FOP of FLD1 (D9 E8)");
+    // FNSTENV masked every exception; FNSAVE reinitialised, FRSTOR brought
+    // back the saved state: FCW as stored (all masked), the two values.
+    let fpu = cpu.state().fpu;
+    assert_eq!(fpu.fcw, 0x037f);
+    assert_eq!(fpu.top(), 6);
+    assert_eq!(fpu.ftw, 0xc0);
+    assert_eq!(fpu.st[6], 0x3fff_8000_0000_0000_0000);
+    assert_eq!(fpu.st[7], 0x4000_c90f_daa2_2168_c235);
+    assert_eq!(
+        mem.read(Hpa(0x20100 + 28), 8).unwrap(),
+        0x8000_0000_0000_0000,
+        "ST(0) = 1.0 first"
+    );
+}

@@ -186,6 +186,14 @@ pub fn text_report(
         for (k, x) in fpu.xmm.iter().enumerate() {
             let _ = writeln!(s, "    xmm{k}={x:032x}");
         }
+        let _ = writeln!(
+            s,
+            "    fcw={:#06x} fsw={:#06x} ftw={:#04x}",
+            fpu.fcw, fpu.fsw, fpu.ftw
+        );
+        for (k, r) in fpu.st.iter().enumerate() {
+            let _ = writeln!(s, "    r{k}={r:020x}");
+        }
     }
     let _ = writeln!(s, "  native: {} at {:#x}", native.stop, native.rip);
     let _ = writeln!(s, "  interp: {} at {:#x}", interp.stop, interp.rip);

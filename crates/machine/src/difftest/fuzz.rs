@@ -107,6 +107,17 @@ pub const OPCODES: &[&[u8]] = &[
     &[0xe4],
     &[0xee],
     &[0xf4],
+    // x87: the eight escape opcodes (register and memory forms from the
+    // random ModRM that follows) and FWAIT.
+    &[0xd8],
+    &[0xd9],
+    &[0xda],
+    &[0xdb],
+    &[0xdc],
+    &[0xdd],
+    &[0xde],
+    &[0xdf],
+    &[0x9b],
     // SSE/SSE2 (with 66/F2/F3 from the prefixes), FXSAVE/LDMXCSR group.
     &[0x0f, 0x10],
     &[0x0f, 0x12],

@@ -54,17 +54,22 @@ pub enum Group {
     /// SSE/SSE2 with integer instructions mixed in: random XMM registers
     /// and MXCSR, compared with the general state.
     Sse,
+    /// x87 with integer instructions mixed in: a random x87 stack, tags,
+    /// control and status words; all eight 80-bit registers, FCW, FSW and
+    /// the tag word compared.
+    X87,
 }
 
 impl Group {
     /// Every group, in the order reports list them.
-    pub const ALL: [Group; 2] = [Group::Int, Group::Sse];
+    pub const ALL: [Group; 3] = [Group::Int, Group::Sse, Group::X87];
 
     /// The group's name on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Group::Int => "int",
             Group::Sse => "sse",
+            Group::X87 => "x87",
         }
     }
 
@@ -78,6 +83,7 @@ impl Group {
         match self {
             Group::Int => 1,
             Group::Sse => 1,
+            Group::X87 => 1,
         }
     }
 }
@@ -630,6 +636,130 @@ const SSE_TEMPLATES: &[(Template, u32)] = &[
     (Template::Jump, 3),
 ];
 
+const X87_LOAD: &[Mnemonic] = &[
+    M::Fld,
+    M::Fild,
+    M::Fldz,
+    M::Fld1,
+    M::Fldpi,
+    M::Fldl2e,
+    M::Fldl2t,
+    M::Fldlg2,
+    M::Fldln2,
+];
+
+const X87_ARITH: &[Mnemonic] = &[
+    M::Fadd,
+    M::Faddp,
+    M::Fiadd,
+    M::Fsub,
+    M::Fsubp,
+    M::Fisub,
+    M::Fsubr,
+    M::Fsubrp,
+    M::Fisubr,
+    M::Fmul,
+    M::Fmulp,
+    M::Fimul,
+    M::Fdiv,
+    M::Fdivp,
+    M::Fidiv,
+    M::Fdivr,
+    M::Fdivrp,
+    M::Fidivr,
+    M::Fchs,
+    M::Fabs,
+    M::Fsqrt,
+    M::Frndint,
+    M::Fprem,
+    M::Fprem1,
+    M::Fscale,
+    M::Fxtract,
+];
+
+/// Their results are the host's (as on the machine, which runs them on
+/// the host's unit).
+const X87_TRANSCENDENTAL: &[Mnemonic] = &[
+    M::F2xm1,
+    M::Fyl2x,
+    M::Fyl2xp1,
+    M::Fptan,
+    M::Fpatan,
+    M::Fsin,
+    M::Fcos,
+    M::Fsincos,
+];
+
+const X87_COMPARE: &[Mnemonic] = &[
+    M::Fcom,
+    M::Fcomp,
+    M::Fcompp,
+    M::Fucom,
+    M::Fucomp,
+    M::Fucompp,
+    M::Fcomi,
+    M::Fcomip,
+    M::Fucomi,
+    M::Fucomip,
+    M::Ficom,
+    M::Ficomp,
+    M::Ftst,
+    M::Fxam,
+    M::Fcmovb,
+    M::Fcmove,
+    M::Fcmovbe,
+    M::Fcmovu,
+    M::Fcmovnb,
+    M::Fcmovne,
+    M::Fcmovnbe,
+    M::Fcmovnu,
+];
+
+const X87_STORE: &[Mnemonic] = &[
+    M::Fst,
+    M::Fstp,
+    M::Fist,
+    M::Fistp,
+    M::Fisttp,
+    M::Fbstp,
+    M::Fnstsw,
+    M::Fnstcw,
+];
+
+/// Stack and control instructions. Not FNSTENV/FNSAVE: they store the
+/// code and data selectors, which differ between the two runs. (The
+/// waiting forms FSTSW, FSTCW, FINIT, FCLEX are FWAIT and the FN form:
+/// both are here.)
+const X87_CONTROL: &[Mnemonic] = &[
+    M::Fxch,
+    M::Ffree,
+    M::Ffreep,
+    M::Fdecstp,
+    M::Fincstp,
+    M::Fnop,
+    M::Fninit,
+    M::Fnclex,
+    M::Wait,
+    M::Fldcw,
+    M::Fldenv,
+    M::Frstor,
+];
+
+/// Templates of the x87 group, with the integer instructions that consume
+/// FCOMI's flags and FNSTSW's word.
+const X87_TEMPLATES: &[(Template, u32)] = &[
+    (Template::Generic(X87_LOAD), 12),
+    (Template::Generic(X87_ARITH), 20),
+    (Template::Generic(X87_TRANSCENDENTAL), 3),
+    (Template::Generic(X87_COMPARE), 10),
+    (Template::Generic(X87_STORE), 10),
+    (Template::Generic(X87_CONTROL), 5),
+    (Template::Generic(SETCC), 2),
+    (Template::Generic(CMOVCC), 1),
+    (Template::Generic(MOV), 2),
+    (Template::Jump, 2),
+];
+
 /// Templates and their relative weights.
 const TEMPLATES: &[(Template, u32)] = &[
     (Template::Generic(ALU), 20),
@@ -698,7 +828,96 @@ fn supported_operand(kind: OpCodeOperandKind) -> bool {
             | K::xmm_reg
             | K::xmm_rm
             | K::xmm_or_mem
+            | K::st0
+            | K::sti_opcode
     )
+}
+
+/// x87 register ST(`k`).
+fn st(k: usize) -> Register {
+    [
+        Register::ST0,
+        Register::ST1,
+        Register::ST2,
+        Register::ST3,
+        Register::ST4,
+        Register::ST5,
+        Register::ST6,
+        Register::ST7,
+    ][k & 7]
+}
+
+/// A random x87 state: a stack top, registers (empty or holding edge-case
+/// values), control word (any rounding, a valid precision, sometimes
+/// exceptions unmasked), condition codes and sticky flags. Usually no
+/// exception is pending; sometimes one is, so the next waiting instruction
+/// must raise #MF.
+fn random_x87(rng: &mut Rng, fpu: &mut crate::cpu::fpu_state::FpuState) {
+    let top = rng.below(8) as u16;
+    fpu.ftw = 0;
+    for r in 0..8 {
+        if rng.chance(3, 4) {
+            fpu.ftw |= 1 << r;
+        }
+        fpu.st[r] = interesting_f80(rng);
+    }
+    let precision = *rng.pick(&[0u16, 2, 3, 3, 3]);
+    let mut fcw = 0x0040 | 0x3f | ((rng.below(4) as u16) << 10) | (precision << 8);
+    if rng.chance(1, 6) {
+        fcw &= !(rng.below(64) as u16);
+    }
+    let condition_codes = ((rng.below(8) as u16) << 8) | ((rng.below(2) as u16) << 14);
+    let mut fsw = (top << 11) | condition_codes;
+    let masked = fcw & 0x3f;
+    if rng.chance(1, 4) {
+        fsw |= rng.below(64) as u16 & masked;
+    }
+    if masked != 0x3f && rng.chance(1, 8) {
+        // A pending exception: an unmasked flag and the summary bits.
+        fsw |= (!masked & 0x3f) | 0x8080;
+    }
+    fpu.fcw = fcw;
+    fpu.fsw = fsw;
+}
+
+/// An 80-bit extended value: zeros, ones, denormals, pseudo-denormals,
+/// unnormals, infinities, NaNs, doubles widened, large integers, or random
+/// bits.
+fn interesting_f80(rng: &mut Rng) -> u128 {
+    const J: u64 = 1 << 63;
+    let f80 = |sign: u16, exp: u16, sig: u64| (((sign << 15) | exp) as u128) << 64 | sig as u128;
+    let sign = rng.below(2) as u16;
+    match rng.below(12) {
+        0 => f80(sign, 0, 0),
+        1 => f80(sign, 0x3fff, J),
+        2 => f80(
+            sign,
+            (0x3fff + rng.range_i64(-70, 70)) as u16,
+            J | rng.next_u64(),
+        ),
+        3 => f80(sign, 0, rng.next_u64() >> rng.below(64)),
+        4 => f80(sign, 0, J | rng.next_u64()),
+        5 => f80(sign, rng.below(0x7ffe) as u16 + 1, rng.next_u64() >> 1),
+        6 => f80(sign, 0x7fff, J),
+        7 => f80(sign, 0x7fff, J | (1 << 62) | (rng.next_u64() >> 2)),
+        8 => f80(sign, 0x7fff, J | (rng.next_u64() >> 2) | 1),
+        9 => {
+            // A double widened exactly.
+            let d = (rng.range_i64(-100_000, 100_000) as f64) / (rng.below(1000) + 1) as f64;
+            let bits = d.to_bits();
+            if d == 0.0 {
+                return f80((bits >> 63) as u16, 0, 0);
+            }
+            let exp = ((bits >> 52) & 0x7ff) as u16 + 16383 - 1023;
+            f80((bits >> 63) as u16, exp, J | (bits & ((1 << 52) - 1)) << 11)
+        }
+        10 => f80(
+            sign,
+            0x3fff + 62 + rng.below(4) as u16,
+            J | rng.below(1 << 20) << 40,
+        ),
+        _ => rng.next_u64() as u128 | (rng.next_u64() as u128 & 0xffff) << 64,
+    }
 }
 
 /// XMM register `k`.
@@ -847,7 +1066,11 @@ fn forms_of(mnemonic: Mnemonic) -> &'static [Code] {
                 && code != Code::Bswap_r16
                 // Only the SSE and SSE2 forms of SIMD mnemonics (not the
                 // SSE4.1 PEXTRW to memory, say).
-                && code.cpuid_features().iter().all(|f| {
+                // FBLD of bytes that are no packed BCD has an undefined
+                // result.
+                && code.mnemonic() != M::Fbld
+                // FISTTP (SSE3) is the one SSE3 instruction run here.
+                && (code.mnemonic() == M::Fisttp || code.cpuid_features().iter().all(|f| {
                     !matches!(
                         f,
                         CpuidFeature::SSE3
@@ -857,7 +1080,7 @@ fn forms_of(mnemonic: Mnemonic) -> &'static [Code] {
                             | CpuidFeature::SSE4A
                             | CpuidFeature::MMX
                     )
-                });
+                }));
             if usable {
                 table[code.mnemonic() as usize].push(code);
             }
@@ -971,6 +1194,9 @@ fn try_generate(
         }
         initial.fpu.mxcsr = random_mxcsr(rng);
     }
+    if group == Group::X87 {
+        random_x87(rng, &mut initial.fpu);
+    }
 
     let mut gen = Generator {
         rng,
@@ -985,6 +1211,7 @@ fn try_generate(
         templates: match group {
             Group::Int => TEMPLATES,
             Group::Sse => SSE_TEMPLATES,
+            Group::X87 => X87_TEMPLATES,
         },
         mem_size: 0,
     };
@@ -1448,6 +1675,8 @@ impl Generator<'_> {
             K::mem if !matches!(mnemonic, M::Lea | M::Nop) => Operand::Mem(self.simd_memory()),
             K::mem => Operand::Mem(self.any_address()),
             K::xmm_reg | K::xmm_rm => Operand::Reg(xmm(self.rng.index(16))),
+            K::st0 => Operand::Reg(Register::ST0),
+            K::sti_opcode => Operand::Reg(st(self.rng.index(8))),
             K::xmm_or_mem => {
                 if self.edge || self.rng.chance(1, 2) {
                     Operand::Mem(self.simd_memory())

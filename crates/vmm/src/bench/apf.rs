@@ -86,6 +86,7 @@ impl Bench for ApfBench {
                     specs.push(RunSpec {
                         label: format!("{}@{}", mode.name(), format_duration(latency)),
                         config,
+                        memslot: None,
                     });
                 }
             }
@@ -96,11 +97,13 @@ impl Bench for ApfBench {
             .map(|&m| RunSpec {
                 label: m.name().to_string(),
                 config: self.bm_config(m, Some(self.args.host_mem)),
+                memslot: None,
             })
             .collect();
         specs.push(RunSpec {
             label: "ideal".into(),
             config: self.bm_config(ApfMode::Pv, None),
+            memslot: None,
         });
         specs
     }

@@ -68,6 +68,7 @@ impl Bench for ApfCalcBench {
                         if mode == ApfMode::Off { "off" } else { "on" }
                     ),
                     config: self.config(mode, calc),
+                    memslot: None,
                 });
             }
         }

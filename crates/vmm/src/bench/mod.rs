@@ -14,6 +14,7 @@
 
 mod apf;
 mod apf_calc;
+pub(crate) mod memslot;
 
 use crate::config::{check_output_path, ConfigError, Kernel};
 use crate::session::{drive, BenchProgress, Ending, Limits};
@@ -121,6 +122,8 @@ fn describe_interrupted(runs: &[(String, RunState)]) -> String {
 pub struct RunSpec {
     pub label: String,
     pub config: VmConfig,
+    /// Memslot changes the VMM makes while the guest runs, and how many.
+    pub memslot: Option<(memslot::ChurnTrigger, u32)>,
 }
 
 /// Asynchronous page fault counters of a run, summed over vCPUs.
@@ -148,6 +151,9 @@ pub struct RunResult {
     pub apf: ApfCounters,
     /// HC_REPORT lines.
     pub reports: Vec<String>,
+    /// The memslot changes made during the run, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memslot: Option<memslot::MemslotRun>,
 }
 
 impl RunResult {
@@ -171,6 +177,7 @@ impl RunResult {
                 peak_outstanding: apf.peak_outstanding,
             },
             reports: vm.reports().iter().map(|r| r.line.clone()).collect(),
+            memslot: None,
         }
     }
 
@@ -301,6 +308,13 @@ pub fn main(command: BenchCommand) -> u8 {
             };
             execute(apf_calc::ApfCalcBench::new(args), &output)
         }
+        BenchCommand::Memslot(args) => {
+            let output = Output {
+                json: args.common.json,
+                plot: args.plot.clone(),
+            };
+            execute(memslot::MemslotBench::new(args), &output)
+        }
         BenchCommand::Merge(args) => merge(&args),
     };
     match result {
@@ -409,6 +423,7 @@ fn merge(args: &MergeArgs) -> Result<String, BenchError> {
     match first.benchmark.as_str() {
         apf::ApfBench::NAME => merge_into::<apf::ApfBench>(files, &output),
         apf_calc::ApfCalcBench::NAME => merge_into::<apf_calc::ApfCalcBench>(files, &output),
+        memslot::MemslotBench::NAME => merge_into::<memslot::MemslotBench>(files, &output),
         other => Err(BenchError::Merge(format!("unknown benchmark `{other}`"))),
     }
 }
@@ -443,7 +458,7 @@ fn merge_into<B: Bench>(files: Vec<RunFile>, output: &Output) -> Result<String, 
 
 /// How one run ended.
 enum Outcome {
-    Done(RunResult, Duration),
+    Done(Box<RunResult>, Duration),
     Interrupted(f64),
 }
 
@@ -516,7 +531,7 @@ fn run_all(
     outcomes
         .into_iter()
         .map(|o| match o {
-            Some(Ok(Outcome::Done(result, _))) => Ok(result),
+            Some(Ok(Outcome::Done(result, _))) => Ok(*result),
             Some(Err(e)) => Err(e),
             // Not reached: without a signal every run finishes.
             Some(Ok(Outcome::Interrupted(_))) | None => {
@@ -537,11 +552,32 @@ fn run_one(
         label: spec.label.clone(),
         source,
     })?;
+    let mut churn = match spec.memslot {
+        Some((trigger, ops)) => Some(memslot::SlotChurn::install(&mut vm, trigger, ops).map_err(
+            |e| BenchError::VmStopped {
+                label: spec.label.clone(),
+                message: format!("adding the memslot to change: {e}"),
+                tail: String::new(),
+            },
+        )?),
+        None => None,
+    };
     let mut serial = Vec::new();
     let mut progress = bench_progress.start();
     let prefix = format!("{}: ", spec.label);
-    let ending = drive(&mut vm, &Limits::default(), stop, |vm| {
+    // With memslot changes, slices of one quantum: a change is due when
+    // the guest reports a pass, and should follow it closely.
+    let limits = Limits {
+        slice: churn
+            .as_ref()
+            .map(|_| hv::Cycles(spec.config.quantum.max(1))),
+        ..Limits::default()
+    };
+    let ending = drive(&mut vm, &limits, stop, |vm| {
         serial.extend(vm.take_serial());
+        if let Some(churn) = churn.as_mut() {
+            churn.after_slice(vm);
+        }
         progress.update(&prefix, vm);
     });
     bench_progress.done(&progress);
@@ -551,9 +587,21 @@ fn run_one(
         lines[lines.len().saturating_sub(15)..].join("\n")
     };
     match ending {
-        Ending::Vm(StopReason::Shutdown { status: 0 } | StopReason::DebugExit { status: 1 }) => Ok(
-            Outcome::Done(RunResult::new(spec.label, &vm), started.elapsed()),
-        ),
+        Ending::Vm(StopReason::Shutdown { status: 0 } | StopReason::DebugExit { status: 1 }) => {
+            let mut result = RunResult::new(spec.label.clone(), &vm);
+            if let Some(churn) = churn {
+                let run =
+                    churn
+                        .finish(&vm, spec.config.zap)
+                        .map_err(|e| BenchError::VmStopped {
+                            label: spec.label.clone(),
+                            message: format!("a memslot change failed: {e}"),
+                            tail: tail(),
+                        })?;
+                result.memslot = Some(run);
+            }
+            Ok(Outcome::Done(Box::new(result), started.elapsed()))
+        }
         Ending::Interrupted(_) => Ok(Outcome::Interrupted(cycles_to_secs(vm.time().0))),
         Ending::Vm(StopReason::Error(e)) => Err(BenchError::VmStopped {
             label: spec.label,

@@ -1,0 +1,758 @@
+//! The exits of shadow paging (`--mmu shadow`): guest #PF (through the
+//! exception bitmap), CR3 loads and stores, the paging bits of CR0/CR4,
+//! INVLPG, and the monitor-trap step of a write to a write-tracked guest
+//! page table. The MMU side is `mmu/shadow/`.
+//!
+//! The guest owns CR0/CR4 except the bits that change the translation
+//! (host-owned: the guest reads them from the read shadows, a write that
+//! changes one exits). The machine's CR0.WP is always set, so the shadow's
+//! read-only sptes hold for the supervisor too.
+
+use super::{Next, Requests, Vcpu};
+use crate::error::VmError;
+use crate::mmu::fault::{faultin, ExitClock, FaultError, FaultOutcome};
+use crate::mmu::lock::Timed;
+use crate::mmu::shadow::cache::{find_or_build_root, CachedRoot};
+use crate::mmu::shadow::fetch::{self, MapOutcome};
+use crate::mmu::shadow::gwalk::{self, GuestPtes, WalkError};
+use crate::mmu::shadow::role::PagingContext;
+use crate::mmu::shadow::sync;
+use crate::mmu::shadow::{HostView, ShadowError};
+use crate::mmu::LoadedRoot;
+use crate::time::Cycles;
+use crate::vm::shared::{CrossRequest, Shared};
+use machine::cpu::state::{cr0, cr4, rflags};
+use machine::mmu::paging::pf_error;
+use machine::mmu::{Access, AccessKind, PagingRegs};
+use machine::vmx::{CrAccess, Eptp, EventInjection, EventKind, InvvpidKind, VmxControls};
+use machine::{Gpa, Gva};
+
+/// CR0 bits the hv owns under shadow paging.
+const CR0_HOST_OWNED: u64 = cr0::PG | cr0::WP;
+/// CR4 bits the hv owns (they change the translation or the TLB).
+const CR4_HOST_OWNED: u64 = cr4::PGE | cr4::PSE | cr4::PAE | cr4::SMEP | cr4::SMAP | cr4::PCIDE;
+/// How the shadow fault path ended.
+enum ShadowFault {
+    /// The guest's own tables fault: inject this #PF.
+    Guest { error_code: u32 },
+    /// The page is on its way in from swap.
+    Wait {
+        gfn: machine::Gfn,
+        swap_slot: crate::swap::SwapSlot,
+        ready_at: Cycles,
+    },
+    /// The shadow leaf's outcome, for `gfn` backed by the frame.
+    Done(MapOutcome, machine::Gfn, machine::Hfn),
+}
+
+/// #PF vector.
+const PF: u8 = 14;
+/// Emulated writes to one guest table without a walk through it before
+/// the hv stops tracking it (KVM's write-flooding threshold).
+const FLOOD_WRITES: u32 = 3;
+
+/// The controls of a vCPU under shadow paging: `base` with #PF, CR3 and
+/// INVLPG exiting and the paging bits of CR0/CR4 host-owned.
+pub(crate) fn shadow_controls(base: VmxControls) -> VmxControls {
+    let boot = machine::cpu::state::CpuState::default();
+    VmxControls {
+        exception_bitmap: base.exception_bitmap | 1 << PF,
+        pf_error_code_mask: 0,
+        pf_error_code_match: 0,
+        cr3_load_exiting: true,
+        cr3_store_exiting: true,
+        invlpg_exiting: true,
+        cr0_guest_host_mask: CR0_HOST_OWNED,
+        cr0_read_shadow: boot.cr0 & CR0_HOST_OWNED,
+        cr4_guest_host_mask: CR4_HOST_OWNED,
+        cr4_read_shadow: boot.cr4 & CR4_HOST_OWNED,
+        ept: None,
+        ..base
+    }
+}
+
+/// Guest-physical memory for the guest walk: reads through the hv's own
+/// accessors (a page on swap is read back synchronously, as a host
+/// `get_user` would), A/D updates by compare-and-exchange.
+struct WalkMemory<'a> {
+    shared: &'a mut Shared,
+    reads: u64,
+}
+
+impl GuestPtes for WalkMemory<'_> {
+    type Error = crate::error::GuestMemoryError;
+
+    fn read(&mut self, gpa: Gpa) -> Result<u64, Self::Error> {
+        self.reads += 1;
+        let mut buf = [0u8; 8];
+        self.shared.read_guest(gpa, &mut buf)?;
+        Ok(u64::from_le_bytes(buf))
+    }
+
+    fn cmpxchg(&mut self, gpa: Gpa, old: u64, new: u64) -> Result<bool, Self::Error> {
+        let frame = self.shared.backing_frame(gpa.frame())?;
+        let seen =
+            self.shared
+                .host
+                .mem
+                .cmpxchg(frame.addr().add(gpa.page_offset()), 8, old, new)?;
+        if seen == old {
+            // The hv's store is not seen by any spte's dirty bit.
+            self.shared.drop_swap_copy(gpa.frame());
+        }
+        Ok(seen == old)
+    }
+}
+
+impl Vcpu {
+    /// Sets the guest's CR3 at start-up.
+    pub(crate) fn set_guest_cr3(&mut self, cr3: u64) {
+        match self.mmu_mode {
+            crate::mmu::MmuMode::Ept => self.cpu.state_mut().cr3 = cr3,
+            crate::mmu::MmuMode::Shadow => {
+                self.shadow.guest_cr3 = cr3;
+                self.requests.set(Requests::RELOAD_ROOT);
+            }
+        }
+    }
+
+    fn guest_cr0(&self) -> u64 {
+        let v = self.cpu.vmx().expect("guest mode");
+        (self.cpu.state().cr0 & !v.cr0_guest_host_mask)
+            | (v.cr0_read_shadow & v.cr0_guest_host_mask)
+    }
+
+    fn guest_cr4(&self) -> u64 {
+        let v = self.cpu.vmx().expect("guest mode");
+        (self.cpu.state().cr4 & !v.cr4_guest_host_mask)
+            | (v.cr4_read_shadow & v.cr4_guest_host_mask)
+    }
+
+    /// The guest's paging context (what shadow roles depend on).
+    pub(crate) fn paging_context(&self) -> PagingContext {
+        PagingContext::of(self.guest_cr0(), self.guest_cr4(), self.cpu.state().efer)
+    }
+
+    fn guest_paging_regs(&self) -> PagingRegs {
+        let s = self.cpu.state();
+        PagingRegs {
+            cr0: self.guest_cr0(),
+            cr3: self.shadow.guest_cr3,
+            cr4: self.guest_cr4(),
+            efer: s.efer,
+            rflags_ac: s.rflags & rflags::AC != 0,
+        }
+    }
+
+    fn shadow_error(&self, source: ShadowError) -> VmError {
+        VmError::Shadow {
+            vcpu: self.id,
+            rip: self.rip(),
+            source,
+        }
+    }
+
+    /// Loads the shadow root for the guest's CR3 (KVM's `kvm_mmu_load`
+    /// under shadow paging): from `prev_roots` when `cache` and it is
+    /// there, else from the page hash (made if missing) under `mmu_lock`.
+    /// Syncs unsync pages, points the machine's CR3 at the root and
+    /// flushes this vCPU's TLB. Returns the cost and, of it, the wait
+    /// behind a zap-all's teardown.
+    pub(crate) fn load_shadow_root(
+        &mut self,
+        shared: &mut Shared,
+        cache: bool,
+        at: Timed,
+    ) -> Result<(Cycles, Cycles), VmError> {
+        let context = self.paging_context();
+        let cr3 = self.shadow.guest_cr3;
+        let host = &mut shared.host;
+        let mut cycles = Cycles::ZERO;
+        let cached = if cache {
+            self.shadow.take(cr3, context)
+        } else {
+            None
+        };
+        let cached = cached.filter(|c| host.mmu.shadow_root_exists(c.id, &host.costs));
+        let costs = host.costs;
+        let view = HostView {
+            mem: &host.mem,
+            frames: &mut host.frames,
+            slots: &host.slots,
+            costs: &costs,
+        };
+        let hit = cached.is_some();
+        let held = host
+            .mmu
+            .with_shadow(view, at, |t, stats, fx| {
+                let root = match cached {
+                    Some(c) => {
+                        stats.prev_root_hits += 1;
+                        let frame = t.roots.get(c.id).expect("checked").pml4;
+                        (c.id, frame)
+                    }
+                    None => find_or_build_root(t, stats, cr3, context, fx)?,
+                };
+                let s = sync::sync_all(t, stats)?;
+                fx.merge(s);
+                Ok(root)
+            })
+            .map_err(|e| self.shadow_error(e))?;
+        // A prev-roots hit takes no lock for the root itself: only the
+        // sync's work counts (KVM's fast_pgd_switch).
+        cycles += if hit {
+            held.cycles.saturating_sub(Cycles(costs.lock_acquire))
+        } else {
+            held.cycles
+        };
+        let (id, frame) = held.value;
+        if held.flush {
+            shared.cross.push(CrossRequest::FlushAll);
+        }
+        if held.reload {
+            shared.cross.push(CrossRequest::ReloadRoots);
+        }
+        if let Some(old) = self.root {
+            if old.id != id {
+                self.shadow.remember(CachedRoot {
+                    cr3: self.shadow.loaded_cr3,
+                    context: self.shadow.loaded_context.unwrap_or(context),
+                    id: old.id,
+                });
+            }
+        }
+        self.shadow.loaded_cr3 = cr3;
+        self.shadow.loaded_context = Some(context);
+        self.cpu.state_mut().cr3 = frame.addr().0;
+        let vpid = self.cpu.vmx().map_or(0, |v| v.vpid);
+        self.cpu.invvpid(InvvpidKind::SingleContext { vpid });
+        self.root = Some(LoadedRoot {
+            id,
+            eptp: Eptp::new(frame.addr(), false),
+            generation: shared.host.mmu.generation(),
+        });
+        Ok((cycles, held.zap_wait))
+    }
+
+    /// Injects the #PF the guest's own tables give (CR2 = the address).
+    fn inject_page_fault(
+        &mut self,
+        shared: &mut Shared,
+        gva: Gva,
+        error_code: u32,
+        vectoring: bool,
+        cycles: &mut Cycles,
+    ) {
+        // A #PF while delivering a #PF is a double fault.
+        let double = vectoring
+            && self
+                .cpu
+                .idt_vectoring_info()
+                .is_some_and(|e| e.kind == EventKind::HardwareException && e.vector == PF);
+        let event = if double {
+            EventInjection {
+                kind: EventKind::HardwareException,
+                vector: 8,
+                error_code: Some(0),
+                instruction_len: 0,
+            }
+        } else {
+            self.cpu.state_mut().cr2 = gva.0;
+            EventInjection {
+                kind: EventKind::HardwareException,
+                vector: PF,
+                error_code: Some(error_code),
+                instruction_len: 0,
+            }
+        };
+        self.cpu.inject_event(event);
+        *cycles += Cycles(shared.host.costs.event_injection);
+        shared
+            .host
+            .mmu
+            .shadow_count(&shared.host.costs, |s| s.guest_pf_injected += 1);
+    }
+
+    /// A #PF under shadow paging: the guest's fault (injected) or the
+    /// shadow's (filled in, or the page waited for as under EPT).
+    pub(super) fn shadow_page_fault(
+        &mut self,
+        shared: &mut Shared,
+        gva: Gva,
+        error_code: u32,
+        vectoring: bool,
+        cycles: &mut Cycles,
+    ) -> Result<Next, VmError> {
+        let access = Access {
+            kind: if error_code & pf_error::FETCH != 0 {
+                AccessKind::Execute
+            } else if error_code & pf_error::WRITE != 0 {
+                AccessKind::Write
+            } else {
+                AccessKind::Read
+            },
+            user: error_code & pf_error::USER != 0,
+        };
+        let end = self.shadow_fault(shared, gva, access, cycles)?;
+        if !matches!(end, ShadowFault::Guest { .. }) {
+            // The hv's own fault (the summary's "EPT faults" line counts
+            // these under shadow paging).
+            self.stats.ept_faults += 1;
+        }
+        match end {
+            ShadowFault::Guest { error_code } => {
+                self.inject_page_fault(shared, gva, error_code, vectoring, cycles);
+                Ok(Next::Continue)
+            }
+            ShadowFault::Wait {
+                gfn,
+                swap_slot,
+                ready_at,
+            } => {
+                // Remembered with the async fault, for the page-ready
+                // prefault (KVM's `work->arch.cr3` and `cr2_or_gpa`).
+                self.shadow.faulting = Some(crate::apf::ShadowPrefault {
+                    cr3: self.shadow.guest_cr3,
+                    gva,
+                    write: access.kind == AccessKind::Write,
+                    user: access.user,
+                });
+                let next = crate::apf::policy::wait_for_page(
+                    self, shared, gfn, swap_slot, ready_at, vectoring, cycles,
+                );
+                self.shadow.faulting = None;
+                next
+            }
+            ShadowFault::Done(MapOutcome::Emulate { leaf }, gfn, frame) => {
+                self.emulate_tracked_write(shared, gfn, gva, leaf, frame, cycles)?;
+                Ok(Next::Continue)
+            }
+            ShadowFault::Done(..) => Ok(Next::Continue),
+        }
+    }
+
+    /// Maps an arrived page ahead of the retried access when the guest's
+    /// CR3 is still the one it faulted under (KVM's
+    /// `kvm_arch_async_page_ready`). A guest fault or a tracked write is
+    /// left for the access itself.
+    pub(crate) fn shadow_prefault(
+        &mut self,
+        shared: &mut Shared,
+        fault: crate::apf::ShadowPrefault,
+    ) -> Result<(), VmError> {
+        if fault.cr3 != self.shadow.guest_cr3 {
+            return Ok(());
+        }
+        let access = Access {
+            kind: if fault.write {
+                AccessKind::Write
+            } else {
+                AccessKind::Read
+            },
+            user: fault.user,
+        };
+        let mut cycles = Cycles::ZERO;
+        let result = self.shadow_fault(shared, fault.gva, access, &mut cycles);
+        self.charge(cycles);
+        result.map(|_| ())
+    }
+
+    /// The shadow fault path: guest walk, the frame, the shadow leaf.
+    fn shadow_fault(
+        &mut self,
+        shared: &mut Shared,
+        gva: Gva,
+        access: Access,
+        cycles: &mut Cycles,
+    ) -> Result<ShadowFault, VmError> {
+        let rip = self.rip();
+        let vcpu = self.id;
+        let costs = shared.host.costs;
+        let regs = self.guest_paging_regs();
+        let mut memory = WalkMemory { shared, reads: 0 };
+        let walked = gwalk::walk(&mut memory, &regs, gva, access);
+        *cycles += Cycles(memory.reads * costs.spte_read);
+        let walk = match walked {
+            Ok(walk) => walk,
+            Err(WalkError::PageFault { error_code }) => {
+                return Ok(ShadowFault::Guest { error_code })
+            }
+            Err(WalkError::Memory(source)) => {
+                return Err(VmError::GuestMemory { vcpu, rip, source });
+            }
+        };
+        let gpa = walk.gfn.addr().add(gva.page_offset());
+        let mut clock = ExitClock {
+            now: self.clock() + *cycles,
+            cycles: *cycles,
+        };
+        let write = access.kind == AccessKind::Write;
+        let result = faultin(&mut shared.host, &mut shared.pager, gpa, write, &mut clock);
+        *cycles = clock.cycles;
+        let (fault, resident) = result.map_err(|source| match source {
+            FaultError::OutsideMemory { gpa } => VmError::OutsideMemory { vcpu, gpa, rip },
+            FaultError::Pager { gpa, source } => VmError::Pager {
+                vcpu,
+                gpa,
+                rip,
+                source,
+            },
+            source => VmError::EptFault {
+                vcpu,
+                gpa,
+                rip,
+                source,
+            },
+        })?;
+        if fault.flush {
+            shared.cross.push(CrossRequest::FlushAll);
+        }
+        if fault.frame_allocated {
+            self.stats.frames_allocated += 1;
+        }
+        if fault.repeat {
+            self.apf.stats.repeat_faults += 1;
+        }
+        let Some(resident) = resident else {
+            return Ok(match fault.outcome {
+                FaultOutcome::WaitForPage {
+                    gfn,
+                    swap_slot,
+                    ready_at,
+                } => ShadowFault::Wait {
+                    gfn,
+                    swap_slot,
+                    ready_at,
+                },
+                FaultOutcome::Mapped => {
+                    ShadowFault::Done(MapOutcome::Mapped, walk.gfn, machine::Hfn(0))
+                }
+            });
+        };
+        let Some(root) = self.root else {
+            self.requests.set(Requests::RELOAD_ROOT);
+            return Ok(ShadowFault::Done(
+                MapOutcome::NoRoot,
+                walk.gfn,
+                resident.frame,
+            ));
+        };
+        let context = self.paging_context();
+        let host = &mut shared.host;
+        let view = HostView {
+            mem: &host.mem,
+            frames: &mut host.frames,
+            slots: &host.slots,
+            costs: &costs,
+        };
+        let held = host
+            .mmu
+            .with_shadow(view, Timed::At(clock.at()), |t, stats, fx| {
+                fetch::map(
+                    t,
+                    stats,
+                    root.id,
+                    context,
+                    gva,
+                    &walk,
+                    resident.frame,
+                    resident.writable,
+                    access,
+                    fx,
+                )
+            })
+            .map_err(|e| self.shadow_error(e))?;
+        *cycles += held.cycles;
+        self.stats.mmu_lock_wait_cycles += held.lock_wait.0;
+        self.stats.note_zap_stall(held.zap_wait);
+        if held.flush {
+            shared.cross.push(CrossRequest::FlushAll);
+        }
+        if held.reload {
+            shared.cross.push(CrossRequest::ReloadRoots);
+        }
+        if held.value == MapOutcome::NoRoot {
+            self.requests.set(Requests::RELOAD_ROOT);
+        }
+        Ok(ShadowFault::Done(held.value, walk.gfn, resident.frame))
+    }
+
+    /// A write to a write-tracked guest table: after a flood of them the
+    /// table is unprotected; otherwise the one instruction runs with the
+    /// spte writable under the monitor trap flag and the shadow hears of
+    /// what it changed at the next exit.
+    fn emulate_tracked_write(
+        &mut self,
+        shared: &mut Shared,
+        gfn: machine::Gfn,
+        gva: Gva,
+        leaf: machine::Hpa,
+        frame: machine::Hfn,
+        cycles: &mut Cycles,
+    ) -> Result<(), VmError> {
+        let costs = shared.host.costs;
+        if shared.host.mmu.shadow_note_write(&costs, gfn, FLOOD_WRITES) {
+            let host = &mut shared.host;
+            let view = HostView {
+                mem: &host.mem,
+                frames: &mut host.frames,
+                slots: &host.slots,
+                costs: &costs,
+            };
+            let held = host
+                .mmu
+                .with_shadow(view, Timed::At(self.clock() + *cycles), |t, stats, _| {
+                    sync::unprotect(t, stats, gfn)
+                })
+                .map_err(|e| self.shadow_error(e))?;
+            *cycles += held.cycles
+                + Cycles(held.value.reads * costs.spte_read + held.value.writes * costs.spte_write);
+            shared.cross.push(CrossRequest::FlushAll);
+            if held.value.reload {
+                shared.cross.push(CrossRequest::ReloadRoots);
+            }
+            return Ok(());
+        }
+        let mut before = Box::new([0u8; 4096]);
+        shared
+            .host
+            .mem
+            .read_bytes(frame.addr(), &mut before[..])
+            .map_err(|e| self.shadow_error(ShadowError::Memory(e)))?;
+        *cycles += Cycles(costs.copy_4k + costs.spte_write);
+        // Writable for one instruction of this vCPU only: no other vCPU
+        // runs before the monitor trap exit, and this one's TLB is flushed
+        // for the address now and after.
+        crate::mmu::shadow::set_step_writable(&shared.host.mem, leaf, true)
+            .map_err(|e| self.shadow_error(ShadowError::Memory(e)))?;
+        self.cpu.invvpid(InvvpidKind::IndividualAddress {
+            vpid: self.vpid(),
+            gva,
+        });
+        if let Some(v) = self.cpu.vmx_mut() {
+            v.monitor_trap_flag = true;
+        }
+        shared.host.mmu.shadow_count(&costs, |s| s.wp_emulated += 1);
+        self.shadow.pending_write = Some(crate::mmu::shadow::cache::PendingWrite {
+            gfn,
+            gva,
+            leaf,
+            before,
+        });
+        Ok(())
+    }
+
+    fn vpid(&self) -> u16 {
+        self.cpu.vmx().map_or(0, |v| v.vpid)
+    }
+
+    /// Ends a write let through under the monitor trap flag: the spte is
+    /// read-only again and every entry the guest changed is zapped in each
+    /// shadow page of the table.
+    pub(super) fn finish_tracked_write(
+        &mut self,
+        shared: &mut Shared,
+        cycles: &mut Cycles,
+    ) -> Result<(), VmError> {
+        let Some(pending) = self.shadow.pending_write.take() else {
+            return Ok(());
+        };
+        if let Some(v) = self.cpu.vmx_mut() {
+            v.monitor_trap_flag = false;
+        }
+        let costs = shared.host.costs;
+        let mem = &shared.host.mem;
+        crate::mmu::shadow::set_step_writable(mem, pending.leaf, false)
+            .map_err(|e| self.shadow_error(ShadowError::Memory(e)))?;
+        self.cpu.invvpid(InvvpidKind::IndividualAddress {
+            vpid: self.vpid(),
+            gva: pending.gva,
+        });
+        let Some(frame) = shared
+            .host
+            .slots
+            .lookup(pending.gfn)
+            .and_then(|s| s.backing(pending.gfn))
+        else {
+            return Ok(());
+        };
+        let mut after = [0u8; 4096];
+        mem.read_bytes(frame.addr(), &mut after)
+            .map_err(|e| self.shadow_error(ShadowError::Memory(e)))?;
+        let changed: Vec<u64> = (0..512u64)
+            .filter(|&i| {
+                let r = i as usize * 8..i as usize * 8 + 8;
+                pending.before[r.clone()] != after[r]
+            })
+            .collect();
+        *cycles += Cycles(costs.copy_4k);
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let host = &mut shared.host;
+        let view = HostView {
+            mem: &host.mem,
+            frames: &mut host.frames,
+            slots: &host.slots,
+            costs: &costs,
+        };
+        let held = host
+            .mmu
+            .with_shadow(view, Timed::At(self.clock() + *cycles), |t, _, fx| {
+                let z = sync::track_write(t, pending.gfn, &changed)?;
+                fx.merge(z);
+                Ok(())
+            })
+            .map_err(|e| self.shadow_error(e))?;
+        *cycles += held.cycles;
+        if held.flush {
+            shared.cross.push(CrossRequest::FlushAll);
+        }
+        if held.reload {
+            shared.cross.push(CrossRequest::ReloadRoots);
+        }
+        Ok(())
+    }
+
+    /// MOV to/from CR0, CR3, CR4 under shadow paging.
+    pub(super) fn shadow_cr_access(
+        &mut self,
+        shared: &mut Shared,
+        access: CrAccess,
+        cycles: &mut Cycles,
+    ) -> Result<Next, VmError> {
+        match access {
+            CrAccess::MovFrom { cr: 3, gpr } => {
+                let cr3 = self.shadow.guest_cr3;
+                self.cpu.state_mut().gpr[gpr as usize] = cr3;
+            }
+            CrAccess::MovTo { cr: 3, value, .. } => {
+                if value >> machine::mmu::paging::MAX_PHYS_ADDR_BITS != 0 {
+                    self.cpu.inject_event(gp());
+                    return Ok(Next::Continue);
+                }
+                self.shadow.guest_cr3 = value;
+                let at = Timed::At(self.clock() + *cycles);
+                *cycles += self.load_shadow_root(shared, true, at)?.0;
+            }
+            CrAccess::MovTo { cr: 0, value, .. } => {
+                let v = self.cpu.vmx().expect("guest mode");
+                let mask = v.cr0_guest_host_mask;
+                if value >> 32 != 0
+                    || value & cr0::PG == 0
+                    || value & cr0::PE == 0
+                    || (value & cr0::NW != 0 && value & cr0::CD == 0)
+                {
+                    self.cpu.inject_event(gp());
+                    return Ok(Next::Continue);
+                }
+                let before = self.paging_context();
+                let s = self.cpu.state_mut();
+                s.cr0 = ((value & cr0::DEFINED) & !mask) | (s.cr0 & mask) | cr0::ET;
+                if let Some(v) = self.cpu.vmx_mut() {
+                    v.cr0_read_shadow = value & mask;
+                }
+                self.paging_changed(shared, before, cycles)?;
+            }
+            CrAccess::MovTo { cr: 4, value, .. } => {
+                let v = self.cpu.vmx().expect("guest mode");
+                let mask = v.cr4_guest_host_mask;
+                if value & !cr4::SUPPORTED != 0 || value & cr4::PAE == 0 {
+                    self.cpu.inject_event(gp());
+                    return Ok(Next::Continue);
+                }
+                let before = self.paging_context();
+                // SMEP and SMAP apply to the shadow's U bits as to the
+                // guest's: the machine enforces them.
+                let hw = cr4::SMEP | cr4::SMAP;
+                let s = self.cpu.state_mut();
+                s.cr4 = (value & !mask) | (s.cr4 & mask & !hw) | (value & hw);
+                if let Some(v) = self.cpu.vmx_mut() {
+                    v.cr4_read_shadow = value & mask;
+                }
+                self.paging_changed(shared, before, cycles)?;
+            }
+            other => {
+                return Err(VmError::UnsupportedExit {
+                    vcpu: self.id,
+                    rip: self.rip(),
+                    exit: format!("{other:?}"),
+                })
+            }
+        }
+        self.cpu.skip_instruction();
+        Ok(Next::Continue)
+    }
+
+    /// After a write to CR0, CR4 or EFER: a new paging context needs its
+    /// own root; any change flushes this vCPU's TLB (as the write would).
+    pub(super) fn paging_changed(
+        &mut self,
+        shared: &mut Shared,
+        before: PagingContext,
+        cycles: &mut Cycles,
+    ) -> Result<(), VmError> {
+        if self.paging_context() != before {
+            let at = Timed::At(self.clock() + *cycles);
+            *cycles += self.load_shadow_root(shared, true, at)?.0;
+        } else {
+            let vpid = self.vpid();
+            self.cpu.invvpid(InvvpidKind::SingleContext { vpid });
+        }
+        Ok(())
+    }
+
+    /// INVLPG: an unsync leaf table behind the address is synced; the
+    /// address leaves this vCPU's TLB.
+    pub(super) fn shadow_invlpg(
+        &mut self,
+        shared: &mut Shared,
+        gva: Gva,
+        cycles: &mut Cycles,
+    ) -> Result<Next, VmError> {
+        let costs = shared.host.costs;
+        if let Some(root) = self.root {
+            let host = &mut shared.host;
+            let view = HostView {
+                mem: &host.mem,
+                frames: &mut host.frames,
+                slots: &host.slots,
+                costs: &costs,
+            };
+            let held = host
+                .mmu
+                .with_shadow(view, Timed::At(self.clock() + *cycles), |t, stats, fx| {
+                    if let Some(page) = crate::mmu::shadow::leaf_table(t, root.id, gva, fx)? {
+                        if t.pages.get(page).is_some_and(|p| p.unsync) {
+                            let s = sync::sync_page(t, stats, page)?;
+                            fx.merge(s);
+                        }
+                    }
+                    Ok(())
+                })
+                .map_err(|e| self.shadow_error(e))?;
+            *cycles += held.cycles;
+            if held.flush {
+                shared.cross.push(CrossRequest::FlushAll);
+            }
+            if held.reload {
+                shared.cross.push(CrossRequest::ReloadRoots);
+            }
+        }
+        self.cpu.invvpid(InvvpidKind::IndividualAddress {
+            vpid: self.vpid(),
+            gva,
+        });
+        self.cpu.skip_instruction();
+        Ok(Next::Continue)
+    }
+}
+
+fn gp() -> EventInjection {
+    EventInjection {
+        kind: EventKind::HardwareException,
+        vector: 13,
+        error_code: Some(0),
+        instruction_len: 0,
+    }
+}

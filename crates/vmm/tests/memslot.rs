@@ -1,0 +1,129 @@
+//! `bench memslot` and `run --memslot-period`: zap-all by generation
+//! (seed 003) at small scale.
+
+mod common;
+
+use common::{faultline, stderr, stdout};
+use serde_json::Value;
+
+fn bench_json(args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["bench", "memslot", "--json", "--jobs", "2"];
+    all.extend_from_slice(args);
+    let out = faultline(&all);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    let object = json.as_object().expect("an object");
+    assert_eq!(object.keys().collect::<Vec<_>>(), ["results"], "{json}");
+    json["results"].as_array().expect("results").clone()
+}
+
+fn find<'a>(results: &'a [Value], zap: &str, mem: u64) -> &'a Value {
+    results
+        .iter()
+        .find(|r| r["zap"] == zap && r["mem_bytes"] == mem)
+        .unwrap_or_else(|| panic!("no {zap} {mem} in {results:?}"))
+}
+
+#[test]
+fn fast_zap_stalls_vcpus_for_one_batch_at_any_size_slow_for_the_whole_zap() {
+    let results = bench_json(&["--sweep-mem", "64M,128M", "--vcpus", "2", "--ops", "3"]);
+    assert_eq!(results.len(), 4, "{results:?}");
+    let keys = [
+        "mmu",
+        "zap",
+        "mem_bytes",
+        "op_ms",
+        "max_vcpu_stall_us",
+        "pages_zapped",
+        "lock_breaks",
+        "refault_ms",
+    ];
+    for r in &results {
+        let mut have: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
+        have.sort_unstable();
+        let mut want = keys.to_vec();
+        want.sort_unstable();
+        assert_eq!(have, want, "{r}");
+        assert_eq!(r["mmu"], "ept");
+        assert!(
+            r["refault_ms"].as_f64().unwrap() > 0.0,
+            "the guest refaulted: {r}"
+        );
+    }
+    let stall = |zap, mem| {
+        find(&results, zap, mem)["max_vcpu_stall_us"]
+            .as_f64()
+            .unwrap()
+    };
+    let field = |zap, mem, key: &str| find(&results, zap, mem)[key].clone();
+    let (small, large) = (64u64 << 20, 128u64 << 20);
+    for mem in [small, large] {
+        // The same pages go, one hold against batches of ten.
+        assert_eq!(
+            field("slow", mem, "pages_zapped"),
+            field("fast", mem, "pages_zapped")
+        );
+        assert_eq!(field("slow", mem, "lock_breaks"), 0);
+        let pages = field("fast", mem, "pages_zapped").as_u64().unwrap();
+        assert_eq!(
+            field("fast", mem, "lock_breaks").as_u64().unwrap(),
+            pages.div_ceil(hv::BATCH_ZAP_PAGES as u64) - 1
+        );
+        assert!(
+            stall("fast", mem) * 2.0 < stall("slow", mem),
+            "fast {} us, slow {} us at {mem}",
+            stall("fast", mem),
+            stall("slow", mem)
+        );
+        assert!(stall("fast", mem) <= 100.0, "{}", stall("fast", mem));
+    }
+    // Fast stays flat as memory doubles; slow grows with it.
+    let flat = stall("fast", large) / stall("fast", small);
+    assert!((1.0 / 1.5..=1.5).contains(&flat), "fast stall ratio {flat}");
+    assert!(stall("slow", large) > 1.6 * stall("slow", small));
+}
+
+#[test]
+fn the_same_command_gives_the_same_numbers() {
+    let args = ["--mem", "64M", "--vcpus", "2", "--ops", "2"];
+    assert_eq!(bench_json(&args), bench_json(&args));
+}
+
+#[test]
+fn run_changes_a_memslot_periodically_and_the_guest_keeps_its_data() {
+    for zap in ["slow", "fast"] {
+        let out = faultline(&[
+            "run",
+            "--vcpus",
+            "2",
+            "--mem",
+            "64M",
+            "--zap",
+            zap,
+            "--memslot-period",
+            "1ms",
+            "--stats",
+            "json",
+            "--",
+            "memtouch",
+            "-m",
+            "32M",
+            "-p",
+            "2",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let json: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert!(
+            json["console"].as_str().unwrap().contains(" 0 errors"),
+            "{json}"
+        );
+        let memslot = &json["memslot"];
+        assert_eq!(memslot["zap"], zap);
+        let ops = memslot["ops"].as_array().unwrap();
+        assert!(ops.len() >= 2, "{memslot}");
+        assert!(memslot["root_reloads"].as_u64().unwrap() >= 2);
+        for op in ops {
+            assert!(op["pages_zapped"].as_u64().unwrap() > 0, "{op}");
+        }
+    }
+}
