@@ -124,9 +124,12 @@ impl Access {
     }
 
     /// The access a #PF error code describes, as the shadow MMU sees an
-    /// intercepted fault: W, U and I/D from the code (a fetch that reported
-    /// no I/D was checked as a read, which is what it is to the paging
-    /// rules then). A supervisor access at CPL 3 can only be implicit.
+    /// intercepted fault: W, U and I/D from the code. A supervisor access
+    /// at CPL 3 can only be implicit. The CPU reports I/D only with
+    /// EFER.NXE or CR4.SMEP on; without both a fetch looks like a read,
+    /// and the two differ under SMAP (it blocks supervisor reads of user
+    /// pages, not fetches), so a shadow MMU must run the hardware with NXE
+    /// on whatever the guest's (as KVM does) for the code to be exact.
     pub fn from_error_code(error_code: u32, cpl: u8, rflags_ac: bool) -> Access {
         let kind = if error_code & pf_error::FETCH != 0 {
             AccessKind::Execute
