@@ -58,9 +58,9 @@ fn the_digest_repeats_and_the_log_variant_agrees() {
     assert_eq!(field(&log, SUMMARY, "digest"), field(&a, SUMMARY, "digest"));
 }
 
-/// Shadow paging joins the comparison once the hv has it.
+/// Shadow paging must give the same digest.
 #[test]
-#[ignore = "waits for VmConfig.mmu = MmuMode::Shadow (issue 10, shadow half)"]
+#[ignore = "fails today: under --mmu shadow 100 of 28512 cases differ, the first (case 110) a fetch that leaves the leaf A clear: shadow sync keeps sptes of guest PTEs with A clear; run with --ignored"]
 fn bare_and_shadow_digests_agree() {
-    panic!("shadow paging is not in the hv yet");
+    assert_same_digest(Env::Bare, Env::Shadow);
 }

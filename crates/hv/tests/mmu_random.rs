@@ -89,9 +89,15 @@ fn leaving_out_required_flushes_changes_the_digest() {
     assert_ne!(digest(&normal), digest(&skipping), "{normal}{skipping}");
 }
 
-/// Shadow paging joins the comparison once the hv has it.
+/// Shadow paging must give the same digest.
 #[test]
-#[ignore = "waits for VmConfig.mmu = MmuMode::Shadow (issue 10, shadow half)"]
+#[ignore = "fails today: the digests differ under --mmu shadow (see mmu_access_matrix for the causes found); run with --ignored"]
 fn ept_and_shadow_digests_agree() {
-    panic!("shadow paging is not in the hv yet");
+    for elf in [RANDOM, RANDOM_SEED2] {
+        let ept = run(elf, Env::Ept);
+        let shadow = run(elf, Env::Shadow);
+        eprintln!("ept:    {}", ept.trim_end());
+        eprintln!("shadow: {}", shadow.trim_end());
+        assert_eq!(ept, shadow);
+    }
 }

@@ -603,6 +603,41 @@ fn ept_misconfig() {
 }
 
 #[test]
+fn intercepted_page_fault_during_page_fault_delivery_exits_instead_of_double_faulting() {
+    // A #PF whose delivery pushes onto an unmapped stack: with #PF in the
+    // exception bitmap the second #PF exits (a shadow MMU fixes the stack
+    // and re-injects the first); no #DF.
+    let mut g = rig(|a| {
+        a.hlt().unwrap();
+    })
+    .guest(machine::VmxControls {
+        exception_bitmap: 1 << 14,
+        ..controls()
+    });
+    g.cpu.state_mut().gpr[4] = 0x8000_1000;
+    let ev = EventInjection {
+        kind: EventKind::HardwareException,
+        vector: 14,
+        error_code: Some(2),
+        instruction_len: 0,
+    };
+    g.cpu.inject_event(ev);
+    let e = g.run();
+    assert!(
+        matches!(
+            e,
+            VmExit::Exception {
+                vector: 14,
+                qualification: 0x8000_0ff8,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(g.cpu.idt_vectoring_info(), Some(ev));
+}
+
+#[test]
 fn ept_violation_during_interrupt_delivery_records_idt_vectoring() {
     let mut g = rig(|a| {
         a.hlt().unwrap();

@@ -124,9 +124,12 @@ impl Access {
     }
 
     /// The access a #PF error code describes, as the shadow MMU sees an
-    /// intercepted fault: W, U and I/D from the code (a fetch that reported
-    /// no I/D was checked as a read, which is what it is to the paging
-    /// rules then). A supervisor access at CPL 3 can only be implicit.
+    /// intercepted fault: W, U and I/D from the code. A supervisor access
+    /// at CPL 3 can only be implicit. The CPU reports I/D only with
+    /// EFER.NXE or CR4.SMEP on; without both a fetch looks like a read,
+    /// and the two differ under SMAP (it blocks supervisor reads of user
+    /// pages, not fetches), so a shadow MMU must run the hardware with NXE
+    /// on whatever the guest's (as KVM does) for the code to be exact.
     pub fn from_error_code(error_code: u32, cpl: u8, rflags_ac: bool) -> Access {
         let kind = if error_code & pf_error::FETCH != 0 {
             AccessKind::Execute
@@ -164,6 +167,21 @@ pub(crate) struct WalkEntry {
     pub value: u64,
     /// Level of the table holding it: 4 = PML4 ... 1 = PT.
     pub level: u8,
+    /// R/W, U/S and XD accumulated from the PML4E down to this entry
+    /// (KVM's `pte_access` per level: what a shadow page below it may
+    /// grant at most).
+    pub access: Permissions,
+}
+
+/// Permissions accumulated over paging-structure entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Permissions {
+    /// R/W set at every level.
+    pub writable: bool,
+    /// U/S set at every level.
+    pub user: bool,
+    /// No level has XD set (with EFER.NXE on).
+    pub executable: bool,
 }
 
 /// A successful walk.
@@ -189,6 +207,22 @@ pub(crate) struct GuestWalk {
 }
 
 impl GuestWalk {
+    /// No entries and every permission: the start of a walk, and the
+    /// whole answer with paging off.
+    fn unwalked(gpa: Gpa) -> GuestWalk {
+        GuestWalk {
+            entries: [EMPTY_ENTRY; 4],
+            len: 0,
+            level: 1,
+            gpa,
+            gfn: gpa.frame(),
+            writable: true,
+            user: true,
+            executable: true,
+            dirty: false,
+        }
+    }
+
     /// The entries used, top level first (none with paging off).
     pub fn entries(&self) -> &[WalkEntry] {
         &self.entries[..self.len as usize]
@@ -232,18 +266,7 @@ pub(crate) fn walk(
         return Err(WalkError::NonCanonical { address: gva });
     }
     if !ctx.paging() {
-        let gpa = Gpa(gva.0);
-        return Ok(GuestWalk {
-            entries: [EMPTY_ENTRY; 4],
-            len: 0,
-            level: 1,
-            gpa,
-            gfn: gpa.frame(),
-            writable: true,
-            user: true,
-            executable: true,
-            dirty: false,
-        });
+        return Ok(GuestWalk::unwalked(Gpa(gva.0)));
     }
     for _ in 0..MAX_RESTARTS {
         if let Some(w) = walk_once(ptes, ctx, gva, access)? {
@@ -257,6 +280,11 @@ const EMPTY_ENTRY: WalkEntry = WalkEntry {
     gpa: Gpa(0),
     value: 0,
     level: 0,
+    access: Permissions {
+        writable: true,
+        user: true,
+        executable: true,
+    },
 };
 
 /// One attempt; `Ok(None)` if an entry changed before its A/D update.
@@ -272,17 +300,7 @@ fn walk_once(
     };
     let reserved_every_level = PHYS_ADDR_RESERVED | if ctx.nxe() { 0 } else { pte::NX };
 
-    let mut walk = GuestWalk {
-        entries: [EMPTY_ENTRY; 4],
-        len: 0,
-        level: 0,
-        gpa: Gpa(0),
-        gfn: Gfn(0),
-        writable: true,
-        user: true,
-        executable: true,
-        dirty: false,
-    };
+    let mut walk = GuestWalk::unwalked(Gpa(0));
     let mut table = Gpa(ctx.cr3 & pte::ADDR_MASK);
     let mut level = 4u8;
     loop {
@@ -310,6 +328,11 @@ fn walk_once(
             gpa: entry_gpa,
             value: entry,
             level,
+            access: Permissions {
+                writable: walk.writable,
+                user: walk.user,
+                executable: walk.executable,
+            },
         };
         walk.len += 1;
         if level == 1 || large {

@@ -138,6 +138,16 @@ impl Cpu {
                     error_code,
                     instruction_len: 0,
                 };
+                // In guest mode the exception bitmap sees the second
+                // exception before any #DF or triple-fault combining: an
+                // intercepted one exits with the first as IDT-vectoring
+                // information, and the hypervisor decides (how a shadow
+                // MMU fixes a #PF on the guest's IDT or stack).
+                if let Some(v) = self.vmx.as_deref() {
+                    if self.exception_exits(v, v2, error_code.unwrap_or(0)) {
+                        return self.deliver_with_cr2(mem, second, cr2, Some(ev));
+                    }
+                }
                 let first = class_of(&ev);
                 let next = class_of(&second);
                 let double = matches!(

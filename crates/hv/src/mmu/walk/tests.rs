@@ -182,6 +182,22 @@ fn hv_walk(mem: &PhysMemory, ctx: &PagingContext, gva: Gva, access: Access) -> O
     match walk(&mut MemPtes(mem), ctx, gva, access) {
         Ok(w) => {
             assert_eq!(w.gfn, w.gpa.frame());
+            let leaf = w.leaf().expect("paging is on");
+            assert_eq!(
+                (
+                    leaf.access.writable,
+                    leaf.access.user,
+                    leaf.access.executable
+                ),
+                (w.writable, w.user, w.executable)
+            );
+            // Each level grants at most what the one above it does.
+            for pair in w.entries().windows(2) {
+                let (up, down) = (pair[0].access, pair[1].access);
+                assert!(up.writable >= down.writable && up.user >= down.user);
+                assert!(up.executable >= down.executable);
+                assert_eq!(pair[0].level, pair[1].level + 1);
+            }
             assert_eq!(w.leaf().map(|e| e.value & pte::DIRTY != 0), Some(w.dirty));
             Outcome::Mapped {
                 gpa: w.gpa,
