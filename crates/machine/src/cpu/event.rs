@@ -132,6 +132,23 @@ impl Cpu {
                 cr2,
             } => {
                 self.stats.exceptions += 1;
+                // A nested exception whose bit is set in the exception
+                // bitmap exits before any double-fault decision, with the
+                // first event in the IDT-vectoring information (SDM
+                // "Information for VM Exits During Event Delivery"): the
+                // hv decides what the pair becomes, as KVM's
+                // `kvm_multiple_exception` does for a shadow #PF met while
+                // delivering a #PF.
+                if let Some(v) = self.vmx.as_deref() {
+                    if self.exception_exits(v, v2, error_code.unwrap_or(0)) {
+                        self.idt_vectoring = Some(ev);
+                        return Step::Exit(VmExit::Exception {
+                            vector: v2,
+                            error_code,
+                            qualification: cr2.unwrap_or(0),
+                        });
+                    }
+                }
                 let second = EventInjection {
                     kind: EventKind::HardwareException,
                     vector: v2,
