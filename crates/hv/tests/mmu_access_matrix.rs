@@ -58,9 +58,7 @@ fn the_digest_repeats_and_the_log_variant_agrees() {
     assert_eq!(field(&log, SUMMARY, "digest"), field(&a, SUMMARY, "digest"));
 }
 
-/// Shadow paging joins the comparison once the hv has it.
 #[test]
-#[ignore = "waits for VmConfig.mmu = MmuMode::Shadow (issue 10, shadow half)"]
 fn bare_and_shadow_digests_agree() {
-    panic!("shadow paging is not in the hv yet");
+    assert_same_digest(Env::Bare, Env::Shadow);
 }

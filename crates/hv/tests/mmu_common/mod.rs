@@ -17,6 +17,8 @@ pub enum Env {
     Bare,
     /// Under the hv with EPT.
     Ept,
+    /// Under the hv with shadow paging.
+    Shadow,
 }
 
 /// The serial output of `elf` run in `env`; panics (with the output) unless
@@ -32,10 +34,15 @@ pub fn run(elf: &[u8], env: Env) -> String {
             let out = BareMachine::run_elf(config, elf).expect("bare run");
             (out.exit.status(), out.serial)
         }
-        Env::Ept => {
+        Env::Ept | Env::Shadow => {
             let config = VmConfig {
                 vcpus: 1,
                 mem_size: MEM,
+                mmu: if env == Env::Shadow {
+                    hv::MmuMode::Shadow
+                } else {
+                    hv::MmuMode::Ept
+                },
                 ..VmConfig::default()
             };
             let mut vm = Vm::boot(&config, elf).expect("boot");

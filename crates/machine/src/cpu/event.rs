@@ -132,6 +132,21 @@ impl Cpu {
                 cr2,
             } => {
                 self.stats.exceptions += 1;
+                // A nested exception the exception bitmap selects is a VM
+                // exit with the first event in the IDT-vectoring
+                // information, before any double-fault rule (SDM 27.2.4,
+                // "nested exception"): a shadow MMU's #PF on an IDT or
+                // stack page it has not mapped yet.
+                if let Some(v) = self.vmx.as_deref() {
+                    if self.exception_exits(v, v2, error_code.unwrap_or(0)) {
+                        self.idt_vectoring = Some(ev);
+                        return Step::Exit(VmExit::Exception {
+                            vector: v2,
+                            error_code,
+                            qualification: cr2.unwrap_or(0),
+                        });
+                    }
+                }
                 let second = EventInjection {
                     kind: EventKind::HardwareException,
                     vector: v2,
