@@ -60,7 +60,6 @@ fn the_digest_repeats_and_the_log_variant_agrees() {
 
 /// Shadow paging must give the same digest.
 #[test]
-#[ignore = "fails today: under --mmu shadow 100 of 28512 cases differ, the first (case 110) a fetch that leaves the leaf A clear: shadow sync keeps sptes of guest PTEs with A clear; run with --ignored"]
 fn bare_and_shadow_digests_agree() {
     assert_same_digest(Env::Bare, Env::Shadow);
 }

@@ -213,6 +213,7 @@ impl Vcpu {
     pub(crate) fn enter(&mut self, shared: &mut Shared, limit: Cycles) -> Result<VmExit, VmError> {
         if self.mmu_mode == MmuMode::Shadow {
             self.process_shadow_requests(shared)?;
+            self.begin_tracked_write(shared)?;
         } else {
             self.process_requests(shared)
                 .map_err(|source| VmError::Root {
@@ -398,16 +399,19 @@ impl Vcpu {
             }
             VmExit::MsrRead { index } => {
                 *cycles += Cycles(costs.cpuid_msr);
-                self.handle_rdmsr(shared, index);
+                if self.mmu_mode == MmuMode::Shadow && index == machine::cpu::state::msr::EFER {
+                    self.shadow_read_efer();
+                } else {
+                    self.handle_rdmsr(shared, index);
+                }
                 Ok(Next::Continue)
             }
             VmExit::MsrWrite { index, value } => {
                 *cycles += Cycles(costs.cpuid_msr);
-                let before = self.paging_context();
-                self.handle_wrmsr(shared, index, value)?;
                 if self.mmu_mode == MmuMode::Shadow && index == machine::cpu::state::msr::EFER {
-                    // EFER.NXE is part of the shadow's paging context.
-                    self.paging_changed(shared, before, cycles)?;
+                    self.shadow_write_efer(shared, value, cycles)?;
+                } else {
+                    self.handle_wrmsr(shared, index, value)?;
                 }
                 Ok(Next::Continue)
             }

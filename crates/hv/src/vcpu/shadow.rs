@@ -14,16 +14,17 @@ use crate::mmu::fault::{faultin, ExitClock, FaultError, FaultOutcome};
 use crate::mmu::lock::Timed;
 use crate::mmu::shadow::cache::{find_or_build_root, CachedRoot};
 use crate::mmu::shadow::fetch::{self, MapOutcome};
-use crate::mmu::shadow::gwalk::{self, GuestPtes, WalkError};
+use crate::mmu::shadow::gwalk::GuestWalk;
 use crate::mmu::shadow::role::PagingContext;
 use crate::mmu::shadow::sync;
 use crate::mmu::shadow::{HostView, ShadowError};
+use crate::mmu::walk::{self, GuestPtes, PagingContext as WalkContext, PteError, WalkError};
 use crate::mmu::LoadedRoot;
 use crate::time::Cycles;
 use crate::vm::shared::{CrossRequest, Shared};
-use machine::cpu::state::{cr0, cr4, rflags};
+use machine::cpu::state::{cr0, cr4, efer, rflags};
 use machine::mmu::paging::pf_error;
-use machine::mmu::{Access, AccessKind, PagingRegs};
+use machine::mmu::{Access, AccessKind};
 use machine::vmx::{CrAccess, Eptp, EventInjection, EventKind, InvvpidKind, VmxControls};
 use machine::{Gpa, Gva};
 
@@ -43,6 +44,10 @@ enum ShadowFault {
     },
     /// The shadow leaf's outcome, for `gfn` backed by the frame.
     Done(MapOutcome, machine::Gfn, machine::Hfn),
+    /// A non-canonical address (#GP on hardware, before any walk).
+    NonCanonical,
+    /// The guest's entries changed under the walk: run the access again.
+    Retry,
 }
 
 /// #PF vector.
@@ -80,22 +85,26 @@ struct WalkMemory<'a> {
 }
 
 impl GuestPtes for WalkMemory<'_> {
-    type Error = crate::error::GuestMemoryError;
-
-    fn read(&mut self, gpa: Gpa) -> Result<u64, Self::Error> {
+    fn read_pte(&mut self, gpa: Gpa) -> Result<u64, PteError> {
         self.reads += 1;
         let mut buf = [0u8; 8];
-        self.shared.read_guest(gpa, &mut buf)?;
+        self.shared
+            .read_guest(gpa, &mut buf)
+            .map_err(|_| PteError::NotRam { gpa })?;
         Ok(u64::from_le_bytes(buf))
     }
 
-    fn cmpxchg(&mut self, gpa: Gpa, old: u64, new: u64) -> Result<bool, Self::Error> {
-        let frame = self.shared.backing_frame(gpa.frame())?;
-        let seen =
-            self.shared
-                .host
-                .mem
-                .cmpxchg(frame.addr().add(gpa.page_offset()), 8, old, new)?;
+    fn try_set_bits(&mut self, gpa: Gpa, old: u64, bits: u64) -> Result<bool, PteError> {
+        let frame = self
+            .shared
+            .backing_frame(gpa.frame())
+            .map_err(|_| PteError::NotRam { gpa })?;
+        let seen = self
+            .shared
+            .host
+            .mem
+            .cmpxchg(frame.addr().add(gpa.page_offset()), 8, old, old | bits)
+            .map_err(|_| PteError::NotRam { gpa })?;
         if seen == old {
             // The hv's store is not seen by any spte's dirty bit.
             self.shared.drop_swap_copy(gpa.frame());
@@ -128,19 +137,52 @@ impl Vcpu {
             | (v.cr4_read_shadow & v.cr4_guest_host_mask)
     }
 
-    /// The guest's paging context (what shadow roles depend on).
-    pub(crate) fn paging_context(&self) -> PagingContext {
-        PagingContext::of(self.guest_cr0(), self.guest_cr4(), self.cpu.state().efer)
+    /// EFER as the guest set it: the machine runs with NXE always on
+    /// under shadow paging (as KVM forces EFER.NX without EPT), so a
+    /// fetch fault's error code always says it was a fetch.
+    fn guest_efer(&self) -> u64 {
+        let efer = self.cpu.state().efer & !efer::NXE;
+        if self.shadow.guest_nxe_off {
+            efer
+        } else {
+            efer | efer::NXE
+        }
     }
 
-    fn guest_paging_regs(&self) -> PagingRegs {
-        let s = self.cpu.state();
-        PagingRegs {
+    /// RDMSR of EFER: the guest's own NXE.
+    pub(super) fn shadow_read_efer(&mut self) {
+        let value = self.guest_efer();
+        self.cpu.complete_rdmsr(value);
+    }
+
+    /// WRMSR of EFER: checked and applied with NXE forced on; the guest's
+    /// NXE is kept aside and is part of the shadow's paging context.
+    pub(super) fn shadow_write_efer(
+        &mut self,
+        shared: &mut Shared,
+        value: u64,
+        cycles: &mut Cycles,
+    ) -> Result<(), VmError> {
+        let before = self.paging_context();
+        self.handle_wrmsr(shared, machine::cpu::state::msr::EFER, value | efer::NXE)?;
+        // A refused write injected #GP and changed nothing.
+        if self.cpu.pending_injection().is_none() {
+            self.shadow.guest_nxe_off = value & efer::NXE == 0;
+        }
+        self.paging_changed(shared, before, cycles)
+    }
+
+    /// The guest's paging context (what shadow roles depend on).
+    pub(crate) fn paging_context(&self) -> PagingContext {
+        PagingContext::of(self.guest_cr0(), self.guest_cr4(), self.guest_efer())
+    }
+
+    fn guest_paging_regs(&self) -> WalkContext {
+        WalkContext {
             cr0: self.guest_cr0(),
             cr3: self.shadow.guest_cr3,
             cr4: self.guest_cr4(),
-            efer: s.efer,
-            rflags_ac: s.rflags & rflags::AC != 0,
+            efer: self.guest_efer(),
         }
     }
 
@@ -327,7 +369,11 @@ impl Vcpu {
                 self.emulate_tracked_write(shared, gfn, gva, leaf, frame, cycles)?;
                 Ok(Next::Continue)
             }
-            ShadowFault::Done(..) => Ok(Next::Continue),
+            ShadowFault::NonCanonical => {
+                self.cpu.inject_event(gp());
+                Ok(Next::Continue)
+            }
+            ShadowFault::Done(..) | ShadowFault::Retry => Ok(Next::Continue),
         }
     }
 
@@ -370,15 +416,29 @@ impl Vcpu {
         let costs = shared.host.costs;
         let regs = self.guest_paging_regs();
         let mut memory = WalkMemory { shared, reads: 0 };
-        let walked = gwalk::walk(&mut memory, &regs, gva, access);
+        let state = self.cpu.state();
+        let guest_access = walk::Access {
+            kind: access.kind,
+            cpl3: state.cpl() == 3,
+            implicit_supervisor: state.cpl() == 3 && !access.user,
+            rflags_ac: state.rflags & rflags::AC != 0,
+        };
+        let walked = walk::walk(&mut memory, &regs, gva, guest_access);
         *cycles += Cycles(memory.reads * costs.spte_read);
         let walk = match walked {
-            Ok(walk) => walk,
-            Err(WalkError::PageFault { error_code }) => {
+            Ok(walked) => GuestWalk::of(&walked),
+            Err(WalkError::PageFault { error_code, .. }) => {
                 return Ok(ShadowFault::Guest { error_code })
             }
-            Err(WalkError::Memory(source)) => {
-                return Err(VmError::GuestMemory { vcpu, rip, source });
+            // Entries kept changing: let the access happen again.
+            Err(WalkError::Raced { .. }) => return Ok(ShadowFault::Retry),
+            Err(WalkError::NonCanonical { .. }) => return Ok(ShadowFault::NonCanonical),
+            Err(WalkError::Pte(e)) => {
+                let gpa = match e {
+                    PteError::NotRam { gpa } => gpa,
+                    PteError::NotResident { gfn } => gfn.addr(),
+                };
+                return Err(VmError::OutsideMemory { vcpu, gpa, rip });
             }
         };
         let gpa = walk.gfn.addr().add(gva.page_offset());
@@ -513,17 +573,46 @@ impl Vcpu {
             }
             return Ok(());
         }
-        let mut before = Box::new([0u8; 4096]);
-        shared
-            .host
-            .mem
-            .read_bytes(frame.addr(), &mut before[..])
-            .map_err(|e| self.shadow_error(ShadowError::Memory(e)))?;
+        // The write goes through at the next entry (`begin_tracked_write`).
         *cycles += Cycles(costs.copy_4k + costs.spte_write);
-        // Writable for one instruction of this vCPU only: no other vCPU
-        // runs before the monitor trap exit, and this one's TLB is flushed
-        // for the address now and after.
-        crate::mmu::shadow::set_step_writable(&shared.host.mem, leaf, true)
+        let _ = frame;
+        shared.host.mmu.shadow_count(&costs, |s| s.wp_emulated += 1);
+        self.shadow.pending_write = Some(crate::mmu::shadow::cache::PendingWrite {
+            gfn,
+            gva,
+            leaf,
+            before: Box::new([0u8; 4096]),
+        });
+        Ok(())
+    }
+
+    /// Just before entry: lets a pending tracked write through for one
+    /// instruction (the spte writable, the monitor trap flag set, the
+    /// table's contents kept to compare). The window is exactly that
+    /// instruction: no other vCPU runs in it, and this vCPU's TLB drops
+    /// the address before and after. If the leaf changed since the fault
+    /// (zapped, evicted), the write is dropped and the access faults again.
+    pub(super) fn begin_tracked_write(&mut self, shared: &mut Shared) -> Result<(), VmError> {
+        let Some(pending) = self.shadow.pending_write.as_mut() else {
+            return Ok(());
+        };
+        let mem = &shared.host.mem;
+        let frame = shared
+            .host
+            .slots
+            .lookup(pending.gfn)
+            .and_then(|s| s.backing(pending.gfn));
+        let leaf = mem.read_u64(pending.leaf).unwrap_or(0);
+        let Some(frame) = frame.filter(|f| {
+            crate::mmu::shadow::spte::is_present(leaf)
+                && crate::mmu::shadow::spte::frame(leaf) == *f
+        }) else {
+            self.shadow.pending_write = None;
+            return Ok(());
+        };
+        let (leaf, gva) = (pending.leaf, pending.gva);
+        mem.read_bytes(frame.addr(), &mut pending.before[..])
+            .and_then(|()| crate::mmu::shadow::set_step_writable(mem, leaf, true))
             .map_err(|e| self.shadow_error(ShadowError::Memory(e)))?;
         self.cpu.invvpid(InvvpidKind::IndividualAddress {
             vpid: self.vpid(),
@@ -532,13 +621,6 @@ impl Vcpu {
         if let Some(v) = self.cpu.vmx_mut() {
             v.monitor_trap_flag = true;
         }
-        shared.host.mmu.shadow_count(&costs, |s| s.wp_emulated += 1);
-        self.shadow.pending_write = Some(crate::mmu::shadow::cache::PendingWrite {
-            gfn,
-            gva,
-            leaf,
-            before,
-        });
         Ok(())
     }
 
@@ -684,21 +766,21 @@ impl Vcpu {
         Ok(Next::Continue)
     }
 
-    /// After a write to CR0, CR4 or EFER: a new paging context needs its
-    /// own root; any change flushes this vCPU's TLB (as the write would).
+    /// After a write to CR0, CR4 or EFER: the root for the (maybe new)
+    /// paging context, unsync pages synced, this vCPU's TLB flushed.
     pub(super) fn paging_changed(
         &mut self,
         shared: &mut Shared,
         before: PagingContext,
         cycles: &mut Cycles,
     ) -> Result<(), VmError> {
-        if self.paging_context() != before {
-            let at = Timed::At(self.clock() + *cycles);
-            *cycles += self.load_shadow_root(shared, true, at)?.0;
-        } else {
-            let vpid = self.vpid();
-            self.cpu.invvpid(InvvpidKind::SingleContext { vpid });
-        }
+        // A new context needs its own root; the same one is still a TLB
+        // flush for the guest (a CR4.PGE toggle flushes everything), which
+        // under shadow paging means syncing unsync pages (KVM's
+        // KVM_REQ_TLB_FLUSH_GUEST): loading the root does both.
+        let _ = before;
+        let at = Timed::At(self.clock() + *cycles);
+        *cycles += self.load_shadow_root(shared, true, at)?.0;
         Ok(())
     }
 

@@ -132,13 +132,11 @@ impl Cpu {
                 cr2,
             } => {
                 self.stats.exceptions += 1;
-                // A nested exception whose bit is set in the exception
-                // bitmap exits before any double-fault decision, with the
-                // first event in the IDT-vectoring information (SDM
-                // "Information for VM Exits During Event Delivery"): the
-                // hv decides what the pair becomes, as KVM's
-                // `kvm_multiple_exception` does for a shadow #PF met while
-                // delivering a #PF.
+                // A nested exception the exception bitmap selects is a VM
+                // exit with the first event in the IDT-vectoring
+                // information, before any double-fault rule (SDM 27.2.4,
+                // "nested exception"): a shadow MMU's #PF on an IDT or
+                // stack page it has not mapped yet.
                 if let Some(v) = self.vmx.as_deref() {
                     if self.exception_exits(v, v2, error_code.unwrap_or(0)) {
                         self.idt_vectoring = Some(ev);
@@ -155,16 +153,6 @@ impl Cpu {
                     error_code,
                     instruction_len: 0,
                 };
-                // In guest mode the exception bitmap sees the second
-                // exception before any #DF or triple-fault combining: an
-                // intercepted one exits with the first as IDT-vectoring
-                // information, and the hypervisor decides (how a shadow
-                // MMU fixes a #PF on the guest's IDT or stack).
-                if let Some(v) = self.vmx.as_deref() {
-                    if self.exception_exits(v, v2, error_code.unwrap_or(0)) {
-                        return self.deliver_with_cr2(mem, second, cr2, Some(ev));
-                    }
-                }
                 let first = class_of(&ev);
                 let next = class_of(&second);
                 let double = matches!(

@@ -83,6 +83,8 @@ pub(crate) struct ShadowVcpu {
     /// A write to a tracked guest table being let through (one
     /// instruction under the monitor trap flag).
     pub pending_write: Option<PendingWrite>,
+    /// The guest cleared EFER.NXE (the machine keeps it set).
+    pub guest_nxe_off: bool,
     /// The fault being handed to the async-PF policy.
     pub faulting: Option<crate::apf::ShadowPrefault>,
 }

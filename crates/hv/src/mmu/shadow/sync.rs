@@ -6,8 +6,8 @@
 //! `kvm_mmu_unprotect_gfn_and_retry`).
 //!
 //! A sync re-reads each guest entry behind a present spte: an entry that
-//! is gone, reserved, or points at another gfn zaps the spte; otherwise the
-//! spte gets the entry's current rights. Then the page is sync again and
+//! is gone, reserved, not accessed, or points at another gfn zaps the
+//! spte; otherwise the spte gets the entry's current rights. Then the page is sync again and
 //! its gfn write-protected.
 
 use super::gwalk::{entry_access, reserved_bits};
@@ -60,7 +60,11 @@ pub(crate) fn sync_page(
         let gpte = t.mem.read_u64(entry_at(guest.addr(), i))?;
         fx.reads += 1;
         let gfn = Gfn((gpte & pte::ADDR_MASK) >> 12);
+        // A cleared accessed bit drops the spte too, so the next access
+        // faults and the walk sets it again (KVM's
+        // `prefetch_invalid_gpte`).
         let same_page = gpte & pte::PRESENT != 0
+            && gpte & pte::ACCESSED != 0
             && gpte & reserved_bits(gpte, 1, nxe) == 0
             && t.pages.leaf_gfn(at) == Some(gfn);
         if !same_page {
@@ -69,6 +73,14 @@ pub(crate) fn sync_page(
             continue;
         }
         let acc = role.access & entry_access(gpte, nxe);
+        if (old & spte::USER != 0) != (acc & access::USER != 0) {
+            // U/S is not a right that can lag behind: with SMEP or SMAP a
+            // supervisor-only spte allows what the guest's user page does
+            // not. Refault it.
+            let z = t.clear_entry(at, 1)?;
+            fx.merge(z);
+            continue;
+        }
         let perms = LeafPerms {
             writable: acc & access::WRITE != 0
                 && gpte & pte::DIRTY != 0
@@ -76,7 +88,7 @@ pub(crate) fn sync_page(
                 && !t.pages.write_tracked(gfn)
                 // Only rights the spte had: more come at the next fault.
                 && old & spte::WRITABLE != 0,
-            user: acc & access::USER != 0 && old & spte::USER != 0,
+            user: acc & access::USER != 0,
             no_execute: acc & access::EXEC == 0 || old & spte::NX != 0,
             host_writable: old & spte::HOST_WRITABLE != 0,
         };
