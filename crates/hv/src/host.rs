@@ -6,6 +6,9 @@
 use crate::cost::HvCosts;
 use crate::frames::FrameAllocator;
 use crate::memslot::Memslots;
+use crate::mmu::lock::Timed;
+use crate::mmu::shadow::pages::Tables;
+use crate::mmu::shadow::{Effects, Held, HostView, ShadowError, ShadowStats};
 use crate::mmu::Mmu;
 use machine::PhysMemory;
 
@@ -17,4 +20,22 @@ pub(crate) struct Host {
     pub slots: Memslots,
     pub mmu: Mmu,
     pub costs: HvCosts,
+}
+
+impl Host {
+    /// Runs `op` on the shadow MMU's tables under `mmu_lock` at `when`
+    /// (`Mmu::with_shadow`, with this host's memory, frames and memslots).
+    pub fn with_shadow<T>(
+        &mut self,
+        when: Timed,
+        op: impl FnOnce(&mut Tables<'_>, &mut ShadowStats, &mut Effects) -> Result<T, ShadowError>,
+    ) -> Result<Held<T>, ShadowError> {
+        let view = HostView {
+            mem: &self.mem,
+            frames: &mut self.frames,
+            slots: &self.slots,
+            costs: &self.costs,
+        };
+        self.mmu.with_shadow(view, when, op)
+    }
 }

@@ -4,7 +4,7 @@
 
 use super::{Next, Vcpu};
 use crate::error::VmError;
-use crate::mmu::fault::{page_fault, ExitClock, FaultError, FaultOutcome};
+use crate::mmu::fault::{page_fault, ExitClock, Fault, FaultError, FaultOutcome};
 use crate::time::Cycles;
 use crate::vm::shared::{CrossRequest, Shared};
 use machine::vmx::ept_qual;
@@ -19,8 +19,6 @@ impl Vcpu {
         vectoring: bool,
         cycles: &mut Cycles,
     ) -> Result<Next, VmError> {
-        let rip = self.rip();
-        let vcpu = self.id;
         let mut clock = ExitClock {
             now: self.clock() + *cycles,
             cycles: *cycles,
@@ -36,7 +34,30 @@ impl Vcpu {
             &mut clock,
         );
         *cycles = clock.cycles;
-        let fault = result.map_err(|source| match source {
+        let fault = result.map_err(|source| self.fault_error(gpa, source))?;
+        self.note_fault(shared, &fault);
+        self.stats.ept_faults += 1;
+        self.stats.mmu_lock_wait_cycles += fault.lock_wait.0;
+        self.stats.note_zap_stall(fault.zap_wait);
+        match fault.outcome {
+            FaultOutcome::Mapped => Ok(Next::Continue),
+            FaultOutcome::WaitForPage {
+                gfn,
+                swap_slot,
+                ready_at,
+            } => crate::apf::policy::wait_for_page(
+                self, shared, gfn, swap_slot, ready_at, vectoring, cycles,
+            ),
+        }
+    }
+}
+
+impl Vcpu {
+    /// The VM error for a fault at `gpa` the hv could not resolve (both
+    /// MMUs).
+    pub(super) fn fault_error(&self, gpa: Gpa, source: FaultError) -> VmError {
+        let (vcpu, rip) = (self.id, self.rip());
+        match source {
             FaultError::OutsideMemory { gpa } => VmError::OutsideMemory { vcpu, gpa, rip },
             FaultError::Pager { gpa, source } => VmError::Pager {
                 vcpu,
@@ -55,7 +76,12 @@ impl Vcpu {
                 rip,
                 source,
             },
-        })?;
+        }
+    }
+
+    /// What every resolved fault leaves behind (both MMUs): the remote
+    /// flush it needs and its counters.
+    pub(super) fn note_fault(&mut self, shared: &mut Shared, fault: &Fault) {
         if fault.flush {
             shared.cross.push(CrossRequest::FlushAll);
         }
@@ -64,19 +90,6 @@ impl Vcpu {
         }
         if fault.repeat {
             self.apf.stats.repeat_faults += 1;
-        }
-        self.stats.ept_faults += 1;
-        self.stats.mmu_lock_wait_cycles += fault.lock_wait.0;
-        self.stats.note_zap_stall(fault.zap_wait);
-        match fault.outcome {
-            FaultOutcome::Mapped => Ok(Next::Continue),
-            FaultOutcome::WaitForPage {
-                gfn,
-                swap_slot,
-                ready_at,
-            } => crate::apf::policy::wait_for_page(
-                self, shared, gfn, swap_slot, ready_at, vectoring, cycles,
-            ),
         }
     }
 }

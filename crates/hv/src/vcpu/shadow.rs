@@ -10,14 +10,14 @@
 
 use super::{Next, Requests, Vcpu};
 use crate::error::VmError;
-use crate::mmu::fault::{faultin, ExitClock, FaultError, FaultOutcome};
+use crate::mmu::fault::{faultin, ExitClock, FaultOutcome};
 use crate::mmu::lock::Timed;
 use crate::mmu::shadow::cache::{find_or_build_root, CachedRoot};
 use crate::mmu::shadow::fetch::{self, MapOutcome};
 use crate::mmu::shadow::gwalk::GuestWalk;
 use crate::mmu::shadow::role::PagingContext;
 use crate::mmu::shadow::sync;
-use crate::mmu::shadow::{HostView, ShadowError};
+use crate::mmu::shadow::ShadowError;
 use crate::mmu::walk::{self, GuestPtes, PagingContext as WalkContext, PteError, WalkError};
 use crate::mmu::LoadedRoot;
 use crate::time::Cycles;
@@ -217,16 +217,9 @@ impl Vcpu {
         };
         let cached = cached.filter(|c| host.mmu.shadow_root_exists(c.id, &host.costs));
         let costs = host.costs;
-        let view = HostView {
-            mem: &host.mem,
-            frames: &mut host.frames,
-            slots: &host.slots,
-            costs: &costs,
-        };
         let hit = cached.is_some();
         let held = host
-            .mmu
-            .with_shadow(view, at, |t, stats, fx| {
+            .with_shadow(at, |t, stats, fx| {
                 let root = match cached {
                     Some(c) => {
                         stats.prev_root_hits += 1;
@@ -449,30 +442,8 @@ impl Vcpu {
         let write = access.kind == AccessKind::Write;
         let result = faultin(&mut shared.host, &mut shared.pager, gpa, write, &mut clock);
         *cycles = clock.cycles;
-        let (fault, resident) = result.map_err(|source| match source {
-            FaultError::OutsideMemory { gpa } => VmError::OutsideMemory { vcpu, gpa, rip },
-            FaultError::Pager { gpa, source } => VmError::Pager {
-                vcpu,
-                gpa,
-                rip,
-                source,
-            },
-            source => VmError::EptFault {
-                vcpu,
-                gpa,
-                rip,
-                source,
-            },
-        })?;
-        if fault.flush {
-            shared.cross.push(CrossRequest::FlushAll);
-        }
-        if fault.frame_allocated {
-            self.stats.frames_allocated += 1;
-        }
-        if fault.repeat {
-            self.apf.stats.repeat_faults += 1;
-        }
+        let (fault, resident) = result.map_err(|source| self.fault_error(gpa, source))?;
+        self.note_fault(shared, &fault);
         let Some(resident) = resident else {
             return Ok(match fault.outcome {
                 FaultOutcome::WaitForPage {
@@ -499,15 +470,8 @@ impl Vcpu {
         };
         let context = self.paging_context();
         let host = &mut shared.host;
-        let view = HostView {
-            mem: &host.mem,
-            frames: &mut host.frames,
-            slots: &host.slots,
-            costs: &costs,
-        };
         let held = host
-            .mmu
-            .with_shadow(view, Timed::At(clock.at()), |t, stats, fx| {
+            .with_shadow(Timed::At(clock.at()), |t, stats, fx| {
                 fetch::map(
                     t,
                     stats,
@@ -553,15 +517,8 @@ impl Vcpu {
         let costs = shared.host.costs;
         if shared.host.mmu.shadow_note_write(&costs, gfn, FLOOD_WRITES) {
             let host = &mut shared.host;
-            let view = HostView {
-                mem: &host.mem,
-                frames: &mut host.frames,
-                slots: &host.slots,
-                costs: &costs,
-            };
             let held = host
-                .mmu
-                .with_shadow(view, Timed::At(self.clock() + *cycles), |t, stats, _| {
+                .with_shadow(Timed::At(self.clock() + *cycles), |t, stats, _| {
                     sync::unprotect(t, stats, gfn)
                 })
                 .map_err(|e| self.shadow_error(e))?;
@@ -672,15 +629,8 @@ impl Vcpu {
             return Ok(());
         }
         let host = &mut shared.host;
-        let view = HostView {
-            mem: &host.mem,
-            frames: &mut host.frames,
-            slots: &host.slots,
-            costs: &costs,
-        };
         let held = host
-            .mmu
-            .with_shadow(view, Timed::At(self.clock() + *cycles), |t, _, fx| {
+            .with_shadow(Timed::At(self.clock() + *cycles), |t, _, fx| {
                 let z = sync::track_write(t, pending.gfn, &changed)?;
                 fx.merge(z);
                 Ok(())
@@ -792,18 +742,10 @@ impl Vcpu {
         gva: Gva,
         cycles: &mut Cycles,
     ) -> Result<Next, VmError> {
-        let costs = shared.host.costs;
         if let Some(root) = self.root {
             let host = &mut shared.host;
-            let view = HostView {
-                mem: &host.mem,
-                frames: &mut host.frames,
-                slots: &host.slots,
-                costs: &costs,
-            };
             let held = host
-                .mmu
-                .with_shadow(view, Timed::At(self.clock() + *cycles), |t, stats, fx| {
+                .with_shadow(Timed::At(self.clock() + *cycles), |t, stats, fx| {
                     if let Some(page) = crate::mmu::shadow::leaf_table(t, root.id, gva, fx)? {
                         if t.pages.get(page).is_some_and(|p| p.unsync) {
                             let s = sync::sync_page(t, stats, page)?;
