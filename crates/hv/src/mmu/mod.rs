@@ -120,11 +120,15 @@ impl Mmu {
         if mode == MmuMode::Ept {
             roots.create(mem, frames, &mut headers, PageRole::TDP_ROOT, 0)?;
         }
+        let dirty_mask = match mode {
+            MmuMode::Ept => spte::DIRTY,
+            MmuMode::Shadow => shadow::spte::DIRTY,
+        };
         Ok(Mmu {
             lock: MmuLock::new(MmuInner {
                 roots,
                 headers,
-                rmap: rmap::Rmap::default(),
+                rmap: rmap::Rmap::new(dirty_mask),
                 timeline: LockTimeline::default(),
                 shadow: shadow::ShadowState::default(),
             }),

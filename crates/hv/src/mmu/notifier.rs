@@ -66,6 +66,8 @@ impl Mmu {
             inner.shadow.pages.forget_leaf(at);
             inner.charge(costs.spte_write);
         }
+        // Written through an spte dropped earlier (zap-all, shadow sync).
+        zapped.dirty |= inner.rmap.take_dirty(frame);
         zapped.cycles = inner.cycles();
         Ok(zapped)
     }

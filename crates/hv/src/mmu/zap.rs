@@ -259,7 +259,7 @@ fn zap_page(
         // Atomic: the CPU may set A/D bits concurrently.
         let old = exchange_spte(mem, at, 0)?;
         if header.role.level == 1 || old & spte::HUGE != 0 {
-            inner.rmap.remove(spte::frame(old), at);
+            inner.rmap.remove_leaf(spte::frame(old), at, old);
             inner.shadow.pages.forget_leaf(at);
             work.leaves += 1;
         } else {

@@ -138,10 +138,15 @@ pub(crate) fn install_leaf(
         // Replacing a present leaf (another frame, or fewer rights) needs
         // every vCPU to drop what it cached.
         if spte::frame(old) != frame {
-            t.rmap.remove(spte::frame(old), at);
+            t.rmap.remove_leaf(spte::frame(old), at, old);
             fx.flush = true;
-        } else if old & !new & (spte::WRITABLE | spte::USER) != 0 || new & !old & spte::NX != 0 {
-            fx.flush = true;
+        } else {
+            // The new leaf starts clean: a write the old one saw stays
+            // known to the pager.
+            t.rmap.note_dropped_bits(frame, old);
+            if old & !new & (spte::WRITABLE | spte::USER) != 0 || new & !old & spte::NX != 0 {
+                fx.flush = true;
+            }
         }
     }
     t.rmap.add(frame, at);

@@ -307,7 +307,7 @@ impl Tables<'_> {
         }
         fx.flush = true;
         if level == 1 {
-            self.rmap.remove(spte::frame(old), at);
+            self.rmap.remove_leaf(spte::frame(old), at, old);
             self.pages.leaf_gfn.remove(&at);
             return Ok(fx);
         }
