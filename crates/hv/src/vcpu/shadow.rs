@@ -241,12 +241,7 @@ impl Vcpu {
             held.cycles
         };
         let (id, frame) = held.value;
-        if held.flush {
-            shared.cross.push(CrossRequest::FlushAll);
-        }
-        if held.reload {
-            shared.cross.push(CrossRequest::ReloadRoots);
-        }
+        shared.queue_mmu_effects(held.flush, held.reload);
         if let Some(old) = self.root {
             if old.id != id {
                 self.shadow.remember(CachedRoot {
@@ -489,12 +484,7 @@ impl Vcpu {
         *cycles += held.cycles;
         self.stats.mmu_lock_wait_cycles += held.lock_wait.0;
         self.stats.note_zap_stall(held.zap_wait);
-        if held.flush {
-            shared.cross.push(CrossRequest::FlushAll);
-        }
-        if held.reload {
-            shared.cross.push(CrossRequest::ReloadRoots);
-        }
+        shared.queue_mmu_effects(held.flush, held.reload);
         if held.value == MapOutcome::NoRoot {
             self.requests.set(Requests::RELOAD_ROOT);
         }
@@ -637,12 +627,7 @@ impl Vcpu {
             })
             .map_err(|e| self.shadow_error(e))?;
         *cycles += held.cycles;
-        if held.flush {
-            shared.cross.push(CrossRequest::FlushAll);
-        }
-        if held.reload {
-            shared.cross.push(CrossRequest::ReloadRoots);
-        }
+        shared.queue_mmu_effects(held.flush, held.reload);
         Ok(())
     }
 
@@ -756,12 +741,7 @@ impl Vcpu {
                 })
                 .map_err(|e| self.shadow_error(e))?;
             *cycles += held.cycles;
-            if held.flush {
-                shared.cross.push(CrossRequest::FlushAll);
-            }
-            if held.reload {
-                shared.cross.push(CrossRequest::ReloadRoots);
-            }
+            shared.queue_mmu_effects(held.flush, held.reload);
         }
         self.cpu.invvpid(InvvpidKind::IndividualAddress {
             vpid: self.vpid(),

@@ -89,6 +89,18 @@ impl Shared {
         })
     }
 
+    /// What an MMU change asks of every vCPU before it runs guest code
+    /// again: a TLB flush (`flush`: sptes were cleared or restricted) and
+    /// a root reload (`reload`: roots were zapped).
+    pub fn queue_mmu_effects(&mut self, flush: bool, reload: bool) {
+        if flush {
+            self.cross.push(CrossRequest::FlushAll);
+        }
+        if reload {
+            self.cross.push(CrossRequest::ReloadRoots);
+        }
+    }
+
     /// Copies `bytes` into guest-physical memory, allocating backing frames
     /// for pages not yet touched and reading swapped-out pages back first
     /// (as the VMM writing its own mapping).
