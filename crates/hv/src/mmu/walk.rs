@@ -138,7 +138,13 @@ impl Access {
         } else {
             AccessKind::Read
         };
-        let user = error_code & pf_error::USER != 0;
+        Access::reported(kind, error_code & pf_error::USER != 0, cpl, rflags_ac)
+    }
+
+    /// An access of `kind` the CPU reported as a user (`user`) or
+    /// supervisor access, made at `cpl`: a supervisor access at CPL 3 can
+    /// only be implicit.
+    pub fn reported(kind: AccessKind, user: bool, cpl: u8, rflags_ac: bool) -> Access {
         Access {
             kind,
             cpl3: cpl == 3,
@@ -148,7 +154,7 @@ impl Access {
     }
 
     /// A user-mode access for the paging rules: CPL 3 and not implicit.
-    fn user(&self) -> bool {
+    pub fn user(&self) -> bool {
         self.cpl3 && !self.implicit_supervisor
     }
 

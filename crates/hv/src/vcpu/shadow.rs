@@ -23,7 +23,6 @@ use crate::mmu::LoadedRoot;
 use crate::time::Cycles;
 use crate::vm::shared::{CrossRequest, Shared};
 use machine::cpu::state::{cr0, cr4, efer, rflags};
-use machine::mmu::paging::pf_error;
 use machine::mmu::{Access, AccessKind};
 use machine::vmx::{CrAccess, Eptp, EventInjection, EventKind, InvvpidKind, VmxControls};
 use machine::{Gpa, Gva};
@@ -313,16 +312,9 @@ impl Vcpu {
         vectoring: bool,
         cycles: &mut Cycles,
     ) -> Result<Next, VmError> {
-        let access = Access {
-            kind: if error_code & pf_error::FETCH != 0 {
-                AccessKind::Execute
-            } else if error_code & pf_error::WRITE != 0 {
-                AccessKind::Write
-            } else {
-                AccessKind::Read
-            },
-            user: error_code & pf_error::USER != 0,
-        };
+        let state = self.cpu.state();
+        let access =
+            walk::Access::from_error_code(error_code, state.cpl(), state.rflags & rflags::AC != 0);
         let end = self.shadow_fault(shared, gva, access, cycles)?;
         if !matches!(end, ShadowFault::Guest { .. }) {
             // The hv's own fault (the summary's "EPT faults" line counts
@@ -345,7 +337,7 @@ impl Vcpu {
                     cr3: self.shadow.guest_cr3,
                     gva,
                     write: access.kind == AccessKind::Write,
-                    user: access.user,
+                    user: access.user(),
                 });
                 let next = crate::apf::policy::wait_for_page(
                     self, shared, gfn, swap_slot, ready_at, vectoring, cycles,
@@ -377,14 +369,18 @@ impl Vcpu {
         if fault.cr3 != self.shadow.guest_cr3 {
             return Ok(());
         }
-        let access = Access {
-            kind: if fault.write {
-                AccessKind::Write
-            } else {
-                AccessKind::Read
-            },
-            user: fault.user,
+        let kind = if fault.write {
+            AccessKind::Write
+        } else {
+            AccessKind::Read
         };
+        let state = self.cpu.state();
+        let access = walk::Access::reported(
+            kind,
+            fault.user,
+            state.cpl(),
+            state.rflags & rflags::AC != 0,
+        );
         let mut cycles = Cycles::ZERO;
         let result = self.shadow_fault(shared, fault.gva, access, &mut cycles);
         self.charge(cycles);
@@ -396,7 +392,7 @@ impl Vcpu {
         &mut self,
         shared: &mut Shared,
         gva: Gva,
-        access: Access,
+        access: walk::Access,
         cycles: &mut Cycles,
     ) -> Result<ShadowFault, VmError> {
         let rip = self.rip();
@@ -404,14 +400,7 @@ impl Vcpu {
         let costs = shared.host.costs;
         let regs = self.guest_paging_regs();
         let mut memory = WalkMemory { shared, reads: 0 };
-        let state = self.cpu.state();
-        let guest_access = walk::Access {
-            kind: access.kind,
-            cpl3: state.cpl() == 3,
-            implicit_supervisor: state.cpl() == 3 && !access.user,
-            rflags_ac: state.rflags & rflags::AC != 0,
-        };
-        let walked = walk::walk(&mut memory, &regs, gva, guest_access);
+        let walked = walk::walk(&mut memory, &regs, gva, access);
         *cycles += Cycles(memory.reads * costs.spte_read);
         let walk = match walked {
             Ok(walked) => GuestWalk::of(&walked),
@@ -476,7 +465,10 @@ impl Vcpu {
                     &walk,
                     resident.frame,
                     resident.writable,
-                    access,
+                    Access {
+                        kind: access.kind,
+                        user: access.user(),
+                    },
                     fx,
                 )
             })
