@@ -4,13 +4,14 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 7] = [
+const KERNELS: [&str; 8] = [
     "hello",
     "smp",
     "triple",
     "outside",
     "apfabi",
     "kvmclock",
+    "platform",
     "dirtywrite",
 ];
 /// The hostile-guest suite (tests/guests/hostile/NAME.c -> hostile-NAME.elf);

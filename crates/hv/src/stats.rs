@@ -36,6 +36,8 @@ pub struct VcpuStats {
     pub halts: u64,
     /// IPIs routed.
     pub ipis_sent: u64,
+    /// MMIO accesses emulated (IOAPIC, xAPIC page).
+    pub mmio_accesses: u64,
     /// Cycles interpreting guest code or handling its exits.
     pub busy_cycles: u64,
     /// Cycles skipped while halted or not started.
@@ -48,6 +50,8 @@ pub struct VcpuStats {
     pub apf: ApfStats,
     /// Times its dirty ring filled and it waited for a harvest.
     pub dirty_ring_full_exits: u64,
+    /// CR3-load exits and the paravirtual CR3 cache.
+    pub cr3_cache: crate::mmu::shadow::cr3_cache::Cr3CacheStats,
 }
 
 impl VcpuStats {

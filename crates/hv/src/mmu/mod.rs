@@ -21,6 +21,7 @@
 
 pub(crate) mod check;
 pub mod dirty_log;
+pub(crate) mod fast_pf;
 pub(crate) mod fault;
 pub(crate) mod lock;
 pub(crate) mod notifier;
