@@ -4,8 +4,15 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 7] = [
-    "hello", "smp", "triple", "outside", "apfabi", "kvmclock", "platform",
+const KERNELS: [&str; 8] = [
+    "hello",
+    "smp",
+    "triple",
+    "outside",
+    "apfabi",
+    "kvmclock",
+    "platform",
+    "dirtywrite",
 ];
 /// The hostile-guest suite (tests/guests/hostile/NAME.c -> hostile-NAME.elf);
 /// `exits` is the guest of the exit-handler fuzz target (fuzz/).

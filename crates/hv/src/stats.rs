@@ -48,6 +48,8 @@ pub struct VcpuStats {
     pub instructions: u64,
     /// Asynchronous page faults and waits for swapped pages.
     pub apf: ApfStats,
+    /// Times its dirty ring filled and it waited for a harvest.
+    pub dirty_ring_full_exits: u64,
     /// CR3-load exits and the paravirtual CR3 cache.
     pub cr3_cache: crate::mmu::shadow::cr3_cache::Cr3CacheStats,
 }

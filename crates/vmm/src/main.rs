@@ -74,6 +74,12 @@ pub enum BenchCommand {
     /// operation's time, the longest vCPU stall, pages zapped, lock
     /// breaks, the refault cost.
     Memslot(MemslotBenchArgs),
+    /// Seed 001 / KVM's dirty_log_perf_test: N vCPUs each dirty their own
+    /// region while the VMM collects the dirty log after each pass; the
+    /// time to dirty memory, get and clear times, populate / enable /
+    /// disable times, per MMU and collection mode.
+    #[command(name = "dirty-log")]
+    DirtyLog(DirtyLogBenchArgs),
     /// Merge the JSON results of the runs `--list-runs` printed into the
     /// benchmark's table (or JSON) and plot, as a direct run prints them.
     Merge(MergeArgs),
@@ -272,6 +278,67 @@ pub struct MemslotBenchArgs {
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     plot: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
+pub struct DirtyLogBenchArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// vCPUs, each writing its own region (KVM's -v).
+    #[arg(short = 'v', long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=64))]
+    vcpus: u32,
+    /// Bytes per vCPU (KVM's -b).
+    #[arg(short = 'b', long, default_value = "32M", value_parser = parse_size)]
+    bytes: u64,
+    /// Percentage of the accesses that write (KVM's -w); the rest read.
+    #[arg(short = 'w', long, default_value_t = 100)]
+    write_percent: u32,
+    /// Logged iterations after the populating pass (KVM's -i).
+    #[arg(short = 'i', long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    iterations: u64,
+    /// Random page order (with repeats) instead of sequential (KVM's -a).
+    #[arg(long)]
+    random: bool,
+    /// The MMUs measured.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "ept,shadow")]
+    mmus: Vec<MmuArg>,
+    /// The collection modes measured (pml runs under EPT only).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "bitmap,manual,ring"
+    )]
+    modes: Vec<DirtyModeArg>,
+    /// Fast page fault settings measured (on, off).
+    #[arg(long = "fast-pf", value_delimiter = ',', default_value = "off", value_parser = parse_on_off)]
+    fast_pf: Vec<bool>,
+    /// Entries per vCPU dirty ring (ring mode).
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(128..=1 << 20))]
+    ring_size: u32,
+    /// Where the SVG plot goes (default:
+    /// faultline-results/bench-dirty-log.svg under the current directory).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    plot: Option<PathBuf>,
+}
+
+/// `on` or `off`.
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("`{other}`: expected on or off")),
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DirtyModeArg {
+    Bitmap,
+    Manual,
+    Ring,
+    Pml,
 }
 
 #[derive(clap::Args, Debug)]

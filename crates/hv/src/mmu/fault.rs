@@ -115,12 +115,7 @@ pub(crate) fn page_fault(
     clock: &mut ExitClock,
 ) -> Result<Fault, FaultError> {
     let (mut fault, resident) = faultin(host, pager, gpa, write, clock)?;
-    let Some(Resident {
-        gfn,
-        frame,
-        writable,
-    }) = resident
-    else {
+    let Some(Resident { gfn, frame, rights }) = resident else {
         return Ok(fault);
     };
     let mapped = host.mmu.map_gfn(
@@ -130,7 +125,7 @@ pub(crate) fn page_fault(
         root,
         gfn,
         frame,
-        writable,
+        rights,
         clock.at(),
     );
     clock.cycles += mapped.cycles;
@@ -145,8 +140,49 @@ pub(crate) fn page_fault(
 pub(crate) struct Resident {
     pub gfn: Gfn,
     pub frame: Hfn,
-    /// The memslot allows writes.
-    pub writable: bool,
+    /// The write rights the new leaf gets.
+    pub rights: LeafWrite,
+}
+
+/// The write rights of a new leaf.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeafWrite {
+    /// A read-only memslot: no write bit at all.
+    ReadOnly,
+    /// Hardware W, MMU-writable and host-writable.
+    Writable,
+    /// Dirty logging write-protects the slot and the access is not a
+    /// write: MMU-writable and host-writable, W clear, so the first write
+    /// faults and is logged.
+    LogProtected,
+}
+
+impl LeafWrite {
+    /// The rights for a leaf of `slot` installed by an access (`write`).
+    pub fn for_slot(slot: &crate::memslot::Memslot, write: bool) -> Self {
+        if slot.flags.readonly {
+            LeafWrite::ReadOnly
+        } else if !write && slot.write_protected_for_log() {
+            LeafWrite::LogProtected
+        } else {
+            LeafWrite::Writable
+        }
+    }
+
+    /// Whether the memslot allows writes at all.
+    pub fn host_writable(self) -> bool {
+        self != LeafWrite::ReadOnly
+    }
+
+    /// The EPT leaf for `frame_hpa` with these rights.
+    fn ept_leaf(self, frame_hpa: u64) -> u64 {
+        let leaf = spte::make_leaf(frame_hpa, self.host_writable(), true);
+        if self == LeafWrite::LogProtected {
+            leaf & !spte::WRITE
+        } else {
+            leaf
+        }
+    }
 }
 
 /// Steps 1 and 2 of a fault (KVM's `kvm_faultin_pfn`): the frame behind
@@ -167,8 +203,8 @@ pub(crate) fn faultin(
         .slots
         .lookup(gfn)
         .ok_or(FaultError::OutsideMemory { gpa })?;
-    let writable = !slot.flags.readonly;
-    if write && !writable {
+    let rights = LeafWrite::for_slot(slot, write);
+    if write && !rights.host_writable() {
         return Err(FaultError::ReadOnly { gpa });
     }
     let page = PageRef {
@@ -230,14 +266,13 @@ pub(crate) fn faultin(
                 .ok_or(FaultError::PageInVanished { gpa })?
         }
     };
-    Ok((
-        fault,
-        Some(Resident {
-            gfn,
-            frame,
-            writable,
-        }),
-    ))
+    if write {
+        // Logged before the leaf becomes writable: a write the log misses
+        // cannot happen (the page's bit or ring entry is there before the
+        // guest can store without faulting).
+        host.mark_page_dirty(gfn);
+    }
+    Ok((fault, Some(Resident { gfn, frame, rights })))
 }
 
 /// What installing a mapping did.
@@ -255,7 +290,7 @@ pub(crate) struct Mapped {
 }
 
 impl Mmu {
-    /// Maps `gfn` to `frame` (writable or not) in `root`, under `mmu_lock`
+    /// Maps `gfn` to `frame` (with `rights`) in `root`, under `mmu_lock`
     /// taken at virtual time `at`, with its contention modelled. The cost
     /// is charged even when it fails (the hold happened).
     #[allow(clippy::too_many_arguments)]
@@ -267,7 +302,7 @@ impl Mmu {
         root: RootId,
         gfn: Gfn,
         frame: Hfn,
-        writable: bool,
+        rights: LeafWrite,
         at: Cycles,
     ) -> Mapped {
         if self.mode == super::MmuMode::Shadow {
@@ -281,7 +316,7 @@ impl Mmu {
             };
         }
         let mut guard = self.hold(Timed::At(at), costs);
-        let result = install(mem, frames, &mut guard, costs, root, gfn, frame, writable);
+        let result = install(mem, frames, &mut guard, costs, root, gfn, frame, rights);
         Mapped {
             cycles: guard.cycles(),
             lock_wait: guard.waited(),
@@ -301,7 +336,7 @@ fn install(
     root: RootId,
     gfn: Gfn,
     frame: Hfn,
-    writable: bool,
+    rights: LeafWrite,
 ) -> Result<bool, FaultError> {
     let (walked, work) = {
         let MmuInner { roots, headers, .. } = &mut **guard;
@@ -324,10 +359,22 @@ fn install(
     let current = tdp::read_spte(mem, leaf)?;
     guard.charge(costs.spte_read);
     if spte::is_present(current) {
+        if rights == LeafWrite::Writable
+            && current & spte::WRITE == 0
+            && current & spte::MMU_WRITABLE != 0
+        {
+            // Write-protected for dirty logging (the caller logged the
+            // page): writable again, the dirty-logging slow path. Atomic,
+            // as the CPU may be setting A/D in the same entry.
+            mem.atomic_u64(leaf)?
+                .fetch_or(spte::WRITE, std::sync::atomic::Ordering::AcqRel);
+            guard.charge(costs.spte_write);
+            return Ok(true);
+        }
         // Raced with another fault on the same gfn, which installed it.
         return Ok(false);
     }
-    tdp::write_spte(mem, leaf, spte::make_leaf(frame.addr().0, writable, true))?;
+    tdp::write_spte(mem, leaf, rights.ept_leaf(frame.addr().0))?;
     guard.rmap.add(frame, leaf);
     guard.charge(costs.spte_write);
     Ok(true)

@@ -331,7 +331,7 @@ mod tests {
                 root,
                 Gfn(g),
                 frame,
-                true,
+                crate::mmu::fault::LeafWrite::Writable,
                 Cycles::ZERO,
             );
             assert_eq!(mapped.result, Ok(true));

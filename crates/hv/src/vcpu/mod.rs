@@ -142,6 +142,8 @@ pub struct Vcpu {
     pub(crate) mmu_mode: MmuMode,
     /// Shadow paging: the guest's CR3, `prev_roots`, a write in flight.
     pub(crate) shadow: ShadowVcpu,
+    /// Its dirty ring is full: it waits for the VMM's harvest.
+    pub(crate) ring_full: bool,
     /// The xAPIC page's own registers.
     pub(crate) xapic: xapic::XapicRegs,
 }
@@ -164,6 +166,7 @@ impl Vcpu {
             root: None,
             mmu_mode: MmuMode::Ept,
             shadow: ShadowVcpu::default(),
+            ring_full: false,
             xapic: xapic::XapicRegs::default(),
         }
     }

@@ -87,6 +87,7 @@ impl Bench for ApfBench {
                         label: format!("{}@{}", mode.name(), format_duration(latency)),
                         config,
                         memslot: None,
+                        dirty_log: None,
                     });
                 }
             }
@@ -98,12 +99,14 @@ impl Bench for ApfBench {
                 label: m.name().to_string(),
                 config: self.bm_config(m, Some(self.args.host_mem)),
                 memslot: None,
+                dirty_log: None,
             })
             .collect();
         specs.push(RunSpec {
             label: "ideal".into(),
             config: self.bm_config(ApfMode::Pv, None),
             memslot: None,
+            dirty_log: None,
         });
         specs
     }

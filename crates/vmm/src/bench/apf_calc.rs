@@ -69,6 +69,7 @@ impl Bench for ApfCalcBench {
                     ),
                     config: self.config(mode, calc),
                     memslot: None,
+                    dirty_log: None,
                 });
             }
         }

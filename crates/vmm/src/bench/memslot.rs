@@ -288,6 +288,7 @@ impl Bench for MemslotBench {
                         label: format!("{}-{}-{}", mmu_name(mmu), zap.name(), format_size(mem)),
                         config: self.config(mem, mmu, zap),
                         memslot: Some((ChurnTrigger::GuestPasses, self.args.ops)),
+                        dirty_log: None,
                     });
                 }
             }

@@ -14,6 +14,7 @@
 
 mod apf;
 mod apf_calc;
+pub(crate) mod dirty_log;
 pub(crate) mod memslot;
 
 use crate::config::{check_output_path, ConfigError, Kernel};
@@ -124,6 +125,9 @@ pub struct RunSpec {
     pub config: VmConfig,
     /// Memslot changes the VMM makes while the guest runs, and how many.
     pub memslot: Option<(memslot::ChurnTrigger, u32)>,
+    /// A dirty-logging run: it boots the dirtywrite kernel instead of the
+    /// guest kernel and the VMM drives its passes.
+    pub dirty_log: Option<dirty_log::DirtyLogSpec>,
 }
 
 /// Asynchronous page fault counters of a run, summed over vCPUs.
@@ -154,6 +158,9 @@ pub struct RunResult {
     /// The memslot changes made during the run, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memslot: Option<memslot::MemslotRun>,
+    /// The dirty-logging run's record, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirty_log: Option<dirty_log::DirtyLogRun>,
 }
 
 impl RunResult {
@@ -178,6 +185,7 @@ impl RunResult {
             },
             reports: vm.reports().iter().map(|r| r.line.clone()).collect(),
             memslot: None,
+            dirty_log: None,
         }
     }
 
@@ -315,6 +323,13 @@ pub fn main(command: BenchCommand) -> u8 {
             };
             execute(memslot::MemslotBench::new(args), &output)
         }
+        BenchCommand::DirtyLog(args) => {
+            let output = Output {
+                json: args.common.json,
+                plot: args.plot.clone(),
+            };
+            execute(dirty_log::DirtyLogBench::new(args), &output)
+        }
         BenchCommand::Merge(args) => merge(&args),
     };
     match result {
@@ -424,6 +439,7 @@ fn merge(args: &MergeArgs) -> Result<String, BenchError> {
         apf::ApfBench::NAME => merge_into::<apf::ApfBench>(files, &output),
         apf_calc::ApfCalcBench::NAME => merge_into::<apf_calc::ApfCalcBench>(files, &output),
         memslot::MemslotBench::NAME => merge_into::<memslot::MemslotBench>(files, &output),
+        dirty_log::DirtyLogBench::NAME => merge_into::<dirty_log::DirtyLogBench>(files, &output),
         other => Err(BenchError::Merge(format!("unknown benchmark `{other}`"))),
     }
 }
@@ -548,10 +564,33 @@ fn run_one(
     bench_progress: &BenchProgress,
 ) -> Result<Outcome, BenchError> {
     let started = Instant::now();
+    let kernel = if spec.dirty_log.is_some() {
+        dirty_log::KERNEL
+    } else {
+        kernel
+    };
     let mut vm = Vm::boot(&spec.config, kernel).map_err(|source| BenchError::Boot {
         label: spec.label.clone(),
         source,
     })?;
+    if let Some(dirty) = spec.dirty_log {
+        let slice = hv::Cycles(spec.config.quantum.max(1));
+        let mut progress = bench_progress.start();
+        let run = dirty_log::drive(&mut vm, &dirty, slice, stop);
+        progress.update(&format!("{}: ", spec.label), &vm);
+        bench_progress.done(&progress);
+        if stop.signal().is_some() {
+            return Ok(Outcome::Interrupted(cycles_to_secs(vm.time().0)));
+        }
+        let run = run.map_err(|message| BenchError::VmStopped {
+            label: spec.label.clone(),
+            message,
+            tail: String::from_utf8_lossy(&vm.take_serial()).into_owned(),
+        })?;
+        let mut result = RunResult::new(spec.label, &vm);
+        result.dirty_log = Some(run);
+        return Ok(Outcome::Done(Box::new(result), started.elapsed()));
+    }
     let mut churn = match spec.memslot {
         Some((trigger, ops)) => Some(memslot::SlotChurn::install(&mut vm, trigger, ops).map_err(
             |e| BenchError::VmStopped {
