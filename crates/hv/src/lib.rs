@@ -37,6 +37,7 @@ pub use error::{ApfStateError, CreateError, GuestMemoryError, VmError};
 pub use machine::Gpa;
 pub use memslot::{MemslotError, SlotFlags, SlotId};
 pub use mmu::check::InvariantError;
+pub use mmu::fast_pf::MmuOptions;
 pub use mmu::spte;
 pub use mmu::zap::{ZapError, ZapMode, ZapReport, BATCH_ZAP_PAGES};
 pub use mmu::{shadow::ShadowError, shadow::ShadowStats, MmuMode};

@@ -568,6 +568,7 @@ mod tests {
                 Gfn(gfn),
                 frame,
                 true,
+                false,
                 Cycles::ZERO,
             );
             mapped.result.unwrap();

@@ -149,6 +149,13 @@ pub struct BenchCommon {
     /// prev_roots).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
     shadow_prev_roots: u64,
+    /// The fast page fault: fix faults on present sptes without mmu_lock.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    fast_pf: OnOff,
+    /// EPT accessed/dirty flags; off, the pager ages pages by access
+    /// tracking (the fast page fault restores them).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    ept_ad: OnOff,
     /// Print the benchmark's independent runs as command lines (one per
     /// line, each printing its result as JSON) instead of running them;
     /// `faultline bench merge` combines their results.
@@ -175,6 +182,8 @@ impl BenchCommon {
             apf_protocol: self.apf_protocol,
             mmu: self.mmu,
             shadow_prev_roots: self.shadow_prev_roots,
+            fast_pf: self.fast_pf,
+            ept_ad: self.ept_ad,
         }
     }
 
@@ -376,6 +385,13 @@ pub struct OvercommitArgs {
     /// prev_roots).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
     shadow_prev_roots: u64,
+    /// The fast page fault: fix faults on present sptes without mmu_lock.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    fast_pf: OnOff,
+    /// EPT accessed/dirty flags; off, the pager ages pages by access
+    /// tracking (the fast page fault restores them).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    ept_ad: OnOff,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -383,6 +399,20 @@ pub struct OvercommitArgs {
 pub enum MmuArg {
     Ept,
     Shadow,
+}
+
+/// A switch on the command line.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    pub fn on(self) -> bool {
+        self == OnOff::On
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -477,6 +507,10 @@ impl OvercommitArgs {
             MmuArg::Shadow => hv::MmuMode::Shadow,
         };
         config.shadow_prev_roots = self.shadow_prev_roots as usize;
+        config.mmu_options = hv::MmuOptions {
+            fast_pf: self.fast_pf.on(),
+            ept_ad: self.ept_ad.on(),
+        };
     }
 }
 

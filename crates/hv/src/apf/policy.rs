@@ -196,6 +196,7 @@ fn prefault(vcpu: &mut Vcpu, shared: &mut Shared, gfn: Gfn, now: Cycles) -> Resu
         gfn,
         frame,
         writable,
+        false,
         now,
     );
     mapped.result.map_err(|source| VmError::EptFault {

@@ -18,6 +18,7 @@
 //! No INVEPT is needed for the new spte: the fault replaced a not-present
 //! entry, and the CPU caches no translation for a not-present entry.
 
+use super::fast_pf::protocol::{fast_fix, Access, FastFix, Layout};
 use super::lock::Timed;
 use super::root::RootId;
 use super::{spte, tdp, Mmu, MmuInner};
@@ -131,6 +132,7 @@ pub(crate) fn page_fault(
         gfn,
         frame,
         writable,
+        write,
         clock.at(),
     );
     clock.cycles += mapped.cycles;
@@ -256,8 +258,10 @@ pub(crate) struct Mapped {
 
 impl Mmu {
     /// Maps `gfn` to `frame` (writable or not) in `root`, under `mmu_lock`
-    /// taken at virtual time `at`, with its contention modelled. The cost
-    /// is charged even when it fails (the hold happened).
+    /// taken at virtual time `at`, with its contention modelled; `write`:
+    /// the fault was a write (a present leaf gets W back if the MMU
+    /// allows it). The cost is charged even when it fails (the hold
+    /// happened).
     #[allow(clippy::too_many_arguments)]
     pub fn map_gfn(
         &self,
@@ -268,6 +272,7 @@ impl Mmu {
         gfn: Gfn,
         frame: Hfn,
         writable: bool,
+        write: bool,
         at: Cycles,
     ) -> Mapped {
         if self.mode == super::MmuMode::Shadow {
@@ -281,7 +286,13 @@ impl Mmu {
             };
         }
         let mut guard = self.hold(Timed::At(at), costs);
-        let result = install(mem, frames, &mut guard, costs, root, gfn, frame, writable);
+        let access = Access {
+            write,
+            fetch: false,
+        };
+        let result = install(
+            mem, frames, &mut guard, costs, root, gfn, frame, writable, access,
+        );
         Mapped {
             cycles: guard.cycles(),
             lock_wait: guard.waited(),
@@ -302,6 +313,7 @@ fn install(
     gfn: Gfn,
     frame: Hfn,
     writable: bool,
+    access: Access,
 ) -> Result<bool, FaultError> {
     let (walked, work) = {
         let MmuInner { roots, headers, .. } = &mut **guard;
@@ -324,7 +336,14 @@ fn install(
     let current = tdp::read_spte(mem, leaf)?;
     guard.charge(costs.spte_read);
     if spte::is_present(current) {
-        // Raced with another fault on the same gfn, which installed it.
+        // Raced with another fault on the same gfn, which installed it;
+        // or a leaf that only needs an access bit back (access-tracked,
+        // or W on an MMU-writable leaf): the fast path's fix, taken here
+        // under the lock when it is off or gave up.
+        let fix = fast_fix(mem.atomic_u64(leaf)?, &Layout::EPT, access);
+        if let FastFix::Fixed { .. } = fix {
+            guard.charge(costs.spte_cmpxchg);
+        }
         return Ok(false);
     }
     tdp::write_spte(mem, leaf, spte::make_leaf(frame.addr().0, writable, true))?;

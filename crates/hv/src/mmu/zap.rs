@@ -332,6 +332,7 @@ mod tests {
                 Gfn(g),
                 frame,
                 true,
+                false,
                 Cycles::ZERO,
             );
             assert_eq!(mapped.result, Ok(true));

@@ -12,6 +12,7 @@ use crate::frames::FrameAllocator;
 use crate::host::Host;
 use crate::memslot::{MemslotError, Memslots, SlotFlags, SlotId};
 use crate::mmu::check::InvariantError;
+use crate::mmu::fast_pf::MmuOptions;
 use crate::mmu::zap::{ZapError, ZapMode, ZapReport};
 use crate::mmu::{Mmu, MmuMode};
 use crate::pager::Pager;
@@ -67,6 +68,8 @@ pub struct VmConfig {
     /// How memslot deletion and moves (and [`Vm::zap_all`]) drop every
     /// mapping.
     pub zap: ZapMode,
+    /// The fast page fault and EPT A/D flags (`--fast-pf`, `--ept-ad`).
+    pub mmu_options: MmuOptions,
 }
 
 /// 2026-01-01T00:00:00Z.
@@ -91,6 +94,7 @@ impl Default for VmConfig {
             shadow_prev_roots: 3,
             wall_clock_at_boot_ns: DEFAULT_WALL_CLOCK_AT_BOOT_NS,
             zap: ZapMode::Fast,
+            mmu_options: MmuOptions::default(),
         }
     }
 }
@@ -211,7 +215,7 @@ impl Vm {
         if limit < config.mem_size {
             pager.open_swap()?;
         }
-        let mmu = Mmu::new(&mem, &mut frames, config.mmu)?;
+        let mmu = Mmu::with_options(&mem, &mut frames, config.mmu, config.mmu_options)?;
         let mut slots = Memslots::default();
         slots.add(
             RAM_SLOT,
