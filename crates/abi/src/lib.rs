@@ -354,3 +354,35 @@ pub const COM1_PORT: u16 = 0x3f8;
 /// I/O port of the isa-debug-exit device: writing v exits with status
 /// `(v << 1) | 1`.
 pub const DEBUG_EXIT_PORT: u16 = 0xf4;
+
+/// The dirty-logging workload's contract with the VMM (the hv's test kernel
+/// `tests/guests/dirtywrite.c`, run by the dirty-log exactness test and
+/// `faultline bench dirty-log`): vCPU `cpu` owns the pages at
+/// `REGION_BASE + cpu * pages * 4096`; it starts pass `p` when the word at
+/// [`dirtywrite::GO`] reaches `p`, then stores `tsc_start`, writes its
+/// pages (each write stores [`dirtywrite::stamp`] in the page's first
+/// word), stores `tsc_end` and sets its `done` word to `p`.
+pub mod dirtywrite {
+    /// The control block.
+    pub const CTRL_GPA: u64 = 0x10_0000;
+    /// The first vCPU's region.
+    pub const REGION_BASE: u64 = 0x80_0000;
+    /// Offset of `go` in the control block.
+    pub const GO: u64 = 0;
+    /// Offset of vCPU `cpu`'s `done` word.
+    pub const fn done(cpu: u64) -> u64 {
+        64 + 8 * cpu
+    }
+    /// Offset of vCPU `cpu`'s rdtsc at the start of its last pass.
+    pub const fn tsc_start(cpu: u64) -> u64 {
+        64 + 8 * (super::MAX_CPUS as u64 + cpu)
+    }
+    /// Offset of vCPU `cpu`'s rdtsc at the end of its last pass.
+    pub const fn tsc_end(cpu: u64) -> u64 {
+        64 + 8 * (2 * super::MAX_CPUS as u64 + cpu)
+    }
+    /// What vCPU `cpu` stores in a page it writes in pass `pass`.
+    pub const fn stamp(pass: u64, cpu: u64) -> u64 {
+        pass << 32 | 0xd170_0000 | cpu
+    }
+}

@@ -6,6 +6,7 @@
 use crate::cost::HvCosts;
 use crate::frames::FrameAllocator;
 use crate::memslot::Memslots;
+use crate::mmu::dirty_log::{mark_page_dirty, DirtyRings};
 use crate::mmu::lock::Timed;
 use crate::mmu::shadow::pages::Tables;
 use crate::mmu::shadow::{Effects, Held, HostView, ShadowError, ShadowStats};
@@ -20,9 +21,19 @@ pub(crate) struct Host {
     pub slots: Memslots,
     pub mmu: Mmu,
     pub costs: HvCosts,
+    /// The vCPUs' dirty rings (empty of entries unless a slot logs in ring
+    /// mode).
+    pub dirty_rings: DirtyRings,
 }
 
 impl Host {
+    /// Marks `gfn` dirty in its slot's log if the slot logs (see
+    /// [`crate::mmu::dirty_log::mark_page_dirty`]); lock-free, callable
+    /// from the fast page fault.
+    pub fn mark_page_dirty(&self, gfn: machine::Gfn) -> bool {
+        mark_page_dirty(&self.slots, &self.dirty_rings, gfn)
+    }
+
     /// Runs `op` on the shadow MMU's tables under `mmu_lock` at `when`
     /// (`Mmu::with_shadow`, with this host's memory, frames and memslots).
     pub fn with_shadow<T>(

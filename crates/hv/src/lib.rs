@@ -37,6 +37,7 @@ pub use error::{ApfStateError, CreateError, GuestMemoryError, VmError};
 pub use machine::Gpa;
 pub use memslot::{MemslotError, SlotFlags, SlotId};
 pub use mmu::check::InvariantError;
+pub use mmu::dirty_log::{DirtyGfn, DirtyLogError, DirtyLogMode};
 pub use mmu::fast_pf::MmuOptions;
 pub use mmu::spte;
 pub use mmu::zap::{ZapError, ZapMode, ZapReport, BATCH_ZAP_PAGES};
@@ -46,6 +47,7 @@ pub use stats::{ExitStat, VcpuStats, VmStats};
 pub use swap::{DeviceModel, DevicePreset, DeviceStats, LatencyRange};
 pub use time::Cycles;
 pub use vcpu::{Vcpu, VcpuId};
+pub use vm::dirty_log::{Collected, DirtyLogCost, DirtyPages, RingHarvest};
 pub use vm::{Report, RunStatus, StopReason, Vm, VmConfig, MIN_HOST_MEM, RAM_SLOT};
 
 /// Virtual cycles per second of virtual time (the machine's 3 GHz clock).

@@ -30,6 +30,9 @@ impl std::fmt::Display for SlotId {
 pub struct SlotFlags {
     /// Guest writes fault (KVM_MEM_READONLY).
     pub readonly: bool,
+    /// Writes are logged (KVM_MEM_LOG_DIRTY_PAGES): set by
+    /// `Vm::enable_dirty_log`; a slot added with it logs in bitmap mode.
+    pub log_dirty_pages: bool,
 }
 
 /// Where a guest page's contents are.
@@ -59,6 +62,8 @@ pub(crate) struct Memslot {
     /// Swap slot + 1 holding each page (the page itself when swapped out,
     /// a clean copy when resident); 0 for none.
     swap: Vec<u32>,
+    /// The dirty log, while `flags.log_dirty_pages`.
+    pub dirty_log: Option<crate::mmu::dirty_log::SlotLog>,
 }
 
 impl Memslot {
@@ -164,6 +169,29 @@ impl Memslot {
             .map(|&s| SwapSlot(s - 1))
     }
 
+    /// Whether writes must fault to be logged (logging on in a
+    /// write-protecting mode): leaves are installed with W clear and
+    /// MMU-writable set unless the access is a write.
+    pub fn write_protected_for_log(&self) -> bool {
+        self.dirty_log
+            .as_ref()
+            .is_some_and(|l| l.mode.write_protects())
+    }
+
+    /// Whether a writable spte of `gfn` is allowed by the dirty log: the
+    /// slot does not write-protect for logging, or the page is in its
+    /// bitmap (bitmap and manual modes: the invariant checkers' exactness
+    /// rule; a ring's entries are not searched).
+    pub fn writable_spte_logged(&self, gfn: Gfn) -> bool {
+        use crate::mmu::dirty_log::DirtyLogMode;
+        match &self.dirty_log {
+            Some(log) if matches!(log.mode, DirtyLogMode::Bitmap | DirtyLogMode::Manual) => {
+                log.bitmap.get(self.index_of(gfn))
+            }
+            _ => true,
+        }
+    }
+
     /// One past the last gfn.
     pub fn end_gfn(&self) -> Gfn {
         Gfn(self.base_gfn.0 + self.npages)
@@ -209,6 +237,11 @@ impl Memslots {
     pub fn lookup_mut(&mut self, gfn: Gfn) -> Option<&mut Memslot> {
         let (_, slot) = self.by_base.range_mut(..=gfn.0).next_back()?;
         slot.contains(gfn).then_some(slot)
+    }
+
+    /// Every slot, in gpa order.
+    pub fn iter(&self) -> impl Iterator<Item = &Memslot> {
+        self.by_base.values()
     }
 
     /// The slot with this id.
@@ -262,6 +295,12 @@ impl Memslots {
         self.check_free(base_gfn, npages, None)?;
         let backing = vec![0; npages as usize];
         let swap = vec![0; npages as usize];
+        let dirty_log = flags
+            .log_dirty_pages
+            .then(|| crate::mmu::dirty_log::SlotLog {
+                mode: crate::mmu::dirty_log::DirtyLogMode::Bitmap,
+                bitmap: crate::mmu::dirty_log::DirtyBitmap::new(npages),
+            });
         self.by_base.insert(
             base_gfn.0,
             Memslot {
@@ -271,6 +310,7 @@ impl Memslots {
                 flags,
                 backing,
                 swap,
+                dirty_log,
             },
         );
         self.generation += 1;

@@ -551,6 +551,7 @@ mod tests {
                 slots,
                 mmu,
                 costs: HvCosts::DEFAULT,
+                dirty_rings: crate::mmu::dirty_log::DirtyRings::new(1, 0),
             },
             pager: Pager::new(limit, None, model, 1),
         }
@@ -567,7 +568,7 @@ mod tests {
                 ROOT,
                 Gfn(gfn),
                 frame,
-                true,
+                crate::mmu::fault::LeafWrite::Writable,
                 false,
                 Cycles::ZERO,
             );

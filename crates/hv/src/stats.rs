@@ -53,6 +53,8 @@ pub struct VcpuStats {
     pub instructions: u64,
     /// Asynchronous page faults and waits for swapped pages.
     pub apf: ApfStats,
+    /// Times its dirty ring filled and it waited for a harvest.
+    pub dirty_ring_full_exits: u64,
 }
 
 impl VcpuStats {

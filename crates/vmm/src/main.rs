@@ -74,6 +74,17 @@ pub enum BenchCommand {
     /// operation's time, the longest vCPU stall, pages zapped, lock
     /// breaks, the refault cost.
     Memslot(MemslotBenchArgs),
+    /// Seed 001 / KVM's dirty_log_perf_test: N vCPUs each dirty their own
+    /// region while the VMM collects the dirty log after each pass; the
+    /// time to dirty memory, get and clear times, populate / enable /
+    /// disable times, per MMU and collection mode.
+    #[command(name = "dirty-log")]
+    DirtyLog(DirtyLogBenchArgs),
+    /// Seed 001's frame-buffer case: a window composited into a frame
+    /// buffer while the VMM harvests its dirty pages at 60 Hz; guest
+    /// throughput with the fast page fault on and off, the cost of a
+    /// write fault and the mmu_lock wait per fault, under EPT and shadow.
+    Fastpf(FastpfBenchArgs),
     /// Merge the JSON results of the runs `--list-runs` printed into the
     /// benchmark's table (or JSON) and plot, as a direct run prints them.
     Merge(MergeArgs),
@@ -149,9 +160,11 @@ pub struct BenchCommon {
     /// prev_roots).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
     shadow_prev_roots: u64,
-    /// The fast page fault: fix faults on present sptes without mmu_lock.
-    #[arg(long, value_enum, default_value_t = OnOff::On)]
-    fast_pf: OnOff,
+    /// The fast page fault (fix faults on present sptes without
+    /// mmu_lock): on or off; `bench dirty-log` takes a list (`on,off`)
+    /// and runs each.
+    #[arg(long = "fast-pf", value_delimiter = ',', default_value = "on", value_parser = parse_on_off)]
+    fast_pf: Vec<bool>,
     /// EPT accessed/dirty flags; off, the pager ages pages by access
     /// tracking (the fast page fault restores them).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
@@ -182,7 +195,11 @@ impl BenchCommon {
             apf_protocol: self.apf_protocol,
             mmu: self.mmu,
             shadow_prev_roots: self.shadow_prev_roots,
-            fast_pf: self.fast_pf,
+            fast_pf: if self.fast_pf.last() == Some(&false) {
+                OnOff::Off
+            } else {
+                OnOff::On
+            },
             ept_ad: self.ept_ad,
         }
     }
@@ -279,6 +296,93 @@ pub struct MemslotBenchArgs {
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     plot: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
+pub struct FastpfBenchArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// The MMUs measured, each with fast PF on and off.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "ept,shadow")]
+    mmus: Vec<MmuArg>,
+    /// Frames composited.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    frames: u64,
+    /// The window's side in pixels (x11perf -comppixwin500: 500).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(16..=8192))]
+    window: u64,
+    /// Frame buffer width in pixels.
+    #[arg(long, default_value_t = 1920, value_parser = clap::value_parser!(u64).range(16..=8192))]
+    width: u64,
+    /// Frame buffer height in pixels.
+    #[arg(long, default_value_t = 1080, value_parser = clap::value_parser!(u64).range(16..=8192))]
+    height: u64,
+    /// Dirty-log harvests per virtual second (a display's refresh).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    harvest_hz: u32,
+    /// Where the SVG plot goes (default: faultline-results/bench-fastpf.svg
+    /// under the current directory).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    plot: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
+pub struct DirtyLogBenchArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// vCPUs, each writing its own region (KVM's -v).
+    #[arg(short = 'v', long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=64))]
+    vcpus: u32,
+    /// Bytes per vCPU (KVM's -b).
+    #[arg(short = 'b', long, default_value = "32M", value_parser = parse_size)]
+    bytes: u64,
+    /// Percentage of the accesses that write (KVM's -w); the rest read.
+    #[arg(short = 'w', long, default_value_t = 100)]
+    write_percent: u32,
+    /// Logged iterations after the populating pass (KVM's -i).
+    #[arg(short = 'i', long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    iterations: u64,
+    /// Random page order (with repeats) instead of sequential (KVM's -a).
+    #[arg(long)]
+    random: bool,
+    /// The MMUs measured.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "ept,shadow")]
+    mmus: Vec<MmuArg>,
+    /// The collection modes measured (pml runs under EPT only).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "bitmap,manual,ring"
+    )]
+    modes: Vec<DirtyModeArg>,
+    /// Entries per vCPU dirty ring (ring mode).
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(128..=1 << 20))]
+    ring_size: u32,
+    /// Where the SVG plot goes (default:
+    /// faultline-results/bench-dirty-log.svg under the current directory).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    plot: Option<PathBuf>,
+}
+
+/// `on` or `off`.
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("`{other}`: expected on or off")),
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DirtyModeArg {
+    Bitmap,
+    Manual,
+    Ring,
+    Pml,
 }
 
 #[derive(clap::Args, Debug)]

@@ -26,7 +26,7 @@ fn restore_mid_run(protocol: ApfProtocol) {
     while restored == 0 {
         match vm.run_until(vm.time() + Cycles(1_000_000)) {
             RunStatus::Stopped(reason) => panic!("stopped before the restore: {reason:?}"),
-            RunStatus::Running => {}
+            RunStatus::Running | RunStatus::DirtyRingFull => {}
         }
         let outstanding: usize = vm.vcpus().iter().map(|v| v.apf_outstanding()).sum();
         if outstanding == 0 || vm.stats().apf().not_present < 50 {

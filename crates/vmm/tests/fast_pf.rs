@@ -79,3 +79,48 @@ fn access_tracking_keeps_pages_and_eviction_quality_with_the_fast_path_on_and_of
     // The same command, the same numbers.
     assert_eq!(pagetag("off", "on"), tracked_fast);
 }
+
+/// `bench fastpf` at a small scale: it runs, its JSON has the issue's
+/// shape, the fast path fixed the EPT runs' write faults without waiting
+/// for mmu_lock, and the same command prints the same numbers.
+#[test]
+fn bench_fastpf_runs_prints_the_json_shape_and_repeats() {
+    let args = [
+        "bench",
+        "fastpf",
+        "--json",
+        "--frames",
+        "12",
+        "--harvest-hz",
+        "600",
+        "--jobs",
+        "1",
+        "--plot",
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plot = dir.path().join("fastpf.svg");
+    let mut all: Vec<&str> = args.to_vec();
+    all.push(plot.to_str().unwrap());
+    let out = faultline(&all);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(text, stdout(&faultline(&all)), "same command, same output");
+    assert!(plot.exists(), "the plot was written");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let results = json["results"].as_array().expect("results");
+    assert_eq!(results.len(), 4, "{json}");
+    for r in results {
+        assert!(matches!(r["mmu"].as_str(), Some("ept" | "shadow")), "{r}");
+        assert!(r["fast_pf"].is_boolean(), "{r}");
+        for key in ["writes_per_s", "write_fault_cycles", "mmu_lock_wait_cycles"] {
+            assert!(r[key].as_f64().is_some_and(|v| v >= 0.0), "{key} in {r}");
+        }
+        assert!(r["harvests"].as_u64().unwrap() > 0, "{r}");
+        let fast = r["fast_fixes"].as_u64().unwrap();
+        if r["mmu"] == "ept" && r["fast_pf"] == true {
+            assert!(fast > 0, "{r}");
+        } else {
+            assert_eq!(fast, 0, "{r}");
+        }
+    }
+}

@@ -187,7 +187,9 @@ fn prefault(vcpu: &mut Vcpu, shared: &mut Shared, gfn: Gfn, now: Cycles) -> Resu
     let Some(root) = vcpu.root else {
         return Ok(());
     };
-    let writable = !slot.flags.readonly;
+    // A prefault is no write: under dirty logging the leaf stays
+    // write-protected.
+    let rights = crate::mmu::fault::LeafWrite::for_slot(slot, false);
     let mapped = host.mmu.map_gfn(
         &host.mem,
         &mut host.frames,
@@ -195,7 +197,7 @@ fn prefault(vcpu: &mut Vcpu, shared: &mut Shared, gfn: Gfn, now: Cycles) -> Resu
         root.id,
         gfn,
         frame,
-        writable,
+        rights,
         false,
         now,
     );

@@ -10,6 +10,8 @@
 //!   a memslot change since has moved or removed: no vCPU uses them);
 //! - writable implies MMU-writable implies host-writable, and a
 //!   host-writable spte's memslot is not read-only;
+//! - under dirty logging (bitmap, manual), a writable leaf's page is in
+//!   the log;
 //! - every rmap entry is a present leaf mapping its frame;
 //! - every header's table is reachable from its root, or is an obsolete
 //!   table a fast zap has unlinked and not yet freed.
@@ -147,6 +149,9 @@ impl Mmu {
                 }
                 if value & spte::HOST_WRITABLE != 0 && slot.flags.readonly {
                     return fail(format!("{entry:?}: host-writable in a read-only memslot"));
+                }
+                if value & spte::WRITE != 0 && !slot.writable_spte_logged(entry.gfn) {
+                    return fail(format!("{entry:?}: writable but not in the dirty log"));
                 }
             }
         }

@@ -116,12 +116,7 @@ pub(crate) fn page_fault(
     clock: &mut ExitClock,
 ) -> Result<Fault, FaultError> {
     let (mut fault, resident) = faultin(host, pager, gpa, write, clock)?;
-    let Some(Resident {
-        gfn,
-        frame,
-        writable,
-    }) = resident
-    else {
+    let Some(Resident { gfn, frame, rights }) = resident else {
         return Ok(fault);
     };
     let mapped = host.mmu.map_gfn(
@@ -131,7 +126,7 @@ pub(crate) fn page_fault(
         root,
         gfn,
         frame,
-        writable,
+        rights,
         write,
         clock.at(),
     );
@@ -147,8 +142,49 @@ pub(crate) fn page_fault(
 pub(crate) struct Resident {
     pub gfn: Gfn,
     pub frame: Hfn,
-    /// The memslot allows writes.
-    pub writable: bool,
+    /// The write rights the new leaf gets.
+    pub rights: LeafWrite,
+}
+
+/// The write rights of a new leaf.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeafWrite {
+    /// A read-only memslot: no write bit at all.
+    ReadOnly,
+    /// Hardware W, MMU-writable and host-writable.
+    Writable,
+    /// Dirty logging write-protects the slot and the access is not a
+    /// write: MMU-writable and host-writable, W clear, so the first write
+    /// faults and is logged.
+    LogProtected,
+}
+
+impl LeafWrite {
+    /// The rights for a leaf of `slot` installed by an access (`write`).
+    pub fn for_slot(slot: &crate::memslot::Memslot, write: bool) -> Self {
+        if slot.flags.readonly {
+            LeafWrite::ReadOnly
+        } else if !write && slot.write_protected_for_log() {
+            LeafWrite::LogProtected
+        } else {
+            LeafWrite::Writable
+        }
+    }
+
+    /// Whether the memslot allows writes at all.
+    pub fn host_writable(self) -> bool {
+        self != LeafWrite::ReadOnly
+    }
+
+    /// The EPT leaf for `frame_hpa` with these rights.
+    fn ept_leaf(self, frame_hpa: u64) -> u64 {
+        let leaf = spte::make_leaf(frame_hpa, self.host_writable(), true);
+        if self == LeafWrite::LogProtected {
+            leaf & !spte::WRITE
+        } else {
+            leaf
+        }
+    }
 }
 
 /// Steps 1 and 2 of a fault (KVM's `kvm_faultin_pfn`): the frame behind
@@ -169,8 +205,8 @@ pub(crate) fn faultin(
         .slots
         .lookup(gfn)
         .ok_or(FaultError::OutsideMemory { gpa })?;
-    let writable = !slot.flags.readonly;
-    if write && !writable {
+    let rights = LeafWrite::for_slot(slot, write);
+    if write && !rights.host_writable() {
         return Err(FaultError::ReadOnly { gpa });
     }
     let page = PageRef {
@@ -232,14 +268,13 @@ pub(crate) fn faultin(
                 .ok_or(FaultError::PageInVanished { gpa })?
         }
     };
-    Ok((
-        fault,
-        Some(Resident {
-            gfn,
-            frame,
-            writable,
-        }),
-    ))
+    if write {
+        // Logged before the leaf becomes writable: a write the log misses
+        // cannot happen (the page's bit or ring entry is there before the
+        // guest can store without faulting).
+        host.mark_page_dirty(gfn);
+    }
+    Ok((fault, Some(Resident { gfn, frame, rights })))
 }
 
 /// What installing a mapping did.
@@ -257,7 +292,7 @@ pub(crate) struct Mapped {
 }
 
 impl Mmu {
-    /// Maps `gfn` to `frame` (writable or not) in `root`, under `mmu_lock`
+    /// Maps `gfn` to `frame` (with `rights`) in `root`, under `mmu_lock`
     /// taken at virtual time `at`, with its contention modelled; `write`:
     /// the fault was a write (a present leaf gets W back if the MMU
     /// allows it). The cost is charged even when it fails (the hold
@@ -271,7 +306,7 @@ impl Mmu {
         root: RootId,
         gfn: Gfn,
         frame: Hfn,
-        writable: bool,
+        rights: LeafWrite,
         write: bool,
         at: Cycles,
     ) -> Mapped {
@@ -291,7 +326,7 @@ impl Mmu {
             fetch: false,
         };
         let result = install(
-            mem, frames, &mut guard, costs, root, gfn, frame, writable, access,
+            mem, frames, &mut guard, costs, root, gfn, frame, rights, access,
         );
         Mapped {
             cycles: guard.cycles(),
@@ -312,7 +347,7 @@ fn install(
     root: RootId,
     gfn: Gfn,
     frame: Hfn,
-    writable: bool,
+    rights: LeafWrite,
     access: Access,
 ) -> Result<bool, FaultError> {
     let (walked, work) = {
@@ -337,16 +372,18 @@ fn install(
     guard.charge(costs.spte_read);
     if spte::is_present(current) {
         // Raced with another fault on the same gfn, which installed it;
-        // or a leaf that only needs an access bit back (access-tracked,
-        // or W on an MMU-writable leaf): the fast path's fix, taken here
-        // under the lock when it is off or gave up.
+        // or a leaf that only needs an access bit back: access-tracked
+        // (`--ept-ad off`), or W on an MMU-writable leaf write-protected
+        // for dirty logging (the caller logged the page). The fast path's
+        // fix, taken here under the lock when it is off or gave up.
         let fix = fast_fix(mem.atomic_u64(leaf)?, &Layout::EPT, access);
         if let FastFix::Fixed { .. } = fix {
             guard.charge(costs.spte_cmpxchg);
+            return Ok(true);
         }
         return Ok(false);
     }
-    tdp::write_spte(mem, leaf, spte::make_leaf(frame.addr().0, writable, true))?;
+    tdp::write_spte(mem, leaf, rights.ept_leaf(frame.addr().0))?;
     guard.rmap.add(frame, leaf);
     guard.charge(costs.spte_write);
     Ok(true)

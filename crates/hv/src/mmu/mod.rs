@@ -10,6 +10,7 @@
 //!   zap a frame, zap a gfn range), KVM's MMU-notifier hooks;
 //! - [`walk`]: the guest page-table walker (the shadow MMU's view of the
 //!   guest's tables: permissions, A/D updates, the #PF the guest must see);
+//! - [`dirty_log`]: dirty logging (bitmap, manual protect, ring, PML);
 //! - [`zap`]: zap-all, slow (one hold) or fast (by generation, batches
 //!   with lock breaks; seed 003);
 //! - [`check`]: the invariant checker the tests run;
@@ -19,6 +20,7 @@
 //! No code outside this module reads or writes an spte.
 
 pub(crate) mod check;
+pub mod dirty_log;
 pub(crate) mod fast_pf;
 pub(crate) mod fault;
 pub(crate) mod lock;

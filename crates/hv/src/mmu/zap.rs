@@ -331,7 +331,7 @@ mod tests {
                 root,
                 Gfn(g),
                 frame,
-                true,
+                crate::mmu::fault::LeafWrite::Writable,
                 false,
                 Cycles::ZERO,
             );

@@ -138,6 +138,8 @@ pub struct Vcpu {
     pub(crate) mmu_mode: MmuMode,
     /// Shadow paging: the guest's CR3, `prev_roots`, a write in flight.
     pub(crate) shadow: ShadowVcpu,
+    /// Its dirty ring is full: it waits for the VMM's harvest.
+    pub(crate) ring_full: bool,
 }
 
 impl Vcpu {
@@ -158,6 +160,7 @@ impl Vcpu {
             root: None,
             mmu_mode: MmuMode::Ept,
             shadow: ShadowVcpu::default(),
+            ring_full: false,
         }
     }
 

@@ -88,7 +88,17 @@ impl Vcpu {
         )?;
         *cycles += fast.cycles;
         match fast.outcome {
-            FastFix::Fixed { .. } => self.stats.fast_pf_fixed += 1,
+            FastFix::Fixed { dirtied, .. } => {
+                if dirtied {
+                    // Logged before the vCPU re-enters (rule 3 in
+                    // `mmu/fast_pf/protocol.rs`); KVM's fast path marks
+                    // through the memslot its fault looked up, so the
+                    // lookup is charged here.
+                    *cycles += Cycles(host.costs.memslot_lookup);
+                    host.mark_page_dirty(fast.gfn);
+                }
+                self.stats.fast_pf_fixed += 1;
+            }
             FastFix::Spurious => self.stats.fast_pf_spurious += 1,
             FastFix::Slow(_) => {
                 self.stats.fast_pf_slow += 1;

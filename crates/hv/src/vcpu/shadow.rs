@@ -106,7 +106,7 @@ impl GuestPtes for WalkMemory<'_> {
             .map_err(|_| PteError::NotRam { gpa })?;
         if seen == old {
             // The hv's store is not seen by any spte's dirty bit.
-            self.shared.drop_swap_copy(gpa.frame());
+            self.shared.hv_stores_into(gpa.frame());
         }
         Ok(seen == old)
     }
@@ -464,7 +464,7 @@ impl Vcpu {
                     gva,
                     &walk,
                     resident.frame,
-                    resident.writable,
+                    resident.rights,
                     Access {
                         kind: access.kind,
                         user: access.user(),
@@ -549,7 +549,11 @@ impl Vcpu {
             self.shadow.pending_write = None;
             return Ok(());
         };
-        let (leaf, gva) = (pending.leaf, pending.gva);
+        let (leaf, gva, gfn) = (pending.leaf, pending.gva, pending.gfn);
+        // The guest's one write goes through a leaf made writable here, not
+        // by a logged fault: log it (a collection may have run since the
+        // fault logged it).
+        shared.host.mark_page_dirty(gfn);
         mem.read_bytes(frame.addr(), &mut pending.before[..])
             .and_then(|()| crate::mmu::shadow::set_step_writable(mem, leaf, true))
             .map_err(|e| self.shadow_error(ShadowError::Memory(e)))?;

@@ -1,6 +1,7 @@
 //! The VM: the shared state ([`shared`]), the vCPUs (`crate::vcpu`) and
 //! the scheduler ([`sched`]), behind a small public API.
 
+pub mod dirty_log;
 pub(crate) mod sched;
 pub(crate) mod shared;
 
@@ -12,6 +13,7 @@ use crate::frames::FrameAllocator;
 use crate::host::Host;
 use crate::memslot::{MemslotError, Memslots, SlotFlags, SlotId};
 use crate::mmu::check::InvariantError;
+use crate::mmu::dirty_log::DirtyRings;
 use crate::mmu::fast_pf::MmuOptions;
 use crate::mmu::zap::{ZapError, ZapMode, ZapReport};
 use crate::mmu::{Mmu, MmuMode};
@@ -70,6 +72,9 @@ pub struct VmConfig {
     pub zap: ZapMode,
     /// The fast page fault and EPT A/D flags (`--fast-pf`, `--ept-ad`).
     pub mmu_options: MmuOptions,
+    /// Entries in each vCPU's dirty ring (KVM_CAP_DIRTY_LOG_RING's size
+    /// in entries; at least 128).
+    pub dirty_ring_size: usize,
 }
 
 /// 2026-01-01T00:00:00Z.
@@ -95,6 +100,7 @@ impl Default for VmConfig {
             wall_clock_at_boot_ns: DEFAULT_WALL_CLOCK_AT_BOOT_NS,
             zap: ZapMode::Fast,
             mmu_options: MmuOptions::default(),
+            dirty_ring_size: 4096,
         }
     }
 }
@@ -117,6 +123,9 @@ pub enum RunStatus {
     Running,
     /// The VM stopped.
     Stopped(StopReason),
+    /// A vCPU's dirty ring is full (KVM_EXIT_DIRTY_RING_FULL): it runs
+    /// again once the VMM has called [`Vm::harvest_dirty_rings`].
+    DirtyRingFull,
 }
 
 /// A structured result line handed over by HC_REPORT.
@@ -248,6 +257,7 @@ impl Vm {
                     slots,
                     mmu,
                     costs: config.costs,
+                    dirty_rings: DirtyRings::new(config.vcpus as usize, config.dirty_ring_size),
                 },
                 pager,
                 apf,

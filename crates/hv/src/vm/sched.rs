@@ -32,6 +32,9 @@ pub(crate) struct Scheduler {
     /// halted or stalled vCPUs (timers, page arrivals), earliest first.
     events: BTreeSet<(Cycles, usize)>,
     pub stopped: Option<StopReason>,
+    /// A vCPU's dirty ring is (soft) full: `run_until` returns for the
+    /// VMM to harvest.
+    pub ring_full: bool,
 }
 
 impl Scheduler {
@@ -40,6 +43,7 @@ impl Scheduler {
             quantum,
             events: BTreeSet::new(),
             stopped: None,
+            ring_full: false,
         }
     }
 
@@ -90,8 +94,12 @@ pub(crate) fn start_vcpu(vcpu: &mut Vcpu, rip: u64, rsp: u64, rdi: u64, at: Cycl
 impl Vm {
     /// Runs until global virtual time reaches `time_limit` or the VM stops.
     pub fn run_until(&mut self, time_limit: Cycles) -> RunStatus {
+        self.sched.ring_full = false;
         while self.sched.stopped.is_none() && self.shared.time < time_limit {
             self.run_round();
+            if self.sched.ring_full && self.sched.stopped.is_none() {
+                return RunStatus::DirtyRingFull;
+            }
         }
         match &self.sched.stopped {
             Some(reason) => RunStatus::Stopped(reason.clone()),
@@ -99,11 +107,16 @@ impl Vm {
         }
     }
 
-    /// Runs to completion.
+    /// Runs to completion (harvesting and dropping dirty rings that fill:
+    /// a VMM that logs in ring mode runs with [`Vm::run_until`]).
     pub fn run(&mut self) -> StopReason {
         loop {
-            if let RunStatus::Stopped(reason) = self.run_until(Cycles::MAX) {
-                return reason;
+            match self.run_until(Cycles::MAX) {
+                RunStatus::Stopped(reason) => return reason,
+                RunStatus::DirtyRingFull => {
+                    let _ = self.harvest_dirty_rings();
+                }
+                RunStatus::Running => {}
             }
         }
     }
@@ -140,7 +153,16 @@ impl Vm {
         self.shared.time = round_end;
     }
 
+    /// vCPU `index`'s turn in the round; the pages it dirties go to its
+    /// dirty ring.
     fn run_vcpu(&mut self, index: usize, round_end: Cycles) {
+        let rings = &self.shared.host.dirty_rings;
+        rings.set_running(Some(VcpuId(index)));
+        self.run_vcpu_turn(index, round_end);
+        self.shared.host.dirty_rings.set_running(None);
+    }
+
+    fn run_vcpu_turn(&mut self, index: usize, round_end: Cycles) {
         // Wake-ups of a halted vCPU that moved no clock (a guard against
         // spinning on a deadline that cannot wake it).
         let mut stuck = 0;
@@ -211,6 +233,16 @@ impl Vm {
                     // ran in the round re-enters as before.)
                     let entry = Cycles(vcpu.cpu.costs().vm_entry);
                     if vcpu.clock() >= round_end || turn_start + entry >= round_end {
+                        return;
+                    }
+                    if shared.host.dirty_rings.is_soft_full(vcpu.id) {
+                        // KVM_EXIT_DIRTY_RING_FULL: no entry until the VMM
+                        // harvests (`run_until` returns at the round's end).
+                        if !vcpu.ring_full {
+                            vcpu.ring_full = true;
+                            vcpu.stats.dirty_ring_full_exits += 1;
+                        }
+                        sched.ring_full = true;
                         return;
                     }
                     // Stop at the next page arrival to announce it on time.

@@ -110,10 +110,7 @@ impl Shared {
             let at = gpa.add(done as u64);
             let chunk = ((PAGE_SIZE - at.page_offset()) as usize).min(bytes.len() - done);
             let frame = self.backing_frame(at.frame())?;
-            // The EPT dirty bit does not see the hv's own stores: make the
-            // swap copy stale explicitly.
-            let page = self.page_ref(at.frame())?;
-            self.pager.drop_swap_copy(&mut self.host.slots, page);
+            self.hv_stores_into(at.frame());
             self.host.mem.write_bytes(
                 frame.addr().add(at.page_offset()),
                 &bytes[done..done + chunk],
@@ -162,12 +159,18 @@ impl Shared {
         self.write_guest(gpa, &value.to_le_bytes())
     }
 
-    /// The hv stored into `gfn` behind the MMU's back: its swap copy, if
-    /// any, is stale.
-    pub fn drop_swap_copy(&mut self, gfn: Gfn) {
+    /// The hv stores (or is about to store) into `gfn` behind the MMU's
+    /// back, where no spte's dirty bit and no write fault sees it: the
+    /// page's swap copy, if any, is stale, and the page goes into the dirty
+    /// log if its slot logs. Every store the hv makes into guest memory
+    /// calls this (the write helpers above, the shadow walker's A/D
+    /// updates, the tracked-write step): nothing written may be missing
+    /// from a dirty log.
+    pub fn hv_stores_into(&mut self, gfn: Gfn) {
         if let Ok(page) = self.page_ref(gfn) {
             self.pager.drop_swap_copy(&mut self.host.slots, page);
         }
+        self.host.mark_page_dirty(gfn);
     }
 
     /// The frame holding `gfn` for an access by the hv itself: allocated

@@ -87,6 +87,8 @@ impl Bench for ApfBench {
                         label: format!("{}@{}", mode.name(), format_duration(latency)),
                         config,
                         memslot: None,
+                        dirty_log: None,
+                        harvest: None,
                     });
                 }
             }
@@ -98,12 +100,16 @@ impl Bench for ApfBench {
                 label: m.name().to_string(),
                 config: self.bm_config(m, Some(self.args.host_mem)),
                 memslot: None,
+                dirty_log: None,
+                harvest: None,
             })
             .collect();
         specs.push(RunSpec {
             label: "ideal".into(),
             config: self.bm_config(ApfMode::Pv, None),
             memslot: None,
+            dirty_log: None,
+            harvest: None,
         });
         specs
     }

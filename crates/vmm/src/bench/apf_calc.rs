@@ -69,6 +69,8 @@ impl Bench for ApfCalcBench {
                     ),
                     config: self.config(mode, calc),
                     memslot: None,
+                    dirty_log: None,
+                    harvest: None,
                 });
             }
         }

@@ -150,6 +150,11 @@ pub(crate) fn check(
                     return fail(format!("leaf {at:?} = {e:#x} ({gfn:?}) grants more than guest entry {g:#x} (role {role:?})"));
                 }
             }
+            if e & spte::WRITABLE != 0 && !slot.writable_spte_logged(gfn) {
+                return fail(format!(
+                    "leaf {at:?} writable but {gfn:?} is not in the dirty log"
+                ));
+            }
             if e & spte::WRITABLE != 0 && pages.write_tracked(gfn) {
                 return fail(format!("leaf {at:?} writable but {gfn:?} is write-tracked"));
             }

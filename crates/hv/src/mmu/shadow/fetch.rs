@@ -16,6 +16,7 @@ use super::pages::{Effects, ShadowError, Tables};
 use super::role::{access, PagingContext, ShadowRole};
 use super::spte::{self, LeafPerms};
 use super::ShadowStats;
+use crate::mmu::fault::LeafWrite;
 use crate::mmu::page::PageRole;
 use crate::mmu::root::RootId;
 use crate::mmu::tdp::{entry_at, exchange_spte, read_spte};
@@ -50,7 +51,7 @@ pub(crate) fn map(
     gva: Gva,
     walk: &GuestWalk,
     frame: Hfn,
-    host_writable: bool,
+    rights: LeafWrite,
     want: Access,
     fx: &mut Effects,
 ) -> Result<MapOutcome, ShadowError> {
@@ -93,6 +94,7 @@ pub(crate) fn map(
     }
     let leaf = entry_at(table.addr(), index(gva, 1));
     let acc = walk.access_above(0, nxe);
+    let host_writable = rights.host_writable();
     let mut perms = LeafPerms {
         writable: acc & access::WRITE != 0,
         user: acc & access::USER != 0,
@@ -117,7 +119,10 @@ pub(crate) fn map(
             }
         }
     }
-    install_leaf(t, leaf, walk.gfn, frame, perms, fx)?;
+    // Dirty logging: a read leaves the leaf write-protected (MMU-writable,
+    // W clear) so the first write faults and is logged.
+    let log_protect = rights == LeafWrite::LogProtected;
+    install_leaf(t, leaf, walk.gfn, frame, perms, log_protect, fx)?;
     Ok(outcome)
 }
 
@@ -128,9 +133,13 @@ pub(crate) fn install_leaf(
     gfn: Gfn,
     frame: Hfn,
     perms: LeafPerms,
+    log_protect: bool,
     fx: &mut Effects,
 ) -> Result<(), ShadowError> {
-    let new = spte::make_leaf(frame.addr().0, perms);
+    let mut new = spte::make_leaf(frame.addr().0, perms);
+    if log_protect {
+        new &= !spte::WRITABLE;
+    }
     let old = exchange_spte(t.mem, at, new)?;
     fx.reads += 1;
     fx.writes += 1;

@@ -1,0 +1,422 @@
+//! Dirty logging (KVM's `KVM_MEM_LOG_DIRTY_PAGES`, `KVM_GET_DIRTY_LOG`,
+//! `KVM_CLEAR_DIRTY_LOG` and the dirty ring, `virt/kvm/dirty_ring.c`).
+//!
+//! A memslot with logging on has a [`DirtyBitmap`] (one bit per page).
+//! How pages get into the log depends on the [`DirtyLogMode`]:
+//! - **write protection** (bitmap, manual protect, ring): every leaf spte
+//!   of the slot has its hardware W bit cleared and keeps `MMU_WRITABLE`;
+//!   the first write faults, the fault marks the page ([`mark_page_dirty`])
+//!   and makes the spte writable again. Collection re-protects what it
+//!   reports (bitmap: at get; manual: at the explicit clear; ring: at the
+//!   reset after a harvest);
+//! - **PML** (EPT only): sptes stay writable; the CPU logs the gpa of every
+//!   page whose EPT dirty bit it sets; collection clears the dirty bits.
+//!
+//! [`mark_page_dirty`] is the one way into a log: the slow path, the hv's
+//! own stores into guest memory and the lockless fast path all call it.
+//! It takes only shared references (the bitmap is atomic, each ring has
+//! its own small lock) so the fast path can call it without `mmu_lock`.
+
+use super::lock::Timed;
+use super::Mmu;
+use crate::cost::HvCosts;
+use crate::memslot::{Memslots, SlotId};
+use crate::time::Cycles;
+use crate::vcpu::VcpuId;
+use machine::Gfn;
+use machine::{Hfn, MemError, PhysMemory};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use thiserror::Error;
+
+/// How a slot's dirty pages are collected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DirtyLogMode {
+    /// `KVM_GET_DIRTY_LOG`: get-and-reset, re-protecting what it returns.
+    Bitmap,
+    /// `KVM_DIRTY_LOG_MANUAL_PROTECT2`: get without re-protecting, then
+    /// clear (re-protect) ranges explicitly.
+    Manual,
+    /// The dirty ring: per-vCPU rings of (slot, offset) the VMM harvests.
+    Ring,
+    /// Intel page-modification logging: the CPU logs the gpa when it sets
+    /// an EPT dirty bit (EPT only).
+    Pml,
+}
+
+impl DirtyLogMode {
+    /// Every mode, in report order.
+    pub const ALL: [DirtyLogMode; 4] = [
+        DirtyLogMode::Bitmap,
+        DirtyLogMode::Manual,
+        DirtyLogMode::Ring,
+        DirtyLogMode::Pml,
+    ];
+
+    /// The name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            DirtyLogMode::Bitmap => "bitmap",
+            DirtyLogMode::Manual => "manual",
+            DirtyLogMode::Ring => "ring",
+            DirtyLogMode::Pml => "pml",
+        }
+    }
+
+    /// Whether writes are caught by write-protecting sptes (all but PML).
+    pub fn write_protects(self) -> bool {
+        self != DirtyLogMode::Pml
+    }
+}
+
+/// Why a dirty-log operation was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DirtyLogError {
+    #[error("no memslot {0}")]
+    NoSuchSlot(crate::memslot::SlotId),
+    #[error("dirty logging is not enabled on memslot {0}")]
+    NotEnabled(crate::memslot::SlotId),
+    #[error("dirty logging is already enabled on memslot {0}")]
+    AlreadyEnabled(crate::memslot::SlotId),
+    #[error("memslot {0} is read-only: nothing to log")]
+    ReadOnly(crate::memslot::SlotId),
+    #[error("memslot {slot} logs in {actual} mode, not {wanted}")]
+    WrongMode {
+        slot: crate::memslot::SlotId,
+        actual: &'static str,
+        wanted: &'static str,
+    },
+    #[error("PML needs EPT (the MMU is shadow)")]
+    PmlNeedsEpt,
+    #[error("PML is not implemented in the machine yet")]
+    PmlNotImplemented,
+    #[error("pages {first}..{end} are outside memslot {slot} of {npages} pages")]
+    BadRange {
+        slot: crate::memslot::SlotId,
+        first: u64,
+        end: u64,
+        npages: u64,
+    },
+    #[error("write-protecting: {0}")]
+    Tdp(#[from] super::tdp::TdpError),
+}
+
+/// One bit per page of a slot, set atomically.
+#[derive(Debug, Default)]
+pub(crate) struct DirtyBitmap {
+    words: Vec<AtomicU64>,
+    npages: u64,
+}
+
+impl Clone for DirtyBitmap {
+    fn clone(&self) -> Self {
+        DirtyBitmap {
+            words: self
+                .words
+                .iter()
+                .map(|w| AtomicU64::new(w.load(Ordering::Relaxed)))
+                .collect(),
+            npages: self.npages,
+        }
+    }
+}
+
+impl DirtyBitmap {
+    /// A clean bitmap for `npages` pages.
+    pub fn new(npages: u64) -> Self {
+        DirtyBitmap {
+            words: (0..npages.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            npages,
+        }
+    }
+
+    /// Sets page `index`'s bit; true if it was clear.
+    pub fn set(&self, index: u64) -> bool {
+        let bit = 1u64 << (index % 64);
+        self.words[(index / 64) as usize].fetch_or(bit, Ordering::AcqRel) & bit == 0
+    }
+
+    /// Whether page `index` is marked.
+    pub fn get(&self, index: u64) -> bool {
+        self.words[(index / 64) as usize].load(Ordering::Acquire) & (1 << (index % 64)) != 0
+    }
+
+    /// The marked pages of `first..end`, in order; cleared when `reset`.
+    pub fn collect(&self, first: u64, end: u64, reset: bool) -> Vec<u64> {
+        let mut pages = Vec::new();
+        let end = end.min(self.npages);
+        let mut index = first;
+        while index < end {
+            let word = &self.words[(index / 64) as usize];
+            let lo = index % 64;
+            let hi = (end - (index - lo)).min(64);
+            let mask = range_mask(lo, hi);
+            let bits = if reset {
+                word.fetch_and(!mask, Ordering::AcqRel)
+            } else {
+                word.load(Ordering::Acquire)
+            } & mask;
+            let base = index - lo;
+            pages.extend((0..64).filter(|b| bits & (1 << b) != 0).map(|b| base + b));
+            index = base + 64;
+        }
+        pages
+    }
+}
+
+/// Bits `lo..hi` of a word (`hi` at most 64).
+fn range_mask(lo: u64, hi: u64) -> u64 {
+    let upto = if hi >= 64 { u64::MAX } else { (1 << hi) - 1 };
+    upto & !((1u64 << lo) - 1)
+}
+
+/// A slot's dirty-log state (present while logging is on).
+#[derive(Debug, Clone)]
+pub(crate) struct SlotLog {
+    pub mode: DirtyLogMode,
+    /// Marked pages. Under the ring this holds only what no vCPU's ring
+    /// took (the hv's own stores outside a vCPU exit, or a ring that was
+    /// already full: KVM's `dirty_ring_with_bitmap`).
+    pub bitmap: DirtyBitmap,
+}
+
+/// One entry of a dirty ring (KVM's `struct kvm_dirty_gfn`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DirtyGfn {
+    pub slot: SlotId,
+    /// Page index in the slot.
+    pub offset: u64,
+}
+
+/// Room kept in a ring after its soft limit: the marks one exit can make
+/// after the ring went soft-full (KVM's `kvm_dirty_ring_get_rsvd_entries`).
+pub const RING_RESERVED: usize = 64;
+
+/// A vCPU's dirty ring.
+#[derive(Debug, Default)]
+struct Ring {
+    entries: VecDeque<DirtyGfn>,
+}
+
+/// The dirty rings of the VM's vCPUs, and which vCPU is running (the ring
+/// a mark goes to).
+#[derive(Debug)]
+pub(crate) struct DirtyRings {
+    rings: Vec<Mutex<Ring>>,
+    /// Entries per ring.
+    capacity: usize,
+    /// A vCPU whose ring holds this many entries exits (ring full) before
+    /// its next entry.
+    soft_limit: usize,
+    /// The vCPU whose exit is being handled, plus one (0: none, the hv's
+    /// own store).
+    running: AtomicU64,
+    /// Some ring reached its soft limit.
+    any_full: AtomicBool,
+}
+
+impl DirtyRings {
+    /// Rings of `capacity` entries for `vcpus` vCPUs (`capacity` at least
+    /// twice [`RING_RESERVED`]).
+    pub fn new(vcpus: usize, capacity: usize) -> Self {
+        let capacity = capacity.max(2 * RING_RESERVED);
+        DirtyRings {
+            rings: (0..vcpus).map(|_| Mutex::new(Ring::default())).collect(),
+            capacity,
+            soft_limit: capacity - RING_RESERVED,
+            running: AtomicU64::new(0),
+            any_full: AtomicBool::new(false),
+        }
+    }
+
+    /// Marks now go to `vcpu`'s ring (`None`: the hv's own, to the bitmap).
+    pub fn set_running(&self, vcpu: Option<VcpuId>) {
+        let v = vcpu.map_or(0, |v| v.0 as u64 + 1);
+        self.running.store(v, Ordering::Relaxed);
+    }
+
+    fn running(&self) -> Option<usize> {
+        match self.running.load(Ordering::Relaxed) {
+            0 => None,
+            v => Some(v as usize - 1),
+        }
+    }
+
+    /// Pushes to the running vCPU's ring; false if there is no running
+    /// vCPU or its ring is full (the caller logs in the bitmap instead).
+    fn push(&self, entry: DirtyGfn) -> bool {
+        let Some(ring) = self.running().and_then(|v| self.rings.get(v)) else {
+            return false;
+        };
+        let mut ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+        if ring.entries.len() >= self.capacity {
+            return false;
+        }
+        ring.entries.push_back(entry);
+        if ring.entries.len() >= self.soft_limit {
+            self.any_full.store(true, Ordering::Release);
+        }
+        true
+    }
+
+    /// Whether `vcpu`'s ring reached its soft limit (it must not enter
+    /// until harvested).
+    pub fn is_soft_full(&self, vcpu: VcpuId) -> bool {
+        self.any_full.load(Ordering::Acquire)
+            && self.rings.get(vcpu.0).is_some_and(|r| {
+                r.lock().unwrap_or_else(|e| e.into_inner()).entries.len() >= self.soft_limit
+            })
+    }
+
+    /// Takes every entry of `vcpu`'s ring, oldest first.
+    pub fn harvest(&self, vcpu: VcpuId) -> Vec<DirtyGfn> {
+        let Some(ring) = self.rings.get(vcpu.0) else {
+            return Vec::new();
+        };
+        let taken: Vec<DirtyGfn> = ring
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entries
+            .drain(..)
+            .collect();
+        let still_full = (0..self.rings.len()).any(|v| self.is_full_now(v));
+        self.any_full.store(still_full, Ordering::Release);
+        taken
+    }
+
+    fn is_full_now(&self, v: usize) -> bool {
+        self.rings[v]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entries
+            .len()
+            >= self.soft_limit
+    }
+
+    /// Entries in `vcpu`'s ring now.
+    pub fn len(&self, vcpu: VcpuId) -> usize {
+        self.rings.get(vcpu.0).map_or(0, |r| {
+            r.lock().unwrap_or_else(|e| e.into_inner()).entries.len()
+        })
+    }
+}
+
+/// Marks `gfn` dirty in its slot's log, if the slot logs: in the running
+/// vCPU's ring under [`DirtyLogMode::Ring`] (the bitmap when there is no
+/// running vCPU or its ring is full), else in the bitmap. Returns whether
+/// the page is logged (false: no slot, or logging off). Needs no lock.
+pub(crate) fn mark_page_dirty(slots: &Memslots, rings: &DirtyRings, gfn: Gfn) -> bool {
+    let Some(slot) = slots.lookup(gfn) else {
+        return false;
+    };
+    let Some(log) = slot.dirty_log.as_ref() else {
+        return false;
+    };
+    let offset = slot.index_of(gfn);
+    if log.mode == DirtyLogMode::Ring
+        && rings.push(DirtyGfn {
+            slot: slot.id,
+            offset,
+        })
+    {
+        return true;
+    }
+    log.bitmap.set(offset);
+    true
+}
+
+/// What clearing bits in a set of sptes did, for the caller to charge.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Protected {
+    /// The hold's cost (acquisition, wait, work).
+    pub cycles: Cycles,
+    /// Of which waiting for `mmu_lock`.
+    pub lock_wait: Cycles,
+    /// Leaf sptes that had a bit cleared.
+    pub sptes: u64,
+    /// A cleared bit may be cached in a TLB: every vCPU flushes.
+    pub flush: bool,
+}
+
+impl Mmu {
+    /// Clears `bits` in every leaf spte mapping one of `frames` (through
+    /// the rmap: EPT leaves and shadow leaves alike), under `mmu_lock`
+    /// taken `when`. For write protection `bits` is the hardware W bit
+    /// (bit 1 in both formats), leaving `MMU_WRITABLE` set so the next
+    /// write is a slow-path (or fast-path) fault that logs the page; for
+    /// PML it is the EPT dirty bit.
+    pub fn clear_leaf_bits(
+        &self,
+        mem: &PhysMemory,
+        costs: &HvCosts,
+        frames: &[Hfn],
+        bits: u64,
+        when: Timed,
+    ) -> Result<Protected, MemError> {
+        let mut guard = self.hold(when, costs);
+        let mut done = Protected::default();
+        let mut work = 0;
+        for &frame in frames {
+            for &at in guard.rmap.get(frame) {
+                let old = mem.atomic_u64(at)?.fetch_and(!bits, Ordering::AcqRel);
+                work += costs.spte_read;
+                if old & bits != 0 {
+                    work += costs.spte_write;
+                    done.sptes += 1;
+                    done.flush = true;
+                }
+            }
+        }
+        guard.charge(work);
+        done.cycles = guard.cycles();
+        done.lock_wait = guard.waited();
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitmap_collects_ranges_and_resets_only_when_asked() {
+        let bitmap = DirtyBitmap::new(200);
+        for i in [0, 5, 63, 64, 130, 199] {
+            assert!(bitmap.set(i));
+        }
+        assert!(!bitmap.set(5), "already set");
+        assert_eq!(bitmap.collect(0, 200, false), [0, 5, 63, 64, 130, 199]);
+        assert_eq!(bitmap.collect(5, 131, true), [5, 63, 64, 130]);
+        assert_eq!(bitmap.collect(0, 200, false), [0, 199]);
+        assert!(!bitmap.get(64));
+        assert!(bitmap.get(199));
+        assert_eq!(bitmap.collect(0, 1000, true), [0, 199]);
+        assert!(bitmap.collect(0, 200, false).is_empty());
+    }
+
+    #[test]
+    fn ring_goes_soft_full_and_falls_back_when_full() {
+        let rings = DirtyRings::new(2, 2 * RING_RESERVED);
+        let entry = |offset| DirtyGfn {
+            slot: SlotId(0),
+            offset,
+        };
+        assert!(!rings.push(entry(0)), "no running vCPU: bitmap");
+        rings.set_running(Some(VcpuId(1)));
+        for i in 0..RING_RESERVED as u64 {
+            assert!(rings.push(entry(i)));
+        }
+        assert!(rings.is_soft_full(VcpuId(1)));
+        assert!(!rings.is_soft_full(VcpuId(0)));
+        for i in 0..RING_RESERVED as u64 {
+            assert!(rings.push(entry(i)));
+        }
+        assert!(!rings.push(entry(0)), "full: bitmap");
+        assert_eq!(rings.harvest(VcpuId(1)).len(), 2 * RING_RESERVED);
+        assert!(!rings.is_soft_full(VcpuId(1)));
+        assert_eq!(rings.len(VcpuId(1)), 0);
+    }
+}

@@ -1,0 +1,351 @@
+//! The VMM's side of dirty logging ([`crate::mmu::dirty_log`]): turning it
+//! on and off per memslot while the guest runs, and the three ways of
+//! collecting (bitmap, manual protect, ring). Each operation runs as the
+//! VMM thread at the VM's current virtual time: its holds of `mmu_lock`
+//! go on the lock timeline, so vCPUs faulting meanwhile wait for them, and
+//! it returns what it cost.
+
+use super::shared::CrossRequest;
+use super::Vm;
+use crate::memslot::{Memslot, SlotId};
+use crate::mmu::dirty_log::{
+    DirtyBitmap, DirtyGfn, DirtyLogError, DirtyLogMode, Protected, SlotLog,
+};
+use crate::mmu::lock::Timed;
+use crate::mmu::{spte, MmuMode};
+use crate::time::Cycles;
+use machine::Hfn;
+
+/// Pages a collection returned and what it cost the VMM.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DirtyPages {
+    /// Page indexes in the slot, ascending (for a ring harvest: per slot,
+    /// see [`RingHarvest`]).
+    pub pages: Vec<u64>,
+    /// What the operation cost in virtual cycles (its `mmu_lock` holds
+    /// with their waits, and the remote TLB flush).
+    pub cost: DirtyLogCost,
+}
+
+/// The virtual-time cost of a dirty-log operation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DirtyLogCost {
+    /// Virtual cycles, waits included.
+    pub cycles: Cycles,
+    /// Of which waiting for `mmu_lock`.
+    pub lock_wait: Cycles,
+    /// Leaf sptes write-protected (or, under PML, cleaned).
+    pub sptes: u64,
+}
+
+/// What a harvest of every vCPU's dirty ring returned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RingHarvest {
+    /// The entries, vCPU by vCPU, oldest first, then the pages logged in
+    /// the slots' bitmaps (stores made outside any vCPU exit).
+    pub entries: Vec<DirtyGfn>,
+    /// Reading the entries.
+    pub get: DirtyLogCost,
+    /// The reset: re-protecting the harvested pages.
+    pub clear: DirtyLogCost,
+}
+
+/// One collection of a slot's log in its mode, split as KVM's
+/// `dirty_log_perf_test` times it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Collected {
+    /// Page indexes in the slot, ascending, without repeats.
+    pub pages: Vec<u64>,
+    /// Getting the log (bitmap: get-and-reset with its re-protection;
+    /// manual: the get; ring: the harvest).
+    pub get: DirtyLogCost,
+    /// Clearing it (manual: the clear of the whole slot; ring: the reset;
+    /// bitmap: nothing, the get re-protected).
+    pub clear: DirtyLogCost,
+}
+
+impl Vm {
+    fn logging_slot(&self, id: SlotId) -> Result<&Memslot, DirtyLogError> {
+        let slot = self
+            .shared
+            .host
+            .slots
+            .get(id)
+            .ok_or(DirtyLogError::NoSuchSlot(id))?;
+        if slot.dirty_log.is_none() {
+            return Err(DirtyLogError::NotEnabled(id));
+        }
+        Ok(slot)
+    }
+
+    fn slot_mode(&self, id: SlotId) -> Result<DirtyLogMode, DirtyLogError> {
+        Ok(self
+            .logging_slot(id)?
+            .dirty_log
+            .as_ref()
+            .expect("checked")
+            .mode)
+    }
+
+    /// Turns dirty logging on for memslot `id` in `mode` while the guest
+    /// may be running (KVM_SET_USER_MEMORY_REGION with
+    /// KVM_MEM_LOG_DIRTY_PAGES): every leaf spte of the slot is
+    /// write-protected (W clear, MMU-writable kept) and every vCPU flushes.
+    /// The log starts empty.
+    pub fn enable_dirty_log(
+        &mut self,
+        id: SlotId,
+        mode: DirtyLogMode,
+    ) -> Result<DirtyLogCost, DirtyLogError> {
+        if mode == DirtyLogMode::Pml {
+            if self.shared.host.mmu.mode != MmuMode::Ept {
+                return Err(DirtyLogError::PmlNeedsEpt);
+            }
+            return Err(DirtyLogError::PmlNotImplemented);
+        }
+        let slot = self
+            .shared
+            .host
+            .slots
+            .get_mut(id)
+            .ok_or(DirtyLogError::NoSuchSlot(id))?;
+        if slot.flags.readonly {
+            return Err(DirtyLogError::ReadOnly(id));
+        }
+        if slot.dirty_log.is_some() {
+            return Err(DirtyLogError::AlreadyEnabled(id));
+        }
+        slot.flags.log_dirty_pages = true;
+        slot.dirty_log = Some(SlotLog {
+            mode,
+            bitmap: DirtyBitmap::new(slot.npages),
+        });
+        let indexes: Vec<u64> = (0..slot.npages).collect();
+        self.protect(id, &indexes)
+    }
+
+    /// Turns dirty logging off for memslot `id`; its log is dropped (the
+    /// VMM collects it first). sptes still write-protected become writable
+    /// again at their next write fault, as in KVM.
+    pub fn disable_dirty_log(&mut self, id: SlotId) -> Result<DirtyLogCost, DirtyLogError> {
+        self.logging_slot(id)?;
+        let slot = self.shared.host.slots.get_mut(id).expect("checked");
+        slot.flags.log_dirty_pages = false;
+        slot.dirty_log = None;
+        Ok(DirtyLogCost::default())
+    }
+
+    /// KVM_GET_DIRTY_LOG. Bitmap mode: the pages written since the last
+    /// get, reset and write-protected again. Manual mode: the pages
+    /// written since they were last cleared, left as they are (clear them
+    /// with [`Vm::clear_dirty_log`]). Not for ring mode.
+    pub fn get_dirty_log(&mut self, id: SlotId) -> Result<DirtyPages, DirtyLogError> {
+        let mode = self.slot_mode(id)?;
+        let slot = self.logging_slot(id)?;
+        let log = slot.dirty_log.as_ref().expect("checked");
+        match mode {
+            DirtyLogMode::Bitmap => {
+                let pages = log.bitmap.collect(0, slot.npages, true);
+                let cost = self.protect(id, &pages)?;
+                Ok(DirtyPages { pages, cost })
+            }
+            DirtyLogMode::Manual => {
+                let pages = log.bitmap.collect(0, slot.npages, false);
+                let cost = DirtyLogCost {
+                    cycles: Cycles(bitmap_copy_cycles(slot.npages)),
+                    ..DirtyLogCost::default()
+                };
+                Ok(DirtyPages { pages, cost })
+            }
+            other => Err(DirtyLogError::WrongMode {
+                slot: id,
+                actual: other.name(),
+                wanted: "bitmap or manual",
+            }),
+        }
+    }
+
+    /// KVM_CLEAR_DIRTY_LOG (manual protect): clears the marks of pages
+    /// `first..first + count` and write-protects the pages that were
+    /// marked, so their next write is logged again. Returns those pages.
+    pub fn clear_dirty_log(
+        &mut self,
+        id: SlotId,
+        first: u64,
+        count: u64,
+    ) -> Result<DirtyPages, DirtyLogError> {
+        let mode = self.slot_mode(id)?;
+        if mode != DirtyLogMode::Manual {
+            return Err(DirtyLogError::WrongMode {
+                slot: id,
+                actual: mode.name(),
+                wanted: "manual",
+            });
+        }
+        let slot = self.logging_slot(id)?;
+        let end = first.checked_add(count).filter(|&e| e <= slot.npages);
+        let Some(end) = end else {
+            return Err(DirtyLogError::BadRange {
+                slot: id,
+                first,
+                end: first.saturating_add(count),
+                npages: slot.npages,
+            });
+        };
+        let log = slot.dirty_log.as_ref().expect("checked");
+        let pages = log.bitmap.collect(first, end, true);
+        let cost = self.protect(id, &pages)?;
+        Ok(DirtyPages { pages, cost })
+    }
+
+    /// Harvests every vCPU's dirty ring and resets it (KVM's harvest then
+    /// KVM_RESET_DIRTY_RINGS): the harvested pages are write-protected
+    /// again, and vCPUs stopped on a full ring may run again. Pages the hv
+    /// logged outside a vCPU's exit (in ring-mode slots' bitmaps) come
+    /// last.
+    pub fn harvest_dirty_rings(&mut self) -> Result<RingHarvest, DirtyLogError> {
+        let mut entries = Vec::new();
+        let rings = &self.shared.host.dirty_rings;
+        for vcpu in &self.vcpus {
+            entries.extend(rings.harvest(vcpu.id));
+        }
+        let ring_slots: Vec<SlotId> = self
+            .shared
+            .host
+            .slots
+            .iter()
+            .filter(|s| {
+                s.dirty_log
+                    .as_ref()
+                    .is_some_and(|l| l.mode == DirtyLogMode::Ring)
+            })
+            .map(|s| s.id)
+            .collect();
+        for &id in &ring_slots {
+            let slot = self.shared.host.slots.get(id).expect("listed");
+            let log = slot.dirty_log.as_ref().expect("listed");
+            entries.extend(
+                log.bitmap
+                    .collect(0, slot.npages, true)
+                    .into_iter()
+                    .map(|offset| DirtyGfn { slot: id, offset }),
+            );
+        }
+        let get = DirtyLogCost {
+            cycles: Cycles(entries.len() as u64 * self.shared.host.costs.spte_read),
+            ..DirtyLogCost::default()
+        };
+        let mut clear = DirtyLogCost::default();
+        for &id in &ring_slots {
+            let mut pages: Vec<u64> = entries
+                .iter()
+                .filter(|e| e.slot == id)
+                .map(|e| e.offset)
+                .collect();
+            pages.sort_unstable();
+            pages.dedup();
+            let c = self.protect(id, &pages)?;
+            clear.cycles += c.cycles;
+            clear.lock_wait += c.lock_wait;
+            clear.sptes += c.sptes;
+        }
+        let now = self.time();
+        for vcpu in &mut self.vcpus {
+            if vcpu.ring_full {
+                // It was in the VMM (the exit to user space) until now.
+                vcpu.ring_full = false;
+                vcpu.idle_until(now);
+            }
+        }
+        Ok(RingHarvest {
+            entries,
+            get,
+            clear,
+        })
+    }
+
+    /// Collects slot `id`'s log in its mode and re-arms it: bitmap: get
+    /// (which resets and re-protects); manual: get, then clear the whole
+    /// slot; ring: harvest every ring and reset (entries of other slots are
+    /// dropped: a VMM logging several slots in ring mode harvests with
+    /// [`Vm::harvest_dirty_rings`]).
+    pub fn collect_dirty_log(&mut self, id: SlotId) -> Result<Collected, DirtyLogError> {
+        match self.slot_mode(id)? {
+            DirtyLogMode::Bitmap => {
+                let got = self.get_dirty_log(id)?;
+                Ok(Collected {
+                    pages: got.pages,
+                    get: got.cost,
+                    clear: DirtyLogCost::default(),
+                })
+            }
+            DirtyLogMode::Manual => {
+                let got = self.get_dirty_log(id)?;
+                let npages = self.logging_slot(id)?.npages;
+                let cleared = self.clear_dirty_log(id, 0, npages)?;
+                Ok(Collected {
+                    pages: got.pages,
+                    get: got.cost,
+                    clear: cleared.cost,
+                })
+            }
+            DirtyLogMode::Ring | DirtyLogMode::Pml => {
+                let harvest = self.harvest_dirty_rings()?;
+                let mut pages: Vec<u64> = harvest
+                    .entries
+                    .iter()
+                    .filter(|e| e.slot == id)
+                    .map(|e| e.offset)
+                    .collect();
+                pages.sort_unstable();
+                pages.dedup();
+                Ok(Collected {
+                    pages,
+                    get: harvest.get,
+                    clear: harvest.clear,
+                })
+            }
+        }
+    }
+
+    /// Entries now in vCPU `vcpu`'s dirty ring.
+    pub fn dirty_ring_len(&self, vcpu: crate::vcpu::VcpuId) -> usize {
+        self.shared.host.dirty_rings.len(vcpu)
+    }
+
+    /// Write-protects the resident pages `indexes` of slot `id` (those
+    /// mapped by an spte lose hardware W, keep MMU-writable), as the VMM at
+    /// the VM's current time; every vCPU flushes if any spte changed.
+    fn protect(&mut self, id: SlotId, indexes: &[u64]) -> Result<DirtyLogCost, DirtyLogError> {
+        let host = &self.shared.host;
+        let slot = host.slots.get(id).ok_or(DirtyLogError::NoSuchSlot(id))?;
+        let frames: Vec<Hfn> = indexes
+            .iter()
+            .filter_map(|&i| match slot.state_at(i) {
+                crate::memslot::PageState::Resident(frame) => Some(frame),
+                _ => None,
+            })
+            .collect();
+        let at = Timed::At(self.time());
+        let done: Protected = host
+            .mmu
+            .clear_leaf_bits(&host.mem, &host.costs, &frames, spte::WRITE, at)
+            .map_err(|e| DirtyLogError::Tdp(crate::mmu::tdp::TdpError::Memory(e)))?;
+        let mut cycles = done.cycles + Cycles(bitmap_copy_cycles(slot.npages));
+        if done.flush {
+            cycles += Cycles(host.costs.invept);
+            self.shared.cross.push(CrossRequest::FlushAll);
+            self.carry_out_cross_requests();
+        }
+        Ok(DirtyLogCost {
+            cycles,
+            lock_wait: done.lock_wait,
+            sptes: done.sptes,
+        })
+    }
+}
+
+/// Copying a slot's bitmap to or from the VMM: one word per 64 pages.
+fn bitmap_copy_cycles(npages: u64) -> u64 {
+    npages.div_ceil(64)
+}

@@ -1,0 +1,478 @@
+//! `faultline bench dirty-log`: KVM's `dirty_log_perf_test` (seed 001's
+//! "dirty-log resume time"). N vCPUs each write their own region of the
+//! hv's dirtywrite kernel (`crates/hv/tests/guests/dirtywrite.c`); the VMM
+//! populates memory (pass 1, logging off), enables dirty logging, and for
+//! each iteration lets the vCPUs dirty their regions again, then gets and
+//! clears the log; at the end it disables logging. Every time is virtual:
+//! the dirty time from the guest's rdtsc around its pass (the slowest
+//! vCPU's end minus the earliest start, ring-full waits included), the
+//! get / clear / enable / disable times from the hv's cost of each
+//! operation (its `mmu_lock` holds, waits and flushes).
+
+use super::{Bench, BenchError, Output, RunResult, RunSpec};
+use crate::config::{ConfigError, Kernel};
+use crate::plot::{self, Bar};
+use crate::signals::StopRequest;
+use crate::units::format_size;
+use crate::{BenchCommon, DirtyLogBenchArgs, DirtyModeArg, MmuArg};
+use abi::dirtywrite::{self, CTRL_GPA, REGION_BASE};
+use hv::{Cycles, DirtyLogMode, MmuMode, RunStatus, StopReason, Vm, VmConfig, RAM_SLOT};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+
+/// The workload kernel, built by the hv's build script.
+pub const KERNEL: &[u8] = include_bytes!(concat!(
+    env!("FAULTLINE_HV_TEST_KERNELS"),
+    "/dirtywrite.elf"
+));
+
+const PAGE: u64 = 4096;
+
+/// What one run does beyond booting (carried by its [`RunSpec`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirtyLogSpec {
+    pub mode: DirtyLogMode,
+    pub vcpus: u64,
+    pub iterations: u64,
+}
+
+/// One logged iteration, in virtual cycles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Iteration {
+    /// The vCPUs dirtying their memory (seed 001's resume time).
+    pub dirty_cycles: u64,
+    pub get_cycles: u64,
+    pub clear_cycles: u64,
+    /// Pages the collection returned.
+    pub pages: u64,
+}
+
+/// A run's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirtyLogRun {
+    pub populate_cycles: u64,
+    pub enable_cycles: u64,
+    pub disable_cycles: u64,
+    pub iterations: Vec<Iteration>,
+    /// Summed over vCPUs over the whole run.
+    pub mmu_lock_wait_cycles: u64,
+    pub ring_full_exits: u64,
+}
+
+fn ms(cycles: u64) -> f64 {
+    cycles as f64 / hv::CYCLES_PER_SECOND as f64 * 1e3
+}
+
+fn read_u64(vm: &mut Vm, gpa: u64) -> Result<u64, String> {
+    let mut b = [0u8; 8];
+    vm.read_guest(hv::Gpa(gpa), &mut b)
+        .map_err(|e| format!("reading the control block: {e}"))?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// Costs of ring harvests made while a pass ran (the ring filled).
+#[derive(Default)]
+struct Harvests {
+    get: u64,
+    clear: u64,
+    /// Pages of the RAM slot they returned.
+    pages: u64,
+    exits: u64,
+}
+
+/// Lets the vCPUs run pass `pass` and waits for all of them; returns the
+/// pass's dirty time (latest end minus earliest start, guest rdtsc).
+fn run_pass(
+    vm: &mut Vm,
+    spec: &DirtyLogSpec,
+    pass: u64,
+    slice: Cycles,
+    stop: &StopRequest,
+    harvests: &mut Harvests,
+) -> Result<u64, String> {
+    vm.write_guest(hv::Gpa(CTRL_GPA + dirtywrite::GO), &pass.to_le_bytes())
+        .map_err(|e| format!("starting pass {pass}: {e}"))?;
+    loop {
+        if let Some(signal) = stop.signal() {
+            return Err(format!("interrupted by {}", signal.name()));
+        }
+        match vm.run_until(vm.time() + slice) {
+            RunStatus::Running | RunStatus::Stopped(StopReason::DebugExit { status: 1 }) => {}
+            RunStatus::DirtyRingFull => {
+                let h = vm.harvest_dirty_rings().map_err(|e| e.to_string())?;
+                harvests.get += h.get.cycles.0;
+                harvests.clear += h.clear.cycles.0;
+                harvests.pages += h.entries.iter().filter(|e| e.slot == RAM_SLOT).count() as u64;
+                harvests.exits += 1;
+            }
+            RunStatus::Stopped(other) => return Err(format!("the VM stopped: {other:?}")),
+        }
+        let mut all_done = true;
+        for cpu in 0..spec.vcpus {
+            all_done &= read_u64(vm, CTRL_GPA + dirtywrite::done(cpu))? >= pass;
+        }
+        if all_done {
+            break;
+        }
+    }
+    let (mut start, mut end) = (u64::MAX, 0);
+    for cpu in 0..spec.vcpus {
+        start = start.min(read_u64(vm, CTRL_GPA + dirtywrite::tsc_start(cpu))?);
+        end = end.max(read_u64(vm, CTRL_GPA + dirtywrite::tsc_end(cpu))?);
+    }
+    Ok(end.saturating_sub(start))
+}
+
+/// Drives one run: populate, enable, the iterations, disable.
+pub fn drive(
+    vm: &mut Vm,
+    spec: &DirtyLogSpec,
+    slice: Cycles,
+    stop: &StopRequest,
+) -> Result<DirtyLogRun, String> {
+    let mut harvests = Harvests::default();
+    let populate_cycles = run_pass(vm, spec, 1, slice, stop, &mut harvests)?;
+    let enable = vm
+        .enable_dirty_log(RAM_SLOT, spec.mode)
+        .map_err(|e| format!("enabling dirty logging: {e}"))?;
+    let mut iterations = Vec::new();
+    for i in 1..=spec.iterations {
+        harvests = Harvests {
+            exits: harvests.exits,
+            ..Harvests::default()
+        };
+        let dirty_cycles = run_pass(vm, spec, i + 1, slice, stop, &mut harvests)?;
+        let collected = vm
+            .collect_dirty_log(RAM_SLOT)
+            .map_err(|e| format!("collecting the log: {e}"))?;
+        iterations.push(Iteration {
+            dirty_cycles,
+            get_cycles: collected.get.cycles.0 + harvests.get,
+            clear_cycles: collected.clear.cycles.0 + harvests.clear,
+            pages: collected.pages.len() as u64 + harvests.pages,
+        });
+    }
+    let disable = vm
+        .disable_dirty_log(RAM_SLOT)
+        .map_err(|e| format!("disabling dirty logging: {e}"))?;
+    let stats = vm.stats();
+    Ok(DirtyLogRun {
+        populate_cycles,
+        enable_cycles: enable.cycles.0,
+        disable_cycles: disable.cycles.0,
+        iterations,
+        mmu_lock_wait_cycles: stats.vcpus.iter().map(|v| v.mmu_lock_wait_cycles).sum(),
+        ring_full_exits: harvests.exits,
+    })
+}
+
+fn mode_of(arg: DirtyModeArg) -> DirtyLogMode {
+    match arg {
+        DirtyModeArg::Bitmap => DirtyLogMode::Bitmap,
+        DirtyModeArg::Manual => DirtyLogMode::Manual,
+        DirtyModeArg::Ring => DirtyLogMode::Ring,
+        DirtyModeArg::Pml => DirtyLogMode::Pml,
+    }
+}
+
+fn mmu_of(arg: MmuArg) -> MmuMode {
+    match arg {
+        MmuArg::Ept => MmuMode::Ept,
+        MmuArg::Shadow => MmuMode::Shadow,
+    }
+}
+
+/// One row: which configuration a run measured.
+#[derive(Debug, Clone, Copy)]
+struct Combo {
+    mmu: MmuMode,
+    mode: DirtyLogMode,
+    fast_pf: bool,
+}
+
+pub struct DirtyLogBench {
+    args: DirtyLogBenchArgs,
+    combos: Vec<Combo>,
+}
+
+impl DirtyLogBench {
+    fn pages(&self) -> u64 {
+        self.args.bytes.div_ceil(PAGE)
+    }
+
+    /// Guest memory: the regions above their base, rounded up to 2 MiB.
+    fn mem(&self) -> u64 {
+        let need = REGION_BASE + u64::from(self.args.vcpus) * self.pages() * PAGE;
+        need.div_ceil(2 << 20) * (2 << 20)
+    }
+
+    fn config(&self, combo: Combo) -> VmConfig {
+        let a = &self.args;
+        VmConfig {
+            vcpus: a.vcpus,
+            mem_size: self.mem(),
+            mmu: combo.mmu,
+            seed: a.common.seed,
+            dirty_ring_size: a.ring_size as usize,
+            mmu_options: hv::MmuOptions {
+                fast_pf: combo.fast_pf,
+                ept_ad: a.common.ept_ad.on(),
+            },
+            cmdline: format!(
+                "pages={} passes={} wpct={} random={} seed={}",
+                self.pages(),
+                a.iterations + 1,
+                a.write_percent,
+                u8::from(a.random),
+                a.common.seed
+            ),
+            ..VmConfig::default()
+        }
+    }
+
+    fn label(combo: Combo) -> String {
+        format!(
+            "{}-{}-pf-{}",
+            combo.mmu.name(),
+            combo.mode.name(),
+            if combo.fast_pf { "on" } else { "off" }
+        )
+    }
+}
+
+impl Bench for DirtyLogBench {
+    const NAME: &'static str = "dirty-log";
+    type Params = DirtyLogBenchArgs;
+
+    fn new(args: DirtyLogBenchArgs) -> Self {
+        let mut combos = Vec::new();
+        for &mmu in &args.mmus {
+            for &mode in &args.modes {
+                for &fast_pf in &args.common.fast_pf {
+                    let (mmu, mode) = (mmu_of(mmu), mode_of(mode));
+                    // PML is an EPT feature: no shadow row.
+                    if mode == DirtyLogMode::Pml && mmu != MmuMode::Ept {
+                        continue;
+                    }
+                    combos.push(Combo { mmu, mode, fast_pf });
+                }
+            }
+        }
+        DirtyLogBench { args, combos }
+    }
+
+    fn params(&self) -> &DirtyLogBenchArgs {
+        &self.args
+    }
+
+    fn common(&self) -> &BenchCommon {
+        &self.args.common
+    }
+
+    fn check(&self, _kernel: &Kernel) -> Result<(), ConfigError> {
+        let a = &self.args;
+        if self.combos.is_empty() {
+            return Err(ConfigError::Invalid(
+                "--mmus, --modes and --fast-pf leave no run".into(),
+            ));
+        }
+        if a.modes.contains(&DirtyModeArg::Pml) {
+            return Err(ConfigError::Invalid(
+                "--modes pml: PML is not implemented in the machine yet".into(),
+            ));
+        }
+        if a.write_percent > 100 {
+            return Err(ConfigError::Invalid(format!(
+                "-w {}: a percentage is at most 100",
+                a.write_percent
+            )));
+        }
+        if self.mem() > hv::MAX_GUEST_MEM {
+            return Err(ConfigError::Invalid(format!(
+                "{} vCPUs x {} need {} of guest memory, more than {}",
+                a.vcpus,
+                format_size(a.bytes),
+                format_size(self.mem()),
+                format_size(hv::MAX_GUEST_MEM)
+            )));
+        }
+        Ok(())
+    }
+
+    fn specs(&self) -> Vec<RunSpec> {
+        self.combos
+            .iter()
+            .map(|&combo| RunSpec {
+                label: Self::label(combo),
+                config: self.config(combo),
+                memslot: None,
+                dirty_log: Some(DirtyLogSpec {
+                    mode: combo.mode,
+                    vcpus: u64::from(self.args.vcpus),
+                    iterations: self.args.iterations,
+                }),
+                harvest: None,
+            })
+            .collect()
+    }
+
+    fn render(&self, results: &[RunResult], output: &Output) -> Result<String, BenchError> {
+        let mut rows = Vec::new();
+        for (combo, result) in self.combos.iter().zip(results) {
+            let run = result
+                .dirty_log
+                .as_ref()
+                .ok_or_else(|| BenchError::Missing {
+                    label: result.label.clone(),
+                    key: "dirty_log".into(),
+                    reports: result.reports.clone(),
+                })?;
+            rows.push((*combo, run));
+        }
+        let plot_path = output.plot_path("bench-dirty-log.svg");
+        output.write_plot(&plot_path, |path| self.plot(path, &rows))?;
+        if output.json {
+            let results: Vec<JsonRow> = rows.iter().map(|&(c, r)| JsonRow::of(c, r)).collect();
+            return Ok(format!(
+                "{}\n",
+                serde_json::to_string_pretty(&JsonOut { results }).unwrap_or_default()
+            ));
+        }
+        let mut s = String::new();
+        let a = &self.args;
+        let _ = writeln!(
+            s,
+            "bench dirty-log (seed 001): {} vCPUs x {} each, {} % writes, {} access, {} iterations",
+            a.vcpus,
+            format_size(a.bytes),
+            a.write_percent,
+            if a.random { "random" } else { "sequential" },
+            a.iterations
+        );
+        let _ = writeln!(
+            s,
+            "{:<6} {:<7} {:<7} {:>11} {:>10} {:>9} {:>10} {:>10} {:>9} {:>12} {:>10}",
+            "mmu",
+            "mode",
+            "fast pf",
+            "populate ms",
+            "enable ms",
+            "dirty ms",
+            "get ms",
+            "clear ms",
+            "pages",
+            "lock wait ms",
+            "ring full"
+        );
+        for (c, r) in &rows {
+            let n = r.iterations.len().max(1) as f64;
+            let mean =
+                |f: fn(&Iteration) -> u64| r.iterations.iter().map(f).sum::<u64>() as f64 / n;
+            let _ = writeln!(
+                s,
+                "{:<6} {:<7} {:<7} {:>11.3} {:>10.3} {:>9.3} {:>10.3} {:>10.3} {:>9} {:>12.3} {:>10}",
+                c.mmu.name(),
+                c.mode.name(),
+                if c.fast_pf { "on" } else { "off" },
+                ms(r.populate_cycles),
+                ms(r.enable_cycles),
+                ms(mean(|i| i.dirty_cycles) as u64),
+                ms(mean(|i| i.get_cycles) as u64),
+                ms(mean(|i| i.clear_cycles) as u64),
+                mean(|i| i.pages) as u64,
+                ms(r.mmu_lock_wait_cycles),
+                r.ring_full_exits
+            );
+        }
+        let _ = writeln!(
+            s,
+            "(virtual time; dirty, get, clear and pages are means over the iterations; the dirty time is seed 001's \"dirty-log resume time\": the last vCPU's end minus the first one's start, guest rdtsc; seed 001 (KVM, fast page fault): -47 % to -53 %)"
+        );
+        let _ = writeln!(s, "plot: {}", plot_path.display());
+        Ok(s)
+    }
+}
+
+impl DirtyLogBench {
+    fn plot(&self, path: &std::path::Path, rows: &[(Combo, &DirtyLogRun)]) -> Result<(), String> {
+        let bars: Vec<Bar> = rows
+            .iter()
+            .map(|(c, r)| {
+                let n = r.iterations.len().max(1) as u64;
+                let dirty = r.iterations.iter().map(|i| i.dirty_cycles).sum::<u64>() / n;
+                Bar {
+                    label: Self::label(*c),
+                    value: ms(dirty),
+                    reference: None,
+                    note: format!("{:.2}", ms(dirty)),
+                }
+            })
+            .collect();
+        plot::bars(
+            path,
+            "faultline bench dirty-log: time to dirty memory after a collection",
+            &format!(
+                "{} vCPUs x {}, {} % writes, mean of {} iterations (virtual time)",
+                self.args.vcpus,
+                format_size(self.args.bytes),
+                self.args.write_percent,
+                self.args.iterations
+            ),
+            "dirty ms",
+            "",
+            &bars,
+        )
+    }
+}
+
+/// The `--json` output (a struct, so the keys keep this order).
+#[derive(Serialize)]
+struct JsonOut {
+    results: Vec<JsonRow>,
+}
+
+#[derive(Serialize)]
+struct JsonIteration {
+    dirty_ms: f64,
+    get_ms: f64,
+    clear_ms: f64,
+    pages: u64,
+}
+
+#[derive(Serialize)]
+struct JsonRow {
+    mmu: &'static str,
+    mode: &'static str,
+    fast_pf: bool,
+    iterations: Vec<JsonIteration>,
+    populate_ms: f64,
+    enable_ms: f64,
+    disable_ms: f64,
+    mmu_lock_wait_ms: f64,
+    ring_full_exits: u64,
+}
+
+impl JsonRow {
+    fn of(c: Combo, r: &DirtyLogRun) -> Self {
+        JsonRow {
+            mmu: c.mmu.name(),
+            mode: c.mode.name(),
+            fast_pf: c.fast_pf,
+            iterations: r
+                .iterations
+                .iter()
+                .map(|i| JsonIteration {
+                    dirty_ms: ms(i.dirty_cycles),
+                    get_ms: ms(i.get_cycles),
+                    clear_ms: ms(i.clear_cycles),
+                    pages: i.pages,
+                })
+                .collect(),
+            populate_ms: ms(r.populate_cycles),
+            enable_ms: ms(r.enable_cycles),
+            disable_ms: ms(r.disable_cycles),
+            mmu_lock_wait_ms: ms(r.mmu_lock_wait_cycles),
+            ring_full_exits: r.ring_full_exits,
+        }
+    }
+}
