@@ -9,6 +9,7 @@ int fault_main(int argc, char **argv);
 int pagetag_main(int argc, char **argv);
 int apfcalc_main(int argc, char **argv);
 int touchloop_main(int argc, char **argv);
+int fbwrite_main(int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -22,6 +23,7 @@ static const struct {
     {"pagetag", pagetag_main},
     {"apfcalc", apfcalc_main},
     {"touchloop", touchloop_main},
+    {"fbwrite", fbwrite_main},
 };
 
 int umain(int argc, char **argv);

@@ -39,6 +39,7 @@ pub use machine::Gpa;
 pub use memslot::{MemslotError, SlotFlags, SlotId};
 pub use mmu::check::InvariantError;
 pub use mmu::dirty_log::{DirtyGfn, DirtyLogError, DirtyLogMode};
+pub use mmu::fast_pf::MmuOptions;
 pub use mmu::shadow::cr3_cache::Cr3CacheStats;
 pub use mmu::spte;
 pub use mmu::zap::{ZapError, ZapMode, ZapReport, BATCH_ZAP_PAGES};

@@ -569,6 +569,7 @@ mod tests {
                 Gfn(gfn),
                 frame,
                 crate::mmu::fault::LeafWrite::Writable,
+                false,
                 Cycles::ZERO,
             );
             mapped.result.unwrap();

@@ -21,6 +21,13 @@ pub struct VcpuStats {
     pub exits: BTreeMap<String, ExitStat>,
     /// EPT violations fixed.
     pub ept_faults: u64,
+    /// EPT violations the fast page fault fixed without `mmu_lock`
+    /// (counted apart from `ept_faults`, which the slow path fixed).
+    pub fast_pf_fixed: u64,
+    /// Violations the fast path found already fixed (another vCPU's fix).
+    pub fast_pf_spurious: u64,
+    /// Violations the fast path looked at and left to the slow path.
+    pub fast_pf_slow: u64,
     /// Guest frames allocated by those faults (first touches).
     pub frames_allocated: u64,
     /// Virtual cycles spent waiting for `mmu_lock`.

@@ -80,6 +80,11 @@ pub enum BenchCommand {
     /// disable times, per MMU and collection mode.
     #[command(name = "dirty-log")]
     DirtyLog(DirtyLogBenchArgs),
+    /// Seed 001's frame-buffer case: a window composited into a frame
+    /// buffer while the VMM harvests its dirty pages at 60 Hz; guest
+    /// throughput with the fast page fault on and off, the cost of a
+    /// write fault and the mmu_lock wait per fault, under EPT and shadow.
+    Fastpf(FastpfBenchArgs),
     /// Merge the JSON results of the runs `--list-runs` printed into the
     /// benchmark's table (or JSON) and plot, as a direct run prints them.
     Merge(MergeArgs),
@@ -155,6 +160,15 @@ pub struct BenchCommon {
     /// prev_roots).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
     shadow_prev_roots: u64,
+    /// The fast page fault (fix faults on present sptes without
+    /// mmu_lock): on or off; `bench dirty-log` takes a list (`on,off`)
+    /// and runs each.
+    #[arg(long = "fast-pf", value_delimiter = ',', default_value = "on", value_parser = parse_on_off)]
+    fast_pf: Vec<bool>,
+    /// EPT accessed/dirty flags; off, the pager ages pages by access
+    /// tracking (the fast page fault restores them).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    ept_ad: OnOff,
     /// Print the benchmark's independent runs as command lines (one per
     /// line, each printing its result as JSON) instead of running them;
     /// `faultline bench merge` combines their results.
@@ -181,8 +195,14 @@ impl BenchCommon {
             apf_protocol: self.apf_protocol,
             mmu: self.mmu,
             shadow_prev_roots: self.shadow_prev_roots,
-            cr3_cache: OnOffArg::Off,
+            cr3_cache: OnOff::Off,
             cr3_targets: 4,
+            fast_pf: if self.fast_pf.last() == Some(&false) {
+                OnOff::Off
+            } else {
+                OnOff::On
+            },
+            ept_ad: self.ept_ad,
         }
     }
 
@@ -281,6 +301,35 @@ pub struct MemslotBenchArgs {
 }
 
 #[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
+pub struct FastpfBenchArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// The MMUs measured, each with fast PF on and off.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "ept,shadow")]
+    mmus: Vec<MmuArg>,
+    /// Frames composited.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    frames: u64,
+    /// The window's side in pixels (x11perf -comppixwin500: 500).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(16..=8192))]
+    window: u64,
+    /// Frame buffer width in pixels.
+    #[arg(long, default_value_t = 1920, value_parser = clap::value_parser!(u64).range(16..=8192))]
+    width: u64,
+    /// Frame buffer height in pixels.
+    #[arg(long, default_value_t = 1080, value_parser = clap::value_parser!(u64).range(16..=8192))]
+    height: u64,
+    /// Dirty-log harvests per virtual second (a display's refresh).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    harvest_hz: u32,
+    /// Where the SVG plot goes (default: faultline-results/bench-fastpf.svg
+    /// under the current directory).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    plot: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
 pub struct DirtyLogBenchArgs {
     #[command(flatten)]
     common: BenchCommon,
@@ -310,9 +359,6 @@ pub struct DirtyLogBenchArgs {
         default_value = "bitmap,manual,ring"
     )]
     modes: Vec<DirtyModeArg>,
-    /// Fast page fault settings measured (on, off).
-    #[arg(long = "fast-pf", value_delimiter = ',', default_value = "off", value_parser = parse_on_off)]
-    fast_pf: Vec<bool>,
     /// Entries per vCPU dirty ring (ring mode).
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(128..=1 << 20))]
     ring_size: u32,
@@ -448,19 +494,19 @@ pub struct OvercommitArgs {
     /// Shadow paging: offer the guest the paravirtual CR3 cache (seed
     /// 004), so its context switches to a cached address space do not
     /// exit.
-    #[arg(long, value_enum, default_value_t = OnOffArg::Off)]
-    cr3_cache: OnOffArg,
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
+    cr3_cache: OnOff,
     /// The CPU's CR3-target count (4 on Intel CPUs): the entries of each
     /// vCPU's CR3 cache.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=16))]
     cr3_targets: u64,
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnOffArg {
-    On,
-    Off,
+    /// The fast page fault: fix faults on present sptes without mmu_lock.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    fast_pf: OnOff,
+    /// EPT accessed/dirty flags; off, the pager ages pages by access
+    /// tracking (the fast page fault restores them).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    ept_ad: OnOff,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -468,6 +514,20 @@ pub enum OnOffArg {
 pub enum MmuArg {
     Ept,
     Shadow,
+}
+
+/// A switch on the command line.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    pub fn on(self) -> bool {
+        self == OnOff::On
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -562,8 +622,12 @@ impl OvercommitArgs {
             MmuArg::Shadow => hv::MmuMode::Shadow,
         };
         config.shadow_prev_roots = self.shadow_prev_roots as usize;
-        config.cr3_cache = self.cr3_cache == OnOffArg::On;
+        config.cr3_cache = self.cr3_cache.on();
         config.cr3_targets = self.cr3_targets as usize;
+        config.mmu_options = hv::MmuOptions {
+            fast_pf: self.fast_pf.on(),
+            ept_ad: self.ept_ad.on(),
+        };
     }
 }
 

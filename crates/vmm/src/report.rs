@@ -138,6 +138,9 @@ pub struct Summary {
     pub host_frames_peak: u64,
     pub ept_tables: u64,
     pub mmu_lock_wait_cycles: u64,
+    /// Faults the fast page fault handled: fixed, found fixed already,
+    /// left to the slow path.
+    pub fast_pf: FastPfSummary,
     /// `ept` or `shadow`.
     pub mmu: String,
     /// Shadow paging's counters.
@@ -151,6 +154,14 @@ pub struct Summary {
     /// Memslot changes made while the guest ran (`--memslot-period`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memslot: Option<crate::bench::memslot::MemslotRun>,
+}
+
+/// The fast page fault's counters over every vCPU.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct FastPfSummary {
+    pub fixed: u64,
+    pub spurious: u64,
+    pub slow: u64,
 }
 
 fn exits(map: &BTreeMap<String, hv::stats::ExitStat>) -> BTreeMap<String, ExitSummary> {
@@ -184,6 +195,11 @@ impl Summary {
             host_frames_peak: stats.frames_peak,
             ept_tables: stats.ept_tables,
             mmu_lock_wait_cycles: stats.vcpus.iter().map(|v| v.mmu_lock_wait_cycles).sum(),
+            fast_pf: FastPfSummary {
+                fixed: stats.vcpus.iter().map(|v| v.fast_pf_fixed).sum(),
+                spurious: stats.vcpus.iter().map(|v| v.fast_pf_spurious).sum(),
+                slow: stats.vcpus.iter().map(|v| v.fast_pf_slow).sum(),
+            },
             mmu: stats.mmu.to_string(),
             shadow: stats.shadow,
             exits: exits(&stats.exits()),
@@ -276,6 +292,12 @@ impl Summary {
             s,
             "mmu_lock:     {} cycles waited",
             self.mmu_lock_wait_cycles
+        );
+        let f = &self.fast_pf;
+        let _ = writeln!(
+            s,
+            "fast PF:      {} fixed without mmu_lock, {} spurious, {} to the slow path",
+            f.fixed, f.spurious, f.slow
         );
         let _ = writeln!(s, "mmu:          {}", self.mmu);
         if let Some(sh) = &self.shadow {

@@ -28,7 +28,7 @@ fn small_run_has_the_issue_json_and_repeats_exactly() {
     assert_eq!(first, bench(&args), "same command, same output");
     let json: Value = serde_json::from_str(&first).expect("JSON");
     let results = json["results"].as_array().expect("results");
-    // ept and shadow x bitmap, manual, ring; fast PF off.
+    // ept and shadow x bitmap, manual, ring; fast PF on (the default).
     assert_eq!(results.len(), 6, "{json}");
     for r in results {
         assert!(matches!(r["mmu"].as_str(), Some("ept" | "shadow")), "{r}");
@@ -36,7 +36,7 @@ fn small_run_has_the_issue_json_and_repeats_exactly() {
             matches!(r["mode"].as_str(), Some("bitmap" | "manual" | "ring")),
             "{r}"
         );
-        assert_eq!(r["fast_pf"], false, "{r}");
+        assert_eq!(r["fast_pf"], true, "{r}");
         let iterations = r["iterations"].as_array().expect("iterations");
         assert_eq!(iterations.len(), 2, "{r}");
         for i in iterations {
@@ -71,7 +71,7 @@ fn table_names_every_row_and_bad_options_are_refused() {
     for bad in [
         &["-w", "101"][..],
         &["--modes", "pml"],
-        &["--fast-pf", "on"],
+        &["--fast-pf", "maybe"],
         &["-v", "64", "-b", "4G"],
     ] {
         let mut all = vec!["bench", "dirty-log"];

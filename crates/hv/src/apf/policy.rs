@@ -198,6 +198,7 @@ fn prefault(vcpu: &mut Vcpu, shared: &mut Shared, gfn: Gfn, now: Cycles) -> Resu
         gfn,
         frame,
         rights,
+        false,
         now,
     );
     mapped.result.map_err(|source| VmError::EptFault {

@@ -18,6 +18,7 @@
 //! No INVEPT is needed for the new spte: the fault replaced a not-present
 //! entry, and the CPU caches no translation for a not-present entry.
 
+use super::fast_pf::protocol::{fast_fix, Access, FastFix, Layout};
 use super::lock::Timed;
 use super::root::RootId;
 use super::{spte, tdp, Mmu, MmuInner};
@@ -126,6 +127,7 @@ pub(crate) fn page_fault(
         gfn,
         frame,
         rights,
+        write,
         clock.at(),
     );
     clock.cycles += mapped.cycles;
@@ -291,8 +293,10 @@ pub(crate) struct Mapped {
 
 impl Mmu {
     /// Maps `gfn` to `frame` (with `rights`) in `root`, under `mmu_lock`
-    /// taken at virtual time `at`, with its contention modelled. The cost
-    /// is charged even when it fails (the hold happened).
+    /// taken at virtual time `at`, with its contention modelled; `write`:
+    /// the fault was a write (a present leaf gets W back if the MMU
+    /// allows it). The cost is charged even when it fails (the hold
+    /// happened).
     #[allow(clippy::too_many_arguments)]
     pub fn map_gfn(
         &self,
@@ -303,6 +307,7 @@ impl Mmu {
         gfn: Gfn,
         frame: Hfn,
         rights: LeafWrite,
+        write: bool,
         at: Cycles,
     ) -> Mapped {
         if self.mode == super::MmuMode::Shadow {
@@ -316,7 +321,13 @@ impl Mmu {
             };
         }
         let mut guard = self.hold(Timed::At(at), costs);
-        let result = install(mem, frames, &mut guard, costs, root, gfn, frame, rights);
+        let access = Access {
+            write,
+            fetch: false,
+        };
+        let result = install(
+            mem, frames, &mut guard, costs, root, gfn, frame, rights, access,
+        );
         Mapped {
             cycles: guard.cycles(),
             lock_wait: guard.waited(),
@@ -337,6 +348,7 @@ fn install(
     gfn: Gfn,
     frame: Hfn,
     rights: LeafWrite,
+    access: Access,
 ) -> Result<bool, FaultError> {
     let (walked, work) = {
         let MmuInner { roots, headers, .. } = &mut **guard;
@@ -359,19 +371,16 @@ fn install(
     let current = tdp::read_spte(mem, leaf)?;
     guard.charge(costs.spte_read);
     if spte::is_present(current) {
-        if rights == LeafWrite::Writable
-            && current & spte::WRITE == 0
-            && current & spte::MMU_WRITABLE != 0
-        {
-            // Write-protected for dirty logging (the caller logged the
-            // page): writable again, the dirty-logging slow path. Atomic,
-            // as the CPU may be setting A/D in the same entry.
-            mem.atomic_u64(leaf)?
-                .fetch_or(spte::WRITE, std::sync::atomic::Ordering::AcqRel);
-            guard.charge(costs.spte_write);
+        // Raced with another fault on the same gfn, which installed it;
+        // or a leaf that only needs an access bit back: access-tracked
+        // (`--ept-ad off`), or W on an MMU-writable leaf write-protected
+        // for dirty logging (the caller logged the page). The fast path's
+        // fix, taken here under the lock when it is off or gave up.
+        let fix = fast_fix(mem.atomic_u64(leaf)?, &Layout::EPT, access);
+        if let FastFix::Fixed { .. } = fix {
+            guard.charge(costs.spte_cmpxchg);
             return Ok(true);
         }
-        // Raced with another fault on the same gfn, which installed it.
         return Ok(false);
     }
     tdp::write_spte(mem, leaf, rights.ept_leaf(frame.addr().0))?;

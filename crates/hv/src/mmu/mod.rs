@@ -87,6 +87,8 @@ pub(crate) struct Mmu {
     lock: MmuLock,
     /// EPT or shadow, fixed at creation.
     pub mode: MmuMode,
+    /// Fast page fault and EPT A/D flags, fixed at creation.
+    pub options: fast_pf::MmuOptions,
     /// The MMU generation: roots and tables made in an older one are
     /// obsolete. Read without the lock at every VM entry (KVM reads
     /// `mmu_valid_gen` the same way); changed only under the lock.
@@ -113,20 +115,29 @@ pub(crate) struct LoadedRoot {
 impl Mmu {
     /// An MMU of `mode`; under EPT with one empty TDP root (made now, so
     /// its frame comes first). Shadow roots are made per guest CR3.
+    #[cfg(test)]
     pub fn new(
         mem: &PhysMemory,
         frames: &mut FrameAllocator,
         mode: MmuMode,
+    ) -> Result<Self, RootError> {
+        Self::with_options(mem, frames, mode, fast_pf::MmuOptions::default())
+    }
+
+    /// [`Mmu::new`] with the fast page fault and EPT A/D flags as
+    /// `options` say.
+    pub fn with_options(
+        mem: &PhysMemory,
+        frames: &mut FrameAllocator,
+        mode: MmuMode,
+        options: fast_pf::MmuOptions,
     ) -> Result<Self, RootError> {
         let mut roots = Roots::default();
         let mut headers = PageHeaders::default();
         if mode == MmuMode::Ept {
             roots.create(mem, frames, &mut headers, PageRole::TDP_ROOT, 0)?;
         }
-        let dirty_mask = match mode {
-            MmuMode::Ept => spte::DIRTY,
-            MmuMode::Shadow => shadow::spte::DIRTY,
-        };
+        let dirty_mask = Self::dirty_mask_of(mode, options);
         Ok(Mmu {
             lock: MmuLock::new(MmuInner {
                 roots,
@@ -136,6 +147,7 @@ impl Mmu {
                 shadow: shadow::ShadowState::default(),
             }),
             mode,
+            options,
             generation: AtomicU64::new(0),
         })
     }
@@ -149,10 +161,17 @@ impl Mmu {
         }
     }
 
-    /// The dirty bit of a leaf spte (EPT bit 9, x86 PTE bit 6).
+    /// The dirty bit of a leaf spte (EPT bit 9, x86 PTE bit 6). With EPT
+    /// A/D off the CPU keeps none: a writable spte counts as dirty (KVM's
+    /// `is_dirty_spte`), and aging saves W's dirtiness before clearing it.
     pub fn dirty_mask(&self) -> u64 {
-        match self.mode {
-            MmuMode::Ept => spte::DIRTY,
+        Self::dirty_mask_of(self.mode, self.options)
+    }
+
+    fn dirty_mask_of(mode: MmuMode, options: fast_pf::MmuOptions) -> u64 {
+        match mode {
+            MmuMode::Ept if options.ept_ad => spte::DIRTY,
+            MmuMode::Ept => spte::WRITE,
             MmuMode::Shadow => shadow::spte::DIRTY,
         }
     }
@@ -206,7 +225,7 @@ impl Mmu {
         root.users += 1;
         let loaded = LoadedRoot {
             id,
-            eptp: root.eptp(),
+            eptp: root.eptp(self.options.ept_ad),
             generation,
         };
         let load = RootLoad {

@@ -8,9 +8,10 @@
 //! every vCPU (processed before each one's next VM entry) when sptes were
 //! cleared or aged, before the frames are reused.
 
+use super::fast_pf::protocol::{mark_access_tracked, Layout};
 use super::lock::Timed;
 use super::tdp::{clear_spte_bits, exchange_spte};
-use super::Mmu;
+use super::{Mmu, MmuMode};
 use crate::cost::HvCosts;
 use crate::time::Cycles;
 use machine::{Hfn, MemError, PhysMemory};
@@ -40,6 +41,22 @@ impl Mmu {
         let mut inner = self.hold(when, costs);
         inner.charge(costs.spte_read);
         let mut young = false;
+        if self.mode == MmuMode::Ept && !self.options.ept_ad {
+            // No accessed bit: access-track the sptes instead (KVM's
+            // `mmu_spte_age`); the next access faults and the fast path
+            // (or the slow path) restores them. A writable one may have
+            // been written: aging takes W away, so keep that in the rmap.
+            let sptes = inner.rmap.get(frame).to_vec();
+            for at in sptes {
+                let cell = mem.atomic_u64(at)?;
+                if let Some(old) = mark_access_tracked(cell, &Layout::EPT) {
+                    young = true;
+                    inner.rmap.note_dropped_bits(frame, old);
+                    inner.charge(costs.spte_cmpxchg);
+                }
+            }
+            return Ok((young, inner.cycles()));
+        }
         let accessed = self.accessed_mask();
         for &at in inner.rmap.get(frame) {
             young |= clear_spte_bits(mem, at, accessed)? & accessed != 0;

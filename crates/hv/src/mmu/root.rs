@@ -30,9 +30,9 @@ pub(crate) struct Root {
 }
 
 impl Root {
-    /// The EPT pointer (A/D flags enabled).
-    pub fn eptp(&self) -> Eptp {
-        Eptp::new(self.pml4.addr(), true)
+    /// The EPT pointer, with A/D flags enabled or not (`--ept-ad`).
+    pub fn eptp(&self, ad_enabled: bool) -> Eptp {
+        Eptp::new(self.pml4.addr(), ad_enabled)
     }
 }
 

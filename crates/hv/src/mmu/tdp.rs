@@ -101,9 +101,21 @@ pub(crate) fn leaf_for(
 /// The address of the leaf spte for `gfn` under the root at `pml4`, if its
 /// tables exist.
 pub(crate) fn find_leaf(mem: &PhysMemory, pml4: Hfn, gfn: Gfn) -> Result<Option<Hpa>, TdpError> {
+    find_leaf_counting(mem, pml4, gfn, &mut 0)
+}
+
+/// [`find_leaf`], adding the entries it read to `reads` (the fast page
+/// fault's lockless walk charges them).
+pub(crate) fn find_leaf_counting(
+    mem: &PhysMemory,
+    pml4: Hfn,
+    gfn: Gfn,
+    reads: &mut u64,
+) -> Result<Option<Hpa>, TdpError> {
     let mut table = pml4.addr();
     for level in (2..=ROOT_LEVEL).rev() {
         let entry = read_spte(mem, entry_hpa(table, gfn, level))?;
+        *reads += 1;
         if !spte::is_present(entry) {
             return Ok(None);
         }

@@ -332,6 +332,7 @@ mod tests {
                 Gfn(g),
                 frame,
                 crate::mmu::fault::LeafWrite::Writable,
+                false,
                 Cycles::ZERO,
             );
             assert_eq!(mapped.result, Ok(true));

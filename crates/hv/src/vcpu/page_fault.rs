@@ -5,6 +5,7 @@
 use super::{xapic, Next, Vcpu};
 use crate::devices::Platform;
 use crate::error::VmError;
+use crate::mmu::fast_pf::protocol::{Access, FastFix};
 use crate::mmu::fault::{page_fault, ExitClock, Fault, FaultError, FaultOutcome};
 use crate::time::Cycles;
 use crate::vm::shared::{CrossRequest, Shared};
@@ -20,17 +21,23 @@ impl Vcpu {
         vectoring: bool,
         cycles: &mut Cycles,
     ) -> Result<Next, VmError> {
-        let mut clock = ExitClock {
-            now: self.clock() + *cycles,
-            cycles: *cycles,
-        };
+        let root = self.root.expect("a vCPU that ran has a root");
+        let write = qualification & ept_qual::WRITE != 0;
+        if let Some(next) =
+            self.fast_ept_violation(shared, root.eptp.pml4(), gpa, qualification, cycles)
+        {
+            return Ok(next);
+        }
         if shared.host.slots.lookup(gpa.frame()).is_none() {
             if let Some(next) = self.emulate_mmio(shared, gpa, cycles)? {
                 return Ok(next);
             }
         }
-        let root = self.root.map(|r| r.id).expect("a vCPU that ran has a root");
-        let write = qualification & ept_qual::WRITE != 0;
+        let mut clock = ExitClock {
+            now: self.clock() + *cycles,
+            cycles: *cycles,
+        };
+        let root = root.id;
         let result = page_fault(
             &mut shared.host,
             &mut shared.pager,
@@ -107,6 +114,54 @@ impl Vcpu {
         };
         self.deliver_device_interrupts(shared);
         Ok(Some(next))
+    }
+
+    /// The fast page fault (`mmu/fast_pf`): `Some` if it handled the
+    /// violation (fixed the spte, or found it already fixed), with no
+    /// `mmu_lock` and no memslot lookup; `None`: take the slow path.
+    fn fast_ept_violation(
+        &mut self,
+        shared: &mut Shared,
+        pml4: machine::Hpa,
+        gpa: Gpa,
+        qualification: u64,
+        cycles: &mut Cycles,
+    ) -> Option<Next> {
+        let access = Access {
+            write: qualification & ept_qual::WRITE != 0,
+            fetch: qualification & ept_qual::FETCH != 0,
+        };
+        let present =
+            qualification & (ept_qual::READABLE | ept_qual::WRITABLE | ept_qual::EXECUTABLE) != 0;
+        let host = &shared.host;
+        let fast = host.mmu.fast_page_fault_ept(
+            &host.mem,
+            &host.costs,
+            pml4,
+            gpa.frame(),
+            access,
+            present,
+        )?;
+        *cycles += fast.cycles;
+        match fast.outcome {
+            FastFix::Fixed { dirtied, .. } => {
+                if dirtied {
+                    // Logged before the vCPU re-enters (rule 3 in
+                    // `mmu/fast_pf/protocol.rs`); KVM's fast path marks
+                    // through the memslot its fault looked up, so the
+                    // lookup is charged here.
+                    *cycles += Cycles(host.costs.memslot_lookup);
+                    host.mark_page_dirty(fast.gfn);
+                }
+                self.stats.fast_pf_fixed += 1;
+            }
+            FastFix::Spurious => self.stats.fast_pf_spurious += 1,
+            FastFix::Slow(_) => {
+                self.stats.fast_pf_slow += 1;
+                return None;
+            }
+        }
+        Some(Next::Continue)
     }
 
     /// The VM error for a fault at `gpa` the hv could not resolve (both

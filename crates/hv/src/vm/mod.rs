@@ -14,6 +14,7 @@ use crate::host::Host;
 use crate::memslot::{MemslotError, Memslots, SlotFlags, SlotId};
 use crate::mmu::check::InvariantError;
 use crate::mmu::dirty_log::DirtyRings;
+use crate::mmu::fast_pf::MmuOptions;
 use crate::mmu::zap::{ZapError, ZapMode, ZapReport};
 use crate::mmu::{Mmu, MmuMode};
 use crate::pager::Pager;
@@ -74,6 +75,8 @@ pub struct VmConfig {
     /// How memslot deletion and moves (and [`Vm::zap_all`]) drop every
     /// mapping.
     pub zap: ZapMode,
+    /// The fast page fault and EPT A/D flags (`--fast-pf`, `--ept-ad`).
+    pub mmu_options: MmuOptions,
     /// Entries in each vCPU's dirty ring (KVM_CAP_DIRTY_LOG_RING's size
     /// in entries; at least 128).
     pub dirty_ring_size: usize,
@@ -105,6 +108,7 @@ impl Default for VmConfig {
             cr3_targets: machine::vmx::MAX_CR3_TARGETS,
             wall_clock_at_boot_ns: DEFAULT_WALL_CLOCK_AT_BOOT_NS,
             zap: ZapMode::Fast,
+            mmu_options: MmuOptions::default(),
             dirty_ring_size: 4096,
             console_input: Vec::new(),
         }
@@ -237,7 +241,7 @@ impl Vm {
         }
         let cr3_cache =
             (config.cr3_cache && config.mmu == MmuMode::Shadow).then_some(config.cr3_targets);
-        let mmu = Mmu::new(&mem, &mut frames, config.mmu)?;
+        let mmu = Mmu::with_options(&mem, &mut frames, config.mmu, config.mmu_options)?;
         let mut slots = Memslots::default();
         slots.add(
             RAM_SLOT,

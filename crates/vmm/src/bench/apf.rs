@@ -88,6 +88,7 @@ impl Bench for ApfBench {
                         config,
                         memslot: None,
                         dirty_log: None,
+                        harvest: None,
                     });
                 }
             }
@@ -100,6 +101,7 @@ impl Bench for ApfBench {
                 config: self.bm_config(m, Some(self.args.host_mem)),
                 memslot: None,
                 dirty_log: None,
+                harvest: None,
             })
             .collect();
         specs.push(RunSpec {
@@ -107,6 +109,7 @@ impl Bench for ApfBench {
             config: self.bm_config(ApfMode::Pv, None),
             memslot: None,
             dirty_log: None,
+            harvest: None,
         });
         specs
     }

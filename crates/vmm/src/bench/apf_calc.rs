@@ -70,6 +70,7 @@ impl Bench for ApfCalcBench {
                     config: self.config(mode, calc),
                     memslot: None,
                     dirty_log: None,
+                    harvest: None,
                 });
             }
         }

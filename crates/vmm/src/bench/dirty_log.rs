@@ -208,14 +208,16 @@ impl DirtyLogBench {
 
     fn config(&self, combo: Combo) -> VmConfig {
         let a = &self.args;
-        // When the fast page fault lands: `fast_pf: combo.fast_pf,` here.
-        let _ = combo.fast_pf;
         VmConfig {
             vcpus: a.vcpus,
             mem_size: self.mem(),
             mmu: combo.mmu,
             seed: a.common.seed,
             dirty_ring_size: a.ring_size as usize,
+            mmu_options: hv::MmuOptions {
+                fast_pf: combo.fast_pf,
+                ept_ad: a.common.ept_ad.on(),
+            },
             cmdline: format!(
                 "pages={} passes={} wpct={} random={} seed={}",
                 self.pages(),
@@ -246,7 +248,7 @@ impl Bench for DirtyLogBench {
         let mut combos = Vec::new();
         for &mmu in &args.mmus {
             for &mode in &args.modes {
-                for &fast_pf in &args.fast_pf {
+                for &fast_pf in &args.common.fast_pf {
                     let (mmu, mode) = (mmu_of(mmu), mode_of(mode));
                     // PML is an EPT feature: no shadow row.
                     if mode == DirtyLogMode::Pml && mmu != MmuMode::Ept {
@@ -279,11 +281,6 @@ impl Bench for DirtyLogBench {
                 "--modes pml: PML is not implemented in the machine yet".into(),
             ));
         }
-        if a.fast_pf.contains(&true) {
-            return Err(ConfigError::Invalid(
-                "--fast-pf on: this build has no fast page fault yet".into(),
-            ));
-        }
         if a.write_percent > 100 {
             return Err(ConfigError::Invalid(format!(
                 "-w {}: a percentage is at most 100",
@@ -314,6 +311,7 @@ impl Bench for DirtyLogBench {
                     vcpus: u64::from(self.args.vcpus),
                     iterations: self.args.iterations,
                 }),
+                harvest: None,
             })
             .collect()
     }

@@ -110,18 +110,28 @@ const FAULT_EXITS: [&str; 2] = ["ept_violation", "exception"];
 
 /// Fault-exit totals over every vCPU.
 #[derive(Debug, Clone, Copy, Default)]
-struct FaultTotals {
-    count: u64,
-    cycles: u64,
+pub(crate) struct FaultTotals {
+    pub count: u64,
+    /// The hv's handling.
+    pub hv_cycles: u64,
+    /// The VM exit and entry transitions.
+    pub exit_cycles: u64,
 }
 
-fn fault_totals(vm: &Vm) -> FaultTotals {
+impl FaultTotals {
+    fn cycles(&self) -> u64 {
+        self.hv_cycles + self.exit_cycles
+    }
+}
+
+pub(crate) fn fault_totals(vm: &Vm) -> FaultTotals {
     let mut totals = FaultTotals::default();
     for (vcpu, stats) in vm.vcpus().iter().zip(vm.stats().vcpus) {
         let costs = vcpu.cpu().costs();
         for stat in FAULT_EXITS.iter().filter_map(|name| stats.exits.get(*name)) {
             totals.count += stat.count;
-            totals.cycles += stat.hv_cycles + stat.count * (costs.vm_exit + costs.vm_entry);
+            totals.hv_cycles += stat.hv_cycles;
+            totals.exit_cycles += stat.count * (costs.vm_exit + costs.vm_entry);
         }
     }
     totals
@@ -206,7 +216,7 @@ impl SlotChurn {
         let now = fault_totals(vm);
         if let Some(last) = self.ops.last_mut() {
             last.refaults = now.count - self.since.count;
-            last.refault_cycles = now.cycles - self.since.cycles;
+            last.refault_cycles = now.cycles() - self.since.cycles();
         }
         self.since = now;
     }
@@ -289,6 +299,7 @@ impl Bench for MemslotBench {
                         config: self.config(mem, mmu, zap),
                         memslot: Some((ChurnTrigger::GuestPasses, self.args.ops)),
                         dirty_log: None,
+                        harvest: None,
                     });
                 }
             }

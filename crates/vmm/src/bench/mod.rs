@@ -15,6 +15,7 @@
 mod apf;
 mod apf_calc;
 pub(crate) mod dirty_log;
+mod fastpf;
 pub(crate) mod memslot;
 
 use crate::config::{check_output_path, ConfigError, Kernel};
@@ -128,6 +129,9 @@ pub struct RunSpec {
     /// A dirty-logging run: it boots the dirtywrite kernel instead of the
     /// guest kernel and the VMM drives its passes.
     pub dirty_log: Option<dirty_log::DirtyLogSpec>,
+    /// Dirty logging of guest RAM from boot, harvested every period of
+    /// virtual time (`bench fastpf`).
+    pub harvest: Option<hv::Cycles>,
 }
 
 /// Asynchronous page fault counters of a run, summed over vCPUs.
@@ -161,6 +165,9 @@ pub struct RunResult {
     /// The dirty-logging run's record, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dirty_log: Option<dirty_log::DirtyLogRun>,
+    /// The harvested run's record, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harvest: Option<fastpf::HarvestRun>,
 }
 
 impl RunResult {
@@ -186,6 +193,7 @@ impl RunResult {
             reports: vm.reports().iter().map(|r| r.line.clone()).collect(),
             memslot: None,
             dirty_log: None,
+            harvest: None,
         }
     }
 
@@ -330,6 +338,13 @@ pub fn main(command: BenchCommand) -> u8 {
             };
             execute(dirty_log::DirtyLogBench::new(args), &output)
         }
+        BenchCommand::Fastpf(args) => {
+            let output = Output {
+                json: args.common.json,
+                plot: args.plot.clone(),
+            };
+            execute(fastpf::FastpfBench::new(args), &output)
+        }
         BenchCommand::Merge(args) => merge(&args),
     };
     match result {
@@ -351,6 +366,13 @@ fn execute<B: Bench>(bench: B, output: &Output) -> Result<String, BenchError> {
     let common = bench.common();
     // Checked before listing too: a listed run must not fail on its options.
     let kernel = Kernel::load(common.kernel.as_deref())?;
+    if B::NAME != dirty_log::DirtyLogBench::NAME && common.fast_pf.len() != 1 {
+        return Err(ConfigError::Invalid(format!(
+            "--fast-pf: one setting (on or off) for bench {}",
+            B::NAME
+        ))
+        .into());
+    }
     bench.check(&kernel)?;
     if common.list_runs {
         return Ok(list_runs(&specs));
@@ -440,6 +462,7 @@ fn merge(args: &MergeArgs) -> Result<String, BenchError> {
         apf_calc::ApfCalcBench::NAME => merge_into::<apf_calc::ApfCalcBench>(files, &output),
         memslot::MemslotBench::NAME => merge_into::<memslot::MemslotBench>(files, &output),
         dirty_log::DirtyLogBench::NAME => merge_into::<dirty_log::DirtyLogBench>(files, &output),
+        fastpf::FastpfBench::NAME => merge_into::<fastpf::FastpfBench>(files, &output),
         other => Err(BenchError::Merge(format!("unknown benchmark `{other}`"))),
     }
 }
@@ -601,21 +624,40 @@ fn run_one(
         )?),
         None => None,
     };
+    let mut harvester =
+        match spec.harvest {
+            Some(period) => Some(fastpf::Harvester::install(&mut vm, period).map_err(
+                |message| BenchError::VmStopped {
+                    label: spec.label.clone(),
+                    message,
+                    tail: String::new(),
+                },
+            )?),
+            None => None,
+        };
+    let mut harvest_error = None;
     let mut serial = Vec::new();
     let mut progress = bench_progress.start();
     let prefix = format!("{}: ", spec.label);
     // With memslot changes, slices of one quantum: a change is due when
-    // the guest reports a pass, and should follow it closely.
+    // the guest reports a pass, and should follow it closely. Harvests
+    // go once per period.
     let limits = Limits {
         slice: churn
             .as_ref()
-            .map(|_| hv::Cycles(spec.config.quantum.max(1))),
+            .map(|_| hv::Cycles(spec.config.quantum.max(1)))
+            .or(harvester.as_ref().map(fastpf::Harvester::slice)),
         ..Limits::default()
     };
     let ending = drive(&mut vm, &limits, stop, |vm| {
         serial.extend(vm.take_serial());
         if let Some(churn) = churn.as_mut() {
             churn.after_slice(vm);
+        }
+        if let Some(harvester) = harvester.as_mut() {
+            if let Err(e) = harvester.after_slice(vm) {
+                harvest_error.get_or_insert(e);
+            }
         }
         progress.update(&prefix, vm);
     });
@@ -627,7 +669,15 @@ fn run_one(
     };
     match ending {
         Ending::Vm(StopReason::Shutdown { status: 0 } | StopReason::DebugExit { status: 1 }) => {
+            if let Some(message) = harvest_error {
+                return Err(BenchError::VmStopped {
+                    label: spec.label.clone(),
+                    message,
+                    tail: tail(),
+                });
+            }
             let mut result = RunResult::new(spec.label.clone(), &vm);
+            result.harvest = harvester.map(|h| h.finish(&vm));
             if let Some(churn) = churn {
                 let run =
                     churn

@@ -1,0 +1,126 @@
+//! The fast page fault and access tracking on the bundled guest kernel:
+//! with EPT A/D flags off the pager ages pages by access-tracking their
+//! sptes and the fast path restores them; every page keeps its data, the
+//! eviction quality holds, and the runs repeat exactly.
+#![cfg(bundled_kernel)]
+
+mod common;
+use common::{faultline, stderr, stdout};
+
+/// `pagetag` overcommitted (48 MiB of guest memory on 8 MiB of host
+/// memory) with the given switches; its JSON summary.
+fn pagetag(ept_ad: &str, fast_pf: &str) -> serde_json::Value {
+    let args = [
+        "run",
+        "--vcpus",
+        "2",
+        "--mem",
+        "48M",
+        "--host-mem",
+        "8M",
+        "--swap-device",
+        "nvme",
+        "--stats",
+        "json",
+        "--ept-ad",
+        ept_ad,
+        "--fast-pf",
+        fast_pf,
+        "--",
+        "pagetag",
+        "-m",
+        "16M",
+        "-p",
+        "3",
+        "-t",
+        "2",
+    ];
+    let out = faultline(&args);
+    let text = stdout(&out);
+    let case = (ept_ad, fast_pf);
+    assert!(out.status.success(), "{case:?}: {text}\n{}", stderr(&out));
+    assert!(text.contains(" 0 bad pages"), "{case:?}: {text}");
+    serde_json::from_str(&text).expect("stdout is one JSON document")
+}
+
+fn count(v: &serde_json::Value, path: &[&str]) -> u64 {
+    path.iter()
+        .fold(v, |v, key| &v[key])
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {path:?} in {v}"))
+}
+
+#[test]
+fn access_tracking_keeps_pages_and_eviction_quality_with_the_fast_path_on_and_off() {
+    let with_ad = pagetag("on", "on");
+    let tracked_fast = pagetag("off", "on");
+    let tracked_slow = pagetag("off", "off");
+    // With A/D flags no fault is on a present spte (nothing write-protects
+    // here), so the fast path never fixes anything.
+    assert_eq!(count(&with_ad, &["fast_pf", "fixed"]), 0);
+    // Aged pages come back through the fast path when it is on, through
+    // the slow path (more EPT faults under mmu_lock) when it is off.
+    let fixed = count(&tracked_fast, &["fast_pf", "fixed"]);
+    assert!(fixed > 1000, "{}", tracked_fast["fast_pf"]);
+    assert_eq!(count(&tracked_slow, &["fast_pf", "fixed"]), 0);
+    assert!(count(&tracked_slow, &["ept_faults"]) > count(&tracked_fast, &["ept_faults"]));
+    // The pager picks as well without accessed bits: swap-ins within 5 %
+    // of the A/D run's.
+    let swap_ins = |v: &serde_json::Value| count(v, &["memory", "pager", "swap_ins"]) as f64;
+    for (name, run) in [("fast", &tracked_fast), ("slow", &tracked_slow)] {
+        let ratio = swap_ins(run) / swap_ins(&with_ad);
+        assert!(
+            (0.95..=1.05).contains(&ratio),
+            "{name}: swap-ins {} vs {} with A/D",
+            swap_ins(run),
+            swap_ins(&with_ad)
+        );
+    }
+    // The same command, the same numbers.
+    assert_eq!(pagetag("off", "on"), tracked_fast);
+}
+
+/// `bench fastpf` at a small scale: it runs, its JSON has the issue's
+/// shape, the fast path fixed the EPT runs' write faults without waiting
+/// for mmu_lock, and the same command prints the same numbers.
+#[test]
+fn bench_fastpf_runs_prints_the_json_shape_and_repeats() {
+    let args = [
+        "bench",
+        "fastpf",
+        "--json",
+        "--frames",
+        "12",
+        "--harvest-hz",
+        "600",
+        "--jobs",
+        "1",
+        "--plot",
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plot = dir.path().join("fastpf.svg");
+    let mut all: Vec<&str> = args.to_vec();
+    all.push(plot.to_str().unwrap());
+    let out = faultline(&all);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(text, stdout(&faultline(&all)), "same command, same output");
+    assert!(plot.exists(), "the plot was written");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let results = json["results"].as_array().expect("results");
+    assert_eq!(results.len(), 4, "{json}");
+    for r in results {
+        assert!(matches!(r["mmu"].as_str(), Some("ept" | "shadow")), "{r}");
+        assert!(r["fast_pf"].is_boolean(), "{r}");
+        for key in ["writes_per_s", "write_fault_cycles", "mmu_lock_wait_cycles"] {
+            assert!(r[key].as_f64().is_some_and(|v| v >= 0.0), "{key} in {r}");
+        }
+        assert!(r["harvests"].as_u64().unwrap() > 0, "{r}");
+        let fast = r["fast_fixes"].as_u64().unwrap();
+        if r["mmu"] == "ept" && r["fast_pf"] == true {
+            assert!(fast > 0, "{r}");
+        } else {
+            assert_eq!(fast, 0, "{r}");
+        }
+    }
+}
