@@ -44,6 +44,8 @@ pub struct VcpuStats {
     pub cycles: u64,
     /// Retired guest instructions.
     pub instructions: u64,
+    /// TLB lookups that needed a page walk.
+    pub tlb_misses: u64,
     /// Asynchronous page faults and waits for swapped pages.
     pub apf: ApfStats,
     /// CR3-load exits and the paravirtual CR3 cache.

@@ -74,6 +74,11 @@ pub enum BenchCommand {
     /// operation's time, the longest vCPU stall, pages zapped, lock
     /// breaks, the refault cost.
     Memslot(MemslotBenchArgs),
+    /// Seed 004: a 2-task context switch (two processes ping-ponging
+    /// through pipes) under EPT, shadow paging, shadow with prev_roots and
+    /// shadow with the paravirtual CR3 cache of 4 and 16 targets: the time
+    /// per switch, CR3-load exits, roots built, TLB misses.
+    Ctxsw(CtxswBenchArgs),
     /// Merge the JSON results of the runs `--list-runs` printed into the
     /// benchmark's table (or JSON) and plot, as a direct run prints them.
     Merge(MergeArgs),
@@ -268,6 +273,20 @@ pub struct MemslotBenchArgs {
           default_missing_value = "256M,512M,1G,2G")]
     sweep_mem: Option<Vec<u64>>,
     /// Where the SVG plot goes (default: faultline-results/bench-memslot.svg
+    /// under the current directory).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    plot: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
+pub struct CtxswBenchArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// Round trips (two switches each).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(2..=10_000_000))]
+    rounds: u64,
+    /// Where the SVG plot goes (default: faultline-results/bench-ctxsw.svg
     /// under the current directory).
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]

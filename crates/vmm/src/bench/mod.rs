@@ -14,6 +14,7 @@
 
 mod apf;
 mod apf_calc;
+mod ctxsw;
 pub(crate) mod memslot;
 
 use crate::config::{check_output_path, ConfigError, Kernel};
@@ -154,6 +155,20 @@ pub struct RunResult {
     /// The memslot changes made during the run, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memslot: Option<memslot::MemslotRun>,
+    /// Address-space switching counters, summed over vCPUs.
+    #[serde(default)]
+    pub mmu: MmuCounters,
+}
+
+/// What a run's address-space switches cost the MMU, summed over vCPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmuCounters {
+    /// MOV-to-CR3 exits.
+    pub cr3_load_exits: u64,
+    /// Shadow roots built.
+    pub roots_built: u64,
+    /// TLB lookups that needed a walk.
+    pub tlb_misses: u64,
 }
 
 impl RunResult {
@@ -178,6 +193,11 @@ impl RunResult {
             },
             reports: vm.reports().iter().map(|r| r.line.clone()).collect(),
             memslot: None,
+            mmu: MmuCounters {
+                cr3_load_exits: stats.vcpus.iter().map(|v| v.cr3_cache.cr3_load_exits).sum(),
+                roots_built: stats.shadow.map_or(0, |s| s.roots_built),
+                tlb_misses: stats.vcpus.iter().map(|v| v.tlb_misses).sum(),
+            },
         }
     }
 
@@ -315,6 +335,13 @@ pub fn main(command: BenchCommand) -> u8 {
             };
             execute(memslot::MemslotBench::new(args), &output)
         }
+        BenchCommand::Ctxsw(args) => {
+            let output = Output {
+                json: args.common.json,
+                plot: args.plot.clone(),
+            };
+            execute(ctxsw::CtxswBench::new(args), &output)
+        }
         BenchCommand::Merge(args) => merge(&args),
     };
     match result {
@@ -424,6 +451,7 @@ fn merge(args: &MergeArgs) -> Result<String, BenchError> {
         apf::ApfBench::NAME => merge_into::<apf::ApfBench>(files, &output),
         apf_calc::ApfCalcBench::NAME => merge_into::<apf_calc::ApfCalcBench>(files, &output),
         memslot::MemslotBench::NAME => merge_into::<memslot::MemslotBench>(files, &output),
+        ctxsw::CtxswBench::NAME => merge_into::<ctxsw::CtxswBench>(files, &output),
         other => Err(BenchError::Merge(format!("unknown benchmark `{other}`"))),
     }
 }
