@@ -18,6 +18,7 @@ pub mod apf;
 pub(crate) mod boot;
 pub mod cost;
 pub(crate) mod cpuid;
+pub mod devices;
 pub mod error;
 pub(crate) mod frames;
 pub(crate) mod host;

@@ -36,6 +36,8 @@ pub struct VcpuStats {
     pub halts: u64,
     /// IPIs routed.
     pub ipis_sent: u64,
+    /// MMIO accesses emulated (IOAPIC, xAPIC page).
+    pub mmio_accesses: u64,
     /// Cycles interpreting guest code or handling its exits.
     pub busy_cycles: u64,
     /// Cycles skipped while halted or not started.

@@ -246,6 +246,16 @@ pub enum IpiDest {
     AllExcludingSelf,
 }
 
+/// The data access of an instruction that exited with an EPT violation,
+/// as `Cpu::mmio_access` reports it for MMIO emulation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmioAccess {
+    /// Bytes accessed (1, 2, 4 or 8).
+    pub size: u8,
+    /// A store, with the value stored; `None`: a load.
+    pub write: Option<u64>,
+}
+
 /// An inter-processor interrupt written to the ICR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ipi {

@@ -85,6 +85,8 @@ pub enum Stop {
     /// The VM stopped with an error (triple fault, access outside guest
     /// memory, swap I/O error, ...).
     Error { message: String },
+    /// The guest powered off (ACPI S5 through the FADT).
+    PowerOff,
     /// SIGINT or SIGTERM.
     Interrupted { signal: &'static str },
     /// `--time-limit` (virtual time) was reached.
@@ -98,6 +100,7 @@ impl Stop {
         match ending {
             Ending::Vm(StopReason::Shutdown { status }) => Stop::Shutdown { status: *status },
             Ending::Vm(StopReason::DebugExit { status }) => Stop::DebugExit { status: *status },
+            Ending::Vm(StopReason::PowerOff) => Stop::PowerOff,
             Ending::Vm(StopReason::Error(e)) => Stop::Error {
                 message: e.to_string(),
             },

@@ -72,6 +72,8 @@ pub struct VmConfig {
     /// How memslot deletion and moves (and [`Vm::zap_all`]) drop every
     /// mapping.
     pub zap: ZapMode,
+    /// What the console (COM1) offers the guest to read; empty: nothing.
+    pub console_input: Vec<u8>,
 }
 
 /// 2026-01-01T00:00:00Z.
@@ -98,6 +100,7 @@ impl Default for VmConfig {
             cr3_targets: machine::vmx::MAX_CR3_TARGETS,
             wall_clock_at_boot_ns: DEFAULT_WALL_CLOCK_AT_BOOT_NS,
             zap: ZapMode::Fast,
+            console_input: Vec::new(),
         }
     }
 }
@@ -109,6 +112,8 @@ pub enum StopReason {
     DebugExit { status: u32 },
     /// The guest called HC_SHUTDOWN.
     Shutdown { status: u64 },
+    /// The guest entered S5 through the FADT's sleep control register.
+    PowerOff,
     /// An unsupported or fatal exit.
     Error(VmError),
 }
@@ -276,7 +281,12 @@ impl Vm {
                     boot_ns: config.wall_clock_at_boot_ns,
                     ..WallClock::default()
                 },
-                serial: Vec::new(),
+                platform: crate::devices::Platform::new(&crate::devices::PlatformConfig {
+                    ram_size: config.mem_size,
+                    vcpus: config.vcpus as u16,
+                    cmdline: config.cmdline.clone(),
+                    console_input: config.console_input.clone(),
+                }),
                 reports: Vec::new(),
                 directory: vcpus
                     .iter()
@@ -442,7 +452,7 @@ impl Vm {
 
     /// Serial output not yet taken.
     pub fn take_serial(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.shared.serial)
+        self.shared.platform.uart.take_output()
     }
 
     /// HC_REPORT lines so far.

@@ -65,7 +65,8 @@ pub(crate) struct Shared {
     pub cr3_sweep: crate::vcpu::cr3_cache::SweepMark,
     /// kvmclock's wall clock.
     pub wall_clock: crate::vcpu::kvmclock::WallClock,
-    pub serial: Vec<u8>,
+    /// The devices (the console's output included).
+    pub platform: crate::devices::Platform,
     pub reports: Vec<Report>,
     pub directory: Vec<DirectoryEntry>,
     pub cross: Vec<CrossRequest>,
