@@ -49,6 +49,11 @@ pub struct HvCosts {
     pub event_injection: u64,
     /// Issuing an INVEPT.
     pub invept: u64,
+    /// Issuing an INVVPID: priced as INVEPT (both drop one context's
+    /// cached translations). Under shadow paging every CR3 load that exits
+    /// ends in one (KVM's `vmx_flush_tlb_current` after `kvm_mmu_new_pgd`):
+    /// the flush the guest's non-PCID MOV to CR3 asks for.
+    pub invvpid: u64,
     /// Submitting a swap I/O request (building and queueing it).
     pub io_submit: u64,
 }
@@ -71,6 +76,7 @@ impl HvCosts {
         cpuid_msr: 100,
         event_injection: 50,
         invept: 200,
+        invvpid: 200,
         io_submit: 1000,
     };
 }

@@ -53,6 +53,8 @@ pub struct VcpuStats {
     pub cycles: u64,
     /// Retired guest instructions.
     pub instructions: u64,
+    /// TLB lookups that needed a page walk.
+    pub tlb_misses: u64,
     /// Asynchronous page faults and waits for swapped pages.
     pub apf: ApfStats,
     /// Times its dirty ring filled and it waited for a harvest.

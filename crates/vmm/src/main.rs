@@ -85,6 +85,11 @@ pub enum BenchCommand {
     /// throughput with the fast page fault on and off, the cost of a
     /// write fault and the mmu_lock wait per fault, under EPT and shadow.
     Fastpf(FastpfBenchArgs),
+    /// Seed 004: a 2-task context switch (two processes ping-ponging
+    /// through pipes) under EPT, shadow paging, shadow with prev_roots and
+    /// shadow with the paravirtual CR3 cache of 4 and 16 targets: the time
+    /// per switch, CR3-load exits, roots built, TLB misses.
+    Ctxsw(CtxswBenchArgs),
     /// Merge the JSON results of the runs `--list-runs` printed into the
     /// benchmark's table (or JSON) and plot, as a direct run prints them.
     Merge(MergeArgs),
@@ -323,6 +328,20 @@ pub struct FastpfBenchArgs {
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     harvest_hz: u32,
     /// Where the SVG plot goes (default: faultline-results/bench-fastpf.svg
+    /// under the current directory).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    plot: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
+pub struct CtxswBenchArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// Round trips (two switches each).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(2..=10_000_000))]
+    rounds: u64,
+    /// Where the SVG plot goes (default: faultline-results/bench-ctxsw.svg
     /// under the current directory).
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]

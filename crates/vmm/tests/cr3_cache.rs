@@ -153,3 +153,65 @@ fn cached_roots_freed_and_obsoleted_while_processes_switch_lose_no_page() {
     let hits: u64 = report(&v, "cr3_cache_hits").unwrap().parse().unwrap();
     assert!(hits > 1000, "{hits}");
 }
+
+/// `bench ctxsw`, small: every row, the JSON keys, the acceptance
+/// ratios (cache-4 within 1.1x of EPT, at least 1.5x faster than shadow
+/// without a root cache) and no CR3-load exits on hits.
+#[test]
+fn bench_ctxsw_rows_keys_and_acceptance() {
+    let dir = std::env::temp_dir().join(format!("faultline-ctxsw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plot = dir.join("ctxsw.svg");
+    let out = faultline(&[
+        "bench",
+        "ctxsw",
+        "--rounds",
+        "400",
+        "--json",
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let results = v["results"].as_array().unwrap();
+    let configs: Vec<&str> = results
+        .iter()
+        .map(|r| r["config"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        configs,
+        [
+            "ept",
+            "shadow",
+            "shadow-prev-roots",
+            "shadow-cr3-cache-4",
+            "shadow-cr3-cache-16"
+        ]
+    );
+    let row = |name: &str| results.iter().find(|r| r["config"] == name).unwrap();
+    let us = |name: &str| row(name)["switch_us"].as_f64().unwrap();
+    let exits = |name: &str| row(name)["cr3_exits"].as_u64().unwrap();
+    for r in results {
+        for key in ["switch_us", "cr3_exits", "roots_built", "tlb_misses"] {
+            assert!(r[key].is_number(), "{key}: {r}");
+        }
+    }
+    assert!(us("shadow-cr3-cache-4") <= 1.1 * us("ept"), "{v}");
+    assert!(us("shadow") >= 1.5 * us("shadow-cr3-cache-4"), "{v}");
+    // Every switch exits without a cache; with one only the first loads.
+    assert!(exits("shadow") >= 2 * 399, "{v}");
+    assert!(exits("shadow-cr3-cache-4") <= 8, "{v}");
+    assert_eq!(exits("ept"), 0);
+    assert!(std::fs::metadata(&plot).unwrap().len() > 0);
+    let again = faultline(&[
+        "bench",
+        "ctxsw",
+        "--rounds",
+        "400",
+        "--json",
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    assert_eq!(again.stdout, out.stdout, "the same numbers again");
+    let _ = std::fs::remove_dir_all(&dir);
+}

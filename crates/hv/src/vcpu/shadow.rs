@@ -255,6 +255,7 @@ impl Vcpu {
         self.cpu.state_mut().cr3 = frame.addr().0;
         let vpid = self.cpu.vmx().map_or(0, |v| v.vpid);
         self.cpu.invvpid(InvvpidKind::SingleContext { vpid });
+        cycles += Cycles(costs.invvpid);
         self.root = Some(LoadedRoot {
             id,
             eptp: Eptp::new(frame.addr(), false),

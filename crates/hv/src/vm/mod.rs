@@ -497,6 +497,7 @@ impl Vm {
                     let mut s = v.stats.clone();
                     s.cycles = v.cpu.cycles();
                     s.instructions = v.cpu.stats().instructions;
+                    s.tlb_misses = v.cpu.tlb().stats().misses;
                     s.apf = v.apf.stats;
                     s
                 })

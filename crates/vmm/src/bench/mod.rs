@@ -16,6 +16,7 @@ mod apf;
 mod apf_calc;
 pub(crate) mod dirty_log;
 mod fastpf;
+mod ctxsw;
 pub(crate) mod memslot;
 
 use crate::config::{check_output_path, ConfigError, Kernel};
@@ -168,6 +169,20 @@ pub struct RunResult {
     /// The harvested run's record, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub harvest: Option<fastpf::HarvestRun>,
+    /// Address-space switching counters, summed over vCPUs.
+    #[serde(default)]
+    pub mmu: MmuCounters,
+}
+
+/// What a run's address-space switches cost the MMU, summed over vCPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmuCounters {
+    /// MOV-to-CR3 exits.
+    pub cr3_load_exits: u64,
+    /// Shadow roots built.
+    pub roots_built: u64,
+    /// TLB lookups that needed a walk.
+    pub tlb_misses: u64,
 }
 
 impl RunResult {
@@ -194,6 +209,11 @@ impl RunResult {
             memslot: None,
             dirty_log: None,
             harvest: None,
+            mmu: MmuCounters {
+                cr3_load_exits: stats.vcpus.iter().map(|v| v.cr3_cache.cr3_load_exits).sum(),
+                roots_built: stats.shadow.map_or(0, |s| s.roots_built),
+                tlb_misses: stats.vcpus.iter().map(|v| v.tlb_misses).sum(),
+            },
         }
     }
 
@@ -345,6 +365,13 @@ pub fn main(command: BenchCommand) -> u8 {
             };
             execute(fastpf::FastpfBench::new(args), &output)
         }
+        BenchCommand::Ctxsw(args) => {
+            let output = Output {
+                json: args.common.json,
+                plot: args.plot.clone(),
+            };
+            execute(ctxsw::CtxswBench::new(args), &output)
+        }
         BenchCommand::Merge(args) => merge(&args),
     };
     match result {
@@ -463,6 +490,7 @@ fn merge(args: &MergeArgs) -> Result<String, BenchError> {
         memslot::MemslotBench::NAME => merge_into::<memslot::MemslotBench>(files, &output),
         dirty_log::DirtyLogBench::NAME => merge_into::<dirty_log::DirtyLogBench>(files, &output),
         fastpf::FastpfBench::NAME => merge_into::<fastpf::FastpfBench>(files, &output),
+        ctxsw::CtxswBench::NAME => merge_into::<ctxsw::CtxswBench>(files, &output),
         other => Err(BenchError::Merge(format!("unknown benchmark `{other}`"))),
     }
 }
