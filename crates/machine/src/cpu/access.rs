@@ -376,8 +376,7 @@ impl Cpu {
             a & 0xffff_ffff
         } else if base.is_gpr16() || index.is_gpr16() {
             a & 0xffff
-        } else if base == Register::None && index == Register::None && !self.state.in_64bit_mode()
-        {
+        } else if base == Register::None && index == Register::None && !self.state.in_64bit_mode() {
             // A bare displacement outside 64-bit mode: its size is the
             // address size.
             if i.memory_displ_size() == 2 {

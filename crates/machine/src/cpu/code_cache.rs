@@ -149,7 +149,9 @@ impl CodeCache {
         bytes: &[u8; MAX_INSN_LEN],
     ) -> Option<Rc<Block>> {
         match &self.crossing[Self::crossing_slot(rip)] {
-            Some(e) if e.matches(rip, hpa, bits) && e.next_hpa == next_hpa.0 && e.bytes == *bytes => {
+            Some(e)
+                if e.matches(rip, hpa, bits) && e.next_hpa == next_hpa.0 && e.bytes == *bytes =>
+            {
                 Some(e.block.clone())
             }
             _ => None,
@@ -185,13 +187,7 @@ impl CodeCache {
     /// The valid block starting at `hpa`, decoded at `rip` for `bits`-bit
     /// code, if cached.
     #[inline]
-    pub fn lookup(
-        &mut self,
-        mem: &PhysMemory,
-        hpa: Hpa,
-        rip: u64,
-        bits: u32,
-    ) -> Option<Rc<Block>> {
+    pub fn lookup(&mut self, mem: &PhysMemory, hpa: Hpa, rip: u64, bits: u32) -> Option<Rc<Block>> {
         let gen = mem.code_generation(hpa);
         let slot = Self::slot(hpa.0);
         if let Some(b) = &self.front[slot] {

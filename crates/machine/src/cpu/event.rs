@@ -321,7 +321,8 @@ impl Cpu {
         if vec * 4 + 3 > self.state.idtr.limit as u64 {
             return Err(Fault::with_code(vector::GP, (vec as u32) * 8 + 2));
         }
-        let entry = self.read_implicit(mem, self.state.idtr.base.wrapping_add(vec * 4), Size::B4)?;
+        let entry =
+            self.read_implicit(mem, self.state.idtr.base.wrapping_add(vec * 4), Size::B4)?;
         let return_ip = if ev.kind == EventKind::SoftwareInterrupt {
             self.state.rip.wrapping_add(ev.instruction_len as u64)
         } else {

@@ -149,9 +149,8 @@ impl Cpu {
         let ax = if !adjust {
             ax
         } else if subtract {
-            let al = (ax & 0xff).wrapping_sub(6) & 0xff;
-            let ah = ((ax >> 8).wrapping_sub(1)) & 0xff;
-            (ah << 8) | al
+            // AX - 6 (a borrow from AL reaches AH), then AH - 1.
+            ax.wrapping_sub(6).wrapping_sub(0x100) & 0xffff
         } else {
             ax.wrapping_add(0x106) & 0xffff
         };
@@ -271,7 +270,10 @@ mod tests {
         cpu.state_mut().gpr[0] = al;
         cpu.state_mut().rflags = fl | rflags::FIXED1;
         f(&mut cpu);
-        (cpu.state.gpr[0], cpu.state.rflags & (rflags::CF | rflags::AF))
+        (
+            cpu.state.gpr[0],
+            cpu.state.rflags & (rflags::CF | rflags::AF),
+        )
     }
 
     #[test]
@@ -301,6 +303,15 @@ mod tests {
             run_adjust(0x020f, 0, |c| c.ascii_adjust(true)),
             (0x0109, rflags::CF | rflags::AF)
         );
-        assert_eq!(run_adjust(0x0234, 0, |c| c.ascii_adjust(false)), (0x0204, 0));
+        // AX = 0x0002 with AF: AX - 6 borrows from AH, then AH - 1 (as
+        // the host CPU does, found by the c32 difftest).
+        assert_eq!(
+            run_adjust(0x0002, rflags::AF, |c| c.ascii_adjust(true)),
+            (0xfe0c, rflags::CF | rflags::AF)
+        );
+        assert_eq!(
+            run_adjust(0x0234, 0, |c| c.ascii_adjust(false)),
+            (0x0204, 0)
+        );
     }
 }

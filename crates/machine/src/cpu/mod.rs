@@ -34,11 +34,11 @@ mod far;
 pub mod fpu_state;
 mod hostfp;
 mod hostx87;
+#[cfg(test)]
+mod mode_tests;
 mod sse;
 pub mod state;
 mod system;
-#[cfg(test)]
-mod mode_tests;
 #[cfg(test)]
 mod tests;
 pub mod triple_fault;
@@ -409,6 +409,38 @@ impl Cpu {
     pub fn post_external_interrupt(&mut self, vector: u8) {
         self.host_interrupts.set(vector);
         self.check_events = true;
+    }
+
+    /// An INIT signal (an IPI with delivery mode INIT): the CPU takes the
+    /// INIT state (real mode, [`CpuState::real_mode_at`]; x87/SSE state
+    /// and the APIC id kept, the APIC reset) and waits for a startup IPI.
+    /// Pending events are dropped; the TLB and decoded code are flushed.
+    pub fn receive_init(&mut self) {
+        let fpu = self.state.fpu;
+        self.state = CpuState::real_mode_at(0, 0);
+        self.state.fpu = fpu;
+        self.state.activity = Activity::WaitForSipi;
+        self.apic.reset();
+        self.injection = None;
+        self.host_interrupts = PendingVectors::default();
+        self.tlb.flush_vpid(self.vpid());
+        self.mode_epoch += 1;
+        self.check_events = true;
+    }
+
+    /// A startup IPI with `vector`: a CPU waiting for SIPI starts in real
+    /// mode at CS = `vector << 8`, IP = 0 (linear `vector << 12`), as
+    /// hardware does. Any other CPU ignores it; returns whether it started.
+    pub fn receive_startup(&mut self, vector: u8) -> bool {
+        if self.state.activity != Activity::WaitForSipi {
+            return false;
+        }
+        let fpu = self.state.fpu;
+        self.state = CpuState::real_mode_at((vector as u16) << 8, 0);
+        self.state.fpu = fpu;
+        self.mode_epoch += 1;
+        self.check_events = true;
+        true
     }
 
     /// The local APIC.

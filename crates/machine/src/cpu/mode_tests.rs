@@ -37,7 +37,11 @@ fn memory() -> PhysMemory {
     mem
 }
 
-fn assemble(bits: u32, at: u64, f: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>) -> Vec<u8> {
+fn assemble(
+    bits: u32,
+    at: u64,
+    f: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>,
+) -> Vec<u8> {
     let mut a = CodeAssembler::new(bits).unwrap();
     f(&mut a).unwrap();
     a.assemble(at).unwrap()
@@ -54,7 +58,11 @@ fn far_jump32(selector: u16, offset: u32) -> Vec<u8> {
 /// `jmp far selector:offset` (EA ptr16:16) in 16-bit code, with an
 /// operand-size prefix when `offset32`.
 fn far_jump16(selector: u16, offset: u32, offset32: bool) -> Vec<u8> {
-    let mut v = if offset32 { vec![0x66, 0xea] } else { vec![0xea] };
+    let mut v = if offset32 {
+        vec![0x66, 0xea]
+    } else {
+        vec![0xea]
+    };
     if offset32 {
         v.extend_from_slice(&offset.to_le_bytes());
     } else {
@@ -257,5 +265,36 @@ fn the_same_bytes_decode_by_the_code_size() {
     };
     s.activity = Activity::Active;
     run_to_hlt(&mut cpu, &mem);
-    assert_eq!(cpu.state().gpr[0], 1, "the cached 64-bit block was not reused");
+    assert_eq!(
+        cpu.state().gpr[0],
+        1,
+        "the cached 64-bit block was not reused"
+    );
+}
+
+#[test]
+fn init_then_startup_runs_16_bit_code_at_the_vector_page() {
+    let mem = memory();
+    // The trampoline at vector 0x08 (linear 0x8000 is the GDT here, so
+    // use vector 0x09: CS 0x0900, linear 0x9000).
+    let c = assemble(16, 0, |a| {
+        a.mov(ax, cs)?;
+        a.mov(bx, 0x1234)?;
+        a.hlt()
+    });
+    mem.write_bytes(Hpa(0x9000), &c).unwrap();
+    let mut cpu = long_mode_cpu();
+    cpu.state_mut().fpu.mxcsr = 0x1f80 | 0x6000;
+    assert!(!cpu.receive_startup(0x09), "a running CPU ignores SIPI");
+    cpu.receive_init();
+    assert_eq!(cpu.state().activity, Activity::WaitForSipi);
+    assert_eq!(cpu.run(&mem, 1_000_000), VmExit::Hlt, "waits for SIPI");
+    assert!(cpu.receive_startup(0x09));
+    run_to_hlt(&mut cpu, &mem);
+    let s = cpu.state();
+    assert_eq!(s.gpr[0] & 0xffff, 0x0900);
+    assert_eq!(s.gpr[3] & 0xffff, 0x1234);
+    assert_eq!(s.cs.base, 0x9000);
+    assert_eq!(s.fpu.mxcsr, 0x1f80 | 0x6000, "INIT keeps the x87/SSE state");
+    assert_eq!(s.efer, 0);
 }

@@ -930,7 +930,11 @@ impl Cpu {
     }
 
     /// Checks a code-segment descriptor for a return to privilege `rpl`.
-    pub(super) fn return_code_segment(&mut self, mem: &PhysMemory, sel: u16) -> Result<Segment, Fault> {
+    pub(super) fn return_code_segment(
+        &mut self,
+        mem: &PhysMemory,
+        sel: u16,
+    ) -> Result<Segment, Fault> {
         let err = gp((sel & !3) as u32);
         if sel & !3 == 0 {
             return Err(gp(0));

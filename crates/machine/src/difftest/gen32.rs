@@ -110,11 +110,7 @@ impl Builder<'_> {
         let s = self.reg();
         let one = |i: Result<Instruction, iced_x86::IcedError>| i.ok().map(|i| vec![i]);
         Some(match self.rng.index(30) {
-            0 => one(Instruction::with2(
-                *self.rng.pick(&alu32),
-                R32[r],
-                R32[s],
-            ))?,
+            0 => one(Instruction::with2(*self.rng.pick(&alu32), R32[r], R32[s]))?,
             1 => {
                 let m = self.mem();
                 one(Instruction::with2(*self.rng.pick(&alu32), R32[r], m))?
@@ -130,18 +126,24 @@ impl Builder<'_> {
                 }
             }
             3 => {
-                let code = *self.rng.pick(&[C::Add_r16_rm16, C::Sub_r16_rm16, C::Xor_r16_rm16]);
+                let code = *self
+                    .rng
+                    .pick(&[C::Add_r16_rm16, C::Sub_r16_rm16, C::Xor_r16_rm16]);
                 one(Instruction::with2(code, R16[r], R16[s]))?
             }
             4 => {
                 let a = *self.rng.pick(&R8);
                 let b = *self.rng.pick(&R8);
-                let code = *self.rng.pick(&[C::Add_r8_rm8, C::Sbb_r8_rm8, C::Cmp_r8_rm8]);
+                let code = *self
+                    .rng
+                    .pick(&[C::Add_r8_rm8, C::Sbb_r8_rm8, C::Cmp_r8_rm8]);
                 one(Instruction::with2(code, a, b))?
             }
             // The one-byte INC/DEC of 32-bit code (REX prefixes in 64-bit).
             5 => {
-                let code = *self.rng.pick(&[C::Inc_r32, C::Dec_r32, C::Inc_r16, C::Dec_r16]);
+                let code = *self
+                    .rng
+                    .pick(&[C::Inc_r32, C::Dec_r32, C::Inc_r16, C::Dec_r16]);
                 let reg = if matches!(code, C::Inc_r32 | C::Dec_r32) {
                     R32[r]
                 } else {
@@ -159,7 +161,9 @@ impl Builder<'_> {
             }
             7 => {
                 let m = self.mem();
-                let code = *self.rng.pick(&[C::Movzx_r32_rm8, C::Movsx_r32_rm16, C::Lea_r32_m]);
+                let code = *self
+                    .rng
+                    .pick(&[C::Movzx_r32_rm8, C::Movsx_r32_rm16, C::Lea_r32_m]);
                 one(Instruction::with2(code, R32[r], m))?
             }
             8 => vec![
@@ -280,7 +284,9 @@ impl Builder<'_> {
                 one(Instruction::with2(code, R32[r], count))?
             }
             23 => {
-                let code = *self.rng.pick(&[C::Mul_rm32, C::Neg_rm32, C::Not_rm32, C::Bswap_r32]);
+                let code = *self
+                    .rng
+                    .pick(&[C::Mul_rm32, C::Neg_rm32, C::Not_rm32, C::Bswap_r32]);
                 one(Instruction::with1(code, R32[r]))?
             }
             24 => one(Instruction::with2(C::Imul_r32_rm32, R32[r], R32[s]))?,

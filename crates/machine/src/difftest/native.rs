@@ -164,7 +164,10 @@ fn assemble_prologue_for(compat: bool) -> Result<Vec<u8>, IcedError> {
 fn assemble_compat_trampoline(epilogue: &[u8]) -> Result<Vec<u8>, IcedError> {
     let mut page = assemble_prologue_for(true)?;
     let at = (COMPAT_EPILOGUE_ADDR - NATIVE_TRAMPOLINE_ADDR) as usize;
-    assert!(page.len() <= at, "the compat prologue fits below its epilogue");
+    assert!(
+        page.len() <= at,
+        "the compat prologue fits below its epilogue"
+    );
     page.resize(at, 0xcc);
     page.extend_from_slice(epilogue);
     Ok(page)
