@@ -22,6 +22,7 @@ use crate::time::Cycles;
 use crate::vcpu::{Next, Requests, RunState, Vcpu, VcpuId};
 use machine::cpu::state::DescriptorTable;
 use machine::cpu::{Activity, Gpr};
+use machine::vmx::IpiMode;
 use std::collections::BTreeSet;
 
 /// Scheduling state of the VM.
@@ -304,10 +305,31 @@ impl Vm {
                     ipi,
                     at,
                 } => {
-                    for target in vcpus.iter_mut() {
-                        if target.cpu.apic().is_destination(ipi.dest, sender_apic) {
-                            target.cpu.apic_mut().accept_interrupt(ipi.vector);
-                            wake(target, at);
+                    for (i, target) in vcpus.iter_mut().enumerate() {
+                        if !target.cpu.apic().is_destination(ipi.dest, sender_apic) {
+                            continue;
+                        }
+                        match ipi.mode {
+                            // INIT (not the level de-assert): wait for SIPI.
+                            IpiMode::Init if ipi.level_assert => {
+                                target.cpu.receive_init();
+                                target.run = RunState::WaitingForStart;
+                                shared.directory[i].started = false;
+                            }
+                            IpiMode::Init => {}
+                            // SIPI: real mode at vector << 8 (ignored
+                            // unless the target waits for one).
+                            IpiMode::Startup => {
+                                if target.cpu.receive_startup(ipi.vector) {
+                                    shared.directory[i].started = true;
+                                    target.idle_until(at);
+                                    target.run = RunState::Runnable;
+                                }
+                            }
+                            _ => {
+                                target.cpu.apic_mut().accept_interrupt(ipi.vector);
+                                wake(target, at);
+                            }
                         }
                     }
                 }
