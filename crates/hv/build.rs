@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 6] = ["hello", "smp", "triple", "outside", "apfabi", "kvmclock"];
+const KERNELS: [&str; 7] = [
+    "hello", "smp", "triple", "outside", "apfabi", "kvmclock", "platform",
+];
 /// The hostile-guest suite (tests/guests/hostile/NAME.c -> hostile-NAME.elf);
 /// `exits` is the guest of the exit-handler fuzz target (fuzz/).
 const HOSTILE: [&str; 7] = ["msr", "hypercall", "ports", "wild", "smc", "spin", "exits"];

@@ -11,6 +11,7 @@
 //! | 0x4000 | PDPT |
 //! | 0x5000.. | one page directory per GiB of RAM (2 MiB pages) |
 //! | 0x70000..0x80000 | boot stack of the bootstrap vCPU |
+//! | 0xe0000.. | ACPI tables, the RSDP first (`devices::acpi`) |
 
 use crate::error::CreateError;
 use crate::memslot::PageState;
@@ -136,6 +137,7 @@ pub(crate) fn boot(config: &VmConfig, kernel: &[u8]) -> Result<Vm, CreateError> 
     load_kernel(&mut vm, &elf)?;
     let gdt: Vec<u8> = GDT.iter().flat_map(|d| d.to_le_bytes()).collect();
     vm.write_guest(Gpa(GDT_GPA), &gdt)?;
+    write_acpi_tables(&mut vm, config.vcpus)?;
     for (gpa, entry) in identity_map_entries(config.mem_size) {
         vm.write_guest(Gpa(gpa), &entry.to_le_bytes())?;
     }
@@ -164,6 +166,14 @@ pub(crate) fn boot(config: &VmConfig, kernel: &[u8]) -> Result<Vm, CreateError> 
     vm.kernel = Some(image);
     vm.start_vcpu(VcpuId(0), entry, BOOT_STACK_TOP, BOOT_INFO_GPA);
     Ok(vm)
+}
+
+/// Writes the ACPI tables at their place in the reserved low megabyte
+/// (`devices::acpi`).
+pub(crate) fn write_acpi_tables(vm: &mut Vm, vcpus: u32) -> Result<(), CreateError> {
+    let tables = crate::devices::acpi::build_tables(vcpus);
+    vm.write_guest(Gpa(crate::devices::acpi::ACPI_BASE), &tables)?;
+    Ok(())
 }
 
 /// Copies the kernel's segments into guest RAM (zero-filling .bss).

@@ -36,6 +36,8 @@ pub struct VcpuStats {
     pub halts: u64,
     /// IPIs routed.
     pub ipis_sent: u64,
+    /// MMIO accesses emulated (IOAPIC, xAPIC page).
+    pub mmio_accesses: u64,
     /// Cycles interpreting guest code or handling its exits.
     pub busy_cycles: u64,
     /// Cycles skipped while halted or not started.
@@ -46,6 +48,8 @@ pub struct VcpuStats {
     pub instructions: u64,
     /// Asynchronous page faults and waits for swapped pages.
     pub apf: ApfStats,
+    /// CR3-load exits and the paravirtual CR3 cache.
+    pub cr3_cache: crate::mmu::shadow::cr3_cache::Cr3CacheStats,
 }
 
 impl VcpuStats {

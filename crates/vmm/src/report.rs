@@ -27,6 +27,8 @@ pub struct VcpuSummary {
     pub halts: u64,
     pub ipis_sent: u64,
     pub apf: hv::apf::ApfStats,
+    /// CR3-load exits and the paravirtual CR3 cache (shadow paging).
+    pub cr3: hv::Cr3CacheStats,
     pub exits: BTreeMap<String, ExitSummary>,
 }
 
@@ -83,6 +85,8 @@ pub enum Stop {
     /// The VM stopped with an error (triple fault, access outside guest
     /// memory, swap I/O error, ...).
     Error { message: String },
+    /// The guest powered off (ACPI S5 through the FADT).
+    PowerOff,
     /// SIGINT or SIGTERM.
     Interrupted { signal: &'static str },
     /// `--time-limit` (virtual time) was reached.
@@ -96,6 +100,7 @@ impl Stop {
         match ending {
             Ending::Vm(StopReason::Shutdown { status }) => Stop::Shutdown { status: *status },
             Ending::Vm(StopReason::DebugExit { status }) => Stop::DebugExit { status: *status },
+            Ending::Vm(StopReason::PowerOff) => Stop::PowerOff,
             Ending::Vm(StopReason::Error(e)) => Stop::Error {
                 message: e.to_string(),
             },
@@ -224,6 +229,7 @@ impl Summary {
                     halts: v.halts,
                     ipis_sent: v.ipis_sent,
                     apf: v.apf,
+                    cr3: v.cr3_cache,
                     exits: exits(&v.exits),
                 })
                 .collect(),
@@ -361,6 +367,14 @@ impl Summary {
                 v.apf.halts,
                 v.apf.stall_cycles
             );
+            let c = &v.cr3;
+            if self.mmu == "shadow" {
+                let _ = writeln!(
+                    s,
+                    "           cr3: {} load exits; cache {} entries added, {} exitless switches seen, {} dropped, {} stale loads",
+                    c.cr3_load_exits, c.entries_added, c.switches_seen, c.entries_dropped, c.stale_loads
+                );
+            }
         }
         if !self.reports.is_empty() {
             let _ = writeln!(s, "reports:");

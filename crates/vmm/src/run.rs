@@ -31,6 +31,8 @@ pub fn exit_status(ending: &Ending) -> u8 {
         Ending::Vm(StopReason::DebugExit { status }) => *status as u8,
         Ending::Vm(StopReason::Shutdown { status }) => *status as u8,
         Ending::Vm(StopReason::Error(_)) => EXIT_VM_ERROR,
+        // A clean stop, as a shutdown with status 0.
+        Ending::Vm(StopReason::PowerOff) => 0,
         Ending::Interrupted(signal) => signal.exit_status(),
         Ending::TimeLimit(_) | Ending::WallLimit(_) => EXIT_LIMIT,
     }

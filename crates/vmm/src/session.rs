@@ -48,6 +48,7 @@ impl Ending {
                 format!("debug_exit (status {status})")
             }
             Ending::Vm(StopReason::Error(e)) => format!("error: {e}"),
+            Ending::Vm(StopReason::PowerOff) => "power off".to_string(),
             Ending::Interrupted(signal) => format!("interrupted ({})", signal.name()),
             Ending::TimeLimit(d) => format!("time_limit (--time-limit {})", format_duration(*d)),
             Ending::WallLimit(d) => format!("wall_limit (--wall-limit {})", format_duration(*d)),

@@ -1,13 +1,16 @@
-//! Port I/O exits: the serial port (COM1) and the isa-debug-exit port.
+//! Port I/O exits: dispatched to the platform's port bus
+//! (`crate::devices`); the interrupts a device access raises go to the
+//! local APICs the IOAPIC names.
 
 use super::{Next, Vcpu};
-use crate::vm::shared::Shared;
+use crate::devices::DeviceStop;
+use crate::vm::shared::{CrossRequest, Shared};
 use crate::vm::StopReason;
 use machine::vmx::IoDirection;
 
-const COM1_LSR: u16 = abi::COM1_PORT + 5;
-/// Transmitter empty and holding register empty: always ready.
-const LSR_THRE_TEMT: u32 = 0x60;
+/// The sender of device interrupts in an IPI request: no APIC has this
+/// id, so every destination (the sender's own included) gets it.
+const NO_SENDER_APIC: u32 = u32::MAX - 1;
 
 impl Vcpu {
     pub(super) fn handle_io(
@@ -18,34 +21,35 @@ impl Vcpu {
         dir: IoDirection,
         value: u32,
     ) -> Next {
-        match dir {
+        let stop = match dir {
             IoDirection::Out => {
                 self.cpu.skip_instruction();
-                if port == abi::COM1_PORT {
-                    shared.serial.push(value as u8);
-                } else if port == abi::DEBUG_EXIT_PORT {
-                    let mask = if size >= 4 {
-                        u32::MAX
-                    } else {
-                        (1 << (size * 8)) - 1
-                    };
-                    let v = value & mask;
-                    return Next::Stop(StopReason::DebugExit {
-                        status: (v << 1) | 1,
-                    });
-                }
-                // Other COM1 registers and other ports: writes are ignored.
+                shared.platform.pio_write(port, size, value)
             }
             IoDirection::In => {
-                let result = match port {
-                    COM1_LSR => LSR_THRE_TEMT,
-                    p if (abi::COM1_PORT..abi::COM1_PORT + 8).contains(&p) => 0,
-                    // Nothing attached: the bus floats high.
-                    _ => u32::MAX,
-                };
+                let result = shared.platform.pio_read(port, size);
                 self.cpu.complete_io_in(size, result);
+                None
             }
+        };
+        self.deliver_device_interrupts(shared);
+        match stop {
+            Some(DeviceStop::DebugExit { status }) => Next::Stop(StopReason::DebugExit { status }),
+            Some(DeviceStop::PowerOff) => Next::Stop(StopReason::PowerOff),
+            None => Next::Continue,
         }
-        Next::Continue
+    }
+
+    /// Queues the interrupt messages the devices raised, stamped with this
+    /// vCPU's clock (the access that raised them).
+    pub(super) fn deliver_device_interrupts(&mut self, shared: &mut Shared) {
+        let at = self.clock();
+        for ipi in shared.platform.take_interrupts() {
+            shared.cross.push(CrossRequest::Ipi {
+                sender_apic: NO_SENDER_APIC,
+                ipi,
+                at,
+            });
+        }
     }
 }

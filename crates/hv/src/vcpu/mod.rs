@@ -12,7 +12,9 @@
 //! - `cpuid`: CPUID;
 //! - `msr`: RDMSR/WRMSR through the MSR table (the async-PF MSRs are
 //!   `apf::x86`'s);
-//! - `io`: port I/O (the serial port, the debug-exit port);
+//! - `io`: port I/O (the platform's port bus, `crate::devices`);
+//! - `page_fault`'s MMIO part and `xapic`: accesses outside guest RAM
+//!   to the IOAPIC and the xAPIC page;
 //! - `hypercall`: VMCALL (the event protocol's hypercalls are
 //!   `apf::event`'s);
 //! - `page_fault`: EPT violations (the MMU's fault path, then the
@@ -22,12 +24,14 @@
 //! - IPIs and HLT here.
 
 mod cpuid;
+pub(crate) mod cr3_cache;
 mod hypercall;
 mod io;
 pub(crate) mod kvmclock;
 pub(crate) mod msr;
 mod page_fault;
 pub(crate) mod shadow;
+mod xapic;
 
 use crate::apf::ApfVcpu;
 use crate::error::VmError;
@@ -40,7 +44,7 @@ use crate::swap::SwapSlot;
 use crate::time::Cycles;
 use crate::vm::shared::{CrossRequest, Shared};
 use crate::vm::StopReason;
-use machine::vmx::{InveptKind, IpiMode};
+use machine::vmx::{InveptKind, Ipi, IpiMode};
 use machine::{Cpu, VmExit};
 
 /// Identifier of a vCPU: its index in the VM (also its APIC id).
@@ -138,6 +142,8 @@ pub struct Vcpu {
     pub(crate) mmu_mode: MmuMode,
     /// Shadow paging: the guest's CR3, `prev_roots`, a write in flight.
     pub(crate) shadow: ShadowVcpu,
+    /// The xAPIC page's own registers.
+    pub(crate) xapic: xapic::XapicRegs,
 }
 
 impl Vcpu {
@@ -158,6 +164,7 @@ impl Vcpu {
             root: None,
             mmu_mode: MmuMode::Ept,
             shadow: ShadowVcpu::default(),
+            xapic: xapic::XapicRegs::default(),
         }
     }
 
@@ -310,6 +317,8 @@ impl Vcpu {
         let name = exit.name();
         let vectoring = self.cpu.idt_vectoring_info();
         let mut cycles = Cycles(shared.host.costs.exit_base);
+        // The guest may have switched to a cached root without exiting.
+        self.cr3_cache_resync(shared);
         // A tracked write let through ends at the first exit after it,
         // whatever the exit (the monitor trap, or something the
         // instruction did first).
@@ -419,34 +428,39 @@ impl Vcpu {
                 *cycles += Cycles(costs.hypercall);
                 self.handle_hypercall(shared)
             }
-            VmExit::Ipi(ipi) => match ipi.mode {
-                // Lowest priority is delivered like fixed to every
-                // destination (the "focus processor" choice is the
-                // platform's; all is legal for a single-destination use
-                // and deterministic).
-                // INIT and SIPI start APs the way hardware does (next to
-                // HC_START_CPU); the targets act on them in
-                // `carry_out_cross_requests`.
-                IpiMode::Fixed | IpiMode::LowestPriority | IpiMode::Init | IpiMode::Startup => {
-                    shared.cross.push(CrossRequest::Ipi {
-                        sender_apic: self.cpu.apic().id(),
-                        ipi,
-                        at: self.clock(),
-                    });
-                    self.stats.ipis_sent += 1;
-                    Ok(Next::Continue)
-                }
-                // NMI and SMI IPIs are not modelled.
-                other => Err(VmError::UnsupportedExit {
-                    vcpu,
-                    rip,
-                    exit: format!("IPI with delivery mode {other:?}"),
-                }),
-            },
+            VmExit::Ipi(ipi) => self.send_ipi(shared, ipi),
             other => Err(VmError::UnsupportedExit {
                 vcpu,
                 rip,
                 exit: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// Routes an IPI this vCPU's APIC sent (by ICR MSR or the xAPIC page).
+    pub(crate) fn send_ipi(&mut self, shared: &mut Shared, ipi: Ipi) -> Result<Next, VmError> {
+        match ipi.mode {
+            // Lowest priority is delivered like fixed to every
+            // destination (the "focus processor" choice is the
+            // platform's; all is legal for a single-destination use
+            // and deterministic).
+            // INIT and SIPI start APs the way hardware does (next to
+            // HC_START_CPU); the targets act on them in
+            // `carry_out_cross_requests`.
+            IpiMode::Fixed | IpiMode::LowestPriority | IpiMode::Init | IpiMode::Startup => {
+                shared.cross.push(CrossRequest::Ipi {
+                    sender_apic: self.cpu.apic().id(),
+                    ipi,
+                    at: self.clock(),
+                });
+                self.stats.ipis_sent += 1;
+                Ok(Next::Continue)
+            }
+            // NMI and SMI IPIs are not modelled.
+            other => Err(VmError::UnsupportedExit {
+                vcpu: self.id,
+                rip: self.rip(),
+                exit: format!("IPI with delivery mode {other:?}"),
             }),
         }
     }

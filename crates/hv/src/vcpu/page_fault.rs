@@ -2,7 +2,8 @@
 //! if the page is still on its way in from swap, the async-PF policy
 //! (`apf/policy.rs`) decides how the vCPU waits.
 
-use super::{Next, Vcpu};
+use super::{xapic, Next, Vcpu};
+use crate::devices::Platform;
 use crate::error::VmError;
 use crate::mmu::fault::{page_fault, ExitClock, Fault, FaultError, FaultOutcome};
 use crate::time::Cycles;
@@ -23,6 +24,11 @@ impl Vcpu {
             now: self.clock() + *cycles,
             cycles: *cycles,
         };
+        if shared.host.slots.lookup(gpa.frame()).is_none() {
+            if let Some(next) = self.emulate_mmio(shared, gpa, cycles)? {
+                return Ok(next);
+            }
+        }
         let root = self.root.map(|r| r.id).expect("a vCPU that ran has a root");
         let write = qualification & ept_qual::WRITE != 0;
         let result = page_fault(
@@ -53,6 +59,56 @@ impl Vcpu {
 }
 
 impl Vcpu {
+    /// An access outside guest RAM to a device's MMIO (the IOAPIC) or the
+    /// xAPIC page: the machine describes the access (`Cpu::mmio_access`)
+    /// and the device answers. `None`: no device there.
+    fn emulate_mmio(
+        &mut self,
+        shared: &mut Shared,
+        gpa: Gpa,
+        cycles: &mut Cycles,
+    ) -> Result<Option<Next>, VmError> {
+        let xapic = xapic::is_xapic(gpa.0);
+        if !xapic && !Platform::is_mmio(gpa.0) {
+            return Ok(None);
+        }
+        let access = self
+            .cpu
+            .mmio_access()
+            .ok_or_else(|| VmError::UnsupportedExit {
+                vcpu: self.id,
+                rip: self.rip(),
+                exit: format!(
+                    "MMIO access at {:#x} by an instruction other than a mov between a register or immediate and memory",
+                    gpa.0
+                ),
+            })?;
+        *cycles += Cycles(shared.host.costs.io_emulation);
+        self.stats.mmio_accesses += 1;
+        let next = match access.write {
+            Some(value) => {
+                self.cpu.skip_instruction();
+                if xapic {
+                    self.xapic_write(shared, gpa.0 - xapic::XAPIC_BASE, value as u32)?
+                } else {
+                    shared.platform.mmio_write(gpa.0, access.size, value);
+                    Next::Continue
+                }
+            }
+            None => {
+                let value = if xapic {
+                    u64::from(self.xapic_read(gpa.0 - xapic::XAPIC_BASE))
+                } else {
+                    shared.platform.mmio_read(gpa.0, access.size)
+                };
+                self.cpu.complete_mmio_read(value);
+                Next::Continue
+            }
+        };
+        self.deliver_device_interrupts(shared);
+        Ok(Some(next))
+    }
+
     /// The VM error for a fault at `gpa` the hv could not resolve (both
     /// MMUs).
     pub(super) fn fault_error(&self, gpa: Gpa, source: FaultError) -> VmError {

@@ -61,12 +61,19 @@ pub struct VmConfig {
     /// Shadow paging: roots each vCPU remembers for a CR3 switch back
     /// (KVM's `prev_roots`, 3).
     pub shadow_prev_roots: usize,
+    /// Shadow paging: offer the paravirtual CR3 cache (seed 004).
+    pub cr3_cache: bool,
+    /// The CPU's CR3-target count (IA32_VMX_MISC; 4 on Intel CPUs), 1 to
+    /// `abi::CR3_CACHE_MAX`: the entries of a vCPU's CR3 cache.
+    pub cr3_targets: usize,
     /// kvmclock's wall clock when the VM starts, in nanoseconds since the
     /// Unix epoch (a fixed default, so runs repeat).
     pub wall_clock_at_boot_ns: u64,
     /// How memslot deletion and moves (and [`Vm::zap_all`]) drop every
     /// mapping.
     pub zap: ZapMode,
+    /// What the console (COM1) offers the guest to read; empty: nothing.
+    pub console_input: Vec<u8>,
 }
 
 /// 2026-01-01T00:00:00Z.
@@ -89,8 +96,11 @@ impl Default for VmConfig {
             seed: 1,
             mmu: MmuMode::Ept,
             shadow_prev_roots: 3,
+            cr3_cache: false,
+            cr3_targets: machine::vmx::MAX_CR3_TARGETS,
             wall_clock_at_boot_ns: DEFAULT_WALL_CLOCK_AT_BOOT_NS,
             zap: ZapMode::Fast,
+            console_input: Vec::new(),
         }
     }
 }
@@ -102,6 +112,8 @@ pub enum StopReason {
     DebugExit { status: u32 },
     /// The guest called HC_SHUTDOWN.
     Shutdown { status: u64 },
+    /// The guest entered S5 through the FADT's sleep control register.
+    PowerOff,
     /// An unsupported or fatal exit.
     Error(VmError),
 }
@@ -211,6 +223,11 @@ impl Vm {
         if limit < config.mem_size {
             pager.open_swap()?;
         }
+        if !(1..=abi::CR3_CACHE_MAX).contains(&config.cr3_targets) {
+            return Err(CreateError::BadCr3Targets(config.cr3_targets));
+        }
+        let cr3_cache =
+            (config.cr3_cache && config.mmu == MmuMode::Shadow).then_some(config.cr3_targets);
         let mmu = Mmu::new(&mem, &mut frames, config.mmu)?;
         let mut slots = Memslots::default();
         slots.add(
@@ -225,7 +242,10 @@ impl Vm {
                     apic_id: id,
                     ..CpuConfig::default()
                 });
-                cpu.set_vmx(Some(controls(id, config.mmu)));
+                cpu.set_vmx(Some(VmxControls {
+                    cr3_target_count: config.cr3_targets,
+                    ..controls(id, config.mmu)
+                }));
                 let mut vcpu = Vcpu::new(VcpuId(id as usize), cpu);
                 vcpu.mmu_mode = config.mmu;
                 vcpu.shadow.capacity = config.shadow_prev_roots;
@@ -249,12 +269,24 @@ impl Vm {
                 apf,
                 kvm_features: apf.kvm_features()
                     | abi::KVM_FEATURE_CLOCKSOURCE2
-                    | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT,
+                    | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT
+                    | if cr3_cache.is_some() {
+                        abi::KVM_FEATURE_CR3_CACHE
+                    } else {
+                        0
+                    },
+                cr3_cache,
+                cr3_sweep: Default::default(),
                 wall_clock: WallClock {
                     boot_ns: config.wall_clock_at_boot_ns,
                     ..WallClock::default()
                 },
-                serial: Vec::new(),
+                platform: crate::devices::Platform::new(&crate::devices::PlatformConfig {
+                    ram_size: config.mem_size,
+                    vcpus: config.vcpus as u16,
+                    cmdline: config.cmdline.clone(),
+                    console_input: config.console_input.clone(),
+                }),
                 reports: Vec::new(),
                 directory: vcpus
                     .iter()
@@ -389,9 +421,17 @@ impl Vm {
 
     /// Checks the MMU's invariants (every spte consistent with its memslot,
     /// the rmap and its page header; writable implies MMU-writable implies
-    /// host-writable).
+    /// host-writable; every cached CR3 root valid and in sync).
     pub fn check_mmu(&self) -> Result<(), InvariantError> {
         let host = &self.shared.host;
+        let cached: Vec<String> = self
+            .vcpus
+            .iter()
+            .flat_map(|v| v.cr3_cache_violations(&self.shared))
+            .collect();
+        if !cached.is_empty() {
+            return Err(InvariantError(format!("CR3 cache: {}", cached.join("; "))));
+        }
         host.mmu.check(&host.mem, &host.slots, &host.costs)
     }
 
@@ -412,7 +452,7 @@ impl Vm {
 
     /// Serial output not yet taken.
     pub fn take_serial(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.shared.serial)
+        self.shared.platform.uart.take_output()
     }
 
     /// HC_REPORT lines so far.

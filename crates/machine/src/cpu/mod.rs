@@ -27,6 +27,7 @@ mod event;
 mod fast;
 mod l1tlb;
 mod legacy;
+mod mmio;
 pub use event::has_error_code;
 pub use system::native_cpuid;
 mod exec;
@@ -199,6 +200,9 @@ pub struct Cpu {
     idt_vectoring: Option<EventInjection>,
     host_interrupts: PendingVectors,
     exit_len: u8,
+    /// The MMIO access of the instruction that exited on an EPT
+    /// violation (`mmio.rs`).
+    mmio: Option<mmio::PendingMmio>,
     stats: CpuStats,
     code: CodeCache,
     /// Target RIP of the instruction being executed (branches set it).
@@ -258,6 +262,7 @@ impl Cpu {
             idt_vectoring: None,
             host_interrupts: PendingVectors::default(),
             exit_len: 0,
+            mmio: None,
             stats: CpuStats::default(),
             code: CodeCache::new(),
             next_rip: 0,
@@ -662,7 +667,10 @@ impl Cpu {
         let single = self.state.interruptibility != 0 || mtf;
         let block = match self.fetch_block(mem) {
             Ok(b) => b,
-            Err(f) => return self.handle_fault(mem, f, 0),
+            Err(f) => {
+                self.mmio = None;
+                return self.handle_fault(mem, f, 0);
+            }
         };
         // Pending events (e.g. just after delivering an interrupt) are
         // looked at again after the first instruction.
@@ -694,6 +702,7 @@ impl Cpu {
                     if !matches!(op.fast, fast::Fast::Generic) {
                         self.state.rip = op.insn.ip();
                     }
+                    self.note_mmio(&op.insn, &f);
                     step = self.handle_fault(mem, f, op.insn.len() as u8);
                     rip = self.state.rip;
                     break;

@@ -1,0 +1,285 @@
+//! The ACPI tables, built with rust-vmm's `acpi_tables`, and the
+//! hardware-reduced sleep registers that power the VM off.
+//!
+//! The tables sit in the BIOS area at [`ACPI_BASE`] (the RSDP first, on
+//! the 16-byte boundary where an OS scans for it), inside the low
+//! megabyte the memory map reserves:
+//!
+//! - RSDP (revision 2) → XSDT → FADT, MADT;
+//! - FADT: hardware-reduced (no PM1 blocks, no SCI), the sleep control
+//!   and status registers at ports [`SLEEP_CONTROL_PORT`] and
+//!   [`SLEEP_STATUS_PORT`], the DSDT's 64-bit address;
+//! - MADT: the local APIC address, *no* PCAT_COMPAT flag (there is no
+//!   8259 PIC), a local x2APIC entry per vCPU, the IOAPIC, and interrupt
+//!   source overrides IRQ0 → GSI 2 and COM1's IRQ 4 (edge, active high);
+//! - DSDT: just `Name (_S5_, Package () { 5, 0, 0, 0 })`, from which an
+//!   OS learns the SLP_TYP of soft-off.
+
+use super::ioapic::{IOAPIC_BASE, IOAPIC_ID};
+use super::serial::COM1_IRQ;
+use acpi_tables::aml::{Name, Package, Path};
+use acpi_tables::fadt::{FADTBuilder, Flags};
+use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
+use acpi_tables::rsdp::Rsdp;
+use acpi_tables::sdt::Sdt;
+use acpi_tables::xsdt::XSDT;
+use acpi_tables::Aml;
+
+/// Where the tables start (the RSDP).
+pub const ACPI_BASE: u64 = 0xe_0000;
+/// End of the area they may use (the end of the BIOS area).
+pub const ACPI_END: u64 = 0x10_0000;
+/// The FADT's sleep control register (8-bit, I/O space).
+pub const SLEEP_CONTROL_PORT: u16 = 0x600;
+/// The FADT's sleep status register.
+pub const SLEEP_STATUS_PORT: u16 = 0x601;
+/// SLP_TYP of S5 (soft-off), as the DSDT's `_S5_` says.
+pub const S5_SLEEP_TYPE: u8 = 5;
+/// SLP_EN in the sleep control register.
+const SLP_EN: u8 = 1 << 5;
+const SLP_TYP_SHIFT: u8 = 2;
+const SLP_TYP_MASK: u8 = 0x7;
+
+/// Local APIC address the MADT reports (the xAPIC's MMIO page).
+pub const LOCAL_APIC_BASE: u32 = 0xfee0_0000;
+
+const OEM_ID: [u8; 6] = *b"FLTLNE";
+const OEM_TABLE_ID: [u8; 8] = *b"FAULTLIN";
+const OEM_REVISION: u32 = 1;
+
+/// What a write to the sleep control register asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SleepRequest {
+    /// SLP_EN with S5's SLP_TYP: power off.
+    PowerOff,
+    /// Anything else (no other sleep state is offered): ignored.
+    None,
+}
+
+/// Decodes a write of `value` to the sleep control register.
+pub fn sleep_control_write(value: u8) -> SleepRequest {
+    let sleep_type = (value >> SLP_TYP_SHIFT) & SLP_TYP_MASK;
+    if value & SLP_EN != 0 && sleep_type == S5_SLEEP_TYPE {
+        SleepRequest::PowerOff
+    } else {
+        SleepRequest::None
+    }
+}
+
+/// The tables for `vcpus` vCPUs (APIC ids 0..vcpus), as the bytes to
+/// place at [`ACPI_BASE`].
+pub fn build_tables(vcpus: u32) -> Vec<u8> {
+    let mut image = Image::default();
+    let rsdp_at = image.reserve(Rsdp::len());
+    let dsdt = image.place(&dsdt());
+    let fadt = image.place(&aml_bytes(&fadt(dsdt).finalize()));
+    let madt = image.place(&madt(vcpus));
+    let mut xsdt = XSDT::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    xsdt.add_entry(fadt);
+    xsdt.add_entry(madt);
+    let xsdt = image.place(&aml_bytes(&xsdt));
+    image.write(rsdp_at, &aml_bytes(&Rsdp::new(OEM_ID, xsdt)));
+    image.bytes
+}
+
+/// Tables laid out one after the other, 16-byte aligned.
+#[derive(Default)]
+struct Image {
+    bytes: Vec<u8>,
+}
+
+impl Image {
+    fn reserve(&mut self, len: usize) -> usize {
+        let at = self.bytes.len().next_multiple_of(16);
+        self.bytes.resize(at + len, 0);
+        at
+    }
+
+    /// Appends `table`; returns its guest-physical address.
+    fn place(&mut self, table: &[u8]) -> u64 {
+        let at = self.reserve(table.len());
+        self.write(at, table);
+        ACPI_BASE + at as u64
+    }
+
+    fn write(&mut self, at: usize, bytes: &[u8]) {
+        self.bytes[at..at + bytes.len()].copy_from_slice(bytes);
+    }
+}
+
+fn aml_bytes(table: &dyn Aml) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    table.to_aml_bytes(&mut bytes);
+    bytes
+}
+
+fn dsdt() -> Vec<u8> {
+    let mut dsdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    let s5 = Name::new(
+        Path::new("_S5_"),
+        &Package::new(vec![&S5_SLEEP_TYPE, &0u8, &0u8, &0u8]),
+    );
+    dsdt.append_slice(&aml_bytes(&s5));
+    dsdt.as_slice().to_vec()
+}
+
+fn fadt(dsdt: u64) -> FADTBuilder {
+    let io_byte = |port: u16| {
+        GAS::new(
+            AddressSpace::SystemIo,
+            8,
+            0,
+            AccessSize::ByteAccess,
+            port.into(),
+        )
+    };
+    let mut fadt = FADTBuilder::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION)
+        .flag(Flags::HwReducedAcpi)
+        .dsdt_64(dsdt);
+    fadt.sleep_control_reg = io_byte(SLEEP_CONTROL_PORT);
+    fadt.sleep_status_reg = io_byte(SLEEP_STATUS_PORT);
+    fadt
+}
+
+/// MADT structure types (ACPI 6.5, 5.2.12).
+mod madt_type {
+    pub const IO_APIC: u8 = 1;
+    pub const INTERRUPT_SOURCE_OVERRIDE: u8 = 2;
+    pub const LOCAL_X2APIC: u8 = 9;
+}
+
+/// MPS INTI flags of an override: edge-triggered, active high.
+const EDGE_ACTIVE_HIGH: u16 = 0b0101;
+
+fn madt(vcpus: u32) -> Vec<u8> {
+    let mut entries = Vec::new();
+    for id in 0..vcpus {
+        entries.extend([madt_type::LOCAL_X2APIC, 16, 0, 0]);
+        entries.extend(id.to_le_bytes()); // x2APIC id
+        entries.extend(1u32.to_le_bytes()); // enabled
+        entries.extend(id.to_le_bytes()); // ACPI processor UID
+    }
+    entries.extend([madt_type::IO_APIC, 12, IOAPIC_ID, 0]);
+    entries.extend((IOAPIC_BASE as u32).to_le_bytes());
+    entries.extend(0u32.to_le_bytes()); // GSI base
+    let mut source_override = |irq: u8, gsi: u32, flags: u16| {
+        entries.extend([madt_type::INTERRUPT_SOURCE_OVERRIDE, 10, 0, irq]);
+        entries.extend(gsi.to_le_bytes());
+        entries.extend(flags.to_le_bytes());
+    };
+    // The PC convention (the timer's IRQ 0 on pin 2), though no PIT is
+    // there to use it; conforming polarity and trigger.
+    source_override(0, 2, 0);
+    source_override(COM1_IRQ, u32::from(COM1_IRQ), EDGE_ACTIVE_HIGH);
+    let mut madt = Sdt::new(*b"APIC", 44, 5, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    madt.write_u32(36, LOCAL_APIC_BASE);
+    // Flags: no PCAT_COMPAT (bit 0): no 8259s to disable.
+    madt.write_u32(40, 0);
+    madt.append_slice(&entries);
+    madt.as_slice().to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A table at `gpa` in `image`, its checksum and length checked.
+    fn table(image: &[u8], gpa: u64, signature: &[u8; 4]) -> Vec<u8> {
+        let at = (gpa - ACPI_BASE) as usize;
+        assert_eq!(&image[at..at + 4], signature);
+        let len = u32::from_le_bytes(image[at + 4..at + 8].try_into().unwrap()) as usize;
+        let table = &image[at..at + len];
+        assert_eq!(
+            sum(table),
+            0,
+            "{} checksum",
+            String::from_utf8_lossy(signature)
+        );
+        table.to_vec()
+    }
+
+    fn sum(bytes: &[u8]) -> u8 {
+        bytes.iter().fold(0u8, |a, b| a.wrapping_add(*b))
+    }
+
+    fn u32_at(b: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+    }
+
+    fn u64_at(b: &[u8], at: usize) -> u64 {
+        u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+    }
+
+    #[test]
+    fn tables_parse_back_with_valid_checksums() {
+        let image = build_tables(4);
+        assert!(ACPI_BASE + image.len() as u64 <= ACPI_END);
+        // RSDP: signature, both checksums, revision 2.
+        assert_eq!(&image[..8], b"RSD PTR ");
+        assert_eq!(sum(&image[..20]), 0);
+        assert_eq!(sum(&image[..36]), 0);
+        assert_eq!(image[15], 2);
+        let xsdt = table(&image, u64_at(&image, 24), b"XSDT");
+        let entries: Vec<u64> = (36..xsdt.len())
+            .step_by(8)
+            .map(|i| u64_at(&xsdt, i))
+            .collect();
+        assert_eq!(entries.len(), 2);
+        let fadt = table(&image, entries[0], b"FACP");
+        let madt = table(&image, entries[1], b"APIC");
+
+        // FADT: hardware-reduced, sleep registers in I/O space, the DSDT.
+        assert_ne!(u32_at(&fadt, 112) & (1 << 20), 0, "HW_REDUCED_ACPI");
+        let gas = |at: usize| (fadt[at], fadt[at + 1], u64_at(&fadt, at + 4));
+        assert_eq!(gas(244), (1, 8, u64::from(SLEEP_CONTROL_PORT)));
+        assert_eq!(gas(256), (1, 8, u64::from(SLEEP_STATUS_PORT)));
+        let dsdt = table(&image, u64_at(&fadt, 140), b"DSDT");
+        // Name(_S5_, Package(4) { 5, Zero, Zero, Zero }).
+        let aml = &dsdt[36..];
+        assert_eq!(
+            aml,
+            [0x08, b'_', b'S', b'5', b'_', 0x12, 0x07, 0x04, 0x0a, 5, 0, 0, 0]
+        );
+
+        // MADT: the LAPIC address, no PCAT_COMPAT, then the structures.
+        assert_eq!(u32_at(&madt, 36), LOCAL_APIC_BASE);
+        assert_eq!(u32_at(&madt, 40) & 1, 0);
+        let mut at = 44;
+        let mut x2apic_ids = Vec::new();
+        let mut ioapics = Vec::new();
+        let mut overrides = Vec::new();
+        while at < madt.len() {
+            let (kind, len) = (madt[at], madt[at + 1] as usize);
+            let s = &madt[at..at + len];
+            match kind {
+                9 => {
+                    assert_eq!(u32_at(s, 8), 1, "enabled");
+                    x2apic_ids.push(u32_at(s, 4));
+                }
+                1 => ioapics.push((s[2], u32_at(s, 4), u32_at(s, 8))),
+                2 => overrides.push((s[3], u32_at(s, 4), u16::from_le_bytes([s[8], s[9]]))),
+                other => panic!("unexpected MADT structure {other}"),
+            }
+            at += len;
+        }
+        assert_eq!(at, madt.len());
+        assert_eq!(x2apic_ids, [0, 1, 2, 3]);
+        assert_eq!(ioapics, [(0, 0xfec0_0000, 0)]);
+        assert_eq!(overrides, [(0, 2, 0), (4, 4, 5)]);
+    }
+
+    #[test]
+    fn only_s5_with_slp_en_powers_off() {
+        assert_eq!(
+            sleep_control_write((5 << 2) | (1 << 5)),
+            SleepRequest::PowerOff
+        );
+        assert_eq!(sleep_control_write(5 << 2), SleepRequest::None);
+        assert_eq!(sleep_control_write((3 << 2) | (1 << 5)), SleepRequest::None);
+    }
+
+    #[test]
+    fn tables_are_deterministic() {
+        assert_eq!(build_tables(2), build_tables(2));
+    }
+}

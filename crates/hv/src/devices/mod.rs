@@ -1,0 +1,225 @@
+//! The platform's devices and the buses that reach them.
+//!
+//! Port I/O exits and MMIO accesses (EPT violations outside guest RAM)
+//! are dispatched by address range to:
+//!
+//! | device | where |
+//! |---|---|
+//! | COM1, a 16550A UART (`serial`) | ports 0x3f8..0x400, IRQ 4 |
+//! | isa-debug-exit | port 0xf4 |
+//! | fw_cfg (`fw_cfg`) | ports 0x510 (selector), 0x511 (data) |
+//! | ACPI sleep control / status (`acpi`) | ports 0x600, 0x601 |
+//! | IOAPIC (`ioapic`) | MMIO 0xfec00000..0xfec01000 |
+//!
+//! (The xAPIC page at 0xfee00000 is the vCPU's own local APIC:
+//! `crate::vcpu::xapic`.) Nothing else is attached: other ports read as
+//! all ones (so the legacy PIC and PIT are cleanly absent, as the MADT
+//! says) and writes to them are ignored. Devices raise interrupts by ISA
+//! IRQ, routed through the IOAPIC to local APICs as interrupt messages.
+
+pub mod acpi;
+pub mod fw_cfg;
+pub mod ioapic;
+pub mod serial;
+
+use ioapic::{IoApic, IOAPIC_BASE, IOAPIC_SIZE};
+use machine::vmx::Ipi;
+use serial::{Uart, COM1_IRQ, UART_PORTS};
+
+/// A port-I/O device, by what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PioDevice {
+    Com1,
+    DebugExit,
+    FwCfgSelector,
+    FwCfgData,
+    SleepControl,
+    SleepStatus,
+}
+
+/// The port bus: (first port, count, device).
+const PIO_BUS: [(u16, u16, PioDevice); 6] = [
+    (abi::COM1_PORT, UART_PORTS, PioDevice::Com1),
+    (abi::DEBUG_EXIT_PORT, 1, PioDevice::DebugExit),
+    (fw_cfg::FW_CFG_SELECTOR, 1, PioDevice::FwCfgSelector),
+    (fw_cfg::FW_CFG_DATA, 1, PioDevice::FwCfgData),
+    (acpi::SLEEP_CONTROL_PORT, 1, PioDevice::SleepControl),
+    (acpi::SLEEP_STATUS_PORT, 1, PioDevice::SleepStatus),
+];
+
+fn pio_device(port: u16) -> Option<(PioDevice, u16)> {
+    PIO_BUS
+        .iter()
+        .find(|(base, count, _)| port >= *base && port - base < *count)
+        .map(|(base, _, device)| (*device, port - base))
+}
+
+/// What a device write asks of the VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceStop {
+    /// isa-debug-exit: stop with this status.
+    DebugExit { status: u32 },
+    /// The guest entered S5 through the FADT's sleep control register.
+    PowerOff,
+}
+
+/// How the platform is built.
+#[derive(Debug, Clone, Default)]
+pub struct PlatformConfig {
+    pub ram_size: u64,
+    pub vcpus: u16,
+    pub cmdline: String,
+    /// Bytes the console (COM1) offers the guest to read.
+    pub console_input: Vec<u8>,
+}
+
+/// Every device of the VM.
+#[derive(Debug)]
+pub struct Platform {
+    pub uart: Uart,
+    pub ioapic: IoApic,
+    fw_cfg: fw_cfg::FwCfg,
+    /// Interrupt messages raised and not yet delivered.
+    pending: Vec<Ipi>,
+}
+
+impl Platform {
+    pub fn new(config: &PlatformConfig) -> Self {
+        Platform {
+            uart: Uart::new(&config.console_input),
+            ioapic: IoApic::default(),
+            fw_cfg: fw_cfg::FwCfg::new(config.ram_size, config.vcpus, &config.cmdline),
+            pending: Vec::new(),
+        }
+    }
+
+    /// An `in` of `size` bytes from `port`.
+    pub fn pio_read(&mut self, port: u16, size: u8) -> u32 {
+        let value = match pio_device(port) {
+            Some((PioDevice::Com1, offset)) => u32::from(self.uart.read(offset as u8)),
+            Some((PioDevice::FwCfgData, _)) => u32::from(self.fw_cfg.read_byte()),
+            // The sleep status register: never woken (WAK_STS clear).
+            Some((PioDevice::SleepStatus, _)) => 0,
+            // Write-only, or nothing attached: the bus floats high.
+            _ => u32::MAX,
+        };
+        self.poll_interrupts();
+        value & size_mask(size)
+    }
+
+    /// An `out` of `size` bytes of `value` to `port`.
+    pub fn pio_write(&mut self, port: u16, size: u8, value: u32) -> Option<DeviceStop> {
+        let value = value & size_mask(size);
+        let stop = match pio_device(port) {
+            Some((PioDevice::Com1, offset)) => {
+                self.uart.write(offset as u8, value as u8);
+                None
+            }
+            Some((PioDevice::DebugExit, _)) => Some(DeviceStop::DebugExit {
+                status: (value << 1) | 1,
+            }),
+            // (Writes to the data port are ignored, as QEMU does for
+            // read-only items.)
+            Some((PioDevice::FwCfgSelector, _)) => {
+                self.fw_cfg.select(value as u16);
+                None
+            }
+            Some((PioDevice::SleepControl, _)) => match acpi::sleep_control_write(value as u8) {
+                acpi::SleepRequest::PowerOff => Some(DeviceStop::PowerOff),
+                acpi::SleepRequest::None => None,
+            },
+            _ => None,
+        };
+        self.poll_interrupts();
+        stop
+    }
+
+    /// Whether `gpa` is a device's MMIO (the xAPIC page aside).
+    pub fn is_mmio(gpa: u64) -> bool {
+        (IOAPIC_BASE..IOAPIC_BASE + IOAPIC_SIZE).contains(&gpa)
+    }
+
+    /// An MMIO read of `size` bytes at `gpa` ([`Platform::is_mmio`]).
+    pub fn mmio_read(&mut self, gpa: u64, size: u8) -> u64 {
+        let value = u64::from(self.ioapic.read(gpa - IOAPIC_BASE));
+        value & u64::from(size_mask(size))
+    }
+
+    /// An MMIO write at `gpa` ([`Platform::is_mmio`]).
+    pub fn mmio_write(&mut self, gpa: u64, _size: u8, value: u64) {
+        let messages = self.ioapic.write(gpa - IOAPIC_BASE, value as u32);
+        self.pending.extend(messages);
+    }
+
+    /// Routes what the devices raised through the IOAPIC.
+    fn poll_interrupts(&mut self) {
+        if self.uart.take_interrupt() {
+            self.pending
+                .extend(self.ioapic.pulse(usize::from(COM1_IRQ)));
+        }
+    }
+
+    /// Interrupt messages for the local APICs, oldest first.
+    pub fn take_interrupts(&mut self) -> Vec<Ipi> {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+fn size_mask(size: u8) -> u32 {
+    match size {
+        1 => 0xff,
+        2 => 0xffff,
+        _ => u32::MAX,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absent_ports_float_high_and_legacy_pic_pit_are_absent() {
+        let mut p = Platform::new(&PlatformConfig::default());
+        for port in [0x20, 0x21, 0xa0, 0xa1, 0x40, 0x43, 0x2f8] {
+            assert_eq!(p.pio_read(port, 1) & 0xff, 0xff, "port {port:#x}");
+        }
+        assert_eq!(p.pio_write(0x20, 1, 0x11), None);
+    }
+
+    #[test]
+    fn uart_input_interrupt_reaches_the_ioapic_route() {
+        let mut p = Platform::new(&PlatformConfig {
+            console_input: b"x".to_vec(),
+            ..PlatformConfig::default()
+        });
+        // Route IRQ 4 to vector 0x24 on APIC 1, then enable RDA.
+        p.mmio_write(IOAPIC_BASE, 4, 0x19);
+        p.mmio_write(IOAPIC_BASE + 0x10, 4, 1 << 24);
+        p.mmio_write(IOAPIC_BASE, 4, 0x18);
+        p.mmio_write(IOAPIC_BASE + 0x10, 4, 0x24);
+        assert!(p.take_interrupts().is_empty());
+        p.pio_write(abi::COM1_PORT + 1, 1, 1);
+        let ipis = p.take_interrupts();
+        assert_eq!(ipis.len(), 1);
+        assert_eq!(ipis[0].vector, 0x24);
+        assert_eq!(p.pio_read(abi::COM1_PORT, 1), u32::from(b'x'));
+    }
+
+    #[test]
+    fn fw_cfg_and_power_off_through_ports() {
+        let mut p = Platform::new(&PlatformConfig {
+            vcpus: 3,
+            ..PlatformConfig::default()
+        });
+        p.pio_write(fw_cfg::FW_CFG_SELECTOR, 2, u32::from(fw_cfg::key::NB_CPUS));
+        assert_eq!(p.pio_read(fw_cfg::FW_CFG_DATA, 1), 3);
+        assert_eq!(
+            p.pio_write(acpi::SLEEP_CONTROL_PORT, 1, (5 << 2) | (1 << 5)),
+            Some(DeviceStop::PowerOff)
+        );
+        assert_eq!(
+            p.pio_write(abi::DEBUG_EXIT_PORT, 1, 0x1_03),
+            Some(DeviceStop::DebugExit { status: 7 })
+        );
+    }
+}
