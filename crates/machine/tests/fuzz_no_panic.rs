@@ -34,6 +34,7 @@ fn mode() -> impl Strategy<Value = SandboxMode> {
     prop_oneof![
         Just(SandboxMode::KernelBare),
         any::<u32>().prop_map(|exception_bitmap| SandboxMode::UserGuest { exception_bitmap }),
+        any::<u32>().prop_map(|exception_bitmap| SandboxMode::UserGuestCompat { exception_bitmap }),
         Just(SandboxMode::UserGuest {
             exception_bitmap: u32::MAX
         }),

@@ -447,7 +447,10 @@ impl Vcpu {
             // destination (the "focus processor" choice is the
             // platform's; all is legal for a single-destination use
             // and deterministic).
-            IpiMode::Fixed | IpiMode::LowestPriority => {
+            // INIT and SIPI start APs the way hardware does (next to
+            // HC_START_CPU); the targets act on them in
+            // `carry_out_cross_requests`.
+            IpiMode::Fixed | IpiMode::LowestPriority | IpiMode::Init | IpiMode::Startup => {
                 shared.cross.push(CrossRequest::Ipi {
                     sender_apic: self.cpu.apic().id(),
                     ipi,
@@ -456,12 +459,11 @@ impl Vcpu {
                 self.stats.ipis_sent += 1;
                 Ok(Next::Continue)
             }
-            // APs are started with HC_START_CPU; INIT/SIPI, NMI and
-            // SMI IPIs are not modelled.
+            // NMI and SMI IPIs are not modelled.
             other => Err(VmError::UnsupportedExit {
                 vcpu: self.id,
                 rip: self.rip(),
-                exit: format!("IPI with delivery mode {other:?} (start APs with HC_START_CPU)"),
+                exit: format!("IPI with delivery mode {other:?}"),
             }),
         }
     }

@@ -22,6 +22,7 @@ use crate::time::Cycles;
 use crate::vcpu::{Next, Requests, RunState, Vcpu, VcpuId};
 use machine::cpu::state::DescriptorTable;
 use machine::cpu::{Activity, Gpr};
+use machine::vmx::IpiMode;
 use std::collections::BTreeSet;
 
 /// Scheduling state of the VM.
@@ -339,10 +340,31 @@ impl Vm {
                     ipi,
                     at,
                 } => {
-                    for target in vcpus.iter_mut() {
-                        if target.cpu.apic().is_destination(ipi.dest, sender_apic) {
-                            target.cpu.apic_mut().accept_interrupt(ipi.vector);
-                            wake(target, at);
+                    for (i, target) in vcpus.iter_mut().enumerate() {
+                        if !target.cpu.apic().is_destination(ipi.dest, sender_apic) {
+                            continue;
+                        }
+                        match ipi.mode {
+                            // INIT (not the level de-assert): wait for SIPI.
+                            IpiMode::Init if ipi.level_assert => {
+                                target.cpu.receive_init();
+                                target.run = RunState::WaitingForStart;
+                                shared.directory[i].started = false;
+                            }
+                            IpiMode::Init => {}
+                            // SIPI: real mode at vector << 8 (ignored
+                            // unless the target waits for one).
+                            IpiMode::Startup => {
+                                if target.cpu.receive_startup(ipi.vector) {
+                                    shared.directory[i].started = true;
+                                    target.idle_until(at);
+                                    target.run = RunState::Runnable;
+                                }
+                            }
+                            _ => {
+                                target.cpu.apic_mut().accept_interrupt(ipi.vector);
+                                wake(target, at);
+                            }
                         }
                     }
                 }
@@ -477,5 +499,36 @@ mod tests {
             reason,
             StopReason::Error(VmError::AllHalted { .. })
         ));
+    }
+
+    #[test]
+    fn init_and_sipi_start_an_ap_in_real_mode_at_the_vector_page() {
+        let mut vm = halting_vm(2);
+        // The BSP sends INIT (level assert) and SIPI with vector 0x20 to
+        // APIC 1 through the x2APIC ICR, then halts.
+        let bsp = [
+            0xb9, 0x30, 0x08, 0x00, 0x00, // mov ecx, 0x830 (ICR)
+            0xba, 0x01, 0x00, 0x00, 0x00, // mov edx, 1 (destination)
+            0xb8, 0x00, 0x45, 0x00, 0x00, // mov eax, 0x4500 (INIT, assert)
+            0x0f, 0x30, // wrmsr
+            0xb8, 0x20, 0x46, 0x00, 0x00, // mov eax, 0x4620 (SIPI 0x20)
+            0x0f, 0x30, // wrmsr
+            0xfa, 0xf4, // cli; hlt
+        ];
+        vm.write_guest(Gpa(CODE), &bsp).unwrap();
+        // The AP's 16-bit code at 0x20000: mov ax, cs; mov bx, 0x1234; hlt.
+        vm.write_guest(Gpa(0x20000), &[0x8c, 0xc8, 0xbb, 0x34, 0x12, 0xf4])
+            .unwrap();
+        let reason = vm.run();
+        assert!(
+            matches!(reason, StopReason::Error(VmError::AllHalted { .. })),
+            "{reason:?}"
+        );
+        let ap = vm.vcpus[1].cpu.state();
+        assert!(vm.shared.directory[1].started);
+        assert_eq!(ap.cs.base, 0x20000);
+        assert_eq!(ap.gpr[Gpr::Rax as usize] & 0xffff, 0x2000);
+        assert_eq!(ap.gpr[Gpr::Rbx as usize] & 0xffff, 0x1234);
+        assert_eq!(vm.vcpus[1].stats.halts, 1);
     }
 }

@@ -30,7 +30,7 @@ struct Args {
     /// Print mismatches as JSON objects, one per line.
     #[arg(long)]
     json: bool,
-    /// Comma-separated instruction groups to draw cases from (int, sse, x87);
+    /// Comma-separated instruction groups to draw cases from (int, sse, x87, c32);
     /// all by default.
     #[arg(long, value_delimiter = ',')]
     groups: Vec<String>,

@@ -349,9 +349,16 @@ impl Cpu {
         }
     }
 
-    /// Effective linear address of the memory operand.
+    /// Linear address of the memory operand.
     #[inline]
     pub(crate) fn effective_address(&self, i: &Instruction) -> u64 {
+        self.linear(i.memory_segment(), self.operand_offset(i))
+    }
+
+    /// The offset of the memory operand in its segment (LEA's result),
+    /// wrapped at the address size.
+    #[inline]
+    pub(crate) fn operand_offset(&self, i: &Instruction) -> u64 {
         let base = i.memory_base();
         let index = i.memory_index();
         let mut a = i.memory_displacement64();
@@ -364,15 +371,38 @@ impl Cpu {
                     .wrapping_mul(i.memory_index_scale() as u64),
             );
         }
-        // 32-bit address size (0x67): the address wraps at 4 GiB.
         if base.is_gpr32() || index.is_gpr32() || base == Register::EIP {
-            a &= 0xffff_ffff;
+            // 32-bit address size: the offset wraps at 4 GiB.
+            a & 0xffff_ffff
+        } else if base.is_gpr16() || index.is_gpr16() {
+            a & 0xffff
+        } else if base == Register::None && index == Register::None && !self.state.in_64bit_mode() {
+            // A bare displacement outside 64-bit mode: its size is the
+            // address size.
+            if i.memory_displ_size() == 2 {
+                a & 0xffff
+            } else {
+                a & 0xffff_ffff
+            }
+        } else {
+            a
         }
-        a.wrapping_add(self.segment_base(i.memory_segment()))
     }
 
-    /// Base of a segment for address computation (64-bit mode: only FS and
-    /// GS have one).
+    /// The linear address of `offset` in segment `seg`: in 64-bit mode
+    /// only FS and GS have a base; elsewhere every segment's base applies
+    /// and the address wraps at 4 GiB. Segment limits are not checked.
+    #[inline]
+    pub(crate) fn linear(&self, seg: Register, offset: u64) -> u64 {
+        if self.state.in_64bit_mode() {
+            offset.wrapping_add(self.segment_base(seg))
+        } else {
+            self.segment(seg).base.wrapping_add(offset) & 0xffff_ffff
+        }
+    }
+
+    /// Base of a segment for address computation in 64-bit mode (only FS
+    /// and GS have one).
     #[inline]
     pub(crate) fn segment_base(&self, seg: Register) -> u64 {
         match seg {
@@ -569,6 +599,65 @@ impl Cpu {
         let v = self.read_mem(mem, rsp, size).map_err(stack_fault)?;
         self.state.gpr[4] = rsp.wrapping_add(size.bytes() as u64);
         Ok(v)
+    }
+}
+
+impl Cpu {
+    /// The linear address of stack offset `sp` (SS.base applies outside
+    /// 64-bit mode).
+    #[inline]
+    fn stack_linear(&self, sp: u64) -> u64 {
+        if self.state.in_64bit_mode() {
+            sp
+        } else {
+            self.state.ss.base.wrapping_add(sp) & 0xffff_ffff
+        }
+    }
+
+    /// Sets the stack pointer at the stack's width: SP merges into RSP,
+    /// ESP zero-extends as every 32-bit register write does.
+    #[inline]
+    pub(crate) fn set_stack_pointer(&mut self, sp: u64) {
+        let mask = self.state.stack_mask();
+        let rsp = &mut self.state.gpr[4];
+        *rsp = if mask == 0xffff {
+            (*rsp & !0xffff) | (sp & 0xffff)
+        } else {
+            sp & mask
+        };
+    }
+
+    /// PUSH in any mode: the stack width is SS.B outside 64-bit mode.
+    pub(crate) fn stack_push(&mut self, mem: &PhysMemory, size: Size, v: u64) -> Result<(), Fault> {
+        if self.state.in_64bit_mode() {
+            return self.push(mem, size, v);
+        }
+        let sp = self.state.gpr[4].wrapping_sub(size.bytes() as u64) & self.state.stack_mask();
+        let la = self.stack_linear(sp);
+        self.write_mem(mem, la, size, v).map_err(stack_fault)?;
+        self.set_stack_pointer(sp);
+        Ok(())
+    }
+
+    /// POP in any mode.
+    pub(crate) fn stack_pop(&mut self, mem: &PhysMemory, size: Size) -> Result<u64, Fault> {
+        let v = self.stack_peek(mem, 0, size)?;
+        let sp = self.state.gpr[4].wrapping_add(size.bytes() as u64);
+        self.set_stack_pointer(sp & self.state.stack_mask());
+        Ok(v)
+    }
+
+    /// Reads the stack `offset` bytes above the stack pointer, without
+    /// popping (multi-word pops check everything before committing).
+    pub(crate) fn stack_peek(
+        &mut self,
+        mem: &PhysMemory,
+        offset: u64,
+        size: Size,
+    ) -> Result<u64, Fault> {
+        let sp = self.state.gpr[4].wrapping_add(offset) & self.state.stack_mask();
+        let la = self.stack_linear(sp);
+        self.read_mem(mem, la, size).map_err(stack_fault)
     }
 }
 

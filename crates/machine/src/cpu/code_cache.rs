@@ -9,6 +9,10 @@
 //! holds cached code bumps the frame's generation in [`PhysMemory`], which
 //! makes the blocks of that frame stale on every CPU (self-modifying code,
 //! and the hypervisor loading new code, both work).
+//!
+//! The same bytes mean different instructions in 64-bit, 32-bit and
+//! 16-bit code, so a block also records the code size (`bits`) it was
+//! decoded for, and a lookup matches it: one byte compare on the hot path.
 
 use super::fast::Op;
 use crate::addr::Hpa;
@@ -38,17 +42,20 @@ pub struct Block {
     pub hpa: u64,
     /// Code-write generation of the frame when decoded.
     pub generation: u32,
+    /// Code size decoded for: 64, 32 or 16.
+    pub bits: u8,
     /// The instructions, in order, with their fast forms.
     pub insns: Vec<Op>,
 }
 
 impl Block {
     /// A one-instruction block that is not cached (page-crossing).
-    pub fn uncached(op: Op) -> Block {
+    pub fn uncached(op: Op, bits: u32) -> Block {
         Block {
             rip: op.insn.ip(),
             hpa: u64::MAX,
             generation: 0,
+            bits: bits as u8,
             insns: vec![op],
         }
     }
@@ -86,6 +93,12 @@ struct CrossingEntry {
     block: Rc<Block>,
 }
 
+impl CrossingEntry {
+    fn matches(&self, rip: u64, hpa: Hpa, bits: u32) -> bool {
+        self.rip == rip && self.hpa == hpa.0 && self.block.bits as u32 == bits
+    }
+}
+
 /// Per-CPU cache of decoded blocks.
 pub struct CodeCache {
     map: HashMap<u64, Rc<Block>, BuildHasherDefault<AddrHasher>>,
@@ -118,9 +131,9 @@ impl CodeCache {
     /// from exactly these first-page bytes at `hpa` (the bytes up to the
     /// page end). If so, its decoding depends only on the rest of its
     /// bytes, checked by [`Self::lookup_crossing`].
-    pub fn crossing_prefix_matches(&self, rip: u64, hpa: Hpa, first: &[u8]) -> bool {
+    pub fn crossing_prefix_matches(&self, rip: u64, hpa: Hpa, bits: u32, first: &[u8]) -> bool {
         match &self.crossing[Self::crossing_slot(rip)] {
-            Some(e) => e.rip == rip && e.hpa == hpa.0 && e.bytes[..first.len()] == *first,
+            Some(e) => e.matches(rip, hpa, bits) && e.bytes[..first.len()] == *first,
             None => false,
         }
     }
@@ -132,14 +145,12 @@ impl CodeCache {
         rip: u64,
         hpa: Hpa,
         next_hpa: Hpa,
+        bits: u32,
         bytes: &[u8; MAX_INSN_LEN],
     ) -> Option<Rc<Block>> {
         match &self.crossing[Self::crossing_slot(rip)] {
             Some(e)
-                if e.rip == rip
-                    && e.hpa == hpa.0
-                    && e.next_hpa == next_hpa.0
-                    && e.bytes == *bytes =>
+                if e.matches(rip, hpa, bits) && e.next_hpa == next_hpa.0 && e.bytes == *bytes =>
             {
                 Some(e.block.clone())
             }
@@ -155,8 +166,9 @@ impl CodeCache {
         next_hpa: Hpa,
         bytes: &[u8; MAX_INSN_LEN],
         op: Op,
+        bits: u32,
     ) -> Rc<Block> {
-        let block = Rc::new(Block::uncached(op));
+        let block = Rc::new(Block::uncached(op, bits));
         self.crossing[Self::crossing_slot(rip)] = Some(CrossingEntry {
             rip,
             hpa: hpa.0,
@@ -172,18 +184,19 @@ impl CodeCache {
         ((hpa ^ (hpa >> 12)) as usize) & (FRONT_SIZE - 1)
     }
 
-    /// The valid block starting at `hpa` and decoded at `rip`, if cached.
+    /// The valid block starting at `hpa`, decoded at `rip` for `bits`-bit
+    /// code, if cached.
     #[inline]
-    pub fn lookup(&mut self, mem: &PhysMemory, hpa: Hpa, rip: u64) -> Option<Rc<Block>> {
+    pub fn lookup(&mut self, mem: &PhysMemory, hpa: Hpa, rip: u64, bits: u32) -> Option<Rc<Block>> {
         let gen = mem.code_generation(hpa);
         let slot = Self::slot(hpa.0);
         if let Some(b) = &self.front[slot] {
-            if b.hpa == hpa.0 && b.rip == rip && b.generation == gen {
+            if b.hpa == hpa.0 && b.rip == rip && b.generation == gen && b.bits as u32 == bits {
                 return Some(b.clone());
             }
         }
         let b = self.map.get(&hpa.0)?;
-        if b.rip == rip && b.generation == gen {
+        if b.rip == rip && b.generation == gen && b.bits as u32 == bits {
             let b = b.clone();
             self.front[slot] = Some(b.clone());
             Some(b)
@@ -193,7 +206,14 @@ impl CodeCache {
     }
 
     /// Caches a freshly decoded block and marks its frame as holding code.
-    pub fn insert(&mut self, mem: &PhysMemory, hpa: Hpa, rip: u64, insns: Vec<Op>) -> Rc<Block> {
+    pub fn insert(
+        &mut self,
+        mem: &PhysMemory,
+        hpa: Hpa,
+        rip: u64,
+        bits: u32,
+        insns: Vec<Op>,
+    ) -> Rc<Block> {
         if self.map.len() >= MAX_BLOCKS {
             self.map.clear();
             self.front.iter_mut().for_each(|s| *s = None);
@@ -203,6 +223,7 @@ impl CodeCache {
             rip,
             hpa: hpa.0,
             generation,
+            bits: bits as u8,
             insns,
         });
         self.map.insert(hpa.0, b.clone());
@@ -218,17 +239,17 @@ impl CodeCache {
     }
 }
 
-/// Decodes a block from `bytes` (which run to the end of the page) at
-/// linear address `rip`. `None` when the first instruction does not fit
-/// in `bytes` (it crosses the page end).
-pub fn decode_block(bytes: &[u8], rip: u64) -> Option<Vec<Op>> {
-    let mut decoder = Decoder::with_ip(64, bytes, rip, DecoderOptions::NONE);
+/// Decodes a block of `bits`-bit code (64, 32 or 16) from `bytes` (which
+/// run to the end of the page) at `rip` (the offset in CS). `None` when
+/// the first instruction does not fit in `bytes` (it crosses the page end).
+pub fn decode_block(bytes: &[u8], rip: u64, bits: u32) -> Option<Vec<Op>> {
+    let mut decoder = Decoder::with_ip(bits, bytes, rip, DecoderOptions::NONE);
     let mut insns = Vec::with_capacity(8);
     while decoder.can_decode() && insns.len() < MAX_BLOCK_INSNS {
         let pos = decoder.position();
         let insn = decoder.decode();
         if insn.code() == Code::INVALID {
-            if too_long(&bytes[pos..]) {
+            if too_long(&bytes[pos..], bits) {
                 insns.push(Op::too_long(insn));
                 break;
             }
@@ -239,7 +260,7 @@ pub fn decode_block(bytes: &[u8], rip: u64) -> Option<Vec<Op>> {
             }
         }
         let end = super::ends_block(&insn) || insn.code() == Code::INVALID;
-        insns.push(Op::new(insn));
+        insns.push(Op::for_code(insn, bits));
         if end {
             break;
         }
@@ -253,12 +274,15 @@ pub fn decode_block(bytes: &[u8], rip: u64) -> Option<Vec<Op>> {
 
 /// Whether the bytes start with an instruction longer than 15 bytes
 /// (possible only with redundant prefixes), which is #GP(0), not #UD.
-pub fn too_long(bytes: &[u8]) -> bool {
+pub fn too_long(bytes: &[u8], bits: u32) -> bool {
+    // REX exists only in 64-bit code (elsewhere 0x40-0x4f are INC/DEC).
+    let rex_exists = bits == 64;
+    let is_rex = |b: u8| rex_exists && b & 0xf0 == 0x40;
     let is_prefix = |b: u8| {
         matches!(
             b,
             0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3
-        ) || b & 0xf0 == 0x40
+        ) || is_rex(b)
     };
     let prefixes = bytes.iter().take_while(|&&b| is_prefix(b)).count();
     if prefixes >= 15 {
@@ -274,7 +298,7 @@ pub fn too_long(bytes: &[u8]) -> bool {
     let mut short: Vec<u8> = Vec::with_capacity(32);
     for (k, &b) in bytes[..prefixes].iter().enumerate() {
         let segment = matches!(b, 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65);
-        let rex = b & 0xf0 == 0x40;
+        let rex = is_rex(b);
         let last_rex = rex && k + 1 == prefixes;
         if (!segment && !rex && !bytes[k + 1..prefixes].contains(&b)) || last_rex {
             short.push(b);
@@ -282,20 +306,20 @@ pub fn too_long(bytes: &[u8]) -> bool {
     }
     let removed = prefixes - short.len();
     short.extend_from_slice(&bytes[prefixes..bytes.len().min(prefixes + 15)]);
-    let mut d = Decoder::new(64, &short, DecoderOptions::NONE);
+    let mut d = Decoder::new(bits, &short, DecoderOptions::NONE);
     let insn = d.decode();
     insn.code() != Code::INVALID && insn.len() + removed > 15
 }
 
 /// Decodes one instruction from up to 15 bytes (an instruction that
 /// crosses into the next page).
-pub fn decode_one(bytes: &[u8], rip: u64) -> Op {
-    let mut decoder = Decoder::with_ip(64, bytes, rip, DecoderOptions::NONE);
+pub fn decode_one(bytes: &[u8], rip: u64, bits: u32) -> Op {
+    let mut decoder = Decoder::with_ip(bits, bytes, rip, DecoderOptions::NONE);
     let insn = decoder.decode();
-    if insn.code() == Code::INVALID && too_long(bytes) {
+    if insn.code() == Code::INVALID && too_long(bytes, bits) {
         Op::too_long(insn)
     } else {
-        Op::new(insn)
+        Op::for_code(insn, bits)
     }
 }
 
@@ -313,6 +337,7 @@ pub fn is_serializing(insn: &Instruction) -> bool {
         | Mnemonic::Sti
         | Mnemonic::Cli
         | Mnemonic::Popfq
+        | Mnemonic::Popfd
         | Mnemonic::Popf
         | Mnemonic::Hlt
         | Mnemonic::Vmcall

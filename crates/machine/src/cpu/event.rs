@@ -207,6 +207,9 @@ impl Cpu {
     /// Builds the interrupt frame and transfers control to the handler.
     /// Registers are committed only after every memory access succeeded.
     fn push_idt_frame(&mut self, mem: &PhysMemory, ev: &EventInjection) -> Result<(), Fault> {
+        if self.real_mode() {
+            return self.push_ivt_frame(mem, ev);
+        }
         let vec = ev.vector as u64;
         let software = ev.kind == EventKind::SoftwareInterrupt;
         let ext: u32 = if software { 0 } else { 1 };
@@ -305,6 +308,44 @@ impl Cpu {
         self.state.rip = target;
         self.state.interruptibility = 0;
         self.state.activity = Activity::Active;
+        self.cycles += self.costs.event_delivery;
+        self.check_events = true;
+        Ok(())
+    }
+
+    /// Real-mode delivery through the interrupt vector table (IDTR.base,
+    /// 4-byte IP:CS entries): FLAGS, CS and IP are pushed (no error code),
+    /// IF, TF, AC and RF are cleared.
+    fn push_ivt_frame(&mut self, mem: &PhysMemory, ev: &EventInjection) -> Result<(), Fault> {
+        let vec = ev.vector as u64;
+        if vec * 4 + 3 > self.state.idtr.limit as u64 {
+            return Err(Fault::with_code(vector::GP, (vec as u32) * 8 + 2));
+        }
+        let entry =
+            self.read_implicit(mem, self.state.idtr.base.wrapping_add(vec * 4), Size::B4)?;
+        let return_ip = if ev.kind == EventKind::SoftwareInterrupt {
+            self.state.rip.wrapping_add(ev.instruction_len as u64)
+        } else {
+            self.state.rip
+        };
+        let saved = self.state.gpr[4];
+        let frame = [
+            self.state.rflags & 0xffff,
+            self.state.cs.selector as u64,
+            return_ip & 0xffff,
+        ];
+        for word in frame {
+            if let Err(f) = self.stack_push(mem, Size::B2, word) {
+                self.state.gpr[4] = saved;
+                return Err(f);
+            }
+        }
+        self.state.cs = Self::real_mode_segment(&self.state.cs, (entry >> 16) as u16);
+        self.state.rip = entry & 0xffff;
+        self.state.rflags &= !(rflags::IF | rflags::TF | rflags::AC | rflags::RF);
+        self.state.interruptibility = 0;
+        self.state.activity = Activity::Active;
+        self.mode_epoch += 1;
         self.cycles += self.costs.event_delivery;
         self.check_events = true;
         Ok(())

@@ -114,26 +114,23 @@ impl Cpu {
             M::Cqo => self.convert_to_rdx(Size::B8),
             M::Push => self.exec_push(mem, i),
             M::Pop => self.exec_pop(mem, i),
-            M::Pushfq | M::Pushf => {
-                let size = if i.mnemonic() == M::Pushf {
-                    Size::B2
-                } else {
-                    Size::B8
-                };
+            M::Pushfq | M::Pushfd | M::Pushf => {
+                let size = stack_size(i);
                 // VM and RF read as 0 in the pushed image.
                 let v = self.state.rflags & !(rflags::VM | rflags::RF);
-                self.push(mem, size, v)
+                self.stack_push(mem, size, v & size.mask())
             }
-            M::Popfq | M::Popf => self.exec_popf(mem, i),
+            M::Popfq | M::Popfd | M::Popf => self.exec_popf(mem, i),
             M::Leave => {
-                let size = if i.stack_pointer_increment() == 2 {
-                    Size::B2
-                } else {
-                    Size::B8
+                let size = match i.code() {
+                    Code::Leavew => Size::B2,
+                    Code::Leaved => Size::B4,
+                    _ => Size::B8,
                 };
                 let saved = self.state.gpr[4];
-                self.state.gpr[4] = self.state.gpr[5];
-                match self.pop(mem, size) {
+                let rbp = self.state.gpr[5];
+                self.set_stack_pointer(rbp);
+                match self.stack_pop(mem, size) {
                     Ok(v) => {
                         self.set_gpr_sized(5, size, false, v);
                         Ok(())
@@ -145,6 +142,8 @@ impl Cpu {
                 }
             }
             M::Enter => self.exec_enter(mem, i),
+            M::Jmp if is_far(i) => self.exec_far_jump(mem, i, false),
+            M::Call if is_far(i) => self.exec_far_jump(mem, i, true),
             M::Jmp => {
                 let target = self.branch_target(mem, i)?;
                 self.jump(target)
@@ -154,19 +153,26 @@ impl Cpu {
                 if !crate::addr::is_canonical(target) {
                     return Err(gp0());
                 }
-                self.push(mem, Size::B8, i.next_ip())?;
+                let size = stack_size(i);
+                self.stack_push(mem, size, self.next_rip & size.mask())?;
                 self.next_rip = target;
                 Ok(())
             }
             M::Ret => {
                 let saved = self.state.gpr[4];
-                let target = self.pop(mem, Size::B8)?;
+                let size = if self.state.in_64bit_mode() {
+                    Size::B8
+                } else {
+                    Self::near_operand_size(i)
+                };
+                let target = self.stack_pop(mem, size)?;
                 if !crate::addr::is_canonical(target) {
                     self.state.gpr[4] = saved;
                     return Err(gp0());
                 }
                 if i.op_count() == 1 {
-                    self.state.gpr[4] = self.state.gpr[4].wrapping_add(i.immediate16() as u64);
+                    let sp = self.state.gpr[4].wrapping_add(i.immediate16() as u64);
+                    self.set_stack_pointer(sp);
                 }
                 self.next_rip = target;
                 Ok(())
@@ -193,11 +199,11 @@ impl Cpu {
                     Ok(())
                 }
             }
-            M::Jrcxz | M::Jecxz => {
-                let size = if i.mnemonic() == M::Jecxz {
-                    Size::B4
-                } else {
-                    Size::B8
+            M::Jrcxz | M::Jecxz | M::Jcxz => {
+                let size = match i.mnemonic() {
+                    M::Jcxz => Size::B2,
+                    M::Jecxz => Size::B4,
+                    _ => Size::B8,
                 };
                 if self.state.gpr[1] & size.mask() == 0 {
                     self.jump(i.near_branch_target())
@@ -206,14 +212,24 @@ impl Cpu {
                 }
             }
             M::Loop | M::Loope | M::Loopne => {
-                // With an address-size prefix the counter is ECX.
-                let size = if matches!(
-                    i.code(),
-                    Code::Loop_rel8_64_ECX | Code::Loope_rel8_64_ECX | Code::Loopne_rel8_64_ECX
-                ) {
-                    Size::B4
-                } else {
-                    Size::B8
+                // The counter is CX, ECX or RCX by the address size.
+                let size = match i.code() {
+                    Code::Loop_rel8_16_CX
+                    | Code::Loop_rel8_32_CX
+                    | Code::Loope_rel8_16_CX
+                    | Code::Loope_rel8_32_CX
+                    | Code::Loopne_rel8_16_CX
+                    | Code::Loopne_rel8_32_CX => Size::B2,
+                    Code::Loop_rel8_16_ECX
+                    | Code::Loop_rel8_32_ECX
+                    | Code::Loop_rel8_64_ECX
+                    | Code::Loope_rel8_16_ECX
+                    | Code::Loope_rel8_32_ECX
+                    | Code::Loope_rel8_64_ECX
+                    | Code::Loopne_rel8_16_ECX
+                    | Code::Loopne_rel8_32_ECX
+                    | Code::Loopne_rel8_64_ECX => Size::B4,
+                    _ => Size::B8,
                 };
                 let rcx = self.state.gpr[1].wrapping_sub(1) & size.mask();
                 self.set_gpr_sized(1, size, false, rcx);
@@ -279,10 +295,14 @@ impl Cpu {
                 Ok(())
             }
             M::Xlatb => {
-                let base = self.state.gpr[3];
-                let la = base
-                    .wrapping_add(self.state.gpr[0] & 0xff)
-                    .wrapping_add(self.segment_base(i.memory_segment()));
+                // [rBX + AL] at the address size.
+                let amask = match i.memory_base() {
+                    iced_x86::Register::BX => 0xffff,
+                    iced_x86::Register::EBX => 0xffff_ffff,
+                    _ => u64::MAX,
+                };
+                let offset = self.state.gpr[3].wrapping_add(self.state.gpr[0] & 0xff) & amask;
+                let la = self.linear(i.memory_segment(), offset);
                 let v = self.read_mem(mem, la, Size::B1)?;
                 self.set_gpr_sized(0, Size::B1, false, v);
                 Ok(())
@@ -303,6 +323,7 @@ impl Cpu {
             M::Int3 => self.software_interrupt(mem, i, vector::BP),
             M::Int => self.software_interrupt(mem, i, i.immediate8()),
             M::Int1 => Err(Fault::exception(vector::DB)),
+            m if super::legacy::is_legacy(m) => self.exec_legacy(mem, i),
             m if super::sse::is_simd(m) => self.exec_simd(mem, i),
             m if super::x87::is_x87(m) => self.exec_x87(mem, i),
             _ => self.exec_system(mem, i),
@@ -334,17 +355,36 @@ impl Cpu {
                 Ok(i.near_branch_target())
             }
             OpKind::Register | OpKind::Memory => {
-                // Far forms (jmp/call m16:64) are not supported: #UD.
-                if i.is_jmp_far_indirect() || i.is_call_far_indirect() {
-                    return Err(ud());
-                }
-                self.read_op(mem, i, 0, Size::B8)
+                let size = if self.state.in_64bit_mode() {
+                    Size::B8
+                } else {
+                    Self::near_operand_size(i)
+                };
+                self.read_op(mem, i, 0, size)
             }
             _ => Err(ud()),
         }
     }
 
+    /// The operand size of a near branch or return outside 64-bit mode
+    /// (16 or 32).
+    fn near_operand_size(i: &Instruction) -> Size {
+        let size = match i.code() {
+            Code::Retnw | Code::Retnw_imm16 => Size::B2,
+            Code::Retnd | Code::Retnd_imm16 => Size::B4,
+            _ if matches!(i.op0_kind(), OpKind::Register | OpKind::Memory) => Self::op_size(i, 0),
+            _ => stack_size(i),
+        };
+        if size == Size::B2 {
+            Size::B2
+        } else {
+            Size::B4
+        }
+    }
+
     /// Transfers control; a non-canonical target faults on the branch.
+    /// (Outside 64-bit mode targets are offsets at most 32 bits wide, and
+    /// CS limits are not checked.)
     #[inline]
     pub(super) fn jump(&mut self, target: u64) -> Result<(), Fault> {
         if !crate::addr::is_canonical(target) {
@@ -356,8 +396,7 @@ impl Cpu {
 
     /// LEA's address: no segment base, address size applied.
     fn lea_address(&self, i: &Instruction) -> u64 {
-        let ea = self.effective_address(i);
-        ea.wrapping_sub(self.segment_base(i.memory_segment()))
+        self.operand_offset(i)
     }
 
     fn exec_mov(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
@@ -517,10 +556,13 @@ impl Cpu {
             // A register bit offset addresses memory beyond the operand:
             // signed, in units of the operand size.
             let offset = size.sign_extend(self.reg(i.op1_register()));
-            let ea = self.effective_address(i);
-            let la = ea.wrapping_add(
-                (((offset as i64) >> size.bits().trailing_zeros()) as u64)
-                    .wrapping_mul(size.bytes() as u64),
+            let ea = self.operand_offset(i);
+            let la = self.linear(
+                i.memory_segment(),
+                ea.wrapping_add(
+                    (((offset as i64) >> size.bits().trailing_zeros()) as u64)
+                        .wrapping_mul(size.bytes() as u64),
+                ),
             );
             let bit = (offset & (bits - 1)) as u32;
             let p = if op == BitOp::Bt {
@@ -693,28 +735,20 @@ impl Cpu {
     }
 
     fn exec_push(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
-        let size = if i.stack_pointer_increment() == -2 {
-            Size::B2
-        } else {
-            Size::B8
-        };
+        let size = stack_size(i);
         let v = match i.op0_kind() {
             OpKind::Register if i.op0_register().is_segment_register() => {
                 self.segment(i.op0_register()).selector as u64
             }
             _ => self.read_op(mem, i, 0, size)?,
         };
-        self.push(mem, size, v & size.mask())
+        self.stack_push(mem, size, v & size.mask())
     }
 
     fn exec_pop(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
-        let size = if i.stack_pointer_increment() == 2 {
-            Size::B2
-        } else {
-            Size::B8
-        };
+        let size = stack_size(i);
         let saved = self.state.gpr[4];
-        let v = self.pop(mem, size)?;
+        let v = self.stack_pop(mem, size)?;
         let r = if i.op0_kind() == OpKind::Register && i.op0_register().is_segment_register() {
             self.load_segment_register(mem, i.op0_register(), v as u16)
         } else {
@@ -728,12 +762,8 @@ impl Cpu {
     }
 
     fn exec_popf(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
-        let size = if i.mnemonic() == M::Popf {
-            Size::B2
-        } else {
-            Size::B8
-        };
-        let v = self.pop(mem, size)?;
+        let size = stack_size(i);
+        let v = self.stack_pop(mem, size)?;
         let cpl = self.state.cpl();
         let iopl = ((self.state.rflags & rflags::IOPL) >> 12) as u8;
         let mut mask = rflags::WRITABLE & !rflags::RF;
@@ -759,22 +789,30 @@ impl Cpu {
     fn exec_enter(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
         let alloc = i.immediate16() as u64;
         let level = (i.immediate8_2nd() & 31) as u64;
+        let size = match i.code() {
+            Code::Enterw_imm16_imm8 => Size::B2,
+            Code::Enterd_imm16_imm8 => Size::B4,
+            _ => Size::B8,
+        };
+        let step = size.bytes() as u64;
         let saved = (self.state.gpr[4], self.state.gpr[5]);
         let r = (|| {
             let rbp = self.state.gpr[5];
-            self.push(mem, Size::B8, rbp)?;
-            let frame = self.state.gpr[4];
+            self.stack_push(mem, size, rbp & size.mask())?;
+            let frame = self.state.gpr[4] & self.state.stack_mask();
             if level > 0 {
                 let mut p = rbp;
                 for _ in 1..level {
-                    p = p.wrapping_sub(8);
-                    let v = self.read_mem(mem, p, Size::B8)?;
-                    self.push(mem, Size::B8, v)?;
+                    p = p.wrapping_sub(step);
+                    let la = self.linear(iced_x86::Register::SS, p & self.state.stack_mask());
+                    let v = self.read_mem(mem, la, size)?;
+                    self.stack_push(mem, size, v)?;
                 }
-                self.push(mem, Size::B8, frame)?;
+                self.stack_push(mem, size, frame & size.mask())?;
             }
-            self.state.gpr[5] = frame;
-            self.state.gpr[4] = self.state.gpr[4].wrapping_sub(alloc);
+            self.set_gpr_sized(5, size, false, frame);
+            let sp = self.state.gpr[4].wrapping_sub(alloc);
+            self.set_stack_pointer(sp);
             Ok(())
         })();
         if r.is_err() {
@@ -842,11 +880,23 @@ impl Cpu {
         if !string_form {
             return self.exec_simd(mem, i);
         }
-        let addr32 = matches!(i.op0_kind(), OpKind::MemoryESEDI | OpKind::MemorySegESI)
-            || matches!(i.op1_kind(), OpKind::MemoryESEDI | OpKind::MemorySegESI);
-        let amask = if addr32 { 0xffff_ffffu64 } else { u64::MAX };
+        let kinds = [i.op0_kind(), i.op1_kind()];
+        let amask = if kinds
+            .iter()
+            .any(|k| matches!(k, OpKind::MemoryESEDI | OpKind::MemorySegESI))
+        {
+            0xffff_ffffu64
+        } else if kinds
+            .iter()
+            .any(|k| matches!(k, OpKind::MemoryESDI | OpKind::MemorySegSI))
+        {
+            0xffff
+        } else {
+            u64::MAX
+        };
         let rep = i.has_rep_prefix() || i.has_repe_prefix() || i.has_repne_prefix();
-        let src_base = self.segment_base(i.memory_segment());
+        let src_seg = i.memory_segment();
+        let es = iced_x86::Register::ES;
         let step = size.bytes() as u64;
         let delta = if self.state.rflags & rflags::DF != 0 {
             step.wrapping_neg()
@@ -865,12 +915,12 @@ impl Cpu {
                     break;
                 }
             }
-            let rsi = self.state.gpr[6] & amask;
-            let rdi = self.state.gpr[7] & amask;
+            let rsi = self.linear(src_seg, self.state.gpr[6] & amask);
+            let rdi = self.linear(es, self.state.gpr[7] & amask);
             let mut zf_stop = false;
             match op {
                 StringOp::Movs => {
-                    let v = self.read_mem(mem, src_base.wrapping_add(rsi), size)?;
+                    let v = self.read_mem(mem, rsi, size)?;
                     self.write_mem(mem, rdi, size, v)?;
                     self.advance_index(6, delta, amask);
                     self.advance_index(7, delta, amask);
@@ -880,12 +930,12 @@ impl Cpu {
                     self.advance_index(7, delta, amask);
                 }
                 StringOp::Lods => {
-                    let v = self.read_mem(mem, src_base.wrapping_add(rsi), size)?;
+                    let v = self.read_mem(mem, rsi, size)?;
                     self.set_gpr_sized(0, size, false, v);
                     self.advance_index(6, delta, amask);
                 }
                 StringOp::Cmps => {
-                    let a = self.read_mem(mem, src_base.wrapping_add(rsi), size)?;
+                    let a = self.read_mem(mem, rsi, size)?;
                     let b = self.read_mem(mem, rdi, size)?;
                     self.state.rflags = alu::binop(BinOp::Cmp, size, a, b, self.state.rflags).1;
                     self.advance_index(6, delta, amask);
@@ -904,8 +954,10 @@ impl Cpu {
             if !rep {
                 break;
             }
-            // With 32-bit addressing the counter is ECX (zero-extended).
-            self.state.gpr[1] = (self.state.gpr[1] & amask).wrapping_sub(1) & amask;
+            // The counter is CX, ECX (zero-extended) or RCX by the address size.
+            let count = (self.state.gpr[1] & amask).wrapping_sub(1);
+            self.advance_index(1, 0, amask);
+            self.state.gpr[1] = (self.state.gpr[1] & !amask) | (count & amask);
             if zf_stop {
                 let zf = self.state.rflags & rflags::ZF != 0;
                 if (i.has_repe_prefix() && !zf) || (i.has_repne_prefix() && zf) {
@@ -922,8 +974,28 @@ impl Cpu {
 
     #[inline]
     fn advance_index(&mut self, reg: usize, delta: u64, amask: u64) {
-        self.state.gpr[reg] = self.state.gpr[reg].wrapping_add(delta) & amask;
+        let r = &mut self.state.gpr[reg];
+        // A 16-bit index merges into its register; a 32-bit one
+        // zero-extends.
+        let keep = if amask == 0xffff { !amask } else { 0 };
+        *r = (*r & keep) | (r.wrapping_add(delta) & amask);
     }
+}
+
+/// The stack operand size of a PUSH, POP, CALL, RET, PUSHF or POPF form.
+pub(super) fn stack_size(i: &Instruction) -> Size {
+    match i.stack_pointer_increment().unsigned_abs() {
+        2 => Size::B2,
+        4 => Size::B4,
+        _ => Size::B8,
+    }
+}
+
+/// JMP/CALL to another code segment (ptr16:16/32 or m16:16/32/64).
+fn is_far(i: &Instruction) -> bool {
+    matches!(i.op0_kind(), OpKind::FarBranch16 | OpKind::FarBranch32)
+        || i.is_jmp_far_indirect()
+        || i.is_call_far_indirect()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

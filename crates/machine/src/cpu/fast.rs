@@ -210,7 +210,23 @@ impl Op {
         }
     }
 
-    /// Classifies a decoded instruction.
+    /// A decoded instruction of `bits`-bit code. Only 64-bit code gets
+    /// fast forms (they assume 64-bit stack and flat segments); 32- and
+    /// 16-bit code runs through the generic interpreter, with the next
+    /// IP wrapping at the code size.
+    pub fn for_code(insn: Instruction, bits: u32) -> Op {
+        if bits == 64 {
+            return Op::new(insn);
+        }
+        let mask = if bits == 32 { 0xffff_ffff } else { 0xffff };
+        Op {
+            fast: Fast::Generic,
+            next_ip: insn.next_ip() & mask,
+            insn,
+        }
+    }
+
+    /// Classifies a decoded instruction of 64-bit code.
     pub fn new(insn: Instruction) -> Op {
         Op {
             fast: classify(&insn),

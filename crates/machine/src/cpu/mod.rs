@@ -15,7 +15,10 @@
 //!   triple faults, and the VMX exception-bitmap decision.
 //! - `exec`: integer, data-movement and control-flow instructions.
 //! - `system`: privileged and system instructions (CRs, MSRs, descriptor
-//!   tables, SYSCALL/SYSRET, IRETQ, I/O, CPUID, ...).
+//!   tables, SYSCALL/SYSRET, I/O, CPUID, ...).
+//! - `far`: far JMP/CALL/RET and IRET between code segments, far-pointer
+//!   loads, real-mode segments.
+//! - `legacy`: instructions only 32- and 16-bit code has (PUSHA, BCD, ...).
 
 mod access;
 pub mod code_cache;
@@ -23,13 +26,17 @@ pub mod debug_regs;
 mod event;
 mod fast;
 mod l1tlb;
+mod legacy;
 mod mmio;
 pub use event::has_error_code;
 pub use system::native_cpuid;
 mod exec;
+mod far;
 pub mod fpu_state;
 mod hostfp;
 mod hostx87;
+#[cfg(test)]
+mod mode_tests;
 mod sse;
 pub mod state;
 mod system;
@@ -409,6 +416,38 @@ impl Cpu {
         self.check_events = true;
     }
 
+    /// An INIT signal (an IPI with delivery mode INIT): the CPU takes the
+    /// INIT state (real mode, [`CpuState::real_mode_at`]; x87/SSE state
+    /// and the APIC id kept, the APIC reset) and waits for a startup IPI.
+    /// Pending events are dropped; the TLB and decoded code are flushed.
+    pub fn receive_init(&mut self) {
+        let fpu = self.state.fpu;
+        self.state = CpuState::real_mode_at(0, 0);
+        self.state.fpu = fpu;
+        self.state.activity = Activity::WaitForSipi;
+        self.apic.reset();
+        self.injection = None;
+        self.host_interrupts = PendingVectors::default();
+        self.tlb.flush_vpid(self.vpid());
+        self.mode_epoch += 1;
+        self.check_events = true;
+    }
+
+    /// A startup IPI with `vector`: a CPU waiting for SIPI starts in real
+    /// mode at CS = `vector << 8`, IP = 0 (linear `vector << 12`), as
+    /// hardware does. Any other CPU ignores it; returns whether it started.
+    pub fn receive_startup(&mut self, vector: u8) -> bool {
+        if self.state.activity != Activity::WaitForSipi {
+            return false;
+        }
+        let fpu = self.state.fpu;
+        self.state = CpuState::real_mode_at((vector as u16) << 8, 0);
+        self.state.fpu = fpu;
+        self.mode_epoch += 1;
+        self.check_events = true;
+        true
+    }
+
     /// The local APIC.
     pub fn apic(&self) -> &Lapic {
         &self.apic
@@ -707,15 +746,25 @@ impl Cpu {
     }
 
     /// Decodes or finds the block at RIP.
+    ///
+    /// Outside 64-bit mode RIP is the offset in CS: the fetch is at
+    /// CS.base + EIP (wrapping at 4 GiB), and the block is decoded for the
+    /// code size CS selects.
     fn fetch_block(&mut self, mem: &PhysMemory) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
         let rip = self.state.rip;
-        let hpa = self.translate_fetch(mem, rip)?;
-        if let Some(b) = self.code.lookup(mem, hpa, rip) {
+        let bits = self.state.code_bits();
+        let la = if bits == 64 {
+            rip
+        } else {
+            self.state.cs.base.wrapping_add(rip) & 0xffff_ffff
+        };
+        let hpa = self.translate_fetch(mem, la)?;
+        if let Some(b) = self.code.lookup(mem, hpa, rip, bits) {
             return Ok(b);
         }
         // Bytes to the end of the page, but no more than a long block needs
         // (a block cut short by the window simply ends early).
-        let room = 4096 - (rip & 0xfff) as usize;
+        let room = 4096 - (la & 0xfff) as usize;
         let window = room.min(DECODE_WINDOW);
         let mut buf = [0u8; DECODE_WINDOW];
         let first = &mut buf[..window];
@@ -723,42 +772,47 @@ impl Cpu {
         // A page-crossing instruction seen before, with the same bytes up
         // to the page end, would fail to decode here the same way: go
         // straight to its second page.
-        if room < MAX_INSN_LEN && self.code.crossing_prefix_matches(rip, hpa, first) {
-            return self.fetch_crossing(mem, rip, hpa, &buf);
+        if room < MAX_INSN_LEN && self.code.crossing_prefix_matches(rip, hpa, bits, first) {
+            return self.fetch_crossing(mem, rip, la, hpa, &buf);
         }
-        match code_cache::decode_block(first, rip) {
+        match code_cache::decode_block(first, rip, bits) {
             Some(insns) => {
                 self.stats.blocks_decoded += 1;
-                Ok(self.code.insert(mem, hpa, rip, insns))
+                Ok(self.code.insert(mem, hpa, rip, bits, insns))
             }
-            None => self.fetch_crossing(mem, rip, hpa, &buf),
+            None => self.fetch_crossing(mem, rip, la, hpa, &buf),
         }
     }
 
-    /// The instruction at `rip` crosses into the next page (`buf` holds
-    /// its bytes up to the page end): fetch up to 15 bytes across the
-    /// boundary and run it alone, decoded again unless the same bytes
-    /// from the same frames were decoded before.
+    /// The instruction at `rip` (linear address `la`) crosses into the
+    /// next page (`buf` holds its bytes up to the page end): fetch up to
+    /// 15 bytes across the boundary and run it alone, decoded again unless
+    /// the same bytes from the same frames were decoded before.
     fn fetch_crossing(
         &mut self,
         mem: &PhysMemory,
         rip: u64,
+        la: u64,
         hpa: crate::Hpa,
         buf: &[u8],
     ) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
-        let room = 4096 - (rip & 0xfff) as usize;
+        let bits = self.state.code_bits();
+        let room = 4096 - (la & 0xfff) as usize;
         let mut bytes = [0u8; MAX_INSN_LEN];
         let n = room.min(MAX_INSN_LEN);
         bytes[..n].copy_from_slice(&buf[..n]);
-        let next_page = (rip & !0xfff).wrapping_add(0x1000);
+        let mut next_page = (la & !0xfff).wrapping_add(0x1000);
+        if bits != 64 {
+            next_page &= 0xffff_ffff;
+        }
         let hpa2 = self.translate_fetch(mem, next_page)?;
         mem.read_bytes(hpa2, &mut bytes[n..])?;
-        if let Some(b) = self.code.lookup_crossing(rip, hpa, hpa2, &bytes) {
+        if let Some(b) = self.code.lookup_crossing(rip, hpa, hpa2, bits, &bytes) {
             return Ok(b);
         }
         self.stats.blocks_decoded += 1;
-        let op = code_cache::decode_one(&bytes, rip);
-        Ok(self.code.insert_crossing(rip, hpa, hpa2, &bytes, op))
+        let op = code_cache::decode_one(&bytes, rip, bits);
+        Ok(self.code.insert_crossing(rip, hpa, hpa2, &bytes, op, bits))
     }
 }
 

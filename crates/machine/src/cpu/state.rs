@@ -344,10 +344,108 @@ impl Default for CpuState {
 }
 
 impl CpuState {
-    /// Current privilege level.
+    /// The architectural state after RESET or INIT (SDM Vol. 3, 10.1.1,
+    /// Table 10-1), but executing at `selector:ip` in real mode: CS base
+    /// `selector * 16`, every segment limit 0xffff, CR0 = 0x60000010 (CD,
+    /// NW, ET), paging and protection off, EFER clear, GDTR/IDTR base 0
+    /// limit 0xffff. RESET itself is `real_mode_at(0xf000, 0xfff0)` with
+    /// the CS base 0xffff0000 hardware uses instead (see
+    /// [`CpuState::reset`]); a startup IPI is `real_mode_at(vector << 8, 0)`.
+    pub fn real_mode_at(selector: u16, ip: u16) -> CpuState {
+        let data = Segment {
+            selector: 0,
+            base: 0,
+            limit: 0xffff,
+            attr: seg_attr::TYPE_DATA_RW_ACCESSED | seg_attr::S | seg_attr::PRESENT,
+        };
+        CpuState {
+            rip: ip as u64,
+            rflags: rflags::FIXED1,
+            cr0: cr0::CD | cr0::NW | cr0::ET,
+            cr4: 0,
+            efer: 0,
+            cs: Segment {
+                selector,
+                base: (selector as u64) << 4,
+                limit: 0xffff,
+                attr: seg_attr::TYPE_CODE_RX_ACCESSED | seg_attr::S | seg_attr::PRESENT,
+            },
+            ss: data,
+            ds: data,
+            es: data,
+            fs: data,
+            gs: data,
+            ldtr: Segment {
+                attr: 0x82 | seg_attr::PRESENT,
+                limit: 0xffff,
+                ..Segment::default()
+            },
+            tr: Segment {
+                selector: 0,
+                base: 0,
+                limit: 0xffff,
+                attr: 0x8b,
+            },
+            gdtr: DescriptorTable {
+                base: 0,
+                limit: 0xffff,
+            },
+            idtr: DescriptorTable {
+                base: 0,
+                limit: 0xffff,
+            },
+            ..CpuState::default()
+        }
+    }
+
+    /// The state after RESET: real mode at F000:FFF0 with the CS base
+    /// 0xffff0000, so the first fetch is at physical 0xfffffff0.
+    pub fn reset() -> CpuState {
+        let mut s = CpuState::real_mode_at(0xf000, 0xfff0);
+        s.cs.base = 0xffff_0000;
+        s
+    }
+
+    /// Current privilege level (0 in real mode, whatever CS holds).
     #[inline]
     pub fn cpl(&self) -> u8 {
+        if self.cr0 & cr0::PE == 0 {
+            return 0;
+        }
         (self.cs.selector & 3) as u8
+    }
+
+    /// Whether the CPU is in 64-bit mode (IA-32e active and CS.L set).
+    #[inline]
+    pub fn in_64bit_mode(&self) -> bool {
+        self.efer & efer::LMA != 0 && self.cs.attr & seg_attr::LONG != 0
+    }
+
+    /// The default operand and address size of the running code, in bits:
+    /// 64 in 64-bit mode, else 32 or 16 by CS.D (compatibility mode,
+    /// protected mode, and real mode, whose CS.D is normally clear).
+    #[inline]
+    pub fn code_bits(&self) -> u32 {
+        if self.in_64bit_mode() {
+            64
+        } else if self.cs.attr & seg_attr::DB != 0 {
+            32
+        } else {
+            16
+        }
+    }
+
+    /// The mask of the stack pointer outside 64-bit mode: SS.B selects ESP
+    /// or SP.
+    #[inline]
+    pub fn stack_mask(&self) -> u64 {
+        if self.in_64bit_mode() {
+            u64::MAX
+        } else if self.ss.attr & seg_attr::DB != 0 {
+            0xffff_ffff
+        } else {
+            0xffff
+        }
     }
 
     /// A general register.

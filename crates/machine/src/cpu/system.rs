@@ -180,9 +180,23 @@ impl Cpu {
             }
             M::Lgdt | M::Lidt => {
                 self.require_cpl0()?;
-                let la = self.effective_address(i);
-                let limit = self.read_mem(mem, la, Size::B2)? as u16;
-                let base = self.read_mem(mem, la.wrapping_add(2), Size::B8)?;
+                let (offset, seg) = (self.operand_offset(i), i.memory_segment());
+                let limit = self.read_mem(mem, self.linear(seg, offset), Size::B2)? as u16;
+                let base_la = self.linear(seg, offset.wrapping_add(2));
+                let base = if self.state.in_64bit_mode() {
+                    self.read_mem(mem, base_la, Size::B8)?
+                } else {
+                    // Outside 64-bit mode the base is 32 bits (24 with a
+                    // 16-bit operand size).
+                    let base = self.read_mem(mem, base_la, Size::B4)?;
+                    if i.code() == iced_x86::Code::Lgdt_m1632_16
+                        || i.code() == iced_x86::Code::Lidt_m1632_16
+                    {
+                        base & 0xff_ffff
+                    } else {
+                        base
+                    }
+                };
                 if !is_canonical(base) {
                     return Err(gp(0));
                 }
@@ -203,12 +217,19 @@ impl Cpu {
                 } else {
                     self.state.idtr
                 };
-                let la = self.effective_address(i);
+                let (offset, seg) = (self.operand_offset(i), i.memory_segment());
+                let la = self.linear(seg, offset);
+                let base_la = self.linear(seg, offset.wrapping_add(2));
+                let base_size = if self.state.in_64bit_mode() {
+                    Size::B8
+                } else {
+                    Size::B4
+                };
                 // Check both parts before writing either.
                 self.read_mem(mem, la, Size::B2)?;
-                self.read_mem(mem, la.wrapping_add(2), Size::B8)?;
+                self.read_mem(mem, base_la, base_size)?;
                 self.write_mem(mem, la, Size::B2, t.limit as u64)?;
-                self.write_mem(mem, la.wrapping_add(2), Size::B8, t.base)
+                self.write_mem(mem, base_la, base_size, t.base)
             }
             M::Ltr => {
                 self.require_cpl0()?;
@@ -252,8 +273,9 @@ impl Cpu {
             }
             M::Syscall => self.exec_syscall(i),
             M::Sysretq => self.exec_sysret(),
-            M::Iretq => self.exec_iretq(mem),
+            M::Iret | M::Iretd | M::Iretq => self.exec_iret(mem, i),
             M::Retf => self.exec_retf(mem, i),
+            M::Les | M::Lds | M::Lss | M::Lfs | M::Lgs => self.exec_load_far_pointer(mem, i),
             M::Vmcall => {
                 if self.vmx.is_some() {
                     Err(Fault::exit(VmExit::Vmcall))
@@ -289,7 +311,7 @@ impl Cpu {
         }
     }
 
-    fn iopl(&self) -> u8 {
+    pub(super) fn iopl(&self) -> u8 {
         ((self.state.rflags & rflags::IOPL) >> 12) as u8
     }
 
@@ -391,12 +413,34 @@ impl Cpu {
                     return Err(gp(0));
                 }
                 let new = (new & cr0::DEFINED) | cr0::ET;
-                if new & cr0::PG == 0 || new & cr0::PE == 0 {
-                    // Leaving long mode (or paging) is not supported.
-                    return Err(gp(0));
-                }
                 if new & cr0::NW != 0 && new & cr0::CD == 0 {
                     return Err(gp(0));
+                }
+                if new & cr0::PG != 0 && new & cr0::PE == 0 {
+                    return Err(gp(0));
+                }
+                let old = self.state.cr0;
+                let paging_on = new & cr0::PG != 0 && old & cr0::PG == 0;
+                let paging_off = new & cr0::PG == 0 && old & cr0::PG != 0;
+                if paging_on {
+                    // Only IA-32e paging is modelled: enabling paging
+                    // needs EFER.LME and CR4.PAE (then IA-32e mode
+                    // becomes active); 32-bit and PAE paging are #GP(0).
+                    if self.state.efer & efer::LME == 0 || self.state.cr4 & cr4::PAE == 0 {
+                        return Err(gp(0));
+                    }
+                    self.state.efer |= efer::LMA;
+                }
+                if paging_off {
+                    // Leaving IA-32e mode is allowed from compatibility
+                    // mode only.
+                    if self.state.in_64bit_mode() {
+                        return Err(gp(0));
+                    }
+                    self.state.efer &= !efer::LMA;
+                }
+                if (old ^ new) & (cr0::PG | cr0::WP | cr0::PE) != 0 {
+                    self.tlb.flush_vpid(vpid);
                 }
                 self.state.cr0 = new;
                 Ok(())
@@ -434,7 +478,10 @@ impl Cpu {
                         (value & !v.cr4_guest_host_mask) | (self.state.cr4 & v.cr4_guest_host_mask);
                 }
                 let host_owned = self.vmx.as_deref().map_or(0, |v| v.cr4_guest_host_mask);
-                if new & !(cr4::SUPPORTED | (host_owned & cr4::VMXE)) != 0 || new & cr4::PAE == 0 {
+                let ia32e = self.state.efer & efer::LMA != 0;
+                if new & !(cr4::SUPPORTED | (host_owned & cr4::VMXE)) != 0
+                    || (ia32e && new & cr4::PAE == 0)
+                {
                     return Err(gp(0));
                 }
                 let old = self.state.cr4;
@@ -527,6 +574,22 @@ impl Cpu {
         r: Register,
         sel: u16,
     ) -> Result<(), Fault> {
+        if self.real_mode() {
+            let seg = Self::real_mode_segment(self.segment(r), sel);
+            match r {
+                Register::SS => {
+                    self.state.ss = seg;
+                    self.state.interruptibility |= interruptibility::MOV_SS;
+                    self.check_events = true;
+                }
+                Register::DS => self.state.ds = seg,
+                Register::ES => self.state.es = seg,
+                Register::FS => self.state.fs = seg,
+                Register::GS => self.state.gs = seg,
+                _ => return Err(ud()),
+            }
+            return Ok(());
+        }
         let cpl = self.state.cpl();
         let rpl = (sel & 3) as u8;
         let null = sel & !3 == 0;
@@ -534,7 +597,7 @@ impl Cpu {
         if r == Register::SS {
             let seg = if null {
                 // 64-bit mode allows a null SS below ring 3 with RPL = CPL.
-                if cpl == 3 || rpl != cpl {
+                if cpl == 3 || rpl != cpl || !self.state.in_64bit_mode() {
                     return Err(gp(0));
                 }
                 Segment {
@@ -748,11 +811,15 @@ impl Cpu {
         let canonical = |v: u64| if is_canonical(v) { Ok(v) } else { Err(gp(0)) };
         match index {
             msr::EFER => {
-                if v & !(efer::WRITABLE | efer::LMA) != 0 || v & efer::LME == 0 {
-                    // Leaving long mode is not supported.
+                let paging = self.state.cr0 & cr0::PG != 0;
+                if v & !(efer::WRITABLE | efer::LMA) != 0
+                    || (paging && (v ^ self.state.efer) & efer::LME != 0)
+                {
+                    // LME changes only with paging off.
                     return Err(gp(0));
                 }
-                self.state.efer = (v & efer::WRITABLE) | efer::LMA;
+                // LMA is the CPU's: LME with paging on.
+                self.state.efer = (v & efer::WRITABLE) | (self.state.efer & efer::LMA);
                 let vpid = self.vpid();
                 self.tlb.flush_vpid(vpid);
             }
@@ -863,7 +930,11 @@ impl Cpu {
     }
 
     /// Checks a code-segment descriptor for a return to privilege `rpl`.
-    fn return_code_segment(&mut self, mem: &PhysMemory, sel: u16) -> Result<Segment, Fault> {
+    pub(super) fn return_code_segment(
+        &mut self,
+        mem: &PhysMemory,
+        sel: u16,
+    ) -> Result<Segment, Fault> {
         let err = gp((sel & !3) as u32);
         if sel & !3 == 0 {
             return Err(gp(0));
@@ -873,8 +944,11 @@ impl Cpu {
         if !code || d.dpl() != (sel & 3) as u8 {
             return Err(err);
         }
-        if d.attr & seg_attr::LONG == 0 {
-            // Compatibility mode is not supported.
+        if self.state.efer & efer::LMA != 0
+            && d.attr & seg_attr::LONG != 0
+            && d.attr & seg_attr::DB != 0
+        {
+            // L and D together are reserved in IA-32e mode.
             return Err(err);
         }
         if d.attr & seg_attr::PRESENT == 0 {
@@ -884,7 +958,7 @@ impl Cpu {
     }
 
     /// Checks the SS for a return to privilege `cpl`.
-    fn return_stack_segment(
+    pub(super) fn return_stack_segment(
         &mut self,
         mem: &PhysMemory,
         sel: u16,
@@ -910,99 +984,5 @@ impl Cpu {
             return Err(Fault::with_code(vector::SS, (sel & !3) as u32));
         }
         Ok(d)
-    }
-
-    fn exec_iretq(&mut self, mem: &PhysMemory) -> Result<(), Fault> {
-        self.cycles += self.costs.privilege_transition;
-        let cpl = self.state.cpl();
-        let rsp = self.state.gpr[4];
-        let ss_fault = super::access::stack_fault;
-        let rip = self.read_mem(mem, rsp, Size::B8).map_err(ss_fault)?;
-        let cs = self
-            .read_mem(mem, rsp.wrapping_add(8), Size::B8)
-            .map_err(ss_fault)? as u16;
-        let fl = self
-            .read_mem(mem, rsp.wrapping_add(16), Size::B8)
-            .map_err(ss_fault)?;
-        let new_rsp = self
-            .read_mem(mem, rsp.wrapping_add(24), Size::B8)
-            .map_err(ss_fault)?;
-        let ss = self
-            .read_mem(mem, rsp.wrapping_add(32), Size::B8)
-            .map_err(ss_fault)? as u16;
-        let new_cpl = (cs & 3) as u8;
-        if new_cpl < cpl {
-            return Err(gp((cs & !3) as u32));
-        }
-        let code = self.return_code_segment(mem, cs)?;
-        let stack = self.return_stack_segment(mem, ss, new_cpl)?;
-        if !is_canonical(rip) {
-            return Err(gp(0));
-        }
-        let mut mask = rflags::WRITABLE;
-        if cpl > 0 {
-            mask &= !rflags::IOPL;
-        }
-        if cpl > self.iopl() {
-            mask &= !rflags::IF;
-        }
-        let s = &mut self.state;
-        s.rflags = (s.rflags & !mask) | (fl & mask) | rflags::FIXED1;
-        s.cs = code;
-        s.ss = stack;
-        s.gpr[4] = new_rsp;
-        self.next_rip = rip;
-        self.check_events = true;
-        Ok(())
-    }
-
-    fn exec_retf(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
-        // Only the 64-bit operand-size form (lretq).
-        let pops = i.stack_pointer_increment() as i64
-            - if i.op_count() == 1 {
-                i.immediate16() as i64
-            } else {
-                0
-            };
-        if pops != 16 {
-            return Err(ud());
-        }
-        let extra = if i.op_count() == 1 {
-            i.immediate16() as u64
-        } else {
-            0
-        };
-        let cpl = self.state.cpl();
-        let rsp = self.state.gpr[4];
-        let ss_fault = super::access::stack_fault;
-        let rip = self.read_mem(mem, rsp, Size::B8).map_err(ss_fault)?;
-        let cs = self
-            .read_mem(mem, rsp.wrapping_add(8), Size::B8)
-            .map_err(ss_fault)? as u16;
-        let new_cpl = (cs & 3) as u8;
-        if new_cpl < cpl {
-            return Err(gp((cs & !3) as u32));
-        }
-        let code = self.return_code_segment(mem, cs)?;
-        if !is_canonical(rip) {
-            return Err(gp(0));
-        }
-        let mut new_rsp = rsp.wrapping_add(16 + extra);
-        let mut stack = None;
-        if new_cpl > cpl {
-            let outer_rsp = self.read_mem(mem, new_rsp, Size::B8).map_err(ss_fault)?;
-            let ss = self
-                .read_mem(mem, new_rsp.wrapping_add(8), Size::B8)
-                .map_err(ss_fault)? as u16;
-            stack = Some(self.return_stack_segment(mem, ss, new_cpl)?);
-            new_rsp = outer_rsp.wrapping_add(extra);
-        }
-        self.state.cs = code;
-        if let Some(ss) = stack {
-            self.state.ss = ss;
-        }
-        self.state.gpr[4] = new_rsp;
-        self.next_rip = rip;
-        Ok(())
     }
 }

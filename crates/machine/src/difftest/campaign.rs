@@ -2,7 +2,7 @@
 
 use super::compare::{compare, Difference};
 use super::gen::{generate_case, Case, GenConfig};
-use super::interp::run_snippet;
+use super::interp::run_snippet_bits;
 use super::native::{NativeError, NativeRunner};
 use super::panics::catching;
 use super::{FinalState, Stop};
@@ -41,7 +41,8 @@ pub struct CampaignReport {
 
 /// Runs a case in the interpreter, turning a panic into an abnormal stop.
 pub fn run_interpreter(case: &Case) -> FinalState {
-    match catching(|| run_snippet(&case.code, &case.initial, CYCLE_LIMIT)) {
+    let bits = case.group.bits();
+    match catching(|| run_snippet_bits(&case.code, &case.initial, CYCLE_LIMIT, bits)) {
         Ok(Ok(state)) => state,
         Ok(Err(e)) => FinalState::abnormal(format!("interpreter setup failed: {e}")),
         Err(message) => FinalState::abnormal(format!("interpreter panicked: {message}")),
@@ -50,7 +51,11 @@ pub fn run_interpreter(case: &Case) -> FinalState {
 
 /// Runs one case both ways and compares.
 pub fn run_case(runner: &mut NativeRunner, case: Case) -> Result<CaseOutcome, NativeError> {
-    let native = runner.run(&case.code, &case.initial)?;
+    let native = if case.group.bits() == 32 {
+        runner.run_compat(&case.code, &case.initial)?
+    } else {
+        runner.run(&case.code, &case.initial)?
+    };
     let interp = run_interpreter(&case);
     let differences = compare(&case, &native, &interp);
     Ok(CaseOutcome {

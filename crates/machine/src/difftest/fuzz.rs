@@ -187,10 +187,14 @@ impl FuzzInput {
                 flags |= bit;
             }
         }
-        let mode = match rng.below(4) {
+        let mode = match rng.below(5) {
             0 | 1 => SandboxMode::KernelBare,
             2 => SandboxMode::UserGuest {
                 exception_bitmap: 0xffff_ffff,
+            },
+            // 32-bit decoding and execution in compatibility mode.
+            3 => SandboxMode::UserGuestCompat {
+                exception_bitmap: rng.next_u64() as u32,
             },
             _ => SandboxMode::UserGuest {
                 exception_bitmap: rng.next_u64() as u32,

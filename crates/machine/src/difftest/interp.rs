@@ -41,6 +41,9 @@ pub enum SandboxMode {
     UserGuest { exception_bitmap: u32 },
     /// Ring 0, no VMX: exceptions go through the IDT.
     KernelBare,
+    /// As `UserGuest`, but CS is the 32-bit user code segment
+    /// (compatibility mode).
+    UserGuestCompat { exception_bitmap: u32 },
 }
 
 /// A machine with the tester's memory layout.
@@ -59,6 +62,8 @@ const GDT_KERNEL_CODE: u64 = 0x00af_9b00_0000_ffff;
 const GDT_KERNEL_DATA: u64 = 0x00cf_9300_0000_ffff;
 const GDT_USER_DATA: u64 = 0x00cf_f300_0000_ffff;
 const GDT_USER_CODE: u64 = 0x00af_fb00_0000_ffff;
+/// Flat 32-bit ring-3 code (compatibility mode), at Linux's selector 0x23.
+const GDT_USER_CODE32: u64 = 0x00cf_fb00_0000_ffff;
 /// The IDT handler: `hlt; jmp $-3` (a halt that stays halted).
 const HANDLER_CODE: [u8; 3] = [0xf4, 0xeb, 0xfd];
 
@@ -117,6 +122,7 @@ impl Sandbox {
         gdt(KERNEL_DS, GDT_KERNEL_DATA)?;
         gdt(USER_DS, GDT_USER_DATA)?;
         gdt(USER_CS, GDT_USER_CODE)?;
+        gdt(super::gen32::USER32_CS, GDT_USER_CODE32)?;
         // 16-byte available 64-bit TSS descriptor (type 9), limit 0x67.
         let tss_low = 0x67
             | ((TSS_ADDR & 0xff_ffff) << 16)
@@ -174,6 +180,13 @@ impl Sandbox {
                 flat(USER_CS, seg_attr::CODE64_USER),
                 flat(USER_DS, seg_attr::DATA_USER),
             ),
+            SandboxMode::UserGuestCompat { .. } => (
+                flat(
+                    super::gen32::USER32_CS,
+                    (seg_attr::CODE64_USER & !seg_attr::LONG) | seg_attr::DB,
+                ),
+                flat(USER_DS, seg_attr::DATA_USER),
+            ),
             SandboxMode::KernelBare => (
                 flat(KERNEL_CS, seg_attr::CODE64_KERNEL),
                 flat(KERNEL_DS, seg_attr::DATA_KERNEL),
@@ -185,7 +198,9 @@ impl Sandbox {
         s.es = ds;
         s.fs = ds;
         s.gs = ds;
-        if let SandboxMode::UserGuest { exception_bitmap } = mode {
+        if let SandboxMode::UserGuest { exception_bitmap }
+        | SandboxMode::UserGuestCompat { exception_bitmap } = mode
+        {
             cpu.set_vmx(Some(VmxControls {
                 exception_bitmap: *exception_bitmap,
                 ept: None,
@@ -217,9 +232,23 @@ pub fn run_snippet(
     initial: &InitialState,
     cycle_limit: u64,
 ) -> Result<FinalState, SandboxError> {
+    run_snippet_bits(code, initial, cycle_limit, 64)
+}
+
+/// [`run_snippet`] for `bits`-bit code: 64, or 32 (in compatibility mode,
+/// CS the 32-bit user code segment).
+pub fn run_snippet_bits(
+    code: &[u8],
+    initial: &InitialState,
+    cycle_limit: u64,
+    bits: u32,
+) -> Result<FinalState, SandboxError> {
     let sandbox = Sandbox::new(code, &initial.window)?;
-    let mode = SandboxMode::UserGuest {
-        exception_bitmap: 0xffff_ffff,
+    let exception_bitmap = 0xffff_ffff;
+    let mode = if bits == 32 {
+        SandboxMode::UserGuestCompat { exception_bitmap }
+    } else {
+        SandboxMode::UserGuest { exception_bitmap }
     };
     let mut cpu = sandbox.cpu(&mode, &initial.gpr, initial.rflags);
     cpu.state_mut().fpu = initial.fpu;

@@ -22,6 +22,7 @@ pub mod compare;
 pub mod defined;
 pub mod fuzz;
 pub mod gen;
+pub mod gen32;
 pub mod interp;
 pub mod layout;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -80,7 +81,8 @@ impl FaultKind {
         match vector {
             0 => FaultKind::DivideError,
             6 => FaultKind::InvalidOpcode,
-            12..=14 => FaultKind::Protection,
+            // Linux reports #OF (INTO) and #BR (BOUND) as SIGSEGV too.
+            4 | 5 | 12..=14 => FaultKind::Protection,
             1 | 3 => FaultKind::Trap,
             17 => FaultKind::Alignment,
             16 | 19 => FaultKind::FloatingPoint,

@@ -55,6 +55,18 @@ const HOST_RSP: u64 = NATIVE_IO_ADDR + 0x188;
 const HOST_FX: u64 = NATIVE_IO_ADDR + 0x200;
 const IN_FX: u64 = NATIVE_IO_ADDR + 0x400;
 const OUT_FX: u64 = NATIVE_IO_ADDR + 0x600;
+/// Far pointers (m16:32) of the `c32` runs: to the snippet in the 32-bit
+/// user code segment, and back to the 64-bit epilogue.
+const FAR_TO_SNIPPET: u64 = NATIVE_IO_ADDR + 0x190;
+const FAR_TO_EPILOGUE: u64 = NATIVE_IO_ADDR + 0x1a0;
+/// Where the 64-bit epilogue sits in the trampoline page of a `c32` run.
+const COMPAT_EPILOGUE_ADDR: u64 = NATIVE_TRAMPOLINE_ADDR + 0x800;
+/// Linux x86-64's user code selectors: 32-bit and 64-bit.
+const LINUX_USER32_CS: u64 = 0x23;
+const LINUX_USER_CS: u64 = 0x33;
+/// Linux's user data selector, loaded into DS and ES for 32-bit code
+/// (a 64-bit process has null DS/ES, which compatibility mode rejects).
+const LINUX_USER_DS: u32 = 0x2b;
 use crate::cpu::fpu_state::{FpuState, FXSAVE_SIZE};
 
 const STATUS_NONE: u32 = 0;
@@ -92,6 +104,9 @@ pub struct NativeRunner {
     shared_len: usize,
     prologue: Vec<u8>,
     epilogue: Vec<u8>,
+    /// The trampoline page and the snippet's tail of `c32` runs.
+    compat_trampoline: Vec<u8>,
+    compat_exit: Vec<u8>,
     alt_stack: Vec<u8>,
     timeout: Duration,
 }
@@ -111,6 +126,12 @@ const CALLEE_SAVED: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
 
 /// The prologue: called as `extern "C" fn()`.
 fn assemble_prologue() -> Result<Vec<u8>, IcedError> {
+    assemble_prologue_for(false)
+}
+
+/// The prologue of a 64-bit snippet, or (`compat`) of a 32-bit one, which
+/// it enters by a far jump to the 32-bit user code segment.
+fn assemble_prologue_for(compat: bool) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     for r in CALLEE_SAVED {
         a.push(r)?;
@@ -119,14 +140,45 @@ fn assemble_prologue() -> Result<Vec<u8>, IcedError> {
     // The whole x87/SSE state from an FXSAVE image (and the host's kept).
     a.fxsave64(ptr(HOST_FX))?;
     a.fxrstor64(ptr(IN_FX))?;
+    if compat {
+        a.mov(eax, LINUX_USER_DS)?;
+        a.mov(ds, ax)?;
+        a.mov(es, ax)?;
+    }
     a.push(qword_ptr(IN_RFLAGS))?;
     a.popfq()?;
     // MOV changes no flag, so the loaded RFLAGS reach the snippet intact.
     for (i, r) in GPRS.iter().enumerate() {
         a.mov(*r, qword_ptr(IN_GPR + 8 * i as u64))?;
     }
-    a.jmp(CODE_ADDR)?;
+    if compat {
+        a.jmp(fword_ptr(FAR_TO_SNIPPET))?;
+    } else {
+        a.jmp(CODE_ADDR)?;
+    }
     a.assemble(NATIVE_TRAMPOLINE_ADDR)
+}
+
+/// The trampoline page of a `c32` run: the prologue, and the 64-bit
+/// epilogue at [`COMPAT_EPILOGUE_ADDR`].
+fn assemble_compat_trampoline(epilogue: &[u8]) -> Result<Vec<u8>, IcedError> {
+    let mut page = assemble_prologue_for(true)?;
+    let at = (COMPAT_EPILOGUE_ADDR - NATIVE_TRAMPOLINE_ADDR) as usize;
+    assert!(
+        page.len() <= at,
+        "the compat prologue fits below its epilogue"
+    );
+    page.resize(at, 0xcc);
+    page.extend_from_slice(epilogue);
+    Ok(page)
+}
+
+/// What follows a 32-bit snippet: `jmp far [FAR_TO_EPILOGUE]` (FF /5 with
+/// a disp32), which changes no register or flag.
+fn compat_exit() -> Vec<u8> {
+    let mut v = vec![0xff, 0x2d];
+    v.extend_from_slice(&(FAR_TO_EPILOGUE as u32).to_le_bytes());
+    v
 }
 
 /// The epilogue, placed right after the snippet. It uses absolute
@@ -173,11 +225,14 @@ impl NativeRunner {
         if shared == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error().into());
         }
+        let epilogue = assemble_epilogue()?;
         Ok(NativeRunner {
             shared: shared.cast(),
             shared_len,
             prologue: assemble_prologue()?,
-            epilogue: assemble_epilogue()?,
+            compat_trampoline: assemble_compat_trampoline(&epilogue)?,
+            compat_exit: compat_exit(),
+            epilogue,
             alt_stack: vec![0; ALT_STACK_SIZE],
             timeout: Duration::from_secs(5),
         })
@@ -192,7 +247,32 @@ impl NativeRunner {
     /// Errors are the runner's own; everything the snippet does (including
     /// a child that dies or hangs) is reported in the returned state.
     pub fn run(&mut self, code: &[u8], initial: &InitialState) -> Result<FinalState, NativeError> {
-        if code.len() + self.epilogue.len() > CODE_SIZE as usize {
+        self.run_bits(code, initial, false)
+    }
+
+    /// Runs 32-bit `code` in compatibility mode: the prologue far-jumps to
+    /// it through the 32-bit user code segment (0x23), and its tail
+    /// far-jumps back to the 64-bit epilogue (0x33).
+    pub fn run_compat(
+        &mut self,
+        code: &[u8],
+        initial: &InitialState,
+    ) -> Result<FinalState, NativeError> {
+        self.run_bits(code, initial, true)
+    }
+
+    fn run_bits(
+        &mut self,
+        code: &[u8],
+        initial: &InitialState,
+        compat: bool,
+    ) -> Result<FinalState, NativeError> {
+        let (tail, trampoline) = if compat {
+            (&self.compat_exit, &self.compat_trampoline)
+        } else {
+            (&self.epilogue, &self.prologue)
+        };
+        if code.len() + tail.len() > CODE_SIZE as usize {
             return Err(NativeError::CodeTooLong(code.len()));
         }
         if initial.window.len() != WINDOW_SIZE {
@@ -201,11 +281,15 @@ impl NativeRunner {
         // Everything the child needs is prepared here, before fork.
         let mut code_page = vec![0xccu8; CODE_SIZE as usize];
         code_page[..code.len()].copy_from_slice(code);
-        code_page[code.len()..code.len() + self.epilogue.len()].copy_from_slice(&self.epilogue);
+        code_page[code.len()..code.len() + tail.len()].copy_from_slice(tail);
         let mut io_page = [0u64; 512];
         io_page[..16].copy_from_slice(&initial.gpr);
         // Arithmetic flags and DF only: TF or AC would change behaviour.
         io_page[16] = (initial.rflags & COMPARED_FLAGS) | rflags::FIXED1 | rflags::IF;
+        let far = |offset: u64, selector: u64| offset | (selector << 32);
+        io_page[((FAR_TO_SNIPPET - NATIVE_IO_ADDR) / 8) as usize] = far(CODE_ADDR, LINUX_USER32_CS);
+        io_page[((FAR_TO_EPILOGUE - NATIVE_IO_ADDR) / 8) as usize] =
+            far(COMPAT_EPILOGUE_ADDR, LINUX_USER_CS);
         let image = initial.fpu.fxsave_image(true);
         let fx_slot = ((IN_FX - NATIVE_IO_ADDR) / 8) as usize;
         for (k, chunk) in image.chunks_exact(8).enumerate() {
@@ -216,7 +300,7 @@ impl NativeRunner {
         let job = ChildJob {
             code_page: &code_page,
             io_page: &io_page,
-            prologue: &self.prologue,
+            prologue: trampoline,
             window: &initial.window,
             alt_stack: self.alt_stack.as_mut_ptr(),
             shared: self.shared,
