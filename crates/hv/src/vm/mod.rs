@@ -69,6 +69,9 @@ pub struct VmConfig {
     pub zap: ZapMode,
     /// What the console (COM1) offers the guest to read; empty: nothing.
     pub console_input: Vec<u8>,
+    /// Multiboot modules (contents, command line), for a kernel with a
+    /// multiboot header.
+    pub modules: Vec<(Vec<u8>, String)>,
 }
 
 /// 2026-01-01T00:00:00Z.
@@ -94,6 +97,7 @@ impl Default for VmConfig {
             wall_clock_at_boot_ns: DEFAULT_WALL_CLOCK_AT_BOOT_NS,
             zap: ZapMode::Fast,
             console_input: Vec::new(),
+            modules: Vec::new(),
         }
     }
 }
@@ -287,8 +291,15 @@ impl Vm {
     /// A VM booted per `abi`: the kernel loaded, boot page tables, GDT,
     /// BootInfo and stack built, the bootstrap vCPU ready at the entry point
     /// (see `boot.rs`).
+    ///
+    /// An image with a multiboot header boots the multiboot way instead
+    /// (`crate::multiboot`): 32-bit protected mode, the information
+    /// structure in EBX, `config.modules` loaded after the kernel.
     pub fn boot(config: &VmConfig, kernel: &[u8]) -> Result<Vm, CreateError> {
-        crate::boot::boot(config, kernel)
+        match crate::multiboot::find_header(kernel)? {
+            Some(header) => crate::boot::boot_multiboot(config, kernel, &header),
+            None => crate::boot::boot(config, kernel),
+        }
     }
 
     /// Starts vCPU `id` at `rip` (the bootstrap vCPU at boot).
