@@ -139,6 +139,30 @@ _Static_assert(sizeof(struct pvclock_wall_clock) == 12, "pvclock_wall_clock layo
 _Static_assert(offsetof(struct pvclock_wall_clock, sec) == 4, "pvclock_wall_clock layout");
 _Static_assert(offsetof(struct pvclock_wall_clock, nsec) == 8, "pvclock_wall_clock layout");
 
+/* The paravirtual CR3 cache (see crates/abi for the prose). */
+#define KVM_FEATURE_CR3_CACHE (1u << 28)
+#define HC_CR3_CACHE_REGISTER (HC_FAULTLINE_BASE + 0x10)
+#define CR3_CACHE_MAX 16
+#define CR3_CACHE_HOST_MARK (1ull << 11)
+
+struct cr3_cache_entry {
+    uint64_t guest_cr3;
+    uint64_t host_cr3;
+};
+
+struct cr3_cache {
+    struct cr3_cache_entry entry[CR3_CACHE_MAX];
+    uint32_t max_idx;
+    uint32_t pad;
+    uint64_t wanted_cr3;
+};
+
+_Static_assert(sizeof(struct cr3_cache_entry) == 16, "cr3_cache_entry layout");
+_Static_assert(offsetof(struct cr3_cache_entry, host_cr3) == 8, "cr3_cache_entry layout");
+_Static_assert(offsetof(struct cr3_cache, max_idx) == 16 * CR3_CACHE_MAX, "cr3_cache layout");
+_Static_assert(offsetof(struct cr3_cache, wanted_cr3) == 16 * CR3_CACHE_MAX + 8, "cr3_cache layout");
+_Static_assert(sizeof(struct cr3_cache) == 16 * CR3_CACHE_MAX + 16, "cr3_cache layout");
+
 #define HC_EPERM 1
 #define HC_E2BIG 7
 #define HC_EFAULT 14

@@ -131,6 +131,7 @@ void ap_main(struct cpu *c) {
     syscall_init();
     apic_init(c);
     apf_cpu_init(c);
+    cr3cache_cpu_init(c);
     __atomic_store_n(&c->online, 1, __ATOMIC_RELEASE);
     cpu_idle_loop();
 }

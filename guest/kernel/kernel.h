@@ -177,6 +177,7 @@ struct cpu {
     volatile int need_resched;
     volatile int online;
     struct mm *loaded_mm;
+    uint64_t cr3;            /* the guest CR3 loaded (not a shadow root) */
     uint64_t ticks;
     uint64_t ctx_switches;
     uint64_t page_faults; /* demand-zero faults served */
@@ -300,6 +301,17 @@ int apf_page_ready(void);
 /* Console summary and HC_REPORT line, at shutdown. */
 void apf_report(void);
 void apf_self_check(void); /* DEBUG kernels, from a kernel thread */
+
+/* cr3cache.c: the paravirtual CR3 cache (seed 004) */
+/* Once, on the boot CPU: whether to use it. */
+void cr3cache_init(int disabled_by_option);
+/* Each CPU at bring-up, with the kernel's CR3 loaded: registers its table. */
+void cr3cache_cpu_init(struct cpu *c);
+/* Loads `cr3` on this CPU: the cached shadow root when there is one. */
+void switch_cr3(struct cpu *c, uint64_t cr3);
+void cr3cache_print_status(void);
+/* HC_REPORT line, at shutdown. */
+void cr3cache_report(void);
 
 /* syscall.c, user.c */
 int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3);

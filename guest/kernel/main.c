@@ -105,7 +105,7 @@ static int boot_flag(const char *name) {
 }
 
 /* Boot options acted on once the system is up. `no-apf` (asynchronous page
- * faults off) was acted on at bring-up; `seed=S` sets `boot_seed`, which
+ * faults off) and `no-cr3-cache` were acted on at bring-up; `seed=S` sets `boot_seed`, which
  * programs read with SYS_SEED. */
 static void boot_options(void) {
     char line[CMDLINE_LEN];
@@ -117,7 +117,7 @@ static void boot_options(void) {
         else if (strncmp(words[i], "seed=", 5) == 0) {
             if (parse_u64(words[i] + 5, &boot_seed) != 0)
                 kprintf("boot option '%s': not a decimal number; seed %lu used\n", words[i], boot_seed);
-        } else if (strcmp(words[i], "no-apf") != 0)
+        } else if (strcmp(words[i], "no-apf") != 0 && strcmp(words[i], "no-cr3-cache") != 0)
             kprintf("unknown boot option '%s' ignored\n", words[i]);
     }
 }
@@ -261,11 +261,13 @@ void kmain(struct boot_info *bi) {
         sched_init_cpu(&cpus[i]);
     }
     apf_init(boot_flag("no-apf"));
+    cr3cache_init(boot_flag("no-cr3-cache"));
     idt_init();
     cpu_init_tables(&cpus[0]);
     syscall_init();
     apic_init(&cpus[0]);
     apf_cpu_init(&cpus[0]);
+    cr3cache_cpu_init(&cpus[0]);
     cpus[0].online = 1;
 #ifdef DEBUG
     self_checks();
@@ -273,6 +275,7 @@ void kmain(struct boot_info *bi) {
     smp_boot();
     kprintf("smp: %d cpu(s) online\n", ncpus);
     apf_print_status();
+    cr3cache_print_status();
     boot_options();
     kthread_create("init", init_thread, NULL);
     cpu_idle_loop();

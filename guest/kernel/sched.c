@@ -203,7 +203,7 @@ static void schedule_locked(struct cpu *c) {
     c->current = next;
     c->ctx_switches++;
     if (next->mm != c->loaded_mm) {
-        write_cr3(next->mm->pml4);
+        switch_cr3(c, next->mm->pml4);
         c->loaded_mm = next->mm;
     }
     c->kernel_rsp = next->kstack + KSTACK_SIZE;

@@ -314,6 +314,7 @@ static void program_done(const char *name, int code) {
         report("cpu=%d ticks=%lu ctx_switches=%lu page_faults=%lu syscalls=%lu", i, cpus[i].ticks,
                cpus[i].ctx_switches, cpus[i].page_faults, cpus[i].syscalls);
     apf_report();
+    cr3cache_report();
     shutdown(code);
 }
 

@@ -5,7 +5,10 @@
  * the previous pass is checked (the first pass expects zeroes), and a last
  * pass verifies the final tags. A page the host lost, mixed up with
  * another or brought back stale (an older pass) shows up as a bad page.
- * Prints `pagetag: N pages x P passes, B bad pages`; exits 1 if B > 0. */
+ * Prints `pagetag: N pages x P passes, B bad pages`; exits 1 if B > 0.
+ * `-P procs` runs that many such processes at once instead (each with its
+ * own address space, spread over the CPUs), so address spaces switch while
+ * pages move; exits 1 if any of them does. */
 #include "ulib.h"
 
 #define MAX_THREADS 64
@@ -72,14 +75,32 @@ static int tagger(void *arg) {
 }
 
 static int usage(void) {
-    eprintf("usage: pagetag [-m bytes, at least 4K] [-p passes] [-t threads, 1 to %d]\n", MAX_THREADS);
+    eprintf("usage: pagetag [-m bytes, at least 4K] [-p passes] [-t threads, 1 to %d] [-P processes, 1 to %d]\n",
+            MAX_THREADS, MAX_THREADS);
     return 2;
+}
+
+/* `-P`: `procs` pagetag processes of `bytes` each, at once. */
+static int run_processes(uint64_t procs, uint64_t bytes, uint64_t passes, uint64_t threads) {
+    int tids[MAX_THREADS];
+    int failed = 0;
+    for (uint64_t i = 0; i < procs; i++) {
+        char cmd[96];
+        ksnprintf(cmd, sizeof(cmd), "pagetag -m %lu -p %lu -t %lu", bytes, passes, threads);
+        tids[i] = spawn_proc_on(cmd, (int)(i % (uint64_t)ncpus()));
+    }
+    for (uint64_t i = 0; i < procs; i++)
+        if (tids[i] < 0 || wait_thread(tids[i]) != 0)
+            failed++;
+    printf("pagetag: %lu processes, %d failed\n", procs, failed);
+    report("pagetag_procs=%lu pagetag_failed_procs=%d", procs, failed);
+    return failed == 0 ? 0 : 1;
 }
 
 int pagetag_main(int argc, char **argv);
 
 int pagetag_main(int argc, char **argv) {
-    uint64_t bytes = 16ULL << 20, passes = 3, threads = (uint64_t)ncpus();
+    uint64_t bytes = 16ULL << 20, passes = 3, threads = (uint64_t)ncpus(), procs = 0;
     for (int i = 1; i < argc; i++) {
         int rc = -1;
         if (strcmp(argv[i], "-m") == 0)
@@ -88,9 +109,13 @@ int pagetag_main(int argc, char **argv) {
             rc = opt_size("pagetag", argc, argv, &i, 1, UINT32_MAX, &passes);
         else if (strcmp(argv[i], "-t") == 0)
             rc = opt_size("pagetag", argc, argv, &i, 1, MAX_THREADS, &threads);
+        else if (strcmp(argv[i], "-P") == 0)
+            rc = opt_size("pagetag", argc, argv, &i, 1, MAX_THREADS, &procs);
         if (rc != 0)
             return usage();
     }
+    if (procs)
+        return run_processes(procs, bytes, passes, threads);
     uint64_t pages = bytes / PAGE;
     if (threads > MAX_THREADS) /* more CPUs than threads, with no -t */
         threads = MAX_THREADS;

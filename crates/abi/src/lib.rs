@@ -338,6 +338,63 @@ const _: () = {
     assert!(offset_of!(PvclockWallClock, nsec) == 8);
 };
 
+// ---- The paravirtual CR3 cache (seed 004) ----
+//
+// Under shadow paging, CPUID 0x40000001 EAX advertises
+// [`KVM_FEATURE_CR3_CACHE`] (a bit of the faultline-private range 28-31,
+// which KVM leaves unused). Each CPU registers a [`Cr3Cache`] with
+// [`HC_CR3_CACHE_REGISTER`]; the hv fills its entries with {guest CR3,
+// shadow root} pairs and loads the same roots into the CPU's CR3-target
+// list. To switch address space the guest first stores the CR3 it wants
+// in `wanted_cr3`, then looks it up: on a hit it loads `host_cr3` (no VM
+// exit), on a miss its own CR3 (an exit, after which the hv adds the
+// pair). A `host_cr3` carries [`CR3_CACHE_HOST_MARK`] (bit 11, ignored by
+// the CPU without CR4.PCIDE), so a load of an entry the hv dropped while
+// the guest was looking is told apart from a guest CR3: the hv then loads
+// `wanted_cr3`. A registered guest never sets that bit in its own CR3.
+
+/// CPUID 0x40000001 EAX: [`HC_CR3_CACHE_REGISTER`] is available.
+pub const KVM_FEATURE_CR3_CACHE: u32 = 1 << 28;
+/// Register this CPU's [`Cr3Cache`]: RBX = its guest-physical address
+/// (8-byte aligned, within one page), or 0 to unregister. Returns the
+/// entries the hv will fill (its CR3-target count), `-EINVAL` (misaligned,
+/// crosses a page), `-EFAULT` (not RAM) or `-KVM_ENOSYS` (not offered).
+pub const HC_CR3_CACHE_REGISTER: u64 = HC_FAULTLINE_BASE + 0x10;
+/// Entries a [`Cr3Cache`] has room for (the largest `--cr3-targets`).
+pub const CR3_CACHE_MAX: usize = 16;
+/// Bit 11 of every `host_cr3` the hv publishes.
+pub const CR3_CACHE_HOST_MARK: u64 = 1 << 11;
+
+/// One {guest CR3, shadow root} pair; `host_cr3` 0 is an empty entry.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cr3CacheEntry {
+    pub guest_cr3: u64,
+    pub host_cr3: u64,
+}
+
+/// A CPU's CR3 cache, shared with the hv (after the seed's
+/// `struct kvm_cr3_cache`, with the guest's wanted CR3 added).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cr3Cache {
+    pub entry: [Cr3CacheEntry; CR3_CACHE_MAX],
+    /// Entries in use from the start (the hv's CR3-target count).
+    pub max_idx: u32,
+    pub pad: u32,
+    /// Written by the guest before each lookup: the CR3 it is switching to.
+    pub wanted_cr3: u64,
+}
+
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(size_of::<Cr3CacheEntry>() == 16);
+    assert!(offset_of!(Cr3CacheEntry, host_cr3) == 8);
+    assert!(offset_of!(Cr3Cache, max_idx) == 16 * CR3_CACHE_MAX);
+    assert!(offset_of!(Cr3Cache, wanted_cr3) == 16 * CR3_CACHE_MAX + 8);
+    assert!(size_of::<Cr3Cache>() == 16 * CR3_CACHE_MAX + 16);
+};
+
 /// Hypercall error numbers, as KVM returns them (negated in RAX).
 pub mod errno {
     pub const EPERM: i64 = 1;

@@ -38,6 +38,8 @@ pub enum CreateError {
     Swap(#[from] SwapError),
     #[error("host memory of {host_mem} bytes is too small (at least {min})")]
     HostMemTooSmall { host_mem: u64, min: u64 },
+    #[error("the CR3-target count must be 1 to {max}, not {0}", max = abi::CR3_CACHE_MAX)]
+    BadCr3Targets(usize),
 }
 
 /// An hv access to guest-physical memory failed.

@@ -39,6 +39,7 @@ pub use error::{ApfStateError, CreateError, GuestMemoryError, VmError};
 pub use machine::Gpa;
 pub use memslot::{MemslotError, SlotFlags, SlotId};
 pub use mmu::check::InvariantError;
+pub use mmu::shadow::cr3_cache::Cr3CacheStats;
 pub use mmu::spte;
 pub use mmu::zap::{ZapError, ZapMode, ZapReport, BATCH_ZAP_PAGES};
 pub use mmu::{shadow::ShadowError, shadow::ShadowStats, MmuMode};

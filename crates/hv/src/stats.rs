@@ -48,6 +48,8 @@ pub struct VcpuStats {
     pub instructions: u64,
     /// Asynchronous page faults and waits for swapped pages.
     pub apf: ApfStats,
+    /// CR3-load exits and the paravirtual CR3 cache.
+    pub cr3_cache: crate::mmu::shadow::cr3_cache::Cr3CacheStats,
 }
 
 impl VcpuStats {

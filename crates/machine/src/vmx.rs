@@ -88,8 +88,13 @@ pub struct VmxControls {
     pub cr3_load_exiting: bool,
     /// MOV from CR3 exits.
     pub cr3_store_exiting: bool,
-    /// Up to 4 CR3 values whose loads do not exit (the CR3-target list).
+    /// CR3 values whose loads do not exit (the CR3-target list; only the
+    /// first `cr3_target_count` count).
     pub cr3_targets: Vec<u64>,
+    /// CR3-target values the CPU supports (IA32_VMX_MISC bits 24:16;
+    /// Intel CPUs report [`MAX_CR3_TARGETS`]). A model parameter, so the
+    /// seed's "only 4 entries" can be varied.
+    pub cr3_target_count: usize,
     /// CR0 bits owned by the host: guest reads see `cr0_read_shadow` there,
     /// guest writes that would change them relative to the shadow exit.
     pub cr0_guest_host_mask: u64,
@@ -147,6 +152,7 @@ impl Default for VmxControls {
             cr3_load_exiting: false,
             cr3_store_exiting: false,
             cr3_targets: Vec::new(),
+            cr3_target_count: MAX_CR3_TARGETS,
             cr0_guest_host_mask: 0,
             cr0_read_shadow: 0,
             cr4_guest_host_mask: 0,
@@ -168,7 +174,8 @@ impl Default for VmxControls {
     }
 }
 
-/// Maximum entries in the CR3-target list.
+/// Entries in the CR3-target list of Intel CPUs (IA32_VMX_MISC); the
+/// default `cr3_target_count`.
 pub const MAX_CR3_TARGETS: usize = 4;
 
 /// Kind of an event injected on VM entry.

@@ -175,6 +175,8 @@ impl BenchCommon {
             apf_protocol: self.apf_protocol,
             mmu: self.mmu,
             shadow_prev_roots: self.shadow_prev_roots,
+            cr3_cache: OnOffArg::Off,
+            cr3_targets: 4,
         }
     }
 
@@ -396,6 +398,22 @@ pub struct OvercommitArgs {
     /// prev_roots).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
     shadow_prev_roots: u64,
+    /// Shadow paging: offer the guest the paravirtual CR3 cache (seed
+    /// 004), so its context switches to a cached address space do not
+    /// exit.
+    #[arg(long, value_enum, default_value_t = OnOffArg::Off)]
+    cr3_cache: OnOffArg,
+    /// The CPU's CR3-target count (4 on Intel CPUs): the entries of each
+    /// vCPU's CR3 cache.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=16))]
+    cr3_targets: u64,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnOffArg {
+    On,
+    Off,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -497,6 +515,8 @@ impl OvercommitArgs {
             MmuArg::Shadow => hv::MmuMode::Shadow,
         };
         config.shadow_prev_roots = self.shadow_prev_roots as usize;
+        config.cr3_cache = self.cr3_cache == OnOffArg::On;
+        config.cr3_targets = self.cr3_targets as usize;
     }
 }
 

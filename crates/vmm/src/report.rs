@@ -27,6 +27,8 @@ pub struct VcpuSummary {
     pub halts: u64,
     pub ipis_sent: u64,
     pub apf: hv::apf::ApfStats,
+    /// CR3-load exits and the paravirtual CR3 cache (shadow paging).
+    pub cr3: hv::Cr3CacheStats,
     pub exits: BTreeMap<String, ExitSummary>,
 }
 
@@ -227,6 +229,7 @@ impl Summary {
                     halts: v.halts,
                     ipis_sent: v.ipis_sent,
                     apf: v.apf,
+                    cr3: v.cr3_cache,
                     exits: exits(&v.exits),
                 })
                 .collect(),
@@ -364,6 +367,14 @@ impl Summary {
                 v.apf.halts,
                 v.apf.stall_cycles
             );
+            let c = &v.cr3;
+            if self.mmu == "shadow" {
+                let _ = writeln!(
+                    s,
+                    "           cr3: {} load exits; cache {} entries added, {} exitless switches seen, {} dropped, {} stale loads",
+                    c.cr3_load_exits, c.entries_added, c.switches_seen, c.entries_dropped, c.stale_loads
+                );
+            }
         }
         if !self.reports.is_empty() {
             let _ = writeln!(s, "reports:");

@@ -19,6 +19,7 @@
 //! No code outside this module reads or writes an spte.
 
 pub(crate) mod check;
+pub(crate) mod fast_pf;
 pub(crate) mod fault;
 pub(crate) mod lock;
 pub(crate) mod notifier;

@@ -45,6 +45,7 @@ impl Vcpu {
                     }
                 },
                 abi::HC_REPORT => self.report(shared, a0, a1),
+                abi::HC_CR3_CACHE_REGISTER => self.register_cr3_cache(shared, a0),
                 abi::HC_SHUTDOWN => {
                     self.cpu.skip_instruction();
                     return Ok(Next::Stop(StopReason::Shutdown { status: a0 }));

@@ -24,6 +24,7 @@
 //! - IPIs and HLT here.
 
 mod cpuid;
+pub(crate) mod cr3_cache;
 mod hypercall;
 mod io;
 pub(crate) mod kvmclock;
@@ -316,6 +317,8 @@ impl Vcpu {
         let name = exit.name();
         let vectoring = self.cpu.idt_vectoring_info();
         let mut cycles = Cycles(shared.host.costs.exit_base);
+        // The guest may have switched to a cached root without exiting.
+        self.cr3_cache_resync(shared);
         // A tracked write let through ends at the first exit after it,
         // whatever the exit (the monitor trap, or something the
         // instruction did first).

@@ -636,6 +636,7 @@ impl Vcpu {
                 self.cpu.state_mut().gpr[gpr as usize] = cr3;
             }
             CrAccess::MovTo { cr: 3, value, .. } => {
+                let value = self.cr3_cache_guest_value(shared, value);
                 if value >> machine::mmu::paging::MAX_PHYS_ADDR_BITS != 0 {
                     self.cpu.inject_event(gp());
                     return Ok(Next::Continue);
@@ -643,6 +644,8 @@ impl Vcpu {
                 self.shadow.guest_cr3 = value;
                 let at = Timed::At(self.clock() + *cycles);
                 *cycles += self.load_shadow_root(shared, true, at)?.0;
+                // Every page is in sync now: the root may be cached.
+                *cycles += self.cr3_cache_add(shared);
             }
             CrAccess::MovTo { cr: 0, value, .. } => {
                 let v = self.cpu.vmx().expect("guest mode");
@@ -705,7 +708,10 @@ impl Vcpu {
         // flush for the guest (a CR4.PGE toggle flushes everything), which
         // under shadow paging means syncing unsync pages (KVM's
         // KVM_REQ_TLB_FLUSH_GUEST): loading the root does both.
-        let _ = before;
+        if self.paging_context() != before {
+            // Cached roots were made for the old context.
+            self.drop_cr3_cache(shared);
+        }
         let at = Timed::At(self.clock() + *cycles);
         *cycles += self.load_shadow_root(shared, true, at)?.0;
         Ok(())

@@ -61,6 +61,11 @@ pub struct VmConfig {
     /// Shadow paging: roots each vCPU remembers for a CR3 switch back
     /// (KVM's `prev_roots`, 3).
     pub shadow_prev_roots: usize,
+    /// Shadow paging: offer the paravirtual CR3 cache (seed 004).
+    pub cr3_cache: bool,
+    /// The CPU's CR3-target count (IA32_VMX_MISC; 4 on Intel CPUs), 1 to
+    /// `abi::CR3_CACHE_MAX`: the entries of a vCPU's CR3 cache.
+    pub cr3_targets: usize,
     /// kvmclock's wall clock when the VM starts, in nanoseconds since the
     /// Unix epoch (a fixed default, so runs repeat).
     pub wall_clock_at_boot_ns: u64,
@@ -94,6 +99,8 @@ impl Default for VmConfig {
             seed: 1,
             mmu: MmuMode::Ept,
             shadow_prev_roots: 3,
+            cr3_cache: false,
+            cr3_targets: machine::vmx::MAX_CR3_TARGETS,
             wall_clock_at_boot_ns: DEFAULT_WALL_CLOCK_AT_BOOT_NS,
             zap: ZapMode::Fast,
             console_input: Vec::new(),
@@ -220,6 +227,11 @@ impl Vm {
         if limit < config.mem_size {
             pager.open_swap()?;
         }
+        if !(1..=abi::CR3_CACHE_MAX).contains(&config.cr3_targets) {
+            return Err(CreateError::BadCr3Targets(config.cr3_targets));
+        }
+        let cr3_cache =
+            (config.cr3_cache && config.mmu == MmuMode::Shadow).then_some(config.cr3_targets);
         let mmu = Mmu::new(&mem, &mut frames, config.mmu)?;
         let mut slots = Memslots::default();
         slots.add(
@@ -234,7 +246,10 @@ impl Vm {
                     apic_id: id,
                     ..CpuConfig::default()
                 });
-                cpu.set_vmx(Some(controls(id, config.mmu)));
+                cpu.set_vmx(Some(VmxControls {
+                    cr3_target_count: config.cr3_targets,
+                    ..controls(id, config.mmu)
+                }));
                 let mut vcpu = Vcpu::new(VcpuId(id as usize), cpu);
                 vcpu.mmu_mode = config.mmu;
                 vcpu.shadow.capacity = config.shadow_prev_roots;
@@ -258,7 +273,14 @@ impl Vm {
                 apf,
                 kvm_features: apf.kvm_features()
                     | abi::KVM_FEATURE_CLOCKSOURCE2
-                    | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT,
+                    | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT
+                    | if cr3_cache.is_some() {
+                        abi::KVM_FEATURE_CR3_CACHE
+                    } else {
+                        0
+                    },
+                cr3_cache,
+                cr3_sweep: Default::default(),
                 wall_clock: WallClock {
                     boot_ns: config.wall_clock_at_boot_ns,
                     ..WallClock::default()
@@ -410,9 +432,17 @@ impl Vm {
 
     /// Checks the MMU's invariants (every spte consistent with its memslot,
     /// the rmap and its page header; writable implies MMU-writable implies
-    /// host-writable).
+    /// host-writable; every cached CR3 root valid and in sync).
     pub fn check_mmu(&self) -> Result<(), InvariantError> {
         let host = &self.shared.host;
+        let cached: Vec<String> = self
+            .vcpus
+            .iter()
+            .flat_map(|v| v.cr3_cache_violations(&self.shared))
+            .collect();
+        if !cached.is_empty() {
+            return Err(InvariantError(format!("CR3 cache: {}", cached.join("; "))));
+        }
         host.mmu.check(&host.mem, &host.slots, &host.costs)
     }
 

@@ -287,7 +287,9 @@ impl Vm {
     /// vCPUs, in the order asked.
     pub(crate) fn carry_out_cross_requests(&mut self) {
         let Vm { vcpus, shared, .. } = self;
-        for request in shared.cross.drain(..) {
+        let mut roots_reloaded = false;
+        let requests: Vec<CrossRequest> = shared.cross.drain(..).collect();
+        for request in requests {
             match request {
                 CrossRequest::FlushAll => {
                     for vcpu in vcpus.iter_mut() {
@@ -295,6 +297,7 @@ impl Vm {
                     }
                 }
                 CrossRequest::ReloadRoots => {
+                    roots_reloaded = true;
                     for vcpu in vcpus.iter_mut() {
                         vcpu.requests.set(Requests::RELOAD_ROOT);
                     }
@@ -327,6 +330,25 @@ impl Vm {
                     start_vcpu(&mut vcpus[i], rip, rsp, rdi, at);
                 }
             }
+        }
+        self.sweep_cr3_caches(roots_reloaded);
+    }
+
+    /// Keeps the CR3 cache's invariant (`mmu/shadow/cr3_cache.rs`): after
+    /// anything that freed or obsoleted roots (`roots_reloaded`, a
+    /// generation bump) or let a page go unsync, every vCPU's cached roots
+    /// leave its table and CR3-target list before any guest code runs.
+    fn sweep_cr3_caches(&mut self, roots_reloaded: bool) {
+        let Vm { vcpus, shared, .. } = self;
+        if shared.cr3_cache.is_none() {
+            return;
+        }
+        let changed = shared.cr3_sweep.changed(&shared.host);
+        if !(changed || roots_reloaded) {
+            return;
+        }
+        for vcpu in vcpus.iter_mut().filter(|v| v.has_cr3_entries()) {
+            vcpu.drop_cr3_cache(shared);
         }
     }
 }

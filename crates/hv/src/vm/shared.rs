@@ -58,6 +58,11 @@ pub(crate) struct Shared {
     pub apf: ApfConfig,
     /// CPUID 0x40000001 EAX.
     pub kvm_features: u32,
+    /// The CR3 cache's entries per vCPU when it is offered (`--mmu shadow
+    /// --cr3-cache on`).
+    pub cr3_cache: Option<usize>,
+    /// What the CR3 cache's sweep saw last.
+    pub cr3_sweep: crate::vcpu::cr3_cache::SweepMark,
     /// kvmclock's wall clock.
     pub wall_clock: crate::vcpu::kvmclock::WallClock,
     /// The devices (the console's output included).

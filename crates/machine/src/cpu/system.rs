@@ -411,7 +411,7 @@ impl Cpu {
                         && !v
                             .cr3_targets
                             .iter()
-                            .take(crate::vmx::MAX_CR3_TARGETS)
+                            .take(v.cr3_target_count)
                             .any(|&t| t == value)
                     {
                         return Err(exit);

@@ -87,6 +87,8 @@ pub(crate) struct ShadowVcpu {
     pub guest_nxe_off: bool,
     /// The fault being handed to the async-PF policy.
     pub faulting: Option<crate::apf::ShadowPrefault>,
+    /// The paravirtual CR3 cache, once the guest registered one.
+    pub cr3_cache: Option<super::cr3_cache::Cr3Cache>,
 }
 
 /// A guest write to a write-tracked table, let through for one

@@ -14,10 +14,12 @@
 //!   (write-protecting shadowed guest tables) and zapping;
 //! - [`fetch`]: installing a translation, unsync, write emulation choice;
 //! - [`sync`]: re-reading unsync pages at CR3 load, INVLPG and flushes;
-//! - [`cache`]: roots by guest CR3 and each vCPU's `prev_roots`.
+//! - [`cache`]: roots by guest CR3 and each vCPU's `prev_roots`;
+//! - [`cr3_cache`]: the paravirtual CR3 cache (seed 004) and its invariant.
 
 pub(crate) mod cache;
 pub(crate) mod check;
+pub mod cr3_cache;
 pub(crate) mod fetch;
 pub(crate) mod gwalk;
 pub mod pages;
@@ -180,6 +182,15 @@ impl super::Mmu {
         stats.pages_by_level = levels;
         stats.unsync_pages = unsync;
         stats
+    }
+
+    /// Pages that ever went unsync (a cheap look for the CR3 cache's
+    /// sweep: growth means a cached root may need a sync).
+    pub(crate) fn shadow_unsynced_total(&self, costs: &HvCosts) -> u64 {
+        self.hold(super::lock::Timed::Untimed, costs)
+            .shadow
+            .stats
+            .unsynced
     }
 
     /// Adds vCPU-side counts (injected #PFs, prev-root hits).

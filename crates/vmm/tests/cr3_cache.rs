@@ -1,0 +1,155 @@
+//! The paravirtual CR3 cache (issue 13) on the bundled guest kernel: every
+//! program runs as under EPT with it on, a hit costs no exit, and cached
+//! roots freed and obsoleted while processes switch (memslot deletes with
+//! the fast zap, swapping) lose no page.
+#![cfg(bundled_kernel)]
+
+mod common;
+use common::{faultline, stderr, stdout};
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["run", "--stats", "json"];
+    all.extend_from_slice(args);
+    let out = faultline(&all);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    serde_json::from_str(&stdout(&out)).expect("one JSON document")
+}
+
+fn report<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a str> {
+    v["reports"].as_array()?.iter().find_map(|r| {
+        let line = r["line"].as_str()?;
+        line.split(' ')
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+    })
+}
+
+fn sum_cr3(v: &serde_json::Value, key: &str) -> u64 {
+    v["vcpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["cr3"][key].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn every_program_runs_the_same_with_the_cr3_cache() {
+    for program in [
+        &["hello", "a", "b"][..],
+        &["memtouch", "-m", "8M", "-p", "2"],
+        &["ctxsw", "-n", "200"],
+        &["ctxsw", "-x", "-n", "200"],
+        &["fault", "ud"],
+        &["fault", "thread"],
+        &["pagetag", "-m", "2M", "-p", "2", "-P", "3"],
+        &["apfcalc", "-m", "2M", "-l", "1", "-c"],
+    ] {
+        let run = |extra: &[&str]| {
+            let mut args = vec!["run", "--vcpus", "2", "--mem", "64M"];
+            args.extend_from_slice(extra);
+            args.push("--");
+            args.extend_from_slice(program);
+            faultline(&args)
+        };
+        let ept = run(&[]);
+        let cached = run(&["--mmu", "shadow", "--cr3-cache", "on"]);
+        let text = stdout(&cached);
+        assert_eq!(
+            cached.status.code(),
+            ept.status.code(),
+            "{program:?}: {text}"
+        );
+        assert!(
+            text.contains("cr3-cache: enabled, 4 entries"),
+            "{program:?}: {text}"
+        );
+        let stable = |t: String| {
+            t.lines()
+                .filter(|l| {
+                    (l.starts_with("memtouch:")
+                        || l.starts_with("pagetag:")
+                        || l.starts_with("hello"))
+                        && !l.contains("ns")
+                })
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(stable(text), stable(stdout(&ept)), "{program:?}");
+    }
+}
+
+#[test]
+fn a_hit_costs_no_exit_and_the_boot_option_turns_it_off() {
+    let base = ["--mmu", "shadow", "--", "ctxsw", "-n", "500"];
+    let on = json(&[&["--cr3-cache", "on"][..], &base].concat());
+    let hits: u64 = report(&on, "cr3_cache_hits").unwrap().parse().unwrap();
+    let misses: u64 = report(&on, "cr3_cache_misses").unwrap().parse().unwrap();
+    assert!(
+        hits >= 2 * 499,
+        "every switch after the first few hits: {hits}"
+    );
+    // Each exit is a miss (or a boot-time load): hits add none.
+    let exits = sum_cr3(&on, "cr3_load_exits");
+    assert!(
+        exits <= misses + 2,
+        "{exits} CR3-load exits for {misses} misses"
+    );
+    assert_eq!(sum_cr3(&on, "stale_loads"), 0);
+
+    let off = json(
+        &[
+            &["--cr3-cache", "on", "--option", "no-cr3-cache"][..],
+            &base,
+        ]
+        .concat(),
+    );
+    assert_eq!(report(&off, "cr3_cache"), Some("off"));
+    assert!(sum_cr3(&off, "cr3_load_exits") >= 2 * 499);
+    assert_eq!(sum_cr3(&off, "entries_added"), 0);
+}
+
+#[test]
+fn cached_roots_freed_and_obsoleted_while_processes_switch_lose_no_page() {
+    let v = json(&[
+        "--mmu",
+        "shadow",
+        "--cr3-cache",
+        "on",
+        "--vcpus",
+        "2",
+        "--mem",
+        "48M",
+        "--host-mem",
+        "8M",
+        "--swap-device",
+        "nvme",
+        "--memslot-period",
+        "1ms",
+        "--",
+        "pagetag",
+        "-m",
+        "4M",
+        "-p",
+        "2",
+        "-t",
+        "1",
+        "-P",
+        "4",
+    ]);
+    assert_eq!(report(&v, "pagetag_failed_procs"), Some("0"));
+    let console = v["console"].as_str().unwrap();
+    assert_eq!(console.matches(", 0 bad pages").count(), 4, "{console}");
+    assert!(v["memory"]["pager"]["evictions"].as_u64().unwrap() > 100);
+    assert!(v["memslot"]["ops"].as_array().unwrap().len() > 100);
+    // Roots were cached, dropped (zaps, unsync) and switched to without
+    // exits throughout.
+    assert!(sum_cr3(&v, "entries_dropped") > 100, "{}", v["vcpus"]);
+    assert!(sum_cr3(&v, "switches_seen") > 1000, "{}", v["vcpus"]);
+    let hits: u64 = report(&v, "cr3_cache_hits").unwrap().parse().unwrap();
+    assert!(hits > 1000, "{hits}");
+}
