@@ -85,3 +85,60 @@ fn malformed_multiboot_images_are_refused_cleanly() {
     let err = Vm::boot(&too_big, &aout_kernel()).unwrap_err();
     assert!(err.to_string().contains("modules do not fit"), "{err}");
 }
+
+/// A flat 32-bit multiboot kernel (a.out kludge at 1 MiB): checks EAX,
+/// prints `MB` and the low byte of the info flags to COM1, reads the CPU
+/// count from fw_cfg and prints it as a digit, then powers off.
+fn running_kernel() -> Vec<u8> {
+    let flags = AOUT | 3;
+    let checksum = 0u32.wrapping_sub(HEADER_MAGIC).wrapping_sub(flags);
+    let words = [
+        HEADER_MAGIC,
+        flags,
+        checksum,
+        0x10_0000,
+        0x10_0000,
+        0,
+        0,
+        0x10_0020,
+    ];
+    let mut image: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    #[rustfmt::skip]
+    let code = [
+        0x3d, 0x02, 0xb0, 0xad, 0x2b,   // cmp eax, 0x2badb002
+        0x75, 0x27,                     // jne fail
+        0x66, 0xba, 0xf8, 0x03,         // mov dx, 0x3f8
+        0xb0, b'M', 0xee,               // mov al, 'M'; out dx, al
+        0xb0, b'B', 0xee,               // mov al, 'B'; out dx, al
+        0x8a, 0x03,                     // mov al, [ebx]  (info flags, low byte)
+        0xee,                           // out dx, al
+        0x66, 0xba, 0x10, 0x05,         // mov dx, 0x510
+        0x66, 0xb8, 0x05, 0x00,         // mov ax, 5 (FW_CFG_NB_CPUS)
+        0x66, 0xef,                     // out dx, ax
+        0x42,                           // inc edx (0x511)
+        0xec,                           // in al, dx
+        0x04, b'0',                     // add al, '0'
+        0x66, 0xba, 0xf8, 0x03,         // mov dx, 0x3f8
+        0xee,                           // out dx, al
+        0x66, 0xba, 0x00, 0x06,         // mov dx, 0x600
+        0xb0, 0x34,                     // mov al, SLP_TYP 5 | SLP_EN
+        0xee,                           // out dx, al
+        0xf4,                           // fail: hlt
+    ];
+    image.extend(code);
+    image
+}
+
+#[test]
+#[ignore = "needs the machine's 32-bit protected mode (the modes branch of issue 14)"]
+fn a_multiboot_kernel_runs_in_32_bit_mode_and_powers_off() {
+    let config = VmConfig {
+        vcpus: 3,
+        ..config()
+    };
+    let mut vm = Vm::boot(&config, &running_kernel()).expect("boot");
+    let reason = vm.run();
+    let out = vm.take_serial();
+    assert_eq!(reason, hv::StopReason::PowerOff, "{out:?}");
+    assert_eq!(out, [b'M', b'B', 0x4d, b'3']);
+}
