@@ -188,7 +188,7 @@ pub fn plan_kernel(
     };
     let chunks: Vec<Chunk> = chunks.into_iter().filter(|c| c.memsz != 0).collect();
     for c in &chunks {
-        let end = c.paddr.checked_add(c.memsz).unwrap_or(u64::MAX);
+        let end = c.paddr.saturating_add(c.memsz);
         if c.paddr < LOAD_LOW || end > mem_size {
             return Err(MultibootError::OutOfRam {
                 start: c.paddr,
