@@ -15,6 +15,7 @@
 
 use crate::error::CreateError;
 use crate::memslot::PageState;
+use crate::multiboot;
 use crate::pager::PageRef;
 use crate::vcpu::VcpuId;
 use crate::vm::{Vm, VmConfig};
@@ -166,6 +167,89 @@ pub(crate) fn boot(config: &VmConfig, kernel: &[u8]) -> Result<Vm, CreateError> 
     vm.kernel = Some(image);
     vm.start_vcpu(VcpuId(0), entry, BOOT_STACK_TOP, BOOT_INFO_GPA);
     Ok(vm)
+}
+
+/// Builds a VM booted the multiboot v1 way (`crate::multiboot`): the
+/// kernel and modules loaded, the ACPI tables and the information
+/// structure written, the bootstrap vCPU in 32-bit protected mode at the
+/// entry point with EAX = the boot loader magic and EBX = the structure.
+pub(crate) fn boot_multiboot(
+    config: &VmConfig,
+    kernel: &[u8],
+    header: &multiboot::Header,
+) -> Result<Vm, CreateError> {
+    if config.mmu == crate::mmu::MmuMode::Shadow {
+        return Err(multiboot::MultibootError::ShadowPaging.into());
+    }
+    let plan = multiboot::plan_kernel(kernel, header, config.mem_size)?;
+    let lens: Vec<(u64, String)> = config
+        .modules
+        .iter()
+        .map(|(bytes, cmdline)| (bytes.len() as u64, cmdline.clone()))
+        .collect();
+    let modules = multiboot::place_modules(plan.end, &lens, config.mem_size)?;
+    let info = multiboot::build_info(config.mem_size, &config.cmdline, &modules)?;
+    let mut vm = Vm::new(config)?;
+    for chunk in &plan.chunks {
+        let data = &kernel[chunk.file.clone()];
+        vm.write_guest(Gpa(chunk.paddr), data)?;
+        // The zero tail (.bss) reads as zero until touched; only a page
+        // the file bytes share needs its tail cleared, and a fresh page
+        // is zero already.
+    }
+    for (placed, (bytes, _)) in modules.iter().zip(&config.modules) {
+        vm.write_guest(Gpa(placed.start), bytes)?;
+    }
+    write_acpi_tables(&mut vm, config.vcpus)?;
+    vm.write_guest(Gpa(multiboot::INFO_GPA), &info)?;
+    vm.kernel = Some(KernelImage {
+        entry: plan.entry,
+        start: plan.start & !(PAGE - 1),
+        end: plan.end.div_ceil(PAGE) * PAGE,
+    });
+    vm.start_vcpu(VcpuId(0), plan.entry, 0, 0);
+    enter_multiboot_state(vm.vcpus[0].cpu.state_mut(), plan.entry);
+    Ok(vm)
+}
+
+/// The machine state the multiboot spec gives the kernel: 32-bit
+/// protected mode (CR0.PE, paging off, EFER clear), flat 4 GiB code and
+/// data segments, interrupts off, EAX the magic, EBX the information
+/// structure. (GDTR still points at the boot GDT: the spec leaves it
+/// undefined, the kernel loads its own.)
+fn enter_multiboot_state(state: &mut machine::cpu::state::CpuState, entry: u64) {
+    use machine::cpu::state::{seg_attr, Gpr, Segment};
+    const CR0_PE_ET: u64 = 0x11;
+    let flat = |selector: u16, attr: u32| Segment {
+        selector,
+        base: 0,
+        limit: u32::MAX,
+        attr,
+    };
+    let code32 = seg_attr::TYPE_CODE_RX_ACCESSED
+        | seg_attr::S
+        | seg_attr::PRESENT
+        | seg_attr::DB
+        | seg_attr::GRANULARITY;
+    state.cr0 = CR0_PE_ET;
+    state.cr3 = 0;
+    state.cr4 = 0;
+    state.efer = 0;
+    state.rflags = 0x2;
+    state.cs = flat(0x08, code32);
+    for seg in [
+        &mut state.ds,
+        &mut state.es,
+        &mut state.ss,
+        &mut state.fs,
+        &mut state.gs,
+    ] {
+        *seg = flat(0x10, seg_attr::DATA_KERNEL);
+    }
+    state.rip = entry;
+    state.gpr = [0; 16];
+    state.gpr[Gpr::Rax as usize] = u64::from(multiboot::BOOTLOADER_MAGIC);
+    state.gpr[Gpr::Rbx as usize] = multiboot::INFO_GPA;
 }
 
 /// Writes the ACPI tables at their place in the reserved low megabyte

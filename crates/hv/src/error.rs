@@ -26,6 +26,8 @@ pub enum CreateError {
     HostMemory(#[from] MemCreateError),
     #[error("kernel image: {0}")]
     Kernel(#[from] KernelError),
+    #[error("multiboot kernel: {0}")]
+    Multiboot(#[from] crate::multiboot::MultibootError),
     #[error("building the EPT root: {0}")]
     Root(#[from] RootError),
     #[error("writing guest memory during boot: {0}")]

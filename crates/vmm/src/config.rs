@@ -16,6 +16,16 @@ pub enum ConfigError {
     },
     #[error("this build has no bundled guest kernel (guest/ was not built); pass --kernel FILE")]
     NoBundledKernel,
+    #[error("reading {}: {source}", .path.display())]
+    ReadInput {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("multiboot kernel {what}: {source}")]
+    Multiboot {
+        what: String,
+        source: hv::multiboot::MultibootError,
+    },
     #[error("kernel image {what}: {source}")]
     Kernel {
         what: String,
@@ -82,6 +92,8 @@ pub struct Kernel {
     /// Bytes of the pages the image's segments cover: the hv backs them
     /// all while it loads the kernel, before it lets the .bss pages go.
     pub loaded_bytes: u64,
+    /// The multiboot header, for a multiboot kernel.
+    pub multiboot: Option<hv::multiboot::Header>,
 }
 
 const PAGE: u64 = 4096;
@@ -98,6 +110,23 @@ impl Kernel {
             None => BUNDLED_KERNEL.ok_or(ConfigError::NoBundledKernel)?.to_vec(),
         };
         let path = path.map(Path::to_path_buf);
+        let multiboot_error = |source| ConfigError::Multiboot {
+            what: describe(path.as_deref()),
+            source,
+        };
+        if let Some(header) = hv::multiboot::find_header(&bytes).map_err(multiboot_error)? {
+            let plan = hv::multiboot::plan_kernel(&bytes, &header, hv::MAX_GUEST_MEM)
+                .map_err(multiboot_error)?;
+            let end = plan.end.next_multiple_of(PAGE);
+            return Ok(Kernel {
+                min_mem: end.next_multiple_of(TWO_MIB),
+                image_end: plan.end,
+                loaded_bytes: end - (plan.start & !(PAGE - 1)),
+                multiboot: Some(header),
+                bytes,
+                path,
+            });
+        }
         let (elf, image) =
             hv::parse_kernel(&bytes, hv::MAX_GUEST_MEM).map_err(|source| ConfigError::Kernel {
                 what: describe(path.as_deref()),
@@ -122,6 +151,7 @@ impl Kernel {
             min_mem: image.end.next_multiple_of(TWO_MIB).max(TWO_MIB),
             image_end: image.end,
             loaded_bytes: covered * PAGE,
+            multiboot: None,
             bytes,
             path,
         })

@@ -437,9 +437,25 @@ struct RunArgs {
     /// random streams) and to the swap device model.
     #[arg(long)]
     seed: Option<u64>,
-    /// Run this kernel ELF instead of the bundled guest kernel.
+    /// Run this kernel instead of the bundled guest kernel: a long-mode ELF
+    /// (the `abi` boot protocol), or a multiboot v1 kernel (an image with a
+    /// multiboot header, started in 32-bit protected mode as QEMU's
+    /// `-kernel` does).
     #[arg(long)]
     kernel: Option<PathBuf>,
+    /// A multiboot module (repeatable): `FILE [ARGS]`; the whole string is
+    /// the module's command line, as with QEMU.
+    #[arg(long = "module", value_name = "FILE [ARGS]", requires = "kernel")]
+    modules: Vec<String>,
+    /// The kernel command line, verbatim (default: the boot options, `--`,
+    /// the program and its arguments).
+    #[arg(long, value_name = "STR")]
+    cmdline: Option<String>,
+    /// What the guest console (COM1) reads: a file, or `-` for this
+    /// process's standard input (read to its end before the VM starts, so
+    /// the run repeats). Default: no input.
+    #[arg(long, value_name = "FILE|-")]
+    console_input: Option<PathBuf>,
     /// A guest boot option (repeatable), e.g. `--option crash=triple`.
     #[arg(long = "option", value_name = "OPT")]
     options: Vec<String>,
@@ -465,8 +481,12 @@ struct RunArgs {
     /// virtual time while the guest runs (each drops every mapping).
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
     memslot_period: Option<Duration>,
-    /// The guest program and its arguments.
-    #[arg(last = true, required = true, value_name = "PROGRAM ARGS")]
+    /// The guest program and its arguments (the bundled kernel needs one).
+    #[arg(
+        last = true,
+        required_unless_present = "kernel",
+        value_name = "PROGRAM ARGS"
+    )]
     program: Vec<String>,
 }
 

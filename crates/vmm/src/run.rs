@@ -42,7 +42,9 @@ pub fn exit_status(ending: &Ending) -> u8 {
 fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
     let stop = StopRequest::install().map_err(ConfigError::Signals)?;
     let kernel = Kernel::load(args.kernel.as_deref())?;
-    kernel.check_program(args.program.first().map_or("", String::as_str))?;
+    if kernel.multiboot.is_none() {
+        kernel.check_program(args.program.first().map_or("", String::as_str))?;
+    }
     kernel.check_memory(args.mem, args.overcommit.host_mem)?;
     if let Some(swap) = &args.overcommit.swap {
         check_swap_path(swap)?;
@@ -50,7 +52,12 @@ fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
     let mut config = VmConfig {
         vcpus: args.vcpus,
         mem_size: args.mem,
-        cmdline: boot_cmdline(args.seed, &args.options, &args.program),
+        cmdline: args
+            .cmdline
+            .clone()
+            .unwrap_or_else(|| boot_cmdline(args.seed, &args.options, &args.program)),
+        console_input: read_console_input(args.console_input.as_deref())?,
+        modules: read_modules(&args.modules)?,
         quantum: args.quantum,
         seed: args.seed.unwrap_or(1),
         zap: args.zap.into(),
@@ -62,6 +69,41 @@ fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
         source,
     })?;
     Ok((vm, stop))
+}
+
+/// `--console-input`: the file's bytes, or standard input's to its end.
+fn read_console_input(path: Option<&std::path::Path>) -> Result<Vec<u8>, ConfigError> {
+    use std::io::Read;
+    let Some(path) = path else {
+        return Ok(Vec::new());
+    };
+    let mut bytes = Vec::new();
+    let result = if path.as_os_str() == "-" {
+        std::io::stdin().lock().read_to_end(&mut bytes).map(|_| ())
+    } else {
+        std::fs::read(path).map(|b| bytes = b)
+    };
+    result.map_err(|source| ConfigError::ReadInput {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(bytes)
+}
+
+/// `--module FILE [ARGS]`: each file's bytes and the whole string as its
+/// command line.
+fn read_modules(modules: &[String]) -> Result<Vec<(Vec<u8>, String)>, ConfigError> {
+    modules
+        .iter()
+        .map(|spec| {
+            let file = spec.split(' ').next().unwrap_or_default();
+            let bytes = std::fs::read(file).map_err(|source| ConfigError::ReadInput {
+                path: file.into(),
+                source,
+            })?;
+            Ok((bytes, spec.clone()))
+        })
+        .collect()
 }
 
 pub fn run(args: RunArgs) -> u8 {

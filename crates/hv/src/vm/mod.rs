@@ -82,6 +82,9 @@ pub struct VmConfig {
     pub dirty_ring_size: usize,
     /// What the console (COM1) offers the guest to read; empty: nothing.
     pub console_input: Vec<u8>,
+    /// Multiboot modules (contents, command line), for a kernel with a
+    /// multiboot header.
+    pub modules: Vec<(Vec<u8>, String)>,
 }
 
 /// 2026-01-01T00:00:00Z.
@@ -111,6 +114,7 @@ impl Default for VmConfig {
             mmu_options: MmuOptions::default(),
             dirty_ring_size: 4096,
             console_input: Vec::new(),
+            modules: Vec::new(),
         }
     }
 }
@@ -323,8 +327,15 @@ impl Vm {
     /// A VM booted per `abi`: the kernel loaded, boot page tables, GDT,
     /// BootInfo and stack built, the bootstrap vCPU ready at the entry point
     /// (see `boot.rs`).
+    ///
+    /// An image with a multiboot header boots the multiboot way instead
+    /// (`crate::multiboot`): 32-bit protected mode, the information
+    /// structure in EBX, `config.modules` loaded after the kernel.
     pub fn boot(config: &VmConfig, kernel: &[u8]) -> Result<Vm, CreateError> {
-        crate::boot::boot(config, kernel)
+        match crate::multiboot::find_header(kernel)? {
+            Some(header) => crate::boot::boot_multiboot(config, kernel, &header),
+            None => crate::boot::boot(config, kernel),
+        }
     }
 
     /// Starts vCPU `id` at `rip` (the bootstrap vCPU at boot).

@@ -1,0 +1,144 @@
+//! Multiboot v1 boot: the state a multiboot kernel starts in (the run
+//! itself needs the machine's 32-bit protected mode).
+
+use hv::{CreateError, Gpa, Vm, VmConfig};
+
+const HEADER_MAGIC: u32 = 0x1bad_b002;
+const AOUT: u32 = 1 << 16;
+
+/// A flat binary loaded at 1 MiB by the a.out kludge: the header, then
+/// `cli; hlt` at 0x100020.
+fn aout_kernel() -> Vec<u8> {
+    let flags = AOUT | 3;
+    let checksum = 0u32.wrapping_sub(HEADER_MAGIC).wrapping_sub(flags);
+    let words = [
+        HEADER_MAGIC,
+        flags,
+        checksum,
+        0x10_0000, // header_addr
+        0x10_0000, // load_addr
+        0,         // load_end_addr: the whole file
+        0x10_2000, // bss_end_addr
+        0x10_0020, // entry_addr
+    ];
+    let mut image: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    image.extend([0xfa, 0xf4]);
+    image
+}
+
+fn config() -> VmConfig {
+    VmConfig {
+        vcpus: 2,
+        mem_size: 16 << 20,
+        cmdline: "hello=1".to_string(),
+        modules: vec![(b"module one".to_vec(), "one arg".to_string())],
+        ..VmConfig::default()
+    }
+}
+
+#[test]
+fn the_kernel_starts_in_32_bit_protected_mode_with_the_info_in_ebx() {
+    let mut vm = Vm::boot(&config(), &aout_kernel()).expect("boot");
+    let state = vm.vcpus()[0].cpu().state().clone();
+    assert_eq!(state.rip, 0x10_0020);
+    assert_eq!(state.gpr[0], 0x2bad_b002, "EAX");
+    assert_eq!(state.gpr[3], 0x9000, "EBX");
+    assert_eq!(state.cr0 & 0x8000_0001, 1, "PE, paging off");
+    assert_eq!(state.efer, 0);
+    assert_eq!(state.cs.limit, u32::MAX);
+    assert_ne!(state.cs.attr & (1 << 14), 0, "32-bit code segment");
+    assert_eq!(state.rflags & (1 << 9), 0, "interrupts off");
+    let mut code = [0u8; 2];
+    vm.read_guest(Gpa(0x10_0020), &mut code).unwrap();
+    assert_eq!(code, [0xfa, 0xf4]);
+    // The information structure: flags, the module after the kernel's
+    // bss, its bytes and command line.
+    let mut info = [0u8; 88];
+    vm.read_guest(Gpa(0x9000), &mut info).unwrap();
+    let at = |o: usize| u32::from_le_bytes(info[o..o + 4].try_into().unwrap());
+    assert_eq!(at(0) & 0b1001, 0b1001, "memory and modules");
+    assert_eq!(at(20), 1);
+    let mut entry = [0u8; 16];
+    vm.read_guest(Gpa(u64::from(at(24))), &mut entry).unwrap();
+    let start = u32::from_le_bytes(entry[..4].try_into().unwrap());
+    assert_eq!(start, 0x10_2000);
+    let mut module = [0u8; 10];
+    vm.read_guest(Gpa(u64::from(start)), &mut module).unwrap();
+    assert_eq!(&module, b"module one");
+    // The ACPI tables are there too.
+    let mut rsdp = [0u8; 8];
+    vm.read_guest(Gpa(0xe_0000), &mut rsdp).unwrap();
+    assert_eq!(&rsdp, b"RSD PTR ");
+}
+
+#[test]
+fn malformed_multiboot_images_are_refused_cleanly() {
+    let mut bad = aout_kernel();
+    bad[8] ^= 0xff;
+    let err = Vm::boot(&config(), &bad).unwrap_err();
+    assert!(matches!(err, CreateError::Multiboot(_)), "{err}");
+    assert!(err.to_string().contains("checksum"), "{err}");
+    let too_big = VmConfig {
+        modules: vec![(vec![0; 16 << 20], String::new())],
+        ..config()
+    };
+    let err = Vm::boot(&too_big, &aout_kernel()).unwrap_err();
+    assert!(err.to_string().contains("modules do not fit"), "{err}");
+}
+
+/// A flat 32-bit multiboot kernel (a.out kludge at 1 MiB): checks EAX,
+/// prints `MB` and the low byte of the info flags to COM1, reads the CPU
+/// count from fw_cfg and prints it as a digit, then powers off.
+fn running_kernel() -> Vec<u8> {
+    let flags = AOUT | 3;
+    let checksum = 0u32.wrapping_sub(HEADER_MAGIC).wrapping_sub(flags);
+    let words = [
+        HEADER_MAGIC,
+        flags,
+        checksum,
+        0x10_0000,
+        0x10_0000,
+        0,
+        0,
+        0x10_0020,
+    ];
+    let mut image: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    #[rustfmt::skip]
+    let code = [
+        0x3d, 0x02, 0xb0, 0xad, 0x2b,   // cmp eax, 0x2badb002
+        0x75, 0x27,                     // jne fail
+        0x66, 0xba, 0xf8, 0x03,         // mov dx, 0x3f8
+        0xb0, b'M', 0xee,               // mov al, 'M'; out dx, al
+        0xb0, b'B', 0xee,               // mov al, 'B'; out dx, al
+        0x8a, 0x03,                     // mov al, [ebx]  (info flags, low byte)
+        0xee,                           // out dx, al
+        0x66, 0xba, 0x10, 0x05,         // mov dx, 0x510
+        0x66, 0xb8, 0x05, 0x00,         // mov ax, 5 (FW_CFG_NB_CPUS)
+        0x66, 0xef,                     // out dx, ax
+        0x42,                           // inc edx (0x511)
+        0xec,                           // in al, dx
+        0x04, b'0',                     // add al, '0'
+        0x66, 0xba, 0xf8, 0x03,         // mov dx, 0x3f8
+        0xee,                           // out dx, al
+        0x66, 0xba, 0x00, 0x06,         // mov dx, 0x600
+        0xb0, 0x34,                     // mov al, SLP_TYP 5 | SLP_EN
+        0xee,                           // out dx, al
+        0xf4,                           // fail: hlt
+    ];
+    image.extend(code);
+    image
+}
+
+#[test]
+#[ignore = "needs the machine's 32-bit protected mode (the modes branch of issue 14)"]
+fn a_multiboot_kernel_runs_in_32_bit_mode_and_powers_off() {
+    let config = VmConfig {
+        vcpus: 3,
+        ..config()
+    };
+    let mut vm = Vm::boot(&config, &running_kernel()).expect("boot");
+    let reason = vm.run();
+    let out = vm.take_serial();
+    assert_eq!(reason, hv::StopReason::PowerOff, "{out:?}");
+    assert_eq!(out, [b'M', b'B', 0x4d, b'3']);
+}
