@@ -14,9 +14,9 @@
 
 mod apf;
 mod apf_calc;
+mod ctxsw;
 pub(crate) mod dirty_log;
 mod fastpf;
-mod ctxsw;
 pub(crate) mod memslot;
 
 use crate::config::{check_output_path, ConfigError, Kernel};
