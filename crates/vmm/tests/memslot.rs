@@ -68,10 +68,16 @@ fn fast_zap_stalls_vcpus_for_one_batch_at_any_size_slow_for_the_whole_zap() {
                 field("fast", mem, "pages_zapped")
             );
             assert_eq!(field("slow", mem, "lock_breaks"), 0);
+            // One break per batch of ten after the first. Both figures are
+            // means over the ops, truncated, and the ops may zap different
+            // counts, so the relation holds to within one (zap.rs's unit
+            // tests check it exactly for a single zap).
             let pages = field("fast", mem, "pages_zapped").as_u64().unwrap();
-            assert_eq!(
-                field("fast", mem, "lock_breaks").as_u64().unwrap(),
-                pages.div_ceil(hv::BATCH_ZAP_PAGES as u64) - 1
+            let breaks = field("fast", mem, "lock_breaks").as_u64().unwrap();
+            let expected = pages.div_ceil(hv::BATCH_ZAP_PAGES as u64) - 1;
+            assert!(
+                breaks.abs_diff(expected) <= 1,
+                "{mmu} {mem}: {breaks} lock breaks for {pages} pages"
             );
             assert!(
                 stall("fast", mem) * 2.0 < stall("slow", mem),
