@@ -130,7 +130,6 @@ fn running_kernel() -> Vec<u8> {
 }
 
 #[test]
-#[ignore = "needs the machine's 32-bit protected mode (the modes branch of issue 14)"]
 fn a_multiboot_kernel_runs_in_32_bit_mode_and_powers_off() {
     let config = VmConfig {
         vcpus: 3,
