@@ -1,7 +1,7 @@
 //! Compiles the hv's C test kernels (tests/guests/*.c) with the host gcc
 //! and the guest's flags, into OUT_DIR/<name>.elf for the integration tests.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const KERNELS: [&str; 8] = [
@@ -34,6 +34,11 @@ const MMU: [(&str, &str, &[&str]); 6] = [
     ("random", "mmu-random-skip-flushes", &["-DSKIP_FLUSHES"]),
 ];
 
+/// Kernels built from several sources with a link script of their own
+/// (tests/guests/DIR/{*.S,*.c} with DIR/link.ld -> NAME.elf): the multiboot
+/// acceptance kernel, which starts in 32-bit mode at 1 MiB.
+const MULTI_SOURCE: [(&str, &str, &[&str]); 1] = [("mboot", "mboot", &["boot.S", "main.c"])];
+
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
@@ -56,34 +61,66 @@ fn main() {
     for (source, name, flags) in kernels.chain(hostile).chain(mmu) {
         let src = guests.join(source);
         let elf = out.join(format!("{name}.elf"));
-        let status = Command::new("gcc")
-            .args([
-                "-O2",
-                "-ffreestanding",
-                "-mgeneral-regs-only",
-                "-mno-red-zone",
-                "-nostdlib",
-                "-static",
-                "-fno-pie",
-                "-no-pie",
-                "-fno-stack-protector",
-                "-fno-asynchronous-unwind-tables",
-                "-Wall",
-                "-Werror",
-                "-Wl,--build-id=none",
-                "-Wl,--no-warn-rwx-segments",
-            ])
-            .arg(format!("-Wl,-T,{}", guests.join("link.ld").display()))
-            .arg("-I")
-            .arg(&include)
-            .arg("-I")
-            .arg(&guests)
-            .args(flags)
-            .arg(&src)
-            .arg("-o")
-            .arg(&elf)
-            .status()
-            .unwrap_or_else(|e| panic!("running gcc to build test kernel {name}: {e}"));
-        assert!(status.success(), "gcc failed on {}", src.display());
+        gcc(
+            &guests,
+            &include,
+            &guests.join("link.ld"),
+            flags,
+            &[src],
+            &elf,
+        );
     }
+    for (dir, name, sources) in MULTI_SOURCE {
+        let dir = guests.join(dir);
+        let sources: Vec<PathBuf> = sources.iter().map(|s| dir.join(s)).collect();
+        let elf = out.join(format!("{name}.elf"));
+        gcc(
+            &guests,
+            &include,
+            &dir.join("link.ld"),
+            no_flags,
+            &sources,
+            &elf,
+        );
+    }
+}
+
+/// Compiles and links one test kernel with the guest's flags.
+fn gcc(
+    guests: &Path,
+    include: &Path,
+    link_script: &Path,
+    flags: &[&str],
+    sources: &[PathBuf],
+    elf: &Path,
+) {
+    let status = Command::new("gcc")
+        .args([
+            "-O2",
+            "-ffreestanding",
+            "-mgeneral-regs-only",
+            "-mno-red-zone",
+            "-nostdlib",
+            "-static",
+            "-fno-pie",
+            "-no-pie",
+            "-fno-stack-protector",
+            "-fno-asynchronous-unwind-tables",
+            "-Wall",
+            "-Werror",
+            "-Wl,--build-id=none",
+            "-Wl,--no-warn-rwx-segments",
+        ])
+        .arg(format!("-Wl,-T,{}", link_script.display()))
+        .arg("-I")
+        .arg(include)
+        .arg("-I")
+        .arg(guests)
+        .args(flags)
+        .args(sources)
+        .arg("-o")
+        .arg(elf)
+        .status()
+        .unwrap_or_else(|e| panic!("running gcc to build {}: {e}", elf.display()));
+    assert!(status.success(), "gcc failed on {sources:?}");
 }

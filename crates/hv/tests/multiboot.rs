@@ -141,3 +141,67 @@ fn a_multiboot_kernel_runs_in_32_bit_mode_and_powers_off() {
     assert_eq!(reason, hv::StopReason::PowerOff, "{out:?}");
     assert_eq!(out, [b'M', b'B', 0x4d, b'3']);
 }
+
+/// The acceptance kernel of issue 14 (`guests/mboot/`): a multiboot ELF
+/// that starts in 32-bit protected mode, enters long mode, starts the APs
+/// through INIT/SIPI and a real-mode trampoline using the xAPIC by MMIO,
+/// moves every CPU to x2APIC mode and IPIs each AP through it, reads the
+/// CPU count from fw_cfg, takes COM1's input interrupt and powers off
+/// through the FADT.
+const MBOOT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mboot.elf"));
+
+fn mboot_values(out: &str) -> std::collections::BTreeMap<String, String> {
+    out.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_acceptance_kernel_brings_up_four_cpus_and_powers_off() {
+    let config = VmConfig {
+        vcpus: 4,
+        mem_size: 16 << 20,
+        cmdline: "console=ttyS0 quiet".to_string(),
+        console_input: b"ping\n".to_vec(),
+        ..VmConfig::default()
+    };
+    let mut vm = Vm::boot(&config, MBOOT).expect("boot");
+    let reason = vm.run();
+    let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
+    assert_eq!(reason, hv::StopReason::PowerOff, "{out}");
+    let v = mboot_values(&out);
+    let hex = |k: &str| {
+        let s = v.get(k).unwrap_or_else(|| panic!("no {k} in {out}"));
+        u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()
+    };
+    assert_eq!(v["cmdline"], "console=ttyS0 quiet");
+    assert_eq!(hex("acpi_cpus"), 4);
+    assert_eq!(hex("fw_cfg_cpus"), 4);
+    assert_eq!(hex("bsp_xapic_id"), 0);
+    assert_eq!(hex("aps_started"), 3);
+    assert_eq!(hex("bsp_x2apic_id"), 0);
+    assert_eq!(hex("x2apic_ipis"), 3);
+    // Each AP reported its id by MMIO, then by MSR.
+    for id in 1..4u64 {
+        let tag = format!("{id:#018x}");
+        assert_eq!(
+            out.lines()
+                .filter(|l| l.ends_with(&tag) && l.starts_with("ap_"))
+                .count(),
+            2,
+            "AP {id}: {out}"
+        );
+    }
+    assert!(hex("uart_irqs") >= 1);
+    assert_eq!(v["input"], "ping");
+    assert_eq!(hex("s5_type"), 5);
+    assert!(!v.contains_key("fail"), "{out}");
+    // Every vCPU ran; the APs started in real mode through the trampoline.
+    assert!(
+        vm.vcpus()
+            .iter()
+            .all(|c| c.cpu().state().efer & (1 << 10) != 0),
+        "all in long mode"
+    );
+}

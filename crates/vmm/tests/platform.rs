@@ -42,6 +42,52 @@ fn console_input_from_a_file_reaches_the_guest_which_powers_off() {
     assert_eq!(faultline(&args).stdout, out.stdout, "runs repeat");
 }
 
+/// Issue 14's acceptance kernel under `faultline run --kernel` on 4 vCPUs:
+/// 32-bit multiboot entry, long mode, three APs by INIT/SIPI through a
+/// real-mode trampoline, xAPIC by MMIO then x2APIC, fw_cfg's CPU count,
+/// COM1's input interrupt, power-off through the FADT.
+#[test]
+fn the_multiboot_acceptance_kernel_runs_on_four_vcpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input");
+    std::fs::write(&input, "hello from the console\n").unwrap();
+    let k = kernel("mboot");
+    let args = [
+        "run",
+        "--vcpus",
+        "4",
+        "--stats",
+        "json",
+        "--kernel",
+        &k,
+        "--cmdline",
+        "mboot test",
+        "--console-input",
+        input.to_str().unwrap(),
+    ];
+    let out = faultline(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["stop"]["reason"], "power_off");
+    let console = v["console"].as_str().unwrap();
+    for expected in [
+        "cmdline=mboot test\n",
+        "loader=faultline\n",
+        "fw_cfg_cpus=0x0000000000000004\n",
+        "aps_started=0x0000000000000003\n",
+        "x2apic_ipis=0x0000000000000003\n",
+        "input=hello from the console\n",
+        "stage=power off\n",
+    ] {
+        assert!(
+            console.contains(expected),
+            "{expected:?} missing from {console}"
+        );
+    }
+    assert!(!console.contains("fail="), "{console}");
+    assert_eq!(faultline(&args).stdout, out.stdout, "runs repeat");
+}
+
 #[test]
 fn console_input_from_stdin() {
     let k = kernel("platform");

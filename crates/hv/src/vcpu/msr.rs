@@ -10,7 +10,7 @@
 use super::Vcpu;
 use crate::error::VmError;
 use crate::vm::shared::Shared;
-use machine::cpu::state::{efer, msr};
+use machine::cpu::state::{cr0, efer, msr};
 use machine::cpu::vector;
 use machine::vmx::InvvpidKind;
 use machine::{Cpu, EventInjection, EventKind};
@@ -120,12 +120,13 @@ pub(crate) const MSRS: &[MsrEntry] = &[
     },
 ];
 
-/// As KVM: LMA is read-only (a written value is ignored); long mode stays
-/// on, so the guest may change SCE and NXE.
+/// As KVM: LMA is read-only (a written value is ignored), and as hardware
+/// LME changes only while paging is off (SDM Vol. 3A 10.8.5: a 32-bit boot
+/// sets it before CR0.PG); with paging on the guest may change SCE and NXE.
 fn write_efer(cpu: &mut Cpu, value: u64) -> bool {
     let s = cpu.state();
-    let fixed = efer::LME;
-    if value & !(efer::WRITABLE | efer::LMA) != 0 || value & fixed != s.efer & fixed {
+    let paging = s.cr0 & cr0::PG != 0;
+    if value & !(efer::WRITABLE | efer::LMA) != 0 || (paging && (value ^ s.efer) & efer::LME != 0) {
         return false;
     }
     let new = (value & efer::WRITABLE) | (s.efer & efer::LMA);
@@ -208,11 +209,27 @@ mod tests {
             (e.read)(&cpu),
             Some(efer::LME | efer::LMA | efer::NXE | efer::SCE)
         );
-        assert!(!(e.write)(&mut cpu, 0), "clearing LME is refused");
+        assert!(
+            !(e.write)(&mut cpu, 0),
+            "clearing LME with paging on is refused"
+        );
         assert!(!(e.write)(&mut cpu, efer::LME | (1 << 20)), "reserved bit");
         // LMA is read-only: writing it clear is ignored, not refused.
         assert!((e.write)(&mut cpu, efer::LME));
         assert_ne!(cpu.state().efer & efer::LMA, 0);
+    }
+
+    #[test]
+    fn lme_changes_only_with_paging_off() {
+        let mut cpu = cpu();
+        cpu.state_mut().efer = 0;
+        cpu.state_mut().cr0 = cr0::PE;
+        let e = msr_entry(msr::EFER).unwrap();
+        assert!((e.write)(&mut cpu, efer::LME), "a 32-bit boot sets LME");
+        assert_eq!(cpu.state().efer, efer::LME, "LMA stays the CPU's");
+        assert!((e.write)(&mut cpu, 0), "and may clear it again");
+        cpu.state_mut().cr0 = cr0::PE | cr0::PG;
+        assert!(!(e.write)(&mut cpu, efer::LME), "not with paging on");
     }
 
     #[test]
