@@ -89,6 +89,13 @@ const PROGRAMS: &[Program] = &[
         sse_opt: None,
     },
     Program {
+        name: "realmode",
+        source: "realmode.c",
+        defines: &[],
+        host: false,
+        sse_opt: None,
+    },
+    Program {
         name: "mips_workload",
         source: "mips_workload.c",
         defines: &[],

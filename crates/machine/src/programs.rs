@@ -15,6 +15,9 @@ pub const USERMODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/usermode.e
 pub const TIMER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/timer.elf"));
 /// Self-checking test of string instructions and locked atomics.
 pub const STRINGOPS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/stringops.elf"));
+/// Self-checking test of 16-bit real mode and the way down to it from long
+/// mode and back (compatibility mode, paging off, 16-bit protected mode).
+pub const REALMODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/realmode.elf"));
 /// The `mips` benchmark workload (a few hundred million instructions);
 /// prints `mips_workload checksum <16 hex digits>`.
 pub const MIPS_WORKLOAD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mips_workload.elf"));
@@ -38,6 +41,7 @@ pub const ALL: &[(&str, &[u8])] = &[
     ("usermode", USERMODE),
     ("timer", TIMER),
     ("stringops", STRINGOPS),
+    ("realmode", REALMODE),
     ("mips_workload", MIPS_WORKLOAD),
     ("mips_workload_small", MIPS_WORKLOAD_SMALL),
     ("fpmath_o2", FPMATH_O2),
@@ -51,6 +55,7 @@ pub const SYSTEM_TESTS: &[(&str, &[u8])] = &[
     ("usermode", USERMODE),
     ("timer", TIMER),
     ("stringops", STRINGOPS),
+    ("realmode", REALMODE),
 ];
 
 /// Looks a program up by name.

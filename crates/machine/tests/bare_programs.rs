@@ -107,6 +107,13 @@ fn stringops_test_passes() {
 }
 
 #[test]
+fn realmode_test_passes() {
+    for page_size in [PageSize::Size2M, PageSize::Size4K] {
+        assert_passes("realmode", programs::REALMODE, Mode::Bare, page_size);
+    }
+}
+
+#[test]
 fn system_tests_pass_in_guest_mode_under_ept() {
     for (name, elf) in programs::SYSTEM_TESTS {
         assert_passes(name, elf, Mode::GuestEpt, PageSize::Size4K);

@@ -33,6 +33,8 @@ fn register() -> impl Strategy<Value = u64> {
 fn mode() -> impl Strategy<Value = SandboxMode> {
     prop_oneof![
         Just(SandboxMode::KernelBare),
+        Just(SandboxMode::KernelReal),
+        Just(SandboxMode::KernelProtected32),
         any::<u32>().prop_map(|exception_bitmap| SandboxMode::UserGuest { exception_bitmap }),
         any::<u32>().prop_map(|exception_bitmap| SandboxMode::UserGuestCompat { exception_bitmap }),
         Just(SandboxMode::UserGuest {

@@ -870,13 +870,19 @@ impl Cpu {
             _ => Size::B8,
         };
         // Distinguish string MOVSD/CMPSD from their SSE namesakes.
-        let string_form = matches!(
-            i.op0_kind(),
-            OpKind::MemoryESRDI | OpKind::MemoryESEDI | OpKind::MemorySegRSI | OpKind::MemorySegESI
-        ) || matches!(
-            i.op1_kind(),
-            OpKind::MemoryESRDI | OpKind::MemoryESEDI | OpKind::MemorySegRSI | OpKind::MemorySegESI
-        );
+        // Every address size: 16-bit code addresses them with SI and DI.
+        let is_string_operand = |k: OpKind| {
+            matches!(
+                k,
+                OpKind::MemoryESRDI
+                    | OpKind::MemoryESEDI
+                    | OpKind::MemoryESDI
+                    | OpKind::MemorySegRSI
+                    | OpKind::MemorySegESI
+                    | OpKind::MemorySegSI
+            )
+        };
+        let string_form = is_string_operand(i.op0_kind()) || is_string_operand(i.op1_kind());
         if !string_form {
             return self.exec_simd(mem, i);
         }

@@ -298,3 +298,40 @@ fn init_then_startup_runs_16_bit_code_at_the_vector_page() {
     assert_eq!(s.fpu.mxcsr, 0x1f80 | 0x6000, "INIT keeps the x87/SSE state");
     assert_eq!(s.efer, 0);
 }
+
+#[test]
+fn string_instructions_with_16_bit_addresses_use_si_di_and_cx() {
+    let mem = memory();
+    // Real mode at 0x1000:0; the source string at DS:0x100 (DS = 0x1000),
+    // the copy to ES:0x200 (ES = 0x1100, linear 0x11200). The upper halves
+    // of ESI, EDI and ECX hold garbage that a 16-bit address size ignores.
+    let c = assemble(16, 0, |a| {
+        a.mov(ax, 0x1000)?;
+        a.mov(ds, ax)?;
+        a.mov(ax, 0x1100)?;
+        a.mov(es, ax)?;
+        a.mov(esi, 0x5555_0100u32)?;
+        a.mov(edi, 0x6666_0200u32)?;
+        a.mov(ecx, 0x7777_0008u32)?;
+        a.cld()?;
+        a.rep().movsb()?;
+        a.mov(si, 0x100)?;
+        a.mov(di, 0x200)?;
+        a.mov(cx, 8)?;
+        a.repe().cmpsb()?;
+        a.hlt()
+    });
+    mem.write_bytes(Hpa(0x10000), &c).unwrap();
+    mem.write_bytes(Hpa(0x10100), b"16bitstr").unwrap();
+    let mut cpu = Cpu::new(CpuConfig::default());
+    *cpu.state_mut() = CpuState::real_mode_at(0x1000, 0);
+    run_to_hlt(&mut cpu, &mem);
+    let mut copy = [0u8; 8];
+    mem.read_bytes(Hpa(0x11200), &mut copy).unwrap();
+    assert_eq!(&copy, b"16bitstr");
+    let s = cpu.state();
+    assert_eq!(s.gpr[1], 0x7777_0000, "CX counted down, ECX's top kept");
+    assert_eq!(s.gpr[6], 0x5555_0108, "SI advanced, ESI's top kept");
+    assert_eq!(s.gpr[7], 0x6666_0208);
+    assert_ne!(s.rflags & rflags::ZF, 0, "the copy compares equal");
+}

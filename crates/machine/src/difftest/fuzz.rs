@@ -187,8 +187,11 @@ impl FuzzInput {
                 flags |= bit;
             }
         }
-        let mode = match rng.below(5) {
+        let mode = match rng.below(7) {
             0 | 1 => SandboxMode::KernelBare,
+            // 16-bit real mode and 32-bit protected mode (paging off).
+            5 => SandboxMode::KernelReal,
+            6 => SandboxMode::KernelProtected32,
             2 => SandboxMode::UserGuest {
                 exception_bitmap: 0xffff_ffff,
             },
@@ -339,13 +342,22 @@ mod tests {
         let b = FuzzInput::generate(&mut Rng::for_item(9, 1));
         assert_eq!(a, b);
         let mut kernel = 0;
+        let mut legacy = 0;
         for i in 0..200 {
             let input = FuzzInput::generate(&mut Rng::for_item(9, i));
             assert!(!input.code.is_empty() && input.code.len() < CODE_SIZE as usize - 3);
             kernel += (input.mode == SandboxMode::KernelBare) as u32;
+            legacy += matches!(
+                input.mode,
+                SandboxMode::KernelReal | SandboxMode::KernelProtected32
+            ) as u32;
             assert!(input.describe().contains("code: "));
         }
         assert!((40..160).contains(&kernel));
+        assert!(
+            (20..100).contains(&legacy),
+            "real and 32-bit protected mode: {legacy}"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@
 
 use super::layout::*;
 use super::{FaultKind, FinalState, InitialState, Stop, COMPARED_FLAGS};
-use crate::cpu::state::{rflags, seg_attr, Segment};
+use crate::cpu::state::{cr0, rflags, seg_attr, CpuState, Segment};
 use crate::memory::{MemCreateError, MemError, PhysMemory};
 use crate::mmu::paging::pte;
 use crate::vmx::{VmExit, VmxControls};
@@ -44,6 +44,14 @@ pub enum SandboxMode {
     /// As `UserGuest`, but CS is the 32-bit user code segment
     /// (compatibility mode).
     UserGuestCompat { exception_bitmap: u32 },
+    /// Ring 0, no VMX, 16-bit real mode (paging off): the code page is
+    /// CS's cached base (as a protected-mode loader can leave it), the
+    /// data and stack pages DS/ES/FS/GS's and SS's, the IVT at the IDT's
+    /// address. For the fuzzer: the 16-bit decoding and execution paths.
+    KernelReal,
+    /// Ring 0, no VMX, 32-bit protected mode with paging off and flat
+    /// segments. For the fuzzer: legacy-mode execution outside IA-32e.
+    KernelProtected32,
 }
 
 /// A machine with the tester's memory layout.
@@ -187,7 +195,7 @@ impl Sandbox {
                 ),
                 flat(USER_DS, seg_attr::DATA_USER),
             ),
-            SandboxMode::KernelBare => (
+            SandboxMode::KernelBare | SandboxMode::KernelReal | SandboxMode::KernelProtected32 => (
                 flat(KERNEL_CS, seg_attr::CODE64_KERNEL),
                 flat(KERNEL_DS, seg_attr::DATA_KERNEL),
             ),
@@ -198,6 +206,33 @@ impl Sandbox {
         s.es = ds;
         s.fs = ds;
         s.gs = ds;
+        match mode {
+            SandboxMode::KernelReal => {
+                let real = CpuState::real_mode_at(0, 0);
+                s.cr0 = real.cr0;
+                s.cr4 = 0;
+                s.efer = 0;
+                let based = |segment: Segment, base: u64| Segment { base, ..segment };
+                s.cs = based(real.cs, CODE_ADDR);
+                s.ds = based(real.ds, DATA_ADDR);
+                s.es = s.ds;
+                s.fs = s.ds;
+                s.gs = s.ds;
+                s.ss = based(real.ss, STACK_ADDR);
+                s.rip = 0;
+                s.idtr.limit = 0x3ff;
+            }
+            SandboxMode::KernelProtected32 => {
+                s.cr0 = cr0::PE | cr0::ET;
+                s.cr4 = 0;
+                s.efer = 0;
+                s.cs = flat(
+                    KERNEL_CS,
+                    (seg_attr::CODE64_KERNEL & !seg_attr::LONG) | seg_attr::DB,
+                );
+            }
+            _ => {}
+        }
         if let SandboxMode::UserGuest { exception_bitmap }
         | SandboxMode::UserGuestCompat { exception_bitmap } = mode
         {
