@@ -612,12 +612,18 @@ fn pml_full_exit_stops_the_write_until_the_log_is_reset() {
     assert_eq!(g.run(), VmExit::PmlFull);
     // Entry 2: the PML4's page (the fetch's walk, a write with EPT A/D);
     // then the first two stores, each at its 4 KiB-aligned gpa.
-    assert_eq!([entry(&g, 2), entry(&g, 1), entry(&g, 0)], [PML4, 0x60_0000, 0x80_0000]);
+    assert_eq!(
+        [entry(&g, 2), entry(&g, 1), entry(&g, 0)],
+        [PML4, 0x60_0000, 0x80_0000]
+    );
     assert_eq!(g.cpu.vmx().unwrap().pml_index, 0xffff);
     assert_eq!(g.cpu.stats().pml_entries_logged, 3);
     // The third store did not happen: RIP at it, its leaf untouched.
     let third = g.cpu.state().rip;
-    assert_eq!(g.mem.read_u64(Hpa(leaf5)).unwrap() & (epte::ACCESSED | epte::DIRTY), 0);
+    assert_eq!(
+        g.mem.read_u64(Hpa(leaf5)).unwrap() & (epte::ACCESSED | epte::DIRTY),
+        0
+    );
     // The VMM drains the log and resets the index: the store runs and logs.
     g.cpu.vmx_mut().unwrap().pml_index = PML_HEAD_INDEX;
     assert_eq!(g.run(), VmExit::Hlt);

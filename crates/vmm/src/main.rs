@@ -375,7 +375,7 @@ pub struct DirtyLogBenchArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "bitmap,manual,ring"
+        default_value = "bitmap,manual,ring,pml"
     )]
     modes: Vec<DirtyModeArg>,
     /// Entries per vCPU dirty ring (ring mode).

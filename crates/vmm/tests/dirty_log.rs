@@ -28,12 +28,19 @@ fn small_run_has_the_issue_json_and_repeats_exactly() {
     assert_eq!(first, bench(&args), "same command, same output");
     let json: Value = serde_json::from_str(&first).expect("JSON");
     let results = json["results"].as_array().expect("results");
-    // ept and shadow x bitmap, manual, ring; fast PF on (the default).
-    assert_eq!(results.len(), 6, "{json}");
+    // ept x bitmap, manual, ring, pml and shadow x the first three (PML
+    // is EPT only); fast PF on (the default).
+    assert_eq!(results.len(), 7, "{json}");
+    let pml: Vec<&Value> = results.iter().filter(|r| r["mode"] == "pml").collect();
+    assert_eq!(pml.len(), 1, "{json}");
+    assert_eq!(pml[0]["mmu"], "ept", "{json}");
     for r in results {
         assert!(matches!(r["mmu"].as_str(), Some("ept" | "shadow")), "{r}");
         assert!(
-            matches!(r["mode"].as_str(), Some("bitmap" | "manual" | "ring")),
+            matches!(
+                r["mode"].as_str(),
+                Some("bitmap" | "manual" | "ring" | "pml")
+            ),
             "{r}"
         );
         assert_eq!(r["fast_pf"], true, "{r}");
@@ -48,6 +55,10 @@ fn small_run_has_the_issue_json_and_repeats_exactly() {
             assert!(i["pages"].as_u64().unwrap() >= 3 * 128, "{i}");
         }
         assert!(r["enable_ms"].as_f64().unwrap() > 0.0, "{r}");
+        let pml_full = r["pml_full_exits"].as_u64().expect("pml_full_exits");
+        if r["mode"] != "pml" {
+            assert_eq!(pml_full, 0, "{r}");
+        }
         if r["mode"] == "ring" {
             // 128 pages a pass into 128-entry rings (64 before soft-full).
             assert!(r["ring_full_exits"].as_u64().unwrap() > 0, "{r}");
@@ -65,12 +76,18 @@ fn small_run_has_the_issue_json_and_repeats_exactly() {
 #[test]
 fn table_names_every_row_and_bad_options_are_refused() {
     let table = bench(&SMALL);
-    for row in ["ept    bitmap", "ept    ring", "shadow manual"] {
+    for row in [
+        "ept    bitmap",
+        "ept    ring",
+        "ept    pml",
+        "shadow manual",
+    ] {
         assert!(table.contains(row), "{row} in\n{table}");
     }
     for bad in [
         &["-w", "101"][..],
-        &["--modes", "pml"],
+        &["--modes", "pml", "--ept-ad", "off"],
+        &["--modes", "pml", "--mmus", "shadow"],
         &["--fast-pf", "maybe"],
         &["-v", "64", "-b", "4G"],
     ] {
@@ -85,5 +102,23 @@ fn table_names_every_row_and_bad_options_are_refused() {
             "{}",
             stderr(&out)
         );
+    }
+}
+
+#[test]
+fn pml_fills_its_logs_and_finds_every_page() {
+    // 3 vCPUs x 1024 pages, all written each pass: the 512-entry logs
+    // fill, and every page is collected each iteration.
+    let out = bench(&[
+        "--json", "-v", "3", "-b", "4M", "-i", "2", "--modes", "pml", "--mmus", "ept",
+    ]);
+    let json: Value = serde_json::from_str(&out).expect("JSON");
+    let results = json["results"].as_array().expect("results");
+    assert_eq!(results.len(), 1, "{json}");
+    let r = &results[0];
+    assert_eq!(r["mode"], "pml", "{r}");
+    assert!(r["pml_full_exits"].as_u64().unwrap() >= 3 * 2, "{r}");
+    for i in r["iterations"].as_array().unwrap() {
+        assert!(i["pages"].as_u64().unwrap() >= 3 * 1024, "{i}");
     }
 }

@@ -457,6 +457,9 @@ impl Vm {
         if !cached.is_empty() {
             return Err(InvariantError(format!("CR3 cache: {}", cached.join("; "))));
         }
+        if let Some(broken) = self.pml_violations().first() {
+            return Err(InvariantError(broken.clone()));
+        }
         host.mmu.check(&host.mem, &host.slots, &host.costs)
     }
 

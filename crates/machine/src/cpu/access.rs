@@ -13,9 +13,9 @@ use crate::addr::{Gva, Hpa};
 use crate::alu::Size;
 use crate::memory::PhysMemory;
 use crate::mmu::{self, Access, AccessKind, PagingRegs, PmlLog, TranslateCtx, TranslateError};
-use std::cell::Cell;
 use crate::vmx::VmExit;
 use iced_x86::{Instruction, OpKind, Register};
+use std::cell::Cell;
 
 /// Where a read-modify-write operand lives.
 #[derive(Debug, Clone, Copy)]

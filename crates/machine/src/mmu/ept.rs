@@ -261,7 +261,10 @@ fn ept_walk_once(
         // set, and the guest-physical access that triggered the event
         // does not occur").
         if let Some(pml) = pml {
-            let any_flag = used.iter().enumerate().any(|(i, &(_, v))| wanted(i, v) != v);
+            let any_flag = used
+                .iter()
+                .enumerate()
+                .any(|(i, &(_, v))| wanted(i, v) != v);
             if any_flag && pml.index.get() >= PML_ENTRIES {
                 return Err(TranslateError::PmlFull);
             }
