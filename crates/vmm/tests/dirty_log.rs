@@ -122,3 +122,43 @@ fn pml_fills_its_logs_and_finds_every_page() {
         assert!(i["pages"].as_u64().unwrap() >= 3 * 1024, "{i}");
     }
 }
+
+#[test]
+fn run_logs_guest_ram_in_each_mode_and_refuses_pml_without_ept_ad() {
+    for mode in ["bitmap", "manual", "ring", "pml"] {
+        let out = faultline(&[
+            "run",
+            "--vcpus",
+            "2",
+            "--mem",
+            "64M",
+            "--stats",
+            "json",
+            "--dirty-log",
+            mode,
+            "--dirty-log-period",
+            "5ms",
+            "--",
+            "memtouch",
+            "-m",
+            "16M",
+        ]);
+        assert!(out.status.success(), "{mode}: {}", stderr(&out));
+        let json: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+        let d = &json["dirty_log"];
+        assert_eq!(d["mode"], mode, "{d}");
+        assert!(d["collections"].as_u64().unwrap() >= 1, "{d}");
+        // memtouch writes its 16M (4096 pages) at least once.
+        assert!(d["pages"].as_u64().unwrap() >= 4096, "{d}");
+        let pml_full = d["pml_full_exits"].as_u64().unwrap();
+        assert_eq!(pml_full > 0, mode == "pml", "{d}");
+    }
+    for refused in [&["--mmu", "shadow"][..], &["--ept-ad", "off"]] {
+        let mut args = vec!["run", "--dirty-log", "pml"];
+        args.extend_from_slice(refused);
+        args.extend_from_slice(&["--", "hello"]);
+        let out = faultline(&args);
+        assert!(!out.status.success(), "{refused:?} accepted");
+        assert!(stderr(&out).contains("PML needs"), "{}", stderr(&out));
+    }
+}

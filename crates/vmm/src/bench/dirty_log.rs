@@ -181,7 +181,7 @@ fn pml_full_exits(vm: &Vm) -> u64 {
         .sum()
 }
 
-fn mode_of(arg: DirtyModeArg) -> DirtyLogMode {
+pub(crate) fn mode_of(arg: DirtyModeArg) -> DirtyLogMode {
     match arg {
         DirtyModeArg::Bitmap => DirtyLogMode::Bitmap,
         DirtyModeArg::Manual => DirtyLogMode::Manual,
