@@ -175,12 +175,18 @@ impl Vm {
     /// bitmaps (KVM kicks each vCPU out of the guest, whose exit drains
     /// it; here they are out already); returns the work's cost.
     fn drain_pml_everywhere(&mut self) -> Result<Cycles, DirtyLogError> {
+        self.drain_pml_logs()
+            .map_err(|e| DirtyLogError::Tdp(crate::mmu::tdp::TdpError::Memory(e)))
+    }
+
+    /// Drains every vCPU's page-modification log (see
+    /// [`Vm::collect_dirty_log`]); also before a memslot moves, while the
+    /// logged gpas still name the slot's pages.
+    pub(crate) fn drain_pml_logs(&mut self) -> Result<Cycles, machine::MemError> {
         let Vm { vcpus, shared, .. } = self;
         let mut cycles = Cycles::ZERO;
         for vcpu in vcpus.iter_mut() {
-            cycles += vcpu
-                .drain_pml(&shared.host)
-                .map_err(|e| DirtyLogError::Tdp(crate::mmu::tdp::TdpError::Memory(e)))?;
+            cycles += vcpu.drain_pml(&shared.host)?;
         }
         Ok(cycles)
     }

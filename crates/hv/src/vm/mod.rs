@@ -392,6 +392,9 @@ impl Vm {
     /// virtual time; its contents move with it and every mapping is
     /// dropped ([`Vm::zap_all`]; the guest refaults at the new gpa).
     pub fn move_memslot(&mut self, id: SlotId, new_base: Gpa) -> Result<ZapReport, MemslotError> {
+        // PML logs hold gpas: into the bitmaps while they name the slot.
+        self.drain_pml_logs()
+            .map_err(crate::mmu::zap::ZapError::from)?;
         self.shared.host.slots.move_slot(id, new_base.frame())?;
         Ok(self.zap_all()?)
     }
