@@ -162,3 +162,49 @@ fn run_logs_guest_ram_in_each_mode_and_refuses_pml_without_ept_ad() {
         assert!(stderr(&out).contains("PML needs"), "{}", stderr(&out));
     }
 }
+
+#[test]
+fn pml_under_overcommit_keeps_every_write() {
+    // Collections clear D bits while the pager evicts: the dirtiness must
+    // stay with the frame (the rmap), or a page would be dropped for its
+    // stale swap copy and pagetag would read an old tag.
+    let out = faultline(&[
+        "run",
+        "--vcpus",
+        "2",
+        "--mem",
+        "48M",
+        "--host-mem",
+        "8M",
+        "--swap-device",
+        "nvme",
+        "--dirty-log",
+        "pml",
+        "--dirty-log-period",
+        "1ms",
+        "--stats",
+        "json",
+        "--",
+        "pagetag",
+        "-m",
+        "16M",
+        "-p",
+        "3",
+        "-t",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert!(
+        json["console"].as_str().unwrap().contains(", 0 bad pages"),
+        "{json}"
+    );
+    assert!(
+        json["dirty_log"]["collections"].as_u64().unwrap() > 100,
+        "{json}"
+    );
+    assert!(
+        json["memory"]["pager"]["evictions"].as_u64().unwrap() > 1000,
+        "{json}"
+    );
+}
