@@ -266,3 +266,30 @@ fn bad_requests_are_refused_cleanly() {
         Err(DirtyLogError::NoSuchSlot(hv::SlotId(9)))
     );
 }
+
+#[test]
+fn pml_stays_on_while_a_slot_logs_in_pml_mode() {
+    let mut vm = Vm::boot(&config(MmuMode::Ept, true), ELF).expect("boot");
+    let pml_on = |vm: &Vm| -> Vec<bool> {
+        vm.vcpus()
+            .iter()
+            .map(|v| v.cpu().vmx().expect("guest mode").pml_address.is_some())
+            .collect()
+    };
+    assert!(pml_on(&vm).iter().all(|on| !on), "off at boot");
+    let extra = hv::SlotId(5);
+    vm.add_memslot(extra, hv::Gpa(64 << 20), 2 << 20, hv::SlotFlags::default())
+        .expect("add");
+    vm.enable_dirty_log(RAM_SLOT, DirtyLogMode::Pml)
+        .expect("enable");
+    vm.enable_dirty_log(extra, DirtyLogMode::Pml)
+        .expect("enable");
+    assert!(pml_on(&vm).iter().all(|&on| on));
+    vm.disable_dirty_log(RAM_SLOT).expect("disable");
+    assert!(
+        pml_on(&vm).iter().all(|&on| on),
+        "the other slot still logs"
+    );
+    vm.delete_memslot(extra).expect("delete");
+    assert!(pml_on(&vm).iter().all(|on| !on), "no PML slot left");
+}

@@ -39,6 +39,15 @@ impl Vcpu {
         Ok(())
     }
 
+    /// Turns page-modification logging off; the log's entries are
+    /// dropped, its page kept.
+    pub(crate) fn pml_off(&mut self) {
+        if let Some(controls) = self.cpu.vmx_mut() {
+            controls.pml_address = None;
+            controls.pml_index = PML_HEAD_INDEX;
+        }
+    }
+
     /// Moves the entries of the vCPU's page-modification log into the
     /// bitmaps of the slots logging in PML mode and resets the PML index;
     /// returns the work's cost: per entry one read of it (priced as an

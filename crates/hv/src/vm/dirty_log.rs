@@ -146,12 +146,22 @@ impl Vm {
         let slot = self.shared.host.slots.get_mut(id).expect("checked");
         slot.flags.log_dirty_pages = false;
         slot.dirty_log = None;
-        if mode == DirtyLogMode::Pml && !self.any_slot_logs_in(DirtyLogMode::Pml) {
-            // The last PML slot: the CPUs stop logging (KVM turns the
-            // "enable PML" control off when no memslot logs).
-            self.set_pml_everywhere(false)?;
+        if mode == DirtyLogMode::Pml {
+            self.pml_off_unless_used();
         }
         Ok(DirtyLogCost::default())
+    }
+
+    /// After a PML slot stopped logging (disabled or deleted): if it was
+    /// the last, the CPUs stop logging (KVM turns the "enable PML" control
+    /// off when no memslot logs).
+    pub(crate) fn pml_off_unless_used(&mut self) {
+        if self.any_slot_logs_in(DirtyLogMode::Pml) {
+            return;
+        }
+        for vcpu in self.vcpus.iter_mut() {
+            vcpu.pml_off();
+        }
     }
 
     fn any_slot_logs_in(&self, mode: DirtyLogMode) -> bool {

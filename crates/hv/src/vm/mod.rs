@@ -377,6 +377,9 @@ impl Vm {
         }
         let slot = shared.host.slots.delete(id)?;
         let report = self.zap_all()?;
+        if slot.dirty_log.is_some() {
+            self.pml_off_unless_used();
+        }
         let shared = &mut self.shared;
         for (_, frame) in slot.backed_pages() {
             shared.host.frames.free(frame);
