@@ -226,6 +226,9 @@ impl Vm {
     /// again only by setting D again, which logs it). Returns what breaks
     /// it.
     pub(crate) fn pml_violations(&self) -> Vec<String> {
+        if !self.any_slot_logs_in(DirtyLogMode::Pml) {
+            return Vec::new();
+        }
         let host = &self.shared.host;
         let mut logged = std::collections::BTreeSet::new();
         for vcpu in &self.vcpus {
