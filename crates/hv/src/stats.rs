@@ -59,6 +59,9 @@ pub struct VcpuStats {
     pub apf: ApfStats,
     /// Times its dirty ring filled and it waited for a harvest.
     pub dirty_ring_full_exits: u64,
+    /// Page-modification-log entries the hv drained from its log (dirty-log
+    /// mode `pml`; its PML-full exits are in `exits["pml_full"]`).
+    pub pml_entries_drained: u64,
     /// CR3-load exits and the paravirtual CR3 cache.
     pub cr3_cache: crate::mmu::shadow::cr3_cache::Cr3CacheStats,
 }

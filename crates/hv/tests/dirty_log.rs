@@ -6,7 +6,9 @@
 //! passes. False negatives fail; false positives are counted and printed.
 //!
 //! Fast PF on and off: under EPT with it on, the logged pages' write
-//! faults are fixed by the fast path (checked), which logs them.
+//! faults are fixed by the fast path (checked), which logs them. PML
+//! (EPT only) write-protects nothing, so it takes no such fault; a larger
+//! case fills the vCPUs' 512-entry logs so PML-full exits happen.
 
 use abi::dirtywrite::{self, CTRL_GPA, REGION_BASE};
 use hv::{
@@ -23,6 +25,10 @@ const PASSES: u64 = 6;
 const FAST_PF: [bool; 2] = [true, false];
 
 fn config(mmu: MmuMode, fast_pf: bool) -> VmConfig {
+    config_with(mmu, fast_pf, PAGES, 70, 1)
+}
+
+fn config_with(mmu: MmuMode, fast_pf: bool, pages: u64, wpct: u64, random: u8) -> VmConfig {
     VmConfig {
         vcpus: VCPUS as u32,
         mem_size: 32 << 20,
@@ -33,7 +39,7 @@ fn config(mmu: MmuMode, fast_pf: bool) -> VmConfig {
             fast_pf,
             ept_ad: true,
         },
-        cmdline: format!("pages={PAGES} passes={PASSES} wpct=70 random=1 seed=11"),
+        cmdline: format!("pages={pages} passes={PASSES} wpct={wpct} random={random} seed=11"),
         ..VmConfig::default()
     }
 }
@@ -60,14 +66,23 @@ struct Outcome {
     ring_full_exits: u64,
     /// Write faults the fast page fault fixed.
     fast_fixes: u64,
+    /// PML-full exits (all vCPUs).
+    pml_full_exits: u64,
 }
 
 /// Runs the workload in `mode`, checking each pass's collection.
 fn run_case(mmu: MmuMode, mode: DirtyLogMode, fast_pf: bool) -> Outcome {
-    let mut vm = Vm::boot(&config(mmu, fast_pf), ELF).expect("boot");
+    run_case_with(config(mmu, fast_pf), PAGES, mode)
+}
+
+/// Runs `config`'s workload (`pages` per vCPU) in `mode`.
+fn run_case_with(config: VmConfig, pages_per_vcpu: u64, mode: DirtyLogMode) -> Outcome {
+    let pages = pages_per_vcpu;
+    let mmu = config.mmu;
+    let mut vm = Vm::boot(&config, ELF).expect("boot");
     let mut outcome = Outcome::default();
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let region_pages = VCPUS * PAGES;
+    let region_pages = VCPUS * pages;
     let first_region_page = REGION_BASE / PAGE;
     for pass in 1..=PASSES {
         // Logging on; every other pass it was off in between.
@@ -111,8 +126,8 @@ fn run_case(mmu: MmuMode, mode: DirtyLogMode, fast_pf: bool) -> Outcome {
         let collected = vm.collect_dirty_log(RAM_SLOT).expect("collect");
         let logged: BTreeSet<u64> = collected.pages.iter().copied().chain(harvested).collect();
         for cpu in 0..VCPUS {
-            for i in 0..PAGES {
-                let page = first_region_page + cpu * PAGES + i;
+            for i in 0..pages {
+                let page = first_region_page + cpu * pages + i;
                 if read_u64(&mut vm, page * PAGE) == dirtywrite::stamp(pass, cpu) {
                     expected.insert(page);
                 }
@@ -132,17 +147,23 @@ fn run_case(mmu: MmuMode, mode: DirtyLogMode, fast_pf: bool) -> Outcome {
             vm.disable_dirty_log(RAM_SLOT).expect("disable");
         }
     }
-    outcome.fast_fixes = vm.stats().vcpus.iter().map(|v| v.fast_pf_fixed).sum();
+    let stats = vm.stats();
+    outcome.fast_fixes = stats.vcpus.iter().map(|v| v.fast_pf_fixed).sum();
+    outcome.pml_full_exits = stats
+        .vcpus
+        .iter()
+        .filter_map(|v| v.exits.get("pml_full"))
+        .map(|e| e.count)
+        .sum();
     outcome
 }
 
 fn check_every_mode(mmu: MmuMode) {
     for fast_pf in FAST_PF {
-        for mode in [
-            DirtyLogMode::Bitmap,
-            DirtyLogMode::Manual,
-            DirtyLogMode::Ring,
-        ] {
+        for mode in DirtyLogMode::ALL {
+            if mode == DirtyLogMode::Pml && mmu != MmuMode::Ept {
+                continue;
+            }
             let o = run_case(mmu, mode, fast_pf);
             eprintln!(
                 "{mmu:?} fast_pf={fast_pf} {mode:?}: {} pages written, all logged; \
@@ -150,8 +171,9 @@ fn check_every_mode(mmu: MmuMode) {
                 o.written, o.false_positives, o.ring_full_exits
             );
             assert!(o.written > PASSES * VCPUS * PAGES / 3, "{o:?}");
-            // The fast path is wired under EPT only (shadow: the slow path).
-            let fast_expected = fast_pf && mmu == MmuMode::Ept;
+            // The fast path is wired under EPT only (shadow: the slow
+            // path); PML leaves the sptes writable: no write fault.
+            let fast_expected = fast_pf && mmu == MmuMode::Ept && mode.write_protects();
             assert_eq!(o.fast_fixes > 0, fast_expected, "{o:?}");
             if mode == DirtyLogMode::Ring {
                 assert!(o.ring_full_exits > 0, "the rings never filled: {o:?}");
@@ -168,6 +190,49 @@ fn every_written_page_is_logged_under_ept() {
 #[test]
 fn every_written_page_is_logged_under_shadow() {
     check_every_mode(MmuMode::Shadow);
+}
+
+#[test]
+fn pml_full_exits_lose_no_page() {
+    // 1200 pages written in order per vCPU and pass: each vCPU's 512-entry
+    // log fills twice a pass unless an exit drains it first.
+    const BIG: u64 = 1200;
+    for fast_pf in FAST_PF {
+        let o = run_case_with(
+            config_with(MmuMode::Ept, fast_pf, BIG, 100, 0),
+            BIG,
+            DirtyLogMode::Pml,
+        );
+        eprintln!(
+            "Ept fast_pf={fast_pf} Pml, {BIG} pages per vCPU: {} pages written, all logged; \
+             {} false positives; {} PML-full exits",
+            o.written, o.false_positives, o.pml_full_exits
+        );
+        assert!(o.written >= PASSES * VCPUS * BIG, "{o:?}");
+        assert!(o.pml_full_exits >= PASSES * VCPUS, "{o:?}");
+        assert_eq!(o.fast_fixes, 0, "{o:?}");
+    }
+}
+
+#[test]
+fn pml_refuses_shadow_and_ept_ad_off() {
+    let mut vm = Vm::boot(&config(MmuMode::Shadow, false), ELF).expect("boot");
+    assert_eq!(
+        vm.enable_dirty_log(RAM_SLOT, DirtyLogMode::Pml),
+        Err(DirtyLogError::PmlNeedsEpt)
+    );
+    let mut no_ad = config(MmuMode::Ept, true);
+    no_ad.mmu_options.ept_ad = false;
+    let mut vm = Vm::boot(&no_ad, ELF).expect("boot");
+    assert_eq!(
+        vm.enable_dirty_log(RAM_SLOT, DirtyLogMode::Pml),
+        Err(DirtyLogError::PmlNeedsEptAd)
+    );
+    // Nothing was turned on: the slot does not log.
+    assert_eq!(
+        vm.get_dirty_log(RAM_SLOT),
+        Err(DirtyLogError::NotEnabled(RAM_SLOT))
+    );
 }
 
 #[test]
@@ -200,4 +265,31 @@ fn bad_requests_are_refused_cleanly() {
         vm.enable_dirty_log(hv::SlotId(9), DirtyLogMode::Bitmap),
         Err(DirtyLogError::NoSuchSlot(hv::SlotId(9)))
     );
+}
+
+#[test]
+fn pml_stays_on_while_a_slot_logs_in_pml_mode() {
+    let mut vm = Vm::boot(&config(MmuMode::Ept, true), ELF).expect("boot");
+    let pml_on = |vm: &Vm| -> Vec<bool> {
+        vm.vcpus()
+            .iter()
+            .map(|v| v.cpu().vmx().expect("guest mode").pml_address.is_some())
+            .collect()
+    };
+    assert!(pml_on(&vm).iter().all(|on| !on), "off at boot");
+    let extra = hv::SlotId(5);
+    vm.add_memslot(extra, hv::Gpa(64 << 20), 2 << 20, hv::SlotFlags::default())
+        .expect("add");
+    vm.enable_dirty_log(RAM_SLOT, DirtyLogMode::Pml)
+        .expect("enable");
+    vm.enable_dirty_log(extra, DirtyLogMode::Pml)
+        .expect("enable");
+    assert!(pml_on(&vm).iter().all(|&on| on));
+    vm.disable_dirty_log(RAM_SLOT).expect("disable");
+    assert!(
+        pml_on(&vm).iter().all(|&on| on),
+        "the other slot still logs"
+    );
+    vm.delete_memslot(extra).expect("delete");
+    assert!(pml_on(&vm).iter().all(|on| !on), "no PML slot left");
 }

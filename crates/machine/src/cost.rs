@@ -30,6 +30,14 @@ pub struct CycleCosts {
     pub privilege_transition: u64,
     /// A serializing instruction (CPUID, MOV CR, WRMSR, INVLPG, ...).
     pub serializing: u64,
+    /// Writing one page-modification-log entry (SDM Vol. 3C 29.3.6): an
+    /// 8-byte store by the page walker into the 4 KiB log, which it fills
+    /// sequentially (8 entries per 64-byte line), so an L1 hit. Priced as
+    /// one of the walker's memory references (`page_walk_ref`): Skylake's
+    /// L1 data-cache latency is 4-5 cycles (Intel 64 and IA-32
+    /// Architectures Optimization Reference Manual, Skylake
+    /// microarchitecture, cache hierarchy table: L1 DCU 4-5 cycles).
+    pub pml_log_write: u64,
     /// VM exit: saving guest state, loading host state (~half of the
     /// ~1,200-cycle round trip measured on Skylake).
     pub vm_exit: u64,
@@ -46,6 +54,7 @@ impl CycleCosts {
         string_iteration: 1,
         locked: 17,
         page_walk_ref: 5,
+        pml_log_write: 5,
         event_delivery: 60,
         privilege_transition: 40,
         serializing: 30,

@@ -141,6 +141,22 @@ pub struct VmxControls {
     pub vpid: u16,
     /// Added to the cycle counter to give the guest's TSC.
     pub tsc_offset: i64,
+    /// Page-modification logging (SDM Vol. 3C 29.3.6; the "enable PML"
+    /// secondary processor-based control with the 64-bit PML address
+    /// field): the host-physical address of the 4 KiB log, `None` when
+    /// off. Takes effect only with EPT A/D flags on in the EPTP. When the
+    /// CPU sets an EPT leaf's dirty flag (0 to 1) it writes the 4 KiB-
+    /// aligned guest-physical address of the access at `pml_address + 8 *
+    /// pml_index` and decrements `pml_index`; if the index is outside
+    /// 0..=511 when an EPT accessed or dirty flag must be set, the access
+    /// does not happen and the CPU exits with [`VmExit::PmlFull`].
+    pub pml_address: Option<crate::Hpa>,
+    /// The PML index (a 16-bit guest-state field of the VMCS): the next
+    /// log entry the CPU writes. It counts down from [`PML_HEAD_INDEX`]
+    /// and may wrap from 0 to 0xffff, after which the next logging event
+    /// is a PML-full exit. The hypervisor reads the log from index + 1 to
+    /// 511 and resets it to [`PML_HEAD_INDEX`].
+    pub pml_index: u16,
 }
 
 impl Default for VmxControls {
@@ -170,9 +186,19 @@ impl Default for VmxControls {
             ept: None,
             vpid: 1,
             tsc_offset: 0,
+            pml_address: None,
+            pml_index: PML_HEAD_INDEX,
         }
     }
 }
+
+/// Entries of the page-modification log: one 4 KiB page of 64-bit
+/// guest-physical addresses (SDM Vol. 3C 29.3.6).
+pub const PML_ENTRIES: u16 = 512;
+
+/// The PML index of an empty log: the CPU writes entry 511 first, then
+/// 510, and so on (KVM's `PML_HEAD_INDEX`).
+pub const PML_HEAD_INDEX: u16 = PML_ENTRIES - 1;
 
 /// Entries in the CR3-target list of Intel CPUs (IA32_VMX_MISC); the
 /// default `cr3_target_count`.
@@ -322,6 +348,12 @@ pub enum VmExit {
     },
     /// A misconfigured EPT entry (e.g. writable but not readable).
     EptMisconfig { gpa: Gpa },
+    /// Page-modification log full (exit reason 62, SDM Vol. 3C 29.3.6):
+    /// an access needed an EPT accessed or dirty flag set while the PML
+    /// index was outside 0..=511. No flag was set and the access did not
+    /// happen: RIP is at the instruction, which runs again after the
+    /// hypervisor empties the log and resets the index.
+    PmlFull,
     /// The local APIC sent an IPI that the outside world must route (any
     /// destination other than this CPU alone). The ICR write has completed.
     Ipi(Ipi),
@@ -354,6 +386,7 @@ impl VmExit {
             VmExit::MsrWrite { .. } => "msr_write",
             VmExit::EptViolation { .. } => "ept_violation",
             VmExit::EptMisconfig { .. } => "ept_misconfig",
+            VmExit::PmlFull => "pml_full",
             VmExit::Ipi(_) => "ipi",
             VmExit::CycleLimit => "cycle_limit",
             VmExit::MachineError(_) => "machine_error",

@@ -584,6 +584,94 @@ fn ept_violation_qualification_and_fix_up() {
     assert_eq!(g.run(), VmExit::Hlt);
 }
 
+/// Where the PML tests keep the log (above the EPT tables).
+const PML_PAGE: u64 = 0x0210_0000;
+
+#[test]
+fn pml_full_exit_stops_the_write_until_the_log_is_reset() {
+    use machine::vmx::PML_HEAD_INDEX;
+    // Three writes to three 2 MiB EPT leaves (3, 4, 5) that nothing else
+    // touches; the log has room for three entries (index 2), and the
+    // first entry is the guest page-table page the first walk dirties.
+    let prog = |a: &mut CodeAssembler| {
+        a.mov(qword_ptr(0x60_0008u64), rbx).unwrap();
+        a.mov(qword_ptr(0x80_0010u64), rbx).unwrap();
+        a.mov(qword_ptr(0xa0_0018u64), rbx).unwrap();
+        a.hlt().unwrap();
+    };
+    let g = rig(prog);
+    let eptp = build_ept(&g, |_| 7);
+    let mut g = g.guest(machine::VmxControls {
+        ept: Some(eptp),
+        pml_address: Some(Hpa(PML_PAGE)),
+        pml_index: 2,
+        ..controls()
+    });
+    let entry = |g: &Rig, i: u64| g.mem.read_u64(Hpa(PML_PAGE + 8 * i)).unwrap();
+    let leaf5 = EPT_BASE + 0x2000 + 5 * 8;
+    assert_eq!(g.run(), VmExit::PmlFull);
+    // Entry 2: the PML4's page (the fetch's walk, a write with EPT A/D);
+    // then the first two stores, each at its 4 KiB-aligned gpa.
+    assert_eq!(
+        [entry(&g, 2), entry(&g, 1), entry(&g, 0)],
+        [PML4, 0x60_0000, 0x80_0000]
+    );
+    assert_eq!(g.cpu.vmx().unwrap().pml_index, 0xffff);
+    assert_eq!(g.cpu.stats().pml_entries_logged, 3);
+    // The third store did not happen: RIP at it, its leaf untouched.
+    let third = g.cpu.state().rip;
+    assert_eq!(
+        g.mem.read_u64(Hpa(leaf5)).unwrap() & (epte::ACCESSED | epte::DIRTY),
+        0
+    );
+    // The VMM drains the log and resets the index: the store runs and logs.
+    g.cpu.vmx_mut().unwrap().pml_index = PML_HEAD_INDEX;
+    assert_eq!(g.run(), VmExit::Hlt);
+    assert!(g.cpu.state().rip > third);
+    assert_eq!(entry(&g, 511), 0xa0_0000);
+    assert_eq!(g.cpu.vmx().unwrap().pml_index, PML_HEAD_INDEX - 1);
+    assert_eq!(g.cpu.stats().pml_entries_logged, 4);
+}
+
+#[test]
+fn pml_logs_nothing_with_ept_ad_off_and_costs_its_writes() {
+    let prog = |a: &mut CodeAssembler| {
+        a.mov(qword_ptr(0x60_0008u64), rbx).unwrap();
+        a.mov(qword_ptr(0x80_0010u64), rbx).unwrap();
+        a.hlt().unwrap();
+    };
+    let run = |ad: bool, pml: bool| {
+        let g = rig(prog);
+        let mut eptp = build_ept(&g, |_| 7);
+        if !ad {
+            eptp = Eptp::new(eptp.pml4(), false);
+        }
+        let mut g = g.guest(machine::VmxControls {
+            ept: Some(eptp),
+            pml_address: pml.then_some(Hpa(PML_PAGE)),
+            ..controls()
+        });
+        assert_eq!(g.run(), VmExit::Hlt);
+        (
+            g.cpu.stats().pml_entries_logged,
+            g.cpu.vmx().unwrap().pml_index,
+            g.cpu.cycles(),
+        )
+    };
+    let head = machine::vmx::PML_HEAD_INDEX;
+    let (off_logged, off_index, off_cycles) = run(false, true);
+    assert_eq!((off_logged, off_index), (0, head), "A/D off: no logging");
+    let (logged, index, cycles) = run(true, true);
+    assert_eq!((logged, index), (3, head - 3));
+    let (_, _, no_pml_cycles) = run(true, false);
+    assert_eq!(
+        cycles - no_pml_cycles,
+        3 * machine::CycleCosts::DEFAULT.pml_log_write,
+        "each entry costs one log write"
+    );
+    assert!(off_cycles > 0);
+}
+
 #[test]
 fn ept_misconfig() {
     let mut g = rig(|a| {

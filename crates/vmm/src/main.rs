@@ -375,7 +375,7 @@ pub struct DirtyLogBenchArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "bitmap,manual,ring"
+        default_value = "bitmap,manual,ring,pml"
     )]
     modes: Vec<DirtyModeArg>,
     /// Entries per vCPU dirty ring (ring mode).
@@ -481,6 +481,20 @@ struct RunArgs {
     /// virtual time while the guest runs (each drops every mapping).
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
     memslot_period: Option<Duration>,
+    /// Log guest RAM's dirty pages from boot in this mode (bitmap, manual,
+    /// ring, or pml: the machine's page-modification logging, EPT with
+    /// --ept-ad on only) and collect the log every --dirty-log-period.
+    #[arg(long, value_enum, value_name = "MODE")]
+    dirty_log: Option<DirtyModeArg>,
+    /// Virtual time between two collections of the dirty log.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        value_parser = parse_positive_duration,
+        default_value = "10ms",
+        requires = "dirty_log"
+    )]
+    dirty_log_period: Duration,
     /// The guest program and its arguments (the bundled kernel needs one).
     #[arg(
         last = true,

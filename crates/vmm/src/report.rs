@@ -154,6 +154,26 @@ pub struct Summary {
     /// Memslot changes made while the guest ran (`--memslot-period`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memslot: Option<crate::bench::memslot::MemslotRun>,
+    /// Dirty logging of guest RAM (`--dirty-log`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dirty_log: Option<DirtyLogSummary>,
+}
+
+/// What `--dirty-log` collected (virtual time).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct DirtyLogSummary {
+    /// `bitmap`, `manual`, `ring` or `pml`.
+    pub mode: String,
+    pub period_ms: f64,
+    /// Collections made (ring: harvests, periodic and on a full ring).
+    pub collections: u64,
+    /// Pages returned, summed over the collections.
+    pub pages: u64,
+    /// Get and clear time, summed over the collections.
+    pub get_ms: f64,
+    pub clear_ms: f64,
+    pub ring_full_exits: u64,
+    pub pml_full_exits: u64,
 }
 
 /// The fast page fault's counters over every vCPU.
@@ -259,6 +279,7 @@ impl Summary {
                 })
                 .collect(),
             memslot: None,
+            dirty_log: None,
         }
     }
 
@@ -324,6 +345,20 @@ impl Summary {
                 m.lock_breaks(),
                 m.max_stall_us(),
                 m.root_reloads
+            );
+        }
+        if let Some(d) = &self.dirty_log {
+            let _ = writeln!(
+                s,
+                "dirty log:    {} every {:.3} ms: {} collections, {} pages; get {:.3} ms, clear {:.3} ms in all; {} ring-full exits, {} PML-full exits",
+                d.mode,
+                d.period_ms,
+                d.collections,
+                d.pages,
+                d.get_ms,
+                d.clear_ms,
+                d.ring_full_exits,
+                d.pml_full_exits
             );
         }
         let m = &self.memory;

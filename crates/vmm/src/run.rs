@@ -3,14 +3,14 @@
 
 use crate::bench::memslot::{ChurnTrigger, SlotChurn};
 use crate::config::{check_swap_path, ConfigError, Kernel};
-use crate::report::Summary;
+use crate::report::{DirtyLogSummary, Summary};
 use crate::session::{drive, Ending, Limits, Progress};
 use crate::signals::StopRequest;
 use crate::units::duration_to_cycles;
-use crate::{RunArgs, StatsFormat, EXIT_CONFIG, EXIT_LIMIT, EXIT_VM_ERROR};
-use hv::{Cycles, StopReason, Vm, VmConfig};
+use crate::{DirtyModeArg, RunArgs, StatsFormat, EXIT_CONFIG, EXIT_LIMIT, EXIT_VM_ERROR};
+use hv::{Cycles, StopReason, Vm, VmConfig, RAM_SLOT};
 use std::io::Write;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The kernel command line: boot options, `--`, the program and its
 /// arguments (see `abi::BootInfo::cmdline`).
@@ -132,6 +132,17 @@ pub fn run(args: RunArgs) -> u8 {
         }
         None => None,
     };
+    let mut logger = match args.dirty_log {
+        Some(mode) => match DirtyLogger::install(&mut vm, mode, args.dirty_log_period) {
+            Ok(logger) => Some(logger),
+            Err(e) => {
+                eprintln!("faultline: --dirty-log: {e}");
+                return EXIT_CONFIG;
+            }
+        },
+        None => None,
+    };
+    let mut dirty_log_error = None;
     let json = args.stats == StatsFormat::Json;
     let started = Instant::now();
     let mut progress = Progress::single(limits.time);
@@ -152,6 +163,11 @@ pub fn run(args: RunArgs) -> u8 {
         if let Some(churn) = churn.as_mut() {
             churn.after_slice(vm);
         }
+        if let Some(logger) = logger.as_mut() {
+            if let Err(e) = logger.after_slice(vm) {
+                dirty_log_error.get_or_insert(e);
+            }
+        }
         progress.update("", vm);
     });
     progress.finish();
@@ -167,9 +183,14 @@ pub fn run(args: RunArgs) -> u8 {
         }
         None => None,
     };
+    if let Some(e) = dirty_log_error {
+        eprintln!("faultline: collecting the dirty log: {e}");
+        status = EXIT_VM_ERROR;
+    }
     let console = json.then(|| String::from_utf8_lossy(&console).into_owned());
     let mut summary = Summary::new(&vm, &ending, status, console);
     summary.memslot = memslot;
+    summary.dirty_log = logger.map(|l| l.finish(&vm));
     let text = if json {
         summary.to_json()
     } else {
@@ -189,6 +210,81 @@ pub fn run(args: RunArgs) -> u8 {
         other => eprintln!("faultline: stopped: {}", other.describe()),
     }
     status
+}
+
+/// `--dirty-log MODE`: guest RAM logs from boot; the VMM collects the
+/// log every period of virtual time (in ring mode also whenever a vCPU
+/// stopped on a full ring), as a migration or a display would.
+struct DirtyLogger {
+    period: Cycles,
+    next: Cycles,
+    summary: DirtyLogSummary,
+    ring_full_seen: u64,
+}
+
+/// Summed over the vCPUs: exits of `name`, and dirty-ring-full stops.
+fn exit_count(vm: &Vm, name: &str) -> u64 {
+    vm.stats()
+        .vcpus
+        .iter()
+        .filter_map(|v| v.exits.get(name))
+        .map(|e| e.count)
+        .sum()
+}
+
+fn ring_full_count(vm: &Vm) -> u64 {
+    vm.stats()
+        .vcpus
+        .iter()
+        .map(|v| v.dirty_ring_full_exits)
+        .sum()
+}
+
+fn cycles_ms(c: Cycles) -> f64 {
+    c.0 as f64 / hv::CYCLES_PER_SECOND as f64 * 1e3
+}
+
+impl DirtyLogger {
+    fn install(vm: &mut Vm, mode: DirtyModeArg, period: Duration) -> Result<Self, String> {
+        let mode = crate::bench::dirty_log::mode_of(mode);
+        vm.enable_dirty_log(RAM_SLOT, mode)
+            .map_err(|e| e.to_string())?;
+        let period = Cycles(duration_to_cycles(period).max(1));
+        Ok(DirtyLogger {
+            period,
+            next: vm.time() + period,
+            summary: DirtyLogSummary {
+                mode: mode.name().to_string(),
+                period_ms: cycles_ms(period),
+                ..DirtyLogSummary::default()
+            },
+            ring_full_seen: 0,
+        })
+    }
+
+    fn after_slice(&mut self, vm: &mut Vm) -> Result<(), String> {
+        let ring_full = ring_full_count(vm);
+        let stopped_on_ring = ring_full > self.ring_full_seen;
+        self.ring_full_seen = ring_full;
+        if vm.time() < self.next && !stopped_on_ring {
+            return Ok(());
+        }
+        let collected = vm.collect_dirty_log(RAM_SLOT).map_err(|e| e.to_string())?;
+        self.summary.collections += 1;
+        self.summary.pages += collected.pages.len() as u64;
+        self.summary.get_ms += cycles_ms(collected.get.cycles);
+        self.summary.clear_ms += cycles_ms(collected.clear.cycles);
+        if vm.time() >= self.next {
+            self.next = vm.time() + self.period;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self, vm: &Vm) -> DirtyLogSummary {
+        self.summary.ring_full_exits = ring_full_count(vm);
+        self.summary.pml_full_exits = exit_count(vm, "pml_full");
+        self.summary
+    }
 }
 
 #[cfg(test)]

@@ -28,12 +28,19 @@ fn small_run_has_the_issue_json_and_repeats_exactly() {
     assert_eq!(first, bench(&args), "same command, same output");
     let json: Value = serde_json::from_str(&first).expect("JSON");
     let results = json["results"].as_array().expect("results");
-    // ept and shadow x bitmap, manual, ring; fast PF on (the default).
-    assert_eq!(results.len(), 6, "{json}");
+    // ept x bitmap, manual, ring, pml and shadow x the first three (PML
+    // is EPT only); fast PF on (the default).
+    assert_eq!(results.len(), 7, "{json}");
+    let pml: Vec<&Value> = results.iter().filter(|r| r["mode"] == "pml").collect();
+    assert_eq!(pml.len(), 1, "{json}");
+    assert_eq!(pml[0]["mmu"], "ept", "{json}");
     for r in results {
         assert!(matches!(r["mmu"].as_str(), Some("ept" | "shadow")), "{r}");
         assert!(
-            matches!(r["mode"].as_str(), Some("bitmap" | "manual" | "ring")),
+            matches!(
+                r["mode"].as_str(),
+                Some("bitmap" | "manual" | "ring" | "pml")
+            ),
             "{r}"
         );
         assert_eq!(r["fast_pf"], true, "{r}");
@@ -48,6 +55,10 @@ fn small_run_has_the_issue_json_and_repeats_exactly() {
             assert!(i["pages"].as_u64().unwrap() >= 3 * 128, "{i}");
         }
         assert!(r["enable_ms"].as_f64().unwrap() > 0.0, "{r}");
+        let pml_full = r["pml_full_exits"].as_u64().expect("pml_full_exits");
+        if r["mode"] != "pml" {
+            assert_eq!(pml_full, 0, "{r}");
+        }
         if r["mode"] == "ring" {
             // 128 pages a pass into 128-entry rings (64 before soft-full).
             assert!(r["ring_full_exits"].as_u64().unwrap() > 0, "{r}");
@@ -65,12 +76,18 @@ fn small_run_has_the_issue_json_and_repeats_exactly() {
 #[test]
 fn table_names_every_row_and_bad_options_are_refused() {
     let table = bench(&SMALL);
-    for row in ["ept    bitmap", "ept    ring", "shadow manual"] {
+    for row in [
+        "ept    bitmap",
+        "ept    ring",
+        "ept    pml",
+        "shadow manual",
+    ] {
         assert!(table.contains(row), "{row} in\n{table}");
     }
     for bad in [
         &["-w", "101"][..],
-        &["--modes", "pml"],
+        &["--modes", "pml", "--ept-ad", "off"],
+        &["--modes", "pml", "--mmus", "shadow"],
         &["--fast-pf", "maybe"],
         &["-v", "64", "-b", "4G"],
     ] {
@@ -86,4 +103,108 @@ fn table_names_every_row_and_bad_options_are_refused() {
             stderr(&out)
         );
     }
+}
+
+#[test]
+fn pml_fills_its_logs_and_finds_every_page() {
+    // 3 vCPUs x 1024 pages, all written each pass: the 512-entry logs
+    // fill, and every page is collected each iteration.
+    let out = bench(&[
+        "--json", "-v", "3", "-b", "4M", "-i", "2", "--modes", "pml", "--mmus", "ept",
+    ]);
+    let json: Value = serde_json::from_str(&out).expect("JSON");
+    let results = json["results"].as_array().expect("results");
+    assert_eq!(results.len(), 1, "{json}");
+    let r = &results[0];
+    assert_eq!(r["mode"], "pml", "{r}");
+    assert!(r["pml_full_exits"].as_u64().unwrap() >= 3 * 2, "{r}");
+    for i in r["iterations"].as_array().unwrap() {
+        assert!(i["pages"].as_u64().unwrap() >= 3 * 1024, "{i}");
+    }
+}
+
+#[test]
+fn run_logs_guest_ram_in_each_mode_and_refuses_pml_without_ept_ad() {
+    for mode in ["bitmap", "manual", "ring", "pml"] {
+        let out = faultline(&[
+            "run",
+            "--vcpus",
+            "2",
+            "--mem",
+            "64M",
+            "--stats",
+            "json",
+            "--dirty-log",
+            mode,
+            "--dirty-log-period",
+            "5ms",
+            "--",
+            "memtouch",
+            "-m",
+            "16M",
+        ]);
+        assert!(out.status.success(), "{mode}: {}", stderr(&out));
+        let json: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+        let d = &json["dirty_log"];
+        assert_eq!(d["mode"], mode, "{d}");
+        assert!(d["collections"].as_u64().unwrap() >= 1, "{d}");
+        // memtouch writes its 16M (4096 pages) at least once.
+        assert!(d["pages"].as_u64().unwrap() >= 4096, "{d}");
+        let pml_full = d["pml_full_exits"].as_u64().unwrap();
+        assert_eq!(pml_full > 0, mode == "pml", "{d}");
+    }
+    for refused in [&["--mmu", "shadow"][..], &["--ept-ad", "off"]] {
+        let mut args = vec!["run", "--dirty-log", "pml"];
+        args.extend_from_slice(refused);
+        args.extend_from_slice(&["--", "hello"]);
+        let out = faultline(&args);
+        assert!(!out.status.success(), "{refused:?} accepted");
+        assert!(stderr(&out).contains("PML needs"), "{}", stderr(&out));
+    }
+}
+
+#[test]
+fn pml_under_overcommit_keeps_every_write() {
+    // Collections clear D bits while the pager evicts: the dirtiness must
+    // stay with the frame (the rmap), or a page would be dropped for its
+    // stale swap copy and pagetag would read an old tag.
+    let out = faultline(&[
+        "run",
+        "--vcpus",
+        "2",
+        "--mem",
+        "48M",
+        "--host-mem",
+        "8M",
+        "--swap-device",
+        "nvme",
+        "--dirty-log",
+        "pml",
+        "--dirty-log-period",
+        "1ms",
+        "--stats",
+        "json",
+        "--",
+        "pagetag",
+        "-m",
+        "16M",
+        "-p",
+        "3",
+        "-t",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert!(
+        json["console"].as_str().unwrap().contains(", 0 bad pages"),
+        "{json}"
+    );
+    assert!(
+        json["dirty_log"]["collections"].as_u64().unwrap() > 100,
+        "{json}"
+    );
+    assert!(
+        json["memory"]["pager"]["evictions"].as_u64().unwrap() > 1000,
+        "{json}"
+    );
 }

@@ -9,8 +9,12 @@
 //!   and makes the spte writable again. Collection re-protects what it
 //!   reports (bitmap: at get; manual: at the explicit clear; ring: at the
 //!   reset after a harvest);
-//! - **PML** (EPT only): sptes stay writable; the CPU logs the gpa of every
-//!   page whose EPT dirty bit it sets; collection clears the dirty bits.
+//! - **PML** (EPT with A/D flags only): sptes stay writable with their EPT
+//!   dirty bit clear; the CPU logs the gpa of every page whose dirty bit
+//!   it sets in the vCPU's page-modification log ([`drain_pml`] moves a
+//!   log into the slots' bitmaps: at every exit, a PML-full exit
+//!   included, and at every collection); collection clears the dirty
+//!   bits of the pages it returns.
 //!
 //! [`mark_page_dirty`] is the one way into a log: the slow path, the hv's
 //! own stores into guest memory and the lockless fast path all call it.
@@ -89,8 +93,10 @@ pub enum DirtyLogError {
     },
     #[error("PML needs EPT (the MMU is shadow)")]
     PmlNeedsEpt,
-    #[error("PML is not implemented in the machine yet")]
-    PmlNotImplemented,
+    #[error("PML needs the EPT accessed/dirty flags (--ept-ad is off)")]
+    PmlNeedsEptAd,
+    #[error("no host frame for a vCPU's page-modification log: {0}")]
+    PmlPage(#[from] crate::frames::OutOfFrames),
     #[error("pages {first}..{end} are outside memslot {slot} of {npages} pages")]
     BadRange {
         slot: crate::memslot::SlotId,
@@ -328,6 +334,57 @@ pub(crate) fn mark_page_dirty(slots: &Memslots, rings: &DirtyRings, gfn: Gfn) ->
     true
 }
 
+/// What draining a page-modification log did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PmlDrain {
+    /// Entries read from the log.
+    pub entries: u64,
+    /// Of which pages of slots logging in PML mode (marked in their
+    /// bitmaps; the rest are first writes elsewhere, which PML logs too).
+    pub marked: u64,
+}
+
+/// The entries of a page-modification log whose PML index is `index`,
+/// in the order the CPU wrote them (511 down; KVM's
+/// `vmx_flush_pml_buffer`): the log is empty at
+/// [`machine::vmx::PML_HEAD_INDEX`] and full once the index left 0..=511.
+pub(crate) fn pml_entries(index: u16) -> std::ops::RangeInclusive<u16> {
+    use machine::vmx::{PML_ENTRIES, PML_HEAD_INDEX};
+    let tail = if index >= PML_ENTRIES { 0 } else { index + 1 };
+    // An empty log gives an empty range (512..=511).
+    tail..=PML_HEAD_INDEX
+}
+
+/// Moves the entries of the page-modification log at `log` (PML index
+/// `index`) into the bitmaps of the slots that log in PML mode. The
+/// caller resets the index and charges the work: each entry is one read
+/// and one `mark_page_dirty` (KVM's `kvm_vcpu_mark_page_dirty`).
+pub(crate) fn drain_pml(
+    mem: &PhysMemory,
+    slots: &Memslots,
+    log: machine::Hpa,
+    index: u16,
+) -> Result<PmlDrain, MemError> {
+    let mut drain = PmlDrain::default();
+    for i in pml_entries(index).rev() {
+        let gpa = machine::Gpa(mem.read_u64(log.add(u64::from(i) * 8))?);
+        drain.entries += 1;
+        let gfn = gpa.frame();
+        let Some(slot) = slots.lookup(gfn) else {
+            continue;
+        };
+        if let Some(l) = slot
+            .dirty_log
+            .as_ref()
+            .filter(|l| l.mode == DirtyLogMode::Pml)
+        {
+            l.bitmap.set(slot.index_of(gfn));
+            drain.marked += 1;
+        }
+    }
+    Ok(drain)
+}
+
 /// What clearing bits in a set of sptes did, for the caller to charge.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Protected {
@@ -347,7 +404,10 @@ impl Mmu {
     /// taken `when`. For write protection `bits` is the hardware W bit
     /// (bit 1 in both formats), leaving `MMU_WRITABLE` set so the next
     /// write is a slow-path (or fast-path) fault that logs the page; for
-    /// PML it is the EPT dirty bit.
+    /// PML it is the EPT dirty bit. A cleared bit that was the frame's
+    /// dirtiness (the EPT D bit; W itself with EPT A/D off) stays with the
+    /// frame in the rmap, as KVM's `clear_dirty_pt_masked` calls
+    /// `kvm_set_pfn_dirty`: the pager must still write the page back.
     pub fn clear_leaf_bits(
         &self,
         mem: &PhysMemory,
@@ -356,10 +416,12 @@ impl Mmu {
         bits: u64,
         when: Timed,
     ) -> Result<Protected, MemError> {
+        let dirty_bits = bits & self.dirty_mask();
         let mut guard = self.hold(when, costs);
         let mut done = Protected::default();
         let mut work = 0;
         for &frame in frames {
+            let mut dirtied = false;
             for &at in guard.rmap.get(frame) {
                 let old = mem.atomic_u64(at)?.fetch_and(!bits, Ordering::AcqRel);
                 work += costs.spte_read;
@@ -368,6 +430,10 @@ impl Mmu {
                     done.sptes += 1;
                     done.flush = true;
                 }
+                dirtied |= old & dirty_bits != 0;
+            }
+            if dirtied {
+                guard.rmap.note_dropped_bits(frame, self.dirty_mask());
             }
         }
         guard.charge(work);
@@ -395,6 +461,15 @@ mod tests {
         assert!(bitmap.get(199));
         assert_eq!(bitmap.collect(0, 1000, true), [0, 199]);
         assert!(bitmap.collect(0, 200, false).is_empty());
+    }
+
+    #[test]
+    fn pml_entries_run_from_the_head_down_to_the_last_written() {
+        assert!(pml_entries(511).is_empty(), "empty log");
+        assert_eq!(pml_entries(510), 511..=511);
+        assert_eq!(pml_entries(0), 1..=511);
+        assert_eq!(pml_entries(0xffff), 0..=511, "full: all 512");
+        assert_eq!(pml_entries(600), 0..=511, "any index past 511 is full");
     }
 
     #[test]

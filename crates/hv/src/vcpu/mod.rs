@@ -30,6 +30,7 @@ mod io;
 pub(crate) mod kvmclock;
 pub(crate) mod msr;
 mod page_fault;
+mod pml;
 pub(crate) mod shadow;
 mod xapic;
 
@@ -144,6 +145,9 @@ pub struct Vcpu {
     pub(crate) shadow: ShadowVcpu,
     /// Its dirty ring is full: it waits for the VMM's harvest.
     pub(crate) ring_full: bool,
+    /// Its page-modification log (allocated when a slot first logs in
+    /// PML mode).
+    pub(crate) pml_page: Option<machine::Hfn>,
     /// The xAPIC page's own registers.
     pub(crate) xapic: xapic::XapicRegs,
 }
@@ -167,6 +171,7 @@ impl Vcpu {
             mmu_mode: MmuMode::Ept,
             shadow: ShadowVcpu::default(),
             ring_full: false,
+            pml_page: None,
             xapic: xapic::XapicRegs::default(),
         }
     }
@@ -322,6 +327,23 @@ impl Vcpu {
         let mut cycles = Cycles(shared.host.costs.exit_base);
         // The guest may have switched to a cached root without exiting.
         self.cr3_cache_resync(shared);
+        // PML: the log goes into the dirty bitmaps at every exit (KVM's
+        // `__vmx_handle_exit`), a PML-full exit included.
+        let drained = if name == "cycle_limit" {
+            Ok(Cycles::ZERO)
+        } else {
+            self.drain_pml(&shared.host)
+        };
+        match drained {
+            Ok(c) => cycles += c,
+            Err(error) => {
+                return Next::Stop(StopReason::Error(VmError::Machine {
+                    vcpu: self.id,
+                    rip: self.rip(),
+                    error,
+                }))
+            }
+        }
         // A tracked write let through ends at the first exit after it,
         // whatever the exit (the monitor trap, or something the
         // instruction did first).
@@ -362,6 +384,8 @@ impl Vcpu {
         let costs = shared.host.costs;
         match exit {
             VmExit::CycleLimit | VmExit::MonitorTrap => Ok(Next::Continue),
+            // The log was drained above: the instruction runs again.
+            VmExit::PmlFull => Ok(Next::Continue),
             VmExit::Exception {
                 vector: 14,
                 error_code,

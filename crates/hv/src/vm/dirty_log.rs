@@ -1,6 +1,6 @@
 //! The VMM's side of dirty logging ([`crate::mmu::dirty_log`]): turning it
-//! on and off per memslot while the guest runs, and the three ways of
-//! collecting (bitmap, manual protect, ring). Each operation runs as the
+//! on and off per memslot while the guest runs, and the four ways of
+//! collecting (bitmap, manual protect, ring, PML). Each operation runs as the
 //! VMM thread at the VM's current virtual time: its holds of `mmu_lock`
 //! go on the lock timeline, so vCPUs faulting meanwhile wait for them, and
 //! it returns what it cost.
@@ -101,7 +101,9 @@ impl Vm {
             if self.shared.host.mmu.mode != MmuMode::Ept {
                 return Err(DirtyLogError::PmlNeedsEpt);
             }
-            return Err(DirtyLogError::PmlNotImplemented);
+            if !self.shared.host.mmu.options.ept_ad {
+                return Err(DirtyLogError::PmlNeedsEptAd);
+            }
         }
         let slot = self
             .shared
@@ -115,30 +117,165 @@ impl Vm {
         if slot.dirty_log.is_some() {
             return Err(DirtyLogError::AlreadyEnabled(id));
         }
+        let npages = slot.npages;
+        if mode == DirtyLogMode::Pml {
+            // Every vCPU logs from now on, into an empty log.
+            self.set_pml_everywhere(true)?;
+        }
+        let slot = self.shared.host.slots.get_mut(id).expect("checked");
         slot.flags.log_dirty_pages = true;
         slot.dirty_log = Some(SlotLog {
             mode,
-            bitmap: DirtyBitmap::new(slot.npages),
+            bitmap: DirtyBitmap::new(npages),
         });
-        let indexes: Vec<u64> = (0..slot.npages).collect();
-        self.protect(id, &indexes)
+        let indexes: Vec<u64> = (0..npages).collect();
+        if mode == DirtyLogMode::Pml {
+            // sptes stay writable; with their dirty bit clear the next
+            // write sets it and the CPU logs the page.
+            self.clean(id, &indexes)
+        } else {
+            self.protect(id, &indexes)
+        }
     }
 
     /// Turns dirty logging off for memslot `id`; its log is dropped (the
     /// VMM collects it first). sptes still write-protected become writable
     /// again at their next write fault, as in KVM.
     pub fn disable_dirty_log(&mut self, id: SlotId) -> Result<DirtyLogCost, DirtyLogError> {
-        self.logging_slot(id)?;
+        let mode = self.slot_mode(id)?;
         let slot = self.shared.host.slots.get_mut(id).expect("checked");
         slot.flags.log_dirty_pages = false;
         slot.dirty_log = None;
+        if mode == DirtyLogMode::Pml {
+            self.pml_off_unless_used();
+        }
         Ok(DirtyLogCost::default())
+    }
+
+    /// After a PML slot stopped logging (disabled or deleted): if it was
+    /// the last, the CPUs stop logging (KVM turns the "enable PML" control
+    /// off when no memslot logs).
+    pub(crate) fn pml_off_unless_used(&mut self) {
+        if self.any_slot_logs_in(DirtyLogMode::Pml) {
+            return;
+        }
+        for vcpu in self.vcpus.iter_mut() {
+            vcpu.pml_off();
+        }
+    }
+
+    fn any_slot_logs_in(&self, mode: DirtyLogMode) -> bool {
+        self.shared
+            .host
+            .slots
+            .iter()
+            .any(|s| s.dirty_log.as_ref().is_some_and(|l| l.mode == mode))
+    }
+
+    /// Page-modification logging on or off in every vCPU.
+    fn set_pml_everywhere(&mut self, on: bool) -> Result<(), DirtyLogError> {
+        let Vm { vcpus, shared, .. } = self;
+        for vcpu in vcpus.iter_mut() {
+            vcpu.set_pml(&mut shared.host, on)?;
+        }
+        Ok(())
+    }
+
+    /// Drains every vCPU's page-modification log into the PML slots'
+    /// bitmaps (KVM kicks each vCPU out of the guest, whose exit drains
+    /// it; here they are out already); returns the work's cost.
+    fn drain_pml_everywhere(&mut self) -> Result<Cycles, DirtyLogError> {
+        self.drain_pml_logs()
+            .map_err(|e| DirtyLogError::Tdp(crate::mmu::tdp::TdpError::Memory(e)))
+    }
+
+    /// Drains every vCPU's page-modification log (see
+    /// [`Vm::collect_dirty_log`]); also before a memslot moves, while the
+    /// logged gpas still name the slot's pages.
+    pub(crate) fn drain_pml_logs(&mut self) -> Result<Cycles, machine::MemError> {
+        let Vm { vcpus, shared, .. } = self;
+        let mut cycles = Cycles::ZERO;
+        for vcpu in vcpus.iter_mut() {
+            cycles += vcpu.drain_pml(&shared.host)?;
+        }
+        Ok(cycles)
+    }
+
+    /// PML collection: drain every vCPU's log, get-and-reset the bitmap
+    /// (`get`), then clear the dirty bits of the pages returned, with the
+    /// flush (`clear`): KVM's `KVM_GET_DIRTY_LOG` with PML, whose
+    /// `kvm_arch_mmu_enable_log_dirty_pt_masked` clears D bits instead of
+    /// write-protecting.
+    fn collect_pml(&mut self, id: SlotId) -> Result<Collected, DirtyLogError> {
+        let drained = self.drain_pml_everywhere()?;
+        let slot = self.logging_slot(id)?;
+        let log = slot.dirty_log.as_ref().expect("checked");
+        let pages = log.bitmap.collect(0, slot.npages, true);
+        let get = DirtyLogCost {
+            cycles: drained + Cycles(bitmap_copy_cycles(slot.npages)),
+            ..DirtyLogCost::default()
+        };
+        let clear = self.clean(id, &pages)?;
+        Ok(Collected { pages, get, clear })
+    }
+
+    /// The PML invariant, for the checkers: a page of a PML slot whose
+    /// spte has its dirty bit set is in the slot's bitmap or in some
+    /// vCPU's page-modification log (so the next collection returns it;
+    /// a written page whose D bit the last collection cleared is written
+    /// again only by setting D again, which logs it). Returns what breaks
+    /// it.
+    pub(crate) fn pml_violations(&self) -> Vec<String> {
+        if !self.any_slot_logs_in(DirtyLogMode::Pml) {
+            return Vec::new();
+        }
+        let host = &self.shared.host;
+        let mut logged = std::collections::BTreeSet::new();
+        for vcpu in &self.vcpus {
+            let Some(c) = vcpu.cpu.vmx() else { continue };
+            let Some(log) = c.pml_address else { continue };
+            for i in crate::mmu::dirty_log::pml_entries(c.pml_index) {
+                if let Ok(gpa) = host.mem.read_u64(log.add(u64::from(i) * 8)) {
+                    logged.insert(gpa >> 12);
+                }
+            }
+        }
+        let guard = host.mmu.hold(Timed::Untimed, &host.costs);
+        let mut broken = Vec::new();
+        for slot in host.slots.iter() {
+            let Some(log) = slot.dirty_log.as_ref() else {
+                continue;
+            };
+            if log.mode != DirtyLogMode::Pml {
+                continue;
+            }
+            for index in 0..slot.npages {
+                let crate::memslot::PageState::Resident(frame) = slot.state_at(index) else {
+                    continue;
+                };
+                let gfn = slot.base_gfn.0 + index;
+                let dirty = guard
+                    .rmap
+                    .get(frame)
+                    .iter()
+                    .any(|&at| host.mem.read_u64(at).is_ok_and(|v| v & spte::DIRTY != 0));
+                if dirty && !log.bitmap.get(index) && !logged.contains(&gfn) {
+                    broken.push(format!(
+                        "PML: gfn {gfn:#x} of memslot {} has a dirty spte but is neither in the bitmap nor in a vCPU's log",
+                        slot.id
+                    ));
+                }
+            }
+        }
+        broken
     }
 
     /// KVM_GET_DIRTY_LOG. Bitmap mode: the pages written since the last
     /// get, reset and write-protected again. Manual mode: the pages
     /// written since they were last cleared, left as they are (clear them
-    /// with [`Vm::clear_dirty_log`]). Not for ring mode.
+    /// with [`Vm::clear_dirty_log`]). PML mode: the vCPUs' logs drained,
+    /// then as bitmap mode with the returned pages' dirty bits cleared
+    /// instead of write protection. Not for ring mode.
     pub fn get_dirty_log(&mut self, id: SlotId) -> Result<DirtyPages, DirtyLogError> {
         let mode = self.slot_mode(id)?;
         let slot = self.logging_slot(id)?;
@@ -157,10 +294,22 @@ impl Vm {
                 };
                 Ok(DirtyPages { pages, cost })
             }
+            DirtyLogMode::Pml => {
+                let got = self.collect_pml(id)?;
+                let cost = DirtyLogCost {
+                    cycles: got.get.cycles + got.clear.cycles,
+                    lock_wait: got.clear.lock_wait,
+                    sptes: got.clear.sptes,
+                };
+                Ok(DirtyPages {
+                    pages: got.pages,
+                    cost,
+                })
+            }
             other => Err(DirtyLogError::WrongMode {
                 slot: id,
                 actual: other.name(),
-                wanted: "bitmap or manual",
+                wanted: "bitmap, manual or pml",
             }),
         }
     }
@@ -289,7 +438,8 @@ impl Vm {
                     clear: cleared.cost,
                 })
             }
-            DirtyLogMode::Ring | DirtyLogMode::Pml => {
+            DirtyLogMode::Pml => self.collect_pml(id),
+            DirtyLogMode::Ring => {
                 let harvest = self.harvest_dirty_rings()?;
                 let mut pages: Vec<u64> = harvest
                     .entries
@@ -317,6 +467,24 @@ impl Vm {
     /// mapped by an spte lose hardware W, keep MMU-writable), as the VMM at
     /// the VM's current time; every vCPU flushes if any spte changed.
     fn protect(&mut self, id: SlotId, indexes: &[u64]) -> Result<DirtyLogCost, DirtyLogError> {
+        self.clear_spte_bits(id, indexes, spte::WRITE)
+    }
+
+    /// PML: clears the EPT dirty bit of the resident pages `indexes` of
+    /// slot `id` (the sptes stay writable), so the CPU logs each page at
+    /// its next write; every vCPU flushes if any spte changed (a cached
+    /// translation that knows D is set would let a write through
+    /// unlogged).
+    fn clean(&mut self, id: SlotId, indexes: &[u64]) -> Result<DirtyLogCost, DirtyLogError> {
+        self.clear_spte_bits(id, indexes, spte::DIRTY)
+    }
+
+    fn clear_spte_bits(
+        &mut self,
+        id: SlotId,
+        indexes: &[u64],
+        bits: u64,
+    ) -> Result<DirtyLogCost, DirtyLogError> {
         let host = &self.shared.host;
         let slot = host.slots.get(id).ok_or(DirtyLogError::NoSuchSlot(id))?;
         let frames: Vec<Hfn> = indexes
@@ -329,7 +497,7 @@ impl Vm {
         let at = Timed::At(self.time());
         let done: Protected = host
             .mmu
-            .clear_leaf_bits(&host.mem, &host.costs, &frames, spte::WRITE, at)
+            .clear_leaf_bits(&host.mem, &host.costs, &frames, bits, at)
             .map_err(|e| DirtyLogError::Tdp(crate::mmu::tdp::TdpError::Memory(e)))?;
         let mut cycles = done.cycles + Cycles(bitmap_copy_cycles(slot.npages));
         if done.flush {

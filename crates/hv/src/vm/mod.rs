@@ -377,6 +377,9 @@ impl Vm {
         }
         let slot = shared.host.slots.delete(id)?;
         let report = self.zap_all()?;
+        if slot.dirty_log.is_some() {
+            self.pml_off_unless_used();
+        }
         let shared = &mut self.shared;
         for (_, frame) in slot.backed_pages() {
             shared.host.frames.free(frame);
@@ -392,6 +395,9 @@ impl Vm {
     /// virtual time; its contents move with it and every mapping is
     /// dropped ([`Vm::zap_all`]; the guest refaults at the new gpa).
     pub fn move_memslot(&mut self, id: SlotId, new_base: Gpa) -> Result<ZapReport, MemslotError> {
+        // PML logs hold gpas: into the bitmaps while they name the slot.
+        self.drain_pml_logs()
+            .map_err(crate::mmu::zap::ZapError::from)?;
         self.shared.host.slots.move_slot(id, new_base.frame())?;
         Ok(self.zap_all()?)
     }
@@ -456,6 +462,9 @@ impl Vm {
             .collect();
         if !cached.is_empty() {
             return Err(InvariantError(format!("CR3 cache: {}", cached.join("; "))));
+        }
+        if let Some(broken) = self.pml_violations().first() {
+            return Err(InvariantError(broken.clone()));
         }
         host.mmu.check(&host.mem, &host.slots, &host.costs)
     }

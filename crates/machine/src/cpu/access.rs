@@ -12,9 +12,10 @@ use super::{vector, Cpu, Fault, FaultKind};
 use crate::addr::{Gva, Hpa};
 use crate::alu::Size;
 use crate::memory::PhysMemory;
-use crate::mmu::{self, Access, AccessKind, PagingRegs, TranslateCtx, TranslateError};
+use crate::mmu::{self, Access, AccessKind, PagingRegs, PmlLog, TranslateCtx, TranslateError};
 use crate::vmx::VmExit;
 use iced_x86::{Instruction, OpKind, Register};
+use std::cell::Cell;
 
 /// Where a read-modify-write operand lives.
 #[derive(Debug, Clone, Copy)]
@@ -112,11 +113,27 @@ impl Cpu {
         user: bool,
         implicit: bool,
     ) -> Result<Hpa, Fault> {
+        let regs = self.paging_regs(implicit);
+        let vpid = self.vpid();
+        // The PML index is the one control the walk writes: lend it as a
+        // cell for the translation.
+        let (ept, pml) = match self.vmx.as_deref_mut() {
+            Some(v) => (
+                v.ept,
+                v.pml_address.map(|address| PmlLog {
+                    address,
+                    index: Cell::from_mut(&mut v.pml_index),
+                }),
+            ),
+            None => (None, None),
+        };
+        let pml_index_before = pml.map(|p| p.index.get());
         let ctx = TranslateCtx {
             mem,
-            regs: self.paging_regs(implicit),
-            ept: self.vmx.as_ref().and_then(|v| v.ept),
-            vpid: self.vpid(),
+            regs,
+            ept,
+            vpid,
+            pml,
         };
         let mut refs = 0;
         let r = mmu::translate(
@@ -126,6 +143,15 @@ impl Cpu {
             Access { kind, user },
             &mut refs,
         );
+        if let (Some(before), Some(pml)) = (pml_index_before, pml) {
+            // One decrement per entry written (a guest walk may log its
+            // tables' pages and the final page).
+            let logged = u64::from(before.wrapping_sub(pml.index.get()));
+            if logged != 0 {
+                self.stats.pml_entries_logged += logged;
+                self.cycles += logged * self.costs.pml_log_write;
+            }
+        }
         if refs != 0 {
             self.stats.page_walk_refs += refs;
             self.cycles += refs * self.costs.page_walk_ref;
@@ -690,6 +716,7 @@ pub(crate) fn translate_fault(e: TranslateError) -> Fault {
             qualification,
         }),
         TranslateError::EptMisconfig { gpa } => Fault::exit(VmExit::EptMisconfig { gpa }),
+        TranslateError::PmlFull => Fault::exit(VmExit::PmlFull),
         TranslateError::Memory(e) => Fault::exit(VmExit::MachineError(e)),
     }
 }

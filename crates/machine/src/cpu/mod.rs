@@ -92,6 +92,8 @@ pub struct CpuStats {
     pub page_walk_refs: u64,
     /// Blocks decoded (code-cache misses).
     pub blocks_decoded: u64,
+    /// Entries written to the page-modification log.
+    pub pml_entries_logged: u64,
 }
 
 /// Why an instruction did not complete: an architectural exception to

@@ -21,12 +21,23 @@
 //! used and D in the leaf for a write, by compare-and-exchange; if an entry
 //! changed since it was read the EPT walk restarts. A walk that ends in a
 //! violation or misconfiguration sets no flags.
+//!
+//! Page-modification logging (SDM Vol. 3C 29.3.6), with EPT A/D on and a
+//! [`PmlLog`] given: before setting any accessed or dirty flag the walker
+//! looks at the PML index; outside 0..=511 the walk ends in
+//! [`TranslateError::PmlFull`] with no flag set (the access does not
+//! happen). When the walk changes the leaf's dirty flag from 0 to 1 it
+//! writes the 4 KiB-aligned guest-physical address at `address + 8 *
+//! index` and decrements the index (wrapping from 0 to 0xffff). Only the
+//! leaf has a dirty flag, so one walk logs at most once; a guest walk
+//! logs each paging-structure page whose dirty flag it sets too (its
+//! accesses are writes with EPT A/D on).
 
 use super::paging::{MAX_PHYS_ADDR_BITS, PHYS_ADDR_RESERVED};
-use super::{AccessKind, PageSize, TranslateError};
+use super::{AccessKind, PageSize, PmlLog, TranslateError};
 use crate::addr::{Gpa, Gva, Hpa};
 use crate::memory::PhysMemory;
-use crate::vmx::{ept_qual, Eptp};
+use crate::vmx::{ept_qual, Eptp, PML_ENTRIES};
 
 /// EPT entry bits (Intel SDM Vol. 3, 29.3.2).
 pub mod epte {
@@ -143,7 +154,8 @@ pub fn violation(
 }
 
 /// Translates `gpa` through the EPT rooted at `eptp` for an access of
-/// `kind`, setting EPT A/D flags when the EPTP enables them. `gla` is the
+/// `kind`, setting EPT A/D flags when the EPTP enables them, and logging
+/// the page in `pml` when that sets the leaf's dirty flag. `gla` is the
 /// linear address the access came from, if any, and whether the access is
 /// to the translated address itself (`true`) or to a guest paging
 /// structure (`false`); it only shapes the violation qualification. Adds
@@ -151,6 +163,7 @@ pub fn violation(
 pub fn ept_translate(
     mem: &PhysMemory,
     eptp: Eptp,
+    pml: Option<PmlLog<'_>>,
     gpa: Gpa,
     kind: AccessKind,
     gla: Option<(Gva, bool)>,
@@ -160,7 +173,7 @@ pub fn ept_translate(
         return Err(violation(gpa, kind, EptPerms::NONE, gla));
     }
     loop {
-        if let Some(t) = ept_walk_once(mem, eptp, gpa, kind, gla, walk_refs)? {
+        if let Some(t) = ept_walk_once(mem, eptp, pml, gpa, kind, gla, walk_refs)? {
             return Ok(t);
         }
     }
@@ -192,6 +205,7 @@ fn misconfigured(entry: u64, level: u32) -> bool {
 fn ept_walk_once(
     mem: &PhysMemory,
     eptp: Eptp,
+    pml: Option<PmlLog<'_>>,
     gpa: Gpa,
     kind: AccessKind,
     gla: Option<(Gva, bool)>,
@@ -233,18 +247,44 @@ fn ept_walk_once(
     let leaf_index = used_count - 1;
     let mut leaf = used[leaf_index].1;
     if eptp.ad_enabled() {
-        for (i, &(hpa, value)) in used[..used_count].iter().enumerate() {
+        let wanted = |i: usize, value: u64| {
             let dirty = if i == leaf_index && kind == AccessKind::Write {
                 epte::DIRTY
             } else {
                 0
             };
-            let new = value | epte::ACCESSED | dirty;
+            value | epte::ACCESSED | dirty
+        };
+        let used = &used[..used_count];
+        // PML: a flag to set with the log full is a PML-full exit, before
+        // any flag changes (SDM 29.3.6: "the accessed or dirty flag is not
+        // set, and the guest-physical access that triggered the event
+        // does not occur").
+        if let Some(pml) = pml {
+            let any_flag = used
+                .iter()
+                .enumerate()
+                .any(|(i, &(_, v))| wanted(i, v) != v);
+            if any_flag && pml.index.get() >= PML_ENTRIES {
+                return Err(TranslateError::PmlFull);
+            }
+        }
+        for (i, &(hpa, value)) in used.iter().enumerate() {
+            let new = wanted(i, value);
             if new != value && mem.cmpxchg(hpa, 8, value, new)? != value {
                 return Ok(None);
             }
             if i == leaf_index {
                 leaf = new;
+            }
+        }
+        let leaf_was = used[leaf_index].1;
+        if let Some(pml) = pml {
+            if leaf & epte::DIRTY != 0 && leaf_was & epte::DIRTY == 0 {
+                let index = pml.index.get();
+                let entry = pml.address.add(u64::from(index) * 8);
+                mem.write_u64(entry, gpa.0 & !0xfff)?;
+                pml.index.set(index.wrapping_sub(1));
             }
         }
     }

@@ -80,6 +80,21 @@ pub struct TranslateCtx<'a> {
     pub ept: Option<Eptp>,
     /// VPID tag for TLB entries (0 in bare mode).
     pub vpid: u16,
+    /// Page-modification logging, when the controls enable it (only
+    /// consulted with EPT A/D on).
+    pub pml: Option<PmlLog<'a>>,
+}
+
+/// The page-modification log of the running guest (SDM Vol. 3C 29.3.6):
+/// where it is and the PML index, which the EPT walker decrements as it
+/// logs (a cell, so a translation context can stay shared).
+#[derive(Debug, Clone, Copy)]
+pub struct PmlLog<'a> {
+    /// Host-physical address of the 4 KiB log.
+    pub address: Hpa,
+    /// The PML index: the next entry to write (511 down to 0; outside
+    /// 0..=511 the log is full).
+    pub index: &'a std::cell::Cell<u16>,
 }
 
 /// Why a translation failed.
@@ -98,6 +113,10 @@ pub enum TranslateError {
     },
     /// An EPT entry is misconfigured.
     EptMisconfig { gpa: Gpa },
+    /// An EPT accessed or dirty flag had to be set with the
+    /// page-modification log full (PML index outside 0..=511): the access
+    /// did not happen.
+    PmlFull,
     /// A walk or the final access fell outside host-physical memory.
     Memory(MemError),
 }
@@ -212,6 +231,7 @@ fn translate_miss(
         Some(eptp) => Some(ept::ept_translate(
             ctx.mem,
             eptp,
+            ctx.pml,
             gpa,
             access.kind,
             Some((gva, true)),

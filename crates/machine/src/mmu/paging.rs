@@ -21,6 +21,10 @@
 //! paging structures are treated as writes). Setting guest A/D is an EPT
 //! write even without EPT A/D, so a guest page table in EPT-read-only memory
 //! gives an EPT violation when a flag must be set.
+//!
+//! With page-modification logging on, those paging-structure accesses log
+//! the table's page whenever they set its EPT dirty flag (SDM Vol. 3C
+//! 29.3.6), as every write does: the EPT walker does the logging.
 
 use super::ept::{self, EptPerms};
 use super::{Access, AccessKind, PageSize, PagingRegs, TranslateCtx, TranslateError};
@@ -306,6 +310,7 @@ fn structure_hpa(
             let t = ept::ept_translate(
                 ctx.mem,
                 eptp,
+                ctx.pml,
                 entry_gpa,
                 kind,
                 Some((gva, false)),

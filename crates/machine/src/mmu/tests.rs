@@ -147,6 +147,7 @@ impl TestMachine {
             regs,
             ept,
             vpid,
+            pml: None,
         }
     }
 }
@@ -668,7 +669,7 @@ fn ept_walk(
     kind: AccessKind,
 ) -> (Result<ept::EptTranslation, TranslateError>, u64) {
     let mut refs = 0;
-    let r = ept_translate(&m.mem, eptp, Gpa(gpa), kind, None, &mut refs);
+    let r = ept_translate(&m.mem, eptp, None, Gpa(gpa), kind, None, &mut refs);
     (r, refs)
 }
 
@@ -1081,6 +1082,143 @@ fn ept_ad_with_guest_walk() {
     assert_eq!(tr(&mut tlb, &ctx, va, WRITE), (Ok(Hpa(data_gpa)), 24));
     assert_eq!(m.read(data_slot) & ad, ad);
     assert_eq!(tr(&mut tlb, &ctx, va, WRITE), (Ok(Hpa(data_gpa)), 0));
+}
+
+// ---------------------------------------------------------------------------
+// Page-modification logging.
+
+/// Where the PML tests keep the log (below the table area).
+const PML_PAGE: u64 = 0x70_0000;
+
+fn pml_entry(m: &TestMachine, index: u16) -> u64 {
+    m.read(PML_PAGE + u64::from(index) * 8)
+}
+
+fn ept_walk_pml(
+    m: &TestMachine,
+    eptp: Eptp,
+    index: &std::cell::Cell<u16>,
+    gpa: u64,
+    kind: AccessKind,
+) -> Result<ept::EptTranslation, TranslateError> {
+    let pml = PmlLog {
+        address: Hpa(PML_PAGE),
+        index,
+    };
+    let mut refs = 0;
+    ept_translate(&m.mem, eptp, Some(pml), Gpa(gpa), kind, None, &mut refs)
+}
+
+#[test]
+fn pml_logs_each_dirty_flag_it_sets_once_in_descending_entries() {
+    use crate::vmx::PML_HEAD_INDEX;
+    let mut m = TestMachine::new();
+    let eptp = m.identity_ept(true);
+    let index = std::cell::Cell::new(PML_HEAD_INDEX);
+    // A read sets A only: no entry.
+    ept_walk_pml(&m, eptp, &index, 0x3_4008, AccessKind::Read).unwrap();
+    assert_eq!(index.get(), PML_HEAD_INDEX);
+    // Writes log the 4 KiB-aligned gpa when they set D, once per page.
+    for gpa in [0x3_4008, 0x3_4ff0, 0x5_1000, 0x3_4000, 0x2_0abc] {
+        ept_walk_pml(&m, eptp, &index, gpa, AccessKind::Write).unwrap();
+    }
+    assert_eq!(index.get(), PML_HEAD_INDEX - 3);
+    assert_eq!(
+        [pml_entry(&m, 511), pml_entry(&m, 510), pml_entry(&m, 509)],
+        [0x3_4000, 0x5_1000, 0x2_0000]
+    );
+    assert_eq!(pml_entry(&m, 508), 0, "nothing beyond the index");
+    // Once the hv clears D (and flushes), the next write logs again.
+    let leaf = m.slot(eptp.pml4().0, 0x5_1000, 0);
+    m.clear_bits(leaf, epte::DIRTY);
+    ept_walk_pml(&m, eptp, &index, 0x5_1234, AccessKind::Write).unwrap();
+    assert_eq!(index.get(), PML_HEAD_INDEX - 4);
+    assert_eq!(pml_entry(&m, 508), 0x5_1000);
+}
+
+#[test]
+fn pml_full_exits_before_any_flag_and_the_index_wraps_at_zero() {
+    let mut m = TestMachine::new();
+    let eptp = m.identity_ept(true);
+    let ept_root = eptp.pml4().0;
+    let ad = epte::ACCESSED | epte::DIRTY;
+    let index = std::cell::Cell::new(0);
+    ept_walk_pml(&m, eptp, &index, 0x1_0000, AccessKind::Write).unwrap();
+    assert_eq!(pml_entry(&m, 0), 0x1_0000);
+    assert_eq!(index.get(), 0xffff, "0 wraps to 0xffff");
+    // Full: a write that would set D exits and sets nothing, in the leaf
+    // or above it.
+    let leaf = m.slot(ept_root, 0x2_0000, 0);
+    assert_eq!(
+        ept_walk_pml(&m, eptp, &index, 0x2_0000, AccessKind::Write),
+        Err(TranslateError::PmlFull)
+    );
+    assert_eq!(m.read(leaf) & ad, 0);
+    // So does a read that would only set A (SDM 29.3.6: "accessed or
+    // dirty flag").
+    assert_eq!(
+        ept_walk_pml(&m, eptp, &index, 0x2_0000, AccessKind::Read),
+        Err(TranslateError::PmlFull)
+    );
+    // An access with every flag already set needs no log: it goes on.
+    ept_walk_pml(&m, eptp, &index, 0x1_0008, AccessKind::Write).unwrap();
+    ept_walk_pml(&m, eptp, &index, 0x1_0010, AccessKind::Read).unwrap();
+    assert_eq!(index.get(), 0xffff);
+    // Any index above 511 is full, not only the wrapped one.
+    index.set(512);
+    assert_eq!(
+        ept_walk_pml(&m, eptp, &index, 0x2_0000, AccessKind::Write),
+        Err(TranslateError::PmlFull)
+    );
+    // The VMM empties the log and resets the index: the access happens.
+    index.set(crate::vmx::PML_HEAD_INDEX);
+    ept_walk_pml(&m, eptp, &index, 0x2_0000, AccessKind::Write).unwrap();
+    assert_eq!(m.read(leaf) & ad, ad);
+    assert_eq!(pml_entry(&m, 511), 0x2_0000);
+}
+
+#[test]
+fn pml_logs_nothing_without_ept_ad() {
+    let mut m = TestMachine::new();
+    let eptp = m.identity_ept(false);
+    // Even a full log: with A/D off no flag is ever set, so no event.
+    let index = std::cell::Cell::new(0xffff);
+    for gpa in [0x1_0000, 0x2_0000, 0x3_0000] {
+        ept_walk_pml(&m, eptp, &index, gpa, AccessKind::Write).unwrap();
+    }
+    assert_eq!(index.get(), 0xffff);
+    assert_eq!(pml_entry(&m, 511), 0);
+}
+
+#[test]
+fn pml_logs_guest_paging_structures_whose_dirty_flag_a_walk_sets() {
+    use crate::vmx::PML_HEAD_INDEX;
+    let mut m = TestMachine::new();
+    let va = 0x1000;
+    let data_gpa = 0x30_0000;
+    let (root, eptp) = two_d_setup(&mut m, va, data_gpa, true);
+    let index = std::cell::Cell::new(PML_HEAD_INDEX);
+    let mut ctx = m.ctx(regs(root), Some(eptp), 1);
+    ctx.pml = Some(PmlLog {
+        address: Hpa(PML_PAGE),
+        index: &index,
+    });
+    let mut tlb = new_tlb();
+    // A read: the walk's four table accesses are EPT writes (A/D on),
+    // logged top level first; the data page is only read.
+    assert_eq!(tr(&mut tlb, &ctx, va, READ).0, Ok(Hpa(data_gpa)));
+    let tables: Vec<u64> = (0..4)
+        .rev()
+        .map(|level| m.slot(root, va, level) & !0xfff)
+        .collect();
+    let logged: Vec<u64> = (0..4).map(|i| pml_entry(&m, PML_HEAD_INDEX - i)).collect();
+    assert_eq!(logged, tables);
+    assert_eq!(index.get(), PML_HEAD_INDEX - 4);
+    // The write re-walks (the TLB entry does not know EPT D) and logs
+    // the data page only: the tables' D flags are set.
+    assert_eq!(tr(&mut tlb, &ctx, va, WRITE).0, Ok(Hpa(data_gpa)));
+    assert_eq!(pml_entry(&m, PML_HEAD_INDEX - 4), data_gpa);
+    assert_eq!(index.get(), PML_HEAD_INDEX - 5);
 }
 
 // ---------------------------------------------------------------------------
@@ -1569,6 +1707,7 @@ mod fuzz {
             regs,
             ept: case.ept_root.map(|r| Eptp::new(Hpa(r << 12), case.ept_ad)),
             vpid: 1,
+            pml: None,
         };
         let mut tlb = Tlb::new(TlbConfig {
             entries: 16,

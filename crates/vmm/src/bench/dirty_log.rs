@@ -57,6 +57,9 @@ pub struct DirtyLogRun {
     /// Summed over vCPUs over the whole run.
     pub mmu_lock_wait_cycles: u64,
     pub ring_full_exits: u64,
+    /// PML-full exits, summed over vCPUs over the logged iterations.
+    #[serde(default)]
+    pub pml_full_exits: u64,
 }
 
 fn ms(cycles: u64) -> f64 {
@@ -132,6 +135,7 @@ pub fn drive(
 ) -> Result<DirtyLogRun, String> {
     let mut harvests = Harvests::default();
     let populate_cycles = run_pass(vm, spec, 1, slice, stop, &mut harvests)?;
+    let pml_full_before = pml_full_exits(vm);
     let enable = vm
         .enable_dirty_log(RAM_SLOT, spec.mode)
         .map_err(|e| format!("enabling dirty logging: {e}"))?;
@@ -163,10 +167,21 @@ pub fn drive(
         iterations,
         mmu_lock_wait_cycles: stats.vcpus.iter().map(|v| v.mmu_lock_wait_cycles).sum(),
         ring_full_exits: harvests.exits,
+        pml_full_exits: pml_full_exits(vm) - pml_full_before,
     })
 }
 
-fn mode_of(arg: DirtyModeArg) -> DirtyLogMode {
+/// PML-full exits so far, summed over the vCPUs.
+fn pml_full_exits(vm: &Vm) -> u64 {
+    vm.stats()
+        .vcpus
+        .iter()
+        .filter_map(|v| v.exits.get("pml_full"))
+        .map(|e| e.count)
+        .sum()
+}
+
+pub(crate) fn mode_of(arg: DirtyModeArg) -> DirtyLogMode {
     match arg {
         DirtyModeArg::Bitmap => DirtyLogMode::Bitmap,
         DirtyModeArg::Manual => DirtyLogMode::Manual,
@@ -276,9 +291,9 @@ impl Bench for DirtyLogBench {
                 "--mmus, --modes and --fast-pf leave no run".into(),
             ));
         }
-        if a.modes.contains(&DirtyModeArg::Pml) {
+        if a.modes.contains(&DirtyModeArg::Pml) && !a.common.ept_ad.on() {
             return Err(ConfigError::Invalid(
-                "--modes pml: PML is not implemented in the machine yet".into(),
+                "--modes pml needs the EPT accessed/dirty flags (--ept-ad on)".into(),
             ));
         }
         if a.write_percent > 100 {
@@ -351,7 +366,7 @@ impl Bench for DirtyLogBench {
         );
         let _ = writeln!(
             s,
-            "{:<6} {:<7} {:<7} {:>11} {:>10} {:>9} {:>10} {:>10} {:>9} {:>12} {:>10}",
+            "{:<6} {:<7} {:<7} {:>11} {:>10} {:>9} {:>10} {:>10} {:>9} {:>12} {:>10} {:>9}",
             "mmu",
             "mode",
             "fast pf",
@@ -362,7 +377,8 @@ impl Bench for DirtyLogBench {
             "clear ms",
             "pages",
             "lock wait ms",
-            "ring full"
+            "ring full",
+            "pml full"
         );
         for (c, r) in &rows {
             let n = r.iterations.len().max(1) as f64;
@@ -370,7 +386,7 @@ impl Bench for DirtyLogBench {
                 |f: fn(&Iteration) -> u64| r.iterations.iter().map(f).sum::<u64>() as f64 / n;
             let _ = writeln!(
                 s,
-                "{:<6} {:<7} {:<7} {:>11.3} {:>10.3} {:>9.3} {:>10.3} {:>10.3} {:>9} {:>12.3} {:>10}",
+                "{:<6} {:<7} {:<7} {:>11.3} {:>10.3} {:>9.3} {:>10.3} {:>10.3} {:>9} {:>12.3} {:>10} {:>9}",
                 c.mmu.name(),
                 c.mode.name(),
                 if c.fast_pf { "on" } else { "off" },
@@ -381,7 +397,8 @@ impl Bench for DirtyLogBench {
                 ms(mean(|i| i.clear_cycles) as u64),
                 mean(|i| i.pages) as u64,
                 ms(r.mmu_lock_wait_cycles),
-                r.ring_full_exits
+                r.ring_full_exits,
+                r.pml_full_exits
             );
         }
         let _ = writeln!(
@@ -450,6 +467,7 @@ struct JsonRow {
     disable_ms: f64,
     mmu_lock_wait_ms: f64,
     ring_full_exits: u64,
+    pml_full_exits: u64,
 }
 
 impl JsonRow {
@@ -473,6 +491,7 @@ impl JsonRow {
             disable_ms: ms(r.disable_cycles),
             mmu_lock_wait_ms: ms(r.mmu_lock_wait_cycles),
             ring_full_exits: r.ring_full_exits,
+            pml_full_exits: r.pml_full_exits,
         }
     }
 }

@@ -145,6 +145,7 @@ fn machine_walk(mem: &PhysMemory, ctx: &PagingContext, gva: Gva, access: Access)
         },
         ept: None,
         vpid: 0,
+        pml: None,
     };
     let m_access = machine::mmu::Access {
         kind: access.kind,
