@@ -356,12 +356,24 @@ impl Mmu {
         bits: u64,
         when: Timed,
     ) -> Result<Protected, MemError> {
+        use super::fast_pf::protocol::{self, Layout, Protect};
+        let layout = match self.mode {
+            super::MmuMode::Ept => Layout::EPT,
+            super::MmuMode::Shadow => Layout::SHADOW,
+        };
         let mut guard = self.hold(when, costs);
         let mut done = Protected::default();
         let mut work = 0;
         for &frame in frames {
             for &at in guard.rmap.get(frame) {
-                let old = mem.atomic_u64(at)?.fetch_and(!bits, Ordering::AcqRel);
+                let cell = mem.atomic_u64(at)?;
+                // Write protection for the log is the lockless protocol's
+                // own `write_protect` (the loom-checked code), W only.
+                let old = if bits == layout.write {
+                    protocol::write_protect(cell, &layout, Protect::DirtyLog)
+                } else {
+                    cell.fetch_and(!bits, Ordering::AcqRel)
+                };
                 work += costs.spte_read;
                 if old & bits != 0 {
                     work += costs.spte_write;
