@@ -121,7 +121,10 @@ fn shadow_fast_paths_keep_outcomes_invariants_and_the_log_through_random_mutatio
         );
         assert!(r.collections > 10, "{name}: too short a run");
         assert!(r.changed_pages > 100, "{name}: nothing written?");
-        assert!(r.fast_fixes > 0, "{name}: the fast path never fixed a fault");
+        assert!(
+            r.fast_fixes > 0,
+            "{name}: the fast path never fixed a fault"
+        );
     }
     assert!(
         seed.fast_fixes > direct.fast_fixes,

@@ -174,7 +174,10 @@ impl Mmu {
         let page = {
             let mut inner = self.hold(super::lock::Timed::Untimed, costs);
             let pages = &mut inner.shadow.pages;
-            match pages.get(table).map(|p| (p.role.direct, p.role.level, p.gfn)) {
+            match pages
+                .get(table)
+                .map(|p| (p.role.direct, p.role.level, p.gfn))
+            {
                 Some((true, 1, first)) => Some((Gfn(first.0 + index(gva, 1)), None)),
                 Some((false, 1, _)) if self.options.seed_indirect => pages
                     .leaf_gfn(at)
