@@ -56,6 +56,40 @@ pub struct HvCosts {
     pub invvpid: u64,
     /// Submitting a swap I/O request (building and queueing it).
     pub io_submit: u64,
+    /// The host side of a fault's frame lookup on a resident page (KVM's
+    /// `hva_to_pfn` → `hva_to_pfn_fast` → GUP-fast,
+    /// `virt/kvm/kvm_main.c` and `mm/gup.c`), which the slow path does
+    /// before taking `mmu_lock` and the fast path skips (seed 001: "it
+    /// fixes page fault in the front of gfn_to_pfn, it means no host page
+    /// table walking"). Step by step: the lockless walk of the host's
+    /// 4-level page table plus GUP-fast's re-read of the PTE after taking
+    /// the reference and its read of the page's flags, 6 memory
+    /// references at the machine's paging-structure price
+    /// (`machine::cost::CycleCosts::page_walk_ref`, 5: 30); interrupts
+    /// off and on around the walk (`local_irq_save`/`restore`: PUSHF, CLI,
+    /// STI, a few µops each, about 10 cycles together in Agner Fog's
+    /// "Instruction tables" for Skylake); and the page reference
+    /// (`try_grab_folio`: a LOCK-prefixed add on the refcount, 18-20
+    /// cycles on an uncontended line, Agner Fog, LOCK XADD / ADD m,r on
+    /// Skylake: 20). 30 + 10 + 20.
+    pub host_pfn_lookup: u64,
+    /// Dropping that reference once the spte is set (KVM's
+    /// `kvm_release_pfn_clean` → `put_page`): a LOCK-prefixed decrement of
+    /// the refcount (Agner Fog, Skylake: 18-20). In the seed's KVM (3.x,
+    /// `mmu_set_spte`) it runs inside `mmu_lock`, so it is part of the
+    /// hold.
+    pub host_page_release: u64,
+    /// `mmu_notifier_retry`: re-reading `kvm->mmu_notifier_seq` (and
+    /// `mmu_notifier_count`) under `mmu_lock` and comparing with the value
+    /// read before the frame lookup: two loads of a line in L1 (4-5
+    /// cycles each, Intel's optimization manual, Skylake L1D latency).
+    pub mmu_notifier_check: u64,
+    /// Setting a page's bit in a memslot's dirty bitmap (KVM's
+    /// `mark_page_dirty_in_slot` → `set_bit_le`): a LOCK BTS / LOCK OR on
+    /// the bitmap word (Agner Fog, Skylake: 18-20). In the seed's KVM the
+    /// slow path does it (with `mark_page_dirty`'s memslot lookup) inside
+    /// `mmu_lock`, from `set_spte`; the fast path after its cmpxchg.
+    pub dirty_bit_set: u64,
 }
 
 impl HvCosts {
@@ -78,6 +112,10 @@ impl HvCosts {
         invept: 200,
         invvpid: 200,
         io_submit: 1000,
+        host_pfn_lookup: 60,
+        host_page_release: 20,
+        mmu_notifier_check: 10,
+        dirty_bit_set: 20,
     };
 }
 

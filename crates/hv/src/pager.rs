@@ -570,6 +570,7 @@ mod tests {
                 frame,
                 crate::mmu::fault::LeafWrite::Writable,
                 false,
+                false,
                 Cycles::ZERO,
             );
             mapped.result.unwrap();

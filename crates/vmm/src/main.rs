@@ -170,6 +170,12 @@ pub struct BenchCommon {
     /// and runs each.
     #[arg(long = "fast-pf", value_delimiter = ',', default_value = "on", value_parser = parse_on_off)]
     fast_pf: Vec<bool>,
+    /// Shadow paging, fast page fault on: write faults on leaves of
+    /// indirect shadow pages take the slow path (`slow`, as modern KVM) or
+    /// are fixed with seed 001's own scheme (`seed`: the vCPU's id in the
+    /// spte, a write-protect flag per gfn).
+    #[arg(long, value_enum, default_value_t = FastPfIndirectArg::Slow)]
+    fast_pf_indirect: FastPfIndirectArg,
     /// EPT accessed/dirty flags; off, the pager ages pages by access
     /// tracking (the fast page fault restores them).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
@@ -208,6 +214,7 @@ impl BenchCommon {
                 OnOff::On
             },
             ept_ad: self.ept_ad,
+            fast_pf_indirect: self.fast_pf_indirect,
         }
     }
 
@@ -560,6 +567,22 @@ pub struct OvercommitArgs {
     /// tracking (the fast page fault restores them).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     ept_ad: OnOff,
+    /// Shadow paging, fast page fault on: write faults on leaves of
+    /// indirect shadow pages take the slow path (`slow`, as modern KVM) or
+    /// are fixed with seed 001's own scheme (`seed`).
+    #[arg(long, value_enum, default_value_t = FastPfIndirectArg::Slow)]
+    fast_pf_indirect: FastPfIndirectArg,
+}
+
+/// `--fast-pf-indirect`: what the shadow MMU's fast path does with a leaf
+/// of an indirect shadow page.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FastPfIndirectArg {
+    /// The slow path (modern KVM).
+    Slow,
+    /// Seed 001's scheme: the vCPU's id in the spte, a flag per gfn.
+    Seed,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -680,6 +703,7 @@ impl OvercommitArgs {
         config.mmu_options = hv::MmuOptions {
             fast_pf: self.fast_pf.on(),
             ept_ad: self.ept_ad.on(),
+            seed_indirect: self.fast_pf_indirect == FastPfIndirectArg::Seed,
         };
     }
 }

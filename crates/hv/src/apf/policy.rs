@@ -199,6 +199,7 @@ fn prefault(vcpu: &mut Vcpu, shared: &mut Shared, gfn: Gfn, now: Cycles) -> Resu
         frame,
         rights,
         false,
+        false,
         now,
     );
     mapped.result.map_err(|source| VmError::EptFault {
@@ -207,7 +208,9 @@ fn prefault(vcpu: &mut Vcpu, shared: &mut Shared, gfn: Gfn, now: Cycles) -> Resu
         rip: vcpu.rip(),
         source,
     })?;
-    vcpu.charge(mapped.cycles);
+    // KVM's page-ready prefault is a whole fault: `hva_to_pfn` (GUP-fast
+    // on the page that just arrived) before the hold.
+    vcpu.charge(mapped.cycles + Cycles(host.costs.host_pfn_lookup));
     vcpu.stats.mmu_lock_wait_cycles += mapped.lock_wait.0;
     Ok(())
 }

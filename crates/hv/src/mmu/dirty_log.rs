@@ -417,13 +417,25 @@ impl Mmu {
         when: Timed,
     ) -> Result<Protected, MemError> {
         let dirty_bits = bits & self.dirty_mask();
+        use super::fast_pf::protocol::{self, Layout, Protect};
+        let layout = match self.mode {
+            super::MmuMode::Ept => Layout::EPT,
+            super::MmuMode::Shadow => Layout::SHADOW,
+        };
         let mut guard = self.hold(when, costs);
         let mut done = Protected::default();
         let mut work = 0;
         for &frame in frames {
             let mut dirtied = false;
             for &at in guard.rmap.get(frame) {
-                let old = mem.atomic_u64(at)?.fetch_and(!bits, Ordering::AcqRel);
+                let cell = mem.atomic_u64(at)?;
+                // Write protection for the log is the lockless protocol's
+                // own `write_protect` (the loom-checked code), W only.
+                let old = if bits == layout.write {
+                    protocol::write_protect(cell, &layout, Protect::DirtyLog)
+                } else {
+                    cell.fetch_and(!bits, Ordering::AcqRel)
+                };
                 work += costs.spte_read;
                 if old & bits != 0 {
                     work += costs.spte_write;

@@ -116,7 +116,13 @@ pub(crate) fn page_fault(
     clock: &mut ExitClock,
 ) -> Result<Fault, FaultError> {
     let (mut fault, resident) = faultin(host, pager, gpa, write, clock)?;
-    let Some(Resident { gfn, frame, rights }) = resident else {
+    let Some(Resident {
+        gfn,
+        frame,
+        rights,
+        dirty_marked,
+    }) = resident
+    else {
         return Ok(fault);
     };
     let mapped = host.mmu.map_gfn(
@@ -128,6 +134,7 @@ pub(crate) fn page_fault(
         frame,
         rights,
         write,
+        dirty_marked,
         clock.at(),
     );
     clock.cycles += mapped.cycles;
@@ -144,6 +151,29 @@ pub(crate) struct Resident {
     pub frame: Hfn,
     /// The write rights the new leaf gets.
     pub rights: LeafWrite,
+    /// A write fault marked the page in its slot's dirty log (the bitmap
+    /// bit or ring entry the hold charges, see [`locked_fault_work`]).
+    pub dirty_marked: bool,
+}
+
+/// What KVM's slow path does inside `mmu_lock` around the spte itself
+/// (the walk and the spte write are charged where they happen), in the
+/// seed's KVM (3.x: `tdp_page_fault` / `FNAME(page_fault)` →
+/// `__direct_map` / `FNAME(fetch)` → `mmu_set_spte` → `set_spte`):
+/// `mmu_notifier_retry`; `mark_page_dirty` when the new spte is writable
+/// (its memslot lookup, and the bitmap bit when the slot logs);
+/// `kvm_release_pfn_clean` (the page reference `hva_to_pfn` took). Charged
+/// to the hold, so it lengthens the lock's hold on the timeline and other
+/// vCPUs wait behind it.
+pub(crate) fn locked_fault_work(costs: &HvCosts, writable: bool, dirty_marked: bool) -> u64 {
+    let mut cycles = costs.mmu_notifier_check + costs.host_page_release;
+    if writable {
+        cycles += costs.memslot_lookup;
+    }
+    if dirty_marked {
+        cycles += costs.dirty_bit_set;
+    }
+    cycles
 }
 
 /// The write rights of a new leaf.
@@ -199,7 +229,11 @@ pub(crate) fn faultin(
     let costs = host.costs;
     let now = clock.now;
     let pager_error = |source| FaultError::Pager { gpa, source };
-    clock.cycles += Cycles(costs.memslot_lookup);
+    // The memslot lookup, then the host side of the frame lookup (KVM's
+    // `hva_to_pfn`: GUP-fast first, on every fault; a page that is not
+    // resident costs the pager's work on top, standing for GUP's slow
+    // path and the host's fault).
+    clock.cycles += Cycles(costs.memslot_lookup + costs.host_pfn_lookup);
     let gfn = gpa.frame();
     let slot = host
         .slots
@@ -268,13 +302,20 @@ pub(crate) fn faultin(
                 .ok_or(FaultError::PageInVanished { gpa })?
         }
     };
-    if write {
-        // Logged before the leaf becomes writable: a write the log misses
-        // cannot happen (the page's bit or ring entry is there before the
-        // guest can store without faulting).
-        host.mark_page_dirty(gfn);
-    }
-    Ok((fault, Some(Resident { gfn, frame, rights })))
+    // Logged before the leaf becomes writable: a write the log misses
+    // cannot happen (the page's bit or ring entry is there before the
+    // guest can store without faulting). Its cost is the hold's (KVM marks
+    // under `mmu_lock`, see `locked_fault_work`).
+    let dirty_marked = write && host.mark_page_dirty(gfn);
+    Ok((
+        fault,
+        Some(Resident {
+            gfn,
+            frame,
+            rights,
+            dirty_marked,
+        }),
+    ))
 }
 
 /// What installing a mapping did.
@@ -295,8 +336,9 @@ impl Mmu {
     /// Maps `gfn` to `frame` (with `rights`) in `root`, under `mmu_lock`
     /// taken at virtual time `at`, with its contention modelled; `write`:
     /// the fault was a write (a present leaf gets W back if the MMU
-    /// allows it). The cost is charged even when it fails (the hold
-    /// happened).
+    /// allows it); `dirty_marked`: the fault logged the page (the hold
+    /// charges the bitmap's bit, [`locked_fault_work`]). The cost is
+    /// charged even when it fails (the hold happened).
     #[allow(clippy::too_many_arguments)]
     pub fn map_gfn(
         &self,
@@ -308,6 +350,7 @@ impl Mmu {
         frame: Hfn,
         rights: LeafWrite,
         write: bool,
+        dirty_marked: bool,
         at: Cycles,
     ) -> Mapped {
         if self.mode == super::MmuMode::Shadow {
@@ -328,6 +371,8 @@ impl Mmu {
         let result = install(
             mem, frames, &mut guard, costs, root, gfn, frame, rights, access,
         );
+        let writable = write || rights == LeafWrite::Writable;
+        guard.charge(locked_fault_work(costs, writable, dirty_marked));
         Mapped {
             cycles: guard.cycles(),
             lock_wait: guard.waited(),

@@ -138,13 +138,15 @@ impl Mmu {
             roots.create(mem, frames, &mut headers, PageRole::TDP_ROOT, 0)?;
         }
         let dirty_mask = Self::dirty_mask_of(mode, options);
+        let mut shadow = shadow::ShadowState::default();
+        shadow.pages.seed_indirect = options.seed_indirect;
         Ok(Mmu {
             lock: MmuLock::new(MmuInner {
                 roots,
                 headers,
                 rmap: rmap::Rmap::new(dirty_mask),
                 timeline: LockTimeline::default(),
-                shadow: shadow::ShadowState::default(),
+                shadow,
             }),
             mode,
             options,

@@ -10,7 +10,7 @@
 
 use super::fast_pf::protocol::{mark_access_tracked, Layout};
 use super::lock::Timed;
-use super::tdp::{clear_spte_bits, exchange_spte};
+use super::tdp::clear_spte_bits;
 use super::{Mmu, MmuMode};
 use crate::cost::HvCosts;
 use crate::time::Cycles;
@@ -77,7 +77,9 @@ impl Mmu {
         let mut zapped = Zapped::default();
         let dirty = self.dirty_mask();
         for at in inner.rmap.take(frame) {
-            let old = exchange_spte(mem, at, 0)?;
+            // The lockless protocol's zap: a racing fast fix fails its
+            // cmpxchg (rule 2).
+            let old = super::fast_pf::protocol::zap(mem.atomic_u64(at)?);
             zapped.dirty |= old & dirty != 0;
             zapped.sptes += 1;
             inner.shadow.pages.forget_leaf(at);

@@ -333,6 +333,7 @@ mod tests {
                 frame,
                 crate::mmu::fault::LeafWrite::Writable,
                 false,
+                false,
                 Cycles::ZERO,
             );
             assert_eq!(mapped.result, Ok(true));

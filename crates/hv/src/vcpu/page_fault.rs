@@ -149,9 +149,12 @@ impl Vcpu {
                     // Logged before the vCPU re-enters (rule 3 in
                     // `mmu/fast_pf/protocol.rs`); KVM's fast path marks
                     // through the memslot its fault looked up, so the
-                    // lookup is charged here.
+                    // lookup is charged here, and the bitmap's bit when
+                    // the slot logs.
                     *cycles += Cycles(host.costs.memslot_lookup);
-                    host.mark_page_dirty(fast.gfn);
+                    if host.mark_page_dirty(fast.gfn) {
+                        *cycles += Cycles(host.costs.dirty_bit_set);
+                    }
                 }
                 self.stats.fast_pf_fixed += 1;
             }

@@ -313,6 +313,9 @@ impl Vcpu {
         vectoring: bool,
         cycles: &mut Cycles,
     ) -> Result<Next, VmError> {
+        if let Some(next) = self.fast_shadow_page_fault(shared, gva, error_code, cycles) {
+            return Ok(next);
+        }
         let state = self.cpu.state();
         let access =
             walk::Access::from_error_code(error_code, state.cpl(), state.rflags & rflags::AC != 0);
@@ -355,6 +358,62 @@ impl Vcpu {
                 Ok(Next::Continue)
             }
             ShadowFault::Done(..) | ShadowFault::Retry => Ok(Next::Continue),
+        }
+    }
+
+    /// The fast page fault under shadow paging (`Mmu::fast_page_fault_shadow`):
+    /// a write to a present page (error code P = 1, W = 1, no reserved
+    /// bit, not a fetch) whose leaf, in a direct shadow page (or an
+    /// indirect one with `--fast-pf-indirect seed`), only lacks W for
+    /// dirty logging is fixed by cmpxchg, without `mmu_lock`, the guest
+    /// walk or the frame lookup. `Some`: handled; `None`: the slow path.
+    /// A leaf that already allows the write is not taken as spurious here
+    /// (unlike EPT): under shadow paging the fault may be the guest's own
+    /// (SMAP, a U/S mismatch), which only the guest walk can tell, so the
+    /// slow path sees it.
+    fn fast_shadow_page_fault(
+        &mut self,
+        shared: &mut Shared,
+        gva: Gva,
+        error_code: u32,
+        cycles: &mut Cycles,
+    ) -> Option<Next> {
+        const P: u32 = 1;
+        const W: u32 = 1 << 1;
+        const U: u32 = 1 << 2;
+        const RSVD: u32 = 1 << 3;
+        const FETCH: u32 = 1 << 4;
+        if error_code & (P | W | RSVD | FETCH) != P | W {
+            return None;
+        }
+        let root = self.root?;
+        let host = &shared.host;
+        let fast = host.mmu.fast_page_fault_shadow(
+            &host.mem,
+            &host.costs,
+            root.eptp.pml4(),
+            gva,
+            error_code & U != 0,
+            crate::mmu::fast_pf::protocol::Identification::of_vcpu(self.id.0 as u32),
+        )?;
+        *cycles += fast.cycles;
+        match fast.outcome {
+            crate::mmu::fast_pf::protocol::FastFix::Fixed { dirtied, .. } => {
+                if dirtied {
+                    // As under EPT (`vcpu/page_fault.rs`): logged before
+                    // the vCPU re-enters, through the memslot lookup.
+                    *cycles += Cycles(host.costs.memslot_lookup);
+                    if host.mark_page_dirty(fast.gfn) {
+                        *cycles += Cycles(host.costs.dirty_bit_set);
+                    }
+                }
+                self.stats.fast_pf_fixed += 1;
+                Some(Next::Continue)
+            }
+            _ => {
+                self.stats.fast_pf_slow += 1;
+                None
+            }
         }
     }
 
@@ -455,8 +514,14 @@ impl Vcpu {
         };
         let context = self.paging_context();
         let host = &mut shared.host;
+        let locked_work = crate::mmu::fault::locked_fault_work(
+            &costs,
+            write || resident.rights == crate::mmu::fault::LeafWrite::Writable,
+            resident.dirty_marked,
+        );
         let held = host
             .with_shadow(Timed::At(clock.at()), |t, stats, fx| {
+                fx.work += locked_work;
                 fetch::map(
                     t,
                     stats,

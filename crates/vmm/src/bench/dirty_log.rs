@@ -232,6 +232,7 @@ impl DirtyLogBench {
             mmu_options: hv::MmuOptions {
                 fast_pf: combo.fast_pf,
                 ept_ad: a.common.ept_ad.on(),
+                seed_indirect: a.common.fast_pf_indirect == crate::FastPfIndirectArg::Seed,
             },
             cmdline: format!(
                 "pages={} passes={} wpct={} random={} seed={}",

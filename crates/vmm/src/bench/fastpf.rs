@@ -198,8 +198,17 @@ impl FastpfBench {
     fn describe(&self) -> String {
         let a = &self.args;
         format!(
-            "fbwrite: {}x{} window in a {}x{}x4 frame buffer, {} frames; dirty log harvested at {} Hz (bitmap); 1 vCPU",
-            a.window, a.window, a.width, a.height, a.frames, a.harvest_hz
+            "fbwrite: {}x{} window in a {}x{}x4 frame buffer, {} frames; dirty log harvested at {} Hz (bitmap); 1 vCPU; shadow fast PF on indirect pages: {}",
+            a.window,
+            a.window,
+            a.width,
+            a.height,
+            a.frames,
+            a.harvest_hz,
+            match a.common.fast_pf_indirect {
+                crate::FastPfIndirectArg::Slow => "slow path (modern KVM)",
+                crate::FastPfIndirectArg::Seed => "seed 001's scheme",
+            }
         )
     }
 }

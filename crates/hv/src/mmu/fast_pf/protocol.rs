@@ -187,6 +187,9 @@ pub(crate) enum SlowReason {
     NotFixable,
     /// The compare-and-exchange lost [`MAX_RETRIES`] + 1 times in a row.
     Contended,
+    /// A leaf of an indirect shadow page: its gfn is not fixed by its
+    /// position, so (as modern KVM) the slow path handles it.
+    Indirect,
 }
 
 /// What the fast path did.

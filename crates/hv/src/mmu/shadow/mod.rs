@@ -106,7 +106,8 @@ pub(crate) fn charge(guard: &mut MmuGuard<'_>, costs: &HvCosts, fx: &Effects) {
     guard.charge(
         fx.reads * costs.spte_read
             + fx.writes * costs.spte_write
-            + fx.allocated * (costs.frame_alloc + costs.zero_4k),
+            + fx.allocated * (costs.frame_alloc + costs.zero_4k)
+            + fx.work,
     );
 }
 

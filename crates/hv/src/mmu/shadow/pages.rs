@@ -15,7 +15,7 @@
 use super::super::page::{PageHeader, PageHeaders, PageRole};
 use super::super::rmap::Rmap;
 use super::super::root::{RootId, Roots};
-use super::super::tdp::{clear_spte_bits, entry_at, exchange_spte, read_spte, write_spte};
+use super::super::tdp::{entry_at, exchange_spte, read_spte, write_spte};
 use super::spte;
 use crate::frames::{FrameAllocator, OutOfFrames};
 use crate::memslot::{Memslots, PageState};
@@ -52,6 +52,9 @@ pub(crate) struct Effects {
     pub writes: u64,
     /// Tables allocated.
     pub allocated: u64,
+    /// Other work under the lock, in cycles (a fault's
+    /// `mmu::fault::locked_fault_work`).
+    pub work: u64,
 }
 
 impl Effects {
@@ -61,6 +64,7 @@ impl Effects {
         self.reads += o.reads;
         self.writes += o.writes;
         self.allocated += o.allocated;
+        self.work += o.work;
     }
 }
 
@@ -91,6 +95,16 @@ pub(crate) struct ShadowPages {
     /// Writes emulated to each tracked gfn since a walk last went through
     /// one of its pages (KVM's `write_flooding_count`).
     pub flood: BTreeMap<Gfn, u32>,
+    /// The seed's scheme for indirect leaves is on (`MmuOptions::
+    /// seed_indirect`): the page tracker's write-protect path runs
+    /// `protocol::seed_write_protect` with the gfn's flag.
+    pub seed_indirect: bool,
+    /// The seed's per-gfn write-protect flag (its `PTE_LIST_WRITE_PROTECT`
+    /// in the rmap head), set by the page tracker's write-protect path and
+    /// read by the fast path without `mmu_lock`. Once set it stays set (a
+    /// gfn that was a guest page table keeps taking the slow path for
+    /// writes through indirect leaves: conservative, never wrong).
+    seed_flags: BTreeMap<Gfn, std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// The tables a shadow operation works on (`mmu_lock` held).
@@ -127,6 +141,11 @@ impl ShadowPages {
     /// Whether writes to `gfn` must fault: a sync indirect page shadows it.
     pub fn write_tracked(&self, gfn: Gfn) -> bool {
         self.of_gfn(gfn).iter().any(|f| !self.pages[f].unsync)
+    }
+
+    /// The seed's write-protect flag of `gfn` (made clear on first use).
+    pub fn seed_flag(&mut self, gfn: Gfn) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.seed_flags.entry(gfn).or_default().clone()
     }
 
     /// The gfn a shadow leaf maps.
@@ -287,10 +306,24 @@ impl Tables<'_> {
         let Some(PageState::Resident(frame)) = self.slots.lookup(gfn).map(|s| s.state(gfn)) else {
             return Ok(fx);
         };
+        use crate::mmu::fast_pf::protocol::{self, Layout, Protect};
+        let flag = self.pages.seed_indirect.then(|| self.pages.seed_flag(gfn));
         for &at in self.rmap.get(frame) {
-            let old = clear_spte_bits(self.mem, at, spte::WRITABLE | spte::MMU_WRITABLE)?;
+            let cell = self.mem.atomic_u64(at)?;
+            let mut changed = false;
+            if let Some(flag) = &flag {
+                // The seed's write-protect path: the flag, smp_mb(), then W
+                // and any vCPU's identification cleared (a fast fix that
+                // tagged the spte then fails its final cmpxchg). Its store
+                // and barrier are priced as one more spte write.
+                changed = protocol::seed_write_protect(cell, &**flag, &Layout::SHADOW);
+                fx.writes += 1;
+            }
+            // The lockless protocol's write-protect (W and MMU_WRITABLE):
+            // the direct leaves' fast path trusts MMU_WRITABLE (rule 5).
+            let old = protocol::write_protect(cell, &Layout::SHADOW, Protect::PageTable);
             fx.writes += 1;
-            fx.flush |= old & spte::WRITABLE != 0;
+            fx.flush |= changed || old & spte::WRITABLE != 0;
         }
         Ok(fx)
     }
