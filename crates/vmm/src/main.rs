@@ -462,6 +462,15 @@ struct RunArgs {
     /// Scheduling quantum in virtual cycles.
     #[arg(long, default_value_t = 100_000)]
     quantum: u64,
+    /// Host CPUs the vCPUs share (default: one per vCPU). Below --vcpus,
+    /// only this many vCPUs run at a time under a fair scheduler and the
+    /// others accumulate steal time.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    host_cpus: Option<u32>,
+    /// How long a vCPU keeps a host CPU while others wait (default 3ms,
+    /// Linux's EEVDF slice on an 8-CPU host).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    host_slice: Option<Duration>,
     /// Stop the run after this much virtual time (`500ms`, `2s`, `1m`):
     /// stop reason `time_limit`, exit status 124.
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
