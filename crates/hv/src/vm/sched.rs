@@ -644,6 +644,85 @@ mod tests {
         vm
     }
 
+    /// A VM whose `vcpus` vCPUs all spin (`jmp .`) on `host_cpus` host
+    /// CPUs with 1 ms slices.
+    fn spinning_vm(vcpus: u32, host_cpus: u32) -> Vm {
+        let mut vm = Vm::new(&VmConfig {
+            vcpus,
+            mem_size: 4 << 20,
+            host_cpus: Some(host_cpus),
+            host_slice: 3_000_000,
+            ..VmConfig::default()
+        })
+        .unwrap();
+        let gdt: Vec<u8> = boot::GDT.iter().flat_map(|d| d.to_le_bytes()).collect();
+        vm.write_guest(Gpa(boot::GDT_GPA), &gdt).unwrap();
+        for (gpa, entry) in boot::identity_map_entries(vm.mem_size()) {
+            vm.write_guest(Gpa(gpa), &entry.to_le_bytes()).unwrap();
+        }
+        vm.write_guest(Gpa(CODE), &[0xeb, 0xfe]).unwrap();
+        for i in 0..vcpus as usize {
+            vm.start_vcpu(VcpuId(i), CODE, boot::BOOT_STACK_TOP, 0);
+        }
+        vm
+    }
+
+    #[test]
+    fn fewer_host_cpus_are_shared_fairly_and_the_wait_is_steal() {
+        let run = || {
+            let mut vm = spinning_vm(3, 2);
+            assert_eq!(vm.run_until(Cycles(60_000_000)), RunStatus::Running);
+            vm
+        };
+        let vm = run();
+        let now = vm.time().0;
+        let slice = 3_000_000;
+        let mut busy_total = 0;
+        for v in &vm.vcpus {
+            let s = &v.stats;
+            // Every cycle of its clock was either run or waited for.
+            assert_eq!(s.busy_cycles + s.steal_cycles + s.idle_cycles, v.clock().0);
+            assert_eq!(s.idle_cycles, 0, "spinning vCPUs never idle");
+            // Two host CPUs for three vCPUs: each runs about 2/3 of the
+            // time, within a slice.
+            assert!(
+                s.busy_cycles.abs_diff(2 * now / 3) <= slice,
+                "vcpu {}: {} busy of {now}",
+                v.id,
+                s.busy_cycles
+            );
+            assert!(s.preemptions > 0);
+            busy_total += s.busy_cycles;
+        }
+        assert!(busy_total <= 2 * (now + vm.sched.quantum.0), "at most 2 run at a time");
+        // Deterministic.
+        let again = run();
+        for (a, b) in vm.vcpus.iter().zip(&again.vcpus) {
+            assert_eq!(a.stats, b.stats);
+        }
+        // One host CPU each: no steal.
+        let mut dedicated = spinning_vm(3, 3);
+        dedicated.run_until(Cycles(6_000_000));
+        assert!(dedicated.sched.host.is_none());
+        assert!(dedicated.vcpus.iter().all(|v| v.stats.steal_cycles == 0));
+    }
+
+    #[test]
+    fn a_halted_vcpu_holds_no_host_cpu() {
+        // vCPU 0 halts for good; vCPUs 1 and 2 spin on 2 host CPUs and
+        // never wait.
+        let mut vm = spinning_vm(3, 2);
+        vm.write_guest(Gpa(CODE + 0x100), &[0xfa, 0xf4, 0xeb, 0xfd])
+            .unwrap();
+        vm.vcpus[0].cpu.state_mut().rip = CODE + 0x100;
+        vm.run_until(Cycles(30_000_000));
+        assert_eq!(vm.vcpus[0].run, RunState::Halted);
+        for v in &vm.vcpus[1..] {
+            // At most the first slice, before vCPU 0 halted, was shared.
+            assert!(v.stats.steal_cycles <= 3_000_000, "{}", v.stats.steal_cycles);
+        }
+    }
+
     #[test]
     fn nothing_left_to_wake_stops_the_vm_instead_of_spinning() {
         let mut vm = halting_vm(2);
