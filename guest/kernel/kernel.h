@@ -195,6 +195,7 @@ struct cpu {
     uint64_t tlb_flush_cycles;     /* waiting for acknowledgements, in all */
     uint64_t tlb_flush_max_cycles; /* the longest wait */
     uint64_t tlb_flushes_received; /* requests it served */
+    uint64_t tlb_halts;            /* halts waiting for them (PV unhalt) */
     uint64_t pv_yields, pv_kicks;
     uint64_t gdt[7];
     struct {

@@ -92,9 +92,10 @@ void pv_report(void) {
         steal += c->steal_ns;
         report("pv_cpu=%d steal_ns=%lu tlb_shootdowns=%lu tlb_ipis=%lu tlb_ipis_preempted=%lu "
                "tlb_pv_skipped=%lu tlb_flush_cycles=%lu tlb_flush_max_cycles=%lu tlb_flushes_received=%lu "
-               "pv_yields=%lu pv_kicks=%lu",
+               "tlb_halts=%lu pv_yields=%lu pv_kicks=%lu",
                i, c->steal_ns, c->tlb_shootdowns, c->tlb_ipis, c->tlb_ipis_preempted, c->tlb_pv_skipped,
-               c->tlb_flush_cycles, c->tlb_flush_max_cycles, c->tlb_flushes_received, c->pv_yields, c->pv_kicks);
+               c->tlb_flush_cycles, c->tlb_flush_max_cycles, c->tlb_flushes_received, c->tlb_halts, c->pv_yields,
+               c->pv_kicks);
     }
     kprintf("pv: steal %lu ns over %d cpu(s)\n", steal, ncpus);
 }

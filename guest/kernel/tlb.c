@@ -15,7 +15,12 @@
  * gets an IPI), and the hv flushes the target's TLB before it runs again.
  * While it waits for acknowledgements, a sender with PV sched yield gives
  * its host CPU to a target that got preempted after the IPI
- * (kvm_smp_send_call_func_ipi does the same). */
+ * (kvm_smp_send_call_func_ipi does the same). With PV unhalt, a sender
+ * that has spun WAIT_SPINS times halts with interrupts off (a halted vCPU
+ * holds no host CPU, so a preempted target can have it) until the target
+ * that clears the last bit, or a new sender that needs it, kicks it with
+ * KVM_HC_KICK_CPU: Linux's pv qspinlock waits the same way (kvm_wait,
+ * kvm_kick_cpu). */
 #include "kernel.h"
 
 struct tlb_request {
@@ -24,6 +29,15 @@ struct tlb_request {
 } __attribute__((aligned(64)));
 
 static struct tlb_request requests[MAX_CPUS];
+
+/* Per CPU: it halts waiting for acknowledgements (PV unhalt). */
+static volatile int halt_waiting[MAX_CPUS];
+
+/* Spins before a halt: about 2^11 passes of the wait loop (tens of
+ * microseconds here), a dedicated target's usual acknowledgement time, so a
+ * sender only halts when a target is slow (Linux's pv qspinlock spins
+ * 2^15 times: its loop is a few instructions, ours a pass over the CPUs). */
+#define WAIT_SPINS (1 << 11)
 
 static void flush_range(uint64_t start, uint64_t end) {
     for (uint64_t va = start; va < end; va += PAGE_SIZE)
@@ -40,7 +54,9 @@ void tlb_serve_requests(struct cpu *c) {
          * CR3 switch; flushing the range anyway is harmless. */
         flush_range(r->start, r->end);
         c->tlb_flushes_received++;
-        __atomic_fetch_and(&r->pending, ~bit, __ATOMIC_RELEASE);
+        uint64_t left = __atomic_and_fetch(&r->pending, ~bit, __ATOMIC_SEQ_CST);
+        if (left == 0 && halt_waiting[s])
+            pv_kick(s);
     }
 }
 
@@ -79,13 +95,29 @@ void tlb_shootdown(struct mm *mm, uint64_t start, uint64_t end) {
         if (pv_vcpu_is_preempted(i))
             c->tlb_ipis_preempted++;
         apic_send_ipi(cpus[i].apic_id, VEC_TLB_FLUSH);
+        /* A target halted in its own wait takes no interrupt: wake it. */
+        if (__atomic_load_n(&halt_waiting[i], __ATOMIC_SEQ_CST))
+            pv_kick(i);
     }
     uint64_t pending;
+    unsigned spins = 0;
     while ((pending = __atomic_load_n(&r->pending, __ATOMIC_ACQUIRE)) != 0) {
         tlb_serve_requests(c);
-        for (int i = 0; i < ncpus; i++)
-            if ((pending & (1ULL << i)) && pv_yield_to(i))
-                break;
+        int yielded = 0;
+        for (int i = 0; i < ncpus && !yielded; i++)
+            if (pending & (1ULL << i))
+                yielded = pv_yield_to(i);
+        if (pv_unhalt && !yielded && ++spins >= WAIT_SPINS) {
+            spins = 0;
+            __atomic_store_n(&halt_waiting[c->id], 1, __ATOMIC_SEQ_CST);
+            /* Checked after announcing the wait: the last acknowledgement
+             * either comes later (and kicks) or is seen here. */
+            if (__atomic_load_n(&r->pending, __ATOMIC_SEQ_CST) != 0) {
+                c->tlb_halts++;
+                __asm__ volatile("hlt" ::: "memory"); /* interrupts are off: a kick wakes it */
+            }
+            __atomic_store_n(&halt_waiting[c->id], 0, __ATOMIC_SEQ_CST);
+        }
         cpu_relax();
     }
     uint64_t took = rdtsc() - t0;

@@ -102,7 +102,8 @@ fn pv_tlb_flush_sends_no_ipi_to_a_preempted_vcpu_and_the_options_turn_features_o
         "-r",
         "10",
     ];
-    let sum = |v: &serde_json::Value, key: &str| -> u64 { (0..4).map(|c| cpu_report(v, c, key)).sum() };
+    let sum =
+        |v: &serde_json::Value, key: &str| -> u64 { (0..4).map(|c| cpu_report(v, c, key)).sum() };
     let pv = json(&base);
     assert_eq!(report(&pv, "pv_tlb_flush"), Some("on"));
     assert_eq!(sum(&pv, "tlb_ipis_preempted"), 0);
@@ -184,7 +185,14 @@ fn bench_tlbflush_repeats_and_pv_flush_cuts_ipis_to_preempted_vcpus() {
         row("overcommit-pv")["flush_latency_us"].as_f64().unwrap()
             < row("overcommit-ipi")["flush_latency_us"].as_f64().unwrap()
     );
-    assert!(row("overcommit-ipi-yield")["yields_directed"].as_u64().unwrap() > 0);
+    assert!(
+        row("overcommit-ipi-yield")["yields_directed"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(row("overcommit-ipi-unhalt")["kicks"].as_u64().unwrap() > 0);
+    assert_eq!(row("overcommit-ipi")["kicks"], 0);
     assert!(plot.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -694,7 +694,10 @@ mod tests {
             assert!(s.preemptions > 0);
             busy_total += s.busy_cycles;
         }
-        assert!(busy_total <= 2 * (now + vm.sched.quantum.0), "at most 2 run at a time");
+        assert!(
+            busy_total <= 2 * (now + vm.sched.quantum.0),
+            "at most 2 run at a time"
+        );
         // Deterministic.
         let again = run();
         for (a, b) in vm.vcpus.iter().zip(&again.vcpus) {
@@ -719,7 +722,11 @@ mod tests {
         assert_eq!(vm.vcpus[0].run, RunState::Halted);
         for v in &vm.vcpus[1..] {
             // At most the first slice, before vCPU 0 halted, was shared.
-            assert!(v.stats.steal_cycles <= 3_000_000, "{}", v.stats.steal_cycles);
+            assert!(
+                v.stats.steal_cycles <= 3_000_000,
+                "{}",
+                v.stats.steal_cycles
+            );
         }
     }
 

@@ -5,12 +5,14 @@
 //! (`guest/kernel/tlb.c`). Four runs side by side:
 //!
 //! - `dedicated`: one host CPU per vCPU (no vCPU is ever preempted);
-//! - `overcommit-ipi`: `--host-cpus` below `--vcpus`, PV TLB flush and PV
-//!   sched yield off: every flush IPIs every target and waits for all,
-//!   preempted or not;
-//! - `overcommit-ipi-yield`: the same with PV sched yield: the waiting
-//!   sender hands its host CPU to a preempted target;
-//! - `overcommit-pv`: PV TLB flush too: a preempted target gets no IPI, the
+//! - `overcommit-ipi`: `--host-cpus` below `--vcpus`, PV TLB flush, PV
+//!   sched yield and PV unhalt off: every flush IPIs every target and spins
+//!   until all acknowledged, preempted or not;
+//! - `overcommit-ipi-unhalt`: the same, but a sender that waits long halts
+//!   (freeing its host CPU) until the last target kicks it;
+//! - `overcommit-ipi-yield`: the same with PV sched yield instead: the
+//!   waiting sender hands its host CPU to a preempted target;
+//! - `overcommit-pv`: every PV feature: a preempted target gets no IPI, the
 //!   hv flushes its TLB before it runs again.
 //!
 //! Figures: the flush latency (the guest kernel's wait for
@@ -41,7 +43,7 @@ struct Row {
     options: &'static str,
 }
 
-const ROWS: [Row; 4] = [
+const ROWS: [Row; 5] = [
     Row {
         name: "dedicated",
         overcommit: false,
@@ -50,12 +52,17 @@ const ROWS: [Row; 4] = [
     Row {
         name: "overcommit-ipi",
         overcommit: true,
+        options: "no-pv-tlb-flush no-pv-sched-yield no-pv-unhalt",
+    },
+    Row {
+        name: "overcommit-ipi-unhalt",
+        overcommit: true,
         options: "no-pv-tlb-flush no-pv-sched-yield",
     },
     Row {
         name: "overcommit-ipi-yield",
         overcommit: true,
-        options: "no-pv-tlb-flush",
+        options: "no-pv-tlb-flush no-pv-unhalt",
     },
     Row {
         name: "overcommit-pv",
@@ -89,6 +96,9 @@ pub struct Measured {
     pub hv_pv_flushes: u64,
     pub yields: u64,
     pub yields_directed: u64,
+    /// Halts waiting for acknowledgements (PV unhalt) and kicks sent.
+    pub halts: u64,
+    pub kicks: u64,
     pub steal_ms: f64,
     pub run_ms: f64,
     pub stale: u64,
@@ -135,6 +145,8 @@ impl Measured {
             hv_pv_flushes: run.steal.pv_tlb_flushes,
             yields: sum(run, "pv_yields"),
             yields_directed: run.steal.sched_yields_directed,
+            halts: sum(run, "tlb_halts"),
+            kicks: sum(run, "pv_kicks"),
             steal_ms: hv::steal_cycles_to_ns(run.steal.steal_cycles) as f64 / 1e6,
             run_ms: run.virtual_seconds() * 1e3,
             stale: run.require("tlbflush_stale_local")? + run.require("tlbflush_stale_remote")?,
@@ -234,6 +246,8 @@ impl Bench for TlbflushBench {
                         "hv_pv_tlb_flushes": m.hv_pv_flushes,
                         "yields": m.yields,
                         "yields_directed": m.yields_directed,
+                        "halts": m.halts,
+                        "kicks": m.kicks,
                         "steal_ms": m.steal_ms,
                         "run_ms": m.run_ms,
                         "stale_reads": m.stale,
@@ -262,7 +276,7 @@ impl Bench for TlbflushBench {
         let _ = writeln!(s, "bench tlbflush: {}", self.describe());
         let _ = writeln!(
             s,
-            "{:<21} {:>7} {:>10} {:>10} {:>9} {:>6} {:>10} {:>8} {:>10} {:>8} {:>7} {:>9} {:>8}",
+            "{:<21} {:>7} {:>10} {:>10} {:>9} {:>6} {:>10} {:>8} {:>10} {:>8} {:>7} {:>6} {:>9} {:>8}",
             "",
             "flushes",
             "flush us",
@@ -274,13 +288,14 @@ impl Bench for TlbflushBench {
             "hv preempt",
             "hv flush",
             "yields",
+            "kicks",
             "steal ms",
             "run ms"
         );
         for m in &rows {
             let _ = writeln!(
                 s,
-                "{:<21} {:>7} {:>10.2} {:>10.2} {:>9.2} {:>6} {:>10} {:>8} {:>10} {:>8} {:>7} {:>9.3} {:>8.3}",
+                "{:<21} {:>7} {:>10.2} {:>10.2} {:>9.2} {:>6} {:>10} {:>8} {:>10} {:>8} {:>7} {:>6} {:>9.3} {:>8.3}",
                 m.name,
                 m.flushes,
                 m.flush_us,
@@ -292,6 +307,7 @@ impl Bench for TlbflushBench {
                 m.hv_ipis_preempted,
                 m.hv_pv_flushes,
                 m.yields_directed,
+                m.kicks,
                 m.steal_ms,
                 m.run_ms
             );
@@ -301,7 +317,7 @@ impl Bench for TlbflushBench {
             "flush us: the kernel's wait for acknowledgements per remote flush; zap us: the system call as the program sees it; \
              to preempt: flush IPIs sent to a vCPU marked preempted; PV skip: targets left to the hv; \
              hv preempt: IPIs (any vector) that found their target preempted; hv flush: TLB flushes the hv did at entry; \
-             yields: directed yields that handed over a host CPU"
+             yields: directed yields that handed over a host CPU; kicks: KVM_HC_KICK_CPU waking a sender halted in its wait"
         );
         let _ = writeln!(s, "plot: {}", plot_path.display());
         Ok(s)
