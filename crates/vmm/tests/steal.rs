@@ -196,3 +196,48 @@ fn bench_tlbflush_repeats_and_pv_flush_cuts_ipis_to_preempted_vcpus() {
     assert!(plot.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn pv_tlb_flush_under_shadow_paging_loses_no_flush_and_bad_options_are_usage_errors() {
+    // Under shadow paging the hv's flush at entry also syncs the shadow
+    // tables (KVM's kvm_vcpu_flush_tlb_guest).
+    let v = json(&[
+        "--mmu",
+        "shadow",
+        "--vcpus",
+        "4",
+        "--host-cpus",
+        "2",
+        "--mem",
+        "64M",
+        "--",
+        "tlbflush",
+        "-r",
+        "10",
+    ]);
+    assert_eq!(report(&v, "tlbflush_stale_local"), Some("0"));
+    assert_eq!(report(&v, "tlbflush_stale_remote"), Some("0"));
+    let hv_flushes: u64 = v["vcpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["steal"]["pv_tlb_flushes"].as_u64().unwrap())
+        .sum();
+    assert!(hv_flushes > 0);
+
+    for (args, says) in [
+        (&["tlbflush", "-t", "1"][..], "out of range"),
+        (&["tlbflush", "-r", "0"], "out of range"),
+        (&["tlbflush", "-x"], "usage: tlbflush"),
+    ] {
+        let mut all = vec!["run", "--mem", "64M", "--"];
+        all.extend_from_slice(args);
+        let out = faultline(&all);
+        let text = format!("{}{}", stdout(&out), stderr(&out));
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {text}");
+        assert!(text.contains(says), "{args:?}: {text}");
+    }
+    // --host-cpus 0 is refused before boot.
+    let out = faultline(&["run", "--host-cpus", "0", "--", "hello"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
