@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: [&str; 8] = [
+const KERNELS: [&str; 9] = [
     "hello",
     "smp",
     "triple",
@@ -13,6 +13,7 @@ const KERNELS: [&str; 8] = [
     "kvmclock",
     "platform",
     "dirtywrite",
+    "steal",
 ];
 /// The hostile-guest suite (tests/guests/hostile/NAME.c -> hostile-NAME.elf);
 /// `exits` is the guest of the exit-handler fuzz target (fuzz/).

@@ -163,6 +163,31 @@ _Static_assert(offsetof(struct cr3_cache, max_idx) == 16 * CR3_CACHE_MAX, "cr3_c
 _Static_assert(offsetof(struct cr3_cache, wanted_cr3) == 16 * CR3_CACHE_MAX + 8, "cr3_cache layout");
 _Static_assert(sizeof(struct cr3_cache) == 16 * CR3_CACHE_MAX + 16, "cr3_cache layout");
 
+/* Steal time, PV TLB flush, PV sched yield: KVM's ABI (see crates/abi). */
+#define KVM_FEATURE_STEAL_TIME (1u << 5)
+#define KVM_FEATURE_PV_TLB_FLUSH (1u << 9)
+#define KVM_FEATURE_PV_SCHED_YIELD (1u << 13)
+#define MSR_KVM_STEAL_TIME 0x4b564d03u
+#define KVM_MSR_ENABLED 1ull
+#define KVM_STEAL_RESERVED_MASK 0x3eull
+#define KVM_VCPU_PREEMPTED (1u << 0)
+#define KVM_VCPU_FLUSH_TLB (1u << 1)
+
+struct kvm_steal_time {
+    uint64_t steal;
+    uint32_t version;
+    uint32_t flags;
+    uint8_t preempted;
+    uint8_t u8_pad[3];
+    uint32_t pad[11];
+} __attribute__((aligned(64)));
+
+_Static_assert(sizeof(struct kvm_steal_time) == 64 && _Alignof(struct kvm_steal_time) == 64, "kvm_steal_time layout");
+_Static_assert(offsetof(struct kvm_steal_time, version) == 8, "kvm_steal_time layout");
+_Static_assert(offsetof(struct kvm_steal_time, flags) == 12, "kvm_steal_time layout");
+_Static_assert(offsetof(struct kvm_steal_time, preempted) == 16, "kvm_steal_time layout");
+_Static_assert(offsetof(struct kvm_steal_time, pad) == 20, "kvm_steal_time layout");
+
 #define HC_EPERM 1
 #define HC_E2BIG 7
 #define HC_EFAULT 14

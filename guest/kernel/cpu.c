@@ -132,6 +132,7 @@ void ap_main(struct cpu *c) {
     apic_init(c);
     apf_cpu_init(c);
     cr3cache_cpu_init(c);
+    pv_cpu_init(c);
     __atomic_store_n(&c->online, 1, __ATOMIC_RELEASE);
     cpu_idle_loop();
 }

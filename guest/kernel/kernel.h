@@ -30,6 +30,7 @@
 #define VEC_RESCHED 0x21
 #define VEC_APF_READY 0x22      /* page ready (both protocols), through the local APIC */
 #define VEC_APF_NOTPRESENT 0x23 /* event protocol's page not present, injected by the hv: no EOI */
+#define VEC_TLB_FLUSH 0x28      /* remote TLB flush request (tlb.c) */
 #define VEC_SPURIOUS 0xff
 
 /* User space lives in PML4 slots 1..255; slot 0 is the kernel's identity
@@ -183,6 +184,19 @@ struct cpu {
     uint64_t page_faults; /* demand-zero faults served */
     uint64_t syscalls;
     struct apf_cpu apf;
+    /* pv.c, tlb.c: steal time (MSR_KVM_STEAL_TIME points here), the steal
+     * clock at the last tick, remote TLB flushes and PV yields/kicks. */
+    struct kvm_steal_time steal_time;
+    uint64_t steal_ns;
+    uint64_t tlb_shootdowns;       /* remote flushes this CPU asked for */
+    uint64_t tlb_ipis;             /* flush IPIs it sent */
+    uint64_t tlb_ipis_preempted;   /* of them, to a vCPU marked preempted */
+    uint64_t tlb_pv_skipped;       /* targets left to the hv (PV TLB flush) */
+    uint64_t tlb_flush_cycles;     /* waiting for acknowledgements, in all */
+    uint64_t tlb_flush_max_cycles; /* the longest wait */
+    uint64_t tlb_flushes_received; /* requests it served */
+    uint64_t tlb_halts;            /* halts waiting for them (PV unhalt) */
+    uint64_t pv_yields, pv_kicks;
     uint64_t gdt[7];
     struct {
         uint32_t reserved0;
@@ -312,6 +326,36 @@ void switch_cr3(struct cpu *c, uint64_t cr3);
 void cr3cache_print_status(void);
 /* HC_REPORT line, at shutdown. */
 void cr3cache_report(void);
+
+/* pv.c: KVM's PV features for shared host CPUs (steal time, PV TLB
+ * flush, PV sched yield, PV unhalt). */
+extern int pv_steal_time, pv_tlb_flush, pv_sched_yield, pv_unhalt;
+/* Once, on the boot CPU: what to use (the boot options turn each off). */
+void pv_init(int no_steal, int no_tlb_flush, int no_yield, int no_unhalt);
+/* Each CPU at bring-up: registers its steal-time area. */
+void pv_cpu_init(struct cpu *c);
+uint64_t pv_steal_clock(struct cpu *c);
+/* At each timer tick: the CPU's steal clock into its accounting. */
+void pv_account_steal(struct cpu *c);
+/* Whether the hv says CPU `cpu`'s vCPU waits for a host CPU. */
+int pv_vcpu_is_preempted(int cpu);
+/* KVM_HC_SCHED_YIELD to `cpu` if it is preempted; 1 if asked. */
+int pv_yield_to(int cpu);
+/* KVM_HC_KICK_CPU: wakes `cpu` from a halt with interrupts off. */
+void pv_kick(int cpu);
+void pv_print_status(void);
+void pv_report(void);
+
+/* tlb.c: remote TLB shootdown of user mappings. */
+/* Flushes [start, end) here and on every other CPU running mm. */
+void tlb_shootdown(struct mm *mm, uint64_t start, uint64_t end);
+/* Serves the flush requests addressed to this CPU (VEC_TLB_FLUSH). */
+void tlb_serve_requests(struct cpu *c);
+/* vm.c: MADV_DONTNEED of at most ZAP_MAX_PAGES pages: the pages go (they
+ * read as zero when touched again), flushed from every TLB before they are
+ * freed. Returns the pages dropped, or -EINVAL. */
+#define ZAP_MAX_PAGES 64
+int64_t vm_zap_range(struct mm *mm, uint64_t start, uint64_t end);
 
 /* syscall.c, user.c */
 int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3);

@@ -104,6 +104,12 @@ static int boot_flag(const char *name) {
     return 0;
 }
 
+/* The PV feature switches, acted on at bring-up (pv.c). */
+static int is_pv_option(const char *word) {
+    return strcmp(word, "no-steal-time") == 0 || strcmp(word, "no-pv-tlb-flush") == 0 ||
+           strcmp(word, "no-pv-sched-yield") == 0 || strcmp(word, "no-pv-unhalt") == 0;
+}
+
 /* Boot options acted on once the system is up. `no-apf` (asynchronous page
  * faults off) and `no-cr3-cache` were acted on at bring-up; `seed=S` sets `boot_seed`, which
  * programs read with SYS_SEED. */
@@ -117,7 +123,8 @@ static void boot_options(void) {
         else if (strncmp(words[i], "seed=", 5) == 0) {
             if (parse_u64(words[i] + 5, &boot_seed) != 0)
                 kprintf("boot option '%s': not a decimal number; seed %lu used\n", words[i], boot_seed);
-        } else if (strcmp(words[i], "no-apf") != 0 && strcmp(words[i], "no-cr3-cache") != 0)
+        } else if (strcmp(words[i], "no-apf") != 0 && strcmp(words[i], "no-cr3-cache") != 0 &&
+                   !is_pv_option(words[i]))
             kprintf("unknown boot option '%s' ignored\n", words[i]);
     }
 }
@@ -262,12 +269,15 @@ void kmain(struct boot_info *bi) {
     }
     apf_init(boot_flag("no-apf"));
     cr3cache_init(boot_flag("no-cr3-cache"));
+    pv_init(boot_flag("no-steal-time"), boot_flag("no-pv-tlb-flush"), boot_flag("no-pv-sched-yield"),
+            boot_flag("no-pv-unhalt"));
     idt_init();
     cpu_init_tables(&cpus[0]);
     syscall_init();
     apic_init(&cpus[0]);
     apf_cpu_init(&cpus[0]);
     cr3cache_cpu_init(&cpus[0]);
+    pv_cpu_init(&cpus[0]);
     cpus[0].online = 1;
 #ifdef DEBUG
     self_checks();
@@ -276,6 +286,7 @@ void kmain(struct boot_info *bi) {
     kprintf("smp: %d cpu(s) online\n", ncpus);
     apf_print_status();
     cr3cache_print_status();
+    pv_print_status();
     boot_options();
     kthread_create("init", init_thread, NULL);
     cpu_idle_loop();

@@ -315,6 +315,7 @@ static void program_done(const char *name, int code) {
                cpus[i].ctx_switches, cpus[i].page_faults, cpus[i].syscalls);
     apf_report();
     cr3cache_report();
+    pv_report();
     shutdown(code);
 }
 
@@ -377,6 +378,10 @@ static int64_t do_syscall(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, ui
         return sys_spawn_proc(a0, a1, (int64_t)a2);
     case SYS_SEED:
         return (int64_t)boot_seed;
+    case SYS_ZAP:
+        if (a1 > USER_TOP || a0 > USER_TOP - a1)
+            return -EINVAL;
+        return vm_zap_range(cur_proc()->mm, a0, a0 + a1);
     case SYS_SHUTDOWN:
         shutdown((int)a0);
     default:

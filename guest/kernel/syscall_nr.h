@@ -23,6 +23,8 @@
                              process running that program; it inherits the
                              caller's pipes */
 #define SYS_SEED 17 /* -> the boot option seed=S (1 without it) */
+#define SYS_ZAP 24  /* (addr, len): MADV_DONTNEED of at most 64 pages: they read as
+                       zero when touched again; -> pages dropped */
 
 #define EINVAL 22
 #define EFAULT 14

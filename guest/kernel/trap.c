@@ -32,7 +32,12 @@ void trap(struct trapframe *tf) {
     switch (tf->vector) {
     case VEC_TIMER:
         apic_eoi();
+        pv_account_steal(c);
         sched_tick();
+        break;
+    case VEC_TLB_FLUSH:
+        apic_eoi();
+        tlb_serve_requests(c);
         break;
     case VEC_RESCHED:
         apic_eoi();

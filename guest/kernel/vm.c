@@ -155,6 +155,46 @@ uint64_t vm_translate(uint64_t pml4, uint64_t va, uint64_t *flags) {
     return 0;
 }
 
+/* The 4 KiB PTE mapping user address va, or NULL if no table holds one
+ * (user mappings are 4 KiB pages). Caller holds mm->lock. */
+static uint64_t *user_pte(struct mm *mm, uint64_t va) {
+    uint64_t t = mm->pml4;
+    for (int shift = 39; shift > 12; shift -= 9) {
+        uint64_t e = table(t)[(va >> shift) & 511];
+        if (!(e & PTE_P) || (e & PTE_PS))
+            return NULL;
+        t = e & PTE_ADDR;
+    }
+    return &table(t)[(va >> 12) & 511];
+}
+
+int64_t vm_zap_range(struct mm *mm, uint64_t start, uint64_t end) {
+    if ((start | end) & (PAGE_SIZE - 1) || start >= end || start < USER_BASE || end > USER_TOP ||
+        (end - start) / PAGE_SIZE > ZAP_MAX_PAGES)
+        return -EINVAL;
+    uint64_t dropped[ZAP_MAX_PAGES];
+    int n = 0;
+    spin_lock(&mm->lock);
+    for (uint64_t va = start; va < end; va += PAGE_SIZE) {
+        uint64_t *pte = user_pte(mm, va);
+        if (pte && (*pte & PTE_P)) {
+            dropped[n++] = *pte & PTE_ADDR;
+            __atomic_store_n(pte, 0, __ATOMIC_RELEASE);
+            mm->resident_pages--;
+        }
+    }
+    /* Not held across the shootdown: a CPU spinning for the lock with
+     * interrupts off could not take the flush IPI. */
+    spin_unlock(&mm->lock);
+    if (n == 0)
+        return 0;
+    tlb_shootdown(mm, start, end);
+    /* Only now can no CPU reach the pages through a stale translation. */
+    for (int i = 0; i < n; i++)
+        pmm_free(&kpmm, dropped[i]);
+    return n;
+}
+
 int vm_handle_user_fault(struct mm *mm, uint64_t va) {
     if (va < USER_BASE || va >= USER_TOP)
         return -EFAULT;

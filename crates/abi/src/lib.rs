@@ -395,6 +395,69 @@ const _: () = {
     assert!(size_of::<Cr3Cache>() == 16 * CR3_CACHE_MAX + 16);
 };
 
+// ---- Steal time, PV TLB flush, PV sched yield: KVM's ABI ----
+//
+// CPUID 0x40000001 EAX advertises [`KVM_FEATURE_STEAL_TIME`],
+// [`KVM_FEATURE_PV_TLB_FLUSH`] and [`KVM_FEATURE_PV_SCHED_YIELD`] (and
+// [`KVM_FEATURE_PV_UNHALT`] above). Each vCPU writes
+// [`MSR_KVM_STEAL_TIME`] = gpa of its 64-byte-aligned [`KvmStealTime`] |
+// [`KVM_MSR_ENABLED`] (bits 5:1 reserved: #GP). Whenever the vCPU is
+// scheduled in again after waiting for a host CPU the hv adds the wait, in
+// nanoseconds, to `steal` between two increments of `version` (odd while it
+// writes: the guest retries a read that saw an odd or changed version).
+// While the vCPU is preempted (runnable but on no host CPU) `preempted`
+// holds [`KVM_VCPU_PREEMPTED`]; a guest that wants to flush that vCPU's TLB
+// sets [`KVM_VCPU_FLUSH_TLB`] in it with a compare-and-exchange instead of
+// sending an IPI, and the hv flushes the vCPU's TLB before it next runs
+// guest code (KVM's `record_steal_time`). [`KVM_HC_SCHED_YIELD`] gives the
+// caller's host CPU to the vCPU with the APIC id in RBX if that vCPU is
+// preempted; [`KVM_HC_KICK_CPU`] (RBX flags, RCX APIC id) wakes a vCPU
+// halted with interrupts off.
+
+/// CPUID 0x40000001 EAX: [`MSR_KVM_STEAL_TIME`].
+pub const KVM_FEATURE_STEAL_TIME: u32 = 1 << 5;
+/// CPUID 0x40000001 EAX: [`KVM_VCPU_FLUSH_TLB`] in a preempted vCPU's area.
+pub const KVM_FEATURE_PV_TLB_FLUSH: u32 = 1 << 9;
+/// CPUID 0x40000001 EAX: [`KVM_HC_SCHED_YIELD`].
+pub const KVM_FEATURE_PV_SCHED_YIELD: u32 = 1 << 13;
+/// The gpa of this vCPU's [`KvmStealTime`] | [`KVM_MSR_ENABLED`].
+pub const MSR_KVM_STEAL_TIME: u32 = 0x4b56_4d03;
+/// KVM's `KVM_MSR_ENABLED` (bit 0 of the PV area MSRs).
+pub const KVM_MSR_ENABLED: u64 = 1;
+/// `MSR_KVM_STEAL_TIME` bits 5:1 (KVM's `KVM_STEAL_RESERVED_MASK`).
+pub const KVM_STEAL_RESERVED_MASK: u64 = 0x3e;
+/// `MSR_KVM_STEAL_TIME` bits 63:6: the area (KVM's `KVM_STEAL_VALID_BITS`).
+pub const KVM_STEAL_VALID_BITS: u64 = !0x3f;
+/// `KvmStealTime::preempted`: the vCPU waits for a host CPU.
+pub const KVM_VCPU_PREEMPTED: u8 = 1 << 0;
+/// `KvmStealTime::preempted`: flush its TLB before it runs again.
+pub const KVM_VCPU_FLUSH_TLB: u8 = 1 << 1;
+
+/// KVM's `struct kvm_steal_time`.
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvmStealTime {
+    /// Nanoseconds the vCPU waited for a host CPU while runnable.
+    pub steal: u64,
+    /// Odd while the hv updates `steal`.
+    pub version: u32,
+    pub flags: u32,
+    /// [`KVM_VCPU_PREEMPTED`] | [`KVM_VCPU_FLUSH_TLB`].
+    pub preempted: u8,
+    pub u8_pad: [u8; 3],
+    pub pad: [u32; 11],
+}
+
+const _: () = {
+    use core::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<KvmStealTime>() == 64 && align_of::<KvmStealTime>() == 64);
+    assert!(offset_of!(KvmStealTime, steal) == 0);
+    assert!(offset_of!(KvmStealTime, version) == 8);
+    assert!(offset_of!(KvmStealTime, flags) == 12);
+    assert!(offset_of!(KvmStealTime, preempted) == 16);
+    assert!(offset_of!(KvmStealTime, pad) == 20);
+};
+
 /// Hypercall error numbers, as KVM returns them (negated in RAX).
 pub mod errno {
     pub const EPERM: i64 = 1;

@@ -18,6 +18,10 @@ use thiserror::Error;
 pub enum CreateError {
     #[error("a VM needs 1 to {max} vCPUs, not {0}", max = abi::MAX_CPUS)]
     BadVcpuCount(u32),
+    #[error("a VM needs at least one host CPU, not {0}")]
+    BadHostCpus(u32),
+    #[error("the host time slice must be above zero")]
+    BadHostSlice,
     #[error("guest memory must be a multiple of 2 MiB between 2 MiB and {max} bytes, not {0}", max = crate::boot::MAX_GUEST_MEM)]
     BadMemSize(u64),
     #[error("command line of {0} bytes is too long (at most {max})", max = abi::CMDLINE_LEN - 1)]

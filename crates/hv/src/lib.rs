@@ -49,9 +49,12 @@ pub use pager::PagerStats;
 pub use stats::{ExitStat, VcpuStats, VmStats};
 pub use swap::{DeviceModel, DevicePreset, DeviceStats, LatencyRange};
 pub use time::Cycles;
+pub use vcpu::steal::cycles_to_ns as steal_cycles_to_ns;
 pub use vcpu::{Vcpu, VcpuId};
 pub use vm::dirty_log::{Collected, DirtyLogCost, DirtyPages, RingHarvest};
-pub use vm::{Report, RunStatus, StopReason, Vm, VmConfig, MIN_HOST_MEM, RAM_SLOT};
+pub use vm::{
+    Report, RunStatus, StopReason, Vm, VmConfig, DEFAULT_HOST_SLICE, MIN_HOST_MEM, RAM_SLOT,
+};
 
 /// Virtual cycles per second of virtual time (the machine's 3 GHz clock).
 pub const CYCLES_PER_SECOND: u64 = machine::cost::CYCLES_PER_SECOND;

@@ -49,6 +49,24 @@ pub struct VcpuStats {
     pub busy_cycles: u64,
     /// Cycles skipped while halted or not started.
     pub idle_cycles: u64,
+    /// Cycles it wanted to run but had no host CPU (`--host-cpus`): steal
+    /// time.
+    pub steal_cycles: u64,
+    /// Times it lost its host CPU while it wanted to run.
+    pub preemptions: u64,
+    /// TLB flushes the hv did at its entry for a PV TLB flush (the guest
+    /// set `KVM_VCPU_FLUSH_TLB` while it was preempted).
+    pub pv_tlb_flushes: u64,
+    /// Fixed IPIs it received, and of them those that found it preempted
+    /// (they wait for it to get a host CPU again).
+    pub ipis_received: u64,
+    pub ipis_received_preempted: u64,
+    /// KVM_HC_SCHED_YIELD calls it made, and those that gave its host CPU
+    /// to a preempted target.
+    pub sched_yields: u64,
+    pub sched_yields_directed: u64,
+    /// KVM_HC_KICK_CPU calls it made.
+    pub kicks_sent: u64,
     /// The vCPU's clock.
     pub cycles: u64,
     /// Retired guest instructions.
@@ -107,6 +125,9 @@ pub struct VmStats {
     pub device: DeviceStats,
     /// The swap device model's name and parameters.
     pub device_desc: String,
+    /// Host CPUs the vCPUs shared, when fewer than the vCPUs
+    /// (`--host-cpus`).
+    pub host_cpus: Option<usize>,
     /// `off`, `halt` or `pv`.
     pub apf_mode: &'static str,
     /// `x86` or `event`.

@@ -20,8 +20,13 @@ fn run(apf: ApfMode, protocol: ApfProtocol) -> (Vm, BTreeMap<String, u64>) {
     probe::run_probes(&config, APFABI)
 }
 
-/// kvmclock's CPUID bits, offered under every configuration.
-const CLOCK: u32 = abi::KVM_FEATURE_CLOCKSOURCE2 | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT;
+/// The CPUID bits offered under every configuration: kvmclock's, steal
+/// time, PV TLB flush and PV sched yield.
+const CLOCK: u32 = abi::KVM_FEATURE_CLOCKSOURCE2
+    | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT
+    | abi::KVM_FEATURE_STEAL_TIME
+    | abi::KVM_FEATURE_PV_TLB_FLUSH
+    | abi::KVM_FEATURE_PV_SCHED_YIELD;
 
 const ENOSYS: u64 = (-1000i64) as u64;
 const EINVAL: u64 = (-22i64) as u64;

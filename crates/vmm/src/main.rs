@@ -90,6 +90,10 @@ pub enum BenchCommand {
     /// shadow with the paravirtual CR3 cache of 4 and 16 targets: the time
     /// per switch, CR3-load exits, roots built, TLB misses.
     Ctxsw(CtxswBenchArgs),
+    /// Issue 13: remote TLB flushes with fewer host CPUs than vCPUs
+    /// (preempted vCPUs), PV TLB flush and PV sched yield on and off:
+    /// flush latency, IPIs sent and those sent to preempted vCPUs.
+    Tlbflush(TlbflushBenchArgs),
     /// Merge the JSON results of the runs `--list-runs` printed into the
     /// benchmark's table (or JSON) and plot, as a direct run prints them.
     Merge(MergeArgs),
@@ -356,6 +360,32 @@ pub struct CtxswBenchArgs {
 }
 
 #[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
+pub struct TlbflushBenchArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// vCPUs, one `tlbflush` thread each.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=64))]
+    vcpus: u32,
+    /// Host CPUs of the overcommitted runs (below --vcpus).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=63))]
+    host_cpus: u32,
+    /// How long a vCPU keeps a host CPU while others wait (default 3ms).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    host_slice: Option<Duration>,
+    /// Rounds per thread (one remote flush each).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    rounds: u64,
+    /// Computation between flushes (iterations of a multiply-add).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(0..=1 << 32))]
+    work: u64,
+    /// Where the SVG plot goes (default: faultline-results/bench-tlbflush.svg
+    /// under the current directory).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    plot: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
 pub struct DirtyLogBenchArgs {
     #[command(flatten)]
     common: BenchCommon,
@@ -469,6 +499,15 @@ struct RunArgs {
     /// Scheduling quantum in virtual cycles.
     #[arg(long, default_value_t = 100_000)]
     quantum: u64,
+    /// Host CPUs the vCPUs share (default: one per vCPU). Below --vcpus,
+    /// only this many vCPUs run at a time under a fair scheduler and the
+    /// others accumulate steal time.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    host_cpus: Option<u32>,
+    /// How long a vCPU keeps a host CPU while others wait (default 3ms,
+    /// Linux's EEVDF slice on an 8-CPU host).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    host_slice: Option<Duration>,
     /// Stop the run after this much virtual time (`500ms`, `2s`, `1m`):
     /// stop reason `time_limit`, exit status 124.
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]

@@ -29,7 +29,30 @@ pub struct VcpuSummary {
     pub apf: hv::apf::ApfStats,
     /// CR3-load exits and the paravirtual CR3 cache (shadow paging).
     pub cr3: hv::Cr3CacheStats,
+    /// Host CPUs (`--host-cpus`): steal time and what comes with it.
+    pub steal: StealSummary,
     pub exits: BTreeMap<String, ExitSummary>,
+}
+
+/// One vCPU's time without a host CPU and the paravirtual features that
+/// deal with it.
+#[derive(Serialize)]
+pub struct StealSummary {
+    /// Cycles it wanted to run with no host CPU.
+    pub steal_cycles: u64,
+    /// The same in nanoseconds (the unit of the guest's steal clock).
+    pub steal_ns: u64,
+    /// Times it lost its host CPU while it wanted to run.
+    pub preemptions: u64,
+    /// TLB flushes the hv did for it at entry (PV TLB flush).
+    pub pv_tlb_flushes: u64,
+    pub ipis_received: u64,
+    /// IPIs that found it preempted.
+    pub ipis_received_preempted: u64,
+    pub sched_yields: u64,
+    /// Yields that handed the caller's host CPU to a preempted vCPU.
+    pub sched_yields_directed: u64,
+    pub kicks_sent: u64,
 }
 
 /// Host memory overcommit: the pool, the swap device, what moved.
@@ -143,6 +166,9 @@ pub struct Summary {
     pub fast_pf: FastPfSummary,
     /// `ept` or `shadow`.
     pub mmu: String,
+    /// Host CPUs the vCPUs shared (`--host-cpus`), when fewer than the
+    /// vCPUs; `null`: one each.
+    pub host_cpus: Option<usize>,
     /// Shadow paging's counters.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shadow: Option<hv::ShadowStats>,
@@ -221,6 +247,7 @@ impl Summary {
                 slow: stats.vcpus.iter().map(|v| v.fast_pf_slow).sum(),
             },
             mmu: stats.mmu.to_string(),
+            host_cpus: stats.host_cpus,
             shadow: stats.shadow,
             exits: exits(&stats.exits()),
             memory: MemorySummary {
@@ -266,6 +293,17 @@ impl Summary {
                     ipis_sent: v.ipis_sent,
                     apf: v.apf,
                     cr3: v.cr3_cache,
+                    steal: StealSummary {
+                        steal_cycles: v.steal_cycles,
+                        steal_ns: hv::steal_cycles_to_ns(v.steal_cycles),
+                        preemptions: v.preemptions,
+                        pv_tlb_flushes: v.pv_tlb_flushes,
+                        ipis_received: v.ipis_received,
+                        ipis_received_preempted: v.ipis_received_preempted,
+                        sched_yields: v.sched_yields,
+                        sched_yields_directed: v.sched_yields_directed,
+                        kicks_sent: v.kicks_sent,
+                    },
                     exits: exits(&v.exits),
                 })
                 .collect(),
@@ -321,6 +359,15 @@ impl Summary {
             f.fixed, f.spurious, f.slow
         );
         let _ = writeln!(s, "mmu:          {}", self.mmu);
+        if let Some(n) = self.host_cpus {
+            let steal: u64 = self.vcpus.iter().map(|v| v.steal.steal_cycles).sum();
+            let _ = writeln!(
+                s,
+                "host CPUs:    {n} for {} vCPUs; steal {:.3} ms in all",
+                self.vcpus.len(),
+                cycles_to_secs(steal) * 1e3
+            );
+        }
         if let Some(sh) = &self.shadow {
             let l = sh.pages_by_level;
             let _ = writeln!(
@@ -424,6 +471,22 @@ impl Summary {
                 v.apf.halts,
                 v.apf.stall_cycles
             );
+            let st = &v.steal;
+            if self.host_cpus.is_some() {
+                let _ = writeln!(
+                    s,
+                    "           steal: {:.3} ms ({:.1}%), {} preemptions, {} PV TLB flushes, {} IPIs received ({} while preempted), {} yields ({} directed), {} kicks sent",
+                    cycles_to_secs(st.steal_cycles) * 1e3,
+                    st.steal_cycles as f64 * 100.0 / self.virtual_cycles.max(1) as f64,
+                    st.preemptions,
+                    st.pv_tlb_flushes,
+                    st.ipis_received,
+                    st.ipis_received_preempted,
+                    st.sched_yields,
+                    st.sched_yields_directed,
+                    st.kicks_sent
+                );
+            }
             let c = &v.cr3;
             if self.mmu == "shadow" {
                 let _ = writeln!(

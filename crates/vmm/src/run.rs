@@ -59,6 +59,10 @@ fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
         console_input: read_console_input(args.console_input.as_deref())?,
         modules: read_modules(&args.modules)?,
         quantum: args.quantum,
+        host_cpus: args.host_cpus,
+        host_slice: args
+            .host_slice
+            .map_or(hv::DEFAULT_HOST_SLICE, crate::units::duration_to_cycles),
         seed: args.seed.unwrap_or(1),
         zap: args.zap.into(),
         ..VmConfig::default()

@@ -1,4 +1,4 @@
-//! VMCALL: faultline's hypercalls and KVM's kick. Arguments in RBX, RCX,
+//! VMCALL: faultline's hypercalls and KVM's kick and directed yield. Arguments in RBX, RCX,
 //! RDX, RSI; the number in RAX; the result back in RAX. Only CPL 0 may
 //! call (-EPERM otherwise).
 
@@ -50,12 +50,28 @@ impl Vcpu {
                     self.cpu.skip_instruction();
                     return Ok(Next::Stop(StopReason::Shutdown { status: a0 }));
                 }
-                abi::KVM_HC_KICK_CPU => {
+                abi::KVM_HC_KICK_CPU if shared.kvm_features & abi::KVM_FEATURE_PV_UNHALT != 0 => {
                     // As KVM: an unknown APIC id is ignored.
                     if let Some(target) = shared.vcpu_by_apic_id(a1) {
                         shared.cross.push(CrossRequest::Kick { target, at: now });
                     }
+                    self.stats.kicks_sent += 1;
                     0
+                }
+                abi::KVM_HC_SCHED_YIELD
+                    if shared.kvm_features & abi::KVM_FEATURE_PV_SCHED_YIELD != 0 =>
+                {
+                    // As KVM's `kvm_sched_yield`: the result is 0 whether
+                    // or not the yield happened; an unknown APIC id or the
+                    // caller itself is ignored. The scheduler decides
+                    // whether the target is preempted.
+                    self.stats.sched_yields += 1;
+                    self.cpu.state_mut().gpr[Gpr::Rax as usize] = 0;
+                    self.cpu.skip_instruction();
+                    return Ok(match shared.vcpu_by_apic_id(a0) {
+                        Some(target) if target != self.id => Next::YieldTo(target),
+                        _ => Next::Continue,
+                    });
                 }
                 _ => -errno::KVM_ENOSYS,
             }

@@ -32,6 +32,7 @@ pub(crate) mod msr;
 mod page_fault;
 mod pml;
 pub(crate) mod shadow;
+pub(crate) mod steal;
 mod xapic;
 
 use crate::apf::ApfVcpu;
@@ -68,6 +69,9 @@ impl Requests {
     /// Flush the EPT translations of the current root (sptes were zapped
     /// or aged).
     pub const TLB_FLUSH: Requests = Requests(1 << 1);
+    /// Flush the guest's own translations (KVM's `KVM_REQ_TLB_FLUSH_GUEST`):
+    /// a PV TLB flush asked for while the vCPU was preempted.
+    pub const GUEST_TLB_FLUSH: Requests = Requests(1 << 2);
 
     pub fn set(&mut self, r: Requests) {
         self.0 |= r.0;
@@ -116,6 +120,9 @@ pub(crate) enum Next {
     },
     /// Halt until an outstanding page arrives or an interrupt comes.
     ApfHalt,
+    /// KVM_HC_SCHED_YIELD: give this vCPU's host CPU to `target` if it is
+    /// preempted (`--host-cpus`).
+    YieldTo(VcpuId),
     Stop(StopReason),
 }
 
@@ -135,6 +142,8 @@ pub struct Vcpu {
     pub(crate) wake_event: Option<Cycles>,
     pub(crate) apf: ApfVcpu,
     pub(crate) kvmclock: kvmclock::KvmClock,
+    /// Steal time and the preempted byte.
+    pub(crate) steal: steal::StealTime,
     pub(crate) stats: VcpuStats,
     pub(crate) requests: Requests,
     /// The root it entered with last.
@@ -165,6 +174,7 @@ impl Vcpu {
             wake_event: None,
             apf: ApfVcpu::default(),
             kvmclock: kvmclock::KvmClock::default(),
+            steal: steal::StealTime::default(),
             stats: VcpuStats::default(),
             requests,
             root: None,
@@ -223,6 +233,17 @@ impl Vcpu {
         }
     }
 
+    /// Advances the clock to `until` while the vCPU wants to run but has
+    /// no host CPU (`--host-cpus`): steal time.
+    pub(crate) fn steal_until(&mut self, until: Cycles) {
+        let now = self.clock();
+        if until > now {
+            let steal = (until - now).0;
+            self.cpu.advance_cycles(steal);
+            self.stats.steal_cycles += steal;
+        }
+    }
+
     /// Processes pending requests, then runs guest code until `limit` or
     /// an exit (KVM's `vcpu_enter_guest`).
     pub(crate) fn enter(&mut self, shared: &mut Shared, limit: Cycles) -> Result<VmExit, VmError> {
@@ -255,6 +276,13 @@ impl Vcpu {
                 self.cpu.invept(InveptKind::SingleContext(root.eptp));
             }
         }
+        if self.requests.take(Requests::GUEST_TLB_FLUSH) {
+            // The guest's linear translations are tagged with its VPID.
+            let vpid = self.cpu.vmx().map_or(0, |v| v.vpid);
+            self.cpu
+                .invvpid(machine::vmx::InvvpidKind::SingleContext { vpid });
+            self.charge(Cycles(shared.host.costs.invvpid));
+        }
         Ok(())
     }
 
@@ -281,6 +309,13 @@ impl Vcpu {
             let vpid = self.cpu.vmx().map_or(0, |v| v.vpid);
             self.cpu
                 .invvpid(machine::vmx::InvvpidKind::SingleContext { vpid });
+        }
+        if self.requests.take(Requests::GUEST_TLB_FLUSH) && self.root.is_some() {
+            // Under shadow paging a guest TLB flush also syncs unsync
+            // pages (KVM's `kvm_vcpu_flush_tlb_guest`): what loading the
+            // root for the guest's CR3 does.
+            let (cycles, _) = self.load_shadow_root(shared, true, Timed::At(self.clock()))?;
+            self.charge(cycles);
         }
         Ok(())
     }

@@ -4,8 +4,8 @@
 //! [`PASSTHROUGH_MSRS`]; the others exit and are looked up in [`MSRS`]:
 //! each entry says how to read and how to write one MSR (a write that
 //! returns false is refused with #GP, as KVM refuses it). The async-PF
-//! MSRs exist only when offered and are `apf::x86`'s. Anything else is
-//! #GP.
+//! MSRs exist only when offered and are `apf::x86`'s; kvmclock's are
+//! `kvmclock`'s, steal time's `steal`'s. Anything else is #GP.
 
 use super::Vcpu;
 use crate::error::VmError;
@@ -155,6 +155,7 @@ impl Vcpu {
     pub(super) fn handle_rdmsr(&mut self, shared: &Shared, index: u32) {
         let value = crate::apf::x86::rdmsr(self, shared, index)
             .or_else(|| super::kvmclock::rdmsr(self, shared, index))
+            .or_else(|| super::steal::rdmsr(self, index))
             .or_else(|| msr_entry(index).and_then(|e| (e.read)(&self.cpu)));
         match value {
             Some(value) => self.cpu.complete_rdmsr(value),
@@ -172,7 +173,10 @@ impl Vcpu {
             Some(ok) => ok,
             None => match super::kvmclock::wrmsr(self, shared, index, value)? {
                 Some(ok) => ok,
-                None => msr_entry(index).is_some_and(|e| (e.write)(&mut self.cpu, value)),
+                None => match super::steal::wrmsr(self, shared, index, value)? {
+                    Some(ok) => ok,
+                    None => msr_entry(index).is_some_and(|e| (e.write)(&mut self.cpu, value)),
+                },
             },
         };
         if ok && index == msr::TSC {

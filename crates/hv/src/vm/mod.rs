@@ -42,6 +42,12 @@ pub struct VmConfig {
     pub cmdline: String,
     /// Scheduling quantum in virtual cycles.
     pub quantum: u64,
+    /// Host CPUs the vCPUs share (`--host-cpus`); `None` or at least
+    /// `vcpus`: one each, no vCPU is ever preempted.
+    pub host_cpus: Option<u32>,
+    /// How long a vCPU keeps a host CPU while others wait for one, in
+    /// virtual cycles (`--host-slice`).
+    pub host_slice: u64,
     /// Host memory for EPT tables and bookkeeping beyond guest RAM.
     pub host_overhead: u64,
     /// The hv cost table.
@@ -87,6 +93,12 @@ pub struct VmConfig {
     pub modules: Vec<(Vec<u8>, String)>,
 }
 
+/// The default host time slice: 3 ms, Linux's EEVDF base slice (0.75 ms,
+/// `sysctl_sched_base_slice` in `kernel/sched/fair.c`) scaled by
+/// `1 + ilog2(CPUs)` for a host of 8 or more CPUs, as the default
+/// logarithmic tunable scaling does.
+pub const DEFAULT_HOST_SLICE: u64 = 3 * crate::CYCLES_PER_SECOND / 1000;
+
 /// 2026-01-01T00:00:00Z.
 pub const DEFAULT_WALL_CLOCK_AT_BOOT_NS: u64 = 1_767_225_600 * 1_000_000_000;
 
@@ -97,6 +109,8 @@ impl Default for VmConfig {
             mem_size: 256 << 20,
             cmdline: String::new(),
             quantum: 100_000,
+            host_cpus: None,
+            host_slice: DEFAULT_HOST_SLICE,
             host_overhead: 16 << 20,
             costs: HvCosts::DEFAULT,
             host_mem: None,
@@ -207,6 +221,12 @@ impl Vm {
         if config.vcpus == 0 || config.vcpus as usize > abi::MAX_CPUS {
             return Err(CreateError::BadVcpuCount(config.vcpus));
         }
+        if config.host_cpus == Some(0) {
+            return Err(CreateError::BadHostCpus(0));
+        }
+        if config.host_slice == 0 {
+            return Err(CreateError::BadHostSlice);
+        }
         let two_mib = 2 << 20;
         if config.mem_size == 0
             || config.mem_size % two_mib != 0
@@ -273,6 +293,14 @@ impl Vm {
             mode: config.apf,
             protocol: config.apf_protocol,
         };
+        let mut sched = Scheduler::new(Cycles(config.quantum.max(1)));
+        if let Some(host_cpus) = config.host_cpus {
+            sched.set_host_cpus(
+                host_cpus as usize,
+                Cycles(config.host_slice),
+                config.vcpus as usize,
+            );
+        }
         Ok(Vm {
             shared: Shared {
                 host: Host {
@@ -288,6 +316,9 @@ impl Vm {
                 kvm_features: apf.kvm_features()
                     | abi::KVM_FEATURE_CLOCKSOURCE2
                     | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT
+                    | abi::KVM_FEATURE_STEAL_TIME
+                    | abi::KVM_FEATURE_PV_TLB_FLUSH
+                    | abi::KVM_FEATURE_PV_SCHED_YIELD
                     | if cr3_cache.is_some() {
                         abi::KVM_FEATURE_CR3_CACHE
                     } else {
@@ -317,7 +348,7 @@ impl Vm {
                 time: Cycles::ZERO,
             },
             vcpus,
-            sched: Scheduler::new(Cycles(config.quantum.max(1))),
+            sched,
             mem_size: config.mem_size,
             kernel: None,
             zap: config.zap,
@@ -541,6 +572,7 @@ impl Vm {
                     m.queue
                 )
             },
+            host_cpus: self.sched.host_cpus(),
             apf_mode: shared.apf.mode.name(),
             apf_protocol: shared.apf.protocol.name(),
             mmu: host.mmu.mode.name(),

@@ -12,6 +12,19 @@
 //! cross-vCPU requests the exit queued (IPIs, kicks, AP starts, remote TLB
 //! flushes). Nothing depends on host time or hash order, so the same
 //! configuration gives the same output and cycle counts.
+//!
+//! Host CPUs (`--host-cpus N`, [`HostCpus`]): with fewer host CPUs than
+//! vCPUs, at the start of each round the vCPUs that want to run (runnable,
+//! or halted with something due in the round) get the host CPUs: a vCPU
+//! keeps one for its slice (`--host-slice`) unless it blocks (halts or
+//! stalls); then the free ones go to the waiting vCPUs that have run least
+//! (their busy cycles; the lower index on a tie), as a fair host scheduler
+//! does. A vCPU that wants to run without a host CPU is preempted: its
+//! clock advances to the round's end as steal time, its steal-time area
+//! says `KVM_VCPU_PREEMPTED`, and when it gets a host CPU again the hv
+//! records the steal and carries out a PV TLB flush asked meanwhile
+//! (`vcpu/steal.rs`). A halted vCPU holds no host CPU. KVM_HC_SCHED_YIELD
+//! to a preempted vCPU hands it the caller's host CPU.
 
 use super::shared::CrossRequest;
 use super::{RunStatus, StopReason, Vm};
@@ -25,10 +38,51 @@ use machine::cpu::{Activity, Gpr};
 use machine::vmx::IpiMode;
 use std::collections::BTreeSet;
 
+/// Host CPUs shared by more vCPUs (`--host-cpus` below `--vcpus`).
+#[derive(Debug)]
+pub(crate) struct HostCpus {
+    /// Host CPUs.
+    count: usize,
+    /// How long a vCPU keeps a host CPU while others wait.
+    slice: Cycles,
+    /// Per vCPU: the end of its slice while it holds a host CPU.
+    holding: Vec<Option<Cycles>>,
+    /// Per vCPU: a directed yield to it came too late in the round; it is
+    /// first in line at the next.
+    boosted: Vec<bool>,
+}
+
+impl HostCpus {
+    fn new(count: usize, slice: Cycles, vcpus: usize) -> Self {
+        HostCpus {
+            count,
+            slice,
+            holding: vec![None; vcpus],
+            boosted: vec![false; vcpus],
+        }
+    }
+}
+
+/// Whether `vcpu` needs a host CPU in a round ending at `round_end`.
+fn wants_host_cpu(vcpu: &Vcpu, round_end: Cycles) -> bool {
+    match vcpu.run {
+        RunState::Runnable => true,
+        RunState::Halted | RunState::ApfHalted => {
+            vcpu.can_wake() || vcpu.wake_event.is_some_and(|d| d < round_end)
+        }
+        // Blocked in the host on a synchronous page-in: no host CPU until
+        // the read is done.
+        RunState::Stalled { until, .. } => until < round_end,
+        RunState::WaitingForStart => false,
+    }
+}
+
 /// Scheduling state of the VM.
 #[derive(Debug)]
 pub(crate) struct Scheduler {
     pub quantum: Cycles,
+    /// Fewer host CPUs than vCPUs; `None`: one host CPU per vCPU.
+    pub host: Option<HostCpus>,
     /// The event queue in virtual time: (deadline, vCPU) of what will wake
     /// halted or stalled vCPUs (timers, page arrivals), earliest first.
     events: BTreeSet<(Cycles, usize)>,
@@ -42,10 +96,36 @@ impl Scheduler {
     pub fn new(quantum: Cycles) -> Self {
         Scheduler {
             quantum,
+            host: None,
             events: BTreeSet::new(),
             stopped: None,
             ring_full: false,
         }
+    }
+
+    /// Shares `count` host CPUs among `vcpus` vCPUs (nothing to share when
+    /// there are as many as vCPUs), each keeping one for `slice` while
+    /// others wait.
+    pub fn set_host_cpus(&mut self, count: usize, slice: Cycles, vcpus: usize) {
+        self.host = (count < vcpus).then(|| HostCpus::new(count.max(1), slice, vcpus));
+    }
+
+    /// Host CPUs shared by the vCPUs, when fewer than the vCPUs.
+    pub fn host_cpus(&self) -> Option<usize> {
+        self.host.as_ref().map(|h| h.count)
+    }
+
+    /// Whether vCPU `index` may run guest code now.
+    fn holds_host_cpu(&self, index: usize) -> bool {
+        self.host
+            .as_ref()
+            .is_none_or(|h| h.holding[index].is_some())
+    }
+
+    /// Whether vCPU `index` (in `run`) is preempted: it wants to run but
+    /// holds no host CPU.
+    fn is_preempted(&self, index: usize, run: RunState) -> bool {
+        run == RunState::Runnable && !self.holds_host_cpu(index)
     }
 
     /// `vcpu` enters `state` (halted or stalled); what can wake it joins
@@ -145,6 +225,10 @@ impl Vm {
             }
         }
         let round_end = self.shared.time.saturating_add(self.sched.quantum);
+        if let Err(error) = self.assign_host_cpus(round_end) {
+            self.sched.stopped = Some(StopReason::Error(error));
+            return;
+        }
         for index in 0..self.vcpus.len() {
             if self.sched.stopped.is_some() {
                 return;
@@ -152,6 +236,99 @@ impl Vm {
             self.run_vcpu(index, round_end);
         }
         self.shared.time = round_end;
+    }
+
+    /// With fewer host CPUs than vCPUs: who runs in the round that ends at
+    /// `round_end` (see the module's comment). A vCPU that gets a host CPU
+    /// back has its steal recorded; one that loses it while it wants to
+    /// run counts a preemption.
+    fn assign_host_cpus(&mut self, round_end: Cycles) -> Result<(), VmError> {
+        let Vm {
+            vcpus,
+            shared,
+            sched,
+            ..
+        } = self;
+        let Some(host) = sched.host.as_mut() else {
+            return Ok(());
+        };
+        let now = shared.time;
+        let wants: Vec<bool> = vcpus.iter().map(|v| wants_host_cpu(v, round_end)).collect();
+        let held_before: Vec<bool> = host.holding.iter().map(Option::is_some).collect();
+        let waiting = (0..vcpus.len())
+            .filter(|&i| wants[i] && host.holding[i].is_none())
+            .count();
+        for (i, holding) in host.holding.iter_mut().enumerate() {
+            match *holding {
+                // It blocked: the host CPU is free.
+                Some(_) if !wants[i] => *holding = None,
+                // Its slice is over and others wait: it queues again.
+                Some(end) if end <= now && waiting > 0 => *holding = None,
+                // Its slice is over and nobody waits: a new one.
+                Some(end) if end <= now => *holding = Some(now + host.slice),
+                _ => {}
+            }
+        }
+        let mut queue: Vec<usize> = (0..vcpus.len())
+            .filter(|&i| wants[i] && host.holding[i].is_none())
+            .collect();
+        queue.sort_by_key(|&i| (!host.boosted[i], vcpus[i].stats.busy_cycles, i));
+        let free = host.count - host.holding.iter().filter(|h| h.is_some()).count();
+        for &i in queue.iter().take(free) {
+            host.holding[i] = Some(now + host.slice);
+            host.boosted[i] = false;
+        }
+        for (i, vcpu) in vcpus.iter_mut().enumerate() {
+            let holds = host.holding[i].is_some();
+            if holds && !held_before[i] {
+                // Scheduled in: KVM's `record_steal_time` at the entry
+                // after `vcpu_load`.
+                crate::vcpu::steal::record(vcpu, shared)?;
+            } else if !holds && held_before[i] && wants[i] {
+                vcpu.stats.preemptions += 1;
+            }
+        }
+        self.carry_out_cross_requests();
+        Ok(())
+    }
+
+    /// KVM_HC_SCHED_YIELD from vCPU `index` to `target`: if the target is
+    /// preempted, the caller's host CPU becomes the target's (at once if
+    /// the target's turn in this round is still to come, else first thing
+    /// next round) and the caller is preempted.
+    fn directed_yield(&mut self, index: usize, target: VcpuId) -> Result<(), VmError> {
+        let Vm {
+            vcpus,
+            shared,
+            sched,
+            ..
+        } = self;
+        let round_end = shared.time.saturating_add(sched.quantum);
+        let Some(host) = sched.host.as_mut() else {
+            return Ok(());
+        };
+        let t = target.0;
+        if host.holding[index].is_none()
+            || host.holding[t].is_some()
+            || !wants_host_cpu(&vcpus[t], round_end)
+        {
+            return Ok(());
+        }
+        host.holding[index] = None;
+        vcpus[index].stats.sched_yields_directed += 1;
+        vcpus[index].stats.preemptions += 1;
+        if t > index {
+            let at = vcpus[index].clock();
+            let target = &mut vcpus[t];
+            if target.run == RunState::Runnable {
+                target.steal_until(at);
+            }
+            host.holding[t] = Some(at + host.slice);
+            crate::vcpu::steal::record(target, shared)?;
+        } else {
+            host.boosted[t] = true;
+        }
+        Ok(())
     }
 
     /// vCPU `index`'s turn in the round; the pages it dirties go to its
@@ -223,6 +400,17 @@ impl Vm {
                         }
                     }
                 }
+                RunState::Runnable if !sched.holds_host_cpu(index) => {
+                    // Preempted: it waits for a host CPU to the round's
+                    // end, and its steal-time area says so.
+                    vcpu.steal_until(round_end);
+                    let marked = crate::vcpu::steal::set_preempted(vcpu, shared);
+                    self.carry_out_cross_requests();
+                    if let Err(error) = marked {
+                        self.sched.stopped = Some(StopReason::Error(error));
+                    }
+                    return;
+                }
                 RunState::Runnable => {
                     // A vCPU whose clock, when its turn in the round came,
                     // left less than a VM entry's cost before the round's
@@ -268,6 +456,13 @@ impl Vm {
                         Next::ApfHalt => {
                             vcpu.apf.stats.halts += 1;
                             sched.block(vcpu, RunState::ApfHalted);
+                        }
+                        Next::YieldTo(target) => {
+                            if let Err(error) = self.directed_yield(index, target) {
+                                self.sched.stopped = Some(StopReason::Error(error));
+                                return;
+                            }
+                            self.carry_out_cross_requests();
                         }
                         Next::Stop(reason) => {
                             sched.stopped = Some(reason);
@@ -319,7 +514,12 @@ impl Vm {
     /// Carries out what exits (and the hv's own accesses) asked of other
     /// vCPUs, in the order asked.
     pub(crate) fn carry_out_cross_requests(&mut self) {
-        let Vm { vcpus, shared, .. } = self;
+        let Vm {
+            vcpus,
+            shared,
+            sched,
+            ..
+        } = self;
         let mut roots_reloaded = false;
         let requests: Vec<CrossRequest> = shared.cross.drain(..).collect();
         for request in requests {
@@ -362,6 +562,10 @@ impl Vm {
                                 }
                             }
                             _ => {
+                                target.stats.ipis_received += 1;
+                                if sched.is_preempted(i, target.run) {
+                                    target.stats.ipis_received_preempted += 1;
+                                }
                                 target.cpu.apic_mut().accept_interrupt(ipi.vector);
                                 wake(target, at);
                             }
@@ -438,6 +642,92 @@ mod tests {
             .unwrap();
         vm.start_vcpu(VcpuId(0), CODE, boot::BOOT_STACK_TOP, 0);
         vm
+    }
+
+    /// A VM whose `vcpus` vCPUs all spin (`jmp .`) on `host_cpus` host
+    /// CPUs with 1 ms slices.
+    fn spinning_vm(vcpus: u32, host_cpus: u32) -> Vm {
+        let mut vm = Vm::new(&VmConfig {
+            vcpus,
+            mem_size: 4 << 20,
+            host_cpus: Some(host_cpus),
+            host_slice: 3_000_000,
+            ..VmConfig::default()
+        })
+        .unwrap();
+        let gdt: Vec<u8> = boot::GDT.iter().flat_map(|d| d.to_le_bytes()).collect();
+        vm.write_guest(Gpa(boot::GDT_GPA), &gdt).unwrap();
+        for (gpa, entry) in boot::identity_map_entries(vm.mem_size()) {
+            vm.write_guest(Gpa(gpa), &entry.to_le_bytes()).unwrap();
+        }
+        vm.write_guest(Gpa(CODE), &[0xeb, 0xfe]).unwrap();
+        for i in 0..vcpus as usize {
+            vm.start_vcpu(VcpuId(i), CODE, boot::BOOT_STACK_TOP, 0);
+        }
+        vm
+    }
+
+    #[test]
+    fn fewer_host_cpus_are_shared_fairly_and_the_wait_is_steal() {
+        let run = || {
+            let mut vm = spinning_vm(3, 2);
+            assert_eq!(vm.run_until(Cycles(60_000_000)), RunStatus::Running);
+            vm
+        };
+        let vm = run();
+        let now = vm.time().0;
+        let slice = 3_000_000;
+        let mut busy_total = 0;
+        for v in &vm.vcpus {
+            let s = &v.stats;
+            // Every cycle of its clock was either run or waited for.
+            assert_eq!(s.busy_cycles + s.steal_cycles + s.idle_cycles, v.clock().0);
+            assert_eq!(s.idle_cycles, 0, "spinning vCPUs never idle");
+            // Two host CPUs for three vCPUs: each runs about 2/3 of the
+            // time, within a slice.
+            assert!(
+                s.busy_cycles.abs_diff(2 * now / 3) <= slice,
+                "vcpu {}: {} busy of {now}",
+                v.id,
+                s.busy_cycles
+            );
+            assert!(s.preemptions > 0);
+            busy_total += s.busy_cycles;
+        }
+        assert!(
+            busy_total <= 2 * (now + vm.sched.quantum.0),
+            "at most 2 run at a time"
+        );
+        // Deterministic.
+        let again = run();
+        for (a, b) in vm.vcpus.iter().zip(&again.vcpus) {
+            assert_eq!(a.stats, b.stats);
+        }
+        // One host CPU each: no steal.
+        let mut dedicated = spinning_vm(3, 3);
+        dedicated.run_until(Cycles(6_000_000));
+        assert!(dedicated.sched.host.is_none());
+        assert!(dedicated.vcpus.iter().all(|v| v.stats.steal_cycles == 0));
+    }
+
+    #[test]
+    fn a_halted_vcpu_holds_no_host_cpu() {
+        // vCPU 0 halts for good; vCPUs 1 and 2 spin on 2 host CPUs and
+        // never wait.
+        let mut vm = spinning_vm(3, 2);
+        vm.write_guest(Gpa(CODE + 0x100), &[0xfa, 0xf4, 0xeb, 0xfd])
+            .unwrap();
+        vm.vcpus[0].cpu.state_mut().rip = CODE + 0x100;
+        vm.run_until(Cycles(30_000_000));
+        assert_eq!(vm.vcpus[0].run, RunState::Halted);
+        for v in &vm.vcpus[1..] {
+            // At most the first slice, before vCPU 0 halted, was shared.
+            assert!(
+                v.stats.steal_cycles <= 3_000_000,
+                "{}",
+                v.stats.steal_cycles
+            );
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod ctxsw;
 pub(crate) mod dirty_log;
 mod fastpf;
 pub(crate) mod memslot;
+mod tlbflush;
 
 use crate::config::{check_output_path, ConfigError, Kernel};
 use crate::session::{drive, BenchProgress, Ending, Limits};
@@ -172,6 +173,25 @@ pub struct RunResult {
     /// Address-space switching counters, summed over vCPUs.
     #[serde(default)]
     pub mmu: MmuCounters,
+    /// Host CPUs (`--host-cpus`): steal time and the PV features for it,
+    /// summed over vCPUs.
+    #[serde(default)]
+    pub steal: StealCounters,
+}
+
+/// Steal time and what the hv did about preempted vCPUs, summed over
+/// vCPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StealCounters {
+    pub steal_cycles: u64,
+    pub preemptions: u64,
+    /// TLB flushes the hv did at entry for a PV TLB flush.
+    pub pv_tlb_flushes: u64,
+    pub ipis_received: u64,
+    /// IPIs that found their target preempted.
+    pub ipis_received_preempted: u64,
+    pub sched_yields: u64,
+    pub sched_yields_directed: u64,
 }
 
 /// What a run's address-space switches cost the MMU, summed over vCPUs.
@@ -213,6 +233,18 @@ impl RunResult {
                 cr3_load_exits: stats.vcpus.iter().map(|v| v.cr3_cache.cr3_load_exits).sum(),
                 roots_built: stats.shadow.map_or(0, |s| s.roots_built),
                 tlb_misses: stats.vcpus.iter().map(|v| v.tlb_misses).sum(),
+            },
+            steal: {
+                let sum = |f: fn(&hv::VcpuStats) -> u64| stats.vcpus.iter().map(f).sum();
+                StealCounters {
+                    steal_cycles: sum(|v| v.steal_cycles),
+                    preemptions: sum(|v| v.preemptions),
+                    pv_tlb_flushes: sum(|v| v.pv_tlb_flushes),
+                    ipis_received: sum(|v| v.ipis_received),
+                    ipis_received_preempted: sum(|v| v.ipis_received_preempted),
+                    sched_yields: sum(|v| v.sched_yields),
+                    sched_yields_directed: sum(|v| v.sched_yields_directed),
+                }
             },
         }
     }
@@ -372,6 +404,13 @@ pub fn main(command: BenchCommand) -> u8 {
             };
             execute(ctxsw::CtxswBench::new(args), &output)
         }
+        BenchCommand::Tlbflush(args) => {
+            let output = Output {
+                json: args.common.json,
+                plot: args.plot.clone(),
+            };
+            execute(tlbflush::TlbflushBench::new(args), &output)
+        }
         BenchCommand::Merge(args) => merge(&args),
     };
     match result {
@@ -491,6 +530,7 @@ fn merge(args: &MergeArgs) -> Result<String, BenchError> {
         dirty_log::DirtyLogBench::NAME => merge_into::<dirty_log::DirtyLogBench>(files, &output),
         fastpf::FastpfBench::NAME => merge_into::<fastpf::FastpfBench>(files, &output),
         ctxsw::CtxswBench::NAME => merge_into::<ctxsw::CtxswBench>(files, &output),
+        tlbflush::TlbflushBench::NAME => merge_into::<tlbflush::TlbflushBench>(files, &output),
         other => Err(BenchError::Merge(format!("unknown benchmark `{other}`"))),
     }
 }
