@@ -10,6 +10,7 @@ int pagetag_main(int argc, char **argv);
 int apfcalc_main(int argc, char **argv);
 int touchloop_main(int argc, char **argv);
 int fbwrite_main(int argc, char **argv);
+int hackbench_main(int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -24,6 +25,7 @@ static const struct {
     {"apfcalc", apfcalc_main},
     {"touchloop", touchloop_main},
     {"fbwrite", fbwrite_main},
+    {"hackbench", hackbench_main},
 };
 
 int umain(int argc, char **argv);

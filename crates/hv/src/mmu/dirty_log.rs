@@ -89,6 +89,8 @@ pub enum DirtyLogError {
     },
     #[error("PML needs EPT (the MMU is shadow)")]
     PmlNeedsEpt,
+    #[error("dirty logging needs memory virtualisation (--mmu none maps nothing it could write-protect)")]
+    Native,
     #[error("PML is not implemented in the machine yet")]
     PmlNotImplemented,
     #[error("pages {first}..{end} are outside memslot {slot} of {npages} pages")]

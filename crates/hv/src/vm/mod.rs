@@ -178,7 +178,9 @@ pub struct Vm {
 fn controls(id: u32, mmu: MmuMode) -> VmxControls {
     let base = base_controls(id);
     match mmu {
-        MmuMode::Ept => base,
+        // Native: no EPT pointer is ever set (the vCPU loads no root), so
+        // the machine walks the guest's tables with gpa = hpa.
+        MmuMode::Ept | MmuMode::Native => base,
         MmuMode::Shadow => crate::vcpu::shadow::shadow_controls(base),
     }
 }
@@ -220,11 +222,31 @@ impl Vm {
         let ept_tables = (config.mem_size / two_mib + 64) * PAGE_SIZE;
         let host_size = config.mem_size + ept_tables + config.host_overhead;
         let mem = PhysMemory::new(host_size)?;
-        let mut frames = FrameAllocator::new(Hfn(1), machine::Hpa(host_size).frame());
+        let native = config.mmu == MmuMode::Native;
+        // Without memory virtualisation guest RAM is host-physical memory
+        // from 0 (gpa = hpa): the allocator hands out only frames above it.
+        let first_frame = if native {
+            machine::Gpa(config.mem_size).frame().0.max(1)
+        } else {
+            1
+        };
+        let mut frames = FrameAllocator::new(Hfn(first_frame), machine::Hpa(host_size).frame());
         let limit = config
             .host_mem
             .unwrap_or(config.mem_size)
             .min(config.mem_size);
+        if native {
+            if limit < config.mem_size {
+                return Err(CreateError::Native(
+                    "host memory overcommit (--host-mem below --mem): guest RAM is host-physical memory itself, nothing can be paged out",
+                ));
+            }
+            if config.cr3_cache {
+                return Err(CreateError::Native(
+                    "the CR3 cache (--cr3-cache on): it caches shadow roots, and there are none",
+                ));
+            }
+        }
         if limit < MIN_HOST_MEM {
             return Err(CreateError::HostMemTooSmall {
                 host_mem: limit,
@@ -253,6 +275,9 @@ impl Vm {
             config.mem_size / PAGE_SIZE,
             SlotFlags::default(),
         )?;
+        if native {
+            slots.pin_identity(RAM_SLOT)?;
+        }
         let vcpus: Vec<Vcpu> = (0..config.vcpus)
             .map(|id| {
                 let mut cpu = Cpu::new(CpuConfig {
@@ -359,6 +384,7 @@ impl Vm {
         size: u64,
         flags: SlotFlags,
     ) -> Result<(), MemslotError> {
+        self.refuse_native()?;
         self.shared
             .host
             .slots
@@ -368,6 +394,7 @@ impl Vm {
     /// Deletes a memslot at the VM's current virtual time: drops every
     /// mapping ([`Vm::zap_all`]) and frees the slot's backing frames.
     pub fn delete_memslot(&mut self, id: SlotId) -> Result<ZapReport, MemslotError> {
+        self.refuse_native()?;
         let shared = &mut self.shared;
         let cancelled = shared.pager.forget_memslot(&shared.host.slots, id);
         for vcpu in &mut self.vcpus {
@@ -392,8 +419,18 @@ impl Vm {
     /// virtual time; its contents move with it and every mapping is
     /// dropped ([`Vm::zap_all`]; the guest refaults at the new gpa).
     pub fn move_memslot(&mut self, id: SlotId, new_base: Gpa) -> Result<ZapReport, MemslotError> {
+        self.refuse_native()?;
         self.shared.host.slots.move_slot(id, new_base.frame())?;
         Ok(self.zap_all()?)
+    }
+
+    /// Memslot changes need memory virtualisation: under
+    /// `MmuMode::Native` guest-physical memory is the host's own.
+    fn refuse_native(&self) -> Result<(), MemslotError> {
+        if self.shared.host.mmu.mode == MmuMode::Native {
+            return Err(MemslotError::Native);
+        }
+        Ok(())
     }
 
     /// Drops every mapping of the VM, the configured way
@@ -509,6 +546,7 @@ impl Vm {
                     s.cycles = v.cpu.cycles();
                     s.instructions = v.cpu.stats().instructions;
                     s.tlb_misses = v.cpu.tlb().stats().misses;
+                    s.page_walk_refs = v.cpu.stats().page_walk_refs;
                     s.apf = v.apf.stats;
                     s
                 })

@@ -17,6 +17,7 @@ mod apf_calc;
 mod ctxsw;
 pub(crate) mod dirty_log;
 mod fastpf;
+mod hackbench;
 pub(crate) mod memslot;
 
 use crate::config::{check_output_path, ConfigError, Kernel};
@@ -183,6 +184,9 @@ pub struct MmuCounters {
     pub roots_built: u64,
     /// TLB lookups that needed a walk.
     pub tlb_misses: u64,
+    /// Paging-structure entries those walks read (guest and EPT).
+    #[serde(default)]
+    pub page_walk_refs: u64,
 }
 
 impl RunResult {
@@ -213,6 +217,7 @@ impl RunResult {
                 cr3_load_exits: stats.vcpus.iter().map(|v| v.cr3_cache.cr3_load_exits).sum(),
                 roots_built: stats.shadow.map_or(0, |s| s.roots_built),
                 tlb_misses: stats.vcpus.iter().map(|v| v.tlb_misses).sum(),
+                page_walk_refs: stats.vcpus.iter().map(|v| v.page_walk_refs).sum(),
             },
         }
     }
@@ -372,6 +377,13 @@ pub fn main(command: BenchCommand) -> u8 {
             };
             execute(ctxsw::CtxswBench::new(args), &output)
         }
+        BenchCommand::Hackbench(args) => {
+            let output = Output {
+                json: args.common.json,
+                plot: args.plot.clone(),
+            };
+            execute(hackbench::HackbenchBench::new(args), &output)
+        }
         BenchCommand::Merge(args) => merge(&args),
     };
     match result {
@@ -491,6 +503,7 @@ fn merge(args: &MergeArgs) -> Result<String, BenchError> {
         dirty_log::DirtyLogBench::NAME => merge_into::<dirty_log::DirtyLogBench>(files, &output),
         fastpf::FastpfBench::NAME => merge_into::<fastpf::FastpfBench>(files, &output),
         ctxsw::CtxswBench::NAME => merge_into::<ctxsw::CtxswBench>(files, &output),
+        hackbench::HackbenchBench::NAME => merge_into::<hackbench::HackbenchBench>(files, &output),
         other => Err(BenchError::Merge(format!("unknown benchmark `{other}`"))),
     }
 }
