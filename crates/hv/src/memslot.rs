@@ -380,6 +380,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_identity_slot_is_resident_at_its_own_frames_and_owns_none() {
+        let mut slots = Memslots::default();
+        slots
+            .add(SlotId(0), Gfn(0), 16, SlotFlags::default())
+            .unwrap();
+        slots
+            .add(SlotId(1), Gfn(32), 4, SlotFlags::default())
+            .unwrap();
+        slots.pin_identity(SlotId(0)).unwrap();
+        assert_eq!(
+            slots.pin_identity(SlotId(9)),
+            Err(MemslotError::NoSuchSlot(SlotId(9)))
+        );
+        let ram = slots.lookup(Gfn(5)).unwrap();
+        assert!(ram.is_identity());
+        // gfn 0 too: frame 0 is guest RAM here, never the allocator's.
+        for gfn in [0, 5, 15] {
+            assert_eq!(ram.state(Gfn(gfn)), PageState::Resident(Hfn(gfn)));
+        }
+        // Nothing for a caller to free when the slot goes.
+        assert_eq!(ram.backed_pages().count(), 0);
+        let other = slots.lookup(Gfn(33)).unwrap();
+        assert!(!other.is_identity());
+        assert_eq!(other.state(Gfn(33)), PageState::Untouched);
+    }
+
+    #[test]
     fn add_lookup_move_delete_bump_the_generation() {
         let mut slots = Memslots::default();
         slots

@@ -219,18 +219,25 @@ impl Vm {
         // Guest RAM, its EPT tables (one table per 2 MiB, plus the upper
         // levels) and slack. PhysMemory is a lazily-committed mmap, so
         // untouched frames cost no host RAM.
-        let ept_tables = (config.mem_size / two_mib + 64) * PAGE_SIZE;
-        let host_size = config.mem_size + ept_tables + config.host_overhead;
-        let mem = PhysMemory::new(host_size)?;
         let native = config.mmu == MmuMode::Native;
+        let ept_tables = (config.mem_size / two_mib + 64) * PAGE_SIZE;
         // Without memory virtualisation guest RAM is host-physical memory
-        // from 0 (gpa = hpa): the allocator hands out only frames above it.
-        let first_frame = if native {
-            machine::Gpa(config.mem_size).frame().0.max(1)
+        // from 0 (gpa = hpa) and nothing else: the hv makes no tables, so
+        // the allocator is empty, and a guest access past RAM reaches no
+        // memory at all (an error stop, as an EPT violation outside every
+        // memslot is), never the hv's own frames.
+        let host_size = if native {
+            config.mem_size
         } else {
-            1
+            config.mem_size + ept_tables + config.host_overhead
         };
-        let mut frames = FrameAllocator::new(Hfn(first_frame), machine::Hpa(host_size).frame());
+        let mem = PhysMemory::new(host_size)?;
+        let end_frame = machine::Hpa(host_size).frame();
+        let mut frames = if native {
+            FrameAllocator::new(end_frame, end_frame)
+        } else {
+            FrameAllocator::new(Hfn(1), end_frame)
+        };
         let limit = config
             .host_mem
             .unwrap_or(config.mem_size)

@@ -6,12 +6,15 @@
 //!
 //! What separates the shadow rows is what the cost model charges for the
 //! exits and root switches a cache removes: a CR3-load exit is the
-//! machine's VM exit + entry (`machine::cost`: 600 + 600 cycles, a VMX
-//! round trip of the order Intel cores since Haswell measure, ~1,200
-//! cycles) plus the hv's dispatch (`hv::cost::exit_base`, 300) and the root
-//! lookup under `mmu_lock`; the TLB flush a non-PCID CR3 load implies is
-//! the machine's on every row (with or without an exit). Nothing here is
-//! tuned to the seed's figures, which are shown beside for comparison.
+//! machine's VM exit + entry (`machine::cost`: 600 + 600 cycles, with the
+//! measurements it rests on cited there) plus the hv's dispatch
+//! (`hv::cost::exit_base`, 300), the root lookup under `mmu_lock` and the
+//! INVVPID (`hv::cost::invvpid`); the TLB flush a non-PCID CR3 load
+//! implies is the machine's on every row (with or without an exit), and
+//! its refill is charged by the page walks (the `walk refs` column: 2-D
+//! under EPT, which the machine charges in full, with no paging-structure
+//! caches). Nothing here is tuned to the seed's figures, which are shown
+//! beside for comparison.
 //!
 //! The **native** row runs the same guest with no memory virtualisation
 //! (`MmuMode::Native`, `--mmu none`): guest RAM is host-physical memory
