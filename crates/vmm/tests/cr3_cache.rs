@@ -229,3 +229,75 @@ fn bench_ctxsw_rows_keys_and_acceptance() {
     assert_eq!(again.stdout, out.stdout, "the same numbers again");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The invariant checked from outside, on the bundled kernel, while it
+/// matters: with the cache on, address spaces switch (three `pagetag`
+/// processes under memory pressure; `hackbench`'s 41 processes, far more
+/// than the 4 targets), and every few slices a fast zap-all obsoletes every
+/// cached root. After every slice `Vm::check_mmu` holds: each cached root
+/// exists, is current, is in sync and is in the target list exactly when
+/// it is in the table.
+#[test]
+fn check_mmu_holds_with_the_cache_on_while_cached_roots_are_zapped() {
+    const KERNEL: &[u8] = include_bytes!(env!("FAULTLINE_GUEST_KERNEL"));
+    for (cmdline, host_mem, says) in [
+        (
+            "-- pagetag -m 4M -p 2 -t 1 -P 3",
+            Some(8 << 20),
+            "pagetag: 3 processes, 0 failed",
+        ),
+        (
+            "-- hackbench 1 -l 5",
+            None,
+            "Running with 1*40 (== 40) tasks",
+        ),
+    ] {
+        let config = hv::VmConfig {
+            vcpus: 2,
+            mem_size: 48 << 20,
+            host_mem,
+            swap_device: hv::DevicePreset::Nvme.model(),
+            // A task waiting for a swap-in lets another run: switches.
+            apf: hv::ApfMode::Pv,
+            mmu: hv::MmuMode::Shadow,
+            cr3_cache: true,
+            cr3_targets: 4,
+            cmdline: cmdline.into(),
+            ..hv::VmConfig::default()
+        };
+        let mut vm = hv::Vm::boot(&config, KERNEL).expect("boot");
+        let mut slices = 0u64;
+        let reason = loop {
+            match vm.run_until(vm.time() + hv::Cycles(1_500_000)) {
+                hv::RunStatus::Stopped(reason) => break reason,
+                hv::RunStatus::Running | hv::RunStatus::DirtyRingFull => {}
+            }
+            slices += 1;
+            if let Err(e) = vm.check_mmu() {
+                panic!("{cmdline}: slice {slices}: {e}");
+            }
+            if slices % 8 == 0 {
+                vm.zap_all().expect("zap-all");
+                vm.check_mmu().expect("after the zap");
+            }
+        };
+        let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
+        assert_eq!(
+            reason,
+            hv::StopReason::Shutdown { status: 0 },
+            "{cmdline}: {out}"
+        );
+        assert!(out.contains(says), "{cmdline}: {out}");
+        assert!(slices >= 8, "{cmdline}: {slices} slices: too short to zap");
+        let stats = vm.stats();
+        let dropped: u64 = stats
+            .vcpus
+            .iter()
+            .map(|v| v.cr3_cache.entries_dropped)
+            .sum();
+        let seen: u64 = stats.vcpus.iter().map(|v| v.cr3_cache.switches_seen).sum();
+        assert!(dropped > 0, "{cmdline}: zaps dropped no cached root");
+        let reports: Vec<&str> = vm.reports().iter().map(|r| r.line.as_str()).collect();
+        assert!(seen > 0, "{cmdline}: no exitless switch: {reports:?}");
+    }
+}
