@@ -18,7 +18,7 @@
  * are lost, so counting ticks would stretch a stalled task's slice. */
 #define SLICE_NS (2 * 1000000000ULL / HZ)
 #define MAX_TASKS 256
-#define MAX_FDS 16
+#define MAX_FDS 64 /* hackbench: a group's 40 pipe ends plus two control pipes */
 
 #define SEL_KCODE 0x08
 #define SEL_KDATA 0x10

@@ -162,13 +162,18 @@ static struct task *switched_from[MAX_CPUS];
 static void finish_switch(void) {
     struct cpu *c = this_cpu();
     struct task *prev = switched_from[c->id];
+    switched_from[c->id] = NULL;
+    /* The rq lock goes first: releasing a process closes its pipes, which
+     * wakes their waiters and so takes run-queue locks (this CPU's too)
+     * after pipe locks, the order everyone else uses. Releasing under the
+     * rq lock hung hackbench: a sender exited while a receiver on the same
+     * CPU waited on its pipe, and the wakeup spun on the lock it held. */
+    spin_unlock(&c->rq_lock);
     if (prev) {
-        switched_from[c->id] = NULL;
         if (prev->state == T_DEAD)
             release_process(prev);
         __atomic_store_n(&prev->on_cpu, 0, __ATOMIC_RELEASE);
     }
-    spin_unlock(&c->rq_lock);
 }
 
 void task_first_run(void);

@@ -5,7 +5,7 @@
 
 struct mm kernel_mm;
 
-#define MAX_MMS 64
+#define MAX_MMS 256 /* one per process */
 static struct mm mm_pool[MAX_MMS];
 static spinlock_t mm_pool_lock;
 

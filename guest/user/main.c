@@ -11,6 +11,7 @@ int apfcalc_main(int argc, char **argv);
 int touchloop_main(int argc, char **argv);
 int fbwrite_main(int argc, char **argv);
 int tlbflush_main(int argc, char **argv);
+int hackbench_main(int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -26,6 +27,7 @@ static const struct {
     {"touchloop", touchloop_main},
     {"fbwrite", fbwrite_main},
     {"tlbflush", tlbflush_main},
+    {"hackbench", hackbench_main},
 };
 
 int umain(int argc, char **argv);

@@ -286,7 +286,14 @@ fn load_kernel(vm: &mut Vm, elf: &ElfImage<'_>) -> Result<(), CreateError> {
         let mut page = (seg.paddr + seg.data.len() as u64).next_multiple_of(PAGE);
         while page + PAGE <= seg.paddr_end() {
             let gfn = Gpa(page).frame();
-            if let Some(slot) = shared.host.slots.lookup_mut(gfn) {
+            // An identity slot's frames are guest RAM itself, never the
+            // allocator's (and read as zero until written).
+            if let Some(slot) = shared
+                .host
+                .slots
+                .lookup_mut(gfn)
+                .filter(|s| !s.is_identity())
+            {
                 if let PageState::Resident(frame) = slot.state(gfn) {
                     let page = PageRef {
                         slot: slot.id,

@@ -15,6 +15,11 @@ pub struct HvCosts {
     /// Fixed software cost of dispatching any exit in the hv (reading the
     /// exit reason and qualification, the handler call): KVM's exit
     /// dispatch is a few hundred cycles on top of the hardware transition.
+    /// An estimate, and a low one: the one measurement found (the LKML
+    /// thread cited at `machine::CycleCosts::vm_exit`) puts KVM's software
+    /// around each VMRUN at ~1,150 cycles, but that includes the ioctl
+    /// entry and return to user space that an exit handled in the kernel
+    /// does not take.
     pub exit_base: u64,
     /// Looking up the memslot of a gfn (binary search over the slots).
     pub memslot_lookup: u64,
@@ -52,7 +57,11 @@ pub struct HvCosts {
     /// Issuing an INVVPID: priced as INVEPT (both drop one context's
     /// cached translations). Under shadow paging every CR3 load that exits
     /// ends in one (KVM's `vmx_flush_tlb_current` after `kvm_mmu_new_pgd`):
-    /// the flush the guest's non-PCID MOV to CR3 asks for.
+    /// the flush the guest's non-PCID MOV to CR3 asks for. No published
+    /// latency of INVVPID or INVEPT was found (Agner Fog's tables do not
+    /// list VMX instructions): an estimate of the order of a serializing
+    /// instruction plus the TLB invalidation; the refill that follows is
+    /// charged by the machine's page walks, not here.
     pub invvpid: u64,
     /// Submitting a swap I/O request (building and queueing it).
     pub io_submit: u64,

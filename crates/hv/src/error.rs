@@ -44,6 +44,8 @@ pub enum CreateError {
     HostMemTooSmall { host_mem: u64, min: u64 },
     #[error("the CR3-target count must be 1 to {max}, not {0}", max = abi::CR3_CACHE_MAX)]
     BadCr3Targets(usize),
+    #[error("--mmu none (no memory virtualisation) cannot run with {0}")]
+    Native(&'static str),
 }
 
 /// An hv access to guest-physical memory failed.

@@ -64,6 +64,11 @@ pub(crate) struct Memslot {
     swap: Vec<u32>,
     /// The dirty log, while `flags.log_dirty_pages`.
     pub dirty_log: Option<crate::mmu::dirty_log::SlotLog>,
+    /// Every page is resident at the host frame of its own number (gpa =
+    /// hpa), for ever: the RAM of a VM without memory virtualisation
+    /// (`MmuMode::Native`). `backing` and `swap` stay unused; nothing
+    /// evicts, swaps or first-touches such a page.
+    identity: bool,
 }
 
 impl Memslot {
@@ -92,6 +97,9 @@ impl Memslot {
 
     /// Where page `index` is. `index` must be below `npages`.
     pub fn state_at(&self, index: u64) -> PageState {
+        if self.identity {
+            return PageState::Resident(Hfn(self.gfn_at(index).0));
+        }
         match self.backing[index as usize] {
             0 => PageState::Untouched,
             SWAPPED => match self.swap_slot_at(index) {
@@ -154,11 +162,18 @@ impl Memslot {
 
     /// All resident frames with their gfns, in gfn order.
     pub fn backed_pages(&self) -> impl Iterator<Item = (Gfn, Hfn)> + '_ {
+        // An identity slot's frames are its own gfns and are never the
+        // allocator's, so nobody may free them: it lists none.
         self.backing
             .iter()
             .enumerate()
-            .filter(|(_, &f)| f != 0 && f != SWAPPED)
+            .filter(|(_, &f)| !self.identity && f != 0 && f != SWAPPED)
             .map(|(i, &f)| (Gfn(self.base_gfn.0 + i as u64), Hfn(f)))
+    }
+
+    /// Whether every page is resident at the frame of its own number.
+    pub fn is_identity(&self) -> bool {
+        self.identity
     }
 
     /// All swap slots the slot's pages use, in gfn order.
@@ -211,6 +226,8 @@ pub enum MemslotError {
     Overlap { base: u64, end: u64, other: SlotId },
     #[error(transparent)]
     Zap(#[from] crate::mmu::zap::ZapError),
+    #[error("memslots cannot change without memory virtualisation (--mmu none): guest-physical memory is host-physical memory")]
+    Native,
 }
 
 /// The set of memslots of a VM, with its generation.
@@ -311,9 +328,20 @@ impl Memslots {
                 backing,
                 swap,
                 dirty_log,
+                identity: false,
             },
         );
         self.generation += 1;
+        Ok(())
+    }
+
+    /// Makes slot `id` an identity slot: each page resident at the host
+    /// frame of its own number, for ever (see `Memslot::identity`). The
+    /// caller owns those host frames (the frame allocator never hands them
+    /// out).
+    pub fn pin_identity(&mut self, id: SlotId) -> Result<(), MemslotError> {
+        let slot = self.get_mut(id).ok_or(MemslotError::NoSuchSlot(id))?;
+        slot.identity = true;
         Ok(())
     }
 
@@ -350,6 +378,33 @@ impl Memslots {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_identity_slot_is_resident_at_its_own_frames_and_owns_none() {
+        let mut slots = Memslots::default();
+        slots
+            .add(SlotId(0), Gfn(0), 16, SlotFlags::default())
+            .unwrap();
+        slots
+            .add(SlotId(1), Gfn(32), 4, SlotFlags::default())
+            .unwrap();
+        slots.pin_identity(SlotId(0)).unwrap();
+        assert_eq!(
+            slots.pin_identity(SlotId(9)),
+            Err(MemslotError::NoSuchSlot(SlotId(9)))
+        );
+        let ram = slots.lookup(Gfn(5)).unwrap();
+        assert!(ram.is_identity());
+        // gfn 0 too: frame 0 is guest RAM here, never the allocator's.
+        for gfn in [0, 5, 15] {
+            assert_eq!(ram.state(Gfn(gfn)), PageState::Resident(Hfn(gfn)));
+        }
+        // Nothing for a caller to free when the slot goes.
+        assert_eq!(ram.backed_pages().count(), 0);
+        let other = slots.lookup(Gfn(33)).unwrap();
+        assert!(!other.is_identity());
+        assert_eq!(other.state(Gfn(33)), PageState::Untouched);
+    }
 
     #[test]
     fn add_lookup_move_delete_bump_the_generation() {

@@ -73,6 +73,9 @@ pub struct VcpuStats {
     pub instructions: u64,
     /// TLB lookups that needed a page walk.
     pub tlb_misses: u64,
+    /// Paging-structure entries those walks read (guest and EPT: up to 24
+    /// per miss under EPT, 4 with one-dimensional paging).
+    pub page_walk_refs: u64,
     /// Asynchronous page faults and waits for swapped pages.
     pub apf: ApfStats,
     /// Times its dirty ring filled and it waited for a harvest.

@@ -39,9 +39,17 @@ pub struct CycleCosts {
     /// microarchitecture, cache hierarchy table: L1 DCU 4-5 cycles).
     pub pml_log_write: u64,
     /// VM exit: saving guest state, loading host state (~half of the
-    /// ~1,200-cycle round trip measured on Skylake).
+    /// ~1,200-cycle round trip measured on Skylake). Sources for the round
+    /// trip: KVM's SVM run loop timed with the TSC in a Dec 2020 LKML
+    /// thread on saving host state around VMRUN
+    /// (<https://lkml.iu.edu/hypermail/linux/kernel/2012.2/00527.html>):
+    /// VMRUN to #VMEXIT 1,344-1,376 cycles on an AMD host; and the
+    /// per-generation decline of Intel's VM exit/entry latency in Agesen,
+    /// Mattson, Rugina, Sheldon, "Software Techniques for Avoiding Hardware
+    /// Virtualization Exits" (USENIX ATC 2012), Figure 1. Not tuned to any
+    /// benchmark's figure.
     pub vm_exit: u64,
-    /// VM entry: the other half of the round trip.
+    /// VM entry: the other half of the round trip (see `vm_exit`).
     pub vm_entry: u64,
 }
 

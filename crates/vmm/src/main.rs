@@ -94,6 +94,10 @@ pub enum BenchCommand {
     /// (preempted vCPUs), PV TLB flush and PV sched yield on and off:
     /// flush latency, IPIs sent and those sent to preempted vCPUs.
     Tlbflush(TlbflushBenchArgs),
+    /// Seed 004: hackbench (N groups of 20 sender and 20 receiver
+    /// processes over pipes) under the same rows as `bench ctxsw`: time,
+    /// CR3-load exits, roots built, TLB misses, CR3-cache hits.
+    Hackbench(HackbenchBenchArgs),
     /// Merge the JSON results of the runs `--list-runs` printed into the
     /// benchmark's table (or JSON) and plot, as a direct run prints them.
     Merge(MergeArgs),
@@ -386,6 +390,31 @@ pub struct TlbflushBenchArgs {
 }
 
 #[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
+pub struct HackbenchBenchArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// Group counts to run (`hackbench N`: 40N processes), each under
+    /// every row.
+    #[arg(long, value_delimiter = ',', default_value = "1,5",
+          value_parser = clap::value_parser!(u32).range(1..=6))]
+    groups: Vec<u32>,
+    /// Messages each sender writes to each receiver of its group.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    loops: u64,
+    /// vCPUs of the guest.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    vcpus: u32,
+    /// Guest memory.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    mem: u64,
+    /// Where the SVG plot goes (default:
+    /// faultline-results/bench-hackbench.svg under the current directory).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    plot: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
 pub struct DirtyLogBenchArgs {
     #[command(flatten)]
     common: BenchCommon,
@@ -629,6 +658,11 @@ pub enum FastPfIndirectArg {
 pub enum MmuArg {
     Ept,
     Shadow,
+    /// No memory virtualisation: gpa = hpa, EPT off, nothing shadowed
+    /// (the benchmarks' native row).
+    #[value(name = "none")]
+    #[serde(rename = "none")]
+    Native,
 }
 
 /// A switch on the command line.
@@ -735,6 +769,7 @@ impl OvercommitArgs {
         config.mmu = match self.mmu {
             MmuArg::Ept => hv::MmuMode::Ept,
             MmuArg::Shadow => hv::MmuMode::Shadow,
+            MmuArg::Native => hv::MmuMode::Native,
         };
         config.shadow_prev_roots = self.shadow_prev_roots as usize;
         config.cr3_cache = self.cr3_cache.on();

@@ -97,6 +97,8 @@ pub enum DirtyLogError {
     PmlNeedsEptAd,
     #[error("no host frame for a vCPU's page-modification log: {0}")]
     PmlPage(#[from] crate::frames::OutOfFrames),
+    #[error("dirty logging needs memory virtualisation (--mmu none maps nothing it could write-protect)")]
+    Native,
     #[error("pages {first}..{end} are outside memslot {slot} of {npages} pages")]
     BadRange {
         slot: crate::memslot::SlotId,
@@ -419,8 +421,9 @@ impl Mmu {
         let dirty_bits = bits & self.dirty_mask();
         use super::fast_pf::protocol::{self, Layout, Protect};
         let layout = match self.mode {
-            super::MmuMode::Ept => Layout::EPT,
             super::MmuMode::Shadow => Layout::SHADOW,
+            // Native maps nothing to log (`DirtyLogError::Native`).
+            super::MmuMode::Ept | super::MmuMode::Native => Layout::EPT,
         };
         let mut guard = self.hold(when, costs);
         let mut done = Protected::default();

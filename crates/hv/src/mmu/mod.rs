@@ -57,6 +57,13 @@ pub enum MmuMode {
     /// Shadow paging: the hv builds the tables the CPU walks from the
     /// guest's own (see [`shadow`]).
     Shadow,
+    /// No memory virtualisation (the benchmarks' "native" row): EPT off
+    /// and nothing shadowed, guest-physical = host-physical (guest RAM is
+    /// the machine's physical memory from 0, an identity memslot), so the
+    /// CPU walks the guest's own tables one-dimensionally and a MOV to CR3
+    /// never exits. No host paging, dirty logging or memslot changes: the
+    /// hv has no mapping to take away.
+    Native,
 }
 
 impl MmuMode {
@@ -65,6 +72,7 @@ impl MmuMode {
         match self {
             MmuMode::Ept => "ept",
             MmuMode::Shadow => "shadow",
+            MmuMode::Native => "none",
         }
     }
 }
@@ -160,6 +168,8 @@ impl Mmu {
         match self.mode {
             MmuMode::Ept => spte::ACCESSED,
             MmuMode::Shadow => shadow::spte::ACCESSED,
+            // No sptes: the pager never ages an identity page.
+            MmuMode::Native => 0,
         }
     }
 
@@ -175,6 +185,7 @@ impl Mmu {
             MmuMode::Ept if options.ept_ad => spte::DIRTY,
             MmuMode::Ept => spte::WRITE,
             MmuMode::Shadow => shadow::spte::DIRTY,
+            MmuMode::Native => 0,
         }
     }
 

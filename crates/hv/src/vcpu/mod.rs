@@ -247,15 +247,19 @@ impl Vcpu {
     /// Processes pending requests, then runs guest code until `limit` or
     /// an exit (KVM's `vcpu_enter_guest`).
     pub(crate) fn enter(&mut self, shared: &mut Shared, limit: Cycles) -> Result<VmExit, VmError> {
-        if self.mmu_mode == MmuMode::Shadow {
-            self.process_shadow_requests(shared)?;
-            self.begin_tracked_write(shared)?;
-        } else {
-            self.process_requests(shared)
-                .map_err(|source| VmError::Root {
-                    vcpu: self.id,
-                    source,
-                })?;
+        match self.mmu_mode {
+            MmuMode::Shadow => {
+                self.process_shadow_requests(shared)?;
+                self.begin_tracked_write(shared)?;
+            }
+            MmuMode::Ept => {
+                self.process_requests(shared)
+                    .map_err(|source| VmError::Root {
+                        vcpu: self.id,
+                        source,
+                    })?;
+            }
+            MmuMode::Native => self.process_native_requests(),
         }
         let before = self.cpu.cycles();
         let exit = self.cpu.run(&shared.host.mem, limit.0);
@@ -284,6 +288,18 @@ impl Vcpu {
             self.charge(Cycles(shared.host.costs.invvpid));
         }
         Ok(())
+    }
+
+    /// Without memory virtualisation there is no root to load; a flush
+    /// request (nothing the hv does queues one today) drops the VPID's
+    /// translations.
+    fn process_native_requests(&mut self) {
+        self.requests.take(Requests::RELOAD_ROOT);
+        if self.requests.take(Requests::TLB_FLUSH) {
+            let vpid = self.cpu.vmx().map_or(0, |v| v.vpid);
+            self.cpu
+                .invvpid(machine::vmx::InvvpidKind::SingleContext { vpid });
+        }
     }
 
     /// Under shadow paging: requests before entry. A root reload (and

@@ -116,7 +116,9 @@ impl Vcpu {
     /// Sets the guest's CR3 at start-up.
     pub(crate) fn set_guest_cr3(&mut self, cr3: u64) {
         match self.mmu_mode {
-            crate::mmu::MmuMode::Ept => self.cpu.state_mut().cr3 = cr3,
+            crate::mmu::MmuMode::Ept | crate::mmu::MmuMode::Native => {
+                self.cpu.state_mut().cr3 = cr3
+            }
             crate::mmu::MmuMode::Shadow => {
                 self.shadow.guest_cr3 = cr3;
                 self.requests.set(Requests::RELOAD_ROOT);

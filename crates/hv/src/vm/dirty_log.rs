@@ -97,6 +97,9 @@ impl Vm {
         id: SlotId,
         mode: DirtyLogMode,
     ) -> Result<DirtyLogCost, DirtyLogError> {
+        if self.shared.host.mmu.mode == MmuMode::Native {
+            return Err(DirtyLogError::Native);
+        }
         if mode == DirtyLogMode::Pml {
             if self.shared.host.mmu.mode != MmuMode::Ept {
                 return Err(DirtyLogError::PmlNeedsEpt);

@@ -192,7 +192,9 @@ pub struct Vm {
 fn controls(id: u32, mmu: MmuMode) -> VmxControls {
     let base = base_controls(id);
     match mmu {
-        MmuMode::Ept => base,
+        // Native: no EPT pointer is ever set (the vCPU loads no root), so
+        // the machine walks the guest's tables with gpa = hpa.
+        MmuMode::Ept | MmuMode::Native => base,
         MmuMode::Shadow => crate::vcpu::shadow::shadow_controls(base),
     }
 }
@@ -237,14 +239,41 @@ impl Vm {
         // Guest RAM, its EPT tables (one table per 2 MiB, plus the upper
         // levels) and slack. PhysMemory is a lazily-committed mmap, so
         // untouched frames cost no host RAM.
+        let native = config.mmu == MmuMode::Native;
         let ept_tables = (config.mem_size / two_mib + 64) * PAGE_SIZE;
-        let host_size = config.mem_size + ept_tables + config.host_overhead;
+        // Without memory virtualisation guest RAM is host-physical memory
+        // from 0 (gpa = hpa) and nothing else: the hv makes no tables, so
+        // the allocator is empty, and a guest access past RAM reaches no
+        // memory at all (an error stop, as an EPT violation outside every
+        // memslot is), never the hv's own frames.
+        let host_size = if native {
+            config.mem_size
+        } else {
+            config.mem_size + ept_tables + config.host_overhead
+        };
         let mem = PhysMemory::new(host_size)?;
-        let mut frames = FrameAllocator::new(Hfn(1), machine::Hpa(host_size).frame());
+        let end_frame = machine::Hpa(host_size).frame();
+        let mut frames = if native {
+            FrameAllocator::new(end_frame, end_frame)
+        } else {
+            FrameAllocator::new(Hfn(1), end_frame)
+        };
         let limit = config
             .host_mem
             .unwrap_or(config.mem_size)
             .min(config.mem_size);
+        if native {
+            if limit < config.mem_size {
+                return Err(CreateError::Native(
+                    "host memory overcommit (--host-mem below --mem): guest RAM is host-physical memory itself, nothing can be paged out",
+                ));
+            }
+            if config.cr3_cache {
+                return Err(CreateError::Native(
+                    "the CR3 cache (--cr3-cache on): it caches shadow roots, and there are none",
+                ));
+            }
+        }
         if limit < MIN_HOST_MEM {
             return Err(CreateError::HostMemTooSmall {
                 host_mem: limit,
@@ -273,6 +302,9 @@ impl Vm {
             config.mem_size / PAGE_SIZE,
             SlotFlags::default(),
         )?;
+        if native {
+            slots.pin_identity(RAM_SLOT)?;
+        }
         let vcpus: Vec<Vcpu> = (0..config.vcpus)
             .map(|id| {
                 let mut cpu = Cpu::new(CpuConfig {
@@ -390,6 +422,7 @@ impl Vm {
         size: u64,
         flags: SlotFlags,
     ) -> Result<(), MemslotError> {
+        self.refuse_native()?;
         self.shared
             .host
             .slots
@@ -399,6 +432,7 @@ impl Vm {
     /// Deletes a memslot at the VM's current virtual time: drops every
     /// mapping ([`Vm::zap_all`]) and frees the slot's backing frames.
     pub fn delete_memslot(&mut self, id: SlotId) -> Result<ZapReport, MemslotError> {
+        self.refuse_native()?;
         let shared = &mut self.shared;
         let cancelled = shared.pager.forget_memslot(&shared.host.slots, id);
         for vcpu in &mut self.vcpus {
@@ -426,11 +460,21 @@ impl Vm {
     /// virtual time; its contents move with it and every mapping is
     /// dropped ([`Vm::zap_all`]; the guest refaults at the new gpa).
     pub fn move_memslot(&mut self, id: SlotId, new_base: Gpa) -> Result<ZapReport, MemslotError> {
+        self.refuse_native()?;
         // PML logs hold gpas: into the bitmaps while they name the slot.
         self.drain_pml_logs()
             .map_err(crate::mmu::zap::ZapError::from)?;
         self.shared.host.slots.move_slot(id, new_base.frame())?;
         Ok(self.zap_all()?)
+    }
+
+    /// Memslot changes need memory virtualisation: under
+    /// `MmuMode::Native` guest-physical memory is the host's own.
+    fn refuse_native(&self) -> Result<(), MemslotError> {
+        if self.shared.host.mmu.mode == MmuMode::Native {
+            return Err(MemslotError::Native);
+        }
+        Ok(())
     }
 
     /// Drops every mapping of the VM, the configured way
@@ -549,6 +593,7 @@ impl Vm {
                     s.cycles = v.cpu.cycles();
                     s.instructions = v.cpu.stats().instructions;
                     s.tlb_misses = v.cpu.tlb().stats().misses;
+                    s.page_walk_refs = v.cpu.stats().page_walk_refs;
                     s.apf = v.apf.stats;
                     s
                 })

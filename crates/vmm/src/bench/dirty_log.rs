@@ -194,6 +194,7 @@ fn mmu_of(arg: MmuArg) -> MmuMode {
     match arg {
         MmuArg::Ept => MmuMode::Ept,
         MmuArg::Shadow => MmuMode::Shadow,
+        MmuArg::Native => MmuMode::Native,
     }
 }
 

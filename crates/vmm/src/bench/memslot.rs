@@ -253,6 +253,7 @@ fn mmu_name(mmu: MmuArg) -> &'static str {
     match mmu {
         MmuArg::Ept => "ept",
         MmuArg::Shadow => "shadow",
+        MmuArg::Native => "none",
     }
 }
 

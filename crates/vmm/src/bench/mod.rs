@@ -17,6 +17,7 @@ mod apf_calc;
 mod ctxsw;
 pub(crate) mod dirty_log;
 mod fastpf;
+mod hackbench;
 pub(crate) mod memslot;
 mod tlbflush;
 
@@ -203,6 +204,9 @@ pub struct MmuCounters {
     pub roots_built: u64,
     /// TLB lookups that needed a walk.
     pub tlb_misses: u64,
+    /// Paging-structure entries those walks read (guest and EPT).
+    #[serde(default)]
+    pub page_walk_refs: u64,
 }
 
 impl RunResult {
@@ -233,6 +237,7 @@ impl RunResult {
                 cr3_load_exits: stats.vcpus.iter().map(|v| v.cr3_cache.cr3_load_exits).sum(),
                 roots_built: stats.shadow.map_or(0, |s| s.roots_built),
                 tlb_misses: stats.vcpus.iter().map(|v| v.tlb_misses).sum(),
+                page_walk_refs: stats.vcpus.iter().map(|v| v.page_walk_refs).sum(),
             },
             steal: {
                 let sum = |f: fn(&hv::VcpuStats) -> u64| stats.vcpus.iter().map(f).sum();
@@ -411,6 +416,13 @@ pub fn main(command: BenchCommand) -> u8 {
             };
             execute(tlbflush::TlbflushBench::new(args), &output)
         }
+        BenchCommand::Hackbench(args) => {
+            let output = Output {
+                json: args.common.json,
+                plot: args.plot.clone(),
+            };
+            execute(hackbench::HackbenchBench::new(args), &output)
+        }
         BenchCommand::Merge(args) => merge(&args),
     };
     match result {
@@ -531,6 +543,7 @@ fn merge(args: &MergeArgs) -> Result<String, BenchError> {
         fastpf::FastpfBench::NAME => merge_into::<fastpf::FastpfBench>(files, &output),
         ctxsw::CtxswBench::NAME => merge_into::<ctxsw::CtxswBench>(files, &output),
         tlbflush::TlbflushBench::NAME => merge_into::<tlbflush::TlbflushBench>(files, &output),
+        hackbench::HackbenchBench::NAME => merge_into::<hackbench::HackbenchBench>(files, &output),
         other => Err(BenchError::Merge(format!("unknown benchmark `{other}`"))),
     }
 }
