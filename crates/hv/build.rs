@@ -21,8 +21,9 @@ const HOSTILE: [&str; 7] = ["msr", "hypercall", "ports", "wild", "smc", "spin", 
 /// The MMU correctness kernels (tests/guests/mmu/SOURCE.c -> NAME.elf, with
 /// extra gcc flags): the access matrix (and its per-case log variant) and
 /// the random-mutation guest (with a second seed, and variants that flush
-/// before every access or leave out required flushes).
-const MMU: [(&str, &str, &[&str]); 6] = [
+/// before every access or leave out required flushes), and both with the
+/// paravirtual CR3 cache compiled in.
+const MMU: [(&str, &str, &[&str]); 8] = [
     ("matrix", "mmu-matrix", &[]),
     ("matrix", "mmu-matrix-log", &["-DCASE_LOG"]),
     ("random", "mmu-random", &[]),
@@ -33,6 +34,10 @@ const MMU: [(&str, &str, &[&str]); 6] = [
     ),
     ("random", "mmu-random-paranoid", &["-DPARANOID"]),
     ("random", "mmu-random-skip-flushes", &["-DSKIP_FLUSHES"]),
+    // Both switching address spaces through the paravirtual CR3 cache
+    // where the hv offers it (shadow paging with the cache on).
+    ("matrix", "mmu-matrix-cr3-cache", &["-DCR3_CACHE"]),
+    ("random", "mmu-random-cr3-cache", &["-DCR3_CACHE"]),
 ];
 
 /// Kernels built from several sources with a link script of their own

@@ -19,6 +19,9 @@ pub enum Env {
     Ept,
     /// Under the hv with shadow paging.
     Shadow,
+    /// Under the hv with shadow paging and the paravirtual CR3 cache
+    /// offered, with this many CR3 targets.
+    ShadowCr3Cache(usize),
 }
 
 /// The serial output of `elf` run in `env`; panics (with the output) unless
@@ -34,17 +37,21 @@ pub fn run(elf: &[u8], env: Env) -> String {
             let out = BareMachine::run_elf(config, elf).expect("bare run");
             (out.exit.status(), out.serial)
         }
-        Env::Ept | Env::Shadow => {
-            let config = VmConfig {
+        Env::Ept | Env::Shadow | Env::ShadowCr3Cache(_) => {
+            let mut config = VmConfig {
                 vcpus: 1,
                 mem_size: MEM,
-                mmu: if env == Env::Shadow {
-                    MmuMode::Shadow
-                } else {
+                mmu: if env == Env::Ept {
                     MmuMode::Ept
+                } else {
+                    MmuMode::Shadow
                 },
                 ..VmConfig::default()
             };
+            if let Env::ShadowCr3Cache(targets) = env {
+                config.cr3_cache = true;
+                config.cr3_targets = targets;
+            }
             let mut vm = Vm::boot(&config, elf).expect("boot");
             let reason = vm.run();
             let serial = vm.take_serial();

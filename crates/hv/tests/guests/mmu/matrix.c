@@ -124,7 +124,7 @@ static void install(const struct tree *t) {
     volatile uint8_t *code = (volatile uint8_t *)target_phys(t->leaf);
     code[0] = INT80_LO;
     code[1] = INT80_HI;
-    write_cr3((uint64_t)kernel_pml4);
+    switch_cr3((uint64_t)kernel_pml4);
 }
 
 void rt_main(void) {
@@ -222,5 +222,14 @@ void rt_main(void) {
     puts_serial(" digest=");
     puthex(digest);
     puts_serial("\n");
+#ifdef CR3_CACHE
+    puts_serial("mmu-matrix-cr3-cache: on=");
+    putu(cr3c_state > 0);
+    puts_serial(" hits=");
+    putu(cr3c_hits);
+    puts_serial(" misses=");
+    putu(cr3c_misses);
+    puts_serial("\n");
+#endif
     debug_exit(0);
 }

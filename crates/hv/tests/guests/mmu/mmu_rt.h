@@ -243,6 +243,62 @@ static void setup_paging(void) {
     write_cr3((uint64_t)kernel_pml4);
 }
 
+
+/* The paravirtual CR3 cache (seed 004), compiled in with -DCR3_CACHE and
+ * used as the bundled kernel uses it (guest/kernel/cr3cache.c): where the
+ * hv offers it (the KVM CPUID leaf's KVM_FEATURE_CR3_CACHE: shadow paging
+ * with `cr3_cache`), the first switch registers a table and every switch
+ * looks its CR3 up there, loading a cached shadow root without an exit;
+ * elsewhere (bare, EPT) switch_cr3 is a plain MOV to CR3. The kernel keeps
+ * the CR3 it meant (pml4s[]), never reading CR3 back. */
+#ifdef CR3_CACHE
+#define MMU_KVM_FEATURE_CR3_CACHE (1u << 28)
+#define MMU_HC_CR3_CACHE_REGISTER 0x46000010ull
+#define MMU_CR3_CACHE_MAX 16
+static struct {
+    struct { uint64_t guest_cr3, host_cr3; } entry[MMU_CR3_CACHE_MAX];
+    uint32_t max_idx, pad;
+    uint64_t wanted_cr3;
+} cr3c __attribute__((aligned(512)));
+static int cr3c_state; /* 0: not probed, 1: on, -1: off */
+static uint64_t cr3c_hits, cr3c_misses;
+
+static void cr3c_probe(void) {
+    uint32_t a, b, c, d;
+    cr3c_state = -1;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0x40000000u), "c"(0));
+    if (b != 0x4b4d564b || c != 0x564b4d56 || d != 0x4d) return; /* "KVMKVMKVM" */
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0x40000001u), "c"(0));
+    if (!(a & MMU_KVM_FEATURE_CR3_CACHE)) return;
+    long rc;
+    __asm__ volatile("vmcall" : "=a"(rc) : "a"(MMU_HC_CR3_CACHE_REGISTER), "b"((uint64_t)&cr3c), "c"(0), "d"(0), "S"(0) : "memory");
+    if (rc > 0) cr3c_state = 1;
+}
+
+static void switch_cr3(uint64_t cr3) {
+    if (!cr3c_state) cr3c_probe();
+    if (cr3c_state < 0) {
+        write_cr3(cr3);
+        return;
+    }
+    __atomic_store_n(&cr3c.wanted_cr3, cr3, __ATOMIC_RELAXED);
+    uint32_t n = cr3c.max_idx < MMU_CR3_CACHE_MAX ? cr3c.max_idx : MMU_CR3_CACHE_MAX;
+    uint64_t load = cr3;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t host = __atomic_load_n(&cr3c.entry[i].host_cr3, __ATOMIC_RELAXED);
+        if (host && __atomic_load_n(&cr3c.entry[i].guest_cr3, __ATOMIC_RELAXED) == cr3) {
+            load = host;
+            break;
+        }
+    }
+    if (load != cr3) cr3c_hits++;
+    else cr3c_misses++;
+    write_cr3(load);
+}
+#else
+static inline void switch_cr3(uint64_t cr3) { write_cr3(cr3); }
+#endif
+
 /* The address of `stub` (one of stub_*) for code at `cpl`. */
 static uint64_t stub_at(const char *stub, int cpl) {
     uint64_t off = (uint64_t)(stub - stubs_page);

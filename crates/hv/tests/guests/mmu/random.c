@@ -111,7 +111,7 @@ static int suppress_hw_flush;
 
 static void load_cr3(int as) {
     cur = as;
-    if (!suppress_hw_flush) write_cr3((uint64_t)pml4s[as]);
+    if (!suppress_hw_flush) switch_cr3((uint64_t)pml4s[as]);
     for (int i = 0; i < PRIV_PAGES; i++) pending[i] = upgraded[i] = 0;
     pending_large = 0;
     stats_cr3++;
@@ -320,7 +320,7 @@ static void op_access(uint64_t n) {
 #ifdef PARANOID
     /* Flush everything, outside the bookkeeping: no access can use a
      * cached translation, so the outcome is the page tables' alone. */
-    write_cr3((uint64_t)pml4s[cur]);
+    switch_cr3((uint64_t)pml4s[cur]);
     write_cr4(cur_cr4() & ~CR4_PGE);
     write_cr4(cur_cr4());
 #endif
@@ -452,5 +452,14 @@ void rt_main(void) {
     puts_serial(" digest=");
     puthex(digest);
     puts_serial("\n");
+#ifdef CR3_CACHE
+    puts_serial("mmu-random-cr3-cache: on=");
+    putu(cr3c_state > 0);
+    puts_serial(" hits=");
+    putu(cr3c_hits);
+    puts_serial(" misses=");
+    putu(cr3c_misses);
+    puts_serial("\n");
+#endif
     debug_exit(0);
 }
