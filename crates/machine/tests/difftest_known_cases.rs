@@ -115,3 +115,52 @@ fn bit_test_on_memory_with_a_negative_register_offset() {
     );
     assert_eq!(native.window[0xff], 0x80);
 }
+
+#[test]
+fn a_fault_in_a_32_bit_address_rep_movs_leaves_the_upper_halves_vendor_specific() {
+    // rep movsd [edi],[esi] (addr32) whose first store crosses into the
+    // page after the data page: #PF before any iteration completes. Intel
+    // has cleared bits 63:32 of RSI and RDI by then, AMD has not; the
+    // comparison leaves those bits out, the low halves must agree.
+    let src = DATA_ADDR + 0x100;
+    let dst = DATA_ADDR + 0xffd;
+    let native = both_match(
+        &[0xfc, 0x67, 0xf3, 0xa5],
+        initial(&[
+            (1, 7),
+            (6, 0x0400_0000_0000_0000 | src),
+            (7, 0x4_0000_0000 | dst),
+        ]),
+    );
+    assert!(
+        matches!(native.stop, Stop::Fault { .. }),
+        "{:?}",
+        native.stop
+    );
+    assert_eq!(native.gpr[6] & 0xffff_ffff, src);
+    assert_eq!(native.gpr[7] & 0xffff_ffff, dst);
+    assert_eq!(native.gpr[1] & 0xffff_ffff, 7);
+}
+
+#[test]
+fn a_fault_inside_repne_cmpsb_leaves_the_flags_vendor_specific() {
+    // repne cmpsb with RSI at the last byte of the data page: one compare,
+    // then #PF. AMD keeps that compare's flags, the Intel host of session 6
+    // the flags from before the instruction; RSI, RDI and RCX show one
+    // iteration on both.
+    let src = DATA_ADDR + 0xfff;
+    let dst = DATA_ADDR + 0x10;
+    let mut init = initial(&[(1, 3), (6, src), (7, dst)]);
+    // Unequal bytes, so REPNE goes on to the next page.
+    init.window[0xfff] = 0x10;
+    init.window[0x10] = 0x30;
+    let native = both_match(&[0xfc, 0xf2, 0xa6], init);
+    assert!(
+        matches!(native.stop, Stop::Fault { .. }),
+        "{:?}",
+        native.stop
+    );
+    assert_eq!(native.gpr[6], src + 1);
+    assert_eq!(native.gpr[7], dst + 1);
+    assert_eq!(native.gpr[1], 2);
+}

@@ -364,6 +364,20 @@ impl Tracker {
         }
 
         let repeated = instr.has_rep_prefix() || instr.has_repne_prefix();
+        if repeated
+            && uses_32_bit_string_addresses(instr)
+            && hints.rcx.is_none_or(|c| c as u32 == 0)
+        {
+            // A repeated string instruction with a 32-bit address size in
+            // 64-bit mode and ECX = 0 runs no iteration, yet Intel clears
+            // bits 63:32 of RCX (and of RSI/RDI for MOVS and STOS) while
+            // AMD changes nothing: vendor-specific, not compared.
+            for reg in [Register::RCX, Register::RSI, Register::RDI] {
+                if let Some((index, _)) = gpr_bits(reg) {
+                    after.undefined_bits[index] |= 0xffff_ffff_0000_0000;
+                }
+            }
+        }
         if repeated && instr_defined != 0 {
             // REPE/REPNE CMPS/SCAS with RCX = 0 run no iteration and change
             // no flag.
@@ -378,6 +392,14 @@ impl Tracker {
         after.undefined_flags = (before.undefined_flags & !instr_defined) | instr_undefined;
         Ok(after)
     }
+}
+
+/// Whether `instr` is a string instruction addressing with ESI/EDI (a
+/// 32-bit address size in 64-bit mode).
+fn uses_32_bit_string_addresses(instr: &Instruction) -> bool {
+    [instr.op0_kind(), instr.op1_kind()]
+        .iter()
+        .any(|k| matches!(k, OpKind::MemoryESEDI | OpKind::MemorySegESI))
 }
 
 /// Width in bits of operand `operand` (a register or memory).

@@ -83,34 +83,24 @@ impl Bench for ApfBench {
                     config.swap_device.read_latency =
                         hv::swap::LatencyRange::fixed(duration_to_cycles(latency));
                     config.swap_device.name = format!("{}+latency", self.base.swap_device.name);
-                    specs.push(RunSpec {
-                        label: format!("{}@{}", mode.name(), format_duration(latency)),
+                    specs.push(RunSpec::new(
+                        format!("{}@{}", mode.name(), format_duration(latency)),
                         config,
-                        memslot: None,
-                        dirty_log: None,
-                        harvest: None,
-                    });
+                    ));
                 }
             }
             return specs;
         }
         let mut specs: Vec<RunSpec> = [ApfMode::Off, ApfMode::Halt, ApfMode::Pv]
             .iter()
-            .map(|&m| RunSpec {
-                label: m.name().to_string(),
-                config: self.bm_config(m, Some(self.args.host_mem)),
-                memslot: None,
-                dirty_log: None,
-                harvest: None,
+            .map(|&m| {
+                RunSpec::new(
+                    m.name().to_string(),
+                    self.bm_config(m, Some(self.args.host_mem)),
+                )
             })
             .collect();
-        specs.push(RunSpec {
-            label: "ideal".into(),
-            config: self.bm_config(ApfMode::Pv, None),
-            memslot: None,
-            dirty_log: None,
-            harvest: None,
-        });
+        specs.push(RunSpec::new("ideal", self.bm_config(ApfMode::Pv, None)));
         specs
     }
 

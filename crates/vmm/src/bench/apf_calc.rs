@@ -61,17 +61,14 @@ impl Bench for ApfCalcBench {
         let mut specs = Vec::new();
         for calc in [true, false] {
             for mode in [ApfMode::Off, ApfMode::Pv] {
-                specs.push(RunSpec {
-                    label: format!(
+                specs.push(RunSpec::new(
+                    format!(
                         "{}{}",
                         if calc { "calc+" } else { "" },
                         if mode == ApfMode::Off { "off" } else { "on" }
                     ),
-                    config: self.config(mode, calc),
-                    memslot: None,
-                    dirty_log: None,
-                    harvest: None,
-                });
+                    self.config(mode, calc),
+                ));
             }
         }
         specs

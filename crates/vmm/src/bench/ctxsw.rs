@@ -21,7 +21,7 @@
 //! from 0, EPT off, nothing shadowed, so TLB misses walk one dimension and
 //! a MOV to CR3 never exits.
 
-use super::{Bench, BenchError, Output, RunResult, RunSpec};
+use super::{result_for, Bench, BenchError, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::plot::{self, Bar};
 use crate::{BenchCommon, CtxswBenchArgs, SwapDeviceArg};
@@ -140,13 +140,7 @@ impl Bench for CtxswBench {
 
     fn specs(&self) -> Vec<RunSpec> {
         ROWS.iter()
-            .map(|row| RunSpec {
-                label: row.name.to_string(),
-                config: self.config(row),
-                memslot: None,
-                dirty_log: None,
-                harvest: None,
-            })
+            .map(|row| RunSpec::new(row.name.to_string(), self.config(row)))
             .collect()
     }
 
@@ -154,10 +148,7 @@ impl Bench for CtxswBench {
         let rows = ROWS
             .iter()
             .map(|row| {
-                let run = results
-                    .iter()
-                    .find(|r| r.label == row.name)
-                    .ok_or_else(|| BenchError::Merge(format!("no result for `{}`", row.name)))?;
+                let run = result_for(results, row.name)?;
                 Ok(Measured {
                     row: *row,
                     switch_ns: run.require("ctxsw_switch_ns")?,

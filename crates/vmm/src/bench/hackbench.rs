@@ -10,7 +10,7 @@
 //! 16-entry one, which is where "only 4 entries" (the seed) shows.
 
 use super::ctxsw::{Row, ROWS};
-use super::{Bench, BenchError, Output, RunResult, RunSpec};
+use super::{result_for, Bench, BenchError, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::plot::{self, Bar};
 use crate::{BenchCommon, HackbenchBenchArgs, SwapDeviceArg};
@@ -86,13 +86,7 @@ impl Bench for HackbenchBench {
                     "seed={} -- hackbench {} -l {}",
                     self.args.common.seed, groups, self.args.loops
                 );
-                specs.push(RunSpec {
-                    label: label(row, groups),
-                    config,
-                    memslot: None,
-                    dirty_log: None,
-                    harvest: None,
-                });
+                specs.push(RunSpec::new(label(row, groups), config));
             }
         }
         specs
@@ -103,10 +97,7 @@ impl Bench for HackbenchBench {
         for &groups in &self.args.groups {
             for row in &ROWS {
                 let name = label(row, groups);
-                let run = results
-                    .iter()
-                    .find(|r| r.label == name)
-                    .ok_or_else(|| BenchError::Merge(format!("no result for `{name}`")))?;
+                let run = result_for(results, &name)?;
                 rows.push(Measured {
                     row: *row,
                     groups,

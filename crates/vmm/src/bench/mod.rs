@@ -137,6 +137,31 @@ pub struct RunSpec {
     pub harvest: Option<hv::Cycles>,
 }
 
+impl RunSpec {
+    /// A plain run of the guest kernel: no memslot changes, no dirty
+    /// logging.
+    pub fn new(label: impl Into<String>, config: VmConfig) -> RunSpec {
+        RunSpec {
+            label: label.into(),
+            config,
+            memslot: None,
+            dirty_log: None,
+            harvest: None,
+        }
+    }
+}
+
+/// The result of the run labelled `label` among `results`.
+pub(crate) fn result_for<'a>(
+    results: &'a [RunResult],
+    label: &str,
+) -> Result<&'a RunResult, BenchError> {
+    results
+        .iter()
+        .find(|r| r.label == label)
+        .ok_or_else(|| BenchError::Merge(format!("no result for `{label}`")))
+}
+
 /// Asynchronous page fault counters of a run, summed over vCPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApfCounters {

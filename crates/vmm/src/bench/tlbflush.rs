@@ -26,7 +26,7 @@
 //! model (`--host-slice`, default 3 ms: Linux's EEVDF slice on an 8-CPU
 //! host), not from a tuned constant.
 
-use super::{Bench, BenchError, Output, RunResult, RunSpec};
+use super::{result_for, Bench, BenchError, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::plot::{self, Bar};
 use crate::{BenchCommon, SwapDeviceArg, TlbflushBenchArgs};
@@ -188,13 +188,7 @@ impl Bench for TlbflushBench {
 
     fn specs(&self) -> Vec<RunSpec> {
         ROWS.iter()
-            .map(|row| RunSpec {
-                label: row.name.to_string(),
-                config: self.config(row),
-                memslot: None,
-                dirty_log: None,
-                harvest: None,
-            })
+            .map(|row| RunSpec::new(row.name.to_string(), self.config(row)))
             .collect()
     }
 
@@ -202,10 +196,7 @@ impl Bench for TlbflushBench {
         let rows = ROWS
             .iter()
             .map(|row| {
-                let run = results
-                    .iter()
-                    .find(|r| r.label == row.name)
-                    .ok_or_else(|| BenchError::Merge(format!("no result for `{}`", row.name)))?;
+                let run = result_for(results, row.name)?;
                 Measured::from_run(row.name, run)
             })
             .collect::<Result<Vec<_>, BenchError>>()?;
