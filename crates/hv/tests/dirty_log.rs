@@ -11,14 +11,14 @@
 //! only) write-protects nothing, so it takes no such fault; a larger case
 //! fills the vCPUs' 512-entry logs so PML-full exits happen.
 
-use abi::dirtywrite::{self, CTRL_GPA, REGION_BASE};
-use hv::{
-    Cycles, DirtyLogError, DirtyLogMode, MmuMode, RunStatus, StopReason, Vm, VmConfig, RAM_SLOT,
-};
+mod dirty_log_common;
+
+use abi::dirtywrite::REGION_BASE;
+use dirty_log_common::{assert_all_logged, next, run_pass, PAGE};
+use hv::{Cycles, DirtyLogError, DirtyLogMode, MmuMode, Vm, VmConfig, RAM_SLOT};
 use std::collections::BTreeSet;
 
 const ELF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/dirtywrite.elf"));
-const PAGE: u64 = 4096;
 const VCPUS: u64 = 4;
 const PAGES: u64 = 160;
 const PASSES: u64 = 6;
@@ -44,20 +44,6 @@ fn config_with(mmu: MmuMode, fast_pf: bool, pages: u64, wpct: u64, random: u8) -
         cmdline: format!("pages={pages} passes={PASSES} wpct={wpct} random={random} seed=11"),
         ..VmConfig::default()
     }
-}
-
-fn read_u64(vm: &mut Vm, gpa: u64) -> u64 {
-    let mut b = [0u8; 8];
-    vm.read_guest(hv::Gpa(gpa), &mut b).expect("guest memory");
-    u64::from_le_bytes(b)
-}
-
-/// A tiny deterministic generator for the hv's own writes.
-fn next(s: &mut u64) -> u64 {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    *s
 }
 
 /// What one case found.
@@ -101,48 +87,11 @@ fn run_case_with(config: VmConfig, pages_per_vcpu: u64, mode: DirtyLogMode) -> O
                 .expect("hv write");
             expected.insert(page);
         }
-        vm.write_guest(hv::Gpa(CTRL_GPA + dirtywrite::GO), &pass.to_le_bytes())
-            .expect("go");
-        let mut harvested = BTreeSet::new();
-        loop {
-            match vm.run_until(vm.time() + Cycles(200_000)) {
-                RunStatus::Running => {}
-                RunStatus::DirtyRingFull => {
-                    outcome.ring_full_exits += 1;
-                    let h = vm.harvest_dirty_rings().expect("harvest");
-                    harvested.extend(h.entries.iter().map(|e| e.offset));
-                }
-                RunStatus::Stopped(StopReason::DebugExit { status: 1 }) => {}
-                RunStatus::Stopped(other) => panic!(
-                    "{mmu:?}/{mode:?}: stopped: {other:?}\n{}",
-                    String::from_utf8_lossy(&vm.take_serial())
-                ),
-            }
-            let done =
-                (0..VCPUS).all(|cpu| read_u64(&mut vm, CTRL_GPA + dirtywrite::done(cpu)) >= pass);
-            if done {
-                break;
-            }
-        }
-        vm.check_mmu().expect("MMU invariants");
-        let collected = vm.collect_dirty_log(RAM_SLOT).expect("collect");
-        let logged: BTreeSet<u64> = collected.pages.iter().copied().chain(harvested).collect();
-        for cpu in 0..VCPUS {
-            for i in 0..pages {
-                let page = first_region_page + cpu * pages + i;
-                if read_u64(&mut vm, page * PAGE) == dirtywrite::stamp(pass, cpu) {
-                    expected.insert(page);
-                }
-            }
-        }
-        // The control block: the guest's done words, the VMM's go.
-        expected.insert(CTRL_GPA / PAGE);
-        let missing: Vec<u64> = expected.difference(&logged).copied().collect();
-        assert!(
-            missing.is_empty(),
-            "{mmu:?}/{mode:?} pass {pass}: {} written pages missing from the log: {missing:x?}",
-            missing.len()
-        );
+        let case = format!("{mmu:?}/{mode:?}");
+        let log = run_pass(&mut vm, pass, VCPUS, Cycles(200_000), &case);
+        outcome.ring_full_exits += log.ring_full_exits;
+        let logged = log.logged;
+        assert_all_logged(&mut vm, &mut expected, &logged, pass, VCPUS, pages, &case);
         outcome.written += expected.len() as u64;
         outcome.false_positives += logged.difference(&expected).count() as u64;
         if pass % 2 == 1 && pass != PASSES {

@@ -8,12 +8,14 @@
 //! hv wrote between passes, must be in that pass's collection: under EPT
 //! and shadow, fast PF on and off (bitmap), and the ring once.
 
-use abi::dirtywrite::{self, CTRL_GPA, REGION_BASE};
-use hv::{Cycles, DirtyLogMode, MmuMode, RunStatus, StopReason, Vm, VmConfig, RAM_SLOT};
+mod dirty_log_common;
+
+use abi::dirtywrite::REGION_BASE;
+use dirty_log_common::{assert_all_logged, next, run_pass, PAGE};
+use hv::{Cycles, DirtyLogMode, MmuMode, Vm, VmConfig, RAM_SLOT};
 use std::collections::BTreeSet;
 
 const ELF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/dirtywrite.elf"));
-const PAGE: u64 = 4096;
 const VCPUS: u64 = 2;
 /// 2 x 768 pages = 6 MiB touched per pass, on 4 MiB of host memory.
 const PAGES: u64 = 768;
@@ -36,12 +38,6 @@ fn config(mmu: MmuMode, fast_pf: bool) -> VmConfig {
     }
 }
 
-fn read_u64(vm: &mut Vm, gpa: u64) -> u64 {
-    let mut b = [0u8; 8];
-    vm.read_guest(hv::Gpa(gpa), &mut b).expect("guest memory");
-    u64::from_le_bytes(b)
-}
-
 /// Runs every pass with logging on; returns (pages checked, swap-ins,
 /// evictions).
 fn run_case(mmu: MmuMode, mode: DirtyLogMode, fast_pf: bool) -> (u64, u64, u64) {
@@ -55,52 +51,20 @@ fn run_case(mmu: MmuMode, mode: DirtyLogMode, fast_pf: bool) -> (u64, u64, u64) 
         // The hv's own stores, into pages that may be on swap right now.
         let mut expected = BTreeSet::new();
         for _ in 0..16 {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            let page = first + rng % (VCPUS * PAGES);
+            let page = first + next(&mut rng) % (VCPUS * PAGES);
             vm.write_guest(hv::Gpa(page * PAGE + 16), &pass.to_le_bytes())
                 .expect("hv write");
             expected.insert(page);
         }
-        vm.write_guest(hv::Gpa(CTRL_GPA + dirtywrite::GO), &pass.to_le_bytes())
-            .expect("go");
-        let mut harvested = BTreeSet::new();
-        loop {
-            match vm.run_until(vm.time() + Cycles(500_000)) {
-                RunStatus::Running | RunStatus::Stopped(StopReason::DebugExit { status: 1 }) => {}
-                RunStatus::DirtyRingFull => {
-                    let h = vm.harvest_dirty_rings().expect("harvest");
-                    harvested.extend(h.entries.iter().map(|e| e.offset));
-                }
-                RunStatus::Stopped(other) => panic!(
-                    "{case}: stopped: {other:?}\n{}",
-                    String::from_utf8_lossy(&vm.take_serial())
-                ),
-            }
-            let done =
-                (0..VCPUS).all(|cpu| read_u64(&mut vm, CTRL_GPA + dirtywrite::done(cpu)) >= pass);
-            if done {
-                break;
-            }
-        }
-        vm.check_mmu().expect("MMU invariants");
-        let collected = vm.collect_dirty_log(RAM_SLOT).expect("collect");
-        let logged: BTreeSet<u64> = collected.pages.iter().copied().chain(harvested).collect();
-        for cpu in 0..VCPUS {
-            for i in 0..PAGES {
-                let page = first + cpu * PAGES + i;
-                if read_u64(&mut vm, page * PAGE) == dirtywrite::stamp(pass, cpu) {
-                    expected.insert(page);
-                }
-            }
-        }
-        expected.insert(CTRL_GPA / PAGE);
-        let missing: Vec<u64> = expected.difference(&logged).copied().collect();
-        assert!(
-            missing.is_empty(),
-            "{case} pass {pass}: {} written pages missing from the log: {missing:x?}",
-            missing.len()
+        let log = run_pass(&mut vm, pass, VCPUS, Cycles(500_000), &case);
+        assert_all_logged(
+            &mut vm,
+            &mut expected,
+            &log.logged,
+            pass,
+            VCPUS,
+            PAGES,
+            &case,
         );
         checked += expected.len() as u64;
     }
