@@ -1,7 +1,7 @@
 //! `bench apf`: seed 000 (`bm` with APF off, halt and pv, and the ideal),
 //! or with `--sweep-latency` the pv/off gain against the swap latency.
 
-use super::{mib, Bench, BenchError, Output, RunResult, RunSpec};
+use super::{json_text, mib, Bench, BenchError, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::units::{duration_to_cycles, format_duration, format_seconds};
 use crate::{plot, ApfBenchArgs, BenchCommon, SwapDeviceArg};
@@ -210,10 +210,7 @@ impl ApfBench {
                 "seed": {"halt_over_off": SEED_000_NONPV, "pv_over_off": SEED_000_PV},
                 "plot": plot_path.display().to_string(),
             });
-            return Ok(format!(
-                "{}\n",
-                serde_json::to_string_pretty(&out).unwrap_or_default()
-            ));
+            return Ok(json_text(&out));
         }
         let mut s = String::new();
         let _ = writeln!(s, "bench apf (seed 000): {}", self.describe());
@@ -293,10 +290,7 @@ impl ApfBench {
             let out = json!({"benchmark": "apf-sweep-latency", "sweep": sweep,
                              "seed": {"pv_over_off": SEED_000_PV},
                              "plot": plot_path.display().to_string()});
-            return Ok(format!(
-                "{}\n",
-                serde_json::to_string_pretty(&out).unwrap_or_default()
-            ));
+            return Ok(json_text(&out));
         }
         let mut s = String::new();
         let _ = writeln!(

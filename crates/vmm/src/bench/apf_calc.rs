@@ -1,7 +1,7 @@
 //! `bench apf-calc`: seed 002 (a memory-limited guest with and without a
 //! calculation task, APF off and on).
 
-use super::{mib, Bench, BenchError, Output, RunResult, RunSpec};
+use super::{json_text, mib, Bench, BenchError, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::{ApfCalcBenchArgs, BenchCommon, SwapDeviceArg};
 use hv::apf::ApfMode;
@@ -101,10 +101,7 @@ impl Bench for ApfCalcBench {
                                  "seed_change_pct": SEED_002_WITHOUT_CALC_PCT,
                                  "runs": {"off": run(2), "on": run(3)}},
             });
-            return Ok(format!(
-                "{}\n",
-                serde_json::to_string_pretty(&out).unwrap_or_default()
-            ));
+            return Ok(json_text(&out));
         }
         let mut s = String::new();
         let _ = writeln!(s, "bench apf-calc (seed 002): {}", self.describe());

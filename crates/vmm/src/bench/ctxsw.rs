@@ -21,7 +21,7 @@
 //! from 0, EPT off, nothing shadowed, so TLB misses walk one dimension and
 //! a MOV to CR3 never exits.
 
-use super::{result_for, Bench, BenchError, Output, RunResult, RunSpec};
+use super::{json_text, result_for, Bench, BenchError, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::plot::{self, Bar};
 use crate::{BenchCommon, CtxswBenchArgs, SwapDeviceArg};
@@ -222,10 +222,7 @@ impl Bench for CtxswBench {
                          "cr3_cache_us": SEED_004_CR3_CACHE_US},
                 "plot": plot_path.display().to_string(),
             });
-            return Ok(format!(
-                "{}\n",
-                serde_json::to_string_pretty(&out).unwrap_or_default()
-            ));
+            return Ok(json_text(&out));
         }
         let mut s = String::new();
         let _ = writeln!(s, "bench ctxsw (seed 004): {}", self.describe());

@@ -9,7 +9,7 @@
 //! get / clear / enable / disable times from the hv's cost of each
 //! operation (its `mmu_lock` holds, waits and flushes).
 
-use super::{Bench, BenchError, Output, RunResult, RunSpec};
+use super::{json_text, Bench, BenchError, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::plot::{self, Bar};
 use crate::signals::StopRequest;
@@ -350,10 +350,7 @@ impl Bench for DirtyLogBench {
         output.write_plot(&plot_path, |path| self.plot(path, &rows))?;
         if output.json {
             let results: Vec<JsonRow> = rows.iter().map(|&(c, r)| JsonRow::of(c, r)).collect();
-            return Ok(format!(
-                "{}\n",
-                serde_json::to_string_pretty(&JsonOut { results }).unwrap_or_default()
-            ));
+            return Ok(json_text(&JsonOut { results }));
         }
         let mut s = String::new();
         let a = &self.args;

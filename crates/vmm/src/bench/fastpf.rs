@@ -9,7 +9,7 @@
 //! exit + entry apart) and the `mmu_lock` wait per fault; the seed's
 //! +1.3 % (EPT) and +7.3 % (shadow) beside.
 
-use super::{Bench, BenchError, Output, RunResult, RunSpec};
+use super::{json_text, Bench, BenchError, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::{plot, BenchCommon, FastpfBenchArgs, MmuArg};
 use hv::{Cycles, DirtyLogMode, Vm, VmConfig, RAM_SLOT};
@@ -298,10 +298,7 @@ impl Bench for FastpfBench {
         })?;
         if output.json {
             let json = serde_json::json!({ "results": rows });
-            return Ok(format!(
-                "{}\n",
-                serde_json::to_string_pretty(&json).unwrap_or_default()
-            ));
+            return Ok(json_text(&json));
         }
         let mut s = String::new();
         let _ = writeln!(s, "{}", self.describe());

@@ -10,7 +10,7 @@
 //! 16-entry one, which is where "only 4 entries" (the seed) shows.
 
 use super::ctxsw::{Row, ROWS};
-use super::{result_for, Bench, BenchError, Output, RunResult, RunSpec};
+use super::{json_text, result_for, Bench, BenchError, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::plot::{self, Bar};
 use crate::{BenchCommon, HackbenchBenchArgs, SwapDeviceArg};
@@ -174,10 +174,7 @@ impl Bench for HackbenchBench {
                 "ratios": ratios,
                 "plot": plot_path.display().to_string(),
             });
-            return Ok(format!(
-                "{}\n",
-                serde_json::to_string_pretty(&out).unwrap_or_default()
-            ));
+            return Ok(json_text(&out));
         }
         let mut s = String::new();
         let _ = writeln!(s, "bench hackbench (seed 004): {}", self.describe());

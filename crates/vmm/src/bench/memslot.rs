@@ -9,7 +9,7 @@
 //! guest's own memory refaults afterwards while its contents stay where
 //! they are.
 
-use super::{Bench, BenchError, Output, RunResult, RunSpec};
+use super::{json_text, Bench, BenchError, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::units::{cycles_to_secs, format_size};
 use crate::{plot, BenchCommon, MemslotBenchArgs, MmuArg, SwapDeviceArg};
@@ -345,10 +345,7 @@ impl Bench for MemslotBench {
                     refault_ms: r.run.refault_ms(),
                 })
                 .collect();
-            return Ok(format!(
-                "{}\n",
-                serde_json::to_string_pretty(&JsonOut { results }).unwrap_or_default()
-            ));
+            return Ok(json_text(&JsonOut { results }));
         }
         let mut s = String::new();
         let _ = writeln!(s, "bench memslot (seed 003): {}", self.describe());

@@ -151,6 +151,15 @@ impl RunSpec {
     }
 }
 
+/// `value` as the pretty-printed JSON a `--json` run prints, with its
+/// newline.
+pub(crate) fn json_text(value: &impl Serialize) -> String {
+    format!(
+        "{}\n",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    )
+}
+
 /// The result of the run labelled `label` among `results`.
 pub(crate) fn result_for<'a>(
     results: &'a [RunResult],
@@ -496,10 +505,7 @@ fn execute<B: Bench>(bench: B, output: &Output) -> Result<String, BenchError> {
             params: params_json(&bench),
             run: result,
         };
-        return Ok(format!(
-            "{}\n",
-            serde_json::to_string_pretty(&file).unwrap_or_default()
-        ));
+        return Ok(json_text(&file));
     }
     output.check()?;
     let results = run_all(specs, &kernel.bytes, common.jobs(), &stop)?;

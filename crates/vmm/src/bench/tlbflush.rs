@@ -26,7 +26,7 @@
 //! model (`--host-slice`, default 3 ms: Linux's EEVDF slice on an 8-CPU
 //! host), not from a tuned constant.
 
-use super::{result_for, Bench, BenchError, Output, RunResult, RunSpec};
+use super::{json_text, result_for, Bench, BenchError, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::plot::{self, Bar};
 use crate::{BenchCommon, SwapDeviceArg, TlbflushBenchArgs};
@@ -258,10 +258,7 @@ impl Bench for TlbflushBench {
                 "results": results,
                 "plot": plot_path.display().to_string(),
             });
-            return Ok(format!(
-                "{}\n",
-                serde_json::to_string_pretty(&out).unwrap_or_default()
-            ));
+            return Ok(json_text(&out));
         }
         let mut s = String::new();
         let _ = writeln!(s, "bench tlbflush: {}", self.describe());
