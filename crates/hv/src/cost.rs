@@ -37,8 +37,27 @@ pub struct HvCosts {
     pub spte_write: u64,
     /// Reading one paging-structure entry of the EPT tables in software.
     pub spte_read: u64,
-    /// Acquiring `mmu_lock` uncontended (an atomic RMW and its fence).
+    /// Acquiring `mmu_lock` uncontended (an atomic RMW and its fence), its
+    /// line in this core's cache (the same core held the lock last).
     pub lock_acquire: u64,
+    /// Moving a cache line another core wrote last to this one, on one
+    /// die: what a lock's atomic costs when another core held the lock
+    /// last (instead of `lock_acquire`), and each of the steps of a
+    /// contended ticket lock's handoff (`mmu::lock::handoff_cycles`).
+    /// David, Guerraoui, Trigonakis, "Everything You Always Wanted to Know
+    /// About Synchronization but Were Afraid to Ask", SOSP 2013, Table 2:
+    /// on the Intel Xeon (Westmere-EX E7-8867L), a load of a line Modified
+    /// in another core of the same die takes 109 cycles, and the atomic
+    /// operations on such a line cost about the same (their CAS/FAI/SWAP
+    /// rows); their ccbench tool's published sample run (the ccbench
+    /// README, load from modified between two cores, Westmere-EX fence
+    /// settings) averages 111.5. 110. The same-die figure because the
+    /// seed's hosts are single-socket for the 4 and 6 vCPUs it runs
+    /// (the i5-2540M; 6 of the X5690's 12 cores fit on one socket; the
+    /// table's cross-socket figures are far higher). Only lines another
+    /// core wrote are charged: like the rest of this table, no capacity
+    /// miss (a line evicted to the shared L3) is.
+    pub line_transfer: u64,
     /// A `lock cmpxchg` on an spte (the fast page fault's fix, access
     /// tracking's aging): about 20 cycles on an uncontended line in cache
     /// (Agner Fog, "Instruction tables", LOCK CMPXCHG on Skylake: 18-20
@@ -113,6 +132,7 @@ impl HvCosts {
         spte_write: 20,
         spte_read: 5,
         lock_acquire: 25,
+        line_transfer: 110,
         spte_cmpxchg: 20,
         hypercall: 100,
         io_emulation: 200,

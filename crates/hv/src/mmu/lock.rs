@@ -11,11 +11,30 @@
 //! the wait and the work done under the lock (what the holder adds with
 //! [`MmuGuard::charge`]), and records the hold on the timeline when the
 //! guard drops. There is no other way to reach the protected state.
+//!
+//! **The lock's cache line.** The seed's KVM (3.x) `mmu_lock` is a ticket
+//! spin lock: one cache line that every acquisition and release writes.
+//! The timeline remembers which core ([`Core`]: a vCPU's, or the VMM
+//! thread's) held the lock, and an acquisition pays what the line costs
+//! it on hardware (figures in `crate::cost`, `line_transfer`):
+//! - the line last written by **another core** (the last hold that
+//!   started before the request was another core's): the atomic that
+//!   takes the ticket misses and the line moves over, `line_transfer`
+//!   instead of the in-cache `lock_acquire`;
+//! - a **contended** acquisition (the request found the lock held) also
+//!   waits for the handoff ([`handoff_cycles`]): the release's store must
+//!   invalidate every spinning waiter's copy, and the next owner's re-read
+//!   is served among the reads of all spinning waiters. The lock is busy
+//!   for nobody during the handoff, so it is recorded on the timeline with
+//!   the hold it leads to: requests behind wait for it too, which is how a
+//!   ticket lock's throughput falls as waiters pile up (Boyd-Wickizer et
+//!   al., "Non-scalable locks are dangerous").
 
 use super::MmuInner;
 use crate::cost::HvCosts;
 use crate::time::Cycles;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// Recent virtual-time intervals during which `mmu_lock` was held.
@@ -28,18 +47,73 @@ use std::sync::{Mutex, MutexGuard};
 /// worth of faults from every vCPU.
 #[derive(Debug, Default)]
 pub(crate) struct LockTimeline {
-    holds: VecDeque<(Cycles, Cycles)>,
+    holds: VecDeque<TimedHold>,
     /// The holds of a zap-all teardown (see `super::zap`), laid out ahead
     /// of the vCPUs in virtual time when the operation runs, in start
     /// order. Kept apart from `holds` so a burst of vCPU faults cannot
     /// push them out of the window while vCPUs may still run into them.
-    zap_holds: Vec<(Cycles, Cycles)>,
+    zap_holds: Vec<TimedHold>,
     /// Total virtual cycles requesters waited for the lock.
     pub waited: Cycles,
     /// Acquisitions that had to wait.
     pub contended: u64,
     /// Acquisitions recorded.
     pub acquisitions: u64,
+    /// Acquisitions that found the lock's line last written by another
+    /// core (contended ones included).
+    pub line_transfers: u64,
+    /// Of [`LockTimeline::waited`], the handoffs' share.
+    pub handoff: Cycles,
+}
+
+/// The core that runs hv code which takes `mmu_lock`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Core {
+    /// The VMM's thread (dirty-log collection, memslot changes, zap-all)
+    /// and the hv's own set-up work.
+    #[default]
+    Vmm,
+    /// A vCPU's: its exit handling, and the pager work done inside it.
+    Vcpu(usize),
+}
+
+/// A hold on the timeline: the lock was unavailable from `start` (its
+/// handoff's start if it waited) to `end`, and `core` took it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TimedHold {
+    pub start: Cycles,
+    pub end: Cycles,
+    pub core: Core,
+}
+
+/// When a request gets the lock, and what its wait was made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    /// When the requester holds the lock.
+    pub granted: Cycles,
+    /// When the lock became unavailable to others for this requester: the
+    /// end of the last hold it waited behind (the handoff's start), or
+    /// `granted` for a request that did not wait.
+    pub busy_from: Cycles,
+    /// Of the wait, the time behind zap-all teardown holds.
+    pub zap_wait: Cycles,
+    /// Of the wait, the handoff.
+    pub handoff: Cycles,
+}
+
+/// The handoff of a contended ticket lock to the next owner while
+/// `spinning` cores (the next owner included) spin on its line.
+///
+/// The release's store finds the line shared by the spinners and must
+/// invalidate their copies before it completes (a store to a Shared line,
+/// priced as a transfer), then the next owner's re-read misses and gets
+/// the line (a transfer). Every spinner re-reads at once, and the line's
+/// reads are served one at a time (Boyd-Wickizer et al., §3: the time to
+/// hand a ticket lock over grows linearly with the number of waiting
+/// cores), so the next owner waits on average for half of the others:
+/// `transfer * (2 + (spinning - 1) / 2)`, in halves to stay exact.
+pub(crate) fn handoff_cycles(transfer: u64, spinning: u64) -> u64 {
+    transfer * (spinning.max(1) + 3) / 2
 }
 
 impl LockTimeline {
@@ -49,11 +123,23 @@ impl LockTimeline {
     /// The virtual time at which a request made at `at` gets the lock.
     #[cfg(test)]
     pub fn grant(&self, at: Cycles) -> Cycles {
-        self.grant_with_zap_wait(at).0
+        self.grant_for(at, Core::Vmm, 0).granted
     }
 
-    /// The grant time of a request made at `at`, and how much of the wait
-    /// was spent behind zap-all teardown holds.
+    /// The core whose hold last took the lock's line before `at` (the
+    /// latest start at or before it), if any is remembered.
+    pub fn line_owner(&self, at: Cycles) -> Option<Core> {
+        self.holds
+            .iter()
+            .chain(self.zap_holds.iter())
+            .filter(|h| h.start <= at)
+            .max_by_key(|h| h.start)
+            .map(|h| h.core)
+    }
+
+    /// The grant of a request made at `at` by `core`, with the handoff of
+    /// a contended acquisition priced from `transfer` (a cache-line
+    /// transfer, [`handoff_cycles`]).
     ///
     /// A teardown batch delays only the requests made while it holds the
     /// lock: one made earlier was queued before the batch asked for the
@@ -61,18 +147,40 @@ impl LockTimeline {
     /// serves it first. Pushed past a batch's start by other holds, such a
     /// request would in truth delay the batch, which the teardown, laid
     /// out ahead of time, does not see (see `super::zap`).
-    pub fn grant_with_zap_wait(&self, at: Cycles) -> (Cycles, Cycles) {
+    ///
+    /// The spinning waiters at the handoff are estimated as this request
+    /// plus the other cores whose holds it waited behind after its
+    /// arrival (they spun beside it: a ticket lock serves in arrival
+    /// order, and a core has one request at a time). Requests that later
+    /// vCPUs in the round will make are not known yet; in a steady state
+    /// about as many arrive during a wait as were queued at its start.
+    pub fn grant_for(&self, at: Cycles, core: Core, transfer: u64) -> Grant {
         let mut t = at;
         let mut zap_wait = Cycles::ZERO;
-        // Each step moves t to the end of a hold containing it, so this
+        let mut spinning_beside: Vec<Core> = Vec::new();
+        // Each step moves t to the end of a hold, later than t, so this
         // ends after at most one step per remembered hold.
         loop {
-            if let Some(&(_, end)) = self
+            let handoff = if t > at {
+                Cycles(handoff_cycles(
+                    transfer,
+                    1 + spinning_beside.len() as u64,
+                ))
+            } else {
+                Cycles::ZERO
+            };
+            // A hold that takes the lock before the handoff to this
+            // requester completes got it first.
+            let reach = t + handoff;
+            if let Some(h) = self
                 .holds
                 .iter()
-                .find(|&&(start, end)| start <= t && t < end)
+                .find(|h| h.start <= reach && t < h.end)
             {
-                t = end;
+                if t > at && h.core != core && !spinning_beside.contains(&h.core) {
+                    spinning_beside.push(h.core);
+                }
+                t = h.end;
                 continue;
             }
             if let Some(end) = self.zap_hold_containing(t, at) {
@@ -80,7 +188,12 @@ impl LockTimeline {
                 t = end;
                 continue;
             }
-            return (t, zap_wait);
+            return Grant {
+                granted: reach,
+                busy_from: t,
+                zap_wait,
+                handoff,
+            };
         }
     }
 
@@ -88,27 +201,29 @@ impl LockTimeline {
     /// `requested`, if any (they never overlap, so the last one starting
     /// at or before `t` is the only candidate).
     fn zap_hold_containing(&self, t: Cycles, requested: Cycles) -> Option<Cycles> {
-        let after = self.zap_holds.partition_point(|&(start, _)| start <= t);
-        let &(start, end) = self.zap_holds[..after].last()?;
-        (t < end && start <= requested).then_some(end)
+        let after = self.zap_holds.partition_point(|h| h.start <= t);
+        let h = self.zap_holds[..after].last()?;
+        (t < h.end && h.start <= requested).then_some(h.end)
     }
 
     /// Puts a teardown batch's hold on the timeline; batches are recorded
     /// in time order.
-    pub fn record_zap_hold(&mut self, start: Cycles, end: Cycles) {
-        debug_assert!(self.zap_holds.last().is_none_or(|&(_, e)| e <= start));
+    pub fn record_zap_hold(&mut self, start: Cycles, end: Cycles, core: Core) {
+        debug_assert!(self.zap_holds.last().is_none_or(|h| h.end <= start));
         self.acquisitions += 1;
-        self.zap_holds.push((start, end));
+        self.zap_holds.push(TimedHold { start, end, core });
     }
 
     /// Forgets teardown holds that ended before `t` (no vCPU clock is
     /// earlier).
     pub fn forget_zap_holds_before(&mut self, t: Cycles) {
-        self.zap_holds.retain(|&(_, end)| end > t);
+        self.zap_holds.retain(|h| h.end > t);
     }
 
-    /// Records a hold from `start` to `end` that waited `waited` cycles.
-    pub fn record(&mut self, start: Cycles, end: Cycles, waited: Cycles) {
+    /// Records a hold by `core` that made the lock unavailable from
+    /// `start` (its handoff's start if it waited) to `end`, after waiting
+    /// `waited` cycles.
+    pub fn record(&mut self, start: Cycles, end: Cycles, waited: Cycles, core: Core) {
         self.acquisitions += 1;
         if waited > Cycles::ZERO {
             self.waited += waited;
@@ -117,7 +232,7 @@ impl LockTimeline {
         if self.holds.len() == Self::WINDOW {
             self.holds.pop_front();
         }
-        self.holds.push_back((start, end));
+        self.holds.push_back(TimedHold { start, end, core });
     }
 }
 
@@ -125,6 +240,10 @@ impl LockTimeline {
 #[derive(Debug)]
 pub(crate) struct MmuLock {
     mutex: Mutex<MmuInner>,
+    /// The core running hv code now (0: the VMM thread; v + 1: vCPU v),
+    /// set by the scheduler around each vCPU's turn: the holder a timed
+    /// hold is recorded for.
+    running: AtomicUsize,
 }
 
 /// Whether a hold is put on the timeline. Every hold is, except those of
@@ -151,11 +270,20 @@ struct Hold {
     timed: bool,
     /// A zap-all teardown hold (recorded apart, see [`LockTimeline`]).
     zap: bool,
+    core: Core,
+    /// See [`Grant::busy_from`].
+    busy_from: Cycles,
     granted: Cycles,
     waited: Cycles,
     /// Of `waited`, behind zap-all teardown holds.
     zap_waited: Cycles,
+    /// Of `waited`, the handoff.
+    handoff: Cycles,
+    /// Taking the ticket: `lock_acquire`, or `line_transfer` when another
+    /// core wrote the line last.
     acquire: Cycles,
+    /// The line came from another core.
+    transferred: bool,
     held: Cycles,
 }
 
@@ -163,6 +291,24 @@ impl MmuLock {
     pub fn new(inner: MmuInner) -> Self {
         MmuLock {
             mutex: Mutex::new(inner),
+            running: AtomicUsize::new(0),
+        }
+    }
+
+    /// Timed holds from now on are `core`'s (see [`Core`]).
+    pub fn set_running(&self, core: Core) {
+        let v = match core {
+            Core::Vmm => 0,
+            Core::Vcpu(v) => v + 1,
+        };
+        self.running.store(v, Ordering::Relaxed);
+    }
+
+    /// The core running hv code now.
+    pub fn running(&self) -> Core {
+        match self.running.load(Ordering::Relaxed) {
+            0 => Core::Vmm,
+            v => Core::Vcpu(v - 1),
         }
     }
 
@@ -179,23 +325,42 @@ impl MmuLock {
             Timed::Untimed => Hold {
                 timed: false,
                 zap: false,
+                core: Core::Vmm,
+                busy_from: Cycles::ZERO,
                 granted: Cycles::ZERO,
                 waited: Cycles::ZERO,
                 zap_waited: Cycles::ZERO,
+                handoff: Cycles::ZERO,
                 acquire: Cycles::ZERO,
+                transferred: false,
                 held: Cycles::ZERO,
             },
             Timed::At(now) => {
-                let acquire = Cycles(costs.lock_acquire);
+                let core = self.running();
+                // The ticket's atomic: in cache if this core wrote the
+                // line last (or no hold is remembered), else the line
+                // moves over and the atomic costs the transfer.
+                let transferred = inner.timeline.line_owner(now).is_some_and(|c| c != core);
+                let acquire = Cycles(if transferred {
+                    costs.line_transfer
+                } else {
+                    costs.lock_acquire
+                });
                 let requested = now + acquire;
-                let (granted, zap_waited) = inner.timeline.grant_with_zap_wait(requested);
+                let grant = inner
+                    .timeline
+                    .grant_for(requested, core, costs.line_transfer);
                 Hold {
                     timed: true,
                     zap: false,
-                    granted,
-                    waited: granted - requested,
-                    zap_waited,
+                    core,
+                    busy_from: grant.busy_from,
+                    granted: grant.granted,
+                    waited: grant.granted - requested,
+                    zap_waited: grant.zap_wait,
+                    handoff: grant.handoff,
                     acquire,
+                    transferred: transferred || grant.handoff > Cycles::ZERO,
                     held: Cycles::ZERO,
                 }
             }
@@ -225,9 +390,14 @@ impl MmuGuard<'_> {
         self.hold.held += Cycles(cycles);
     }
 
-    /// Virtual cycles spent waiting for the lock.
+    /// Virtual cycles spent waiting for the lock (the handoff included).
     pub fn waited(&self) -> Cycles {
         self.hold.waited
+    }
+
+    /// What taking the ticket cost (see [`Hold::acquire`]).
+    pub fn acquire(&self) -> Cycles {
+        self.hold.acquire
     }
 
     /// Of [`MmuGuard::waited`], the part spent behind zap-all teardown
@@ -264,14 +434,18 @@ impl std::ops::DerefMut for MmuGuard<'_> {
 impl Drop for MmuGuard<'_> {
     fn drop(&mut self) {
         let h = self.hold;
+        if !h.timed {
+            return;
+        }
+        let timeline = &mut self.inner.timeline;
+        if h.transferred {
+            timeline.line_transfers += 1;
+        }
+        timeline.handoff += h.handoff;
         if h.zap {
-            self.inner
-                .timeline
-                .record_zap_hold(h.granted, h.granted + h.held);
-        } else if h.timed {
-            self.inner
-                .timeline
-                .record(h.granted, h.granted + h.held, h.waited);
+            timeline.record_zap_hold(h.busy_from, h.granted + h.held, h.core);
+        } else {
+            timeline.record(h.busy_from, h.granted + h.held, h.waited, h.core);
         }
     }
 }
@@ -280,15 +454,21 @@ impl Drop for MmuGuard<'_> {
 mod tests {
     use super::*;
 
+    /// The grant with free handoffs, and its wait behind zap holds.
+    fn zap_grant(lock: &LockTimeline, at: Cycles) -> (Cycles, Cycles) {
+        let g = lock.grant_for(at, Core::Vmm, 0);
+        (g.granted, g.zap_wait)
+    }
+
     #[test]
     fn a_request_inside_a_hold_waits_for_its_end_and_chains() {
         let mut lock = LockTimeline::default();
-        lock.record(Cycles(100), Cycles(200), Cycles::ZERO);
-        lock.record(Cycles(200), Cycles(250), Cycles::ZERO);
+        lock.record(Cycles(100), Cycles(200), Cycles::ZERO, Core::Vmm);
+        lock.record(Cycles(200), Cycles(250), Cycles::ZERO, Core::Vmm);
         assert_eq!(lock.grant(Cycles(50)), Cycles(50), "before every hold");
         assert_eq!(lock.grant(Cycles(150)), Cycles(250), "through both");
         assert_eq!(lock.grant(Cycles(250)), Cycles(250), "a hold's end is free");
-        lock.record(Cycles(250), Cycles(300), Cycles(100));
+        lock.record(Cycles(250), Cycles(300), Cycles(100), Core::Vmm);
         assert_eq!((lock.waited, lock.contended), (Cycles(100), 1));
     }
 
@@ -296,37 +476,37 @@ mod tests {
     fn a_request_waits_for_the_zap_batch_it_falls_in_but_not_the_next() {
         let mut lock = LockTimeline::default();
         // Two teardown batches with a lock break between them.
-        lock.record_zap_hold(Cycles(1000), Cycles(2000));
-        lock.record_zap_hold(Cycles(2025), Cycles(3000));
+        lock.record_zap_hold(Cycles(1000), Cycles(2000), Core::Vmm);
+        lock.record_zap_hold(Cycles(2025), Cycles(3000), Core::Vmm);
         assert_eq!(
-            lock.grant_with_zap_wait(Cycles(999)),
+            zap_grant(&lock, Cycles(999)),
             (Cycles(999), Cycles::ZERO)
         );
         assert_eq!(
-            lock.grant_with_zap_wait(Cycles(1500)),
+            zap_grant(&lock, Cycles(1500)),
             (Cycles(2000), Cycles(500))
         );
         assert_eq!(
-            lock.grant_with_zap_wait(Cycles(2010)),
+            zap_grant(&lock, Cycles(2010)),
             (Cycles(2010), Cycles::ZERO)
         );
         assert_eq!(
-            lock.grant_with_zap_wait(Cycles(2025)),
+            zap_grant(&lock, Cycles(2025)),
             (Cycles(3000), Cycles(975))
         );
         // A request queued before a batch asked for the lock is served
         // before it, even when other holds keep it waiting into the
         // batch.
-        lock.record(Cycles(900), Cycles(1100), Cycles::ZERO);
+        lock.record(Cycles(900), Cycles(1100), Cycles::ZERO, Core::Vmm);
         assert_eq!(
-            lock.grant_with_zap_wait(Cycles(950)),
+            zap_grant(&lock, Cycles(950)),
             (Cycles(1100), Cycles::ZERO)
         );
         // One made during a batch waits for it, and for a vCPU hold that
         // got in at the lock break, but not for the next batch.
-        lock.record(Cycles(2000), Cycles(2100), Cycles::ZERO);
+        lock.record(Cycles(2000), Cycles(2100), Cycles::ZERO, Core::Vmm);
         assert_eq!(
-            lock.grant_with_zap_wait(Cycles(1500)),
+            zap_grant(&lock, Cycles(1500)),
             (Cycles(2100), Cycles(500))
         );
         lock.forget_zap_holds_before(Cycles(2010));
@@ -337,5 +517,43 @@ mod tests {
             Cycles(3000),
             "made during the second batch: behind the vCPU hold, then the batch"
         );
+    }
+
+    #[test]
+    fn a_contended_handoff_costs_two_transfers_plus_half_a_transfer_per_other_spinner() {
+        assert_eq!(handoff_cycles(110, 1), 220);
+        assert_eq!(handoff_cycles(110, 3), 330);
+        assert_eq!(handoff_cycles(110, 5), 440);
+        let mut lock = LockTimeline::default();
+        lock.record(Cycles(100), Cycles(200), Cycles::ZERO, Core::Vcpu(0));
+        // vCPU 1 asks during vCPU 0's hold: it gets the lock a handoff
+        // (one spinner: two transfers) after the release.
+        let g = lock.grant_for(Cycles(150), Core::Vcpu(1), 110);
+        assert_eq!((g.busy_from, g.granted, g.handoff), (Cycles(200), Cycles(420), Cycles(220)));
+        lock.record(g.busy_from, g.granted + Cycles(100), g.granted - Cycles(150), Core::Vcpu(1));
+        // The handoff was the lock's: a request falling in it waits for
+        // the hold it led to, then its own handoff, with vCPU 1 counted
+        // as a spinner beside it.
+        let g = lock.grant_for(Cycles(300), Core::Vcpu(2), 110);
+        assert_eq!((g.busy_from, g.granted), (Cycles(520), Cycles(520 + 220)));
+        let g = lock.grant_for(Cycles(150), Core::Vcpu(2), 110);
+        assert_eq!(g.busy_from, Cycles(520), "behind both holds");
+        assert_eq!(g.handoff, Cycles(handoff_cycles(110, 2)), "vCPU 1 spun beside it");
+        // Uncontended: no handoff; free handoffs leave the old timeline.
+        assert_eq!(lock.grant_for(Cycles(50), Core::Vcpu(2), 110).granted, Cycles(50));
+        assert_eq!(lock.grant(Cycles(150)), Cycles(520));
+    }
+
+    #[test]
+    fn the_lines_owner_is_the_core_whose_hold_started_last_before_the_request() {
+        let mut lock = LockTimeline::default();
+        assert_eq!(lock.line_owner(Cycles(1000)), None, "nothing remembered");
+        lock.record(Cycles(100), Cycles(200), Cycles::ZERO, Core::Vcpu(0));
+        lock.record(Cycles(500), Cycles(600), Cycles::ZERO, Core::Vcpu(1));
+        lock.record_zap_hold(Cycles(300), Cycles(400), Core::Vmm);
+        assert_eq!(lock.line_owner(Cycles(50)), None);
+        assert_eq!(lock.line_owner(Cycles(250)), Some(Core::Vcpu(0)));
+        assert_eq!(lock.line_owner(Cycles(450)), Some(Core::Vmm));
+        assert_eq!(lock.line_owner(Cycles(700)), Some(Core::Vcpu(1)));
     }
 }

@@ -194,6 +194,14 @@ impl Mmu {
         self.lock.hold(when, costs)
     }
 
+    /// Timed holds of `mmu_lock` from now on are vCPU `vcpu`'s (`None`:
+    /// the VMM thread's); the scheduler sets it around each vCPU's turn,
+    /// so the lock's model knows when its cache line changes cores.
+    pub fn set_running(&self, vcpu: Option<usize>) {
+        self.lock
+            .set_running(vcpu.map_or(lock::Core::Vmm, lock::Core::Vcpu));
+    }
+
     /// The MMU generation.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)

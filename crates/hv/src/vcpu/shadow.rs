@@ -237,7 +237,7 @@ impl Vcpu {
         // A prev-roots hit takes no lock for the root itself: only the
         // sync's work counts (KVM's fast_pgd_switch).
         cycles += if hit {
-            held.cycles.saturating_sub(Cycles(costs.lock_acquire))
+            held.cycles.saturating_sub(held.acquire)
         } else {
             held.cycles
         };

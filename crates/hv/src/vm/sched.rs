@@ -336,8 +336,10 @@ impl Vm {
     fn run_vcpu(&mut self, index: usize, round_end: Cycles) {
         let rings = &self.shared.host.dirty_rings;
         rings.set_running(Some(VcpuId(index)));
+        self.shared.host.mmu.set_running(Some(index));
         self.run_vcpu_turn(index, round_end);
         self.shared.host.dirty_rings.set_running(None);
+        self.shared.host.mmu.set_running(None);
     }
 
     fn run_vcpu_turn(&mut self, index: usize, round_end: Cycles) {

@@ -117,6 +117,8 @@ pub(crate) struct Held<T> {
     pub value: T,
     /// The hold's cost (acquisition, wait, work).
     pub cycles: Cycles,
+    /// Of which the acquisition (the ticket's atomic).
+    pub acquire: Cycles,
     /// Of which waiting.
     pub lock_wait: Cycles,
     /// Of which waiting behind a zap-all's teardown.
@@ -159,6 +161,7 @@ impl super::Mmu {
         Ok(Held {
             value,
             cycles: guard.cycles(),
+            acquire: guard.acquire(),
             lock_wait: guard.waited(),
             zap_wait: guard.zap_waited(),
             flush: fx.flush,
