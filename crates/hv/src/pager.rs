@@ -536,9 +536,14 @@ mod tests {
 
     /// 64 guest pages on a pool of `limit` pages.
     fn fixture(limit: u64) -> Fixture {
+        fixture_with(limit, crate::mmu::fast_pf::MmuOptions::default())
+    }
+
+    /// [`fixture`] with the MMU's switches as `options` say.
+    fn fixture_with(limit: u64, options: crate::mmu::fast_pf::MmuOptions) -> Fixture {
         let mem = PhysMemory::new(512 * PAGE_SIZE).unwrap();
         let mut frames = FrameAllocator::new(Hfn(1), Hfn(512));
-        let mmu = Mmu::new(&mem, &mut frames, crate::mmu::MmuMode::Ept).unwrap();
+        let mmu = Mmu::with_options(&mem, &mut frames, crate::mmu::MmuMode::Ept, options).unwrap();
         let mut slots = Memslots::default();
         slots
             .add(SlotId(0), Gfn(0), 64, SlotFlags::default())
@@ -739,5 +744,84 @@ mod tests {
         }
         assert!(matches!(f.state(0), PageState::Swapped(_)));
         assert_eq!(f.pager.stats().clean_drops, drops, "dirty: not dropped");
+    }
+
+    /// With EPT A/D flags off the pager ages by access tracking, and a
+    /// tracked page the guest touches again comes back through the fast
+    /// page fault (a cmpxchg, no lock) or, with it off, the slow path.
+    /// Either way the next aging must see the page used: WSClock keeps the
+    /// pages the guest used and evicts the idle ones, as with A/D flags.
+    #[test]
+    fn access_tracked_pages_restored_by_either_path_count_as_used() {
+        use crate::mmu::fast_pf::protocol::{Access, FastFix};
+        use crate::mmu::lock::Timed;
+        for fast_pf in [true, false] {
+            let options = crate::mmu::fast_pf::MmuOptions {
+                fast_pf,
+                ept_ad: false,
+                seed_indirect: false,
+            };
+            let mut f = fixture_with(EVICT_BATCH as u64 + 8, options);
+            for g in 0..EVICT_BATCH as u64 + 8 {
+                f.touch(g, g as u8 + 1, Cycles::ZERO);
+            }
+            // An aging pass access-tracks every leaf (each was live: used).
+            let h = &f.host;
+            for g in 0..EVICT_BATCH as u64 + 8 {
+                let PageState::Resident(frame) = f.state(g) else {
+                    panic!("gfn {g} resident");
+                };
+                let (young, _) = h
+                    .mmu
+                    .test_and_clear_young(&h.mem, &h.costs, frame, Timed::Untimed)
+                    .unwrap();
+                assert!(young, "a new leaf counts as used");
+            }
+            // The guest reads pages 0..8 again; each faults on its
+            // tracked leaf and is restored.
+            let h = &mut f.host;
+            let (root, _) = h
+                .mmu
+                .load_root(&h.mem, &mut h.frames, &h.costs, None, Timed::Untimed)
+                .unwrap();
+            let pml4 = root.eptp.pml4();
+            for g in 0..8 {
+                let read = Access::default();
+                let h = &f.host;
+                let fast = h
+                    .mmu
+                    .fast_page_fault_ept(&h.mem, &h.costs, pml4, Gfn(g), read, false);
+                match fast {
+                    Some(fast) => assert!(
+                        matches!(fast.outcome, FastFix::Fixed { .. }),
+                        "gfn {g}: {fast:?}"
+                    ),
+                    None => {
+                        assert!(!fast_pf, "the fast path tries every fault with A/D off");
+                        let PageState::Resident(frame) = f.state(g) else {
+                            panic!()
+                        };
+                        f.map(g, frame);
+                    }
+                }
+                assert!(
+                    f.spte(g).is_some_and(|s| s & spte::READ != 0),
+                    "gfn {g} restored"
+                );
+            }
+            // A page needs a frame 20 ms later: the 16 idle pages go, the
+            // used ones stay.
+            f.touch(40, 0xee, ms(20));
+            for g in 0..8 {
+                assert!(
+                    matches!(f.state(g), PageState::Resident(_)),
+                    "fast PF {fast_pf}: gfn {g} was used"
+                );
+            }
+            let swapped = (8..EVICT_BATCH as u64 + 8)
+                .filter(|&g| matches!(f.state(g), PageState::Swapped(_)))
+                .count();
+            assert_eq!(swapped, EVICT_BATCH, "fast PF {fast_pf}");
+        }
     }
 }

@@ -158,10 +158,15 @@ impl LockTimeline {
         let mut t = at;
         let mut zap_wait = Cycles::ZERO;
         let mut spinning_beside: Vec<Core> = Vec::new();
+        // The core of the hold the request last waited behind: a handoff
+        // moves the line only from another core (a core never spins on
+        // its own hold; such overlaps come from holds laid out ahead of
+        // time, as an eviction batch's or the set-up's).
+        let mut behind = core;
         // Each step moves t to the end of a hold, later than t, so this
         // ends after at most one step per remembered hold.
         loop {
-            let handoff = if t > at {
+            let handoff = if t > at && behind != core {
                 Cycles(handoff_cycles(
                     transfer,
                     1 + spinning_beside.len() as u64,
@@ -180,12 +185,14 @@ impl LockTimeline {
                 if t > at && h.core != core && !spinning_beside.contains(&h.core) {
                     spinning_beside.push(h.core);
                 }
+                behind = h.core;
                 t = h.end;
                 continue;
             }
-            if let Some(end) = self.zap_hold_containing(t, at) {
-                zap_wait += end - t;
-                t = end;
+            if let Some(h) = self.zap_hold_containing(t, at) {
+                zap_wait += h.end - t;
+                behind = h.core;
+                t = h.end;
                 continue;
             }
             return Grant {
@@ -197,13 +204,13 @@ impl LockTimeline {
         }
     }
 
-    /// The end of the zap hold containing `t` that started no later than
+    /// The zap hold containing `t` that started no later than
     /// `requested`, if any (they never overlap, so the last one starting
     /// at or before `t` is the only candidate).
-    fn zap_hold_containing(&self, t: Cycles, requested: Cycles) -> Option<Cycles> {
+    fn zap_hold_containing(&self, t: Cycles, requested: Cycles) -> Option<TimedHold> {
         let after = self.zap_holds.partition_point(|h| h.start <= t);
         let h = self.zap_holds[..after].last()?;
-        (t < h.end && h.start <= requested).then_some(h.end)
+        (t < h.end && h.start <= requested).then_some(*h)
     }
 
     /// Puts a teardown batch's hold on the timeline; batches are recorded
@@ -542,6 +549,14 @@ mod tests {
         // Uncontended: no handoff; free handoffs leave the old timeline.
         assert_eq!(lock.grant_for(Cycles(50), Core::Vcpu(2), 110).granted, Cycles(50));
         assert_eq!(lock.grant(Cycles(150)), Cycles(520));
+        // A core's request inside its own hold (laid out ahead) waits for
+        // it but takes no handoff: the line never left.
+        let g = lock.grant_for(Cycles(150), Core::Vcpu(0), 110);
+        assert_eq!(g.busy_from, Cycles(520), "behind vCPU 1's hold");
+        let mut own = LockTimeline::default();
+        own.record(Cycles(100), Cycles(200), Cycles::ZERO, Core::Vcpu(0));
+        let g = own.grant_for(Cycles(150), Core::Vcpu(0), 110);
+        assert_eq!((g.granted, g.handoff), (Cycles(200), Cycles::ZERO));
     }
 
     #[test]
