@@ -112,52 +112,22 @@ impl LoggedPage {
     }
 }
 
-/// Invariant 1 (no write lands unlogged): every write is in the log the
+/// Invariant 1 (no write lands unlogged), with `writers` vCPUs writing
+/// the page while the VMM collects its log: every write is in the log the
 /// clear collected or in the log after it, and a write that lands after
-/// the clear returned is in the log after it.
-#[test]
-fn fast_fix_versus_dirty_log_clear_loses_no_write() {
-    explore(|| {
-        // The page starts dirty-logged and already written once since the
-        // last collection: its spte is writable again, the log has it.
+/// the clear returned is in the log after it. `written`: the page was
+/// already written since the last collection (its spte writable again,
+/// the log has it); else it is write-protected when the vCPUs fault.
+fn writers_versus_a_dirty_log_clear_lose_no_write(writers: usize, written: bool) {
+    explore(move || {
         let page = Arc::new(LoggedPage {
-            spte: AtomicU64::new(logged_leaf() | spte::WRITE),
-            logged: AtomicU64::new(1),
+            spte: AtomicU64::new(logged_leaf() | if written { spte::WRITE } else { 0 }),
+            logged: AtomicU64::new(u64::from(written)),
             guest_mode: Mutex::new(()),
             clear_returned: AtomicU64::new(0),
             landed: AtomicU64::new(0),
         });
-        let vcpu = {
-            let page = page.clone();
-            thread::spawn(move || page.guest_write())
-        };
-        let collected = page.get_and_clear();
-        vcpu.join().unwrap();
-        let after = page.logged.load(Ordering::SeqCst);
-        match page.landed.load(Ordering::SeqCst) {
-            0 => {}
-            1 => assert!(
-                collected == 1 || after == 1,
-                "a write missing from both logs"
-            ),
-            _ => assert_eq!(after, 1, "a write after the clear is missing from the log"),
-        }
-    });
-}
-
-/// Invariant 1 with the page write-protected when the vCPU faults: two
-/// vCPUs race the fast fix with each other and with a collection.
-#[test]
-fn two_fast_fixes_and_a_clear_lose_no_write() {
-    explore(|| {
-        let page = Arc::new(LoggedPage {
-            spte: AtomicU64::new(logged_leaf()),
-            logged: AtomicU64::new(0),
-            guest_mode: Mutex::new(()),
-            clear_returned: AtomicU64::new(0),
-            landed: AtomicU64::new(0),
-        });
-        let vcpus: Vec<_> = (0..2)
+        let vcpus: Vec<_> = (0..writers)
             .map(|_| {
                 let page = page.clone();
                 thread::spawn(move || page.guest_write())
@@ -177,6 +147,20 @@ fn two_fast_fixes_and_a_clear_lose_no_write() {
             _ => assert_eq!(after, 1, "a write after the clear is missing from the log"),
         }
     });
+}
+
+/// Invariant 1: one vCPU, the page already written since the last
+/// collection.
+#[test]
+fn fast_fix_versus_dirty_log_clear_loses_no_write() {
+    writers_versus_a_dirty_log_clear_lose_no_write(1, true);
+}
+
+/// Invariant 1 with the page write-protected when the vCPUs fault: two
+/// vCPUs race the fast fix with each other and with a collection.
+#[test]
+fn two_fast_fixes_and_a_clear_lose_no_write() {
+    writers_versus_a_dirty_log_clear_lose_no_write(2, false);
 }
 
 /// Invariant 2 (no resurrection): once a zap has cleared the spte, a fast
