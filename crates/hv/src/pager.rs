@@ -621,6 +621,22 @@ mod tests {
         fn state(&self, gfn: u64) -> PageState {
             self.host.slots.get(SlotId(0)).unwrap().state(Gfn(gfn))
         }
+
+        /// After one eviction batch over gfns 0..24 of which 0..8 were
+        /// used: those stay resident and exactly a batch of the idle ones
+        /// went to swap.
+        fn assert_used_stay_and_idle_go(&self, case: &str) {
+            for g in 0..8 {
+                assert!(
+                    matches!(self.state(g), PageState::Resident(_)),
+                    "{case}: gfn {g} in use"
+                );
+            }
+            let swapped = (8..EVICT_BATCH as u64 + 8)
+                .filter(|&g| matches!(self.state(g), PageState::Swapped(_)))
+                .count();
+            assert_eq!(swapped, EVICT_BATCH, "{case}");
+        }
     }
 
     #[test]
@@ -636,16 +652,7 @@ mod tests {
         let now = ms(20);
         let work = f.touch(40, 0xee, now);
         assert!(work.flush, "zapped sptes need an INVEPT");
-        for g in 0..8 {
-            assert!(
-                matches!(f.state(g), PageState::Resident(_)),
-                "gfn {g} in use"
-            );
-        }
-        let swapped = (8..EVICT_BATCH as u64 + 8)
-            .filter(|&g| matches!(f.state(g), PageState::Swapped(_)))
-            .count();
-        assert_eq!(swapped, EVICT_BATCH);
+        f.assert_used_stay_and_idle_go("A/D");
         assert_eq!(
             f.pager.stats().swap_outs,
             EVICT_BATCH as u64,
@@ -812,16 +819,7 @@ mod tests {
             // A page needs a frame 20 ms later: the 16 idle pages go, the
             // used ones stay.
             f.touch(40, 0xee, ms(20));
-            for g in 0..8 {
-                assert!(
-                    matches!(f.state(g), PageState::Resident(_)),
-                    "fast PF {fast_pf}: gfn {g} was used"
-                );
-            }
-            let swapped = (8..EVICT_BATCH as u64 + 8)
-                .filter(|&g| matches!(f.state(g), PageState::Swapped(_)))
-                .count();
-            assert_eq!(swapped, EVICT_BATCH, "fast PF {fast_pf}");
+            f.assert_used_stay_and_idle_go(&format!("tracked, fast PF {fast_pf}"));
         }
     }
 }

@@ -167,21 +167,14 @@ impl LockTimeline {
         // ends after at most one step per remembered hold.
         loop {
             let handoff = if t > at && behind != core {
-                Cycles(handoff_cycles(
-                    transfer,
-                    1 + spinning_beside.len() as u64,
-                ))
+                Cycles(handoff_cycles(transfer, 1 + spinning_beside.len() as u64))
             } else {
                 Cycles::ZERO
             };
             // A hold that takes the lock before the handoff to this
             // requester completes got it first.
             let reach = t + handoff;
-            if let Some(h) = self
-                .holds
-                .iter()
-                .find(|h| h.start <= reach && t < h.end)
-            {
+            if let Some(h) = self.holds.iter().find(|h| h.start <= reach && t < h.end) {
                 if t > at && h.core != core && !spinning_beside.contains(&h.core) {
                     spinning_beside.push(h.core);
                 }
@@ -485,37 +478,19 @@ mod tests {
         // Two teardown batches with a lock break between them.
         lock.record_zap_hold(Cycles(1000), Cycles(2000), Core::Vmm);
         lock.record_zap_hold(Cycles(2025), Cycles(3000), Core::Vmm);
-        assert_eq!(
-            zap_grant(&lock, Cycles(999)),
-            (Cycles(999), Cycles::ZERO)
-        );
-        assert_eq!(
-            zap_grant(&lock, Cycles(1500)),
-            (Cycles(2000), Cycles(500))
-        );
-        assert_eq!(
-            zap_grant(&lock, Cycles(2010)),
-            (Cycles(2010), Cycles::ZERO)
-        );
-        assert_eq!(
-            zap_grant(&lock, Cycles(2025)),
-            (Cycles(3000), Cycles(975))
-        );
+        assert_eq!(zap_grant(&lock, Cycles(999)), (Cycles(999), Cycles::ZERO));
+        assert_eq!(zap_grant(&lock, Cycles(1500)), (Cycles(2000), Cycles(500)));
+        assert_eq!(zap_grant(&lock, Cycles(2010)), (Cycles(2010), Cycles::ZERO));
+        assert_eq!(zap_grant(&lock, Cycles(2025)), (Cycles(3000), Cycles(975)));
         // A request queued before a batch asked for the lock is served
         // before it, even when other holds keep it waiting into the
         // batch.
         lock.record(Cycles(900), Cycles(1100), Cycles::ZERO, Core::Vmm);
-        assert_eq!(
-            zap_grant(&lock, Cycles(950)),
-            (Cycles(1100), Cycles::ZERO)
-        );
+        assert_eq!(zap_grant(&lock, Cycles(950)), (Cycles(1100), Cycles::ZERO));
         // One made during a batch waits for it, and for a vCPU hold that
         // got in at the lock break, but not for the next batch.
         lock.record(Cycles(2000), Cycles(2100), Cycles::ZERO, Core::Vmm);
-        assert_eq!(
-            zap_grant(&lock, Cycles(1500)),
-            (Cycles(2100), Cycles(500))
-        );
+        assert_eq!(zap_grant(&lock, Cycles(1500)), (Cycles(2100), Cycles(500)));
         lock.forget_zap_holds_before(Cycles(2010));
         assert_eq!(lock.grant(Cycles(1500)), Cycles(1500));
         assert_eq!(lock.grant(Cycles(2500)), Cycles(3000));
@@ -536,8 +511,16 @@ mod tests {
         // vCPU 1 asks during vCPU 0's hold: it gets the lock a handoff
         // (one spinner: two transfers) after the release.
         let g = lock.grant_for(Cycles(150), Core::Vcpu(1), 110);
-        assert_eq!((g.busy_from, g.granted, g.handoff), (Cycles(200), Cycles(420), Cycles(220)));
-        lock.record(g.busy_from, g.granted + Cycles(100), g.granted - Cycles(150), Core::Vcpu(1));
+        assert_eq!(
+            (g.busy_from, g.granted, g.handoff),
+            (Cycles(200), Cycles(420), Cycles(220))
+        );
+        lock.record(
+            g.busy_from,
+            g.granted + Cycles(100),
+            g.granted - Cycles(150),
+            Core::Vcpu(1),
+        );
         // The handoff was the lock's: a request falling in it waits for
         // the hold it led to, then its own handoff, with vCPU 1 counted
         // as a spinner beside it.
@@ -545,9 +528,16 @@ mod tests {
         assert_eq!((g.busy_from, g.granted), (Cycles(520), Cycles(520 + 220)));
         let g = lock.grant_for(Cycles(150), Core::Vcpu(2), 110);
         assert_eq!(g.busy_from, Cycles(520), "behind both holds");
-        assert_eq!(g.handoff, Cycles(handoff_cycles(110, 2)), "vCPU 1 spun beside it");
+        assert_eq!(
+            g.handoff,
+            Cycles(handoff_cycles(110, 2)),
+            "vCPU 1 spun beside it"
+        );
         // Uncontended: no handoff; free handoffs leave the old timeline.
-        assert_eq!(lock.grant_for(Cycles(50), Core::Vcpu(2), 110).granted, Cycles(50));
+        assert_eq!(
+            lock.grant_for(Cycles(50), Core::Vcpu(2), 110).granted,
+            Cycles(50)
+        );
         assert_eq!(lock.grant(Cycles(150)), Cycles(520));
         // A core's request inside its own hold (laid out ahead) waits for
         // it but takes no handoff: the line never left.
