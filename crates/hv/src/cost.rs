@@ -58,10 +58,11 @@ pub struct HvCosts {
     /// operations on such a line cost about the same (their CAS/FAI/SWAP
     /// rows); their ccbench tool's published sample run (the ccbench
     /// README, load from modified between two cores, Westmere-EX fence
-    /// settings) averages 111.5. 110. The same-die figure because the
-    /// seed's hosts are single-socket for the 4 and 6 vCPUs it runs
-    /// (the i5-2540M; 6 of the X5690's 12 cores fit on one socket; the
-    /// table's cross-socket figures are far higher). Only lines another
+    /// settings) averages 111.5. 110. The same-die figure: the seed's
+    /// x11perf host (an i5-2540M) is one die, and a 6-core X5690 die
+    /// holds the 6 vCPUs of `bench dirty-log` (the table's cross-socket
+    /// figures are far higher; `docs/mmu.md` shows how much the result
+    /// rests on this one). Only lines another
     /// core wrote are charged: like the rest of this table, no capacity
     /// miss (a line evicted to the shared L3) is.
     pub line_transfer: u64,

@@ -73,6 +73,34 @@ fn small_run_has_the_issue_json_and_repeats_exactly() {
     }
 }
 
+/// `--cost` reaches the bench's runs, and the slow path pays for
+/// `mmu_lock`'s cache line moving between the vCPUs: without the
+/// transfer (`line_transfer=0`) the vCPUs dirty their memory sooner.
+#[test]
+fn the_slow_path_pays_the_lock_lines_transfers_and_cost_overrides_apply() {
+    let dirty_ms = |extra: &[&str]| -> Vec<f64> {
+        let mut args = vec!["--json", "--fast-pf", "off", "--modes", "bitmap"];
+        args.extend_from_slice(&SMALL);
+        args.extend_from_slice(extra);
+        let json: Value = serde_json::from_str(&bench(&args)).expect("JSON");
+        json["results"]
+            .as_array()
+            .expect("results")
+            .iter()
+            .map(|r| r["iterations"][1]["dirty_ms"].as_f64().expect("dirty_ms"))
+            .collect()
+    };
+    let cited = dirty_ms(&[]);
+    let free = dirty_ms(&["--cost", "line_transfer=0"]);
+    assert_eq!(cited.len(), 2, "ept and shadow");
+    for (cited, free) in cited.iter().zip(&free) {
+        assert!(
+            free < cited,
+            "line_transfer=0: {free} ms, cited: {cited} ms"
+        );
+    }
+}
+
 #[test]
 fn table_names_every_row_and_bad_options_are_refused() {
     let table = bench(&SMALL);

@@ -224,7 +224,7 @@ impl DirtyLogBench {
 
     fn config(&self, combo: Combo) -> VmConfig {
         let a = &self.args;
-        VmConfig {
+        let mut config = VmConfig {
             vcpus: a.vcpus,
             mem_size: self.mem(),
             mmu: combo.mmu,
@@ -244,7 +244,13 @@ impl DirtyLogBench {
                 a.common.seed
             ),
             ..VmConfig::default()
+        };
+        // `--cost NAME=CYCLES` (the other common options, overcommit,
+        // do not apply: this bench runs without a host memory limit).
+        for cost in &a.common.costs {
+            cost.apply(&mut config);
         }
+        config
     }
 
     fn label(combo: Combo) -> String {
