@@ -14,6 +14,7 @@
 
 mod bench;
 mod config;
+mod migrate;
 mod plot;
 mod report;
 mod run;
@@ -56,6 +57,10 @@ enum Command {
     /// Reproduce a seed experiment (several VM runs compared side by side).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Resume a VM saved by `run --snapshot-at TIME --snapshot FILE` and
+    /// run it to its end as `run` would (its output continues the saved
+    /// run's).
+    Restore(migrate::RestoreArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -570,6 +575,13 @@ struct RunArgs {
         requires = "dirty_log"
     )]
     dirty_log_period: Duration,
+    /// Stop at this virtual time and save the VM to --snapshot (`faultline
+    /// restore FILE` resumes it).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration, requires = "snapshot")]
+    snapshot_at: Option<Duration>,
+    /// Where --snapshot-at saves the VM.
+    #[arg(long, value_name = "FILE", requires = "snapshot_at")]
+    snapshot: Option<PathBuf>,
     /// The guest program and its arguments (the bundled kernel needs one).
     #[arg(
         last = true,
@@ -783,7 +795,7 @@ impl OvercommitArgs {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum StatsFormat {
+pub enum StatsFormat {
     Text,
     Json,
 }
@@ -793,6 +805,7 @@ fn main() -> ExitCode {
     let status = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Bench(command) => bench::main(command),
+        Command::Restore(args) => migrate::restore(args),
     };
     ExitCode::from(status)
 }

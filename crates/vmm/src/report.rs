@@ -116,6 +116,14 @@ pub enum Stop {
     TimeLimit { limit: String, limit_cycles: u64 },
     /// `--wall-limit` (host time) was reached.
     WallLimit { limit: String },
+    /// `--snapshot-at`: the VM was saved to `file` at `at`.
+    Snapshot {
+        file: String,
+        at: String,
+        at_cycles: u64,
+    },
+    /// `--snapshot-at`: the VM could not be saved.
+    SnapshotFailed { message: String },
 }
 
 impl Stop {
@@ -136,6 +144,14 @@ impl Stop {
             },
             Ending::WallLimit(d) => Stop::WallLimit {
                 limit: format_duration(*d),
+            },
+            Ending::Snapshot { path, at } => Stop::Snapshot {
+                file: path.display().to_string(),
+                at: format_duration(*at),
+                at_cycles: crate::units::duration_to_cycles(*at),
+            },
+            Ending::SnapshotFailed { message } => Stop::SnapshotFailed {
+                message: message.clone(),
             },
         }
     }

@@ -38,6 +38,7 @@ mod hostx87;
 #[cfg(test)]
 mod mode_tests;
 mod sse;
+pub mod snapshot;
 pub mod state;
 mod system;
 #[cfg(test)]
@@ -76,7 +77,7 @@ impl Default for CpuConfig {
 }
 
 /// Counters kept by the CPU.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CpuStats {
     /// Retired instructions.
     pub instructions: u64,
