@@ -61,6 +61,9 @@ enum Command {
     /// run it to its end as `run` would (its output continues the saved
     /// run's).
     Restore(migrate::RestoreArgs),
+    /// Wait for one VM migrated by `run --migrate-to`, then run it to its
+    /// end as `run` would (its output continues the source's).
+    Incoming(migrate::incoming::IncomingArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -582,6 +585,8 @@ struct RunArgs {
     /// Where --snapshot-at saves the VM.
     #[arg(long, value_name = "FILE", requires = "snapshot_at")]
     snapshot: Option<PathBuf>,
+    #[command(flatten)]
+    migrate: migrate::MigrateArgs,
     /// The guest program and its arguments (the bundled kernel needs one).
     #[arg(
         last = true,
@@ -806,6 +811,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Bench(command) => bench::main(command),
         Command::Restore(args) => migrate::restore(args),
+        Command::Incoming(args) => migrate::incoming::incoming(args),
     };
     ExitCode::from(status)
 }

@@ -44,6 +44,8 @@ pub enum Ending {
     },
     /// `--snapshot-at`: stopped, but the VM could not be saved.
     SnapshotFailed { message: String },
+    /// `--migrate-to`: the VM runs at the destination now.
+    Migrated { to: String },
 }
 
 impl Ending {
@@ -65,6 +67,7 @@ impl Ending {
                 format_duration(*at)
             ),
             Ending::SnapshotFailed { message } => format!("snapshot failed: {message}"),
+            Ending::Migrated { to } => format!("migrated (to {to})"),
         }
     }
 }

@@ -238,3 +238,24 @@ pub fn memory_pages(
         .chunks_exact(PAGE_RECORD_LEN)
         .map(|record| (u64_at(record, 0), &record[8..])))
 }
+
+/// Recomputes the CRC-32 of every section whose header and payload are
+/// present, leaving everything else as it is: a fuzzer's input, resealed,
+/// reaches the decoders behind the checksums instead of stopping at them.
+pub fn reseal(bytes: &mut [u8]) {
+    let mut at = HEADER_LEN;
+    while at + SECTION_HEADER_LEN <= bytes.len() {
+        let len = u64_at(bytes, at + 4);
+        let start = at + SECTION_HEADER_LEN;
+        let Some(end) = usize::try_from(len)
+            .ok()
+            .and_then(|len| start.checked_add(len))
+            .filter(|&end| end <= bytes.len())
+        else {
+            return;
+        };
+        let crc = crc32fast::hash(&bytes[start..end]);
+        bytes[at + 12..at + 16].copy_from_slice(&crc.to_le_bytes());
+        at = end;
+    }
+}

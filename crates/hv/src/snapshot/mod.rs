@@ -363,6 +363,30 @@ impl Vm {
     /// are read back to be saved, so the pager's state changes as the
     /// VMM's reads of guest memory change it.
     pub fn snapshot(&mut self) -> Result<Vec<u8>, SnapshotError> {
+        let state_bytes = self.snapshot_state()?;
+        let pages = self.saved_pages()?;
+        let memory = format::encode_memory(&pages);
+        Ok(format::encode(&[
+            (format::SectionKind::State, &state_bytes),
+            (format::SectionKind::Memory, &memory),
+        ]))
+    }
+
+    /// The gfns of guest RAM that were ever touched (resident or in the
+    /// swap file): what a migration's first round sends.
+    pub fn touched_pages(&self) -> Vec<u64> {
+        let Some(slot) = self.shared.host.slots.get(RAM_SLOT) else {
+            return Vec::new();
+        };
+        (0..slot.npages)
+            .filter(|&i| !matches!(slot.state_at(i), crate::memslot::PageState::Untouched))
+            .map(|i| slot.gfn_at(i).0)
+            .collect()
+    }
+
+    /// The state section alone (everything but guest memory), for a
+    /// migration that sends memory its own way.
+    pub fn snapshot_state(&mut self) -> Result<Vec<u8>, SnapshotError> {
         self.check_snapshottable()?;
         let platform = self.shared.platform.snapshot().ok_or_else(|| {
             SnapshotError::Unsupported("device interrupts wait for delivery".into())
@@ -423,15 +447,9 @@ impl Vm {
                 )
             }),
         };
-        let state_bytes = options()
+        options()
             .serialize(&state)
-            .map_err(|e| SnapshotError::Unsupported(format!("encoding the state: {e}")))?;
-        let pages = self.saved_pages()?;
-        let memory = format::encode_memory(&pages);
-        Ok(format::encode(&[
-            (format::SectionKind::State, &state_bytes),
-            (format::SectionKind::Memory, &memory),
-        ]))
+            .map_err(|e| SnapshotError::Unsupported(format!("encoding the state: {e}")))
     }
 
     /// The configuration the VM was built with, as saved.

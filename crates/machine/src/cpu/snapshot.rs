@@ -46,8 +46,8 @@ pub struct VmxRuntime {
 /// Why a CPU cannot be saved or restored now.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CpuSnapshotError {
-    /// An exit is half handled (an MMIO access or an IPI not yet taken by
-    /// the hypervisor): save between two VM entries.
+    /// An exit is half made (an IPI the APIC produced and the CPU has
+    /// not yet turned into an exit): save between two runs.
     #[error("the CPU is in the middle of an exit ({0}); save it between VM entries")]
     MidExit(&'static str),
     /// Bare mode in the snapshot and guest mode in the CPU, or the reverse.
@@ -73,9 +73,9 @@ impl Cpu {
     /// The CPU's state for a snapshot. Call it between two runs, once the
     /// hypervisor has handled the last exit.
     pub fn snapshot(&mut self) -> Result<CpuSnapshot, CpuSnapshotError> {
-        if self.mmio.is_some() {
-            return Err(CpuSnapshotError::MidExit("an MMIO access"));
-        }
+        // `mmio` is not checked: it describes the data access of the last
+        // exit (any EPT violation by a `mov`) for the handler of that
+        // exit, and the next exit replaces it; nothing reads it between.
         if self.pending_ipi.is_some() {
             return Err(CpuSnapshotError::MidExit("an IPI"));
         }

@@ -1,9 +1,15 @@
-//! Snapshots from the command line: `run --snapshot-at TIME --snapshot
-//! FILE` saves, `restore FILE` resumes (`docs/migration.md`).
+//! Snapshots and live migration from the command line: `run
+//! --snapshot-at TIME --snapshot FILE` saves, `restore FILE` resumes;
+//! `incoming --listen ADDR:PORT` waits for a VM that `run --migrate-to
+//! ADDR:PORT --migrate-at TIME` sends (`docs/migration.md`).
+
+pub mod incoming;
+pub mod link;
+pub mod precopy;
 
 use crate::run::{run_vm, RunOptions};
 use crate::signals::StopRequest;
-use crate::units::{format_duration, parse_positive_duration, parse_size};
+use crate::units::{format_duration, parse_nonzero_size, parse_positive_duration, parse_size};
 use crate::{MmuArg, OnOff, RunArgs, StatsFormat, ZapArg, EXIT_CONFIG};
 use hv::snapshot::{RestoreOptions, SnapshotError};
 use hv::Vm;
@@ -40,6 +46,78 @@ pub struct RestoreArgs {
     /// ... into this file.
     #[arg(long, value_name = "FILE", requires = "snapshot_at")]
     snapshot: Option<PathBuf>,
+}
+
+/// `--migrate-mode`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigrateMode {
+    /// Rounds of dirty pages while the guest runs, then stop and copy.
+    Precopy,
+    /// Not implemented yet: refused.
+    Postcopy,
+    /// Not implemented yet: refused.
+    Hybrid,
+}
+
+/// `run`'s live-migration options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MigrateArgs {
+    /// Migrate the VM to the `faultline incoming` listening there.
+    #[arg(long, value_name = "ADDR:PORT", requires = "migrate_at")]
+    pub migrate_to: Option<String>,
+    /// When to start migrating (virtual time).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration, requires = "migrate_to")]
+    pub migrate_at: Option<Duration>,
+    /// How: pre-copy (post-copy and hybrid are not implemented yet).
+    #[arg(long, value_enum, default_value_t = MigrateMode::Precopy)]
+    pub migrate_mode: MigrateMode,
+    /// The link model's bandwidth in bytes per second (default: 10 GbE's
+    /// line rate, 1.25 GB/s).
+    #[arg(long, value_name = "BYTES", default_value = "1250000000", value_parser = parse_nonzero_size)]
+    pub link_bandwidth: u64,
+    /// The link model's one-way latency (default 25us: half the ~50 us
+    /// round trip of a 10 GbE LAN).
+    #[arg(long, value_name = "DURATION", default_value = "25us", value_parser = crate::units::parse_duration)]
+    pub link_latency: Duration,
+    /// Stop and copy once the dirty pages left would cross the link in
+    /// this long (QEMU's default downtime limit, 300 ms).
+    #[arg(long, value_name = "DURATION", default_value = "300ms", value_parser = parse_positive_duration)]
+    pub downtime_limit: Duration,
+    /// Stop and copy after this many pre-copy rounds at most.
+    #[arg(long, value_name = "N", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub max_rounds: u32,
+    /// Host time to wait for the destination at each step.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration)]
+    pub migrate_timeout: Duration,
+}
+
+impl MigrateArgs {
+    /// The migration asked for, if any.
+    pub fn spec(&self) -> Option<precopy::MigrateSpec> {
+        Some(precopy::MigrateSpec {
+            to: self.migrate_to.clone()?,
+            at: self.migrate_at?,
+            link: link::LinkModel {
+                bandwidth: self.link_bandwidth,
+                latency: self.link_latency,
+            },
+            downtime_limit: self.downtime_limit,
+            max_rounds: self.max_rounds,
+            timeout: self.migrate_timeout,
+        })
+    }
+}
+
+/// The `run` options a migration cannot carry (the same as a snapshot's,
+/// its state is a snapshot's state section), and the modes not there yet.
+pub fn check_migrate_options(args: &RunArgs) -> Result<(), String> {
+    if args.migrate.migrate_mode != MigrateMode::Precopy {
+        return Err("--migrate-mode: only precopy is implemented so far".into());
+    }
+    if args.snapshot_at.is_some() {
+        return Err("--migrate-to and --snapshot-at together are not supported".into());
+    }
+    check_snapshot_options(args).map_err(|e| e.replace("--snapshot-at", "--migrate-to"))
 }
 
 /// The `run` options a snapshot cannot carry yet, refused before the VM
@@ -159,6 +237,7 @@ pub fn restore(args: RestoreArgs) -> u8 {
         dirty_log: None,
         dirty_log_period: Duration::from_millis(10),
         snapshot: args.snapshot_at.zip(args.snapshot.clone()),
+        migrate: None,
     };
     run_vm(vm, &stop, &options)
 }
