@@ -114,6 +114,9 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
         report.failed = Some(why);
         report
     };
+    report.bytes_sent = link.sent;
+    report.precopy_ms = ms(vm.time() - started);
+    report.total_ms = report.precopy_ms;
     let final_pages = match result {
         Ok(Ok(pages)) => pages,
         Ok(Err(ending)) => {
