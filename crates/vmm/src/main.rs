@@ -53,7 +53,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Boot the guest kernel and run a guest program.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Reproduce a seed experiment (several VM runs compared side by side).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -808,7 +808,7 @@ pub enum StatsFormat {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let status = match cli.command {
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(*args),
         Command::Bench(command) => bench::main(command),
         Command::Restore(args) => migrate::restore(args),
         Command::Incoming(args) => migrate::incoming::incoming(args),

@@ -20,7 +20,15 @@ fn json(text: &str) -> serde_json::Value {
 /// A destination listening on a free loopback port, and its address.
 fn destination(extra: &[&str]) -> (Child, String, std::thread::JoinHandle<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_faultline"))
-        .args(["incoming", "--listen", "127.0.0.1:0", "--stats", "json", "--timeout", "30s"])
+        .args([
+            "incoming",
+            "--listen",
+            "127.0.0.1:0",
+            "--stats",
+            "json",
+            "--timeout",
+            "30s",
+        ])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -75,7 +83,8 @@ fn migrate(
     assert!(src.status.success(), "source: {src_text}\n{}", stderr(&src));
     let source = json(&src_text);
     assert_eq!(
-        source["stop"]["reason"], "migrated",
+        source["stop"]["reason"],
+        "migrated",
         "source: {src_text}\n{}",
         stderr(&src)
     );
@@ -112,19 +121,30 @@ fn pagetag_migrates_with_0_bad_pages_and_overcommit_on_either_side() {
     // Overcommitted at the source, at the destination, at both.
     let cases: [(&[&str], &[&str]); 3] = [
         (&OVERCOMMIT, &["--host-mem", "48M"]),
-        (&["--vcpus", "2", "--mem", "48M", "--swap-device", "nvme"], &["--host-mem", "8M"]),
+        (
+            &["--vcpus", "2", "--mem", "48M", "--swap-device", "nvme"],
+            &["--host-mem", "8M"],
+        ),
         (&OVERCOMMIT, &[]),
     ];
-    for (apf, (args, dest)) in [["pv", "x86"], ["pv", "event"], ["halt", "x86"], ["off", "x86"]]
-        .iter()
-        .zip(cases.iter().cycle())
+    for (apf, (args, dest)) in [
+        ["pv", "x86"],
+        ["pv", "event"],
+        ["halt", "x86"],
+        ["off", "x86"],
+    ]
+    .iter()
+    .zip(cases.iter().cycle())
     {
         let mut args = args.to_vec();
         args.extend_from_slice(&["--apf", apf[0], "--apf-protocol", apf[1]]);
         let at = if args.contains(&"8M") { "100ms" } else { "3ms" };
         let m = migrate(&args, at, &[], dest, &PAGETAG);
         let out = console(&m.destination);
-        assert!(out.contains(" 0 bad pages"), "{apf:?} {args:?} -> {dest:?}: {out}");
+        assert!(
+            out.contains(" 0 bad pages"),
+            "{apf:?} {args:?} -> {dest:?}: {out}"
+        );
         // The destination's output continues the source's: the source
         // printed the boot, the destination the program's result.
         assert!(console(&m.source).contains("smp: 2 cpu(s) online"));
@@ -164,7 +184,10 @@ fn bm_migrates_over_several_rounds_and_repeats_its_figures() {
     assert_eq!(a, b, "the same migration printed other figures");
     assert_eq!(console(&first.source), console(&second.source));
     assert_eq!(console(&first.destination), console(&second.destination));
-    assert_eq!(first.destination["virtual_cycles"], second.destination["virtual_cycles"]);
+    assert_eq!(
+        first.destination["virtual_cycles"],
+        second.destination["virtual_cycles"]
+    );
 }
 
 #[test]
@@ -208,7 +231,10 @@ fn a_dropped_connection_leaves_the_source_running() {
     let text = stdout(&out);
     assert!(out.status.success(), "{text}\n{}", stderr(&out));
     let v = json(&text);
-    assert_eq!(v["stop"]["reason"], "shutdown", "the guest ran to its end here");
+    assert_eq!(
+        v["stop"]["reason"], "shutdown",
+        "the guest ran to its end here"
+    );
     assert!(console(&v).contains(" 0 bad pages"), "{}", console(&v));
     let report = &v["migration"];
     assert!(report["failed"].is_string(), "{report}");
@@ -226,7 +252,10 @@ fn no_destination_is_a_reported_failure() {
     let v = json(&stdout(&out));
     assert!(out.status.success());
     assert_eq!(v["stop"]["reason"], "shutdown");
-    assert!(v["migration"]["failed"].as_str().unwrap().contains("connecting"));
+    assert!(v["migration"]["failed"]
+        .as_str()
+        .unwrap()
+        .contains("connecting"));
 }
 
 /// Frames as the source sends them.
@@ -269,10 +298,16 @@ fn the_destination_refuses_bad_streams() {
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("garbage", b"GET / HTTP/1.1\r\n\r\n".to_vec()),
         ("corrupted hello", corrupted),
-        ("a hostile guest size", hello(u64::MAX & !0x1f_ffff, 2)),
-        ("a page outside the guest", [hello(64 << 20, 2), page_outside].concat()),
+        ("a hostile guest size", hello(!0x1f_ffff, 2)),
+        (
+            "a page outside the guest",
+            [hello(64 << 20, 2), page_outside].concat(),
+        ),
         ("a huge state", [hello(64 << 20, 2), huge].concat()),
-        ("a state that is not one", [hello(64 << 20, 2), frame(3, b"nonsense")].concat()),
+        (
+            "a state that is not one",
+            [hello(64 << 20, 2), frame(3, b"nonsense")].concat(),
+        ),
         ("closed early", hello(64 << 20, 2)),
     ];
     for (what, bytes) in cases {

@@ -34,7 +34,12 @@ fn run_plain(args: &[&str], program: &[&str]) -> Output {
 }
 
 fn restore(file: &Path, extra: &[&str]) -> Output {
-    let mut all = vec!["restore", file.to_str().expect("utf-8 path"), "--stats", "json"];
+    let mut all = vec![
+        "restore",
+        file.to_str().expect("utf-8 path"),
+        "--stats",
+        "json",
+    ];
     all.extend_from_slice(extra);
     faultline(&all)
 }
@@ -144,14 +149,20 @@ fn pagetag_round_trips_with_pages_in_swap() {
 fn pagetag_restores_with_other_host_memory() {
     // Saved overcommitted, restored with no limit, and the reverse.
     let (_, restored) = round_trip(&OVERCOMMIT, "100ms", &PAGETAG, &["--host-mem", "48M"]);
-    assert!(restored["console"].as_str().unwrap().contains(" 0 bad pages"));
+    assert!(restored["console"]
+        .as_str()
+        .unwrap()
+        .contains(" 0 bad pages"));
     let (_, restored) = round_trip(
         &["--vcpus", "2", "--mem", "48M"],
         "4ms",
         &PAGETAG,
         &["--host-mem", "8M"],
     );
-    assert!(restored["console"].as_str().unwrap().contains(" 0 bad pages"));
+    assert!(restored["console"]
+        .as_str()
+        .unwrap()
+        .contains(" 0 bad pages"));
     assert!(restored["memory"]["pager"]["evictions"].as_u64().unwrap() > 0);
 }
 
@@ -197,7 +208,10 @@ fn damaged_snapshots_fail_cleanly() {
             b[20..28].copy_from_slice(&u64::MAX.to_le_bytes());
             b
         }),
-        ("not a snapshot", b"hello world, this is not a snapshot".to_vec()),
+        (
+            "not a snapshot",
+            b"hello world, this is not a snapshot".to_vec(),
+        ),
         ("trailing bytes", {
             let mut b = good.clone();
             b.extend_from_slice(&[0; 7]);
@@ -229,7 +243,10 @@ fn hostile_state_with_valid_checksums_never_panics() {
     let good = hello_snapshot(dir.path());
     let (start, end, crc_at) = state_section(&good);
     let options = hv::snapshot::RestoreOptions::default();
-    assert!(hv::Vm::restore(&good, &options).is_ok(), "the good one restores");
+    assert!(
+        hv::Vm::restore(&good, &options).is_ok(),
+        "the good one restores"
+    );
     let mut refused = 0;
     let mut tried = 0;
     // Every byte of the state section set to 0xff, and to 0x00, with the

@@ -39,10 +39,16 @@ impl FwCfg {
     pub fn set_cursor(&mut self, selected: Option<usize>, offset: usize) -> Result<(), String> {
         if let Some(index) = selected {
             let Some((_, data)) = self.items.get(index) else {
-                return Err(format!("fw_cfg: item {index} selected, there are {}", self.items.len()));
+                return Err(format!(
+                    "fw_cfg: item {index} selected, there are {}",
+                    self.items.len()
+                ));
             };
             if offset > data.len() {
-                return Err(format!("fw_cfg: offset {offset} past item {index}'s {} bytes", data.len()));
+                return Err(format!(
+                    "fw_cfg: offset {offset} past item {index}'s {} bytes",
+                    data.len()
+                ));
             }
         } else if offset != 0 {
             return Err("fw_cfg: an offset with no item selected".into());

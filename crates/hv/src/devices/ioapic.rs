@@ -74,7 +74,10 @@ impl IoApic {
     /// value is one the device already handles.
     pub fn check_restored(&self) -> Result<(), String> {
         if self.id & !(0xf << 24) != 0 {
-            return Err(format!("IOAPIC id register {:#x} has reserved bits", self.id));
+            return Err(format!(
+                "IOAPIC id register {:#x} has reserved bits",
+                self.id
+            ));
         }
         Ok(())
     }

@@ -139,7 +139,8 @@ pub fn parse(bytes: &[u8]) -> Result<Sections<'_>, SnapshotError> {
     for (slot, expected) in payloads.iter_mut().zip(ORDER) {
         let head = take(bytes, &mut at, SECTION_HEADER_LEN, "a section header")?;
         let raw_kind = u32_at(head, 0);
-        let kind = SectionKind::from_u32(raw_kind).ok_or(SnapshotError::UnknownSection(raw_kind))?;
+        let kind =
+            SectionKind::from_u32(raw_kind).ok_or(SnapshotError::UnknownSection(raw_kind))?;
         if kind != expected {
             return Err(SnapshotError::SectionOrder {
                 found: kind.name(),

@@ -353,7 +353,11 @@ impl Vm {
         if !self.shared.cross.is_empty() {
             return unsupported("cross-vCPU requests are pending (save between run slices)");
         }
-        if self.vcpus.iter().any(|v| v.ring_full || v.pml_page.is_some()) {
+        if self
+            .vcpus
+            .iter()
+            .any(|v| v.ring_full || v.pml_page.is_some())
+        {
             return unsupported("a vCPU logs dirty pages");
         }
         Ok(())
@@ -393,13 +397,10 @@ impl Vm {
         })?;
         let mut vcpus = Vec::with_capacity(self.vcpus.len());
         for (index, vcpu) in self.vcpus.iter_mut().enumerate() {
-            let cpu = vcpu
-                .cpu
-                .snapshot()
-                .map_err(|source| SnapshotError::Cpu {
-                    vcpu: index,
-                    source,
-                })?;
+            let cpu = vcpu.cpu.snapshot().map_err(|source| SnapshotError::Cpu {
+                vcpu: index,
+                source,
+            })?;
             let run = match vcpu.run {
                 RunState::WaitingForStart => RunSnap::WaitingForStart,
                 RunState::Halted => RunSnap::Halted,
@@ -441,10 +442,7 @@ impl Vm {
                 .collect(),
             vcpus,
             host_cpus: self.sched.host_cpu_state().map(|(holding, boosted)| {
-                (
-                    holding.iter().map(|h| h.map(|c| c.0)).collect(),
-                    boosted,
-                )
+                (holding.iter().map(|h| h.map(|c| c.0)).collect(), boosted)
             }),
         };
         options()
@@ -464,12 +462,10 @@ impl Vm {
         let mut pages = Vec::new();
         let mut buf = vec![0u8; PAGE_SIZE as usize];
         for gfn in 0..npages {
-            let touched = self
-                .shared
-                .host
-                .slots
-                .get(RAM_SLOT)
-                .is_some_and(|s| !matches!(s.state_at(gfn), crate::memslot::PageState::Untouched));
+            let touched =
+                self.shared.host.slots.get(RAM_SLOT).is_some_and(|s| {
+                    !matches!(s.state_at(gfn), crate::memslot::PageState::Untouched)
+                });
             if !touched {
                 continue;
             }
@@ -498,7 +494,9 @@ impl Vm {
         }
         let pages = format::memory_pages(memory, npages)?;
         let mut vm = Vm::new(&config)?;
-        vm.kernel = state.kernel.map(|(entry, start, end)| KernelImage { entry, start, end });
+        vm.kernel = state
+            .kernel
+            .map(|(entry, start, end)| KernelImage { entry, start, end });
         vm.shared.time = Cycles(state.time);
         for (gfn, data) in pages {
             vm.shared.write_guest(Gpa(gfn * PAGE_SIZE), data)?;
@@ -557,8 +555,7 @@ impl Vm {
         }
         match (&state.host_cpus, vm.sched.host_cpus()) {
             (Some((holding, boosted)), Some(_)) => {
-                let holding: Vec<Option<Cycles>> =
-                    holding.iter().map(|h| h.map(Cycles)).collect();
+                let holding: Vec<Option<Cycles>> = holding.iter().map(|h| h.map(Cycles)).collect();
                 vm.sched
                     .set_host_cpu_state(&holding, boosted)
                     .map_err(SnapshotError::Invalid)?;

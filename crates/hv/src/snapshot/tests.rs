@@ -5,7 +5,10 @@ use super::SnapshotError;
 
 fn sample() -> Vec<u8> {
     let memory = format::encode_memory(&[(1, vec![7u8; 4096]), (5, vec![9u8; 4096])]);
-    format::encode(&[(SectionKind::State, b"state!"), (SectionKind::Memory, &memory)])
+    format::encode(&[
+        (SectionKind::State, b"state!"),
+        (SectionKind::Memory, &memory),
+    ])
 }
 
 #[test]
@@ -24,10 +27,7 @@ fn round_trip() {
 fn every_truncation_is_an_error() {
     let bytes = sample();
     for len in 0..bytes.len() {
-        assert!(
-            format::parse(&bytes[..len]).is_err(),
-            "{len} bytes parsed"
-        );
+        assert!(format::parse(&bytes[..len]).is_err(), "{len} bytes parsed");
     }
 }
 
@@ -78,12 +78,18 @@ fn specific_errors() {
 fn memory_records_are_checked() {
     let page = vec![1u8; 4096];
     let outside = format::encode_memory(&[(8, page.clone())]);
-    assert!(format::memory_pages(&outside, 8).is_err(), "gfn past the guest");
+    assert!(
+        format::memory_pages(&outside, 8).is_err(),
+        "gfn past the guest"
+    );
     let repeated = format::encode_memory(&[(2, page.clone()), (2, page.clone())]);
     assert!(format::memory_pages(&repeated, 8).is_err(), "repeated gfn");
     let mut lying = format::encode_memory(&[(2, page.clone())]);
     lying[..8].copy_from_slice(&u64::MAX.to_le_bytes());
     assert!(format::memory_pages(&lying, 8).is_err(), "huge count");
     lying[..8].copy_from_slice(&3u64.to_le_bytes());
-    assert!(format::memory_pages(&lying, 8).is_err(), "count above the records");
+    assert!(
+        format::memory_pages(&lying, 8).is_err(),
+        "count above the records"
+    );
 }

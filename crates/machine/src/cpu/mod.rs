@@ -37,8 +37,8 @@ mod hostfp;
 mod hostx87;
 #[cfg(test)]
 mod mode_tests;
-mod sse;
 pub mod snapshot;
+mod sse;
 pub mod state;
 mod system;
 #[cfg(test)]

@@ -91,9 +91,7 @@ fn receive(link: &mut Link, options: &RestoreOptions) -> Result<Vm, IncomingErro
                 }
                 return Ok(vm);
             }
-            other => {
-                return Err(LinkError::Protocol(format!("{other:?} from the source")).into())
-            }
+            other => return Err(LinkError::Protocol(format!("{other:?} from the source")).into()),
         }
     }
 }

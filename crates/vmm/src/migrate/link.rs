@@ -186,9 +186,7 @@ pub fn parse_hello(payload: &[u8]) -> Result<(u64, u32), LinkError> {
     let mem_size = u64::from_le_bytes(payload[12..20].try_into().expect("8 bytes"));
     let vcpus = u32::from_le_bytes(payload[20..24].try_into().expect("4 bytes"));
     if mem_size == 0 || mem_size % (2 << 20) != 0 || mem_size > hv::MAX_GUEST_MEM {
-        return Err(LinkError::Protocol(format!(
-            "a guest of {mem_size} bytes"
-        )));
+        return Err(LinkError::Protocol(format!("a guest of {mem_size} bytes")));
     }
     if vcpus == 0 || vcpus as usize > abi::MAX_CPUS {
         return Err(LinkError::Protocol(format!("a guest of {vcpus} vCPUs")));
@@ -211,7 +209,9 @@ pub fn pages(batch: &[(u64, Vec<u8>)]) -> Vec<u8> {
 /// checked: the count matches the bytes, every gfn is inside the guest.
 pub fn parse_pages(payload: &[u8], npages: u64) -> Result<Vec<(u64, &[u8])>, LinkError> {
     if payload.len() < 4 {
-        return Err(LinkError::Protocol("a page message without its count".into()));
+        return Err(LinkError::Protocol(
+            "a page message without its count".into(),
+        ));
     }
     let count = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize;
     let body = &payload[4..];

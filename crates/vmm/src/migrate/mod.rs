@@ -123,7 +123,11 @@ pub fn check_migrate_options(args: &RunArgs) -> Result<(), String> {
 /// The `run` options a snapshot cannot carry yet, refused before the VM
 /// boots rather than at the snapshot.
 pub fn check_snapshot_options(args: &RunArgs) -> Result<(), String> {
-    let refuse = |what: &str| Err(format!("--snapshot-at: {what} is not saved in snapshots yet"));
+    let refuse = |what: &str| {
+        Err(format!(
+            "--snapshot-at: {what} is not saved in snapshots yet"
+        ))
+    };
     match args.overcommit.mmu {
         MmuArg::Ept => {}
         MmuArg::Shadow => return refuse("--mmu shadow (the shadow MMU's state)"),
@@ -178,7 +182,10 @@ pub enum ReadSnapshotError {
     #[error("the snapshot {0} is not a regular file")]
     NotAFile(PathBuf),
     #[error("the snapshot {path}: {source}")]
-    Bad { path: PathBuf, source: SnapshotError },
+    Bad {
+        path: PathBuf,
+        source: SnapshotError,
+    },
 }
 
 /// The bytes of a snapshot file (a regular file only: a FIFO or a device
@@ -198,7 +205,8 @@ pub fn read_snapshot(path: &Path) -> Result<Vec<u8>, ReadSnapshotError> {
 /// `faultline restore FILE`.
 pub fn restore(args: RestoreArgs) -> u8 {
     let prepared = (|| -> Result<(Vm, StopRequest), String> {
-        let stop = StopRequest::install().map_err(|e| format!("installing signal handlers: {e}"))?;
+        let stop =
+            StopRequest::install().map_err(|e| format!("installing signal handlers: {e}"))?;
         if let Some(swap) = &args.swap {
             crate::config::check_swap_path(swap).map_err(|e| e.to_string())?;
         }
