@@ -156,6 +156,21 @@ fn pagetag_migrates_with_0_bad_pages_and_overcommit_on_either_side() {
 }
 
 #[test]
+fn pagetag_migrates_under_shadow_paging() {
+    for apf in [["pv", "event"], ["halt", "x86"]] {
+        let mut args = OVERCOMMIT.to_vec();
+        args.extend_from_slice(&["--mmu", "shadow", "--apf", apf[0], "--apf-protocol", apf[1]]);
+        // A slower link and a tight limit: more than one round.
+        let extra = ["--link-bandwidth", "1G", "--downtime-limit", "2ms"];
+        let m = migrate(&args, "100ms", &extra, &[], &PAGETAG);
+        let out = console(&m.destination);
+        assert!(out.contains(" 0 bad pages"), "{apf:?}: {out}");
+        assert_eq!(m.destination["mmu"], "shadow");
+        assert!(m.source["migration"]["rounds"].as_u64().unwrap() >= 2);
+    }
+}
+
+#[test]
 fn bm_migrates_over_several_rounds_and_repeats_its_figures() {
     let program = ["bm", "-f", "2", "-w", "2", "-m", "16M", "-t", "0.2"];
     let args = ["--vcpus", "2", "--mem", "64M"];

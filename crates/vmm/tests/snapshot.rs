@@ -111,6 +111,21 @@ fn hello_round_trips_and_continues_the_output() {
 }
 
 #[test]
+fn hello_round_trips_under_shadow_paging() {
+    let args = ["--vcpus", "2", "--mmu", "shadow"];
+    let whole = json(&stdout(&run_plain(&args, &["hello"])));
+    let (saved, restored) = round_trip(&args, "300us", &["hello"], &[]);
+    assert_eq!(
+        format!(
+            "{}{}",
+            saved["console"].as_str().unwrap(),
+            restored["console"].as_str().unwrap()
+        ),
+        whole["console"].as_str().unwrap()
+    );
+}
+
+#[test]
 fn bm_round_trips() {
     let program = ["bm", "-f", "2", "-w", "2", "-m", "16M", "-t", "0.05"];
     let (_, restored) = round_trip(&["--vcpus", "2", "--mem", "64M"], "20ms", &program, &[]);
@@ -132,8 +147,18 @@ const PAGETAG: [&str; 7] = ["pagetag", "-m", "16M", "-p", "3", "-t", "2"];
 
 #[test]
 fn pagetag_round_trips_with_pages_in_swap() {
-    for apf in [["--apf", "pv"], ["--apf", "off"]] {
-        let args: Vec<&str> = OVERCOMMIT.iter().copied().chain(apf).collect();
+    for (apf, mmu) in [
+        (["--apf", "pv"], "ept"),
+        (["--apf", "off"], "ept"),
+        (["--apf", "pv"], "shadow"),
+        (["--apf", "halt"], "shadow"),
+    ] {
+        let args: Vec<&str> = OVERCOMMIT
+            .iter()
+            .copied()
+            .chain(apf)
+            .chain(["--mmu", mmu])
+            .collect();
         let (saved, restored) = round_trip(&args, "100ms", &PAGETAG, &[]);
         assert!(
             saved["memory"]["pager"]["evictions"].as_u64().unwrap() > 0,
@@ -141,7 +166,8 @@ fn pagetag_round_trips_with_pages_in_swap() {
             saved["memory"]
         );
         let console = restored["console"].as_str().unwrap();
-        assert!(console.contains(" 0 bad pages"), "{apf:?}: {console}");
+        assert!(console.contains(" 0 bad pages"), "{apf:?} {mmu}: {console}");
+        assert_eq!(restored["mmu"], mmu);
     }
 }
 
@@ -307,7 +333,7 @@ fn hostile_memory_section_is_refused() {
 fn unsupported_configurations_are_refused_before_boot() {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("x.snap");
-    for extra in [["--mmu", "shadow"], ["--dirty-log", "bitmap"]] {
+    for extra in [["--mmu", "none"], ["--dirty-log", "bitmap"]] {
         let out = run_and_save(&extra, "1ms", &file, &["hello"]);
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
         assert!(stderr(&out).contains("--snapshot-at"), "{}", stderr(&out));

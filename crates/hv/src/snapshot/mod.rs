@@ -135,6 +135,9 @@ struct ConfigState {
     wall_clock_at_boot_ns: u64,
     zap_fast: bool,
     dirty_ring_size: u64,
+    /// Shadow paging (`--mmu shadow`) instead of EPT.
+    shadow: bool,
+    shadow_prev_roots: u64,
 }
 
 /// How a vCPU was scheduled. A vCPU stalled or halted in the hv on a
@@ -163,6 +166,10 @@ struct VcpuState {
     steal: StealTime,
     stats: VcpuStats,
     xapic: XapicRegs,
+    /// Shadow paging: the CR3 the guest loaded (the CPU's is the shadow
+    /// root, rebuilt at restore) and whether the guest cleared EFER.NXE
+    /// (the CPU keeps it set).
+    shadow: Option<(u64, bool)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -241,6 +248,8 @@ impl ConfigState {
             wall_clock_at_boot_ns: config.wall_clock_at_boot_ns,
             zap_fast: config.zap == ZapMode::Fast,
             dirty_ring_size: config.dirty_ring_size as u64,
+            shadow: config.mmu == MmuMode::Shadow,
+            shadow_prev_roots: config.shadow_prev_roots as u64,
         }
     }
 
@@ -256,6 +265,9 @@ impl ConfigState {
         }
         if !(128..=MAX_DIRTY_RING).contains(&self.dirty_ring_size) {
             return invalid(format!("a dirty ring of {} entries", self.dirty_ring_size));
+        }
+        if self.shadow_prev_roots > 64 {
+            return invalid(format!("{} previous shadow roots", self.shadow_prev_roots));
         }
         if self.quantum == 0 || self.quantum > MAX_QUANTUM {
             return invalid(format!("a scheduling quantum of {} cycles", self.quantum));
@@ -287,7 +299,12 @@ impl ConfigState {
             apf: self.apf,
             apf_protocol: self.apf_protocol,
             seed: self.seed,
-            mmu: MmuMode::Ept,
+            mmu: if self.shadow {
+                MmuMode::Shadow
+            } else {
+                MmuMode::Ept
+            },
+            shadow_prev_roots: self.shadow_prev_roots as usize,
             wall_clock_at_boot_ns: self.wall_clock_at_boot_ns,
             zap: if self.zap_fast {
                 ZapMode::Fast
@@ -337,8 +354,11 @@ impl Vm {
         if self.sched.stopped.is_some() {
             return unsupported("it has stopped");
         }
-        if self.shared.host.mmu.mode != MmuMode::Ept {
-            return unsupported("snapshots support --mmu ept only so far");
+        if self.shared.host.mmu.mode == MmuMode::Native {
+            return unsupported("--mmu none is not saved in snapshots");
+        }
+        if self.vcpus.iter().any(|v| v.shadow.pending_write.is_some()) {
+            return unsupported("a vCPU is in the middle of a write to a tracked guest page table");
         }
         if self.shared.cr3_cache.is_some() {
             return unsupported("the CR3 cache is not saved");
@@ -421,6 +441,8 @@ impl Vm {
                 steal: vcpu.steal,
                 stats: vcpu.stats.clone(),
                 xapic: vcpu.xapic,
+                shadow: (vcpu.mmu_mode == MmuMode::Shadow)
+                    .then_some((vcpu.shadow.guest_cr3, vcpu.shadow.guest_nxe_off)),
             });
         }
         let shared = &self.shared;
@@ -541,6 +563,23 @@ impl Vm {
             vcpu.steal = saved.steal;
             vcpu.stats = saved.stats.clone();
             vcpu.xapic = saved.xapic;
+            match (saved.shadow, vcpu.mmu_mode) {
+                (Some((guest_cr3, nxe_off)), MmuMode::Shadow) => {
+                    if guest_cr3 >> machine::mmu::paging::MAX_PHYS_ADDR_BITS != 0 {
+                        return Err(SnapshotError::Invalid(format!(
+                            "vCPU {index}: guest CR3 {guest_cr3:#x} has reserved bits"
+                        )));
+                    }
+                    vcpu.shadow.guest_cr3 = guest_cr3;
+                    vcpu.shadow.guest_nxe_off = nxe_off;
+                }
+                (None, MmuMode::Ept) => {}
+                _ => {
+                    return Err(SnapshotError::Invalid(format!(
+                        "vCPU {index}: shadow-paging state does not match the MMU"
+                    )))
+                }
+            }
             vcpu.requests.set(Requests::RELOAD_ROOT);
             vcpu.requests.set(Requests::TLB_FLUSH);
             vm.shared.directory[index].started = saved.started;

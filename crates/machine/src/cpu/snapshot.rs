@@ -41,6 +41,10 @@ pub struct VmxRuntime {
     pub tsc_offset: i64,
     pub interrupt_window_exiting: bool,
     pub monitor_trap_flag: bool,
+    /// The CR0 and CR4 values the guest reads in the bits the hypervisor
+    /// owns (shadow paging keeps them apart from the real ones).
+    pub cr0_read_shadow: u64,
+    pub cr4_read_shadow: u64,
 }
 
 /// Why a CPU cannot be saved or restored now.
@@ -94,6 +98,8 @@ impl Cpu {
                 tsc_offset: v.tsc_offset,
                 interrupt_window_exiting: v.interrupt_window_exiting,
                 monitor_trap_flag: v.monitor_trap_flag,
+                cr0_read_shadow: v.cr0_read_shadow,
+                cr4_read_shadow: v.cr4_read_shadow,
             }),
         })
     }
@@ -128,6 +134,10 @@ impl Cpu {
             controls.tsc_offset = runtime.tsc_offset;
             controls.interrupt_window_exiting = runtime.interrupt_window_exiting;
             controls.monitor_trap_flag = runtime.monitor_trap_flag;
+            // Only the owned bits mean anything; the rest are kept clear
+            // as the hypervisor keeps them.
+            controls.cr0_read_shadow = runtime.cr0_read_shadow & controls.cr0_guest_host_mask;
+            controls.cr4_read_shadow = runtime.cr4_read_shadow & controls.cr4_guest_host_mask;
         }
         self.state = snapshot.state.clone();
         self.cycles = snapshot.cycles;

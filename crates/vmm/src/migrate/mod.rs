@@ -128,10 +128,8 @@ pub fn check_snapshot_options(args: &RunArgs) -> Result<(), String> {
             "--snapshot-at: {what} is not saved in snapshots yet"
         ))
     };
-    match args.overcommit.mmu {
-        MmuArg::Ept => {}
-        MmuArg::Shadow => return refuse("--mmu shadow (the shadow MMU's state)"),
-        MmuArg::Native => return refuse("--mmu none"),
+    if args.overcommit.mmu == MmuArg::Native {
+        return refuse("--mmu none");
     }
     if args.overcommit.cr3_cache == OnOff::On {
         return refuse("--cr3-cache on");
