@@ -106,6 +106,11 @@ pub enum BenchCommand {
     /// processes over pipes) under the same rows as `bench ctxsw`: time,
     /// CR3-load exits, roots built, TLB misses, CR3-cache hits.
     Hackbench(HackbenchBenchArgs),
+    /// Seed 001's live migration: a guest under a write load migrates by
+    /// pre-copy to a second faultline process on loopback, fast page
+    /// fault on and off: total time, downtime, rounds, pages, the cost of
+    /// the dirty-logging write faults.
+    Migrate(migrate::bench::MigrateBenchArgs),
     /// Merge the JSON results of the runs `--list-runs` printed into the
     /// benchmark's table (or JSON) and plot, as a direct run prints them.
     Merge(MergeArgs),

@@ -339,3 +339,36 @@ fn the_destination_refuses_bad_streams() {
         assert!(!err.contains("panicked"), "{what}: {err}");
     }
 }
+
+#[test]
+fn bench_migrate_repeats_and_measures_the_fast_page_fault() {
+    let args = [
+        "bench",
+        "migrate",
+        "--json",
+        "--duration",
+        "0.06",
+        "--at",
+        "10ms",
+        "--max-rounds",
+        "2",
+    ];
+    let first = faultline(&args);
+    let second = faultline(&args);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(
+        stdout(&first),
+        stdout(&second),
+        "same command, other figures"
+    );
+    let v = json(&stdout(&first));
+    let rows = v["results"].as_array().expect("results");
+    assert_eq!(rows.len(), 2);
+    let (on, off) = (&rows[0], &rows[1]);
+    assert_eq!(on["fast_pf"], true);
+    assert_eq!(on["rounds"], 2);
+    assert!(on["dirty_log_faults"].as_i64().unwrap() > 0, "{on}");
+    assert!(on["fast_pf_fixed"].as_u64().unwrap() > 0, "{on}");
+    assert_eq!(off["fast_pf_fixed"], 0, "{off}");
+    assert!(on["guest_total"].as_u64().unwrap() > 0, "{on}");
+}
