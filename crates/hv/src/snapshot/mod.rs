@@ -37,7 +37,7 @@ use crate::vm::{Report, Vm, VmConfig, RAM_SLOT};
 use bincode::Options;
 use machine::addr::PAGE_SIZE;
 use machine::cpu::snapshot::{CpuSnapshot, CpuSnapshotError};
-use machine::Gpa;
+use machine::{Gpa, NamedCosts};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -138,6 +138,46 @@ struct ConfigState {
     /// Shadow paging (`--mmu shadow`) instead of EPT.
     shadow: bool,
     shadow_prev_roots: u64,
+    /// Both cost tables, every entry by name (`--cost NAME=CYCLES` may
+    /// have changed any), so the restored run is charged as the saved one.
+    cpu_costs: Vec<(String, u64)>,
+    hv_costs: Vec<(String, u64)>,
+}
+
+/// Every entry of a cost table by name.
+fn cost_entries(mut table: impl NamedCosts) -> Vec<(String, u64)> {
+    table
+        .entries_mut()
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), *value))
+        .collect()
+}
+
+/// `saved` into `table`: exactly its entries, each once.
+fn set_costs<T: NamedCosts>(
+    mut table: T,
+    saved: &[(String, u64)],
+    what: &str,
+) -> Result<T, SnapshotError> {
+    let names = table.names();
+    let mut seen: Vec<&str> = saved.iter().map(|(n, _)| n.as_str()).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    if seen.len() != saved.len() || saved.len() != names.len() {
+        return Err(SnapshotError::Invalid(format!(
+            "the {what} cost table has {} entries, this faultline {}",
+            saved.len(),
+            names.len()
+        )));
+    }
+    for (name, cycles) in saved {
+        if !table.set(name, *cycles) {
+            return Err(SnapshotError::Invalid(format!(
+                "no {what} cost entry named {name:?}"
+            )));
+        }
+    }
+    Ok(table)
 }
 
 /// How a vCPU was scheduled. A vCPU stalled or halted in the hv on a
@@ -250,6 +290,8 @@ impl ConfigState {
             dirty_ring_size: config.dirty_ring_size as u64,
             shadow: config.mmu == MmuMode::Shadow,
             shadow_prev_roots: config.shadow_prev_roots as u64,
+            cpu_costs: cost_entries(config.cpu_costs),
+            hv_costs: cost_entries(config.costs),
         }
     }
 
@@ -317,6 +359,8 @@ impl ConfigState {
                 seed_indirect: false,
             },
             dirty_ring_size: self.dirty_ring_size as usize,
+            costs: set_costs(crate::cost::HvCosts::DEFAULT, &self.hv_costs, "hv")?,
+            cpu_costs: set_costs(machine::CycleCosts::DEFAULT, &self.cpu_costs, "machine")?,
             ..VmConfig::default()
         })
     }
