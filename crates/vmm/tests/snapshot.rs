@@ -339,3 +339,26 @@ fn unsupported_configurations_are_refused_before_boot() {
         assert!(stderr(&out).contains("--snapshot-at"), "{}", stderr(&out));
     }
 }
+
+#[test]
+fn lazy_restore_loads_memory_on_first_touch() {
+    // Saved on an nvme-speed swap device so each first touch is quick.
+    let args = ["--vcpus", "2", "--mem", "48M", "--swap-device", "nvme"];
+    for apf in ["pv", "off"] {
+        let args: Vec<&str> = args.iter().copied().chain(["--apf", apf]).collect();
+        let (eager_saved, eager) = round_trip(&args, "4ms", &PAGETAG, &[]);
+        let (_, lazy) = round_trip(&args, "4ms", &PAGETAG, &["--lazy"]);
+        let console = lazy["console"].as_str().unwrap();
+        assert!(console.contains(" 0 bad pages"), "{apf}: {console}");
+        assert_eq!(
+            eager_saved["memory"]["pager"]["swap_ins"], 0,
+            "nothing was in swap at the save"
+        );
+        let swap_ins = lazy["memory"]["pager"]["swap_ins"].as_u64().unwrap();
+        assert!(swap_ins > 100, "{apf}: pages came in on first touch: {swap_ins}");
+        assert_eq!(eager["memory"]["pager"]["swap_ins"], 0);
+        if apf == "pv" {
+            assert!(lazy["apf"]["not_present_sent"].as_u64().unwrap() > 0, "{}", lazy["apf"]);
+        }
+    }
+}

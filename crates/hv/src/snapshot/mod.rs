@@ -248,6 +248,10 @@ pub struct RestoreOptions {
     pub swap_path: Option<PathBuf>,
     /// `Some`: replaces the saved `--host-mem` (`Some(None)`: no limit).
     pub host_mem: Option<Option<u64>>,
+    /// Load guest memory on first touch (`restore --lazy`): every saved
+    /// page goes to the swap file, and the guest's first access to it is
+    /// a swap-in, which the vCPU waits for as `--apf` says.
+    pub lazy: bool,
 }
 
 /// What a snapshot says about itself, without restoring it.
@@ -565,7 +569,25 @@ impl Vm {
             .map(|(entry, start, end)| KernelImage { entry, start, end });
         vm.shared.time = Cycles(state.time);
         for (gfn, data) in pages {
-            vm.shared.write_guest(Gpa(gfn * PAGE_SIZE), data)?;
+            if options.lazy {
+                let page: &[u8; PAGE_SIZE as usize] = data
+                    .try_into()
+                    .map_err(|_| SnapshotError::Invalid("a short page".into()))?;
+                let shared = &mut vm.shared;
+                shared
+                    .pager
+                    .place_in_swap(
+                        &mut shared.host.slots,
+                        crate::pager::PageRef {
+                            slot: RAM_SLOT,
+                            index: gfn,
+                        },
+                        page,
+                    )
+                    .map_err(|e| SnapshotError::Unsupported(format!("lazy restore: {e}")))?;
+            } else {
+                vm.shared.write_guest(Gpa(gfn * PAGE_SIZE), data)?;
+            }
         }
         vm.carry_out_cross_requests();
         vm.shared.wall_clock = WallClock {

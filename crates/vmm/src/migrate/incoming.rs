@@ -141,6 +141,7 @@ pub fn incoming(args: IncomingArgs) -> u8 {
     let options = RestoreOptions {
         swap_path: args.swap.clone(),
         host_mem: args.host_mem.map(Some),
+        lazy: false,
     };
     let vm = match receive(&mut link, &options) {
         Ok(vm) => vm,

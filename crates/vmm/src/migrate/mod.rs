@@ -41,6 +41,11 @@ pub struct RestoreArgs {
     /// The swap file (default: a temporary file, unlinked at once).
     #[arg(long, value_name = "FILE")]
     swap: Option<PathBuf>,
+    /// Load guest memory on first touch: the saved pages go to the swap
+    /// file and each first access is a swap-in (the saved swap device's
+    /// latency; the vCPU waits as the saved --apf says).
+    #[arg(long)]
+    lazy: bool,
     /// Save again: stop at this virtual time (from boot) ...
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration, requires = "snapshot")]
     snapshot_at: Option<Duration>,
@@ -213,6 +218,7 @@ pub fn restore(args: RestoreArgs) -> u8 {
         let options = RestoreOptions {
             swap_path: args.swap.clone(),
             host_mem: args.host_mem.map(Some),
+            lazy: args.lazy,
         };
         let vm = Vm::restore(&bytes, &options).map_err(|source| {
             ReadSnapshotError::Bad {
