@@ -355,10 +355,17 @@ fn lazy_restore_loads_memory_on_first_touch() {
             "nothing was in swap at the save"
         );
         let swap_ins = lazy["memory"]["pager"]["swap_ins"].as_u64().unwrap();
-        assert!(swap_ins > 100, "{apf}: pages came in on first touch: {swap_ins}");
+        assert!(
+            swap_ins > 100,
+            "{apf}: pages came in on first touch: {swap_ins}"
+        );
         assert_eq!(eager["memory"]["pager"]["swap_ins"], 0);
         if apf == "pv" {
-            assert!(lazy["apf"]["not_present_sent"].as_u64().unwrap() > 0, "{}", lazy["apf"]);
+            assert!(
+                lazy["apf"]["not_present_sent"].as_u64().unwrap() > 0,
+                "{}",
+                lazy["apf"]
+            );
         }
     }
 }
