@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing with AFL++ (through afl.rs, on stable Rust).
 #
-#   scripts/fuzz.sh TARGET [SECONDS]     TARGET: elf | swap | exits (default 600 s)
+#   scripts/fuzz.sh TARGET [SECONDS]     TARGET: elf | swap | exits | snapshot (default 600 s)
 #   scripts/fuzz.sh --replay TARGET      re-run the saved crashes of TARGET
 #
 # Needs `cargo install cargo-afl` once (it builds AFL++ on first use).
@@ -18,12 +18,12 @@ if [[ "${1:-}" == "--replay" ]]; then
     replay=1
     shift
 fi
-target="${1:?usage: scripts/fuzz.sh [--replay] elf|swap|exits [SECONDS]}"
+target="${1:?usage: scripts/fuzz.sh [--replay] elf|swap|exits|snapshot [SECONDS]}"
 seconds="${2:-600}"
 case "$target" in
-elf | swap | exits) ;;
+elf | swap | exits | snapshot) ;;
 *)
-    echo "unknown target '$target' (elf, swap, exits)" >&2
+    echo "unknown target '$target' (elf, swap, exits, snapshot)" >&2
     exit 2
     ;;
 esac

@@ -26,6 +26,7 @@ pub mod memslot;
 pub(crate) mod mmu;
 pub mod multiboot;
 pub mod pager;
+pub mod snapshot;
 pub mod stats;
 pub mod swap;
 pub(crate) mod time;

@@ -191,6 +191,26 @@ impl Pager {
         Ok(())
     }
 
+    /// Puts `data` in the swap file as the swapped-out copy of untouched
+    /// `page` (a lazy snapshot restore: the page is read in at its first
+    /// touch, through the same path and device model as any swap-in). No
+    /// device time is charged: the page was in the snapshot, not written.
+    pub fn place_in_swap(
+        &mut self,
+        slots: &mut Memslots,
+        page: PageRef,
+        data: &[u8; PAGE_SIZE as usize],
+    ) -> Result<(), PagerError> {
+        self.open_swap()?;
+        let swap = self.swap.as_mut().expect("just opened");
+        let target = swap.alloc()?;
+        swap.write(target, data)?;
+        if let Some(slot) = slots.get_mut(page.slot) {
+            slot.set_swapped(page.index, target);
+        }
+        Ok(())
+    }
+
     /// Pool size in pages.
     pub fn limit(&self) -> u64 {
         self.limit

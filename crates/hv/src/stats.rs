@@ -6,7 +6,7 @@ use crate::swap::DeviceStats;
 use std::collections::BTreeMap;
 
 /// Count and hv cycles of one exit reason.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ExitStat {
     pub count: u64,
     /// Cycles the hv charged handling these exits (beyond the machine's
@@ -15,7 +15,7 @@ pub struct ExitStat {
 }
 
 /// Counters of one vCPU.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VcpuStats {
     /// Exit reason (`VmExit::name`) -> counters, in name order.
     pub exits: BTreeMap<String, ExitStat>,

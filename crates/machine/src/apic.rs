@@ -257,7 +257,7 @@ impl Register {
 /// `Clone` is a complete snapshot (for migration and checkpoints): the
 /// timer is stored as the TSC value of its next expiry, so a clone restored
 /// on a CPU whose TSC continues from the same value behaves identically.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Lapic {
     id: u32,
     /// IA32_APIC_BASE.
@@ -694,4 +694,33 @@ fn priority_class(priority: u8) -> u8 {
 /// The vector field of an LVT entry.
 fn lvt_vector(lvt: u32) -> u8 {
     (lvt & LVT_VECTOR) as u8
+}
+
+impl Lapic {
+    /// Checks an APIC restored from a snapshot: the id must be `apic_id`
+    /// (the CPU it is restored into) and every register must hold a value
+    /// the guest could have written, so restoring never gives the APIC a
+    /// state its code was not written for.
+    pub fn check_restored(&self, apic_id: u32) -> Result<(), String> {
+        if self.id != apic_id {
+            return Err(format!(
+                "APIC id {} restored into the CPU with APIC id {apic_id}",
+                self.id
+            ));
+        }
+        let base_bits = APIC_BASE_ADDRESS_MASK
+            | APIC_BASE_BSP
+            | APIC_BASE_X2APIC_ENABLE
+            | APIC_BASE_GLOBAL_ENABLE;
+        if self.apic_base & !base_bits != 0 {
+            return Err(format!(
+                "IA32_APIC_BASE {:#x} has reserved bits",
+                self.apic_base
+            ));
+        }
+        if self.svr & !SVR_WRITABLE != 0 {
+            return Err(format!("APIC SVR {:#x} has reserved bits", self.svr));
+        }
+        self.timer.check_restored()
+    }
 }

@@ -205,7 +205,7 @@ pub const PML_HEAD_INDEX: u16 = PML_ENTRIES - 1;
 pub const MAX_CR3_TARGETS: usize = 4;
 
 /// Kind of an event injected on VM entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum EventKind {
     /// An external interrupt (delivered through the IDT like a device IRQ).
     ExternalInterrupt,
@@ -221,7 +221,7 @@ pub enum EventKind {
 
 /// The VM-entry interruption-information field: an event delivered to the
 /// guest as the first thing on the next VM entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EventInjection {
     pub kind: EventKind,
     pub vector: u8,

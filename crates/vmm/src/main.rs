@@ -15,6 +15,7 @@
 mod bench;
 mod config;
 mod costs;
+mod migrate;
 mod plot;
 mod report;
 mod run;
@@ -54,10 +55,17 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Boot the guest kernel and run a guest program.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Reproduce a seed experiment (several VM runs compared side by side).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Resume a VM saved by `run --snapshot-at TIME --snapshot FILE` and
+    /// run it to its end as `run` would (its output continues the saved
+    /// run's).
+    Restore(migrate::RestoreArgs),
+    /// Wait for one VM migrated by `run --migrate-to`, then run it to its
+    /// end as `run` would (its output continues the source's).
+    Incoming(migrate::incoming::IncomingArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -100,6 +108,11 @@ pub enum BenchCommand {
     /// processes over pipes) under the same rows as `bench ctxsw`: time,
     /// CR3-load exits, roots built, TLB misses, CR3-cache hits.
     Hackbench(HackbenchBenchArgs),
+    /// Seed 001's live migration: a guest under a write load migrates by
+    /// pre-copy to a second faultline process on loopback, fast page
+    /// fault on and off: total time, downtime, rounds, pages, the cost of
+    /// the dirty-logging write faults.
+    Migrate(migrate::bench::MigrateBenchArgs),
     /// Merge the JSON results of the runs `--list-runs` printed into the
     /// benchmark's table (or JSON) and plot, as a direct run prints them.
     Merge(MergeArgs),
@@ -577,6 +590,15 @@ struct RunArgs {
         requires = "dirty_log"
     )]
     dirty_log_period: Duration,
+    /// Stop at this virtual time and save the VM to --snapshot (`faultline
+    /// restore FILE` resumes it).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration, requires = "snapshot")]
+    snapshot_at: Option<Duration>,
+    /// Where --snapshot-at saves the VM.
+    #[arg(long, value_name = "FILE", requires = "snapshot_at")]
+    snapshot: Option<PathBuf>,
+    #[command(flatten)]
+    migrate: migrate::MigrateArgs,
     /// The guest program and its arguments (the bundled kernel needs one).
     #[arg(
         last = true,
@@ -797,7 +819,7 @@ impl OvercommitArgs {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum StatsFormat {
+pub enum StatsFormat {
     Text,
     Json,
 }
@@ -805,8 +827,10 @@ enum StatsFormat {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let status = match cli.command {
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(*args),
         Command::Bench(command) => bench::main(command),
+        Command::Restore(args) => migrate::restore(args),
+        Command::Incoming(args) => migrate::incoming::incoming(args),
     };
     ExitCode::from(status)
 }

@@ -116,6 +116,16 @@ pub enum Stop {
     TimeLimit { limit: String, limit_cycles: u64 },
     /// `--wall-limit` (host time) was reached.
     WallLimit { limit: String },
+    /// `--snapshot-at`: the VM was saved to `file` at `at`.
+    Snapshot {
+        file: String,
+        at: String,
+        at_cycles: u64,
+    },
+    /// `--snapshot-at`: the VM could not be saved.
+    SnapshotFailed { message: String },
+    /// `--migrate-to`: the VM went to `to` (figures in `migration`).
+    Migrated { to: String },
 }
 
 impl Stop {
@@ -137,6 +147,15 @@ impl Stop {
             Ending::WallLimit(d) => Stop::WallLimit {
                 limit: format_duration(*d),
             },
+            Ending::Snapshot { path, at } => Stop::Snapshot {
+                file: path.display().to_string(),
+                at: format_duration(*at),
+                at_cycles: crate::units::duration_to_cycles(*at),
+            },
+            Ending::SnapshotFailed { message } => Stop::SnapshotFailed {
+                message: message.clone(),
+            },
+            Ending::Migrated { to } => Stop::Migrated { to: to.clone() },
         }
     }
 }
@@ -183,6 +202,9 @@ pub struct Summary {
     /// Dirty logging of guest RAM (`--dirty-log`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dirty_log: Option<DirtyLogSummary>,
+    /// A live migration (`--migrate-to`), done or failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub migration: Option<crate::migrate::precopy::MigrationReport>,
 }
 
 /// What `--dirty-log` collected (virtual time).
@@ -318,6 +340,7 @@ impl Summary {
                 .collect(),
             memslot: None,
             dirty_log: None,
+            migration: None,
         }
     }
 
@@ -392,6 +415,26 @@ impl Summary {
                 m.lock_breaks(),
                 m.max_stall_us(),
                 m.root_reloads
+            );
+        }
+        if let Some(m) = &self.migration {
+            let _ = writeln!(
+                s,
+                "migration:    {} to {}: {} rounds, {} pages ({} bytes) sent, {} in the last round; pre-copy {:.3} ms, downtime {:.3} ms, total {:.3} ms; dirty log {:.3} ms{}",
+                m.mode,
+                m.to,
+                m.rounds,
+                m.pages_sent,
+                m.bytes_sent,
+                m.final_pages,
+                m.precopy_ms,
+                m.downtime_ms,
+                m.total_ms,
+                m.dirty_log_get_ms,
+                m.failed
+                    .as_ref()
+                    .map(|f| format!("; FAILED: {f} (the VM went on here)"))
+                    .unwrap_or_default()
             );
         }
         if let Some(d) = &self.dirty_log {

@@ -7,7 +7,7 @@ use crate::report::{DirtyLogSummary, Summary};
 use crate::session::{drive, Ending, Limits, Progress};
 use crate::signals::StopRequest;
 use crate::units::duration_to_cycles;
-use crate::{DirtyModeArg, RunArgs, StatsFormat, EXIT_CONFIG, EXIT_LIMIT, EXIT_VM_ERROR};
+use crate::{DirtyModeArg, RunArgs, StatsFormat, ZapArg, EXIT_CONFIG, EXIT_LIMIT, EXIT_VM_ERROR};
 use hv::{Cycles, StopReason, Vm, VmConfig, RAM_SLOT};
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -35,6 +35,9 @@ pub fn exit_status(ending: &Ending) -> u8 {
         Ending::Vm(StopReason::PowerOff) => 0,
         Ending::Interrupted(signal) => signal.exit_status(),
         Ending::TimeLimit(_) | Ending::WallLimit(_) => EXIT_LIMIT,
+        // The run did what was asked: stop and save.
+        Ending::Snapshot { .. } | Ending::Migrated { .. } => 0,
+        Ending::SnapshotFailed { .. } => EXIT_VM_ERROR,
     }
 }
 
@@ -110,16 +113,75 @@ fn read_modules(modules: &[String]) -> Result<Vec<(Vec<u8>, String)>, ConfigErro
         .collect()
 }
 
+/// What drives a VM to its end, beyond the VM itself: the options of
+/// `run` that act while it runs (`faultline restore` takes some of them
+/// too).
+pub struct RunOptions {
+    pub stats: StatsFormat,
+    pub time_limit: Option<Duration>,
+    pub wall_limit: Option<Duration>,
+    pub memslot_period: Option<Duration>,
+    pub zap: ZapArg,
+    pub dirty_log: Option<DirtyModeArg>,
+    pub dirty_log_period: Duration,
+    /// `--snapshot-at TIME --snapshot FILE`: stop at TIME and save.
+    pub snapshot: Option<(Duration, std::path::PathBuf)>,
+    /// `--migrate-to ADDR --migrate-at TIME`.
+    pub migrate: Option<crate::migrate::precopy::MigrateSpec>,
+}
+
+impl RunOptions {
+    fn of(args: &RunArgs) -> RunOptions {
+        RunOptions {
+            stats: args.stats,
+            time_limit: args.time_limit,
+            wall_limit: args.wall_limit,
+            memslot_period: args.memslot_period,
+            zap: args.zap,
+            dirty_log: args.dirty_log,
+            dirty_log_period: args.dirty_log_period,
+            snapshot: args.snapshot_at.zip(args.snapshot.clone()),
+            migrate: args.migrate.spec(),
+        }
+    }
+}
+
 pub fn run(args: RunArgs) -> u8 {
-    let (mut vm, stop) = match prepare(&args) {
+    if args.snapshot_at.is_some() {
+        if let Err(e) = crate::migrate::check_snapshot_options(&args) {
+            eprintln!("faultline: {e}");
+            return EXIT_CONFIG;
+        }
+    }
+    if args.migrate.migrate_to.is_some() {
+        if let Err(e) = crate::migrate::check_migrate_options(&args) {
+            eprintln!("faultline: {e}");
+            return EXIT_CONFIG;
+        }
+    }
+    let (vm, stop) = match prepare(&args) {
         Ok(ready) => ready,
         Err(e) => {
             eprintln!("faultline: {e}");
             return EXIT_CONFIG;
         }
     };
+    run_vm(vm, &stop, &RunOptions::of(&args))
+}
+
+/// Drives `vm` to its end as `run` does (the guest's output on stdout,
+/// then the summary) and returns the exit status.
+pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
+    let snapshot_at = args
+        .snapshot
+        .as_ref()
+        .map(|(at, _)| *at)
+        .or(args.migrate.as_ref().map(|m| m.at));
     let limits = Limits {
-        time: args.time_limit,
+        time: match (args.time_limit, snapshot_at) {
+            (Some(limit), Some(at)) => Some(limit.min(at)),
+            (limit, at) => limit.or(at),
+        },
         wall: args.wall_limit,
         slice: None,
     };
@@ -152,7 +214,7 @@ pub fn run(args: RunArgs) -> u8 {
     let mut progress = Progress::single(limits.time);
     let mut stdout = std::io::stdout().lock();
     let mut console = Vec::new();
-    let ending = drive(&mut vm, &limits, &stop, |vm| {
+    let mut after_slice = |vm: &mut Vm| {
         let serial = vm.take_serial();
         if json {
             console.extend_from_slice(&serial);
@@ -173,10 +235,69 @@ pub fn run(args: RunArgs) -> u8 {
             }
         }
         progress.update("", vm);
-    });
+    };
+    let mut ending = drive(&mut vm, &limits, stop, &mut after_slice);
+    let mut migration = None;
+    if let (Some(spec), Ending::TimeLimit(d)) = (&args.migrate, &ending) {
+        if *d == spec.at {
+            let mut run_for = |vm: &mut Vm, until: Cycles| -> Option<Ending> {
+                let until = cycles_to_duration(until);
+                let limit = Limits {
+                    time: Some(args.time_limit.map_or(until, |t| t.min(until))),
+                    wall: args.wall_limit,
+                    slice: None,
+                };
+                match drive(vm, &limit, stop, &mut after_slice) {
+                    Ending::TimeLimit(d) if d == until => None,
+                    other => Some(other),
+                }
+            };
+            use crate::migrate::precopy::{migrate, Outcome};
+            match migrate(&mut vm, spec, &mut run_for) {
+                Outcome::Migrated(report) => {
+                    ending = Ending::Migrated {
+                        to: report.to.clone(),
+                    };
+                    migration = Some(report);
+                }
+                Outcome::Ended(report, end) => {
+                    ending = end;
+                    migration = Some(report);
+                }
+                Outcome::Failed(report) => {
+                    eprintln!(
+                        "faultline: migration to {} failed: {}; the VM goes on here",
+                        report.to,
+                        report.failed.as_deref().unwrap_or("?")
+                    );
+                    migration = Some(report);
+                    let rest = Limits {
+                        time: args.time_limit,
+                        wall: args.wall_limit,
+                        slice: None,
+                    };
+                    ending = drive(&mut vm, &rest, stop, &mut after_slice);
+                }
+            }
+        }
+    }
     progress.finish();
     let wall = started.elapsed();
 
+    if let (Some((at, path)), Ending::TimeLimit(d)) = (&args.snapshot, &ending) {
+        if d == at {
+            ending = match crate::migrate::save_snapshot(&mut vm, path) {
+                Ok(()) => Ending::Snapshot {
+                    path: path.clone(),
+                    at: *at,
+                },
+                Err(message) => {
+                    eprintln!("faultline: {message}");
+                    Ending::SnapshotFailed { message }
+                }
+            };
+        }
+    }
     let mut status = exit_status(&ending);
     let memslot = match churn.map(|c| c.finish(&vm, args.zap.into())) {
         Some(Ok(run)) => Some(run),
@@ -195,6 +316,7 @@ pub fn run(args: RunArgs) -> u8 {
     let mut summary = Summary::new(&vm, &ending, status, console);
     summary.memslot = memslot;
     summary.dirty_log = logger.map(|l| l.finish(&vm));
+    summary.migration = migration;
     let text = if json {
         summary.to_json()
     } else {
@@ -242,6 +364,13 @@ fn ring_full_count(vm: &Vm) -> u64 {
         .iter()
         .map(|v| v.dirty_ring_full_exits)
         .sum()
+}
+
+/// A virtual time as a duration from boot, rounded up (so a limit of
+/// that duration is not reached before it).
+fn cycles_to_duration(c: Cycles) -> Duration {
+    let ns = (u128::from(c.0) * 1_000_000_000).div_ceil(u128::from(hv::CYCLES_PER_SECOND));
+    Duration::from_nanos(ns as u64)
 }
 
 fn cycles_ms(c: Cycles) -> f64 {

@@ -37,6 +37,15 @@ pub enum Ending {
     TimeLimit(Duration),
     /// `--wall-limit` was reached.
     WallLimit(Duration),
+    /// `--snapshot-at`: stopped at `at` and saved the VM to `path`.
+    Snapshot {
+        path: std::path::PathBuf,
+        at: Duration,
+    },
+    /// `--snapshot-at`: stopped, but the VM could not be saved.
+    SnapshotFailed { message: String },
+    /// `--migrate-to`: the VM runs at the destination now.
+    Migrated { to: String },
 }
 
 impl Ending {
@@ -52,6 +61,13 @@ impl Ending {
             Ending::Interrupted(signal) => format!("interrupted ({})", signal.name()),
             Ending::TimeLimit(d) => format!("time_limit (--time-limit {})", format_duration(*d)),
             Ending::WallLimit(d) => format!("wall_limit (--wall-limit {})", format_duration(*d)),
+            Ending::Snapshot { path, at } => format!(
+                "snapshot (saved to {} at {})",
+                path.display(),
+                format_duration(*at)
+            ),
+            Ending::SnapshotFailed { message } => format!("snapshot failed: {message}"),
+            Ending::Migrated { to } => format!("migrated (to {to})"),
         }
     }
 }

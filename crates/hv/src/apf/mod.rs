@@ -297,7 +297,7 @@ pub struct ApfState {
 }
 
 /// APF counters of one vCPU.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApfStats {
     /// Page-not-present notifications delivered.
     pub not_present: u64,

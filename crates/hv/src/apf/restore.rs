@@ -17,6 +17,19 @@ impl Vm {
     /// faults are host I/O and do not move: every guest waiter is woken
     /// instead, and retries its access.
     pub fn set_apf_state(&mut self, index: usize, state: &ApfState) -> Result<(), ApfStateError> {
+        self.restore_apf_state(index, state, true)
+    }
+
+    /// [`Vm::set_apf_state`], with the wake-all only if `wake_all`: a
+    /// snapshot restore wakes the guest's waiters only when some vCPU had
+    /// faults outstanding (KVM wakes them at every enable, which a guest
+    /// with no waiter sees as a spurious broadcast).
+    pub(crate) fn restore_apf_state(
+        &mut self,
+        index: usize,
+        state: &ApfState,
+        wake_all: bool,
+    ) -> Result<(), ApfStateError> {
         if index >= self.vcpus.len() {
             return Err(ApfStateError::NoSuchVcpu(index));
         }
@@ -56,7 +69,7 @@ impl Vm {
         let apf = &mut self.vcpus[index].apf;
         apf.cancel_all();
         apf.state = *state;
-        if apf.enabled(config.protocol) {
+        if wake_all && apf.enabled(config.protocol) {
             apf.queue_wake_all();
         }
         // A vCPU halted on a fault that no longer exists retries instead.

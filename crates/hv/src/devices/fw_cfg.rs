@@ -30,6 +30,36 @@ pub struct FwCfg {
 }
 
 impl FwCfg {
+    /// The read cursor (selected item, offset in it), to save.
+    pub fn cursor(&self) -> (Option<usize>, usize) {
+        (self.selected, self.offset)
+    }
+
+    /// Restores a saved cursor, checked against the items.
+    pub fn set_cursor(&mut self, selected: Option<usize>, offset: usize) -> Result<(), String> {
+        if let Some(index) = selected {
+            let Some((_, data)) = self.items.get(index) else {
+                return Err(format!(
+                    "fw_cfg: item {index} selected, there are {}",
+                    self.items.len()
+                ));
+            };
+            if offset > data.len() {
+                return Err(format!(
+                    "fw_cfg: offset {offset} past item {index}'s {} bytes",
+                    data.len()
+                ));
+            }
+        } else if offset != 0 {
+            return Err("fw_cfg: an offset with no item selected".into());
+        }
+        self.selected = selected;
+        self.offset = offset;
+        Ok(())
+    }
+}
+
+impl FwCfg {
     pub fn new(ram_size: u64, cpus: u16, cmdline: &str) -> Self {
         // QEMU counts the command line's terminating NUL in its size.
         let mut cmdline = cmdline.as_bytes().to_vec();

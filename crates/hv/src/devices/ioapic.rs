@@ -47,7 +47,7 @@ mod entry {
 }
 
 /// The IOAPIC's state.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct IoApic {
     select: u32,
     id: u32,
@@ -65,6 +65,21 @@ impl Default for IoApic {
             redirection: [entry::MASKED; IOAPIC_PINS],
             asserted: [false; IOAPIC_PINS],
         }
+    }
+}
+
+impl IoApic {
+    /// Whether a restored IOAPIC's id register holds what a guest could
+    /// have written (bits 27:24 only). Any redirection entry and select
+    /// value is one the device already handles.
+    pub fn check_restored(&self) -> Result<(), String> {
+        if self.id & !(0xf << 24) != 0 {
+            return Err(format!(
+                "IOAPIC id register {:#x} has reserved bits",
+                self.id
+            ));
+        }
+        Ok(())
     }
 }
 

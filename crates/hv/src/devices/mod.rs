@@ -83,6 +83,39 @@ pub struct Platform {
     pending: Vec<Ipi>,
 }
 
+/// The devices' state in a snapshot (the ACPI tables and fw_cfg items
+/// are rebuilt from the configuration).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PlatformSnapshot {
+    pub uart: serial::UartSnapshot,
+    pub ioapic: IoApic,
+    pub fw_cfg_cursor: (Option<usize>, usize),
+}
+
+impl Platform {
+    /// The state to save; `None` while interrupt messages wait for
+    /// delivery (between two exits; they are delivered before any vCPU
+    /// runs again).
+    pub fn snapshot(&self) -> Option<PlatformSnapshot> {
+        self.pending.is_empty().then(|| PlatformSnapshot {
+            uart: self.uart.snapshot(),
+            ioapic: self.ioapic.clone(),
+            fw_cfg_cursor: self.fw_cfg.cursor(),
+        })
+    }
+
+    /// Restores saved device state into this (freshly built) platform.
+    pub fn restore(&mut self, saved: &PlatformSnapshot) -> Result<(), String> {
+        saved.ioapic.check_restored()?;
+        self.fw_cfg
+            .set_cursor(saved.fw_cfg_cursor.0, saved.fw_cfg_cursor.1)?;
+        self.uart = Uart::from_snapshot(&saved.uart)?;
+        self.ioapic = saved.ioapic.clone();
+        self.pending.clear();
+        Ok(())
+    }
+}
+
 impl Platform {
     pub fn new(config: &PlatformConfig) -> Self {
         Platform {

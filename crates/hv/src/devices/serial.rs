@@ -110,6 +110,72 @@ impl Uart {
     }
 }
 
+/// COM1's state in a snapshot: the 16550A registers and receive FIFO
+/// (`vm-superio`'s own `SerialState`) and the console input not yet fed
+/// to it. Output already taken is not part of it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UartSnapshot {
+    pub baud_divisor_low: u8,
+    pub baud_divisor_high: u8,
+    pub interrupt_enable: u8,
+    pub interrupt_identification: u8,
+    pub line_control: u8,
+    pub line_status: u8,
+    pub modem_control: u8,
+    pub modem_status: u8,
+    pub scratch: u8,
+    pub fifo: Vec<u8>,
+    pub input: Vec<u8>,
+    /// The interrupt line was raised and not yet taken.
+    pub irq: bool,
+}
+
+impl Uart {
+    /// The state to save.
+    pub fn snapshot(&self) -> UartSnapshot {
+        let s = self.serial.state();
+        UartSnapshot {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            fifo: s.in_buffer,
+            input: self.input.iter().copied().collect(),
+            irq: self.irq.0.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A UART in the saved state (`vm-superio` checks the FIFO's size).
+    pub fn from_snapshot(saved: &UartSnapshot) -> Result<Uart, String> {
+        let state = vm_superio::serial::SerialState {
+            baud_divisor_low: saved.baud_divisor_low,
+            baud_divisor_high: saved.baud_divisor_high,
+            interrupt_enable: saved.interrupt_enable,
+            interrupt_identification: saved.interrupt_identification,
+            line_control: saved.line_control,
+            line_status: saved.line_status,
+            modem_control: saved.modem_control,
+            modem_status: saved.modem_status,
+            scratch: saved.scratch,
+            in_buffer: saved.fifo.clone(),
+        };
+        let irq = IrqLine::default();
+        let serial = vm_superio::Serial::from_state(&state, irq.clone(), NoEvents, Vec::new())
+            .map_err(|e| format!("COM1: {e:?}"))?;
+        irq.0.store(saved.irq, Ordering::Relaxed);
+        Ok(Uart {
+            serial,
+            irq,
+            input: saved.input.iter().copied().collect(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -76,7 +76,7 @@ fn tsc_scale() -> TimeScale {
 }
 
 /// A vCPU's kvmclock state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct KvmClock {
     /// `MSR_KVM_SYSTEM_TIME_NEW` as last written.
     msr: u64,
@@ -96,7 +96,7 @@ impl KvmClock {
 
 /// The VM-wide wall clock: the wall time (ns since the Unix epoch) at
 /// which kvmclock read zero, and `MSR_KVM_WALL_CLOCK_NEW` as last written.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct WallClock {
     pub boot_ns: u64,
     pub msr: u64,

@@ -33,7 +33,7 @@ mod page_fault;
 mod pml;
 pub(crate) mod shadow;
 pub(crate) mod steal;
-mod xapic;
+pub(crate) mod xapic;
 
 use crate::apf::ApfVcpu;
 use crate::error::VmError;

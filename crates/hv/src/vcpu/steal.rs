@@ -31,7 +31,7 @@ const VERSION: u64 = 8;
 const PREEMPTED: u64 = 16;
 
 /// A vCPU's steal-time state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct StealTime {
     /// `MSR_KVM_STEAL_TIME` as last written.
     msr: u64,

@@ -32,7 +32,7 @@ const REG_ICR_LOW: u32 = 0x30;
 const REG_ICR_HIGH: u32 = 0x31;
 
 /// The xAPIC-only register state of a vCPU.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub(crate) struct XapicRegs {
     icr_high: u32,
     ldr: u32,

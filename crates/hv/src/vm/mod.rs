@@ -187,6 +187,10 @@ pub struct Vm {
     mem_size: u64,
     pub(crate) kernel: Option<KernelImage>,
     zap: ZapMode,
+    /// The configuration it was built with (without the console input
+    /// and modules, which are in the devices and memory by now): what a
+    /// snapshot saves to rebuild it.
+    pub(crate) config: VmConfig,
 }
 
 /// The VM-execution controls of vCPU `id` (the EPT pointer, or under
@@ -388,6 +392,11 @@ impl Vm {
             mem_size: config.mem_size,
             kernel: None,
             zap: config.zap,
+            config: VmConfig {
+                console_input: Vec::new(),
+                modules: Vec::new(),
+                ..config.clone()
+            },
         })
     }
 

@@ -115,6 +115,43 @@ impl Scheduler {
         self.host.as_ref().map(|h| h.count)
     }
 
+    /// The host CPUs' assignment (per vCPU: the end of the slice it
+    /// holds, and whether it is first in line), for a snapshot.
+    pub(crate) fn host_cpu_state(&self) -> Option<(Vec<Option<Cycles>>, Vec<bool>)> {
+        self.host
+            .as_ref()
+            .map(|h| (h.holding.clone(), h.boosted.clone()))
+    }
+
+    /// Restores a saved assignment: as many entries as vCPUs, no more
+    /// holders than host CPUs.
+    pub(crate) fn set_host_cpu_state(
+        &mut self,
+        holding: &[Option<Cycles>],
+        boosted: &[bool],
+    ) -> Result<(), String> {
+        let Some(host) = self.host.as_mut() else {
+            return Err("host CPU state for a VM whose vCPUs each have one".into());
+        };
+        if holding.len() != host.holding.len() || boosted.len() != host.boosted.len() {
+            return Err(format!(
+                "host CPU state for {} vCPUs, the VM has {}",
+                holding.len(),
+                host.holding.len()
+            ));
+        }
+        let holders = holding.iter().filter(|h| h.is_some()).count();
+        if holders > host.count {
+            return Err(format!(
+                "{holders} vCPUs hold one of {} host CPUs",
+                host.count
+            ));
+        }
+        host.holding = holding.to_vec();
+        host.boosted = boosted.to_vec();
+        Ok(())
+    }
+
     /// Whether vCPU `index` may run guest code now.
     fn holds_host_cpu(&self, index: usize) -> bool {
         self.host
@@ -130,7 +167,7 @@ impl Scheduler {
 
     /// `vcpu` enters `state` (halted or stalled); what can wake it joins
     /// the event queue.
-    fn block(&mut self, vcpu: &mut Vcpu, state: RunState) {
+    pub(crate) fn block(&mut self, vcpu: &mut Vcpu, state: RunState) {
         vcpu.run = state;
         self.register_event(vcpu);
     }

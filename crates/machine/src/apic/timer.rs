@@ -8,7 +8,7 @@
 //! `n - floor((now - t) / divisor)`.
 
 /// LVT timer bits 18:17.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(super) enum TimerMode {
     OneShot,
     Periodic,
@@ -58,7 +58,7 @@ pub(super) fn divisor(divide_config: u32) -> u64 {
 }
 
 /// Timer state: mode, the count registers and the armed expiry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(super) struct Timer {
     mode: TimerMode,
     /// The initial-count register as last written (one-shot/periodic).
@@ -213,5 +213,23 @@ impl Timer {
         let period = self.ticks_to_tsc(self.initial_count).max(1);
         let elapsed_periods = now.saturating_sub(expiry) / period;
         expiry.saturating_add(elapsed_periods.saturating_add(1).saturating_mul(period))
+    }
+}
+
+impl Timer {
+    /// Whether a restored timer holds only values a guest can produce
+    /// (the divide configuration's reserved bits clear, no armed expiry in
+    /// a mode that has none).
+    pub(super) fn check_restored(&self) -> Result<(), String> {
+        if self.divide_config & !DIVIDE_CONFIG_BITS != 0 {
+            return Err(format!(
+                "APIC timer divide configuration {:#x} has reserved bits",
+                self.divide_config
+            ));
+        }
+        if self.mode == TimerMode::TscDeadline && self.expiry == Some(0) {
+            return Err("APIC TSC-deadline timer armed at 0".into());
+        }
+        Ok(())
     }
 }

@@ -2,7 +2,7 @@
 
 /// 256 bits, one per vector; bit `v` of the set is bit `v % 64` of word
 /// `v / 64`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(super) struct VectorSet([u64; 4]);
 
 impl VectorSet {

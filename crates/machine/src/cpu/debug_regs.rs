@@ -33,7 +33,7 @@ pub const DR7_VOLATILE: u64 = 0xffff_2bff;
 pub const DR7_GD: u64 = 1 << 13;
 
 /// The debug registers' architectural state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct DebugRegs {
     /// DR0-DR3: breakpoint linear addresses (any 64-bit value).
     pub dr: [u64; 4],

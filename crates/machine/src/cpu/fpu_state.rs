@@ -56,7 +56,7 @@ pub fn x87_tag(r: u128) -> u16 {
 }
 
 /// x87, MMX-less SSE state: what FXSAVE saves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct FpuState {
     /// XMM0-XMM15.
     pub xmm: [u128; 16],

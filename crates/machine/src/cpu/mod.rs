@@ -37,6 +37,7 @@ mod hostfp;
 mod hostx87;
 #[cfg(test)]
 mod mode_tests;
+pub mod snapshot;
 mod sse;
 pub mod state;
 mod system;
@@ -76,7 +77,7 @@ impl Default for CpuConfig {
 }
 
 /// Counters kept by the CPU.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CpuStats {
     /// Retired instructions.
     pub instructions: u64,

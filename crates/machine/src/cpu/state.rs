@@ -190,7 +190,9 @@ pub mod seg_attr {
 }
 
 /// A segment register with its hidden part.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct Segment {
     pub selector: u16,
     pub base: u64,
@@ -207,14 +209,18 @@ impl Segment {
 }
 
 /// GDTR or IDTR.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct DescriptorTable {
     pub base: u64,
     pub limit: u16,
 }
 
 /// What the CPU is doing between instructions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum Activity {
     #[default]
     Active,
@@ -235,7 +241,7 @@ pub mod interruptibility {
 }
 
 /// The full architectural state of one CPU.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct CpuState {
     /// RAX..R15 in encoding order.
     pub gpr: [u64; 16],

@@ -7,7 +7,7 @@ use crate::vmx::{EventInjection, EventKind};
 use std::fmt;
 
 /// The chain of events that ended in a triple fault (CPU shutdown).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TripleFaultCause {
     /// The event whose delivery began the chain (an exception the
     /// instruction raised, or an interrupt or injected event).

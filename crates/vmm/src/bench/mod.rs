@@ -457,6 +457,7 @@ pub fn main(command: BenchCommand) -> u8 {
             };
             execute(hackbench::HackbenchBench::new(args), &output)
         }
+        BenchCommand::Migrate(args) => return crate::migrate::bench::bench(args),
         BenchCommand::Merge(args) => merge(&args),
     };
     match result {

@@ -22,7 +22,7 @@ use crate::mmu::root::RootId;
 use machine::{Gpa, Hfn};
 
 /// Counters of one vCPU's CR3 cache.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Cr3CacheStats {
     /// MOV-to-CR3 exits (guest CR3 loads the target list did not cover).
     pub cr3_load_exits: u64,

@@ -1,0 +1,236 @@
+//! The migration link: framed, checksummed messages over a real TCP
+//! connection, and the link model that gives their transfer a time in
+//! virtual time (`docs/migration.md`, "The protocol").
+//!
+//! ```text
+//! frame  type u32 | length u32 | CRC-32 u32 | payload (length bytes)
+//! ```
+//!
+//! The receiver checks the type, the length against the type's own
+//! maximum before it allocates, and the checksum.
+
+use hv::Cycles;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// The first bytes of a `Hello` payload.
+pub const MAGIC: [u8; 8] = *b"FLTMIGR\0";
+/// The protocol version.
+pub const VERSION: u32 = 1;
+/// Pages in one `Pages` frame at most.
+pub const PAGES_PER_FRAME: usize = 256;
+/// Bytes of a frame header.
+pub const FRAME_HEADER: u64 = 12;
+const PAGE: usize = 4096;
+const PAGE_RECORD: usize = 8 + PAGE;
+
+/// Message types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Source → destination: magic, version, guest memory size, vCPUs.
+    Hello = 1,
+    /// Source → destination: page records (gfn u64 + 4096 bytes each).
+    Pages = 2,
+    /// Source → destination: the VM's state section (the VM is stopped).
+    State = 3,
+    /// Destination → source: the VM was restored; it runs here now.
+    Ack = 4,
+    /// Destination → source: refused, with the reason (UTF-8).
+    Nack = 5,
+}
+
+impl Kind {
+    fn from_u32(v: u32) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Hello,
+            2 => Kind::Pages,
+            3 => Kind::State,
+            4 => Kind::Ack,
+            5 => Kind::Nack,
+            _ => return None,
+        })
+    }
+
+    /// The largest payload of this type.
+    fn max_len(self) -> u32 {
+        match self {
+            Kind::Hello => 24,
+            Kind::Pages => (4 + PAGES_PER_FRAME * PAGE_RECORD) as u32,
+            Kind::State => hv::snapshot::format::MAX_STATE_LEN as u32,
+            Kind::Ack => 0,
+            Kind::Nack => 4096,
+        }
+    }
+}
+
+/// What went wrong on the link.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the peer closed the connection")]
+    Closed,
+    #[error("unknown message type {0}")]
+    UnknownType(u32),
+    #[error("a {kind:?} message of {len} bytes (at most {max})")]
+    TooLong { kind: Kind, len: u32, max: u32 },
+    #[error("a {0:?} message is corrupted (checksum)")]
+    Checksum(Kind),
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+/// The link's speed in virtual time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkModel {
+    /// Bytes per second.
+    pub bandwidth: u64,
+    /// One-way latency.
+    pub latency: Duration,
+}
+
+impl LinkModel {
+    /// Virtual time to move `bytes` across: the latency, then the bytes
+    /// at the bandwidth.
+    pub fn transfer(&self, bytes: u64) -> Cycles {
+        let latency = crate::units::duration_to_cycles(self.latency);
+        let wire = (u128::from(bytes) * u128::from(hv::CYCLES_PER_SECOND)
+            / u128::from(self.bandwidth.max(1))) as u64;
+        Cycles(latency.saturating_add(wire))
+    }
+}
+
+/// One end of a migration connection; counts the bytes it sent.
+pub struct Link {
+    stream: TcpStream,
+    pub sent: u64,
+}
+
+impl Link {
+    pub fn new(stream: TcpStream, timeout: Duration) -> std::io::Result<Link> {
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        stream.set_nodelay(true)?;
+        Ok(Link { stream, sent: 0 })
+    }
+
+    /// Sends one frame; returns its bytes on the wire.
+    pub fn send(&mut self, kind: Kind, payload: &[u8]) -> Result<u64, LinkError> {
+        let mut header = [0u8; FRAME_HEADER as usize];
+        header[..4].copy_from_slice(&(kind as u32).to_le_bytes());
+        header[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        header[8..].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        self.stream.write_all(&header)?;
+        self.stream.write_all(payload)?;
+        let bytes = FRAME_HEADER + payload.len() as u64;
+        self.sent += bytes;
+        Ok(bytes)
+    }
+
+    /// Receives one frame, checked.
+    pub fn recv(&mut self) -> Result<(Kind, Vec<u8>), LinkError> {
+        let mut header = [0u8; FRAME_HEADER as usize];
+        read_exact_or_closed(&mut self.stream, &mut header)?;
+        let raw = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
+        let kind = Kind::from_u32(raw).ok_or(LinkError::UnknownType(raw))?;
+        let len = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        let crc = u32::from_le_bytes(header[8..].try_into().expect("4 bytes"));
+        if len > kind.max_len() {
+            return Err(LinkError::TooLong {
+                kind,
+                len,
+                max: kind.max_len(),
+            });
+        }
+        let mut payload = vec![0u8; len as usize];
+        read_exact_or_closed(&mut self.stream, &mut payload)?;
+        if crc32fast::hash(&payload) != crc {
+            return Err(LinkError::Checksum(kind));
+        }
+        Ok((kind, payload))
+    }
+}
+
+fn read_exact_or_closed(stream: &mut TcpStream, buf: &mut [u8]) -> Result<(), LinkError> {
+    stream.read_exact(buf).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            LinkError::Closed
+        } else {
+            LinkError::Io(e)
+        }
+    })
+}
+
+/// The `Hello` payload.
+pub fn hello(mem_size: u64, vcpus: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&mem_size.to_le_bytes());
+    out.extend_from_slice(&vcpus.to_le_bytes());
+    out
+}
+
+/// A `Hello` checked: (guest memory size, vCPUs).
+pub fn parse_hello(payload: &[u8]) -> Result<(u64, u32), LinkError> {
+    if payload.len() != 24 || payload[..8] != MAGIC {
+        return Err(LinkError::Protocol("not a faultline migration".into()));
+    }
+    let version = u32::from_le_bytes(payload[8..12].try_into().expect("4 bytes"));
+    if version != VERSION {
+        return Err(LinkError::Protocol(format!(
+            "protocol version {version}, this faultline speaks {VERSION}"
+        )));
+    }
+    let mem_size = u64::from_le_bytes(payload[12..20].try_into().expect("8 bytes"));
+    let vcpus = u32::from_le_bytes(payload[20..24].try_into().expect("4 bytes"));
+    if mem_size == 0 || mem_size % (2 << 20) != 0 || mem_size > hv::MAX_GUEST_MEM {
+        return Err(LinkError::Protocol(format!("a guest of {mem_size} bytes")));
+    }
+    if vcpus == 0 || vcpus as usize > abi::MAX_CPUS {
+        return Err(LinkError::Protocol(format!("a guest of {vcpus} vCPUs")));
+    }
+    Ok((mem_size, vcpus))
+}
+
+/// A `Pages` payload of `pages` (gfn, contents).
+pub fn pages(batch: &[(u64, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + batch.len() * PAGE_RECORD);
+    out.extend_from_slice(&(batch.len() as u32).to_le_bytes());
+    for (gfn, data) in batch {
+        out.extend_from_slice(&gfn.to_le_bytes());
+        out.extend_from_slice(data);
+    }
+    out
+}
+
+/// The records of a `Pages` payload for a guest of `npages` pages,
+/// checked: the count matches the bytes, every gfn is inside the guest.
+pub fn parse_pages(payload: &[u8], npages: u64) -> Result<Vec<(u64, &[u8])>, LinkError> {
+    if payload.len() < 4 {
+        return Err(LinkError::Protocol(
+            "a page message without its count".into(),
+        ));
+    }
+    let count = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize;
+    let body = &payload[4..];
+    if count > PAGES_PER_FRAME || body.len() != count * PAGE_RECORD {
+        return Err(LinkError::Protocol(format!(
+            "a page message of {count} pages in {} bytes",
+            body.len()
+        )));
+    }
+    body.chunks_exact(PAGE_RECORD)
+        .map(|r| {
+            let gfn = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+            if gfn >= npages {
+                Err(LinkError::Protocol(format!(
+                    "page {gfn:#x} outside the guest's {npages} pages"
+                )))
+            } else {
+                Ok((gfn, &r[8..]))
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,256 @@
+//! Snapshots and live migration from the command line: `run
+//! --snapshot-at TIME --snapshot FILE` saves, `restore FILE` resumes;
+//! `incoming --listen ADDR:PORT` waits for a VM that `run --migrate-to
+//! ADDR:PORT --migrate-at TIME` sends (`docs/migration.md`).
+
+pub mod bench;
+pub mod incoming;
+pub mod link;
+pub mod precopy;
+
+use crate::run::{run_vm, RunOptions};
+use crate::signals::StopRequest;
+use crate::units::{format_duration, parse_nonzero_size, parse_positive_duration, parse_size};
+use crate::{MmuArg, OnOff, RunArgs, StatsFormat, ZapArg, EXIT_CONFIG};
+use hv::snapshot::{RestoreOptions, SnapshotError};
+use hv::Vm;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// `faultline restore`.
+#[derive(clap::Args, Debug)]
+pub struct RestoreArgs {
+    /// The snapshot (`run --snapshot FILE`).
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+    /// Format of the summary (as `run`).
+    #[arg(long, value_enum, default_value_t = StatsFormat::Text)]
+    stats: StatsFormat,
+    /// Stop when the VM's virtual time (counted from its boot, not from
+    /// the restore) reaches this.
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    time_limit: Option<Duration>,
+    /// Stop after this much host time.
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    wall_limit: Option<Duration>,
+    /// Host memory for guest pages here (default: as saved); `--host-mem`
+    /// may differ from the saved run's.
+    #[arg(long, value_parser = parse_size)]
+    host_mem: Option<u64>,
+    /// The swap file (default: a temporary file, unlinked at once).
+    #[arg(long, value_name = "FILE")]
+    swap: Option<PathBuf>,
+    /// Load guest memory on first touch: the saved pages go to the swap
+    /// file and each first access is a swap-in (the saved swap device's
+    /// latency; the vCPU waits as the saved --apf says).
+    #[arg(long)]
+    lazy: bool,
+    /// Save again: stop at this virtual time (from boot) ...
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration, requires = "snapshot")]
+    snapshot_at: Option<Duration>,
+    /// ... into this file.
+    #[arg(long, value_name = "FILE", requires = "snapshot_at")]
+    snapshot: Option<PathBuf>,
+}
+
+/// `--migrate-mode`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigrateMode {
+    /// Rounds of dirty pages while the guest runs, then stop and copy.
+    Precopy,
+    /// Not implemented yet: refused.
+    Postcopy,
+    /// Not implemented yet: refused.
+    Hybrid,
+}
+
+/// `run`'s live-migration options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MigrateArgs {
+    /// Migrate the VM to the `faultline incoming` listening there.
+    #[arg(long, value_name = "ADDR:PORT", requires = "migrate_at")]
+    pub migrate_to: Option<String>,
+    /// When to start migrating (virtual time).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration, requires = "migrate_to")]
+    pub migrate_at: Option<Duration>,
+    /// How: pre-copy (post-copy and hybrid are not implemented yet).
+    #[arg(long, value_enum, default_value_t = MigrateMode::Precopy)]
+    pub migrate_mode: MigrateMode,
+    /// The link model's bandwidth in bytes per second (default: 10 GbE's
+    /// line rate, 1.25 GB/s).
+    #[arg(long, value_name = "BYTES", default_value = "1250000000", value_parser = parse_nonzero_size)]
+    pub link_bandwidth: u64,
+    /// The link model's one-way latency (default 25us: half the ~50 us
+    /// round trip of a 10 GbE LAN).
+    #[arg(long, value_name = "DURATION", default_value = "25us", value_parser = crate::units::parse_duration)]
+    pub link_latency: Duration,
+    /// Stop and copy once the dirty pages left would cross the link in
+    /// this long (QEMU's default downtime limit, 300 ms).
+    #[arg(long, value_name = "DURATION", default_value = "300ms", value_parser = parse_positive_duration)]
+    pub downtime_limit: Duration,
+    /// Stop and copy after this many pre-copy rounds at most.
+    #[arg(long, value_name = "N", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub max_rounds: u32,
+    /// Host time to wait for the destination at each step.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration)]
+    pub migrate_timeout: Duration,
+}
+
+impl MigrateArgs {
+    /// The migration asked for, if any.
+    pub fn spec(&self) -> Option<precopy::MigrateSpec> {
+        Some(precopy::MigrateSpec {
+            to: self.migrate_to.clone()?,
+            at: self.migrate_at?,
+            link: link::LinkModel {
+                bandwidth: self.link_bandwidth,
+                latency: self.link_latency,
+            },
+            downtime_limit: self.downtime_limit,
+            max_rounds: self.max_rounds,
+            timeout: self.migrate_timeout,
+        })
+    }
+}
+
+/// The `run` options a migration cannot carry (the same as a snapshot's,
+/// its state is a snapshot's state section), and the modes not there yet.
+pub fn check_migrate_options(args: &RunArgs) -> Result<(), String> {
+    if args.migrate.migrate_mode != MigrateMode::Precopy {
+        return Err("--migrate-mode: only precopy is implemented so far".into());
+    }
+    if args.snapshot_at.is_some() {
+        return Err("--migrate-to and --snapshot-at together are not supported".into());
+    }
+    check_snapshot_options(args).map_err(|e| e.replace("--snapshot-at", "--migrate-to"))
+}
+
+/// The `run` options a snapshot cannot carry yet, refused before the VM
+/// boots rather than at the snapshot.
+pub fn check_snapshot_options(args: &RunArgs) -> Result<(), String> {
+    let refuse = |what: &str| {
+        Err(format!(
+            "--snapshot-at: {what} is not saved in snapshots yet"
+        ))
+    };
+    if args.overcommit.mmu == MmuArg::Native {
+        return refuse("--mmu none");
+    }
+    if args.overcommit.cr3_cache == OnOff::On {
+        return refuse("--cr3-cache on");
+    }
+    if args.dirty_log.is_some() {
+        return refuse("--dirty-log");
+    }
+    if args.memslot_period.is_some() {
+        return refuse("--memslot-period (a second memslot)");
+    }
+    Ok(())
+}
+
+/// Saves `vm` to `path` (through a temporary file renamed into place, so
+/// a failed save never leaves half a snapshot under the name).
+pub fn save_snapshot(vm: &mut Vm, path: &Path) -> Result<(), String> {
+    let bytes = vm.snapshot().map_err(|e| e.to_string())?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".partial");
+    let tmp = PathBuf::from(tmp);
+    let write = || -> std::io::Result<()> {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("writing the snapshot {}: {e}", path.display())
+    })?;
+    eprintln!(
+        "faultline: snapshot of {} bytes saved to {} at {}",
+        bytes.len(),
+        path.display(),
+        format_duration(Duration::from_nanos(hv::steal_cycles_to_ns(vm.time().0)))
+    );
+    Ok(())
+}
+
+/// Why a snapshot file cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadSnapshotError {
+    #[error("reading the snapshot {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the snapshot {0} is not a regular file")]
+    NotAFile(PathBuf),
+    #[error("the snapshot {path}: {source}")]
+    Bad {
+        path: PathBuf,
+        source: SnapshotError,
+    },
+}
+
+/// The bytes of a snapshot file (a regular file only: a FIFO or a device
+/// could be endless).
+pub fn read_snapshot(path: &Path) -> Result<Vec<u8>, ReadSnapshotError> {
+    let io = |source| ReadSnapshotError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        return Err(ReadSnapshotError::NotAFile(path.to_path_buf()));
+    }
+    std::fs::read(path).map_err(io)
+}
+
+/// `faultline restore FILE`.
+pub fn restore(args: RestoreArgs) -> u8 {
+    let prepared = (|| -> Result<(Vm, StopRequest), String> {
+        let stop =
+            StopRequest::install().map_err(|e| format!("installing signal handlers: {e}"))?;
+        if let Some(swap) = &args.swap {
+            crate::config::check_swap_path(swap).map_err(|e| e.to_string())?;
+        }
+        let bytes = read_snapshot(&args.file).map_err(|e| e.to_string())?;
+        let options = RestoreOptions {
+            swap_path: args.swap.clone(),
+            host_mem: args.host_mem.map(Some),
+            lazy: args.lazy,
+        };
+        let vm = Vm::restore(&bytes, &options).map_err(|source| {
+            ReadSnapshotError::Bad {
+                path: args.file.clone(),
+                source,
+            }
+            .to_string()
+        })?;
+        Ok((vm, stop))
+    })();
+    let (vm, stop) = match prepared {
+        Ok(ready) => ready,
+        Err(message) => {
+            eprintln!("faultline: {message}");
+            return EXIT_CONFIG;
+        }
+    };
+    eprintln!(
+        "faultline: restored {} at {}",
+        args.file.display(),
+        format_duration(Duration::from_nanos(hv::steal_cycles_to_ns(vm.time().0)))
+    );
+    let options = RunOptions {
+        stats: args.stats,
+        time_limit: args.time_limit,
+        wall_limit: args.wall_limit,
+        memslot_period: None,
+        zap: ZapArg::Fast,
+        dirty_log: None,
+        dirty_log_period: Duration::from_millis(10),
+        snapshot: args.snapshot_at.zip(args.snapshot.clone()),
+        migrate: None,
+    };
+    run_vm(vm, &stop, &options)
+}

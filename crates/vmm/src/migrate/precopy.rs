@@ -1,0 +1,223 @@
+//! The source side of a pre-copy live migration.
+//!
+//! At `--migrate-at` the source connects, says hello, turns dirty logging
+//! on for guest RAM and sends every page the guest ever touched while the
+//! guest keeps running for as long as the link model says those bytes
+//! take. Each further round sends the pages dirtied meanwhile (the dirty
+//! log collected, KVM_GET_DIRTY_LOG style), until the rest would cross the
+//! link within `--downtime-limit` or `--max-rounds` rounds were made.
+//! Then the VM stops, the last dirty pages and the VM's state go over,
+//! and the source waits for the destination's answer: an `Ack` means the
+//! VM runs there now; anything else (a `Nack`, a closed or broken
+//! connection) and the source resumes the VM where it stopped, dirty
+//! logging off, and reports the failure: nothing is lost.
+
+use super::link::{self, Kind, Link, LinkError, LinkModel};
+use hv::{Cycles, DirtyLogMode, Gpa, Vm, RAM_SLOT};
+use serde::Serialize;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+/// What `--migrate-to` asks for.
+#[derive(Debug, Clone)]
+pub struct MigrateSpec {
+    pub to: String,
+    pub at: Duration,
+    pub link: LinkModel,
+    pub downtime_limit: Duration,
+    pub max_rounds: u32,
+    /// Host time to wait for the destination at each step.
+    pub timeout: Duration,
+}
+
+/// A migration's figures, all in virtual time from the link model.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct MigrationReport {
+    pub mode: &'static str,
+    pub to: String,
+    /// Pre-copy rounds made while the guest ran (the first included).
+    pub rounds: u32,
+    pub pages_sent: u64,
+    pub bytes_sent: u64,
+    /// From `--migrate-at` to the VM's stop.
+    pub precopy_ms: f64,
+    /// The VM stopped: the last pages and the state across.
+    pub downtime_ms: f64,
+    pub total_ms: f64,
+    /// Pages sent in the stop-and-copy round.
+    pub final_pages: u64,
+    /// Collecting the dirty log, in all.
+    pub dirty_log_get_ms: f64,
+    /// Set when the migration failed (the VM went on at the source).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+}
+
+/// How a migration attempt ended.
+pub enum Outcome {
+    /// The VM runs at the destination now.
+    Migrated(MigrationReport),
+    /// The VM is intact here and runs on.
+    Failed(MigrationReport),
+    /// While pre-copy ran the guest, the run ended (the guest stopped, a
+    /// limit, a signal): the migration was abandoned.
+    Ended(MigrationReport, crate::session::Ending),
+}
+
+fn ms(c: Cycles) -> f64 {
+    c.0 as f64 / hv::CYCLES_PER_SECOND as f64 * 1e3
+}
+
+/// Runs the VM on to the given virtual time; `Some(ending)` if the run
+/// ended first.
+pub type RunFor<'a> = dyn FnMut(&mut Vm, Cycles) -> Option<crate::session::Ending> + 'a;
+
+/// Sends `gfns` in frames; returns the bytes on the wire.
+fn send_pages(vm: &mut Vm, link: &mut Link, gfns: &[u64]) -> Result<u64, String> {
+    let mut bytes = 0;
+    for chunk in gfns.chunks(link::PAGES_PER_FRAME) {
+        let mut batch = Vec::with_capacity(chunk.len());
+        for &gfn in chunk {
+            let mut page = vec![0u8; 4096];
+            vm.read_guest(Gpa(gfn * 4096), &mut page)
+                .map_err(|e| format!("reading guest page {gfn:#x}: {e}"))?;
+            batch.push((gfn, page));
+        }
+        bytes += link
+            .send(Kind::Pages, &link::pages(&batch))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(bytes)
+}
+
+/// Migrates `vm` (stopped at `spec.at`) by pre-copy.
+pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Outcome {
+    let mut report = MigrationReport {
+        mode: "precopy",
+        to: spec.to.clone(),
+        ..MigrationReport::default()
+    };
+    let started = vm.time();
+    let mut link = match connect(&spec.to, spec.timeout) {
+        Ok(link) => link,
+        Err(e) => {
+            report.failed = Some(format!("connecting to {}: {e}", spec.to));
+            return Outcome::Failed(report);
+        }
+    };
+    let mut logging = false;
+    let result = precopy_rounds(vm, spec, &mut link, &mut report, &mut logging, run_for);
+    let fail = |vm: &mut Vm, mut report: MigrationReport, logging: bool, why: String| {
+        if logging {
+            let _ = vm.disable_dirty_log(RAM_SLOT);
+        }
+        report.failed = Some(why);
+        report
+    };
+    report.bytes_sent = link.sent;
+    report.precopy_ms = ms(vm.time() - started);
+    report.total_ms = report.precopy_ms;
+    let final_pages = match result {
+        Ok(Ok(pages)) => pages,
+        Ok(Err(ending)) => {
+            let report = fail(vm, report, logging, "the run ended during pre-copy".into());
+            return Outcome::Ended(report, ending);
+        }
+        Err(why) => return Outcome::Failed(fail(vm, report, logging, why)),
+    };
+    // Stop and copy: the VM does not run from here on.
+    let stopped = vm.time();
+    if let Err(e) = vm.disable_dirty_log(RAM_SLOT) {
+        return Outcome::Failed(fail(vm, report, false, format!("dirty log: {e}")));
+    }
+    let downtime_bytes = (|| -> Result<u64, String> {
+        let mut bytes = send_pages(vm, &mut link, &final_pages)?;
+        let state = vm.snapshot_state().map_err(|e| e.to_string())?;
+        bytes += link.send(Kind::State, &state).map_err(|e| e.to_string())?;
+        Ok(bytes)
+    })();
+    let downtime_bytes = match downtime_bytes {
+        Ok(b) => b,
+        Err(why) => return Outcome::Failed(fail(vm, report, false, why)),
+    };
+    report.final_pages = final_pages.len() as u64;
+    report.pages_sent += final_pages.len() as u64;
+    report.bytes_sent = link.sent;
+    let downtime = spec.link.transfer(downtime_bytes);
+    report.precopy_ms = ms(stopped - started);
+    report.downtime_ms = ms(downtime);
+    report.total_ms = ms(stopped - started + downtime);
+    match link.recv() {
+        Ok((Kind::Ack, _)) => Outcome::Migrated(report),
+        Ok((Kind::Nack, why)) => Outcome::Failed(fail(
+            vm,
+            report,
+            false,
+            format!(
+                "the destination refused the VM: {}",
+                String::from_utf8_lossy(&why)
+            ),
+        )),
+        Ok((kind, _)) => Outcome::Failed(fail(
+            vm,
+            report,
+            false,
+            format!("the destination answered {kind:?}"),
+        )),
+        Err(e) => Outcome::Failed(fail(
+            vm,
+            report,
+            false,
+            format!("waiting for the destination's answer: {e}"),
+        )),
+    }
+}
+
+fn connect(to: &str, timeout: Duration) -> Result<Link, LinkError> {
+    let addr = to
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| LinkError::Protocol(format!("{to} resolves to no address")))?;
+    let stream = TcpStream::connect_timeout(&addr, timeout)?;
+    Ok(Link::new(stream, timeout)?)
+}
+
+/// The rounds while the guest runs; returns the pages left for the
+/// stop-and-copy round (`Ok(Err(ending))`: the run ended meanwhile).
+fn precopy_rounds(
+    vm: &mut Vm,
+    spec: &MigrateSpec,
+    link: &mut Link,
+    report: &mut MigrationReport,
+    logging: &mut bool,
+    run_for: &mut RunFor<'_>,
+) -> Result<Result<Vec<u64>, crate::session::Ending>, String> {
+    let vcpus = vm.vcpus().len() as u32;
+    link.send(Kind::Hello, &link::hello(vm.mem_size(), vcpus))
+        .map_err(|e| e.to_string())?;
+    vm.enable_dirty_log(RAM_SLOT, DirtyLogMode::Bitmap)
+        .map_err(|e| format!("dirty log: {e}"))?;
+    *logging = true;
+    let limit = Cycles(crate::units::duration_to_cycles(spec.downtime_limit));
+    let mut pages = vm.touched_pages();
+    loop {
+        report.rounds += 1;
+        let bytes = send_pages(vm, link, &pages)?;
+        report.pages_sent += pages.len() as u64;
+        // The guest runs while the round's bytes cross the link.
+        let until = vm.time() + spec.link.transfer(bytes);
+        if let Some(ending) = run_for(vm, until) {
+            return Ok(Err(ending));
+        }
+        let collected = vm
+            .collect_dirty_log(RAM_SLOT)
+            .map_err(|e| format!("dirty log: {e}"))?;
+        report.dirty_log_get_ms += ms(collected.get.cycles + collected.clear.cycles);
+        // RAM's memslot starts at gfn 0: its page indexes are gfns.
+        pages = collected.pages;
+        let rest = pages.len() as u64 * (link::FRAME_HEADER + 8 + 4096);
+        if spec.link.transfer(rest) <= limit || report.rounds >= spec.max_rounds {
+            return Ok(Ok(pages));
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! Live migration, pre-copy, between two real faultline processes over
+//! loopback TCP: the guest's results survive (pagetag's 0 bad pages, with
+//! overcommit on either side), the destination's output continues the
+//! source's, the same migration repeats its figures, a dropped
+//! connection leaves the source running and reporting, and the
+//! destination refuses a damaged or hostile stream cleanly.
+#![cfg(bundled_kernel)]
+
+mod common;
+use common::{faultline, stderr, stdout};
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: stdout is not JSON: {text}"))
+}
+
+/// A destination listening on a free loopback port, and its address.
+fn destination(extra: &[&str]) -> (Child, String, std::thread::JoinHandle<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_faultline"))
+        .args([
+            "incoming",
+            "--listen",
+            "127.0.0.1:0",
+            "--stats",
+            "json",
+            "--timeout",
+            "30s",
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the destination");
+    let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    err.read_line(&mut line).expect("read stderr");
+    let addr = line
+        .trim()
+        .strip_prefix("faultline: listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line}"))
+        .to_string();
+    // The rest of its stderr, read as it comes so it never blocks.
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    (child, addr, rest)
+}
+
+fn source(args: &[&str], to: &str, at: &str, extra: &[&str], program: &[&str]) -> Output {
+    let mut all = vec!["run", "--stats", "json"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--migrate-to", to, "--migrate-at", at]);
+    all.extend_from_slice(extra);
+    all.push("--");
+    all.extend_from_slice(program);
+    faultline(&all)
+}
+
+struct Migration {
+    source: serde_json::Value,
+    destination: serde_json::Value,
+}
+
+/// Migrates `program` from a source run with `args` to a destination run
+/// with `dest_extra`; both must succeed.
+fn migrate(
+    args: &[&str],
+    at: &str,
+    extra: &[&str],
+    dest_extra: &[&str],
+    program: &[&str],
+) -> Migration {
+    let (child, addr, dest_err) = destination(dest_extra);
+    let src = source(args, &addr, at, extra, program);
+    let dst = child.wait_with_output().expect("destination");
+    let dst_err = dest_err.join().expect("stderr thread");
+    let src_text = stdout(&src);
+    assert!(src.status.success(), "source: {src_text}\n{}", stderr(&src));
+    let source = json(&src_text);
+    assert_eq!(
+        source["stop"]["reason"],
+        "migrated",
+        "source: {src_text}\n{}",
+        stderr(&src)
+    );
+    let dst_text = stdout(&dst);
+    assert!(
+        dst.status.success(),
+        "destination: {dst_text}\n{dst_err}\nsource: {}",
+        stderr(&src)
+    );
+    Migration {
+        source,
+        destination: json(&dst_text),
+    }
+}
+
+const OVERCOMMIT: [&str; 8] = [
+    "--vcpus",
+    "2",
+    "--mem",
+    "48M",
+    "--host-mem",
+    "8M",
+    "--swap-device",
+    "nvme",
+];
+const PAGETAG: [&str; 7] = ["pagetag", "-m", "16M", "-p", "3", "-t", "2"];
+
+fn console(v: &serde_json::Value) -> &str {
+    v["console"].as_str().expect("console")
+}
+
+#[test]
+fn pagetag_migrates_with_0_bad_pages_and_overcommit_on_either_side() {
+    // Overcommitted at the source, at the destination, at both.
+    let cases: [(&[&str], &[&str]); 3] = [
+        (&OVERCOMMIT, &["--host-mem", "48M"]),
+        (
+            &["--vcpus", "2", "--mem", "48M", "--swap-device", "nvme"],
+            &["--host-mem", "8M"],
+        ),
+        (&OVERCOMMIT, &[]),
+    ];
+    for (apf, (args, dest)) in [
+        ["pv", "x86"],
+        ["pv", "event"],
+        ["halt", "x86"],
+        ["off", "x86"],
+    ]
+    .iter()
+    .zip(cases.iter().cycle())
+    {
+        let mut args = args.to_vec();
+        args.extend_from_slice(&["--apf", apf[0], "--apf-protocol", apf[1]]);
+        let at = if args.contains(&"8M") { "100ms" } else { "3ms" };
+        let m = migrate(&args, at, &[], dest, &PAGETAG);
+        let out = console(&m.destination);
+        assert!(
+            out.contains(" 0 bad pages"),
+            "{apf:?} {args:?} -> {dest:?}: {out}"
+        );
+        // The destination's output continues the source's: the source
+        // printed the boot, the destination the program's result.
+        assert!(console(&m.source).contains("smp: 2 cpu(s) online"));
+        assert!(!console(&m.destination).contains("smp: 2 cpu(s) online"));
+        let report = &m.source["migration"];
+        assert!(report["pages_sent"].as_u64().unwrap() > 1000, "{report}");
+        assert!(report["failed"].is_null(), "{report}");
+    }
+}
+
+#[test]
+fn pagetag_migrates_under_shadow_paging() {
+    for apf in [["pv", "event"], ["halt", "x86"]] {
+        let mut args = OVERCOMMIT.to_vec();
+        args.extend_from_slice(&["--mmu", "shadow", "--apf", apf[0], "--apf-protocol", apf[1]]);
+        // A slower link and a tight limit: more than one round.
+        let extra = ["--link-bandwidth", "1G", "--downtime-limit", "2ms"];
+        let m = migrate(&args, "100ms", &extra, &[], &PAGETAG);
+        let out = console(&m.destination);
+        assert!(out.contains(" 0 bad pages"), "{apf:?}: {out}");
+        assert_eq!(m.destination["mmu"], "shadow");
+        assert!(m.source["migration"]["rounds"].as_u64().unwrap() >= 2);
+    }
+}
+
+#[test]
+fn bm_migrates_over_several_rounds_and_repeats_its_figures() {
+    let program = ["bm", "-f", "2", "-w", "2", "-m", "16M", "-t", "0.2"];
+    let args = ["--vcpus", "2", "--mem", "64M"];
+    // A link and a downtime limit the writers never let converge: the
+    // round cap ends pre-copy.
+    let extra = [
+        "--link-bandwidth",
+        "1G",
+        "--downtime-limit",
+        "1ms",
+        "--max-rounds",
+        "3",
+    ];
+    let first = migrate(&args, "20ms", &extra, &[], &program);
+    let second = migrate(&args, "20ms", &extra, &[], &program);
+    let report = &first.source["migration"];
+    assert_eq!(report["rounds"], 3, "{report}");
+    assert!(report["final_pages"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["downtime_ms"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(console(&first.destination).contains("total: "));
+    let mut a = first.source["migration"].clone();
+    let mut b = second.source["migration"].clone();
+    // The address is the only thing that differs (a free port each time).
+    a["to"] = serde_json::Value::Null;
+    b["to"] = serde_json::Value::Null;
+    assert_eq!(a, b, "the same migration printed other figures");
+    assert_eq!(console(&first.source), console(&second.source));
+    assert_eq!(console(&first.destination), console(&second.destination));
+    assert_eq!(
+        first.destination["virtual_cycles"],
+        second.destination["virtual_cycles"]
+    );
+}
+
+#[test]
+fn hello_output_continues_unbroken() {
+    let whole = faultline(&["run", "--vcpus", "2", "--stats", "json", "--", "hello"]);
+    let whole = json(&stdout(&whole));
+    let m = migrate(&["--vcpus", "2"], "300us", &[], &[], &["hello"]);
+    assert_eq!(
+        format!("{}{}", console(&m.source), console(&m.destination)),
+        console(&whole)
+    );
+}
+
+/// A destination that takes the hello and some pages, then drops the
+/// connection.
+fn dropping_destination() -> (String, std::thread::JoinHandle<u64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let handle = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().expect("accept");
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0u64;
+        while got < (1 << 20) {
+            match stream.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n as u64,
+            }
+        }
+        drop(stream);
+        got
+    });
+    (addr, handle)
+}
+
+#[test]
+fn a_dropped_connection_leaves_the_source_running() {
+    let (addr, handle) = dropping_destination();
+    let out = source(&OVERCOMMIT, &addr, "100ms", &[], &PAGETAG);
+    let got = handle.join().expect("fake destination");
+    assert!(got > 0, "the source sent nothing");
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    let v = json(&text);
+    assert_eq!(
+        v["stop"]["reason"], "shutdown",
+        "the guest ran to its end here"
+    );
+    assert!(console(&v).contains(" 0 bad pages"), "{}", console(&v));
+    let report = &v["migration"];
+    assert!(report["failed"].is_string(), "{report}");
+    assert!(stderr(&out).contains("migration to"), "{}", stderr(&out));
+}
+
+#[test]
+fn no_destination_is_a_reported_failure() {
+    // A port nobody listens on: bind one, then free it.
+    let addr = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").to_string()
+    };
+    let out = source(&["--vcpus", "2"], &addr, "300us", &[], &["hello"]);
+    let v = json(&stdout(&out));
+    assert!(out.status.success());
+    assert_eq!(v["stop"]["reason"], "shutdown");
+    assert!(v["migration"]["failed"]
+        .as_str()
+        .unwrap()
+        .contains("connecting"));
+}
+
+/// Frames as the source sends them.
+fn frame(kind: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&kind.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+fn hello(mem: u64, vcpus: u32) -> Vec<u8> {
+    let mut p = b"FLTMIGR\0".to_vec();
+    p.extend_from_slice(&1u32.to_le_bytes());
+    p.extend_from_slice(&mem.to_le_bytes());
+    p.extend_from_slice(&vcpus.to_le_bytes());
+    frame(1, &p)
+}
+
+#[test]
+fn the_destination_refuses_bad_streams() {
+    let page_outside = {
+        let mut p = 1u32.to_le_bytes().to_vec();
+        p.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        p.extend_from_slice(&[0u8; 4096]);
+        frame(2, &p)
+    };
+    let corrupted = {
+        let mut f = hello(64 << 20, 2);
+        let last = f.len() - 1;
+        f[last] ^= 1;
+        f
+    };
+    let huge = {
+        let mut f = frame(3, &[]);
+        f[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        f
+    };
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", b"GET / HTTP/1.1\r\n\r\n".to_vec()),
+        ("corrupted hello", corrupted),
+        ("a hostile guest size", hello(!0x1f_ffff, 2)),
+        (
+            "a page outside the guest",
+            [hello(64 << 20, 2), page_outside].concat(),
+        ),
+        ("a huge state", [hello(64 << 20, 2), huge].concat()),
+        (
+            "a state that is not one",
+            [hello(64 << 20, 2), frame(3, b"nonsense")].concat(),
+        ),
+        ("closed early", hello(64 << 20, 2)),
+    ];
+    for (what, bytes) in cases {
+        let (child, addr, err) = destination(&[]);
+        let mut stream = TcpStream::connect(&addr).expect("connect");
+        stream.write_all(&bytes).expect("send");
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        let out = child.wait_with_output().expect("destination");
+        let err = err.join().expect("stderr");
+        assert!(!out.status.success(), "{what}: accepted");
+        assert!(err.contains("incoming migration from"), "{what}: {err}");
+        assert!(!err.contains("panicked"), "{what}: {err}");
+    }
+}
+
+#[test]
+fn bench_migrate_repeats_and_measures_the_fast_page_fault() {
+    let args = [
+        "bench",
+        "migrate",
+        "--json",
+        "--duration",
+        "0.06",
+        "--at",
+        "10ms",
+        "--max-rounds",
+        "2",
+    ];
+    let first = faultline(&args);
+    let second = faultline(&args);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(
+        stdout(&first),
+        stdout(&second),
+        "same command, other figures"
+    );
+    let v = json(&stdout(&first));
+    let rows = v["results"].as_array().expect("results");
+    assert_eq!(rows.len(), 2);
+    let (on, off) = (&rows[0], &rows[1]);
+    assert_eq!(on["fast_pf"], true);
+    assert_eq!(on["rounds"], 2);
+    assert!(on["dirty_log_faults"].as_i64().unwrap() > 0, "{on}");
+    assert!(on["fast_pf_fixed"].as_u64().unwrap() > 0, "{on}");
+    assert_eq!(off["fast_pf_fixed"], 0, "{off}");
+    assert!(on["guest_total"].as_u64().unwrap() > 0, "{on}");
+}
