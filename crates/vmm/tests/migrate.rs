@@ -372,3 +372,40 @@ fn bench_migrate_repeats_and_measures_the_fast_page_fault() {
     assert_eq!(off["fast_pf_fixed"], 0, "{off}");
     assert!(on["guest_total"].as_u64().unwrap() > 0, "{on}");
 }
+
+#[test]
+fn a_destination_killed_during_precopy_leaves_the_source_running() {
+    // The real destination is frozen (SIGSTOP) once it listens: the
+    // source connects (the kernel accepts into the backlog) and its
+    // pre-copy blocks once the socket buffers are full (the guest's
+    // 20+ MiB cannot fit); then the destination is killed (SIGKILL), and
+    // the source's next write fails.
+    let (mut child, addr, _err) = destination(&[]);
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: kill(2) on the pid of a child this test spawned and has not
+    // reaped; no memory is involved.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let source = std::thread::spawn(move || {
+        source(
+            &["--vcpus", "2", "--mem", "64M"],
+            &addr,
+            "5ms",
+            &[],
+            &["pagetag", "-m", "32M", "-p", "2", "-t", "2"],
+        )
+    });
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let _ = child.wait();
+    let out = source.join().expect("source thread");
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    let v = json(&text);
+    assert_eq!(
+        v["stop"]["reason"], "shutdown",
+        "the guest ran to its end here"
+    );
+    assert!(console(&v).contains(" 0 bad pages"), "{}", console(&v));
+    assert!(v["migration"]["failed"].is_string(), "{}", v["migration"]);
+}

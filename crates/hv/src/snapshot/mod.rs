@@ -252,6 +252,9 @@ pub struct RestoreOptions {
     /// page goes to the swap file, and the guest's first access to it is
     /// a swap-in, which the vCPU waits for as `--apf` says.
     pub lazy: bool,
+    /// `Some`: replaces the saved swap device model (the restoring host's
+    /// own disk).
+    pub swap_device: Option<DeviceModel>,
 }
 
 /// What a snapshot says about itself, without restoring it.
@@ -332,7 +335,7 @@ impl ConfigState {
             host_overhead: self.host_overhead,
             host_mem: options.host_mem.unwrap_or(self.host_mem),
             swap_path: options.swap_path.clone(),
-            swap_device: DeviceModel {
+            swap_device: options.swap_device.clone().unwrap_or(DeviceModel {
                 name: d.name.clone(),
                 read_latency: LatencyRange {
                     min: d.read_min,
@@ -341,7 +344,7 @@ impl ConfigState {
                 write_latency: d.write_latency,
                 bandwidth: d.bandwidth,
                 queue: d.queue,
-            },
+            }),
             apf: self.apf,
             apf_protocol: self.apf_protocol,
             seed: self.seed,

@@ -40,6 +40,9 @@ pub struct IncomingArgs {
     /// The swap file here (default: a temporary file).
     #[arg(long, value_name = "FILE")]
     swap: Option<PathBuf>,
+    /// The swap device here (default: the source's model).
+    #[arg(long, value_enum)]
+    swap_device: Option<crate::SwapDeviceArg>,
     /// Host time to wait for the source at each step.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration)]
     timeout: Duration,
@@ -142,6 +145,7 @@ pub fn incoming(args: IncomingArgs) -> u8 {
         swap_path: args.swap.clone(),
         host_mem: args.host_mem.map(Some),
         lazy: false,
+        swap_device: args.swap_device.map(super::device_model),
     };
     let vm = match receive(&mut link, &options) {
         Ok(vm) => vm,

@@ -46,6 +46,10 @@ pub struct RestoreArgs {
     /// latency; the vCPU waits as the saved --apf says).
     #[arg(long)]
     lazy: bool,
+    /// The swap device here (default: the saved run's model): a lazy
+    /// restore's first touches are reads from it.
+    #[arg(long, value_enum)]
+    swap_device: Option<crate::SwapDeviceArg>,
     /// Save again: stop at this virtual time (from boot) ...
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration, requires = "snapshot")]
     snapshot_at: Option<Duration>,
@@ -206,6 +210,19 @@ pub fn read_snapshot(path: &Path) -> Result<Vec<u8>, ReadSnapshotError> {
     std::fs::read(path).map_err(io)
 }
 
+/// The model of a swap device preset.
+pub fn device_model(arg: crate::SwapDeviceArg) -> hv::swap::DeviceModel {
+    use crate::SwapDeviceArg as A;
+    use hv::swap::DevicePreset as P;
+    match arg {
+        A::Hdd => P::Hdd,
+        A::Ssd => P::Ssd,
+        A::Nvme => P::Nvme,
+        A::Net => P::Net,
+    }
+    .model()
+}
+
 /// `faultline restore FILE`.
 pub fn restore(args: RestoreArgs) -> u8 {
     let prepared = (|| -> Result<(Vm, StopRequest), String> {
@@ -219,6 +236,7 @@ pub fn restore(args: RestoreArgs) -> u8 {
             swap_path: args.swap.clone(),
             host_mem: args.host_mem.map(Some),
             lazy: args.lazy,
+            swap_device: args.swap_device.map(device_model),
         };
         let vm = Vm::restore(&bytes, &options).map_err(|source| {
             ReadSnapshotError::Bad {
