@@ -24,6 +24,7 @@ pub(crate) mod frames;
 pub(crate) mod host;
 pub mod memslot;
 pub(crate) mod mmu;
+pub mod linux;
 pub mod multiboot;
 pub mod pager;
 pub mod stats;

@@ -14,6 +14,7 @@
 
 mod bench;
 mod config;
+mod linux;
 mod plot;
 mod report;
 mod run;
@@ -509,6 +510,16 @@ struct RunArgs {
     /// `-kernel` does).
     #[arg(long)]
     kernel: Option<PathBuf>,
+    /// Which guest to boot: faultline's own kernel (or --kernel), or Linux
+    /// (Debian's cloud kernel from the cache `scripts/fetch-linux.sh`
+    /// fills, or --kernel-image) with the project's initramfs; with
+    /// `linux`, --cmdline gives the kernel options (default `console=ttyS0
+    /// earlyprintk=serial,ttyS0`) and `-- PROGRAM ARGS` is appended.
+    #[arg(long, value_enum, default_value_t = GuestArg::Faultline, conflicts_with = "kernel")]
+    guest: GuestArg,
+    /// The Linux bzImage for --guest linux (default: the cached one).
+    #[arg(long, value_name = "FILE")]
+    kernel_image: Option<PathBuf>,
     /// A multiboot module (repeatable): `FILE [ARGS]`; the whole string is
     /// the module's command line, as with QEMU.
     #[arg(long = "module", value_name = "FILE [ARGS]", requires = "kernel")]
@@ -780,6 +791,13 @@ impl OvercommitArgs {
             seed_indirect: self.fast_pf_indirect == FastPfIndirectArg::Seed,
         };
     }
+}
+
+/// `--guest`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum GuestArg {
+    Faultline,
+    Linux,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
