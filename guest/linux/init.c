@@ -17,6 +17,7 @@
 #include <sys/reboot.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 /* faultline's guest exit-status port (docs/linux.md): a byte written here
@@ -34,6 +35,10 @@ static void power_off(int status)
 {
 	fflush(stdout);
 	fflush(stderr);
+	/* The serial driver sends the console's output by interrupts: wait
+	 * until the UART has taken all of it, or power-off would cut it. */
+	tcdrain(STDOUT_FILENO);
+	tcdrain(STDERR_FILENO);
 	if (ioperm(FAULTLINE_STATUS_PORT, 1, 1) == 0)
 		outb((unsigned char)status, FAULTLINE_STATUS_PORT);
 	else

@@ -520,6 +520,10 @@ struct RunArgs {
     /// The Linux bzImage for --guest linux (default: the cached one).
     #[arg(long, value_name = "FILE")]
     kernel_image: Option<PathBuf>,
+    /// An initramfs of your own for --guest linux (a cpio archive, as
+    /// QEMU's -initrd), instead of the one with the project's /init.
+    #[arg(long, value_name = "FILE")]
+    initrd: Option<PathBuf>,
     /// A multiboot module (repeatable): `FILE [ARGS]`; the whole string is
     /// the module's command line, as with QEMU.
     #[arg(long = "module", value_name = "FILE [ARGS]", requires = "kernel")]

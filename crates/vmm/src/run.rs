@@ -83,9 +83,17 @@ fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
 /// `--guest linux`: the bzImage, the initramfs with init and the
 /// programs, and the command line that names the program.
 fn prepare_linux(args: &RunArgs) -> Result<Vm, ConfigError> {
-    crate::linux::check_program(&args.program)?;
+    let initrd = match &args.initrd {
+        Some(path) => std::fs::read(path).map_err(|source| ConfigError::ReadInput {
+            path: path.clone(),
+            source,
+        })?,
+        None => {
+            crate::linux::check_program(&args.program)?;
+            crate::linux::initramfs()?
+        }
+    };
     let (path, image) = crate::linux::read_image(args.kernel_image.as_deref())?;
-    let initrd = crate::linux::initramfs()?;
     if let Some(swap) = &args.overcommit.swap {
         check_swap_path(swap)?;
     }
