@@ -13,10 +13,16 @@ pub const DEFAULT_OPTIONS: &str = "console=ttyS0 earlyprintk=serial,ttyS0";
 
 /// The Linux programs built into this binary: (name, executable).
 #[cfg(linux_programs)]
-const PROGRAMS: &[(&str, &[u8])] = &[(
-    "hello",
-    include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/hello")),
-)];
+const PROGRAMS: &[(&str, &[u8])] = &[
+    (
+        "hello",
+        include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/hello")),
+    ),
+    (
+        "memtouch",
+        include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/memtouch")),
+    ),
+];
 #[cfg(not(linux_programs))]
 const PROGRAMS: &[(&str, &[u8])] = &[];
 
