@@ -79,3 +79,84 @@ impl Default for CycleCosts {
 
 /// Cycles per second of virtual time, used to turn cycles into nanoseconds.
 pub const CYCLES_PER_SECOND: u64 = 3_000_000_000;
+
+/// A cost table whose entries can be named, for overrides in sensitivity
+/// studies (the vmm's `--cost NAME=CYCLES`): the machine's and the hv's.
+pub trait NamedCosts {
+    /// Every entry by its field name. Implementations destructure the
+    /// table naming every field, so an entry added without a name does
+    /// not compile.
+    fn entries_mut(&mut self) -> Vec<(&'static str, &mut u64)>;
+
+    /// Sets entry `name` to `cycles`; false if the table has no such entry.
+    fn set(&mut self, name: &str, cycles: u64) -> bool {
+        match self.entries_mut().into_iter().find(|(n, _)| *n == name) {
+            Some((_, entry)) => {
+                *entry = cycles;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The entries' names.
+    fn names(&mut self) -> Vec<&'static str> {
+        self.entries_mut().into_iter().map(|(n, _)| n).collect()
+    }
+}
+
+impl NamedCosts for CycleCosts {
+    fn entries_mut(&mut self) -> Vec<(&'static str, &mut u64)> {
+        let CycleCosts {
+            instruction,
+            multiply,
+            divide,
+            string_iteration,
+            locked,
+            page_walk_ref,
+            pml_log_write,
+            event_delivery,
+            privilege_transition,
+            serializing,
+            vm_exit,
+            vm_entry,
+        } = self;
+        vec![
+            ("instruction", instruction),
+            ("multiply", multiply),
+            ("divide", divide),
+            ("string_iteration", string_iteration),
+            ("locked", locked),
+            ("page_walk_ref", page_walk_ref),
+            ("pml_log_write", pml_log_write),
+            ("event_delivery", event_delivery),
+            ("privilege_transition", privilege_transition),
+            ("serializing", serializing),
+            ("vm_exit", vm_exit),
+            ("vm_entry", vm_entry),
+        ]
+    }
+}
+
+/// Checks that every name of `table` sets its own entry and that an
+/// unknown name is refused (for the tables' unit tests).
+pub fn check_named_costs(mut table: impl NamedCosts) {
+    let names = table.names();
+    for (i, name) in names.iter().enumerate() {
+        assert!(table.set(name, 1_000_000 + i as u64), "{name}");
+    }
+    let values: Vec<u64> = table.entries_mut().into_iter().map(|(_, v)| *v).collect();
+    let expected: Vec<u64> = (0..names.len() as u64).map(|i| 1_000_000 + i).collect();
+    assert_eq!(values, expected, "each name sets its own entry");
+    assert!(!table.set("no_such_entry", 1));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_named_costs, CycleCosts};
+
+    #[test]
+    fn every_entry_can_be_set_by_name() {
+        check_named_costs(CycleCosts::DEFAULT);
+    }
+}

@@ -40,7 +40,7 @@ pub mod programs;
 pub mod vmx;
 
 pub use addr::{Gfn, Gpa, Gva, Hfn, Hpa};
-pub use cost::CycleCosts;
+pub use cost::{CycleCosts, NamedCosts};
 pub use cpu::{Cpu, CpuConfig};
 pub use memory::{MemError, PhysMemory};
 pub use vmx::{EventInjection, EventKind, VmExit, VmxControls};

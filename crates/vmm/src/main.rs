@@ -14,6 +14,7 @@
 
 mod bench;
 mod config;
+mod costs;
 mod linux;
 mod plot;
 mod report;
@@ -23,6 +24,7 @@ mod signals;
 mod units;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use costs::{parse_cost_override, CostOverride};
 use hv::VmConfig;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -189,6 +191,10 @@ pub struct BenchCommon {
     /// tracking (the fast page fault restores them).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     ept_ad: OnOff,
+    /// Set one entry of the machine's or the hv's cost table (repeatable),
+    /// e.g. `exit_base=600`: every run of the benchmark uses it.
+    #[arg(long = "cost", value_name = "NAME=CYCLES", value_parser = parse_cost_override)]
+    costs: Vec<CostOverride>,
     /// Print the benchmark's independent runs as command lines (one per
     /// line, each printing its result as JSON) instead of running them;
     /// `faultline bench merge` combines their results.
@@ -224,6 +230,7 @@ impl BenchCommon {
             },
             ept_ad: self.ept_ad,
             fast_pf_indirect: self.fast_pf_indirect,
+            costs: self.costs.clone(),
         }
     }
 
@@ -655,6 +662,10 @@ pub struct OvercommitArgs {
     /// are fixed with seed 001's own scheme (`seed`).
     #[arg(long, value_enum, default_value_t = FastPfIndirectArg::Slow)]
     fast_pf_indirect: FastPfIndirectArg,
+    /// Set one entry of the machine's or the hv's cost table (repeatable),
+    /// e.g. `exit_base=600`, for a sensitivity study of a cited figure.
+    #[arg(long = "cost", value_name = "NAME=CYCLES", value_parser = parse_cost_override)]
+    costs: Vec<CostOverride>,
 }
 
 /// `--fast-pf-indirect`: what the shadow MMU's fast path does with a leaf
@@ -794,6 +805,9 @@ impl OvercommitArgs {
             ept_ad: self.ept_ad.on(),
             seed_indirect: self.fast_pf_indirect == FastPfIndirectArg::Seed,
         };
+        for cost in &self.costs {
+            cost.apply(config);
+        }
     }
 }
 

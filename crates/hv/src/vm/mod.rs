@@ -52,6 +52,8 @@ pub struct VmConfig {
     pub host_overhead: u64,
     /// The hv cost table.
     pub costs: HvCosts,
+    /// The machine's cost table (each vCPU's).
+    pub cpu_costs: machine::CycleCosts,
     /// Host frames for guest pages (the container limit); `None`: as much
     /// as guest memory, so nothing is ever evicted.
     pub host_mem: Option<u64>,
@@ -113,6 +115,7 @@ impl Default for VmConfig {
             host_slice: DEFAULT_HOST_SLICE,
             host_overhead: 16 << 20,
             costs: HvCosts::DEFAULT,
+            cpu_costs: machine::CycleCosts::DEFAULT,
             host_mem: None,
             swap_path: None,
             swap_device: DeviceModel::default(),
@@ -309,6 +312,7 @@ impl Vm {
             .map(|id| {
                 let mut cpu = Cpu::new(CpuConfig {
                     apic_id: id,
+                    costs: config.cpu_costs,
                     ..CpuConfig::default()
                 });
                 cpu.set_vmx(Some(VmxControls {
