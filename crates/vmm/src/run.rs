@@ -7,9 +7,7 @@ use crate::report::{DirtyLogSummary, Summary};
 use crate::session::{drive, Ending, Limits, Progress};
 use crate::signals::StopRequest;
 use crate::units::duration_to_cycles;
-use crate::{
-    DirtyModeArg, GuestArg, RunArgs, StatsFormat, EXIT_CONFIG, EXIT_LIMIT, EXIT_VM_ERROR,
-};
+use crate::{DirtyModeArg, GuestArg, RunArgs, StatsFormat, EXIT_CONFIG, EXIT_LIMIT, EXIT_VM_ERROR};
 use hv::{Cycles, StopReason, Vm, VmConfig, RAM_SLOT};
 use std::io::Write;
 use std::time::{Duration, Instant};

@@ -13,7 +13,9 @@ use std::path::PathBuf;
 fn linux_image() -> Option<PathBuf> {
     let cache = match std::env::var_os("FAULTLINE_CACHE") {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/faultline"),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/faultline")
+        }
     };
     let image = cache.join("linux/vmlinuz");
     if image.is_file() {

@@ -138,10 +138,7 @@ fn com1() -> Vec<u8> {
         Path::new("_CRS"),
         &ResourceTemplate::new(vec![&ports, &irq]),
     );
-    aml_bytes(&Device::new(
-        Path::new("_SB_.COM1"),
-        vec![&hid, &uid, &crs],
-    ))
+    aml_bytes(&Device::new(Path::new("_SB_.COM1"), vec![&hid, &uid, &crs]))
 }
 
 fn fadt(dsdt: u64) -> FADTBuilder {

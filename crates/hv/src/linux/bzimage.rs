@@ -68,9 +68,13 @@ pub enum BzImageError {
     BadAlignment(u32),
     #[error("syssize says {syssize_bytes} bytes of protected-mode kernel; the file holds {have}")]
     BadSyssize { syssize_bytes: u64, have: u64 },
-    #[error("init_size {init_size:#x} is smaller than the protected-mode kernel ({kernel:#x} bytes)")]
+    #[error(
+        "init_size {init_size:#x} is smaller than the protected-mode kernel ({kernel:#x} bytes)"
+    )]
     BadInitSize { init_size: u32, kernel: usize },
-    #[error("a non-relocatable kernel wants pref_address {0:#x}, not 2 MiB-aligned or below 1 MiB")]
+    #[error(
+        "a non-relocatable kernel wants pref_address {0:#x}, not 2 MiB-aligned or below 1 MiB"
+    )]
     BadPrefAddress(u64),
 }
 
@@ -266,11 +270,17 @@ pub(crate) mod tests {
             SetupHeader::parse(&good[..0x100]).unwrap_err(),
             BzImageError::TooShort(0x100)
         );
-        assert_eq!(with(&|b| b[BOOT_FLAG] = 0), BzImageError::BadBootFlag(0xaa00));
+        assert_eq!(
+            with(&|b| b[BOOT_FLAG] = 0),
+            BzImageError::BadBootFlag(0xaa00)
+        );
         assert_eq!(with(&|b| b[HEADER] = b'X'), BzImageError::NoHeaderMagic);
         assert_eq!(
             with(&|b| b[VERSION] = 0x0b),
-            BzImageError::OldProtocol { major: 2, minor: 11 }
+            BzImageError::OldProtocol {
+                major: 2,
+                minor: 11
+            }
         );
         assert!(matches!(
             with(&|b| b.truncate(2560)),
@@ -280,9 +290,15 @@ pub(crate) mod tests {
             with(&|b| b[SETUP_SECTS] = 200),
             BzImageError::NoKernel { .. }
         ));
-        assert_eq!(with(&|b| b[JUMP + 1] = 0x10), BzImageError::BadHeaderLength(0x212));
+        assert_eq!(
+            with(&|b| b[JUMP + 1] = 0x10),
+            BzImageError::BadHeaderLength(0x212)
+        );
         assert_eq!(with(&|b| b[LOADFLAGS] = 0), BzImageError::NotLoadedHigh(0));
-        assert_eq!(with(&|b| b[XLOADFLAGS] = 0x7e), BzImageError::No64BitEntry(0x7e));
+        assert_eq!(
+            with(&|b| b[XLOADFLAGS] = 0x7e),
+            BzImageError::No64BitEntry(0x7e)
+        );
         assert_eq!(
             with(&|b| b[KERNEL_ALIGNMENT + 2] = 0x30),
             BzImageError::BadAlignment(0x30_0000)

@@ -48,7 +48,8 @@ impl CpioWriter {
         ];
         self.out.extend_from_slice(b"070701");
         for field in fields {
-            self.out.extend_from_slice(format!("{field:08x}").as_bytes());
+            self.out
+                .extend_from_slice(format!("{field:08x}").as_bytes());
         }
         self.out.extend_from_slice(name.as_bytes());
         self.out.push(0);
@@ -77,7 +78,12 @@ impl CpioWriter {
 
     /// A character device node.
     pub fn char_device(&mut self, name: &str, perm: u32, major: u32, minor: u32) -> &mut Self {
-        self.entry(name, mode::CHAR_DEVICE | (perm & 0o7777), (major, minor), &[]);
+        self.entry(
+            name,
+            mode::CHAR_DEVICE | (perm & 0o7777),
+            (major, minor),
+            &[],
+        );
         self
     }
 
@@ -104,7 +110,9 @@ mod tests {
             };
             let (mode, size, rdevmajor, namesize) =
                 (field(1), field(6) as usize, field(9), field(11) as usize);
-            let name = std::str::from_utf8(&b[110..110 + namesize - 1]).unwrap().to_string();
+            let name = std::str::from_utf8(&b[110..110 + namesize - 1])
+                .unwrap()
+                .to_string();
             assert_eq!(b[110 + namesize - 1], 0);
             let data_at = (110 + namesize).next_multiple_of(4);
             let data = b[data_at..data_at + size].to_vec();

@@ -186,12 +186,20 @@ pub fn plan(
     zp[offset::LOADFLAGS] = header.loadflags;
     zp[zero_page::SENTINEL] = 0;
     put32(&mut zp, offset::CMD_LINE_PTR, CMDLINE_GPA as u32);
-    put32(&mut zp, zero_page::EXT_CMD_LINE_PTR, (CMDLINE_GPA >> 32) as u32);
+    put32(
+        &mut zp,
+        zero_page::EXT_CMD_LINE_PTR,
+        (CMDLINE_GPA >> 32) as u32,
+    );
     if initrd_len != 0 {
         put32(&mut zp, offset::RAMDISK_IMAGE, initrd as u32);
         put32(&mut zp, zero_page::EXT_RAMDISK_IMAGE, (initrd >> 32) as u32);
         put32(&mut zp, offset::RAMDISK_SIZE, initrd_len as u32);
-        put32(&mut zp, zero_page::EXT_RAMDISK_SIZE, (initrd_len >> 32) as u32);
+        put32(
+            &mut zp,
+            zero_page::EXT_RAMDISK_SIZE,
+            (initrd_len >> 32) as u32,
+        );
     }
     put64(
         &mut zp,
@@ -355,11 +363,7 @@ mod tests {
     #[test]
     fn the_e820_map_covers_ram_and_leaves_the_bios_hole() {
         let map = e820_map(64 << 20);
-        let ram: u64 = map
-            .iter()
-            .filter(|e| e.2 == e820::RAM)
-            .map(|e| e.1)
-            .sum();
+        let ram: u64 = map.iter().filter(|e| e.2 == e820::RAM).map(|e| e.1).sum();
         assert_eq!(ram, (64 << 20) - 0x10_0000 + LOW_RAM_END);
         for w in map.windows(2) {
             assert!(w[0].0 + w[0].1 <= w[1].0);

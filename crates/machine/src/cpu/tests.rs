@@ -324,7 +324,11 @@ fn cmpxchg8b_compares_edx_eax_and_stores_ecx_ebx() {
     assert_eq!(mem.read_u64(Hpa(data)).unwrap(), 0xaaaa_bbbb_cccc_dddd);
     let s = cpu.state();
     assert_ne!(s.rflags & state::rflags::ZF, 0);
-    assert_eq!(s.gpr[Gpr::Rdx as usize], 0xdead_0000_1111_2222, "untouched on success");
+    assert_eq!(
+        s.gpr[Gpr::Rdx as usize],
+        0xdead_0000_1111_2222,
+        "untouched on success"
+    );
     mem.write_bytes(Hpa(at), &[0x0f, 0xc7, 0x0f, 0xf4]).unwrap();
     run_from(&mut cpu, &mem, at);
     let s = cpu.state();
@@ -454,13 +458,19 @@ fn the_tss_io_bitmap_decides_user_port_access() {
     };
     let (mem, mut cpu) = setup(full, None);
     assert!(
-        matches!(run(&mem, &mut cpu, &out(0x606, false)), VmExit::Io { port: 0x606, .. }),
+        matches!(
+            run(&mem, &mut cpu, &out(0x606, false)),
+            VmExit::Io { port: 0x606, .. }
+        ),
         "a clear bit allows the port"
     );
     let (mem, mut cpu) = setup(full, Some(0x606));
     assert!(matches!(
         run(&mem, &mut cpu, &out(0x606, false)),
-        VmExit::Exception { vector: vector::GP, .. }
+        VmExit::Exception {
+            vector: vector::GP,
+            ..
+        }
     ));
     assert!(
         matches!(run(&mem, &mut cpu, &out(0x605, false)), VmExit::Io { .. }),
@@ -469,7 +479,10 @@ fn the_tss_io_bitmap_decides_user_port_access() {
     assert!(
         matches!(
             run(&mem, &mut cpu, &out(0x605, true)),
-            VmExit::Exception { vector: vector::GP, .. }
+            VmExit::Exception {
+                vector: vector::GP,
+                ..
+            }
         ),
         "a word access needs both ports' bits clear"
     );
@@ -477,7 +490,10 @@ fn the_tss_io_bitmap_decides_user_port_access() {
     let (mem, mut cpu) = setup((map_base + 0x606 / 8) as u32, None);
     assert!(matches!(
         run(&mem, &mut cpu, &out(0x606, false)),
-        VmExit::Exception { vector: vector::GP, .. }
+        VmExit::Exception {
+            vector: vector::GP,
+            ..
+        }
     ));
     // IOPL 3 needs no bitmap.
     let (mem, mut cpu) = setup(0x67, Some(0x606));
