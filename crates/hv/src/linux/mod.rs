@@ -336,9 +336,12 @@ mod tests {
             plan(&image, "", 0, 16 << 20).unwrap_err(),
             LinuxBootError::NoRoomForKernel { .. }
         ));
-        // The initrd would overlap the kernel's init_size.
+        // The initrd would overlap the kernel's init_size (16..20 MiB):
+        // 12 MiB at the top of 32 MiB starts at 20 MiB and just fits, 13
+        // do not.
+        plan(&image, "", 12 << 20, 32 << 20).unwrap();
         assert!(matches!(
-            plan(&image, "", 12 << 20, 32 << 20).unwrap_err(),
+            plan(&image, "", 13 << 20, 32 << 20).unwrap_err(),
             LinuxBootError::NoRoomForKernel { .. }
         ));
         assert!(matches!(
