@@ -15,6 +15,7 @@ fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
     let root = manifest.join("../..");
     build_guest(&root.join("guest"), &out);
+    build_linux_programs(&root.join("guest/linux"), &out);
     let kernels = std::env::var("DEP_FAULTLINE_HV_TEST_KERNELS_DIR")
         .expect("the hv build script reports its test-kernel directory");
     println!("cargo:rustc-env=FAULTLINE_HV_TEST_KERNELS={kernels}");
@@ -48,6 +49,34 @@ fn build_guest(guest: &Path, out: &Path) {
     println!(
         "cargo:rustc-env=FAULTLINE_GUEST_KERNEL={}",
         build.join("kernel.elf").display()
+    );
+}
+
+/// The Linux guest's /init and programs (`guest/linux/Makefile`: static
+/// executables), packed into an initramfs at run time by `--guest linux`.
+fn build_linux_programs(dir: &Path, out: &Path) {
+    println!("cargo::rustc-check-cfg=cfg(linux_programs)");
+    println!("cargo:rerun-if-changed={}", dir.display());
+    if !dir.join("Makefile").exists() {
+        return;
+    }
+    let build = out.join("linux");
+    let status = Command::new("make")
+        .arg("-C")
+        .arg(dir)
+        .arg(format!("BUILD={}", build.display()))
+        .stdout(std::process::Stdio::from(std::io::stderr()))
+        .status()
+        .unwrap_or_else(|e| panic!("running make for the Linux guest programs: {e}"));
+    assert!(
+        status.success(),
+        "building the Linux guest programs (make -C {}) failed",
+        dir.display()
+    );
+    println!("cargo:rustc-cfg=linux_programs");
+    println!(
+        "cargo:rustc-env=FAULTLINE_LINUX_PROGRAMS={}",
+        build.display()
     );
 }
 

@@ -83,7 +83,7 @@ pub struct KernelImage {
     pub end: u64,
 }
 
-const PAGE: u64 = PAGE_SIZE;
+pub(crate) const PAGE: u64 = PAGE_SIZE;
 
 /// Parses `bytes` with [`machine::elf::parse`] and checks what the boot
 /// layout needs beyond a valid executable: every non-empty segment inside

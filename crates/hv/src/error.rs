@@ -32,6 +32,8 @@ pub enum CreateError {
     Kernel(#[from] KernelError),
     #[error("multiboot kernel: {0}")]
     Multiboot(#[from] crate::multiboot::MultibootError),
+    #[error("Linux kernel: {0}")]
+    Linux(#[from] crate::linux::LinuxBootError),
     #[error("building the EPT root: {0}")]
     Root(#[from] RootError),
     #[error("writing guest memory during boot: {0}")]

@@ -22,6 +22,7 @@ pub mod devices;
 pub mod error;
 pub(crate) mod frames;
 pub(crate) mod host;
+pub mod linux;
 pub mod memslot;
 pub(crate) mod mmu;
 pub mod multiboot;

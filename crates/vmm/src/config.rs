@@ -64,6 +64,8 @@ pub enum ConfigError {
         what: String,
         source: hv::CreateError,
     },
+    #[error("{0}")]
+    Linux(#[from] crate::linux::LinuxSetupError),
     #[error("cannot install the SIGINT/SIGTERM handlers: {0}")]
     Signals(std::io::Error),
 }

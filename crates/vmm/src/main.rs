@@ -15,6 +15,7 @@
 mod bench;
 mod config;
 mod costs;
+mod linux;
 mod migrate;
 mod plot;
 mod report;
@@ -529,6 +530,20 @@ struct RunArgs {
     /// `-kernel` does).
     #[arg(long)]
     kernel: Option<PathBuf>,
+    /// Which guest to boot: faultline's own kernel (or --kernel), or Linux
+    /// (Debian's cloud kernel from the cache `scripts/fetch-linux.sh`
+    /// fills, or --kernel-image) with the project's initramfs; with
+    /// `linux`, --cmdline gives the kernel options (default `console=ttyS0
+    /// earlyprintk=serial,ttyS0`) and `-- PROGRAM ARGS` is appended.
+    #[arg(long, value_enum, default_value_t = GuestArg::Faultline, conflicts_with = "kernel")]
+    guest: GuestArg,
+    /// The Linux bzImage for --guest linux (default: the cached one).
+    #[arg(long, value_name = "FILE")]
+    kernel_image: Option<PathBuf>,
+    /// An initramfs of your own for --guest linux (a cpio archive, as
+    /// QEMU's -initrd), instead of the one with the project's /init.
+    #[arg(long, value_name = "FILE")]
+    initrd: Option<PathBuf>,
     /// A multiboot module (repeatable): `FILE [ARGS]`; the whole string is
     /// the module's command line, as with QEMU.
     #[arg(long = "module", value_name = "FILE [ARGS]", requires = "kernel")]
@@ -816,6 +831,13 @@ impl OvercommitArgs {
             cost.apply(config);
         }
     }
+}
+
+/// `--guest`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum GuestArg {
+    Faultline,
+    Linux,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,9 @@ use crate::report::{DirtyLogSummary, Summary};
 use crate::session::{drive, Ending, Limits, Progress};
 use crate::signals::StopRequest;
 use crate::units::duration_to_cycles;
-use crate::{DirtyModeArg, RunArgs, StatsFormat, ZapArg, EXIT_CONFIG, EXIT_LIMIT, EXIT_VM_ERROR};
+use crate::{
+    DirtyModeArg, GuestArg, RunArgs, StatsFormat, ZapArg, EXIT_CONFIG, EXIT_LIMIT, EXIT_VM_ERROR,
+};
 use hv::{Cycles, StopReason, Vm, VmConfig, RAM_SLOT};
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -44,6 +46,9 @@ pub fn exit_status(ending: &Ending) -> u8 {
 /// A booted VM and the signal handlers, or why there is none.
 fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
     let stop = StopRequest::install().map_err(ConfigError::Signals)?;
+    if args.guest == GuestArg::Linux {
+        return Ok((prepare_linux(args)?, stop));
+    }
     let kernel = Kernel::load(args.kernel.as_deref())?;
     if kernel.multiboot.is_none() {
         kernel.check_program(args.program.first().map_or("", String::as_str))?;
@@ -76,6 +81,48 @@ fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
         source,
     })?;
     Ok((vm, stop))
+}
+
+/// `--guest linux`: the bzImage, the initramfs with init and the
+/// programs, and the command line that names the program.
+fn prepare_linux(args: &RunArgs) -> Result<Vm, ConfigError> {
+    let initrd = match &args.initrd {
+        Some(path) => std::fs::read(path).map_err(|source| ConfigError::ReadInput {
+            path: path.clone(),
+            source,
+        })?,
+        None => {
+            crate::linux::check_program(&args.program)?;
+            crate::linux::initramfs()?
+        }
+    };
+    let (path, image) = crate::linux::read_image(args.kernel_image.as_deref())?;
+    if let Some(swap) = &args.overcommit.swap {
+        check_swap_path(swap)?;
+    }
+    let options = args
+        .cmdline
+        .as_deref()
+        .unwrap_or(crate::linux::DEFAULT_OPTIONS);
+    let mut config = VmConfig {
+        vcpus: args.vcpus,
+        mem_size: args.mem,
+        cmdline: crate::linux::cmdline(options, &args.program),
+        console_input: read_console_input(args.console_input.as_deref())?,
+        quantum: args.quantum,
+        host_cpus: args.host_cpus,
+        host_slice: args
+            .host_slice
+            .map_or(hv::DEFAULT_HOST_SLICE, crate::units::duration_to_cycles),
+        seed: args.seed.unwrap_or(1),
+        zap: args.zap.into(),
+        ..VmConfig::default()
+    };
+    args.overcommit.apply(&mut config);
+    Vm::boot_linux(&config, &image, &initrd).map_err(|source| ConfigError::Boot {
+        what: path.display().to_string(),
+        source,
+    })
 }
 
 /// `--console-input`: the file's bytes, or standard input's to its end.
@@ -299,6 +346,11 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
         }
     }
     let mut status = exit_status(&ending);
+    // A guest that powers off may have said its status first (a Linux
+    // guest's init, through the platform's status port).
+    if let (Ending::Vm(StopReason::PowerOff), Some(guest)) = (&ending, vm.guest_status()) {
+        status = guest;
+    }
     let memslot = match churn.map(|c| c.finish(&vm, args.zap.into())) {
         Some(Ok(run)) => Some(run),
         Some(Err(e)) => {

@@ -17,7 +17,7 @@
 
 use super::ioapic::{IOAPIC_BASE, IOAPIC_ID};
 use super::serial::COM1_IRQ;
-use acpi_tables::aml::{Name, Package, Path};
+use acpi_tables::aml::{Device, EISAName, Interrupt, Name, Package, Path, ResourceTemplate, IO};
 use acpi_tables::fadt::{FADTBuilder, Flags};
 use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
 use acpi_tables::rsdp::Rsdp;
@@ -120,7 +120,25 @@ fn dsdt() -> Vec<u8> {
         &Package::new(vec![&S5_SLEEP_TYPE, &0u8, &0u8, &0u8]),
     );
     dsdt.append_slice(&aml_bytes(&s5));
+    dsdt.append_slice(&com1());
     dsdt.as_slice().to_vec()
+}
+
+/// COM1 as ACPI describes a PC's serial port (`PNP0501`, its eight ports
+/// and IRQ 4, edge-triggered, active high), as cloud-hypervisor's DSDT
+/// does. An OS without a legacy PIC (this platform has none) maps ISA IRQs
+/// only for devices the firmware describes: without this, Linux's 8250
+/// driver cannot request IRQ 4 and its ttyS0 fails to open (EIO).
+fn com1() -> Vec<u8> {
+    let hid = Name::new(Path::new("_HID"), &EISAName::new("PNP0501"));
+    let uid = Name::new(Path::new("_UID"), &acpi_tables::aml::ZERO);
+    let ports = IO::new(abi::COM1_PORT, abi::COM1_PORT, 1, 8);
+    let irq = Interrupt::new(true, true, false, false, u32::from(COM1_IRQ));
+    let crs = Name::new(
+        Path::new("_CRS"),
+        &ResourceTemplate::new(vec![&ports, &irq]),
+    );
+    aml_bytes(&Device::new(Path::new("_SB_.COM1"), vec![&hid, &uid, &crs]))
 }
 
 fn fadt(dsdt: u64) -> FADTBuilder {
@@ -138,8 +156,15 @@ fn fadt(dsdt: u64) -> FADTBuilder {
         .dsdt_64(dsdt);
     fadt.sleep_control_reg = io_byte(SLEEP_CONTROL_PORT);
     fadt.sleep_status_reg = io_byte(SLEEP_STATUS_PORT);
+    // IA-PC boot architecture flags (ACPI 6.5, table 5.11): no CMOS RTC at
+    // ports 0x70/0x71 (nothing is there: they read all ones, which Linux's
+    // rtc_cmos probe takes a second of polling to call broken).
+    fadt.iapc_boot_arch = IAPC_BOOT_ARCH_CMOS_RTC_NOT_PRESENT.into();
     fadt
 }
+
+/// FADT IAPC_BOOT_ARCH bit 5: "CMOS RTC Not Present".
+pub const IAPC_BOOT_ARCH_CMOS_RTC_NOT_PRESENT: u16 = 1 << 5;
 
 /// MADT structure types (ACPI 6.5, 5.2.12).
 mod madt_type {
@@ -230,6 +255,11 @@ mod tests {
 
         // FADT: hardware-reduced, sleep registers in I/O space, the DSDT.
         assert_ne!(u32_at(&fadt, 112) & (1 << 20), 0, "HW_REDUCED_ACPI");
+        // IAPC_BOOT_ARCH (offset 109): no CMOS RTC.
+        assert_eq!(
+            u16::from_le_bytes([fadt[109], fadt[110]]),
+            IAPC_BOOT_ARCH_CMOS_RTC_NOT_PRESENT
+        );
         let gas = |at: usize| (fadt[at], fadt[at + 1], u64_at(&fadt, at + 4));
         assert_eq!(gas(244), (1, 8, u64::from(SLEEP_CONTROL_PORT)));
         assert_eq!(gas(256), (1, 8, u64::from(SLEEP_STATUS_PORT)));
@@ -237,9 +267,19 @@ mod tests {
         // Name(_S5_, Package(4) { 5, Zero, Zero, Zero }).
         let aml = &dsdt[36..];
         assert_eq!(
-            aml,
+            aml[..13],
             [0x08, b'_', b'S', b'5', b'_', 0x12, 0x07, 0x04, 0x0a, 5, 0, 0, 0]
         );
+        // Then Device (\_SB.COM1): _HID EISAID("PNP0501"), _CRS with
+        // IO (Decode16, 0x3f8, 0x3f8, 1, 8) and Interrupt (consumer, edge,
+        // active high, exclusive) { 4 }.
+        let com1 = &aml[13..];
+        assert_eq!(com1[..2], [0x5b, 0x82], "DeviceOp");
+        let has = |needle: &[u8]| com1.windows(needle.len()).any(|w| w == needle);
+        assert!(has(b"COM1"));
+        assert!(has(&[0x0c, 0x41, 0xd0, 0x05, 0x01]), "EISAID PNP0501");
+        assert!(has(&[0x47, 1, 0xf8, 0x03, 0xf8, 0x03, 1, 8]), "IO");
+        assert!(has(&[0x89, 6, 0, 0b0011, 1, 4, 0, 0, 0]), "IRQ 4");
 
         // MADT: the LAPIC address, no PCAT_COMPAT, then the structures.
         assert_eq!(u32_at(&madt, 36), LOCAL_APIC_BASE);

@@ -9,6 +9,7 @@
 //! | isa-debug-exit | port 0xf4 |
 //! | fw_cfg (`fw_cfg`) | ports 0x510 (selector), 0x511 (data) |
 //! | ACPI sleep control / status (`acpi`) | ports 0x600, 0x601 |
+//! | guest exit status (faultline's own) | port 0x606 |
 //! | IOAPIC (`ioapic`) | MMIO 0xfec00000..0xfec01000 |
 //!
 //! (The xAPIC page at 0xfee00000 is the vCPU's own local APIC:
@@ -35,17 +36,26 @@ enum PioDevice {
     FwCfgData,
     SleepControl,
     SleepStatus,
+    GuestStatus,
 }
 
 /// The port bus: (first port, count, device).
-const PIO_BUS: [(u16, u16, PioDevice); 6] = [
+const PIO_BUS: [(u16, u16, PioDevice); 7] = [
     (abi::COM1_PORT, UART_PORTS, PioDevice::Com1),
     (abi::DEBUG_EXIT_PORT, 1, PioDevice::DebugExit),
     (fw_cfg::FW_CFG_SELECTOR, 1, PioDevice::FwCfgSelector),
     (fw_cfg::FW_CFG_DATA, 1, PioDevice::FwCfgData),
     (acpi::SLEEP_CONTROL_PORT, 1, PioDevice::SleepControl),
     (acpi::SLEEP_STATUS_PORT, 1, PioDevice::SleepStatus),
+    (GUEST_STATUS_PORT, 1, PioDevice::GuestStatus),
 ];
+
+/// faultline's guest exit-status register: a byte written here is what the
+/// guest wants its run's exit status to be when it then powers off (a
+/// Linux guest's init, which cannot make a hypercall from user space,
+/// writes its program's status here with `outb` after `ioperm`). Next to
+/// the ACPI registers, in no standard device's range.
+pub const GUEST_STATUS_PORT: u16 = 0x606;
 
 fn pio_device(port: u16) -> Option<(PioDevice, u16)> {
     PIO_BUS
@@ -79,6 +89,8 @@ pub struct Platform {
     pub uart: Uart,
     pub ioapic: IoApic,
     fw_cfg: fw_cfg::FwCfg,
+    /// The last byte written to [`GUEST_STATUS_PORT`].
+    pub guest_status: Option<u8>,
     /// Interrupt messages raised and not yet delivered.
     pending: Vec<Ipi>,
 }
@@ -122,6 +134,7 @@ impl Platform {
             uart: Uart::new(&config.console_input),
             ioapic: IoApic::default(),
             fw_cfg: fw_cfg::FwCfg::new(config.ram_size, config.vcpus, &config.cmdline),
+            guest_status: None,
             pending: Vec::new(),
         }
     }
@@ -155,6 +168,10 @@ impl Platform {
             // read-only items.)
             Some((PioDevice::FwCfgSelector, _)) => {
                 self.fw_cfg.select(value as u16);
+                None
+            }
+            Some((PioDevice::GuestStatus, _)) => {
+                self.guest_status = Some(value as u8);
                 None
             }
             Some((PioDevice::SleepControl, _)) => match acpi::sleep_control_write(value as u8) {
@@ -254,5 +271,14 @@ mod tests {
             p.pio_write(abi::DEBUG_EXIT_PORT, 1, 0x1_03),
             Some(DeviceStop::DebugExit { status: 7 })
         );
+    }
+
+    #[test]
+    fn the_guest_status_port_keeps_the_last_byte() {
+        let mut p = Platform::new(&PlatformConfig::default());
+        assert_eq!(p.guest_status, None);
+        assert_eq!(p.pio_write(GUEST_STATUS_PORT, 1, 0x1_07), None);
+        assert_eq!(p.pio_write(GUEST_STATUS_PORT, 1, 3), None);
+        assert_eq!(p.guest_status, Some(3));
     }
 }

@@ -27,6 +27,11 @@ pub const PASSTHROUGH_MSRS: [u32; 8] = [
     msr::TSC_AUX,
 ];
 
+/// IA32_BIOS_SIGN_ID (0x8b).
+pub const MSR_IA32_UCODE_REV: u32 = 0x8b;
+/// What it reads: KVM's default for a guest, revision 1 in bits 63:32.
+pub const GUEST_MICROCODE_VERSION: u64 = 0x1_0000_0000;
+
 /// How one emulated MSR is read and written.
 pub(crate) struct MsrEntry {
     pub index: u32,
@@ -109,6 +114,16 @@ pub(crate) const MSRS: &[MsrEntry] = &[
             let tsc = cpu.tsc();
             cpu.apic_mut().write_msr(msr::APIC_BASE, v, tsc).is_ok()
         },
+    },
+    // IA32_BIOS_SIGN_ID, the microcode revision (bits 63:32 after a
+    // write of 0 and a CPUID, SDM Vol. 3A 10.11.7.1). As KVM
+    // (arch/x86/kvm/x86.c: `microcode_version = 0x100000000` at vCPU
+    // creation; a guest write is accepted and ignored): revision 1. Linux
+    // reads it in early_init_intel.
+    MsrEntry {
+        index: MSR_IA32_UCODE_REV,
+        read: |_| Some(GUEST_MICROCODE_VERSION),
+        write: |_, _| true,
     },
     MsrEntry {
         index: msr::TSC_DEADLINE,
@@ -248,5 +263,13 @@ mod tests {
         for m in PASSTHROUGH_MSRS {
             assert!(msr_entry(m).is_none(), "{m:#x} never exits");
         }
+    }
+
+    #[test]
+    fn the_microcode_revision_reads_as_kvm_reports_it_and_writes_are_ignored() {
+        let mut cpu = cpu();
+        let e = msr_entry(MSR_IA32_UCODE_REV).unwrap();
+        assert!((e.write)(&mut cpu, 0), "Linux writes 0 before CPUID");
+        assert_eq!((e.read)(&cpu), Some(1 << 32));
     }
 }

@@ -69,7 +69,7 @@ impl Vcpu {
     /// An access outside guest RAM to a device's MMIO (the IOAPIC) or the
     /// xAPIC page: the machine describes the access (`Cpu::mmio_access`)
     /// and the device answers. `None`: no device there.
-    fn emulate_mmio(
+    pub(super) fn emulate_mmio(
         &mut self,
         shared: &mut Shared,
         gpa: Gpa,

@@ -47,6 +47,8 @@ enum ShadowFault {
     NonCanonical,
     /// The guest's entries changed under the walk: run the access again.
     Retry,
+    /// The guest maps a gpa outside guest RAM: a device's MMIO (or none).
+    Mmio { gpa: Gpa },
 }
 
 /// #PF vector.
@@ -322,7 +324,7 @@ impl Vcpu {
         let access =
             walk::Access::from_error_code(error_code, state.cpl(), state.rflags & rflags::AC != 0);
         let end = self.shadow_fault(shared, gva, access, cycles)?;
-        if !matches!(end, ShadowFault::Guest { .. }) {
+        if !matches!(end, ShadowFault::Guest { .. } | ShadowFault::Mmio { .. }) {
             // The hv's own fault (the summary's "EPT faults" line counts
             // these under shadow paging).
             self.stats.ept_faults += 1;
@@ -359,6 +361,16 @@ impl Vcpu {
                 self.cpu.inject_event(gp());
                 Ok(Next::Continue)
             }
+            // As under EPT (`page_fault.rs`): the device answers; the
+            // shadow never maps the page, so every access exits.
+            ShadowFault::Mmio { gpa } => match self.emulate_mmio(shared, gpa, cycles)? {
+                Some(next) => Ok(next),
+                None => Err(VmError::OutsideMemory {
+                    vcpu: self.id,
+                    gpa,
+                    rip: self.rip(),
+                }),
+            },
             ShadowFault::Done(..) | ShadowFault::Retry => Ok(Next::Continue),
         }
     }
@@ -481,6 +493,9 @@ impl Vcpu {
             }
         };
         let gpa = walk.gfn.addr().add(gva.page_offset());
+        if shared.host.slots.lookup(gpa.frame()).is_none() {
+            return Ok(ShadowFault::Mmio { gpa });
+        }
         let mut clock = ExitClock {
             now: self.clock() + *cycles,
             cycles: *cycles,

@@ -577,6 +577,12 @@ impl Vm {
         self.shared.platform.uart.take_output()
     }
 
+    /// The exit status the guest wrote to the platform's status port
+    /// (`devices::GUEST_STATUS_PORT`), if it wrote one.
+    pub fn guest_status(&self) -> Option<u8> {
+        self.shared.platform.guest_status
+    }
+
     /// HC_REPORT lines so far.
     pub fn reports(&self) -> &[Report] {
         &self.shared.reports

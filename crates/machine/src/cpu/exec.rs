@@ -94,6 +94,7 @@ impl Cpu {
             }
             M::Xchg => self.exec_xchg(mem, i),
             M::Cmpxchg => self.exec_cmpxchg(mem, i),
+            M::Cmpxchg8b => self.exec_cmpxchg8b(mem, i),
             M::Xadd => self.exec_xadd(mem, i),
             M::Bswap => {
                 let size = Self::op_size(i, 0);
@@ -687,6 +688,38 @@ impl Cpu {
         self.state.rflags = alu::binop(BinOp::Cmp, size, acc, old, self.state.rflags).1;
         if old != acc {
             self.set_gpr_sized(0, size, false, old);
+        }
+        Ok(())
+    }
+
+    /// CMPXCHG8B m64 (SDM Vol. 2A): compares EDX:EAX with the quadword;
+    /// equal: ZF set and ECX:EBX stored; else ZF clear and EDX:EAX loaded
+    /// (with the upper halves of RDX and RAX cleared, as any 32-bit
+    /// register write). Only ZF changes. The destination is always written
+    /// (with its old value on failure), so a read-only page faults either
+    /// way. The register form does not exist (#UD).
+    fn exec_cmpxchg8b(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        if i.op0_kind() != OpKind::Memory {
+            return Err(Fault::exception(vector::UD));
+        }
+        let g = &self.state.gpr;
+        let expected = (g[2] & 0xffff_ffff) << 32 | (g[0] & 0xffff_ffff);
+        let new = (g[1] & 0xffff_ffff) << 32 | (g[3] & 0xffff_ffff);
+        let p = self.place(mem, i, 0, Size::B8)?;
+        let old = if i.has_lock_prefix() {
+            self.atomic_update(mem, p, Size::B8, |old| (old == expected).then_some(new))?
+        } else {
+            let old = self.read_place(mem, p, Size::B8)?;
+            let stored = if old == expected { new } else { old };
+            self.write_place(mem, p, Size::B8, stored)?;
+            old
+        };
+        if old == expected {
+            self.state.rflags |= rflags::ZF;
+        } else {
+            self.state.rflags &= !rflags::ZF;
+            self.state.gpr[0] = old & 0xffff_ffff;
+            self.state.gpr[2] = old >> 32;
         }
         Ok(())
     }

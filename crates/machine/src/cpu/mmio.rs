@@ -31,11 +31,16 @@ pub(crate) struct PendingMmio {
 
 impl Cpu {
     /// Records the MMIO access of `insn` if `fault` is an EPT violation
-    /// and the instruction a plain register/immediate `mov` (else
+    /// or a page fault (under shadow paging the hv sees MMIO as a #PF
+    /// exit) and the instruction a plain register/immediate `mov` (else
     /// clears it).
     pub(super) fn note_mmio(&mut self, insn: &Instruction, fault: &Fault) {
         self.mmio = match fault.kind() {
-            FaultKind::Exit(VmExit::EptViolation { .. }) => self.decode_mmio(insn),
+            FaultKind::Exit(VmExit::EptViolation { .. })
+            | FaultKind::Exception {
+                vector: super::vector::PF,
+                ..
+            } => self.decode_mmio(insn),
             _ => None,
         };
     }
@@ -81,7 +86,7 @@ impl Cpu {
         }
     }
 
-    /// After an [`VmExit::EptViolation`]: the data access of the
+    /// After an [`VmExit::EptViolation`] (or a #PF exit): the data access of the
     /// instruction, if the machine could describe it (see the module).
     pub fn mmio_access(&self) -> Option<MmioAccess> {
         self.mmio.map(|m| m.access)

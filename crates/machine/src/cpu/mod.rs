@@ -740,7 +740,15 @@ impl Cpu {
                 vector,
                 error_code,
                 cr2,
-            } => self.raise_exception(mem, vector, error_code, cr2),
+            } => {
+                // A #PF that exits (shadow paging) may be an MMIO access the
+                // VMM emulates and skips (`Cpu::mmio_access`): it needs the
+                // instruction's length, as after an EPT violation.
+                if vector == vector::PF {
+                    self.exit_len = insn_len;
+                }
+                self.raise_exception(mem, vector, error_code, cr2)
+            }
             FaultKind::Exit(exit) => {
                 self.exit_len = insn_len;
                 Step::Exit(exit)

@@ -45,12 +45,13 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
             let ebx = (apic_id << 24) | (1 << 16) | (8 << 8);
             // x2APIC, POPCNT, TSC-deadline.
             let ecx = (1 << 21) | (1 << 23) | (1 << 24);
-            // FPU, TSC, MSR, PAE, APIC, PGE, CMOV, PAT, CLFSH, FXSR, SSE,
-            // SSE2. (No MMX.)
+            // FPU, TSC, MSR, PAE, CX8, APIC, PGE, CMOV, PAT, CLFSH, FXSR,
+            // SSE, SSE2. (No MMX.)
             let edx = 1
                 | (1 << 4)
                 | (1 << 5)
                 | (1 << 6)
+                | (1 << 8)
                 | (1 << 9)
                 | (1 << 13)
                 | (1 << 15)
@@ -112,7 +113,7 @@ impl Cpu {
                 }
                 Ok(())
             }
-            M::In | M::Out => self.exec_io(i),
+            M::In | M::Out => self.exec_io(mem, i),
             M::Cpuid => {
                 self.cycles += self.costs.serializing;
                 if self.vmx.is_some() {
@@ -266,6 +267,20 @@ impl Cpu {
                 };
                 Ok(())
             }
+            // SMAP's instructions (SDM Vol. 2B): #UD outside ring 0 (and
+            // in real mode: the machine has SMAP, so never for lack of it).
+            M::Stac | M::Clac => {
+                if cpl != 0 || self.real_mode() {
+                    return Err(ud());
+                }
+                if i.mnemonic() == M::Stac {
+                    self.state.rflags |= rflags::AC;
+                } else {
+                    self.state.rflags &= !rflags::AC;
+                }
+                Ok(())
+            }
+            M::Verr | M::Verw => self.exec_verify_segment(mem, i),
             M::Swapgs => {
                 self.require_cpl0()?;
                 std::mem::swap(&mut self.state.gs.base, &mut self.state.kernel_gs_base);
@@ -527,6 +542,48 @@ impl Cpu {
         }
     }
 
+    /// VERR / VERW (SDM Vol. 2B): ZF says whether the segment `selector`
+    /// names is readable (VERR) or writable (VERW) at the current CPL:
+    /// a code or data descriptor in the GDT within its limit, with
+    /// DPL >= max(CPL, RPL) unless it is conforming code (VERR only).
+    /// Nothing else changes; a null or out-of-range selector is ZF = 0, not
+    /// a fault. (Linux runs VERW for its MDS buffer clearing.) #UD in real
+    /// mode; the LDT is never used (LLDT accepts only null).
+    fn exec_verify_segment(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        if self.real_mode() {
+            return Err(ud());
+        }
+        let selector = self.read_op(mem, i, 0, Size::B2)? as u16;
+        let index = u64::from(selector & !7);
+        let ok = if selector & !3 == 0
+            || selector & 4 != 0
+            || index + 7 > u64::from(self.state.gdtr.limit)
+        {
+            false
+        } else {
+            let d = self.read_implicit(mem, self.state.gdtr.base.wrapping_add(index), Size::B8)?;
+            let attr = ((d >> 40) & 0xff) as u32;
+            let dpl = ((attr >> 5) & 3) as u8;
+            let code = attr & 0x8 != 0;
+            let readable_or_writable = attr & 0x2 != 0;
+            let conforming = code && attr & 0x4 != 0;
+            let privileged_ok = dpl >= self.state.cpl().max((selector & 3) as u8);
+            if attr & seg_attr::S == 0 {
+                false
+            } else if i.mnemonic() == M::Verw {
+                !code && readable_or_writable && privileged_ok
+            } else {
+                (!code || readable_or_writable) && (conforming || privileged_ok)
+            }
+        };
+        if ok {
+            self.state.rflags |= rflags::ZF;
+        } else {
+            self.state.rflags &= !rflags::ZF;
+        }
+        Ok(())
+    }
+
     /// The segment register named by an iced register.
     pub(super) fn segment(&self, r: Register) -> &Segment {
         match r {
@@ -696,7 +753,7 @@ impl Cpu {
         Ok(())
     }
 
-    fn exec_io(&mut self, i: &Instruction) -> Result<(), Fault> {
+    fn exec_io(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
         let (port, size, direction, value) = if i.mnemonic() == M::In {
             let port = if i.op1_kind() == OpKind::Register {
                 self.state.gpr[2] as u16
@@ -723,9 +780,8 @@ impl Cpu {
                 (self.state.gpr[0] & size.mask()) as u32,
             )
         };
-        // No TSS I/O permission bitmap: CPL > IOPL is #GP.
         if self.state.cpl() > self.iopl() {
-            return Err(gp(0));
+            self.check_io_bitmap(mem, port, size)?;
         }
         let exits = match self.vmx.as_deref() {
             None => true,
@@ -747,6 +803,32 @@ impl Cpu {
             let mask = Size::from_bytes(size as usize).map_or(0xff, |s| s.mask());
             let idx = gpr_info(i.op0_register());
             self.set_gpr_sized(idx.0, idx.1, false, mask);
+        }
+        Ok(())
+    }
+
+    /// The I/O permission bitmap check of an access with CPL > IOPL (SDM
+    /// Vol. 1 19.5.2): the TSS must be a loaded 32/64-bit TSS; the bitmap
+    /// starts at the 16-bit offset at TSS + 0x66; the processor reads the
+    /// two bytes holding the port's first bit, and the access is allowed
+    /// only if every bit of ports `port..port + size` is clear and both
+    /// bytes lie within the TSS limit. Anything else is #GP(0). (Linux's
+    /// `ioperm` and `iopl` both work through this bitmap.)
+    fn check_io_bitmap(&mut self, mem: &PhysMemory, port: u16, size: u8) -> Result<(), Fault> {
+        let tr = self.state.tr;
+        let tss_type = tr.attr & seg_attr::TYPE_MASK;
+        if tr.attr & seg_attr::S != 0 || !matches!(tss_type, 0x9 | 0xb) || tr.limit < 0x67 {
+            return Err(gp(0));
+        }
+        let map_base = self.read_implicit(mem, tr.base.wrapping_add(0x66), Size::B2)?;
+        let byte = map_base + u64::from(port / 8);
+        if byte + 1 > u64::from(tr.limit) {
+            return Err(gp(0));
+        }
+        let bits = self.read_implicit(mem, tr.base.wrapping_add(byte), Size::B2)?;
+        let mask = ((1u64 << size) - 1) << (port % 8);
+        if bits & mask != 0 {
+            return Err(gp(0));
         }
         Ok(())
     }

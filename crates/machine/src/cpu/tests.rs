@@ -300,3 +300,206 @@ fn x87_environment_and_state_round_trip_through_memory() {
         "ST(0) = 1.0 first"
     );
 }
+
+// Instructions and checks Linux needs (issue 15).
+
+/// `lock cmpxchg8b [rdi]` then the same without LOCK: the first matches
+/// EDX:EAX and stores ECX:EBX with ZF set; the second fails, loads
+/// EDX:EAX from memory (upper halves cleared) and clears ZF.
+#[test]
+fn cmpxchg8b_compares_edx_eax_and_stores_ecx_ebx() {
+    let (mem, mut cpu) = machine();
+    let data = 0x30000;
+    mem.write_u64(Hpa(data), 0x1111_2222_3333_4444).unwrap();
+    let at = 0x10000;
+    mem.write_bytes(Hpa(at), &[0xf0, 0x0f, 0xc7, 0x0f, 0xf4])
+        .unwrap();
+    let s = cpu.state_mut();
+    s.gpr[Gpr::Rdi as usize] = data;
+    s.gpr[Gpr::Rdx as usize] = 0xdead_0000_1111_2222;
+    s.gpr[Gpr::Rax as usize] = 0x3333_4444;
+    s.gpr[Gpr::Rcx as usize] = 0xaaaa_bbbb;
+    s.gpr[Gpr::Rbx as usize] = 0xffff_ffff_cccc_dddd;
+    run_from(&mut cpu, &mem, at);
+    assert_eq!(mem.read_u64(Hpa(data)).unwrap(), 0xaaaa_bbbb_cccc_dddd);
+    let s = cpu.state();
+    assert_ne!(s.rflags & state::rflags::ZF, 0);
+    assert_eq!(
+        s.gpr[Gpr::Rdx as usize],
+        0xdead_0000_1111_2222,
+        "untouched on success"
+    );
+    mem.write_bytes(Hpa(at), &[0x0f, 0xc7, 0x0f, 0xf4]).unwrap();
+    run_from(&mut cpu, &mem, at);
+    let s = cpu.state();
+    assert_eq!(s.rflags & state::rflags::ZF, 0);
+    assert_eq!(s.gpr[Gpr::Rdx as usize], 0xaaaa_bbbb);
+    assert_eq!(s.gpr[Gpr::Rax as usize], 0xcccc_dddd);
+    assert_eq!(mem.read_u64(Hpa(data)).unwrap(), 0xaaaa_bbbb_cccc_dddd);
+    // The register form does not exist.
+    let (mem, mut cpu) = machine();
+    assert_eq!(
+        run_guest_code(&mem, &mut cpu, &[0x0f, 0xc7, 0xc8]),
+        Some(vector::UD)
+    );
+}
+
+#[test]
+fn stac_and_clac_set_and_clear_ac_in_ring_0_only() {
+    let (mem, mut cpu) = machine();
+    assert_eq!(run_guest_code(&mem, &mut cpu, &[0x0f, 0x01, 0xcb]), None);
+    assert_ne!(cpu.state().rflags & state::rflags::AC, 0);
+    assert_eq!(run_guest_code(&mem, &mut cpu, &[0x0f, 0x01, 0xca]), None);
+    assert_eq!(cpu.state().rflags & state::rflags::AC, 0);
+    let (mem, mut cpu) = user_machine();
+    assert_eq!(
+        run_guest_code(&mem, &mut cpu, &[0x0f, 0x01, 0xcb]),
+        Some(vector::UD)
+    );
+}
+
+/// VERW/VERR on a GDT of null, kernel code, kernel data, user data.
+#[test]
+fn verw_and_verr_report_writable_and_readable_segments_in_zf() {
+    let (mem, mut cpu) = machine();
+    let gdt = 0x40000;
+    for (i, d) in [
+        0u64,
+        0x00af_9b00_0000_ffff,
+        0x00cf_9300_0000_ffff,
+        0x00cf_f300_0000_ffff,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        mem.write_u64(Hpa(gdt + 8 * i as u64), d).unwrap();
+    }
+    cpu.state_mut().gdtr = state::DescriptorTable {
+        base: gdt,
+        limit: 31,
+    };
+    // mov ax, SEL; verw ax (or verr ax)
+    let zf = |cpu: &mut Cpu, sel: u16, verw: bool| {
+        let [lo, hi] = sel.to_le_bytes();
+        let op = if verw { 0xe8 } else { 0xe0 };
+        assert_eq!(
+            run_guest_code(&mem, cpu, &[0x66, 0xb8, lo, hi, 0x0f, 0x00, op]),
+            None
+        );
+        cpu.state().rflags & state::rflags::ZF != 0
+    };
+    assert!(zf(&mut cpu, 0x10, true), "kernel data is writable at CPL 0");
+    assert!(zf(&mut cpu, 0x1b, true), "user data too");
+    assert!(!zf(&mut cpu, 0x08, true), "code is never writable");
+    assert!(zf(&mut cpu, 0x08, false), "readable code");
+    assert!(!zf(&mut cpu, 0x00, true), "null");
+    assert!(!zf(&mut cpu, 0x20, true), "beyond the GDT limit");
+    assert!(!zf(&mut cpu, 0x13, true), "RPL 3 above the DPL 0");
+}
+
+/// The CPU of `machine()` at CPL 3 with user-accessible pages and IOPL 0.
+fn user_machine() -> (PhysMemory, Cpu) {
+    let (mem, mut cpu) = machine();
+    mem.write_u64(Hpa(PML4), 0x2000 | 0x7).unwrap();
+    mem.write_u64(Hpa(0x2000), 0x3000 | 0x7).unwrap();
+    mem.write_u64(Hpa(0x3000), 0x87).unwrap();
+    mem.write_u64(Hpa(0x3008), (1 << 21) | 0x87).unwrap();
+    let s = cpu.state_mut();
+    s.cs.selector = 0x33;
+    s.cs.attr = state::seg_attr::CODE64_USER;
+    s.ss.selector = 0x2b;
+    s.ss.attr = state::seg_attr::DATA_USER;
+    (mem, cpu)
+}
+
+/// With CPL > IOPL, IN/OUT consult the TSS's I/O permission bitmap: a
+/// port whose bits are all clear is allowed (here: the exit for the port
+/// access), any set bit is #GP, as is a bitmap past the TSS limit.
+#[test]
+fn the_tss_io_bitmap_decides_user_port_access() {
+    let tss = 0x20000u64;
+    let map_base = 0x68u64;
+    let setup = |limit: u32, set_port: Option<u16>| {
+        let (mem, mut cpu) = user_machine();
+        mem.write_bytes(Hpa(tss + 0x66), &(map_base as u16).to_le_bytes())
+            .unwrap();
+        if let Some(port) = set_port {
+            let byte = tss + map_base + u64::from(port / 8);
+            mem.write_bytes(Hpa(byte), &[1 << (port % 8)]).unwrap();
+        }
+        cpu.state_mut().tr = state::Segment {
+            selector: 0x40,
+            base: tss,
+            limit,
+            attr: state::seg_attr::TYPE_TSS64_BUSY | state::seg_attr::PRESENT,
+        };
+        (mem, cpu)
+    };
+    // mov dx, PORT; out dx, al (or out dx, ax)
+    let out = |port: u16, word: bool| {
+        let [lo, hi] = port.to_le_bytes();
+        let mut code = vec![0x66, 0xba, lo, hi];
+        code.extend_from_slice(if word { &[0x66, 0xef] } else { &[0xee] });
+        code
+    };
+    let full = (map_base + 0x2000) as u32;
+    let run = |mem: &PhysMemory, cpu: &mut Cpu, code: &[u8]| {
+        let at = 0x10000;
+        mem.write_bytes(Hpa(at), code).unwrap();
+        cpu.set_vmx(Some(crate::vmx::VmxControls {
+            exception_bitmap: !0,
+            ..Default::default()
+        }));
+        let s = cpu.state_mut();
+        s.rip = at;
+        s.activity = Activity::Active;
+        let limit = cpu.cycles() + 1_000_000;
+        cpu.run(mem, limit)
+    };
+    let (mem, mut cpu) = setup(full, None);
+    assert!(
+        matches!(
+            run(&mem, &mut cpu, &out(0x606, false)),
+            VmExit::Io { port: 0x606, .. }
+        ),
+        "a clear bit allows the port"
+    );
+    let (mem, mut cpu) = setup(full, Some(0x606));
+    assert!(matches!(
+        run(&mem, &mut cpu, &out(0x606, false)),
+        VmExit::Exception {
+            vector: vector::GP,
+            ..
+        }
+    ));
+    assert!(
+        matches!(run(&mem, &mut cpu, &out(0x605, false)), VmExit::Io { .. }),
+        "the neighbour's bit is clear"
+    );
+    assert!(
+        matches!(
+            run(&mem, &mut cpu, &out(0x605, true)),
+            VmExit::Exception {
+                vector: vector::GP,
+                ..
+            }
+        ),
+        "a word access needs both ports' bits clear"
+    );
+    // The bitmap's bytes for port 0x606 lie past a short TSS limit.
+    let (mem, mut cpu) = setup((map_base + 0x606 / 8) as u32, None);
+    assert!(matches!(
+        run(&mem, &mut cpu, &out(0x606, false)),
+        VmExit::Exception {
+            vector: vector::GP,
+            ..
+        }
+    ));
+    // IOPL 3 needs no bitmap.
+    let (mem, mut cpu) = setup(0x67, Some(0x606));
+    cpu.state_mut().rflags |= state::rflags::IOPL;
+    assert!(matches!(
+        run(&mem, &mut cpu, &out(0x606, false)),
+        VmExit::Io { .. }
+    ));
+}

@@ -1,0 +1,170 @@
+//! `--guest linux`: Debian's cloud kernel (a bzImage from the cache that
+//! `scripts/fetch-linux.sh` fills, or `--kernel-image FILE`) booted through
+//! Linux's 64-bit boot protocol (`hv::linux`), with an initramfs written
+//! here at run time: the project's `/init` and the Linux builds of the
+//! programs (`guest/linux/`, static executables built by build.rs).
+
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// The kernel options `--guest linux` boots with unless `--cmdline` gives
+/// others: the console on COM1 from the first message on.
+pub const DEFAULT_OPTIONS: &str = "console=ttyS0 earlyprintk=serial,ttyS0";
+
+/// The Linux programs built into this binary: (name, executable).
+#[cfg(linux_programs)]
+const PROGRAMS: &[(&str, &[u8])] = &[
+    (
+        "hello",
+        include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/hello")),
+    ),
+    (
+        "memtouch",
+        include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/memtouch")),
+    ),
+];
+#[cfg(not(linux_programs))]
+const PROGRAMS: &[(&str, &[u8])] = &[];
+
+#[cfg(linux_programs)]
+const INIT: Option<&[u8]> = Some(include_bytes!(concat!(
+    env!("FAULTLINE_LINUX_PROGRAMS"),
+    "/init"
+)));
+#[cfg(not(linux_programs))]
+const INIT: Option<&[u8]> = None;
+
+/// Why a Linux guest cannot be set up.
+#[derive(Debug, Error)]
+pub enum LinuxSetupError {
+    #[error(
+        "no Linux kernel image at {0}: run `bash scripts/fetch-linux.sh` (it fetches Debian's linux-image-cloud-amd64 into that cache) or pass --kernel-image FILE"
+    )]
+    NoCachedImage(PathBuf),
+    #[error("cannot read the Linux kernel image {path}: {source}")]
+    ReadImage {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("this build has no Linux guest programs (guest/linux was not built)")]
+    NoPrograms,
+    #[error("--guest linux needs a program: `-- PROGRAM ARGS`")]
+    NoProgram,
+    #[error("unknown Linux guest program `{name}`; this build has: {}", .available.join(" "))]
+    UnknownProgram {
+        name: String,
+        available: Vec<String>,
+    },
+}
+
+/// The cache directory of `scripts/fetch-linux.sh`.
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os("FAULTLINE_CACHE") {
+        Some(dir) => PathBuf::from(dir).join("linux"),
+        None => {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/".into());
+            PathBuf::from(home).join(".cache/faultline/linux")
+        }
+    }
+}
+
+/// The cached image (`vmlinuz`, the link the script points at the newest
+/// image it fetched), if there is one.
+pub fn cached_image() -> Option<PathBuf> {
+    let path = cache_dir().join("vmlinuz");
+    path.is_file().then_some(path)
+}
+
+/// `path`, or the cached image.
+pub fn read_image(path: Option<&Path>) -> Result<(PathBuf, Vec<u8>), LinuxSetupError> {
+    let path = match path {
+        Some(path) => path.to_path_buf(),
+        None => cached_image().ok_or_else(|| LinuxSetupError::NoCachedImage(cache_dir()))?,
+    };
+    let bytes = std::fs::read(&path).map_err(|source| LinuxSetupError::ReadImage {
+        path: path.clone(),
+        source,
+    })?;
+    Ok((path, bytes))
+}
+
+/// The names of the Linux programs this build carries.
+pub fn program_names() -> Vec<String> {
+    PROGRAMS.iter().map(|(name, _)| name.to_string()).collect()
+}
+
+/// Checks that `program` names a built Linux program.
+pub fn check_program(program: &[String]) -> Result<(), LinuxSetupError> {
+    if INIT.is_none() {
+        return Err(LinuxSetupError::NoPrograms);
+    }
+    let name = program.first().ok_or(LinuxSetupError::NoProgram)?;
+    if PROGRAMS.iter().any(|(n, _)| n == name) {
+        Ok(())
+    } else {
+        Err(LinuxSetupError::UnknownProgram {
+            name: name.clone(),
+            available: program_names(),
+        })
+    }
+}
+
+/// The kernel command line: the options, then `--` and the program with
+/// its arguments, which the kernel hands to /init as its arguments.
+pub fn cmdline(options: &str, program: &[String]) -> String {
+    format!("{options} -- {}", program.join(" "))
+}
+
+/// The initramfs: the directories init mounts on, /dev/console (the
+/// kernel opens it for init before anything is mounted), /init and every
+/// program in /bin.
+pub fn initramfs() -> Result<Vec<u8>, LinuxSetupError> {
+    use hv::linux::initramfs::CpioWriter;
+    let init = INIT.ok_or(LinuxSetupError::NoPrograms)?;
+    let mut cpio = CpioWriter::new();
+    for dir in ["dev", "proc", "sys", "tmp", "bin"] {
+        cpio.dir(dir);
+    }
+    // The console's device number: TTYAUX_MAJOR 5, minor 1.
+    cpio.char_device("dev/console", 0o600, 5, 1);
+    cpio.file("init", 0o755, init);
+    for (name, bytes) in PROGRAMS {
+        cpio.file(&format!("bin/{name}"), 0o755, bytes);
+    }
+    Ok(cpio.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_hands_the_program_to_init() {
+        let program = ["hello".to_string(), "a".to_string()];
+        assert_eq!(
+            cmdline(DEFAULT_OPTIONS, &program),
+            "console=ttyS0 earlyprintk=serial,ttyS0 -- hello a"
+        );
+    }
+
+    #[cfg(linux_programs)]
+    #[test]
+    fn programs_are_checked_and_packed() {
+        check_program(&["hello".to_string()]).unwrap();
+        assert!(matches!(
+            check_program(&["nope".to_string()]),
+            Err(LinuxSetupError::UnknownProgram { .. })
+        ));
+        assert!(matches!(
+            check_program(&[]),
+            Err(LinuxSetupError::NoProgram)
+        ));
+        let archive = initramfs().unwrap();
+        let text = String::from_utf8_lossy(&archive);
+        for name in ["dev/console", "init", "bin/hello", "TRAILER!!!"] {
+            assert!(text.contains(name), "{name}");
+        }
+        // Written afresh, byte for byte the same.
+        assert_eq!(archive, initramfs().unwrap());
+    }
+}
