@@ -5,7 +5,7 @@
 #![cfg(bundled_kernel)]
 
 mod common;
-use common::{faultline, stderr, stdout};
+use common::{faultline, stderr, stdout, SMALL_OVERCOMMIT};
 
 fn json(args: &[&str]) -> serde_json::Value {
     let mut all = vec!["run", "--stats", "json"];
@@ -151,19 +151,9 @@ fn a_hit_costs_no_exit_and_the_boot_option_turns_it_off() {
 
 #[test]
 fn cached_roots_freed_and_obsoleted_while_processes_switch_lose_no_page() {
-    let v = json(&[
-        "--mmu",
-        "shadow",
-        "--cr3-cache",
-        "on",
-        "--vcpus",
-        "2",
-        "--mem",
-        "48M",
-        "--host-mem",
-        "8M",
-        "--swap-device",
-        "nvme",
+    let mut args = vec!["--mmu", "shadow", "--cr3-cache", "on"];
+    args.extend_from_slice(&SMALL_OVERCOMMIT);
+    args.extend_from_slice(&[
         "--memslot-period",
         "1ms",
         "--",
@@ -177,6 +167,7 @@ fn cached_roots_freed_and_obsoleted_while_processes_switch_lose_no_page() {
         "-P",
         "4",
     ]);
+    let v = json(&args);
     assert_eq!(report(&v, "pagetag_failed_procs"), Some("0"));
     let console = v["console"].as_str().unwrap();
     assert_eq!(console.matches(", 0 bad pages").count(), 4, "{console}");

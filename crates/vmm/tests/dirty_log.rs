@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{faultline, stderr, stdout};
+use common::{faultline, stderr, stdout, SMALL_OVERCOMMIT, SMALL_PAGETAG};
 use serde_json::Value;
 
 fn bench(args: &[&str]) -> String {
@@ -196,31 +196,19 @@ fn pml_under_overcommit_keeps_every_write() {
     // Collections clear D bits while the pager evicts: the dirtiness must
     // stay with the frame (the rmap), or a page would be dropped for its
     // stale swap copy and pagetag would read an old tag.
-    let out = faultline(&[
+    let mut args = vec![
         "run",
-        "--vcpus",
-        "2",
-        "--mem",
-        "48M",
-        "--host-mem",
-        "8M",
-        "--swap-device",
-        "nvme",
         "--dirty-log",
         "pml",
         "--dirty-log-period",
         "1ms",
         "--stats",
         "json",
-        "--",
-        "pagetag",
-        "-m",
-        "16M",
-        "-p",
-        "3",
-        "-t",
-        "2",
-    ]);
+    ];
+    args.extend_from_slice(&SMALL_OVERCOMMIT);
+    args.push("--");
+    args.extend_from_slice(&SMALL_PAGETAG);
+    let out = faultline(&args);
     assert!(out.status.success(), "{}", stderr(&out));
     let json: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
     assert!(

@@ -5,36 +5,23 @@
 #![cfg(bundled_kernel)]
 
 mod common;
-use common::{faultline, stderr, stdout};
+use common::{faultline, stderr, stdout, SMALL_OVERCOMMIT, SMALL_PAGETAG};
 
 /// `pagetag` overcommitted (48 MiB of guest memory on 8 MiB of host
 /// memory) with the given switches; its JSON summary.
 fn pagetag(ept_ad: &str, fast_pf: &str) -> serde_json::Value {
-    let args = [
+    let mut args = vec![
         "run",
-        "--vcpus",
-        "2",
-        "--mem",
-        "48M",
-        "--host-mem",
-        "8M",
-        "--swap-device",
-        "nvme",
         "--stats",
         "json",
         "--ept-ad",
         ept_ad,
         "--fast-pf",
         fast_pf,
-        "--",
-        "pagetag",
-        "-m",
-        "16M",
-        "-p",
-        "3",
-        "-t",
-        "2",
     ];
+    args.extend_from_slice(&SMALL_OVERCOMMIT);
+    args.push("--");
+    args.extend_from_slice(&SMALL_PAGETAG);
     let out = faultline(&args);
     let text = stdout(&out);
     let case = (ept_ad, fast_pf);

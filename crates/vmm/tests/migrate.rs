@@ -7,7 +7,7 @@
 #![cfg(bundled_kernel)]
 
 mod common;
-use common::{faultline, stderr, stdout};
+use common::{faultline, stderr, stdout, SMALL_OVERCOMMIT, SMALL_PAGETAG};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -100,18 +100,6 @@ fn migrate(
     }
 }
 
-const OVERCOMMIT: [&str; 8] = [
-    "--vcpus",
-    "2",
-    "--mem",
-    "48M",
-    "--host-mem",
-    "8M",
-    "--swap-device",
-    "nvme",
-];
-const PAGETAG: [&str; 7] = ["pagetag", "-m", "16M", "-p", "3", "-t", "2"];
-
 fn console(v: &serde_json::Value) -> &str {
     v["console"].as_str().expect("console")
 }
@@ -120,12 +108,12 @@ fn console(v: &serde_json::Value) -> &str {
 fn pagetag_migrates_with_0_bad_pages_and_overcommit_on_either_side() {
     // Overcommitted at the source, at the destination, at both.
     let cases: [(&[&str], &[&str]); 3] = [
-        (&OVERCOMMIT, &["--host-mem", "48M"]),
+        (&SMALL_OVERCOMMIT, &["--host-mem", "48M"]),
         (
             &["--vcpus", "2", "--mem", "48M", "--swap-device", "nvme"],
             &["--host-mem", "8M"],
         ),
-        (&OVERCOMMIT, &[]),
+        (&SMALL_OVERCOMMIT, &[]),
     ];
     for (apf, (args, dest)) in [
         ["pv", "x86"],
@@ -139,7 +127,7 @@ fn pagetag_migrates_with_0_bad_pages_and_overcommit_on_either_side() {
         let mut args = args.to_vec();
         args.extend_from_slice(&["--apf", apf[0], "--apf-protocol", apf[1]]);
         let at = if args.contains(&"8M") { "100ms" } else { "3ms" };
-        let m = migrate(&args, at, &[], dest, &PAGETAG);
+        let m = migrate(&args, at, &[], dest, &SMALL_PAGETAG);
         let out = console(&m.destination);
         assert!(
             out.contains(" 0 bad pages"),
@@ -158,11 +146,11 @@ fn pagetag_migrates_with_0_bad_pages_and_overcommit_on_either_side() {
 #[test]
 fn pagetag_migrates_under_shadow_paging() {
     for apf in [["pv", "event"], ["halt", "x86"]] {
-        let mut args = OVERCOMMIT.to_vec();
+        let mut args = SMALL_OVERCOMMIT.to_vec();
         args.extend_from_slice(&["--mmu", "shadow", "--apf", apf[0], "--apf-protocol", apf[1]]);
         // A slower link and a tight limit: more than one round.
         let extra = ["--link-bandwidth", "1G", "--downtime-limit", "2ms"];
-        let m = migrate(&args, "100ms", &extra, &[], &PAGETAG);
+        let m = migrate(&args, "100ms", &extra, &[], &SMALL_PAGETAG);
         let out = console(&m.destination);
         assert!(out.contains(" 0 bad pages"), "{apf:?}: {out}");
         assert_eq!(m.destination["mmu"], "shadow");
@@ -240,7 +228,7 @@ fn dropping_destination() -> (String, std::thread::JoinHandle<u64>) {
 #[test]
 fn a_dropped_connection_leaves_the_source_running() {
     let (addr, handle) = dropping_destination();
-    let out = source(&OVERCOMMIT, &addr, "100ms", &[], &PAGETAG);
+    let out = source(&SMALL_OVERCOMMIT, &addr, "100ms", &[], &SMALL_PAGETAG);
     let got = handle.join().expect("fake destination");
     assert!(got > 0, "the source sent nothing");
     let text = stdout(&out);

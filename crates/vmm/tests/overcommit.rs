@@ -4,24 +4,9 @@
 #![cfg(bundled_kernel)]
 
 mod common;
-use common::{faultline, stderr, stdout};
+use common::{faultline, stderr, stdout, SMALL_OVERCOMMIT, SMALL_PAGETAG};
 
 use std::process::{Command, Output};
-
-/// A small overcommitted VM: 48 MiB of guest memory on 8 MiB of host
-/// memory, swapping to a fast device so the test stays quick.
-const SMALL: [&str; 10] = [
-    "--vcpus",
-    "2",
-    "--mem",
-    "48M",
-    "--host-mem",
-    "8M",
-    "--swap-device",
-    "nvme",
-    "--stats",
-    "json",
-];
 
 /// With `--stats json` stdout is one JSON document, the guest's console
 /// inside it.
@@ -30,10 +15,11 @@ fn json_summary(text: &str) -> serde_json::Value {
 }
 
 fn pagetag(extra: &[&str]) -> (Output, String) {
-    let mut args = vec!["run"];
-    args.extend_from_slice(&SMALL);
+    let mut args = vec!["run", "--stats", "json"];
+    args.extend_from_slice(&SMALL_OVERCOMMIT);
     args.extend_from_slice(extra);
-    args.extend_from_slice(&["--", "pagetag", "-m", "16M", "-p", "3", "-t", "2"]);
+    args.push("--");
+    args.extend_from_slice(&SMALL_PAGETAG);
     let out = faultline(&args);
     let text = stdout(&out);
     (out, text)

@@ -6,7 +6,7 @@
 #![cfg(bundled_kernel)]
 
 mod common;
-use common::{faultline, stderr, stdout};
+use common::{faultline, stderr, stdout, SMALL_OVERCOMMIT, SMALL_PAGETAG};
 
 use std::path::Path;
 use std::process::Output;
@@ -133,18 +133,6 @@ fn bm_round_trips() {
     assert!(console.contains("total: "), "{console}");
 }
 
-const OVERCOMMIT: [&str; 8] = [
-    "--vcpus",
-    "2",
-    "--mem",
-    "48M",
-    "--host-mem",
-    "8M",
-    "--swap-device",
-    "nvme",
-];
-const PAGETAG: [&str; 7] = ["pagetag", "-m", "16M", "-p", "3", "-t", "2"];
-
 #[test]
 fn pagetag_round_trips_with_pages_in_swap() {
     for (apf, mmu) in [
@@ -153,13 +141,13 @@ fn pagetag_round_trips_with_pages_in_swap() {
         (["--apf", "pv"], "shadow"),
         (["--apf", "halt"], "shadow"),
     ] {
-        let args: Vec<&str> = OVERCOMMIT
+        let args: Vec<&str> = SMALL_OVERCOMMIT
             .iter()
             .copied()
             .chain(apf)
             .chain(["--mmu", mmu])
             .collect();
-        let (saved, restored) = round_trip(&args, "100ms", &PAGETAG, &[]);
+        let (saved, restored) = round_trip(&args, "100ms", &SMALL_PAGETAG, &[]);
         assert!(
             saved["memory"]["pager"]["evictions"].as_u64().unwrap() > 0,
             "pages were in swap when saved: {}",
@@ -174,7 +162,12 @@ fn pagetag_round_trips_with_pages_in_swap() {
 #[test]
 fn pagetag_restores_with_other_host_memory() {
     // Saved overcommitted, restored with no limit, and the reverse.
-    let (_, restored) = round_trip(&OVERCOMMIT, "100ms", &PAGETAG, &["--host-mem", "48M"]);
+    let (_, restored) = round_trip(
+        &SMALL_OVERCOMMIT,
+        "100ms",
+        &SMALL_PAGETAG,
+        &["--host-mem", "48M"],
+    );
     assert!(restored["console"]
         .as_str()
         .unwrap()
@@ -182,7 +175,7 @@ fn pagetag_restores_with_other_host_memory() {
     let (_, restored) = round_trip(
         &["--vcpus", "2", "--mem", "48M"],
         "4ms",
-        &PAGETAG,
+        &SMALL_PAGETAG,
         &["--host-mem", "8M"],
     );
     assert!(restored["console"]
@@ -346,8 +339,8 @@ fn lazy_restore_loads_memory_on_first_touch() {
     let args = ["--vcpus", "2", "--mem", "48M", "--swap-device", "nvme"];
     for apf in ["pv", "off"] {
         let args: Vec<&str> = args.iter().copied().chain(["--apf", apf]).collect();
-        let (eager_saved, eager) = round_trip(&args, "4ms", &PAGETAG, &[]);
-        let (_, lazy) = round_trip(&args, "4ms", &PAGETAG, &["--lazy"]);
+        let (eager_saved, eager) = round_trip(&args, "4ms", &SMALL_PAGETAG, &[]);
+        let (_, lazy) = round_trip(&args, "4ms", &SMALL_PAGETAG, &["--lazy"]);
         let console = lazy["console"].as_str().unwrap();
         assert!(console.contains(" 0 bad pages"), "{apf}: {console}");
         assert_eq!(
