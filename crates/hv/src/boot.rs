@@ -218,14 +218,8 @@ pub(crate) fn boot_multiboot(
 /// structure. (GDTR still points at the boot GDT: the spec leaves it
 /// undefined, the kernel loads its own.)
 fn enter_multiboot_state(state: &mut machine::cpu::state::CpuState, entry: u64) {
-    use machine::cpu::state::{seg_attr, Gpr, Segment};
+    use machine::cpu::state::{seg_attr, Gpr};
     const CR0_PE_ET: u64 = 0x11;
-    let flat = |selector: u16, attr: u32| Segment {
-        selector,
-        base: 0,
-        limit: u32::MAX,
-        attr,
-    };
     let code32 = seg_attr::TYPE_CODE_RX_ACCESSED
         | seg_attr::S
         | seg_attr::PRESENT
@@ -236,7 +230,29 @@ fn enter_multiboot_state(state: &mut machine::cpu::state::CpuState, entry: u64) 
     state.cr4 = 0;
     state.efer = 0;
     state.rflags = 0x2;
-    state.cs = flat(0x08, code32);
+    load_flat_segments(state, (0x08, code32), 0x10);
+    state.rip = entry;
+    state.gpr = [0; 16];
+    state.gpr[Gpr::Rax as usize] = u64::from(multiboot::BOOTLOADER_MAGIC);
+    state.gpr[Gpr::Rbx as usize] = multiboot::INFO_GPA;
+}
+
+/// Loads CS with the flat 4 GiB segment (`selector`, `attr`) of `code`
+/// and DS, ES, SS, FS, GS with the flat kernel data segment of
+/// `data_selector`: what a boot protocol hands the kernel.
+pub(crate) fn load_flat_segments(
+    state: &mut machine::cpu::state::CpuState,
+    code: (u16, u32),
+    data_selector: u16,
+) {
+    use machine::cpu::state::{seg_attr, Segment};
+    let flat = |selector: u16, attr: u32| Segment {
+        selector,
+        base: 0,
+        limit: u32::MAX,
+        attr,
+    };
+    state.cs = flat(code.0, code.1);
     for seg in [
         &mut state.ds,
         &mut state.es,
@@ -244,12 +260,8 @@ fn enter_multiboot_state(state: &mut machine::cpu::state::CpuState, entry: u64) 
         &mut state.fs,
         &mut state.gs,
     ] {
-        *seg = flat(0x10, seg_attr::DATA_KERNEL);
+        *seg = flat(data_selector, seg_attr::DATA_KERNEL);
     }
-    state.rip = entry;
-    state.gpr = [0; 16];
-    state.gpr[Gpr::Rax as usize] = u64::from(multiboot::BOOTLOADER_MAGIC);
-    state.gpr[Gpr::Rbx as usize] = multiboot::INFO_GPA;
 }
 
 /// Writes the ACPI tables at their place in the reserved low megabyte

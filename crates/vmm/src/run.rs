@@ -57,15 +57,27 @@ fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
     if let Some(swap) = &args.overcommit.swap {
         check_swap_path(swap)?;
     }
+    let cmdline = args
+        .cmdline
+        .clone()
+        .unwrap_or_else(|| boot_cmdline(args.seed, &args.options, &args.program));
+    let mut config = vm_config(args, cmdline)?;
+    config.modules = read_modules(&args.modules)?;
+    let vm = Vm::boot(&config, &kernel.bytes).map_err(|source| ConfigError::Boot {
+        what: kernel.describe(),
+        source,
+    })?;
+    Ok((vm, stop))
+}
+
+/// The VM `run`'s options describe, booting with `cmdline` (the bundled
+/// kernel's and Linux's differ; everything else is the same).
+fn vm_config(args: &RunArgs, cmdline: String) -> Result<VmConfig, ConfigError> {
     let mut config = VmConfig {
         vcpus: args.vcpus,
         mem_size: args.mem,
-        cmdline: args
-            .cmdline
-            .clone()
-            .unwrap_or_else(|| boot_cmdline(args.seed, &args.options, &args.program)),
+        cmdline,
         console_input: read_console_input(args.console_input.as_deref())?,
-        modules: read_modules(&args.modules)?,
         quantum: args.quantum,
         host_cpus: args.host_cpus,
         host_slice: args
@@ -76,11 +88,7 @@ fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
         ..VmConfig::default()
     };
     args.overcommit.apply(&mut config);
-    let vm = Vm::boot(&config, &kernel.bytes).map_err(|source| ConfigError::Boot {
-        what: kernel.describe(),
-        source,
-    })?;
-    Ok((vm, stop))
+    Ok(config)
 }
 
 /// `--guest linux`: the bzImage, the initramfs with init and the
@@ -104,21 +112,7 @@ fn prepare_linux(args: &RunArgs) -> Result<Vm, ConfigError> {
         .cmdline
         .as_deref()
         .unwrap_or(crate::linux::DEFAULT_OPTIONS);
-    let mut config = VmConfig {
-        vcpus: args.vcpus,
-        mem_size: args.mem,
-        cmdline: crate::linux::cmdline(options, &args.program),
-        console_input: read_console_input(args.console_input.as_deref())?,
-        quantum: args.quantum,
-        host_cpus: args.host_cpus,
-        host_slice: args
-            .host_slice
-            .map_or(hv::DEFAULT_HOST_SLICE, crate::units::duration_to_cycles),
-        seed: args.seed.unwrap_or(1),
-        zap: args.zap.into(),
-        ..VmConfig::default()
-    };
-    args.overcommit.apply(&mut config);
+    let config = vm_config(args, crate::linux::cmdline(options, &args.program))?;
     Vm::boot_linux(&config, &image, &initrd).map_err(|source| ConfigError::Boot {
         what: path.display().to_string(),
         source,

@@ -30,7 +30,7 @@ use crate::error::CreateError;
 use crate::vcpu::VcpuId;
 use crate::vm::{Vm, VmConfig};
 use bzimage::{offset, BzImageError, SetupHeader};
-use machine::cpu::state::{rflags, seg_attr, DescriptorTable, Gpr, Segment};
+use machine::cpu::state::{rflags, seg_attr, DescriptorTable, Gpr};
 use machine::Gpa;
 use thiserror::Error;
 
@@ -265,26 +265,11 @@ impl Vm {
 /// the identity map (CR3 is set by `start_vcpu`), CS = `__BOOT_CS`, the
 /// data segments `__BOOT_DS`, interrupts off, RSI = the zero page.
 fn enter_linux_state(state: &mut machine::cpu::state::CpuState, entry: u64) {
-    let flat = |selector: u16, attr: u32| Segment {
-        selector,
-        base: 0,
-        limit: u32::MAX,
-        attr,
-    };
     state.gdtr = DescriptorTable {
         base: boot::GDT_GPA,
         limit: (LINUX_GDT.len() * 8 - 1) as u16,
     };
-    state.cs = flat(BOOT_CS, seg_attr::CODE64_KERNEL);
-    for seg in [
-        &mut state.ds,
-        &mut state.es,
-        &mut state.ss,
-        &mut state.fs,
-        &mut state.gs,
-    ] {
-        *seg = flat(BOOT_DS, seg_attr::DATA_KERNEL);
-    }
+    boot::load_flat_segments(state, (BOOT_CS, seg_attr::CODE64_KERNEL), BOOT_DS);
     state.rflags = rflags::FIXED1;
     state.rip = entry;
     state.gpr[Gpr::Rsi as usize] = BOOT_PARAMS_GPA;
