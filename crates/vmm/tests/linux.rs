@@ -118,50 +118,25 @@ fn bad_linux_images_and_programs_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let junk = dir.path().join("junk");
     std::fs::write(&junk, vec![0x5a; 4096]).unwrap();
-    let out = faultline(&[
-        "run",
-        "--guest",
-        "linux",
-        "--kernel-image",
-        junk.to_str().unwrap(),
-        "--",
-        "hello",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr(&out).contains("not a Linux kernel image"),
-        "{}",
-        stderr(&out)
-    );
-    let out = faultline(&[
-        "run",
-        "--guest",
-        "linux",
-        "--kernel-image",
-        junk.to_str().unwrap(),
-        "--",
+    let config_error = |image: &std::path::Path, program: &str, message: &str| {
+        let out = faultline(&[
+            "run",
+            "--guest",
+            "linux",
+            "--kernel-image",
+            image.to_str().unwrap(),
+            "--",
+            program,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{program}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{}", stderr(&out));
+    };
+    config_error(&junk, "hello", "not a Linux kernel image");
+    config_error(
+        &junk,
         "no-such-program",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr(&out).contains("unknown Linux guest program `no-such-program`"),
-        "{}",
-        stderr(&out)
+        "unknown Linux guest program `no-such-program`",
     );
     let missing = dir.path().join("missing");
-    let out = faultline(&[
-        "run",
-        "--guest",
-        "linux",
-        "--kernel-image",
-        missing.to_str().unwrap(),
-        "--",
-        "hello",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr(&out).contains("cannot read the Linux kernel image"),
-        "{}",
-        stderr(&out)
-    );
+    config_error(&missing, "hello", "cannot read the Linux kernel image");
 }
