@@ -841,7 +841,8 @@ mod tests {
         ));
     }
 
-    /// The BSP's INIT and SIPI (vector 0x20) to APIC 1, then `cli; hlt`.
+    /// The BSP's INIT (level assert) and SIPI (vector 0x20) to APIC 1
+    /// through the x2APIC ICR, then `cli; hlt`.
     const INIT_SIPI_TO_APIC_1: [u8; 26] = [
         0xb9, 0x30, 0x08, 0x00, 0x00, // mov ecx, 0x830 (ICR)
         0xba, 0x01, 0x00, 0x00, 0x00, // mov edx, 1 (destination)
@@ -933,18 +934,7 @@ mod tests {
     #[test]
     fn init_and_sipi_start_an_ap_in_real_mode_at_the_vector_page() {
         let mut vm = halting_vm(2);
-        // The BSP sends INIT (level assert) and SIPI with vector 0x20 to
-        // APIC 1 through the x2APIC ICR, then halts.
-        let bsp = [
-            0xb9, 0x30, 0x08, 0x00, 0x00, // mov ecx, 0x830 (ICR)
-            0xba, 0x01, 0x00, 0x00, 0x00, // mov edx, 1 (destination)
-            0xb8, 0x00, 0x45, 0x00, 0x00, // mov eax, 0x4500 (INIT, assert)
-            0x0f, 0x30, // wrmsr
-            0xb8, 0x20, 0x46, 0x00, 0x00, // mov eax, 0x4620 (SIPI 0x20)
-            0x0f, 0x30, // wrmsr
-            0xfa, 0xf4, // cli; hlt
-        ];
-        vm.write_guest(Gpa(CODE), &bsp).unwrap();
+        vm.write_guest(Gpa(CODE), &INIT_SIPI_TO_APIC_1).unwrap();
         // The AP's 16-bit code at 0x20000: mov ax, cs; mov bx, 0x1234; hlt.
         vm.write_guest(Gpa(0x20000), &[0x8c, 0xc8, 0xbb, 0x34, 0x12, 0xf4])
             .unwrap();
