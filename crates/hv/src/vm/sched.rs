@@ -931,6 +931,49 @@ mod tests {
         assert_eq!(vm.vcpus[1].stats.halts, 1);
     }
 
+    /// KVM_HC_SEND_IPI: one fixed IPI per bit whose APIC id exists (64
+    /// bits per word from 64-bit code, the high word from `min + 64`);
+    /// KVM's refusals for logical destinations, shorthands and (here) the
+    /// NMI delivery mode.
+    #[test]
+    fn pv_send_ipi_sends_one_ipi_per_bit_to_existing_apic_ids() {
+        let mut vm = halting_vm(3);
+        let Vm { vcpus, shared, .. } = &mut vm;
+        use machine::vmx::Ipi;
+        let ipi = |id: u32| Ipi {
+            dest: machine::vmx::IpiDest::Physical(id),
+            vector: 0x30,
+            mode: IpiMode::Fixed,
+            level_assert: true,
+        };
+        // Bits 1 and 2 (APIC ids 1, 2), bit 40 (no such id), and bit 0 of
+        // the high word (id 64: none).
+        let sent = vcpus[0].pv_send_ipi(shared, [0b110 | 1 << 40, 1], 0, 0x30);
+        assert_eq!(sent, 2);
+        let routed: Vec<Ipi> = shared
+            .cross
+            .iter()
+            .filter_map(|r| match r {
+                CrossRequest::Ipi { ipi, .. } => Some(*ipi),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(routed, vec![ipi(1), ipi(2)]);
+        assert_eq!(vcpus[0].stats.ipis_sent, 2);
+        // `min` shifts the ids; past the last APIC id nothing is sent.
+        shared.cross.clear();
+        assert_eq!(vcpus[0].pv_send_ipi(shared, [0b1, 0], 2, 0x30), 1);
+        assert_eq!(vcpus[0].pv_send_ipi(shared, [!0, !0], u32::MAX, 0x30), 0);
+        for refused in [0x30 | 1 << 11, 0x30 | 1 << 18, 0x30 | 4 << 8] {
+            assert_eq!(
+                vcpus[0].pv_send_ipi(shared, [0b10, 0], 0, refused),
+                -abi::errno::EINVAL,
+                "{refused:#x}"
+            );
+        }
+        assert_eq!(shared.cross.len(), 1);
+    }
+
     #[test]
     fn init_and_sipi_start_an_ap_in_real_mode_at_the_vector_page() {
         let mut vm = halting_vm(2);
