@@ -667,3 +667,58 @@ fn a_destination_whose_pages_never_come_stops_with_an_error() {
     let d = json(&stdout(&dst));
     assert!(!console(&d).contains("bad pages"), "{}", console(&d));
 }
+
+#[test]
+fn bench_migrate_postcopy_repeats_and_measures_seed_002s_case() {
+    let plot = std::env::temp_dir().join(format!(
+        "faultline-test-{}-postcopy.svg",
+        std::process::id()
+    ));
+    let plot_arg = plot.to_str().expect("utf-8 path").to_string();
+    let args = [
+        "bench",
+        "migrate",
+        "--postcopy",
+        "--json",
+        "--mem",
+        "32M",
+        "--array",
+        "8M",
+        "--loops",
+        "3",
+        "--at",
+        "10ms",
+        "--plot",
+        &plot_arg,
+    ];
+    let first = faultline(&args);
+    let second = faultline(&args);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(
+        stdout(&first),
+        stdout(&second),
+        "same command, other figures"
+    );
+    let v = json(&stdout(&first));
+    let rows = v["results"].as_array().expect("results");
+    assert_eq!(rows.len(), 2);
+    let (off, pv) = (&rows[0], &rows[1]);
+    assert_eq!(off["apf"], "off");
+    assert_eq!(pv["apf"], "pv");
+    for r in rows {
+        assert!(r["pages"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["waited"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["calc"].as_u64().unwrap() > 0, "{r}");
+        assert!(
+            r["during_instructions_unmigrated"].as_u64().unwrap() > 0,
+            "{r}"
+        );
+    }
+    // Only with async PF does the guest get page-not-present
+    // notifications to run its calculation while pages come.
+    assert_eq!(off["not_present"], 0, "{off}");
+    assert!(pv["not_present"].as_u64().unwrap() > 0, "{pv}");
+    let svg = std::fs::read_to_string(&plot).expect("the plot");
+    assert!(svg.contains("<svg"), "not an SVG");
+    let _ = std::fs::remove_file(&plot);
+}

@@ -4,6 +4,7 @@
 //! ADDR:PORT --migrate-at TIME` sends (`docs/migration.md`).
 
 pub mod bench;
+pub mod bench_postcopy;
 pub mod incoming;
 pub mod link;
 pub mod postcopy;
