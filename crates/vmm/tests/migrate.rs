@@ -685,9 +685,11 @@ fn bench_migrate_postcopy_repeats_and_measures_seed_002s_case() {
         "--array",
         "8M",
         "--loops",
-        "3",
+        "20",
         "--at",
-        "10ms",
+        "25ms",
+        "--link-bandwidth",
+        "64M",
         "--plot",
         &plot_arg,
     ];

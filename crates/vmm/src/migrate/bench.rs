@@ -33,9 +33,10 @@ pub struct MigrateBenchArgs {
     /// bm's run time (virtual).
     #[arg(long, default_value = "0.2", value_parser = crate::units::parse_seconds)]
     duration: Duration,
-    /// When the migration starts.
-    #[arg(long, default_value = "20ms", value_parser = parse_positive_duration)]
-    at: Duration,
+    /// When the migration starts (default 20ms; 30ms with --postcopy,
+    /// when apfcalc's writer is sweeping its array).
+    #[arg(long, value_parser = parse_positive_duration)]
+    at: Option<Duration>,
     /// The link's bandwidth, bytes per second.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     link_bandwidth: u64,
@@ -106,6 +107,11 @@ fn ept_violations(v: &serde_json::Value) -> (i64, i64) {
 }
 
 impl MigrateBenchArgs {
+    fn at(&self) -> Duration {
+        self.at
+            .unwrap_or(Duration::from_millis(if self.postcopy { 30 } else { 20 }))
+    }
+
     fn vcpus(&self) -> u32 {
         self.vcpus.unwrap_or(if self.postcopy { 1 } else { 2 })
     }
@@ -164,7 +170,7 @@ impl MigrateBenchArgs {
             "--migrate-to".to_string(),
             addr,
             "--migrate-at".into(),
-            format!("{}ns", self.at.as_nanos()),
+            format!("{}ns", self.at().as_nanos()),
             "--link-bandwidth".into(),
             self.link_bandwidth.to_string(),
             "--downtime-limit".into(),
@@ -173,10 +179,19 @@ impl MigrateBenchArgs {
             self.max_rounds.to_string(),
         ];
         args.splice(split..split, migrate);
-        let src = faultline()
-            .args(&args)
-            .output()
-            .map_err(|e| format!("source: {e}"))?;
+        let src = faultline().args(&args).output();
+        let src = match src {
+            Ok(src) => src,
+            Err(e) => {
+                let _ = dest.kill();
+                return Err(format!("source: {e}"));
+            }
+        };
+        if !String::from_utf8_lossy(&src.stdout).contains("\"migrated\"") {
+            // The source did not migrate (the guest ended before --at, or
+            // it failed): nobody will connect.
+            let _ = dest.kill();
+        }
         let dst = dest.wait_with_output().map_err(|e| e.to_string())?;
         let dst_err = drain.join().unwrap_or_default();
         let src = json_of(&src.stdout, "source")?;
@@ -238,7 +253,7 @@ pub fn bench(args: MigrateBenchArgs) -> u8 {
             mem: args.mem,
             array: args.array,
             loops: args.loops,
-            at: args.at,
+            at: args.at(),
             link_bandwidth: args.link_bandwidth,
             seed: args.seed,
             plot: args.plot.clone(),
@@ -264,7 +279,7 @@ pub fn bench(args: MigrateBenchArgs) -> u8 {
         "seed 001: pre-copy live migration of a guest under a write load (bm -f {v} -w {v}, {} MiB array), {} vCPUs, at {:?}, link {} B/s, downtime limit {:?}, at most {} rounds",
         args.array >> 20,
         args.vcpus(),
-        args.at,
+        args.at(),
         args.link_bandwidth,
         args.downtime_limit,
         args.max_rounds,

@@ -171,10 +171,18 @@ impl PostcopyCase {
             self.link_bandwidth.to_string(),
         ];
         args.splice(split..split, migrate);
-        let src = faultline()
-            .args(&args)
-            .output()
-            .map_err(|e| format!("source: {e}"))?;
+        let src = faultline().args(&args).output();
+        let src = match src {
+            Ok(src) => src,
+            Err(e) => {
+                let _ = dest.kill();
+                return Err(format!("source: {e}"));
+            }
+        };
+        if !String::from_utf8_lossy(&src.stdout).contains("\"migrated\"") {
+            // The guest ended before --at: nobody will connect.
+            let _ = dest.kill();
+        }
         let dst = dest.wait_with_output().map_err(|e| e.to_string())?;
         let dst_err = drain.join().unwrap_or_default();
         let src = json_of(&src.stdout, "source")?;
