@@ -284,6 +284,22 @@ fn hello(mem: u64, vcpus: u32) -> Vec<u8> {
     frame(1, &p)
 }
 
+/// A `Pending` / `Need` payload.
+fn gfn_list(gfns: &[u64]) -> Vec<u8> {
+    let mut p = (gfns.len() as u32).to_le_bytes().to_vec();
+    for g in gfns {
+        p.extend_from_slice(&g.to_le_bytes());
+    }
+    p
+}
+
+/// A `LinkModel` payload.
+fn link_model(bandwidth: u64, latency_ns: u64) -> Vec<u8> {
+    let mut p = bandwidth.to_le_bytes().to_vec();
+    p.extend_from_slice(&latency_ns.to_le_bytes());
+    p
+}
+
 #[test]
 fn the_destination_refuses_bad_streams() {
     let page_outside = {
@@ -317,6 +333,32 @@ fn the_destination_refuses_bad_streams() {
             [hello(64 << 20, 2), frame(3, b"nonsense")].concat(),
         ),
         ("closed early", hello(64 << 20, 2)),
+        (
+            "pages to come without a link model",
+            [hello(64 << 20, 2), frame(6, &gfn_list(&[1, 2]))].concat(),
+        ),
+        (
+            "a link of no bandwidth",
+            [hello(64 << 20, 2), frame(11, &[0u8; 16])].concat(),
+        ),
+        (
+            "a page to come outside the guest",
+            [
+                hello(64 << 20, 2),
+                frame(11, &link_model(1 << 30, 25_000)),
+                frame(6, &gfn_list(&[1 << 40])),
+            ]
+            .concat(),
+        ),
+        (
+            "a page list that lies about its count",
+            [
+                hello(64 << 20, 2),
+                frame(11, &link_model(1 << 30, 25_000)),
+                frame(6, &[9, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]),
+            ]
+            .concat(),
+        ),
     ];
     for (what, bytes) in cases {
         let (child, addr, err) = destination(&[]);
@@ -414,10 +456,12 @@ fn postcopy_happened(m: &Migration, what: &str) {
     assert!(dst["complete_ms"].as_f64().unwrap() > 0.0, "{what}: {dst}");
 }
 
+/// MMU, `--apf`, protocol, the source's options, the destination's.
+type Case<'a> = (&'a str, &'a str, &'a str, &'a [&'a str], &'a [&'a str]);
+
 #[test]
 fn pagetag_survives_postcopy_under_ept_and_shadow_each_apf_mode_and_overcommit() {
-    // (MMU, --apf, protocol, source, destination's extra options)
-    let cases: [(&str, &str, &str, &[&str], &[&str]); 6] = [
+    let cases: [Case; 6] = [
         (
             "ept",
             "pv",

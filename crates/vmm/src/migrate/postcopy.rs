@@ -552,7 +552,13 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
         postcopy_ms: ms(postcopy),
         reconnects: 0,
     };
-    let served = serve(vm, link, pending, spec, &hello, &mut sent.reconnects);
+    // Nothing left to send (a hybrid whose last round found no dirty
+    // page): the destination took it as a pre-copy, and is done.
+    let served = if pending.is_empty() {
+        Ok(())
+    } else {
+        serve(vm, link, pending, spec, &hello, &mut sent.reconnects)
+    };
     report.postcopy = Some(sent);
     match served {
         Ok(()) => Outcome::Migrated(report),
