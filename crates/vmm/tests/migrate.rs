@@ -197,11 +197,15 @@ fn bm_migrates_over_several_rounds_and_repeats_its_figures() {
 fn hello_output_continues_unbroken() {
     let whole = faultline(&["run", "--vcpus", "2", "--stats", "json", "--", "hello"]);
     let whole = json(&stdout(&whole));
-    let m = migrate(&["--vcpus", "2"], "300us", &[], &[], &["hello"]);
-    assert_eq!(
-        format!("{}{}", console(&m.source), console(&m.destination)),
-        console(&whole)
-    );
+    for mode in ["precopy", "postcopy", "hybrid"] {
+        let extra = ["--migrate-mode", mode];
+        let m = migrate(&["--vcpus", "2"], "300us", &extra, &[], &["hello"]);
+        assert_eq!(
+            format!("{}{}", console(&m.source), console(&m.destination)),
+            console(&whole),
+            "{mode}"
+        );
+    }
 }
 
 /// A destination that takes the hello and some pages, then drops the
