@@ -47,7 +47,7 @@ pub use mmu::shadow::cr3_cache::Cr3CacheStats;
 pub use mmu::spte;
 pub use mmu::zap::{ZapError, ZapMode, ZapReport, BATCH_ZAP_PAGES};
 pub use mmu::{shadow::ShadowError, shadow::ShadowStats, MmuMode};
-pub use pager::PagerStats;
+pub use pager::{PageSource, PagerError, PagerStats};
 pub use stats::{ExitStat, MmuLockStats, VcpuStats, VmStats};
 pub use swap::{DeviceModel, DevicePreset, DeviceStats, LatencyRange};
 pub use time::Cycles;

@@ -84,6 +84,28 @@ pub enum PagerError {
     Memory(MemError),
     #[error("host memory limit of {limit} pages reached and no page can be evicted (all {in_flight} in flight)")]
     NothingToEvict { limit: u64, in_flight: u64 },
+    /// A page still at the migration source could not be had (post-copy:
+    /// the source is gone for good).
+    #[error("page {index:#x} not received from the migration source: {why}")]
+    Remote { index: u64, why: String },
+}
+
+/// Where a post-copy destination's pages not yet received come from (the
+/// migration's return path, `docs/migration.md`). The pager asks it when
+/// the guest or the hv first touches such a page, in place of reading the
+/// swap file; the rest of the page-in (the frame, the wait as `--apf`
+/// says, the completion) is a swap-in's.
+pub trait PageSource: std::fmt::Debug {
+    /// Fills `data` with page `index` of guest RAM, needed at virtual time
+    /// `now`, and returns the virtual time it is (or was) here, from the
+    /// link model. May block in host time until the bytes have come;
+    /// an error means they never will.
+    fn fetch(
+        &mut self,
+        index: u64,
+        now: Cycles,
+        data: &mut [u8; PAGE_SIZE as usize],
+    ) -> Result<Cycles, String>;
 }
 
 impl From<MemError> for PagerError {
@@ -144,6 +166,10 @@ pub(crate) struct Pager {
     device: Device,
     buf: Box<[u8; PAGE_SIZE as usize]>,
     stats: PagerStats,
+    /// Swap slots reserved for pages still at the migration source
+    /// (post-copy): their contents come from `source`, not the file.
+    remote: BTreeMap<SwapSlot, PageRef>,
+    source: Option<Box<dyn PageSource>>,
 }
 
 /// What obtaining a frame did.
@@ -177,6 +203,8 @@ impl Pager {
             device: Device::new(model, seed),
             buf: Box::new([0; PAGE_SIZE as usize]),
             stats: PagerStats::default(),
+            remote: BTreeMap::new(),
+            source: None,
         }
     }
 
@@ -209,6 +237,33 @@ impl Pager {
             slot.set_swapped(page.index, target);
         }
         Ok(())
+    }
+
+    /// Marks untouched `page` as still at the migration source: it looks
+    /// swapped out (a reserved swap slot, nothing written), and its first
+    /// page-in asks the page source instead of reading the file.
+    pub fn place_remote(&mut self, slots: &mut Memslots, page: PageRef) -> Result<(), PagerError> {
+        self.open_swap()?;
+        let swap = self.swap.as_mut().expect("just opened");
+        let target = swap.alloc()?;
+        if let Some(slot) = slots.get_mut(page.slot) {
+            slot.set_swapped(page.index, target);
+        }
+        self.remote.insert(target, page);
+        Ok(())
+    }
+
+    /// Installs the source of remote pages; returns the previous one.
+    pub fn set_page_source(
+        &mut self,
+        source: Option<Box<dyn PageSource>>,
+    ) -> Option<Box<dyn PageSource>> {
+        std::mem::replace(&mut self.source, source)
+    }
+
+    /// Pages still at the migration source (never touched here).
+    pub fn remote_pages(&self) -> u64 {
+        self.remote.len() as u64
     }
 
     /// Pool size in pages.
@@ -437,22 +492,61 @@ impl Pager {
         }
         let (frame, mut work) = self.alloc_frame(host, now)?;
         self.open_swap()?;
-        let swap = self.swap.as_ref().expect("just opened");
-        if let Err(e) = swap.read(slot, &mut self.buf) {
-            host.frames.free(frame);
-            self.resident -= 1;
-            return Err(e.into());
-        }
+        let remote = self.remote.contains_key(&slot);
+        let ready_at = if let Some(remote) = self.remote.remove(&slot) {
+            // Post-copy: the page comes over the migration link. Once
+            // here it is kept in its swap slot, a clean copy like any
+            // page read in.
+            let fetched = match self.source.as_mut() {
+                Some(source) => source
+                    .fetch(remote.index, now, &mut self.buf)
+                    .map_err(|why| PagerError::Remote {
+                        index: remote.index,
+                        why,
+                    }),
+                None => Err(PagerError::Remote {
+                    index: remote.index,
+                    why: "no page source".into(),
+                }),
+            };
+            let swap = self.swap.as_mut().expect("just opened");
+            let fetched = fetched.and_then(|arrival| {
+                swap.write(slot, &self.buf)?;
+                Ok(arrival)
+            });
+            match fetched {
+                Ok(arrival) => {
+                    // Placing the received page (UFFDIO_COPY's copy).
+                    work.cycles += Cycles(host.costs.copy_4k);
+                    arrival.max(now)
+                }
+                Err(e) => {
+                    self.remote.insert(slot, remote);
+                    host.frames.free(frame);
+                    self.resident -= 1;
+                    return Err(e);
+                }
+            }
+        } else {
+            let swap = self.swap.as_ref().expect("just opened");
+            if let Err(e) = swap.read(slot, &mut self.buf) {
+                host.frames.free(frame);
+                self.resident -= 1;
+                return Err(e.into());
+            }
+            work.cycles += Cycles(host.costs.io_submit + host.costs.copy_4k);
+            Cycles(self.device.submit_read(now.0))
+        };
         host.mem.write_bytes(frame.addr(), &self.buf[..])?;
-        let ready_at = Cycles(self.device.submit_read(now.0));
-        work.cycles += Cycles(host.costs.io_submit + host.costs.copy_4k);
         let read = InFlight {
             page,
             frame,
             ready_at,
         };
         self.in_flight.insert(slot, read);
-        self.stats.swap_ins += 1;
+        if !remote {
+            self.stats.swap_ins += 1;
+        }
         Ok((read, work))
     }
 
@@ -522,6 +616,7 @@ impl Pager {
             }
         }
         self.clock.retain(|e| e.page.slot != id);
+        self.remote.retain(|_, page| page.slot != id);
         if let (Some(memslot), Some(swap)) = (slots.get(id), self.swap.as_mut()) {
             for s in memslot.swap_slots() {
                 swap.free(s);
@@ -657,6 +752,104 @@ mod tests {
                 .count();
             assert_eq!(swapped, EVICT_BATCH, "{case}");
         }
+    }
+
+    /// A page source that fills page `i` with byte `i` and says it
+    /// arrives at `at`; fails for pages at or above `missing_from`.
+    #[derive(Debug)]
+    struct FakeSource {
+        at: Cycles,
+        missing_from: u64,
+        asked: std::rc::Rc<std::cell::Cell<u32>>,
+    }
+
+    impl PageSource for FakeSource {
+        fn fetch(
+            &mut self,
+            index: u64,
+            _now: Cycles,
+            data: &mut [u8; PAGE_SIZE as usize],
+        ) -> Result<Cycles, String> {
+            self.asked.set(self.asked.get() + 1);
+            if index >= self.missing_from {
+                return Err("gone".into());
+            }
+            data.fill(index as u8);
+            Ok(self.at)
+        }
+    }
+
+    #[test]
+    fn a_remote_page_comes_from_the_page_source_through_the_swap_in_path() {
+        let mut f = fixture(EVICT_BATCH as u64);
+        let asked = std::rc::Rc::new(std::cell::Cell::new(0));
+        f.pager.set_page_source(Some(Box::new(FakeSource {
+            at: ms(5),
+            missing_from: 10,
+            asked: asked.clone(),
+        })));
+        for g in [3, 12] {
+            let page = PageRef {
+                slot: SlotId(0),
+                index: g,
+            };
+            f.pager.place_remote(&mut f.host.slots, page).unwrap();
+        }
+        assert_eq!(f.pager.remote_pages(), 2);
+        let PageState::Swapped(slot) = f.state(3) else {
+            panic!("a remote page looks swapped out: {:?}", f.state(3));
+        };
+        let page = PageRef {
+            slot: SlotId(0),
+            index: 3,
+        };
+        // Touched before its arrival: in flight until then, from the
+        // source, not the swap device.
+        let (read, _) = f
+            .pager
+            .start_page_in(&mut f.host, page, slot, ms(1))
+            .unwrap();
+        assert_eq!(read.ready_at, ms(5));
+        assert_eq!(f.pager.stats().swap_ins, 0, "no device read");
+        assert_eq!(f.pager.remote_pages(), 1);
+        let (_, frame) = f.pager.finish_page_in(&mut f.host.slots, slot).unwrap();
+        let mut buf = [0u8; PAGE_SIZE as usize];
+        f.host.mem.read_bytes(frame.addr(), &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 3), "the source's bytes");
+        // Evicted clean and read again: an ordinary swap-in of the copy
+        // kept in its slot; the source is not asked again.
+        f.map(3, frame);
+        for g in 20..40 {
+            f.touch(g, 9, ms(60));
+        }
+        let PageState::Swapped(again) = f.state(3) else {
+            panic!("gfn 3 evicted: {:?}", f.state(3));
+        };
+        assert_eq!(again, slot, "the same slot, dropped clean");
+        let (frame, _) = f
+            .pager
+            .swap_in_now(&mut f.host, page, again, ms(70))
+            .unwrap();
+        f.host.mem.read_bytes(frame.addr(), &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 3), "the copy kept in the slot");
+        assert_eq!(f.pager.stats().swap_ins, 1, "a device read this time");
+        assert_eq!(asked.get(), 1);
+        // A page the source cannot give is an error, and stays remote.
+        let PageState::Swapped(slot12) = f.state(12) else {
+            panic!("remote: {:?}", f.state(12));
+        };
+        let page12 = PageRef {
+            slot: SlotId(0),
+            index: 12,
+        };
+        let before = f.pager.resident();
+        let err = f
+            .pager
+            .start_page_in(&mut f.host, page12, slot12, ms(80))
+            .unwrap_err();
+        assert!(matches!(err, PagerError::Remote { index: 12, .. }), "{err}");
+        assert_eq!(f.pager.resident(), before, "the frame went back");
+        assert_eq!(f.pager.remote_pages(), 1);
     }
 
     #[test]

@@ -208,6 +208,9 @@ pub struct Summary {
     /// A live migration (`--migrate-to`), done or failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub migration: Option<crate::migrate::precopy::MigrationReport>,
+    /// A post-copy destination's figures (`faultline incoming`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub postcopy: Option<crate::migrate::postcopy::PostcopyStats>,
 }
 
 /// What `--dirty-log` collected (virtual time).
@@ -345,6 +348,7 @@ impl Summary {
             memslot: None,
             dirty_log: None,
             migration: None,
+            postcopy: None,
         }
     }
 
@@ -443,8 +447,35 @@ impl Summary {
                 m.dirty_log_get_ms,
                 m.failed
                     .as_ref()
+                    .filter(|_| m.postcopy.is_none())
                     .map(|f| format!("; FAILED: {f} (the VM went on here)"))
                     .unwrap_or_default()
+            );
+            if let Some(p) = &m.postcopy {
+                let _ = writeln!(
+                    s,
+                    "post-copy:    {} pages after the switch-over, {:.3} ms on the link, {} reconnects{}",
+                    p.pages,
+                    p.postcopy_ms,
+                    p.reconnects,
+                    m.failed
+                        .as_ref()
+                        .map(|f| format!("; FAILED: {f}"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        if let Some(p) = &self.postcopy {
+            let _ = writeln!(
+                s,
+                "post-copy:    {} pages to come: {} requested, {} touched after their arrival, {} touches waited {:.3} ms in all; all here {:.3} ms after the switch-over; {} reconnects",
+                p.pages,
+                p.requested,
+                p.touched_present,
+                p.waited,
+                p.wait_ms,
+                p.complete_ms,
+                p.reconnects
             );
         }
         if let Some(d) = &self.dirty_log {

@@ -169,6 +169,8 @@ pub struct RunOptions {
     pub snapshot: Option<(Duration, std::path::PathBuf)>,
     /// `--migrate-to ADDR --migrate-at TIME`.
     pub migrate: Option<crate::migrate::precopy::MigrateSpec>,
+    /// A post-copy destination: pages still come from the source.
+    pub postcopy: Option<std::sync::Arc<crate::migrate::postcopy::Destination>>,
 }
 
 impl RunOptions {
@@ -183,6 +185,7 @@ impl RunOptions {
             dirty_log_period: args.dirty_log_period,
             snapshot: args.snapshot_at.zip(args.snapshot.clone()),
             migrate: args.migrate.spec(),
+            postcopy: None,
         }
     }
 }
@@ -279,6 +282,7 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
     };
     let mut ending = drive(&mut vm, &limits, stop, &mut after_slice);
     let mut migration = None;
+    let mut migration_lost = false;
     if let (Some(spec), Ending::TimeLimit(d)) = (&args.migrate, &ending) {
         if *d == spec.at {
             let mut run_for = |vm: &mut Vm, until: Cycles| -> Option<Ending> {
@@ -299,6 +303,18 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
                     ending = Ending::Migrated {
                         to: report.to.clone(),
                     };
+                    migration = Some(report);
+                }
+                Outcome::Lost(report) => {
+                    eprintln!(
+                        "faultline: post-copy to {} failed after the switch-over: {}; the VM cannot go on here (the destination ran it) nor complete there",
+                        report.to,
+                        report.failed.as_deref().unwrap_or("?")
+                    );
+                    ending = Ending::Migrated {
+                        to: report.to.clone(),
+                    };
+                    migration_lost = true;
                     migration = Some(report);
                 }
                 Outcome::Ended(report, end) => {
@@ -340,6 +356,18 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
         }
     }
     let mut status = exit_status(&ending);
+    if migration_lost {
+        status = EXIT_VM_ERROR;
+    }
+    // A post-copy destination waits for the rest of its pages (so the
+    // source can go), however the run ended.
+    let postcopy = args.postcopy.as_ref().map(|dest| {
+        if let Err(e) = dest.finish() {
+            eprintln!("faultline: post-copy: the VM's memory is incomplete: {e}");
+            status = EXIT_VM_ERROR;
+        }
+        dest.stats()
+    });
     // A guest that powers off may have said its status first (a Linux
     // guest's init, through the platform's status port).
     if let (Ending::Vm(StopReason::PowerOff), Some(guest)) = (&ending, vm.guest_status()) {
@@ -363,6 +391,7 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
     summary.memslot = memslot;
     summary.dirty_log = logger.map(|l| l.finish(&vm));
     summary.migration = migration;
+    summary.postcopy = postcopy;
     let text = if json {
         summary.to_json()
     } else {

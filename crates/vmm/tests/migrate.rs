@@ -197,11 +197,15 @@ fn bm_migrates_over_several_rounds_and_repeats_its_figures() {
 fn hello_output_continues_unbroken() {
     let whole = faultline(&["run", "--vcpus", "2", "--stats", "json", "--", "hello"]);
     let whole = json(&stdout(&whole));
-    let m = migrate(&["--vcpus", "2"], "300us", &[], &[], &["hello"]);
-    assert_eq!(
-        format!("{}{}", console(&m.source), console(&m.destination)),
-        console(&whole)
-    );
+    for mode in ["precopy", "postcopy", "hybrid"] {
+        let extra = ["--migrate-mode", mode];
+        let m = migrate(&["--vcpus", "2"], "300us", &extra, &[], &["hello"]);
+        assert_eq!(
+            format!("{}{}", console(&m.source), console(&m.destination)),
+            console(&whole),
+            "{mode}"
+        );
+    }
 }
 
 /// A destination that takes the hello and some pages, then drops the
@@ -284,6 +288,22 @@ fn hello(mem: u64, vcpus: u32) -> Vec<u8> {
     frame(1, &p)
 }
 
+/// A `Pending` / `Need` payload.
+fn gfn_list(gfns: &[u64]) -> Vec<u8> {
+    let mut p = (gfns.len() as u32).to_le_bytes().to_vec();
+    for g in gfns {
+        p.extend_from_slice(&g.to_le_bytes());
+    }
+    p
+}
+
+/// A `LinkModel` payload.
+fn link_model(bandwidth: u64, latency_ns: u64) -> Vec<u8> {
+    let mut p = bandwidth.to_le_bytes().to_vec();
+    p.extend_from_slice(&latency_ns.to_le_bytes());
+    p
+}
+
 #[test]
 fn the_destination_refuses_bad_streams() {
     let page_outside = {
@@ -317,6 +337,32 @@ fn the_destination_refuses_bad_streams() {
             [hello(64 << 20, 2), frame(3, b"nonsense")].concat(),
         ),
         ("closed early", hello(64 << 20, 2)),
+        (
+            "pages to come without a link model",
+            [hello(64 << 20, 2), frame(6, &gfn_list(&[1, 2]))].concat(),
+        ),
+        (
+            "a link of no bandwidth",
+            [hello(64 << 20, 2), frame(11, &[0u8; 16])].concat(),
+        ),
+        (
+            "a page to come outside the guest",
+            [
+                hello(64 << 20, 2),
+                frame(11, &link_model(1 << 30, 25_000)),
+                frame(6, &gfn_list(&[1 << 40])),
+            ]
+            .concat(),
+        ),
+        (
+            "a page list that lies about its count",
+            [
+                hello(64 << 20, 2),
+                frame(11, &link_model(1 << 30, 25_000)),
+                frame(6, &[9, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]),
+            ]
+            .concat(),
+        ),
     ];
     for (what, bytes) in cases {
         let (child, addr, err) = destination(&[]);
@@ -393,4 +439,356 @@ fn a_destination_killed_during_precopy_leaves_the_source_running() {
     let _ = child.wait();
     let out = source.join().expect("source thread");
     source_kept_running(&out);
+}
+
+/// The destination's post-copy figures, checked for a migration that
+/// really went by post-copy: pages came after the switch-over, some were
+/// asked for by a first touch, every one arrived.
+fn postcopy_happened(m: &Migration, what: &str) {
+    let dst = &m.destination["postcopy"];
+    let src = &m.source["migration"];
+    assert!(src["failed"].is_null(), "{what}: {src}");
+    let pages = dst["pages"].as_u64().unwrap_or(0);
+    assert!(pages > 1000, "{what}: {dst}");
+    assert_eq!(
+        src["postcopy"]["pages"].as_u64(),
+        Some(pages),
+        "{what}: {src}"
+    );
+    assert!(dst["requested"].as_u64().unwrap() > 0, "{what}: {dst}");
+    assert!(dst["waited"].as_u64().unwrap() > 0, "{what}: {dst}");
+    assert!(dst["complete_ms"].as_f64().unwrap() > 0.0, "{what}: {dst}");
+}
+
+/// MMU, `--apf`, protocol, the source's options, the destination's.
+type Case<'a> = (&'a str, &'a str, &'a str, &'a [&'a str], &'a [&'a str]);
+
+#[test]
+fn pagetag_survives_postcopy_under_ept_and_shadow_each_apf_mode_and_overcommit() {
+    let cases: [Case; 6] = [
+        (
+            "ept",
+            "pv",
+            "x86",
+            &SMALL_OVERCOMMIT,
+            &["--host-mem", "48M"],
+        ),
+        (
+            "ept",
+            "halt",
+            "x86",
+            &["--vcpus", "2", "--mem", "48M", "--swap-device", "nvme"],
+            &["--host-mem", "8M"],
+        ),
+        ("ept", "off", "x86", &SMALL_OVERCOMMIT, &[]),
+        (
+            "shadow",
+            "pv",
+            "event",
+            &["--vcpus", "2", "--mem", "48M", "--swap-device", "nvme"],
+            &["--host-mem", "8M"],
+        ),
+        ("shadow", "halt", "x86", &SMALL_OVERCOMMIT, &[]),
+        (
+            "shadow",
+            "off",
+            "x86",
+            &SMALL_OVERCOMMIT,
+            &["--host-mem", "48M"],
+        ),
+    ];
+    for (mmu, apf, protocol, args, dest) in cases {
+        let mut args = args.to_vec();
+        args.extend_from_slice(&["--mmu", mmu, "--apf", apf, "--apf-protocol", protocol]);
+        let at = if args.contains(&"8M") { "100ms" } else { "3ms" };
+        let what = format!("{mmu} {apf} {protocol} {args:?} -> {dest:?}");
+        let m = migrate(
+            &args,
+            at,
+            &["--migrate-mode", "postcopy"],
+            dest,
+            &SMALL_PAGETAG,
+        );
+        let out = console(&m.destination);
+        assert!(out.contains(" 0 bad pages"), "{what}: {out}");
+        assert!(console(&m.source).contains("smp: 2 cpu(s) online"));
+        assert_eq!(m.source["migration"]["mode"], "postcopy");
+        assert_eq!(m.destination["mmu"], mmu);
+        postcopy_happened(&m, &what);
+    }
+}
+
+#[test]
+fn postcopy_pv_lets_the_guest_run_other_tasks_while_pages_come() {
+    // With --apf pv a vCPU whose first touch waits for a page gets a
+    // page-not-present and schedules another task: the async-PF counters
+    // at the destination move.
+    let mut args = SMALL_OVERCOMMIT.to_vec();
+    args.extend_from_slice(&["--apf", "pv"]);
+    let m = migrate(
+        &args,
+        "100ms",
+        &["--migrate-mode", "postcopy"],
+        &["--host-mem", "48M"],
+        &SMALL_PAGETAG,
+    );
+    postcopy_happened(&m, "pv");
+    let apf = &m.destination["apf"];
+    let before = &m.source["apf"];
+    assert!(
+        apf["not_present_sent"].as_u64() > before["not_present_sent"].as_u64(),
+        "destination {apf}\nsource {before}"
+    );
+}
+
+#[test]
+fn the_same_postcopy_migration_repeats_its_figures() {
+    let mut args = SMALL_OVERCOMMIT.to_vec();
+    args.extend_from_slice(&["--apf", "pv"]);
+    let extra = ["--migrate-mode", "postcopy", "--link-bandwidth", "1G"];
+    let first = migrate(&args, "100ms", &extra, &[], &SMALL_PAGETAG);
+    let second = migrate(&args, "100ms", &extra, &[], &SMALL_PAGETAG);
+    postcopy_happened(&first, "first");
+    let mut a = first.source["migration"].clone();
+    let mut b = second.source["migration"].clone();
+    a["to"] = serde_json::Value::Null;
+    b["to"] = serde_json::Value::Null;
+    assert_eq!(a, b, "the same migration printed other figures");
+    assert_eq!(
+        first.destination["postcopy"],
+        second.destination["postcopy"]
+    );
+    assert_eq!(console(&first.destination), console(&second.destination));
+    assert_eq!(
+        first.destination["virtual_cycles"],
+        second.destination["virtual_cycles"]
+    );
+    assert_eq!(first.destination["apf"], second.destination["apf"]);
+}
+
+#[test]
+fn pagetag_survives_hybrid_migration() {
+    for (mmu, apf) in [("ept", "pv"), ("shadow", "halt")] {
+        let mut args = SMALL_OVERCOMMIT.to_vec();
+        args.extend_from_slice(&["--mmu", mmu, "--apf", apf]);
+        // A slow link and a tight limit: two pre-copy rounds, then the
+        // pages dirtied meanwhile go by post-copy.
+        let extra = [
+            "--migrate-mode",
+            "hybrid",
+            "--max-rounds",
+            "2",
+            "--link-bandwidth",
+            "256M",
+            "--downtime-limit",
+            "1ms",
+        ];
+        let m = migrate(
+            &args,
+            "100ms",
+            &extra,
+            &["--host-mem", "48M"],
+            &SMALL_PAGETAG,
+        );
+        let out = console(&m.destination);
+        assert!(out.contains(" 0 bad pages"), "{mmu} {apf}: {out}");
+        let src = &m.source["migration"];
+        assert_eq!(src["mode"], "hybrid", "{src}");
+        assert_eq!(src["rounds"], 2, "{src}");
+        let after = src["postcopy"]["pages"].as_u64().unwrap();
+        assert!(after > 0, "{src}");
+        assert!(src["pages_sent"].as_u64().unwrap() > after, "{src}");
+        assert_eq!(m.destination["postcopy"]["pages"].as_u64(), Some(after));
+        if mmu == "ept" {
+            // The same hybrid migration again: the same figures.
+            let again = migrate(
+                &args,
+                "100ms",
+                &extra,
+                &["--host-mem", "48M"],
+                &SMALL_PAGETAG,
+            );
+            let mut a = m.source["migration"].clone();
+            let mut b = again.source["migration"].clone();
+            a["to"] = serde_json::Value::Null;
+            b["to"] = serde_json::Value::Null;
+            assert_eq!(a, b, "the same hybrid migration printed other figures");
+            assert_eq!(m.destination["postcopy"], again.destination["postcopy"]);
+            assert_eq!(
+                m.destination["virtual_cycles"],
+                again.destination["virtual_cycles"]
+            );
+        }
+    }
+}
+
+/// A TCP proxy in front of `to` (the test's way to cut a connection):
+/// forwards each connection both ways; the first is cut, both ways, once
+/// `cut_after` bytes went from the client (the source) to the server;
+/// with `refuse_later`, every later connection is closed at once.
+fn cutting_proxy(to: String, cut_after: u64, refuse_later: bool) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    std::thread::spawn(move || {
+        for (n, client) in listener.incoming().enumerate() {
+            let Ok(client) = client else { continue };
+            if n > 0 && refuse_later {
+                drop(client);
+                continue;
+            }
+            let Ok(server) = TcpStream::connect(&to) else {
+                continue;
+            };
+            let limit = if n == 0 { cut_after } else { u64::MAX };
+            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (mut s_in, mut c_out) = (server, client);
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                let mut passed = 0u64;
+                loop {
+                    let want = buf.len().min((limit - passed).min(1 << 30) as usize);
+                    if want == 0 {
+                        break;
+                    }
+                    match c_in.read(&mut buf[..want]) {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => {
+                            if s_out.write_all(&buf[..k]).is_err() {
+                                break;
+                            }
+                            passed += k as u64;
+                        }
+                    }
+                }
+                let _ = c_in.shutdown(std::net::Shutdown::Both);
+                let _ = s_out.shutdown(std::net::Shutdown::Both);
+            });
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut s_in, &mut c_out);
+                let _ = s_in.shutdown(std::net::Shutdown::Both);
+                let _ = c_out.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_connection_cut_during_postcopy_pauses_and_a_reconnect_completes_it() {
+    for apf in ["pv", "off"] {
+        let (child, dest_addr, dest_err) = destination(&[]);
+        // 2 MiB in: past the state (tens of KiB), a few hundred pages into
+        // the 20 MiB still to come.
+        let proxy = cutting_proxy(dest_addr, 2 << 20, false);
+        let mut args = SMALL_OVERCOMMIT.to_vec();
+        args.extend_from_slice(&["--apf", apf]);
+        let src = source(
+            &args,
+            &proxy,
+            "100ms",
+            &["--migrate-mode", "postcopy"],
+            &SMALL_PAGETAG,
+        );
+        let dst = child.wait_with_output().expect("destination");
+        let dst_err = dest_err.join().expect("stderr");
+        assert!(
+            src.status.success(),
+            "{apf}: {}\n{}",
+            stdout(&src),
+            stderr(&src)
+        );
+        assert!(dst.status.success(), "{apf}: {}\n{dst_err}", stdout(&dst));
+        let (s, d) = (json(&stdout(&src)), json(&stdout(&dst)));
+        assert!(
+            console(&d).contains(" 0 bad pages"),
+            "{apf}: {}",
+            console(&d)
+        );
+        assert_eq!(
+            s["migration"]["postcopy"]["reconnects"], 1,
+            "{}",
+            s["migration"]
+        );
+        assert_eq!(d["postcopy"]["reconnects"], 1, "{}", d["postcopy"]);
+        assert!(dst_err.contains("the source is back"), "{dst_err}");
+        assert!(stderr(&src).contains("reconnected to"), "{}", stderr(&src));
+    }
+}
+
+#[test]
+fn a_destination_whose_pages_never_come_stops_with_an_error() {
+    let (child, dest_addr, dest_err) = destination(&["--reconnect-timeout", "3s"]);
+    let proxy = cutting_proxy(dest_addr, 2 << 20, true);
+    let extra = ["--migrate-mode", "postcopy", "--reconnect-timeout", "3s"];
+    let src = source(&SMALL_OVERCOMMIT, &proxy, "100ms", &extra, &SMALL_PAGETAG);
+    let dst = child.wait_with_output().expect("destination");
+    let dst_err = dest_err.join().expect("stderr");
+    // The source cannot go on (the destination ran the VM) and says so.
+    assert!(!src.status.success(), "{}", stderr(&src));
+    let s = json(&stdout(&src));
+    assert!(s["migration"]["failed"].is_string(), "{}", s["migration"]);
+    // The destination never ran on a page it did not have: it stopped
+    // with an error and a nonzero status.
+    assert!(!dst.status.success(), "{}\n{dst_err}", stdout(&dst));
+    assert!(!dst_err.contains("panicked"), "{dst_err}");
+    assert!(dst_err.contains("did not come back"), "{dst_err}");
+    let d = json(&stdout(&dst));
+    assert!(!console(&d).contains("bad pages"), "{}", console(&d));
+}
+
+#[test]
+fn bench_migrate_postcopy_repeats_and_measures_seed_002s_case() {
+    let plot = std::env::temp_dir().join(format!(
+        "faultline-test-{}-postcopy.svg",
+        std::process::id()
+    ));
+    let plot_arg = plot.to_str().expect("utf-8 path").to_string();
+    let args = [
+        "bench",
+        "migrate",
+        "--postcopy",
+        "--json",
+        "--mem",
+        "32M",
+        "--array",
+        "8M",
+        "--loops",
+        "20",
+        "--at",
+        "25ms",
+        "--link-bandwidth",
+        "64M",
+        "--plot",
+        &plot_arg,
+    ];
+    let first = faultline(&args);
+    let second = faultline(&args);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(
+        stdout(&first),
+        stdout(&second),
+        "same command, other figures"
+    );
+    let v = json(&stdout(&first));
+    let rows = v["results"].as_array().expect("results");
+    assert_eq!(rows.len(), 2);
+    let (off, pv) = (&rows[0], &rows[1]);
+    assert_eq!(off["apf"], "off");
+    assert_eq!(pv["apf"], "pv");
+    for r in rows {
+        assert!(r["pages"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["waited"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["calc"].as_u64().unwrap() > 0, "{r}");
+        assert!(
+            r["during_instructions_unmigrated"].as_u64().unwrap() > 0,
+            "{r}"
+        );
+    }
+    // Only with async PF does the guest get page-not-present
+    // notifications to run its calculation while pages come.
+    assert_eq!(off["not_present"], 0, "{off}");
+    assert!(pv["not_present"].as_u64().unwrap() > 0, "{pv}");
+    let svg = std::fs::read_to_string(&plot).expect("the plot");
+    assert!(svg.contains("<svg"), "not an SVG");
+    let _ = std::fs::remove_file(&plot);
 }

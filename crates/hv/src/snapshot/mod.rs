@@ -677,6 +677,58 @@ impl Vm {
         }
         Ok(vm)
     }
+
+    /// A post-copy destination's VM: restored from `bytes` (its memory
+    /// section holds the pages received before the switch-over), with the
+    /// guest RAM pages `remote` (gfns, strictly increasing, none of them
+    /// in the memory section) still at the source. Each is fetched from
+    /// `source` at its first touch, through the swap-in path: the vCPU
+    /// waits for it as `--apf` says (`docs/migration.md`, "Post-copy").
+    pub fn restore_postcopy(
+        bytes: &[u8],
+        options: &RestoreOptions,
+        remote: &[u64],
+        source: Box<dyn crate::pager::PageSource>,
+    ) -> Result<Vm, SnapshotError> {
+        let mut vm = Vm::restore(bytes, options)?;
+        let npages = vm.mem_size() / PAGE_SIZE;
+        let mut previous = None;
+        for &gfn in remote {
+            if gfn >= npages || previous.is_some_and(|p| p >= gfn) {
+                return Err(SnapshotError::Invalid(format!(
+                    "remote page {gfn:#x}: outside the guest's {npages} pages or out of order"
+                )));
+            }
+            previous = Some(gfn);
+            let shared = &mut vm.shared;
+            let untouched =
+                shared.host.slots.get(RAM_SLOT).is_some_and(|s| {
+                    matches!(s.state_at(gfn), crate::memslot::PageState::Untouched)
+                });
+            if !untouched {
+                return Err(SnapshotError::Invalid(format!(
+                    "page {gfn:#x} both received and still to come"
+                )));
+            }
+            shared
+                .pager
+                .place_remote(
+                    &mut shared.host.slots,
+                    crate::pager::PageRef {
+                        slot: RAM_SLOT,
+                        index: gfn,
+                    },
+                )
+                .map_err(|e| SnapshotError::Unsupported(format!("post-copy: {e}")))?;
+        }
+        vm.shared.pager.set_page_source(Some(source));
+        Ok(vm)
+    }
+
+    /// Post-copy: guest pages still at the source, never touched here.
+    pub fn remote_pages(&self) -> u64 {
+        self.shared.pager.remote_pages()
+    }
 }
 
 #[cfg(test)]

@@ -21,9 +21,9 @@ pub struct MigrateBenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
-    /// vCPUs.
-    #[arg(long, default_value_t = 2)]
-    vcpus: u32,
+    /// vCPUs (default: 2; 1 with --postcopy, as the seed's guest).
+    #[arg(long)]
+    vcpus: Option<u32>,
     /// Guest memory.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     mem: u64,
@@ -33,9 +33,10 @@ pub struct MigrateBenchArgs {
     /// bm's run time (virtual).
     #[arg(long, default_value = "0.2", value_parser = crate::units::parse_seconds)]
     duration: Duration,
-    /// When the migration starts.
-    #[arg(long, default_value = "20ms", value_parser = parse_positive_duration)]
-    at: Duration,
+    /// When the migration starts (default 20ms; 30ms with --postcopy,
+    /// when apfcalc's writer is sweeping its array).
+    #[arg(long, value_parser = parse_positive_duration)]
+    at: Option<Duration>,
     /// The link's bandwidth, bytes per second.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     link_bandwidth: u64,
@@ -48,6 +49,17 @@ pub struct MigrateBenchArgs {
     /// Seed of the guest program.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Seed 002's case instead: a loaded guest (`apfcalc -c` on the
+    /// `--array`) migrated by post-copy at `--at`, async PF off and on.
+    #[arg(long)]
+    postcopy: bool,
+    /// --postcopy: the writer's sweeps over the array.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    loops: u64,
+    /// --postcopy: where the SVG plot goes (default:
+    /// faultline-results/bench-migrate-postcopy.svg).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<std::path::PathBuf>,
 }
 
 /// One row.
@@ -95,19 +107,28 @@ fn ept_violations(v: &serde_json::Value) -> (i64, i64) {
 }
 
 impl MigrateBenchArgs {
+    fn at(&self) -> Duration {
+        self.at
+            .unwrap_or(Duration::from_millis(if self.postcopy { 30 } else { 20 }))
+    }
+
+    fn vcpus(&self) -> u32 {
+        self.vcpus.unwrap_or(if self.postcopy { 1 } else { 2 })
+    }
+
     fn source_args(&self, fast_pf: bool) -> Vec<String> {
         let program = format!(
             "bm -f {v} -w {v} -m {}M -t {}",
             self.array >> 20,
             self.duration.as_secs_f64(),
-            v = self.vcpus
+            v = self.vcpus()
         );
         let mut args: Vec<String> = [
             "run",
             "--stats",
             "json",
             "--vcpus",
-            &self.vcpus.to_string(),
+            &self.vcpus().to_string(),
             "--mem",
             &self.mem.to_string(),
             "--seed",
@@ -149,7 +170,7 @@ impl MigrateBenchArgs {
             "--migrate-to".to_string(),
             addr,
             "--migrate-at".into(),
-            format!("{}ns", self.at.as_nanos()),
+            format!("{}ns", self.at().as_nanos()),
             "--link-bandwidth".into(),
             self.link_bandwidth.to_string(),
             "--downtime-limit".into(),
@@ -158,10 +179,19 @@ impl MigrateBenchArgs {
             self.max_rounds.to_string(),
         ];
         args.splice(split..split, migrate);
-        let src = faultline()
-            .args(&args)
-            .output()
-            .map_err(|e| format!("source: {e}"))?;
+        let src = faultline().args(&args).output();
+        let src = match src {
+            Ok(src) => src,
+            Err(e) => {
+                let _ = dest.kill();
+                return Err(format!("source: {e}"));
+            }
+        };
+        if !String::from_utf8_lossy(&src.stdout).contains("\"migrated\"") {
+            // The source did not migrate (the guest ended before --at, or
+            // it failed): nobody will connect.
+            let _ = dest.kill();
+        }
         let dst = dest.wait_with_output().map_err(|e| e.to_string())?;
         let dst_err = drain.join().unwrap_or_default();
         let src = json_of(&src.stdout, "source")?;
@@ -216,6 +246,20 @@ impl MigrateBenchArgs {
 
 /// Runs the benchmark; the exit status.
 pub fn bench(args: MigrateBenchArgs) -> u8 {
+    if args.postcopy {
+        return super::bench_postcopy::PostcopyCase {
+            json: args.json,
+            vcpus: args.vcpus(),
+            mem: args.mem,
+            array: args.array,
+            loops: args.loops,
+            at: args.at(),
+            link_bandwidth: args.link_bandwidth,
+            seed: args.seed,
+            plot: args.plot.clone(),
+        }
+        .bench();
+    }
     let mut rows = Vec::new();
     for fast_pf in [true, false] {
         match args.row(fast_pf) {
@@ -234,12 +278,12 @@ pub fn bench(args: MigrateBenchArgs) -> u8 {
     println!(
         "seed 001: pre-copy live migration of a guest under a write load (bm -f {v} -w {v}, {} MiB array), {} vCPUs, at {:?}, link {} B/s, downtime limit {:?}, at most {} rounds",
         args.array >> 20,
-        args.vcpus,
-        args.at,
+        args.vcpus(),
+        args.at(),
         args.link_bandwidth,
         args.downtime_limit,
         args.max_rounds,
-        v = args.vcpus
+        v = args.vcpus()
     );
     println!(
         "{:<8} {:>6} {:>8} {:>11} {:>11} {:>11} {:>10} {:>12} {:>12} {:>10} {:>12}",

@@ -5,8 +5,13 @@
 //! (the pages and the state are put together as a snapshot and restored
 //! through `Vm::restore`); answers `Ack` and runs the VM to its end as
 //! `run` would, or answers `Nack` with the reason and exits with status 2.
+//!
+//! Post-copy and hybrid: a `Pending` list of pages still to come arrives
+//! before the state; the VM is restored with those pages remote and runs
+//! at once, while they come (`postcopy.rs`).
 
 use super::link::{self, Kind, Link, LinkError};
+use super::postcopy::{Destination, Receiving};
 use crate::run::{run_vm, RunOptions};
 use crate::signals::StopRequest;
 use crate::units::{parse_positive_duration, parse_size};
@@ -16,6 +21,7 @@ use hv::Vm;
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// `faultline incoming`.
@@ -46,6 +52,17 @@ pub struct IncomingArgs {
     /// Host time to wait for the source at each step.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration)]
     timeout: Duration,
+    /// Post-copy: after a broken connection, wait this long (host time)
+    /// for the source to reconnect before giving up on the missing pages.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration)]
+    reconnect_timeout: Duration,
+}
+
+/// A VM received, and for post-copy the pages still to come.
+struct Received {
+    vm: Vm,
+    mem_size: u64,
+    postcopy: Option<Arc<Destination>>,
 }
 
 /// Why no VM came in.
@@ -59,7 +76,7 @@ enum IncomingError {
 
 /// Receives one VM; returns it restored, or why not (after telling the
 /// source when it is still there to hear it).
-fn receive(link: &mut Link, options: &RestoreOptions) -> Result<Vm, IncomingError> {
+fn receive(link: &mut Link, options: &RestoreOptions) -> Result<Received, IncomingError> {
     let (kind, payload) = link.recv()?;
     if kind != Kind::Hello {
         return Err(LinkError::Protocol(format!("{kind:?} before Hello")).into());
@@ -67,15 +84,34 @@ fn receive(link: &mut Link, options: &RestoreOptions) -> Result<Vm, IncomingErro
     let (mem_size, _vcpus) = link::parse_hello(&payload)?;
     let npages = mem_size / 4096;
     let mut pages: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    // Post-copy: the pages still to come, in the source's order.
+    let mut pending: Vec<u64> = Vec::new();
+    // Post-copy: the source's link model, which times the pages to come.
+    let mut model = None;
     loop {
         let (kind, payload) = link.recv()?;
         match kind {
-            Kind::Pages => {
+            Kind::Pages if pending.is_empty() => {
                 for (gfn, data) in link::parse_pages(&payload, npages)? {
                     pages.insert(gfn, data.to_vec());
                 }
             }
+            Kind::LinkModel => model = Some(link::parse_link_model(&payload)?),
+            Kind::Pending if model.is_some() => {
+                let more = link::parse_gfn_list(&payload, npages)?;
+                if pending.len() + more.len() > npages as usize {
+                    return Err(LinkError::Protocol(format!(
+                        "more pages to come than the guest's {npages}"
+                    ))
+                    .into());
+                }
+                pending.extend(more);
+            }
             Kind::State => {
+                // A page still to come replaces any copy received before.
+                for gfn in &pending {
+                    pages.remove(gfn);
+                }
                 let memory: Vec<(u64, Vec<u8>)> = pages
                     .into_iter()
                     .filter(|(_, data)| data.iter().any(|&b| b != 0))
@@ -84,15 +120,33 @@ fn receive(link: &mut Link, options: &RestoreOptions) -> Result<Vm, IncomingErro
                     (format::SectionKind::State, &payload),
                     (format::SectionKind::Memory, &format::encode_memory(&memory)),
                 ]);
-                let vm = Vm::restore(&snapshot, options)
-                    .map_err(|e| IncomingError::Refused(e.to_string()))?;
+                let refused =
+                    |e: hv::snapshot::SnapshotError| IncomingError::Refused(e.to_string());
+                let (vm, postcopy) = if pending.is_empty() {
+                    (Vm::restore(&snapshot, options).map_err(refused)?, None)
+                } else {
+                    // The schedule's origin is the VM's time, known once
+                    // restored; the pager asks only once the VM runs.
+                    let time = hv::snapshot::inspect(&snapshot).map_err(refused)?.time;
+                    let model = model.ok_or_else(|| {
+                        LinkError::Protocol("pages to come without a link model".into())
+                    })?;
+                    let dest = Destination::new(&model, pending.clone(), time);
+                    let vm = Vm::restore_postcopy(&snapshot, options, &pending, dest.page_source())
+                        .map_err(refused)?;
+                    (vm, Some(dest))
+                };
                 if vm.mem_size() != mem_size {
                     return Err(IncomingError::Refused(format!(
                         "a guest of {} bytes after a Hello for {mem_size}",
                         vm.mem_size()
                     )));
                 }
-                return Ok(vm);
+                return Ok(Received {
+                    vm,
+                    mem_size,
+                    postcopy,
+                });
             }
             other => return Err(LinkError::Protocol(format!("{other:?} from the source")).into()),
         }
@@ -147,8 +201,8 @@ pub fn incoming(args: IncomingArgs) -> u8 {
         lazy: false,
         swap_device: args.swap_device.map(super::device_model),
     };
-    let vm = match receive(&mut link, &options) {
-        Ok(vm) => vm,
+    let received = match receive(&mut link, &options) {
+        Ok(received) => received,
         Err(e) => {
             eprintln!("faultline: incoming migration from {peer} failed: {e}");
             if let IncomingError::Refused(why) = &e {
@@ -158,11 +212,27 @@ pub fn incoming(args: IncomingArgs) -> u8 {
             return EXIT_VM_ERROR;
         }
     };
+    let vm = received.vm;
     if let Err(e) = link.send(Kind::Ack, &[]) {
         // The source did not hear that the VM runs here: it resumes it
         // there, so this copy must not run too.
         eprintln!("faultline: incoming migration from {peer}: acknowledging: {e}");
         return EXIT_VM_ERROR;
+    }
+    if let Some(dest) = &received.postcopy {
+        let vcpus = vm.vcpus().len() as u32;
+        let receiving = Receiving {
+            link,
+            listener,
+            hello: link::hello(received.mem_size, vcpus),
+            npages: received.mem_size / 4096,
+            reconnect_timeout: args.reconnect_timeout,
+            timeout: args.timeout,
+        };
+        if let Err(e) = dest.start(receiving) {
+            eprintln!("faultline: incoming migration from {peer}: post-copy: {e}");
+            return EXIT_VM_ERROR;
+        }
     }
     eprintln!(
         "faultline: VM from {peer} running at {:.6} s",
@@ -178,6 +248,7 @@ pub fn incoming(args: IncomingArgs) -> u8 {
         dirty_log_period: Duration::from_millis(10),
         snapshot: None,
         migrate: None,
+        postcopy: received.postcopy,
     };
     run_vm(vm, &stop, &options)
 }

@@ -22,6 +22,13 @@ pub const VERSION: u32 = 1;
 pub const PAGES_PER_FRAME: usize = 256;
 /// Bytes of a frame header.
 pub const FRAME_HEADER: u64 = 12;
+/// Gfns in one `Pending` or `Need` frame at most.
+pub const GFNS_PER_FRAME: usize = 65536;
+/// Bytes on the wire of a `Pages` frame holding one page (post-copy sends
+/// each page in a frame of its own).
+pub const ONE_PAGE_FRAME: u64 = FRAME_HEADER + 4 + PAGE_RECORD as u64;
+/// Bytes on the wire of a `Request` frame.
+pub const REQUEST_FRAME: u64 = FRAME_HEADER + 8;
 const PAGE: usize = 4096;
 const PAGE_RECORD: usize = 8 + PAGE;
 
@@ -38,6 +45,24 @@ pub enum Kind {
     Ack = 4,
     /// Destination → source: refused, with the reason (UTF-8).
     Nack = 5,
+    /// Source → destination, post-copy, before `State`: gfns still to
+    /// come after the switch-over (a count u32, then the gfns, u64 each).
+    Pending = 6,
+    /// Destination → source, post-copy: send this page next (a gfn u64).
+    Request = 7,
+    /// Destination → source, post-copy: every page is here; the source
+    /// may go.
+    Done = 8,
+    /// Source → destination, on a new connection during post-copy: a
+    /// `Hello`'s payload, to resume after the first connection broke.
+    Recover = 9,
+    /// Destination → source, answering `Recover`: gfns still missing (as
+    /// `Pending`); an `Ack` ends the list.
+    Need = 10,
+    /// Source → destination, post-copy, before `Pending`: the link model
+    /// (bandwidth in bytes/s u64, one-way latency in ns u64), which times
+    /// the pages to come at the destination.
+    LinkModel = 11,
 }
 
 impl Kind {
@@ -48,6 +73,12 @@ impl Kind {
             3 => Kind::State,
             4 => Kind::Ack,
             5 => Kind::Nack,
+            6 => Kind::Pending,
+            7 => Kind::Request,
+            8 => Kind::Done,
+            9 => Kind::Recover,
+            10 => Kind::Need,
+            11 => Kind::LinkModel,
             _ => return None,
         })
     }
@@ -60,6 +91,11 @@ impl Kind {
             Kind::State => hv::snapshot::format::MAX_STATE_LEN as u32,
             Kind::Ack => 0,
             Kind::Nack => 4096,
+            Kind::Pending | Kind::Need => (4 + GFNS_PER_FRAME * 8) as u32,
+            Kind::Request => 8,
+            Kind::Done => 0,
+            Kind::Recover => 24,
+            Kind::LinkModel => 16,
         }
     }
 }
@@ -108,6 +144,25 @@ pub struct Link {
 }
 
 impl Link {
+    /// A second handle on the same connection (post-copy reads the
+    /// return path on one thread while another sends pages).
+    pub fn try_clone(&self) -> std::io::Result<Link> {
+        Ok(Link {
+            stream: self.stream.try_clone()?,
+            sent: 0,
+        })
+    }
+
+    /// The connection's read timeout (`None`: wait as long as it takes).
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.stream.set_read_timeout(timeout)
+    }
+
+    /// Closes both directions (the other handles see the end too).
+    pub fn shutdown(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
     pub fn new(stream: TcpStream, timeout: Duration) -> std::io::Result<Link> {
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
@@ -233,4 +288,89 @@ pub fn parse_pages(payload: &[u8], npages: u64) -> Result<Vec<(u64, &[u8])>, Lin
             }
         })
         .collect()
+}
+
+/// A `Pending` or `Need` payload.
+pub fn gfn_list(gfns: &[u64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + gfns.len() * 8);
+    out.extend_from_slice(&(gfns.len() as u32).to_le_bytes());
+    for gfn in gfns {
+        out.extend_from_slice(&gfn.to_le_bytes());
+    }
+    out
+}
+
+/// The gfns of a `Pending` or `Need` payload for a guest of `npages`
+/// pages, checked: the count matches the bytes, every gfn is inside the
+/// guest.
+pub fn parse_gfn_list(payload: &[u8], npages: u64) -> Result<Vec<u64>, LinkError> {
+    if payload.len() < 4 {
+        return Err(LinkError::Protocol("a page list without its count".into()));
+    }
+    let count = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize;
+    let body = &payload[4..];
+    if count > GFNS_PER_FRAME || body.len() != count * 8 {
+        return Err(LinkError::Protocol(format!(
+            "a page list of {count} pages in {} bytes",
+            body.len()
+        )));
+    }
+    body.chunks_exact(8)
+        .map(|r| {
+            let gfn = u64::from_le_bytes(r.try_into().expect("8 bytes"));
+            if gfn >= npages {
+                Err(LinkError::Protocol(format!(
+                    "page {gfn:#x} outside the guest's {npages} pages"
+                )))
+            } else {
+                Ok(gfn)
+            }
+        })
+        .collect()
+}
+
+/// A `Request` payload checked: the gfn, inside a guest of `npages`.
+pub fn parse_request(payload: &[u8], npages: u64) -> Result<u64, LinkError> {
+    let gfn = u64::from_le_bytes(
+        payload
+            .try_into()
+            .map_err(|_| LinkError::Protocol(format!("a request of {} bytes", payload.len())))?,
+    );
+    if gfn >= npages {
+        return Err(LinkError::Protocol(format!(
+            "a request for page {gfn:#x} outside the guest's {npages} pages"
+        )));
+    }
+    Ok(gfn)
+}
+
+/// A `LinkModel` payload.
+pub fn link_model(model: &LinkModel) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    out.extend_from_slice(&model.bandwidth.to_le_bytes());
+    let latency = u64::try_from(model.latency.as_nanos()).unwrap_or(u64::MAX);
+    out.extend_from_slice(&latency.to_le_bytes());
+    out
+}
+
+/// A `LinkModel` payload checked: a bandwidth of at least 1 byte/s, a
+/// latency of at most a minute.
+pub fn parse_link_model(payload: &[u8]) -> Result<LinkModel, LinkError> {
+    if payload.len() != 16 {
+        return Err(LinkError::Protocol(format!(
+            "a link model of {} bytes",
+            payload.len()
+        )));
+    }
+    let bandwidth = u64::from_le_bytes(payload[..8].try_into().expect("8 bytes"));
+    let latency = u64::from_le_bytes(payload[8..].try_into().expect("8 bytes"));
+    if bandwidth == 0 || latency > 60_000_000_000 {
+        return Err(LinkError::Protocol(format!(
+            "a link of {bandwidth} bytes/s and {latency} ns latency"
+        )));
+    }
+    Ok(LinkModel {
+        bandwidth,
+        latency: Duration::from_nanos(latency),
+    })
 }

@@ -4,8 +4,10 @@
 //! ADDR:PORT --migrate-at TIME` sends (`docs/migration.md`).
 
 pub mod bench;
+pub mod bench_postcopy;
 pub mod incoming;
 pub mod link;
+pub mod postcopy;
 pub mod precopy;
 
 use crate::run::{run_vm, RunOptions};
@@ -63,9 +65,10 @@ pub struct RestoreArgs {
 pub enum MigrateMode {
     /// Rounds of dirty pages while the guest runs, then stop and copy.
     Precopy,
-    /// Not implemented yet: refused.
+    /// Stop, send the state, run at the destination at once; pages follow
+    /// on demand and in the background.
     Postcopy,
-    /// Not implemented yet: refused.
+    /// Pre-copy rounds (`--max-rounds` at most), then post-copy.
     Hybrid,
 }
 
@@ -78,7 +81,8 @@ pub struct MigrateArgs {
     /// When to start migrating (virtual time).
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration, requires = "migrate_to")]
     pub migrate_at: Option<Duration>,
-    /// How: pre-copy (post-copy and hybrid are not implemented yet).
+    /// How: pre-copy, post-copy, or hybrid (pre-copy rounds, then
+    /// post-copy).
     #[arg(long, value_enum, default_value_t = MigrateMode::Precopy)]
     pub migrate_mode: MigrateMode,
     /// The link model's bandwidth in bytes per second (default: 10 GbE's
@@ -93,12 +97,17 @@ pub struct MigrateArgs {
     /// this long (QEMU's default downtime limit, 300 ms).
     #[arg(long, value_name = "DURATION", default_value = "300ms", value_parser = parse_positive_duration)]
     pub downtime_limit: Duration,
-    /// Stop and copy after this many pre-copy rounds at most.
+    /// Stop and copy (hybrid: switch to post-copy) after this many
+    /// pre-copy rounds at most.
     #[arg(long, value_name = "N", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub max_rounds: u32,
     /// Host time to wait for the destination at each step.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration)]
     pub migrate_timeout: Duration,
+    /// Post-copy: after a broken connection, keep trying to reconnect to
+    /// the destination for this long (host time).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration)]
+    pub reconnect_timeout: Duration,
 }
 
 impl MigrateArgs {
@@ -114,6 +123,8 @@ impl MigrateArgs {
             downtime_limit: self.downtime_limit,
             max_rounds: self.max_rounds,
             timeout: self.migrate_timeout,
+            mode: self.migrate_mode,
+            reconnect_timeout: self.reconnect_timeout,
         })
     }
 }
@@ -121,9 +132,6 @@ impl MigrateArgs {
 /// The `run` options a migration cannot carry (the same as a snapshot's,
 /// its state is a snapshot's state section), and the modes not there yet.
 pub fn check_migrate_options(args: &RunArgs) -> Result<(), String> {
-    if args.migrate.migrate_mode != MigrateMode::Precopy {
-        return Err("--migrate-mode: only precopy is implemented so far".into());
-    }
     if args.snapshot_at.is_some() {
         return Err("--migrate-to and --snapshot-at together are not supported".into());
     }
@@ -269,6 +277,7 @@ pub fn restore(args: RestoreArgs) -> u8 {
         dirty_log_period: Duration::from_millis(10),
         snapshot: args.snapshot_at.zip(args.snapshot.clone()),
         migrate: None,
+        postcopy: None,
     };
     run_vm(vm, &stop, &options)
 }

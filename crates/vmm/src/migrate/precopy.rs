@@ -28,6 +28,10 @@ pub struct MigrateSpec {
     pub max_rounds: u32,
     /// Host time to wait for the destination at each step.
     pub timeout: Duration,
+    /// Pre-copy, post-copy or hybrid.
+    pub mode: super::MigrateMode,
+    /// Post-copy: host time to keep trying to reconnect after a break.
+    pub reconnect_timeout: Duration,
 }
 
 /// A migration's figures, all in virtual time from the link model.
@@ -48,9 +52,13 @@ pub struct MigrationReport {
     pub final_pages: u64,
     /// Collecting the dirty log, in all.
     pub dirty_log_get_ms: f64,
-    /// Set when the migration failed (the VM went on at the source).
+    /// Set when the migration failed (the VM went on at the source, or,
+    /// after a post-copy switch-over, could not be completed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failed: Option<String>,
+    /// Post-copy and hybrid: what went after the switch-over.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub postcopy: Option<super::postcopy::PostcopySent>,
 }
 
 /// How a migration attempt ended.
@@ -62,9 +70,12 @@ pub enum Outcome {
     /// While pre-copy ran the guest, the run ended (the guest stopped, a
     /// limit, a signal): the migration was abandoned.
     Ended(MigrationReport, crate::session::Ending),
+    /// Post-copy: the VM runs at the destination, but its pages could not
+    /// all be sent (the connection broke for good); the VM is lost here.
+    Lost(MigrationReport),
 }
 
-fn ms(c: Cycles) -> f64 {
+pub(super) fn ms(c: Cycles) -> f64 {
     c.0 as f64 / hv::CYCLES_PER_SECOND as f64 * 1e3
 }
 
@@ -90,8 +101,12 @@ fn send_pages(vm: &mut Vm, link: &mut Link, gfns: &[u64]) -> Result<u64, String>
     Ok(bytes)
 }
 
-/// Migrates `vm` (stopped at `spec.at`) by pre-copy.
+/// Migrates `vm` (stopped at `spec.at`) by pre-copy, or as
+/// `--migrate-mode` says.
 pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Outcome {
+    if spec.mode != super::MigrateMode::Precopy {
+        return super::postcopy::migrate(vm, spec, run_for);
+    }
     let mut report = MigrationReport {
         mode: "precopy",
         to: spec.to.clone(),
@@ -173,7 +188,7 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
     }
 }
 
-fn connect(to: &str, timeout: Duration) -> Result<Link, LinkError> {
+pub(super) fn connect(to: &str, timeout: Duration) -> Result<Link, LinkError> {
     let addr = to
         .to_socket_addrs()?
         .next()
@@ -184,7 +199,7 @@ fn connect(to: &str, timeout: Duration) -> Result<Link, LinkError> {
 
 /// The rounds while the guest runs; returns the pages left for the
 /// stop-and-copy round (`Ok(Err(ending))`: the run ended meanwhile).
-fn precopy_rounds(
+pub(super) fn precopy_rounds(
     vm: &mut Vm,
     spec: &MigrateSpec,
     link: &mut Link,

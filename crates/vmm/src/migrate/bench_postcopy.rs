@@ -1,0 +1,365 @@
+//! `faultline bench migrate --postcopy`: seed 002's migration case. A
+//! loaded guest (`apfcalc -c`: the seed's "testsuite", a writer thread
+//! sweeping an array plus a calculation thread counting while it runs)
+//! migrates by post-copy to a second faultline process on loopback, with
+//! async page faults off and on (`--apf off`, `--apf pv`). For each mode:
+//!
+//! 1. the migration, to the guest's end: the post-copy figures (pages,
+//!    requests, waits, time on the link), the source's total, the
+//!    writer's time and the calculation count after the switch-over;
+//! 2. the same migration with the destination stopped when the last page
+//!    is in (virtual time): the guest instructions retired while pages
+//!    were still coming (guest progress during the post-copy);
+//! 3. the same guest without a migration, stopped at that same time, and
+//!    run to its end: the instructions of the same window and the
+//!    writer's time and count without a migration, beside.
+
+use crate::plot;
+use serde::Serialize;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Seed 002, scenario (b) (migrating the workload, calculation thread
+/// on): total time with async PF against without, in %, over its five
+/// runs (−5.4, −3.3, −5.5, −7.1, −4.4).
+const SEED_002_TIME_PCT: (f64, f64) = (-7.1, -3.3);
+
+/// The options of seed 002's case.
+#[derive(Debug, Clone)]
+pub struct PostcopyCase {
+    pub json: bool,
+    pub vcpus: u32,
+    pub mem: u64,
+    pub array: u64,
+    pub loops: u64,
+    pub at: Duration,
+    pub link_bandwidth: u64,
+    pub seed: u64,
+    pub plot: Option<std::path::PathBuf>,
+}
+
+/// One row: one async-PF mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct PostcopyRow {
+    pub apf: &'static str,
+    /// Pages still at the source at the switch-over.
+    pub pages: u64,
+    pub requested: u64,
+    pub waited: u64,
+    pub wait_ms: f64,
+    /// From the switch-over to the last page (virtual time).
+    pub postcopy_ms: f64,
+    /// The source's total: downtime + post-copy.
+    pub total_ms: f64,
+    /// Guest instructions retired from the switch-over to the last page,
+    /// migrated and not.
+    pub during_instructions: u64,
+    pub during_instructions_unmigrated: u64,
+    /// The writer's time and the calculation count (apfcalc), migrated
+    /// and not.
+    pub writer_ms: f64,
+    pub calc: u64,
+    pub writer_ms_unmigrated: f64,
+    pub calc_unmigrated: u64,
+    /// Page-not-present notifications at the destination's end.
+    pub not_present: u64,
+}
+
+fn faultline() -> Command {
+    Command::new(std::env::current_exe().unwrap_or_else(|_| "faultline".into()))
+}
+
+fn json_of(out: &[u8], what: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_slice(out).map_err(|e| {
+        format!(
+            "{what}: not a JSON summary ({e}): {}",
+            String::from_utf8_lossy(out)
+        )
+    })
+}
+
+/// `key=value` from the guest's report lines.
+fn report(v: &serde_json::Value, key: &str) -> Result<u64, String> {
+    v["reports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["line"].as_str())
+        .flat_map(|l| l.split_whitespace())
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+        .ok_or_else(|| format!("the guest did not report {key}"))
+}
+
+fn u(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+fn ns_arg(d: Duration) -> String {
+    format!("{}ns", d.as_nanos())
+}
+
+impl PostcopyCase {
+    fn run_args(&self, apf: &str, limit: Option<Duration>) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "run",
+            "--stats",
+            "json",
+            "--vcpus",
+            &self.vcpus.to_string(),
+            "--mem",
+            &self.mem.to_string(),
+            "--seed",
+            &self.seed.to_string(),
+            "--apf",
+            apf,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if let Some(limit) = limit {
+            args.extend(["--time-limit".to_string(), ns_arg(limit)]);
+        }
+        args.extend(
+            format!("-- apfcalc -m {}M -l {} -c", self.array >> 20, self.loops)
+                .split(' ')
+                .map(String::from),
+        );
+        args
+    }
+
+    /// A migration of the guest; the destination stops at `dest_limit`
+    /// if given. Returns (source, destination) summaries.
+    fn migrate(
+        &self,
+        apf: &str,
+        dest_limit: Option<Duration>,
+    ) -> Result<(serde_json::Value, serde_json::Value), String> {
+        let mut dest = faultline();
+        dest.args(["incoming", "--listen", "127.0.0.1:0", "--stats", "json"]);
+        if let Some(limit) = dest_limit {
+            dest.args(["--time-limit".to_string(), ns_arg(limit)]);
+        }
+        let mut dest = dest
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting the destination: {e}"))?;
+        let mut err = BufReader::new(dest.stderr.take().ok_or("no stderr")?);
+        let mut line = String::new();
+        err.read_line(&mut line).map_err(|e| e.to_string())?;
+        let addr = line
+            .trim()
+            .strip_prefix("faultline: listening on ")
+            .ok_or_else(|| format!("destination: {line}"))?
+            .to_string();
+        let drain = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        let mut args = self.run_args(apf, None);
+        let split = args.iter().position(|a| a == "--").unwrap_or(args.len());
+        let migrate = [
+            "--migrate-to".to_string(),
+            addr,
+            "--migrate-at".into(),
+            ns_arg(self.at),
+            "--migrate-mode".into(),
+            "postcopy".into(),
+            "--link-bandwidth".into(),
+            self.link_bandwidth.to_string(),
+        ];
+        args.splice(split..split, migrate);
+        let src = faultline().args(&args).output();
+        let src = match src {
+            Ok(src) => src,
+            Err(e) => {
+                let _ = dest.kill();
+                return Err(format!("source: {e}"));
+            }
+        };
+        if !String::from_utf8_lossy(&src.stdout).contains("\"migrated\"") {
+            // The guest ended before --at: nobody will connect.
+            let _ = dest.kill();
+        }
+        let dst = dest.wait_with_output().map_err(|e| e.to_string())?;
+        let dst_err = drain.join().unwrap_or_default();
+        let src = json_of(&src.stdout, "source")?;
+        if src["stop"]["reason"] != "migrated" || !src["migration"]["failed"].is_null() {
+            return Err(format!("the source did not migrate: {}", src["migration"]));
+        }
+        let dst = json_of(&dst.stdout, &format!("destination ({dst_err})"))?;
+        Ok((src, dst))
+    }
+
+    fn plain(&self, apf: &str, limit: Option<Duration>) -> Result<serde_json::Value, String> {
+        let out = faultline()
+            .args(self.run_args(apf, limit))
+            .output()
+            .map_err(|e| format!("run: {e}"))?;
+        json_of(&out.stdout, "run without migration")
+    }
+
+    fn row(&self, apf: &'static str) -> Result<PostcopyRow, String> {
+        let (src, dst) = self.migrate(apf, None)?;
+        let post = &dst["postcopy"];
+        let postcopy_ms = post["complete_ms"].as_f64().unwrap_or(0.0);
+        let switch_cycles = u(&src["virtual_cycles"]);
+        // The last page's arrival, rounded up to a nanosecond.
+        let window_end = Duration::from_nanos(
+            ((u128::from(switch_cycles) * 1_000_000_000).div_ceil(u128::from(hv::CYCLES_PER_SECOND))
+                as u64)
+                + (postcopy_ms * 1e6).ceil() as u64,
+        );
+        let (_, during) = self.migrate(apf, Some(window_end))?;
+        let at_switch = self.plain(apf, Some(self.at))?;
+        let unmigrated_during = self.plain(apf, Some(window_end))?;
+        let unmigrated = self.plain(apf, None)?;
+        Ok(PostcopyRow {
+            apf,
+            pages: u(&post["pages"]),
+            requested: u(&post["requested"]),
+            waited: u(&post["waited"]),
+            wait_ms: post["wait_ms"].as_f64().unwrap_or(0.0),
+            postcopy_ms,
+            total_ms: src["migration"]["total_ms"].as_f64().unwrap_or(0.0),
+            during_instructions: u(&during["instructions"]).saturating_sub(u(&src["instructions"])),
+            during_instructions_unmigrated: u(&unmigrated_during["instructions"])
+                .saturating_sub(u(&at_switch["instructions"])),
+            writer_ms: report(&dst, "apfcalc_ns")? as f64 / 1e6,
+            calc: report(&dst, "apfcalc_calc")?,
+            writer_ms_unmigrated: report(&unmigrated, "apfcalc_ns")? as f64 / 1e6,
+            calc_unmigrated: report(&unmigrated, "apfcalc_calc")?,
+            not_present: u(&dst["apf"]["not_present_sent"]),
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "apfcalc -m {}M -l {} -c, {} vCPU(s), {} MiB guest, post-copy at {:?} over {} B/s",
+            self.array >> 20,
+            self.loops,
+            self.vcpus,
+            self.mem >> 20,
+            self.at,
+            self.link_bandwidth
+        )
+    }
+
+    /// Runs seed 002's case; the exit status.
+    pub fn bench(&self) -> u8 {
+        let mut rows = Vec::new();
+        for apf in ["off", "pv"] {
+            match self.row(apf) {
+                Ok(row) => rows.push(row),
+                Err(e) => {
+                    eprintln!("faultline: bench migrate --postcopy (apf {apf}): {e}");
+                    return crate::EXIT_VM_ERROR;
+                }
+            }
+        }
+        let change = |on: f64, off: f64| (on - off) / off.max(1e-9) * 100.0;
+        let (off, on) = (&rows[0], &rows[1]);
+        let time_change = change(on.writer_ms, off.writer_ms);
+        let calc_change = change(on.calc as f64, off.calc as f64);
+        let during_change = change(
+            on.during_instructions as f64,
+            off.during_instructions as f64,
+        );
+        if let Err(e) = self.plot(&rows) {
+            eprintln!("faultline: bench migrate --postcopy: the plot: {e}");
+            return crate::EXIT_VM_ERROR;
+        }
+        if self.json {
+            let doc = serde_json::json!({
+                "case": "seed 002: post-copy of a loaded guest",
+                "results": rows,
+                "apf_on_vs_off": {
+                    "writer_time_pct": time_change,
+                    "calc_pct": calc_change,
+                    "during_instructions_pct": during_change,
+                    "seed_002_time_pct": [SEED_002_TIME_PCT.0, SEED_002_TIME_PCT.1],
+                },
+            });
+            println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+            return 0;
+        }
+        println!(
+            "seed 002: post-copy migration of a loaded guest, {}",
+            self.describe()
+        );
+        println!(
+            "{:<4} {:>6} {:>9} {:>7} {:>8} {:>10} {:>9} {:>14} {:>14} {:>10} {:>11} {:>12} {:>11}",
+            "apf",
+            "pages",
+            "requested",
+            "waited",
+            "wait ms",
+            "postcopy ms",
+            "total ms",
+            "instr. during",
+            "(no migration)",
+            "writer ms",
+            "(no migr.)",
+            "calculation",
+            "(no migr.)"
+        );
+        for r in &rows {
+            println!(
+                "{:<4} {:>6} {:>9} {:>7} {:>8.3} {:>10.3} {:>9.3} {:>14} {:>14} {:>10.3} {:>11.3} {:>12} {:>11}",
+                r.apf,
+                r.pages,
+                r.requested,
+                r.waited,
+                r.wait_ms,
+                r.postcopy_ms,
+                r.total_ms,
+                r.during_instructions,
+                r.during_instructions_unmigrated,
+                r.writer_ms,
+                r.writer_ms_unmigrated,
+                r.calc,
+                r.calc_unmigrated
+            );
+        }
+        println!(
+            "APF on vs off, migrated: writer time {time_change:+.1} % (seed 002: {:+.1} % to {:+.1} %), calculation {calc_change:+.1} %, guest instructions while pages came {during_change:+.1} %",
+            SEED_002_TIME_PCT.0, SEED_002_TIME_PCT.1
+        );
+        0
+    }
+
+    fn plot(&self, rows: &[PostcopyRow]) -> Result<(), String> {
+        let path = self.plot.clone().unwrap_or_else(|| {
+            std::path::Path::new(crate::bench::RESULTS_DIR).join("bench-migrate-postcopy.svg")
+        });
+        if self.plot.is_none() {
+            std::fs::create_dir_all(crate::bench::RESULTS_DIR).map_err(|e| e.to_string())?;
+        }
+        let bars: Vec<plot::Bar> = rows
+            .iter()
+            .map(|r| plot::Bar {
+                label: format!("apf {}", r.apf),
+                value: r.during_instructions as f64,
+                reference: Some(r.during_instructions_unmigrated as f64),
+                note: format!(
+                    "{:.0} % of unmigrated; writer {:.1} ms",
+                    r.during_instructions as f64 * 100.0
+                        / r.during_instructions_unmigrated.max(1) as f64,
+                    r.writer_ms
+                ),
+            })
+            .collect();
+        plot::bars(
+            &path,
+            "Seed 002: guest progress while post-copy pages come",
+            &self.describe(),
+            "guest instructions, switch-over to last page",
+            "the same window without a migration",
+            &bars,
+        )?;
+        eprintln!("faultline: plot written to {}", path.display());
+        Ok(())
+    }
+}
