@@ -111,6 +111,13 @@ impl PhysMemory {
         }
     }
 
+    /// The mapping's base and the per-frame code marks (one byte per
+    /// frame, non-zero: holds decoded code), for the translator's inline
+    /// accesses.
+    pub(crate) fn jit_view(&self) -> (*mut u8, *const u8) {
+        (self.base, self.code_frames.as_ptr().cast())
+    }
+
     /// Raw pointer to `hpa`. Only valid after [`Self::check`].
     #[inline]
     fn ptr(&self, hpa: Hpa) -> *mut u8 {

@@ -25,7 +25,7 @@ pub mod code_cache;
 pub mod debug_regs;
 mod event;
 pub(crate) mod fast;
-mod l1tlb;
+pub(crate) mod l1tlb;
 mod legacy;
 mod mmio;
 pub use event::has_error_code;

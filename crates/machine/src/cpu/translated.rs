@@ -49,8 +49,11 @@ impl Cpu {
         if self.engine != Engine::Jit || !whole {
             return None;
         }
+        let user = self.state.cpl() == 3;
         if let Some(t) = block.jit.get() {
-            return t.as_ref();
+            // Made for the other privilege: its inline accesses would use
+            // the other first-level TLB class (rare: interpret).
+            return t.as_ref().filter(|t| t.user == user);
         }
         let runs = block.runs.get() + 1;
         block.runs.set(runs);
@@ -58,9 +61,14 @@ impl Cpu {
             return None;
         }
         let offsets = self.jit_offsets();
-        let translation = match jit::translate(block, offsets, jit::native::call_out_address()) {
+        let translation = match jit::translate(
+            block,
+            offsets,
+            jit::native::call_out_address(),
+            user,
+        ) {
             Ok(code) => {
-                let t = self.jit_arena.install(&code);
+                let t = self.jit_arena.install(&code, user);
                 match &t {
                     Some(_) => {
                         self.jit_stats.blocks_translated += 1;
@@ -93,7 +101,14 @@ impl Cpu {
     ) -> (usize, u64, Step) {
         // The generated code keeps the flags exact in `state.rflags`.
         self.flush_flags();
-        let r = t.run(self, mem, block);
+        let (mem_base, code_frames) = mem.jit_view();
+        let env = jit::native::Env {
+            l1_slots: self.l1.slots_address(),
+            mem_base,
+            mem_size: mem.size(),
+            code_frames,
+        };
+        let r = t.run(self, mem, block, &env);
         let k = (r >> 8) as usize;
         let Some(op) = block.insns.get(k) else {
             // Cannot happen: the code only reports its own instructions.
@@ -121,6 +136,8 @@ impl Cpu {
             gpr: off(self.state.gpr.as_ptr() as usize),
             rflags: off(&self.state.rflags as *const u64 as usize),
             next_rip: off(&self.next_rip as *const u64 as usize),
+            tlb_epoch: off(self.tlb.epoch_address()),
+            mode_epoch: off(&self.mode_epoch as *const u64 as usize),
         }
     }
 

@@ -34,8 +34,10 @@ pub(crate) mod native;
 use crate::alu::{BinOp, Size};
 use crate::cpu::code_cache::Block;
 use crate::cpu::fast::{Fast, MemOp, NONE_REG};
+use crate::cpu::l1tlb::{SLOTS, SLOT_BYTES};
 use iced_x86::code_asm::{
-    eax, ecx, qword_ptr, r12, r13, rax, rbx, rcx, rdi, rdx, rsi, CodeAssembler, CodeLabel,
+    byte_ptr, eax, ecx, edx, qword_ptr, r12, r13, r14, r15, rax, rbp, rbx, rcx, rdi, rdx, rsi,
+    rsp, CodeAssembler, CodeLabel,
 };
 use iced_x86::{Code, IcedError, Instruction, MemoryOperand, Register};
 use std::fmt;
@@ -119,7 +121,17 @@ pub(crate) struct Offsets {
     pub gpr: i32,
     pub rflags: i32,
     pub next_rip: i32,
+    /// The TLB's epoch and the CPU's mode epoch: a first-level TLB slot is
+    /// valid while both equal the ones it recorded.
+    pub tlb_epoch: i32,
+    pub mode_epoch: i32,
 }
+
+/// Offsets in [`native::Env`].
+const ENV_L1: i32 = 0;
+const ENV_MEM_BASE: i32 = 8;
+const ENV_MEM_SIZE: i32 = 16;
+const ENV_CODE_FRAMES: i32 = 24;
 
 /// The arithmetic flags (CF PF AF ZF SF OF).
 const ARITH: u32 = 0x8d5;
@@ -146,6 +158,26 @@ pub(crate) fn is_native(f: &Fast) -> bool {
     )
 }
 
+/// Whether the translator runs this form with an inline first-level-TLB
+/// access (falling back to the interpreter for that instruction on a miss,
+/// a page-crossing access, a store into a code frame...).
+pub(crate) fn is_inline_memory(f: &Fast) -> bool {
+    let flat = |m: &MemOp| m.seg == 0;
+    match f {
+        Fast::MovRM { m, .. }
+        | Fast::MovMR { m, .. }
+        | Fast::ExtendM { m, .. }
+        | Fast::AluRM { m, .. }
+        | Fast::AluMR { m, .. }
+        | Fast::CmovM { m, .. } => flat(m),
+        Fast::MovMI { m, size, imm } | Fast::AluMI { m, size, imm, .. } => {
+            flat(m) && (*size != Size::B8 || *imm as i64 == *imm as i32 as i64)
+        }
+        Fast::Push { .. } | Fast::Pop { .. } | Fast::Call { .. } | Fast::Ret => true,
+        _ => false,
+    }
+}
+
 /// Why a block was not translated.
 #[derive(Debug)]
 #[allow(dead_code)] // The payloads are for debugging output.
@@ -169,8 +201,21 @@ impl From<IcedError> for NotTranslated {
 /// Host code for `block`: position-independent bytes to be installed in a
 /// [`native::Arena`]. `helper` is the address of the per-instruction
 /// call-out into the interpreter.
-pub(crate) fn translate(block: &Block, o: Offsets, helper: u64) -> Result<Vec<u8>, NotTranslated> {
-    if block.bits != 64 || !block.insns.iter().any(|op| is_native(&op.fast)) {
+///
+/// `user`: the code runs at CPL 3 (the first-level TLB class of its inline
+/// accesses).
+pub(crate) fn translate(
+    block: &Block,
+    o: Offsets,
+    helper: u64,
+    user: bool,
+) -> Result<Vec<u8>, NotTranslated> {
+    if block.bits != 64
+        || !block
+            .insns
+            .iter()
+            .any(|op| is_native(&op.fast) || is_inline_memory(&op.fast))
+    {
         return Err(NotTranslated::NothingNative);
     }
     let mut e = Emitter {
@@ -180,17 +225,25 @@ pub(crate) fn translate(block: &Block, o: Offsets, helper: u64) -> Result<Vec<u8
         dirty: false,
         af_clear: false,
         exits: Vec::new(),
+        slow: Vec::new(),
         helper,
+        user,
     };
     let mut epilogue = e.a.create_label();
-    // Prologue: rbx = cpu, r12 = memory, r13 = block. Three pushes after
-    // the return address leave rsp 16-byte aligned for the call-outs.
+    // Prologue: rbx = cpu, r12 = memory, r13 = block, r14 = env. Six
+    // pushes and 8 bytes after the return address leave rsp 16-byte
+    // aligned for the call-outs.
     e.a.push(rbx)?;
+    e.a.push(rbp)?;
     e.a.push(r12)?;
     e.a.push(r13)?;
+    e.a.push(r14)?;
+    e.a.push(r15)?;
+    e.a.sub(rsp, 8)?;
     e.a.mov(rbx, rdi)?;
     e.a.mov(r12, rsi)?;
     e.a.mov(r13, rdx)?;
+    e.a.mov(r14, rcx)?;
     let last = block.insns.len() - 1;
     let mut ended = false;
     for (k, op) in block.insns.iter().enumerate() {
@@ -204,7 +257,22 @@ pub(crate) fn translate(block: &Block, o: Offsets, helper: u64) -> Result<Vec<u8
                 ended = true;
                 break;
             }
+            Fast::Call { target } => {
+                e.inline_memory(k, &op.fast, op.next_ip, epilogue)?;
+                e.set_next_rip(target)?;
+                e.a.mov(eax, (status::LEAVE | (k as u64) << 8) as u32)?;
+                e.a.jmp(epilogue)?;
+                ended = true;
+                break;
+            }
+            Fast::Ret => {
+                // Leaves through the inline code (or the call-out).
+                e.inline_memory(k, &op.fast, op.next_ip, epilogue)?;
+                ended = true;
+                break;
+            }
             f if is_native(&f) => e.native(k, &f)?,
+            f if is_inline_memory(&f) => e.inline_memory(k, &f, op.next_ip, epilogue)?,
             _ => e.call_out(k, epilogue)?,
         }
     }
@@ -212,6 +280,19 @@ pub(crate) fn translate(block: &Block, o: Offsets, helper: u64) -> Result<Vec<u8
         e.capture_if_dirty()?;
         e.a.mov(eax, (status::NEXT_IP | (last as u64) << 8) as u32)?;
         e.a.jmp(epilogue)?;
+    }
+    // Slow paths of inline accesses: the instruction through the
+    // interpreter, then back (with the flags in the host if the fast path
+    // leaves them there).
+    let slow = std::mem::take(&mut e.slow);
+    for mut x in slow {
+        e.a.set_label(&mut x.label)?;
+        e.emit_call(x.k, epilogue)?;
+        if x.flags_in_host {
+            e.host_valid = false;
+            e.need_flags()?;
+        }
+        e.a.jmp(x.cont)?;
     }
     // Taken conditional branches leave through these stubs.
     let exits = std::mem::take(&mut e.exits);
@@ -225,8 +306,12 @@ pub(crate) fn translate(block: &Block, o: Offsets, helper: u64) -> Result<Vec<u8
         e.a.jmp(epilogue)?;
     }
     e.a.set_label(&mut epilogue)?;
+    e.a.add(rsp, 8)?;
+    e.a.pop(r15)?;
+    e.a.pop(r14)?;
     e.a.pop(r13)?;
     e.a.pop(r12)?;
+    e.a.pop(rbp)?;
     e.a.pop(rbx)?;
     e.a.ret()?;
     Ok(e.a.assemble(0)?)
@@ -242,6 +327,17 @@ struct Exit {
     af_clear: bool,
 }
 
+/// The slow path of an inline access, emitted after the block.
+struct Slow {
+    label: CodeLabel,
+    k: usize,
+    /// Where the fast path ends.
+    cont: CodeLabel,
+    /// The fast path leaves the guest flags in the host flags; so must
+    /// the slow path.
+    flags_in_host: bool,
+}
+
 struct Emitter {
     a: CodeAssembler,
     o: Offsets,
@@ -252,7 +348,9 @@ struct Emitter {
     /// The last flag writer was a logic op: AF is clear for the interpreter.
     af_clear: bool,
     exits: Vec<Exit>,
+    slow: Vec<Slow>,
     helper: u64,
+    user: bool,
 }
 
 /// Index of an operand size in the per-size code tables.
@@ -267,6 +365,7 @@ fn si(size: Size) -> usize {
 
 const ACC: [Register; 4] = [Register::AL, Register::AX, Register::EAX, Register::RAX];
 const SEC: [Register; 4] = [Register::CL, Register::CX, Register::ECX, Register::RCX];
+const DXR: [Register; 4] = [Register::DL, Register::DX, Register::EDX, Register::RDX];
 const MOV_R_RM: [Code; 4] = [
     Code::Mov_r8_rm8,
     Code::Mov_r16_rm16,
@@ -579,6 +678,13 @@ impl Emitter {
     /// Instruction `k` through the interpreter.
     fn call_out(&mut self, k: usize, epilogue: CodeLabel) -> Result<(), NotTranslated> {
         self.capture_if_dirty()?;
+        self.emit_call(k, epilogue)?;
+        self.host_valid = false;
+        Ok(())
+    }
+
+    /// The call of [`Self::call_out`], the flags already written back.
+    fn emit_call(&mut self, k: usize, epilogue: CodeLabel) -> Result<(), NotTranslated> {
         self.a.mov(rdi, rbx)?;
         self.a.mov(rsi, r12)?;
         self.a.mov(rdx, r13)?;
@@ -587,7 +693,6 @@ impl Emitter {
         self.a.call(rax)?;
         self.a.test(rax, rax)?;
         self.a.jne(epilogue)?;
-        self.host_valid = false;
         Ok(())
     }
 
@@ -773,6 +878,262 @@ impl Emitter {
                 });
             }
             _ => return Err(NotTranslated::Unsupported("not a native form")),
+        }
+        Ok(())
+    }
+
+    /// With the linear address in rax, leaves in rdx the host address of
+    /// an access of `size` bytes, or jumps to `slow` when the first-level
+    /// TLB (the class of this kind and privilege) does not hold the page
+    /// for the current TLB and mode epochs, the access crosses the page,
+    /// the frame is outside memory, or a store would hit a frame holding
+    /// decoded code. On the fast path nothing is changed, exactly as an L1
+    /// hit in the interpreter changes nothing. Clobbers rcx and the flags.
+    fn fast_access(&mut self, write: bool, size: Size, slow: CodeLabel) -> Result<(), NotTranslated> {
+        let n = size.bytes() as i32;
+        self.a.mov(ecx, eax)?;
+        self.a.and(ecx, 0xfff)?;
+        self.a.cmp(ecx, 0x1000 - n)?;
+        self.a.ja(slow)?;
+        // Page number + 1, as the slots record it.
+        self.a.mov(rdx, rax)?;
+        self.a.shr(rdx, 12)?;
+        self.a.inc(rdx)?;
+        self.a.mov(ecx, edx)?;
+        self.a.and(ecx, (SLOTS - 1) as i32)?;
+        self.a.shl(ecx, SLOT_BYTES.trailing_zeros())?;
+        self.a.add(rcx, qword_ptr(r14 + ENV_L1))?;
+        let class = (write as usize) * 2 + self.user as usize;
+        let c = (class * SLOTS * SLOT_BYTES) as i32;
+        self.a.cmp(rdx, qword_ptr(rcx + c))?;
+        self.a.jne(slow)?;
+        self.a.mov(rdx, qword_ptr(rcx + c + 16))?;
+        self.a.cmp(rdx, qword_ptr(rbx + self.o.tlb_epoch))?;
+        self.a.jne(slow)?;
+        self.a.mov(rdx, qword_ptr(rcx + c + 24))?;
+        self.a.cmp(rdx, qword_ptr(rbx + self.o.mode_epoch))?;
+        self.a.jne(slow)?;
+        // The frame: inside memory (its size is a multiple of 4 KiB).
+        self.a.mov(rdx, qword_ptr(rcx + c + 8))?;
+        self.a.cmp(rdx, qword_ptr(r14 + ENV_MEM_SIZE))?;
+        self.a.jae(slow)?;
+        if write {
+            self.a.mov(rcx, rdx)?;
+            self.a.shr(rcx, 12)?;
+            self.a.add(rcx, qword_ptr(r14 + ENV_CODE_FRAMES))?;
+            self.a.cmp(byte_ptr(rcx), 0)?;
+            self.a.jne(slow)?;
+        }
+        self.a.mov(ecx, eax)?;
+        self.a.and(ecx, 0xfff)?;
+        self.a.add(rdx, rcx)?;
+        self.a.add(rdx, qword_ptr(r14 + ENV_MEM_BASE))?;
+        Ok(())
+    }
+
+    /// `reg = [rdx]` at `size` (32 bits zero-extend).
+    fn load_host(&mut self, reg: [Register; 4], size: Size) -> Result<(), NotTranslated> {
+        let m = MemoryOperand::with_base(Register::RDX);
+        self.add(Instruction::with2(MOV_R_RM[si(size)], reg[si(size)], m))
+    }
+
+    /// A memory form with an inline access (see [`is_inline_memory`]);
+    /// instruction `k` through the interpreter when the fast path cannot
+    /// serve it.
+    fn inline_memory(
+        &mut self,
+        k: usize,
+        f: &Fast,
+        next_ip: u64,
+        epilogue: CodeLabel,
+    ) -> Result<(), NotTranslated> {
+        // The slow path needs the flags exact in `state.rflags`, and the
+        // checks clobber the host flags.
+        self.capture_if_dirty()?;
+        self.host_valid = false;
+        let slow = self.a.create_label();
+        let mut cont = self.a.create_label();
+        let at_rdx = MemoryOperand::with_base(Register::RDX);
+        let mut writes_flags = None;
+        match *f {
+            Fast::MovRM { dst, size, m } => {
+                self.lea(&m)?;
+                self.fast_access(false, size, slow)?;
+                self.load_host(ACC, size)?;
+                self.store_acc(dst, size)?;
+            }
+            Fast::MovMR { src, size, m } => {
+                self.lea(&m)?;
+                self.fast_access(true, size, slow)?;
+                self.load(SEC, src, size)?;
+                self.add(Instruction::with2(MOV_RM_R[si(size)], at_rdx, SEC[si(size)]))?;
+            }
+            Fast::MovMI { size, imm, m } => {
+                self.lea(&m)?;
+                self.fast_access(true, size, slow)?;
+                let code = [
+                    Code::Mov_rm8_imm8,
+                    Code::Mov_rm16_imm16,
+                    Code::Mov_rm32_imm32,
+                    Code::Mov_rm64_imm32,
+                ][si(size)];
+                if size == Size::B8 {
+                    self.add(Instruction::with2(code, at_rdx, imm as i32))?;
+                } else {
+                    self.add(Instruction::with2(code, at_rdx, imm as u32))?;
+                }
+            }
+            Fast::ExtendM {
+                dst,
+                dsize,
+                ssize,
+                signed,
+                m,
+            } => {
+                self.lea(&m)?;
+                self.fast_access(false, ssize, slow)?;
+                let code = match (ssize, signed) {
+                    (Size::B1, true) => Code::Movsx_r64_rm8,
+                    (Size::B2, true) => Code::Movsx_r64_rm16,
+                    (Size::B4, true) => Code::Movsxd_r64_rm32,
+                    (Size::B1, false) => Code::Movzx_r64_rm8,
+                    (Size::B2, false) => Code::Movzx_r64_rm16,
+                    (Size::B4, false) => Code::Mov_r32_rm32,
+                    (Size::B8, _) => Code::Mov_r64_rm64,
+                };
+                let r = if code == Code::Mov_r32_rm32 {
+                    Register::EAX
+                } else {
+                    Register::RAX
+                };
+                self.add(Instruction::with2(code, r, at_rdx))?;
+                if dsize == Size::B4 {
+                    self.a.mov(eax, eax)?;
+                }
+                self.store_acc(dst, dsize)?;
+            }
+            Fast::AluRM { op, dst, size, m } => {
+                self.lea(&m)?;
+                self.fast_access(false, size, slow)?;
+                self.load_host(DXR, size)?;
+                if matches!(op, BinOp::Adc | BinOp::Sbb) {
+                    self.need_flags()?;
+                }
+                let (rm_r, r_rm, _) = alu_codes(op);
+                if size == Size::B4 {
+                    self.load(ACC, dst, size)?;
+                    self.add(Instruction::with2(r_rm[2], Register::EAX, Register::EDX))?;
+                    if op != BinOp::Cmp {
+                        self.store_acc(dst, size)?;
+                    }
+                } else {
+                    let g = self.g(dst);
+                    self.add(Instruction::with2(rm_r[si(size)], g, DXR[si(size)]))?;
+                }
+                writes_flags = Some(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
+            }
+            Fast::AluMR { op, src, size, m } => {
+                self.lea(&m)?;
+                // CMP only reads (the interpreter translates it for reading).
+                self.fast_access(op != BinOp::Cmp, size, slow)?;
+                if matches!(op, BinOp::Adc | BinOp::Sbb) {
+                    self.need_flags()?;
+                }
+                self.load(SEC, src, size)?;
+                let (rm_r, _, _) = alu_codes(op);
+                self.add(Instruction::with2(rm_r[si(size)], at_rdx, SEC[si(size)]))?;
+                writes_flags = Some(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
+            }
+            Fast::AluMI { op, size, imm, m } => {
+                self.lea(&m)?;
+                self.fast_access(op != BinOp::Cmp, size, slow)?;
+                if matches!(op, BinOp::Adc | BinOp::Sbb) {
+                    self.need_flags()?;
+                }
+                let (_, _, rm_imm) = alu_codes(op);
+                if size == Size::B8 {
+                    self.add(Instruction::with2(rm_imm[3], at_rdx, imm as i32))?;
+                } else {
+                    self.add(Instruction::with2(rm_imm[si(size)], at_rdx, imm as u32))?;
+                }
+                writes_flags = Some(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
+            }
+            Fast::CmovM { cc, dst, size, m } => {
+                // The source is read whatever the condition.
+                self.lea(&m)?;
+                self.fast_access(false, size, slow)?;
+                self.load_host(DXR, size)?;
+                self.need_flags()?;
+                let code =
+                    cmov_code(cc, size).ok_or(NotTranslated::Unsupported("CMOVcc of this size"))?;
+                self.load(ACC, dst, size)?;
+                self.add(Instruction::with2(code, ACC[si(size)], DXR[si(size)]))?;
+                self.store_acc(dst, size)?;
+                // The fast path loaded the flags, the slow path did not.
+                self.host_valid = false;
+            }
+            Fast::Push { src } => {
+                self.load(ACC, 4, Size::B8)?;
+                self.a.lea(rax, qword_ptr(rax - 8))?;
+                self.fast_access(true, Size::B8, slow)?;
+                self.load(SEC, src, Size::B8)?;
+                self.a.mov(qword_ptr(rdx), rcx)?;
+                self.store_acc(4, Size::B8)?;
+            }
+            Fast::Pop { dst } => {
+                self.load(ACC, 4, Size::B8)?;
+                self.fast_access(false, Size::B8, slow)?;
+                self.a.mov(rcx, qword_ptr(rdx))?;
+                self.a.lea(rax, qword_ptr(rax + 8))?;
+                self.store_acc(4, Size::B8)?;
+                let g = self.g(dst);
+                self.add(Instruction::with2(Code::Mov_rm64_r64, g, Register::RCX))?;
+            }
+            Fast::Call { .. } => {
+                self.load(ACC, 4, Size::B8)?;
+                self.a.lea(rax, qword_ptr(rax - 8))?;
+                self.fast_access(true, Size::B8, slow)?;
+                self.a.mov(rcx, next_ip)?;
+                self.a.mov(qword_ptr(rdx), rcx)?;
+                self.store_acc(4, Size::B8)?;
+            }
+            Fast::Ret => {
+                self.load(ACC, 4, Size::B8)?;
+                self.fast_access(false, Size::B8, slow)?;
+                self.a.mov(rcx, qword_ptr(rdx))?;
+                // A non-canonical return address faults: the slow path.
+                self.a.mov(rdx, rcx)?;
+                self.a.shl(rdx, 16)?;
+                self.a.sar(rdx, 16)?;
+                self.a.cmp(rdx, rcx)?;
+                self.a.jne(slow)?;
+                self.a.lea(rax, qword_ptr(rax + 8))?;
+                self.store_acc(4, Size::B8)?;
+                let m = self.field(self.o.next_rip);
+                self.add(Instruction::with2(Code::Mov_rm64_r64, m, Register::RCX))?;
+                self.a.mov(eax, (status::LEAVE | (k as u64) << 8) as u32)?;
+                self.a.jmp(epilogue)?;
+                // The call-out always leaves the block: it never comes back.
+                self.slow.push(Slow {
+                    label: slow,
+                    k,
+                    cont: epilogue,
+                    flags_in_host: false,
+                });
+                return Ok(());
+            }
+            _ => return Err(NotTranslated::Unsupported("not an inline memory form")),
+        }
+        self.a.set_label(&mut cont)?;
+        self.slow.push(Slow {
+            label: slow,
+            k,
+            cont,
+            flags_in_host: writes_flags.is_some(),
+        });
+        match writes_flags {
+            Some(logic) => self.wrote_flags(logic),
+            None => self.host_valid = false,
         }
         Ok(())
     }

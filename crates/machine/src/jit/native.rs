@@ -70,6 +70,9 @@ pub(crate) struct Translation {
     chunk: Rc<Chunk>,
     offset: usize,
     len: usize,
+    /// Made for user-mode (CPL 3) accesses: the first-level TLB class its
+    /// inline accesses use. Run only at that privilege.
+    pub(crate) user: bool,
 }
 
 impl std::fmt::Debug for Translation {
@@ -81,14 +84,28 @@ impl std::fmt::Debug for Translation {
     }
 }
 
-/// The signature of generated code: (cpu, memory, block) -> status.
-type Entry = extern "sysv64" fn(*mut Cpu, *const PhysMemory, *const Block) -> u64;
+/// What generated code reads besides the `Cpu`, passed per call (fields at
+/// fixed offsets: see `jit::ENV_*`).
+#[repr(C)]
+pub(crate) struct Env {
+    /// The first-level TLB's slots (`Cpu::l1`).
+    pub l1_slots: usize,
+    /// Host address of host-physical 0.
+    pub mem_base: *mut u8,
+    /// Bytes of host-physical memory.
+    pub mem_size: u64,
+    /// One byte per frame, non-zero when the frame holds decoded code.
+    pub code_frames: *const u8,
+}
+
+/// The signature of generated code: (cpu, memory, block, env) -> status.
+type Entry = extern "sysv64" fn(*mut Cpu, *const PhysMemory, *const Block, *const Env) -> u64;
 
 impl Arena {
     /// Copies position-independent `code` into executable memory.
     /// `None` if the host refuses the mapping or protection change (the
     /// block is then interpreted).
-    pub(crate) fn install(&mut self, code: &[u8]) -> Option<Translation> {
+    pub(crate) fn install(&mut self, code: &[u8], user: bool) -> Option<Translation> {
         if code.is_empty() || code.len() > CHUNK_BYTES {
             return None;
         }
@@ -100,7 +117,7 @@ impl Arena {
                 let c = Rc::new(Chunk::map()?);
                 self.chunk = Some(c.clone());
                 self.used = 0;
-                return self.install(code);
+                return self.install(code, user);
             }
         };
         if !chunk.protect(libc::PROT_READ | libc::PROT_WRITE) {
@@ -121,6 +138,7 @@ impl Arena {
             chunk,
             offset: start,
             len: code.len(),
+            user,
         })
     }
 }
@@ -128,16 +146,27 @@ impl Arena {
 impl Translation {
     /// Runs the block's host code on `cpu`. `block` must be the block this
     /// translation was made from (it is what the call-outs index).
-    pub(crate) fn run(&self, cpu: &mut Cpu, mem: &PhysMemory, block: &Block) -> u64 {
+    ///
+    /// `env` must describe `cpu`'s first-level TLB and `mem` (the inline
+    /// accesses use it: `Cpu::run_translated` builds it from them).
+    pub(crate) fn run(&self, cpu: &mut Cpu, mem: &PhysMemory, block: &Block, env: &Env) -> u64 {
         // SAFETY: the chunk is mapped read-execute and stays mapped while
         // `self` holds its Rc; `offset` is the start of a complete function
         // produced by `jit::translate` with the `Entry` signature.
         let entry: Entry = unsafe { std::mem::transmute(self.chunk.base.add(self.offset)) };
         // The generated code only touches `cpu` through this pointer, at
         // the offsets `Cpu::jit_offsets` gave (guest registers, RFLAGS,
-        // next_rip), and hands it to `call_out`; `cpu` is not used
-        // otherwise until the call returns.
-        entry(cpu as *mut Cpu, mem as *const PhysMemory, block as *const Block)
+        // next_rip, the epochs), and hands it to `call_out`; `cpu` is not
+        // used otherwise until the call returns. Its inline accesses read
+        // first-level TLB slots and guest memory at the addresses `env`
+        // gives, only inside the slots array and, after checking the frame
+        // against `mem_size`, inside the memory mapping.
+        entry(
+            cpu as *mut Cpu,
+            mem as *const PhysMemory,
+            block as *const Block,
+            env as *const Env,
+        )
     }
 }
 
