@@ -245,6 +245,17 @@ pub struct Cpu {
     /// Whole runs of a block before the translator translates it.
     jit_threshold: u32,
     jit_stats: crate::jit::JitStats,
+    /// Set by a call-out from translated code when something happened
+    /// that the run loop must look at before the next block (events, a
+    /// store into code, an IPI, a mode change...): no chaining then.
+    jit_stop: bool,
+    /// Set by translated code when it chained into other blocks, with the
+    /// RIP of the block it ended in (its chaining-table slot).
+    jit_chained: u64,
+    jit_chain_rip: u64,
+    /// The chaining table and the blocks it keeps alive.
+    jit_chain: Box<[crate::jit::ChainEntry]>,
+    jit_chain_blocks: Box<[Option<std::rc::Rc<code_cache::Block>>]>,
 }
 
 impl std::fmt::Debug for Cpu {
@@ -297,6 +308,12 @@ impl Cpu {
             jit_fault: None,
             jit_threshold: translated::TRANSLATE_AFTER_RUNS,
             jit_stats: Default::default(),
+            jit_stop: false,
+            jit_chained: 0,
+            jit_chain_rip: 0,
+            jit_chain: vec![crate::jit::ChainEntry::default(); crate::jit::CHAIN_SLOTS]
+                .into_boxed_slice(),
+            jit_chain_blocks: vec![None; crate::jit::CHAIN_SLOTS].into_boxed_slice(),
         }
     }
 
@@ -664,7 +681,7 @@ impl Cpu {
     /// here, without leaving the loop.
     fn run_blocks(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
         loop {
-            if let Step::Exit(e) = self.run_block(mem) {
+            if let Step::Exit(e) = self.run_block(mem, cycle_limit) {
                 return Step::Exit(e);
             }
             if self.cycles >= cycle_limit
@@ -684,7 +701,7 @@ impl Cpu {
     /// fast paths do not read it, the generic path sets it for itself, and
     /// a fault sets it to the faulting instruction.
     #[inline(always)]
-    fn run_block(&mut self, mem: &PhysMemory) -> Step {
+    fn run_block(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
         let mtf = self.vmx.as_ref().is_some_and(|v| v.monitor_trap_flag);
         let single = self.state.interruptibility != 0 || mtf;
         let block = match self.fetch_block(mem) {
@@ -698,7 +715,7 @@ impl Cpu {
         // looked at again after the first instruction.
         let whole = !(single || self.check_events);
         let (executed, rip, mut step) = match self.translation(&block, whole) {
-            Some(t) => self.run_translated(mem, &block, t),
+            Some(t) => self.run_translated(mem, &block, t, cycle_limit),
             None => self.interpret_block(mem, &block, whole),
         };
         self.state.rip = rip;

@@ -5,7 +5,8 @@
 use super::code_cache::Block;
 use super::{fast, Cpu, Step};
 use crate::jit::native::Translation;
-use crate::jit::{self, status, Engine, Offsets};
+use crate::jit::{self, status, ChainEntry, Engine, Offsets};
+use std::rc::Rc;
 use crate::memory::PhysMemory;
 
 /// Whole runs of a block before it is translated, by default: code run
@@ -67,8 +68,8 @@ impl Cpu {
             jit::native::call_out_address(),
             user,
         ) {
-            Ok(code) => {
-                let t = self.jit_arena.install(&code, user);
+            Ok((code, chain_offset)) => {
+                let t = self.jit_arena.install(&code, chain_offset, user);
                 match &t {
                     Some(_) => {
                         self.jit_stats.blocks_translated += 1;
@@ -96,19 +97,46 @@ impl Cpu {
     pub(super) fn run_translated(
         &mut self,
         mem: &PhysMemory,
-        block: &Block,
+        block: &Rc<Block>,
         t: &Translation,
+        cycle_limit: u64,
     ) -> (usize, u64, Step) {
         // The generated code keeps the flags exact in `state.rflags`.
         self.flush_flags();
-        let (mem_base, code_frames) = mem.jit_view();
+        // Other blocks may chain to this one from now on.
+        let slot = jit::chain_slot(block.rip);
+        let entry = ChainEntry {
+            rip: block.rip,
+            hpa: block.hpa,
+            generation: block.generation as u64,
+            entry: t.chain_entry(),
+            block: Rc::as_ptr(block) as u64,
+            user: t.user as u64,
+        };
+        if self.jit_chain[slot] != entry {
+            self.jit_chain[slot] = entry;
+            self.jit_chain_blocks[slot] = Some(block.clone());
+        }
+        let (mem_base, code_frames, code_generation) = mem.jit_view();
         let env = jit::native::Env {
             l1_slots: self.l1.slots_address(),
             mem_base,
             mem_size: mem.size(),
             code_frames,
+            cycle_limit,
+            chain: self.jit_chain.as_ptr(),
+            code_generation,
         };
+        self.jit_stop = false;
+        self.jit_chained = 0;
         let r = t.run(self, mem, block, &env);
+        // The block it stopped in: this one, or the last it chained to.
+        let last = if self.jit_chained != 0 {
+            self.jit_chain_blocks[jit::chain_slot(self.jit_chain_rip)].clone()
+        } else {
+            None
+        };
+        let block: &Block = last.as_deref().unwrap_or(block);
         let k = (r >> 8) as usize;
         let Some(op) = block.insns.get(k) else {
             // Cannot happen: the code only reports its own instructions.
@@ -138,6 +166,14 @@ impl Cpu {
             next_rip: off(&self.next_rip as *const u64 as usize),
             tlb_epoch: off(self.tlb.epoch_address()),
             mode_epoch: off(&self.mode_epoch as *const u64 as usize),
+            instructions: off(&self.stats.instructions as *const u64 as usize),
+            cycles: off(&self.cycles as *const u64 as usize),
+            next_timer_cycle: off(&self.next_timer_cycle as *const u64 as usize),
+            check_events: off(&self.check_events as *const bool as usize),
+            jit_stop: off(&self.jit_stop as *const bool as usize),
+            jit_chained: off(&self.jit_chained as *const u64 as usize),
+            jit_chain_rip: off(&self.jit_chain_rip as *const u64 as usize),
+            instruction_cost: self.costs.instruction,
         }
     }
 
@@ -148,6 +184,7 @@ impl Cpu {
         let Some(op) = block.insns.get(k) else {
             return status::NEXT_IP | (k as u64) << 8;
         };
+        let mode_epoch = self.mode_epoch;
         let s = match self.exec_op(mem, op) {
             Ok(fast::Flow::Next) => status::NEXT,
             Ok(fast::Flow::Stored) if !self.code_written => status::NEXT,
@@ -159,6 +196,18 @@ impl Cpu {
             }
         };
         self.flush_flags();
+        // Anything the run loop must look at before the next block stops
+        // chaining (what it looks at itself: events, STI/MOV-SS blocking,
+        // activity, a store into code, an IPI, a mode or privilege change).
+        if self.check_events
+            || self.state.interruptibility != 0
+            || self.state.activity != super::Activity::Active
+            || self.code_written
+            || self.pending_ipi.is_some()
+            || self.mode_epoch != mode_epoch
+        {
+            self.jit_stop = true;
+        }
         if s == status::NEXT {
             0
         } else {

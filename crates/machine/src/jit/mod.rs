@@ -36,8 +36,8 @@ use crate::cpu::code_cache::Block;
 use crate::cpu::fast::{Fast, MemOp, NONE_REG};
 use crate::cpu::l1tlb::{SLOTS, SLOT_BYTES};
 use iced_x86::code_asm::{
-    byte_ptr, eax, ecx, edx, qword_ptr, r12, r13, r14, r15, rax, rbp, rbx, rcx, rdi, rdx, rsi,
-    rsp, CodeAssembler, CodeLabel,
+    byte_ptr, dword_ptr, eax, ecx, edx, qword_ptr, r10, r10d, r11, r12, r13, r14, r15, r8, r9,
+    rax, rbp, rbx, rcx, rdi, rdx, rsi, rsp, CodeAssembler, CodeLabel,
 };
 use iced_x86::{Code, IcedError, Instruction, MemoryOperand, Register};
 use std::fmt;
@@ -125,6 +125,47 @@ pub(crate) struct Offsets {
     /// valid while both equal the ones it recorded.
     pub tlb_epoch: i32,
     pub mode_epoch: i32,
+    /// Chaining: the counters a chained block updates itself, the stop
+    /// conditions it checks, and where it reports the block it ended in.
+    pub instructions: i32,
+    pub cycles: i32,
+    pub next_timer_cycle: i32,
+    pub check_events: i32,
+    pub jit_stop: i32,
+    pub jit_chained: i32,
+    pub jit_chain_rip: i32,
+    /// `CycleCosts::instruction` of the CPU.
+    pub instruction_cost: u64,
+}
+
+/// Slots of the chaining table.
+pub(crate) const CHAIN_SLOTS: usize = 4096;
+
+/// One slot of the chaining table: a translated block generated code may
+/// jump to directly, valid while its frame's code-write generation is the
+/// one recorded (`Cpu` keeps the block, and so its code, alive while it is
+/// in the table).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub(crate) struct ChainEntry {
+    pub rip: u64,
+    pub hpa: u64,
+    pub generation: u64,
+    /// Chained entry point of its translation.
+    pub entry: u64,
+    /// The `Block` (what call-outs index).
+    pub block: u64,
+    /// Translated for CPL 3.
+    pub user: u64,
+}
+
+const CHAIN_ENTRY_BYTES: i32 = 48;
+const _: () = assert!(std::mem::size_of::<ChainEntry>() == CHAIN_ENTRY_BYTES as usize);
+
+/// The slot of `rip` in the chaining table (the generated code computes
+/// the same).
+pub(crate) fn chain_slot(rip: u64) -> usize {
+    ((rip ^ (rip >> 12)) as usize) & (CHAIN_SLOTS - 1)
 }
 
 /// Offsets in [`native::Env`].
@@ -132,6 +173,9 @@ const ENV_L1: i32 = 0;
 const ENV_MEM_BASE: i32 = 8;
 const ENV_MEM_SIZE: i32 = 16;
 const ENV_CODE_FRAMES: i32 = 24;
+const ENV_CYCLE_LIMIT: i32 = 32;
+const ENV_CHAIN: i32 = 40;
+const ENV_CODE_GENERATION: i32 = 48;
 
 /// The arithmetic flags (CF PF AF ZF SF OF).
 const ARITH: u32 = 0x8d5;
@@ -199,7 +243,7 @@ impl From<IcedError> for NotTranslated {
 }
 
 /// Host code for `block`: position-independent bytes to be installed in a
-/// [`native::Arena`]. `helper` is the address of the per-instruction
+/// [`native::Arena`], and the offset of its chained entry. `helper` is the address of the per-instruction
 /// call-out into the interpreter.
 ///
 /// `user`: the code runs at CPL 3 (the first-level TLB class of its inline
@@ -209,8 +253,10 @@ pub(crate) fn translate(
     o: Offsets,
     helper: u64,
     user: bool,
-) -> Result<Vec<u8>, NotTranslated> {
+) -> Result<(Vec<u8>, usize), NotTranslated> {
     if block.bits != 64
+        || block.hpa == u64::MAX
+        || o.instruction_cost > i32::MAX as u64
         || !block
             .insns
             .iter()
@@ -228,8 +274,12 @@ pub(crate) fn translate(
         slow: Vec::new(),
         helper,
         user,
+        chain: CodeLabel::default(),
     };
     let mut epilogue = e.a.create_label();
+    let mut chain_try = e.a.create_label();
+    e.chain = chain_try;
+    let mut chained_entry = e.a.create_label();
     // Prologue: rbx = cpu, r12 = memory, r13 = block, r14 = env. Six
     // pushes and 8 bytes after the return address leave rsp 16-byte
     // aligned for the call-outs.
@@ -244,6 +294,10 @@ pub(crate) fn translate(
     e.a.mov(r12, rsi)?;
     e.a.mov(r13, rdx)?;
     e.a.mov(r14, rcx)?;
+    // Chained blocks enter here, with rbx, r12, r14 as above, r13 their
+    // block, and the flags in `state.rflags`.
+    e.a.set_label(&mut chained_entry)?;
+    e.a.nop()?;
     let last = block.insns.len() - 1;
     let mut ended = false;
     for (k, op) in block.insns.iter().enumerate() {
@@ -251,17 +305,13 @@ pub(crate) fn translate(
             Fast::Jmp { target } => {
                 // Always the last instruction of a block.
                 e.capture_if_dirty()?;
-                e.set_next_rip(target)?;
-                e.a.mov(eax, (status::LEAVE | (k as u64) << 8) as u32)?;
-                e.a.jmp(epilogue)?;
+                e.leave_to(k, target)?;
                 ended = true;
                 break;
             }
             Fast::Call { target } => {
                 e.inline_memory(k, &op.fast, op.next_ip, epilogue)?;
-                e.set_next_rip(target)?;
-                e.a.mov(eax, (status::LEAVE | (k as u64) << 8) as u32)?;
-                e.a.jmp(epilogue)?;
+                e.leave_to(k, target)?;
                 ended = true;
                 break;
             }
@@ -278,8 +328,7 @@ pub(crate) fn translate(
     }
     if !ended {
         e.capture_if_dirty()?;
-        e.a.mov(eax, (status::NEXT_IP | (last as u64) << 8) as u32)?;
-        e.a.jmp(epilogue)?;
+        e.leave_to(last, block.insns[last].next_ip)?;
     }
     // Slow paths of inline accesses: the instruction through the
     // interpreter, then back (with the flags in the host if the fast path
@@ -301,10 +350,10 @@ pub(crate) fn translate(
         if x.dirty {
             e.capture(x.af_clear)?;
         }
-        e.set_next_rip(x.target)?;
-        e.a.mov(eax, (status::LEAVE | (x.k as u64) << 8) as u32)?;
-        e.a.jmp(epilogue)?;
+        e.leave_to(x.k, x.target)?;
     }
+    e.a.set_label(&mut chain_try)?;
+    e.chain_try(epilogue)?;
     e.a.set_label(&mut epilogue)?;
     e.a.add(rsp, 8)?;
     e.a.pop(r15)?;
@@ -314,7 +363,11 @@ pub(crate) fn translate(
     e.a.pop(rbp)?;
     e.a.pop(rbx)?;
     e.a.ret()?;
-    Ok(e.a.assemble(0)?)
+    let r = e
+        .a
+        .assemble_options(0, iced_x86::BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
+    let chain_offset = r.label_ip(&chained_entry)? as usize;
+    Ok((r.inner.code_buffer, chain_offset))
 }
 
 /// A taken conditional branch's way out, emitted after the block.
@@ -351,6 +404,8 @@ struct Emitter {
     slow: Vec<Slow>,
     helper: u64,
     user: bool,
+    /// The block's exit that tries to chain (see [`Emitter::chain_try`]).
+    chain: CodeLabel,
 }
 
 /// Index of an operand size in the per-size code tables.
@@ -669,10 +724,94 @@ impl Emitter {
         self.af_clear = logic;
     }
 
-    fn set_next_rip(&mut self, target: u64) -> Result<(), NotTranslated> {
+    /// Instruction `k` completed and execution goes on at `target` (the
+    /// flags written back): try to chain.
+    fn leave_to(&mut self, k: usize, target: u64) -> Result<(), NotTranslated> {
         self.a.mov(rax, target)?;
-        let m = self.field(self.o.next_rip);
-        self.add(Instruction::with2(Code::Mov_rm64_r64, m, Register::RAX))
+        self.a.mov(ecx, k as u32)?;
+        self.a.jmp(self.chain)?;
+        Ok(())
+    }
+
+    /// The block ends after instruction `ecx` with the next RIP in rax.
+    /// Where the run loop would go straight on to the next block (no
+    /// call-out asked to stop, no events to check, cycle limit and timer
+    /// deadline not reached) and the next block is translated, in the
+    /// chaining table for this frame generation and privilege, and its
+    /// fetch is a first-level iTLB hit (so fetching it changes nothing),
+    /// jump to it after counting this block's instructions and cycles as
+    /// the run loop would. Otherwise return: leave at instruction `ecx`.
+    fn chain_try(&mut self, epilogue: CodeLabel) -> Result<(), NotTranslated> {
+        let mut out = self.a.create_label();
+        let o = self.o;
+        self.a.mov(qword_ptr(rbx + o.next_rip), rax)?;
+        self.a.lea(r8, qword_ptr(rcx + 1))?;
+        self.a.cmp(byte_ptr(rbx + o.jit_stop), 0)?;
+        self.a.jne(out)?;
+        self.a.cmp(byte_ptr(rbx + o.check_events), 0)?;
+        self.a.jne(out)?;
+        self.a.imul_3(r9, r8, o.instruction_cost as i32)?;
+        self.a.add(r9, qword_ptr(rbx + o.cycles))?;
+        self.a.cmp(r9, qword_ptr(r14 + ENV_CYCLE_LIMIT))?;
+        self.a.jae(out)?;
+        self.a.cmp(r9, qword_ptr(rbx + o.next_timer_cycle))?;
+        self.a.jae(out)?;
+        // The fetch: a first-level iTLB hit for this privilege.
+        self.a.mov(rdx, rax)?;
+        self.a.shr(rdx, 12)?;
+        self.a.inc(rdx)?;
+        self.a.mov(ecx, edx)?;
+        self.a.and(ecx, (SLOTS - 1) as i32)?;
+        self.a.shl(ecx, SLOT_BYTES.trailing_zeros())?;
+        self.a.add(rcx, qword_ptr(r14 + ENV_L1))?;
+        let class = 2 * 2 + self.user as usize;
+        let c = (class * SLOTS * SLOT_BYTES) as i32;
+        self.a.cmp(rdx, qword_ptr(rcx + c))?;
+        self.a.jne(out)?;
+        self.a.mov(rdx, qword_ptr(rcx + c + 16))?;
+        self.a.cmp(rdx, qword_ptr(rbx + o.tlb_epoch))?;
+        self.a.jne(out)?;
+        self.a.mov(rdx, qword_ptr(rcx + c + 24))?;
+        self.a.cmp(rdx, qword_ptr(rbx + o.mode_epoch))?;
+        self.a.jne(out)?;
+        self.a.mov(rdx, qword_ptr(rcx + c + 8))?;
+        self.a.cmp(rdx, qword_ptr(r14 + ENV_MEM_SIZE))?;
+        self.a.jae(out)?;
+        self.a.mov(r11, rdx)?;
+        self.a.shr(r11, 12)?;
+        self.a.mov(ecx, eax)?;
+        self.a.and(ecx, 0xfff)?;
+        self.a.or(rdx, rcx)?;
+        // The chaining table's slot for this RIP.
+        self.a.mov(r10, rax)?;
+        self.a.shr(r10, 12)?;
+        self.a.xor(r10, rax)?;
+        self.a.and(r10d, (CHAIN_SLOTS - 1) as i32)?;
+        self.a.imul_3(r10, r10, CHAIN_ENTRY_BYTES)?;
+        self.a.add(r10, qword_ptr(r14 + ENV_CHAIN))?;
+        self.a.cmp(rax, qword_ptr(r10))?;
+        self.a.jne(out)?;
+        self.a.cmp(rdx, qword_ptr(r10 + 8))?;
+        self.a.jne(out)?;
+        self.a.cmp(qword_ptr(r10 + 40), self.user as i32)?;
+        self.a.jne(out)?;
+        self.a.mov(rcx, qword_ptr(r14 + ENV_CODE_GENERATION))?;
+        self.a.mov(ecx, dword_ptr(rcx + r11 * 4))?;
+        self.a.cmp(rcx, qword_ptr(r10 + 16))?;
+        self.a.jne(out)?;
+        // Go: this block's counts, as the run loop adds them.
+        self.a.add(qword_ptr(rbx + o.instructions), r8)?;
+        self.a.mov(qword_ptr(rbx + o.cycles), r9)?;
+        self.a.mov(qword_ptr(rbx + o.jit_chained), 1)?;
+        self.a.mov(qword_ptr(rbx + o.jit_chain_rip), rax)?;
+        self.a.mov(r13, qword_ptr(r10 + 32))?;
+        self.a.jmp(qword_ptr(r10 + 24))?;
+        self.a.set_label(&mut out)?;
+        self.a.lea(rax, qword_ptr(r8 - 1))?;
+        self.a.shl(rax, 8)?;
+        self.a.or(rax, status::LEAVE as i32)?;
+        self.a.jmp(epilogue)?;
+        Ok(())
     }
 
     /// Instruction `k` through the interpreter.
@@ -1109,10 +1248,9 @@ impl Emitter {
                 self.a.jne(slow)?;
                 self.a.lea(rax, qword_ptr(rax + 8))?;
                 self.store_acc(4, Size::B8)?;
-                let m = self.field(self.o.next_rip);
-                self.add(Instruction::with2(Code::Mov_rm64_r64, m, Register::RCX))?;
-                self.a.mov(eax, (status::LEAVE | (k as u64) << 8) as u32)?;
-                self.a.jmp(epilogue)?;
+                self.a.mov(rax, rcx)?;
+                self.a.mov(ecx, k as u32)?;
+                self.a.jmp(self.chain)?;
                 // The call-out always leaves the block: it never comes back.
                 self.slow.push(Slow {
                     label: slow,

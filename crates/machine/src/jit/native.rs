@@ -73,6 +73,9 @@ pub(crate) struct Translation {
     /// Made for user-mode (CPL 3) accesses: the first-level TLB class its
     /// inline accesses use. Run only at that privilege.
     pub(crate) user: bool,
+    /// Offset of the entry that chained blocks jump to (after the
+    /// prologue).
+    chain_offset: usize,
 }
 
 impl std::fmt::Debug for Translation {
@@ -96,6 +99,12 @@ pub(crate) struct Env {
     pub mem_size: u64,
     /// One byte per frame, non-zero when the frame holds decoded code.
     pub code_frames: *const u8,
+    /// The run's cycle limit (a chained block stops the chain at it).
+    pub cycle_limit: u64,
+    /// The chaining table (`Cpu::jit_chain`).
+    pub chain: *const super::ChainEntry,
+    /// One u32 per frame: its code-write generation.
+    pub code_generation: *const u32,
 }
 
 /// The signature of generated code: (cpu, memory, block, env) -> status.
@@ -105,8 +114,13 @@ impl Arena {
     /// Copies position-independent `code` into executable memory.
     /// `None` if the host refuses the mapping or protection change (the
     /// block is then interpreted).
-    pub(crate) fn install(&mut self, code: &[u8], user: bool) -> Option<Translation> {
-        if code.is_empty() || code.len() > CHUNK_BYTES {
+    pub(crate) fn install(
+        &mut self,
+        code: &[u8],
+        chain_offset: usize,
+        user: bool,
+    ) -> Option<Translation> {
+        if code.is_empty() || code.len() > CHUNK_BYTES || chain_offset >= code.len() {
             return None;
         }
         // Keep entries 16-byte aligned.
@@ -117,7 +131,7 @@ impl Arena {
                 let c = Rc::new(Chunk::map()?);
                 self.chunk = Some(c.clone());
                 self.used = 0;
-                return self.install(code, user);
+                return self.install(code, chain_offset, user);
             }
         };
         if !chunk.protect(libc::PROT_READ | libc::PROT_WRITE) {
@@ -139,11 +153,18 @@ impl Arena {
             offset: start,
             len: code.len(),
             user,
+            chain_offset,
         })
     }
 }
 
 impl Translation {
+    /// The address chained blocks jump to (recorded in the chaining table;
+    /// only ever jumped to by generated code).
+    pub(crate) fn chain_entry(&self) -> u64 {
+        self.chunk.base as u64 + (self.offset + self.chain_offset) as u64
+    }
+
     /// Runs the block's host code on `cpu`. `block` must be the block this
     /// translation was made from (it is what the call-outs index).
     ///
@@ -160,7 +181,10 @@ impl Translation {
         // used otherwise until the call returns. Its inline accesses read
         // first-level TLB slots and guest memory at the addresses `env`
         // gives, only inside the slots array and, after checking the frame
-        // against `mem_size`, inside the memory mapping.
+        // against `mem_size`, inside the memory mapping. It may jump on
+        // into the translations of other blocks through `env.chain`, whose
+        // entries `Cpu` keeps alive (with their blocks) for as long as they
+        // are in the table, which nothing changes during the call.
         entry(
             cpu as *mut Cpu,
             mem as *const PhysMemory,
