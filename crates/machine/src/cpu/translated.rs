@@ -174,6 +174,7 @@ impl Cpu {
             jit_chained: off(&self.jit_chained as *const u64 as usize),
             jit_chain_rip: off(&self.jit_chain_rip as *const u64 as usize),
             instruction_cost: self.costs.instruction,
+            multiply_cost: self.costs.multiply,
         }
     }
 

@@ -31,7 +31,7 @@
 
 pub(crate) mod native;
 
-use crate::alu::{BinOp, Size};
+use crate::alu::{BinOp, ShiftOp, Size};
 use crate::cpu::code_cache::Block;
 use crate::cpu::fast::{Fast, MemOp, NONE_REG};
 use crate::cpu::l1tlb::{SLOTS, SLOT_BYTES};
@@ -134,8 +134,9 @@ pub(crate) struct Offsets {
     pub jit_stop: i32,
     pub jit_chained: i32,
     pub jit_chain_rip: i32,
-    /// `CycleCosts::instruction` of the CPU.
+    /// `CycleCosts::instruction` and `multiply` of the CPU.
     pub instruction_cost: u64,
+    pub multiply_cost: u64,
 }
 
 /// Slots of the chaining table.
@@ -199,6 +200,13 @@ pub(crate) fn is_native(f: &Fast) -> bool {
             | Fast::Nop
             | Fast::Jcc { .. }
             | Fast::Jmp { .. }
+            | Fast::Imul { .. }
+    ) || matches!(
+        // Counts at least the operand width (8- and 16-bit operands) leave
+        // CF undefined: those go to the interpreter.
+        *f,
+        Fast::Shift { op: ShiftOp::Shl | ShiftOp::Sal | ShiftOp::Shr | ShiftOp::Sar, count: Some(n), size, .. }
+            if (n & if size == Size::B8 { 0x3f } else { 0x1f }) < size.bits() as u8
     )
 }
 
@@ -257,6 +265,7 @@ pub(crate) fn translate(
     if block.bits != 64
         || block.hpa == u64::MAX
         || o.instruction_cost > i32::MAX as u64
+        || o.multiply_cost > i32::MAX as u64
         || !block
             .insns
             .iter()
@@ -1004,6 +1013,64 @@ impl Emitter {
                 self.add(Instruction::with2(code, ACC[si(size)], m))?;
                 self.store_acc(dst, size)?;
             }
+            Fast::Shift {
+                op,
+                dst,
+                size,
+                count: Some(count),
+            } => self.shift_imm(op, dst, size, count)?,
+            Fast::Imul {
+                dst,
+                src,
+                size,
+                imm,
+            } => {
+                // CF and OF from the host; SF ZF AF PF stay as they were
+                // (the interpreter's choice for these undefined flags).
+                self.capture_if_dirty()?;
+                self.a
+                    .add(qword_ptr(rbx + self.o.cycles), self.o.multiply_cost as i32)?;
+                let g = self.g(src);
+                match imm {
+                    None => {
+                        self.load(ACC, dst, size)?;
+                        let code = [
+                            Code::Imul_r16_rm16,
+                            Code::Imul_r16_rm16,
+                            Code::Imul_r32_rm32,
+                            Code::Imul_r64_rm64,
+                        ][si(size)];
+                        self.add(Instruction::with2(code, ACC[si(size)], g))?;
+                    }
+                    Some(imm) => {
+                        let (code, v) = match size {
+                            Size::B2 => (Code::Imul_r16_rm16_imm16, imm as u16 as i16 as i32),
+                            Size::B4 => (Code::Imul_r32_rm32_imm32, imm as u32 as i32),
+                            _ => {
+                                if imm as i64 != imm as i32 as i64 {
+                                    return Err(NotTranslated::Unsupported("IMUL imm64"));
+                                }
+                                (Code::Imul_r64_rm64_imm32, imm as i32)
+                            }
+                        };
+                        if size == Size::B1 {
+                            return Err(NotTranslated::Unsupported("8-bit IMUL"));
+                        }
+                        self.add(Instruction::with3(code, ACC[si(size)], g, v))?;
+                    }
+                }
+                self.a.pushfq()?;
+                self.store_acc(dst, size)?;
+                self.a.pop(rcx)?;
+                self.a.and(ecx, 0x801)?;
+                let fl = self.field(self.o.rflags);
+                self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RDX, fl))?;
+                self.a.and(rdx, !0x801i32)?;
+                self.a.or(rdx, rcx)?;
+                self.add(Instruction::with2(Code::Mov_rm64_r64, fl, Register::RDX))?;
+                self.host_valid = false;
+                self.dirty = false;
+            }
             Fast::Jcc { cc, target } => {
                 self.need_flags()?;
                 let label = self.a.create_label();
@@ -1273,6 +1340,81 @@ impl Emitter {
             Some(logic) => self.wrote_flags(logic),
             None => self.host_valid = false,
         }
+        Ok(())
+    }
+
+    /// SHL/SAL/SHR/SAR of a register by an immediate. A masked count of 0
+    /// changes no flags (a 32-bit destination is still zero-extended);
+    /// otherwise the host gives the result, CF, SF, ZF and PF, and the
+    /// flags the SDM leaves undefined are set as the interpreter's `alu`
+    /// sets them: AF set, OF = MSB(result) XOR CF (SHL), bit `bits - 2` of
+    /// the result (SHR), clear (SAR), whatever the count.
+    fn shift_imm(&mut self, op: ShiftOp, dst: u8, size: Size, count: u8) -> Result<(), NotTranslated> {
+        let n = count & if size == Size::B8 { 0x3f } else { 0x1f };
+        if n == 0 {
+            if size == Size::B4 {
+                self.load(ACC, dst, size)?;
+                self.store_acc(dst, size)?;
+            }
+            return Ok(());
+        }
+        self.capture_if_dirty()?;
+        let codes = match op {
+            ShiftOp::Shl | ShiftOp::Sal => [
+                Code::Shl_rm8_imm8,
+                Code::Shl_rm16_imm8,
+                Code::Shl_rm32_imm8,
+                Code::Shl_rm64_imm8,
+            ],
+            ShiftOp::Shr => [
+                Code::Shr_rm8_imm8,
+                Code::Shr_rm16_imm8,
+                Code::Shr_rm32_imm8,
+                Code::Shr_rm64_imm8,
+            ],
+            ShiftOp::Sar => [
+                Code::Sar_rm8_imm8,
+                Code::Sar_rm16_imm8,
+                Code::Sar_rm32_imm8,
+                Code::Sar_rm64_imm8,
+            ],
+            _ => return Err(NotTranslated::Unsupported("rotate")),
+        };
+        self.load(ACC, dst, size)?;
+        self.add(Instruction::with2(codes[si(size)], ACC[si(size)], n as u32))?;
+        // rcx = host flags with AF set and OF clear.
+        self.a.pushfq()?;
+        self.a.pop(rcx)?;
+        self.a.and(ecx, (ARITH & !0x800) as i32)?;
+        self.a.or(ecx, AF as i32)?;
+        let bits = size.bits();
+        match op {
+            ShiftOp::Shl | ShiftOp::Sal => {
+                // OF = MSB(result) ^ CF.
+                self.a.mov(rdx, rax)?;
+                self.a.shr(rdx, bits - 1)?;
+                self.a.xor(rdx, rcx)?;
+                self.a.and(edx, 1)?;
+                self.a.shl(edx, 11)?;
+                self.a.or(rcx, rdx)?;
+            }
+            ShiftOp::Shr => {
+                self.a.mov(rdx, rax)?;
+                self.a.shr(rdx, bits - 2)?;
+                self.a.and(edx, 1)?;
+                self.a.shl(edx, 11)?;
+                self.a.or(rcx, rdx)?;
+            }
+            _ => {}
+        }
+        self.store_acc(dst, size)?;
+        let fl = self.field(self.o.rflags);
+        self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RDX, fl))?;
+        self.a.and(rdx, !(ARITH as i32))?;
+        self.a.or(rdx, rcx)?;
+        self.add(Instruction::with2(Code::Mov_rm64_r64, fl, Register::RDX))?;
+        self.host_valid = false;
+        self.dirty = false;
         Ok(())
     }
 
