@@ -60,7 +60,10 @@ fn both(prog: impl Fn(&mut CodeAssembler)) -> (Outcome, machine::jit::JitStats) 
     let (jit, stats) = run_on(Engine::Jit, 1, &prog);
     assert_eq!(interp, jit, "interp vs jit (translating at once)");
     let (jit2, _) = run_on(Engine::Jit, 2, &prog);
-    assert_eq!(interp, jit2, "interp vs jit (translating on the second run)");
+    assert_eq!(
+        interp, jit2,
+        "interp vs jit (translating on the second run)"
+    );
     (interp, stats)
 }
 

@@ -119,7 +119,6 @@ fn main() -> ExitCode {
             engine: args.engine,
             ..machine::CpuConfig::default()
         },
-        ..BareConfig::default()
     };
     let mut machine = match BareMachine::new(config, &bytes) {
         Ok(m) => m,

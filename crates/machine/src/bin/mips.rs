@@ -178,7 +178,8 @@ fn main() -> ExitCode {
     let mut best: Vec<Option<Measurement>> = cells.iter().map(|_| None).collect();
     for _ in 0..args.runs {
         for (&(engine, setup), slot) in cells.iter().zip(best.iter_mut()) {
-            if let Err(e) = run_once(workload, setup.mode, engine).and_then(|m| keep_best(slot, m)) {
+            if let Err(e) = run_once(workload, setup.mode, engine).and_then(|m| keep_best(slot, m))
+            {
                 eprintln!("mips: {name}, {}, engine {engine}: {e}", setup.label);
                 return ExitCode::FAILURE;
             }
@@ -203,8 +204,15 @@ fn main() -> ExitCode {
     for (engine, setup, m) in &results {
         for (e2, s2, m2) in &results {
             if s2.key == setup.key
-                && (m.stats.cpu.instructions, m.stats.cycles, m.stats.cpu.page_walk_refs)
-                    != (m2.stats.cpu.instructions, m2.stats.cycles, m2.stats.cpu.page_walk_refs)
+                && (
+                    m.stats.cpu.instructions,
+                    m.stats.cycles,
+                    m.stats.cpu.page_walk_refs,
+                ) != (
+                    m2.stats.cpu.instructions,
+                    m2.stats.cycles,
+                    m2.stats.cpu.page_walk_refs,
+                )
             {
                 eprintln!(
                     "mips: {name}, {}: engine {engine} retired {} instructions in {} cycles, \

@@ -6,8 +6,8 @@ use super::code_cache::Block;
 use super::{fast, Cpu, Step};
 use crate::jit::native::Translation;
 use crate::jit::{self, status, ChainEntry, Engine, Offsets};
-use std::rc::Rc;
 use crate::memory::PhysMemory;
+use std::rc::Rc;
 
 /// Whole runs of a block before it is translated, by default: code run
 /// once (boot code) is not worth translating.
@@ -62,32 +62,28 @@ impl Cpu {
             return None;
         }
         let offsets = self.jit_offsets();
-        let translation = match jit::translate(
-            block,
-            offsets,
-            jit::native::call_out_address(),
-            user,
-        ) {
-            Ok((code, chain_offset)) => {
-                let t = self.jit_arena.install(&code, chain_offset, user);
-                match &t {
-                    Some(_) => {
-                        self.jit_stats.blocks_translated += 1;
-                        self.jit_stats.code_bytes += code.len() as u64;
+        let translation =
+            match jit::translate(block, offsets, jit::native::call_out_address(), user) {
+                Ok((code, chain_offset)) => {
+                    let t = self.jit_arena.install(&code, chain_offset, user);
+                    match &t {
+                        Some(_) => {
+                            self.jit_stats.blocks_translated += 1;
+                            self.jit_stats.code_bytes += code.len() as u64;
+                        }
+                        None => self.jit_stats.blocks_failed += 1,
                     }
-                    None => self.jit_stats.blocks_failed += 1,
+                    t
                 }
-                t
-            }
-            Err(jit::NotTranslated::NothingNative) => {
-                self.jit_stats.blocks_interpreted += 1;
-                None
-            }
-            Err(_) => {
-                self.jit_stats.blocks_failed += 1;
-                None
-            }
-        };
+                Err(jit::NotTranslated::NothingNative) => {
+                    self.jit_stats.blocks_interpreted += 1;
+                    None
+                }
+                Err(_) => {
+                    self.jit_stats.blocks_failed += 1;
+                    None
+                }
+            };
         block.jit.get_or_init(|| translation).as_ref()
     }
 

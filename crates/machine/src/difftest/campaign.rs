@@ -1,14 +1,14 @@
 //! Running many cases: generation, the runs (host, interpreter,
 //! translator), comparison.
 
+use super::compare::compare_engines;
 use super::compare::{compare, Difference};
 use super::gen::{generate_case, Case, GenConfig};
-use super::compare::compare_engines;
 use super::interp::{run_snippet_on, EngineRun};
-use crate::jit::Engine;
 use super::native::{NativeError, NativeRunner};
 use super::panics::catching;
 use super::{FinalState, Stop};
+use crate::jit::Engine;
 use std::collections::BTreeMap;
 
 /// Cycle budget of one interpreted snippet (a few hundred instructions at

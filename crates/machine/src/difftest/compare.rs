@@ -459,12 +459,8 @@ pub fn compare_engines(
     let (a, b) = (&interp.state, &jit.state);
     differ("stop", a.stop.to_string(), b.stop.to_string());
     differ("rip", format!("{:#x}", a.rip), format!("{:#x}", b.rip));
-    for i in 0..16 {
-        differ(
-            GPR_NAMES[i],
-            format!("{:#x}", a.gpr[i]),
-            format!("{:#x}", b.gpr[i]),
-        );
+    for (i, name) in GPR_NAMES.iter().enumerate() {
+        differ(name, format!("{:#x}", a.gpr[i]), format!("{:#x}", b.gpr[i]));
     }
     differ(
         "rflags",
@@ -479,11 +475,7 @@ pub fn compare_engines(
         );
     }
     differ("fpu", format!("{:?}", a.fpu), format!("{:?}", b.fpu));
-    differ(
-        "cycles",
-        interp.cycles.to_string(),
-        jit.cycles.to_string(),
-    );
+    differ("cycles", interp.cycles.to_string(), jit.cycles.to_string());
     differ(
         "instructions",
         interp.instructions.to_string(),

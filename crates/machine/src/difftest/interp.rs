@@ -10,8 +10,8 @@
 
 use super::layout::*;
 use super::{FaultKind, FinalState, InitialState, Stop, COMPARED_FLAGS};
-use crate::jit::Engine;
 use crate::cpu::state::{cr0, rflags, seg_attr, CpuState, Segment};
+use crate::jit::Engine;
 use crate::memory::{MemCreateError, MemError, PhysMemory};
 use crate::mmu::paging::pte;
 use crate::vmx::{VmExit, VmxControls};

@@ -36,8 +36,8 @@ use crate::cpu::code_cache::Block;
 use crate::cpu::fast::{Fast, MemOp, NONE_REG};
 use crate::cpu::l1tlb::{SLOTS, SLOT_BYTES};
 use iced_x86::code_asm::{
-    byte_ptr, dword_ptr, eax, ecx, edx, qword_ptr, r10, r10d, r11, r12, r13, r14, r15, r8, r9,
-    rax, rbp, rbx, rcx, rdi, rdx, rsi, rsp, CodeAssembler, CodeLabel,
+    byte_ptr, dword_ptr, eax, ecx, edx, qword_ptr, r10, r10d, r11, r12, r13, r14, r15, r8, r9, rax,
+    rbp, rbx, rcx, rdi, rdx, rsi, rsp, CodeAssembler, CodeLabel,
 };
 use iced_x86::{Code, IcedError, Instruction, MemoryOperand, Register};
 use std::fmt;
@@ -372,9 +372,10 @@ pub(crate) fn translate(
     e.a.pop(rbp)?;
     e.a.pop(rbx)?;
     e.a.ret()?;
-    let r = e
-        .a
-        .assemble_options(0, iced_x86::BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
+    let r = e.a.assemble_options(
+        0,
+        iced_x86::BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+    )?;
     let chain_offset = r.label_ip(&chained_entry)? as usize;
     Ok((r.inner.code_buffer, chain_offset))
 }
@@ -976,11 +977,15 @@ impl Emitter {
                         self.a.mov(rcx, imm)?;
                         self.add(Instruction::with2(Code::Test_rm64_r64, m, Register::RCX))?;
                     }
-                    Size::B8 => self.add(Instruction::with2(Code::Test_rm64_imm32, m, imm as i32))?,
+                    Size::B8 => {
+                        self.add(Instruction::with2(Code::Test_rm64_imm32, m, imm as i32))?
+                    }
                     s => {
-                        let code =
-                            [Code::Test_rm8_imm8, Code::Test_rm16_imm16, Code::Test_rm32_imm32]
-                                [si(s)];
+                        let code = [
+                            Code::Test_rm8_imm8,
+                            Code::Test_rm16_imm16,
+                            Code::Test_rm32_imm32,
+                        ][si(s)];
                         self.add(Instruction::with2(code, m, imm as u32))?;
                     }
                 }
@@ -990,9 +995,19 @@ impl Emitter {
                 // INC and DEC keep CF: the guest's must be in the host flags.
                 self.need_flags()?;
                 let codes = if dec {
-                    [Code::Dec_rm8, Code::Dec_rm16, Code::Dec_rm32, Code::Dec_rm64]
+                    [
+                        Code::Dec_rm8,
+                        Code::Dec_rm16,
+                        Code::Dec_rm32,
+                        Code::Dec_rm64,
+                    ]
                 } else {
-                    [Code::Inc_rm8, Code::Inc_rm16, Code::Inc_rm32, Code::Inc_rm64]
+                    [
+                        Code::Inc_rm8,
+                        Code::Inc_rm16,
+                        Code::Inc_rm32,
+                        Code::Inc_rm64,
+                    ]
                 };
                 if size == Size::B4 {
                     self.load(ACC, dst, size)?;
@@ -1006,8 +1021,8 @@ impl Emitter {
             }
             Fast::CmovR { cc, dst, src, size } => {
                 self.need_flags()?;
-                let code = cmov_code(cc, size)
-                    .ok_or(NotTranslated::Unsupported("CMOVcc of this size"))?;
+                let code =
+                    cmov_code(cc, size).ok_or(NotTranslated::Unsupported("CMOVcc of this size"))?;
                 self.load(ACC, dst, size)?;
                 let m = self.g(src);
                 self.add(Instruction::with2(code, ACC[si(size)], m))?;
@@ -1095,7 +1110,12 @@ impl Emitter {
     /// the frame is outside memory, or a store would hit a frame holding
     /// decoded code. On the fast path nothing is changed, exactly as an L1
     /// hit in the interpreter changes nothing. Clobbers rcx and the flags.
-    fn fast_access(&mut self, write: bool, size: Size, slow: CodeLabel) -> Result<(), NotTranslated> {
+    fn fast_access(
+        &mut self,
+        write: bool,
+        size: Size,
+        slow: CodeLabel,
+    ) -> Result<(), NotTranslated> {
         let n = size.bytes() as i32;
         self.a.mov(ecx, eax)?;
         self.a.and(ecx, 0xfff)?;
@@ -1172,7 +1192,11 @@ impl Emitter {
                 self.lea(&m)?;
                 self.fast_access(true, size, slow)?;
                 self.load(SEC, src, size)?;
-                self.add(Instruction::with2(MOV_RM_R[si(size)], at_rdx, SEC[si(size)]))?;
+                self.add(Instruction::with2(
+                    MOV_RM_R[si(size)],
+                    at_rdx,
+                    SEC[si(size)],
+                ))?;
             }
             Fast::MovMI { size, imm, m } => {
                 self.lea(&m)?;
@@ -1349,7 +1373,13 @@ impl Emitter {
     /// flags the SDM leaves undefined are set as the interpreter's `alu`
     /// sets them: AF set, OF = MSB(result) XOR CF (SHL), bit `bits - 2` of
     /// the result (SHR), clear (SAR), whatever the count.
-    fn shift_imm(&mut self, op: ShiftOp, dst: u8, size: Size, count: u8) -> Result<(), NotTranslated> {
+    fn shift_imm(
+        &mut self,
+        op: ShiftOp,
+        dst: u8,
+        size: Size,
+        count: u8,
+    ) -> Result<(), NotTranslated> {
         let n = count & if size == Size::B8 { 0x3f } else { 0x1f };
         if n == 0 {
             if size == Size::B4 {

@@ -197,7 +197,8 @@ impl Translation {
 /// The address generated code calls for an instruction it runs through
 /// the interpreter.
 pub(crate) fn call_out_address() -> u64 {
-    call_out as extern "sysv64" fn(*mut Cpu, *const PhysMemory, *const Block, u64) -> u64 as u64
+    call_out as extern "sysv64" fn(*mut Cpu, *const PhysMemory, *const Block, u64) -> u64 as usize
+        as u64
 }
 
 /// Runs instruction `k` of `block` through the interpreter; the status
