@@ -18,6 +18,7 @@
 //! - [`apic`]: the local APIC in x2APIC mode.
 //! - [`vmx`]: VM-execution controls, VM exits and event injection.
 //! - [`elf`]: loading an ELF.
+//! - [`jit`]: the translator to host code (the `jit` engine).
 //!
 //! With the `tools` feature, the testing tools' modules too: `bare`
 //! (running an ELF with no hypervisor), `programs` (its test programs) and
@@ -33,6 +34,7 @@ pub mod cpu;
 #[cfg(feature = "tools")]
 pub mod difftest;
 pub mod elf;
+pub mod jit;
 pub mod memory;
 pub mod mmu;
 #[cfg(any(test, feature = "tools"))]
@@ -42,5 +44,6 @@ pub mod vmx;
 pub use addr::{Gfn, Gpa, Gva, Hfn, Hpa};
 pub use cost::{CycleCosts, NamedCosts};
 pub use cpu::{Cpu, CpuConfig};
+pub use jit::Engine;
 pub use memory::{MemError, PhysMemory};
 pub use vmx::{EventInjection, EventKind, VmExit, VmxControls};

@@ -111,6 +111,17 @@ impl PhysMemory {
         }
     }
 
+    /// The mapping's base, the per-frame code marks (one byte per frame,
+    /// non-zero: holds decoded code) and code-write generations (u32 per
+    /// frame), for the translator's inline accesses and block chaining.
+    pub(crate) fn jit_view(&self) -> (*mut u8, *const u8, *const u32) {
+        (
+            self.base,
+            self.code_frames.as_ptr().cast(),
+            self.code_generation.as_ptr().cast(),
+        )
+    }
+
     /// Raw pointer to `hpa`. Only valid after [`Self::check`].
     #[inline]
     fn ptr(&self, hpa: Hpa) -> *mut u8 {

@@ -911,8 +911,9 @@ fn same_program_same_cycles_and_state() {
         a.jnz(top).unwrap();
         a.hlt().unwrap();
     };
-    let run = || {
+    let run = |engine: machine::Engine| {
         let mut r = rig(prog);
+        r.cpu.set_engine(engine);
         assert_eq!(r.run(), VmExit::Hlt);
         let mut page = vec![0u8; 0x8000];
         r.mem.read_bytes(Hpa(DATA), &mut page).unwrap();
@@ -925,8 +926,12 @@ fn same_program_same_cycles_and_state() {
             r.cpu.stats().instructions,
         )
     };
-    let a = run();
-    let b = run();
+    let a = run(machine::Engine::Interp);
+    let b = run(machine::Engine::Interp);
     assert_eq!(a, b);
     assert_eq!(a.3, 3 + 20_000 * 7 + 1);
+    // The translator gives the same cycles, state and memory.
+    let c = run(machine::Engine::Jit);
+    assert_eq!(a, c, "interp vs jit");
+    assert_eq!(c, run(machine::Engine::Jit));
 }

@@ -208,6 +208,11 @@ pub struct BenchCommon {
     /// e.g. `exit_base=600`: every run of the benchmark uses it.
     #[arg(long = "cost", value_name = "NAME=CYCLES", value_parser = parse_cost_override)]
     costs: Vec<CostOverride>,
+    /// What runs guest code: `interp` or `jit` (the translator). Results
+    /// are the same either way, so it is not one of the recorded params.
+    #[arg(long, default_value = "interp")]
+    #[serde(skip)]
+    engine: hv::Engine,
     /// Print the benchmark's independent runs as command lines (one per
     /// line, each printing its result as JSON) instead of running them;
     /// `faultline bench merge` combines their results.
@@ -244,6 +249,7 @@ impl BenchCommon {
             ept_ad: self.ept_ad,
             fast_pf_indirect: self.fast_pf_indirect,
             costs: self.costs.clone(),
+            engine: self.engine,
         }
     }
 
@@ -688,6 +694,10 @@ pub struct OvercommitArgs {
     /// e.g. `exit_base=600`, for a sensitivity study of a cited figure.
     #[arg(long = "cost", value_name = "NAME=CYCLES", value_parser = parse_cost_override)]
     costs: Vec<CostOverride>,
+    /// What runs guest code: `interp` (the interpreter) or `jit` (the
+    /// translator); the same guest state and virtual time either way.
+    #[arg(long, default_value = "interp")]
+    engine: hv::Engine,
 }
 
 /// `--fast-pf-indirect`: what the shadow MMU's fast path does with a leaf
@@ -830,6 +840,7 @@ impl OvercommitArgs {
         for cost in &self.costs {
             cost.apply(config);
         }
+        config.engine = self.engine;
     }
 }
 

@@ -54,6 +54,9 @@ pub struct VmConfig {
     pub costs: HvCosts,
     /// The machine's cost table (each vCPU's).
     pub cpu_costs: machine::CycleCosts,
+    /// What runs guest code on each vCPU: the interpreter or the
+    /// translator (same guest state and virtual time either way).
+    pub engine: machine::Engine,
     /// Host frames for guest pages (the container limit); `None`: as much
     /// as guest memory, so nothing is ever evicted.
     pub host_mem: Option<u64>,
@@ -116,6 +119,7 @@ impl Default for VmConfig {
             host_overhead: 16 << 20,
             costs: HvCosts::DEFAULT,
             cpu_costs: machine::CycleCosts::DEFAULT,
+            engine: machine::Engine::default(),
             host_mem: None,
             swap_path: None,
             swap_device: DeviceModel::default(),
@@ -317,6 +321,7 @@ impl Vm {
                 let mut cpu = Cpu::new(CpuConfig {
                     apic_id: id,
                     costs: config.cpu_costs,
+                    engine: config.engine,
                     ..CpuConfig::default()
                 });
                 cpu.set_vmx(Some(VmxControls {

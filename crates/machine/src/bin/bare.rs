@@ -1,7 +1,7 @@
 //! `bare`: run a static x86-64 ELF on the machine with no hypervisor.
 //!
 //! ```text
-//! cargo run --release -p machine --bin bare -- FILE.elf [--mem SIZE] [--max-cycles N] [--stats]
+//! cargo run --release -p machine --bin bare -- FILE.elf [--mem SIZE] [--max-cycles N] [--stats] [--engine interp|jit]
 //! ```
 //!
 //! COM1 output goes to stdout. The process exits with the program's
@@ -44,6 +44,11 @@ struct Args {
     /// Run in VMX guest mode under an identity EPT instead of on the bare CPU.
     #[arg(long)]
     guest: bool,
+    /// What runs the guest code: `interp` (the interpreter) or `jit` (the
+    /// translator, falling back to the interpreter for what it does not
+    /// translate). Both give the same results and virtual cycles.
+    #[arg(long, default_value = "interp")]
+    engine: machine::Engine,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -110,7 +115,10 @@ fn main() -> ExitCode {
         } else {
             Mode::Bare
         },
-        ..BareConfig::default()
+        cpu: machine::CpuConfig {
+            engine: args.engine,
+            ..machine::CpuConfig::default()
+        },
     };
     let mut machine = match BareMachine::new(config, &bytes) {
         Ok(m) => m,

@@ -1,8 +1,12 @@
 //! `mips`: how fast the machine runs the standard workload.
 //!
 //! ```text
-//! cargo run --release -p machine --bin mips -- [--runs N] [--json] [--quick]
+//! cargo run --release -p machine --bin mips -- [--runs N] [--json] [--quick] [--engine interp|jit]
 //! ```
+//!
+//! Each setup runs on both engines (the interpreter and the translator)
+//! unless `--engine` picks one; the engines must agree exactly on the
+//! instruction and virtual-cycle counts and the checksum, or `mips` fails.
 //!
 //! Runs `guest-tests/mips_workload.c` twice over:
 //! - `bare, paging (4K pages)`: on the bare CPU, identity-mapped with 4 KiB
@@ -22,6 +26,7 @@
 use clap::Parser;
 use machine::bare::page_tables::PageSize;
 use machine::bare::{BareConfig, BareMachine, Mode, RunStats};
+use machine::Engine;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -39,6 +44,9 @@ struct Args {
     /// Use the one-round workload (a smoke test of the command).
     #[arg(long)]
     quick: bool,
+    /// Measure only this engine (default: both, side by side).
+    #[arg(long)]
+    engine: Option<machine::Engine>,
 }
 
 struct Setup {
@@ -91,10 +99,14 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-fn run_once(workload: &[u8], mode: Mode) -> Result<Measurement, String> {
+fn run_once(workload: &[u8], mode: Mode, engine: Engine) -> Result<Measurement, String> {
     let config = BareConfig {
         page_size: PageSize::Size4K,
         mode,
+        cpu: machine::CpuConfig {
+            engine,
+            ..machine::CpuConfig::default()
+        },
         ..BareConfig::default()
     };
     let mut machine = BareMachine::new(config, workload).map_err(|e| e.to_string())?;
@@ -153,42 +165,78 @@ fn main() -> ExitCode {
     } else {
         ("mips_workload", machine::programs::MIPS_WORKLOAD)
     };
-    // Runs alternate between the setups, so that a change in host load
-    // affects both alike.
-    let mut best: Vec<Option<Measurement>> = SETUPS.iter().map(|_| None).collect();
+    let engines: Vec<Engine> = match args.engine {
+        Some(e) => vec![e],
+        None => Engine::ALL.to_vec(),
+    };
+    // Runs alternate between the engines and setups, so that a change in
+    // host load affects all alike.
+    let cells: Vec<(Engine, &Setup)> = engines
+        .iter()
+        .flat_map(|&e| SETUPS.iter().map(move |s| (e, s)))
+        .collect();
+    let mut best: Vec<Option<Measurement>> = cells.iter().map(|_| None).collect();
     for _ in 0..args.runs {
-        for (setup, slot) in SETUPS.iter().zip(best.iter_mut()) {
-            if let Err(e) = run_once(workload, setup.mode).and_then(|m| keep_best(slot, m)) {
-                eprintln!("mips: {name}, {}: {e}", setup.label);
+        for (&(engine, setup), slot) in cells.iter().zip(best.iter_mut()) {
+            if let Err(e) = run_once(workload, setup.mode, engine).and_then(|m| keep_best(slot, m))
+            {
+                eprintln!("mips: {name}, {}, engine {engine}: {e}", setup.label);
                 return ExitCode::FAILURE;
             }
         }
     }
-    let results: Vec<(&Setup, Measurement)> = SETUPS
+    let results: Vec<(Engine, &Setup, Measurement)> = cells
         .iter()
         .zip(best)
-        .filter_map(|(s, m)| Some((s, m?)))
+        .filter_map(|(&(e, s), m)| Some((e, s, m?)))
         .collect();
-    if let Some((setup, m)) = results
+    if let Some((engine, setup, m)) = results
         .iter()
-        .find(|(_, m)| m.checksum_line != results[0].1.checksum_line)
+        .find(|(_, _, m)| m.checksum_line != results[0].2.checksum_line)
     {
         eprintln!(
-            "mips: {name}: `{}` computed {:?} but `{}` computed {:?}",
-            results[0].0.label, results[0].1.checksum_line, setup.label, m.checksum_line
+            "mips: {name}: `{}` computed {:?} but `{}` on {engine} computed {:?}",
+            results[0].1.label, results[0].2.checksum_line, setup.label, m.checksum_line
         );
         return ExitCode::FAILURE;
     }
+    // The engines must agree on every count virtual time is made of.
+    for (engine, setup, m) in &results {
+        for (e2, s2, m2) in &results {
+            if s2.key == setup.key
+                && (
+                    m.stats.cpu.instructions,
+                    m.stats.cycles,
+                    m.stats.cpu.page_walk_refs,
+                ) != (
+                    m2.stats.cpu.instructions,
+                    m2.stats.cycles,
+                    m2.stats.cpu.page_walk_refs,
+                )
+            {
+                eprintln!(
+                    "mips: {name}, {}: engine {engine} retired {} instructions in {} cycles, \
+                     engine {e2} {} in {}: the engines disagree",
+                    setup.label,
+                    m.stats.cpu.instructions,
+                    m.stats.cycles,
+                    m2.stats.cpu.instructions,
+                    m2.stats.cycles
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let checksum = results[0]
-        .1
+        .2
         .checksum_line
         .trim_start_matches("mips_workload checksum ");
     if args.json {
         let entries: Vec<String> = results
             .iter()
-            .map(|(s, m)| {
+            .map(|(e, s, m)| {
                 format!(
-                    "{{\"key\":\"{}\",\"label\":\"{}\",\"mips\":{:.1},\"cpu_mips\":{:.1},\
+                    "{{\"engine\":\"{e}\",\"key\":\"{}\",\"label\":\"{}\",\"mips\":{:.1},\"cpu_mips\":{:.1},\
                      \"instructions\":{},\"cycles\":{},\"wall_seconds\":{:.6},\"cpu_seconds\":{:.6},\
                      \"tlb_hits\":{},\"tlb_misses\":{},\"page_walk_refs\":{}}}",
                     s.key,
@@ -205,9 +253,28 @@ fn main() -> ExitCode {
                 )
             })
             .collect();
+        let per_engine: Vec<String> = engines
+            .iter()
+            .map(|&e| {
+                let field = |mode: Mode, f: fn(&Measurement) -> f64| {
+                    results
+                        .iter()
+                        .find(|(e2, s, _)| *e2 == e && s.mode == mode)
+                        .map_or("null".to_string(), |(_, _, m)| format!("{:.1}", f(m)))
+                };
+                format!(
+                    "\"{e}\":{{\"bare_mips\":{},\"ept_mips\":{},\"bare_cpu_mips\":{},\"ept_cpu_mips\":{}}}",
+                    field(Mode::Bare, Measurement::mips),
+                    field(Mode::GuestEpt, Measurement::mips),
+                    field(Mode::Bare, Measurement::cpu_mips),
+                    field(Mode::GuestEpt, Measurement::cpu_mips),
+                )
+            })
+            .collect();
         println!(
-            "{{\"workload\":\"{name}\",\"checksum\":\"{checksum}\",\"runs\":{},\"results\":[{}]}}",
+            "{{\"workload\":\"{name}\",\"checksum\":\"{checksum}\",\"runs\":{},\"engines\":{{{}}},\"results\":[{}]}}",
             args.runs,
+            per_engine.join(","),
             entries.join(",")
         );
     } else {
@@ -215,10 +282,11 @@ fn main() -> ExitCode {
             "workload: {name} (checksum {checksum}), best of {} run(s)",
             args.runs
         );
-        for (s, m) in &results {
+        for (e, s, m) in &results {
             println!(
-                "{:<46} {:>6.1} MIPS  ({:.1} per CPU-second; {} instructions, {} virtual cycles, \
+                "{:<6} {:<46} {:>6.1} MIPS  ({:.1} per CPU-second; {} instructions, {} virtual cycles, \
                  {:.3} s wall, {:.3} s CPU, {} TLB misses)",
+                e.name(),
                 format!("{}:", s.label),
                 m.mips(),
                 m.cpu_mips(),

@@ -46,6 +46,12 @@ pub struct Block {
     pub bits: u8,
     /// The instructions, in order, with their fast forms.
     pub insns: Vec<Op>,
+    /// Full runs of the block by the translating engine so far (it is
+    /// translated on the second: code run once is not worth it).
+    pub(crate) runs: std::cell::Cell<u32>,
+    /// The block's host code, once translated (`None` inside: not
+    /// translatable). Valid exactly as long as the block.
+    pub(crate) jit: std::cell::OnceCell<Option<crate::jit::native::Translation>>,
 }
 
 impl Block {
@@ -57,6 +63,8 @@ impl Block {
             generation: 0,
             bits: bits as u8,
             insns: vec![op],
+            runs: Default::default(),
+            jit: Default::default(),
         }
     }
 }
@@ -225,6 +233,8 @@ impl CodeCache {
             generation,
             bits: bits as u8,
             insns,
+            runs: Default::default(),
+            jit: Default::default(),
         });
         self.map.insert(hpa.0, b.clone());
         self.front[Self::slot(hpa.0)] = Some(b.clone());

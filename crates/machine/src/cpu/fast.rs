@@ -18,18 +18,20 @@ use iced_x86::{Instruction, Mnemonic as M, OpKind, Register};
 
 /// Register index meaning "none".
 const NONE: u8 = 16;
+/// [`NONE`], for the translator.
+pub(crate) const NONE_REG: u8 = NONE;
 
 /// A memory operand with everything resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemOp {
-    base: u8,
-    index: u8,
-    scale_shift: u8,
+    pub(crate) base: u8,
+    pub(crate) index: u8,
+    pub(crate) scale_shift: u8,
     /// 0: no segment base, 1: FS, 2: GS.
-    seg: u8,
-    addr32: bool,
+    pub(crate) seg: u8,
+    pub(crate) addr32: bool,
     /// Displacement, or the absolute target of a RIP-relative operand.
-    disp: u64,
+    pub(crate) disp: u64,
 }
 
 /// An instruction form with a fast path.

@@ -13,9 +13,15 @@
 
 use crate::addr::Hpa;
 
-const SLOTS: usize = 64;
+pub(crate) const SLOTS: usize = 64;
+/// Size of one slot: page, hpa, tlb_epoch, mode_epoch.
+pub(crate) const SLOT_BYTES: usize = 32;
+const _: () = assert!(std::mem::size_of::<Slot>() == SLOT_BYTES);
 
+/// `repr(C)`: translated code reads slots inline (`jit`), at
+/// [`SLOT_BYTES`] per slot, [`SLOTS`] slots per class.
 #[derive(Debug, Clone, Copy, Default)]
+#[repr(C)]
 struct Slot {
     /// Linear page number + 1 (0 = empty).
     page: u64,
@@ -54,6 +60,12 @@ impl L1Tlb {
         } else {
             None
         }
+    }
+
+    /// The slots' base address: class `c`, slot `i` at
+    /// `base + (c * SLOTS + i) * SLOT_BYTES`.
+    pub(crate) fn slots_address(&self) -> usize {
+        self.slots.as_ptr() as usize
     }
 
     /// Records a translation the TLB just gave.

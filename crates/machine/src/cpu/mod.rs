@@ -24,8 +24,8 @@ mod access;
 pub mod code_cache;
 pub mod debug_regs;
 mod event;
-mod fast;
-mod l1tlb;
+pub(crate) mod fast;
+pub(crate) mod l1tlb;
 mod legacy;
 mod mmio;
 pub use event::has_error_code;
@@ -43,6 +43,7 @@ pub mod state;
 mod system;
 #[cfg(test)]
 mod tests;
+mod translated;
 pub mod triple_fault;
 mod x87;
 
@@ -64,6 +65,9 @@ pub struct CpuConfig {
     pub apic_id: u32,
     pub tlb: TlbConfig,
     pub costs: CycleCosts,
+    /// What runs the guest code: the interpreter or the translator (the
+    /// same guest state, memory and cycles either way).
+    pub engine: crate::jit::Engine,
 }
 
 impl Default for CpuConfig {
@@ -72,6 +76,7 @@ impl Default for CpuConfig {
             apic_id: 0,
             tlb: TlbConfig::default(),
             costs: CycleCosts::DEFAULT,
+            engine: crate::jit::Engine::default(),
         }
     }
 }
@@ -231,6 +236,26 @@ pub struct Cpu {
     chain_first: Option<EventInjection>,
     /// Why the CPU shut down, once it triple-faulted.
     triple_fault: Option<triple_fault::TripleFaultCause>,
+    /// The engine running guest code.
+    engine: crate::jit::Engine,
+    /// Code memory of the translator.
+    jit_arena: crate::jit::native::Arena,
+    /// The fault of the instruction a translated block stopped at.
+    jit_fault: Option<Fault>,
+    /// Whole runs of a block before the translator translates it.
+    jit_threshold: u32,
+    jit_stats: crate::jit::JitStats,
+    /// Set by a call-out from translated code when something happened
+    /// that the run loop must look at before the next block (events, a
+    /// store into code, an IPI, a mode change...): no chaining then.
+    jit_stop: bool,
+    /// Set by translated code when it chained into other blocks, with the
+    /// RIP of the block it ended in (its chaining-table slot).
+    jit_chained: u64,
+    jit_chain_rip: u64,
+    /// The chaining table and the blocks it keeps alive.
+    jit_chain: Box<[crate::jit::ChainEntry]>,
+    jit_chain_blocks: Box<[Option<std::rc::Rc<code_cache::Block>>]>,
 }
 
 impl std::fmt::Debug for Cpu {
@@ -278,6 +303,17 @@ impl Cpu {
             lazy: fast::LazyFlags::NONE,
             chain_first: None,
             triple_fault: None,
+            engine: config.engine,
+            jit_arena: Default::default(),
+            jit_fault: None,
+            jit_threshold: translated::TRANSLATE_AFTER_RUNS,
+            jit_stats: Default::default(),
+            jit_stop: false,
+            jit_chained: 0,
+            jit_chain_rip: 0,
+            jit_chain: vec![crate::jit::ChainEntry::default(); crate::jit::CHAIN_SLOTS]
+                .into_boxed_slice(),
+            jit_chain_blocks: vec![None; crate::jit::CHAIN_SLOTS].into_boxed_slice(),
         }
     }
 
@@ -645,7 +681,7 @@ impl Cpu {
     /// here, without leaving the loop.
     fn run_blocks(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
         loop {
-            if let Step::Exit(e) = self.run_block(mem) {
+            if let Step::Exit(e) = self.run_block(mem, cycle_limit) {
                 return Step::Exit(e);
             }
             if self.cycles >= cycle_limit
@@ -665,7 +701,7 @@ impl Cpu {
     /// fast paths do not read it, the generic path sets it for itself, and
     /// a fault sets it to the faulting instruction.
     #[inline(always)]
-    fn run_block(&mut self, mem: &PhysMemory) -> Step {
+    fn run_block(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
         let mtf = self.vmx.as_ref().is_some_and(|v| v.monitor_trap_flag);
         let single = self.state.interruptibility != 0 || mtf;
         let block = match self.fetch_block(mem) {
@@ -677,10 +713,43 @@ impl Cpu {
         };
         // Pending events (e.g. just after delivering an interrupt) are
         // looked at again after the first instruction.
-        let insns = if single || self.check_events {
-            &block.insns[..1]
-        } else {
+        let whole = !(single || self.check_events);
+        let (executed, rip, mut step) = match self.translation(&block, whole) {
+            Some(t) => self.run_translated(mem, &block, t, cycle_limit),
+            None => self.interpret_block(mem, &block, whole),
+        };
+        self.state.rip = rip;
+        let executed = executed as u64;
+        if single && executed > 0 {
+            self.state.interruptibility = 0;
+        }
+        self.code_written = false;
+        self.stats.instructions += executed;
+        self.cycles += executed * self.costs.instruction;
+        if let Some(ipi) = self.pending_ipi.take() {
+            if matches!(step, Step::Continue) {
+                step = Step::Exit(VmExit::Ipi(ipi));
+            }
+        }
+        if mtf && matches!(step, Step::Continue) {
+            step = Step::Exit(VmExit::MonitorTrap);
+        }
+        step
+    }
+
+    /// Runs a block (all of it, or only its first instruction) through the
+    /// interpreter: (instructions completed, RIP after, what next).
+    #[inline(always)]
+    fn interpret_block(
+        &mut self,
+        mem: &PhysMemory,
+        block: &code_cache::Block,
+        whole: bool,
+    ) -> (usize, u64, Step) {
+        let insns = if whole {
             &block.insns[..]
+        } else {
+            &block.insns[..1]
         };
         let mut executed = insns.len();
         let mut step = Step::Continue;
@@ -702,33 +771,22 @@ impl Cpu {
                 }
                 Err(f) => {
                     executed = k;
-                    if !matches!(op.fast, fast::Fast::Generic) {
-                        self.state.rip = op.insn.ip();
-                    }
-                    self.note_mmio(&op.insn, &f);
-                    step = self.handle_fault(mem, f, op.insn.len() as u8);
+                    step = self.fault_in_block(mem, op, f);
                     rip = self.state.rip;
                     break;
                 }
             }
         }
-        self.state.rip = rip;
-        let executed = executed as u64;
-        if single && executed > 0 {
-            self.state.interruptibility = 0;
+        (executed, rip, step)
+    }
+
+    /// Instruction `op` of a block faulted: RIP to it, then deliver or exit.
+    fn fault_in_block(&mut self, mem: &PhysMemory, op: &fast::Op, f: Fault) -> Step {
+        if !matches!(op.fast, fast::Fast::Generic) {
+            self.state.rip = op.insn.ip();
         }
-        self.code_written = false;
-        self.stats.instructions += executed;
-        self.cycles += executed * self.costs.instruction;
-        if let Some(ipi) = self.pending_ipi.take() {
-            if matches!(step, Step::Continue) {
-                step = Step::Exit(VmExit::Ipi(ipi));
-            }
-        }
-        if mtf && matches!(step, Step::Continue) {
-            step = Step::Exit(VmExit::MonitorTrap);
-        }
-        step
+        self.note_mmio(&op.insn, &f);
+        self.handle_fault(mem, f, op.insn.len() as u8)
     }
 
     /// Turns a fault of the current instruction into an exception delivery

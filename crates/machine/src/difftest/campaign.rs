@@ -1,11 +1,14 @@
-//! Running many cases: generation, both runs, comparison.
+//! Running many cases: generation, the runs (host, interpreter,
+//! translator), comparison.
 
+use super::compare::compare_engines;
 use super::compare::{compare, Difference};
 use super::gen::{generate_case, Case, GenConfig};
-use super::interp::run_snippet_bits;
+use super::interp::{run_snippet_on, EngineRun};
 use super::native::{NativeError, NativeRunner};
 use super::panics::catching;
 use super::{FinalState, Stop};
+use crate::jit::Engine;
 use std::collections::BTreeMap;
 
 /// Cycle budget of one interpreted snippet (a few hundred instructions at
@@ -41,11 +44,22 @@ pub struct CampaignReport {
 
 /// Runs a case in the interpreter, turning a panic into an abnormal stop.
 pub fn run_interpreter(case: &Case) -> FinalState {
+    run_engine(case, Engine::Interp).state
+}
+
+/// Runs a case on `engine`, turning a panic into an abnormal stop.
+pub fn run_engine(case: &Case, engine: Engine) -> EngineRun {
     let bits = case.group.bits();
-    match catching(|| run_snippet_bits(&case.code, &case.initial, CYCLE_LIMIT, bits)) {
-        Ok(Ok(state)) => state,
-        Ok(Err(e)) => FinalState::abnormal(format!("interpreter setup failed: {e}")),
-        Err(message) => FinalState::abnormal(format!("interpreter panicked: {message}")),
+    let failed = |why: String| EngineRun {
+        state: FinalState::abnormal(why),
+        cycles: 0,
+        instructions: 0,
+        tlb: Default::default(),
+    };
+    match catching(|| run_snippet_on(&case.code, &case.initial, CYCLE_LIMIT, bits, engine)) {
+        Ok(Ok(run)) => run,
+        Ok(Err(e)) => failed(format!("{engine} setup failed: {e}")),
+        Err(message) => failed(format!("{engine} panicked: {message}")),
     }
 }
 
@@ -56,12 +70,16 @@ pub fn run_case(runner: &mut NativeRunner, case: Case) -> Result<CaseOutcome, Na
     } else {
         runner.run(&case.code, &case.initial)?
     };
-    let interp = run_interpreter(&case);
-    let differences = compare(&case, &native, &interp);
+    // The interpreter against the host, then the translator against the
+    // interpreter on everything (so against the host too).
+    let interp = run_engine(&case, Engine::Interp);
+    let jit = run_engine(&case, Engine::Jit);
+    let mut differences = compare(&case, &native, &interp.state);
+    differences.extend(compare_engines(&interp, &jit));
     Ok(CaseOutcome {
         case,
         native,
-        interp,
+        interp: interp.state,
         differences,
     })
 }

@@ -31,6 +31,14 @@ pub enum Difference {
         native: u128,
         interp: u128,
     },
+    /// The translator (`jit` engine) ended differently from the
+    /// interpreter: `what` (a register, `rflags`, `cycles`, `memory`...)
+    /// with both values. The engines must agree on everything.
+    Engines {
+        what: String,
+        interp: String,
+        jit: String,
+    },
 }
 
 /// The compared x87/SSE fields: XMM0-15, MXCSR, the x87 control, status
@@ -263,6 +271,9 @@ pub fn text_report(
             } => {
                 let _ = writeln!(s, "  {name}: native={native:032x} interp={interp:032x}");
             }
+            Difference::Engines { what, interp, jit } => {
+                let _ = writeln!(s, "  engines, {what}: interp={interp} jit={jit}");
+            }
             Difference::Memory {
                 addr,
                 native,
@@ -397,6 +408,12 @@ pub fn json_report(
                 "{{\"kind\":\"fpu\",\"reg\":{},\"native\":\"{native:#x}\",\"interp\":\"{interp:#x}\"}}",
                 json_string(name)
             ),
+            Difference::Engines { what, interp, jit } => format!(
+                "{{\"kind\":\"engines\",\"what\":{},\"interp\":{},\"jit\":{}}}",
+                json_string(what),
+                json_string(interp),
+                json_string(jit)
+            ),
             Difference::Memory {
                 addr,
                 native,
@@ -420,6 +437,52 @@ pub fn json_report(
         json_state(interp),
         differences.join(",")
     )
+}
+
+/// Compares the two engines' runs of one case: everything must be equal
+/// (every register and RFLAGS bit, the window, the stop, virtual cycles,
+/// retired instructions and the TLB's counters).
+pub fn compare_engines(
+    interp: &super::interp::EngineRun,
+    jit: &super::interp::EngineRun,
+) -> Vec<Difference> {
+    let mut diffs = Vec::new();
+    let mut differ = |what: &str, a: String, b: String| {
+        if a != b {
+            diffs.push(Difference::Engines {
+                what: what.into(),
+                interp: a,
+                jit: b,
+            });
+        }
+    };
+    let (a, b) = (&interp.state, &jit.state);
+    differ("stop", a.stop.to_string(), b.stop.to_string());
+    differ("rip", format!("{:#x}", a.rip), format!("{:#x}", b.rip));
+    for (i, name) in GPR_NAMES.iter().enumerate() {
+        differ(name, format!("{:#x}", a.gpr[i]), format!("{:#x}", b.gpr[i]));
+    }
+    differ(
+        "rflags",
+        format!("{:#x}", a.rflags),
+        format!("{:#x}", b.rflags),
+    );
+    if let Some(k) = (0..a.window.len().min(b.window.len())).find(|&k| a.window[k] != b.window[k]) {
+        differ(
+            "memory (first differing window byte)",
+            format!("[{k:#x}]={:#04x}", a.window[k]),
+            format!("[{k:#x}]={:#04x}", b.window[k]),
+        );
+    }
+    differ("fpu", format!("{:?}", a.fpu), format!("{:?}", b.fpu));
+    differ("cycles", interp.cycles.to_string(), jit.cycles.to_string());
+    differ(
+        "instructions",
+        interp.instructions.to_string(),
+        jit.instructions.to_string(),
+    );
+    differ("tlb", format!("{:?}", interp.tlb), format!("{:?}", jit.tlb));
+    diffs
 }
 
 #[cfg(test)]

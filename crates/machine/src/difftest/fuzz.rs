@@ -9,6 +9,7 @@ use super::interp::{Sandbox, SandboxError, SandboxMode};
 use super::layout::{CODE_SIZE, DATA_ADDR, INITIAL_RSP, STACK_ADDR, WINDOW_SIZE};
 use super::rng::Rng;
 use crate::cpu::state::rflags;
+use crate::jit::Engine;
 use crate::vmx::{IoDirection, VmExit};
 use std::fmt::Write as _;
 
@@ -284,12 +285,32 @@ fn mutated_snippet(rng: &mut Rng) -> Vec<u8> {
     code
 }
 
-/// Runs `input` in the interpreter. After an exit that a hypervisor would
-/// complete by skipping the instruction (I/O, CPUID, MSR, HLT, VMCALL, ...)
-/// it re-enters, up to [`FUZZ_MAX_ENTRIES`] times. Returns the exits.
+/// Runs `input` on both engines (the interpreter, then the translator,
+/// which translates every block on its first run) and returns the exits.
+/// The engines must agree on the exits, the final state and cycles and
+/// memory: a disagreement panics, which the fuzzer reports as a finding.
 pub fn run_fuzz_input(input: &FuzzInput) -> Result<Vec<VmExit>, SandboxError> {
+    let (exits, digest) = run_fuzz_input_on(input, Engine::Interp)?;
+    let (jit_exits, jit_digest) = run_fuzz_input_on(input, Engine::Jit)?;
+    assert!(
+        exits == jit_exits && digest == jit_digest,
+        "engines disagree: interp exits {exits:?} state {digest:#x}, jit exits {jit_exits:?} state {jit_digest:#x}"
+    );
+    Ok(exits)
+}
+
+/// Runs `input` on `engine`. After an exit that a hypervisor would
+/// complete by skipping the instruction (I/O, CPUID, MSR, HLT, VMCALL, ...)
+/// it re-enters, up to [`FUZZ_MAX_ENTRIES`] times. Returns the exits and a
+/// digest of the final state, cycles and the memory window.
+pub fn run_fuzz_input_on(
+    input: &FuzzInput,
+    engine: Engine,
+) -> Result<(Vec<VmExit>, u64), SandboxError> {
     let sandbox = Sandbox::new(&input.code, &input.window)?;
     let mut cpu = sandbox.cpu(&input.mode, &input.gpr, 0);
+    cpu.set_engine(engine);
+    cpu.set_jit_threshold(1);
     cpu.state_mut().rflags = (input.rflags & rflags::WRITABLE) | rflags::FIXED1;
     let mut exits = Vec::new();
     let mut budget = FUZZ_CYCLE_LIMIT;
@@ -328,7 +349,12 @@ pub fn run_fuzz_input(input: &FuzzInput) -> Result<Vec<VmExit>, SandboxError> {
             break;
         }
     }
-    Ok(exits)
+    let mut h = crate::cpu::state::Fnv::default();
+    h.u64(cpu.state_digest());
+    for b in sandbox.window() {
+        h.u64(b as u64);
+    }
+    Ok((exits, h.finish()))
 }
 
 #[cfg(test)]

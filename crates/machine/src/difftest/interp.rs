@@ -11,6 +11,7 @@
 use super::layout::*;
 use super::{FaultKind, FinalState, InitialState, Stop, COMPARED_FLAGS};
 use crate::cpu::state::{cr0, rflags, seg_attr, CpuState, Segment};
+use crate::jit::Engine;
 use crate::memory::{MemCreateError, MemError, PhysMemory};
 use crate::mmu::paging::pte;
 use crate::vmx::{VmExit, VmxControls};
@@ -278,6 +279,28 @@ pub fn run_snippet_bits(
     cycle_limit: u64,
     bits: u32,
 ) -> Result<FinalState, SandboxError> {
+    run_snippet_on(code, initial, cycle_limit, bits, Engine::Interp).map(|r| r.state)
+}
+
+/// A run of a snippet on one engine: the final state and the counts
+/// virtual time is made of.
+#[derive(Debug, Clone)]
+pub struct EngineRun {
+    pub state: FinalState,
+    pub cycles: u64,
+    pub instructions: u64,
+    pub tlb: crate::mmu::tlb::TlbStats,
+}
+
+/// [`run_snippet_bits`] on `engine`. The translating engine translates
+/// every block on its first run here (a snippet's blocks mostly run once).
+pub fn run_snippet_on(
+    code: &[u8],
+    initial: &InitialState,
+    cycle_limit: u64,
+    bits: u32,
+    engine: Engine,
+) -> Result<EngineRun, SandboxError> {
     let sandbox = Sandbox::new(code, &initial.window)?;
     let exception_bitmap = 0xffff_ffff;
     let mode = if bits == 32 {
@@ -287,6 +310,8 @@ pub fn run_snippet_bits(
     };
     let mut cpu = sandbox.cpu(&mode, &initial.gpr, initial.rflags);
     cpu.state_mut().fpu = initial.fpu;
+    cpu.set_engine(engine);
+    cpu.set_jit_threshold(1);
     let sentinel_rip = CODE_ADDR + code.len() as u64;
     let exit = cpu.run(sandbox.memory(), cycle_limit);
     let state = cpu.state();
@@ -309,13 +334,18 @@ pub fn run_snippet_bits(
         },
         other => Stop::Abnormal(format!("unexpected exit {other:?}")),
     };
-    Ok(FinalState {
-        stop,
-        rip: state.rip,
-        gpr: state.gpr,
-        rflags: state.rflags,
-        window: sandbox.window(),
-        fpu: state.fpu,
+    Ok(EngineRun {
+        state: FinalState {
+            stop,
+            rip: state.rip,
+            gpr: state.gpr,
+            rflags: state.rflags,
+            window: sandbox.window(),
+            fpu: state.fpu,
+        },
+        cycles: cpu.cycles(),
+        instructions: cpu.stats().instructions,
+        tlb: cpu.tlb().stats(),
     })
 }
 

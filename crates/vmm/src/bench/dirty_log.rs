@@ -233,6 +233,7 @@ impl DirtyLogBench {
             mem_size: self.mem(),
             mmu: combo.mmu,
             seed: a.common.seed,
+            engine: a.common.engine,
             dirty_ring_size: a.ring_size as usize,
             mmu_options: hv::MmuOptions {
                 fast_pf: combo.fast_pf,

@@ -1,0 +1,218 @@
+//! Executable memory and the calls into and out of generated code: every
+//! `unsafe` of the translator is here.
+//!
+//! Code lives in chunks mapped read-write, filled, then made read-execute
+//! (never writable and executable at once). A translation keeps its chunk
+//! alive; a chunk is unmapped when the last translation in it is dropped
+//! (its block went stale or the code cache was emptied) and the arena has
+//! moved on to a newer chunk.
+
+use crate::cpu::code_cache::Block;
+use crate::cpu::Cpu;
+use crate::memory::PhysMemory;
+use std::rc::Rc;
+
+/// Bytes per chunk of code memory.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// One mapping of code memory.
+struct Chunk {
+    base: *mut u8,
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        // SAFETY: `base` is a mapping of CHUNK_BYTES made by `Chunk::map`;
+        // no translation in it is alive any more (they hold the Rc), so
+        // nothing can run or read it.
+        unsafe { libc::munmap(self.base.cast(), CHUNK_BYTES) };
+    }
+}
+
+impl Chunk {
+    fn map() -> Option<Chunk> {
+        // SAFETY: an anonymous private mapping with no address hint touches
+        // no existing memory; the result is checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                CHUNK_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        (p != libc::MAP_FAILED).then(|| Chunk { base: p.cast() })
+    }
+
+    fn protect(&self, prot: libc::c_int) -> bool {
+        // SAFETY: the range is exactly this chunk's own mapping.
+        unsafe { libc::mprotect(self.base.cast(), CHUNK_BYTES, prot) == 0 }
+    }
+}
+
+/// Per-CPU code memory.
+#[derive(Default)]
+pub(crate) struct Arena {
+    chunk: Option<Rc<Chunk>>,
+    used: usize,
+}
+
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena").field("used", &self.used).finish()
+    }
+}
+
+/// Installed host code for one block.
+pub(crate) struct Translation {
+    chunk: Rc<Chunk>,
+    offset: usize,
+    len: usize,
+    /// Made for user-mode (CPL 3) accesses: the first-level TLB class its
+    /// inline accesses use. Run only at that privilege.
+    pub(crate) user: bool,
+    /// Offset of the entry that chained blocks jump to (after the
+    /// prologue).
+    chain_offset: usize,
+}
+
+impl std::fmt::Debug for Translation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Translation")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// What generated code reads besides the `Cpu`, passed per call (fields at
+/// fixed offsets: see `jit::ENV_*`).
+#[repr(C)]
+pub(crate) struct Env {
+    /// The first-level TLB's slots (`Cpu::l1`).
+    pub l1_slots: usize,
+    /// Host address of host-physical 0.
+    pub mem_base: *mut u8,
+    /// Bytes of host-physical memory.
+    pub mem_size: u64,
+    /// One byte per frame, non-zero when the frame holds decoded code.
+    pub code_frames: *const u8,
+    /// The run's cycle limit (a chained block stops the chain at it).
+    pub cycle_limit: u64,
+    /// The chaining table (`Cpu::jit_chain`).
+    pub chain: *const super::ChainEntry,
+    /// One u32 per frame: its code-write generation.
+    pub code_generation: *const u32,
+}
+
+/// The signature of generated code: (cpu, memory, block, env) -> status.
+type Entry = extern "sysv64" fn(*mut Cpu, *const PhysMemory, *const Block, *const Env) -> u64;
+
+impl Arena {
+    /// Copies position-independent `code` into executable memory.
+    /// `None` if the host refuses the mapping or protection change (the
+    /// block is then interpreted).
+    pub(crate) fn install(
+        &mut self,
+        code: &[u8],
+        chain_offset: usize,
+        user: bool,
+    ) -> Option<Translation> {
+        if code.is_empty() || code.len() > CHUNK_BYTES || chain_offset >= code.len() {
+            return None;
+        }
+        // Keep entries 16-byte aligned.
+        let start = (self.used + 15) & !15;
+        let chunk = match &self.chunk {
+            Some(c) if start + code.len() <= CHUNK_BYTES => c.clone(),
+            _ => {
+                let c = Rc::new(Chunk::map()?);
+                self.chunk = Some(c.clone());
+                self.used = 0;
+                return self.install(code, chain_offset, user);
+            }
+        };
+        if !chunk.protect(libc::PROT_READ | libc::PROT_WRITE) {
+            return None;
+        }
+        // SAFETY: [start, start + len) lies inside the chunk (checked
+        // above), which is now writable; `code` is a separate Rust slice,
+        // so the ranges do not overlap. No code of this CPU runs while it
+        // translates (translation happens between blocks).
+        unsafe {
+            std::ptr::copy_nonoverlapping(code.as_ptr(), chunk.base.add(start), code.len());
+        }
+        if !chunk.protect(libc::PROT_READ | libc::PROT_EXEC) {
+            return None;
+        }
+        self.used = start + code.len();
+        Some(Translation {
+            chunk,
+            offset: start,
+            len: code.len(),
+            user,
+            chain_offset,
+        })
+    }
+}
+
+impl Translation {
+    /// The address chained blocks jump to (recorded in the chaining table;
+    /// only ever jumped to by generated code).
+    pub(crate) fn chain_entry(&self) -> u64 {
+        self.chunk.base as u64 + (self.offset + self.chain_offset) as u64
+    }
+
+    /// Runs the block's host code on `cpu`. `block` must be the block this
+    /// translation was made from (it is what the call-outs index).
+    ///
+    /// `env` must describe `cpu`'s first-level TLB and `mem` (the inline
+    /// accesses use it: `Cpu::run_translated` builds it from them).
+    pub(crate) fn run(&self, cpu: &mut Cpu, mem: &PhysMemory, block: &Block, env: &Env) -> u64 {
+        // SAFETY: the chunk is mapped read-execute and stays mapped while
+        // `self` holds its Rc; `offset` is the start of a complete function
+        // produced by `jit::translate` with the `Entry` signature.
+        let entry: Entry = unsafe { std::mem::transmute(self.chunk.base.add(self.offset)) };
+        // The generated code only touches `cpu` through this pointer, at
+        // the offsets `Cpu::jit_offsets` gave (guest registers, RFLAGS,
+        // next_rip, the epochs), and hands it to `call_out`; `cpu` is not
+        // used otherwise until the call returns. Its inline accesses read
+        // first-level TLB slots and guest memory at the addresses `env`
+        // gives, only inside the slots array and, after checking the frame
+        // against `mem_size`, inside the memory mapping. It may jump on
+        // into the translations of other blocks through `env.chain`, whose
+        // entries `Cpu` keeps alive (with their blocks) for as long as they
+        // are in the table, which nothing changes during the call.
+        entry(
+            cpu as *mut Cpu,
+            mem as *const PhysMemory,
+            block as *const Block,
+            env as *const Env,
+        )
+    }
+}
+
+/// The address generated code calls for an instruction it runs through
+/// the interpreter.
+pub(crate) fn call_out_address() -> u64 {
+    call_out as extern "sysv64" fn(*mut Cpu, *const PhysMemory, *const Block, u64) -> u64 as usize
+        as u64
+}
+
+/// Runs instruction `k` of `block` through the interpreter; the status
+/// word of [`super::status`] (0: go on).
+extern "sysv64" fn call_out(
+    cpu: *mut Cpu,
+    mem: *const PhysMemory,
+    block: *const Block,
+    k: u64,
+) -> u64 {
+    // SAFETY: generated code passes on exactly the three pointers
+    // `Translation::run` received from live references (the `&mut Cpu` is
+    // not used by its owner until `run` returns, and the generated code
+    // holds no access to the Cpu across this call).
+    let (cpu, mem, block) = unsafe { (&mut *cpu, &*mem, &*block) };
+    cpu.jit_call_out(mem, block, k as usize)
+}
