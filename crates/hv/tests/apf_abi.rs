@@ -47,10 +47,15 @@ fn x86_protocol_follows_kvm_msr_rules() {
     assert_eq!(v["gp_int"], 0);
     assert_eq!(v["gp_enable"], 0);
     assert_eq!(
+        v["token_apic_off"], 0,
+        "no page-ready while the local APIC is disabled"
+    );
+    assert_eq!(
         v["token_after_enable"],
         u64::from(abi::APF_WAKE_ALL),
-        "enable wakes all"
+        "enable wakes all, once the APIC is on"
     );
+    assert_eq!(v["ready_pending"], 1, "and its interrupt is pending");
     assert_eq!(v["gp_ack"], 0);
     assert_eq!(v["gp_disable"], 0);
     assert_eq!(v["hc_version"], ENOSYS, "the event protocol is not offered");
