@@ -77,6 +77,42 @@ static void mount_or_warn(const char *source, const char *target, const char *ty
 		fprintf(stderr, "faultline-init: mount %s on %s: %s\n", type, target, strerror(errno));
 }
 
+/* Linux's own count of the hypervisor callback interrupts it took (the
+ * "HYP" line of /proc/interrupts, summed over CPUs): under KVM's async PF
+ * these are the page-ready notifications (wake-alls included), counted by
+ * Linux's sysvec_kvm_asyncpf_interrupt. Reported to the hv as
+ * `linux_hyp_interrupts=N` (nothing if the line is absent), so the vmm can
+ * set the guest's count beside its own. */
+static void report_hyp_interrupts(void)
+{
+	FILE *f = fopen("/proc/interrupts", "r");
+	char text[1024];
+	if (!f)
+		return;
+	while (fgets(text, sizeof(text), f)) {
+		char *p = text;
+		while (*p == ' ')
+			p++;
+		if (strncmp(p, "HYP:", 4) != 0)
+			continue;
+		unsigned long long sum = 0;
+		char *end;
+		p += 4;
+		for (;;) {
+			unsigned long long n = strtoull(p, &end, 10);
+			if (end == p)
+				break;
+			sum += n;
+			p = end;
+		}
+		char line[64];
+		int len = snprintf(line, sizeof(line), "linux_hyp_interrupts=%llu", sum);
+		forward_report(line, (size_t)len);
+		break;
+	}
+	fclose(f);
+}
+
 static void power_off(int status)
 {
 	fflush(stdout);
@@ -148,6 +184,7 @@ int main(int argc, char **argv)
 			power_off(1);
 		}
 	}
+	report_hyp_interrupts();
 	if (WIFEXITED(wstatus)) {
 		status = WEXITSTATUS(wstatus);
 		printf("faultline-init: %s exited with status %d\n", argv[1], status);

@@ -335,6 +335,7 @@ impl Bench for DirtyLogBench {
                     iterations: self.args.iterations,
                 }),
                 harvest: None,
+                linux: None,
             })
             .collect()
     }
