@@ -48,7 +48,7 @@ pub use mmu::spte;
 pub use mmu::zap::{ZapError, ZapMode, ZapReport, BATCH_ZAP_PAGES};
 pub use mmu::{shadow::ShadowError, shadow::ShadowStats, MmuMode};
 pub use pager::PagerStats;
-pub use stats::{ExitStat, VcpuStats, VmStats};
+pub use stats::{ExitStat, MmuLockStats, VcpuStats, VmStats};
 pub use swap::{DeviceModel, DevicePreset, DeviceStats, LatencyRange};
 pub use time::Cycles;
 pub use vcpu::steal::cycles_to_ns as steal_cycles_to_ns;

@@ -14,6 +14,25 @@ pub struct ExitStat {
     pub hv_cycles: u64,
 }
 
+/// `mmu_lock`'s own counters, over every core that took it (vCPUs and
+/// the VMM's thread): how often it was taken, how often a taker waited,
+/// how often its cache line came from another core, and how much of the
+/// waiting was the ticket lock's handoff (`mmu::lock`, `docs/mmu.md`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MmuLockStats {
+    /// Timed acquisitions (hv work in virtual time).
+    pub acquisitions: u64,
+    /// Acquisitions that had to wait.
+    pub contended: u64,
+    /// Acquisitions that found the lock's line last written by another
+    /// core (the contended ones included).
+    pub line_transfers: u64,
+    /// Virtual cycles takers waited, in all.
+    pub waited_cycles: u64,
+    /// Of `waited_cycles`, the handoffs' share.
+    pub handoff_cycles: u64,
+}
+
 /// Counters of one vCPU.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VcpuStats {
@@ -139,6 +158,8 @@ pub struct VmStats {
     pub mmu: &'static str,
     /// The shadow MMU's counters (shadow paging only).
     pub shadow: Option<crate::mmu::shadow::ShadowStats>,
+    /// `mmu_lock`'s counters.
+    pub mmu_lock: MmuLockStats,
 }
 
 impl VmStats {

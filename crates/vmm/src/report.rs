@@ -183,6 +183,9 @@ pub struct Summary {
     pub host_frames_peak: u64,
     pub ept_tables: u64,
     pub mmu_lock_wait_cycles: u64,
+    /// `mmu_lock` over every core that took it (the VMM's thread
+    /// included): acquisitions, waits, cache-line transfers, handoffs.
+    pub mmu_lock: hv::MmuLockStats,
     /// Faults the fast page fault handled: fixed, found fixed already,
     /// left to the slow path.
     pub fast_pf: FastPfSummary,
@@ -266,6 +269,7 @@ impl Summary {
             host_frames_peak: stats.frames_peak,
             ept_tables: stats.ept_tables,
             mmu_lock_wait_cycles: stats.vcpus.iter().map(|v| v.mmu_lock_wait_cycles).sum(),
+            mmu_lock: stats.mmu_lock,
             fast_pf: FastPfSummary {
                 fixed: stats.vcpus.iter().map(|v| v.fast_pf_fixed).sum(),
                 spurious: stats.vcpus.iter().map(|v| v.fast_pf_spurious).sum(),
@@ -374,10 +378,16 @@ impl Summary {
             self.host_frames_peak,
             self.ept_tables
         );
+        let l = &self.mmu_lock;
         let _ = writeln!(
             s,
-            "mmu_lock:     {} cycles waited",
-            self.mmu_lock_wait_cycles
+            "mmu_lock:     {} cycles waited by vCPUs; taken {} times, {} contended, \
+             {} line transfers, {} cycles of handoffs",
+            self.mmu_lock_wait_cycles,
+            l.acquisitions,
+            l.contended,
+            l.line_transfers,
+            l.handoff_cycles
         );
         let f = &self.fast_pf;
         let _ = writeln!(

@@ -264,6 +264,19 @@ impl Mmu {
             .forget_zap_holds_before(t);
     }
 
+    /// `mmu_lock`'s counters so far.
+    pub fn lock_stats(&self, costs: &HvCosts) -> crate::stats::MmuLockStats {
+        let inner = self.hold(Timed::Untimed, costs);
+        let t = &inner.timeline;
+        crate::stats::MmuLockStats {
+            acquisitions: t.acquisitions,
+            contended: t.contended,
+            line_transfers: t.line_transfers,
+            waited_cycles: t.waited.0,
+            handoff_cycles: t.handoff.0,
+        }
+    }
+
     /// EPT table frames in use, roots included.
     pub fn table_count(&self, costs: &HvCosts) -> u64 {
         self.hold(Timed::Untimed, costs).headers.len() as u64

@@ -641,6 +641,7 @@ impl Vm {
             apf_protocol: shared.apf.protocol.name(),
             mmu: host.mmu.mode.name(),
             shadow: (host.mmu.mode == MmuMode::Shadow).then(|| host.mmu.shadow_stats(&host.costs)),
+            mmu_lock: host.mmu.lock_stats(&host.costs),
         }
     }
 }

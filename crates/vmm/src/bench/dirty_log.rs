@@ -60,6 +60,9 @@ pub struct DirtyLogRun {
     /// PML-full exits, summed over vCPUs over the logged iterations.
     #[serde(default)]
     pub pml_full_exits: u64,
+    /// `mmu_lock`'s counters over the whole run (every core).
+    #[serde(default)]
+    pub mmu_lock: hv::MmuLockStats,
 }
 
 fn ms(cycles: u64) -> f64 {
@@ -168,6 +171,7 @@ pub fn drive(
         mmu_lock_wait_cycles: stats.vcpus.iter().map(|v| v.mmu_lock_wait_cycles).sum(),
         ring_full_exits: harvests.exits,
         pml_full_exits: pml_full_exits(vm) - pml_full_before,
+        mmu_lock: stats.mmu_lock,
     })
 }
 
@@ -372,7 +376,7 @@ impl Bench for DirtyLogBench {
         );
         let _ = writeln!(
             s,
-            "{:<6} {:<7} {:<7} {:>11} {:>10} {:>9} {:>10} {:>10} {:>9} {:>12} {:>10} {:>9}",
+            "{:<6} {:<7} {:<7} {:>11} {:>10} {:>9} {:>10} {:>10} {:>9} {:>12} {:>10} {:>10} {:>9}",
             "mmu",
             "mode",
             "fast pf",
@@ -383,6 +387,7 @@ impl Bench for DirtyLogBench {
             "clear ms",
             "pages",
             "lock wait ms",
+            "line xfers",
             "ring full",
             "pml full"
         );
@@ -392,7 +397,7 @@ impl Bench for DirtyLogBench {
                 |f: fn(&Iteration) -> u64| r.iterations.iter().map(f).sum::<u64>() as f64 / n;
             let _ = writeln!(
                 s,
-                "{:<6} {:<7} {:<7} {:>11.3} {:>10.3} {:>9.3} {:>10.3} {:>10.3} {:>9} {:>12.3} {:>10} {:>9}",
+                "{:<6} {:<7} {:<7} {:>11.3} {:>10.3} {:>9.3} {:>10.3} {:>10.3} {:>9} {:>12.3} {:>10} {:>10} {:>9}",
                 c.mmu.name(),
                 c.mode.name(),
                 if c.fast_pf { "on" } else { "off" },
@@ -403,6 +408,7 @@ impl Bench for DirtyLogBench {
                 ms(mean(|i| i.clear_cycles) as u64),
                 mean(|i| i.pages) as u64,
                 ms(r.mmu_lock_wait_cycles),
+                r.mmu_lock.line_transfers,
                 r.ring_full_exits,
                 r.pml_full_exits
             );
@@ -472,6 +478,9 @@ struct JsonRow {
     enable_ms: f64,
     disable_ms: f64,
     mmu_lock_wait_ms: f64,
+    /// `mmu_lock` over the run, every core: acquisitions, waits, line
+    /// transfers, handoffs.
+    mmu_lock: hv::MmuLockStats,
     ring_full_exits: u64,
     pml_full_exits: u64,
 }
@@ -496,6 +505,7 @@ impl JsonRow {
             enable_ms: ms(r.enable_cycles),
             disable_ms: ms(r.disable_cycles),
             mmu_lock_wait_ms: ms(r.mmu_lock_wait_cycles),
+            mmu_lock: r.mmu_lock,
             ring_full_exits: r.ring_full_exits,
             pml_full_exits: r.pml_full_exits,
         }
