@@ -170,9 +170,10 @@ fn run_linux_json(image: &std::path::Path, args: &[&str], program: &[&str]) -> s
 /// A report value (`key=N`) from the run's report lines.
 fn report_value(v: &serde_json::Value, key: &str) -> Option<u64> {
     v["reports"].as_array()?.iter().find_map(|r| {
-        r["line"].as_str()?.split_whitespace().find_map(|kv| {
-            kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok()
-        })
+        r["line"]
+            .as_str()?
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
     })
 }
 
@@ -213,7 +214,11 @@ fn linux_async_pf_under_memory_pressure_wakes_every_task() {
     assert!(not_present > 100, "Linux's async PF at work: {apf}");
     assert_eq!(wake_all, 2, "one per CPU at enable: {apf}");
     assert_eq!(ready, not_present + wake_all, "every one answered: {apf}");
-    assert_eq!(apf["acks_received"].as_u64(), Some(ready), "Linux acked each: {apf}");
+    assert_eq!(
+        apf["acks_received"].as_u64(),
+        Some(ready),
+        "Linux acked each: {apf}"
+    );
     // Linux's own count (/proc/interrupts HYP), read by init when memtouch
     // has ended: init's own last steps may still take a few.
     let hyp = report_value(&v, "linux_hyp_interrupts").expect("HYP line");
@@ -254,7 +259,12 @@ fn linux_pagetag_with_a_quarter_of_guest_memory_has_no_bad_pages() {
     });
     for (apf, v) in ["pv", "halt", "off"].iter().zip(&runs) {
         assert_eq!(report_value(v, "pagetag_pages"), Some(12288), "{apf}");
-        assert_eq!(report_value(v, "pagetag_bad"), Some(0), "{apf}: {}", v["console"]);
+        assert_eq!(
+            report_value(v, "pagetag_bad"),
+            Some(0),
+            "{apf}: {}",
+            v["console"]
+        );
         assert!(
             v["memory"]["pager"]["swap_ins"].as_u64().unwrap() > 1000,
             "{apf}: pages came back from swap"
@@ -305,19 +315,34 @@ fn bench_apf_in_linux_counts_async_pf_alike_on_both_sides() {
     assert_eq!(v["config"]["guest"], "linux");
     for mode in ["off", "halt", "pv", "ideal"] {
         let m = &v["modes"][mode];
-        let count = |key: &str| m[key].as_u64().unwrap_or_else(|| panic!("{mode} {key}: {m}"));
+        let count = |key: &str| {
+            m[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{mode} {key}: {m}"))
+        };
         assert!(count("total") > 0, "{mode}: {m}");
         let ready = count("ready_sent");
-        assert_eq!(ready, count("not_present_sent") + count("wake_all_sent"), "{mode}: {m}");
+        assert_eq!(
+            ready,
+            count("not_present_sent") + count("wake_all_sent"),
+            "{mode}: {m}"
+        );
         assert_eq!(count("acks_received"), ready, "{mode}: {m}");
         // Read by init before its own last steps: at most the hv's count.
-        assert!(m["linux_hyp_interrupts"].as_u64().unwrap_or(0) <= ready, "{mode}: {m}");
+        assert!(
+            m["linux_hyp_interrupts"].as_u64().unwrap_or(0) <= ready,
+            "{mode}: {m}"
+        );
     }
     let pv = &v["modes"]["pv"];
     assert!(pv["not_present_sent"].as_u64().unwrap() > 0, "{pv}");
     assert_eq!(pv["wake_all_sent"].as_u64(), Some(2), "one per CPU");
     for mode in ["off", "halt"] {
-        assert_eq!(v["modes"][mode]["ready_sent"].as_u64(), Some(0), "{mode}: not offered");
+        assert_eq!(
+            v["modes"][mode]["ready_sent"].as_u64(),
+            Some(0),
+            "{mode}: not offered"
+        );
     }
     assert!(plot.is_file());
 }

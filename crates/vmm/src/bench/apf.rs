@@ -7,11 +7,11 @@ use super::{json_text, mib, Bench, BenchError, LinuxGuest, Output, RunResult, Ru
 use crate::config::{ConfigError, Kernel};
 use crate::units::{duration_to_cycles, format_duration, format_seconds};
 use crate::{plot, ApfBenchArgs, BenchCommon, GuestArg, SwapDeviceArg};
-use std::sync::Arc;
 use hv::apf::ApfMode;
 use hv::VmConfig;
 use serde_json::json;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The seed's ratios (total work against master).
