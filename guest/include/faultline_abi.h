@@ -167,6 +167,7 @@ _Static_assert(sizeof(struct cr3_cache) == 16 * CR3_CACHE_MAX + 16, "cr3_cache l
 #define KVM_FEATURE_STEAL_TIME (1u << 5)
 #define KVM_FEATURE_PV_TLB_FLUSH (1u << 9)
 #define KVM_FEATURE_PV_SCHED_YIELD (1u << 13)
+#define KVM_FEATURE_PV_SEND_IPI (1u << 11)
 #define MSR_KVM_STEAL_TIME 0x4b564d03u
 #define KVM_MSR_ENABLED 1ull
 #define KVM_STEAL_RESERVED_MASK 0x3eull

@@ -420,6 +420,12 @@ pub const KVM_FEATURE_STEAL_TIME: u32 = 1 << 5;
 pub const KVM_FEATURE_PV_TLB_FLUSH: u32 = 1 << 9;
 /// CPUID 0x40000001 EAX: [`KVM_HC_SCHED_YIELD`].
 pub const KVM_FEATURE_PV_SCHED_YIELD: u32 = 1 << 13;
+/// CPUID 0x40000001 EAX: [`KVM_HC_SEND_IPI`] (KVM's `KVM_FEATURE_PV_SEND_IPI`):
+/// one hypercall sends a fixed IPI to every APIC id `RDX + i` for each bit
+/// `i` set in RBX (and `RDX + 64 + i` for RCX; 32 bits each from 32-bit
+/// code), with the vector and delivery mode from the ICR value in RSI
+/// (physical destination, no shorthand); it returns how many were sent.
+pub const KVM_FEATURE_PV_SEND_IPI: u32 = 1 << 11;
 /// The gpa of this vCPU's [`KvmStealTime`] | [`KVM_MSR_ENABLED`].
 pub const MSR_KVM_STEAL_TIME: u32 = 0x4b56_4d03;
 /// KVM's `KVM_MSR_ENABLED` (bit 0 of the PV area MSRs).

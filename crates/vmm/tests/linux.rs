@@ -103,8 +103,9 @@ fn linux_boots_under_shadow_paging_on_one_vcpu() {
     assert_eq!(v["mmu"], "shadow");
 }
 
+/// The APs start in real mode (INIT/SIPI) and run Linux's trampoline on
+/// the shadow MMU's paging-off root before they turn paging on.
 #[test]
-#[ignore = "the shadow MMU has no paging-off mode yet: an AP started by INIT/SIPI runs its real-mode trampoline with no memory virtualisation and never comes up (docs/linux.md)"]
 fn linux_boots_under_shadow_paging_on_four_vcpus() {
     let Some(image) = linux_image() else { return };
     let (v, _) = boot_hello(&image, &["--vcpus", "4", "--mmu", "shadow"]);

@@ -1,4 +1,4 @@
-//! VMCALL: faultline's hypercalls and KVM's kick and directed yield. Arguments in RBX, RCX,
+//! VMCALL: faultline's hypercalls and KVM's kick, PV send-IPI and directed yield. Arguments in RBX, RCX,
 //! RDX, RSI; the number in RAX; the result back in RAX. Only CPL 0 may
 //! call (-EPERM otherwise).
 
@@ -8,6 +8,7 @@ use crate::vm::shared::{CrossRequest, Shared};
 use crate::vm::{Report, StopReason};
 use abi::errno;
 use machine::cpu::Gpr;
+use machine::vmx::{Ipi, IpiDest, IpiMode};
 use machine::Gpa;
 
 impl Vcpu {
@@ -58,6 +59,9 @@ impl Vcpu {
                     self.stats.kicks_sent += 1;
                     0
                 }
+                abi::KVM_HC_SEND_IPI if shared.kvm_features & abi::KVM_FEATURE_PV_SEND_IPI != 0 => {
+                    self.pv_send_ipi(shared, [a0, a1], a2 as u32, a3)
+                }
                 abi::KVM_HC_SCHED_YIELD
                     if shared.kvm_features & abi::KVM_FEATURE_PV_SCHED_YIELD != 0 =>
                 {
@@ -79,6 +83,65 @@ impl Vcpu {
         self.cpu.state_mut().gpr[Gpr::Rax as usize] = result as u64;
         self.cpu.skip_instruction();
         Ok(Next::Continue)
+    }
+
+    /// KVM_HC_SEND_IPI (KVM's `kvm_pv_send_ipi`): the IPI of `icr` to APIC
+    /// id `min + i` for each bit `i` of `bitmap` (low word, then the high
+    /// word for `min + 64`; 32 bits per word from 32-bit code), routed as
+    /// an ICR write's IPI is. As KVM: a logical destination or a
+    /// shorthand is `-EINVAL`, APIC ids no vCPU has are skipped (an id
+    /// past the largest ends the word), and the result is the count sent.
+    /// Fixed and lowest-priority only: NMI and SMI IPIs are not modelled
+    /// (`-EINVAL`, where the ICR path stops the VM).
+    pub(crate) fn pv_send_ipi(
+        &mut self,
+        shared: &mut Shared,
+        bitmap: [u64; 2],
+        min: u32,
+        icr: u64,
+    ) -> i64 {
+        const VECTOR: u64 = 0xff;
+        const MODE_SHIFT: u64 = 8;
+        const MODE: u64 = 0x7 << MODE_SHIFT;
+        const LOGICAL: u64 = 1 << 11;
+        const SHORTHAND: u64 = 0x3 << 18;
+        if icr & (LOGICAL | SHORTHAND) != 0 {
+            return -errno::EINVAL;
+        }
+        let mode = match (icr & MODE) >> MODE_SHIFT {
+            0 => IpiMode::Fixed,
+            1 => IpiMode::LowestPriority,
+            _ => return -errno::EINVAL,
+        };
+        let bits: u64 = if self.cpu.state().in_64bit_mode() {
+            64
+        } else {
+            32
+        };
+        let sender_apic = self.cpu.apic().id();
+        let at = self.clock();
+        let mut sent = 0;
+        for (word, first) in bitmap.into_iter().zip([0, bits]) {
+            for i in (0..bits).filter(|i| word >> i & 1 != 0) {
+                let id = u64::from(min) + first + i;
+                if shared.vcpu_by_apic_id(id).is_none() {
+                    continue;
+                }
+                shared.cross.push(CrossRequest::Ipi {
+                    sender_apic,
+                    ipi: Ipi {
+                        dest: IpiDest::Physical(id as u32),
+                        vector: (icr & VECTOR) as u8,
+                        mode,
+                        level_assert: true,
+                    },
+                    at,
+                });
+                self.stats.ipis_sent += 1;
+                sent += 1;
+            }
+        }
+        sent
     }
 
     /// HC_REPORT: a line of `len` bytes at `gpa`.

@@ -45,7 +45,10 @@ pub(crate) const MSRS: &[MsrEntry] = &[
     MsrEntry {
         index: msr::EFER,
         read: |cpu| Some(cpu.state().efer),
-        write: write_efer,
+        write: |cpu, v| {
+            let paging = cpu.state().cr0 & cr0::PG != 0;
+            write_efer(cpu, v, paging)
+        },
     },
     MsrEntry {
         index: msr::PAT,
@@ -138,9 +141,10 @@ pub(crate) const MSRS: &[MsrEntry] = &[
 /// As KVM: LMA is read-only (a written value is ignored), and as hardware
 /// LME changes only while paging is off (SDM Vol. 3A 10.8.5: a 32-bit boot
 /// sets it before CR0.PG); with paging on the guest may change SCE and NXE.
-fn write_efer(cpu: &mut Cpu, value: u64) -> bool {
+/// `paging`: the guest's CR0.PG (under shadow paging the machine's own is
+/// always set).
+pub(super) fn write_efer(cpu: &mut Cpu, value: u64, paging: bool) -> bool {
     let s = cpu.state();
-    let paging = s.cr0 & cr0::PG != 0;
     if value & !(efer::WRITABLE | efer::LMA) != 0 || (paging && (value ^ s.efer) & efer::LME != 0) {
         return false;
     }

@@ -167,12 +167,53 @@ impl Vcpu {
         cycles: &mut Cycles,
     ) -> Result<(), VmError> {
         let before = self.paging_context();
-        self.handle_wrmsr(shared, machine::cpu::state::msr::EFER, value | efer::NXE)?;
-        // A refused write injected #GP and changed nothing.
-        if self.cpu.pending_injection().is_none() {
+        // LME may change only while the guest's paging is off (the
+        // machine's own CR0.PG is always set under shadow paging).
+        let guest_paging = self.guest_cr0() & cr0::PG != 0;
+        if super::msr::write_efer(&mut self.cpu, value | efer::NXE, guest_paging) {
             self.shadow.guest_nxe_off = value & efer::NXE == 0;
+            self.cpu.skip_instruction();
+        } else {
+            self.cpu.inject_event(super::msr::gp_fault());
         }
         self.paging_changed(shared, before, cycles)
+    }
+
+    /// The machine's SMEP and SMAP: the guest's while its paging is on;
+    /// clear while it is off, where they mean nothing but the machine's
+    /// CR0.PG is still set (KVM clears them in the hardware CR4 when the
+    /// guest is not paging, `vmx_set_cr4`).
+    fn apply_paging_cr4_bits(&mut self) {
+        let hw = cr4::SMEP | cr4::SMAP;
+        let guest = if self.guest_cr0() & cr0::PG != 0 {
+            self.guest_cr4() & hw
+        } else {
+            0
+        };
+        let s = self.cpu.state_mut();
+        s.cr4 = (s.cr4 & !hw) | guest;
+    }
+
+    /// After INIT or a startup IPI reset the CPU to real mode: the guest
+    /// sees its reset CR0/CR4 (paging off) through the read shadows, the
+    /// machine keeps the bits the hv owns as it runs every shadow root
+    /// (CR0.PG and WP, CR4.PAE, EFER.NXE; IA-32e mode follows the guest's
+    /// PG) and runs on the paging-off root (gva = gpa), loaded before the
+    /// next entry.
+    pub(crate) fn reset_shadow_paging(&mut self) {
+        let s = self.cpu.state_mut();
+        let (guest_cr0, guest_cr4) = (s.cr0, s.cr4);
+        s.cr0 |= CR0_HOST_OWNED;
+        s.cr4 = (s.cr4 & !CR4_HOST_OWNED) | cr4::PAE;
+        self.shadow.guest_nxe_off = s.efer & efer::NXE == 0;
+        s.efer |= efer::NXE;
+        self.shadow.guest_cr3 = s.cr3;
+        if let Some(v) = self.cpu.vmx_mut() {
+            v.cr0_read_shadow = guest_cr0 & CR0_HOST_OWNED;
+            v.cr4_read_shadow = guest_cr4 & CR4_HOST_OWNED;
+        }
+        self.apply_paging_cr4_bits();
+        self.requests.set(Requests::RELOAD_ROOT);
     }
 
     /// The guest's paging context (what shadow roles depend on).
@@ -473,11 +514,17 @@ impl Vcpu {
         let vcpu = self.id;
         let costs = shared.host.costs;
         let regs = self.guest_paging_regs();
-        let mut memory = WalkMemory { shared, reads: 0 };
-        let walked = walk::walk(&mut memory, &regs, gva, access);
-        *cycles += Cycles(memory.reads * costs.spte_read);
+        let walked = if self.paging_context().paging {
+            let mut memory = WalkMemory { shared, reads: 0 };
+            let walked = walk::walk(&mut memory, &regs, gva, access);
+            *cycles += Cycles(memory.reads * costs.spte_read);
+            walked.map(|w| GuestWalk::of(&w))
+        } else {
+            // Paging off: nothing to walk, the gva is the gpa.
+            Ok(GuestWalk::nonpaging(gva))
+        };
         let walk = match walked {
-            Ok(walked) => GuestWalk::of(&walked),
+            Ok(walk) => walk,
             Err(WalkError::PageFault { error_code, .. }) => {
                 return Ok(ShadowFault::Guest { error_code })
             }
@@ -731,16 +778,29 @@ impl Vcpu {
                 self.shadow.guest_cr3 = value;
                 let at = Timed::At(self.clock() + *cycles);
                 *cycles += self.load_shadow_root(shared, true, at)?.0;
-                // Every page is in sync now: the root may be cached.
-                *cycles += self.cr3_cache_add(shared);
+                // Every page is in sync now: the root may be cached (not
+                // the paging-off root, which no CR3 value names).
+                if self.paging_context().paging {
+                    *cycles += self.cr3_cache_add(shared);
+                }
             }
             CrAccess::MovTo { cr: 0, value, .. } => {
                 let v = self.cpu.vmx().expect("guest mode");
                 let mask = v.cr0_guest_host_mask;
+                let was_paging = self.guest_cr0() & cr0::PG != 0;
+                let paging = value & cr0::PG != 0;
+                let state = self.cpu.state();
                 if value >> 32 != 0
-                    || value & cr0::PG == 0
-                    || value & cr0::PE == 0
+                    || (paging && value & cr0::PE == 0)
                     || (value & cr0::NW != 0 && value & cr0::CD == 0)
+                    // Only IA-32e paging is modelled (as the machine
+                    // does): turning paging on needs EFER.LME and
+                    // CR4.PAE; leaving IA-32e mode only from
+                    // compatibility mode.
+                    || (paging
+                        && !was_paging
+                        && (state.efer & efer::LME == 0 || self.guest_cr4() & cr4::PAE == 0))
+                    || (!paging && was_paging && state.in_64bit_mode())
                 {
                     self.cpu.inject_event(gp());
                     return Ok(Next::Continue);
@@ -748,27 +808,37 @@ impl Vcpu {
                 let before = self.paging_context();
                 let s = self.cpu.state_mut();
                 s.cr0 = ((value & cr0::DEFINED) & !mask) | (s.cr0 & mask) | cr0::ET;
+                // The machine's CR0.PG stays set (the shadow root
+                // translates, gva = gpa while the guest's paging is off),
+                // so IA-32e mode follows the guest's PG here.
+                if paging && !was_paging {
+                    s.efer |= efer::LMA;
+                } else if !paging && was_paging {
+                    s.efer &= !efer::LMA;
+                }
                 if let Some(v) = self.cpu.vmx_mut() {
                     v.cr0_read_shadow = value & mask;
                 }
+                self.apply_paging_cr4_bits();
                 self.paging_changed(shared, before, cycles)?;
             }
             CrAccess::MovTo { cr: 4, value, .. } => {
                 let v = self.cpu.vmx().expect("guest mode");
                 let mask = v.cr4_guest_host_mask;
-                if value & !cr4::SUPPORTED != 0 || value & cr4::PAE == 0 {
+                // PAE may be clear only while the guest's paging is off
+                // (IA-32e paging is the only paging modelled).
+                let paging = self.guest_cr0() & cr0::PG != 0;
+                if value & !cr4::SUPPORTED != 0 || (paging && value & cr4::PAE == 0) {
                     self.cpu.inject_event(gp());
                     return Ok(Next::Continue);
                 }
                 let before = self.paging_context();
-                // SMEP and SMAP apply to the shadow's U bits as to the
-                // guest's: the machine enforces them.
-                let hw = cr4::SMEP | cr4::SMAP;
                 let s = self.cpu.state_mut();
-                s.cr4 = (value & !mask) | (s.cr4 & mask & !hw) | (value & hw);
+                s.cr4 = (value & !mask) | (s.cr4 & mask);
                 if let Some(v) = self.cpu.vmx_mut() {
                     v.cr4_read_shadow = value & mask;
                 }
+                self.apply_paging_cr4_bits();
                 self.paging_changed(shared, before, cycles)?;
             }
             other => {

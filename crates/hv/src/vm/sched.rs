@@ -587,6 +587,9 @@ impl Vm {
                             // INIT (not the level de-assert): wait for SIPI.
                             IpiMode::Init if ipi.level_assert => {
                                 target.cpu.receive_init();
+                                if target.mmu_mode == crate::mmu::MmuMode::Shadow {
+                                    target.reset_shadow_paging();
+                                }
                                 target.run = RunState::WaitingForStart;
                                 shared.directory[i].started = false;
                             }
@@ -595,6 +598,9 @@ impl Vm {
                             // unless the target waits for one).
                             IpiMode::Startup => {
                                 if target.cpu.receive_startup(ipi.vector) {
+                                    if target.mmu_mode == crate::mmu::MmuMode::Shadow {
+                                        target.reset_shadow_paging();
+                                    }
                                     shared.directory[i].started = true;
                                     target.idle_until(at);
                                     target.run = RunState::Runnable;
@@ -666,9 +672,14 @@ mod tests {
     /// A VM whose vCPU 0 runs `cli; 1: hlt; jmp 1b` (no guest kernel: the
     /// boot page tables, the GDT and four bytes of code).
     fn halting_vm(vcpus: u32) -> Vm {
+        halting_vm_with(vcpus, crate::mmu::MmuMode::Ept)
+    }
+
+    fn halting_vm_with(vcpus: u32, mmu: crate::mmu::MmuMode) -> Vm {
         let mut vm = Vm::new(&VmConfig {
             vcpus,
             mem_size: 4 << 20,
+            mmu,
             ..VmConfig::default()
         })
         .unwrap();
@@ -830,21 +841,143 @@ mod tests {
         ));
     }
 
+    /// The BSP's INIT (level assert) and SIPI (vector 0x20) to APIC 1
+    /// through the x2APIC ICR, then `cli; hlt`.
+    const INIT_SIPI_TO_APIC_1: [u8; 26] = [
+        0xb9, 0x30, 0x08, 0x00, 0x00, // mov ecx, 0x830 (ICR)
+        0xba, 0x01, 0x00, 0x00, 0x00, // mov edx, 1 (destination)
+        0xb8, 0x00, 0x45, 0x00, 0x00, // mov eax, 0x4500 (INIT, assert)
+        0x0f, 0x30, // wrmsr
+        0xb8, 0x20, 0x46, 0x00, 0x00, // mov eax, 0x4620 (SIPI 0x20)
+        0x0f, 0x30, // wrmsr
+        0xfa, 0xf4, // cli; hlt
+    ];
+
+    /// Under shadow paging an AP started by INIT/SIPI runs with its paging
+    /// off on the paging-off root (gva = gpa), as Linux's AP trampoline
+    /// needs: a store in real mode, one in protected mode without paging,
+    /// then it turns on PAE, LME and PG (the boot page tables) and stores
+    /// again in 64-bit mode. Every store lands at its gpa.
+    #[test]
+    fn under_shadow_paging_an_ap_runs_real_and_protected_mode_then_enters_long_mode() {
+        let mut vm = halting_vm_with(2, crate::mmu::MmuMode::Shadow);
+        vm.write_guest(Gpa(CODE), &INIT_SIPI_TO_APIC_1).unwrap();
+        // 16-bit, at 0x20000 (CS = 0x2000): mov ax, 0x3000; mov ds, ax;
+        // mov word [0], 0xbeef; mov ax, 0x2000; mov ds, ax;
+        // lgdt [0x1020]; mov eax, cr0; or eax, 1; mov cr0, eax;
+        // jmp dword 0x08:0x20100.
+        let real: [u8; 40] = [
+            0xb8, 0x00, 0x30, 0x8e, 0xd8, 0xc7, 0x06, 0x00, 0x00, 0xef, 0xbe, 0xb8, 0x00, 0x20,
+            0x8e, 0xd8, 0x66, 0x0f, 0x01, 0x16, 0x20, 0x10, 0x0f, 0x20, 0xc0, 0x66, 0x83, 0xc8,
+            0x01, 0x0f, 0x22, 0xc0, 0x66, 0xea, 0x00, 0x01, 0x02, 0x00, 0x08, 0x00,
+        ];
+        // 32-bit, at 0x20100: mov ax, 0x10; mov ds/es/ss, ax;
+        // mov dword [0x30004], 0xcafe0032; mov eax, cr4; or eax, 0x20
+        // (PAE); mov cr4, eax; mov eax, 0x3000 (the boot PML4);
+        // mov cr3, eax; mov ecx, 0xc0000080; rdmsr; or eax, 0x100 (LME);
+        // wrmsr; mov eax, cr0; or eax, 0x80000000 (PG); mov cr0, eax;
+        // jmp 0x18:0x20200.
+        let protected: [u8; 69] = [
+            0x66, 0xb8, 0x10, 0x00, 0x8e, 0xd8, 0x8e, 0xc0, 0x8e, 0xd0, 0xc7, 0x05, 0x04, 0x00,
+            0x03, 0x00, 0x32, 0x00, 0xfe, 0xca, 0x0f, 0x20, 0xe0, 0x83, 0xc8, 0x20, 0x0f, 0x22,
+            0xe0, 0xb8, 0x00, 0x30, 0x00, 0x00, 0x0f, 0x22, 0xd8, 0xb9, 0x80, 0x00, 0x00, 0xc0,
+            0x0f, 0x32, 0x0d, 0x00, 0x01, 0x00, 0x00, 0x0f, 0x30, 0x0f, 0x20, 0xc0, 0x0d, 0x00,
+            0x00, 0x00, 0x80, 0x0f, 0x22, 0xc0, 0xea, 0x00, 0x02, 0x02, 0x00, 0x18, 0x00,
+        ];
+        // 64-bit, at 0x20200: mov dword [0x30008], 0x64646464; hlt.
+        let long: [u8; 12] = [
+            0xc7, 0x04, 0x25, 0x08, 0x00, 0x03, 0x00, 0x64, 0x64, 0x64, 0x64, 0xf4,
+        ];
+        vm.write_guest(Gpa(0x20000), &real).unwrap();
+        vm.write_guest(Gpa(0x20100), &protected).unwrap();
+        vm.write_guest(Gpa(0x20200), &long).unwrap();
+        // The GDT at 0x21000 (null, 32-bit code, data, 64-bit code) and
+        // its pointer at 0x21020.
+        let gdt = [
+            0u64,
+            0x00cf_9b00_0000_ffff,
+            0x00cf_9300_0000_ffff,
+            0x00af_9b00_0000_ffff,
+        ];
+        let gdt: Vec<u8> = gdt.iter().flat_map(|d| d.to_le_bytes()).collect();
+        vm.write_guest(Gpa(0x21000), &gdt).unwrap();
+        let mut gdtr = vec![31u8, 0];
+        gdtr.extend_from_slice(&0x21000u32.to_le_bytes());
+        vm.write_guest(Gpa(0x21020), &gdtr).unwrap();
+        // Bounded: an AP lost in the wrong memory would spin forever.
+        let status = vm.run_until(Cycles(50_000_000));
+        assert!(
+            matches!(
+                status,
+                RunStatus::Stopped(StopReason::Error(VmError::AllHalted { .. }))
+            ),
+            "{status:?}"
+        );
+        let mut seen = [0u8; 12];
+        vm.read_guest(Gpa(0x30000), &mut seen).unwrap();
+        assert_eq!(u16::from_le_bytes([seen[0], seen[1]]), 0xbeef, "real mode");
+        assert_eq!(
+            u32::from_le_bytes(seen[4..8].try_into().unwrap()),
+            0xcafe_0032
+        );
+        assert_eq!(
+            u32::from_le_bytes(seen[8..12].try_into().unwrap()),
+            0x6464_6464
+        );
+        let ap = &vm.vcpus[1];
+        assert!(ap.cpu.state().in_64bit_mode(), "the AP reached 64-bit mode");
+        assert_eq!(ap.shadow.guest_cr3, 0x3000);
+        assert!(ap.paging_context().paging);
+        assert_eq!(vm.vcpus[1].stats.halts, 1);
+    }
+
+    /// KVM_HC_SEND_IPI: one fixed IPI per bit whose APIC id exists (64
+    /// bits per word from 64-bit code, the high word from `min + 64`);
+    /// KVM's refusals for logical destinations, shorthands and (here) the
+    /// NMI delivery mode.
+    #[test]
+    fn pv_send_ipi_sends_one_ipi_per_bit_to_existing_apic_ids() {
+        let mut vm = halting_vm(3);
+        let Vm { vcpus, shared, .. } = &mut vm;
+        use machine::vmx::Ipi;
+        let ipi = |id: u32| Ipi {
+            dest: machine::vmx::IpiDest::Physical(id),
+            vector: 0x30,
+            mode: IpiMode::Fixed,
+            level_assert: true,
+        };
+        // Bits 1 and 2 (APIC ids 1, 2), bit 40 (no such id), and bit 0 of
+        // the high word (id 64: none).
+        let sent = vcpus[0].pv_send_ipi(shared, [0b110 | 1 << 40, 1], 0, 0x30);
+        assert_eq!(sent, 2);
+        let routed: Vec<Ipi> = shared
+            .cross
+            .iter()
+            .filter_map(|r| match r {
+                CrossRequest::Ipi { ipi, .. } => Some(*ipi),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(routed, vec![ipi(1), ipi(2)]);
+        assert_eq!(vcpus[0].stats.ipis_sent, 2);
+        // `min` shifts the ids; past the last APIC id nothing is sent.
+        shared.cross.clear();
+        assert_eq!(vcpus[0].pv_send_ipi(shared, [0b1, 0], 2, 0x30), 1);
+        assert_eq!(vcpus[0].pv_send_ipi(shared, [!0, !0], u32::MAX, 0x30), 0);
+        for refused in [0x30 | 1 << 11, 0x30 | 1 << 18, 0x30 | 4 << 8] {
+            assert_eq!(
+                vcpus[0].pv_send_ipi(shared, [0b10, 0], 0, refused),
+                -abi::errno::EINVAL,
+                "{refused:#x}"
+            );
+        }
+        assert_eq!(shared.cross.len(), 1);
+    }
+
     #[test]
     fn init_and_sipi_start_an_ap_in_real_mode_at_the_vector_page() {
         let mut vm = halting_vm(2);
-        // The BSP sends INIT (level assert) and SIPI with vector 0x20 to
-        // APIC 1 through the x2APIC ICR, then halts.
-        let bsp = [
-            0xb9, 0x30, 0x08, 0x00, 0x00, // mov ecx, 0x830 (ICR)
-            0xba, 0x01, 0x00, 0x00, 0x00, // mov edx, 1 (destination)
-            0xb8, 0x00, 0x45, 0x00, 0x00, // mov eax, 0x4500 (INIT, assert)
-            0x0f, 0x30, // wrmsr
-            0xb8, 0x20, 0x46, 0x00, 0x00, // mov eax, 0x4620 (SIPI 0x20)
-            0x0f, 0x30, // wrmsr
-            0xfa, 0xf4, // cli; hlt
-        ];
-        vm.write_guest(Gpa(CODE), &bsp).unwrap();
+        vm.write_guest(Gpa(CODE), &INIT_SIPI_TO_APIC_1).unwrap();
         // The AP's 16-bit code at 0x20000: mov ax, cs; mov bx, 0x1234; hlt.
         vm.write_guest(Gpa(0x20000), &[0x8c, 0xc8, 0xbb, 0x34, 0x12, 0xf4])
             .unwrap();

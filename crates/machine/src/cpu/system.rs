@@ -431,7 +431,10 @@ impl Cpu {
                 if new & cr0::NW != 0 && new & cr0::CD == 0 {
                     return Err(gp(0));
                 }
-                if new & cr0::PG != 0 && new & cr0::PE == 0 {
+                // Checked on the guest's own view: a hypervisor that owns
+                // PG (shadow paging) keeps the real bit set while the
+                // guest's paging is off, even in real mode.
+                if value & cr0::PG != 0 && value & cr0::PE == 0 {
                     return Err(gp(0));
                 }
                 let old = self.state.cr0;

@@ -13,11 +13,12 @@ use machine::mmu::paging::pte;
 use machine::{Gfn, Hfn};
 use std::collections::VecDeque;
 
-/// The role of the root for `context`.
+/// The role of the root for `context`: it shadows the guest's PML4, or,
+/// with guest paging off, is the top of the direct gva = gpa mapping.
 pub(crate) fn root_role(context: PagingContext) -> PageRole {
     PageRole {
         level: ROOT_LEVEL,
-        direct: false,
+        direct: !context.paging,
         shadow: Some(ShadowRole {
             access: access::ALL,
             context,
@@ -39,7 +40,8 @@ pub(crate) fn find_or_build_root(
     context: PagingContext,
     fx: &mut Effects,
 ) -> Result<(RootId, Hfn), ShadowError> {
-    let gfn = cr3_gfn(cr3);
+    // With paging off the guest's CR3 means nothing: one root per context.
+    let gfn = if context.paging { cr3_gfn(cr3) } else { Gfn(0) };
     let role = root_role(context);
     if let Some(frame) = t.pages.find(gfn, role) {
         if let Some(id) = t.pages.get(frame).and_then(|p| p.root) {

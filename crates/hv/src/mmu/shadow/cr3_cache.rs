@@ -197,7 +197,11 @@ mod tests {
     use super::*;
 
     fn ctx() -> PagingContext {
-        PagingContext::of(machine::cpu::state::cr0::WP, 0, 0)
+        PagingContext::of(
+            machine::cpu::state::cr0::PG | machine::cpu::state::cr0::WP,
+            0,
+            0,
+        )
     }
 
     fn entry(cr3: u64, frame: u64) -> Cr3Entry {

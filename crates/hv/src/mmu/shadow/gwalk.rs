@@ -47,6 +47,27 @@ impl GuestWalk {
         walk
     }
 
+    /// The "walk" of a guest with paging off: `gva` is the gpa, every
+    /// access is allowed, and the whole address space is one direct
+    /// mapping, as if a guest page at the root's level held it (so
+    /// [`super::fetch::map`] builds direct pages from the root down).
+    pub fn nonpaging(gva: machine::Gva) -> GuestWalk {
+        let mut entries = [0; 4];
+        entries[3] = pte::PRESENT | pte::WRITABLE | pte::USER;
+        GuestWalk {
+            gfn: Gfn(gva.0 >> 12),
+            level: 4,
+            tables: [Gfn(0); 4],
+            entries,
+            perms: GuestPerms {
+                writable: true,
+                user: true,
+                no_execute: false,
+            },
+            dirty: true,
+        }
+    }
+
     /// The [`super::role::access`] bits the entries above `level` grant
     /// (`level` 4: the root, all of them).
     pub fn access_above(&self, level: u8, nxe: bool) -> u8 {

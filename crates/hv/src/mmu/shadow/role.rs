@@ -25,6 +25,12 @@ pub(crate) mod access {
 /// The guest paging context a shadow page was made for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct PagingContext {
+    /// Guest paging is on (CR0.PG). Off, the guest's linear addresses are
+    /// its physical ones (real mode, protected mode without paging): the
+    /// shadow is one direct mapping, gva = gpa (KVM's `nonpaging_*` MMU),
+    /// and the other fields are all false, since nothing else changes
+    /// that translation.
+    pub paging: bool,
     pub cr0_wp: bool,
     pub nxe: bool,
     pub smep: bool,
@@ -32,9 +38,22 @@ pub(crate) struct PagingContext {
 }
 
 impl PagingContext {
+    /// The context of a guest with paging off.
+    pub const NONPAGING: PagingContext = PagingContext {
+        paging: false,
+        cr0_wp: false,
+        nxe: false,
+        smep: false,
+        smap: false,
+    };
+
     /// The context of guest-visible CR0, CR4 and EFER.
     pub fn of(guest_cr0: u64, guest_cr4: u64, guest_efer: u64) -> Self {
+        if guest_cr0 & cr0::PG == 0 {
+            return PagingContext::NONPAGING;
+        }
         PagingContext {
+            paging: true,
             cr0_wp: guest_cr0 & cr0::WP != 0,
             nxe: guest_efer & efer::NXE != 0,
             smep: guest_cr4 & cr4::SMEP != 0,
