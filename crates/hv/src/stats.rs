@@ -195,6 +195,7 @@ impl VmStats {
             all.stall_cycles += a.stall_cycles;
             all.peak_outstanding = all.peak_outstanding.max(a.peak_outstanding);
             all.repeat_faults += a.repeat_faults;
+            all.acks += a.acks;
         }
         all
     }

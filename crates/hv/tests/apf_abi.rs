@@ -21,12 +21,13 @@ fn run(apf: ApfMode, protocol: ApfProtocol) -> (Vm, BTreeMap<String, u64>) {
 }
 
 /// The CPUID bits offered under every configuration: kvmclock's, steal
-/// time, PV TLB flush and PV sched yield.
+/// time, PV TLB flush, PV sched yield and PV send-IPI.
 const CLOCK: u32 = abi::KVM_FEATURE_CLOCKSOURCE2
     | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT
     | abi::KVM_FEATURE_STEAL_TIME
     | abi::KVM_FEATURE_PV_TLB_FLUSH
-    | abi::KVM_FEATURE_PV_SCHED_YIELD;
+    | abi::KVM_FEATURE_PV_SCHED_YIELD
+    | abi::KVM_FEATURE_PV_SEND_IPI;
 
 const ENOSYS: u64 = (-1000i64) as u64;
 const EINVAL: u64 = (-22i64) as u64;
@@ -47,10 +48,15 @@ fn x86_protocol_follows_kvm_msr_rules() {
     assert_eq!(v["gp_int"], 0);
     assert_eq!(v["gp_enable"], 0);
     assert_eq!(
+        v["token_apic_off"], 0,
+        "no page-ready while the local APIC is disabled"
+    );
+    assert_eq!(
         v["token_after_enable"],
         u64::from(abi::APF_WAKE_ALL),
-        "enable wakes all"
+        "enable wakes all, once the APIC is on"
     );
+    assert_eq!(v["ready_pending"], 1, "and its interrupt is pending");
     assert_eq!(v["gp_ack"], 0);
     assert_eq!(v["gp_disable"], 0);
     assert_eq!(v["hc_version"], ENOSYS, "the event protocol is not offered");

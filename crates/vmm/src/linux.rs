@@ -22,6 +22,14 @@ const PROGRAMS: &[(&str, &[u8])] = &[
         "memtouch",
         include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/memtouch")),
     ),
+    (
+        "bm",
+        include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/bm")),
+    ),
+    (
+        "pagetag",
+        include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/pagetag")),
+    ),
 ];
 #[cfg(not(linux_programs))]
 const PROGRAMS: &[(&str, &[u8])] = &[];

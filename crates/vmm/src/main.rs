@@ -296,6 +296,17 @@ pub struct ApfBenchArgs {
     #[arg(long, num_args = 0.., value_delimiter = ',', value_parser = parse_positive_duration,
           default_missing_value = "100us,1ms,4ms,10ms,20ms")]
     sweep_latency: Option<Vec<Duration>>,
+    /// The guest: the project's kernel, or Debian's cloud kernel running
+    /// the seed's bm with pthreads (Linux's scheduler and its own async-PF
+    /// code; docs/linux.md).
+    #[arg(long, value_enum, default_value_t = GuestArg::Faultline)]
+    #[serde(default)]
+    guest: GuestArg,
+    /// The Linux bzImage for --guest linux (default: the one
+    /// `scripts/fetch-linux.sh` cached).
+    #[arg(long, value_name = "FILE")]
+    #[serde(default)]
+    kernel_image: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
@@ -845,8 +856,10 @@ impl OvercommitArgs {
 }
 
 /// `--guest`.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 enum GuestArg {
+    #[default]
     Faultline,
     Linux,
 }

@@ -87,6 +87,9 @@ pub struct ApfSummary {
     /// Most outstanding on one vCPU.
     pub peak_outstanding: u64,
     pub repeat_faults: u64,
+    /// Page-ready acknowledgements the guest wrote (its own count of the
+    /// page-ready notifications it handled).
+    pub acks_received: u64,
 }
 
 #[derive(Serialize)]
@@ -303,6 +306,7 @@ impl Summary {
                     stall_cycles: a.stall_cycles,
                     peak_outstanding: a.peak_outstanding,
                     repeat_faults: a.repeat_faults,
+                    acks_received: a.acks,
                 }
             },
             vcpus: stats
@@ -518,12 +522,13 @@ impl Summary {
         let a = &self.apf;
         let _ = writeln!(
             s,
-            "async PF:     --apf {} ({}): {} not-present, {} ready ({} wake-all), {} halts ({} cycles), {} stalls ({} cycles), peak outstanding {}",
+            "async PF:     --apf {} ({}): {} not-present, {} ready ({} wake-all, {} acked), {} halts ({} cycles), {} stalls ({} cycles), peak outstanding {}",
             a.mode,
             a.protocol,
             a.not_present_sent,
             a.ready_sent,
             a.wake_all_sent,
+            a.acks_received,
             a.halts,
             a.halt_cycles,
             a.stalls,

@@ -69,6 +69,7 @@ pub(crate) fn hypercall(
         }
         abi::HC_APF_ACK => {
             if vcpu.apf.enabled(ApfProtocol::Event) {
+                vcpu.apf.stats.acks += 1;
                 deliver_ready(vcpu, shared)?;
                 0
             } else {

@@ -317,6 +317,11 @@ pub struct ApfStats {
     pub peak_outstanding: u64,
     /// Faults on pages already on their way in.
     pub repeat_faults: u64,
+    /// Page-ready acknowledgements from the guest (`MSR_KVM_ASYNC_PF_ACK`
+    /// with bit 0, or `HC_APF_ACK`): the guest's own count of the
+    /// page-ready notifications it handled.
+    #[serde(default)]
+    pub acks: u64,
 }
 
 /// The host APF state of one vCPU.

@@ -216,11 +216,23 @@ fn prefault(vcpu: &mut Vcpu, shared: &mut Shared, gfn: Gfn, now: Cycles) -> Resu
 }
 
 /// Sends the vCPU's queued page-ready notifications, one at a time: each
-/// waits until the guest has emptied the token slot.
+/// waits until the guest has emptied the token slot, and all of them wait
+/// while the vCPU's local APIC is software-disabled (KVM's
+/// `kvm_arch_can_dequeue_async_page_present`: `kvm_lapic_enabled` and the
+/// slot free). A disabled APIC drops the interrupt, so a token written
+/// then would sit in the slot unannounced and hold back every later
+/// page-ready of the vCPU for good: Linux enables async PF on its boot CPU
+/// (`kvm_smp_prepare_boot_cpu`) before it enables that CPU's APIC, and
+/// the wake-all queued at enable is delivered once it has. (KVM re-checks
+/// when the APIC is enabled, `KVM_REQ_APF_READY` from `apic_set_spiv`;
+/// here the queue is retried after every exit, `complete_io`.)
 pub(crate) fn deliver_ready(vcpu: &mut Vcpu, shared: &mut Shared) -> Result<(), VmError> {
     let protocol = shared.apf.protocol;
     if !vcpu.apf.enabled(protocol) {
         vcpu.apf.ready_queue.clear();
+        return Ok(());
+    }
+    if !vcpu.cpu.apic().software_enabled() {
         return Ok(());
     }
     let slot = vcpu.apf.ready_slot(protocol);
@@ -400,6 +412,12 @@ mod tests {
     fn page_ready_waits_for_the_guest_to_free_the_slot() {
         let mut vm = self::vm(ApfMode::Pv, ApfProtocol::X86);
         enable_x86(&mut vm);
+        let tsc = vm.vcpus[0].cpu.tsc();
+        vm.vcpus[0]
+            .cpu
+            .apic_mut()
+            .write_msr(0x80f, 0x1ff, tsc)
+            .unwrap();
         vm.vcpus[0].apf.ready_queue.extend([7, 8]);
         let Vm { vcpus, shared, .. } = &mut vm;
         deliver_ready(&mut vcpus[0], shared).unwrap();
@@ -412,6 +430,36 @@ mod tests {
         deliver_ready(&mut vcpus[0], shared).unwrap();
         assert_eq!(vcpus[0].apf_ready_queued(), 0);
         assert_eq!(vcpus[0].apf.stats.ready, 2);
+    }
+
+    #[test]
+    fn page_ready_waits_for_the_local_apic_to_be_enabled() {
+        // Linux's boot CPU enables async PF before its local APIC: the
+        // wake-all must not be written (nor its interrupt dropped) until
+        // the APIC is on, or it blocks the slot for good.
+        let mut vm = self::vm(ApfMode::Pv, ApfProtocol::X86);
+        enable_x86(&mut vm);
+        vm.vcpus[0].apf.ready_queue.push_back(abi::APF_WAKE_ALL);
+        let Vm { vcpus, shared, .. } = &mut vm;
+        deliver_ready(&mut vcpus[0], shared).unwrap();
+        assert_eq!(vcpus[0].apf_ready_queued(), 1, "held back: APIC off");
+        assert_eq!(vcpus[0].apf.stats.ready, 0);
+        let mut token = [0u8; 4];
+        vm.read_guest(Gpa(AREA + 4), &mut token).unwrap();
+        assert_eq!(u32::from_le_bytes(token), 0, "the slot stays free");
+        // x2APIC SVR: software enable.
+        let tsc = vm.vcpus[0].cpu.tsc();
+        vm.vcpus[0]
+            .cpu
+            .apic_mut()
+            .write_msr(0x80f, 0x1ff, tsc)
+            .unwrap();
+        let Vm { vcpus, shared, .. } = &mut vm;
+        deliver_ready(&mut vcpus[0], shared).unwrap();
+        assert_eq!(vcpus[0].apf_ready_queued(), 0);
+        assert_eq!(vcpus[0].cpu.apic().deliverable_vector(), Some(0xec));
+        vm.read_guest(Gpa(AREA + 4), &mut token).unwrap();
+        assert_eq!(u32::from_le_bytes(token), abi::APF_WAKE_ALL);
     }
 
     const TOKEN_BITS_FOR_TEST: u32 = 12;

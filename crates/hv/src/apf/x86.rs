@@ -61,6 +61,7 @@ pub(crate) fn wrmsr(
         }
         abi::MSR_KVM_ASYNC_PF_ACK => {
             if value & 1 != 0 {
+                vcpu.apf.stats.acks += 1;
                 deliver_ready(vcpu, shared)?;
             }
             true

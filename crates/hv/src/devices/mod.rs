@@ -10,6 +10,7 @@
 //! | fw_cfg (`fw_cfg`) | ports 0x510 (selector), 0x511 (data) |
 //! | ACPI sleep control / status (`acpi`) | ports 0x600, 0x601 |
 //! | guest exit status (faultline's own) | port 0x606 |
+//! | guest report lines (faultline's own) | port 0x607 |
 //! | IOAPIC (`ioapic`) | MMIO 0xfec00000..0xfec01000 |
 //!
 //! (The xAPIC page at 0xfee00000 is the vCPU's own local APIC:
@@ -37,10 +38,11 @@ enum PioDevice {
     SleepControl,
     SleepStatus,
     GuestStatus,
+    GuestReport,
 }
 
 /// The port bus: (first port, count, device).
-const PIO_BUS: [(u16, u16, PioDevice); 7] = [
+const PIO_BUS: [(u16, u16, PioDevice); 8] = [
     (abi::COM1_PORT, UART_PORTS, PioDevice::Com1),
     (abi::DEBUG_EXIT_PORT, 1, PioDevice::DebugExit),
     (fw_cfg::FW_CFG_SELECTOR, 1, PioDevice::FwCfgSelector),
@@ -48,6 +50,7 @@ const PIO_BUS: [(u16, u16, PioDevice); 7] = [
     (acpi::SLEEP_CONTROL_PORT, 1, PioDevice::SleepControl),
     (acpi::SLEEP_STATUS_PORT, 1, PioDevice::SleepStatus),
     (GUEST_STATUS_PORT, 1, PioDevice::GuestStatus),
+    (GUEST_REPORT_PORT, 1, PioDevice::GuestReport),
 ];
 
 /// faultline's guest exit-status register: a byte written here is what the
@@ -56,6 +59,14 @@ const PIO_BUS: [(u16, u16, PioDevice); 7] = [
 /// writes its program's status here with `outb` after `ioperm`). Next to
 /// the ACPI registers, in no standard device's range.
 pub const GUEST_STATUS_PORT: u16 = 0x606;
+
+/// faultline's guest report port: the bytes written here (one `outb` each)
+/// form lines, and each newline hands its line to the hv as a report, as
+/// HC_REPORT does for the project's own guest (a Linux guest's init
+/// forwards its program's result lines here: `guest/linux/report.h`). A
+/// line is cut at [`abi::REPORT_MAX`] bytes; bytes that are not UTF-8
+/// become U+FFFD.
+pub const GUEST_REPORT_PORT: u16 = 0x607;
 
 fn pio_device(port: u16) -> Option<(PioDevice, u16)> {
     PIO_BUS
@@ -91,6 +102,10 @@ pub struct Platform {
     fw_cfg: fw_cfg::FwCfg,
     /// The last byte written to [`GUEST_STATUS_PORT`].
     pub guest_status: Option<u8>,
+    /// The report line being written to [`GUEST_REPORT_PORT`].
+    report_line: Vec<u8>,
+    /// Report lines completed and not yet taken ([`Platform::take_reports`]).
+    reports: Vec<String>,
     /// Interrupt messages raised and not yet delivered.
     pending: Vec<Ipi>,
 }
@@ -102,6 +117,9 @@ pub struct PlatformSnapshot {
     pub uart: serial::UartSnapshot,
     pub ioapic: IoApic,
     pub fw_cfg_cursor: (Option<usize>, usize),
+    /// A report line written halfway.
+    #[serde(default)]
+    pub report_line: Vec<u8>,
 }
 
 impl Platform {
@@ -113,6 +131,7 @@ impl Platform {
             uart: self.uart.snapshot(),
             ioapic: self.ioapic.clone(),
             fw_cfg_cursor: self.fw_cfg.cursor(),
+            report_line: self.report_line.clone(),
         })
     }
 
@@ -123,6 +142,8 @@ impl Platform {
             .set_cursor(saved.fw_cfg_cursor.0, saved.fw_cfg_cursor.1)?;
         self.uart = Uart::from_snapshot(&saved.uart)?;
         self.ioapic = saved.ioapic.clone();
+        self.report_line = saved.report_line.clone();
+        self.report_line.truncate(abi::REPORT_MAX as usize);
         self.pending.clear();
         Ok(())
     }
@@ -135,6 +156,8 @@ impl Platform {
             ioapic: IoApic::default(),
             fw_cfg: fw_cfg::FwCfg::new(config.ram_size, config.vcpus, &config.cmdline),
             guest_status: None,
+            report_line: Vec::new(),
+            reports: Vec::new(),
             pending: Vec::new(),
         }
     }
@@ -174,6 +197,10 @@ impl Platform {
                 self.guest_status = Some(value as u8);
                 None
             }
+            Some((PioDevice::GuestReport, _)) => {
+                self.report_byte(value as u8);
+                None
+            }
             Some((PioDevice::SleepControl, _)) => match acpi::sleep_control_write(value as u8) {
                 acpi::SleepRequest::PowerOff => Some(DeviceStop::PowerOff),
                 acpi::SleepRequest::None => None,
@@ -182,6 +209,22 @@ impl Platform {
         };
         self.poll_interrupts();
         stop
+    }
+
+    /// A byte written to the report port: a newline completes the line.
+    fn report_byte(&mut self, byte: u8) {
+        if byte == b'\n' {
+            let line = std::mem::take(&mut self.report_line);
+            self.reports
+                .push(String::from_utf8_lossy(&line).into_owned());
+        } else if self.report_line.len() < abi::REPORT_MAX as usize {
+            self.report_line.push(byte);
+        }
+    }
+
+    /// The report lines completed since the last call, oldest first.
+    pub fn take_reports(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.reports)
     }
 
     /// Whether `gpa` is a device's MMIO (the xAPIC page aside).
@@ -234,6 +277,35 @@ mod tests {
             assert_eq!(p.pio_read(port, 1) & 0xff, 0xff, "port {port:#x}");
         }
         assert_eq!(p.pio_write(0x20, 1, 0x11), None);
+    }
+
+    #[test]
+    fn report_port_bytes_form_lines_cut_at_the_report_limit() {
+        let mut p = Platform::new(&PlatformConfig::default());
+        for &b in b"bm_total=12 x=1\nsecond" {
+            assert_eq!(p.pio_write(GUEST_REPORT_PORT, 1, u32::from(b)), None);
+        }
+        assert_eq!(p.take_reports(), vec!["bm_total=12 x=1".to_string()]);
+        assert!(p.take_reports().is_empty(), "taken once");
+        // The half-written line survives a snapshot and ends later.
+        let saved = p.snapshot().unwrap();
+        let mut q = Platform::new(&PlatformConfig::default());
+        q.restore(&saved).unwrap();
+        q.pio_write(GUEST_REPORT_PORT, 1, u32::from(b'\n'));
+        assert_eq!(q.take_reports(), vec!["second".to_string()]);
+        // Over-long lines are cut; invalid UTF-8 is replaced, not refused.
+        for _ in 0..abi::REPORT_MAX + 10 {
+            p.pio_write(GUEST_REPORT_PORT, 1, u32::from(b'a'));
+        }
+        p.pio_write(GUEST_REPORT_PORT, 1, 0xff);
+        p.pio_write(GUEST_REPORT_PORT, 1, u32::from(b'\n'));
+        p.pio_write(GUEST_REPORT_PORT, 1, 0xff);
+        p.pio_write(GUEST_REPORT_PORT, 1, u32::from(b'\n'));
+        let lines = p.take_reports();
+        assert_eq!(lines[0].len(), abi::REPORT_MAX as usize);
+        assert_eq!(lines[1], "\u{fffd}");
+        // The port reads as nothing attached.
+        assert_eq!(p.pio_read(GUEST_REPORT_PORT, 1), 0xff);
     }
 
     #[test]

@@ -33,6 +33,13 @@ impl Vcpu {
             }
         };
         self.deliver_device_interrupts(shared);
+        for line in shared.platform.take_reports() {
+            shared.reports.push(crate::vm::Report {
+                vcpu: self.id.0,
+                cycles: self.cpu.cycles(),
+                line,
+            });
+        }
         match stop {
             Some(DeviceStop::DebugExit { status }) => Next::Stop(StopReason::DebugExit { status }),
             Some(DeviceStop::PowerOff) => Next::Stop(StopReason::PowerOff),

@@ -21,7 +21,14 @@ __attribute__((section(".text.start"))) void _start(struct boot_info *bi) {
     line("gp_int_high", try_wrmsr(MSR_KVM_ASYNC_PF_INT, 0x1ec));
     line("gp_int", try_wrmsr(MSR_KVM_ASYNC_PF_INT, 0xec));
     line("gp_enable", try_wrmsr(MSR_KVM_ASYNC_PF_EN, area | on));
+    /* Enabled while the local APIC is still software-disabled, as Linux's
+     * boot CPU does: the wake-all waits for the APIC (KVM's
+     * kvm_arch_can_dequeue_async_page_present), then arrives. */
+    line("token_apic_off", x86_area.token);
+    wrmsr(0x80f, 0x1ff); /* x2APIC SVR: software enable, spurious vector 0xff */
+    cpuid(0, r);         /* an exit, after which the hv delivers */
     line("token_after_enable", x86_area.token);
+    line("ready_pending", (rdmsr(0x827) >> (0xec - 224)) & 1); /* IRR bit of 0xec */
     x86_area.token = 0;
     line("gp_ack", try_wrmsr(MSR_KVM_ASYNC_PF_ACK, 1));
     line("gp_disable", try_wrmsr(MSR_KVM_ASYNC_PF_EN, 0));

@@ -1,14 +1,17 @@
 //! `bench apf`: seed 000 (`bm` with APF off, halt and pv, and the ideal),
 //! or with `--sweep-latency` the pv/off gain against the swap latency.
+//! `--guest linux` runs the seed's own bm (pthreads, `guest/linux/bm.c`)
+//! in Debian's kernel: Linux's scheduler and Linux's async-PF code.
 
-use super::{json_text, mib, Bench, BenchError, Output, RunResult, RunSpec};
+use super::{json_text, mib, Bench, BenchError, LinuxGuest, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::units::{duration_to_cycles, format_duration, format_seconds};
-use crate::{plot, ApfBenchArgs, BenchCommon, SwapDeviceArg};
+use crate::{plot, ApfBenchArgs, BenchCommon, GuestArg, SwapDeviceArg};
 use hv::apf::ApfMode;
 use hv::VmConfig;
 use serde_json::json;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The seed's ratios (total work against master).
@@ -20,6 +23,9 @@ pub struct ApfBench {
     mem: u64,
     array: u64,
     base: VmConfig,
+    /// `--guest linux`: the image and initramfs, or why they are missing
+    /// (reported by `check`, before any run).
+    linux: Option<Result<Arc<LinuxGuest>, String>>,
 }
 
 /// The seed's ratio against `off` for a run label.
@@ -41,11 +47,17 @@ impl Bench for ApfBench {
         let array = args.array.unwrap_or(args.host_mem.saturating_mul(2));
         let mut base = VmConfig::default();
         args.common.overcommit(SwapDeviceArg::Hdd).apply(&mut base);
+        let linux = (args.guest == GuestArg::Linux).then(|| {
+            LinuxGuest::load(args.kernel_image.as_deref())
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        });
         ApfBench {
             args,
             mem,
             array,
             base,
+            linux,
         }
     }
 
@@ -58,7 +70,11 @@ impl Bench for ApfBench {
     }
 
     fn check(&self, kernel: &Kernel) -> Result<(), ConfigError> {
-        kernel.check_memory(self.mem, Some(self.args.host_mem))?;
+        match &self.linux {
+            Some(Err(e)) => return Err(ConfigError::Invalid(e.clone())),
+            Some(Ok(_)) => {}
+            None => kernel.check_memory(self.mem, Some(self.args.host_mem))?,
+        }
         if self.array >= self.mem {
             return Err(ConfigError::Invalid(format!(
                 "the array ({} MiB) must be smaller than guest memory ({} MiB)",
@@ -83,10 +99,8 @@ impl Bench for ApfBench {
                     config.swap_device.read_latency =
                         hv::swap::LatencyRange::fixed(duration_to_cycles(latency));
                     config.swap_device.name = format!("{}+latency", self.base.swap_device.name);
-                    specs.push(RunSpec::new(
-                        format!("{}@{}", mode.name(), format_duration(latency)),
-                        config,
-                    ));
+                    let label = format!("{}@{}", mode.name(), format_duration(latency));
+                    specs.push(self.spec(label, config));
                 }
             }
             return specs;
@@ -94,13 +108,13 @@ impl Bench for ApfBench {
         let mut specs: Vec<RunSpec> = [ApfMode::Off, ApfMode::Halt, ApfMode::Pv]
             .iter()
             .map(|&m| {
-                RunSpec::new(
+                self.spec(
                     m.name().to_string(),
                     self.bm_config(m, Some(self.args.host_mem)),
                 )
             })
             .collect();
-        specs.push(RunSpec::new("ideal", self.bm_config(ApfMode::Pv, None)));
+        specs.push(self.spec("ideal".into(), self.bm_config(ApfMode::Pv, None)));
         specs
     }
 
@@ -113,6 +127,17 @@ impl Bench for ApfBench {
 }
 
 impl ApfBench {
+    /// A run of the bundled kernel, or of Linux with `--guest linux`.
+    fn spec(&self, label: String, config: VmConfig) -> RunSpec {
+        let mut spec = RunSpec::new(label, config);
+        spec.linux = self.linux.as_ref().and_then(|l| l.as_ref().ok().cloned());
+        spec
+    }
+
+    fn is_linux(&self) -> bool {
+        self.linux.is_some()
+    }
+
     fn bm_config(&self, apf: ApfMode, host_mem: Option<u64>) -> VmConfig {
         let a = &self.args;
         let mut config = self.base.clone();
@@ -121,6 +146,24 @@ impl ApfBench {
         config.host_mem = host_mem;
         config.apf = apf;
         config.seed = a.common.seed;
+        if self.is_linux() {
+            // The seed's bm: -m in bytes, no seed option (random()'s
+            // default seed); fractions of a second for -t.
+            let program: Vec<String> = [
+                "bm".to_string(),
+                "-f".into(),
+                a.fault_threads.to_string(),
+                "-w".into(),
+                a.work_threads.to_string(),
+                "-m".into(),
+                self.array.to_string(),
+                "-t".into(),
+                format!("{}", a.duration.as_secs_f64()),
+            ]
+            .into();
+            config.cmdline = crate::linux::cmdline(crate::linux::DEFAULT_OPTIONS, &program);
+            return config;
+        }
         config.cmdline = format!(
             "seed={} -- bm -f {} -w {} -m {}M -t {} -s {}",
             a.common.seed,
@@ -136,7 +179,8 @@ impl ApfBench {
     fn describe(&self) -> String {
         let a = &self.args;
         format!(
-            "bm -f {} -w {} -m {}M -t {}, {} vCPUs, guest {} MiB, host {} MiB, swap {}",
+            "{}bm -f {} -w {} -m {}M -t {}, {} vCPUs, guest {} MiB, host {} MiB, swap {}",
+            if self.is_linux() { "Linux, " } else { "" },
             a.fault_threads,
             a.work_threads,
             mib(self.array),
@@ -191,11 +235,16 @@ impl ApfBench {
                 if let Some(s) = seed_ratio(&o.label) {
                     v["seed_ratio_vs_off"] = json!(s);
                 }
+                if self.is_linux() {
+                    v["linux_hyp_interrupts"] = json!(o.value("linux_hyp_interrupts"));
+                    v["bm_elapsed_ns"] = json!(o.value("bm_elapsed_ns"));
+                }
                 modes.insert(o.label.clone(), v);
             }
             let out = json!({
                 "benchmark": "apf",
                 "config": {
+                    "guest": if self.is_linux() { "linux" } else { "faultline" },
                     "vcpus": a.vcpus, "guest_mem": self.mem, "host_mem": a.host_mem,
                     "array": self.array, "duration": format_seconds(a.duration), "seed": a.common.seed,
                     "swap_device": self.base.swap_device.name,
@@ -250,8 +299,49 @@ impl ApfBench {
             ratio(totals[1]),
             pv_over_ideal
         );
+        if self.is_linux() {
+            self.render_both_sides(&mut s, outcomes);
+        }
         let _ = writeln!(s, "plot: {}", plot_path.display());
         Ok(s)
+    }
+
+    /// Linux's async-PF events from both sides: what the hv sent, what
+    /// Linux acknowledged (`MSR_KVM_ASYNC_PF_ACK`) and Linux's own count
+    /// of the page-ready interrupts it took (`/proc/interrupts`' HYP line,
+    /// reported by init when the program has ended, so init's own last
+    /// steps are not in it). Linux has no counter of the page-not-present
+    /// #PFs it took; each one it took is answered by a page-ready, so
+    /// with every task finished, page-ready = not-present + wake-alls.
+    fn render_both_sides(&self, s: &mut String, outcomes: &[RunResult]) {
+        let _ = writeln!(
+            s,
+            "async PF, both sides: {:<6} {:>11} {:>10} {:>9} {:>11} {:>10}  agree  {:>8}",
+            "mode", "not-present", "page-ready", "wake-all", "Linux acked", "Linux HYP", "timed s"
+        );
+        for o in outcomes {
+            let hyp = o.value("linux_hyp_interrupts");
+            // No HYP line: Linux never installed the vector (APF not
+            // offered), so it took none. init reads it after the program
+            // and before its own last steps, whose page-not-presents (init
+            // runs in user mode) come after: at most the hv's count.
+            let agree = hyp.unwrap_or(0) <= o.apf.ready
+                && o.apf.acks == o.apf.ready
+                && o.apf.ready == o.apf.not_present + o.apf.wake_all;
+            let _ = writeln!(
+                s,
+                "                      {:<6} {:>11} {:>10} {:>9} {:>11} {:>10}  {:<5}  {:>8}",
+                o.label,
+                o.apf.not_present,
+                o.apf.ready,
+                o.apf.wake_all,
+                o.apf.acks,
+                hyp.map_or("-".to_string(), |h| h.to_string()),
+                if agree { "yes" } else { "NO" },
+                o.value("bm_elapsed_ns")
+                    .map_or("-".to_string(), |ns| format!("{:.3}", ns as f64 / 1e9))
+            );
+        }
     }
 
     fn render_sweep(

@@ -340,6 +340,7 @@ impl Bench for DirtyLogBench {
                     iterations: self.args.iterations,
                 }),
                 harvest: None,
+                linux: None,
             })
             .collect()
     }

@@ -264,6 +264,7 @@ impl Bench for FastpfBench {
                 memslot: None,
                 dirty_log: None,
                 harvest: Some(period),
+                linux: None,
             })
             .collect()
     }

@@ -301,6 +301,7 @@ impl Bench for MemslotBench {
                         memslot: Some((ChurnTrigger::GuestPasses, self.args.ops)),
                         dirty_log: None,
                         harvest: None,
+                        linux: None,
                     });
                 }
             }

@@ -135,6 +135,25 @@ pub struct RunSpec {
     /// Dirty logging of guest RAM from boot, harvested every period of
     /// virtual time (`bench fastpf`).
     pub harvest: Option<hv::Cycles>,
+    /// Boot this Linux guest instead of the guest kernel (`--guest linux`).
+    pub linux: Option<std::sync::Arc<LinuxGuest>>,
+}
+
+/// A Linux guest for a benchmark run: Debian's bzImage and the project's
+/// initramfs (`/init` and the Linux programs). The command line is the
+/// run's `VmConfig::cmdline`.
+pub struct LinuxGuest {
+    pub image: Vec<u8>,
+    pub initrd: Vec<u8>,
+}
+
+impl LinuxGuest {
+    /// The cached (or given) image and the built-in initramfs.
+    pub fn load(image: Option<&Path>) -> Result<LinuxGuest, crate::linux::LinuxSetupError> {
+        let initrd = crate::linux::initramfs()?;
+        let (_, image) = crate::linux::read_image(image)?;
+        Ok(LinuxGuest { image, initrd })
+    }
 }
 
 impl RunSpec {
@@ -147,6 +166,7 @@ impl RunSpec {
             memslot: None,
             dirty_log: None,
             harvest: None,
+            linux: None,
         }
     }
 }
@@ -181,6 +201,12 @@ pub struct ApfCounters {
     pub stalls: u64,
     pub stall_cycles: u64,
     pub peak_outstanding: u64,
+    /// Wake-alls among the page-ready notifications.
+    #[serde(default)]
+    pub wake_all: u64,
+    /// Page-ready acknowledgements the guest wrote.
+    #[serde(default)]
+    pub acks: u64,
 }
 
 /// What a run produced: every figure a benchmark renders, all integers
@@ -262,6 +288,8 @@ impl RunResult {
                 stalls: apf.stalls,
                 stall_cycles: apf.stall_cycles,
                 peak_outstanding: apf.peak_outstanding,
+                wake_all: apf.wake_all,
+                acks: apf.acks,
             },
             reports: vm.reports().iter().map(|r| r.line.clone()).collect(),
             memslot: None,
@@ -324,6 +352,8 @@ impl RunResult {
             "stalls": self.apf.stalls,
             "stall_cycles": self.apf.stall_cycles,
             "peak_outstanding": self.apf.peak_outstanding,
+            "wake_all_sent": self.apf.wake_all,
+            "acks_received": self.apf.acks,
         })
     }
 }
@@ -705,7 +735,11 @@ fn run_one(
     } else {
         kernel
     };
-    let mut vm = Vm::boot(&spec.config, kernel).map_err(|source| BenchError::Boot {
+    let booted = match &spec.linux {
+        Some(linux) => Vm::boot_linux(&spec.config, &linux.image, &linux.initrd),
+        None => Vm::boot(&spec.config, kernel),
+    };
+    let mut vm = booted.map_err(|source| BenchError::Boot {
         label: spec.label.clone(),
         source,
     })?;
@@ -780,8 +814,17 @@ fn run_one(
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(15)..].join("\n")
     };
-    match ending {
+    // A Linux guest's init powers off after writing its program's exit
+    // status to the status port.
+    let succeeded = match &ending {
         Ending::Vm(StopReason::Shutdown { status: 0 } | StopReason::DebugExit { status: 1 }) => {
+            true
+        }
+        Ending::Vm(StopReason::PowerOff) => vm.guest_status() == Some(0),
+        _ => false,
+    };
+    match ending {
+        _ if succeeded => {
             if let Some(message) = harvest_error {
                 return Err(BenchError::VmStopped {
                     label: spec.label.clone(),
@@ -808,6 +851,14 @@ fn run_one(
         Ending::Vm(StopReason::Error(e)) => Err(BenchError::VmStopped {
             label: spec.label,
             message: e.to_string(),
+            tail: tail(),
+        }),
+        Ending::Vm(StopReason::PowerOff) => Err(BenchError::GuestFailed {
+            label: spec.label,
+            reason: match vm.guest_status() {
+                Some(status) => format!("Linux's init powered off with status {status}"),
+                None => "Linux powered off with no exit status".to_string(),
+            },
             tail: tail(),
         }),
         other => Err(BenchError::GuestFailed {
