@@ -85,7 +85,10 @@ impl Vcpu {
         Ok(Next::Continue)
     }
 
-    /// KVM_HC_SEND_IPI (KVM's `kvm_pv_send_ipi`): the IPI of `icr` to APIC
+    /// KVM_HC_SEND_IPI (KVM's `kvm_pv_send_ipi`), answered only when
+    /// `KVM_FEATURE_PV_SEND_IPI` is offered, which it is not yet (with it
+    /// Linux stalls at boot under memory pressure, undiagnosed:
+    /// `docs/platform.md`): the IPI of `icr` to APIC
     /// id `min + i` for each bit `i` of `bitmap` (low word, then the high
     /// word for `min + 64`; 32 bits per word from 32-bit code), routed as
     /// an ICR write's IPI is. As KVM: a logical destination or a
