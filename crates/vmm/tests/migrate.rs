@@ -381,6 +381,9 @@ fn the_destination_refuses_bad_streams() {
 
 #[test]
 fn bench_migrate_repeats_and_measures_the_fast_page_fault() {
+    let plot =
+        std::env::temp_dir().join(format!("faultline-test-{}-precopy.svg", std::process::id()));
+    let plot_arg = plot.to_str().expect("utf-8 path").to_string();
     let args = [
         "bench",
         "migrate",
@@ -391,6 +394,8 @@ fn bench_migrate_repeats_and_measures_the_fast_page_fault() {
         "10ms",
         "--max-rounds",
         "2",
+        "--plot",
+        &plot_arg,
     ];
     let first = faultline(&args);
     let second = faultline(&args);
@@ -410,6 +415,10 @@ fn bench_migrate_repeats_and_measures_the_fast_page_fault() {
     assert!(on["fast_pf_fixed"].as_u64().unwrap() > 0, "{on}");
     assert_eq!(off["fast_pf_fixed"], 0, "{off}");
     assert!(on["guest_total"].as_u64().unwrap() > 0, "{on}");
+    let svg = std::fs::read_to_string(&plot).expect("the plot");
+    assert!(svg.contains("<svg"), "not an SVG");
+    assert!(svg.contains("fast PF on"), "a bar per row");
+    let _ = std::fs::remove_file(&plot);
 }
 
 #[test]
