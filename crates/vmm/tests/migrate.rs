@@ -379,10 +379,36 @@ fn the_destination_refuses_bad_streams() {
     }
 }
 
+/// A temporary path for a bench's plot (`tag` tells the benches apart).
+fn temp_plot(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("faultline-test-{}-{tag}.svg", std::process::id()))
+}
+
+/// The plot at `path`, checked to be an SVG, and removed.
+fn take_plot(path: &std::path::Path) -> String {
+    let svg = std::fs::read_to_string(path).expect("the plot");
+    assert!(svg.contains("<svg"), "not an SVG");
+    let _ = std::fs::remove_file(path);
+    svg
+}
+
+/// Runs a `--json` bench twice: it succeeds and prints the same both
+/// times; its JSON.
+fn bench_json_twice(args: &[&str]) -> serde_json::Value {
+    let first = faultline(args);
+    let second = faultline(args);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(
+        stdout(&first),
+        stdout(&second),
+        "same command, other figures"
+    );
+    json(&stdout(&first))
+}
+
 #[test]
 fn bench_migrate_repeats_and_measures_the_fast_page_fault() {
-    let plot =
-        std::env::temp_dir().join(format!("faultline-test-{}-precopy.svg", std::process::id()));
+    let plot = temp_plot("precopy");
     let plot_arg = plot.to_str().expect("utf-8 path").to_string();
     let args = [
         "bench",
@@ -397,15 +423,7 @@ fn bench_migrate_repeats_and_measures_the_fast_page_fault() {
         "--plot",
         &plot_arg,
     ];
-    let first = faultline(&args);
-    let second = faultline(&args);
-    assert!(first.status.success(), "{}", stderr(&first));
-    assert_eq!(
-        stdout(&first),
-        stdout(&second),
-        "same command, other figures"
-    );
-    let v = json(&stdout(&first));
+    let v = bench_json_twice(&args);
     let rows = v["results"].as_array().expect("results");
     assert_eq!(rows.len(), 2);
     let (on, off) = (&rows[0], &rows[1]);
@@ -415,10 +433,8 @@ fn bench_migrate_repeats_and_measures_the_fast_page_fault() {
     assert!(on["fast_pf_fixed"].as_u64().unwrap() > 0, "{on}");
     assert_eq!(off["fast_pf_fixed"], 0, "{off}");
     assert!(on["guest_total"].as_u64().unwrap() > 0, "{on}");
-    let svg = std::fs::read_to_string(&plot).expect("the plot");
-    assert!(svg.contains("<svg"), "not an SVG");
+    let svg = take_plot(&plot);
     assert!(svg.contains("fast PF on"), "a bar per row");
-    let _ = std::fs::remove_file(&plot);
 }
 
 #[test]
@@ -747,10 +763,7 @@ fn a_destination_whose_pages_never_come_stops_with_an_error() {
 
 #[test]
 fn bench_migrate_postcopy_repeats_and_measures_seed_002s_case() {
-    let plot = std::env::temp_dir().join(format!(
-        "faultline-test-{}-postcopy.svg",
-        std::process::id()
-    ));
+    let plot = temp_plot("postcopy");
     let plot_arg = plot.to_str().expect("utf-8 path").to_string();
     let args = [
         "bench",
@@ -770,15 +783,7 @@ fn bench_migrate_postcopy_repeats_and_measures_seed_002s_case() {
         "--plot",
         &plot_arg,
     ];
-    let first = faultline(&args);
-    let second = faultline(&args);
-    assert!(first.status.success(), "{}", stderr(&first));
-    assert_eq!(
-        stdout(&first),
-        stdout(&second),
-        "same command, other figures"
-    );
-    let v = json(&stdout(&first));
+    let v = bench_json_twice(&args);
     let rows = v["results"].as_array().expect("results");
     assert_eq!(rows.len(), 2);
     let (off, pv) = (&rows[0], &rows[1]);
@@ -797,7 +802,5 @@ fn bench_migrate_postcopy_repeats_and_measures_seed_002s_case() {
     // notifications to run its calculation while pages come.
     assert_eq!(off["not_present"], 0, "{off}");
     assert!(pv["not_present"].as_u64().unwrap() > 0, "{pv}");
-    let svg = std::fs::read_to_string(&plot).expect("the plot");
-    assert!(svg.contains("<svg"), "not an SVG");
-    let _ = std::fs::remove_file(&plot);
+    take_plot(&plot);
 }
