@@ -7,8 +7,7 @@
  * Prints the writer's elapsed virtual time and the calculation count; the
  * last loop's words are verified afterwards (exit 1 on a mismatch). */
 #include "ulib.h"
-
-#define CALC_CHECK_EVERY 1024
+#include "../include/apfcalc_core.h"
 
 struct job {
     volatile uint64_t *array;
@@ -19,17 +18,13 @@ struct job {
 
 struct calc {
     const struct job *job;
-    uint64_t count;
+    volatile uint64_t count;
 };
-
-static uint64_t value(uint64_t loop, uint64_t word) { return (loop + 1) * 0x100000001b3ULL ^ word; }
 
 static int writer_thread(void *arg) {
     struct job *j = arg;
     uint64_t start = time_ns();
-    for (uint64_t loop = 0; loop < j->loops; loop++)
-        for (uint64_t w = 0; w < j->words; w += j->stride_words)
-            j->array[w] = value(loop, w);
+    apfcalc_write(j->array, j->words, j->stride_words, j->loops);
     j->elapsed_ns = time_ns() - start;
     __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
     return 0;
@@ -37,14 +32,7 @@ static int writer_thread(void *arg) {
 
 static int calc_thread(void *arg) {
     struct calc *c = arg;
-    uint64_t n = 0;
-    while (!__atomic_load_n(&c->job->done, __ATOMIC_ACQUIRE)) {
-        for (int i = 0; i < CALC_CHECK_EVERY; i++) {
-            n++;
-            __asm__ volatile("" : "+r"(n)); /* keeps the increments from being folded */
-        }
-        c->count = n;
-    }
+    apfcalc_count(&c->job->done, &c->count);
     return 0;
 }
 
@@ -97,9 +85,7 @@ int apfcalc_main(int argc, char **argv) {
     int rc = wait_thread(writer_tid);
     if (with_calc)
         rc |= wait_thread(calc_tid);
-    uint64_t bad = 0;
-    for (uint64_t w = 0; w < job.words; w += job.stride_words)
-        bad += job.array[w] != value(loops - 1, w);
+    uint64_t bad = apfcalc_bad_words(job.array, job.words, job.stride_words, loops);
     uint64_t us = job.elapsed_ns / 1000;
     printf("apfcalc: writer %lu.%06lu s, calculation %lu, %lu bad words\n", us / 1000000, us % 1000000, calc.count,
            bad);

@@ -5,26 +5,16 @@
  * run on the same CPU unless `-x` puts the partner on another one (then
  * every wakeup is an IPI). */
 #include "ulib.h"
+#include "../include/pipe_bench.h"
 
 struct pair {
     int ping[2], pong[2];
     uint64_t rounds;
 };
 
-static int bounce(int in, int out, uint64_t rounds) {
-    char c;
-    for (uint64_t i = 0; i < rounds; i++) {
-        if (read(in, &c, 1) != 1)
-            return 1;
-        if (write(out, &c, 1) != 1)
-            return 1;
-    }
-    return 0;
-}
-
 static int partner_thread(void *arg) {
     struct pair *p = arg;
-    return bounce(p->ping[0], p->pong[1], p->rounds);
+    return ctxsw_bounce(p->ping[0], p->pong[1], p->rounds);
 }
 
 int ctxsw_main(int argc, char **argv);
@@ -36,7 +26,7 @@ int ctxsw_main(int argc, char **argv) {
         uint64_t in, out;
         if (parse_size(argv[2], &in) || parse_size(argv[3], &out) || parse_size(argv[4], &rounds))
             return 2;
-        return bounce((int)in, (int)out, rounds);
+        return ctxsw_bounce((int)in, (int)out, rounds);
     }
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-t") == 0) {

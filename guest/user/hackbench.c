@@ -11,19 +11,12 @@
  * Prints `Time: S.SSS` (seconds of virtual time) and reports
  * hackbench_ns, hackbench_groups, hackbench_tasks, hackbench_messages. */
 #include "ulib.h"
+#include "../include/pipe_bench.h"
 
-#define GROUP_SENDERS 20
-#define GROUP_RECEIVERS 20
-#define MESSAGE_BYTES 100
+#define GROUP_SENDERS HACKBENCH_SENDERS
+#define GROUP_RECEIVERS HACKBENCH_RECEIVERS
+#define MESSAGE_BYTES HACKBENCH_MESSAGE_BYTES
 #define MAX_GROUPS 6 /* 240 tasks: the kernel's process table holds 256 */
-
-/* Waits for the start signal: one byte of the wake pipe per task. */
-static int start_barrier(int ready_w, int wake_r) {
-    char c = 'r';
-    if (write(ready_w, &c, 1) != 1 || read(wake_r, &c, 1) != 1)
-        return -1;
-    return 0;
-}
 
 static int sender(const char *fd_list, uint64_t loops, int ready_w, int wake_r) {
     int fds[GROUP_RECEIVERS];
@@ -42,30 +35,15 @@ static int sender(const char *fd_list, uint64_t loops, int ready_w, int wake_r) 
         if (*p != ',')
             break;
     }
-    char msg[MESSAGE_BYTES];
-    memset(msg, 's', sizeof(msg));
-    if (start_barrier(ready_w, wake_r))
+    if (hackbench_start_barrier(ready_w, wake_r))
         return 1;
-    for (uint64_t i = 0; i < loops; i++)
-        for (int j = 0; j < n; j++)
-            if (write(fds[j], msg, sizeof(msg)) != (int64_t)sizeof(msg))
-                return 1;
-    return 0;
+    return hackbench_send(fds, n, loops);
 }
 
 static int receiver(int fd, uint64_t messages, int ready_w, int wake_r) {
-    char buf[MESSAGE_BYTES];
-    if (start_barrier(ready_w, wake_r))
+    if (hackbench_start_barrier(ready_w, wake_r))
         return 1;
-    uint64_t want = messages * MESSAGE_BYTES;
-    for (uint64_t got = 0; got < want;) {
-        uint64_t ask = want - got < sizeof(buf) ? want - got : sizeof(buf);
-        int64_t r = read(fd, buf, ask);
-        if (r <= 0)
-            return 1;
-        got += (uint64_t)r;
-    }
-    return 0;
+    return hackbench_receive(fd, messages);
 }
 
 static void usage(void) { eprintf("usage: hackbench [GROUPS, 1 to %d] [-l LOOPS, messages per sender and receiver]\n", MAX_GROUPS); }

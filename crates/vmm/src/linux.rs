@@ -30,6 +30,18 @@ const PROGRAMS: &[(&str, &[u8])] = &[
         "pagetag",
         include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/pagetag")),
     ),
+    (
+        "apfcalc",
+        include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/apfcalc")),
+    ),
+    (
+        "ctxsw",
+        include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/ctxsw")),
+    ),
+    (
+        "hackbench",
+        include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/hackbench")),
+    ),
 ];
 #[cfg(not(linux_programs))]
 const PROGRAMS: &[(&str, &[u8])] = &[];

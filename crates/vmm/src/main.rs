@@ -296,9 +296,17 @@ pub struct ApfBenchArgs {
     #[arg(long, num_args = 0.., value_delimiter = ',', value_parser = parse_positive_duration,
           default_missing_value = "100us,1ms,4ms,10ms,20ms")]
     sweep_latency: Option<Vec<Duration>>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    guest: BenchGuestArgs,
+}
+
+/// `--guest` and `--kernel-image` of the benches that run in Linux too.
+#[derive(clap::Args, Debug, Clone, Default, Serialize, Deserialize)]
+pub struct BenchGuestArgs {
     /// The guest: the project's kernel, or Debian's cloud kernel running
-    /// the seed's bm with pthreads (Linux's scheduler and its own async-PF
-    /// code; docs/linux.md).
+    /// the Linux build of the bench's program (pthreads, processes and
+    /// pipes; Linux's scheduler and its own async-PF code; docs/linux.md).
     #[arg(long, value_enum, default_value_t = GuestArg::Faultline)]
     #[serde(default)]
     guest: GuestArg,
@@ -313,13 +321,15 @@ pub struct ApfBenchArgs {
 pub struct ApfCalcBenchArgs {
     #[command(flatten)]
     common: BenchCommon,
-    /// Host memory for guest pages (the container limit).
-    #[arg(long, default_value = "16M", value_parser = parse_size)]
-    host_mem: u64,
+    /// Host memory for guest pages (the container limit; default 16M,
+    /// 64M with --guest linux, whose own working set is larger).
+    #[arg(long, value_parser = parse_size)]
+    host_mem: Option<u64>,
     /// Guest memory (default: 2x host memory, as the seed).
     #[arg(long, value_parser = parse_size)]
     mem: Option<u64>,
-    /// The writer's memory (default: 1.25x host memory).
+    /// The writer's memory (default: 1.25x host memory; with --guest
+    /// linux, 3/4 of it).
     #[arg(long, value_parser = parse_size)]
     array: Option<u64>,
     /// Times the writer writes all of it.
@@ -328,6 +338,9 @@ pub struct ApfCalcBenchArgs {
     /// Bytes between the writer's stores.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     stride: u32,
+    #[command(flatten)]
+    #[serde(flatten)]
+    guest: BenchGuestArgs,
 }
 
 #[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
@@ -394,6 +407,9 @@ pub struct CtxswBenchArgs {
     /// Round trips (two switches each).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(2..=10_000_000))]
     rounds: u64,
+    #[command(flatten)]
+    #[serde(flatten)]
+    guest: BenchGuestArgs,
     /// Where the SVG plot goes (default: faultline-results/bench-ctxsw.svg
     /// under the current directory).
     #[arg(long, value_name = "FILE")]
@@ -445,6 +461,9 @@ pub struct HackbenchBenchArgs {
     /// Guest memory.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     mem: u64,
+    #[command(flatten)]
+    #[serde(flatten)]
+    guest: BenchGuestArgs,
     /// Where the SVG plot goes (default:
     /// faultline-results/bench-hackbench.svg under the current directory).
     #[arg(long, value_name = "FILE")]

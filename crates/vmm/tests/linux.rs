@@ -347,3 +347,159 @@ fn bench_apf_in_linux_counts_async_pf_alike_on_both_sides() {
     }
     assert!(plot.is_file());
 }
+
+/// Runs `faultline bench ARGS --guest linux --json` and returns its JSON.
+fn bench_linux_json(image: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("plot.svg");
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&[
+        "--guest",
+        "linux",
+        "--kernel-image",
+        image.to_str().unwrap(),
+        "--json",
+    ]);
+    let takes_plot = !args.contains(&"apf-calc");
+    if takes_plot {
+        all.extend_from_slice(&["--plot", plot.to_str().unwrap()]);
+    }
+    let out = faultline(&all);
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["config"]["guest"], "linux", "{v}");
+    assert_eq!(plot.is_file(), takes_plot, "{args:?}: the plot");
+    v
+}
+
+/// `bench ctxsw --guest linux` and `bench hackbench --guest linux` at a
+/// small scale: the Linux builds run under EPT, shadow and shadow with
+/// prev_roots (and nothing else: the CR3 cache needs faultline's guest,
+/// which the output says), report their figures, and the MMU counters
+/// show what each row is: no CR3 exits under EPT, CR3 exits and shadow
+/// roots under shadow paging, switches no dearer with prev_roots.
+#[test]
+fn bench_ctxsw_and_hackbench_in_linux_run_under_ept_shadow_and_prev_roots() {
+    let Some(image) = linux_image() else { return };
+    let (ctxsw, hackbench) = std::thread::scope(|scope| {
+        let image = &image;
+        let ctxsw = scope.spawn(move || bench_linux_json(image, &["ctxsw", "--rounds", "300"]));
+        let hackbench = scope.spawn(move || {
+            bench_linux_json(image, &["hackbench", "--groups", "1", "--loops", "5"])
+        });
+        (ctxsw.join().unwrap(), hackbench.join().unwrap())
+    });
+    for v in [&ctxsw, &hackbench] {
+        let rows: Vec<&str> = v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["config"].as_str().unwrap())
+            .collect();
+        assert_eq!(rows, ["ept", "shadow", "shadow-prev-roots"], "{v}");
+        assert!(v["not_run"].as_str().unwrap().contains("CR3 cache"), "{v}");
+        let row = |name: &str| {
+            v["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["config"] == name)
+                .unwrap()
+                .clone()
+        };
+        let count = |name: &str, key: &str| row(name)[key].as_u64().unwrap();
+        assert_eq!(count("ept", "cr3_exits"), 0, "{v}");
+        assert_eq!(count("ept", "roots_built"), 0, "{v}");
+        for shadow in ["shadow", "shadow-prev-roots"] {
+            assert!(count(shadow, "cr3_exits") > 100, "{shadow}: {v}");
+            assert!(count(shadow, "roots_built") > 0, "{shadow}: {v}");
+        }
+    }
+    // prev_roots makes a CR3 switch cheaper (no root lookup), never dearer.
+    let figure = |v: &serde_json::Value, name: &str, key: &str| {
+        v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["config"] == name)
+            .unwrap()[key]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        figure(&ctxsw, "shadow-prev-roots", "switch_us") <= figure(&ctxsw, "shadow", "switch_us"),
+        "{ctxsw}"
+    );
+    assert!(
+        figure(&hackbench, "shadow-prev-roots", "seconds")
+            <= figure(&hackbench, "shadow", "seconds"),
+        "{hackbench}"
+    );
+    for r in ctxsw["results"].as_array().unwrap() {
+        let us = r["switch_us"].as_f64().unwrap();
+        assert!(us > 0.1 && us < 1000.0, "{r}");
+    }
+    for r in hackbench["results"].as_array().unwrap() {
+        let s = r["seconds"].as_f64().unwrap();
+        assert!(s > 0.0 && s < 10.0, "{r}");
+        assert_eq!(r["groups"], 1, "{r}");
+    }
+}
+
+/// `bench apf-calc --guest linux` at a small scale: seed 002's four runs
+/// end, the writer's words verify, Linux's async PF engages in the APF-on
+/// runs only, both sides' counts agree, and with async PF the calculation
+/// thread gets more done while the writer waits on the host.
+#[test]
+fn bench_apf_calc_in_linux_runs_the_seeds_four_cases() {
+    let Some(image) = linux_image() else { return };
+    let v = bench_linux_json(
+        &image,
+        &[
+            "apf-calc",
+            "--host-mem",
+            "48M",
+            "--mem",
+            "96M",
+            "--array",
+            "40M",
+            "--loops",
+            "1",
+        ],
+    );
+    for (case, key) in [
+        ("with_calc", "on"),
+        ("with_calc", "off"),
+        ("without_calc", "on"),
+        ("without_calc", "off"),
+    ] {
+        let run = &v[case]["runs"][key];
+        let count = |k: &str| {
+            run[k]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{case} {key} {k}: {run}"))
+        };
+        assert!(
+            count("swap_ins") > 1000,
+            "{case} {key}: under pressure: {run}"
+        );
+        let ready = count("ready_sent");
+        assert_eq!(
+            ready,
+            count("not_present_sent") + count("wake_all_sent"),
+            "{case} {key}: {run}"
+        );
+        assert_eq!(count("acks_received"), ready, "{case} {key}: {run}");
+        assert_eq!(
+            count("not_present_sent") > 0,
+            key == "on",
+            "{case} {key}: {run}"
+        );
+    }
+    assert!(v["with_calc"]["calc_off"].as_u64().unwrap() > 0, "{v}");
+    assert!(
+        v["with_calc"]["calc_on"].as_u64().unwrap() > v["with_calc"]["calc_off"].as_u64().unwrap(),
+        "async PF gives the calculation the writer's waits: {v}"
+    );
+}

@@ -3,15 +3,14 @@
 //! `--guest linux` runs the seed's own bm (pthreads, `guest/linux/bm.c`)
 //! in Debian's kernel: Linux's scheduler and Linux's async-PF code.
 
-use super::{json_text, mib, Bench, BenchError, LinuxGuest, Output, RunResult, RunSpec};
+use super::{json_text, mib, Bench, BenchError, BenchGuest, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::units::{duration_to_cycles, format_duration, format_seconds};
-use crate::{plot, ApfBenchArgs, BenchCommon, GuestArg, SwapDeviceArg};
+use crate::{plot, ApfBenchArgs, BenchCommon, SwapDeviceArg};
 use hv::apf::ApfMode;
 use hv::VmConfig;
 use serde_json::json;
 use std::fmt::Write as _;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The seed's ratios (total work against master).
@@ -23,9 +22,7 @@ pub struct ApfBench {
     mem: u64,
     array: u64,
     base: VmConfig,
-    /// `--guest linux`: the image and initramfs, or why they are missing
-    /// (reported by `check`, before any run).
-    linux: Option<Result<Arc<LinuxGuest>, String>>,
+    guest: BenchGuest,
 }
 
 /// The seed's ratio against `off` for a run label.
@@ -47,17 +44,13 @@ impl Bench for ApfBench {
         let array = args.array.unwrap_or(args.host_mem.saturating_mul(2));
         let mut base = VmConfig::default();
         args.common.overcommit(SwapDeviceArg::Hdd).apply(&mut base);
-        let linux = (args.guest == GuestArg::Linux).then(|| {
-            LinuxGuest::load(args.kernel_image.as_deref())
-                .map(Arc::new)
-                .map_err(|e| e.to_string())
-        });
+        let guest = BenchGuest::new(&args.guest);
         ApfBench {
             args,
             mem,
             array,
             base,
-            linux,
+            guest,
         }
     }
 
@@ -70,11 +63,8 @@ impl Bench for ApfBench {
     }
 
     fn check(&self, kernel: &Kernel) -> Result<(), ConfigError> {
-        match &self.linux {
-            Some(Err(e)) => return Err(ConfigError::Invalid(e.clone())),
-            Some(Ok(_)) => {}
-            None => kernel.check_memory(self.mem, Some(self.args.host_mem))?,
-        }
+        self.guest
+            .check(kernel, "bm", self.mem, Some(self.args.host_mem))?;
         if self.array >= self.mem {
             return Err(ConfigError::Invalid(format!(
                 "the array ({} MiB) must be smaller than guest memory ({} MiB)",
@@ -129,13 +119,11 @@ impl Bench for ApfBench {
 impl ApfBench {
     /// A run of the bundled kernel, or of Linux with `--guest linux`.
     fn spec(&self, label: String, config: VmConfig) -> RunSpec {
-        let mut spec = RunSpec::new(label, config);
-        spec.linux = self.linux.as_ref().and_then(|l| l.as_ref().ok().cloned());
-        spec
+        self.guest.spec(label, config)
     }
 
     fn is_linux(&self) -> bool {
-        self.linux.is_some()
+        self.guest.is_linux()
     }
 
     fn bm_config(&self, apf: ApfMode, host_mem: Option<u64>) -> VmConfig {
@@ -244,7 +232,7 @@ impl ApfBench {
             let out = json!({
                 "benchmark": "apf",
                 "config": {
-                    "guest": if self.is_linux() { "linux" } else { "faultline" },
+                    "guest": self.guest.name(),
                     "vcpus": a.vcpus, "guest_mem": self.mem, "host_mem": a.host_mem,
                     "array": self.array, "duration": format_seconds(a.duration), "seed": a.common.seed,
                     "swap_device": self.base.swap_device.name,
@@ -300,48 +288,10 @@ impl ApfBench {
             pv_over_ideal
         );
         if self.is_linux() {
-            self.render_both_sides(&mut s, outcomes);
+            super::render_async_pf_both_sides(&mut s, outcomes, "bm_elapsed_ns");
         }
         let _ = writeln!(s, "plot: {}", plot_path.display());
         Ok(s)
-    }
-
-    /// Linux's async-PF events from both sides: what the hv sent, what
-    /// Linux acknowledged (`MSR_KVM_ASYNC_PF_ACK`) and Linux's own count
-    /// of the page-ready interrupts it took (`/proc/interrupts`' HYP line,
-    /// reported by init when the program has ended, so init's own last
-    /// steps are not in it). Linux has no counter of the page-not-present
-    /// #PFs it took; each one it took is answered by a page-ready, so
-    /// with every task finished, page-ready = not-present + wake-alls.
-    fn render_both_sides(&self, s: &mut String, outcomes: &[RunResult]) {
-        let _ = writeln!(
-            s,
-            "async PF, both sides: {:<6} {:>11} {:>10} {:>9} {:>11} {:>10}  agree  {:>8}",
-            "mode", "not-present", "page-ready", "wake-all", "Linux acked", "Linux HYP", "timed s"
-        );
-        for o in outcomes {
-            let hyp = o.value("linux_hyp_interrupts");
-            // No HYP line: Linux never installed the vector (APF not
-            // offered), so it took none. init reads it after the program
-            // and before its own last steps, whose page-not-presents (init
-            // runs in user mode) come after: at most the hv's count.
-            let agree = hyp.unwrap_or(0) <= o.apf.ready
-                && o.apf.acks == o.apf.ready
-                && o.apf.ready == o.apf.not_present + o.apf.wake_all;
-            let _ = writeln!(
-                s,
-                "                      {:<6} {:>11} {:>10} {:>9} {:>11} {:>10}  {:<5}  {:>8}",
-                o.label,
-                o.apf.not_present,
-                o.apf.ready,
-                o.apf.wake_all,
-                o.apf.acks,
-                hyp.map_or("-".to_string(), |h| h.to_string()),
-                if agree { "yes" } else { "NO" },
-                o.value("bm_elapsed_ns")
-                    .map_or("-".to_string(), |ns| format!("{:.3}", ns as f64 / 1e9))
-            );
-        }
     }
 
     fn render_sweep(

@@ -1,7 +1,9 @@
 //! `bench apf-calc`: seed 002 (a memory-limited guest with and without a
-//! calculation task, APF off and on).
+//! calculation task, APF off and on). `--guest linux` runs the same loops
+//! as a Linux program with pthreads (`guest/linux/apfcalc.c`): Linux's
+//! scheduler and Linux's own async-PF code.
 
-use super::{json_text, mib, Bench, BenchError, Output, RunResult, RunSpec};
+use super::{json_text, mib, Bench, BenchError, BenchGuest, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::{ApfCalcBenchArgs, BenchCommon, SwapDeviceArg};
 use hv::apf::ApfMode;
@@ -13,11 +15,18 @@ use std::fmt::Write as _;
 pub const SEED_002_WITH_CALC_PCT: f64 = -40.0;
 pub const SEED_002_WITHOUT_CALC_PCT: f64 = 3.0;
 
+/// Host memory by default: the project's guest, and Linux (whose own
+/// working set, the kernel and page cache, does not fit in 16 MiB).
+const DEFAULT_HOST_MEM: u64 = 16 << 20;
+const DEFAULT_HOST_MEM_LINUX: u64 = 64 << 20;
+
 pub struct ApfCalcBench {
     args: ApfCalcBenchArgs,
+    host_mem: u64,
     mem: u64,
     array: u64,
     base: VmConfig,
+    guest: BenchGuest,
 }
 
 impl Bench for ApfCalcBench {
@@ -25,15 +34,29 @@ impl Bench for ApfCalcBench {
     type Params = ApfCalcBenchArgs;
 
     fn new(args: ApfCalcBenchArgs) -> ApfCalcBench {
-        let mem = args.mem.unwrap_or(args.host_mem.saturating_mul(2));
-        let array = args.array.unwrap_or(args.host_mem / 4 * 5);
+        let guest = BenchGuest::new(&args.guest);
+        let host_mem = args.host_mem.unwrap_or(if guest.is_linux() {
+            DEFAULT_HOST_MEM_LINUX
+        } else {
+            DEFAULT_HOST_MEM
+        });
+        let mem = args.mem.unwrap_or(host_mem.saturating_mul(2));
+        // Linux keeps its kernel, page cache and init in guest memory too:
+        // the writer gets less of it.
+        let array = args.array.unwrap_or(if guest.is_linux() {
+            host_mem / 4 * 3
+        } else {
+            host_mem / 4 * 5
+        });
         let mut base = VmConfig::default();
         args.common.overcommit(SwapDeviceArg::Ssd).apply(&mut base);
         ApfCalcBench {
             args,
+            host_mem,
             mem,
             array,
             base,
+            guest,
         }
     }
 
@@ -46,7 +69,8 @@ impl Bench for ApfCalcBench {
     }
 
     fn check(&self, kernel: &Kernel) -> Result<(), ConfigError> {
-        kernel.check_memory(self.mem, Some(self.args.host_mem))?;
+        self.guest
+            .check(kernel, "apfcalc", self.mem, Some(self.host_mem))?;
         if self.array < 1 << 20 || self.array >= self.mem {
             return Err(ConfigError::Invalid(format!(
                 "the writer's memory ({} MiB) must be at least 1 MiB and smaller than guest memory ({} MiB)",
@@ -61,7 +85,7 @@ impl Bench for ApfCalcBench {
         let mut specs = Vec::new();
         for calc in [true, false] {
             for mode in [ApfMode::Off, ApfMode::Pv] {
-                specs.push(RunSpec::new(
+                specs.push(self.guest.spec(
                     format!(
                         "{}{}",
                         if calc { "calc+" } else { "" },
@@ -91,7 +115,7 @@ impl Bench for ApfCalcBench {
             let run = |i: usize| outcomes[i].counters();
             let out = json!({
                 "benchmark": "apf-calc",
-                "config": {"guest_mem": self.mem, "host_mem": a.host_mem, "array": self.array,
+                "config": {"guest": self.guest.name(), "guest_mem": self.mem, "host_mem": self.host_mem, "array": self.array,
                            "loops": a.loops, "stride": a.stride, "seed": a.common.seed,
                            "swap_device": self.base.swap_device.name},
                 "with_calc": {"off_s": ns[0] as f64 / 1e9, "on_s": ns[1] as f64 / 1e9, "change_pct": with,
@@ -136,6 +160,9 @@ impl Bench for ApfCalcBench {
             "(times: the writer's elapsed virtual time; with calc, APF on: {} not-present, {} ready, {} swap-ins)",
             on.apf.not_present, on.apf.ready, on.swap_ins
         );
+        if self.guest.is_linux() {
+            super::render_async_pf_both_sides(&mut s, outcomes, "apfcalc_ns");
+        }
         Ok(s)
     }
 }
@@ -146,29 +173,35 @@ impl ApfCalcBench {
         let mut config = self.base.clone();
         config.vcpus = 1;
         config.mem_size = self.mem;
-        config.host_mem = Some(a.host_mem);
+        config.host_mem = Some(self.host_mem);
         config.apf = apf;
         config.seed = a.common.seed;
-        config.cmdline = format!(
-            "seed={} -- apfcalc -m {}M -l {} -s {}{}",
-            a.common.seed,
-            mib(self.array),
-            a.loops,
-            a.stride,
-            if calc { " -c" } else { "" }
-        );
+        let mut program: Vec<String> = vec![
+            "apfcalc".into(),
+            "-m".into(),
+            format!("{}M", mib(self.array)),
+            "-l".into(),
+            a.loops.to_string(),
+            "-s".into(),
+            a.stride.to_string(),
+        ];
+        if calc {
+            program.push("-c".into());
+        }
+        config.cmdline = self.guest.cmdline(a.common.seed, &program);
         config
     }
 
     fn describe(&self) -> String {
         let a = &self.args;
         format!(
-            "apfcalc -m {}M -l {} -s {} [-c], 1 vCPU, guest {} MiB, host {} MiB, swap {}",
+            "{}apfcalc -m {}M -l {} -s {} [-c], 1 vCPU, guest {} MiB, host {} MiB, swap {}",
+            if self.guest.is_linux() { "Linux, " } else { "" },
             mib(self.array),
             a.loops,
             a.stride,
             mib(self.mem),
-            mib(a.host_mem),
+            mib(self.host_mem),
             self.base.swap_device.name
         )
     }

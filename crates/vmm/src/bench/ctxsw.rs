@@ -20,8 +20,15 @@
 //! (`MmuMode::Native`, `--mmu none`): guest RAM is host-physical memory
 //! from 0, EPT off, nothing shadowed, so TLB misses walk one dimension and
 //! a MOV to CR3 never exits.
+//!
+//! `--guest linux` runs the Linux build (`guest/linux/ctxsw.c`: a forked
+//! partner, both pinned to the one vCPU) in Debian's kernel under EPT,
+//! shadow paging and shadow with `prev_roots`. The CR3 cache rows need a
+//! guest that speaks its paravirtual interface (faultline's own) and the
+//! native row is the project guest's baseline: neither runs in Linux, and
+//! the output says so.
 
-use super::{json_text, result_for, Bench, BenchError, Output, RunResult, RunSpec};
+use super::{json_text, result_for, Bench, BenchError, BenchGuest, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::plot::{self, Bar};
 use crate::{BenchCommon, CtxswBenchArgs, SwapDeviceArg};
@@ -103,9 +110,26 @@ pub(super) const ROWS: [Row; 6] = [
     },
 ];
 
+/// The rows a guest runs: all of them in the project's guest; in Linux
+/// those that need nothing of the guest (EPT, shadow, shadow with
+/// `prev_roots`).
+pub(super) fn rows(guest: &BenchGuest) -> Vec<Row> {
+    ROWS.iter()
+        .filter(|row| {
+            !guest.is_linux() || (row.cr3_targets.is_none() && row.mmu != MmuMode::Native)
+        })
+        .copied()
+        .collect()
+}
+
+/// What a Linux run of `bench ctxsw` or `bench hackbench` leaves out, and
+/// why (printed with the results).
+pub(super) const LINUX_ROWS_NOTE: &str = "Linux: no CR3 cache rows (the paravirtual CR3 cache needs a guest that speaks it: faultline's own) and no native row (the project guest's baseline)";
+
 pub struct CtxswBench {
     args: CtxswBenchArgs,
     base: VmConfig,
+    guest: BenchGuest,
 }
 
 /// One row's figures.
@@ -122,7 +146,8 @@ impl Bench for CtxswBench {
     fn new(args: CtxswBenchArgs) -> CtxswBench {
         let mut base = VmConfig::default();
         args.common.overcommit(SwapDeviceArg::Nvme).apply(&mut base);
-        CtxswBench { args, base }
+        let guest = BenchGuest::new(&args.guest);
+        CtxswBench { args, base, guest }
     }
 
     fn params(&self) -> &CtxswBenchArgs {
@@ -134,18 +159,18 @@ impl Bench for CtxswBench {
     }
 
     fn check(&self, kernel: &Kernel) -> Result<(), ConfigError> {
-        kernel.check_memory(self.base.mem_size, None)?;
-        kernel.check_program("ctxsw")
+        self.guest.check(kernel, "ctxsw", self.base.mem_size, None)
     }
 
     fn specs(&self) -> Vec<RunSpec> {
-        ROWS.iter()
-            .map(|row| RunSpec::new(row.name.to_string(), self.config(row)))
+        rows(&self.guest)
+            .iter()
+            .map(|row| self.guest.spec(row.name, self.config(row)))
             .collect()
     }
 
     fn render(&self, results: &[RunResult], output: &Output) -> Result<String, BenchError> {
-        let rows = ROWS
+        let rows = rows(&self.guest)
             .iter()
             .map(|row| {
                 let run = result_for(results, row.name)?;
@@ -161,11 +186,12 @@ impl Bench for CtxswBench {
                 .find(|m| m.row.name == name)
                 .map_or(f64::NAN, |m| m.switch_ns as f64 / 1000.0)
         };
-        let (native, ept, shadow, cache4) = (
+        let (native, ept, shadow, cache4, prev) = (
             us("native"),
             us("ept"),
             us("shadow"),
             us("shadow-cr3-cache-4"),
+            us("shadow-prev-roots"),
         );
         let plot_path = output.plot_path("bench-ctxsw.svg");
         let bars: Vec<Bar> = rows
@@ -207,7 +233,8 @@ impl Bench for CtxswBench {
                 .collect();
             let out = json!({
                 "benchmark": "ctxsw",
-                "config": {"rounds": self.args.rounds, "seed": self.args.common.seed},
+                "config": {"guest": self.guest.name(), "rounds": self.args.rounds, "seed": self.args.common.seed},
+                "not_run": self.guest.is_linux().then_some(LINUX_ROWS_NOTE),
                 "results": results,
                 "ratios": {
                     "cache4_vs_ept": cache4 / ept,
@@ -215,6 +242,8 @@ impl Bench for CtxswBench {
                     "shadow_vs_native": shadow / native,
                     "cache4_vs_native": cache4 / native,
                     "ept_vs_native": ept / native,
+                    "shadow_vs_ept": shadow / ept,
+                    "prev_roots_vs_shadow": prev / shadow,
                     "seed_shadow_vs_native": seed_shadow_ratio,
                     "seed_cache_vs_native": seed_cache_ratio,
                 },
@@ -244,18 +273,28 @@ impl Bench for CtxswBench {
                 m.row.seed_us.map_or("-".to_string(), |u| format!("{u:.2}"))
             );
         }
-        let _ = writeln!(
-            s,
-            "cache-4 / ept {:.2}x; shadow / cache-4 {:.2}x (seed {:.2}x); shadow / native {:.2}x (seed {:.1}x); cache-4 / native {:.2}x (seed {:.2}x); ept / native {:.2}x",
-            cache4 / ept,
-            shadow / cache4,
-            SEED_004_SHADOW_US / SEED_004_CR3_CACHE_US,
-            shadow / native,
-            seed_shadow_ratio,
-            cache4 / native,
-            seed_cache_ratio,
-            ept / native
-        );
+        if self.guest.is_linux() {
+            let _ = writeln!(
+                s,
+                "shadow / ept {:.2}x; shadow-prev-roots / shadow {:.2}x (seed: shadow {SEED_004_SHADOW_US} us, native {SEED_004_NATIVE_US} us, KVM of 2007 without EPT)",
+                shadow / ept,
+                prev / shadow
+            );
+            let _ = writeln!(s, "{LINUX_ROWS_NOTE}");
+        } else {
+            let _ = writeln!(
+                s,
+                "cache-4 / ept {:.2}x; shadow / cache-4 {:.2}x (seed {:.2}x); shadow / native {:.2}x (seed {:.1}x); cache-4 / native {:.2}x (seed {:.2}x); ept / native {:.2}x",
+                cache4 / ept,
+                shadow / cache4,
+                SEED_004_SHADOW_US / SEED_004_CR3_CACHE_US,
+                shadow / native,
+                seed_shadow_ratio,
+                cache4 / native,
+                seed_cache_ratio,
+                ept / native
+            );
+        }
         let _ = writeln!(s, "plot: {}", plot_path.display());
         Ok(s)
     }
@@ -267,16 +306,19 @@ impl CtxswBench {
         config.vcpus = 1;
         config.seed = self.args.common.seed;
         row.apply(&mut config);
-        config.cmdline = format!(
-            "seed={} -- ctxsw -n {}",
-            self.args.common.seed, self.args.rounds
-        );
+        let program = [
+            "ctxsw".to_string(),
+            "-n".into(),
+            self.args.rounds.to_string(),
+        ];
+        config.cmdline = self.guest.cmdline(self.args.common.seed, &program);
         config
     }
 
     fn describe(&self) -> String {
         format!(
-            "ctxsw -n {} (2 processes, 1 vCPU, {} MiB)",
+            "{}ctxsw -n {} (2 processes, 1 vCPU, {} MiB)",
+            if self.guest.is_linux() { "Linux, " } else { "" },
             self.args.rounds,
             self.base.mem_size >> 20
         )

@@ -8,9 +8,13 @@
 //! targets. What separates them is the work a CR3 switch costs each:
 //! with 40 or 200 address spaces a 4-entry cache misses more often than a
 //! 16-entry one, which is where "only 4 entries" (the seed) shows.
+//!
+//! `--guest linux` runs the Linux build (`guest/linux/hackbench.c`: forked
+//! processes, the same loops) in Debian's kernel under the rows Linux can
+//! run (`ctxsw::rows`: EPT, shadow, shadow with `prev_roots`).
 
-use super::ctxsw::{Row, ROWS};
-use super::{json_text, result_for, Bench, BenchError, Output, RunResult, RunSpec};
+use super::ctxsw::{self, Row, LINUX_ROWS_NOTE};
+use super::{json_text, result_for, Bench, BenchError, BenchGuest, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::plot::{self, Bar};
 use crate::{BenchCommon, HackbenchBenchArgs, SwapDeviceArg};
@@ -35,6 +39,7 @@ fn seed_seconds(row: &str, groups: u32) -> Option<f64> {
 pub struct HackbenchBench {
     args: HackbenchBenchArgs,
     base: VmConfig,
+    guest: BenchGuest,
 }
 
 /// One run's figures.
@@ -59,7 +64,8 @@ impl Bench for HackbenchBench {
         base.host_mem = None;
         base.vcpus = args.vcpus;
         base.mem_size = args.mem;
-        HackbenchBench { args, base }
+        let guest = BenchGuest::new(&args.guest);
+        HackbenchBench { args, base, guest }
     }
 
     fn params(&self) -> &HackbenchBenchArgs {
@@ -71,22 +77,25 @@ impl Bench for HackbenchBench {
     }
 
     fn check(&self, kernel: &Kernel) -> Result<(), ConfigError> {
-        kernel.check_memory(self.base.mem_size, None)?;
-        kernel.check_program("hackbench")
+        self.guest
+            .check(kernel, "hackbench", self.base.mem_size, None)
     }
 
     fn specs(&self) -> Vec<RunSpec> {
         let mut specs = Vec::new();
         for &groups in &self.args.groups {
-            for row in &ROWS {
+            for row in &ctxsw::rows(&self.guest) {
                 let mut config = self.base.clone();
                 config.seed = self.args.common.seed;
                 row.apply(&mut config);
-                config.cmdline = format!(
-                    "seed={} -- hackbench {} -l {}",
-                    self.args.common.seed, groups, self.args.loops
-                );
-                specs.push(RunSpec::new(label(row, groups), config));
+                let program = [
+                    "hackbench".to_string(),
+                    groups.to_string(),
+                    "-l".into(),
+                    self.args.loops.to_string(),
+                ];
+                config.cmdline = self.guest.cmdline(self.args.common.seed, &program);
+                specs.push(self.guest.spec(label(row, groups), config));
             }
         }
         specs
@@ -95,7 +104,7 @@ impl Bench for HackbenchBench {
     fn render(&self, results: &[RunResult], output: &Output) -> Result<String, BenchError> {
         let mut rows = Vec::new();
         for &groups in &self.args.groups {
-            for row in &ROWS {
+            for row in &ctxsw::rows(&self.guest) {
                 let name = label(row, groups);
                 let run = result_for(results, &name)?;
                 rows.push(Measured {
@@ -162,12 +171,15 @@ impl Bench for HackbenchBench {
                         "cache16_vs_native": seconds("shadow-cr3-cache-16", g) / seconds("native", g),
                         "shadow_vs_cache4": seconds("shadow", g) / seconds("shadow-cr3-cache-4", g),
                         "cache4_vs_cache16": seconds("shadow-cr3-cache-4", g) / seconds("shadow-cr3-cache-16", g),
+                        "shadow_vs_ept": seconds("shadow", g) / seconds("ept", g),
+                        "prev_roots_vs_shadow": seconds("shadow-prev-roots", g) / seconds("shadow", g),
                     })
                 })
                 .collect();
             let out = json!({
                 "benchmark": "hackbench",
-                "config": {"groups": self.args.groups, "loops": self.args.loops,
+                "not_run": self.guest.is_linux().then_some(LINUX_ROWS_NOTE),
+                "config": {"guest": self.guest.name(), "groups": self.args.groups, "loops": self.args.loops,
                            "vcpus": self.args.vcpus, "mem_bytes": self.args.mem,
                            "seed": self.args.common.seed},
                 "results": results,
@@ -213,26 +225,43 @@ impl Bench for HackbenchBench {
                 seed_seconds(m.row.name, m.groups).map_or("-".to_string(), |u| format!("{u:.2}"))
             );
         }
-        for &g in &self.args.groups {
-            let native = seconds("native", g);
-            let _ = writeln!(
-                s,
-                "{g} group(s): shadow / native {:.2}x, cache-4 / native {:.2}x, cache-16 / native {:.2}x, shadow / cache-4 {:.2}x, cache-4 / cache-16 {:.2}x{}",
-                seconds("shadow", g) / native,
-                seconds("shadow-cr3-cache-4", g) / native,
-                seconds("shadow-cr3-cache-16", g) / native,
-                seconds("shadow", g) / seconds("shadow-cr3-cache-4", g),
-                seconds("shadow-cr3-cache-4", g) / seconds("shadow-cr3-cache-16", g),
-                match (seed_seconds("native", g), seed_seconds("shadow", g), seed_seconds("shadow-cr3-cache-4", g)) {
-                    (Some(n), Some(sh), Some(c)) => format!(
-                        " (seed: shadow / native {:.2}x, cache-4 / native {:.2}x, shadow / cache-4 {:.2}x)",
-                        sh / n,
-                        c / n,
-                        sh / c
-                    ),
-                    _ => String::new(),
-                }
-            );
+        if self.guest.is_linux() {
+            for &g in &self.args.groups {
+                let _ = writeln!(
+                    s,
+                    "{g} group(s): shadow / ept {:.2}x, shadow-prev-roots / shadow {:.2}x{}",
+                    seconds("shadow", g) / seconds("ept", g),
+                    seconds("shadow-prev-roots", g) / seconds("shadow", g),
+                    match (seed_seconds("native", g), seed_seconds("shadow", g)) {
+                        (Some(n), Some(sh)) =>
+                            format!(" (seed: shadow {sh} s, native {n} s, KVM of 2007 without EPT)"),
+                        _ => String::new(),
+                    }
+                );
+            }
+            let _ = writeln!(s, "{LINUX_ROWS_NOTE}");
+        } else {
+            for &g in &self.args.groups {
+                let native = seconds("native", g);
+                let _ = writeln!(
+                    s,
+                    "{g} group(s): shadow / native {:.2}x, cache-4 / native {:.2}x, cache-16 / native {:.2}x, shadow / cache-4 {:.2}x, cache-4 / cache-16 {:.2}x{}",
+                    seconds("shadow", g) / native,
+                    seconds("shadow-cr3-cache-4", g) / native,
+                    seconds("shadow-cr3-cache-16", g) / native,
+                    seconds("shadow", g) / seconds("shadow-cr3-cache-4", g),
+                    seconds("shadow-cr3-cache-4", g) / seconds("shadow-cr3-cache-16", g),
+                    match (seed_seconds("native", g), seed_seconds("shadow", g), seed_seconds("shadow-cr3-cache-4", g)) {
+                        (Some(n), Some(sh), Some(c)) => format!(
+                            " (seed: shadow / native {:.2}x, cache-4 / native {:.2}x, shadow / cache-4 {:.2}x)",
+                            sh / n,
+                            c / n,
+                            sh / c
+                        ),
+                        _ => String::new(),
+                    }
+                );
+            }
         }
         let _ = writeln!(s, "plot: {}", plot_path.display());
         Ok(s)
@@ -242,7 +271,8 @@ impl Bench for HackbenchBench {
 impl HackbenchBench {
     fn describe(&self) -> String {
         format!(
-            "hackbench N -l {} (N groups of 20 senders + 20 receivers, processes over pipes), {} vCPU(s), {} MiB",
+            "{}hackbench N -l {} (N groups of 20 senders + 20 receivers, processes over pipes), {} vCPU(s), {} MiB",
+            if self.guest.is_linux() { "Linux, " } else { "" },
             self.args.loops,
             self.args.vcpus,
             self.args.mem >> 20

@@ -156,6 +156,112 @@ impl LinuxGuest {
     }
 }
 
+/// The guest a benchmark boots (`--guest`): the project's kernel, or
+/// Linux with its image and initramfs loaded once for every run, or why
+/// they could not be (reported by [`BenchGuest::check`], before any run).
+pub struct BenchGuest {
+    linux: Option<Result<std::sync::Arc<LinuxGuest>, String>>,
+}
+
+impl BenchGuest {
+    pub fn new(args: &crate::BenchGuestArgs) -> BenchGuest {
+        let linux = (args.guest == crate::GuestArg::Linux).then(|| {
+            LinuxGuest::load(args.kernel_image.as_deref())
+                .map(std::sync::Arc::new)
+                .map_err(|e| e.to_string())
+        });
+        BenchGuest { linux }
+    }
+
+    pub fn is_linux(&self) -> bool {
+        self.linux.is_some()
+    }
+
+    /// `linux` or `faultline`, for the JSON outputs.
+    pub fn name(&self) -> &'static str {
+        if self.is_linux() {
+            "linux"
+        } else {
+            "faultline"
+        }
+    }
+
+    /// Checks that the guest can run `program`: Linux was set up and has
+    /// it, or the kernel has it and takes `mem` (and `host_mem`).
+    pub fn check(
+        &self,
+        kernel: &Kernel,
+        program: &str,
+        mem: u64,
+        host_mem: Option<u64>,
+    ) -> Result<(), ConfigError> {
+        match &self.linux {
+            Some(Err(e)) => Err(ConfigError::Invalid(e.clone())),
+            Some(Ok(_)) => crate::linux::check_program(&[program.to_string()])
+                .map_err(|e| ConfigError::Invalid(e.to_string())),
+            None => {
+                kernel.check_memory(mem, host_mem)?;
+                kernel.check_program(program)
+            }
+        }
+    }
+
+    /// The command line that runs `program` (its name, then its
+    /// arguments): after Linux's default options, or after the project
+    /// kernel's `seed=`.
+    pub fn cmdline(&self, seed: u64, program: &[String]) -> String {
+        if self.is_linux() {
+            crate::linux::cmdline(crate::linux::DEFAULT_OPTIONS, program)
+        } else {
+            format!("seed={seed} -- {}", program.join(" "))
+        }
+    }
+
+    /// A run of this guest.
+    pub fn spec(&self, label: impl Into<String>, config: VmConfig) -> RunSpec {
+        let mut spec = RunSpec::new(label, config);
+        spec.linux = self.linux.as_ref().and_then(|l| l.as_ref().ok().cloned());
+        spec
+    }
+}
+
+/// Linux's async-PF events from both sides: what the hv sent, what Linux
+/// acknowledged (`MSR_KVM_ASYNC_PF_ACK`) and Linux's own count of the
+/// page-ready interrupts it took (`/proc/interrupts`' HYP line, reported by
+/// init when the program has ended, so init's own last steps are not in
+/// it). Linux has no counter of the page-not-present #PFs it took; each one
+/// it took is answered by a page-ready, so with every task finished,
+/// page-ready = not-present + wake-alls. The last column is the program's
+/// timed part (`timed_key`, nanoseconds), in seconds.
+pub(crate) fn render_async_pf_both_sides(s: &mut String, outcomes: &[RunResult], timed_key: &str) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        s,
+        "async PF, both sides: {:<8} {:>11} {:>10} {:>9} {:>11} {:>10}  agree  {:>8}",
+        "run", "not-present", "page-ready", "wake-all", "Linux acked", "Linux HYP", "timed s"
+    );
+    for o in outcomes {
+        let hyp = o.value("linux_hyp_interrupts");
+        let _ = writeln!(
+            s,
+            "                      {:<8} {:>11} {:>10} {:>9} {:>11} {:>10}  {:<5}  {:>8}",
+            o.label,
+            o.apf.not_present,
+            o.apf.ready,
+            o.apf.wake_all,
+            o.apf.acks,
+            hyp.map_or("-".to_string(), |h| h.to_string()),
+            if o.async_pf_sides_agree() {
+                "yes"
+            } else {
+                "NO"
+            },
+            o.value(timed_key)
+                .map_or("-".to_string(), |ns| format!("{:.3}", ns as f64 / 1e9))
+        );
+    }
+}
+
 impl RunSpec {
     /// A plain run of the guest kernel: no memslot changes, no dirty
     /// logging.
@@ -331,6 +437,18 @@ impl RunResult {
             key: key.to_string(),
             reports: self.reports.clone(),
         })
+    }
+
+    /// A Linux run's async-PF counts agree: Linux acknowledged every
+    /// page-ready, each page-not-present got one (with every task finished)
+    /// besides the wake-alls, and Linux's own HYP count is at most that
+    /// (no HYP line: Linux never installed the vector, so it took none;
+    /// init reads it after the program and before its own last steps, whose
+    /// page-not-presents, init running in user mode, come after).
+    pub fn async_pf_sides_agree(&self) -> bool {
+        self.value("linux_hyp_interrupts").unwrap_or(0) <= self.apf.ready
+            && self.apf.acks == self.apf.ready
+            && self.apf.ready == self.apf.not_present + self.apf.wake_all
     }
 
     pub fn virtual_seconds(&self) -> f64 {
