@@ -34,6 +34,29 @@ static inline uint64_t apfcalc_bad_words(volatile const uint64_t *array, uint64_
     return bad;
 }
 
+/* The writer's job, and the calculation's. */
+struct apfcalc_job {
+    volatile uint64_t *array;
+    uint64_t words, stride_words, loops;
+    uint64_t elapsed_ns; /* the writer's time, by the caller's clock */
+    volatile int done;
+};
+
+struct apfcalc_calc {
+    const struct apfcalc_job *job;
+    volatile uint64_t count;
+};
+
+/* The writer thread's body: the loops, timed with `clock` (nanoseconds),
+ * then `done` for the calculation. */
+static inline void apfcalc_writer(struct apfcalc_job *j, uint64_t (*clock)(void))
+{
+    uint64_t start = clock();
+    apfcalc_write(j->array, j->words, j->stride_words, j->loops);
+    j->elapsed_ns = clock() - start;
+    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+}
+
 /* The calculation: counts (as bm's work threads do) until *done is set,
  * publishing the count in *count. */
 static inline void apfcalc_count(volatile const int *done, volatile uint64_t *count)

@@ -28,6 +28,50 @@ static inline int ctxsw_bounce(int in, int out, uint64_t rounds)
     return 0;
 }
 
+/* ctxsw's timed side: writes a byte to `out` and reads it back from
+ * `in`, `rounds` times; the first round trip is a warm-up (stacks and
+ * buffers get faulted in), the others are timed with `clock`
+ * (nanoseconds) into *elapsed. 0, or 1 when a pipe fails. */
+static inline int ctxsw_ping(int out, int in, uint64_t rounds, uint64_t (*clock)(void), uint64_t *elapsed)
+{
+    char c = 'x';
+    uint64_t start = 0;
+    for (uint64_t i = 0; i < rounds; i++) {
+        if (i == 1)
+            start = clock();
+        if (write(out, &c, 1) != 1 || read(in, &c, 1) != 1)
+            return 1;
+    }
+    *elapsed = clock() - start;
+    return 0;
+}
+
+/* hackbench's start: waits for a byte from each of `ntasks` tasks on the
+ * "ready" pipe. 0, or -1 when one did not come. */
+static inline int hackbench_wait_ready(int ready_r, int ntasks)
+{
+    char c;
+    for (int i = 0; i < ntasks; i++)
+        if (read(ready_r, &c, 1) != 1)
+            return -1;
+    return 0;
+}
+
+/* ... then wakes them all: a byte each on the "wake" pipe. 0, or -1 when
+ * the pipe fails. */
+static inline int hackbench_wake(int wake_w, int ntasks)
+{
+    char go[64];
+    memset(go, 'g', sizeof(go));
+    for (int left = ntasks; left > 0;) {
+        int n = left < (int)sizeof(go) ? left : (int)sizeof(go);
+        if (write(wake_w, go, (size_t)n) != n)
+            return -1;
+        left -= n;
+    }
+    return 0;
+}
+
 /* hackbench's start barrier: a byte to the "ready" pipe, then one from
  * the "wake" pipe. 0, or -1 when a pipe fails. */
 static inline int hackbench_start_barrier(int ready_w, int wake_r)

@@ -23,31 +23,15 @@
 #include "report.h"
 #include "../include/apfcalc_core.h"
 
-struct job {
-	volatile uint64_t *array;
-	uint64_t words, stride_words, loops;
-	uint64_t elapsed_ns;
-	volatile int done;
-};
-
-struct calc {
-	const struct job *job;
-	volatile uint64_t count;
-};
-
 static void *writer_thread(void *arg)
 {
-	struct job *j = arg;
-	uint64_t start = now_ns();
-	apfcalc_write(j->array, j->words, j->stride_words, j->loops);
-	j->elapsed_ns = now_ns() - start;
-	__atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+	apfcalc_writer(arg, now_ns);
 	return NULL;
 }
 
 static void *calc_thread(void *arg)
 {
-	struct calc *c = arg;
+	struct apfcalc_calc *c = arg;
 	apfcalc_count(&c->job->done, &c->count);
 	return NULL;
 }
@@ -82,16 +66,16 @@ int main(int argc, char **argv)
 	}
 	if (optind != argc)
 		return usage();
-	static struct job job;
-	static struct calc calc;
-	job = (struct job){.words = bytes / 8, .stride_words = stride / 8, .loops = loops};
+	static struct apfcalc_job job;
+	static struct apfcalc_calc calc;
+	job = (struct apfcalc_job){.words = bytes / 8, .stride_words = stride / 8, .loops = loops};
 	void *array = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (array == MAP_FAILED) {
 		fprintf(stderr, "apfcalc: cannot map %" PRIu64 " bytes: not enough guest memory\n", bytes);
 		return 1;
 	}
 	job.array = array;
-	calc = (struct calc){.job = &job};
+	calc = (struct apfcalc_calc){.job = &job};
 	printf("apfcalc: writer over %" PRIu64 " MiB, stride %" PRIu64 ", %" PRIu64 " loops, %s, %d cpus\n",
 	       bytes >> 20, stride, loops, with_calc ? "with a calculation thread" : "alone", online_cpus());
 	fflush(stdout);

@@ -91,17 +91,11 @@ int main(int argc, char **argv)
 			_exit(ctxsw_bounce(p.ping[0], p.pong[1], p.rounds));
 		}
 	}
-	char c = 'x';
-	uint64_t start = 0;
-	for (uint64_t i = 0; i < rounds; i++) {
-		if (i == 1)
-			start = now_ns();
-		if (write(p.ping[1], &c, 1) != 1 || read(p.pong[0], &c, 1) != 1) {
-			printf("ctxsw: pipe i/o failed\n");
-			return 1;
-		}
+	uint64_t elapsed;
+	if (ctxsw_ping(p.ping[1], p.pong[0], rounds, now_ns, &elapsed)) {
+		printf("ctxsw: pipe i/o failed\n");
+		return 1;
 	}
-	uint64_t elapsed = now_ns() - start;
 	int rc;
 	if (threads) {
 		rc = pthread_join(tid, NULL) != 0 || p.status != 0;

@@ -110,22 +110,14 @@ int main(int argc, char **argv)
 			close(wfd[j]);
 		}
 	}
-	char c;
-	for (int i = 0; i < ntasks; i++)
-		if (read(ready[0], &c, 1) != 1) {
-			printf("hackbench: a task did not get ready\n");
-			return 1;
-		}
+	if (hackbench_wait_ready(ready[0], ntasks)) {
+		printf("hackbench: a task did not get ready\n");
+		return 1;
+	}
 	uint64_t start = now_ns();
-	char go[64];
-	memset(go, 'g', sizeof(go));
-	for (int left = ntasks; left > 0;) {
-		int n = left < (int)sizeof(go) ? left : (int)sizeof(go);
-		if (write(wake[1], go, (size_t)n) != n) {
-			printf("hackbench: wake failed\n");
-			return 1;
-		}
-		left -= n;
+	if (hackbench_wake(wake[1], ntasks)) {
+		printf("hackbench: wake failed\n");
+		return 1;
 	}
 	for (int i = 0; i < ntasks; i++) {
 		int wstatus;

@@ -18,7 +18,7 @@
  *
  *   pagetag [-m bytes] [-p passes] [-t threads] [-P processes]
  */
-#define _GNU_SOURCE
+#include "common.h"
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
@@ -107,29 +107,6 @@ static int usage(void)
 	return 2;
 }
 
-/* A size or count option: decimal or 0x hex, with an optional K, M or G. */
-static int parse(const char *text, uint64_t min, uint64_t max, uint64_t *out)
-{
-	char *end;
-	unsigned long long v = strtoull(text, &end, 0);
-	switch (*end) {
-	case 'K': v <<= 10; end++; break;
-	case 'M': v <<= 20; end++; break;
-	case 'G': v <<= 30; end++; break;
-	default: break;
-	}
-	if (end == text || *end || v < min || v > max)
-		return -1;
-	*out = v;
-	return 0;
-}
-
-static int ncpus(void)
-{
-	long n = sysconf(_SC_NPROCESSORS_ONLN);
-	return n > 0 ? (int)n : 1;
-}
-
 static int tag_array(uint64_t bytes, uint64_t passes, uint64_t threads)
 {
 	uint64_t pages = bytes / PAGE;
@@ -175,10 +152,7 @@ static int run_processes(uint64_t procs, uint64_t bytes, uint64_t passes, uint64
 	for (uint64_t i = 0; i < procs; i++) {
 		pids[i] = fork();
 		if (pids[i] == 0) {
-			cpu_set_t set;
-			CPU_ZERO(&set);
-			CPU_SET((int)(i % (uint64_t)ncpus()), &set);
-			sched_setaffinity(0, sizeof(set), &set);
+			pin_to_cpu((int)(i % (uint64_t)online_cpus()));
 			int status = tag_array(bytes, passes, threads);
 			fflush(stdout);
 			_exit(status);
@@ -197,15 +171,15 @@ static int run_processes(uint64_t procs, uint64_t bytes, uint64_t passes, uint64
 
 int main(int argc, char **argv)
 {
-	uint64_t bytes = 16ULL << 20, passes = 3, threads = (uint64_t)ncpus(), procs = 0;
+	uint64_t bytes = 16ULL << 20, passes = 3, threads = (uint64_t)online_cpus(), procs = 0;
 	int opt;
 	while ((opt = getopt(argc, argv, "m:p:t:P:")) != -1) {
 		int rc = -1;
 		switch (opt) {
-		case 'm': rc = parse(optarg, PAGE, 1ULL << 40, &bytes); break;
-		case 'p': rc = parse(optarg, 1, UINT32_MAX, &passes); break;
-		case 't': rc = parse(optarg, 1, MAX_THREADS, &threads); break;
-		case 'P': rc = parse(optarg, 1, MAX_THREADS, &procs); break;
+		case 'm': rc = parse_size(optarg, PAGE, 1ULL << 40, &bytes); break;
+		case 'p': rc = parse_size(optarg, 1, UINT32_MAX, &passes); break;
+		case 't': rc = parse_size(optarg, 1, MAX_THREADS, &threads); break;
+		case 'P': rc = parse_size(optarg, 1, MAX_THREADS, &procs); break;
 		default: break;
 		}
 		if (rc != 0)

@@ -9,29 +9,13 @@
 #include "ulib.h"
 #include "../include/apfcalc_core.h"
 
-struct job {
-    volatile uint64_t *array;
-    uint64_t words, stride_words, loops;
-    uint64_t elapsed_ns;
-    volatile int done;
-};
-
-struct calc {
-    const struct job *job;
-    volatile uint64_t count;
-};
-
 static int writer_thread(void *arg) {
-    struct job *j = arg;
-    uint64_t start = time_ns();
-    apfcalc_write(j->array, j->words, j->stride_words, j->loops);
-    j->elapsed_ns = time_ns() - start;
-    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+    apfcalc_writer(arg, time_ns);
     return 0;
 }
 
 static int calc_thread(void *arg) {
-    struct calc *c = arg;
+    struct apfcalc_calc *c = arg;
     apfcalc_count(&c->job->done, &c->count);
     return 0;
 }
@@ -65,15 +49,15 @@ int apfcalc_main(int argc, char **argv) {
         if (rc != 0)
             return usage();
     }
-    static struct job job;
-    static struct calc calc;
-    job = (struct job){.words = bytes / 8, .stride_words = stride / 8, .loops = loops};
+    static struct apfcalc_job job;
+    static struct apfcalc_calc calc;
+    job = (struct apfcalc_job){.words = bytes / 8, .stride_words = stride / 8, .loops = loops};
     job.array = mmap_anon(bytes);
     if (!job.array) {
         eprintf("apfcalc: cannot map %lu bytes: not enough guest memory\n", bytes);
         return 1;
     }
-    calc = (struct calc){.job = &job};
+    calc = (struct apfcalc_calc){.job = &job};
     printf("apfcalc: writer over %lu MiB, stride %lu, %lu loops, %s, %d cpus\n", bytes >> 20, stride, loops,
            with_calc ? "with a calculation thread" : "alone", ncpus());
     int calc_tid = with_calc ? spawn(calc_thread, &calc) : 0;

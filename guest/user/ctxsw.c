@@ -58,18 +58,11 @@ int ctxsw_main(int argc, char **argv) {
         printf("ctxsw: spawn failed: %d\n", tid);
         return 1;
     }
-    char c = 'x';
-    /* The first round is a warm-up: both stacks and buffers get faulted in. */
-    uint64_t start = 0;
-    for (uint64_t i = 0; i < rounds; i++) {
-        if (i == 1)
-            start = time_ns();
-        if (write(p.ping[1], &c, 1) != 1 || read(p.pong[0], &c, 1) != 1) {
-            printf("ctxsw: pipe i/o failed\n");
-            return 1;
-        }
+    uint64_t elapsed;
+    if (ctxsw_ping(p.ping[1], p.pong[0], rounds, time_ns, &elapsed)) {
+        printf("ctxsw: pipe i/o failed\n");
+        return 1;
     }
-    uint64_t elapsed = time_ns() - start;
     int rc = wait_thread(tid);
     uint64_t switches = 2 * (rounds - 1);
     uint64_t ns_x100 = elapsed * 100 / switches;

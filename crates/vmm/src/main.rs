@@ -329,7 +329,7 @@ pub struct ApfCalcBenchArgs {
     #[arg(long, value_parser = parse_size)]
     mem: Option<u64>,
     /// The writer's memory (default: 1.25x host memory; with --guest
-    /// linux, 3/4 of it).
+    /// linux, host memory).
     #[arg(long, value_parser = parse_size)]
     array: Option<u64>,
     /// Times the writer writes all of it.

@@ -461,7 +461,7 @@ fn bench_apf_calc_in_linux_runs_the_seeds_four_cases() {
             "--host-mem",
             "48M",
             "--mem",
-            "96M",
+            "128M",
             "--array",
             "40M",
             "--loops",
