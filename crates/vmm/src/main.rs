@@ -322,14 +322,15 @@ pub struct ApfCalcBenchArgs {
     #[command(flatten)]
     common: BenchCommon,
     /// Host memory for guest pages (the container limit; default 16M,
-    /// 64M with --guest linux, whose own working set is larger).
+    /// 48M with --guest linux, whose own working set is larger).
     #[arg(long, value_parser = parse_size)]
     host_mem: Option<u64>,
-    /// Guest memory (default: 2x host memory, as the seed).
+    /// Guest memory (default: 2x host memory, as the seed; with --guest
+    /// linux 8/3x, room for Linux's own 55 MiB).
     #[arg(long, value_parser = parse_size)]
     mem: Option<u64>,
     /// The writer's memory (default: 1.25x host memory; with --guest
-    /// linux, host memory).
+    /// linux 4/3x).
     #[arg(long, value_parser = parse_size)]
     array: Option<u64>,
     /// Times the writer writes all of it.

@@ -18,7 +18,7 @@ pub const SEED_002_WITHOUT_CALC_PCT: f64 = 3.0;
 /// Host memory by default: the project's guest, and Linux (whose own
 /// working set, the kernel and page cache, does not fit in 16 MiB).
 const DEFAULT_HOST_MEM: u64 = 16 << 20;
-const DEFAULT_HOST_MEM_LINUX: u64 = 64 << 20;
+const DEFAULT_HOST_MEM_LINUX: u64 = 48 << 20;
 
 pub struct ApfCalcBench {
     args: ApfCalcBenchArgs,
@@ -40,12 +40,19 @@ impl Bench for ApfCalcBench {
         } else {
             DEFAULT_HOST_MEM
         });
-        let mem = args.mem.unwrap_or(host_mem.saturating_mul(2));
         // Linux keeps about 55 MiB of guest memory for itself (its kernel,
-        // the unpacked initramfs, init): the writer gets host memory's
-        // worth, which fits beside it in twice that.
-        let array = args.array.unwrap_or(if guest.is_linux() {
-            host_mem
+        // the unpacked initramfs, init): 8/3 of host memory for the guest
+        // and 4/3 for the writer (128 and 64 MiB by default) leave it that
+        // and still put the writer beyond host memory, as the seed's
+        // writer of "all the available memory" was.
+        let linux = guest.is_linux();
+        let mem = args.mem.unwrap_or(if linux {
+            host_mem / 3 * 8
+        } else {
+            host_mem.saturating_mul(2)
+        });
+        let array = args.array.unwrap_or(if linux {
+            host_mem / 3 * 4
         } else {
             host_mem / 4 * 5
         });
