@@ -373,6 +373,16 @@ fn bench_linux_json(image: &std::path::Path, args: &[&str]) -> serde_json::Value
     v
 }
 
+/// The row of a `bench ctxsw` or `bench hackbench` JSON named `name`.
+fn result_row<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["config"] == name)
+        .unwrap_or_else(|| panic!("no row {name}: {v}"))
+}
+
 /// `bench ctxsw --guest linux` and `bench hackbench --guest linux` at a
 /// small scale: the Linux builds run under EPT, shadow and shadow with
 /// prev_roots (and nothing else: the CR3 cache needs faultline's guest,
@@ -399,16 +409,7 @@ fn bench_ctxsw_and_hackbench_in_linux_run_under_ept_shadow_and_prev_roots() {
             .collect();
         assert_eq!(rows, ["ept", "shadow", "shadow-prev-roots"], "{v}");
         assert!(v["not_run"].as_str().unwrap().contains("CR3 cache"), "{v}");
-        let row = |name: &str| {
-            v["results"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|r| r["config"] == name)
-                .unwrap()
-                .clone()
-        };
-        let count = |name: &str, key: &str| row(name)[key].as_u64().unwrap();
+        let count = |name: &str, key: &str| result_row(v, name)[key].as_u64().unwrap();
         assert_eq!(count("ept", "cr3_exits"), 0, "{v}");
         assert_eq!(count("ept", "roots_built"), 0, "{v}");
         for shadow in ["shadow", "shadow-prev-roots"] {
@@ -417,16 +418,8 @@ fn bench_ctxsw_and_hackbench_in_linux_run_under_ept_shadow_and_prev_roots() {
         }
     }
     // prev_roots makes a CR3 switch cheaper (no root lookup), never dearer.
-    let figure = |v: &serde_json::Value, name: &str, key: &str| {
-        v["results"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["config"] == name)
-            .unwrap()[key]
-            .as_f64()
-            .unwrap()
-    };
+    let figure =
+        |v: &serde_json::Value, name: &str, key: &str| result_row(v, name)[key].as_f64().unwrap();
     assert!(
         figure(&ctxsw, "shadow-prev-roots", "switch_us") <= figure(&ctxsw, "shadow", "switch_us"),
         "{ctxsw}"
