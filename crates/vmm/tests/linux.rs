@@ -388,7 +388,7 @@ fn result_row<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value
 /// prev_roots (and nothing else: the CR3 cache needs faultline's guest,
 /// which the output says), report their figures, and the MMU counters
 /// show what each row is: no CR3 exits under EPT, CR3 exits and shadow
-/// roots under shadow paging, switches no dearer with prev_roots.
+/// roots under shadow paging, ctxsw's switches no dearer with prev_roots.
 #[test]
 fn bench_ctxsw_and_hackbench_in_linux_run_under_ept_shadow_and_prev_roots() {
     let Some(image) = linux_image() else { return };
@@ -417,18 +417,11 @@ fn bench_ctxsw_and_hackbench_in_linux_run_under_ept_shadow_and_prev_roots() {
             assert!(count(shadow, "roots_built") > 0, "{shadow}: {v}");
         }
     }
-    // prev_roots makes a CR3 switch cheaper (no root lookup), never dearer.
-    let figure =
-        |v: &serde_json::Value, name: &str, key: &str| result_row(v, name)[key].as_f64().unwrap();
-    assert!(
-        figure(&ctxsw, "shadow-prev-roots", "switch_us") <= figure(&ctxsw, "shadow", "switch_us"),
-        "{ctxsw}"
-    );
-    assert!(
-        figure(&hackbench, "shadow-prev-roots", "seconds")
-            <= figure(&hackbench, "shadow", "seconds"),
-        "{hackbench}"
-    );
+    // prev_roots makes a CR3 switch cheaper (no root lookup), never
+    // dearer: ctxsw's ping-pong on one vCPU switches as often in both rows.
+    // (Not hackbench's: on two vCPUs the rows schedule differently.)
+    let us = |name: &str| result_row(&ctxsw, name)["switch_us"].as_f64().unwrap();
+    assert!(us("shadow-prev-roots") <= us("shadow"), "{ctxsw}");
     for r in ctxsw["results"].as_array().unwrap() {
         let us = r["switch_us"].as_f64().unwrap();
         assert!(us > 0.1 && us < 1000.0, "{r}");
