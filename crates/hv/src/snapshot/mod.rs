@@ -54,7 +54,7 @@ pub enum SnapshotError {
         needed: u64,
         have: u64,
     },
-    #[error("snapshot has {found} sections, version 1 has {expected}")]
+    #[error("snapshot has {found} sections, version 2 has {expected}")]
     SectionCount { found: u32, expected: u32 },
     #[error("unknown snapshot section kind {0}")]
     UnknownSection(u32),
@@ -232,6 +232,11 @@ struct VmState {
     vcpus: Vec<VcpuState>,
     /// Per vCPU: the end of the host-CPU slice it holds, first in line.
     host_cpus: Option<(Vec<Option<u64>>, Vec<bool>)>,
+    /// EPT: the RAM pages mapped at the save, `(gfn, leaf spte without
+    /// its host address)`, gfns increasing. A restore maps them again
+    /// (uncharged) so the guest does not pay refaults the saved VM never
+    /// made: a restore leaves the guest's timing as it was.
+    ept: Vec<(u64, u64)>,
 }
 
 fn options() -> impl Options {
@@ -517,10 +522,99 @@ impl Vm {
             host_cpus: self.sched.host_cpu_state().map(|(holding, boosted)| {
                 (holding.iter().map(|h| h.map(|c| c.0)).collect(), boosted)
             }),
+            ept: self.ept_leaves(),
         };
         options()
             .serialize(&state)
             .map_err(|e| SnapshotError::Unsupported(format!("encoding the state: {e}")))
+    }
+
+    /// The RAM pages the EPT maps, with their leaf bits (empty under
+    /// shadow paging, whose sptes a restore rebuilds from the guest's page
+    /// tables as it refaults).
+    fn ept_leaves(&self) -> Vec<(u64, u64)> {
+        let host = &self.shared.host;
+        if host.mmu.mode != MmuMode::Ept {
+            return Vec::new();
+        }
+        let Some(slot) = host.slots.get(RAM_SLOT) else {
+            return Vec::new();
+        };
+        let resident = (0..slot.npages)
+            .filter(|&i| matches!(slot.state_at(i), crate::memslot::PageState::Resident(_)))
+            .map(|i| slot.gfn_at(i));
+        host.mmu
+            .leaf_bits(&host.mem, &host.costs, resident)
+            .into_iter()
+            .map(|(gfn, bits)| (gfn.0, bits))
+            .collect()
+    }
+
+    /// Maps the saved EPT leaves `ept` again, for the pages resident here
+    /// (a lazy restore's, a post-copy's still-`remote` and pages a smaller
+    /// `--host-mem` evicted while loading fault in as they would have).
+    /// Every entry is checked: gfns increasing inside RAM, the bits those
+    /// of a present 4 KiB leaf the MMU could have made.
+    fn restore_ept(&mut self, ept: &[(u64, u64)], remote: &[u64]) -> Result<(), SnapshotError> {
+        use crate::mmu::spte;
+        let npages = self.mem_size() / PAGE_SIZE;
+        if !ept.is_empty() && self.shared.host.mmu.mode != MmuMode::Ept {
+            return Err(SnapshotError::Invalid(
+                "EPT mappings in a shadow-paging snapshot".into(),
+            ));
+        }
+        let mut previous = None;
+        for &(gfn, bits) in ept {
+            let host = &mut self.shared.host;
+            let invalid = |why: &str| {
+                Err(SnapshotError::Invalid(format!(
+                    "EPT leaf of gfn {gfn:#x} ({bits:#x}): {why}"
+                )))
+            };
+            if gfn >= npages || previous.is_some_and(|p| p >= gfn) {
+                return invalid("outside guest RAM or out of order");
+            }
+            previous = Some(gfn);
+            if bits & spte::ADDR_MASK != 0 || bits & spte::HUGE != 0 {
+                return invalid("address bits or a large page");
+            }
+            if !spte::is_present(bits)
+                || bits & spte::READ == 0
+                || !spte::writable_bits_consistent(bits)
+            {
+                return invalid("not a leaf the MMU makes");
+            }
+            let state = |host: &crate::host::Host| {
+                host.slots
+                    .get(RAM_SLOT)
+                    .map(|slot| slot.state(machine::Gfn(gfn)))
+            };
+            if remote.binary_search(&gfn).is_ok() {
+                continue;
+            }
+            if matches!(state(host), Some(crate::memslot::PageState::Untouched)) {
+                // A page the guest touched that reads as zero (the memory
+                // section leaves those out): touched again here, as it
+                // was, rather than at the guest's cost.
+                self.shared
+                    .write_guest(Gpa(gfn * PAGE_SIZE), &[0; PAGE_SIZE as usize])?;
+            }
+            let host = &mut self.shared.host;
+            let Some(crate::memslot::PageState::Resident(frame)) = state(host) else {
+                continue;
+            };
+            host.mmu
+                .restore_leaf(
+                    &host.mem,
+                    &mut host.frames,
+                    machine::Gfn(gfn),
+                    frame,
+                    bits,
+                    &host.costs,
+                )
+                .map_err(|e| SnapshotError::Unsupported(format!("rebuilding the EPT: {e}")))?;
+        }
+        Ok(())
     }
 
     /// The configuration the VM was built with, as saved.
@@ -555,6 +649,16 @@ impl Vm {
     /// run on from the saved virtual time. Everything is checked; a bad
     /// snapshot is an error, never a panic.
     pub fn restore(bytes: &[u8], options: &RestoreOptions) -> Result<Vm, SnapshotError> {
+        Vm::restore_with_remote(bytes, options, &[])
+    }
+
+    /// [`Vm::restore`], with the gfns `remote` (a post-copy's pages still
+    /// at the source, increasing) left out of the EPT it rebuilds.
+    fn restore_with_remote(
+        bytes: &[u8],
+        options: &RestoreOptions,
+        remote: &[u64],
+    ) -> Result<Vm, SnapshotError> {
         let (state, memory) = decode_state(bytes)?;
         let config = state.config.to_config(options)?;
         let npages = config.mem_size / PAGE_SIZE;
@@ -593,6 +697,9 @@ impl Vm {
             }
         }
         vm.carry_out_cross_requests();
+        if !options.lazy {
+            vm.restore_ept(&state.ept, remote)?;
+        }
         vm.shared.wall_clock = WallClock {
             boot_ns: config.wall_clock_at_boot_ns,
             ..state.wall_clock
@@ -690,7 +797,7 @@ impl Vm {
         remote: &[u64],
         source: Box<dyn crate::pager::PageSource>,
     ) -> Result<Vm, SnapshotError> {
-        let mut vm = Vm::restore(bytes, options)?;
+        let mut vm = Vm::restore_with_remote(bytes, options, remote)?;
         let npages = vm.mem_size() / PAGE_SIZE;
         let mut previous = None;
         for &gfn in remote {
