@@ -340,6 +340,15 @@ impl Mmu {
         .collect()
     }
 
+    /// The EPTP of the current generation's root, if there is one.
+    pub fn current_eptp(&self, costs: &HvCosts) -> Option<u64> {
+        let inner = self.hold(Timed::Untimed, costs);
+        let id = inner
+            .roots
+            .find_valid(PageRole::TDP_ROOT, self.generation())?;
+        Some(inner.roots.get(id)?.eptp(self.options.ept_ad).0)
+    }
+
     /// Maps `gfn` to `frame` with the saved leaf `bits` (from
     /// [`Mmu::leaf_bits`], checked by the caller) in the current
     /// generation's root, made if missing: a restore rebuilding the EPT
