@@ -660,6 +660,7 @@ impl Tlb {
         for saved in &image.entries {
             let index = saved.index as usize;
             if index >= self.entries.len() || saved.tag & tag::VALID == 0 {
+                self.flush_all();
                 return Err(format!("TLB entry {index} is not a valid place"));
             }
             let mut entry = *saved;
@@ -702,5 +703,72 @@ impl Tlb {
     /// Where [`Self::epoch`] lives (the translator compares it inline).
     pub(crate) fn epoch_address(&self) -> usize {
         &self.epoch as *const u64 as usize
+    }
+}
+
+#[cfg(test)]
+mod image_tests {
+    use super::*;
+
+    fn entry(index: u32, vpn: u64) -> TlbImageEntry {
+        TlbImageEntry {
+            index,
+            tag: tag::VALID | vpn,
+            eptp: 0,
+            data: 0x5000 | data::EPT_READ,
+        }
+    }
+
+    #[test]
+    fn an_image_loads_where_it_was_and_checks_its_places() {
+        let config = TlbConfig {
+            entries: 64,
+            ways: 4,
+        };
+        let mut tlb = Tlb::new(config);
+        let sets = tlb.recently_used.len();
+        // Page 5 belongs to set 5: ways 20..24.
+        let image = TlbImage {
+            entries: vec![entry(21, 5)],
+            recently_used: vec![0b10; sets],
+        };
+        let epoch = tlb.epoch();
+        tlb.load_image(&image, |e| {
+            e.set_hpa(Hpa(0x9000));
+            true
+        })
+        .expect("fits");
+        assert_ne!(tlb.epoch(), epoch, "the hints must be invalidated");
+        let again = tlb.image();
+        assert_eq!(again.entries.len(), 1);
+        assert_eq!(again.entries[0].index, 21);
+        assert_eq!(again.entries[0].hpa(), Hpa(0x9000));
+        assert_eq!(again.recently_used, image.recently_used);
+        // Refused by the caller: left out.
+        tlb.load_image(&image, |_| false).expect("fits");
+        assert_eq!(tlb.occupancy(), 0);
+        // The wrong set, a place past the TLB, the wrong geometry, ways
+        // that do not exist: errors, and the TLB is left empty.
+        for bad in [
+            TlbImage {
+                entries: vec![entry(0, 5)],
+                ..image.clone()
+            },
+            TlbImage {
+                entries: vec![entry(21, 5), entry(64, 5)],
+                ..image.clone()
+            },
+            TlbImage {
+                entries: vec![],
+                recently_used: vec![0; sets + 1],
+            },
+            TlbImage {
+                entries: vec![],
+                recently_used: vec![1 << 4; sets],
+            },
+        ] {
+            assert!(tlb.load_image(&bad, |_| true).is_err(), "{bad:?}");
+            assert_eq!(tlb.occupancy(), 0);
+        }
     }
 }
