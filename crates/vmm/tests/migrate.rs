@@ -104,6 +104,30 @@ fn console(v: &serde_json::Value) -> &str {
     v["console"].as_str().expect("console")
 }
 
+/// Two runs of one migration printed the same figures: the source's
+/// migration report (but the destination's address, a free port each
+/// time), the destination's output, virtual time and post-copy figures.
+fn assert_same_figures(first: &Migration, second: &Migration, what: &str) {
+    let mut a = first.source["migration"].clone();
+    let mut b = second.source["migration"].clone();
+    a["to"] = serde_json::Value::Null;
+    b["to"] = serde_json::Value::Null;
+    assert_eq!(a, b, "the same {what} migration printed other figures");
+    assert_eq!(
+        console(&first.destination),
+        console(&second.destination),
+        "{what}"
+    );
+    assert_eq!(
+        first.destination["virtual_cycles"], second.destination["virtual_cycles"],
+        "{what}"
+    );
+    assert_eq!(
+        first.destination["postcopy"], second.destination["postcopy"],
+        "{what}"
+    );
+}
+
 #[test]
 fn pagetag_migrates_with_0_bad_pages_and_overcommit_on_either_side() {
     // Overcommitted at the source, at the destination, at both.
@@ -179,18 +203,8 @@ fn bm_migrates_over_several_rounds_and_repeats_its_figures() {
     assert!(report["final_pages"].as_u64().unwrap() > 0, "{report}");
     assert!(report["downtime_ms"].as_f64().unwrap() > 0.0, "{report}");
     assert!(console(&first.destination).contains("total: "));
-    let mut a = first.source["migration"].clone();
-    let mut b = second.source["migration"].clone();
-    // The address is the only thing that differs (a free port each time).
-    a["to"] = serde_json::Value::Null;
-    b["to"] = serde_json::Value::Null;
-    assert_eq!(a, b, "the same migration printed other figures");
+    assert_same_figures(&first, &second, "pre-copy");
     assert_eq!(console(&first.source), console(&second.source));
-    assert_eq!(console(&first.destination), console(&second.destination));
-    assert_eq!(
-        first.destination["virtual_cycles"],
-        second.destination["virtual_cycles"]
-    );
 }
 
 #[test]
@@ -574,77 +588,118 @@ fn the_same_postcopy_migration_repeats_its_figures() {
     let first = migrate(&args, "100ms", &extra, &[], &SMALL_PAGETAG);
     let second = migrate(&args, "100ms", &extra, &[], &SMALL_PAGETAG);
     postcopy_happened(&first, "first");
-    let mut a = first.source["migration"].clone();
-    let mut b = second.source["migration"].clone();
-    a["to"] = serde_json::Value::Null;
-    b["to"] = serde_json::Value::Null;
-    assert_eq!(a, b, "the same migration printed other figures");
-    assert_eq!(
-        first.destination["postcopy"],
-        second.destination["postcopy"]
-    );
-    assert_eq!(console(&first.destination), console(&second.destination));
-    assert_eq!(
-        first.destination["virtual_cycles"],
-        second.destination["virtual_cycles"]
-    );
+    assert_same_figures(&first, &second, "post-copy");
     assert_eq!(first.destination["apf"], second.destination["apf"]);
 }
 
+/// A hybrid migration's options: at most two pre-copy rounds on a link
+/// of `bandwidth` with a downtime limit of `limit`, then post-copy.
+fn hybrid<'a>(bandwidth: &'a str, limit: &'a str) -> [&'a str; 8] {
+    [
+        "--migrate-mode",
+        "hybrid",
+        "--max-rounds",
+        "2",
+        "--link-bandwidth",
+        bandwidth,
+        "--downtime-limit",
+        limit,
+    ]
+}
+
+/// The hybrid matrix: EPT and shadow paging, each `--apf` mode, both
+/// async-PF protocols, and `--host-mem` overcommit at the source only, at
+/// the destination only, on both sides and on neither (the acceptance's
+/// matrix; post-copy and pre-copy have theirs above). Each case is small:
+/// two pre-copy rounds on a slow link, then post-copy.
 #[test]
-fn pagetag_survives_hybrid_migration() {
-    for (mmu, apf) in [("ept", "pv"), ("shadow", "halt")] {
-        let mut args = SMALL_OVERCOMMIT.to_vec();
-        args.extend_from_slice(&["--mmu", mmu, "--apf", apf]);
-        // A slow link and a tight limit: two pre-copy rounds, then the
-        // pages dirtied meanwhile go by post-copy.
-        let extra = [
-            "--migrate-mode",
-            "hybrid",
-            "--max-rounds",
-            "2",
-            "--link-bandwidth",
-            "256M",
-            "--downtime-limit",
-            "1ms",
-        ];
-        let m = migrate(
-            &args,
-            "100ms",
-            &extra,
+fn pagetag_survives_hybrid_migration_across_the_matrix() {
+    const NOT_OVERCOMMITTED: [&str; 6] = ["--vcpus", "2", "--mem", "48M", "--swap-device", "nvme"];
+    // The destination's `--host-mem`: 48M is the whole guest (no
+    // overcommit there), 8M overcommits it, none keeps the source's.
+    let cases: [Case; 8] = [
+        ("ept", "pv", "x86", &SMALL_OVERCOMMIT, &[]),
+        (
+            "ept",
+            "pv",
+            "event",
+            &NOT_OVERCOMMITTED,
+            &["--host-mem", "8M"],
+        ),
+        (
+            "ept",
+            "halt",
+            "x86",
+            &SMALL_OVERCOMMIT,
             &["--host-mem", "48M"],
-            &SMALL_PAGETAG,
-        );
+        ),
+        ("ept", "off", "event", &NOT_OVERCOMMITTED, &[]),
+        ("shadow", "pv", "event", &SMALL_OVERCOMMIT, &[]),
+        (
+            "shadow",
+            "pv",
+            "x86",
+            &SMALL_OVERCOMMIT,
+            &["--host-mem", "48M"],
+        ),
+        (
+            "shadow",
+            "halt",
+            "event",
+            &NOT_OVERCOMMITTED,
+            &["--host-mem", "8M"],
+        ),
+        ("shadow", "off", "x86", &NOT_OVERCOMMITTED, &[]),
+    ];
+    for (mmu, apf, protocol, args, dest) in cases {
+        let mut args = args.to_vec();
+        args.extend_from_slice(&["--mmu", mmu, "--apf", apf, "--apf-protocol", protocol]);
+        // A slow link and a tight limit: two pre-copy rounds, then the
+        // pages dirtied meanwhile go by post-copy. Without overcommit the
+        // guest runs 9 ms in all: earlier, on a faster link with a tighter
+        // limit (two rounds of ~1,500 pages, then ~300 by post-copy), or
+        // it ends during pre-copy.
+        let (at, bandwidth, limit) = if args.contains(&"8M") {
+            ("100ms", "256M", "1ms")
+        } else {
+            ("2ms", "4G", "100us")
+        };
+        let extra = hybrid(bandwidth, limit);
+        let what = format!("{mmu} {apf} {protocol} {args:?} -> {dest:?}");
+        let m = migrate(&args, at, &extra, dest, &SMALL_PAGETAG);
         let out = console(&m.destination);
-        assert!(out.contains(" 0 bad pages"), "{mmu} {apf}: {out}");
+        assert!(out.contains(" 0 bad pages"), "{what}: {out}");
+        assert!(
+            console(&m.source).contains("smp: 2 cpu(s) online"),
+            "{what}"
+        );
+        assert!(!out.contains("smp: 2 cpu(s) online"), "{what}: {out}");
+        assert_eq!(m.destination["mmu"], mmu, "{what}");
         let src = &m.source["migration"];
-        assert_eq!(src["mode"], "hybrid", "{src}");
-        assert_eq!(src["rounds"], 2, "{src}");
+        assert_eq!(src["mode"], "hybrid", "{what}: {src}");
+        assert_eq!(src["rounds"], 2, "{what}: {src}");
         let after = src["postcopy"]["pages"].as_u64().unwrap();
-        assert!(after > 0, "{src}");
-        assert!(src["pages_sent"].as_u64().unwrap() > after, "{src}");
-        assert_eq!(m.destination["postcopy"]["pages"].as_u64(), Some(after));
-        if mmu == "ept" {
-            // The same hybrid migration again: the same figures.
-            let again = migrate(
-                &args,
-                "100ms",
-                &extra,
-                &["--host-mem", "48M"],
-                &SMALL_PAGETAG,
-            );
-            let mut a = m.source["migration"].clone();
-            let mut b = again.source["migration"].clone();
-            a["to"] = serde_json::Value::Null;
-            b["to"] = serde_json::Value::Null;
-            assert_eq!(a, b, "the same hybrid migration printed other figures");
-            assert_eq!(m.destination["postcopy"], again.destination["postcopy"]);
-            assert_eq!(
-                m.destination["virtual_cycles"],
-                again.destination["virtual_cycles"]
-            );
-        }
+        assert!(after > 0, "{what}: {src}");
+        assert!(src["pages_sent"].as_u64().unwrap() > after, "{what}: {src}");
+        assert_eq!(
+            m.destination["postcopy"]["pages"].as_u64(),
+            Some(after),
+            "{what}"
+        );
     }
+}
+
+#[test]
+fn the_same_hybrid_migration_repeats_its_figures() {
+    let mut args = SMALL_OVERCOMMIT.to_vec();
+    args.extend_from_slice(&["--apf", "pv"]);
+    let extra = hybrid("256M", "1ms");
+    let dest = ["--host-mem", "48M"];
+    let m = migrate(&args, "100ms", &extra, &dest, &SMALL_PAGETAG);
+    let again = migrate(&args, "100ms", &extra, &dest, &SMALL_PAGETAG);
+    assert!(console(&m.destination).contains(" 0 bad pages"));
+    assert!(m.source["migration"]["postcopy"]["pages"].as_u64() > Some(0));
+    assert_same_figures(&m, &again, "hybrid");
 }
 
 /// A TCP proxy in front of `to` (the test's way to cut a connection):

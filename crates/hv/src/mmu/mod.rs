@@ -295,6 +295,95 @@ impl Mmu {
     }
 }
 
+/// Why a restore could not map a saved EPT leaf.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreLeafError {
+    #[error("{0}")]
+    Root(#[from] RootError),
+    #[error("{0}")]
+    Tables(#[from] tdp::TdpError),
+    #[error("EPT leaf outside host memory: {0:?}")]
+    Memory(machine::MemError),
+}
+
+impl From<machine::MemError> for RestoreLeafError {
+    fn from(e: machine::MemError) -> Self {
+        RestoreLeafError::Memory(e)
+    }
+}
+
+impl Mmu {
+    /// The leaf sptes of the current generation's root among `gfns`, each
+    /// as `(gfn, spte without its host address)`: what a snapshot keeps
+    /// of the EPT so a restore maps the same pages with the same bits
+    /// (`docs/migration.md`, "What a restore rebuilds").
+    pub fn leaf_bits(
+        &self,
+        mem: &PhysMemory,
+        costs: &HvCosts,
+        gfns: impl Iterator<Item = Gfn>,
+    ) -> Vec<(Gfn, u64)> {
+        let inner = self.hold(Timed::Untimed, costs);
+        let Some(pml4) = inner
+            .roots
+            .find_valid(PageRole::TDP_ROOT, self.generation())
+            .and_then(|id| inner.roots.get(id))
+            .map(|root| root.pml4)
+        else {
+            return Vec::new();
+        };
+        gfns.filter_map(|gfn| {
+            let at = tdp::find_leaf(mem, pml4, gfn).ok()??;
+            let leaf = tdp::read_spte(mem, at).ok()?;
+            spte::is_present(leaf).then_some((gfn, leaf & !spte::ADDR_MASK))
+        })
+        .collect()
+    }
+
+    /// The EPTP of the current generation's root, if there is one.
+    pub fn current_eptp(&self, costs: &HvCosts) -> Option<u64> {
+        let inner = self.hold(Timed::Untimed, costs);
+        let id = inner
+            .roots
+            .find_valid(PageRole::TDP_ROOT, self.generation())?;
+        Some(inner.roots.get(id)?.eptp(self.options.ept_ad).0)
+    }
+
+    /// Maps `gfn` to `frame` with the saved leaf `bits` (from
+    /// [`Mmu::leaf_bits`], checked by the caller) in the current
+    /// generation's root, made if missing: a restore rebuilding the EPT
+    /// the saved VM had. Untimed and uncharged (no vCPU faulted), so the
+    /// restored guest does not pay refaults the saved one never made.
+    pub fn restore_leaf(
+        &self,
+        mem: &PhysMemory,
+        frames: &mut FrameAllocator,
+        gfn: Gfn,
+        frame: machine::Hfn,
+        bits: u64,
+        costs: &HvCosts,
+    ) -> Result<(), RestoreLeafError> {
+        let mut inner = self.hold(Timed::Untimed, costs);
+        let generation = self.generation();
+        let MmuInner {
+            roots,
+            headers,
+            rmap,
+            ..
+        } = &mut *inner;
+        let id = match roots.find_valid(PageRole::TDP_ROOT, generation) {
+            Some(id) => id,
+            None => roots.create(mem, frames, headers, PageRole::TDP_ROOT, generation)?,
+        };
+        let root = roots.get(id).expect("found or made above");
+        let mut work = tdp::WalkWork::default();
+        let leaf = tdp::leaf_for(mem, frames, headers, root, gfn, &mut work)?;
+        tdp::write_spte(mem, leaf, (bits & !spte::ADDR_MASK) | frame.addr().0)?;
+        rmap.add(frame, leaf);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 impl Mmu {
     /// Sets `bits` in the leaf spte of `gfn`, as the CPU's A/D updates do.

@@ -6,7 +6,7 @@
 //! section  kind u32 | length u64 | crc32 u32 | payload (length bytes)
 //! ```
 //!
-//! All integers little-endian. Version 1 has exactly two sections, in this
+//! All integers little-endian. Version 2 has exactly two sections, in this
 //! order: [`SectionKind::State`] (the VM's state, bincode) and
 //! [`SectionKind::Memory`] (guest pages: a count u64, then per page its
 //! gfn u64 and 4096 bytes, gfns strictly increasing, pages that read as
@@ -19,7 +19,7 @@ use super::SnapshotError;
 /// The first eight bytes of a snapshot.
 pub const MAGIC: [u8; 8] = *b"FLTSNAP\0";
 /// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 16;
 /// Bytes of a section header.

@@ -8,11 +8,14 @@
 //! steal time, xAPIC registers, async-PF state, counters), the devices
 //! (COM1 with its unread input, IOAPIC, fw_cfg cursor), the HC_REPORT
 //! lines, the virtual clock, the host-CPU assignment, and guest memory,
-//! swapped pages included. What is rebuilt instead is host-side model
-//! state no guest can observe: the MMU (empty: every page refaults), the
-//! TLBs and decoded-code caches (empty), the pager's residency and the
-//! swap device's queue (the pages are written back in gfn order at
-//! restore), the `mmu_lock` timeline. Outstanding async page faults are
+//! swapped pages included. Under EPT the MMU's leaves and each vCPU's TLB
+//! are saved too (re-pointed at the restoring VM's frames and root), so
+//! the restored guest pays no refault or walk the saved one never made:
+//! its timing is the uninterrupted run's. What is rebuilt instead is
+//! host-side model state: shadow paging's pages (they refault) and TLB
+//! (flushed), the first-level TLB and decoded-code caches (empty), the
+//! pager's residency and the swap device's queue (the pages are written
+//! back in gfn order at restore), the `mmu_lock` timeline. Outstanding async page faults are
 //! host I/O and do not move: the restored VM wakes every guest waiter
 //! (KVM's wake-all after migration, seed 000) and a vCPU that was waiting
 //! for a page retries its access.
@@ -37,6 +40,7 @@ use crate::vm::{Report, Vm, VmConfig, RAM_SLOT};
 use bincode::Options;
 use machine::addr::PAGE_SIZE;
 use machine::cpu::snapshot::{CpuSnapshot, CpuSnapshotError};
+use machine::mmu::tlb::TlbImage;
 use machine::{Gpa, NamedCosts};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -54,7 +58,7 @@ pub enum SnapshotError {
         needed: u64,
         have: u64,
     },
-    #[error("snapshot has {found} sections, version 1 has {expected}")]
+    #[error("snapshot has {found} sections, version 2 has {expected}")]
     SectionCount { found: u32, expected: u32 },
     #[error("unknown snapshot section kind {0}")]
     UnknownSection(u32),
@@ -144,6 +148,34 @@ struct ConfigState {
     hv_costs: Vec<(String, u64)>,
 }
 
+/// A vCPU's TLB as saved: the 4 KiB entries that translate to a resident
+/// page of guest RAM, with its guest-physical address in place of the
+/// host's, and under EPT the root marked current (`root`) or old.
+fn saved_tlb(
+    mut image: TlbImage,
+    root: Option<u64>,
+    gfn_of: &std::collections::HashMap<u64, u64>,
+) -> TlbImage {
+    image.entries.retain_mut(|e| {
+        let Some(&gfn) = gfn_of.get(&(e.hpa().0 / PAGE_SIZE)) else {
+            return false;
+        };
+        if e.size() != machine::mmu::PageSize::Size4K {
+            return false;
+        }
+        if e.under_ept() {
+            e.eptp = if Some(e.eptp) == root {
+                TLB_CURRENT_ROOT
+            } else {
+                TLB_OLD_ROOT
+            };
+        }
+        e.set_hpa(machine::Hpa(gfn * PAGE_SIZE));
+        true
+    });
+    image
+}
+
 /// Every entry of a cost table by name.
 fn cost_entries(mut table: impl NamedCosts) -> Vec<(String, u64)> {
     table
@@ -210,7 +242,21 @@ struct VcpuState {
     /// root, rebuilt at restore) and whether the guest cleared EFER.NXE
     /// (the CPU keeps it set).
     shadow: Option<(u64, bool)>,
+    /// The TLB's 4 KiB entries that map guest RAM, host addresses
+    /// replaced by guest-physical ones and EPTPs by [`TLB_CURRENT_ROOT`]
+    /// or [`TLB_OLD_ROOT`]: the restore points them at its own frames and
+    /// root, so the restored vCPU walks exactly where the saved one would.
+    tlb: TlbImage,
 }
+
+/// A saved TLB entry's EPTP: made under the vCPU's root at the save.
+const TLB_CURRENT_ROOT: u64 = 1;
+/// A saved TLB entry's EPTP: made under an older root (it can no longer
+/// hit; it keeps its way until replaced, as in the saved TLB).
+const TLB_OLD_ROOT: u64 = 2;
+/// The EPTP a restored old-root entry gets: no root has it (an EPTP's
+/// low bits are its memory type and walk length, never all ones).
+const NO_ROOT_EPTP: u64 = u64::MAX;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct ReportState {
@@ -232,6 +278,11 @@ struct VmState {
     vcpus: Vec<VcpuState>,
     /// Per vCPU: the end of the host-CPU slice it holds, first in line.
     host_cpus: Option<(Vec<Option<u64>>, Vec<bool>)>,
+    /// EPT: the RAM pages mapped at the save, `(gfn, leaf spte without
+    /// its host address)`, gfns increasing. A restore maps them again
+    /// (uncharged) so the guest does not pay refaults the saved VM never
+    /// made: a restore leaves the guest's timing as it was.
+    ept: Vec<(u64, u64)>,
 }
 
 fn options() -> impl Options {
@@ -466,6 +517,7 @@ impl Vm {
         let platform = self.shared.platform.snapshot().ok_or_else(|| {
             SnapshotError::Unsupported("device interrupts wait for delivery".into())
         })?;
+        let gfn_of = self.gfn_of_frame();
         let mut vcpus = Vec::with_capacity(self.vcpus.len());
         for (index, vcpu) in self.vcpus.iter_mut().enumerate() {
             let cpu = vcpu.cpu.snapshot().map_err(|source| SnapshotError::Cpu {
@@ -494,6 +546,11 @@ impl Vm {
                 xapic: vcpu.xapic,
                 shadow: (vcpu.mmu_mode == MmuMode::Shadow)
                     .then_some((vcpu.shadow.guest_cr3, vcpu.shadow.guest_nxe_off)),
+                tlb: if vcpu.mmu_mode == MmuMode::Ept {
+                    saved_tlb(vcpu.cpu.tlb().image(), vcpu.root.map(|r| r.eptp.0), &gfn_of)
+                } else {
+                    TlbImage::default()
+                },
             });
         }
         let shared = &self.shared;
@@ -517,10 +574,155 @@ impl Vm {
             host_cpus: self.sched.host_cpu_state().map(|(holding, boosted)| {
                 (holding.iter().map(|h| h.map(|c| c.0)).collect(), boosted)
             }),
+            ept: self.ept_leaves(),
         };
         options()
             .serialize(&state)
             .map_err(|e| SnapshotError::Unsupported(format!("encoding the state: {e}")))
+    }
+
+    /// Host frame → gfn, for the resident pages of guest RAM.
+    fn gfn_of_frame(&self) -> std::collections::HashMap<u64, u64> {
+        let Some(slot) = self.shared.host.slots.get(RAM_SLOT) else {
+            return Default::default();
+        };
+        (0..slot.npages)
+            .filter_map(|i| match slot.state_at(i) {
+                crate::memslot::PageState::Resident(frame) => Some((frame.0, slot.gfn_at(i).0)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Points a saved TLB entry ([`saved_tlb`]) at this VM's frame for its
+    /// page and at its root, or refuses it (`false`): a page not resident
+    /// here (a lazy restore's, a post-copy's remote ones, one evicted by a
+    /// smaller `--host-mem`) or, under EPT, not mapped, must fault as it
+    /// would, not hit a cached translation.
+    fn repoint_tlb_entry(
+        &self,
+        entry: &mut machine::mmu::tlb::TlbImageEntry,
+        eptp: Option<u64>,
+    ) -> bool {
+        let host = &self.shared.host;
+        let gfn = entry.hpa().0 / PAGE_SIZE;
+        let Some(slot) = host.slots.get(RAM_SLOT) else {
+            return false;
+        };
+        if entry.size() != machine::mmu::PageSize::Size4K || !slot.contains(machine::Gfn(gfn)) {
+            return false;
+        }
+        let crate::memslot::PageState::Resident(frame) = slot.state(machine::Gfn(gfn)) else {
+            return false;
+        };
+        if entry.under_ept() {
+            entry.eptp = match (entry.eptp, eptp) {
+                (TLB_CURRENT_ROOT, Some(eptp)) => {
+                    if host
+                        .mmu
+                        .leaf_spte(&host.mem, &host.costs, machine::Gfn(gfn))
+                        .is_none()
+                    {
+                        return false;
+                    }
+                    eptp
+                }
+                (TLB_OLD_ROOT, _) => NO_ROOT_EPTP,
+                _ => return false,
+            };
+        } else if entry.eptp != 0 {
+            return false;
+        }
+        entry.set_hpa(frame.addr());
+        true
+    }
+
+    /// The RAM pages the EPT maps, with their leaf bits (empty under
+    /// shadow paging, whose sptes a restore rebuilds from the guest's page
+    /// tables as it refaults).
+    fn ept_leaves(&self) -> Vec<(u64, u64)> {
+        let host = &self.shared.host;
+        if host.mmu.mode != MmuMode::Ept {
+            return Vec::new();
+        }
+        let Some(slot) = host.slots.get(RAM_SLOT) else {
+            return Vec::new();
+        };
+        let resident = (0..slot.npages)
+            .filter(|&i| matches!(slot.state_at(i), crate::memslot::PageState::Resident(_)))
+            .map(|i| slot.gfn_at(i));
+        host.mmu
+            .leaf_bits(&host.mem, &host.costs, resident)
+            .into_iter()
+            .map(|(gfn, bits)| (gfn.0, bits))
+            .collect()
+    }
+
+    /// Maps the saved EPT leaves `ept` again, for the pages resident here
+    /// (a lazy restore's, a post-copy's still-`remote` and pages a smaller
+    /// `--host-mem` evicted while loading fault in as they would have).
+    /// Every entry is checked: gfns increasing inside RAM, the bits those
+    /// of a present 4 KiB leaf the MMU could have made.
+    fn restore_ept(&mut self, ept: &[(u64, u64)], remote: &[u64]) -> Result<(), SnapshotError> {
+        use crate::mmu::spte;
+        let npages = self.mem_size() / PAGE_SIZE;
+        if !ept.is_empty() && self.shared.host.mmu.mode != MmuMode::Ept {
+            return Err(SnapshotError::Invalid(
+                "EPT mappings in a shadow-paging snapshot".into(),
+            ));
+        }
+        let mut previous = None;
+        for &(gfn, bits) in ept {
+            let host = &mut self.shared.host;
+            let invalid = |why: &str| {
+                Err(SnapshotError::Invalid(format!(
+                    "EPT leaf of gfn {gfn:#x} ({bits:#x}): {why}"
+                )))
+            };
+            if gfn >= npages || previous.is_some_and(|p| p >= gfn) {
+                return invalid("outside guest RAM or out of order");
+            }
+            previous = Some(gfn);
+            if bits & spte::ADDR_MASK != 0 || bits & spte::HUGE != 0 {
+                return invalid("address bits or a large page");
+            }
+            if !spte::is_present(bits)
+                || bits & spte::READ == 0
+                || !spte::writable_bits_consistent(bits)
+            {
+                return invalid("not a leaf the MMU makes");
+            }
+            let state = |host: &crate::host::Host| {
+                host.slots
+                    .get(RAM_SLOT)
+                    .map(|slot| slot.state(machine::Gfn(gfn)))
+            };
+            if remote.binary_search(&gfn).is_ok() {
+                continue;
+            }
+            if matches!(state(host), Some(crate::memslot::PageState::Untouched)) {
+                // A page the guest touched that reads as zero (the memory
+                // section leaves those out): touched again here, as it
+                // was, rather than at the guest's cost.
+                self.shared
+                    .write_guest(Gpa(gfn * PAGE_SIZE), &[0; PAGE_SIZE as usize])?;
+            }
+            let host = &mut self.shared.host;
+            let Some(crate::memslot::PageState::Resident(frame)) = state(host) else {
+                continue;
+            };
+            host.mmu
+                .restore_leaf(
+                    &host.mem,
+                    &mut host.frames,
+                    machine::Gfn(gfn),
+                    frame,
+                    bits,
+                    &host.costs,
+                )
+                .map_err(|e| SnapshotError::Unsupported(format!("rebuilding the EPT: {e}")))?;
+        }
+        Ok(())
     }
 
     /// The configuration the VM was built with, as saved.
@@ -555,6 +757,16 @@ impl Vm {
     /// run on from the saved virtual time. Everything is checked; a bad
     /// snapshot is an error, never a panic.
     pub fn restore(bytes: &[u8], options: &RestoreOptions) -> Result<Vm, SnapshotError> {
+        Vm::restore_with_remote(bytes, options, &[])
+    }
+
+    /// [`Vm::restore`], with the gfns `remote` (a post-copy's pages still
+    /// at the source, increasing) left out of the EPT it rebuilds.
+    fn restore_with_remote(
+        bytes: &[u8],
+        options: &RestoreOptions,
+        remote: &[u64],
+    ) -> Result<Vm, SnapshotError> {
         let (state, memory) = decode_state(bytes)?;
         let config = state.config.to_config(options)?;
         let npages = config.mem_size / PAGE_SIZE;
@@ -593,6 +805,9 @@ impl Vm {
             }
         }
         vm.carry_out_cross_requests();
+        if !options.lazy {
+            vm.restore_ept(&state.ept, remote)?;
+        }
         vm.shared.wall_clock = WallClock {
             boot_ns: config.wall_clock_at_boot_ns,
             ..state.wall_clock
@@ -650,7 +865,23 @@ impl Vm {
                 }
             }
             vcpu.requests.set(Requests::RELOAD_ROOT);
-            vcpu.requests.set(Requests::TLB_FLUSH);
+            if vcpu.mmu_mode == MmuMode::Ept {
+                let eptp = vm.shared.host.mmu.current_eptp(&vm.shared.host.costs);
+                let mut tlb = saved.tlb.clone();
+                tlb.entries.retain_mut(|e| vm.repoint_tlb_entry(e, eptp));
+                vm.vcpus[index]
+                    .cpu
+                    .load_tlb_image(&tlb, |_| true)
+                    .map_err(|source| SnapshotError::Cpu {
+                        vcpu: index,
+                        source,
+                    })?;
+            } else {
+                // Shadow paging rebuilds its shadow pages and their write
+                // protection from nothing: no cached translation may
+                // outlive them.
+                vcpu.requests.set(Requests::TLB_FLUSH);
+            }
             vm.shared.directory[index].started = saved.started;
             vm.restore_apf_state(index, &saved.apf, saved.apf_waiters)?;
             let vcpu = &mut vm.vcpus[index];
@@ -690,7 +921,7 @@ impl Vm {
         remote: &[u64],
         source: Box<dyn crate::pager::PageSource>,
     ) -> Result<Vm, SnapshotError> {
-        let mut vm = Vm::restore(bytes, options)?;
+        let mut vm = Vm::restore_with_remote(bytes, options, remote)?;
         let npages = vm.mem_size() / PAGE_SIZE;
         let mut previous = None;
         for &gfn in remote {

@@ -50,10 +50,10 @@ fn every_bit_flip_is_caught() {
 fn specific_errors() {
     let bytes = sample();
     let mut wrong_version = bytes.clone();
-    wrong_version[8] = 2;
+    wrong_version[8] = 3;
     assert!(matches!(
         format::parse(&wrong_version),
-        Err(SnapshotError::UnsupportedVersion { found: 2, .. })
+        Err(SnapshotError::UnsupportedVersion { found: 3, .. })
     ));
     let mut huge = bytes.clone();
     // The state section's length: 16 header bytes, then kind (4).

@@ -8,7 +8,12 @@
 //! monitor trap flag). Model state that no guest can observe is not saved:
 //! the TLB, the first-level TLB, the decoded-code cache and the lazy flags
 //! (folded into RFLAGS first). A restored CPU starts with them empty, as
-//! after a full flush, which the architecture allows at any time.
+//! after a full flush, which the architecture allows at any time. The TLB
+//! costs virtual cycles when it misses, so a hypervisor that wants the
+//! restored guest's timing unchanged saves it apart
+//! ([`crate::mmu::tlb::Tlb::image`]: its entries hold host addresses,
+//! which only the hypervisor can re-point) and loads it back with
+//! [`Cpu::load_tlb_image`].
 
 use super::state::{cr0, cr4, efer, rflags, CpuState};
 use super::{triple_fault::TripleFaultCause, Cpu, CpuStats, PendingVectors};
@@ -160,6 +165,24 @@ impl Cpu {
         self.mode_epoch += 1;
         self.check_events = true;
         self.next_timer_cycle = 0;
+        Ok(())
+    }
+}
+
+impl Cpu {
+    /// Loads a saved TLB's contents ([`crate::mmu::tlb::Tlb::image`]) into
+    /// this CPU's TLB, after [`Cpu::restore_snapshot`]; `repoint` adjusts
+    /// each entry to this host or leaves it out (see
+    /// [`crate::mmu::tlb::Tlb::load_image`]).
+    pub fn load_tlb_image(
+        &mut self,
+        image: &crate::mmu::tlb::TlbImage,
+        repoint: impl FnMut(&mut crate::mmu::tlb::TlbImageEntry) -> bool,
+    ) -> Result<(), CpuSnapshotError> {
+        self.tlb
+            .load_image(image, repoint)
+            .map_err(CpuSnapshotError::Invalid)?;
+        self.l1 = super::l1tlb::L1Tlb::new();
         Ok(())
     }
 }

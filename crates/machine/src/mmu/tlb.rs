@@ -238,6 +238,48 @@ fn entry_permits(entry_data: u64, access: Access, ctx: &TranslateCtx<'_>, paging
     entry_data & needed == needed
 }
 
+/// One valid entry of a [`TlbImage`]: its place (`set * ways + way`) and
+/// its words. The host address in `data` and the EPTP are the saving
+/// host's; a restore re-points them ([`Tlb::load_image`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TlbImageEntry {
+    pub index: u32,
+    pub tag: u64,
+    pub eptp: u64,
+    pub data: u64,
+}
+
+impl TlbImageEntry {
+    /// Whether the entry was made with EPT on (its EPTP means something).
+    pub fn under_ept(&self) -> bool {
+        self.tag & tag::EPT != 0
+    }
+
+    /// The size of the page the entry maps.
+    pub fn size(&self) -> PageSize {
+        size_from_code(self.tag >> tag::SIZE_SHIFT)
+    }
+
+    /// The host-physical page the entry translates to.
+    pub fn hpa(&self) -> Hpa {
+        Hpa(self.data & data::HPA)
+    }
+
+    /// Points the entry at another host page.
+    pub fn set_hpa(&mut self, hpa: Hpa) {
+        self.data = (self.data & !data::HPA) | (hpa.0 & data::HPA);
+    }
+}
+
+/// A TLB's contents (for VM snapshots): the valid entries where they sit
+/// and each set's recently-used bits, so a restored TLB hits, misses and
+/// replaces exactly as the saved one would have.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct TlbImage {
+    pub entries: Vec<TlbImageEntry>,
+    pub recently_used: Vec<u64>,
+}
+
 /// Host-side lookup accelerator, not part of the modelled TLB: for a few
 /// recently used 4 KiB linear pages, where their entry sits. Every change to
 /// `Tlb::entries` bumps `Tlb::epoch`, which invalidates all hints at once,
@@ -570,6 +612,81 @@ impl Tlb {
         }
     }
 
+    /// The contents, for a snapshot.
+    pub fn image(&self) -> TlbImage {
+        TlbImage {
+            entries: self
+                .entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.valid())
+                .map(|(index, e)| TlbImageEntry {
+                    index: index as u32,
+                    tag: e.tag,
+                    eptp: e.eptp,
+                    data: e.data,
+                })
+                .collect(),
+            recently_used: self.recently_used.clone(),
+        }
+    }
+
+    /// Replaces the contents with `image` (from a TLB of this geometry);
+    /// `repoint` adjusts each entry to this host (its host page, its
+    /// EPTP) or refuses it (`false`: the entry is left out, as if
+    /// evicted). An image that does not fit is an error and leaves the
+    /// TLB empty.
+    pub fn load_image(
+        &mut self,
+        image: &TlbImage,
+        mut repoint: impl FnMut(&mut TlbImageEntry) -> bool,
+    ) -> Result<(), String> {
+        self.flush_all();
+        if image.recently_used.len() != self.recently_used.len() {
+            return Err(format!(
+                "a TLB image of {} sets for a TLB of {}",
+                image.recently_used.len(),
+                self.recently_used.len()
+            ));
+        }
+        let ways_mask = self.full_set_mask;
+        if image
+            .recently_used
+            .iter()
+            .any(|&bits| bits & !ways_mask != 0)
+        {
+            return Err("TLB recently-used bits past the ways".into());
+        }
+        for saved in &image.entries {
+            let index = saved.index as usize;
+            if index >= self.entries.len() || saved.tag & tag::VALID == 0 {
+                self.flush_all();
+                return Err(format!("TLB entry {index} is not a valid place"));
+            }
+            let mut entry = *saved;
+            if !repoint(&mut entry) {
+                continue;
+            }
+            let e = Entry {
+                tag: entry.tag,
+                eptp: entry.eptp,
+                data: entry.data,
+            };
+            // An entry must sit in the set its page number selects.
+            let (_, range) = self.set_range(e.tag & tag::VPN);
+            if !range.contains(&index) {
+                self.flush_all();
+                return Err(format!("TLB entry {index} is in the wrong set"));
+            }
+            self.may_hold_large |= e.size() != PageSize::Size4K;
+            self.may_hold_splinters |= e.splintered();
+            self.entries[index] = e;
+        }
+        self.recently_used.copy_from_slice(&image.recently_used);
+        self.epoch += 1;
+        Ok(())
+    }
+
     /// A number that changes whenever any entry changes (fill, eviction,
     /// invalidation). Caches derived from this TLB, such as the CPU's
     /// first-level TLB, stay valid exactly while it does not change.
@@ -586,5 +703,72 @@ impl Tlb {
     /// Where [`Self::epoch`] lives (the translator compares it inline).
     pub(crate) fn epoch_address(&self) -> usize {
         &self.epoch as *const u64 as usize
+    }
+}
+
+#[cfg(test)]
+mod image_tests {
+    use super::*;
+
+    fn entry(index: u32, vpn: u64) -> TlbImageEntry {
+        TlbImageEntry {
+            index,
+            tag: tag::VALID | vpn,
+            eptp: 0,
+            data: 0x5000 | data::EPT_READ,
+        }
+    }
+
+    #[test]
+    fn an_image_loads_where_it_was_and_checks_its_places() {
+        let config = TlbConfig {
+            entries: 64,
+            ways: 4,
+        };
+        let mut tlb = Tlb::new(config);
+        let sets = tlb.recently_used.len();
+        // Page 5 belongs to set 5: ways 20..24.
+        let image = TlbImage {
+            entries: vec![entry(21, 5)],
+            recently_used: vec![0b10; sets],
+        };
+        let epoch = tlb.epoch();
+        tlb.load_image(&image, |e| {
+            e.set_hpa(Hpa(0x9000));
+            true
+        })
+        .expect("fits");
+        assert_ne!(tlb.epoch(), epoch, "the hints must be invalidated");
+        let again = tlb.image();
+        assert_eq!(again.entries.len(), 1);
+        assert_eq!(again.entries[0].index, 21);
+        assert_eq!(again.entries[0].hpa(), Hpa(0x9000));
+        assert_eq!(again.recently_used, image.recently_used);
+        // Refused by the caller: left out.
+        tlb.load_image(&image, |_| false).expect("fits");
+        assert_eq!(tlb.occupancy(), 0);
+        // The wrong set, a place past the TLB, the wrong geometry, ways
+        // that do not exist: errors, and the TLB is left empty.
+        for bad in [
+            TlbImage {
+                entries: vec![entry(0, 5)],
+                ..image.clone()
+            },
+            TlbImage {
+                entries: vec![entry(21, 5), entry(64, 5)],
+                ..image.clone()
+            },
+            TlbImage {
+                entries: vec![],
+                recently_used: vec![0; sets + 1],
+            },
+            TlbImage {
+                entries: vec![],
+                recently_used: vec![1 << 4; sets],
+            },
+        ] {
+            assert!(tlb.load_image(&bad, |_| true).is_err(), "{bad:?}");
+            assert_eq!(tlb.occupancy(), 0);
+        }
     }
 }

@@ -86,11 +86,66 @@ pub struct MigrateRow {
     pub guest_total: u64,
 }
 
-fn faultline() -> Command {
+pub(super) fn faultline() -> Command {
     Command::new(std::env::current_exe().unwrap_or_else(|_| "faultline".into()))
 }
 
-fn json_of(out: &[u8], what: &str) -> Result<serde_json::Value, String> {
+/// One migration between two processes on loopback: starts `dest` (an
+/// `incoming --listen 127.0.0.1:0 --stats json ...` command), then the
+/// source `run` with `source_args` and, before its `--`, the options
+/// `migrate(address)` gives. Returns the source's and the destination's
+/// JSON summaries; a source that did not migrate is an error.
+pub(super) fn migrate_once(
+    mut dest: Command,
+    mut source_args: Vec<String>,
+    migrate: impl FnOnce(String) -> Vec<String>,
+) -> Result<(serde_json::Value, serde_json::Value), String> {
+    let mut dest = dest
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting the destination: {e}"))?;
+    let mut err = BufReader::new(dest.stderr.take().ok_or("no stderr")?);
+    let mut line = String::new();
+    err.read_line(&mut line).map_err(|e| e.to_string())?;
+    let addr = line
+        .trim()
+        .strip_prefix("faultline: listening on ")
+        .ok_or_else(|| format!("destination: {line}"))?
+        .to_string();
+    let drain = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let split = source_args
+        .iter()
+        .position(|a| a == "--")
+        .unwrap_or(source_args.len());
+    source_args.splice(split..split, migrate(addr));
+    let src = match faultline().args(&source_args).output() {
+        Ok(src) => src,
+        Err(e) => {
+            let _ = dest.kill();
+            return Err(format!("source: {e}"));
+        }
+    };
+    if !String::from_utf8_lossy(&src.stdout).contains("\"migrated\"") {
+        // The source did not migrate (the guest ended before the
+        // migration's time, or it failed): nobody will connect.
+        let _ = dest.kill();
+    }
+    let dst = dest.wait_with_output().map_err(|e| e.to_string())?;
+    let dst_err = drain.join().unwrap_or_default();
+    let src = json_of(&src.stdout, "source")?;
+    if src["stop"]["reason"] != "migrated" || !src["migration"]["failed"].is_null() {
+        return Err(format!("the source did not migrate: {}", src["migration"]));
+    }
+    let dst = json_of(&dst.stdout, &format!("destination ({dst_err})"))?;
+    Ok((src, dst))
+}
+
+pub(super) fn json_of(out: &[u8], what: &str) -> Result<serde_json::Value, String> {
     serde_json::from_slice(out).map_err(|e| {
         format!(
             "{what}: not a JSON summary ({e}): {}",
@@ -146,60 +201,22 @@ impl MigrateBenchArgs {
     }
 
     fn row(&self, fast_pf: bool) -> Result<MigrateRow, String> {
-        let mut dest = faultline()
-            .args(["incoming", "--listen", "127.0.0.1:0", "--stats", "json"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting the destination: {e}"))?;
-        let mut err = BufReader::new(dest.stderr.take().ok_or("no stderr")?);
-        let mut line = String::new();
-        err.read_line(&mut line).map_err(|e| e.to_string())?;
-        let addr = line
-            .trim()
-            .strip_prefix("faultline: listening on ")
-            .ok_or_else(|| format!("destination: {line}"))?
-            .to_string();
-        let drain = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            s
-        });
-        let mut args = self.source_args(fast_pf);
-        let split = args.iter().position(|a| a == "--").unwrap_or(args.len());
-        let migrate = [
-            "--migrate-to".to_string(),
-            addr,
-            "--migrate-at".into(),
-            format!("{}ns", self.at().as_nanos()),
-            "--link-bandwidth".into(),
-            self.link_bandwidth.to_string(),
-            "--downtime-limit".into(),
-            format!("{}ns", self.downtime_limit.as_nanos()),
-            "--max-rounds".into(),
-            self.max_rounds.to_string(),
-        ];
-        args.splice(split..split, migrate);
-        let src = faultline().args(&args).output();
-        let src = match src {
-            Ok(src) => src,
-            Err(e) => {
-                let _ = dest.kill();
-                return Err(format!("source: {e}"));
-            }
-        };
-        if !String::from_utf8_lossy(&src.stdout).contains("\"migrated\"") {
-            // The source did not migrate (the guest ended before --at, or
-            // it failed): nobody will connect.
-            let _ = dest.kill();
-        }
-        let dst = dest.wait_with_output().map_err(|e| e.to_string())?;
-        let dst_err = drain.join().unwrap_or_default();
-        let src = json_of(&src.stdout, "source")?;
-        if src["stop"]["reason"] != "migrated" {
-            return Err(format!("the source did not migrate: {}", src["migration"]));
-        }
-        let dst = json_of(&dst.stdout, &format!("destination ({dst_err})"))?;
+        let mut dest = faultline();
+        dest.args(["incoming", "--listen", "127.0.0.1:0", "--stats", "json"]);
+        let (src, dst) = migrate_once(dest, self.source_args(fast_pf), |addr| {
+            vec![
+                "--migrate-to".to_string(),
+                addr,
+                "--migrate-at".into(),
+                format!("{}ns", self.at().as_nanos()),
+                "--link-bandwidth".into(),
+                self.link_bandwidth.to_string(),
+                "--downtime-limit".into(),
+                format!("{}ns", self.downtime_limit.as_nanos()),
+                "--max-rounds".into(),
+                self.max_rounds.to_string(),
+            ]
+        })?;
         let report = &src["migration"];
         // The same run, no migration, to the source's stop.
         let stop_ns = (src["virtual_cycles"].as_u64().unwrap_or(0) as u128 * 1_000_000_000)

@@ -14,10 +14,9 @@
 //!    run to its end: the instructions of the same window and the
 //!    writer's time and count without a migration, beside.
 
+use super::bench::{faultline, json_of, migrate_once};
 use crate::plot;
 use serde::Serialize;
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Seed 002, scenario (b) (migrating the workload, calculation thread
@@ -64,19 +63,6 @@ pub struct PostcopyRow {
     pub calc_unmigrated: u64,
     /// Page-not-present notifications at the destination's end.
     pub not_present: u64,
-}
-
-fn faultline() -> Command {
-    Command::new(std::env::current_exe().unwrap_or_else(|_| "faultline".into()))
-}
-
-fn json_of(out: &[u8], what: &str) -> Result<serde_json::Value, String> {
-    serde_json::from_slice(out).map_err(|e| {
-        format!(
-            "{what}: not a JSON summary ({e}): {}",
-            String::from_utf8_lossy(out)
-        )
-    })
 }
 
 /// `key=value` from the guest's report lines.
@@ -140,57 +126,18 @@ impl PostcopyCase {
         if let Some(limit) = dest_limit {
             dest.args(["--time-limit".to_string(), ns_arg(limit)]);
         }
-        let mut dest = dest
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting the destination: {e}"))?;
-        let mut err = BufReader::new(dest.stderr.take().ok_or("no stderr")?);
-        let mut line = String::new();
-        err.read_line(&mut line).map_err(|e| e.to_string())?;
-        let addr = line
-            .trim()
-            .strip_prefix("faultline: listening on ")
-            .ok_or_else(|| format!("destination: {line}"))?
-            .to_string();
-        let drain = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            s
-        });
-        let mut args = self.run_args(apf, None);
-        let split = args.iter().position(|a| a == "--").unwrap_or(args.len());
-        let migrate = [
-            "--migrate-to".to_string(),
-            addr,
-            "--migrate-at".into(),
-            ns_arg(self.at),
-            "--migrate-mode".into(),
-            "postcopy".into(),
-            "--link-bandwidth".into(),
-            self.link_bandwidth.to_string(),
-        ];
-        args.splice(split..split, migrate);
-        let src = faultline().args(&args).output();
-        let src = match src {
-            Ok(src) => src,
-            Err(e) => {
-                let _ = dest.kill();
-                return Err(format!("source: {e}"));
-            }
-        };
-        if !String::from_utf8_lossy(&src.stdout).contains("\"migrated\"") {
-            // The guest ended before --at: nobody will connect.
-            let _ = dest.kill();
-        }
-        let dst = dest.wait_with_output().map_err(|e| e.to_string())?;
-        let dst_err = drain.join().unwrap_or_default();
-        let src = json_of(&src.stdout, "source")?;
-        if src["stop"]["reason"] != "migrated" || !src["migration"]["failed"].is_null() {
-            return Err(format!("the source did not migrate: {}", src["migration"]));
-        }
-        let dst = json_of(&dst.stdout, &format!("destination ({dst_err})"))?;
-        Ok((src, dst))
+        migrate_once(dest, self.run_args(apf, None), |addr| {
+            vec![
+                "--migrate-to".to_string(),
+                addr,
+                "--migrate-at".into(),
+                ns_arg(self.at),
+                "--migrate-mode".into(),
+                "postcopy".into(),
+                "--link-bandwidth".into(),
+                self.link_bandwidth.to_string(),
+            ]
+        })
     }
 
     fn plain(&self, apf: &str, limit: Option<Duration>) -> Result<serde_json::Value, String> {

@@ -17,7 +17,7 @@ use std::time::Duration;
 /// The first bytes of a `Hello` payload.
 pub const MAGIC: [u8; 8] = *b"FLTMIGR\0";
 /// The protocol version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Pages in one `Pages` frame at most.
 pub const PAGES_PER_FRAME: usize = 256;
 /// Bytes of a frame header.
