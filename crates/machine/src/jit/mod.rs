@@ -685,6 +685,38 @@ impl Emitter {
         self.add(Instruction::with2(code, m, r))
     }
 
+    /// MOVZX/MOVSX/MOVSXD (or a plain move for equal sizes): `gpr[dst]`
+    /// at `dsize` = `src` (a guest register slot or the host pointer of a
+    /// memory operand) at `ssize`, zero- or sign-extended.
+    fn extend(
+        &mut self,
+        dst: u8,
+        dsize: Size,
+        src: MemoryOperand,
+        ssize: Size,
+        signed: bool,
+    ) -> Result<(), NotTranslated> {
+        let code = match (ssize, signed) {
+            (Size::B1, true) => Code::Movsx_r64_rm8,
+            (Size::B2, true) => Code::Movsx_r64_rm16,
+            (Size::B4, true) => Code::Movsxd_r64_rm32,
+            (Size::B1, false) => Code::Movzx_r64_rm8,
+            (Size::B2, false) => Code::Movzx_r64_rm16,
+            (Size::B4, false) => Code::Mov_r32_rm32,
+            (Size::B8, _) => Code::Mov_r64_rm64,
+        };
+        let r = if code == Code::Mov_r32_rm32 {
+            Register::EAX
+        } else {
+            Register::RAX
+        };
+        self.add(Instruction::with2(code, r, src))?;
+        if dsize == Size::B4 {
+            self.a.mov(eax, eax)?;
+        }
+        self.store_acc(dst, dsize)
+    }
+
     /// Writes the host's arithmetic flags into `state.rflags` (clobbers
     /// rax, rcx and the host flags).
     fn capture(&mut self, af_clear: bool) -> Result<(), NotTranslated> {
@@ -725,6 +757,39 @@ impl Emitter {
         self.host_valid = true;
         self.dirty = false;
         Ok(())
+    }
+
+    /// ADC and SBB read CF: the guest's flags must be in the host's.
+    fn need_flags_for(&mut self, op: BinOp) -> Result<(), NotTranslated> {
+        if matches!(op, BinOp::Adc | BinOp::Sbb) {
+            self.need_flags()?;
+        }
+        Ok(())
+    }
+
+    /// `gpr[dst] op= src` at `size` (CMP only compares), `src` a host
+    /// register (not rax) holding the operand; a 32-bit result is
+    /// zero-extended. The guest's flags must already be in the host's for
+    /// ADC/SBB.
+    fn alu_gpr(
+        &mut self,
+        op: BinOp,
+        dst: u8,
+        size: Size,
+        src: [Register; 4],
+    ) -> Result<(), NotTranslated> {
+        let (rm_r, r_rm, _) = alu_codes(op);
+        if size == Size::B4 {
+            self.load(ACC, dst, size)?;
+            self.add(Instruction::with2(r_rm[2], Register::EAX, src[2]))?;
+            if op != BinOp::Cmp {
+                self.store_acc(dst, size)?;
+            }
+            Ok(())
+        } else {
+            let g = self.g(dst);
+            self.add(Instruction::with2(rm_r[si(size)], g, src[si(size)]))
+        }
     }
 
     /// An instruction that sets every arithmetic flag.
@@ -895,49 +960,16 @@ impl Emitter {
                 signed,
             } => {
                 let m = self.g(src);
-                let code = match (ssize, signed) {
-                    (Size::B1, true) => Code::Movsx_r64_rm8,
-                    (Size::B2, true) => Code::Movsx_r64_rm16,
-                    (Size::B4, true) => Code::Movsxd_r64_rm32,
-                    (Size::B1, false) => Code::Movzx_r64_rm8,
-                    (Size::B2, false) => Code::Movzx_r64_rm16,
-                    (Size::B4, false) => Code::Mov_r32_rm32,
-                    (Size::B8, _) => Code::Mov_r64_rm64,
-                };
-                let r = if code == Code::Mov_r32_rm32 {
-                    Register::EAX
-                } else {
-                    Register::RAX
-                };
-                self.add(Instruction::with2(code, r, m))?;
-                if dsize == Size::B4 {
-                    self.a.mov(eax, eax)?;
-                }
-                self.store_acc(dst, dsize)?;
+                self.extend(dst, dsize, m, ssize, signed)?;
             }
             Fast::AluRR { op, dst, src, size } => {
-                if matches!(op, BinOp::Adc | BinOp::Sbb) {
-                    self.need_flags()?;
-                }
-                let (rm_r, r_rm, _) = alu_codes(op);
-                if size == Size::B4 {
-                    self.load(ACC, dst, size)?;
-                    let m = self.g(src);
-                    self.add(Instruction::with2(r_rm[2], Register::EAX, m))?;
-                    if op != BinOp::Cmp {
-                        self.store_acc(dst, size)?;
-                    }
-                } else {
-                    self.load(SEC, src, size)?;
-                    let m = self.g(dst);
-                    self.add(Instruction::with2(rm_r[si(size)], m, SEC[si(size)]))?;
-                }
+                self.need_flags_for(op)?;
+                self.load(SEC, src, size)?;
+                self.alu_gpr(op, dst, size, SEC)?;
                 self.wrote_flags(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
             }
             Fast::AluRI { op, dst, size, imm } => {
-                if matches!(op, BinOp::Adc | BinOp::Sbb) {
-                    self.need_flags()?;
-                }
+                self.need_flags_for(op)?;
                 let (rm_r, _, rm_imm) = alu_codes(op);
                 let m = self.g(dst);
                 match size {
@@ -1222,53 +1254,21 @@ impl Emitter {
             } => {
                 self.lea(&m)?;
                 self.fast_access(false, ssize, slow)?;
-                let code = match (ssize, signed) {
-                    (Size::B1, true) => Code::Movsx_r64_rm8,
-                    (Size::B2, true) => Code::Movsx_r64_rm16,
-                    (Size::B4, true) => Code::Movsxd_r64_rm32,
-                    (Size::B1, false) => Code::Movzx_r64_rm8,
-                    (Size::B2, false) => Code::Movzx_r64_rm16,
-                    (Size::B4, false) => Code::Mov_r32_rm32,
-                    (Size::B8, _) => Code::Mov_r64_rm64,
-                };
-                let r = if code == Code::Mov_r32_rm32 {
-                    Register::EAX
-                } else {
-                    Register::RAX
-                };
-                self.add(Instruction::with2(code, r, at_rdx))?;
-                if dsize == Size::B4 {
-                    self.a.mov(eax, eax)?;
-                }
-                self.store_acc(dst, dsize)?;
+                self.extend(dst, dsize, at_rdx, ssize, signed)?;
             }
             Fast::AluRM { op, dst, size, m } => {
                 self.lea(&m)?;
                 self.fast_access(false, size, slow)?;
                 self.load_host(DXR, size)?;
-                if matches!(op, BinOp::Adc | BinOp::Sbb) {
-                    self.need_flags()?;
-                }
-                let (rm_r, r_rm, _) = alu_codes(op);
-                if size == Size::B4 {
-                    self.load(ACC, dst, size)?;
-                    self.add(Instruction::with2(r_rm[2], Register::EAX, Register::EDX))?;
-                    if op != BinOp::Cmp {
-                        self.store_acc(dst, size)?;
-                    }
-                } else {
-                    let g = self.g(dst);
-                    self.add(Instruction::with2(rm_r[si(size)], g, DXR[si(size)]))?;
-                }
+                self.need_flags_for(op)?;
+                self.alu_gpr(op, dst, size, DXR)?;
                 writes_flags = Some(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
             }
             Fast::AluMR { op, src, size, m } => {
                 self.lea(&m)?;
                 // CMP only reads (the interpreter translates it for reading).
                 self.fast_access(op != BinOp::Cmp, size, slow)?;
-                if matches!(op, BinOp::Adc | BinOp::Sbb) {
-                    self.need_flags()?;
-                }
+                self.need_flags_for(op)?;
                 self.load(SEC, src, size)?;
                 let (rm_r, _, _) = alu_codes(op);
                 self.add(Instruction::with2(rm_r[si(size)], at_rdx, SEC[si(size)]))?;
@@ -1277,9 +1277,7 @@ impl Emitter {
             Fast::AluMI { op, size, imm, m } => {
                 self.lea(&m)?;
                 self.fast_access(op != BinOp::Cmp, size, slow)?;
-                if matches!(op, BinOp::Adc | BinOp::Sbb) {
-                    self.need_flags()?;
-                }
+                self.need_flags_for(op)?;
                 let (_, _, rm_imm) = alu_codes(op);
                 if size == Size::B8 {
                     self.add(Instruction::with2(rm_imm[3], at_rdx, imm as i32))?;
