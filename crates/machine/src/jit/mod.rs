@@ -181,6 +181,8 @@ const ENV_CODE_GENERATION: i32 = 48;
 /// The arithmetic flags (CF PF AF ZF SF OF).
 const ARITH: u32 = 0x8d5;
 const AF: u32 = 0x10;
+const CF: u32 = 0x1;
+const OF: u32 = 0x800;
 
 /// Whether the translator runs this fast form as host code (otherwise it
 /// is a call into the interpreter for that instruction).
@@ -207,6 +209,15 @@ pub(crate) fn is_native(f: &Fast) -> bool {
         *f,
         Fast::Shift { op: ShiftOp::Shl | ShiftOp::Sal | ShiftOp::Shr | ShiftOp::Sar, count: Some(n), size, .. }
             if (n & if size == Size::B8 { 0x3f } else { 0x1f }) < size.bits() as u8
+    ) || matches!(
+        // Rotates by an immediate: CF and OF are computed from the result,
+        // so every count is native.
+        f,
+        Fast::Shift {
+            op: ShiftOp::Rol | ShiftOp::Ror,
+            count: Some(_),
+            ..
+        }
     )
 }
 
@@ -1406,7 +1417,8 @@ impl Emitter {
                 Code::Sar_rm32_imm8,
                 Code::Sar_rm64_imm8,
             ],
-            _ => return Err(NotTranslated::Unsupported("rotate")),
+            ShiftOp::Rol | ShiftOp::Ror => return self.rotate_imm(op, dst, size, n),
+            _ => return Err(NotTranslated::Unsupported("rotate through carry")),
         };
         self.load(ACC, dst, size)?;
         self.add(Instruction::with2(codes[si(size)], ACC[si(size)], n as u32))?;
@@ -1439,6 +1451,56 @@ impl Emitter {
         let fl = self.field(self.o.rflags);
         self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RDX, fl))?;
         self.a.and(rdx, !(ARITH as i32))?;
+        self.a.or(rdx, rcx)?;
+        self.add(Instruction::with2(Code::Mov_rm64_r64, fl, Register::RDX))?;
+        self.host_valid = false;
+        self.dirty = false;
+        Ok(())
+    }
+
+    /// ROL/ROR of a register by a masked, nonzero immediate count. The
+    /// host rotates (by the count modulo the width, as `alu::rol`/`ror`
+    /// do); CF and OF are computed from the result as the interpreter's
+    /// `alu` computes them (ROL: CF = bit 0, OF = MSB XOR CF; ROR: CF =
+    /// MSB, OF = MSB XOR the bit below it), not taken from the host, whose
+    /// OF is undefined for counts above 1; SF ZF AF PF are kept.
+    fn rotate_imm(&mut self, op: ShiftOp, dst: u8, size: Size, n: u8) -> Result<(), NotTranslated> {
+        let codes = if op == ShiftOp::Rol {
+            [
+                Code::Rol_rm8_imm8,
+                Code::Rol_rm16_imm8,
+                Code::Rol_rm32_imm8,
+                Code::Rol_rm64_imm8,
+            ]
+        } else {
+            [
+                Code::Ror_rm8_imm8,
+                Code::Ror_rm16_imm8,
+                Code::Ror_rm32_imm8,
+                Code::Ror_rm64_imm8,
+            ]
+        };
+        self.load(ACC, dst, size)?;
+        self.add(Instruction::with2(codes[si(size)], ACC[si(size)], n as u32))?;
+        let bits = size.bits();
+        // rcx = CF (bit 0), rdx = the other bit OF compares it with.
+        self.a.mov(rcx, rax)?;
+        self.a.mov(rdx, rax)?;
+        if op == ShiftOp::Rol {
+            self.a.shr(rdx, bits - 1)?;
+        } else {
+            self.a.shr(rcx, bits - 1)?;
+            self.a.shr(rdx, bits - 2)?;
+        }
+        self.a.and(ecx, 1)?;
+        self.a.xor(rdx, rcx)?;
+        self.a.and(edx, 1)?;
+        self.a.shl(edx, 11)?;
+        self.a.or(rcx, rdx)?;
+        self.store_acc(dst, size)?;
+        let fl = self.field(self.o.rflags);
+        self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RDX, fl))?;
+        self.a.and(rdx, !((CF | OF) as i32))?;
         self.a.or(rdx, rcx)?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, fl, Register::RDX))?;
         self.host_valid = false;
