@@ -295,10 +295,15 @@ pub(crate) fn translate(
         helper,
         user,
         chain: CodeLabel::default(),
+        own: (block.rip, block.hpa, u64::from(block.generation)),
+        self_loop: CodeLabel::default(),
+        self_loop_used: false,
     };
     let mut epilogue = e.a.create_label();
     let mut chain_try = e.a.create_label();
     e.chain = chain_try;
+    let mut self_loop = e.a.create_label();
+    e.self_loop = self_loop;
     let mut chained_entry = e.a.create_label();
     // Prologue: rbx = cpu, r12 = memory, r13 = block, r14 = env. Six
     // pushes and 8 bytes after the return address leave rsp 16-byte
@@ -373,7 +378,11 @@ pub(crate) fn translate(
         e.leave_to(x.k, x.target)?;
     }
     e.a.set_label(&mut chain_try)?;
-    e.chain_try(epilogue)?;
+    e.chain_try(epilogue, None)?;
+    if e.self_loop_used {
+        e.a.set_label(&mut self_loop)?;
+        e.chain_try(epilogue, Some(chained_entry))?;
+    }
     e.a.set_label(&mut epilogue)?;
     e.a.add(rsp, 8)?;
     e.a.pop(r15)?;
@@ -427,6 +436,12 @@ struct Emitter {
     user: bool,
     /// The block's exit that tries to chain (see [`Emitter::chain_try`]).
     chain: CodeLabel,
+    /// This block's RIP, host-physical address and code-write generation.
+    own: (u64, u64, u64),
+    /// The exit to this block's own start (a loop), chaining to itself
+    /// without the table lookup.
+    self_loop: CodeLabel,
+    self_loop_used: bool,
 }
 
 /// Index of an operand size in the per-size code tables.
@@ -815,7 +830,12 @@ impl Emitter {
     fn leave_to(&mut self, k: usize, target: u64) -> Result<(), NotTranslated> {
         self.a.mov(rax, target)?;
         self.a.mov(ecx, k as u32)?;
-        self.a.jmp(self.chain)?;
+        if target == self.own.0 {
+            self.self_loop_used = true;
+            self.a.jmp(self.self_loop)?;
+        } else {
+            self.a.jmp(self.chain)?;
+        }
         Ok(())
     }
 
@@ -827,7 +847,19 @@ impl Emitter {
     /// fetch is a first-level iTLB hit (so fetching it changes nothing),
     /// jump to it after counting this block's instructions and cycles as
     /// the run loop would. Otherwise return: leave at instruction `ecx`.
-    fn chain_try(&mut self, epilogue: CodeLabel) -> Result<(), NotTranslated> {
+    ///
+    /// With `own_entry` the target is this block's own start (a loop): the
+    /// table would give this block (the block running is always in the
+    /// table: the run loop puts the block it runs there, chaining finds
+    /// blocks there, and nothing changes the table while generated code
+    /// runs), so instead of the lookup the fetched frame and its code-write
+    /// generation are compared with this block's, and the jump goes
+    /// straight to `own_entry`.
+    fn chain_try(
+        &mut self,
+        epilogue: CodeLabel,
+        own_entry: Option<CodeLabel>,
+    ) -> Result<(), NotTranslated> {
         let mut out = self.a.create_label();
         let o = self.o;
         self.a.mov(qword_ptr(rbx + o.next_rip), rax)?;
@@ -868,6 +900,32 @@ impl Emitter {
         self.a.mov(ecx, eax)?;
         self.a.and(ecx, 0xfff)?;
         self.a.or(rdx, rcx)?;
+        if let Some(entry) = own_entry {
+            let (_, hpa, generation) = self.own;
+            self.a.mov(r10, hpa)?;
+            self.a.cmp(rdx, r10)?;
+            self.a.jne(out)?;
+            self.a.mov(rcx, qword_ptr(r14 + ENV_CODE_GENERATION))?;
+            self.a.mov(ecx, dword_ptr(rcx + r11 * 4))?;
+            self.a.mov(r10, generation)?;
+            self.a.cmp(rcx, r10)?;
+            self.a.jne(out)?;
+            self.count_chained()?;
+            self.a.jmp(entry)?;
+        } else {
+            self.chain_lookup(out)?;
+        }
+        self.a.set_label(&mut out)?;
+        self.a.lea(rax, qword_ptr(r8 - 1))?;
+        self.a.shl(rax, 8)?;
+        self.a.or(rax, status::LEAVE as i32)?;
+        self.a.jmp(epilogue)?;
+        Ok(())
+    }
+
+    /// Chaining through the table: rax the RIP, rdx its host-physical
+    /// address, r11 its frame.
+    fn chain_lookup(&mut self, out: CodeLabel) -> Result<(), NotTranslated> {
         // The chaining table's slot for this RIP.
         self.a.mov(r10, rax)?;
         self.a.shr(r10, 12)?;
@@ -885,18 +943,21 @@ impl Emitter {
         self.a.mov(ecx, dword_ptr(rcx + r11 * 4))?;
         self.a.cmp(rcx, qword_ptr(r10 + 16))?;
         self.a.jne(out)?;
-        // Go: this block's counts, as the run loop adds them.
+        self.count_chained()?;
+        self.a.mov(r13, qword_ptr(r10 + 32))?;
+        self.a.jmp(qword_ptr(r10 + 24))?;
+        Ok(())
+    }
+
+    /// Going on to the next block: this block's counts (r8 instructions,
+    /// r9 the cycle count after them), as the run loop adds them, and the
+    /// RIP chained to (rax).
+    fn count_chained(&mut self) -> Result<(), NotTranslated> {
+        let o = self.o;
         self.a.add(qword_ptr(rbx + o.instructions), r8)?;
         self.a.mov(qword_ptr(rbx + o.cycles), r9)?;
         self.a.mov(qword_ptr(rbx + o.jit_chained), 1)?;
         self.a.mov(qword_ptr(rbx + o.jit_chain_rip), rax)?;
-        self.a.mov(r13, qword_ptr(r10 + 32))?;
-        self.a.jmp(qword_ptr(r10 + 24))?;
-        self.a.set_label(&mut out)?;
-        self.a.lea(rax, qword_ptr(r8 - 1))?;
-        self.a.shl(rax, 8)?;
-        self.a.or(rax, status::LEAVE as i32)?;
-        self.a.jmp(epilogue)?;
         Ok(())
     }
 
