@@ -122,6 +122,47 @@ fn register_forms_flags_and_branches_agree() {
 }
 
 #[test]
+fn rotates_by_immediates_agree() {
+    // ROL/ROR by immediates, natively translated: every operand size,
+    // counts of 0, 1, at and above the width (CF from the result, OF the
+    // interpreter's choice for counts above 1, SF ZF AF PF kept from the
+    // ADD before), the flags consumed natively (ADC, CMOVO, CMOVS) and
+    // through PUSHFQ.
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(rcx, 40u64).unwrap();
+        a.mov(rax, 0x8123_4567_89ab_cdefu64).unwrap();
+        a.mov(rdx, 0x7edc_ba98_7654_3211u64).unwrap();
+        a.set_label(&mut top).unwrap();
+        for count in [0u32, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63] {
+            a.add(rdx, rax).unwrap();
+            match count % 4 {
+                0 => a.rol(al, count).unwrap(),
+                1 => a.ror(dx, count).unwrap(),
+                2 => a.rol(eax, count).unwrap(),
+                _ => a.ror(rdx, count).unwrap(),
+            }
+            a.adc(r8, rdx).unwrap();
+            a.cmovo(r9, rax).unwrap();
+            a.cmovs(r10, rdx).unwrap();
+            a.ror(rax, count).unwrap();
+            a.rol(r11w, count).unwrap();
+            a.pushfq().unwrap();
+            a.pop(rdi).unwrap();
+            a.xor(r12, rdi).unwrap();
+            a.rol(r12, 5).unwrap();
+        }
+        a.xor(rax, rcx).unwrap();
+        a.dec(rcx).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert!(stats.blocks_translated >= 2, "{stats:?}");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+}
+
+#[test]
 fn faults_inside_translated_blocks_are_precise() {
     // A #PF in the middle of a translated block (a store past the mapped
     // 64 MiB on the 51st iteration): RIP, registers, flags and cycles at

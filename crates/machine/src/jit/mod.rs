@@ -181,6 +181,8 @@ const ENV_CODE_GENERATION: i32 = 48;
 /// The arithmetic flags (CF PF AF ZF SF OF).
 const ARITH: u32 = 0x8d5;
 const AF: u32 = 0x10;
+const CF: u32 = 0x1;
+const OF: u32 = 0x800;
 
 /// Whether the translator runs this fast form as host code (otherwise it
 /// is a call into the interpreter for that instruction).
@@ -207,6 +209,15 @@ pub(crate) fn is_native(f: &Fast) -> bool {
         *f,
         Fast::Shift { op: ShiftOp::Shl | ShiftOp::Sal | ShiftOp::Shr | ShiftOp::Sar, count: Some(n), size, .. }
             if (n & if size == Size::B8 { 0x3f } else { 0x1f }) < size.bits() as u8
+    ) || matches!(
+        // Rotates by an immediate: CF and OF are computed from the result,
+        // so every count is native.
+        f,
+        Fast::Shift {
+            op: ShiftOp::Rol | ShiftOp::Ror,
+            count: Some(_),
+            ..
+        }
     )
 }
 
@@ -284,10 +295,15 @@ pub(crate) fn translate(
         helper,
         user,
         chain: CodeLabel::default(),
+        own: (block.rip, block.hpa, u64::from(block.generation)),
+        self_loop: CodeLabel::default(),
+        self_loop_used: false,
     };
     let mut epilogue = e.a.create_label();
     let mut chain_try = e.a.create_label();
     e.chain = chain_try;
+    let mut self_loop = e.a.create_label();
+    e.self_loop = self_loop;
     let mut chained_entry = e.a.create_label();
     // Prologue: rbx = cpu, r12 = memory, r13 = block, r14 = env. Six
     // pushes and 8 bytes after the return address leave rsp 16-byte
@@ -362,7 +378,11 @@ pub(crate) fn translate(
         e.leave_to(x.k, x.target)?;
     }
     e.a.set_label(&mut chain_try)?;
-    e.chain_try(epilogue)?;
+    e.chain_try(epilogue, None)?;
+    if e.self_loop_used {
+        e.a.set_label(&mut self_loop)?;
+        e.chain_try(epilogue, Some(chained_entry))?;
+    }
     e.a.set_label(&mut epilogue)?;
     e.a.add(rsp, 8)?;
     e.a.pop(r15)?;
@@ -416,6 +436,12 @@ struct Emitter {
     user: bool,
     /// The block's exit that tries to chain (see [`Emitter::chain_try`]).
     chain: CodeLabel,
+    /// This block's RIP, host-physical address and code-write generation.
+    own: (u64, u64, u64),
+    /// The exit to this block's own start (a loop), chaining to itself
+    /// without the table lookup.
+    self_loop: CodeLabel,
+    self_loop_used: bool,
 }
 
 /// Index of an operand size in the per-size code tables.
@@ -685,6 +711,38 @@ impl Emitter {
         self.add(Instruction::with2(code, m, r))
     }
 
+    /// MOVZX/MOVSX/MOVSXD (or a plain move for equal sizes): `gpr[dst]`
+    /// at `dsize` = `src` (a guest register slot or the host pointer of a
+    /// memory operand) at `ssize`, zero- or sign-extended.
+    fn extend(
+        &mut self,
+        dst: u8,
+        dsize: Size,
+        src: MemoryOperand,
+        ssize: Size,
+        signed: bool,
+    ) -> Result<(), NotTranslated> {
+        let code = match (ssize, signed) {
+            (Size::B1, true) => Code::Movsx_r64_rm8,
+            (Size::B2, true) => Code::Movsx_r64_rm16,
+            (Size::B4, true) => Code::Movsxd_r64_rm32,
+            (Size::B1, false) => Code::Movzx_r64_rm8,
+            (Size::B2, false) => Code::Movzx_r64_rm16,
+            (Size::B4, false) => Code::Mov_r32_rm32,
+            (Size::B8, _) => Code::Mov_r64_rm64,
+        };
+        let r = if code == Code::Mov_r32_rm32 {
+            Register::EAX
+        } else {
+            Register::RAX
+        };
+        self.add(Instruction::with2(code, r, src))?;
+        if dsize == Size::B4 {
+            self.a.mov(eax, eax)?;
+        }
+        self.store_acc(dst, dsize)
+    }
+
     /// Writes the host's arithmetic flags into `state.rflags` (clobbers
     /// rax, rcx and the host flags).
     fn capture(&mut self, af_clear: bool) -> Result<(), NotTranslated> {
@@ -727,6 +785,39 @@ impl Emitter {
         Ok(())
     }
 
+    /// ADC and SBB read CF: the guest's flags must be in the host's.
+    fn need_flags_for(&mut self, op: BinOp) -> Result<(), NotTranslated> {
+        if matches!(op, BinOp::Adc | BinOp::Sbb) {
+            self.need_flags()?;
+        }
+        Ok(())
+    }
+
+    /// `gpr[dst] op= src` at `size` (CMP only compares), `src` a host
+    /// register (not rax) holding the operand; a 32-bit result is
+    /// zero-extended. The guest's flags must already be in the host's for
+    /// ADC/SBB.
+    fn alu_gpr(
+        &mut self,
+        op: BinOp,
+        dst: u8,
+        size: Size,
+        src: [Register; 4],
+    ) -> Result<(), NotTranslated> {
+        let (rm_r, r_rm, _) = alu_codes(op);
+        if size == Size::B4 {
+            self.load(ACC, dst, size)?;
+            self.add(Instruction::with2(r_rm[2], Register::EAX, src[2]))?;
+            if op != BinOp::Cmp {
+                self.store_acc(dst, size)?;
+            }
+            Ok(())
+        } else {
+            let g = self.g(dst);
+            self.add(Instruction::with2(rm_r[si(size)], g, src[si(size)]))
+        }
+    }
+
     /// An instruction that sets every arithmetic flag.
     fn wrote_flags(&mut self, logic: bool) {
         self.host_valid = true;
@@ -739,7 +830,12 @@ impl Emitter {
     fn leave_to(&mut self, k: usize, target: u64) -> Result<(), NotTranslated> {
         self.a.mov(rax, target)?;
         self.a.mov(ecx, k as u32)?;
-        self.a.jmp(self.chain)?;
+        if target == self.own.0 {
+            self.self_loop_used = true;
+            self.a.jmp(self.self_loop)?;
+        } else {
+            self.a.jmp(self.chain)?;
+        }
         Ok(())
     }
 
@@ -751,7 +847,19 @@ impl Emitter {
     /// fetch is a first-level iTLB hit (so fetching it changes nothing),
     /// jump to it after counting this block's instructions and cycles as
     /// the run loop would. Otherwise return: leave at instruction `ecx`.
-    fn chain_try(&mut self, epilogue: CodeLabel) -> Result<(), NotTranslated> {
+    ///
+    /// With `own_entry` the target is this block's own start (a loop): the
+    /// table would give this block (the block running is always in the
+    /// table: the run loop puts the block it runs there, chaining finds
+    /// blocks there, and nothing changes the table while generated code
+    /// runs), so instead of the lookup the fetched frame and its code-write
+    /// generation are compared with this block's, and the jump goes
+    /// straight to `own_entry`.
+    fn chain_try(
+        &mut self,
+        epilogue: CodeLabel,
+        own_entry: Option<CodeLabel>,
+    ) -> Result<(), NotTranslated> {
         let mut out = self.a.create_label();
         let o = self.o;
         self.a.mov(qword_ptr(rbx + o.next_rip), rax)?;
@@ -792,6 +900,32 @@ impl Emitter {
         self.a.mov(ecx, eax)?;
         self.a.and(ecx, 0xfff)?;
         self.a.or(rdx, rcx)?;
+        if let Some(entry) = own_entry {
+            let (_, hpa, generation) = self.own;
+            self.a.mov(r10, hpa)?;
+            self.a.cmp(rdx, r10)?;
+            self.a.jne(out)?;
+            self.a.mov(rcx, qword_ptr(r14 + ENV_CODE_GENERATION))?;
+            self.a.mov(ecx, dword_ptr(rcx + r11 * 4))?;
+            self.a.mov(r10, generation)?;
+            self.a.cmp(rcx, r10)?;
+            self.a.jne(out)?;
+            self.count_chained()?;
+            self.a.jmp(entry)?;
+        } else {
+            self.chain_lookup(out)?;
+        }
+        self.a.set_label(&mut out)?;
+        self.a.lea(rax, qword_ptr(r8 - 1))?;
+        self.a.shl(rax, 8)?;
+        self.a.or(rax, status::LEAVE as i32)?;
+        self.a.jmp(epilogue)?;
+        Ok(())
+    }
+
+    /// Chaining through the table: rax the RIP, rdx its host-physical
+    /// address, r11 its frame.
+    fn chain_lookup(&mut self, out: CodeLabel) -> Result<(), NotTranslated> {
         // The chaining table's slot for this RIP.
         self.a.mov(r10, rax)?;
         self.a.shr(r10, 12)?;
@@ -809,18 +943,21 @@ impl Emitter {
         self.a.mov(ecx, dword_ptr(rcx + r11 * 4))?;
         self.a.cmp(rcx, qword_ptr(r10 + 16))?;
         self.a.jne(out)?;
-        // Go: this block's counts, as the run loop adds them.
+        self.count_chained()?;
+        self.a.mov(r13, qword_ptr(r10 + 32))?;
+        self.a.jmp(qword_ptr(r10 + 24))?;
+        Ok(())
+    }
+
+    /// Going on to the next block: this block's counts (r8 instructions,
+    /// r9 the cycle count after them), as the run loop adds them, and the
+    /// RIP chained to (rax).
+    fn count_chained(&mut self) -> Result<(), NotTranslated> {
+        let o = self.o;
         self.a.add(qword_ptr(rbx + o.instructions), r8)?;
         self.a.mov(qword_ptr(rbx + o.cycles), r9)?;
         self.a.mov(qword_ptr(rbx + o.jit_chained), 1)?;
         self.a.mov(qword_ptr(rbx + o.jit_chain_rip), rax)?;
-        self.a.mov(r13, qword_ptr(r10 + 32))?;
-        self.a.jmp(qword_ptr(r10 + 24))?;
-        self.a.set_label(&mut out)?;
-        self.a.lea(rax, qword_ptr(r8 - 1))?;
-        self.a.shl(rax, 8)?;
-        self.a.or(rax, status::LEAVE as i32)?;
-        self.a.jmp(epilogue)?;
         Ok(())
     }
 
@@ -895,49 +1032,16 @@ impl Emitter {
                 signed,
             } => {
                 let m = self.g(src);
-                let code = match (ssize, signed) {
-                    (Size::B1, true) => Code::Movsx_r64_rm8,
-                    (Size::B2, true) => Code::Movsx_r64_rm16,
-                    (Size::B4, true) => Code::Movsxd_r64_rm32,
-                    (Size::B1, false) => Code::Movzx_r64_rm8,
-                    (Size::B2, false) => Code::Movzx_r64_rm16,
-                    (Size::B4, false) => Code::Mov_r32_rm32,
-                    (Size::B8, _) => Code::Mov_r64_rm64,
-                };
-                let r = if code == Code::Mov_r32_rm32 {
-                    Register::EAX
-                } else {
-                    Register::RAX
-                };
-                self.add(Instruction::with2(code, r, m))?;
-                if dsize == Size::B4 {
-                    self.a.mov(eax, eax)?;
-                }
-                self.store_acc(dst, dsize)?;
+                self.extend(dst, dsize, m, ssize, signed)?;
             }
             Fast::AluRR { op, dst, src, size } => {
-                if matches!(op, BinOp::Adc | BinOp::Sbb) {
-                    self.need_flags()?;
-                }
-                let (rm_r, r_rm, _) = alu_codes(op);
-                if size == Size::B4 {
-                    self.load(ACC, dst, size)?;
-                    let m = self.g(src);
-                    self.add(Instruction::with2(r_rm[2], Register::EAX, m))?;
-                    if op != BinOp::Cmp {
-                        self.store_acc(dst, size)?;
-                    }
-                } else {
-                    self.load(SEC, src, size)?;
-                    let m = self.g(dst);
-                    self.add(Instruction::with2(rm_r[si(size)], m, SEC[si(size)]))?;
-                }
+                self.need_flags_for(op)?;
+                self.load(SEC, src, size)?;
+                self.alu_gpr(op, dst, size, SEC)?;
                 self.wrote_flags(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
             }
             Fast::AluRI { op, dst, size, imm } => {
-                if matches!(op, BinOp::Adc | BinOp::Sbb) {
-                    self.need_flags()?;
-                }
+                self.need_flags_for(op)?;
                 let (rm_r, _, rm_imm) = alu_codes(op);
                 let m = self.g(dst);
                 match size {
@@ -1222,53 +1326,21 @@ impl Emitter {
             } => {
                 self.lea(&m)?;
                 self.fast_access(false, ssize, slow)?;
-                let code = match (ssize, signed) {
-                    (Size::B1, true) => Code::Movsx_r64_rm8,
-                    (Size::B2, true) => Code::Movsx_r64_rm16,
-                    (Size::B4, true) => Code::Movsxd_r64_rm32,
-                    (Size::B1, false) => Code::Movzx_r64_rm8,
-                    (Size::B2, false) => Code::Movzx_r64_rm16,
-                    (Size::B4, false) => Code::Mov_r32_rm32,
-                    (Size::B8, _) => Code::Mov_r64_rm64,
-                };
-                let r = if code == Code::Mov_r32_rm32 {
-                    Register::EAX
-                } else {
-                    Register::RAX
-                };
-                self.add(Instruction::with2(code, r, at_rdx))?;
-                if dsize == Size::B4 {
-                    self.a.mov(eax, eax)?;
-                }
-                self.store_acc(dst, dsize)?;
+                self.extend(dst, dsize, at_rdx, ssize, signed)?;
             }
             Fast::AluRM { op, dst, size, m } => {
                 self.lea(&m)?;
                 self.fast_access(false, size, slow)?;
                 self.load_host(DXR, size)?;
-                if matches!(op, BinOp::Adc | BinOp::Sbb) {
-                    self.need_flags()?;
-                }
-                let (rm_r, r_rm, _) = alu_codes(op);
-                if size == Size::B4 {
-                    self.load(ACC, dst, size)?;
-                    self.add(Instruction::with2(r_rm[2], Register::EAX, Register::EDX))?;
-                    if op != BinOp::Cmp {
-                        self.store_acc(dst, size)?;
-                    }
-                } else {
-                    let g = self.g(dst);
-                    self.add(Instruction::with2(rm_r[si(size)], g, DXR[si(size)]))?;
-                }
+                self.need_flags_for(op)?;
+                self.alu_gpr(op, dst, size, DXR)?;
                 writes_flags = Some(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
             }
             Fast::AluMR { op, src, size, m } => {
                 self.lea(&m)?;
                 // CMP only reads (the interpreter translates it for reading).
                 self.fast_access(op != BinOp::Cmp, size, slow)?;
-                if matches!(op, BinOp::Adc | BinOp::Sbb) {
-                    self.need_flags()?;
-                }
+                self.need_flags_for(op)?;
                 self.load(SEC, src, size)?;
                 let (rm_r, _, _) = alu_codes(op);
                 self.add(Instruction::with2(rm_r[si(size)], at_rdx, SEC[si(size)]))?;
@@ -1277,9 +1349,7 @@ impl Emitter {
             Fast::AluMI { op, size, imm, m } => {
                 self.lea(&m)?;
                 self.fast_access(op != BinOp::Cmp, size, slow)?;
-                if matches!(op, BinOp::Adc | BinOp::Sbb) {
-                    self.need_flags()?;
-                }
+                self.need_flags_for(op)?;
                 let (_, _, rm_imm) = alu_codes(op);
                 if size == Size::B8 {
                     self.add(Instruction::with2(rm_imm[3], at_rdx, imm as i32))?;
@@ -1408,7 +1478,8 @@ impl Emitter {
                 Code::Sar_rm32_imm8,
                 Code::Sar_rm64_imm8,
             ],
-            _ => return Err(NotTranslated::Unsupported("rotate")),
+            ShiftOp::Rol | ShiftOp::Ror => return self.rotate_imm(op, dst, size, n),
+            _ => return Err(NotTranslated::Unsupported("rotate through carry")),
         };
         self.load(ACC, dst, size)?;
         self.add(Instruction::with2(codes[si(size)], ACC[si(size)], n as u32))?;
@@ -1441,6 +1512,56 @@ impl Emitter {
         let fl = self.field(self.o.rflags);
         self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RDX, fl))?;
         self.a.and(rdx, !(ARITH as i32))?;
+        self.a.or(rdx, rcx)?;
+        self.add(Instruction::with2(Code::Mov_rm64_r64, fl, Register::RDX))?;
+        self.host_valid = false;
+        self.dirty = false;
+        Ok(())
+    }
+
+    /// ROL/ROR of a register by a masked, nonzero immediate count. The
+    /// host rotates (by the count modulo the width, as `alu::rol`/`ror`
+    /// do); CF and OF are computed from the result as the interpreter's
+    /// `alu` computes them (ROL: CF = bit 0, OF = MSB XOR CF; ROR: CF =
+    /// MSB, OF = MSB XOR the bit below it), not taken from the host, whose
+    /// OF is undefined for counts above 1; SF ZF AF PF are kept.
+    fn rotate_imm(&mut self, op: ShiftOp, dst: u8, size: Size, n: u8) -> Result<(), NotTranslated> {
+        let codes = if op == ShiftOp::Rol {
+            [
+                Code::Rol_rm8_imm8,
+                Code::Rol_rm16_imm8,
+                Code::Rol_rm32_imm8,
+                Code::Rol_rm64_imm8,
+            ]
+        } else {
+            [
+                Code::Ror_rm8_imm8,
+                Code::Ror_rm16_imm8,
+                Code::Ror_rm32_imm8,
+                Code::Ror_rm64_imm8,
+            ]
+        };
+        self.load(ACC, dst, size)?;
+        self.add(Instruction::with2(codes[si(size)], ACC[si(size)], n as u32))?;
+        let bits = size.bits();
+        // rcx = CF (bit 0), rdx = the other bit OF compares it with.
+        self.a.mov(rcx, rax)?;
+        self.a.mov(rdx, rax)?;
+        if op == ShiftOp::Rol {
+            self.a.shr(rdx, bits - 1)?;
+        } else {
+            self.a.shr(rcx, bits - 1)?;
+            self.a.shr(rdx, bits - 2)?;
+        }
+        self.a.and(ecx, 1)?;
+        self.a.xor(rdx, rcx)?;
+        self.a.and(edx, 1)?;
+        self.a.shl(edx, 11)?;
+        self.a.or(rcx, rdx)?;
+        self.store_acc(dst, size)?;
+        let fl = self.field(self.o.rflags);
+        self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RDX, fl))?;
+        self.a.and(rdx, !((CF | OF) as i32))?;
         self.a.or(rdx, rcx)?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, fl, Register::RDX))?;
         self.host_valid = false;
