@@ -281,6 +281,7 @@ impl Cpu {
                 Ok(())
             }
             M::Verr | M::Verw => self.exec_verify_segment(mem, i),
+            M::Lsl | M::Lar => self.exec_load_limit_or_rights(mem, i),
             M::Swapgs => {
                 self.require_cpl0()?;
                 std::mem::swap(&mut self.state.gs.base, &mut self.state.kernel_gs_base);
@@ -545,6 +546,89 @@ impl Cpu {
         }
     }
 
+    /// The GDT descriptor `selector` names, for the instructions that test
+    /// a selector without loading it (VERR, VERW, LAR, LSL): `None` for a
+    /// null selector, an LDT selector (the LDT is never used: LLDT accepts
+    /// only null) or one beyond the GDT's limit, which those instructions
+    /// report with ZF = 0 rather than a fault.
+    fn probe_descriptor(&mut self, mem: &PhysMemory, selector: u16) -> Result<Option<u64>, Fault> {
+        let index = u64::from(selector & !7);
+        if selector & !3 == 0 || selector & 4 != 0 || index + 7 > u64::from(self.state.gdtr.limit) {
+            return Ok(None);
+        }
+        self.read_implicit(mem, self.state.gdtr.base.wrapping_add(index), Size::B8)
+            .map(Some)
+    }
+
+    /// Whether a descriptor's DPL admits the current CPL and `selector`'s
+    /// RPL (DPL >= max(CPL, RPL)); conforming code segments skip the check.
+    fn descriptor_visible(&self, d: u64, selector: u16) -> bool {
+        let attr = ((d >> 40) & 0xff) as u32;
+        let conforming_code = attr & seg_attr::S != 0 && attr & 0xc == 0xc;
+        let dpl = ((attr >> 5) & 3) as u8;
+        conforming_code || dpl >= self.state.cpl().max((selector & 3) as u8)
+    }
+
+    /// LSL and LAR (SDM Vol. 2A): for a selector whose descriptor the
+    /// current privilege may see, ZF = 1 and the destination gets the
+    /// segment limit (LSL: byte-granular, scaled by G) or the access
+    /// rights (LAR: descriptor bytes 5 and 6 masked to 0x00f0ff00); any
+    /// other selector is ZF = 0 and the destination unchanged. Code and
+    /// data descriptors qualify; of system descriptors, in 64-bit mode the
+    /// LDT and the available and busy 64-bit TSS, elsewhere also the
+    /// 16-bit TSSs and (LAR only) call and task gates. Linux's vDSO runs
+    /// LSL on a per-CPU GDT entry for `getcpu` when RDPID is absent.
+    fn exec_load_limit_or_rights(
+        &mut self,
+        mem: &PhysMemory,
+        i: &Instruction,
+    ) -> Result<(), Fault> {
+        if self.real_mode() {
+            return Err(ud());
+        }
+        let selector = self.read_op(mem, i, 1, Size::B2)? as u16;
+        let lsl = i.mnemonic() == M::Lsl;
+        let result = match self.probe_descriptor(mem, selector)? {
+            Some(d) if self.descriptor_visible(d, selector) => {
+                let attr = ((d >> 40) & 0xff) as u32;
+                let system_type = attr & 0xf;
+                let long = self.state.in_64bit_mode();
+                let qualifies = attr & seg_attr::S != 0
+                    || match system_type {
+                        0x2 | 0x9 | 0xb => true,
+                        0x1 | 0x3 => !long,
+                        0x4 | 0x5 | 0xc => !lsl && !long,
+                        _ => false,
+                    };
+                qualifies.then(|| {
+                    if lsl {
+                        let raw = (d & 0xffff) | ((d >> 32) & 0xf_0000);
+                        if d & (1 << 55) != 0 {
+                            (raw << 12) | 0xfff
+                        } else {
+                            raw
+                        }
+                    } else {
+                        (d >> 32) & 0x00f0_ff00
+                    }
+                })
+            }
+            _ => None,
+        };
+        match result {
+            Some(v) => {
+                self.state.rflags |= rflags::ZF;
+                let size = Self::op_size(i, 0);
+                // A 64-bit destination gets the 32-bit value zero-extended.
+                self.write_op(mem, i, 0, size, v & size.mask())
+            }
+            None => {
+                self.state.rflags &= !rflags::ZF;
+                Ok(())
+            }
+        }
+    }
+
     /// VERR / VERW (SDM Vol. 2B): ZF says whether the segment `selector`
     /// names is readable (VERR) or writable (VERW) at the current CPL:
     /// a code or data descriptor in the GDT within its limit, with
@@ -557,27 +641,20 @@ impl Cpu {
             return Err(ud());
         }
         let selector = self.read_op(mem, i, 0, Size::B2)? as u16;
-        let index = u64::from(selector & !7);
-        let ok = if selector & !3 == 0
-            || selector & 4 != 0
-            || index + 7 > u64::from(self.state.gdtr.limit)
-        {
-            false
-        } else {
-            let d = self.read_implicit(mem, self.state.gdtr.base.wrapping_add(index), Size::B8)?;
+        let ok = if let Some(d) = self.probe_descriptor(mem, selector)? {
             let attr = ((d >> 40) & 0xff) as u32;
-            let dpl = ((attr >> 5) & 3) as u8;
             let code = attr & 0x8 != 0;
             let readable_or_writable = attr & 0x2 != 0;
-            let conforming = code && attr & 0x4 != 0;
-            let privileged_ok = dpl >= self.state.cpl().max((selector & 3) as u8);
+            let visible = self.descriptor_visible(d, selector);
             if attr & seg_attr::S == 0 {
                 false
             } else if i.mnemonic() == M::Verw {
-                !code && readable_or_writable && privileged_ok
+                !code && readable_or_writable && visible
             } else {
-                (!code || readable_or_writable) && (conforming || privileged_ok)
+                (!code || readable_or_writable) && visible
             }
+        } else {
+            false
         };
         if ok {
             self.state.rflags |= rflags::ZF;

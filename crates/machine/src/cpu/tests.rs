@@ -397,6 +397,76 @@ fn verw_and_verr_report_writable_and_readable_segments_in_zf() {
     assert!(!zf(&mut cpu, 0x13, true), "RPL 3 above the DPL 0");
 }
 
+/// LSL and LAR on a GDT of null, kernel code, kernel data, a user data
+/// segment shaped like Linux's per-CPU `getcpu` entry (byte-granular limit
+/// 0x1003: CPU 3 on node 1), a 64-bit TSS and an interrupt gate type.
+#[test]
+fn lsl_and_lar_load_limits_and_rights_of_visible_descriptors() {
+    let (mem, mut cpu) = machine();
+    let gdt = 0x40000;
+    for (i, d) in [
+        0u64,
+        0x00af_9b00_0000_ffff,
+        0x00cf_9300_0000_ffff,
+        0x0040_f500_0000_1003,
+        0x0000_8900_1000_0067,
+        0,
+        0x0000_8e00_0000_0000,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        mem.write_u64(Hpa(gdt + 8 * i as u64), d).unwrap();
+    }
+    cpu.state_mut().gdtr = state::DescriptorTable {
+        base: gdt,
+        limit: 55,
+    };
+    // mov ecx, SEL; mov rax, -1; lsl rax, ecx (or lar): the result in RAX,
+    // ZF, or None when the instruction faulted.
+    let run = |cpu: &mut Cpu, sel: u16, lar: bool| {
+        let [lo, hi] = sel.to_le_bytes();
+        let op = if lar { 0x02 } else { 0x03 };
+        let code = [
+            0xb9, lo, hi, 0, 0, 0x48, 0xc7, 0xc0, 0xff, 0xff, 0xff, 0xff, 0x48, 0x0f, op, 0xc1,
+        ];
+        assert_eq!(run_guest_code(&mem, cpu, &code), None);
+        (
+            cpu.state().gpr[0],
+            cpu.state().rflags & state::rflags::ZF != 0,
+        )
+    };
+    assert_eq!(
+        run(&mut cpu, 0x08, false),
+        (0xffff_ffff, true),
+        "4 GiB code"
+    );
+    assert_eq!(run(&mut cpu, 0x1b, false), (0x1003, true), "getcpu's entry");
+    assert_eq!(run(&mut cpu, 0x20, false), (0x67, true), "64-bit TSS");
+    assert_eq!(run(&mut cpu, 0x1b, true), (0x0040_f500, true));
+    assert_eq!(
+        run(&mut cpu, 0x10, true),
+        (0x00c0_9300, true),
+        "no limit bits"
+    );
+    assert_eq!(run(&mut cpu, 0x00, false), (u64::MAX, false), "null");
+    assert_eq!(
+        run(&mut cpu, 0x38, false),
+        (u64::MAX, false),
+        "past the limit"
+    );
+    assert_eq!(
+        run(&mut cpu, 0x30, true),
+        (u64::MAX, false),
+        "a gate in long mode"
+    );
+    assert_eq!(
+        run(&mut cpu, 0x1c, false),
+        (u64::MAX, false),
+        "an LDT selector"
+    );
+}
+
 /// The CPU of `machine()` at CPL 3 with user-accessible pages and IOPL 0.
 fn user_machine() -> (PhysMemory, Cpu) {
     let (mem, mut cpu) = machine();
