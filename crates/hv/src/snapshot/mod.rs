@@ -30,6 +30,7 @@ use crate::stats::VcpuStats;
 use crate::swap::{DeviceModel, LatencyRange};
 use crate::time::Cycles;
 use crate::vcpu::kvmclock::{KvmClock, WallClock};
+use crate::vcpu::pv_eoi::PvEoi;
 use crate::vcpu::steal::StealTime;
 use crate::vcpu::xapic::XapicRegs;
 use crate::vcpu::{Requests, RunState};
@@ -204,6 +205,8 @@ struct VcpuState {
     apf_stats: ApfStats,
     kvmclock: KvmClock,
     steal: StealTime,
+    /// Nothing is pending between runs: the MSR only.
+    pv_eoi: PvEoi,
     stats: VcpuStats,
     xapic: XapicRegs,
     /// Shadow paging: the CR3 the guest loaded (the CPU's is the shadow
@@ -490,6 +493,7 @@ impl Vm {
                 apf_stats: vcpu.apf.stats,
                 kvmclock: vcpu.kvmclock,
                 steal: vcpu.steal,
+                pv_eoi: vcpu.pv_eoi,
                 stats: vcpu.stats.clone(),
                 xapic: vcpu.xapic,
                 shadow: (vcpu.mmu_mode == MmuMode::Shadow)
@@ -630,6 +634,7 @@ impl Vm {
             vcpu.wake_not_before = Cycles(saved.wake_not_before);
             vcpu.kvmclock = saved.kvmclock;
             vcpu.steal = saved.steal;
+            vcpu.pv_eoi = saved.pv_eoi;
             vcpu.stats = saved.stats.clone();
             vcpu.xapic = saved.xapic;
             match (saved.shadow, vcpu.mmu_mode) {

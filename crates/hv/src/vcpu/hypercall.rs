@@ -60,6 +60,7 @@ impl Vcpu {
                     0
                 }
                 abi::KVM_HC_SEND_IPI if shared.kvm_features & abi::KVM_FEATURE_PV_SEND_IPI != 0 => {
+                    self.stats.pv_send_ipi_calls += 1;
                     self.pv_send_ipi(shared, [a0, a1], a2 as u32, a3)
                 }
                 abi::KVM_HC_SCHED_YIELD
@@ -86,9 +87,7 @@ impl Vcpu {
     }
 
     /// KVM_HC_SEND_IPI (KVM's `kvm_pv_send_ipi`), answered only when
-    /// `KVM_FEATURE_PV_SEND_IPI` is offered, which it is not yet (with it
-    /// Linux stalls at boot under memory pressure, undiagnosed:
-    /// `docs/platform.md`): the IPI of `icr` to APIC
+    /// `KVM_FEATURE_PV_SEND_IPI` is offered: the IPI of `icr` to APIC
     /// id `min + i` for each bit `i` of `bitmap` (low word, then the high
     /// word for `min + 64`; 32 bits per word from 32-bit code), routed as
     /// an ICR write's IPI is. As KVM: a logical destination or a

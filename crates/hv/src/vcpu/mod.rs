@@ -31,6 +31,7 @@ pub(crate) mod kvmclock;
 pub(crate) mod msr;
 mod page_fault;
 mod pml;
+pub(crate) mod pv_eoi;
 pub(crate) mod shadow;
 pub(crate) mod steal;
 pub(crate) mod xapic;
@@ -144,6 +145,8 @@ pub struct Vcpu {
     pub(crate) kvmclock: kvmclock::KvmClock,
     /// Steal time and the preempted byte.
     pub(crate) steal: steal::StealTime,
+    /// PV EOI (`MSR_KVM_PV_EOI_EN`).
+    pub(crate) pv_eoi: pv_eoi::PvEoi,
     pub(crate) stats: VcpuStats,
     pub(crate) requests: Requests,
     /// The root it entered with last.
@@ -175,6 +178,7 @@ impl Vcpu {
             apf: ApfVcpu::default(),
             kvmclock: kvmclock::KvmClock::default(),
             steal: steal::StealTime::default(),
+            pv_eoi: pv_eoi::PvEoi::default(),
             stats: VcpuStats::default(),
             requests,
             root: None,
@@ -261,9 +265,11 @@ impl Vcpu {
             }
             MmuMode::Native => self.process_native_requests(),
         }
+        let limit = pv_eoi::before_entry(self, shared, limit)?;
         let before = self.cpu.cycles();
         let exit = self.cpu.run(&shared.host.mem, limit.0);
         self.stats.busy_cycles += self.cpu.cycles() - before;
+        pv_eoi::after_exit(self, shared)?;
         Ok(exit)
     }
 
@@ -543,10 +549,13 @@ impl Vcpu {
         }
     }
 
-    /// Whether a kick, or what the machine says wakes a halted CPU (an
-    /// interrupt it can take, an event to inject), can wake it now.
+    /// Whether what the machine says wakes a halted CPU (an interrupt it
+    /// can take, an event to inject), or a kick if it halted by HLT, can
+    /// wake it now. A kick does not end an APF halt: the vCPU would fault
+    /// on the same page again, and the kick must stay pending for the HLT
+    /// it was meant to end.
     pub(crate) fn can_wake(&self) -> bool {
-        self.kicked || self.cpu.halted_can_wake()
+        (self.kicked && self.run == RunState::Halted) || self.cpu.halted_can_wake()
     }
 
     /// The timer deadline that would wake the halted vCPU (the machine's

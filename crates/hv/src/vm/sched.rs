@@ -182,12 +182,19 @@ impl Scheduler {
         }
     }
 
-    /// `vcpu` becomes runnable.
+    /// `vcpu` becomes runnable. A pending kick is consumed only by
+    /// leaving a HLT (KVM clears `pv_unhalted` when the vCPU leaves
+    /// `KVM_MP_STATE_HALTED`, and only then): a kick that arrived while
+    /// the vCPU ran, stalled on a page-in or waited in an APF halt stays
+    /// for the HLT it was meant to end (Linux's `kvm_wait` halts with
+    /// interrupts off and only a kick ends it).
     pub fn set_runnable(&mut self, vcpu: &mut Vcpu) {
         if let Some(old) = vcpu.wake_event.take() {
             self.events.remove(&(old, vcpu.id.0));
         }
-        vcpu.kicked = false;
+        if vcpu.run == RunState::Halted {
+            vcpu.kicked = false;
+        }
         vcpu.run = RunState::Runnable;
     }
 }
@@ -815,6 +822,37 @@ mod tests {
         assert_eq!(vm.vcpus[0].stats.halts, 2);
         assert!(vm.vcpus[0].clock() >= at, "not before the kick was sent");
         assert!(!vm.vcpus[0].kicked, "a wake-up consumes the kick");
+    }
+
+    #[test]
+    fn a_kick_sent_before_the_hlt_survives_an_apf_halt_and_a_page_in_and_ends_the_hlt() {
+        // Linux's `kvm_wait` halts with interrupts off; the lock holder may
+        // kick before the waiter reaches its HLT, and the waiter may block
+        // in the hv on a page on the way (the boot stall with PV send-IPI).
+        let mut vm = halting_vm(1);
+        vm.shared.cross.push(CrossRequest::Kick {
+            target: VcpuId(0),
+            at: Cycles::ZERO,
+        });
+        vm.carry_out_cross_requests();
+        let Vm { vcpus, sched, .. } = &mut vm;
+        let vcpu = &mut vcpus[0];
+        vcpu.run = RunState::ApfHalted;
+        assert!(!vcpu.can_wake(), "a kick does not end an APF halt");
+        sched.set_runnable(vcpu);
+        vcpu.run = RunState::Stalled {
+            until: Cycles::ZERO,
+            slot: crate::swap::SwapSlot(0),
+        };
+        sched.set_runnable(vcpu);
+        assert!(vcpu.kicked, "still pending for the HLT");
+        // `cli; hlt`: the kick ends the first HLT, the second stays.
+        match vm.run() {
+            StopReason::Error(VmError::AllHalted { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(vm.vcpus[0].stats.halts, 2);
+        assert!(!vm.vcpus[0].kicked, "the HLT's wake-up consumed it");
     }
 
     #[test]
