@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: [&str; 10] = [
+const KERNELS: [&str; 11] = [
     "hello",
     "smp",
     "triple",
@@ -15,6 +15,7 @@ const KERNELS: [&str; 10] = [
     "dirtywrite",
     "steal",
     "pveoi",
+    "nmi",
 ];
 /// The hostile-guest suite (tests/guests/hostile/NAME.c -> hostile-NAME.elf);
 /// `exits` is the guest of the exit-handler fuzz target (fuzz/).

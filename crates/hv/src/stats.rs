@@ -94,6 +94,8 @@ pub struct VcpuStats {
     /// flag instead of writing the EOI register.
     pub pv_eoi_offered: u64,
     pub pv_eois: u64,
+    /// NMIs injected (NMI IPIs, by ICR or PV send-IPI).
+    pub nmis_received: u64,
     /// The vCPU's clock.
     pub cycles: u64,
     /// Retired guest instructions.

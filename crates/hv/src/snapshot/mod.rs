@@ -195,6 +195,7 @@ struct VcpuState {
     cpu: CpuSnapshot,
     run: RunSnap,
     kicked: bool,
+    nmi_pending: bool,
     wake_not_before: u64,
     started: bool,
     apf: ApfState,
@@ -486,6 +487,7 @@ impl Vm {
                 cpu,
                 run,
                 kicked: vcpu.kicked,
+                nmi_pending: vcpu.nmi_pending,
                 wake_not_before: vcpu.wake_not_before.0,
                 started: self.shared.directory[index].started,
                 apf: vcpu.apf.state,
@@ -631,6 +633,7 @@ impl Vm {
                     source,
                 })?;
             vcpu.kicked = saved.kicked;
+            vcpu.nmi_pending = saved.nmi_pending;
             vcpu.wake_not_before = Cycles(saved.wake_not_before);
             vcpu.kvmclock = saved.kvmclock;
             vcpu.steal = saved.steal;

@@ -93,8 +93,8 @@ impl Vcpu {
     /// an ICR write's IPI is. As KVM: a logical destination or a
     /// shorthand is `-EINVAL`, APIC ids no vCPU has are skipped (an id
     /// past the largest ends the word), and the result is the count sent.
-    /// Fixed and lowest-priority only: NMI and SMI IPIs are not modelled
-    /// (`-EINVAL`, where the ICR path stops the VM).
+    /// Fixed, lowest-priority and NMI; SMI (there is no SMM) and the
+    /// other modes are `-EINVAL`.
     pub(crate) fn pv_send_ipi(
         &mut self,
         shared: &mut Shared,
@@ -113,6 +113,9 @@ impl Vcpu {
         let mode = match (icr & MODE) >> MODE_SHIFT {
             0 => IpiMode::Fixed,
             1 => IpiMode::LowestPriority,
+            // Linux's NMI IPIs (`APIC_DM_NMI`: the RCU stall detector's
+            // backtraces, `nmi_cpu_backtrace`).
+            4 => IpiMode::Nmi,
             _ => return -errno::EINVAL,
         };
         let bits: u64 = if self.cpu.state().in_64bit_mode() {

@@ -594,6 +594,7 @@ impl Vm {
                             // INIT (not the level de-assert): wait for SIPI.
                             IpiMode::Init if ipi.level_assert => {
                                 target.cpu.receive_init();
+                                target.nmi_pending = false;
                                 if target.mmu_mode == crate::mmu::MmuMode::Shadow {
                                     target.reset_shadow_paging();
                                 }
@@ -601,6 +602,15 @@ impl Vm {
                                 shared.directory[i].started = false;
                             }
                             IpiMode::Init => {}
+                            // NMI: latched; injected at the target's next
+                            // entry that the CPU accepts it (it wakes a
+                            // halted vCPU whatever IF says).
+                            // A CPU waiting for SIPI takes none.
+                            IpiMode::Nmi if target.run == RunState::WaitingForStart => {}
+                            IpiMode::Nmi => {
+                                target.nmi_pending = true;
+                                wake(target, at);
+                            }
                             // SIPI: real mode at vector << 8 (ignored
                             // unless the target waits for one).
                             IpiMode::Startup => {
@@ -856,6 +866,34 @@ mod tests {
     }
 
     #[test]
+    fn an_nmi_ipi_wakes_a_vcpu_halted_with_interrupts_off() {
+        // Linux's RCU stall detector NMIs a CPU that may sit in `kvm_wait`'s
+        // HLT with IF = 0.
+        let mut vm = halting_vm(2);
+        assert_eq!(vm.run_until(Cycles(10_000)), RunStatus::Running);
+        assert_eq!(vm.vcpus[0].run, RunState::Halted);
+        assert!(!vm.vcpus[0].can_wake());
+        let nmi = |dest| CrossRequest::Ipi {
+            sender_apic: 1,
+            ipi: machine::vmx::Ipi {
+                dest: machine::vmx::IpiDest::Physical(dest),
+                vector: 0,
+                mode: IpiMode::Nmi,
+                level_assert: true,
+            },
+            at: Cycles(20_000),
+        };
+        // vCPU 1 waits for SIPI: it takes none.
+        vm.shared.cross.extend([nmi(0), nmi(1)]);
+        vm.carry_out_cross_requests();
+        assert!(vm.vcpus[0].nmi_pending);
+        assert!(vm.vcpus[0].can_wake());
+        assert!(!vm.vcpus[1].nmi_pending);
+        vm.vcpus[0].cpu.state_mut().nmi_blocked = true;
+        assert!(!vm.vcpus[0].can_wake(), "held until the IRET");
+    }
+
+    #[test]
     fn an_ap_starts_at_the_start_time_and_the_rounds_keep_clocks_together() {
         let mut vm = halting_vm(2);
         vm.shared.directory[1].started = true;
@@ -971,8 +1009,8 @@ mod tests {
 
     /// KVM_HC_SEND_IPI: one fixed IPI per bit whose APIC id exists (64
     /// bits per word from 64-bit code, the high word from `min + 64`);
-    /// KVM's refusals for logical destinations, shorthands and (here) the
-    /// NMI delivery mode.
+    /// KVM's refusals for logical destinations and shorthands, and (here)
+    /// the SMI delivery mode; NMI goes as NMI.
     #[test]
     fn pv_send_ipi_sends_one_ipi_per_bit_to_existing_apic_ids() {
         let mut vm = halting_vm(3);
@@ -1002,7 +1040,7 @@ mod tests {
         shared.cross.clear();
         assert_eq!(vcpus[0].pv_send_ipi(shared, [0b1, 0], 2, 0x30), 1);
         assert_eq!(vcpus[0].pv_send_ipi(shared, [!0, !0], u32::MAX, 0x30), 0);
-        for refused in [0x30 | 1 << 11, 0x30 | 1 << 18, 0x30 | 4 << 8] {
+        for refused in [0x30 | 1 << 11, 0x30 | 1 << 18, 0x30 | 2 << 8] {
             assert_eq!(
                 vcpus[0].pv_send_ipi(shared, [0b10, 0], 0, refused),
                 -abi::errno::EINVAL,
@@ -1010,6 +1048,19 @@ mod tests {
             );
         }
         assert_eq!(shared.cross.len(), 1);
+        // Linux's NMI: `APIC_DM_NMI`, no vector.
+        assert_eq!(vcpus[0].pv_send_ipi(shared, [0b10, 0], 0, 4 << 8), 1);
+        assert!(matches!(
+            shared.cross.last(),
+            Some(CrossRequest::Ipi {
+                ipi: Ipi {
+                    mode: IpiMode::Nmi,
+                    dest: machine::vmx::IpiDest::Physical(1),
+                    ..
+                },
+                ..
+            })
+        ));
     }
 
     #[test]
