@@ -95,13 +95,14 @@ pub(super) fn before_entry(
     if !state.enabled() || state.pending {
         return Ok(limit);
     }
+    let in_service: u32 = vcpu.cpu.apic().isr().iter().map(|r| r.count_ones()).sum();
+    if in_service != 1 {
+        return Ok(limit);
+    }
     // A timer already due fires first (it is then pending): the deadline
     // below is in the future.
     vcpu.cpu.sync_apic_timer();
-    let apic = vcpu.cpu.apic();
-    let in_service: u32 = apic.isr().iter().map(|r| r.count_ones()).sum();
-    let nothing_pending = apic.irr().iter().all(|&r| r == 0);
-    if in_service != 1 || !nothing_pending {
+    if vcpu.cpu.apic().irr().iter().any(|&r| r != 0) {
         return Ok(limit);
     }
     shared
