@@ -534,20 +534,13 @@ impl Vcpu {
             // platform's; all is legal for a single-destination use
             // and deterministic).
             // INIT and SIPI start APs the way hardware does (next to
-            // HC_START_CPU); the targets act on them in
-            // `carry_out_cross_requests`.
-            IpiMode::Fixed | IpiMode::LowestPriority | IpiMode::Init | IpiMode::Startup => {
-                shared.cross.push(CrossRequest::Ipi {
-                    sender_apic: self.cpu.apic().id(),
-                    ipi,
-                    at: self.clock(),
-                });
-                self.stats.ipis_sent += 1;
-                Ok(Next::Continue)
-            }
-            // NMIs go to the target's NMI latch
-            // (`carry_out_cross_requests`).
-            IpiMode::Nmi => {
+            // HC_START_CPU); NMIs go to the target's NMI latch; the
+            // targets act on them in `carry_out_cross_requests`.
+            IpiMode::Fixed
+            | IpiMode::LowestPriority
+            | IpiMode::Init
+            | IpiMode::Startup
+            | IpiMode::Nmi => {
                 shared.cross.push(CrossRequest::Ipi {
                     sender_apic: self.cpu.apic().id(),
                     ipi,

@@ -3,7 +3,7 @@
  * off, and one sent from inside the NMI handler, held back until its
  * IRET. Prints `name=value` lines (msr_probe.h); the Rust test
  * (tests/nmi.rs) checks them. */
-#include "msr_probe.h"
+#include "gates.h"
 
 #define X2APIC_SVR 0x80f
 #define X2APIC_ICR 0x830
@@ -13,14 +13,6 @@
 static volatile uint64_t nmis, depth, max_depth, held_in_handler;
 static volatile int send_again;
 
-struct gate { uint16_t off0, sel; uint8_t ist, type; uint16_t off1; uint32_t off2, zero; };
-static struct gate gates[256];
-struct interrupt_frame;
-
-static void exit_to_hv(void) {
-    uint32_t r[4];
-    cpuid(0, r);
-}
 
 static void self_nmi(void) { wrmsr(X2APIC_ICR, ICR_DM_NMI | ICR_ASSERT); /* physical, APIC id 0 */ }
 
@@ -42,13 +34,8 @@ __attribute__((interrupt)) static void nmi_handler(struct interrupt_frame *f) {
 
 __attribute__((section(".text.start"))) void _start(struct boot_info *bi) {
     (void)bi;
-    setup_idt();
-    uint64_t h = (uint64_t)nmi_handler;
-    gates[2] = (struct gate){(uint16_t)h, 0x08, 0, 0x8e, (uint16_t)(h >> 16), (uint32_t)(h >> 32), 0};
-    h = (uint64_t)gp_handler;
-    gates[13] = (struct gate){(uint16_t)h, 0x08, 0, 0x8e, (uint16_t)(h >> 16), (uint32_t)(h >> 32), 0};
-    struct { uint16_t limit; uint64_t base; } __attribute__((packed)) idtr = {sizeof(gates) - 1, (uint64_t)gates};
-    __asm__ volatile("lidt %0" ::"m"(idtr));
+    set_gate(2, (void *)nmi_handler);
+    load_gates();
     wrmsr(X2APIC_SVR, 0x1ff);
 
     __asm__ volatile("cli");

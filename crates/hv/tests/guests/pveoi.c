@@ -4,7 +4,7 @@
  * while their vector is in service and end it as Linux does: clear the
  * flag's bit 0 if set, else write the EOI register. Prints `name=value`
  * lines (msr_probe.h); the Rust test (tests/pv_eoi.rs) checks them. */
-#include "msr_probe.h"
+#include "gates.h"
 
 #define VEC_A 0x50 /* class 5 */
 #define VEC_B 0x51 /* class 5: blocked while VEC_A is in service */
@@ -17,14 +17,6 @@ static volatile uint64_t eoi_flag __attribute__((aligned(8)));
 static volatile uint64_t flag_seen, isr_in_service, isr_after_exit, skipped, written, b_runs;
 static volatile int send_b;
 
-struct gate { uint16_t off0, sel; uint8_t ist, type; uint16_t off1; uint32_t off2, zero; };
-static struct gate gates[256];
-struct interrupt_frame;
-
-static void exit_to_hv(void) {
-    uint32_t r[4];
-    cpuid(0, r);
-}
 
 /* Linux's kvm_guest_apic_eoi_write. */
 static void eoi(void) {
@@ -58,10 +50,6 @@ __attribute__((interrupt)) static void handler_b(struct interrupt_frame *f) {
     eoi();
 }
 
-static void set_gate(int v, void *h) {
-    uint64_t a = (uint64_t)h;
-    gates[v] = (struct gate){(uint16_t)a, 0x08, 0, 0x8e, (uint16_t)(a >> 16), (uint32_t)(a >> 32), 0};
-}
 
 static void interrupt_a(void) {
     wrmsr(X2APIC_SELF_IPI, VEC_A);
@@ -87,12 +75,9 @@ static void report(const char *round) {
 
 __attribute__((section(".text.start"))) void _start(struct boot_info *bi) {
     (void)bi;
-    setup_idt();
-    set_gate(13, (void *)gp_handler);
     set_gate(VEC_A, (void *)handler_a);
     set_gate(VEC_B, (void *)handler_b);
-    struct { uint16_t limit; uint64_t base; } __attribute__((packed)) idtr = {sizeof(gates) - 1, (uint64_t)gates};
-    __asm__ volatile("lidt %0" ::"m"(idtr));
+    load_gates();
     wrmsr(X2APIC_SVR, 0x1ff);
 
     uint32_t r[4];
