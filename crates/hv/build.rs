@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: [&str; 9] = [
+const KERNELS: [&str; 11] = [
     "hello",
     "smp",
     "triple",
@@ -14,6 +14,8 @@ const KERNELS: [&str; 9] = [
     "platform",
     "dirtywrite",
     "steal",
+    "pveoi",
+    "nmi",
 ];
 /// The hostile-guest suite (tests/guests/hostile/NAME.c -> hostile-NAME.elf);
 /// `exits` is the guest of the exit-handler fuzz target (fuzz/).

@@ -173,6 +173,10 @@ _Static_assert(sizeof(struct cr3_cache) == 16 * CR3_CACHE_MAX + 16, "cr3_cache l
 #define KVM_STEAL_RESERVED_MASK 0x3eull
 #define KVM_VCPU_PREEMPTED (1u << 0)
 #define KVM_VCPU_FLUSH_TLB (1u << 1)
+/* PV EOI: KVM's ABI (see crates/abi). */
+#define KVM_FEATURE_PV_EOI (1u << 6)
+#define MSR_KVM_PV_EOI_EN 0x4b564d04u
+#define KVM_PV_EOI_BIT 0
 
 struct kvm_steal_time {
     uint64_t steal;

@@ -428,6 +428,16 @@ pub const KVM_FEATURE_PV_SCHED_YIELD: u32 = 1 << 13;
 pub const KVM_FEATURE_PV_SEND_IPI: u32 = 1 << 11;
 /// The gpa of this vCPU's [`KvmStealTime`] | [`KVM_MSR_ENABLED`].
 pub const MSR_KVM_STEAL_TIME: u32 = 0x4b56_4d03;
+/// CPUID 0x40000001 EAX: [`MSR_KVM_PV_EOI_EN`] (KVM's `KVM_FEATURE_PV_EOI`).
+pub const KVM_FEATURE_PV_EOI: u32 = 1 << 6;
+/// The gpa of this vCPU's PV EOI flag word (4-byte aligned) |
+/// [`KVM_MSR_ENABLED`]. Before an entry with exactly one vector in service
+/// and none pending, the hv sets the flag's bit 0 ([`KVM_PV_EOI_BIT`]); an
+/// EOI that finds it set only clears it (no APIC write), and the hv does
+/// that EOI at the next exit. The hv writes the flag as one byte.
+pub const MSR_KVM_PV_EOI_EN: u32 = 0x4b56_4d04;
+/// Bit 0 of the PV EOI flag (KVM's `KVM_PV_EOI_BIT`).
+pub const KVM_PV_EOI_BIT: u32 = 0;
 /// KVM's `KVM_MSR_ENABLED` (bit 0 of the PV area MSRs).
 pub const KVM_MSR_ENABLED: u64 = 1;
 /// `MSR_KVM_STEAL_TIME` bits 5:1 (KVM's `KVM_STEAL_RESERVED_MASK`).

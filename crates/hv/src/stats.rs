@@ -86,6 +86,16 @@ pub struct VcpuStats {
     pub sched_yields_directed: u64,
     /// KVM_HC_KICK_CPU calls it made.
     pub kicks_sent: u64,
+    /// KVM_HC_SEND_IPI calls it made (each sends one IPI per target,
+    /// counted in `ipis_sent`).
+    pub pv_send_ipi_calls: u64,
+    /// Entries with its PV EOI flag set (one vector in service, none
+    /// pending), and the EOIs the hv did because the guest cleared the
+    /// flag instead of writing the EOI register.
+    pub pv_eoi_offered: u64,
+    pub pv_eois: u64,
+    /// NMIs injected (NMI IPIs, by ICR or PV send-IPI).
+    pub nmis_received: u64,
     /// The vCPU's clock.
     pub cycles: u64,
     /// Retired guest instructions.

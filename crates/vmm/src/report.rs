@@ -31,7 +31,20 @@ pub struct VcpuSummary {
     pub cr3: hv::Cr3CacheStats,
     /// Host CPUs (`--host-cpus`): steal time and what comes with it.
     pub steal: StealSummary,
+    /// PV send-IPI and PV EOI.
+    pub pv: PvSummary,
     pub exits: BTreeMap<String, ExitSummary>,
+}
+
+/// One vCPU's use of PV send-IPI and PV EOI.
+#[derive(Serialize)]
+pub struct PvSummary {
+    /// KVM_HC_SEND_IPI calls (their IPIs count in `ipis_sent`).
+    pub send_ipi_calls: u64,
+    /// Entries with the PV EOI flag set.
+    pub eoi_offered: u64,
+    /// EOIs the hv did because the guest took the flag instead.
+    pub eois: u64,
 }
 
 /// One vCPU's time without a host CPU and the paravirtual features that
@@ -337,6 +350,11 @@ impl Summary {
                         sched_yields_directed: v.sched_yields_directed,
                         kicks_sent: v.kicks_sent,
                     },
+                    pv: PvSummary {
+                        send_ipi_calls: v.pv_send_ipi_calls,
+                        eoi_offered: v.pv_eoi_offered,
+                        eois: v.pv_eois,
+                    },
                     exits: exits(&v.exits),
                 })
                 .collect(),
@@ -560,6 +578,14 @@ impl Summary {
                 v.apf.halts,
                 v.apf.stall_cycles
             );
+            let pv = &v.pv;
+            if pv.send_ipi_calls + pv.eoi_offered > 0 {
+                let _ = writeln!(
+                    s,
+                    "           pv: {} send-IPI hypercalls, PV EOI flag set at {} entries, {} EOIs done by the hv",
+                    pv.send_ipi_calls, pv.eoi_offered, pv.eois
+                );
+            }
             let st = &v.steal;
             if self.host_cpus.is_some() {
                 let _ = writeln!(

@@ -275,6 +275,45 @@ fn linux_pagetag_with_a_quarter_of_guest_memory_has_no_bad_pages() {
     }
 }
 
+/// PV send-IPI and PV EOI under memory pressure: on 4 vCPUs Linux sends
+/// its multicast IPIs through KVM_HC_SEND_IPI and ends interrupts through
+/// the PV EOI flag, and the hv's EOIs for it are no more than the entries
+/// it set the flag at. With PV send-IPI offered this run stalled at boot
+/// until the hv kept a kick that reaches a vCPU before its HLT
+/// (`kvm_wait`, interrupts off) across a page-in stall or an APF halt.
+#[test]
+fn linux_uses_pv_send_ipi_and_pv_eoi_under_memory_pressure() {
+    let Some(image) = linux_image() else { return };
+    let v = run_linux_json(
+        &image,
+        &[
+            "--vcpus",
+            "4",
+            "--mem",
+            "128M",
+            "--host-mem",
+            "32M",
+            "--swap-device",
+            "ssd",
+            "--apf",
+            "pv",
+        ],
+        &["pagetag", "-m", "32M", "-p", "2"],
+    );
+    let console = v["console"].as_str().unwrap();
+    assert!(console.contains("kvm-guest: setup PV IPIs"), "{console}");
+    assert_eq!(report_value(&v, "pagetag_bad"), Some(0), "{console}");
+    let vcpus = v["vcpus"].as_array().unwrap();
+    let sum = |key: &str| -> u64 { vcpus.iter().map(|c| c["pv"][key].as_u64().unwrap()).sum() };
+    assert!(sum("send_ipi_calls") > 0, "Linux's multicast IPIs: {v}");
+    assert!(sum("eois") > 0, "Linux took the PV EOI flag: {v}");
+    assert!(sum("eois") <= sum("eoi_offered"));
+    assert!(
+        v["memory"]["pager"]["swap_ins"].as_u64().unwrap() > 1000,
+        "under memory pressure"
+    );
+}
+
 /// `bench apf --guest linux` at a small scale: every run ends, Linux's
 /// async PF engages under pv (and only there), and the counts of both
 /// sides agree in every run (hv sent = Linux acked = Linux's own HYP count

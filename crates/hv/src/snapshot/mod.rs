@@ -33,6 +33,7 @@ use crate::stats::VcpuStats;
 use crate::swap::{DeviceModel, LatencyRange};
 use crate::time::Cycles;
 use crate::vcpu::kvmclock::{KvmClock, WallClock};
+use crate::vcpu::pv_eoi::PvEoi;
 use crate::vcpu::steal::StealTime;
 use crate::vcpu::xapic::XapicRegs;
 use crate::vcpu::{Requests, RunState};
@@ -226,6 +227,7 @@ struct VcpuState {
     cpu: CpuSnapshot,
     run: RunSnap,
     kicked: bool,
+    nmi_pending: bool,
     wake_not_before: u64,
     started: bool,
     apf: ApfState,
@@ -236,6 +238,8 @@ struct VcpuState {
     apf_stats: ApfStats,
     kvmclock: KvmClock,
     steal: StealTime,
+    /// Nothing is pending between runs: the MSR only.
+    pv_eoi: PvEoi,
     stats: VcpuStats,
     xapic: XapicRegs,
     /// Shadow paging: the CR3 the guest loaded (the CPU's is the shadow
@@ -535,6 +539,7 @@ impl Vm {
                 cpu,
                 run,
                 kicked: vcpu.kicked,
+                nmi_pending: vcpu.nmi_pending,
                 wake_not_before: vcpu.wake_not_before.0,
                 started: self.shared.directory[index].started,
                 apf: vcpu.apf.state,
@@ -542,6 +547,7 @@ impl Vm {
                 apf_stats: vcpu.apf.stats,
                 kvmclock: vcpu.kvmclock,
                 steal: vcpu.steal,
+                pv_eoi: vcpu.pv_eoi,
                 stats: vcpu.stats.clone(),
                 xapic: vcpu.xapic,
                 shadow: (vcpu.mmu_mode == MmuMode::Shadow)
@@ -842,9 +848,11 @@ impl Vm {
                     source,
                 })?;
             vcpu.kicked = saved.kicked;
+            vcpu.nmi_pending = saved.nmi_pending;
             vcpu.wake_not_before = Cycles(saved.wake_not_before);
             vcpu.kvmclock = saved.kvmclock;
             vcpu.steal = saved.steal;
+            vcpu.pv_eoi = saved.pv_eoi;
             vcpu.stats = saved.stats.clone();
             vcpu.xapic = saved.xapic;
             match (saved.shadow, vcpu.mmu_mode) {

@@ -60,6 +60,7 @@ impl Vcpu {
                     0
                 }
                 abi::KVM_HC_SEND_IPI if shared.kvm_features & abi::KVM_FEATURE_PV_SEND_IPI != 0 => {
+                    self.stats.pv_send_ipi_calls += 1;
                     self.pv_send_ipi(shared, [a0, a1], a2 as u32, a3)
                 }
                 abi::KVM_HC_SCHED_YIELD
@@ -86,16 +87,14 @@ impl Vcpu {
     }
 
     /// KVM_HC_SEND_IPI (KVM's `kvm_pv_send_ipi`), answered only when
-    /// `KVM_FEATURE_PV_SEND_IPI` is offered, which it is not yet (with it
-    /// Linux stalls at boot under memory pressure, undiagnosed:
-    /// `docs/platform.md`): the IPI of `icr` to APIC
+    /// `KVM_FEATURE_PV_SEND_IPI` is offered: the IPI of `icr` to APIC
     /// id `min + i` for each bit `i` of `bitmap` (low word, then the high
     /// word for `min + 64`; 32 bits per word from 32-bit code), routed as
     /// an ICR write's IPI is. As KVM: a logical destination or a
     /// shorthand is `-EINVAL`, APIC ids no vCPU has are skipped (an id
     /// past the largest ends the word), and the result is the count sent.
-    /// Fixed and lowest-priority only: NMI and SMI IPIs are not modelled
-    /// (`-EINVAL`, where the ICR path stops the VM).
+    /// Fixed, lowest-priority and NMI; SMI (there is no SMM) and the
+    /// other modes are `-EINVAL`.
     pub(crate) fn pv_send_ipi(
         &mut self,
         shared: &mut Shared,
@@ -114,6 +113,9 @@ impl Vcpu {
         let mode = match (icr & MODE) >> MODE_SHIFT {
             0 => IpiMode::Fixed,
             1 => IpiMode::LowestPriority,
+            // Linux's NMI IPIs (`APIC_DM_NMI`: the RCU stall detector's
+            // backtraces, `nmi_cpu_backtrace`).
+            4 => IpiMode::Nmi,
             _ => return -errno::EINVAL,
         };
         let bits: u64 = if self.cpu.state().in_64bit_mode() {

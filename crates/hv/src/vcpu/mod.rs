@@ -31,6 +31,7 @@ pub(crate) mod kvmclock;
 pub(crate) mod msr;
 mod page_fault;
 mod pml;
+pub(crate) mod pv_eoi;
 pub(crate) mod shadow;
 pub(crate) mod steal;
 pub(crate) mod xapic;
@@ -134,6 +135,9 @@ pub struct Vcpu {
     pub(crate) run: RunState,
     /// KVM_HC_KICK_CPU arrived while halted or before the next HLT.
     pub(crate) kicked: bool,
+    /// An NMI IPI arrived and waits for injection (one latched, as the
+    /// CPU's NMI pin latches one).
+    pub(crate) nmi_pending: bool,
     /// Earliest virtual time at which a wake-up sent by another vCPU can be
     /// seen (the sender's clock).
     pub(crate) wake_not_before: Cycles,
@@ -144,6 +148,8 @@ pub struct Vcpu {
     pub(crate) kvmclock: kvmclock::KvmClock,
     /// Steal time and the preempted byte.
     pub(crate) steal: steal::StealTime,
+    /// PV EOI (`MSR_KVM_PV_EOI_EN`).
+    pub(crate) pv_eoi: pv_eoi::PvEoi,
     pub(crate) stats: VcpuStats,
     pub(crate) requests: Requests,
     /// The root it entered with last.
@@ -170,11 +176,13 @@ impl Vcpu {
             cpu,
             run: RunState::WaitingForStart,
             kicked: false,
+            nmi_pending: false,
             wake_not_before: Cycles::ZERO,
             wake_event: None,
             apf: ApfVcpu::default(),
             kvmclock: kvmclock::KvmClock::default(),
             steal: steal::StealTime::default(),
+            pv_eoi: pv_eoi::PvEoi::default(),
             stats: VcpuStats::default(),
             requests,
             root: None,
@@ -261,9 +269,12 @@ impl Vcpu {
             }
             MmuMode::Native => self.process_native_requests(),
         }
+        self.inject_pending_nmi();
+        let limit = pv_eoi::before_entry(self, shared, limit)?;
         let before = self.cpu.cycles();
         let exit = self.cpu.run(&shared.host.mem, limit.0);
         self.stats.busy_cycles += self.cpu.cycles() - before;
+        pv_eoi::after_exit(self, shared)?;
         Ok(exit)
     }
 
@@ -523,9 +534,13 @@ impl Vcpu {
             // platform's; all is legal for a single-destination use
             // and deterministic).
             // INIT and SIPI start APs the way hardware does (next to
-            // HC_START_CPU); the targets act on them in
-            // `carry_out_cross_requests`.
-            IpiMode::Fixed | IpiMode::LowestPriority | IpiMode::Init | IpiMode::Startup => {
+            // HC_START_CPU); NMIs go to the target's NMI latch; the
+            // targets act on them in `carry_out_cross_requests`.
+            IpiMode::Fixed
+            | IpiMode::LowestPriority
+            | IpiMode::Init
+            | IpiMode::Startup
+            | IpiMode::Nmi => {
                 shared.cross.push(CrossRequest::Ipi {
                     sender_apic: self.cpu.apic().id(),
                     ipi,
@@ -534,7 +549,7 @@ impl Vcpu {
                 self.stats.ipis_sent += 1;
                 Ok(Next::Continue)
             }
-            // NMI and SMI IPIs are not modelled.
+            // SMI IPIs are not modelled (no SMM).
             other => Err(VmError::UnsupportedExit {
                 vcpu: self.id,
                 rip: self.rip(),
@@ -543,10 +558,39 @@ impl Vcpu {
         }
     }
 
-    /// Whether a kick, or what the machine says wakes a halted CPU (an
-    /// interrupt it can take, an event to inject), can wake it now.
+    /// Whether what the machine says wakes a halted CPU (an interrupt it
+    /// can take, an event to inject), an NMI it can take, or a kick if it
+    /// halted by HLT, can wake it now. A kick does not end an APF halt:
+    /// the vCPU would fault on the same page again, and the kick must stay
+    /// pending for the HLT it was meant to end.
     pub(crate) fn can_wake(&self) -> bool {
-        self.kicked || self.cpu.halted_can_wake()
+        (self.kicked && self.run == RunState::Halted)
+            || self.nmi_deliverable()
+            || self.cpu.halted_can_wake()
+    }
+
+    /// An NMI waits and the CPU is not blocking NMIs (it blocks them from
+    /// the delivery of one to the next IRET).
+    fn nmi_deliverable(&self) -> bool {
+        self.nmi_pending && !self.cpu.state().nmi_blocked
+    }
+
+    /// Before an entry: a pending NMI the CPU accepts is injected (unless
+    /// another event is already being injected; it waits for the next
+    /// entry). One that arrives while NMIs are blocked waits for an entry
+    /// after the guest's IRET: KVM asks for an NMI-window exit there; the
+    /// hv sees the IRET at its next exit (at most the scheduling quantum).
+    fn inject_pending_nmi(&mut self) {
+        if self.nmi_deliverable() && self.cpu.pending_injection().is_none() {
+            self.nmi_pending = false;
+            self.stats.nmis_received += 1;
+            self.cpu.inject_event(machine::vmx::EventInjection {
+                kind: machine::vmx::EventKind::Nmi,
+                vector: machine::cpu::vector::NMI,
+                error_code: None,
+                instruction_len: 0,
+            });
+        }
     }
 
     /// The timer deadline that would wake the halted vCPU (the machine's

@@ -175,6 +175,7 @@ impl Vcpu {
         let value = crate::apf::x86::rdmsr(self, shared, index)
             .or_else(|| super::kvmclock::rdmsr(self, shared, index))
             .or_else(|| super::steal::rdmsr(self, index))
+            .or_else(|| super::pv_eoi::rdmsr(self, index))
             .or_else(|| msr_entry(index).and_then(|e| (e.read)(&self.cpu)));
         match value {
             Some(value) => self.cpu.complete_rdmsr(value),
@@ -194,7 +195,10 @@ impl Vcpu {
                 Some(ok) => ok,
                 None => match super::steal::wrmsr(self, shared, index, value)? {
                     Some(ok) => ok,
-                    None => msr_entry(index).is_some_and(|e| (e.write)(&mut self.cpu, value)),
+                    None => match super::pv_eoi::wrmsr(self, shared, index, value) {
+                        Some(ok) => ok,
+                        None => msr_entry(index).is_some_and(|e| (e.write)(&mut self.cpu, value)),
+                    },
                 },
             },
         };

@@ -364,6 +364,8 @@ impl Vm {
                     | abi::KVM_FEATURE_STEAL_TIME
                     | abi::KVM_FEATURE_PV_TLB_FLUSH
                     | abi::KVM_FEATURE_PV_SCHED_YIELD
+                    | abi::KVM_FEATURE_PV_SEND_IPI
+                    | abi::KVM_FEATURE_PV_EOI
                     | if cr3_cache.is_some() {
                         abi::KVM_FEATURE_CR3_CACHE
                     } else {

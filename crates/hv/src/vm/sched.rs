@@ -182,12 +182,19 @@ impl Scheduler {
         }
     }
 
-    /// `vcpu` becomes runnable.
+    /// `vcpu` becomes runnable. A pending kick is consumed only by
+    /// leaving a HLT (KVM clears `pv_unhalted` when the vCPU leaves
+    /// `KVM_MP_STATE_HALTED`, and only then): a kick that arrived while
+    /// the vCPU ran, stalled on a page-in or waited in an APF halt stays
+    /// for the HLT it was meant to end (Linux's `kvm_wait` halts with
+    /// interrupts off and only a kick ends it).
     pub fn set_runnable(&mut self, vcpu: &mut Vcpu) {
         if let Some(old) = vcpu.wake_event.take() {
             self.events.remove(&(old, vcpu.id.0));
         }
-        vcpu.kicked = false;
+        if vcpu.run == RunState::Halted {
+            vcpu.kicked = false;
+        }
         vcpu.run = RunState::Runnable;
     }
 }
@@ -587,6 +594,7 @@ impl Vm {
                             // INIT (not the level de-assert): wait for SIPI.
                             IpiMode::Init if ipi.level_assert => {
                                 target.cpu.receive_init();
+                                target.nmi_pending = false;
                                 if target.mmu_mode == crate::mmu::MmuMode::Shadow {
                                     target.reset_shadow_paging();
                                 }
@@ -594,6 +602,15 @@ impl Vm {
                                 shared.directory[i].started = false;
                             }
                             IpiMode::Init => {}
+                            // NMI: latched; injected at the target's next
+                            // entry that the CPU accepts it (it wakes a
+                            // halted vCPU whatever IF says).
+                            // A CPU waiting for SIPI takes none.
+                            IpiMode::Nmi if target.run == RunState::WaitingForStart => {}
+                            IpiMode::Nmi => {
+                                target.nmi_pending = true;
+                                wake(target, at);
+                            }
                             // SIPI: real mode at vector << 8 (ignored
                             // unless the target waits for one).
                             IpiMode::Startup => {
@@ -818,6 +835,65 @@ mod tests {
     }
 
     #[test]
+    fn a_kick_sent_before_the_hlt_survives_an_apf_halt_and_a_page_in_and_ends_the_hlt() {
+        // Linux's `kvm_wait` halts with interrupts off; the lock holder may
+        // kick before the waiter reaches its HLT, and the waiter may block
+        // in the hv on a page on the way (the boot stall with PV send-IPI).
+        let mut vm = halting_vm(1);
+        vm.shared.cross.push(CrossRequest::Kick {
+            target: VcpuId(0),
+            at: Cycles::ZERO,
+        });
+        vm.carry_out_cross_requests();
+        let Vm { vcpus, sched, .. } = &mut vm;
+        let vcpu = &mut vcpus[0];
+        vcpu.run = RunState::ApfHalted;
+        assert!(!vcpu.can_wake(), "a kick does not end an APF halt");
+        sched.set_runnable(vcpu);
+        vcpu.run = RunState::Stalled {
+            until: Cycles::ZERO,
+            slot: crate::swap::SwapSlot(0),
+        };
+        sched.set_runnable(vcpu);
+        assert!(vcpu.kicked, "still pending for the HLT");
+        // `cli; hlt`: the kick ends the first HLT, the second stays.
+        match vm.run() {
+            StopReason::Error(VmError::AllHalted { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(vm.vcpus[0].stats.halts, 2);
+        assert!(!vm.vcpus[0].kicked, "the HLT's wake-up consumed it");
+    }
+
+    #[test]
+    fn an_nmi_ipi_wakes_a_vcpu_halted_with_interrupts_off() {
+        // Linux's RCU stall detector NMIs a CPU that may sit in `kvm_wait`'s
+        // HLT with IF = 0.
+        let mut vm = halting_vm(2);
+        assert_eq!(vm.run_until(Cycles(10_000)), RunStatus::Running);
+        assert_eq!(vm.vcpus[0].run, RunState::Halted);
+        assert!(!vm.vcpus[0].can_wake());
+        let nmi = |dest| CrossRequest::Ipi {
+            sender_apic: 1,
+            ipi: machine::vmx::Ipi {
+                dest: machine::vmx::IpiDest::Physical(dest),
+                vector: 0,
+                mode: IpiMode::Nmi,
+                level_assert: true,
+            },
+            at: Cycles(20_000),
+        };
+        // vCPU 1 waits for SIPI: it takes none.
+        vm.shared.cross.extend([nmi(0), nmi(1)]);
+        vm.carry_out_cross_requests();
+        assert!(vm.vcpus[0].nmi_pending);
+        assert!(vm.vcpus[0].can_wake());
+        assert!(!vm.vcpus[1].nmi_pending);
+        vm.vcpus[0].cpu.state_mut().nmi_blocked = true;
+        assert!(!vm.vcpus[0].can_wake(), "held until the IRET");
+    }
+
+    #[test]
     fn an_ap_starts_at_the_start_time_and_the_rounds_keep_clocks_together() {
         let mut vm = halting_vm(2);
         vm.shared.directory[1].started = true;
@@ -933,8 +1009,8 @@ mod tests {
 
     /// KVM_HC_SEND_IPI: one fixed IPI per bit whose APIC id exists (64
     /// bits per word from 64-bit code, the high word from `min + 64`);
-    /// KVM's refusals for logical destinations, shorthands and (here) the
-    /// NMI delivery mode.
+    /// KVM's refusals for logical destinations and shorthands, and (here)
+    /// the SMI delivery mode; NMI goes as NMI.
     #[test]
     fn pv_send_ipi_sends_one_ipi_per_bit_to_existing_apic_ids() {
         let mut vm = halting_vm(3);
@@ -964,7 +1040,7 @@ mod tests {
         shared.cross.clear();
         assert_eq!(vcpus[0].pv_send_ipi(shared, [0b1, 0], 2, 0x30), 1);
         assert_eq!(vcpus[0].pv_send_ipi(shared, [!0, !0], u32::MAX, 0x30), 0);
-        for refused in [0x30 | 1 << 11, 0x30 | 1 << 18, 0x30 | 4 << 8] {
+        for refused in [0x30 | 1 << 11, 0x30 | 1 << 18, 0x30 | 2 << 8] {
             assert_eq!(
                 vcpus[0].pv_send_ipi(shared, [0b10, 0], 0, refused),
                 -abi::errno::EINVAL,
@@ -972,6 +1048,19 @@ mod tests {
             );
         }
         assert_eq!(shared.cross.len(), 1);
+        // Linux's NMI: `APIC_DM_NMI`, no vector.
+        assert_eq!(vcpus[0].pv_send_ipi(shared, [0b10, 0], 0, 4 << 8), 1);
+        assert!(matches!(
+            shared.cross.last(),
+            Some(CrossRequest::Ipi {
+                ipi: Ipi {
+                    mode: IpiMode::Nmi,
+                    dest: machine::vmx::IpiDest::Physical(1),
+                    ..
+                },
+                ..
+            })
+        ));
     }
 
     #[test]

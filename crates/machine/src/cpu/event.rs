@@ -307,6 +307,9 @@ impl Cpu {
         self.state.rflags = fl;
         self.state.rip = target;
         self.state.interruptibility = 0;
+        if ev.kind == EventKind::Nmi {
+            self.state.nmi_blocked = true;
+        }
         self.state.activity = Activity::Active;
         self.cycles += self.costs.event_delivery;
         self.check_events = true;
@@ -344,6 +347,9 @@ impl Cpu {
         self.state.rip = entry & 0xffff;
         self.state.rflags &= !(rflags::IF | rflags::TF | rflags::AC | rflags::RF);
         self.state.interruptibility = 0;
+        if ev.kind == EventKind::Nmi {
+            self.state.nmi_blocked = true;
+        }
         self.state.activity = Activity::Active;
         self.mode_epoch += 1;
         self.cycles += self.costs.event_delivery;

@@ -211,6 +211,8 @@ impl Cpu {
     /// virtual-8086 mode and nested tasks (NT) are not modelled: #GP(0).
     pub(super) fn exec_iret(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
         self.cycles += self.costs.privilege_transition;
+        // IRET ends blocking by NMI even if it faults (SDM Vol. 3A 6.7.1).
+        self.state.nmi_blocked = false;
         let size = match i.mnemonic() {
             M::Iret => Size::B2,
             M::Iretd => Size::B4,

@@ -280,6 +280,12 @@ pub struct CpuState {
     pub debug: super::debug_regs::DebugRegs,
     /// [`interruptibility`] bits.
     pub interruptibility: u8,
+    /// Blocking by NMI (VMCS interruptibility bit 3): set by delivering an
+    /// NMI, cleared by the next IRET (SDM Vol. 3A 6.7.1). The CPU itself
+    /// has no NMI source; the hypervisor injects NMIs and reads this to
+    /// hold the next one back.
+    #[serde(default)]
+    pub nmi_blocked: bool,
     pub activity: Activity,
     /// x87 and SSE registers.
     pub fpu: super::fpu_state::FpuState,
@@ -343,6 +349,7 @@ impl Default for CpuState {
             mtrr_def_type: 0xc06,
             debug: super::debug_regs::DebugRegs::default(),
             interruptibility: 0,
+            nmi_blocked: false,
             activity: Activity::Active,
             fpu: super::fpu_state::FpuState::default(),
         }
