@@ -3,8 +3,9 @@
  * share of an M MiB buffer, P passes, one word per page; then it prints the
  * time taken, a checksum of what it read back (so a page that came back
  * from the hv's swap with the wrong contents shows), and the steal time
- * Linux accounted (/proc/stat's cpu line). Under `--host-mem` below the
- * buffer the hv swaps, and Linux's own async page fault code sees it.
+ * Linux accounted (/proc/stat's cpu lines: the sum, then each CPU's).
+ * Under `--host-mem` below the buffer the hv swaps, and Linux's own async
+ * page fault code sees it.
  *
  *   memtouch [-m MiB] [-p passes] [-t threads]
  */
@@ -100,7 +101,9 @@ int main(int argc, char **argv)
 	       threads, elapsed, (unsigned long long)bad);
 	FILE *stat = fopen("/proc/stat", "r");
 	char line[256];
-	if (stat && fgets(line, sizeof(line), stat))
+	while (stat && fgets(line, sizeof(line), stat) && strncmp(line, "cpu", 3) == 0)
 		printf("memtouch: /proc/stat %s", line);
+	if (stat)
+		fclose(stat);
 	return bad ? 1 : 0;
 }

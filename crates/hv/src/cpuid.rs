@@ -3,8 +3,16 @@
 //! long mode, FPU, FXSR, SSE, SSE2) plus the
 //! hypervisor bit, KVM's paravirtual leaves, and what a guest needs to know
 //! about time without calibrating: the TSC frequency (leaves 0x15 and 0x16,
-//! as Intel reports it), an always-running APIC timer (ARAT) and an
-//! invariant TSC. The TSC runs at [`crate::CYCLES_PER_SECOND`].
+//! as Intel reports it) and an always-running APIC timer (ARAT). The TSC
+//! runs at [`crate::CYCLES_PER_SECOND`].
+//!
+//! No invariant TSC (leaf 0x80000007 EDX bit 8), as
+//! QEMU does not advertise it by default: QEMU refuses to migrate a VM
+//! with `invtsc` (the TSC's rate and value cannot be promised across
+//! hosts), and faultline migrates VMs. Without it Linux keeps kvm-clock's
+//! rating above the TSC's and uses **kvm-clock** as its clocksource on any
+//! number of vCPUs (with it, `kvmclock_init` lowers kvm-clock to 299 and a
+//! 1-vCPU Linux switches to `tsc`).
 
 /// "KVMKVMKVM\0\0\0" as EBX, ECX, EDX.
 const KVM_SIGNATURE: [u32; 3] = [0x4b4d_564b, 0x564b_4d56, 0x0000_004d];
@@ -13,8 +21,6 @@ const KVM_SIGNATURE: [u32; 3] = [0x4b4d_564b, 0x564b_4d56, 0x0000_004d];
 pub const HYPERVISOR_BIT: u32 = 1 << 31;
 /// Leaf 6 EAX: the APIC timer runs in every C-state (ARAT).
 pub const ARAT_BIT: u32 = 1 << 2;
-/// Leaf 0x80000007 EDX: the TSC runs at a constant rate (invariant TSC).
-pub const INVARIANT_TSC_BIT: u32 = 1 << 8;
 /// The nominal core crystal clock of leaf 0x15 (Intel's 25 MHz).
 const CRYSTAL_HZ: u32 = 25_000_000;
 
@@ -40,7 +46,9 @@ pub fn guest_cpuid(leaf: u32, subleaf: u32, apic_id: u32, kvm_features: u32) -> 
             let mhz = (crate::CYCLES_PER_SECOND / 1_000_000) as u32;
             [mhz, mhz, 100, 0]
         }
-        0x8000_0007 => [0, 0, 0, INVARIANT_TSC_BIT],
+        // Advanced power management: nothing, in particular no invariant
+        // TSC (module doc: migration).
+        0x8000_0007 => [0, 0, 0, 0],
         1 => {
             let mut r = machine::cpu::native_cpuid(leaf, subleaf, apic_id);
             r[2] |= HYPERVISOR_BIT;
@@ -60,6 +68,10 @@ pub fn guest_cpuid(leaf: u32, subleaf: u32, apic_id: u32, kvm_features: u32) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Leaf 0x80000007 EDX: the TSC runs at a constant rate (invariant
+    /// TSC), which the hv does not advertise (module doc).
+    const INVARIANT_TSC_BIT: u32 = 1 << 8;
 
     #[test]
     fn kvm_signature_and_hypervisor_bit() {
@@ -87,7 +99,8 @@ mod tests {
             crate::CYCLES_PER_SECOND
         );
         assert_ne!(guest_cpuid(6, 0, 0, 0)[0] & ARAT_BIT, 0);
-        assert_ne!(guest_cpuid(0x8000_0007, 0, 0, 0)[3] & INVARIANT_TSC_BIT, 0);
+        // No invariant TSC: Linux keeps kvm-clock, and the VM can migrate.
+        assert_eq!(guest_cpuid(0x8000_0007, 0, 0, 0)[3] & INVARIANT_TSC_BIT, 0);
         // TSC-deadline comes from the machine.
         assert_ne!(guest_cpuid(1, 0, 0, 0)[2] & (1 << 24), 0);
     }

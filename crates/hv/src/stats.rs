@@ -71,6 +71,10 @@ pub struct VcpuStats {
     /// Cycles it wanted to run but had no host CPU (`--host-cpus`): steal
     /// time.
     pub steal_cycles: u64,
+    /// Steal (ns) the hv added to the guest's steal-time area: the steal
+    /// since the guest registered the area, up to the vCPU's last
+    /// schedule-in (what the guest's steal clock can show).
+    pub steal_reported_ns: u64,
     /// Times it lost its host CPU while it wanted to run.
     pub preemptions: u64,
     /// TLB flushes the hv did at its entry for a PV TLB flush (the guest

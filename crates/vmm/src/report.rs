@@ -55,6 +55,9 @@ pub struct StealSummary {
     pub steal_cycles: u64,
     /// The same in nanoseconds (the unit of the guest's steal clock).
     pub steal_ns: u64,
+    /// Of it, what the hv added to the guest's steal-time area (the steal
+    /// after the guest registered it, up to the last schedule-in).
+    pub reported_ns: u64,
     /// Times it lost its host CPU while it wanted to run.
     pub preemptions: u64,
     /// TLB flushes the hv did for it at entry (PV TLB flush).
@@ -342,6 +345,7 @@ impl Summary {
                     steal: StealSummary {
                         steal_cycles: v.steal_cycles,
                         steal_ns: hv::steal_cycles_to_ns(v.steal_cycles),
+                        reported_ns: v.steal_reported_ns,
                         preemptions: v.preemptions,
                         pv_tlb_flushes: v.pv_tlb_flushes,
                         ipis_received: v.ipis_received,

@@ -144,8 +144,10 @@ pub(crate) fn record(vcpu: &mut Vcpu, shared: &mut Shared) -> Result<(), VmError
         .read_guest(area.add(STEAL), &mut steal)
         .map_err(|e| error(vcpu, e))?;
     let now_ns = cycles_to_ns(vcpu.stats.steal_cycles);
-    let steal = u64::from_le_bytes(steal).wrapping_add(now_ns - vcpu.steal.reported_ns);
+    let delta = now_ns - vcpu.steal.reported_ns;
+    let steal = u64::from_le_bytes(steal).wrapping_add(delta);
     vcpu.steal.reported_ns = now_ns;
+    vcpu.stats.steal_reported_ns += delta;
     shared
         .write_guest(area.add(STEAL), &steal.to_le_bytes())
         .map_err(|e| error(vcpu, e))?;
