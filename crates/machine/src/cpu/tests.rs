@@ -358,26 +358,32 @@ fn stac_and_clac_set_and_clear_ac_in_ring_0_only() {
     );
 }
 
-/// VERW/VERR on a GDT of null, kernel code, kernel data, user data.
-#[test]
-fn verw_and_verr_report_writable_and_readable_segments_in_zf() {
-    let (mem, mut cpu) = machine();
+/// Writes `descriptors` as the GDT (at 0x40000) and points GDTR at it.
+fn load_gdt(mem: &PhysMemory, cpu: &mut Cpu, descriptors: &[u64]) {
     let gdt = 0x40000;
-    for (i, d) in [
-        0u64,
-        0x00af_9b00_0000_ffff,
-        0x00cf_9300_0000_ffff,
-        0x00cf_f300_0000_ffff,
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (i, &d) in descriptors.iter().enumerate() {
         mem.write_u64(Hpa(gdt + 8 * i as u64), d).unwrap();
     }
     cpu.state_mut().gdtr = state::DescriptorTable {
         base: gdt,
-        limit: 31,
+        limit: (descriptors.len() * 8 - 1) as u16,
     };
+}
+
+/// VERW/VERR on a GDT of null, kernel code, kernel data, user data.
+#[test]
+fn verw_and_verr_report_writable_and_readable_segments_in_zf() {
+    let (mem, mut cpu) = machine();
+    load_gdt(
+        &mem,
+        &mut cpu,
+        &[
+            0,
+            0x00af_9b00_0000_ffff,
+            0x00cf_9300_0000_ffff,
+            0x00cf_f300_0000_ffff,
+        ],
+    );
     // mov ax, SEL; verw ax (or verr ax)
     let zf = |cpu: &mut Cpu, sel: u16, verw: bool| {
         let [lo, hi] = sel.to_le_bytes();
@@ -403,25 +409,19 @@ fn verw_and_verr_report_writable_and_readable_segments_in_zf() {
 #[test]
 fn lsl_and_lar_load_limits_and_rights_of_visible_descriptors() {
     let (mem, mut cpu) = machine();
-    let gdt = 0x40000;
-    for (i, d) in [
-        0u64,
-        0x00af_9b00_0000_ffff,
-        0x00cf_9300_0000_ffff,
-        0x0040_f500_0000_1003,
-        0x0000_8900_1000_0067,
-        0,
-        0x0000_8e00_0000_0000,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        mem.write_u64(Hpa(gdt + 8 * i as u64), d).unwrap();
-    }
-    cpu.state_mut().gdtr = state::DescriptorTable {
-        base: gdt,
-        limit: 55,
-    };
+    load_gdt(
+        &mem,
+        &mut cpu,
+        &[
+            0,
+            0x00af_9b00_0000_ffff,
+            0x00cf_9300_0000_ffff,
+            0x0040_f500_0000_1003,
+            0x0000_8900_1000_0067,
+            0,
+            0x0000_8e00_0000_0000,
+        ],
+    );
     // mov ecx, SEL; mov rax, -1; lsl rax, ecx (or lar): the result in RAX,
     // ZF, or None when the instruction faulted.
     let run = |cpu: &mut Cpu, sel: u16, lar: bool| {
