@@ -423,7 +423,7 @@ fn lsl_and_lar_load_limits_and_rights_of_visible_descriptors() {
         ],
     );
     // mov ecx, SEL; mov rax, -1; lsl rax, ecx (or lar): the result in RAX,
-    // ZF, or None when the instruction faulted.
+    // ZF (the code must run without a fault).
     let run = |cpu: &mut Cpu, sel: u16, lar: bool| {
         let [lo, hi] = sel.to_le_bytes();
         let op = if lar { 0x02 } else { 0x03 };
