@@ -135,6 +135,11 @@ fn main() -> ExitCode {
     };
     if args.stats {
         print_stats(&machine.stats());
+        let j = machine.cpu().jit_stats();
+        eprintln!(
+            "translator:     {} blocks translated ({} bytes), {} interpreted, {} refused",
+            j.blocks_translated, j.code_bytes, j.blocks_interpreted, j.blocks_failed
+        );
     }
     match result {
         // The OS keeps the low 8 bits, as for QEMU's exit((v << 1) | 1).

@@ -159,6 +159,7 @@ impl Cpu {
         let hpa = r.map_err(translate_fault)?;
         if !implicit {
             let class = kind as usize * 2 + user as usize;
+            self.l1.use_memory(mem.jit_view().0, mem.size());
             self.l1
                 .fill(class, la, hpa, self.tlb.epoch(), self.mode_epoch);
         }

@@ -3,69 +3,154 @@
 //! [`crate::mmu::tlb::Tlb`] (as the L1 iTLB/dTLB sit in front of the STLB on
 //! a real core).
 //!
-//! It is inclusive and never more permissive than the TLB behind it: an
-//! entry records the TLB's epoch and the CPU's mode epoch when it was made,
-//! and is used only while neither has changed. Any fill, eviction or
-//! invalidation in the TLB, or any change of CR0/CR3/CR4/EFER, CPL,
-//! RFLAGS.AC or the VMX controls, therefore empties it at once. Hits here
-//! do not update the replacement state of the TLB, exactly as L1 hits do
-//! not reach the STLB on hardware.
+//! It is inclusive and never more permissive than the TLB behind it: a slot
+//! is valid only while the TLB's epoch and the CPU's mode epoch are the
+//! ones it was filled under. Any fill, eviction or invalidation in the TLB,
+//! or any change of CR0/CR3/CR4/EFER, CPL, RFLAGS.AC or the VMX controls,
+//! therefore empties it at once. Hits here do not update the replacement
+//! state of the TLB, exactly as L1 hits do not reach the STLB on hardware.
+//!
+//! Emptying is eager: [`L1Tlb::sync`] compares the two epochs with the ones
+//! the slots were filled under and, when either moved, clears the slots
+//! filled since (a short list, so the cost is that of the fills), so a
+//! valid slot is simply one whose page matches. That is what lets
+//! translated code probe a slot with a single compare: the CPU syncs before
+//! generated code runs and after every call-out from it, the only places
+//! the epochs can move. Lookups and fills sync first, so the interpreter
+//! needs no such discipline.
 
 use crate::addr::Hpa;
 
 pub(crate) const SLOTS: usize = 64;
-/// Size of one slot: page, hpa, tlb_epoch, mode_epoch.
+/// Size of one slot (see [`Slot`]).
 pub(crate) const SLOT_BYTES: usize = 32;
 const _: () = assert!(std::mem::size_of::<Slot>() == SLOT_BYTES);
+/// Access-kind classes: (read, write, execute) x (supervisor, user).
+pub(crate) const CLASSES: usize = 6;
+/// Byte offsets in a [`Slot`] that translated code reads.
+pub(crate) const SLOT_JIT_PAGE: usize = 16;
+pub(crate) const SLOT_HOST_DELTA: usize = 24;
+pub(crate) const SLOT_HPA: usize = 8;
+const _: () = assert!(std::mem::offset_of!(Slot, jit_page) == SLOT_JIT_PAGE);
+const _: () = assert!(std::mem::offset_of!(Slot, host_delta) == SLOT_HOST_DELTA);
+const _: () = assert!(std::mem::offset_of!(Slot, hpa) == SLOT_HPA);
 
 /// `repr(C)`: translated code reads slots inline (`jit`), at
 /// [`SLOT_BYTES`] per slot, [`SLOTS`] slots per class.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 #[repr(C)]
 struct Slot {
     /// Linear page number + 1 (0 = empty).
     page: u64,
     /// Host-physical page base.
     hpa: u64,
-    tlb_epoch: u64,
-    mode_epoch: u64,
+    /// The linear page number (without the + 1) when the frame lies
+    /// inside the memory the slot was filled for (translated code may then
+    /// access it through `host_delta`), else `u64::MAX`, which no page
+    /// number equals.
+    jit_page: u64,
+    /// Host address of the page minus its linear address (wrapping): the
+    /// host address of a byte is its linear address plus this.
+    host_delta: u64,
+}
+
+impl Slot {
+    const EMPTY: Slot = Slot {
+        page: 0,
+        hpa: 0,
+        jit_page: u64::MAX,
+        host_delta: 0,
+    };
 }
 
 /// Per access kind (read, write, execute), for user and supervisor.
 #[derive(Debug, Clone)]
 pub(crate) struct L1Tlb {
-    slots: Box<[[Slot; SLOTS]; 6]>,
+    slots: Box<[[Slot; SLOTS]; CLASSES]>,
+    /// The epochs every valid slot was filled under.
+    tlb_epoch: u64,
+    mode_epoch: u64,
+    /// The memory (host base, size) the slots' `jit_page`/`host_delta`
+    /// were computed for.
+    memory: (usize, u64),
+    /// Slots filled since the last clear (class * SLOTS + index), each once.
+    filled: Vec<u16>,
+    listed: [u64; CLASSES],
 }
 
 impl L1Tlb {
     pub(crate) fn new() -> Self {
         L1Tlb {
-            slots: Box::new([[Slot::default(); SLOTS]; 6]),
+            slots: Box::new([[Slot::EMPTY; SLOTS]; CLASSES]),
+            tlb_epoch: 0,
+            mode_epoch: 0,
+            memory: (0, 0),
+            filled: Vec::with_capacity(SLOTS * CLASSES),
+            listed: [0; CLASSES],
+        }
+    }
+
+    /// Empties the slots filled since the last clear.
+    fn clear(&mut self) {
+        for &i in &self.filled {
+            let (c, k) = (i as usize / SLOTS, i as usize % SLOTS);
+            self.slots[c][k] = Slot::EMPTY;
+        }
+        self.filled.clear();
+        self.listed = [0; CLASSES];
+    }
+
+    /// Brings the slots up to the current epochs: empties them if either
+    /// moved since they were filled.
+    #[inline]
+    pub(crate) fn sync(&mut self, tlb_epoch: u64, mode_epoch: u64) {
+        if tlb_epoch != self.tlb_epoch || mode_epoch != self.mode_epoch {
+            self.clear();
+            self.tlb_epoch = tlb_epoch;
+            self.mode_epoch = mode_epoch;
+        }
+    }
+
+    /// Makes the slots' host addresses those of the memory at `base` of
+    /// `size` bytes (empties them if they were made for another).
+    #[inline]
+    pub(crate) fn use_memory(&mut self, base: *mut u8, size: u64) {
+        let memory = (base as usize, size);
+        if self.memory != memory {
+            self.clear();
+            self.memory = memory;
         }
     }
 
     /// The host-physical address of `la`, if cached for this kind.
     #[inline]
     pub(crate) fn lookup(
-        &self,
+        &mut self,
         class: usize,
         la: u64,
         tlb_epoch: u64,
         mode_epoch: u64,
     ) -> Option<Hpa> {
+        self.sync(tlb_epoch, mode_epoch);
         let page = (la >> 12) + 1;
         let s = &self.slots[class][(page as usize) & (SLOTS - 1)];
-        if s.page == page && s.tlb_epoch == tlb_epoch && s.mode_epoch == mode_epoch {
-            Some(Hpa(s.hpa | (la & 0xfff)))
-        } else {
-            None
-        }
+        (s.page == page).then_some(Hpa(s.hpa | (la & 0xfff)))
     }
 
     /// The slots' base address: class `c`, slot `i` at
-    /// `base + (c * SLOTS + i) * SLOT_BYTES`.
+    /// `base + (c * SLOTS + i) * SLOT_BYTES`. The slots are only read
+    /// there, by code that ran [`Self::sync`] and [`Self::use_memory`]
+    /// since the epochs or the memory last changed.
     pub(crate) fn slots_address(&self) -> usize {
         self.slots.as_ptr() as usize
+    }
+
+    /// What translated code's probe of `class` for an access of `bytes`
+    /// bytes at `la` finds (see `jit::memory`): the host-physical page if
+    /// it hits. The slots must be synced.
+    pub(crate) fn jit_slot(&self, class: usize, la: u64, bytes: u64) -> Option<Hpa> {
+        let s = &self.slots[class][((la >> 12) as usize + 1) & (SLOTS - 1)];
+        (s.jit_page == la.wrapping_add(bytes - 1) >> 12).then_some(Hpa(s.hpa))
     }
 
     /// Records a translation the TLB just gave.
@@ -78,12 +163,62 @@ impl L1Tlb {
         tlb_epoch: u64,
         mode_epoch: u64,
     ) {
+        self.sync(tlb_epoch, mode_epoch);
         let page = (la >> 12) + 1;
-        self.slots[class][(page as usize) & (SLOTS - 1)] = Slot {
+        let index = (page as usize) & (SLOTS - 1);
+        let hpa_page = hpa.0 & !0xfff;
+        let (base, size) = self.memory;
+        let inside = base != 0 && hpa_page < size;
+        self.slots[class][index] = Slot {
             page,
-            hpa: hpa.0 & !0xfff,
-            tlb_epoch,
-            mode_epoch,
+            hpa: hpa_page,
+            jit_page: if inside { la >> 12 } else { u64::MAX },
+            host_delta: (base as u64)
+                .wrapping_add(hpa_page)
+                .wrapping_sub(la & !0xfff),
         };
+        if self.listed[class] & (1 << index) == 0 {
+            self.listed[class] |= 1 << index;
+            self.filled.push((class * SLOTS + index) as u16);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_empty_when_an_epoch_moves_and_only_then() {
+        let mut l1 = L1Tlb::new();
+        let mut mem = [0u8; 0x4000];
+        l1.use_memory(mem.as_mut_ptr(), 0x4000);
+        l1.fill(0, 0x7000_1234, Hpa(0x2abc), 5, 9);
+        l1.fill(3, 0x7000_1234, Hpa(0x5abc), 5, 9);
+        assert_eq!(l1.lookup(0, 0x7000_1ff0, 5, 9), Some(Hpa(0x2ff0)));
+        // Inside memory: the translated-code view is filled.
+        let s = l1.slots[0][(0x70001 + 1) & (SLOTS - 1)];
+        assert_eq!(s.jit_page, 0x70001);
+        assert_eq!(
+            s.host_delta.wrapping_add(0x7000_1ff0),
+            mem.as_ptr() as u64 + 0x2ff0
+        );
+        // Outside memory: only the interpreter's view.
+        assert_eq!(l1.slots[3][(0x70001 + 1) & (SLOTS - 1)].jit_page, u64::MAX);
+        assert_eq!(l1.lookup(3, 0x7000_1000, 5, 9), Some(Hpa(0x5000)));
+        l1.sync(6, 9);
+        assert!(l1
+            .slots
+            .iter()
+            .flatten()
+            .all(|s| s.page == 0 && s.jit_page == u64::MAX));
+        assert_eq!(l1.lookup(0, 0x7000_1ff0, 6, 9), None);
+        l1.fill(0, 0x7000_1234, Hpa(0x2abc), 6, 9);
+        assert_eq!(l1.lookup(0, 0x7000_1ff0, 6, 10), None);
+        // Another memory: the host view is remade.
+        l1.fill(0, 0x7000_1234, Hpa(0x2abc), 6, 10);
+        let mut other = [0u8; 0x1000];
+        l1.use_memory(other.as_mut_ptr(), 0x1000);
+        assert_eq!(l1.lookup(0, 0x7000_1ff0, 6, 10), None);
     }
 }

@@ -62,28 +62,33 @@ impl Cpu {
             return None;
         }
         let offsets = self.jit_offsets();
-        let translation =
-            match jit::translate(block, offsets, jit::native::call_out_address(), user) {
-                Ok((code, chain_offset)) => {
-                    let t = self.jit_arena.install(&code, chain_offset, user);
-                    match &t {
-                        Some(_) => {
-                            self.jit_stats.blocks_translated += 1;
-                            self.jit_stats.code_bytes += code.len() as u64;
-                        }
-                        None => self.jit_stats.blocks_failed += 1,
+        let helpers = jit::Helpers {
+            call_out: jit::native::call_out_address(),
+            fill: jit::native::fill_out_address(),
+        };
+        let translation = match jit::translate(block, offsets, helpers, user) {
+            Ok((code, chain_offset)) => {
+                let t = self.jit_arena.install(&code, chain_offset, user);
+                match &t {
+                    Some(t) => {
+                        let (start, len) = t.code_range();
+                        jit::perf_map::record(start, len, block.rip, block.hpa);
+                        self.jit_stats.blocks_translated += 1;
+                        self.jit_stats.code_bytes += code.len() as u64;
                     }
-                    t
+                    None => self.jit_stats.blocks_failed += 1,
                 }
-                Err(jit::NotTranslated::NothingNative) => {
-                    self.jit_stats.blocks_interpreted += 1;
-                    None
-                }
-                Err(_) => {
-                    self.jit_stats.blocks_failed += 1;
-                    None
-                }
-            };
+                t
+            }
+            Err(jit::NotTranslated::NothingNative) => {
+                self.jit_stats.blocks_interpreted += 1;
+                None
+            }
+            Err(_) => {
+                self.jit_stats.blocks_failed += 1;
+                None
+            }
+        };
         block.jit.get_or_init(|| translation).as_ref()
     }
 
@@ -114,6 +119,10 @@ impl Cpu {
             self.jit_chain_blocks[slot] = Some(block.clone());
         }
         let (mem_base, code_frames, code_generation) = mem.jit_view();
+        // The inline accesses read first-level TLB slots with one compare:
+        // they must hold nothing stale (see `l1tlb`).
+        self.l1.use_memory(mem_base, mem.size());
+        self.l1.sync(self.tlb.epoch(), self.mode_epoch);
         let env = jit::native::Env {
             l1_slots: self.l1.slots_address(),
             mem_base,
@@ -160,8 +169,6 @@ impl Cpu {
             gpr: off(self.state.gpr.as_ptr() as usize),
             rflags: off(&self.state.rflags as *const u64 as usize),
             next_rip: off(&self.next_rip as *const u64 as usize),
-            tlb_epoch: off(self.tlb.epoch_address()),
-            mode_epoch: off(&self.mode_epoch as *const u64 as usize),
             instructions: off(&self.stats.instructions as *const u64 as usize),
             cycles: off(&self.cycles as *const u64 as usize),
             next_timer_cycle: off(&self.next_timer_cycle as *const u64 as usize),
@@ -193,6 +200,9 @@ impl Cpu {
             }
         };
         self.flush_flags();
+        // The epochs may have moved: translated code must not see stale
+        // first-level TLB slots.
+        self.l1.sync(self.tlb.epoch(), self.mode_epoch);
         // Anything the run loop must look at before the next block stops
         // chaining (what it looks at itself: events, STI/MOV-SS blocking,
         // activity, a store into code, an IPI, a mode or privilege change).
@@ -209,6 +219,41 @@ impl Cpu {
             0
         } else {
             s | (k as u64) << 8
+        }
+    }
+
+    /// A first-level TLB miss of an inline access of `bytes` bytes at `la`
+    /// in `class` (`l1tlb`): translates it exactly as the interpreter's
+    /// access would (the TLB lookup or walk, its cycles and counters, the
+    /// first-level fill), so that the generated code can probe again and
+    /// do the access itself; or says the instruction must run through the
+    /// interpreter (nothing done yet), or that the access faults (the fault
+    /// in `jit_fault`, as the instruction would take it: every inline form
+    /// makes this one translation first).
+    pub(crate) fn jit_fill(&mut self, mem: &PhysMemory, la: u64, class: usize, bytes: u64) -> u64 {
+        use crate::mmu::AccessKind;
+        let kind = match class / 2 {
+            0 => AccessKind::Read,
+            1 => AccessKind::Write,
+            _ => return jit::fill::FULL,
+        };
+        // Crossing accesses translate both pages, and a non-canonical
+        // address is #GP or #SS by form: the interpreter's business.
+        if (la & 0xfff) + bytes > 0x1000 || !crate::addr::is_canonical(la) {
+            return jit::fill::FULL;
+        }
+        match self.translate(mem, la, kind, class & 1 == 1) {
+            Ok(_) => {
+                self.l1.sync(self.tlb.epoch(), self.mode_epoch);
+                match self.l1.jit_slot(class, la, bytes) {
+                    Some(hpa) if kind == AccessKind::Read || !mem.is_code(hpa) => jit::fill::RETRY,
+                    _ => jit::fill::FULL,
+                }
+            }
+            Err(f) => {
+                self.jit_fault = Some(f);
+                jit::fill::FAULT
+            }
         }
     }
 }

@@ -53,32 +53,7 @@ impl Emitter {
         self.a.jae(out)?;
         self.a.cmp(r9, qword_ptr(rbx + o.next_timer_cycle))?;
         self.a.jae(out)?;
-        // The fetch: a first-level iTLB hit for this privilege.
-        self.a.mov(rdx, rax)?;
-        self.a.shr(rdx, 12)?;
-        self.a.inc(rdx)?;
-        self.a.mov(ecx, edx)?;
-        self.a.and(ecx, (SLOTS - 1) as i32)?;
-        self.a.shl(ecx, SLOT_BYTES.trailing_zeros())?;
-        self.a.add(rcx, qword_ptr(r14 + ENV_L1))?;
-        let class = 2 * 2 + self.user as usize;
-        let c = (class * SLOTS * SLOT_BYTES) as i32;
-        self.a.cmp(rdx, qword_ptr(rcx + c))?;
-        self.a.jne(out)?;
-        self.a.mov(rdx, qword_ptr(rcx + c + 16))?;
-        self.a.cmp(rdx, qword_ptr(rbx + o.tlb_epoch))?;
-        self.a.jne(out)?;
-        self.a.mov(rdx, qword_ptr(rcx + c + 24))?;
-        self.a.cmp(rdx, qword_ptr(rbx + o.mode_epoch))?;
-        self.a.jne(out)?;
-        self.a.mov(rdx, qword_ptr(rcx + c + 8))?;
-        self.a.cmp(rdx, qword_ptr(r14 + ENV_MEM_SIZE))?;
-        self.a.jae(out)?;
-        self.a.mov(r11, rdx)?;
-        self.a.shr(r11, 12)?;
-        self.a.mov(ecx, eax)?;
-        self.a.and(ecx, 0xfff)?;
-        self.a.or(rdx, rcx)?;
+        self.itlb_probe(out)?;
         if let Some(entry) = own_entry {
             let (_, hpa, generation) = self.own;
             self.a.mov(r10, hpa)?;
@@ -137,6 +112,33 @@ impl Emitter {
         self.a.mov(qword_ptr(rbx + o.cycles), r9)?;
         self.a.mov(qword_ptr(rbx + o.jit_chained), 1)?;
         self.a.mov(qword_ptr(rbx + o.jit_chain_rip), rax)?;
+        Ok(())
+    }
+
+    /// The fetch at rax (a RIP) is a first-level iTLB hit for this
+    /// privilege (so the interpreter's fetch would change nothing), or
+    /// jump to `out`. Leaves the host-physical address in rdx and its
+    /// frame in r11; clobbers rcx. One compare: the slots hold nothing
+    /// stale while generated code runs, and a page whose frame is outside
+    /// memory never matches (`l1tlb`).
+    pub(super) fn itlb_probe(&mut self, out: CodeLabel) -> Result<(), NotTranslated> {
+        let class = 2 * 2 + self.user as usize;
+        let c = (class * SLOTS * SLOT_BYTES) as i32;
+        self.a.mov(rdx, rax)?;
+        self.a.shr(rdx, 12)?;
+        self.a.lea(rcx, qword_ptr(rax + 0x1000))?;
+        self.a.shr(rcx, 12 - SLOT_BYTES.trailing_zeros())?;
+        self.a.and(ecx, ((SLOTS - 1) * SLOT_BYTES) as i32)?;
+        self.a
+            .cmp(rdx, qword_ptr(rbp + rcx + (c + SLOT_JIT_PAGE as i32)))?;
+        self.a.jne(out)?;
+        self.a
+            .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HPA as i32)))?;
+        self.a.mov(r11, rdx)?;
+        self.a.shr(r11, 12)?;
+        self.a.mov(ecx, eax)?;
+        self.a.and(ecx, 0xfff)?;
+        self.a.or(rdx, rcx)?;
         Ok(())
     }
 }

@@ -1,7 +1,15 @@
 //! The guest's arithmetic flags in generated code: where they live (the
-//! host flags or `state.rflags`), writing them back and loading them.
+//! host flags, `state.rflags`, or saved in r15 across an inline access),
+//! writing them back and loading them.
+//!
+//! The state is three booleans of the [`Emitter`]: `host_valid` (the
+//! host flags hold the guest's), `dirty` (`state.rflags` is behind), and
+//! `saved` (r15 holds them, in `lahf`/`seto` form; then `dirty` and not
+//! `host_valid`). Flags that are dirty are always somewhere: in the host
+//! or in r15.
 
 use super::*;
+use iced_x86::code_asm::{ah, al, cl, r15d};
 
 impl Emitter {
     /// Writes the host's arithmetic flags into `state.rflags` (clobbers
@@ -18,29 +26,92 @@ impl Emitter {
         self.add(Instruction::with2(Code::Mov_rm64_r64, fl, Register::RCX))
     }
 
+    /// Writes the flags saved in r15 (see [`Self::save_flags`]) into
+    /// `state.rflags` (clobbers rax, rcx and the host flags).
+    pub(super) fn capture_saved(&mut self, af_clear: bool) -> Result<(), NotTranslated> {
+        // The low byte of RFLAGS (SF ZF AF PF CF) came from LAHF.
+        let low = (if af_clear { ARITH & !AF } else { ARITH }) & 0xff;
+        let fl = self.field(self.o.rflags);
+        self.a.mov(eax, r15d)?;
+        self.a.movzx(ecx, ah)?;
+        self.a.and(ecx, low as i32)?;
+        self.a.and(eax, 1)?;
+        self.a.shl(eax, 11)?;
+        self.a.or(ecx, eax)?;
+        self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RAX, fl))?;
+        self.a.and(rax, !(ARITH as i32))?;
+        self.a.or(rax, rcx)?;
+        self.add(Instruction::with2(Code::Mov_rm64_r64, fl, Register::RAX))
+    }
+
     pub(super) fn capture_if_dirty(&mut self) -> Result<(), NotTranslated> {
         if self.dirty {
-            self.capture(self.af_clear)?;
+            if self.saved {
+                self.capture_saved(self.af_clear)?;
+            } else {
+                self.capture(self.af_clear)?;
+            }
             self.dirty = false;
+            self.saved = false;
         }
         Ok(())
     }
 
-    /// Makes the host flags hold the guest's, loading them from
-    /// `state.rflags` if needed (the host's other flags are kept).
+    /// Before code that clobbers the host flags but changes no guest flag
+    /// (an inline access): if the host holds flags not yet written back,
+    /// keep them in r15 (`lahf`/`seto`: AH = SF ZF AF PF CF, AL = OF),
+    /// far cheaper than writing them back; otherwise just forget the host
+    /// copy. Clobbers rax.
+    pub(super) fn save_flags(&mut self) -> Result<(), NotTranslated> {
+        if self.host_valid && self.dirty {
+            self.a.lahf()?;
+            self.a.seto(al)?;
+            self.a.mov(r15d, eax)?;
+            self.saved = true;
+        }
+        self.host_valid = false;
+        Ok(())
+    }
+
+    /// `state.rflags`' arithmetic flags into r15 in [`Self::save_flags`]'
+    /// format (clobbers rax, rcx): a slow path that leaves the flags exact
+    /// in the state converges with a fast path that keeps them in r15.
+    pub(super) fn load_saved(&mut self) -> Result<(), NotTranslated> {
+        let fl = self.field(self.o.rflags);
+        self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, fl))?;
+        self.a.mov(eax, ecx)?;
+        self.a.shr(eax, 11)?;
+        self.a.and(eax, 1)?;
+        self.a.mov(ah, cl)?;
+        self.a.mov(r15d, eax)?;
+        Ok(())
+    }
+
+    /// Makes the host flags hold the guest's: from r15 if saved there,
+    /// else from `state.rflags` (`sahf` for SF ZF AF PF CF, an addition
+    /// that overflows exactly when OF is set for OF; no `popfq`).
+    /// Clobbers rax and rcx.
     pub(super) fn need_flags(&mut self) -> Result<(), NotTranslated> {
         if self.host_valid {
             return Ok(());
         }
+        if self.saved {
+            self.a.mov(eax, r15d)?;
+            self.a.add(al, 0x7f)?;
+            self.a.sahf()?;
+            self.saved = false;
+            self.host_valid = true;
+            return Ok(());
+        }
+        debug_assert!(!self.dirty, "dirty flags neither in the host nor in r15");
         let fl = self.field(self.o.rflags);
-        self.a.pushfq()?;
-        self.a.pop(rax)?;
-        self.a.and(rax, !(ARITH as i32))?;
         self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, fl))?;
-        self.a.and(ecx, ARITH as i32)?;
-        self.a.or(rax, rcx)?;
-        self.a.push(rax)?;
-        self.a.popfq()?;
+        self.a.mov(eax, ecx)?;
+        self.a.shr(eax, 11)?;
+        self.a.and(eax, 1)?;
+        self.a.add(al, 0x7f)?;
+        self.a.mov(ah, cl)?;
+        self.a.sahf()?;
         self.host_valid = true;
         self.dirty = false;
         Ok(())
@@ -58,6 +129,7 @@ impl Emitter {
     pub(super) fn wrote_flags(&mut self, logic: bool) {
         self.host_valid = true;
         self.dirty = true;
+        self.saved = false;
         self.af_clear = logic;
     }
 

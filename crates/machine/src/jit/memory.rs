@@ -5,17 +5,39 @@ use super::*;
 
 impl Emitter {
     /// Loads the effective address of `m` (no segment base) into rax
-    /// without touching the flags.
+    /// without touching the flags (clobbers rcx).
     pub(super) fn lea(&mut self, m: &MemOp) -> Result<(), NotTranslated> {
-        self.a.mov(rax, m.disp)?;
-        if m.base != NONE_REG {
-            self.load(SEC, m.base, Size::B8)?;
-            self.a.lea(rax, qword_ptr(rax + rcx))?;
-        }
-        if m.index != NONE_REG {
-            self.load(SEC, m.index, Size::B8)?;
-            self.a
-                .lea(rax, qword_ptr(rax + rcx * (1u32 << m.scale_shift)))?;
+        let disp = m.disp as i64;
+        let short = disp == disp as i32 as i64;
+        let scale = 1u32 << m.scale_shift;
+        match (m.base != NONE_REG, m.index != NONE_REG) {
+            (true, true) if short => {
+                self.load(ACC, m.base, Size::B8)?;
+                self.load(SEC, m.index, Size::B8)?;
+                self.a
+                    .lea(rax, qword_ptr(rax + rcx * scale + disp as i32))?;
+            }
+            (true, false) if short => {
+                self.load(ACC, m.base, Size::B8)?;
+                if disp != 0 {
+                    self.a.lea(rax, qword_ptr(rax + disp as i32))?;
+                }
+            }
+            (false, true) if short => {
+                self.load(SEC, m.index, Size::B8)?;
+                self.a.lea(rax, qword_ptr(rcx * scale + disp as i32))?;
+            }
+            (base, index) => {
+                self.a.mov(rax, m.disp)?;
+                if base {
+                    self.load(SEC, m.base, Size::B8)?;
+                    self.a.lea(rax, qword_ptr(rax + rcx))?;
+                }
+                if index {
+                    self.load(SEC, m.index, Size::B8)?;
+                    self.a.lea(rax, qword_ptr(rax + rcx * scale))?;
+                }
+            }
         }
         if m.addr32 {
             self.a.mov(eax, eax)?;
@@ -25,55 +47,53 @@ impl Emitter {
 
     /// With the linear address in rax, leaves in rdx the host address of
     /// an access of `size` bytes, or jumps to `slow` when the first-level
-    /// TLB (the class of this kind and privilege) does not hold the page
-    /// for the current TLB and mode epochs, the access crosses the page,
-    /// the frame is outside memory, or a store would hit a frame holding
-    /// decoded code. On the fast path nothing is changed, exactly as an L1
-    /// hit in the interpreter changes nothing. Clobbers rcx and the flags.
+    /// TLB (the class of this kind and privilege) does not hold the page,
+    /// the access crosses the page, the frame is outside memory, or a
+    /// store would hit a frame holding decoded code. On the fast path
+    /// nothing is changed, exactly as an L1 hit in the interpreter changes
+    /// nothing. Clobbers rcx and the flags; rax is kept.
+    ///
+    /// The slots hold nothing stale when generated code runs (`l1tlb`:
+    /// they are emptied eagerly when an epoch moves), so a hit is one
+    /// compare of the page. The page compared is that of the access's
+    /// last byte, in the slot of its first byte's page: a page-crossing
+    /// access looks for the next page in a slot that can only hold pages
+    /// congruent to this one modulo the slot count, and misses.
     pub(super) fn fast_access(
         &mut self,
         write: bool,
         size: Size,
         slow: CodeLabel,
     ) -> Result<(), NotTranslated> {
-        let n = size.bytes() as i32;
-        self.a.mov(ecx, eax)?;
-        self.a.and(ecx, 0xfff)?;
-        self.a.cmp(ecx, 0x1000 - n)?;
-        self.a.ja(slow)?;
-        // Page number + 1, as the slots record it.
-        self.a.mov(rdx, rax)?;
-        self.a.shr(rdx, 12)?;
-        self.a.inc(rdx)?;
-        self.a.mov(ecx, edx)?;
-        self.a.and(ecx, (SLOTS - 1) as i32)?;
-        self.a.shl(ecx, SLOT_BYTES.trailing_zeros())?;
-        self.a.add(rcx, qword_ptr(r14 + ENV_L1))?;
+        let last = size.bytes() as i32 - 1;
         let class = (write as usize) * 2 + self.user as usize;
+        self.access = (class as u32, size.bytes() as u32);
         let c = (class * SLOTS * SLOT_BYTES) as i32;
-        self.a.cmp(rdx, qword_ptr(rcx + c))?;
+        // rdx = the last byte's page; rcx = the slot offset of the first
+        // byte's page (slots are indexed by page + 1).
+        if last == 0 {
+            self.a.mov(rdx, rax)?;
+        } else {
+            self.a.lea(rdx, qword_ptr(rax + last))?;
+        }
+        self.a.shr(rdx, 12)?;
+        self.a.lea(rcx, qword_ptr(rax + 0x1000))?;
+        self.a.shr(rcx, 12 - SLOT_BYTES.trailing_zeros())?;
+        self.a.and(ecx, ((SLOTS - 1) * SLOT_BYTES) as i32)?;
+        self.a
+            .cmp(rdx, qword_ptr(rbp + rcx + (c + SLOT_JIT_PAGE as i32)))?;
         self.a.jne(slow)?;
-        self.a.mov(rdx, qword_ptr(rcx + c + 16))?;
-        self.a.cmp(rdx, qword_ptr(rbx + self.o.tlb_epoch))?;
-        self.a.jne(slow)?;
-        self.a.mov(rdx, qword_ptr(rcx + c + 24))?;
-        self.a.cmp(rdx, qword_ptr(rbx + self.o.mode_epoch))?;
-        self.a.jne(slow)?;
-        // The frame: inside memory (its size is a multiple of 4 KiB).
-        self.a.mov(rdx, qword_ptr(rcx + c + 8))?;
-        self.a.cmp(rdx, qword_ptr(r14 + ENV_MEM_SIZE))?;
-        self.a.jae(slow)?;
         if write {
-            self.a.mov(rcx, rdx)?;
-            self.a.shr(rcx, 12)?;
-            self.a.add(rcx, qword_ptr(r14 + ENV_CODE_FRAMES))?;
-            self.a.cmp(byte_ptr(rcx), 0)?;
+            self.a
+                .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HPA as i32)))?;
+            self.a.shr(rdx, 12)?;
+            self.a.add(rdx, qword_ptr(r14 + ENV_CODE_FRAMES))?;
+            self.a.cmp(byte_ptr(rdx), 0)?;
             self.a.jne(slow)?;
         }
-        self.a.mov(ecx, eax)?;
-        self.a.and(ecx, 0xfff)?;
-        self.a.add(rdx, rcx)?;
-        self.a.add(rdx, qword_ptr(r14 + ENV_MEM_BASE))?;
+        self.a
+            .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HOST_DELTA as i32)))?;
+        self.a.add(rdx, rax)?;
         Ok(())
     }
 
@@ -97,10 +117,16 @@ impl Emitter {
         next_ip: u64,
         epilogue: CodeLabel,
     ) -> Result<(), NotTranslated> {
-        // The slow path needs the flags exact in `state.rflags`, and the
-        // checks clobber the host flags.
-        self.capture_if_dirty()?;
-        self.host_valid = false;
+        // The checks clobber the host flags: dirty flags move to r15 (the
+        // slow path writes them back before running the instruction).
+        self.save_flags()?;
+        let entry_saved = self.saved;
+        let af_clear = self.af_clear;
+        // A first-level TLB miss fills the slot (`Cpu::jit_fill`) and comes
+        // back here to probe again.
+        let mut retry = self.a.create_label();
+        self.a.set_label(&mut retry)?;
+        let full = self.a.create_label();
         let slow = self.a.create_label();
         let mut cont = self.a.create_label();
         let at_rdx = MemoryOperand::with_base(Register::RDX);
@@ -189,8 +215,6 @@ impl Emitter {
                 self.load(ACC, dst, size)?;
                 self.add(Instruction::with2(code, ACC[si(size)], DXR[si(size)]))?;
                 self.store_acc(dst, size)?;
-                // The fast path loaded the flags, the slow path did not.
-                self.host_valid = false;
             }
             Fast::Push { src } => {
                 self.load(ACC, 4, Size::B8)?;
@@ -220,40 +244,60 @@ impl Emitter {
             Fast::Ret => {
                 self.load(ACC, 4, Size::B8)?;
                 self.fast_access(false, Size::B8, slow)?;
-                self.a.mov(rcx, qword_ptr(rdx))?;
+                self.a.mov(rsi, qword_ptr(rdx))?;
                 // A non-canonical return address faults: the slow path.
-                self.a.mov(rdx, rcx)?;
+                self.a.mov(rdx, rsi)?;
                 self.a.shl(rdx, 16)?;
                 self.a.sar(rdx, 16)?;
-                self.a.cmp(rdx, rcx)?;
-                self.a.jne(slow)?;
+                self.a.cmp(rdx, rsi)?;
+                self.a.jne(full)?;
                 self.a.lea(rax, qword_ptr(rax + 8))?;
                 self.store_acc(4, Size::B8)?;
-                self.a.mov(rax, rcx)?;
+                self.capture_if_dirty()?;
+                self.a.mov(rax, rsi)?;
                 self.a.mov(ecx, k as u32)?;
                 self.a.jmp(self.chain)?;
                 // The call-out always leaves the block: it never comes back.
                 self.slow.push(Slow {
                     label: slow,
+                    full,
+                    retry,
+                    access: self.access,
                     k,
                     cont: epilogue,
-                    flags_in_host: false,
+                    entry_saved,
+                    af_clear,
+                    exit: FlagsAt::State,
                 });
                 return Ok(());
             }
             _ => return Err(NotTranslated::Unsupported("not an inline memory form")),
         }
+        if let Some(logic) = writes_flags {
+            self.wrote_flags(logic);
+        }
         self.a.set_label(&mut cont)?;
+        // (A label needs an instruction to sit on, and the next access's
+        // `retry` may come straight after.)
+        self.a.zero_bytes()?;
+        let exit = if self.host_valid {
+            FlagsAt::Host
+        } else if self.saved {
+            FlagsAt::Saved
+        } else {
+            FlagsAt::State
+        };
         self.slow.push(Slow {
             label: slow,
+            full,
+            retry,
+            access: self.access,
             k,
             cont,
-            flags_in_host: writes_flags.is_some(),
+            entry_saved,
+            af_clear,
+            exit,
         });
-        match writes_flags {
-            Some(logic) => self.wrote_flags(logic),
-            None => self.host_valid = false,
-        }
         Ok(())
     }
 }

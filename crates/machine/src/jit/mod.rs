@@ -35,13 +35,14 @@ mod flags;
 mod forms;
 mod memory;
 pub(crate) mod native;
+pub(crate) mod perf_map;
 
 use codes::*;
 
 use crate::alu::{BinOp, ShiftOp, Size};
 use crate::cpu::code_cache::Block;
 use crate::cpu::fast::{Fast, MemOp, NONE_REG};
-use crate::cpu::l1tlb::{SLOTS, SLOT_BYTES};
+use crate::cpu::l1tlb::{SLOTS, SLOT_BYTES, SLOT_HOST_DELTA, SLOT_HPA, SLOT_JIT_PAGE};
 use iced_x86::code_asm::{
     byte_ptr, dword_ptr, eax, ecx, edx, qword_ptr, r10, r10d, r11, r12, r13, r14, r15, r8, r9, rax,
     rbp, rbx, rcx, rdi, rdx, rsi, rsp, CodeAssembler, CodeLabel,
@@ -128,10 +129,6 @@ pub(crate) struct Offsets {
     pub gpr: i32,
     pub rflags: i32,
     pub next_rip: i32,
-    /// The TLB's epoch and the CPU's mode epoch: a first-level TLB slot is
-    /// valid while both equal the ones it recorded.
-    pub tlb_epoch: i32,
-    pub mode_epoch: i32,
     /// Chaining: the counters a chained block updates itself, the stop
     /// conditions it checks, and where it reports the block it ended in.
     pub instructions: i32,
@@ -176,10 +173,29 @@ pub(crate) fn chain_slot(rip: u64) -> usize {
     ((rip ^ (rip >> 12)) as usize) & (CHAIN_SLOTS - 1)
 }
 
+/// The Rust functions generated code calls.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Helpers {
+    /// One instruction through the interpreter (`native::call_out`).
+    pub call_out: u64,
+    /// A first-level TLB miss of an inline access (`native::fill_out`).
+    pub fill: u64,
+}
+
+/// What `Cpu::jit_fill` answers.
+pub(crate) mod fill {
+    /// The slot now holds the page: probe again.
+    pub const RETRY: u64 = 0;
+    /// The access cannot be inline (crossing, not canonical, a frame
+    /// outside memory or holding code): the instruction through the
+    /// interpreter.
+    pub const FULL: u64 = 1;
+    /// The access faults (`Cpu::jit_fault`).
+    pub const FAULT: u64 = 2;
+}
+
 /// Offsets in [`native::Env`].
 const ENV_L1: i32 = 0;
-const ENV_MEM_BASE: i32 = 8;
-const ENV_MEM_SIZE: i32 = 16;
 const ENV_CODE_FRAMES: i32 = 24;
 const ENV_CYCLE_LIMIT: i32 = 32;
 const ENV_CHAIN: i32 = 40;
@@ -269,15 +285,15 @@ impl From<IcedError> for NotTranslated {
 }
 
 /// Host code for `block`: position-independent bytes to be installed in a
-/// [`native::Arena`], and the offset of its chained entry. `helper` is the address of the per-instruction
-/// call-out into the interpreter.
+/// [`native::Arena`], and the offset of its chained entry. `helpers` are
+/// the addresses of the Rust functions the code calls.
 ///
 /// `user`: the code runs at CPL 3 (the first-level TLB class of its inline
 /// accesses).
 pub(crate) fn translate(
     block: &Block,
     o: Offsets,
-    helper: u64,
+    helpers: Helpers,
     user: bool,
 ) -> Result<(Vec<u8>, usize), NotTranslated> {
     if block.bits != 64
@@ -296,11 +312,13 @@ pub(crate) fn translate(
         o,
         host_valid: false,
         dirty: false,
+        saved: false,
         af_clear: false,
         exits: Vec::new(),
         slow: Vec::new(),
-        helper,
+        helpers,
         user,
+        access: (0, 0),
         chain: CodeLabel::default(),
         own: (block.rip, block.hpa, u64::from(block.generation)),
         self_loop: CodeLabel::default(),
@@ -326,8 +344,9 @@ pub(crate) fn translate(
     e.a.mov(r12, rsi)?;
     e.a.mov(r13, rdx)?;
     e.a.mov(r14, rcx)?;
-    // Chained blocks enter here, with rbx, r12, r14 as above, r13 their
-    // block, and the flags in `state.rflags`.
+    e.a.mov(rbp, qword_ptr(r14 + ENV_L1))?;
+    // Chained blocks enter here, with rbx, rbp, r12, r14 as above, r13
+    // their block, and the flags in `state.rflags`.
     e.a.set_label(&mut chained_entry)?;
     e.a.nop()?;
     let last = block.insns.len() - 1;
@@ -343,6 +362,7 @@ pub(crate) fn translate(
             }
             Fast::Call { target } => {
                 e.inline_memory(k, &op.fast, op.next_ip, epilogue)?;
+                e.capture_if_dirty()?;
                 e.leave_to(k, target)?;
                 ended = true;
                 break;
@@ -362,16 +382,53 @@ pub(crate) fn translate(
         e.capture_if_dirty()?;
         e.leave_to(last, block.insns[last].next_ip)?;
     }
-    // Slow paths of inline accesses: the instruction through the
-    // interpreter, then back (with the flags in the host if the fast path
-    // leaves them there).
+    // Slow paths of inline accesses: the flags written back, the
+    // instruction through the interpreter (which leaves them exact in
+    // `state.rflags`), then back with the flags where the fast path
+    // leaves them.
     let slow = std::mem::take(&mut e.slow);
     for mut x in slow {
+        // The miss: fill the slot as the interpreter's access would, then
+        // probe again; or the whole instruction through the interpreter;
+        // or the fault the access takes.
+        // Where the "whole instruction" answer goes: past the write-back
+        // of the flags, which the miss path has already done.
+        let mut after_capture = if x.entry_saved {
+            e.a.create_label()
+        } else {
+            x.full
+        };
         e.a.set_label(&mut x.label)?;
+        e.a.mov(rdx, rax)?;
+        if x.entry_saved {
+            e.capture_saved(x.af_clear)?;
+        }
+        e.a.mov(rdi, rbx)?;
+        e.a.mov(rsi, r12)?;
+        e.a.mov(ecx, x.access.0 | x.access.1 << 8)?;
+        e.a.mov(rax, e.helpers.fill)?;
+        e.a.call(rax)?;
+        e.a.test(eax, eax)?;
+        e.a.je(x.retry)?;
+        e.a.cmp(eax, fill::FULL as i32)?;
+        e.a.je(after_capture)?;
+        e.a.mov(eax, (status::FAULT | (x.k as u64) << 8) as u32)?;
+        e.a.jmp(epilogue)?;
+        if x.entry_saved {
+            e.a.set_label(&mut x.full)?;
+            e.capture_saved(x.af_clear)?;
+        }
+        e.a.set_label(&mut after_capture)?;
         e.emit_call(x.k, epilogue)?;
-        if x.flags_in_host {
-            e.host_valid = false;
-            e.need_flags()?;
+        match x.exit {
+            FlagsAt::Host => {
+                e.host_valid = false;
+                e.saved = false;
+                e.dirty = false;
+                e.need_flags()?;
+            }
+            FlagsAt::Saved => e.load_saved()?,
+            FlagsAt::State => {}
         }
         e.a.jmp(x.cont)?;
     }
@@ -419,13 +476,34 @@ struct Exit {
 
 /// The slow path of an inline access, emitted after the block.
 struct Slow {
+    /// The first-level TLB probe missed.
     label: CodeLabel,
+    /// The instruction must run through the interpreter.
+    full: CodeLabel,
+    /// The fast path's start, to probe again after a fill.
+    retry: CodeLabel,
+    /// The access: first-level TLB class and bytes.
+    access: (u32, u32),
     k: usize,
     /// Where the fast path ends.
     cont: CodeLabel,
-    /// The fast path leaves the guest flags in the host flags; so must
-    /// the slow path.
-    flags_in_host: bool,
+    /// The flags were saved in r15 when it was taken (and the last
+    /// writer was a logic op: AF clear).
+    entry_saved: bool,
+    af_clear: bool,
+    /// Where the fast path leaves the guest flags; so must the slow path.
+    exit: FlagsAt,
+}
+
+/// Where the guest's flags are, besides `state.rflags`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FlagsAt {
+    /// The host flags.
+    Host,
+    /// r15 (see `Emitter::save_flags`).
+    Saved,
+    /// Only `state.rflags`.
+    State,
 }
 
 struct Emitter {
@@ -435,12 +513,17 @@ struct Emitter {
     host_valid: bool,
     /// ... and they differ from `state.rflags` (must be written back).
     dirty: bool,
+    /// The flags are saved in r15, not in the host flags (see
+    /// `jit/flags.rs`).
+    saved: bool,
     /// The last flag writer was a logic op: AF is clear for the interpreter.
     af_clear: bool,
     exits: Vec<Exit>,
     slow: Vec<Slow>,
-    helper: u64,
+    helpers: Helpers,
     user: bool,
+    /// The class and size of the last inline access emitted.
+    access: (u32, u32),
     /// The block's exit that tries to chain (see [`Emitter::chain_try`]).
     chain: CodeLabel,
     /// This block's RIP, host-physical address and code-write generation.
@@ -501,7 +584,7 @@ impl Emitter {
         self.a.mov(rsi, r12)?;
         self.a.mov(rdx, r13)?;
         self.a.mov(ecx, k as u32)?;
-        self.a.mov(rax, self.helper)?;
+        self.a.mov(rax, self.helpers.call_out)?;
         self.a.call(rax)?;
         self.a.test(rax, rax)?;
         self.a.jne(epilogue)?;

@@ -159,6 +159,11 @@ impl Arena {
 }
 
 impl Translation {
+    /// Where the code is (start, bytes), for profiles.
+    pub(crate) fn code_range(&self) -> (u64, usize) {
+        (self.chunk.base as u64 + self.offset as u64, self.len)
+    }
+
     /// The address chained blocks jump to (recorded in the chaining table;
     /// only ever jumped to by generated code).
     pub(crate) fn chain_entry(&self) -> u64 {
@@ -215,4 +220,21 @@ extern "sysv64" fn call_out(
     // holds no access to the Cpu across this call).
     let (cpu, mem, block) = unsafe { (&mut *cpu, &*mem, &*block) };
     cpu.jit_call_out(mem, block, k as usize)
+}
+
+/// The address generated code calls on a first-level TLB miss of an
+/// inline access.
+pub(crate) fn fill_out_address() -> u64 {
+    fill_out as extern "sysv64" fn(*mut Cpu, *const PhysMemory, u64, u64) -> u64 as usize as u64
+}
+
+/// Fills the first-level TLB for an inline access at `la` (`access`: the
+/// class in bits 7:0, the bytes in the bits above); a [`super::fill`] code.
+extern "sysv64" fn fill_out(cpu: *mut Cpu, mem: *const PhysMemory, la: u64, access: u64) -> u64 {
+    // SAFETY: generated code passes on the two pointers `Translation::run`
+    // received from live references (the `&mut Cpu` is not used by its
+    // owner until `run` returns, and the generated code holds no access to
+    // the Cpu across this call).
+    let (cpu, mem) = unsafe { (&mut *cpu, &*mem) };
+    cpu.jit_fill(mem, la, (access & 0xff) as usize, access >> 8)
 }

@@ -699,11 +699,6 @@ impl Tlb {
     pub fn stats(&self) -> TlbStats {
         self.stats
     }
-
-    /// Where [`Self::epoch`] lives (the translator compares it inline).
-    pub(crate) fn epoch_address(&self) -> usize {
-        &self.epoch as *const u64 as usize
-    }
 }
 
 #[cfg(test)]
