@@ -233,6 +233,38 @@ pub(super) fn cmov_code(cc: u8, size: Size) -> Option<Code> {
     (code.mnemonic() == want[cc as usize & 15]).then_some(code)
 }
 
+/// Shifts and rotates of r/m by an immediate, by operand size.
+pub(super) const SHL_IMM: [Code; 4] = [
+    Code::Shl_rm8_imm8,
+    Code::Shl_rm16_imm8,
+    Code::Shl_rm32_imm8,
+    Code::Shl_rm64_imm8,
+];
+pub(super) const SHR_IMM: [Code; 4] = [
+    Code::Shr_rm8_imm8,
+    Code::Shr_rm16_imm8,
+    Code::Shr_rm32_imm8,
+    Code::Shr_rm64_imm8,
+];
+pub(super) const SAR_IMM: [Code; 4] = [
+    Code::Sar_rm8_imm8,
+    Code::Sar_rm16_imm8,
+    Code::Sar_rm32_imm8,
+    Code::Sar_rm64_imm8,
+];
+pub(super) const ROL_IMM: [Code; 4] = [
+    Code::Rol_rm8_imm8,
+    Code::Rol_rm16_imm8,
+    Code::Rol_rm32_imm8,
+    Code::Rol_rm64_imm8,
+];
+pub(super) const ROR_IMM: [Code; 4] = [
+    Code::Ror_rm8_imm8,
+    Code::Ror_rm16_imm8,
+    Code::Ror_rm32_imm8,
+    Code::Ror_rm64_imm8,
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -125,6 +125,16 @@ impl Emitter {
         Ok(())
     }
 
+    /// An instruction whose flags are never observed clobbered the host
+    /// flags: nothing holds the guest's any more, and nothing needs to
+    /// (see [`flags_live_after`]).
+    pub(super) fn flags_clobbered(&mut self) {
+        debug_assert!(self.flags_dead);
+        self.host_valid = false;
+        self.dirty = false;
+        self.saved = false;
+    }
+
     /// An instruction that sets every arithmetic flag.
     pub(super) fn wrote_flags(&mut self, logic: bool) {
         self.host_valid = true;
@@ -153,5 +163,72 @@ impl Emitter {
             14 => a.jle(l),
             _ => a.jg(l),
         }?)
+    }
+}
+
+/// For each instruction of a block, whether the arithmetic flags it leaves
+/// can be observed: read by a later instruction, seen by the interpreter
+/// (a call-out, or an inline access whose slow path may fault and push
+/// RFLAGS), or left in the state at the block's end, before a later
+/// instruction overwrites all of them. Where they cannot, the translator
+/// need not make the flags the SDM leaves undefined equal the
+/// interpreter's (nor compute them at all). Conservative: any form not
+/// listed observes them.
+pub(super) fn flags_live_after(insns: &[crate::cpu::fast::Op]) -> Vec<bool> {
+    let mut live = vec![true; insns.len()];
+    // At the end of the block the state must be exact.
+    let mut after = true;
+    for (k, op) in insns.iter().enumerate().rev() {
+        live[k] = after;
+        after = match effect(&op.fast) {
+            Effect::Kill => false,
+            Effect::Keep => after,
+            Effect::Observe => true,
+        };
+    }
+    live
+}
+
+/// What an instruction does to the liveness of the flags before it.
+enum Effect {
+    /// Writes every arithmetic flag without reading any.
+    Kill,
+    /// Leaves some or all of them as they were, reading none.
+    Keep,
+    /// Reads them, or they may be observed at it.
+    Observe,
+}
+
+fn effect(f: &Fast) -> Effect {
+    if !is_native(f) {
+        // Call-outs and inline accesses (whose slow path may fault).
+        return Effect::Observe;
+    }
+    match *f {
+        Fast::AluRR { op, .. } | Fast::AluRI { op, .. } => {
+            if matches!(op, BinOp::Adc | BinOp::Sbb) {
+                Effect::Observe
+            } else {
+                Effect::Kill
+            }
+        }
+        Fast::TestRR { .. } | Fast::TestRI { .. } => Effect::Kill,
+        Fast::Shift {
+            op: ShiftOp::Shl | ShiftOp::Sal | ShiftOp::Shr | ShiftOp::Sar,
+            count: Some(n),
+            size,
+            ..
+        } if n & if size == Size::B8 { 0x3f } else { 0x1f } != 0 => Effect::Kill,
+        // Rotates write CF and OF only, IMUL CF and OF only (SF ZF AF PF
+        // kept), INC/DEC all but CF; a masked count of 0 writes nothing.
+        Fast::Shift { .. }
+        | Fast::Imul { .. }
+        | Fast::IncDec { .. }
+        | Fast::MovRR { .. }
+        | Fast::MovRI { .. }
+        | Fast::Lea { .. }
+        | Fast::ExtendR { .. }
+        | Fast::Nop => Effect::Keep,
+        _ => Effect::Observe,
     }
 }

@@ -148,7 +148,10 @@ impl Emitter {
             } => {
                 // CF and OF from the host; SF ZF AF PF stay as they were
                 // (the interpreter's choice for these undefined flags).
-                self.capture_if_dirty()?;
+                let dead = self.flags_dead;
+                if !dead {
+                    self.capture_if_dirty()?;
+                }
                 self.a
                     .add(qword_ptr(rbx + self.o.cycles), self.o.multiply_cost as i32)?;
                 let g = self.g(src);
@@ -179,6 +182,11 @@ impl Emitter {
                         }
                         self.add(Instruction::with3(code, ACC[si(size)], g, v))?;
                     }
+                }
+                if dead {
+                    self.store_acc(dst, size)?;
+                    self.flags_clobbered();
+                    return Ok(());
                 }
                 self.a.pushfq()?;
                 self.store_acc(dst, size)?;
@@ -287,26 +295,14 @@ impl Emitter {
             }
             return Ok(());
         }
+        if self.flags_dead {
+            return self.shift_flags_dead(op, dst, size, n);
+        }
         self.capture_if_dirty()?;
         let codes = match op {
-            ShiftOp::Shl | ShiftOp::Sal => [
-                Code::Shl_rm8_imm8,
-                Code::Shl_rm16_imm8,
-                Code::Shl_rm32_imm8,
-                Code::Shl_rm64_imm8,
-            ],
-            ShiftOp::Shr => [
-                Code::Shr_rm8_imm8,
-                Code::Shr_rm16_imm8,
-                Code::Shr_rm32_imm8,
-                Code::Shr_rm64_imm8,
-            ],
-            ShiftOp::Sar => [
-                Code::Sar_rm8_imm8,
-                Code::Sar_rm16_imm8,
-                Code::Sar_rm32_imm8,
-                Code::Sar_rm64_imm8,
-            ],
+            ShiftOp::Shl | ShiftOp::Sal => SHL_IMM,
+            ShiftOp::Shr => SHR_IMM,
+            ShiftOp::Sar => SAR_IMM,
             ShiftOp::Rol | ShiftOp::Ror => return self.rotate_imm(op, dst, size, n),
             _ => return Err(NotTranslated::Unsupported("rotate through carry")),
         };
@@ -348,6 +344,36 @@ impl Emitter {
         Ok(())
     }
 
+    /// A shift or rotate by a masked, nonzero immediate whose flags are
+    /// never observed (and so, since it reads none, neither are the ones
+    /// before it): the host instruction alone; the flags are then nowhere
+    /// (none of the emitter's places holds them) until the next writer.
+    fn shift_flags_dead(
+        &mut self,
+        op: ShiftOp,
+        dst: u8,
+        size: Size,
+        n: u8,
+    ) -> Result<(), NotTranslated> {
+        let codes = match op {
+            ShiftOp::Shl | ShiftOp::Sal => SHL_IMM,
+            ShiftOp::Shr => SHR_IMM,
+            ShiftOp::Sar => SAR_IMM,
+            ShiftOp::Rol => ROL_IMM,
+            ShiftOp::Ror => ROR_IMM,
+            _ => return Err(NotTranslated::Unsupported("rotate through carry")),
+        };
+        self.flags_clobbered();
+        if size == Size::B4 {
+            self.load(ACC, dst, size)?;
+            self.add(Instruction::with2(codes[2], Register::EAX, n as u32))?;
+            self.store_acc(dst, size)
+        } else {
+            let g = self.g(dst);
+            self.add(Instruction::with2(codes[si(size)], g, n as u32))
+        }
+    }
+
     /// ROL/ROR of a register by a masked, nonzero immediate count. The
     /// host rotates (by the count modulo the width, as `alu::rol`/`ror`
     /// do); CF and OF are computed from the result as the interpreter's
@@ -361,21 +387,7 @@ impl Emitter {
         size: Size,
         n: u8,
     ) -> Result<(), NotTranslated> {
-        let codes = if op == ShiftOp::Rol {
-            [
-                Code::Rol_rm8_imm8,
-                Code::Rol_rm16_imm8,
-                Code::Rol_rm32_imm8,
-                Code::Rol_rm64_imm8,
-            ]
-        } else {
-            [
-                Code::Ror_rm8_imm8,
-                Code::Ror_rm16_imm8,
-                Code::Ror_rm32_imm8,
-                Code::Ror_rm64_imm8,
-            ]
-        };
+        let codes = if op == ShiftOp::Rol { ROL_IMM } else { ROR_IMM };
         self.load(ACC, dst, size)?;
         self.add(Instruction::with2(codes[si(size)], ACC[si(size)], n as u32))?;
         let bits = size.bits();

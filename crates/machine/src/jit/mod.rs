@@ -313,6 +313,7 @@ pub(crate) fn translate(
         host_valid: false,
         dirty: false,
         saved: false,
+        flags_dead: false,
         af_clear: false,
         exits: Vec::new(),
         slow: Vec::new(),
@@ -351,7 +352,9 @@ pub(crate) fn translate(
     e.a.nop()?;
     let last = block.insns.len() - 1;
     let mut ended = false;
+    let live = flags::flags_live_after(&block.insns);
     for (k, op) in block.insns.iter().enumerate() {
+        e.flags_dead = !live[k];
         match op.fast {
             Fast::Jmp { target } => {
                 // Always the last instruction of a block.
@@ -516,6 +519,9 @@ struct Emitter {
     /// The flags are saved in r15, not in the host flags (see
     /// `jit/flags.rs`).
     saved: bool,
+    /// The flags the instruction being translated leaves are never
+    /// observed ([`flags::flags_live_after`]): it need not produce them.
+    flags_dead: bool,
     /// The last flag writer was a logic op: AF is clear for the interpreter.
     af_clear: bool,
     exits: Vec<Exit>,
