@@ -132,14 +132,12 @@ pub(crate) struct Offsets {
     /// valid while both equal the ones it recorded.
     pub tlb_epoch: i32,
     pub mode_epoch: i32,
-    /// Chaining: the counters a chained block updates itself, the stop
-    /// conditions it checks, and where it reports the block it ended in.
+    /// Chaining: the counters a chained block updates itself, the cycle
+    /// count it must stay below (`Cpu::jit_deadline`), and where it
+    /// reports the block it ended in.
     pub instructions: i32,
     pub cycles: i32,
-    pub next_timer_cycle: i32,
-    pub check_events: i32,
-    pub jit_stop: i32,
-    pub jit_chained: i32,
+    pub jit_deadline: i32,
     pub jit_chain_rip: i32,
     /// `CycleCosts::instruction` and `multiply` of the CPU.
     pub instruction_cost: u64,
@@ -181,9 +179,8 @@ const ENV_L1: i32 = 0;
 const ENV_MEM_BASE: i32 = 8;
 const ENV_MEM_SIZE: i32 = 16;
 const ENV_CODE_FRAMES: i32 = 24;
-const ENV_CYCLE_LIMIT: i32 = 32;
-const ENV_CHAIN: i32 = 40;
-const ENV_CODE_GENERATION: i32 = 48;
+const ENV_CHAIN: i32 = 32;
+const ENV_CODE_GENERATION: i32 = 40;
 
 /// The arithmetic flags (CF PF AF ZF SF OF).
 const ARITH: u32 = 0x8d5;
@@ -284,10 +281,9 @@ pub(crate) fn translate(
         || block.hpa == u64::MAX
         || o.instruction_cost > i32::MAX as u64
         || o.multiply_cost > i32::MAX as u64
-        || !block
-            .insns
-            .iter()
-            .any(|op| is_native(&op.fast) || is_inline_memory(&op.fast))
+        || !block.insns.iter().any(|op| {
+            is_native(&op.fast) || is_inline_memory(&op.fast) || chain::is_native_indirect(&op.fast)
+        })
     {
         return Err(NotTranslated::NothingNative);
     }
@@ -302,6 +298,7 @@ pub(crate) fn translate(
         helper,
         user,
         chain: CodeLabel::default(),
+        chain_out: CodeLabel::default(),
         own: (block.rip, block.hpa, u64::from(block.generation)),
         self_loop: CodeLabel::default(),
         self_loop_used: false,
@@ -309,6 +306,7 @@ pub(crate) fn translate(
     let mut epilogue = e.a.create_label();
     let mut chain_try = e.a.create_label();
     e.chain = chain_try;
+    e.chain_out = e.a.create_label();
     let mut self_loop = e.a.create_label();
     e.self_loop = self_loop;
     let mut chained_entry = e.a.create_label();
@@ -350,6 +348,12 @@ pub(crate) fn translate(
             Fast::Ret => {
                 // Leaves through the inline code (or the call-out).
                 e.inline_memory(k, &op.fast, op.next_ip, epilogue)?;
+                ended = true;
+                break;
+            }
+            f if chain::is_native_indirect(&f) => {
+                // Always the last instruction of a block.
+                e.indirect(k, &f, op.next_ip, epilogue)?;
                 ended = true;
                 break;
             }
@@ -441,8 +445,11 @@ struct Emitter {
     slow: Vec<Slow>,
     helper: u64,
     user: bool,
-    /// The block's exit that tries to chain (see [`Emitter::chain_try`]).
+    /// The block's exit that tries to chain (see [`Emitter::chain_try`]),
+    /// and its way out when it does not chain (also that of the exits to
+    /// known targets).
     chain: CodeLabel,
+    chain_out: CodeLabel,
     /// This block's RIP, host-physical address and code-write generation.
     own: (u64, u64, u64),
     /// The exit to this block's own start (a loop), chaining to itself
