@@ -216,3 +216,64 @@ fn self_modifying_code_runs_the_new_bytes() {
     // stored by iteration i - 1: 1000, 999, ..., 2.
     assert_eq!(o.gpr[3], 0x1234_5678 + (2..=1000u64).sum::<u64>());
 }
+
+#[test]
+fn indirect_jumps_and_calls_agree() {
+    // Indirect CALL/JMP run natively and chain: a function-pointer table
+    // called through memory (one pointer straddling a page boundary, so
+    // its inline read falls back to the interpreter), calls and jumps
+    // through registers, a jump table; then a call to a non-canonical
+    // target: #GP at that CALL with nothing pushed.
+    let (o, stats) = both(|a| {
+        let mut f = [a.create_label(), a.create_label(), a.create_label()];
+        let mut top = a.create_label();
+        let mut landing = a.create_label();
+        let mut back = a.create_label();
+        a.mov(rsi, DATA).unwrap();
+        for (i, l) in f.iter().enumerate() {
+            a.lea(rax, ptr(*l)).unwrap();
+            a.mov(qword_ptr(rsi + 8 * i as i32), rax).unwrap();
+        }
+        a.lea(rax, ptr(landing)).unwrap();
+        a.mov(qword_ptr(rsi + 0x40), rax).unwrap();
+        // The same pointer as f[1], across the page boundary.
+        a.mov(rax, qword_ptr(rsi + 8)).unwrap();
+        a.mov(qword_ptr(rsi + 0xffc), rax).unwrap();
+        a.lea(r12, ptr(f[2])).unwrap();
+        a.lea(r13, ptr(back)).unwrap();
+        a.mov(ecx, 600u32).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(eax, ecx).unwrap();
+        a.and(eax, 1).unwrap();
+        a.call(qword_ptr(rsi + rax * 8)).unwrap();
+        a.call(r12).unwrap();
+        a.test(cl, 7).unwrap();
+        a.jnz(back).unwrap();
+        a.call(qword_ptr(rsi + 0xffc)).unwrap();
+        a.jmp(qword_ptr(rsi + 0x40)).unwrap();
+        a.set_label(&mut landing).unwrap();
+        a.add(rdi, rcx).unwrap();
+        a.jmp(r13).unwrap();
+        a.set_label(&mut back).unwrap();
+        a.dec(ecx).unwrap();
+        a.jnz(top).unwrap();
+        a.mov(rax, 0x8000_0000_0000_0000u64).unwrap();
+        a.mov(rbp, rsp).unwrap();
+        a.call(rax).unwrap();
+        a.hlt().unwrap();
+        a.set_label(&mut f[0]).unwrap();
+        a.add(rbx, 3).unwrap();
+        a.ret().unwrap();
+        a.set_label(&mut f[1]).unwrap();
+        a.imul_3(rbx, rbx, 5).unwrap();
+        a.ret().unwrap();
+        a.set_label(&mut f[2]).unwrap();
+        a.xor(rdx, rbx).unwrap();
+        a.ret().unwrap();
+    });
+    assert_eq!(o.gpr[15], HANDLER_MARK + 13, "the #GP handler ran");
+    assert_eq!(o.gpr[1], 0, "every iteration completed");
+    assert_eq!(o.gpr[7], (1..=600u64).filter(|c| c % 8 == 0).sum::<u64>());
+    assert!(stats.blocks_translated >= 4, "{stats:?}");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+}

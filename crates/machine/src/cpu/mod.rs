@@ -245,13 +245,14 @@ pub struct Cpu {
     /// Whole runs of a block before the translator translates it.
     jit_threshold: u32,
     jit_stats: crate::jit::JitStats,
-    /// Set by a call-out from translated code when something happened
-    /// that the run loop must look at before the next block (events, a
-    /// store into code, an IPI, a mode change...): no chaining then.
-    jit_stop: bool,
-    /// Set by translated code when it chained into other blocks, with the
-    /// RIP of the block it ended in (its chaining-table slot).
-    jit_chained: u64,
+    /// While translated code runs: the cycle count at which it must stop
+    /// chaining and return to the run loop, min(cycle limit, timer
+    /// deadline); 0 once a call-out did something the run loop must look
+    /// at before the next block (events, a store into code, an IPI, a mode
+    /// change...). One compare per chained block covers all of them.
+    jit_deadline: u64,
+    /// The RIP of the block translated code ended in (its chaining-table
+    /// slot): the block it was started with unless it chained on.
     jit_chain_rip: u64,
     /// The chaining table and the blocks it keeps alive.
     jit_chain: Box<[crate::jit::ChainEntry]>,
@@ -308,8 +309,7 @@ impl Cpu {
             jit_fault: None,
             jit_threshold: translated::TRANSLATE_AFTER_RUNS,
             jit_stats: Default::default(),
-            jit_stop: false,
-            jit_chained: 0,
+            jit_deadline: 0,
             jit_chain_rip: 0,
             jit_chain: vec![crate::jit::ChainEntry::default(); crate::jit::CHAIN_SLOTS]
                 .into_boxed_slice(),

@@ -128,15 +128,21 @@ impl Cpu {
             mem_base,
             mem_size: mem.size(),
             code_frames,
-            cycle_limit,
             chain: self.jit_chain.as_ptr(),
             code_generation,
         };
-        self.jit_stop = false;
-        self.jit_chained = 0;
+        // What the run loop checks between blocks, as one deadline (events
+        // are not pending: a block runs translated only when they are not).
+        self.jit_deadline = if self.check_events {
+            0
+        } else {
+            cycle_limit.min(self.next_timer_cycle)
+        };
+        self.jit_chain_rip = block.rip;
         let r = t.run(self, mem, block, &env);
-        // The block it stopped in: this one, or the last it chained to.
-        let last = if self.jit_chained != 0 {
+        // The block it stopped in: this one, or the last it chained to
+        // (which the chaining table keeps alive).
+        let last = if self.jit_chain_rip != block.rip {
             self.jit_chain_blocks[jit::chain_slot(self.jit_chain_rip)].clone()
         } else {
             None
@@ -171,10 +177,7 @@ impl Cpu {
             next_rip: off(&self.next_rip as *const u64 as usize),
             instructions: off(&self.stats.instructions as *const u64 as usize),
             cycles: off(&self.cycles as *const u64 as usize),
-            next_timer_cycle: off(&self.next_timer_cycle as *const u64 as usize),
-            check_events: off(&self.check_events as *const bool as usize),
-            jit_stop: off(&self.jit_stop as *const bool as usize),
-            jit_chained: off(&self.jit_chained as *const u64 as usize),
+            jit_deadline: off(&self.jit_deadline as *const u64 as usize),
             jit_chain_rip: off(&self.jit_chain_rip as *const u64 as usize),
             instruction_cost: self.costs.instruction,
             multiply_cost: self.costs.multiply,
@@ -213,7 +216,7 @@ impl Cpu {
             || self.pending_ipi.is_some()
             || self.mode_epoch != mode_epoch
         {
-            self.jit_stop = true;
+            self.jit_deadline = 0;
         }
         if s == status::NEXT {
             0

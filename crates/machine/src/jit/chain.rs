@@ -2,30 +2,117 @@
 //! code where the run loop would go straight on, or returning to it.
 
 use super::*;
+use iced_x86::code_asm::r8d;
+
+/// Whether the translator runs this indirect JMP/CALL as host code (with
+/// [`Emitter::indirect`]): through a register, or through memory with no
+/// segment base (an inline read of the target).
+pub(crate) fn is_native_indirect(f: &Fast) -> bool {
+    match f {
+        Fast::JmpR { .. } | Fast::CallR { .. } => true,
+        Fast::JmpM { m } | Fast::CallM { m } => m.seg == 0,
+        _ => false,
+    }
+}
 
 impl Emitter {
     /// Instruction `k` completed and execution goes on at `target` (the
-    /// flags written back): try to chain.
+    /// flags written back): try to chain. The target is known here, so
+    /// the checks of [`Self::chain_try`] are made with it as a constant
+    /// (its first-level iTLB slot and chaining-table slot computed now);
+    /// a loop to the block's own start goes to the block's self-loop exit.
     pub(super) fn leave_to(&mut self, k: usize, target: u64) -> Result<(), NotTranslated> {
         self.a.mov(rax, target)?;
-        self.a.mov(ecx, k as u32)?;
         if target == self.own.0 {
+            self.a.mov(ecx, k as u32)?;
             self.self_loop_used = true;
             self.a.jmp(self.self_loop)?;
-        } else {
-            self.a.jmp(self.chain)?;
+            return Ok(());
         }
+        let o = self.o;
+        let out = self.chain_out;
+        self.a.mov(r8d, k as u32 + 1)?;
+        self.a.mov(r9, (k as u64 + 1) * o.instruction_cost)?;
+        self.a.add(r9, qword_ptr(rbx + o.cycles))?;
+        self.a.cmp(r9, qword_ptr(rbx + o.jit_deadline))?;
+        self.a.jae(out)?;
+        self.fetch_probe(out, Some(target))?;
+        self.chain_lookup(out, Some(target))
+    }
+
+    /// Instruction `k`, an indirect JMP or CALL (see
+    /// [`is_native_indirect`]; the last of its block): the target from the
+    /// register or through an inline read, CALL's return address pushed
+    /// through an inline write, then on to the target as after RET
+    /// (chaining through the table). When an inline access cannot be
+    /// served or the target is not canonical (#GP), the interpreter runs
+    /// the instruction and the block is left: nothing is written before
+    /// every check passed, so the interpreter starts from the same state.
+    pub(super) fn indirect(
+        &mut self,
+        k: usize,
+        f: &Fast,
+        next_ip: u64,
+        epilogue: CodeLabel,
+    ) -> Result<(), NotTranslated> {
+        // The slow path needs the flags exact in `state.rflags`.
+        self.capture_if_dirty()?;
+        self.host_valid = false;
+        let slow = self.a.create_label();
+        let call = matches!(f, Fast::CallR { .. } | Fast::CallM { .. });
+        // The target, in r10 (kept across the inline accesses).
+        match *f {
+            Fast::JmpR { src } | Fast::CallR { src } => {
+                let g = self.g(src);
+                self.add(Instruction::with2(Code::Mov_r64_rm64, Register::R10, g))?;
+            }
+            Fast::JmpM { m } | Fast::CallM { m } if m.seg == 0 => {
+                self.lea(&m)?;
+                self.fast_access(false, Size::B8, slow)?;
+                self.a.mov(r10, qword_ptr(rdx))?;
+            }
+            _ => return Err(NotTranslated::Unsupported("not a native indirect branch")),
+        }
+        self.a.mov(rdx, r10)?;
+        self.a.shl(rdx, 16)?;
+        self.a.sar(rdx, 16)?;
+        self.a.cmp(rdx, r10)?;
+        self.a.jne(slow)?;
+        if call {
+            self.load(ACC, 4, Size::B8)?;
+            self.a.lea(rax, qword_ptr(rax - 8))?;
+            self.fast_access(true, Size::B8, slow)?;
+            self.a.mov(rcx, next_ip)?;
+            self.a.mov(qword_ptr(rdx), rcx)?;
+            self.store_acc(4, Size::B8)?;
+        }
+        self.a.mov(rax, r10)?;
+        self.a.mov(ecx, k as u32)?;
+        self.a.jmp(self.chain)?;
+        // The call-out always leaves the block: it never comes back.
+        self.slow.push(Slow {
+            label: slow,
+            full: slow,
+            retry: slow,
+            access: None,
+            k,
+            cont: epilogue,
+            entry_saved: false,
+            af_clear: false,
+            exit: FlagsAt::State,
+        });
         Ok(())
     }
 
     /// The block ends after instruction `ecx` with the next RIP in rax.
     /// Where the run loop would go straight on to the next block (no
     /// call-out asked to stop, no events to check, cycle limit and timer
-    /// deadline not reached) and the next block is translated, in the
-    /// chaining table for this frame generation and privilege, and its
-    /// fetch is a first-level iTLB hit (so fetching it changes nothing),
-    /// jump to it after counting this block's instructions and cycles as
-    /// the run loop would. Otherwise return: leave at instruction `ecx`.
+    /// deadline not reached: all one compare with `Cpu::jit_deadline`) and
+    /// the next block is translated, in the chaining table for this frame
+    /// generation and privilege, and its fetch is a first-level iTLB hit
+    /// (so fetching it changes nothing), jump to it after counting this
+    /// block's instructions and cycles as the run loop would. Otherwise
+    /// return: leave at instruction `ecx`.
     ///
     /// With `own_entry` the target is this block's own start (a loop): the
     /// table would give this block (the block running is always in the
@@ -39,21 +126,19 @@ impl Emitter {
         epilogue: CodeLabel,
         own_entry: Option<CodeLabel>,
     ) -> Result<(), NotTranslated> {
-        let mut out = self.a.create_label();
+        // The shared exit's way out is also the one of the exits to known
+        // targets (`leave_to`).
+        let mut out = match own_entry {
+            Some(_) => self.a.create_label(),
+            None => self.chain_out,
+        };
         let o = self.o;
-        self.a.mov(qword_ptr(rbx + o.next_rip), rax)?;
         self.a.lea(r8, qword_ptr(rcx + 1))?;
-        self.a.cmp(byte_ptr(rbx + o.jit_stop), 0)?;
-        self.a.jne(out)?;
-        self.a.cmp(byte_ptr(rbx + o.check_events), 0)?;
-        self.a.jne(out)?;
         self.a.imul_3(r9, r8, o.instruction_cost as i32)?;
         self.a.add(r9, qword_ptr(rbx + o.cycles))?;
-        self.a.cmp(r9, qword_ptr(r14 + ENV_CYCLE_LIMIT))?;
+        self.a.cmp(r9, qword_ptr(rbx + o.jit_deadline))?;
         self.a.jae(out)?;
-        self.a.cmp(r9, qword_ptr(rbx + o.next_timer_cycle))?;
-        self.a.jae(out)?;
-        self.itlb_probe(out)?;
+        self.fetch_probe(out, None)?;
         if let Some(entry) = own_entry {
             let (_, hpa, generation) = self.own;
             self.a.mov(r10, hpa)?;
@@ -64,12 +149,14 @@ impl Emitter {
             self.a.mov(r10, generation)?;
             self.a.cmp(rcx, r10)?;
             self.a.jne(out)?;
-            self.count_chained()?;
+            // The block ended in is already the one reported.
+            self.count_chained(false)?;
             self.a.jmp(entry)?;
         } else {
-            self.chain_lookup(out)?;
+            self.chain_lookup(out, None)?;
         }
         self.a.set_label(&mut out)?;
+        self.a.mov(qword_ptr(rbx + o.next_rip), rax)?;
         self.a.lea(rax, qword_ptr(r8 - 1))?;
         self.a.shl(rax, 8)?;
         self.a.or(rax, status::LEAVE as i32)?;
@@ -77,68 +164,106 @@ impl Emitter {
         Ok(())
     }
 
-    /// Chaining through the table: rax the RIP, rdx its host-physical
-    /// address, r11 its frame.
-    pub(super) fn chain_lookup(&mut self, out: CodeLabel) -> Result<(), NotTranslated> {
-        // The chaining table's slot for this RIP.
-        self.a.mov(r10, rax)?;
-        self.a.shr(r10, 12)?;
-        self.a.xor(r10, rax)?;
-        self.a.and(r10d, (CHAIN_SLOTS - 1) as i32)?;
-        self.a.imul_3(r10, r10, CHAIN_ENTRY_BYTES)?;
-        self.a.add(r10, qword_ptr(r14 + ENV_CHAIN))?;
-        self.a.cmp(rax, qword_ptr(r10))?;
+    /// The fetch of the block at rax (`target`: rax is that constant):
+    /// jumps to `out` unless it is a first-level iTLB hit for this
+    /// privilege (one that changes nothing, as the interpreter's fetch
+    /// would be); otherwise leaves its host-physical address in rdx and its
+    /// frame number in r11. One compare: the slots hold nothing stale
+    /// while generated code runs, and a page whose frame is outside memory
+    /// never matches (`l1tlb`). Keeps rax and r8-r10; clobbers rcx and the
+    /// flags.
+    pub(super) fn fetch_probe(
+        &mut self,
+        out: CodeLabel,
+        target: Option<u64>,
+    ) -> Result<(), NotTranslated> {
+        let class = 2 * 2 + self.user as usize;
+        let c = (class * SLOTS * SLOT_BYTES) as i32;
+        match target {
+            Some(t) => {
+                // The slot is known: rbp + its offset.
+                let slot = c + ((((t >> 12) + 1) as usize & (SLOTS - 1)) * SLOT_BYTES) as i32;
+                self.a.mov(rdx, t >> 12)?;
+                self.a
+                    .cmp(rdx, qword_ptr(rbp + (slot + SLOT_JIT_PAGE as i32)))?;
+                self.a.jne(out)?;
+                self.a.mov(rdx, qword_ptr(rbp + (slot + SLOT_HPA as i32)))?;
+            }
+            None => {
+                self.a.mov(rdx, rax)?;
+                self.a.shr(rdx, 12)?;
+                self.a.lea(rcx, qword_ptr(rax + 0x1000))?;
+                self.a.shr(rcx, 12 - SLOT_BYTES.trailing_zeros())?;
+                self.a.and(ecx, ((SLOTS - 1) * SLOT_BYTES) as i32)?;
+                self.a
+                    .cmp(rdx, qword_ptr(rbp + rcx + (c + SLOT_JIT_PAGE as i32)))?;
+                self.a.jne(out)?;
+                self.a
+                    .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HPA as i32)))?;
+            }
+        }
+        self.a.mov(r11, rdx)?;
+        self.a.shr(r11, 12)?;
+        match target {
+            Some(t) => self.a.or(rdx, (t & 0xfff) as i32)?,
+            None => {
+                self.a.mov(ecx, eax)?;
+                self.a.and(ecx, 0xfff)?;
+                self.a.or(rdx, rcx)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Chaining through the table: rax the RIP (`target`: rax is that
+    /// constant), rdx its host-physical address, r11 its frame.
+    pub(super) fn chain_lookup(
+        &mut self,
+        out: CodeLabel,
+        target: Option<u64>,
+    ) -> Result<(), NotTranslated> {
+        // The chaining table's slot for this RIP: r10 + s.
+        let s = match target {
+            Some(t) => {
+                self.a.mov(r10, qword_ptr(r14 + ENV_CHAIN))?;
+                chain_slot(t) as i32 * CHAIN_ENTRY_BYTES
+            }
+            None => {
+                self.a.mov(r10, rax)?;
+                self.a.shr(r10, 12)?;
+                self.a.xor(r10, rax)?;
+                self.a.and(r10d, (CHAIN_SLOTS - 1) as i32)?;
+                self.a.imul_3(r10, r10, CHAIN_ENTRY_BYTES)?;
+                self.a.add(r10, qword_ptr(r14 + ENV_CHAIN))?;
+                0
+            }
+        };
+        self.a.cmp(rax, qword_ptr(r10 + s))?;
         self.a.jne(out)?;
-        self.a.cmp(rdx, qword_ptr(r10 + 8))?;
+        self.a.cmp(rdx, qword_ptr(r10 + s + 8))?;
         self.a.jne(out)?;
-        self.a.cmp(qword_ptr(r10 + 40), self.user as i32)?;
+        self.a.cmp(qword_ptr(r10 + s + 40), self.user as i32)?;
         self.a.jne(out)?;
         self.a.mov(rcx, qword_ptr(r14 + ENV_CODE_GENERATION))?;
         self.a.mov(ecx, dword_ptr(rcx + r11 * 4))?;
-        self.a.cmp(rcx, qword_ptr(r10 + 16))?;
+        self.a.cmp(rcx, qword_ptr(r10 + s + 16))?;
         self.a.jne(out)?;
-        self.count_chained()?;
-        self.a.mov(r13, qword_ptr(r10 + 32))?;
-        self.a.jmp(qword_ptr(r10 + 24))?;
+        self.count_chained(true)?;
+        self.a.mov(r13, qword_ptr(r10 + s + 32))?;
+        self.a.jmp(qword_ptr(r10 + s + 24))?;
         Ok(())
     }
 
     /// Going on to the next block: this block's counts (r8 instructions,
-    /// r9 the cycle count after them), as the run loop adds them, and the
-    /// RIP chained to (rax).
-    pub(super) fn count_chained(&mut self) -> Result<(), NotTranslated> {
+    /// r9 the cycle count after them), as the run loop adds them, and with
+    /// `report` the RIP chained to (rax) as the block the code is in.
+    pub(super) fn count_chained(&mut self, report: bool) -> Result<(), NotTranslated> {
         let o = self.o;
         self.a.add(qword_ptr(rbx + o.instructions), r8)?;
         self.a.mov(qword_ptr(rbx + o.cycles), r9)?;
-        self.a.mov(qword_ptr(rbx + o.jit_chained), 1)?;
-        self.a.mov(qword_ptr(rbx + o.jit_chain_rip), rax)?;
-        Ok(())
-    }
-
-    /// The fetch at rax (a RIP) is a first-level iTLB hit for this
-    /// privilege (so the interpreter's fetch would change nothing), or
-    /// jump to `out`. Leaves the host-physical address in rdx and its
-    /// frame in r11; clobbers rcx. One compare: the slots hold nothing
-    /// stale while generated code runs, and a page whose frame is outside
-    /// memory never matches (`l1tlb`).
-    pub(super) fn itlb_probe(&mut self, out: CodeLabel) -> Result<(), NotTranslated> {
-        let class = 2 * 2 + self.user as usize;
-        let c = (class * SLOTS * SLOT_BYTES) as i32;
-        self.a.mov(rdx, rax)?;
-        self.a.shr(rdx, 12)?;
-        self.a.lea(rcx, qword_ptr(rax + 0x1000))?;
-        self.a.shr(rcx, 12 - SLOT_BYTES.trailing_zeros())?;
-        self.a.and(ecx, ((SLOTS - 1) * SLOT_BYTES) as i32)?;
-        self.a
-            .cmp(rdx, qword_ptr(rbp + rcx + (c + SLOT_JIT_PAGE as i32)))?;
-        self.a.jne(out)?;
-        self.a
-            .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HPA as i32)))?;
-        self.a.mov(r11, rdx)?;
-        self.a.shr(r11, 12)?;
-        self.a.mov(ecx, eax)?;
-        self.a.and(ecx, 0xfff)?;
-        self.a.or(rdx, rcx)?;
+        if report {
+            self.a.mov(qword_ptr(rbx + o.jit_chain_rip), rax)?;
+        }
         Ok(())
     }
 }

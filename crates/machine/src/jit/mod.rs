@@ -129,14 +129,12 @@ pub(crate) struct Offsets {
     pub gpr: i32,
     pub rflags: i32,
     pub next_rip: i32,
-    /// Chaining: the counters a chained block updates itself, the stop
-    /// conditions it checks, and where it reports the block it ended in.
+    /// Chaining: the counters a chained block updates itself, the cycle
+    /// count it must stay below (`Cpu::jit_deadline`), and where it
+    /// reports the block it ended in.
     pub instructions: i32,
     pub cycles: i32,
-    pub next_timer_cycle: i32,
-    pub check_events: i32,
-    pub jit_stop: i32,
-    pub jit_chained: i32,
+    pub jit_deadline: i32,
     pub jit_chain_rip: i32,
     /// `CycleCosts::instruction` and `multiply` of the CPU.
     pub instruction_cost: u64,
@@ -197,9 +195,8 @@ pub(crate) mod fill {
 /// Offsets in [`native::Env`].
 const ENV_L1: i32 = 0;
 const ENV_CODE_FRAMES: i32 = 24;
-const ENV_CYCLE_LIMIT: i32 = 32;
-const ENV_CHAIN: i32 = 40;
-const ENV_CODE_GENERATION: i32 = 48;
+const ENV_CHAIN: i32 = 32;
+const ENV_CODE_GENERATION: i32 = 40;
 
 /// The arithmetic flags (CF PF AF ZF SF OF).
 const ARITH: u32 = 0x8d5;
@@ -300,10 +297,9 @@ pub(crate) fn translate(
         || block.hpa == u64::MAX
         || o.instruction_cost > i32::MAX as u64
         || o.multiply_cost > i32::MAX as u64
-        || !block
-            .insns
-            .iter()
-            .any(|op| is_native(&op.fast) || is_inline_memory(&op.fast))
+        || !block.insns.iter().any(|op| {
+            is_native(&op.fast) || is_inline_memory(&op.fast) || chain::is_native_indirect(&op.fast)
+        })
     {
         return Err(NotTranslated::NothingNative);
     }
@@ -321,6 +317,7 @@ pub(crate) fn translate(
         user,
         access: (0, 0),
         chain: CodeLabel::default(),
+        chain_out: CodeLabel::default(),
         own: (block.rip, block.hpa, u64::from(block.generation)),
         self_loop: CodeLabel::default(),
         self_loop_used: false,
@@ -328,6 +325,7 @@ pub(crate) fn translate(
     let mut epilogue = e.a.create_label();
     let mut chain_try = e.a.create_label();
     e.chain = chain_try;
+    e.chain_out = e.a.create_label();
     let mut self_loop = e.a.create_label();
     e.self_loop = self_loop;
     let mut chained_entry = e.a.create_label();
@@ -376,6 +374,12 @@ pub(crate) fn translate(
                 ended = true;
                 break;
             }
+            f if chain::is_native_indirect(&f) => {
+                // Always the last instruction of a block.
+                e.indirect(k, &f, op.next_ip, epilogue)?;
+                ended = true;
+                break;
+            }
             f if is_native(&f) => e.native(k, &f)?,
             f if is_inline_memory(&f) => e.inline_memory(k, &f, op.next_ip, epilogue)?,
             _ => e.call_out(k, epilogue)?,
@@ -393,33 +397,40 @@ pub(crate) fn translate(
     for mut x in slow {
         // The miss: fill the slot as the interpreter's access would, then
         // probe again; or the whole instruction through the interpreter;
-        // or the fault the access takes.
-        // Where the "whole instruction" answer goes: past the write-back
-        // of the flags, which the miss path has already done.
-        let mut after_capture = if x.entry_saved {
+        // or the fault the access takes. Without `access`, every way in is
+        // the whole instruction.
+        let mut after_capture = if x.entry_saved && x.access.is_some() {
             e.a.create_label()
         } else {
             x.full
         };
-        e.a.set_label(&mut x.label)?;
-        e.a.mov(rdx, rax)?;
-        if x.entry_saved {
+        if let Some((class, bytes)) = x.access {
+            e.a.set_label(&mut x.label)?;
+            e.a.mov(rdx, rax)?;
+            if x.entry_saved {
+                e.capture_saved(x.af_clear)?;
+            }
+            e.a.mov(rdi, rbx)?;
+            e.a.mov(rsi, r12)?;
+            e.a.mov(ecx, class | bytes << 8)?;
+            e.a.mov(rax, e.helpers.fill)?;
+            e.a.call(rax)?;
+            e.a.test(eax, eax)?;
+            e.a.je(x.retry)?;
+            e.a.cmp(eax, fill::FULL as i32)?;
+            e.a.je(after_capture)?;
+            e.a.mov(eax, (status::FAULT | (x.k as u64) << 8) as u32)?;
+            e.a.jmp(epilogue)?;
+            if x.entry_saved {
+                e.a.set_label(&mut x.full)?;
+                e.capture_saved(x.af_clear)?;
+            }
+        } else if x.entry_saved {
+            e.a.set_label(&mut x.label)?;
             e.capture_saved(x.af_clear)?;
-        }
-        e.a.mov(rdi, rbx)?;
-        e.a.mov(rsi, r12)?;
-        e.a.mov(ecx, x.access.0 | x.access.1 << 8)?;
-        e.a.mov(rax, e.helpers.fill)?;
-        e.a.call(rax)?;
-        e.a.test(eax, eax)?;
-        e.a.je(x.retry)?;
-        e.a.cmp(eax, fill::FULL as i32)?;
-        e.a.je(after_capture)?;
-        e.a.mov(eax, (status::FAULT | (x.k as u64) << 8) as u32)?;
-        e.a.jmp(epilogue)?;
-        if x.entry_saved {
-            e.a.set_label(&mut x.full)?;
-            e.capture_saved(x.af_clear)?;
+            after_capture = e.a.create_label();
+        } else {
+            after_capture = x.label;
         }
         e.a.set_label(&mut after_capture)?;
         e.emit_call(x.k, epilogue)?;
@@ -485,8 +496,9 @@ struct Slow {
     full: CodeLabel,
     /// The fast path's start, to probe again after a fill.
     retry: CodeLabel,
-    /// The access: first-level TLB class and bytes.
-    access: (u32, u32),
+    /// The access: first-level TLB class and bytes (`None`: every way in
+    /// is the whole instruction, `label` its only label).
+    access: Option<(u32, u32)>,
     k: usize,
     /// Where the fast path ends.
     cont: CodeLabel,
@@ -530,8 +542,11 @@ struct Emitter {
     user: bool,
     /// The class and size of the last inline access emitted.
     access: (u32, u32),
-    /// The block's exit that tries to chain (see [`Emitter::chain_try`]).
+    /// The block's exit that tries to chain (see [`Emitter::chain_try`]),
+    /// and its way out when it does not chain (also that of the exits to
+    /// known targets).
     chain: CodeLabel,
+    chain_out: CodeLabel,
     /// This block's RIP, host-physical address and code-write generation.
     own: (u64, u64, u64),
     /// The exit to this block's own start (a loop), chaining to itself

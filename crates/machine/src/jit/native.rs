@@ -99,8 +99,6 @@ pub(crate) struct Env {
     pub mem_size: u64,
     /// One byte per frame, non-zero when the frame holds decoded code.
     pub code_frames: *const u8,
-    /// The run's cycle limit (a chained block stops the chain at it).
-    pub cycle_limit: u64,
     /// The chaining table (`Cpu::jit_chain`).
     pub chain: *const super::ChainEntry,
     /// One u32 per frame: its code-write generation.
