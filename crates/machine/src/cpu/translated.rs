@@ -208,11 +208,10 @@ impl Cpu {
         if self.code.lookup(mem, hpa, rip, 64).is_some() {
             return NONE;
         }
+        // (The crossing cache holding all these bytes implies that the
+        // check of their first part `fetch_block` makes passes.)
         let mut bytes = [0u8; MAX_INSN_LEN];
         if mem.read_bytes(hpa, &mut bytes[..room]).is_err()
-            || !self
-                .code
-                .crossing_prefix_matches(rip, hpa, 64, &bytes[..room])
             || mem.read_bytes(hpa2, &mut bytes[room..]).is_err()
         {
             return NONE;
