@@ -277,3 +277,44 @@ fn indirect_jumps_and_calls_agree() {
     assert!(stats.blocks_translated >= 4, "{stats:?}");
     assert_eq!(stats.blocks_failed, 0, "{stats:?}");
 }
+
+#[test]
+fn chaining_into_a_page_crossing_instruction_agrees() {
+    // A loop whose `mov rax, imm64` crosses a page boundary (its own
+    // block, validated by its bytes): the block before it chains into it,
+    // and every eighth iteration patches an immediate byte in the second
+    // page, so a stale chain would keep loading the old value.
+    let v: u64 = 0x1122_3344_5566_7788;
+    let (o, stats) = both(|a| {
+        let mut bytes = vec![0xb9, 0xe8, 0x03, 0x00, 0x00]; // mov ecx, 1000
+        bytes.extend([0x48, 0xbf]); // mov rdi, CODE + 0x1001
+        bytes.extend((CODE + 0x1001).to_le_bytes());
+        bytes.extend([0x31, 0xdb]); // xor ebx, ebx
+        bytes.resize(0xffa, 0x90);
+        bytes.extend([0x48, 0x01, 0xcb]); // 0xffa: add rbx, rcx
+        bytes.extend([0x48, 0xb8]); // 0xffd: mov rax, v (to 0x1007)
+        bytes.extend(v.to_le_bytes());
+        bytes.extend([0x48, 0x01, 0xc2]); // add rdx, rax
+        bytes.extend([0xf6, 0xc1, 0x07]); // test cl, 7
+        bytes.extend([0x75, 0x02]); // jnz +2
+        bytes.extend([0x88, 0x0f]); // mov [rdi], cl
+        bytes.extend([0xff, 0xc9]); // dec ecx
+        bytes.extend([0x75, 0xe5]); // jnz 0xffa
+        bytes.push(0xf4); // hlt
+        assert_eq!(bytes.len(), 0x1016);
+        a.db(&bytes).unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    let mut imm = v;
+    let mut sum = 0u64;
+    for c in (1..=1000u64).rev() {
+        sum = sum.wrapping_add(imm);
+        if c % 8 == 0 {
+            imm = (imm & !0xff_0000) | (c & 0xff) << 16;
+        }
+    }
+    assert_eq!(o.gpr[2], sum);
+    assert_eq!(o.gpr[3], (1..=1000u64).sum::<u64>());
+    assert!(stats.blocks_translated >= 3, "{stats:?}");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+}

@@ -254,6 +254,9 @@ pub struct Cpu {
     /// The RIP of the block translated code ended in (its chaining-table
     /// slot): the block it was started with unless it chained on.
     jit_chain_rip: u64,
+    /// Page-crossing blocks translated code chained into (through
+    /// `Cpu::jit_chain_crossing`), kept alive until it returns.
+    jit_entered: Vec<std::rc::Rc<code_cache::Block>>,
     /// The chaining table and the blocks it keeps alive.
     jit_chain: Box<[crate::jit::ChainEntry]>,
     jit_chain_blocks: Box<[Option<std::rc::Rc<code_cache::Block>>]>,
@@ -310,6 +313,7 @@ impl Cpu {
             jit_threshold: translated::TRANSLATE_AFTER_RUNS,
             jit_stats: Default::default(),
             jit_deadline: 0,
+            jit_entered: Vec::new(),
             jit_chain_rip: 0,
             jit_chain: vec![crate::jit::ChainEntry::default(); crate::jit::CHAIN_SLOTS]
                 .into_boxed_slice(),

@@ -3,11 +3,22 @@
 //! interpreter's loop would have done.
 
 use super::code_cache::Block;
-use super::{fast, Cpu, Step};
+use super::{fast, Cpu, Step, MAX_INSN_LEN};
 use crate::jit::native::Translation;
 use crate::jit::{self, status, ChainEntry, Engine, Offsets};
 use crate::memory::PhysMemory;
 use std::rc::Rc;
+
+/// `Cpu::jit_chain_rip` for the block `Cpu::jit_entered[i]`: `ENTERED | i`,
+/// never a canonical RIP (bit 62 set, 63 and 47 clear).
+const ENTERED: u64 = 1 << 62;
+/// Page-crossing blocks one run of translated code may chain into.
+const ENTERED_MAX: usize = 16;
+
+/// The index in `Cpu::jit_entered` a reported RIP stands for.
+fn entered_index(rip: u64) -> Option<usize> {
+    (rip & !0xffff == ENTERED).then_some((rip & 0xffff) as usize)
+}
 
 /// Whole runs of a block before it is translated, by default: code run
 /// once (boot code) is not worth translating.
@@ -130,6 +141,7 @@ impl Cpu {
             code_frames,
             chain: self.jit_chain.as_ptr(),
             code_generation,
+            chain_crossing: jit::native::chain_crossing_address(),
         };
         // What the run loop checks between blocks, as one deadline (events
         // are not pending: a block runs translated only when they are not).
@@ -141,12 +153,16 @@ impl Cpu {
         self.jit_chain_rip = block.rip;
         let r = t.run(self, mem, block, &env);
         // The block it stopped in: this one, or the last it chained to
-        // (which the chaining table keeps alive).
-        let last = if self.jit_chain_rip != block.rip {
-            self.jit_chain_blocks[jit::chain_slot(self.jit_chain_rip)].clone()
-        } else {
+        // (which the chaining table keeps alive), or a page-crossing block
+        // it chained into (`jit_chain_crossing`).
+        let last = if self.jit_chain_rip == block.rip {
             None
+        } else if let Some(i) = entered_index(self.jit_chain_rip) {
+            self.jit_entered.get(i).cloned()
+        } else {
+            self.jit_chain_blocks[jit::chain_slot(self.jit_chain_rip)].clone()
         };
+        self.jit_entered.clear();
         let block: &Block = last.as_deref().unwrap_or(block);
         let k = (r >> 8) as usize;
         let Some(op) = block.insns.get(k) else {
@@ -163,6 +179,73 @@ impl Cpu {
                 None => (k, op.insn.ip(), Step::Continue),
             },
             _ => (k + 1, op.next_ip, Step::Continue),
+        }
+    }
+
+    /// Translated code is about to go on at `rip`, which is not in the
+    /// chaining table (the deadline checked): if the run loop would fetch
+    /// a page-crossing instruction's block there without changing anything
+    /// (both pages first-level iTLB hits, no block cached at that address,
+    /// the crossing cache holding the same bytes from the same frames) and
+    /// that block is translated for this privilege, its chained entry and
+    /// the block (kept alive until the generated code returns); zeros
+    /// otherwise. Changes nothing else: reports the block as the one the
+    /// code is in.
+    pub(crate) fn jit_chain_crossing(
+        &mut self,
+        mem: &PhysMemory,
+        rip: u64,
+    ) -> jit::native::CrossingEntry {
+        const NONE: jit::native::CrossingEntry = jit::native::CrossingEntry { entry: 0, block: 0 };
+        let room = 4096 - (rip & 0xfff) as usize;
+        if room >= MAX_INSN_LEN
+            || self.state.code_bits() != 64
+            || self.jit_entered.len() >= ENTERED_MAX
+        {
+            return NONE;
+        }
+        let user = self.state.cpl() == 3;
+        let class = 2 * 2 + user as usize;
+        let (tlb_epoch, mode_epoch) = (self.tlb.epoch(), self.mode_epoch);
+        let Some(hpa) = self.l1.lookup(class, rip, tlb_epoch, mode_epoch) else {
+            return NONE;
+        };
+        let next_page = (rip & !0xfff).wrapping_add(0x1000);
+        let Some(hpa2) = self.l1.lookup(class, next_page, tlb_epoch, mode_epoch) else {
+            return NONE;
+        };
+        if self.code.lookup(mem, hpa, rip, 64).is_some() {
+            return NONE;
+        }
+        // (The crossing cache holding all these bytes implies that the
+        // check of their first part `fetch_block` makes passes.)
+        let mut bytes = [0u8; MAX_INSN_LEN];
+        if mem.read_bytes(hpa, &mut bytes[..room]).is_err()
+            || mem.read_bytes(hpa2, &mut bytes[room..]).is_err()
+        {
+            return NONE;
+        }
+        let Some(block) = self.code.lookup_crossing(rip, hpa, hpa2, 64, &bytes) else {
+            return NONE;
+        };
+        let Some(Some(t)) = block.jit.get() else {
+            return NONE;
+        };
+        if t.user != user {
+            return NONE;
+        }
+        let entry = t.chain_entry();
+        let i = match self.jit_entered.iter().position(|b| Rc::ptr_eq(b, &block)) {
+            Some(i) => i,
+            None => {
+                self.jit_entered.push(block.clone());
+                self.jit_entered.len() - 1
+            }
+        };
+        self.jit_chain_rip = ENTERED | i as u64;
+        jit::native::CrossingEntry {
+            entry,
+            block: Rc::as_ptr(&block) as u64,
         }
     }
 

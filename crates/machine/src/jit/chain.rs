@@ -2,7 +2,8 @@
 //! code where the run loop would go straight on, or returning to it.
 
 use super::*;
-use iced_x86::code_asm::r8d;
+use crate::cpu::code_cache::MAX_INSN_LEN;
+use iced_x86::code_asm::{al, r8d};
 
 /// Whether the translator runs this indirect JMP/CALL as host code (with
 /// [`Emitter::indirect`]): through a register, or through memory with no
@@ -36,8 +37,44 @@ impl Emitter {
         self.a.add(r9, qword_ptr(rbx + o.cycles))?;
         self.a.cmp(r9, qword_ptr(rbx + o.jit_deadline))?;
         self.a.jae(out)?;
-        self.fetch_probe(out, Some(target))?;
-        self.chain_lookup(out, Some(target))
+        // An instruction there may cross into the next page: such a block
+        // is not in the table, so where the table does not give a block,
+        // ask `Cpu::jit_chain_crossing`.
+        let crossing = target & 0xfff > 0x1000 - MAX_INSN_LEN as u64;
+        let mut cross = if crossing { self.a.create_label() } else { out };
+        self.fetch_probe(cross, Some(target))?;
+        self.chain_lookup(cross, Some(target))?;
+        if crossing {
+            self.a.set_label(&mut cross)?;
+            self.chain_crossing(out)?;
+        }
+        Ok(())
+    }
+
+    /// Chaining into a page-crossing block at rax (r8, r9 as for
+    /// [`Self::count_chained`]) through `Cpu::jit_chain_crossing`, which
+    /// also reports the block; to `out` (rax, r8 kept) if it gives none.
+    fn chain_crossing(&mut self, out: CodeLabel) -> Result<(), NotTranslated> {
+        // Four slots keep rsp 16-byte aligned for the call.
+        self.a.push(rax)?;
+        self.a.push(r8)?;
+        self.a.push(r9)?;
+        self.a.sub(rsp, 8)?;
+        self.a.mov(rdi, rbx)?;
+        self.a.mov(rsi, r12)?;
+        self.a.mov(rdx, rax)?;
+        self.a.call(qword_ptr(r14 + ENV_CHAIN_CROSSING))?;
+        self.a.add(rsp, 8)?;
+        self.a.pop(r9)?;
+        self.a.pop(r8)?;
+        self.a.mov(rcx, rax)?;
+        self.a.pop(rax)?;
+        self.a.test(rcx, rcx)?;
+        self.a.je(out)?;
+        self.count_chained(false)?;
+        self.a.mov(r13, rdx)?;
+        self.a.jmp(rcx)?;
+        Ok(())
     }
 
     /// Instruction `k`, an indirect JMP or CALL (see
@@ -161,6 +198,21 @@ impl Emitter {
         self.a.shl(rax, 8)?;
         self.a.or(rax, status::LEAVE as i32)?;
         self.a.jmp(epilogue)?;
+        Ok(())
+    }
+
+    /// A call-out returned the status word in rax (not "go on"): after a
+    /// branch it ran (status `LEAVE`, the target in `Cpu::next_rip`), try
+    /// to chain as after a native branch (the call-out has set
+    /// `Cpu::jit_deadline` to 0 if the run loop must look at anything
+    /// first); otherwise (a fault, a store into code) return the status.
+    pub(super) fn call_exit(&mut self, epilogue: CodeLabel) -> Result<(), NotTranslated> {
+        self.a.cmp(al, status::LEAVE as i32)?;
+        self.a.jne(epilogue)?;
+        self.a.mov(rcx, rax)?;
+        self.a.shr(rcx, 8)?;
+        self.a.mov(rax, qword_ptr(rbx + self.o.next_rip))?;
+        self.a.jmp(self.chain)?;
         Ok(())
     }
 

@@ -197,6 +197,7 @@ const ENV_L1: i32 = 0;
 const ENV_CODE_FRAMES: i32 = 24;
 const ENV_CHAIN: i32 = 32;
 const ENV_CODE_GENERATION: i32 = 40;
+const ENV_CHAIN_CROSSING: i32 = 48;
 
 /// The arithmetic flags (CF PF AF ZF SF OF).
 const ARITH: u32 = 0x8d5;
@@ -287,6 +288,12 @@ impl From<IcedError> for NotTranslated {
 ///
 /// `user`: the code runs at CPL 3 (the first-level TLB class of its inline
 /// accesses).
+///
+/// A page-crossing instruction's block (host-physical address `u64::MAX`:
+/// the code cache checks its bytes on every fetch) is translated too: only
+/// the run loop enters it (no fetch from generated code finds it: its
+/// chaining-table entry never matches a fetched address, nor does its own
+/// address for the self-loop exit), and it chains on out of it.
 pub(crate) fn translate(
     block: &Block,
     o: Offsets,
@@ -294,7 +301,6 @@ pub(crate) fn translate(
     user: bool,
 ) -> Result<(Vec<u8>, usize), NotTranslated> {
     if block.bits != 64
-        || block.hpa == u64::MAX
         || o.instruction_cost > i32::MAX as u64
         || o.multiply_cost > i32::MAX as u64
         || !block.insns.iter().any(|op| {
@@ -323,6 +329,9 @@ pub(crate) fn translate(
         self_loop_used: false,
     };
     let mut epilogue = e.a.create_label();
+    // Where a call-out that did not just go on returns to: chaining on
+    // after a branch it ran, the epilogue otherwise.
+    let mut call_exit = e.a.create_label();
     let mut chain_try = e.a.create_label();
     e.chain = chain_try;
     e.chain_out = e.a.create_label();
@@ -362,7 +371,7 @@ pub(crate) fn translate(
                 break;
             }
             Fast::Call { target } => {
-                e.inline_memory(k, &op.fast, op.next_ip, epilogue)?;
+                e.inline_memory(k, &op.fast, op.next_ip, call_exit)?;
                 e.capture_if_dirty()?;
                 e.leave_to(k, target)?;
                 ended = true;
@@ -370,19 +379,19 @@ pub(crate) fn translate(
             }
             Fast::Ret => {
                 // Leaves through the inline code (or the call-out).
-                e.inline_memory(k, &op.fast, op.next_ip, epilogue)?;
+                e.inline_memory(k, &op.fast, op.next_ip, call_exit)?;
                 ended = true;
                 break;
             }
             f if chain::is_native_indirect(&f) => {
                 // Always the last instruction of a block.
-                e.indirect(k, &f, op.next_ip, epilogue)?;
+                e.indirect(k, &f, op.next_ip, call_exit)?;
                 ended = true;
                 break;
             }
             f if is_native(&f) => e.native(k, &f)?,
-            f if is_inline_memory(&f) => e.inline_memory(k, &f, op.next_ip, epilogue)?,
-            _ => e.call_out(k, epilogue)?,
+            f if is_inline_memory(&f) => e.inline_memory(k, &f, op.next_ip, call_exit)?,
+            _ => e.call_out(k, call_exit)?,
         }
     }
     if !ended {
@@ -433,7 +442,7 @@ pub(crate) fn translate(
             after_capture = x.label;
         }
         e.a.set_label(&mut after_capture)?;
-        e.emit_call(x.k, epilogue)?;
+        e.emit_call(x.k, call_exit)?;
         match x.exit {
             FlagsAt::Host => {
                 e.host_valid = false;
@@ -457,6 +466,8 @@ pub(crate) fn translate(
     }
     e.a.set_label(&mut chain_try)?;
     e.chain_try(epilogue, None)?;
+    e.a.set_label(&mut call_exit)?;
+    e.call_exit(epilogue)?;
     if e.self_loop_used {
         e.a.set_label(&mut self_loop)?;
         e.chain_try(epilogue, Some(chained_entry))?;

@@ -103,6 +103,8 @@ pub(crate) struct Env {
     pub chain: *const super::ChainEntry,
     /// One u32 per frame: its code-write generation.
     pub code_generation: *const u32,
+    /// [`chain_crossing_address`].
+    pub chain_crossing: u64,
 }
 
 /// The signature of generated code: (cpu, memory, block, env) -> status.
@@ -187,7 +189,9 @@ impl Translation {
         // against `mem_size`, inside the memory mapping. It may jump on
         // into the translations of other blocks through `env.chain`, whose
         // entries `Cpu` keeps alive (with their blocks) for as long as they
-        // are in the table, which nothing changes during the call.
+        // are in the table, which nothing changes during the call, and into
+        // those of page-crossing blocks `Cpu::jit_chain_crossing` returns,
+        // which it keeps alive (`Cpu::jit_entered`) until the call returns.
         entry(
             cpu as *mut Cpu,
             mem as *const PhysMemory,
@@ -235,4 +239,33 @@ extern "sysv64" fn fill_out(cpu: *mut Cpu, mem: *const PhysMemory, la: u64, acce
     // the Cpu across this call).
     let (cpu, mem) = unsafe { (&mut *cpu, &*mem) };
     cpu.jit_fill(mem, la, (access & 0xff) as usize, access >> 8)
+}
+
+/// Where translated code may go on into a page-crossing instruction's
+/// block: its chained entry and the block, or zeros (return to the run
+/// loop).
+#[repr(C)]
+pub(crate) struct CrossingEntry {
+    pub entry: u64,
+    pub block: u64,
+}
+
+/// The address generated code calls to chain into a page-crossing block.
+pub(crate) fn chain_crossing_address() -> u64 {
+    chain_crossing as extern "sysv64" fn(*mut Cpu, *const PhysMemory, u64) -> CrossingEntry as usize
+        as u64
+}
+
+/// [`Cpu::jit_chain_crossing`] for generated code.
+extern "sysv64" fn chain_crossing(
+    cpu: *mut Cpu,
+    mem: *const PhysMemory,
+    rip: u64,
+) -> CrossingEntry {
+    // SAFETY: generated code passes on the two pointers `Translation::run`
+    // received from live references (the `&mut Cpu` is not used by its
+    // owner until `run` returns, and the generated code holds no access to
+    // the Cpu across this call).
+    let (cpu, mem) = unsafe { (&mut *cpu, &*mem) };
+    cpu.jit_chain_crossing(mem, rip)
 }
