@@ -179,6 +179,34 @@ pub fn ept_translate(
     }
 }
 
+/// [`ept_translate`] through the cached guest-physical mappings of `psc`
+/// (when given): a mapping that allows `kind` with no flag to set answers,
+/// counting the references its walk made; otherwise the EPT is walked and a
+/// successful walk is cached. Sets `used_cache` on a hit.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn ept_translate_cached(
+    ctx: &super::TranslateCtx<'_>,
+    psc: Option<&mut super::psc::Psc>,
+    eptp: Eptp,
+    gpa: Gpa,
+    kind: AccessKind,
+    gla: Option<(Gva, bool)>,
+    walk_refs: &mut u64,
+    used_cache: &mut bool,
+) -> Result<EptTranslation, TranslateError> {
+    let Some(psc) = psc else {
+        return ept_translate(ctx.mem, eptp, ctx.pml, gpa, kind, gla, walk_refs);
+    };
+    if let Some(t) = psc.gpa_lookup(eptp, gpa, kind, walk_refs) {
+        *used_cache = true;
+        return Ok(t);
+    }
+    let t = ept_translate(ctx.mem, eptp, ctx.pml, gpa, kind, gla, walk_refs)?;
+    psc.gpa_fill(eptp, gpa, &t);
+    Ok(t)
+}
+
 /// Whether a present EPT entry at `level` (3 = PML4E ... 0 = PTE) is
 /// misconfigured.
 fn misconfigured(entry: u64, level: u32) -> bool {
