@@ -312,7 +312,7 @@ fn walk_once(
     // anything.
     if ctx.ept.is_some() {
         for (i, e) in used.iter().enumerate() {
-            if wanted(i, e) != e.value && !e.ept_perms.write {
+            if wanted(i, e) != e.value && !e.ept_perms.write() {
                 return Err(ept::violation(
                     e.gpa,
                     AccessKind::Write,

@@ -369,7 +369,7 @@ impl Psc {
     /// The cached EPT translation of `gpa` under `eptp`, if it allows an
     /// access of `kind` with no flag to set; adds the references its walk
     /// took to `walk_refs`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn gpa_lookup(
         &mut self,
         eptp: Eptp,
@@ -394,7 +394,6 @@ impl Psc {
     }
 
     /// Caches an EPT translation of `gpa` a walk just made.
-    #[inline]
     pub(crate) fn gpa_fill(&mut self, eptp: Eptp, gpa: Gpa, t: &EptTranslation) {
         if !self.gpa.enabled() {
             return;

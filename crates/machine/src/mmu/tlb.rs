@@ -520,9 +520,9 @@ impl Tlb {
         };
         flags |= match fill.ept {
             Some(t) => {
-                (if t.perms.read { data::EPT_READ } else { 0 })
-                    | (if t.perms.write { data::EPT_WRITE } else { 0 })
-                    | (if t.perms.exec { data::EPT_EXEC } else { 0 })
+                (if t.perms.read() { data::EPT_READ } else { 0 })
+                    | (if t.perms.write() { data::EPT_WRITE } else { 0 })
+                    | (if t.perms.exec() { data::EPT_EXEC } else { 0 })
                     | (if t.dirty_recorded { data::EPT_DIRTY } else { 0 })
             }
             None => data::EPT_READ | data::EPT_WRITE | data::EPT_EXEC | data::EPT_DIRTY,
