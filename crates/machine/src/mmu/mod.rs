@@ -280,14 +280,12 @@ fn walk(
     used_cache: &mut bool,
 ) -> Result<TlbFill, TranslateError> {
     let guest = if ctx.regs.cr0 & cr0::PG != 0 {
-        Some(paging::walk_cached(
-            ctx,
-            psc.as_deref_mut(),
-            gva,
-            access,
-            walk_refs,
-            used_cache,
-        )?)
+        loop {
+            let psc = psc.as_deref_mut();
+            if let Some(t) = paging::walk_once(ctx, psc, gva, access, walk_refs, used_cache)? {
+                break Some(t);
+            }
+        }
     } else {
         None
     };

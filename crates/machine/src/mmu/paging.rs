@@ -162,31 +162,21 @@ pub fn walk(
     access: Access,
     walk_refs: &mut u64,
 ) -> Result<GuestTranslation, TranslateError> {
-    walk_cached(ctx, None, gva, access, walk_refs, &mut false)
-}
-
-/// [`walk`] through the paging-structure caches when `psc` is given: the
-/// walk starts below the deepest cached entry for `gva`, paging-structure
-/// references use cached guest-physical mappings, and a successful walk
-/// caches what it used. `used_cache` is set when a cached entry was used
-/// (a fault is then to be checked against memory: [`super::translate`]).
-pub(crate) fn walk_cached(
-    ctx: &TranslateCtx<'_>,
-    mut psc: Option<&mut Psc>,
-    gva: Gva,
-    access: Access,
-    walk_refs: &mut u64,
-    used_cache: &mut bool,
-) -> Result<GuestTranslation, TranslateError> {
     loop {
-        if let Some(t) = walk_once(ctx, psc.as_deref_mut(), gva, access, walk_refs, used_cache)? {
+        if let Some(t) = walk_once(ctx, None, gva, access, walk_refs, &mut false)? {
             return Ok(t);
         }
     }
 }
 
-/// One attempt; `Ok(None)` if an entry changed before its A/D update.
-fn walk_once(
+/// One attempt of [`walk`]; `Ok(None)` if an entry changed before its A/D
+/// update (the caller walks again). Through the paging-structure caches
+/// when `psc` is given: the walk starts below the deepest cached entry for
+/// `gva`, paging-structure references use cached guest-physical mappings,
+/// and a successful walk caches what it used. `used_cache` is set when a
+/// cached entry was used (a fault is then to be checked against memory:
+/// [`super::translate`]).
+pub(crate) fn walk_once(
     ctx: &TranslateCtx<'_>,
     mut psc: Option<&mut Psc>,
     gva: Gva,

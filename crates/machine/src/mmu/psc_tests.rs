@@ -254,6 +254,10 @@ fn a_mapping_without_the_right_or_the_dirty_flag_is_walked_again() {
     assert_eq!(tr(&mut tlb, &ctx, VA1, WRITE), (Ok(Hpa(0x5000)), 24));
 }
 
+/// The 2 MiB page of [`switch_run`] and where it maps.
+const BIG: u64 = 0xc000_0000;
+const BIG_PA: u64 = 0x60_0000;
+
 /// A translation's result and the references it charged.
 type Outcome = (Result<Hpa, TranslateError>, u64);
 
@@ -294,17 +298,11 @@ fn switch_run(seed: u64, ept: bool, psc: PscConfig) -> (Vec<Outcome>, u64) {
         }
         pages.push(va);
     }
+    // One 2 MiB page in both spaces.
     for &root in &roots {
-        m.map(
-            root,
-            0x4000_0000,
-            0x40_0000,
-            PageSize::Size2M,
-            P | W,
-            GUEST_TABLE,
-        );
+        m.map(root, BIG, BIG_PA, PageSize::Size2M, P | W, GUEST_TABLE);
     }
-    pages.push(0x4000_0000);
+    pages.push(BIG);
     let eptp = m.identity_ept(true);
     let mut tlb = Tlb::with_psc(
         TlbConfig {
@@ -334,7 +332,7 @@ fn switch_run(seed: u64, ept: bool, psc: PscConfig) -> (Vec<Outcome>, u64) {
                 // Edit a leaf (rights or presence), then invalidate it as
                 // the SDM requires.
                 let slot = m.slot(roots[space], va, 0);
-                if m.read(slot) & P != 0 && va < 0x4000_0000 {
+                if m.read(slot) & P != 0 && va >> 21 != BIG >> 21 {
                     m.write(slot, m.read(slot) ^ [W, U, P][(r >> 24) as usize % 3]);
                     tlb.invlpg(VPID, Gva(va));
                 }
