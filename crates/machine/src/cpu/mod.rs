@@ -64,6 +64,9 @@ pub struct CpuConfig {
     /// x2APIC id (also what CPUID reports).
     pub apic_id: u32,
     pub tlb: TlbConfig,
+    /// Sizes of the paging-structure caches (`mmu::psc`; 0 = off). They
+    /// save host work only: virtual time is the same with any sizes.
+    pub psc: crate::mmu::psc::PscConfig,
     pub costs: CycleCosts,
     /// What runs the guest code: the interpreter or the translator (the
     /// same guest state, memory and cycles either way).
@@ -75,6 +78,7 @@ impl Default for CpuConfig {
         CpuConfig {
             apic_id: 0,
             tlb: TlbConfig::default(),
+            psc: crate::mmu::psc::PscConfig::default(),
             costs: CycleCosts::DEFAULT,
             engine: crate::jit::Engine::default(),
         }
@@ -287,7 +291,7 @@ impl Cpu {
             state: CpuState::default(),
             cycles: 0,
             costs: config.costs,
-            tlb: Tlb::new(config.tlb),
+            tlb: Tlb::with_psc(config.tlb, config.psc),
             apic: Lapic::new(config.apic_id),
             vmx: None,
             injection: None,

@@ -61,54 +61,59 @@ const RESERVED_2M: u64 = 0x001f_f000;
 /// Reserved address bits of a 1 GiB EPT leaf (29:12).
 const RESERVED_1G: u64 = 0x3fff_f000;
 
-/// Effective EPT permissions of a guest-physical address.
+/// Effective EPT permissions of a guest-physical address: the R/W/X bits
+/// (2:0) of an entry, or of the AND of the entries of a walk. One byte, so
+/// that translations carrying it move through registers and the stack
+/// without split stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EptPerms {
-    pub read: bool,
-    pub write: bool,
-    pub exec: bool,
-}
+pub struct EptPerms(u8);
 
 impl EptPerms {
     /// Everything allowed (no EPT).
-    pub const ALL: EptPerms = EptPerms {
-        read: true,
-        write: true,
-        exec: true,
-    };
+    pub const ALL: EptPerms = EptPerms(7);
     /// Nothing allowed (not present).
-    pub const NONE: EptPerms = EptPerms {
-        read: false,
-        write: false,
-        exec: false,
-    };
+    pub const NONE: EptPerms = EptPerms(0);
 
     /// From the R/W/X bits (2:0) of an entry or an AND of entries.
     #[inline]
     pub const fn from_bits(bits: u64) -> EptPerms {
-        EptPerms {
-            read: bits & epte::READ != 0,
-            write: bits & epte::WRITE != 0,
-            exec: bits & epte::EXEC != 0,
-        }
+        EptPerms((bits & (epte::READ | epte::WRITE | epte::EXEC)) as u8)
+    }
+
+    /// Reads allowed.
+    #[inline]
+    pub const fn read(self) -> bool {
+        self.0 as u64 & epte::READ != 0
+    }
+
+    /// Writes allowed.
+    #[inline]
+    pub const fn write(self) -> bool {
+        self.0 as u64 & epte::WRITE != 0
+    }
+
+    /// Instruction fetches allowed.
+    #[inline]
+    pub const fn exec(self) -> bool {
+        self.0 as u64 & epte::EXEC != 0
     }
 
     /// Whether an access of `kind` is allowed.
     #[inline]
     pub const fn allows(self, kind: AccessKind) -> bool {
         match kind {
-            AccessKind::Read => self.read,
-            AccessKind::Write => self.write,
-            AccessKind::Execute => self.exec,
+            AccessKind::Read => self.read(),
+            AccessKind::Write => self.write(),
+            AccessKind::Execute => self.exec(),
         }
     }
 
     /// The READABLE/WRITABLE/EXECUTABLE bits of an exit qualification.
     #[inline]
     pub const fn qualification_bits(self) -> u64 {
-        (if self.read { ept_qual::READABLE } else { 0 })
-            | (if self.write { ept_qual::WRITABLE } else { 0 })
-            | (if self.exec { ept_qual::EXECUTABLE } else { 0 })
+        (if self.read() { ept_qual::READABLE } else { 0 })
+            | (if self.write() { ept_qual::WRITABLE } else { 0 })
+            | (if self.exec() { ept_qual::EXECUTABLE } else { 0 })
     }
 }
 
@@ -177,6 +182,49 @@ pub fn ept_translate(
             return Ok(t);
         }
     }
+}
+
+/// [`ept_translate`] through the cached guest-physical mappings of `psc`
+/// (when given): a mapping that allows `kind` with no flag to set answers,
+/// counting the references its walk made; otherwise the EPT is walked and a
+/// successful walk is cached. Sets `used_cache` on a hit.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn ept_translate_cached(
+    ctx: &super::TranslateCtx<'_>,
+    psc: Option<&mut super::psc::Psc>,
+    eptp: Eptp,
+    gpa: Gpa,
+    kind: AccessKind,
+    gla: Option<(Gva, bool)>,
+    walk_refs: &mut u64,
+    used_cache: &mut bool,
+) -> Result<EptTranslation, TranslateError> {
+    let Some(psc) = psc else {
+        return ept_translate(ctx.mem, eptp, ctx.pml, gpa, kind, gla, walk_refs);
+    };
+    if let Some(t) = psc.gpa_lookup(eptp, gpa, kind, walk_refs) {
+        *used_cache = true;
+        return Ok(t);
+    }
+    ept_translate_and_cache(ctx, psc, eptp, gpa, kind, gla, walk_refs)
+}
+
+/// The miss side of [`ept_translate_cached`]: walk, and cache a success.
+#[cold]
+#[inline(never)]
+fn ept_translate_and_cache(
+    ctx: &super::TranslateCtx<'_>,
+    psc: &mut super::psc::Psc,
+    eptp: Eptp,
+    gpa: Gpa,
+    kind: AccessKind,
+    gla: Option<(Gva, bool)>,
+    walk_refs: &mut u64,
+) -> Result<EptTranslation, TranslateError> {
+    let t = ept_translate(ctx.mem, eptp, ctx.pml, gpa, kind, gla, walk_refs)?;
+    psc.gpa_fill(eptp, gpa, &t);
+    Ok(t)
 }
 
 /// Whether a present EPT entry at `level` (3 = PML4E ... 0 = PTE) is

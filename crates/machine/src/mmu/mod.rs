@@ -7,6 +7,9 @@
 //!   misconfiguration), applied to every guest-physical reference.
 //! - [`tlb`]: a set-associative, VPID-tagged TLB of combined translations
 //!   with the x86 flush rules.
+//! - [`psc`]: the paging-structure caches (PML4E/PDPTE/PDE) and cached
+//!   guest-physical mappings, owned and invalidated with the TLB; they save
+//!   host work and charge the references of the walk they replace.
 //!
 //! [`translate`] ties them together. Its order of work for one access:
 //! 1. canonical check (48-bit linear addresses);
@@ -16,7 +19,10 @@
 //!    RFLAGS.AC, so changing those needs no flush;
 //! 4. on a miss: the guest walk (every paging-structure reference through
 //!    EPT when EPT is on), permission checks, A/D updates, then the EPT walk
-//!    of the final guest-physical address, then a TLB fill.
+//!    of the final guest-physical address, then a TLB fill. The guest walk
+//!    starts below the deepest paging-structure-cache entry for the
+//!    address, and EPT translations come from cached guest-physical
+//!    mappings when one allows the access ([`psc`]).
 //!
 //! `walk_refs` counts paging-structure entry reads, guest and EPT, including
 //! re-reads after a walk restarts because an entry changed under its A/D
@@ -31,6 +37,7 @@
 
 pub mod ept;
 pub mod paging;
+pub mod psc;
 pub mod tlb;
 
 #[cfg(test)]
@@ -211,7 +218,11 @@ pub fn translate(
     translate_miss(tlb, ctx, gva, access, walk_refs)
 }
 
-/// The TLB-miss path: full walk, then fill.
+/// The TLB-miss path: the walk (through the paging-structure caches), then
+/// a TLB fill. A walk that used a cached entry and faulted is dropped, the
+/// caches' entries for the address invalidated, and the translation walked
+/// again from memory alone, so a fault (and what it costs) is what memory
+/// says now.
 #[cold]
 #[inline(never)]
 fn translate_miss(
@@ -221,33 +232,81 @@ fn translate_miss(
     access: Access,
     walk_refs: &mut u64,
 ) -> Result<Hpa, TranslateError> {
+    let fill = if tlb.psc.enabled() {
+        let mut refs = 0;
+        let mut used_cache = false;
+        match walk(
+            Some(&mut tlb.psc),
+            ctx,
+            gva,
+            access,
+            &mut refs,
+            &mut used_cache,
+        ) {
+            Ok(fill) => {
+                *walk_refs += refs;
+                fill
+            }
+            Err(e) if used_cache => {
+                let ept_gpa = match e {
+                    TranslateError::EptViolation { gpa, .. }
+                    | TranslateError::EptMisconfig { gpa } => Some(gpa),
+                    _ => None,
+                };
+                tlb.psc.fault(ctx, gva.0, ept_gpa);
+                walk(None, ctx, gva, access, walk_refs, &mut false)?
+            }
+            Err(e) => {
+                *walk_refs += refs;
+                return Err(e);
+            }
+        }
+    } else {
+        walk(None, ctx, gva, access, walk_refs, &mut false)?
+    };
+    let hpa = fill.hpa;
+    tlb.insert(ctx, gva, fill);
+    Ok(hpa)
+}
+
+/// The guest walk and the EPT translation of its result, through `psc`
+/// when given.
+fn walk(
+    mut psc: Option<&mut psc::Psc>,
+    ctx: &TranslateCtx<'_>,
+    gva: Gva,
+    access: Access,
+    walk_refs: &mut u64,
+    used_cache: &mut bool,
+) -> Result<TlbFill, TranslateError> {
     let guest = if ctx.regs.cr0 & cr0::PG != 0 {
-        Some(paging::walk(ctx, gva, access, walk_refs)?)
+        loop {
+            let psc = psc.as_deref_mut();
+            if let Some(t) = paging::walk_once(ctx, psc, gva, access, walk_refs, used_cache)? {
+                break Some(t);
+            }
+        }
     } else {
         None
     };
     let gpa = guest.map_or(Gpa(gva.0), |g| g.gpa);
     let final_ept = match ctx.ept {
-        Some(eptp) => Some(ept::ept_translate(
-            ctx.mem,
+        Some(eptp) => Some(ept::ept_translate_cached(
+            ctx,
+            psc,
             eptp,
-            ctx.pml,
             gpa,
             access.kind,
             Some((gva, true)),
             walk_refs,
+            used_cache,
         )?),
         None => None,
     };
     let hpa = final_ept.map_or(Hpa(gpa.0), |t| t.hpa);
-    tlb.insert(
-        ctx,
-        gva,
-        TlbFill {
-            hpa,
-            guest,
-            ept: final_ept,
-        },
-    );
-    Ok(hpa)
+    Ok(TlbFill {
+        hpa,
+        guest,
+        ept: final_ept,
+    })
 }

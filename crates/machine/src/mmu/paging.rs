@@ -27,6 +27,7 @@
 //! 29.3.6), as every write does: the EPT walker does the logging.
 
 use super::ept::{self, EptPerms};
+use super::psc::{Psc, UpperFill, WalkStart};
 use super::{Access, AccessKind, PageSize, PagingRegs, TranslateCtx, TranslateError};
 use crate::addr::{Gpa, Gva, Hpa};
 use crate::cpu::state::{cr0, cr4, efer};
@@ -162,18 +163,26 @@ pub fn walk(
     walk_refs: &mut u64,
 ) -> Result<GuestTranslation, TranslateError> {
     loop {
-        if let Some(t) = walk_once(ctx, gva, access, walk_refs)? {
+        if let Some(t) = walk_once(ctx, None, gva, access, walk_refs, &mut false)? {
             return Ok(t);
         }
     }
 }
 
-/// One attempt; `Ok(None)` if an entry changed before its A/D update.
-fn walk_once(
+/// One attempt of [`walk`]; `Ok(None)` if an entry changed before its A/D
+/// update (the caller walks again). Through the paging-structure caches
+/// when `psc` is given: the walk starts below the deepest cached entry for
+/// `gva`, paging-structure references use cached guest-physical mappings,
+/// and a successful walk caches what it used. `used_cache` is set when a
+/// cached entry was used (a fault is then to be checked against memory:
+/// [`super::translate`]).
+pub(crate) fn walk_once(
     ctx: &TranslateCtx<'_>,
+    mut psc: Option<&mut Psc>,
     gva: Gva,
     access: Access,
     walk_refs: &mut u64,
+    used_cache: &mut bool,
 ) -> Result<Option<GuestTranslation>, TranslateError> {
     let regs = &ctx.regs;
     let nxe = regs.efer & efer::NXE != 0;
@@ -191,20 +200,49 @@ fn walk_once(
         ept_perms: EptPerms::ALL,
     }; 4];
     let mut used_count = 0;
-    let mut perms = GuestPerms {
-        writable: true,
-        user: true,
-        no_execute: false,
-    };
-    let mut table = Gpa(regs.cr3 & pte::ADDR_MASK);
     // Level 3 = PML4, 2 = PDPT, 1 = PD, 0 = PT.
-    let mut level = 3u32;
+    let start = psc.as_deref_mut().and_then(|p| p.start(ctx, gva.0));
+    let WalkStart {
+        mut level,
+        mut table,
+        mut perms,
+        refs: mut refs_from_cr3,
+    } = start.unwrap_or(WalkStart {
+        level: 3,
+        table: Gpa(regs.cr3 & pte::ADDR_MASK),
+        perms: GuestPerms {
+            writable: true,
+            user: true,
+            no_execute: false,
+        },
+        refs: 0,
+    });
+    if start.is_some() {
+        *used_cache = true;
+        *walk_refs += refs_from_cr3;
+    }
+    let mut fills = [UpperFill {
+        level: 0,
+        next: Gpa(0),
+        perms,
+        refs: 0,
+    }; 3];
+    let mut fill_count = 0;
     let size = loop {
         let index = (gva.0 >> (PageSize::Size4K.shift() + 9 * level)) & 0x1ff;
         let entry_gpa = table.add(index * 8);
-        let (entry_hpa, ept_perms) = structure_hpa(ctx, entry_gpa, gva, walk_refs)?;
+        let before = *walk_refs;
+        let (entry_hpa, ept_perms) = structure_hpa(
+            ctx,
+            psc.as_deref_mut(),
+            entry_gpa,
+            gva,
+            walk_refs,
+            used_cache,
+        )?;
         let entry = ctx.mem.read_u64(entry_hpa)?;
         *walk_refs += 1;
+        refs_from_cr3 += *walk_refs - before;
 
         if entry & pte::PRESENT == 0 {
             return Err(page_fault(0));
@@ -236,6 +274,13 @@ fn walk_once(
             break PageSize::of_leaf_level(level);
         }
         table = Gpa(entry & pte::ADDR_MASK);
+        fills[fill_count] = UpperFill {
+            level,
+            next: table,
+            perms,
+            refs: refs_from_cr3,
+        };
+        fill_count += 1;
         level -= 1;
     };
 
@@ -257,7 +302,7 @@ fn walk_once(
     // anything.
     if ctx.ept.is_some() {
         for (i, e) in used.iter().enumerate() {
-            if wanted(i, e) != e.value && !e.ept_perms.write {
+            if wanted(i, e) != e.value && !e.ept_perms.write() {
                 return Err(ept::violation(
                     e.gpa,
                     AccessKind::Write,
@@ -272,6 +317,10 @@ fn walk_once(
         if new != e.value && ctx.mem.cmpxchg(e.hpa, 8, e.value, new)? != e.value {
             return Ok(None);
         }
+    }
+    if let Some(p) = psc {
+        // Every entry used now has its accessed flag set.
+        p.fill_upper(ctx, gva.0, &fills[..fill_count]);
     }
 
     let leaf = used[leaf_index].value
@@ -291,13 +340,16 @@ fn walk_once(
 }
 
 /// Host-physical address of a paging-structure entry, and the EPT
-/// permissions of its page (all permissions without EPT).
+/// permissions of its page (all permissions without EPT), through a cached
+/// guest-physical mapping when `psc` has one.
 #[inline]
 fn structure_hpa(
     ctx: &TranslateCtx<'_>,
+    psc: Option<&mut Psc>,
     entry_gpa: Gpa,
     gva: Gva,
     walk_refs: &mut u64,
+    used_cache: &mut bool,
 ) -> Result<(Hpa, EptPerms), TranslateError> {
     match ctx.ept {
         None => Ok((Hpa(entry_gpa.0), EptPerms::ALL)),
@@ -307,14 +359,15 @@ fn structure_hpa(
             } else {
                 AccessKind::Read
             };
-            let t = ept::ept_translate(
-                ctx.mem,
+            let t = ept::ept_translate_cached(
+                ctx,
+                psc,
                 eptp,
-                ctx.pml,
                 entry_gpa,
                 kind,
                 Some((gva, false)),
                 walk_refs,
+                used_cache,
             )?;
             Ok((t.hpa, t.perms))
         }

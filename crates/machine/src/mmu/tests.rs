@@ -7,6 +7,9 @@ use super::*;
 use crate::cpu::state::{cr0, cr4, efer};
 use crate::vmx::{ept_qual, InveptKind, InvvpidKind};
 
+#[path = "psc_tests.rs"]
+mod psc_tests;
+
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const MEM_SIZE: u64 = 16 * MIB;

@@ -36,6 +36,7 @@
 
 use super::ept::EptTranslation;
 use super::paging::{access_permitted, GuestPerms, GuestTranslation};
+use super::psc::{Psc, PscConfig};
 use super::{Access, AccessKind, PageSize, TranslateCtx};
 use crate::addr::{Gva, Hpa};
 use crate::cpu::state::cr0;
@@ -308,6 +309,11 @@ pub struct Tlb {
     entries: Vec<Entry>,
     /// Per set: bit w set = way w recently used.
     recently_used: Vec<u64>,
+    /// Per set: bit w set = way w holds a valid entry. With `nonempty`,
+    /// lets flushes visit only the valid entries (host-side bookkeeping).
+    valid: Vec<u64>,
+    /// Bit s % 64 of word s / 64 set = set s has a valid entry.
+    nonempty: Vec<u64>,
     ways: usize,
     /// `sets - 1` (sets is a power of two).
     set_mask: usize,
@@ -318,6 +324,8 @@ pub struct Tlb {
     /// A splintered entry may be present (cleared by full scans).
     may_hold_splinters: bool,
     stats: TlbStats,
+    /// The paging-structure caches, invalidated with the TLB.
+    pub(crate) psc: Psc,
 }
 
 impl std::fmt::Debug for Tlb {
@@ -326,13 +334,21 @@ impl std::fmt::Debug for Tlb {
             .field("config", &self.config())
             .field("occupancy", &self.occupancy())
             .field("stats", &self.stats)
+            .field("psc", &self.psc.config())
             .finish()
     }
 }
 
 impl Tlb {
-    /// An empty TLB with the geometry `config.normalized()`.
+    /// An empty TLB with the geometry `config.normalized()` and the
+    /// default paging-structure caches.
     pub fn new(config: TlbConfig) -> Self {
+        Self::with_psc(config, PscConfig::default())
+    }
+
+    /// An empty TLB with the geometry `config.normalized()` and
+    /// paging-structure caches of `psc`'s sizes.
+    pub fn with_psc(config: TlbConfig, psc: PscConfig) -> Self {
         let config = config.normalized();
         let sets = config.entries / config.ways;
         Tlb {
@@ -340,6 +356,8 @@ impl Tlb {
             epoch: 1,
             entries: vec![Entry::INVALID; config.entries],
             recently_used: vec![0; sets],
+            valid: vec![0; sets],
+            nonempty: vec![0; sets.div_ceil(64)],
             ways: config.ways,
             set_mask: sets - 1,
             full_set_mask: if config.ways == 64 {
@@ -350,6 +368,7 @@ impl Tlb {
             may_hold_large: false,
             may_hold_splinters: false,
             stats: TlbStats::default(),
+            psc: Psc::new(psc),
         }
     }
 
@@ -371,6 +390,32 @@ impl Tlb {
     fn set_range(&self, vpn: u64) -> (usize, std::ops::Range<usize>) {
         let set = (vpn as usize) & self.set_mask;
         (set, set * self.ways..(set + 1) * self.ways)
+    }
+
+    #[inline]
+    fn mark_valid(&mut self, set: usize, way: usize) {
+        self.valid[set] |= 1 << way;
+        self.nonempty[set / 64] |= 1 << (set % 64);
+    }
+
+    #[inline]
+    fn mark_invalid(&mut self, set: usize, way: usize) {
+        self.valid[set] &= !(1 << way);
+        if self.valid[set] == 0 {
+            self.nonempty[set / 64] &= !(1 << (set % 64));
+        }
+    }
+
+    /// Whether the valid-entry bitmaps match the entries (for tests).
+    #[cfg(test)]
+    pub(crate) fn valid_bits_consistent(&self) -> bool {
+        (0..self.valid.len()).all(|set| {
+            let bits = (0..self.ways)
+                .filter(|&w| self.entries[set * self.ways + w].valid())
+                .fold(0u64, |b, w| b | 1 << w);
+            bits == self.valid[set]
+                && (self.nonempty[set / 64] >> (set % 64)) & 1 == u64::from(bits != 0)
+        })
     }
 
     #[inline]
@@ -436,6 +481,7 @@ impl Tlb {
                 return Some(Hpa((entry_data & data::HPA) | (va & (size.bytes() - 1))));
             }
             ways[way] = Entry::INVALID;
+            self.mark_invalid(set, way);
             self.epoch += 1;
             break;
         }
@@ -474,9 +520,9 @@ impl Tlb {
         };
         flags |= match fill.ept {
             Some(t) => {
-                (if t.perms.read { data::EPT_READ } else { 0 })
-                    | (if t.perms.write { data::EPT_WRITE } else { 0 })
-                    | (if t.perms.exec { data::EPT_EXEC } else { 0 })
+                (if t.perms.read() { data::EPT_READ } else { 0 })
+                    | (if t.perms.write() { data::EPT_WRITE } else { 0 })
+                    | (if t.perms.exec() { data::EPT_EXEC } else { 0 })
                     | (if t.dirty_recorded { data::EPT_DIRTY } else { 0 })
             }
             None => data::EPT_READ | data::EPT_WRITE | data::EPT_EXEC | data::EPT_DIRTY,
@@ -509,6 +555,7 @@ impl Tlb {
                 }
             });
         ways[way] = entry;
+        self.mark_valid(set, way);
         self.epoch += 1;
         self.touch(set, way);
         self.may_hold_large |= size != PageSize::Size4K;
@@ -516,26 +563,43 @@ impl Tlb {
     }
 
     /// Drops every entry for which `drop` is true, and recomputes the
-    /// large/splintered summaries. Counts one flush.
+    /// large/splintered summaries. Counts one flush. Visits only the valid
+    /// entries (through the `valid` bitmaps), so a flush costs in
+    /// proportion to what the TLB holds, not to its size.
     fn drop_where(&mut self, mut drop: impl FnMut(&Entry) -> bool) {
         self.stats.flushes += 1;
         self.epoch += 1;
         let mut large = false;
         let mut splinters = false;
-        for e in self.entries.iter_mut().filter(|e| e.valid()) {
-            if drop(e) {
-                *e = Entry::INVALID;
-            } else {
-                large |= e.size() != PageSize::Size4K;
-                splinters |= e.splintered();
+        for word in 0..self.nonempty.len() {
+            let mut sets = self.nonempty[word];
+            while sets != 0 {
+                let set = word * 64 + sets.trailing_zeros() as usize;
+                sets &= sets - 1;
+                let mut ways = self.valid[set];
+                while ways != 0 {
+                    let way = ways.trailing_zeros() as usize;
+                    ways &= ways - 1;
+                    let index = set * self.ways + way;
+                    let e = self.entries[index];
+                    if drop(&e) {
+                        self.entries[index] = Entry::INVALID;
+                        self.mark_invalid(set, way);
+                    } else {
+                        large |= e.size() != PageSize::Size4K;
+                        splinters |= e.splintered();
+                    }
+                }
             }
         }
         self.may_hold_large = large;
         self.may_hold_splinters = splinters;
     }
 
-    /// INVLPG: drop entries of `vpid` covering `gva`, global or not.
+    /// INVLPG: drop entries of `vpid` covering `gva`, global or not, and
+    /// every paging-structure-cache entry of `vpid` (SDM 4.10.4.1).
     pub fn invlpg(&mut self, vpid: u16, gva: Gva) {
+        self.psc.flush_vpid(vpid);
         self.epoch += 1;
         let va = gva.0 & VA_MASK;
         let probes = if self.may_hold_large {
@@ -549,10 +613,11 @@ impl Tlb {
                 | ((vpid as u64) << tag::VPID_SHIFT)
                 | (size_code(size) << tag::SIZE_SHIFT)
                 | vpn;
-            let (_, range) = self.set_range(vpn);
-            for e in &mut self.entries[range] {
-                if e.tag & tag::ADDRESS_MATCH == wanted {
-                    *e = Entry::INVALID;
+            let (set, range) = self.set_range(vpn);
+            for (way, index) in range.enumerate() {
+                if self.entries[index].tag & tag::ADDRESS_MATCH == wanted {
+                    self.entries[index] = Entry::INVALID;
+                    self.mark_invalid(set, way);
                 }
             }
         }
@@ -572,8 +637,9 @@ impl Tlb {
 
     /// MOV to CR3 (without PCID): drop the non-global entries of `vpid`.
     /// Guest-physical mappings (made with paging off) do not depend on CR3
-    /// and are kept.
+    /// and are kept. All paging-structure-cache entries of `vpid` go.
     pub fn flush_non_global(&mut self, vpid: u16) {
+        self.psc.flush_vpid(vpid);
         self.drop_where(|e| {
             e.vpid() == vpid && e.tag & tag::PAGING != 0 && e.data & data::GLOBAL == 0
         });
@@ -581,11 +647,13 @@ impl Tlb {
 
     /// Drop all entries of `vpid` (e.g. CR4.PGE toggled).
     pub fn flush_vpid(&mut self, vpid: u16) {
+        self.psc.flush_vpid(vpid);
         self.drop_where(|e| e.vpid() == vpid);
     }
 
     /// Drop everything.
     pub fn flush_all(&mut self) {
+        self.psc.flush_all();
         self.drop_where(|_| true);
     }
 
@@ -594,7 +662,10 @@ impl Tlb {
         match kind {
             InvvpidKind::IndividualAddress { vpid, gva } => self.invlpg(vpid, gva),
             InvvpidKind::SingleContext { vpid } => self.flush_vpid(vpid),
-            InvvpidKind::AllContext => self.drop_where(|e| e.vpid() != 0),
+            InvvpidKind::AllContext => {
+                self.psc.flush_all_guest_vpids();
+                self.drop_where(|e| e.vpid() != 0)
+            }
             InvvpidKind::SingleContextRetainingGlobals { vpid } => self.flush_non_global(vpid),
         }
     }
@@ -603,6 +674,7 @@ impl Tlb {
     /// those whose EPTP has the same PML4 address (`SingleContext`, which
     /// the SDM keys by the EP4TA, bits 51:12).
     pub fn invept(&mut self, kind: InveptKind) {
+        self.psc.invept(kind);
         match kind {
             InveptKind::SingleContext(eptp) => {
                 let root = eptp.pml4().0;
@@ -681,6 +753,7 @@ impl Tlb {
             self.may_hold_large |= e.size() != PageSize::Size4K;
             self.may_hold_splinters |= e.splintered();
             self.entries[index] = e;
+            self.mark_valid(index / self.ways, index % self.ways);
         }
         self.recently_used.copy_from_slice(&image.recently_used);
         self.epoch += 1;
@@ -698,6 +771,11 @@ impl Tlb {
     /// Counters.
     pub fn stats(&self) -> TlbStats {
         self.stats
+    }
+
+    /// The paging-structure caches' sizes and counters.
+    pub fn psc(&self) -> &Psc {
+        &self.psc
     }
 }
 

@@ -1,0 +1,471 @@
+//! Paging-structure caches (Intel SDM Vol. 3A 4.10.3) and cached
+//! guest-physical mappings (Vol. 3C 29.4.1).
+//!
+//! Two caches sit beside the TLB, as in hardware:
+//! - the **PML4E, PDPTE and PDE caches**: for the upper bits of a linear
+//!   address, the guest-physical address of the next paging structure and
+//!   the R/W, U/S and XD rights combined over the levels above it, so a
+//!   walk can start at the PDPT, the PD or the PT. Tagged by VPID (there
+//!   are no PCIDs), and, as the combined mappings they feed, by EPTP; they
+//!   are also tagged with CR3 and EFER.NXE, which is never wrong (a narrower
+//!   match only misses).
+//! - **guest-physical mappings**: the EPT translation of a 4 KiB
+//!   guest-physical page (host page, R/W/X, EPT page size, whether the EPT
+//!   dirty flag is set), tagged by EPTP. The guest walk uses them for every
+//!   paging-structure reference and for the final guest-physical address.
+//!
+//! Entries are made only from walks that succeeded (so every entry cached
+//! has its accessed flag set, as the SDM requires, and a non-present entry
+//! is never cached). They are used until invalidated by the events the SDM
+//! names, even if memory changed meanwhile: a stale entry is what hardware
+//! may use too. Invalidation (through the [`Tlb`](super::tlb::Tlb) methods,
+//! which every architectural event already calls):
+//! - MOV to CR3, INVLPG (whatever the address: SDM 4.10.4.1), CR0/CR4
+//!   paging-bit and EFER changes, VPID flushes and every INVVPID: all PSC
+//!   entries of the VPID;
+//! - INVEPT: the PSC entries made under that EP4TA (all made under EPT for
+//!   the global type) and the guest-physical mappings of that EP4TA (all);
+//! - a full flush (snapshot restore): everything.
+//!
+//! INVPCID does not exist on this machine (CR4.PCIDE is not supported).
+//!
+//! A guest-physical mapping allows an access only as the walk would without
+//! setting a flag: its rights must allow the kind, and a write (guest
+//! paging-structure references are writes with EPT A/D on) needs the dirty
+//! flag recorded; otherwise the EPT is walked from memory (which may fault,
+//! set flags, log to the PML) and the mapping is refilled. A translation
+//! that used a cached entry and then faults is dropped and walked again
+//! from memory with no cache ([`super::translate`]), after the PSC entries
+//! for the address are invalidated (SDM 4.10.4.1: a page fault invalidates
+//! them; 29.4.3.1: an EPT violation or misconfiguration invalidates the
+//! guest-physical mappings of the address): a fault always reflects memory
+//! as it is.
+//!
+//! **Virtual time.** The caches do not change it: a walk charges the memory
+//! references of the walk it replaces (each entry records how many the
+//! levels it stands for took), so `page_walk_ref` cycles, the TLB and its
+//! counters are identical with the caches on or off (size 0) for a guest
+//! that invalidates as the SDM requires, and identical on both engines
+//! always. What they save is host work. A guest that edits a paging
+//! structure and does not invalidate can see the old entry, as on hardware.
+//!
+//! Replacement is deterministic: a free way, else round-robin per set.
+
+use super::ept::{EptPerms, EptTranslation};
+use super::paging::GuestPerms;
+use super::{PageSize, TranslateCtx};
+use crate::addr::{Gpa, Hpa};
+use crate::cpu::state::efer;
+use crate::vmx::{Eptp, InveptKind};
+
+/// Sizes of the caches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PscConfig {
+    /// Entries of each of the PML4E, PDPTE and PDE caches (0 = off). Rounded
+    /// up to a power of two sets of [`PscConfig::WAYS`] ways.
+    pub entries: usize,
+    /// Cached guest-physical mappings (0 = off), rounded the same way.
+    pub gpa_entries: usize,
+}
+
+impl Default for PscConfig {
+    /// Skylake's PDE cache has 32 entries; the guest-physical mappings are
+    /// given a quarter of the TLB.
+    fn default() -> Self {
+        PscConfig {
+            entries: 32,
+            gpa_entries: 256,
+        }
+    }
+}
+
+impl PscConfig {
+    /// Associativity of every cache.
+    pub const WAYS: usize = 4;
+    /// Largest number of entries of one cache.
+    pub const MAX_ENTRIES: usize = 1 << 16;
+    /// Both caches off.
+    pub const OFF: PscConfig = PscConfig {
+        entries: 0,
+        gpa_entries: 0,
+    };
+}
+
+/// A small set-associative array with round-robin replacement.
+#[derive(Debug, Clone)]
+struct Sets<T> {
+    slots: Vec<Option<T>>,
+    /// Per set: the way the next replacement takes.
+    next: Vec<u8>,
+    set_mask: usize,
+    /// Number of `Some` slots.
+    used: usize,
+}
+
+impl<T: Copy> Sets<T> {
+    fn new(entries: usize) -> Self {
+        if entries == 0 {
+            return Sets {
+                slots: Vec::new(),
+                next: Vec::new(),
+                set_mask: 0,
+                used: 0,
+            };
+        }
+        let sets = entries
+            .min(PscConfig::MAX_ENTRIES)
+            .div_ceil(PscConfig::WAYS)
+            .next_power_of_two();
+        Sets {
+            slots: vec![None; sets * PscConfig::WAYS],
+            next: vec![0; sets],
+            set_mask: sets - 1,
+            used: 0,
+        }
+    }
+
+    #[inline]
+    fn enabled(&self) -> bool {
+        !self.slots.is_empty()
+    }
+
+    #[inline]
+    fn ways(&mut self, key: u64) -> (usize, &mut [Option<T>]) {
+        let set = (key ^ (key >> 17)) as usize & self.set_mask;
+        let w = PscConfig::WAYS;
+        (set, &mut self.slots[set * w..(set + 1) * w])
+    }
+
+    #[inline]
+    fn find(&mut self, key: u64, matches: impl Fn(&T) -> bool) -> Option<&mut Option<T>> {
+        if self.used == 0 {
+            return None;
+        }
+        let (_, ways) = self.ways(key);
+        ways.iter_mut().find(|s| s.as_ref().is_some_and(&matches))
+    }
+
+    /// Puts `value` in the set of `key`: over the slot `same` picks, else a
+    /// free way, else the round-robin victim.
+    fn insert(&mut self, key: u64, value: T, same: impl Fn(&T) -> bool) {
+        let (set, ways) = self.ways(key);
+        let way = ways
+            .iter()
+            .position(|s| s.as_ref().is_some_and(&same))
+            .or_else(|| ways.iter().position(Option::is_none));
+        let way = match way {
+            Some(w) => w,
+            None => {
+                let w = self.next[set] as usize;
+                self.next[set] = ((w + 1) % PscConfig::WAYS) as u8;
+                w
+            }
+        };
+        let (_, ways) = self.ways(key);
+        let was_free = ways[way].is_none();
+        ways[way] = Some(value);
+        self.used += usize::from(was_free);
+    }
+
+    fn retain(&mut self, keep: impl Fn(&T) -> bool) {
+        if self.used == 0 {
+            return;
+        }
+        for slot in &mut self.slots {
+            if slot.as_ref().is_some_and(|v| !keep(v)) {
+                *slot = None;
+                self.used -= 1;
+            }
+        }
+    }
+}
+
+/// What an upper-level entry is valid for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct UpperTag {
+    /// Linear-address bits above the level's reach (47:12+9*level... see
+    /// [`upper_prefix`]).
+    prefix: u64,
+    /// CR3's table address.
+    root: u64,
+    /// Raw EPTP (0 without EPT).
+    eptp: u64,
+    vpid: u16,
+    nxe: bool,
+}
+
+/// A PML4E-, PDPTE- or PDE-cache entry.
+#[derive(Debug, Clone, Copy)]
+struct Upper {
+    tag: UpperTag,
+    /// Guest-physical address of the structure the entry points to.
+    next: Gpa,
+    /// Rights combined over this level and those above.
+    perms: GuestPerms,
+    /// Memory references the walk from CR3 down to this entry made.
+    refs: u32,
+}
+
+/// A cached guest-physical mapping.
+#[derive(Debug, Clone, Copy)]
+struct GpaMapping {
+    /// Guest-physical 4 KiB page number.
+    gfn: u64,
+    /// Raw EPTP it was made under.
+    eptp: u64,
+    /// Host-physical address of the 4 KiB page.
+    hpa: u64,
+    perms: EptPerms,
+    page_size: PageSize,
+    dirty_recorded: bool,
+}
+
+/// Linear-address bits `gva` shares with every address an entry of
+/// `level` (3 = PML4E, 2 = PDPTE, 1 = PDE) maps.
+#[inline]
+fn upper_prefix(gva: u64, level: u32) -> u64 {
+    (gva & ((1 << 48) - 1)) >> (PageSize::Size4K.shift() + 9 * level)
+}
+
+/// Memory references an EPT walk ending in a leaf of `size` makes.
+#[inline]
+fn ept_walk_refs(size: PageSize) -> u64 {
+    match size {
+        PageSize::Size4K => 4,
+        PageSize::Size2M => 3,
+        PageSize::Size1G => 2,
+    }
+}
+
+/// Where a guest walk may start: below a cached upper-level entry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WalkStart {
+    /// The level to read next (2 = PDPT, 1 = PD, 0 = PT).
+    pub level: u32,
+    pub table: Gpa,
+    pub perms: GuestPerms,
+    /// References the levels above took.
+    pub refs: u64,
+}
+
+/// One non-leaf entry a successful walk used, to cache.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UpperFill {
+    /// 3 = PML4E, 2 = PDPTE, 1 = PDE.
+    pub level: u32,
+    pub next: Gpa,
+    pub perms: GuestPerms,
+    /// References from CR3 down to and including this entry.
+    pub refs: u64,
+}
+
+/// Hit counters (host-side figures: they do not feed virtual time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PscStats {
+    /// Guest walks that started below a PML4E, PDPTE or PDE-cache entry.
+    pub upper_hits: u64,
+    /// EPT translations answered by a guest-physical mapping.
+    pub gpa_hits: u64,
+    /// Translations that faulted after using a cached entry and were
+    /// walked again from memory.
+    pub rewalks: u64,
+}
+
+/// The paging-structure caches of one logical processor.
+#[derive(Debug, Clone)]
+pub struct Psc {
+    config: PscConfig,
+    /// Index 0 = PDE cache, 1 = PDPTE, 2 = PML4E.
+    upper: [Sets<Upper>; 3],
+    gpa: Sets<GpaMapping>,
+    stats: PscStats,
+}
+
+impl Psc {
+    pub fn new(config: PscConfig) -> Self {
+        Psc {
+            config,
+            upper: [
+                Sets::new(config.entries),
+                Sets::new(config.entries),
+                Sets::new(config.entries),
+            ],
+            gpa: Sets::new(config.gpa_entries),
+            stats: PscStats::default(),
+        }
+    }
+
+    /// The sizes it was made with.
+    pub fn config(&self) -> PscConfig {
+        self.config
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> PscStats {
+        self.stats
+    }
+
+    /// Whether either cache is on.
+    #[inline]
+    pub(crate) fn enabled(&self) -> bool {
+        self.upper[0].enabled() || self.gpa.enabled()
+    }
+
+    /// Number of valid entries (upper levels, guest-physical mappings).
+    pub fn occupancy(&self) -> (usize, usize) {
+        (self.upper.iter().map(|s| s.used).sum(), self.gpa.used)
+    }
+
+    fn upper_tag(ctx: &TranslateCtx<'_>, gva: u64, level: u32) -> UpperTag {
+        UpperTag {
+            prefix: upper_prefix(gva, level),
+            root: ctx.regs.cr3 & super::paging::pte::ADDR_MASK,
+            eptp: ctx.ept.map_or(0, |e| e.0),
+            vpid: ctx.vpid,
+            nxe: ctx.regs.efer & efer::NXE != 0,
+        }
+    }
+
+    /// The deepest cached entry for `gva` under `ctx`: where its walk can
+    /// start.
+    #[inline]
+    pub(crate) fn start(&mut self, ctx: &TranslateCtx<'_>, gva: u64) -> Option<WalkStart> {
+        for level in 1..=3u32 {
+            let tag = Self::upper_tag(ctx, gva, level);
+            let cache = &mut self.upper[level as usize - 1];
+            if let Some(Some(e)) = cache.find(tag.prefix, |e| e.tag == tag) {
+                self.stats.upper_hits += 1;
+                return Some(WalkStart {
+                    level: level - 1,
+                    table: e.next,
+                    perms: e.perms,
+                    refs: u64::from(e.refs),
+                });
+            }
+        }
+        None
+    }
+
+    /// Caches the non-leaf entries a successful walk of `gva` used.
+    pub(crate) fn fill_upper(&mut self, ctx: &TranslateCtx<'_>, gva: u64, fills: &[UpperFill]) {
+        if !self.upper[0].enabled() {
+            return;
+        }
+        for f in fills {
+            let tag = Self::upper_tag(ctx, gva, f.level);
+            self.upper[f.level as usize - 1].insert(
+                tag.prefix,
+                Upper {
+                    tag,
+                    next: f.next,
+                    perms: f.perms,
+                    refs: u32::try_from(f.refs).unwrap_or(u32::MAX),
+                },
+                |e| e.tag == tag,
+            );
+        }
+    }
+
+    /// The cached EPT translation of `gpa` under `eptp`, if it allows an
+    /// access of `kind` with no flag to set; adds the references its walk
+    /// took to `walk_refs`.
+    #[inline(always)]
+    pub(crate) fn gpa_lookup(
+        &mut self,
+        eptp: Eptp,
+        gpa: Gpa,
+        kind: super::AccessKind,
+        walk_refs: &mut u64,
+    ) -> Option<EptTranslation> {
+        let gfn = gpa.0 >> PageSize::Size4K.shift();
+        let m = (*self.gpa.find(gfn, |m| m.gfn == gfn && m.eptp == eptp.0)?)?;
+        let usable = m.perms.allows(kind) && (kind != super::AccessKind::Write || m.dirty_recorded);
+        if !usable {
+            return None;
+        }
+        self.stats.gpa_hits += 1;
+        *walk_refs += ept_walk_refs(m.page_size);
+        Some(EptTranslation {
+            hpa: Hpa(m.hpa | (gpa.0 & 0xfff)),
+            perms: m.perms,
+            page_size: m.page_size,
+            dirty_recorded: m.dirty_recorded,
+        })
+    }
+
+    /// Caches an EPT translation of `gpa` a walk just made.
+    pub(crate) fn gpa_fill(&mut self, eptp: Eptp, gpa: Gpa, t: &EptTranslation) {
+        if !self.gpa.enabled() {
+            return;
+        }
+        let gfn = gpa.0 >> PageSize::Size4K.shift();
+        let eptp = eptp.0;
+        self.gpa.insert(
+            gfn,
+            GpaMapping {
+                gfn,
+                eptp,
+                hpa: t.hpa.0 & !0xfff,
+                perms: t.perms,
+                page_size: t.page_size,
+                dirty_recorded: t.dirty_recorded,
+            },
+            |m| m.gfn == gfn && m.eptp == eptp,
+        );
+    }
+
+    /// After a fault in a translation of `gva` that used the caches: drops
+    /// the PSC entries for `gva` under `ctx` (SDM 4.10.4.1) and, for an EPT
+    /// violation or misconfiguration at `ept_gpa`, the guest-physical
+    /// mapping of that page (SDM 29.4.3.1).
+    pub(crate) fn fault(&mut self, ctx: &TranslateCtx<'_>, gva: u64, ept_gpa: Option<Gpa>) {
+        self.stats.rewalks += 1;
+        for level in 1..=3u32 {
+            let tag = Self::upper_tag(ctx, gva, level);
+            self.upper[level as usize - 1].retain(|e| e.tag != tag);
+        }
+        if let (Some(gpa), Some(eptp)) = (ept_gpa, ctx.ept) {
+            let gfn = gpa.0 >> PageSize::Size4K.shift();
+            self.gpa.retain(|m| !(m.gfn == gfn && m.eptp == eptp.0));
+        }
+    }
+
+    fn retain_upper(&mut self, keep: impl Fn(&Upper) -> bool) {
+        for cache in &mut self.upper {
+            cache.retain(&keep);
+        }
+    }
+
+    /// MOV to CR3, INVLPG, VPID flushes: every PSC entry of `vpid`.
+    pub(crate) fn flush_vpid(&mut self, vpid: u16) {
+        self.retain_upper(|e| e.tag.vpid != vpid);
+    }
+
+    /// All-context INVVPID: the PSC entries of every VPID but 0.
+    pub(crate) fn flush_all_guest_vpids(&mut self) {
+        self.retain_upper(|e| e.tag.vpid == 0);
+    }
+
+    /// INVEPT: the combined PSC entries and guest-physical mappings of the
+    /// EP4TA (`SingleContext`) or of every EPTP (`Global`).
+    pub(crate) fn invept(&mut self, kind: InveptKind) {
+        match kind {
+            InveptKind::SingleContext(eptp) => {
+                let root = eptp.pml4().0;
+                let same = move |raw: u64| raw != 0 && Eptp(raw).pml4().0 == root;
+                self.retain_upper(|e| !same(e.tag.eptp));
+                self.gpa.retain(|m| !same(m.eptp));
+            }
+            InveptKind::Global => {
+                self.retain_upper(|e| e.tag.eptp == 0);
+                self.gpa.retain(|_| false);
+            }
+        }
+    }
+
+    /// Everything.
+    pub(crate) fn flush_all(&mut self) {
+        self.retain_upper(|_| false);
+        self.gpa.retain(|_| false);
+    }
+}
