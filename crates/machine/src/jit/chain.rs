@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::cpu::code_cache::MAX_INSN_LEN;
-use iced_x86::code_asm::{al, r8d};
+use iced_x86::code_asm::{al, r8d, AsmRegister64};
 
 /// Whether the translator runs this indirect JMP/CALL as host code (with
 /// [`Emitter::indirect`]): through a register, or through memory with no
@@ -83,8 +83,8 @@ impl Emitter {
     /// through an inline write, then on to the target as after RET
     /// (chaining through the table). When an inline access cannot be
     /// served or the target is not canonical (#GP), the interpreter runs
-    /// the instruction and the block is left: nothing is written before
-    /// every check passed, so the interpreter starts from the same state.
+    /// the instruction: nothing is written before every check passed, so
+    /// the interpreter starts from the same state.
     pub(super) fn indirect(
         &mut self,
         k: usize,
@@ -110,23 +110,42 @@ impl Emitter {
             }
             _ => return Err(NotTranslated::Unsupported("not a native indirect branch")),
         }
-        self.a.mov(rdx, r10)?;
-        self.a.shl(rdx, 16)?;
-        self.a.sar(rdx, 16)?;
-        self.a.cmp(rdx, r10)?;
-        self.a.jne(slow)?;
+        self.check_canonical(r10, slow)?;
         if call {
-            self.load(ACC, 4, Size::B8)?;
-            self.a.lea(rax, qword_ptr(rax - 8))?;
-            self.fast_access(true, Size::B8, slow)?;
-            self.a.mov(rcx, next_ip)?;
-            self.a.mov(qword_ptr(rdx), rcx)?;
-            self.store_acc(4, Size::B8)?;
+            // The push, with the whole CALL through the interpreter on its
+            // slow path (the target only read so far).
+            self.inline_memory(k, &Fast::Call { target: 0 }, next_ip, epilogue)?;
         }
         self.a.mov(rax, r10)?;
+        self.jump_chained(k, slow, epilogue)
+    }
+
+    /// Jumps to `slow` unless `reg` holds a canonical address (clobbers
+    /// rdx).
+    pub(super) fn check_canonical(
+        &mut self,
+        reg: AsmRegister64,
+        slow: CodeLabel,
+    ) -> Result<(), NotTranslated> {
+        self.a.mov(rdx, reg)?;
+        self.a.shl(rdx, 16)?;
+        self.a.sar(rdx, 16)?;
+        self.a.cmp(rdx, reg)?;
+        self.a.jne(slow)?;
+        Ok(())
+    }
+
+    /// Instruction `k`, the last of its block, went on to the RIP in rax:
+    /// the shared chaining exit. Its slow path `slow` runs it through the
+    /// interpreter, which always leaves the block (it never comes back).
+    pub(super) fn jump_chained(
+        &mut self,
+        k: usize,
+        slow: CodeLabel,
+        epilogue: CodeLabel,
+    ) -> Result<(), NotTranslated> {
         self.a.mov(ecx, k as u32)?;
         self.a.jmp(self.chain)?;
-        // The call-out always leaves the block: it never comes back.
         self.slow.push(Slow {
             label: slow,
             full: slow,

@@ -246,11 +246,7 @@ impl Emitter {
                 self.fast_access(false, Size::B8, slow)?;
                 self.a.mov(rsi, qword_ptr(rdx))?;
                 // A non-canonical return address faults: the slow path.
-                self.a.mov(rdx, rsi)?;
-                self.a.shl(rdx, 16)?;
-                self.a.sar(rdx, 16)?;
-                self.a.cmp(rdx, rsi)?;
-                self.a.jne(full)?;
+                self.check_canonical(rsi, full)?;
                 self.a.lea(rax, qword_ptr(rax + 8))?;
                 self.store_acc(4, Size::B8)?;
                 self.capture_if_dirty()?;
