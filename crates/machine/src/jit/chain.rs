@@ -97,26 +97,28 @@ impl Emitter {
         self.host_valid = false;
         let slow = self.a.create_label();
         let call = matches!(f, Fast::CallR { .. } | Fast::CallM { .. });
-        // The target, in r10 (kept across the inline accesses).
+        // The target, in r15: kept across the inline accesses and the calls
+        // of their slow paths (callee-saved; free, the flags being written
+        // back, so no inline access saves them there).
         match *f {
             Fast::JmpR { src } | Fast::CallR { src } => {
                 let g = self.g(src);
-                self.add(Instruction::with2(Code::Mov_r64_rm64, Register::R10, g))?;
+                self.add(Instruction::with2(Code::Mov_r64_rm64, Register::R15, g))?;
             }
             Fast::JmpM { m } | Fast::CallM { m } if m.seg == 0 => {
                 self.lea(&m)?;
                 self.fast_access(false, Size::B8, slow)?;
-                self.a.mov(r10, qword_ptr(rdx))?;
+                self.a.mov(r15, qword_ptr(rdx))?;
             }
             _ => return Err(NotTranslated::Unsupported("not a native indirect branch")),
         }
-        self.check_canonical(r10, slow)?;
+        self.check_canonical(r15, slow)?;
         if call {
             // The push, with the whole CALL through the interpreter on its
             // slow path (the target only read so far).
             self.inline_memory(k, &Fast::Call { target: 0 }, next_ip, epilogue)?;
         }
-        self.a.mov(rax, r10)?;
+        self.a.mov(rax, r15)?;
         self.jump_chained(k, slow, epilogue)
     }
 
