@@ -245,6 +245,8 @@ pub struct Cpu {
     /// Whole runs of a block before the translator translates it.
     jit_threshold: u32,
     jit_stats: crate::jit::JitStats,
+    /// Call-outs by instruction shape (host-side; see `jit::profile`).
+    jit_profile: Option<Box<crate::jit::profile::CallOutProfile>>,
     /// Set by a call-out from translated code when something happened
     /// that the run loop must look at before the next block (events, a
     /// store into code, an IPI, a mode change...): no chaining then.
@@ -308,6 +310,7 @@ impl Cpu {
             jit_fault: None,
             jit_threshold: translated::TRANSLATE_AFTER_RUNS,
             jit_stats: Default::default(),
+            jit_profile: crate::jit::profile::CallOutProfile::from_env(),
             jit_stop: false,
             jit_chained: 0,
             jit_chain_rip: 0,

@@ -12,13 +12,16 @@
 //!   target in the `Cpu` itself, addressed from one pinned host register
 //!   (`rbx`), so nothing has to be copied in or out around a block.
 //! - Register-only forms (MOV, the ALU group, TEST, INC/DEC, LEA, MOVZX/SX,
-//!   CMOVcc, Jcc, JMP) run as the same host instruction on the same operand
+//!   CMOVcc, Jcc, JMP, shifts and rotates, IMUL, one-operand MUL/DIV, the
+//!   sign extensions) run as the same host instruction on the same operand
 //!   width; the guest's arithmetic flags live in the host flags between
 //!   them and are written back (captured) before anything that may look at
 //!   them: a call out, a block exit. The flags the SDM leaves undefined are
 //!   made the interpreter's (AF clear after AND/OR/XOR/TEST).
-//! - Every other instruction of the block (memory operands, the stack,
-//!   CALL/RET, shifts, multiplies, system instructions) is a call into the
+//! - Memory operands, the stack, CALL/RET and indirect CALL/JMP use the
+//!   first-level TLB inline; their slow paths and every other instruction
+//!   of the block (system instructions, string instructions, rare forms)
+//!   are a call into the
 //!   interpreter's own code for that one instruction (`Cpu::exec_op`), so
 //!   translation, page walks and their cycles, the TLB model, faults, MMIO
 //!   and stores into code are the interpreter's, not a copy of them.
@@ -35,13 +38,15 @@ mod flags;
 mod forms;
 mod memory;
 pub(crate) mod native;
+pub(crate) mod profile;
 
 use codes::*;
 
 use crate::alu::{BinOp, ShiftOp, Size};
 use crate::cpu::code_cache::Block;
-use crate::cpu::fast::{Fast, MemOp, NONE_REG};
+use crate::cpu::fast::{Fast, MemOp, Op, NONE_REG};
 use crate::cpu::l1tlb::{SLOTS, SLOT_BYTES};
+use forms::extra_form;
 use iced_x86::code_asm::{
     byte_ptr, dword_ptr, eax, ecx, edx, qword_ptr, r10, r10d, r11, r12, r13, r14, r15, r8, r9, rax,
     rbp, rbx, rcx, rdi, rdx, rsi, rsp, CodeAssembler, CodeLabel,
@@ -104,6 +109,9 @@ pub struct JitStats {
     /// Blocks the translator or the host refused (a translator bug, or no
     /// executable memory); interpreted instead.
     pub blocks_failed: u64,
+    /// Instructions translated code handed to the interpreter: forms
+    /// without host code, and the slow paths of inline memory accesses.
+    pub call_outs: u64,
 }
 
 /// How a translated block stopped, in the low byte of its return value;
@@ -141,9 +149,10 @@ pub(crate) struct Offsets {
     pub jit_stop: i32,
     pub jit_chained: i32,
     pub jit_chain_rip: i32,
-    /// `CycleCosts::instruction` and `multiply` of the CPU.
+    /// `CycleCosts::instruction`, `multiply` and `divide` of the CPU.
     pub instruction_cost: u64,
     pub multiply_cost: u64,
+    pub divide_cost: u64,
 }
 
 /// Slots of the chaining table.
@@ -225,6 +234,21 @@ pub(crate) fn is_native(f: &Fast) -> bool {
             count: Some(_),
             ..
         }
+    ) || matches!(
+        // By CL: 32- and 64-bit operands (the masked count is below the
+        // width), every shift and rotate but RCL/RCR.
+        f,
+        Fast::Shift {
+            op: ShiftOp::Shl
+                | ShiftOp::Sal
+                | ShiftOp::Shr
+                | ShiftOp::Sar
+                | ShiftOp::Rol
+                | ShiftOp::Ror,
+            count: None,
+            size: Size::B4 | Size::B8,
+            ..
+        }
     )
 }
 
@@ -244,6 +268,17 @@ pub(crate) fn is_inline_memory(f: &Fast) -> bool {
             flat(m) && (*size != Size::B8 || *imm as i64 == *imm as i32 as i64)
         }
         Fast::Push { .. } | Fast::Pop { .. } | Fast::Call { .. } | Fast::Ret => true,
+        _ => false,
+    }
+}
+
+/// Whether the translator runs this indirect CALL/JMP with the target
+/// read inline and the block left through the chaining exit (see
+/// `Emitter::indirect_branch`).
+pub(crate) fn is_indirect_branch(f: &Fast) -> bool {
+    match f {
+        Fast::CallR { .. } | Fast::JmpR { .. } => true,
+        Fast::CallM { m } | Fast::JmpM { m } => m.seg == 0,
         _ => false,
     }
 }
@@ -284,10 +319,12 @@ pub(crate) fn translate(
         || block.hpa == u64::MAX
         || o.instruction_cost > i32::MAX as u64
         || o.multiply_cost > i32::MAX as u64
-        || !block
-            .insns
-            .iter()
-            .any(|op| is_native(&op.fast) || is_inline_memory(&op.fast))
+        || !block.insns.iter().any(|op| {
+            is_native(&op.fast)
+                || is_inline_memory(&op.fast)
+                || is_indirect_branch(&op.fast)
+                || extra_form(op).is_some()
+        })
     {
         return Err(NotTranslated::NothingNative);
     }
@@ -353,9 +390,17 @@ pub(crate) fn translate(
                 ended = true;
                 break;
             }
+            f if is_indirect_branch(&f) => {
+                e.indirect_branch(k, &f, op.next_ip, epilogue)?;
+                ended = true;
+                break;
+            }
             f if is_native(&f) => e.native(k, &f)?,
             f if is_inline_memory(&f) => e.inline_memory(k, &f, op.next_ip, epilogue)?,
-            _ => e.call_out(k, epilogue)?,
+            _ => match extra_form(op) {
+                Some(x) => e.extra(k, x)?,
+                None => e.call_out(k, epilogue)?,
+            },
         }
     }
     if !ended {
