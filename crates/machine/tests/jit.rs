@@ -442,3 +442,69 @@ fn indirect_calls_and_jumps_agree() {
     let bound = iterations + 20;
     assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
 }
+
+#[test]
+fn segment_relative_operands_and_xchg_agree() {
+    // FS/GS-relative memory operands through the inline access (loads,
+    // stores, ALU and CMP on memory, MOVZX, CMOVcc, an indirect CALL
+    // through GS), XCHG of registers (every size; 32-bit zero-extends) and
+    // of a register with memory (aligned: inline with the locked cost;
+    // misaligned: a call-out), the flags live across them.
+    let iterations = 200u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        let mut f = a.create_label();
+        // GS base = DATA + 0x1000, FS base = DATA + 0x2000.
+        a.mov(ecx, 0xc000_0101u32).unwrap();
+        a.mov(eax, (DATA + 0x1000) as u32).unwrap();
+        a.xor(edx, edx).unwrap();
+        a.wrmsr().unwrap();
+        a.mov(ecx, 0xc000_0100u32).unwrap();
+        a.mov(eax, (DATA + 0x2000) as u32).unwrap();
+        a.wrmsr().unwrap();
+        a.lea(rax, ptr(f)).unwrap();
+        a.mov(qword_ptr(0u64).gs(), rax).unwrap();
+        a.mov(rsi, DATA).unwrap();
+        a.mov(rcx, iterations).unwrap();
+        a.mov(r8, 0x0123_4567_89ab_cdefu64).unwrap();
+        a.mov(r12, 0x1111_2222_3333_4444u64).unwrap();
+        a.mov(r13, 0x5555_6666_7777_8888u64).unwrap();
+        a.mov(r14, 0x9999_aaaa_bbbb_ccccu64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(ebx, ecx).unwrap();
+        a.and(ebx, 0xff).unwrap();
+        a.mov(rax, qword_ptr(rbx * 8 + 8).gs()).unwrap();
+        a.add(rax, r8).unwrap();
+        a.mov(qword_ptr(rbx * 8 + 8).gs(), rax).unwrap();
+        a.add(qword_ptr(rbx * 4).fs(), ecx).unwrap();
+        a.cmp(dword_ptr(rbx * 4).fs(), 0x1000).unwrap();
+        a.cmovb(r9, qword_ptr(rbx * 8 + 8).gs()).unwrap();
+        a.movzx(r10d, byte_ptr(rbx + 3).fs()).unwrap();
+        a.call(qword_ptr(0u64).gs()).unwrap();
+        // XCHG of registers.
+        a.xchg(r8, r9).unwrap();
+        a.xchg(r10d, r11d).unwrap();
+        a.xchg(r12w, r13w).unwrap();
+        a.xchg(r14b, al).unwrap();
+        a.xchg(eax, eax).unwrap();
+        // XCHG with memory: aligned (inline), misaligned (a call-out).
+        a.xchg(qword_ptr(rsi + rbx * 8), r8).unwrap();
+        a.xchg(dword_ptr(rsi + rbx * 4 + 0x800), r11d).unwrap();
+        a.xchg(byte_ptr(rsi + rbx + 0xc00), r12b).unwrap();
+        a.xchg(qword_ptr(rsi + 0xe01), r13).unwrap();
+        a.adc(r14, r8).unwrap();
+        a.dec(rcx).unwrap();
+        a.jnz(top).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rdi).unwrap();
+        a.hlt().unwrap();
+        a.set_label(&mut f).unwrap();
+        a.sbb(r15, rcx).unwrap();
+        a.ret().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Per iteration only the misaligned XCHG (and first-level TLB misses).
+    let bound = iterations + 40;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}

@@ -172,6 +172,9 @@ impl Cpu {
             instruction_cost: self.costs.instruction,
             multiply_cost: self.costs.multiply,
             divide_cost: self.costs.divide,
+            locked_cost: self.costs.locked,
+            fs_base: off(&self.state.fs.base as *const u64 as usize),
+            gs_base: off(&self.state.gs.base as *const u64 as usize),
         }
     }
 

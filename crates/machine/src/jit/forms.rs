@@ -485,7 +485,7 @@ fn shift_codes(op: ShiftOp, by_cl: bool) -> Option<[Code; 4]> {
 }
 
 impl Emitter {
-    /// Indirect CALL/JMP through a register or a flat memory operand (the
+    /// Indirect CALL/JMP through a register or a memory operand (the
     /// last instruction of its block). The target is read (a memory
     /// operand through the inline access), checked canonical, the return
     /// address pushed for CALL (inline), and the block left to the target
@@ -511,7 +511,7 @@ impl Emitter {
                 self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RSI, g))?;
                 matches!(f, Fast::CallR { .. })
             }
-            Fast::CallM { m } | Fast::JmpM { m } if m.seg == 0 => {
+            Fast::CallM { m } | Fast::JmpM { m } => {
                 self.lea(&m)?;
                 self.fast_access(false, Size::B8, slow)?;
                 self.a.mov(rsi, qword_ptr(rdx))?;
@@ -560,6 +560,12 @@ pub(crate) enum Extra {
     /// instruction, on rax and rdx loaded whole (so the partial-register
     /// rule is the host's, which is the interpreter's).
     Convert { code: Code, to_rdx: bool },
+    /// XCHG of two registers.
+    XchgRR { a: u8, b: u8, size: Size },
+    /// XCHG of a register with memory (always locked): inline when the
+    /// access is aligned (the interpreter's atomic path, with the `locked`
+    /// cost) and the first-level TLB serves it.
+    XchgMR { reg: u8, size: Size, m: MemOp },
 }
 
 /// A full-width register operand (32 or 64 bits): its index.
@@ -595,6 +601,24 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
                 Extra::Mul { signed, size, src }
             })
         }
+        M::Xchg => match (i.op0_kind(), i.op1_kind()) {
+            (OpKind::Register, OpKind::Register) => {
+                let (a, size) = crate::cpu::fast::gpr(i.op0_register())?;
+                let (b, _) = crate::cpu::fast::gpr(i.op1_register())?;
+                Some(Extra::XchgRR { a, b, size })
+            }
+            (OpKind::Memory, OpKind::Register) | (OpKind::Register, OpKind::Memory) => {
+                let r = if i.op0_kind() == OpKind::Register {
+                    i.op0_register()
+                } else {
+                    i.op1_register()
+                };
+                let (reg, size) = crate::cpu::fast::gpr(r)?;
+                let m = crate::cpu::fast::mem_operand(i)?;
+                Some(Extra::XchgMR { reg, size, m })
+            }
+            _ => None,
+        },
         M::Cbw | M::Cwde | M::Cdqe | M::Cwd | M::Cdq | M::Cqo => Some(Extra::Convert {
             code: i.code(),
             to_rdx: matches!(m, M::Cwd | M::Cdq | M::Cqo),
@@ -610,6 +634,14 @@ impl Emitter {
         match x {
             Extra::Div { signed, size, src } => self.div(k, signed, size, src),
             Extra::Mul { signed, size, src } => self.mul1(signed, size, src),
+            Extra::XchgRR { a, b, size } => {
+                // No flags are touched.
+                self.load(ACC, a, size)?;
+                self.load(SEC, b, size)?;
+                self.store_acc(b, size)?;
+                self.store_from(SEC, a, size)
+            }
+            Extra::XchgMR { reg, size, m } => self.xchg_mem(k, reg, size, &m),
             Extra::Convert { code, to_rdx } => {
                 // No flags are touched: they may stay in the host.
                 self.load(ACC, 0, Size::B8)?;
@@ -626,6 +658,60 @@ impl Emitter {
                 self.add(Instruction::with2(Code::Mov_rm64_r64, g, r))
             }
         }
+    }
+
+    /// `gpr[idx] = reg` at `size` with the partial-register rule (a
+    /// 32-bit value must already be zero-extended in the 64-bit register).
+    fn store_from(&mut self, reg: [Register; 4], idx: u8, size: Size) -> Result<(), NotTranslated> {
+        let g = self.g(idx);
+        match size {
+            Size::B4 | Size::B8 => self.add(Instruction::with2(Code::Mov_rm64_r64, g, reg[3])),
+            s => self.add(Instruction::with2(MOV_RM_R[si(s)], g, reg[si(s)])),
+        }
+    }
+
+    /// XCHG of `gpr[reg]` with memory. The interpreter's aligned path is an
+    /// atomic compare-exchange that charges the `locked` cost; inline, an
+    /// aligned access the first-level TLB serves for writing is the host's
+    /// (atomic) XCHG with that cost. A misaligned access (no locked cost,
+    /// not atomic in the interpreter) and every other case is the
+    /// instruction through the interpreter. Flags are not touched.
+    fn xchg_mem(&mut self, k: usize, reg: u8, size: Size, m: &MemOp) -> Result<(), NotTranslated> {
+        // The slow path needs the flags exact in `state.rflags`, and the
+        // checks clobber the host flags.
+        self.capture_if_dirty()?;
+        self.host_valid = false;
+        let slow = self.a.create_label();
+        let mut cont = self.a.create_label();
+        let n = size.bytes();
+        self.lea(m)?;
+        if n > 1 {
+            self.a.test(eax, n as i32 - 1)?;
+            self.a.jne(slow)?;
+        }
+        self.fast_access(true, size, slow)?;
+        self.add_cycles(self.o.locked_cost)?;
+        self.load(SEC, reg, size)?;
+        let code = [
+            Code::Xchg_rm8_r8,
+            Code::Xchg_rm16_r16,
+            Code::Xchg_rm32_r32,
+            Code::Xchg_rm64_r64,
+        ][si(size)];
+        self.add(Instruction::with2(
+            code,
+            MemoryOperand::with_base(Register::RDX),
+            SEC[si(size)],
+        ))?;
+        self.store_from(SEC, reg, size)?;
+        self.a.set_label(&mut cont)?;
+        self.slow.push(Slow {
+            label: slow,
+            k,
+            cont,
+            flags_in_host: false,
+        });
+        Ok(())
     }
 
     /// `cycles += cost` (the interpreter's extra cost of an instruction,

@@ -4,8 +4,9 @@
 use super::*;
 
 impl Emitter {
-    /// Loads the effective address of `m` (no segment base) into rax
-    /// without touching the flags.
+    /// Loads the linear address of `m` (the effective address, plus the
+    /// FS or GS base for such an operand) into rax without touching the
+    /// flags.
     pub(super) fn lea(&mut self, m: &MemOp) -> Result<(), NotTranslated> {
         self.a.mov(rax, m.disp)?;
         if m.base != NONE_REG {
@@ -19,6 +20,15 @@ impl Emitter {
         }
         if m.addr32 {
             self.a.mov(eax, eax)?;
+        }
+        let base = match m.seg {
+            1 => Some(self.o.fs_base),
+            2 => Some(self.o.gs_base),
+            _ => None,
+        };
+        if let Some(off) = base {
+            self.a.mov(rcx, qword_ptr(rbx + off))?;
+            self.a.lea(rax, qword_ptr(rax + rcx))?;
         }
         Ok(())
     }

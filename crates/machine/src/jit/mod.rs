@@ -153,6 +153,11 @@ pub(crate) struct Offsets {
     pub instruction_cost: u64,
     pub multiply_cost: u64,
     pub divide_cost: u64,
+    /// `CycleCosts::locked`: an aligned locked read-modify-write.
+    pub locked_cost: u64,
+    /// The FS and GS bases (IA32_FS_BASE, IA32_GS_BASE).
+    pub fs_base: i32,
+    pub gs_base: i32,
 }
 
 /// Slots of the chaining table.
@@ -256,16 +261,16 @@ pub(crate) fn is_native(f: &Fast) -> bool {
 /// access (falling back to the interpreter for that instruction on a miss,
 /// a page-crossing access, a store into a code frame...).
 pub(crate) fn is_inline_memory(f: &Fast) -> bool {
-    let flat = |m: &MemOp| m.seg == 0;
+    // FS/GS-relative operands too: `Emitter::lea` adds the base.
     match f {
-        Fast::MovRM { m, .. }
-        | Fast::MovMR { m, .. }
-        | Fast::ExtendM { m, .. }
-        | Fast::AluRM { m, .. }
-        | Fast::AluMR { m, .. }
-        | Fast::CmovM { m, .. } => flat(m),
-        Fast::MovMI { m, size, imm } | Fast::AluMI { m, size, imm, .. } => {
-            flat(m) && (*size != Size::B8 || *imm as i64 == *imm as i32 as i64)
+        Fast::MovRM { .. }
+        | Fast::MovMR { .. }
+        | Fast::ExtendM { .. }
+        | Fast::AluRM { .. }
+        | Fast::AluMR { .. }
+        | Fast::CmovM { .. } => true,
+        Fast::MovMI { size, imm, .. } | Fast::AluMI { size, imm, .. } => {
+            *size != Size::B8 || *imm as i64 == *imm as i32 as i64
         }
         Fast::Push { .. } | Fast::Pop { .. } | Fast::Call { .. } | Fast::Ret => true,
         _ => false,
@@ -276,11 +281,10 @@ pub(crate) fn is_inline_memory(f: &Fast) -> bool {
 /// read inline and the block left through the chaining exit (see
 /// `Emitter::indirect_branch`).
 pub(crate) fn is_indirect_branch(f: &Fast) -> bool {
-    match f {
-        Fast::CallR { .. } | Fast::JmpR { .. } => true,
-        Fast::CallM { m } | Fast::JmpM { m } => m.seg == 0,
-        _ => false,
-    }
+    matches!(
+        f,
+        Fast::CallR { .. } | Fast::JmpR { .. } | Fast::CallM { .. } | Fast::JmpM { .. }
+    )
 }
 
 /// Why a block was not translated.
