@@ -508,3 +508,73 @@ fn segment_relative_operands_and_xchg_agree() {
     let bound = iterations + 40;
     assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
 }
+
+#[test]
+fn memory_divides_pushes_and_tests_agree() {
+    // DIV/IDIV by a 32/64-bit memory operand (inline read; #DE and the
+    // IDIV call-out cases as for registers), PUSH of memory (RSP-relative
+    // too: the address is computed before the push), TEST of memory with
+    // immediates and registers at every size, the flags consumed natively
+    // (Jcc, CMOVcc, ADC) and through PUSHFQ.
+    let iterations = 200u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        let mut skip = a.create_label();
+        a.mov(rsi, DATA).unwrap();
+        a.mov(rcx, iterations).unwrap();
+        a.mov(r8, 0x9e37_79b9_7f4a_7c15u64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.imul_3(r8, r8, 0x2545_f491).unwrap();
+        a.add(r8, rcx).unwrap();
+        a.mov(rbx, r8).unwrap();
+        a.shr(rbx, 7).unwrap();
+        a.or(rbx, 1).unwrap();
+        a.mov(qword_ptr(rsi + 0x100), rbx).unwrap();
+        a.mov(rax, r8).unwrap();
+        a.mov(edx, ecx).unwrap();
+        a.div(qword_ptr(rsi + 0x100)).unwrap();
+        a.add(r9, rax).unwrap();
+        a.add(r10, rdx).unwrap();
+        a.mov(eax, r8d).unwrap();
+        a.cdq().unwrap();
+        a.idiv(dword_ptr(rsi + 0x100)).unwrap();
+        a.xor(r9, rax).unwrap();
+        a.mov(rax, r8).unwrap();
+        a.cqo().unwrap();
+        a.idiv(qword_ptr(rsi + 0x100)).unwrap();
+        a.add(r10, rdx).unwrap();
+        // PUSH of memory, RSP-relative and not.
+        a.push(qword_ptr(rsi + 0x100)).unwrap();
+        a.push(qword_ptr(rsp)).unwrap();
+        a.pop(r11).unwrap();
+        a.pop(r12).unwrap();
+        // TEST of memory.
+        a.add(r13, r8).unwrap();
+        a.test(byte_ptr(rsi + 0x100), 0x80).unwrap();
+        a.jz(skip).unwrap();
+        a.adc(r14, r8).unwrap();
+        a.test(dword_ptr(rsi + 0x100), r8d).unwrap();
+        a.cmovs(r14, r9).unwrap();
+        a.set_label(&mut skip).unwrap();
+        a.test(word_ptr(rsi + 0x100), 0x8001).unwrap();
+        a.cmovp(r13, r10).unwrap();
+        a.test(qword_ptr(rsi + 0x100), -2).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rdi).unwrap();
+        a.add(r15, rdi).unwrap();
+        a.test(qword_ptr(rsi + 0x100), r13).unwrap();
+        a.adc(r15, 0).unwrap();
+        a.dec(rcx).unwrap();
+        a.jnz(top).unwrap();
+        // Divide by a zero in memory: #DE.
+        a.mov(qword_ptr(rsi + 0x108), 0).unwrap();
+        a.div(qword_ptr(rsi + 0x108)).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[15], HANDLER_MARK, "#DE delivered");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Per iteration the CDQ-free call-outs: the PUSHFQ only.
+    let bound = iterations + 30;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}

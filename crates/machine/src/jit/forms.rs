@@ -292,7 +292,7 @@ impl Emitter {
         }
         self.capture_if_dirty()?;
         let rotate = matches!(op, ShiftOp::Rol | ShiftOp::Ror);
-        let code = shift_codes(op, false).ok_or(NotTranslated::Unsupported("RCL/RCR"))?[si(size)];
+        let code = shift_code(op, size, false).ok_or(NotTranslated::Unsupported("RCL/RCR"))?;
         self.load(ACC, dst, size)?;
         self.add(Instruction::with2(code, ACC[si(size)], n as u32))?;
         if rotate {
@@ -318,7 +318,7 @@ impl Emitter {
         if !matches!(size, Size::B4 | Size::B8) {
             return Err(NotTranslated::Unsupported("8/16-bit shift by CL"));
         }
-        let code = shift_codes(op, true).ok_or(NotTranslated::Unsupported("RCL/RCR"))?[si(size)];
+        let code = shift_code(op, size, true).ok_or(NotTranslated::Unsupported("RCL/RCR"))?;
         self.capture_if_dirty()?;
         let mut zero = self.a.create_label();
         self.load(ACC, dst, size)?;
@@ -416,74 +416,6 @@ impl Emitter {
     }
 }
 
-/// The host shift or rotate of `op` by an immediate or by CL, by operand
-/// size (`None`: RCL/RCR, not translated).
-fn shift_codes(op: ShiftOp, by_cl: bool) -> Option<[Code; 4]> {
-    Some(match (op, by_cl) {
-        (ShiftOp::Shl | ShiftOp::Sal, false) => [
-            Code::Shl_rm8_imm8,
-            Code::Shl_rm16_imm8,
-            Code::Shl_rm32_imm8,
-            Code::Shl_rm64_imm8,
-        ],
-        (ShiftOp::Shr, false) => [
-            Code::Shr_rm8_imm8,
-            Code::Shr_rm16_imm8,
-            Code::Shr_rm32_imm8,
-            Code::Shr_rm64_imm8,
-        ],
-        (ShiftOp::Sar, false) => [
-            Code::Sar_rm8_imm8,
-            Code::Sar_rm16_imm8,
-            Code::Sar_rm32_imm8,
-            Code::Sar_rm64_imm8,
-        ],
-        (ShiftOp::Rol, false) => [
-            Code::Rol_rm8_imm8,
-            Code::Rol_rm16_imm8,
-            Code::Rol_rm32_imm8,
-            Code::Rol_rm64_imm8,
-        ],
-        (ShiftOp::Ror, false) => [
-            Code::Ror_rm8_imm8,
-            Code::Ror_rm16_imm8,
-            Code::Ror_rm32_imm8,
-            Code::Ror_rm64_imm8,
-        ],
-        (ShiftOp::Shl | ShiftOp::Sal, true) => [
-            Code::Shl_rm8_CL,
-            Code::Shl_rm16_CL,
-            Code::Shl_rm32_CL,
-            Code::Shl_rm64_CL,
-        ],
-        (ShiftOp::Shr, true) => [
-            Code::Shr_rm8_CL,
-            Code::Shr_rm16_CL,
-            Code::Shr_rm32_CL,
-            Code::Shr_rm64_CL,
-        ],
-        (ShiftOp::Sar, true) => [
-            Code::Sar_rm8_CL,
-            Code::Sar_rm16_CL,
-            Code::Sar_rm32_CL,
-            Code::Sar_rm64_CL,
-        ],
-        (ShiftOp::Rol, true) => [
-            Code::Rol_rm8_CL,
-            Code::Rol_rm16_CL,
-            Code::Rol_rm32_CL,
-            Code::Rol_rm64_CL,
-        ],
-        (ShiftOp::Ror, true) => [
-            Code::Ror_rm8_CL,
-            Code::Ror_rm16_CL,
-            Code::Ror_rm32_CL,
-            Code::Ror_rm64_CL,
-        ],
-        _ => return None,
-    })
-}
-
 impl Emitter {
     /// Indirect CALL/JMP through a register or a memory operand (the
     /// last instruction of its block). The target is read (a memory
@@ -520,11 +452,7 @@ impl Emitter {
             _ => return Err(NotTranslated::Unsupported("not an inline indirect branch")),
         };
         // A non-canonical target is #GP before anything is pushed.
-        self.a.mov(rdx, rsi)?;
-        self.a.shl(rdx, 16)?;
-        self.a.sar(rdx, 16)?;
-        self.a.cmp(rdx, rsi)?;
-        self.a.jne(slow)?;
+        self.canonical_or(Register::RSI, slow)?;
         if call {
             self.load(ACC, 4, Size::B8)?;
             self.a.lea(rax, qword_ptr(rax - 8))?;
@@ -534,9 +462,36 @@ impl Emitter {
             self.store_acc(4, Size::B8)?;
         }
         self.a.mov(rax, rsi)?;
+        self.leave_dynamic(k, slow, epilogue)
+    }
+
+    /// Jumps to `slow` unless `reg` (not rdx) holds a canonical address
+    /// (clobbers rdx and the flags).
+    pub(super) fn canonical_or(
+        &mut self,
+        reg: Register,
+        slow: CodeLabel,
+    ) -> Result<(), NotTranslated> {
+        self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RDX, reg))?;
+        self.a.shl(rdx, 16)?;
+        self.a.sar(rdx, 16)?;
+        self.add(Instruction::with2(Code::Cmp_r64_rm64, Register::RDX, reg))?;
+        self.a.jne(slow)?;
+        Ok(())
+    }
+
+    /// Instruction `k` (the last of the block) completed with the next RIP
+    /// in rax: leave through the chaining exit. Its slow path `slow` is
+    /// the instruction through the interpreter, which always leaves the
+    /// block: it never comes back.
+    pub(super) fn leave_dynamic(
+        &mut self,
+        k: usize,
+        slow: CodeLabel,
+        epilogue: CodeLabel,
+    ) -> Result<(), NotTranslated> {
         self.a.mov(ecx, k as u32)?;
         self.a.jmp(self.chain)?;
-        // The call-out always leaves the block: it never comes back.
         self.slow.push(Slow {
             label: slow,
             k,
@@ -552,8 +507,23 @@ impl Emitter {
 /// by [`extra_form`], so the interpreter's own path is unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Extra {
-    /// DIV/IDIV of rdx:rax (edx:eax) by a 32- or 64-bit register.
-    Div { signed: bool, size: Size, src: u8 },
+    /// DIV/IDIV of rdx:rax (edx:eax) by a 32- or 64-bit register or
+    /// memory operand (`m`, through the inline access; `src` unused).
+    Div {
+        signed: bool,
+        size: Size,
+        src: u8,
+        m: Option<MemOp>,
+    },
+    /// PUSH of a 64-bit memory operand (both accesses inline).
+    PushM { m: MemOp },
+    /// TEST of memory with an immediate (`src` None) or a register.
+    TestM {
+        size: Size,
+        m: MemOp,
+        src: Option<u8>,
+        imm: u64,
+    },
     /// One-operand MUL/IMUL of rax (eax) by a 32- or 64-bit register.
     Mul { signed: bool, size: Size, src: u8 },
     /// CBW/CWDE/CDQE (`to_rdx` false) and CWD/CDQ/CQO: the host
@@ -596,9 +566,53 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
             let (src, size) = wide_gpr(i.op0_register())?;
             let signed = matches!(m, M::Idiv | M::Imul);
             Some(if matches!(m, M::Div | M::Idiv) {
-                Extra::Div { signed, size, src }
+                Extra::Div {
+                    signed,
+                    size,
+                    src,
+                    m: None,
+                }
             } else {
                 Extra::Mul { signed, size, src }
+            })
+        }
+        M::Div | M::Idiv if i.op0_kind() == OpKind::Memory => {
+            let size = match i.memory_size().size() {
+                4 => Size::B4,
+                8 => Size::B8,
+                _ => return None,
+            };
+            Some(Extra::Div {
+                signed: m == M::Idiv,
+                size,
+                src: 0,
+                m: Some(crate::cpu::fast::mem_operand(i)?),
+            })
+        }
+        M::Push
+            if i.op0_kind() == OpKind::Memory
+                && i.stack_pointer_increment() == -8
+                && i.memory_size().size() == 8 =>
+        {
+            Some(Extra::PushM {
+                m: crate::cpu::fast::mem_operand(i)?,
+            })
+        }
+        M::Test if i.op0_kind() == OpKind::Memory => {
+            let size = Size::from_bytes(i.memory_size().size())?;
+            let (src, imm) = match i.op1_kind() {
+                OpKind::Register => (Some(crate::cpu::fast::gpr(i.op1_register())?.0), 0),
+                OpKind::Immediate8 | OpKind::Immediate16 | OpKind::Immediate32 => {
+                    (None, i.immediate(1) & size.mask())
+                }
+                OpKind::Immediate32to64 => (None, i.immediate(1)),
+                _ => return None,
+            };
+            Some(Extra::TestM {
+                size,
+                m: crate::cpu::fast::mem_operand(i)?,
+                src,
+                imm,
             })
         }
         M::Xchg => match (i.op0_kind(), i.op1_kind()) {
@@ -632,7 +646,14 @@ impl Emitter {
     /// interpreter and come back after it.
     pub(super) fn extra(&mut self, k: usize, x: Extra) -> Result<(), NotTranslated> {
         match x {
-            Extra::Div { signed, size, src } => self.div(k, signed, size, src),
+            Extra::Div {
+                signed,
+                size,
+                src,
+                m,
+            } => self.div(k, signed, size, src, m),
+            Extra::PushM { m } => self.push_mem(k, &m),
+            Extra::TestM { size, m, src, imm } => self.test_mem(k, size, &m, src, imm),
             Extra::Mul { signed, size, src } => self.mul1(signed, size, src),
             Extra::XchgRR { a, b, size } => {
                 // No flags are touched.
@@ -714,6 +735,90 @@ impl Emitter {
         Ok(())
     }
 
+    /// PUSH of a 64-bit memory operand: the operand read (its address
+    /// computed with RSP before the push) and the push, both through the
+    /// inline access; anything else is the instruction through the
+    /// interpreter, which starts over (nothing was changed).
+    fn push_mem(&mut self, k: usize, m: &MemOp) -> Result<(), NotTranslated> {
+        self.capture_if_dirty()?;
+        self.host_valid = false;
+        let slow = self.a.create_label();
+        let mut cont = self.a.create_label();
+        self.lea(m)?;
+        self.fast_access(false, Size::B8, slow)?;
+        self.a.mov(rsi, qword_ptr(rdx))?;
+        self.load(ACC, 4, Size::B8)?;
+        self.a.lea(rax, qword_ptr(rax - 8))?;
+        self.fast_access(true, Size::B8, slow)?;
+        self.a.mov(qword_ptr(rdx), rsi)?;
+        self.store_acc(4, Size::B8)?;
+        self.a.set_label(&mut cont)?;
+        self.slow.push(Slow {
+            label: slow,
+            k,
+            cont,
+            flags_in_host: false,
+        });
+        Ok(())
+    }
+
+    /// TEST of memory (inline read) with an immediate or a register: the
+    /// host's TEST on the host pointer sets the flags as the interpreter's
+    /// `alu::test` does (AF written back clear), left in the host flags;
+    /// the slow path leaves them there too.
+    fn test_mem(
+        &mut self,
+        k: usize,
+        size: Size,
+        m: &MemOp,
+        src: Option<u8>,
+        imm: u64,
+    ) -> Result<(), NotTranslated> {
+        self.capture_if_dirty()?;
+        self.host_valid = false;
+        let slow = self.a.create_label();
+        let mut cont = self.a.create_label();
+        let at_rdx = MemoryOperand::with_base(Register::RDX);
+        self.lea(m)?;
+        self.fast_access(false, size, slow)?;
+        match src {
+            Some(r) => {
+                self.load(SEC, r, size)?;
+                let code = [
+                    Code::Test_rm8_r8,
+                    Code::Test_rm16_r16,
+                    Code::Test_rm32_r32,
+                    Code::Test_rm64_r64,
+                ][si(size)];
+                self.add(Instruction::with2(code, at_rdx, SEC[si(size)]))?;
+            }
+            None if size == Size::B8 => {
+                self.add(Instruction::with2(
+                    Code::Test_rm64_imm32,
+                    at_rdx,
+                    imm as i32,
+                ))?;
+            }
+            None => {
+                let code = [
+                    Code::Test_rm8_imm8,
+                    Code::Test_rm16_imm16,
+                    Code::Test_rm32_imm32,
+                ][si(size)];
+                self.add(Instruction::with2(code, at_rdx, imm as u32))?;
+            }
+        }
+        self.a.set_label(&mut cont)?;
+        self.slow.push(Slow {
+            label: slow,
+            k,
+            cont,
+            flags_in_host: true,
+        });
+        self.wrote_flags(true);
+        Ok(())
+    }
+
     /// `cycles += cost` (the interpreter's extra cost of an instruction,
     /// charged whether or not it faults; the fast paths here cannot).
     fn add_cycles(&mut self, cost: u64) -> Result<(), NotTranslated> {
@@ -734,13 +839,27 @@ impl Emitter {
     /// through the interpreter. The flags are left as they were (the
     /// interpreter's choice for these undefined flags); the divide cost is
     /// charged as the interpreter charges it.
-    fn div(&mut self, k: usize, signed: bool, size: Size, src: u8) -> Result<(), NotTranslated> {
+    fn div(
+        &mut self,
+        k: usize,
+        signed: bool,
+        size: Size,
+        src: u8,
+        m: Option<MemOp>,
+    ) -> Result<(), NotTranslated> {
         self.capture_if_dirty()?;
         self.host_valid = false;
         let slow = self.a.create_label();
         let mut cont = self.a.create_label();
         let s = si(size);
-        self.load(SEC, src, size)?;
+        match m {
+            Some(m) => {
+                self.lea(&m)?;
+                self.fast_access(false, size, slow)?;
+                self.load_host(SEC, size)?;
+            }
+            None => self.load(SEC, src, size)?,
+        }
         self.load(ACC, 0, size)?;
         self.load(DXR, 2, size)?;
         if signed {

@@ -232,24 +232,11 @@ impl Emitter {
                 self.fast_access(false, Size::B8, slow)?;
                 self.a.mov(rcx, qword_ptr(rdx))?;
                 // A non-canonical return address faults: the slow path.
-                self.a.mov(rdx, rcx)?;
-                self.a.shl(rdx, 16)?;
-                self.a.sar(rdx, 16)?;
-                self.a.cmp(rdx, rcx)?;
-                self.a.jne(slow)?;
+                self.canonical_or(Register::RCX, slow)?;
                 self.a.lea(rax, qword_ptr(rax + 8))?;
                 self.store_acc(4, Size::B8)?;
                 self.a.mov(rax, rcx)?;
-                self.a.mov(ecx, k as u32)?;
-                self.a.jmp(self.chain)?;
-                // The call-out always leaves the block: it never comes back.
-                self.slow.push(Slow {
-                    label: slow,
-                    k,
-                    cont: epilogue,
-                    flags_in_host: false,
-                });
-                return Ok(());
+                return self.leave_dynamic(k, slow, epilogue);
             }
             _ => return Err(NotTranslated::Unsupported("not an inline memory form")),
         }
