@@ -318,3 +318,365 @@ fn chaining_into_a_page_crossing_instruction_agrees() {
     assert!(stats.blocks_translated >= 3, "{stats:?}");
     assert_eq!(stats.blocks_failed, 0, "{stats:?}");
 }
+
+#[test]
+fn shifts_and_rotates_by_cl_agree() {
+    // SHL/SHR/SAR/ROL/ROR of 32- and 64-bit registers by CL, natively
+    // translated, with counts whose masked value is 0 (no flags changed, a
+    // 32-bit destination still zero-extended), 1, the width - 1, and
+    // above the mask; the flags consumed natively (ADC, CMOVO, CMOVS, JC)
+    // and through PUSHFQ. 8- and 16-bit destinations are call-outs.
+    let counts = [0u8, 1, 2, 31, 32, 33, 63, 64, 65, 0xff, 0xe0, 0x9f];
+    let iterations = 40u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(rsi, iterations).unwrap();
+        a.mov(rax, 0x8123_4567_89ab_cdefu64).unwrap();
+        a.mov(rdx, 0x7edc_ba98_7654_3211u64).unwrap();
+        a.mov(rbx, 0xffff_ffff_8000_0001u64).unwrap();
+        a.set_label(&mut top).unwrap();
+        for (n, &count) in counts.iter().enumerate() {
+            let mut no_carry = a.create_label();
+            a.mov(ecx, count as u32 ^ (n as u32 * 0x100)).unwrap();
+            // Flags from an ADD, which a zero count must leave alone.
+            a.add(rdx, rax).unwrap();
+            match n % 6 {
+                0 => a.shl(rax, cl).unwrap(),
+                1 => a.shr(edx, cl).unwrap(),
+                2 => a.sar(rbx, cl).unwrap(),
+                3 => a.rol(eax, cl).unwrap(),
+                4 => a.ror(rdx, cl).unwrap(),
+                _ => a.sar(ebx, cl).unwrap(),
+            }
+            a.adc(r8, rdx).unwrap();
+            a.cmovo(r9, rax).unwrap();
+            a.cmovs(r10, rdx).unwrap();
+            a.shr(r11d, cl).unwrap();
+            a.jnc(no_carry).unwrap();
+            a.inc(r12).unwrap();
+            a.set_label(&mut no_carry).unwrap();
+            a.sal(r13, cl).unwrap();
+            a.pushfq().unwrap();
+            a.pop(rdi).unwrap();
+            a.xor(r14, rdi).unwrap();
+            a.add(r14, r13).unwrap();
+            a.rol(r14, 3).unwrap();
+            if n == 0 {
+                // Call-outs: 8- and 16-bit destinations.
+                a.shl(bl, cl).unwrap();
+                a.sar(dx, cl).unwrap();
+            }
+        }
+        a.lea(rax, qword_ptr(rax + rsi * 2 + 0x55)).unwrap();
+        a.lea(rbx, qword_ptr(rbx + rax + 0x1234)).unwrap();
+        a.mov(r11d, 0x8000_0001u32).unwrap();
+        a.dec(rsi).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // The call-outs are the PUSHFQs and the two narrow shifts (and the
+    // HLT): none of the shifts by CL.
+    let bound = iterations * (counts.len() as u64 + 2) + 10;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+#[test]
+fn divides_and_one_operand_multiplies_agree() {
+    // DIV/IDIV and one-operand MUL/IMUL of 32- and 64-bit registers:
+    // dividends with and without a high half, negative ones, divisors of 1
+    // and -1 (IDIV's call-out), a signed dividend that does not fit one
+    // register (call-out), the flags of MUL/IMUL consumed natively and
+    // through PUSHFQ, the multiply and divide costs in the cycles; then a
+    // DIV whose quotient overflows raises #DE at the right instruction.
+    let iterations = 300u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(rsi, iterations).unwrap();
+        a.mov(r8, 0x9e37_79b9_7f4a_7c15u64).unwrap();
+        a.set_label(&mut top).unwrap();
+        // A varying divisor: 1 + (r8 >> (rsi & 31)).
+        a.imul_3(r8, r8, 0x2545_f491).unwrap();
+        a.add(r8, rsi).unwrap();
+        a.mov(r9, r8).unwrap();
+        a.mov(ecx, esi).unwrap();
+        a.shr(r9, cl).unwrap();
+        a.inc(r9).unwrap();
+        // 64-bit DIV with a high half below the divisor.
+        a.mov(rax, r8).unwrap();
+        a.mov(rdx, r8).unwrap();
+        a.shr(rdx, 40).unwrap();
+        a.add(r9, rdx).unwrap();
+        a.div(r9).unwrap();
+        a.add(r10, rax).unwrap();
+        a.xor(r11, rdx).unwrap();
+        // 32-bit DIV (zero-extends rax and rdx).
+        a.mov(rax, r8).unwrap();
+        a.xor(edx, edx).unwrap();
+        a.div(r9d).unwrap();
+        a.add(r10, rax).unwrap();
+        a.add(r11, rdx).unwrap();
+        // IDIV of a sign-extended negative dividend, 64 and 32 bits.
+        a.mov(rax, r8).unwrap();
+        a.or(rax, 0x8000_0000u32 as i32).unwrap();
+        a.cqo().unwrap();
+        a.idiv(r9).unwrap();
+        a.sub(r10, rax).unwrap();
+        a.add(r11, rdx).unwrap();
+        a.mov(eax, r8d).unwrap();
+        a.cdq().unwrap();
+        a.mov(ecx, 7).unwrap();
+        a.idiv(ecx).unwrap();
+        a.add(r10, rdx).unwrap();
+        // CBW, CWDE, CDQE, CWD (partial writes keep the bits above).
+        a.mov(rax, r8).unwrap();
+        a.cbw().unwrap();
+        a.add(r11, rax).unwrap();
+        a.cwde().unwrap();
+        a.add(r10, rax).unwrap();
+        a.cdqe().unwrap();
+        a.mov(rdx, r9).unwrap();
+        a.cwd().unwrap();
+        a.add(r11, rdx).unwrap();
+        // IDIV by -1 and a dividend needing both registers: call-outs.
+        a.mov(rax, r8).unwrap();
+        a.cqo().unwrap();
+        a.mov(rcx, -1i64).unwrap();
+        a.idiv(rcx).unwrap();
+        a.add(r10, rax).unwrap();
+        a.mov(rax, r8).unwrap();
+        a.mov(edx, 1).unwrap();
+        a.idiv(r9).unwrap();
+        a.add(r11, rax).unwrap();
+        // MUL/IMUL: CF/OF from the host, the rest kept from the CMP.
+        a.cmp(r10, r11).unwrap();
+        a.mov(rax, r8).unwrap();
+        a.mul(r9).unwrap();
+        a.adc(r12, rdx).unwrap();
+        a.cmovs(r13, rax).unwrap();
+        a.mov(eax, r8d).unwrap();
+        a.imul(r9d).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rdi).unwrap();
+        a.add(r14, rdi).unwrap();
+        a.mov(rax, rsi).unwrap();
+        a.imul(r9).unwrap();
+        a.cmovo(r13, rdx).unwrap();
+        a.mov(eax, esi).unwrap();
+        a.mul(eax).unwrap();
+        a.adc(r12, rax).unwrap();
+        a.dec(rsi).unwrap();
+        a.jnz(top).unwrap();
+        // Quotient overflow: #DE (vector 0) with rdx:rax untouched.
+        a.mov(rax, 5u64).unwrap();
+        a.mov(rdx, 3u64).unwrap();
+        a.mov(ecx, 3).unwrap();
+        a.div(rcx).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[15], HANDLER_MARK, "#DE delivered");
+    assert_eq!((o.gpr[0], o.gpr[2]), (5, 3));
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Per iteration: the two IDIVs that must be call-outs and the PUSHFQ.
+    let bound = iterations * 3 + 10;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+#[test]
+fn indirect_calls_and_jumps_agree() {
+    // CALL/JMP through a register and through memory (a table indexed by
+    // a register, and an RSP-relative slot read before the push), natively
+    // translated: the return addresses pushed, RSP, the flags live across
+    // them; then a JMP to a non-canonical target raises #GP with nothing
+    // changed.
+    let iterations = 200u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        let mut f0 = a.create_label();
+        let mut f1 = a.create_label();
+        let mut back = a.create_label();
+        let mut after_jmp = a.create_label();
+        a.mov(rsi, DATA).unwrap();
+        a.lea(rax, ptr(f0)).unwrap();
+        a.mov(qword_ptr(rsi), rax).unwrap();
+        a.lea(rax, ptr(f1)).unwrap();
+        a.mov(qword_ptr(rsi + 8), rax).unwrap();
+        a.lea(rax, ptr(after_jmp)).unwrap();
+        a.mov(qword_ptr(rsi + 16), rax).unwrap();
+        a.mov(rcx, iterations).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(ebx, ecx).unwrap();
+        a.and(ebx, 1).unwrap();
+        a.add(r8, rcx).unwrap();
+        a.call(qword_ptr(rsi + rbx * 8)).unwrap();
+        a.mov(rdx, qword_ptr(rsi + rbx * 8)).unwrap();
+        a.call(rdx).unwrap();
+        a.push(qword_ptr(rsi + 8)).unwrap();
+        a.call(qword_ptr(rsp)).unwrap();
+        a.pop(rdx).unwrap();
+        a.lea(rdi, ptr(back)).unwrap();
+        a.jmp(rdi).unwrap();
+        a.set_label(&mut back).unwrap();
+        a.jmp(qword_ptr(rsi + 16)).unwrap();
+        a.set_label(&mut after_jmp).unwrap();
+        a.dec(rcx).unwrap();
+        a.jnz(top).unwrap();
+        a.mov(rax, 0x8000_0000_0000_0000u64).unwrap();
+        a.jmp(rax).unwrap();
+        a.hlt().unwrap();
+        a.set_label(&mut f0).unwrap();
+        a.adc(r9, r8).unwrap();
+        a.mov(r10, qword_ptr(rsp)).unwrap();
+        a.ret().unwrap();
+        a.set_label(&mut f1).unwrap();
+        a.sbb(r11, r8).unwrap();
+        a.xor(r12, rsp).unwrap();
+        a.ret().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[15], HANDLER_MARK + 13, "#GP delivered");
+    assert_eq!(o.gpr[0], 0x8000_0000_0000_0000);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Only the PUSH of memory is not native (and a few first-level TLB
+    // misses and the faulting JMP).
+    let bound = iterations + 20;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+#[test]
+fn segment_relative_operands_and_xchg_agree() {
+    // FS/GS-relative memory operands through the inline access (loads,
+    // stores, ALU and CMP on memory, MOVZX, CMOVcc, an indirect CALL
+    // through GS), XCHG of registers (every size; 32-bit zero-extends) and
+    // of a register with memory (aligned: inline with the locked cost;
+    // misaligned: a call-out), the flags live across them.
+    let iterations = 200u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        let mut f = a.create_label();
+        // GS base = DATA + 0x1000, FS base = DATA + 0x2000.
+        a.mov(ecx, 0xc000_0101u32).unwrap();
+        a.mov(eax, (DATA + 0x1000) as u32).unwrap();
+        a.xor(edx, edx).unwrap();
+        a.wrmsr().unwrap();
+        a.mov(ecx, 0xc000_0100u32).unwrap();
+        a.mov(eax, (DATA + 0x2000) as u32).unwrap();
+        a.wrmsr().unwrap();
+        a.lea(rax, ptr(f)).unwrap();
+        a.mov(qword_ptr(0u64).gs(), rax).unwrap();
+        a.mov(rsi, DATA).unwrap();
+        a.mov(rcx, iterations).unwrap();
+        a.mov(r8, 0x0123_4567_89ab_cdefu64).unwrap();
+        a.mov(r12, 0x1111_2222_3333_4444u64).unwrap();
+        a.mov(r13, 0x5555_6666_7777_8888u64).unwrap();
+        a.mov(r14, 0x9999_aaaa_bbbb_ccccu64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(ebx, ecx).unwrap();
+        a.and(ebx, 0xff).unwrap();
+        a.mov(rax, qword_ptr(rbx * 8 + 8).gs()).unwrap();
+        a.add(rax, r8).unwrap();
+        a.mov(qword_ptr(rbx * 8 + 8).gs(), rax).unwrap();
+        a.add(qword_ptr(rbx * 4).fs(), ecx).unwrap();
+        a.cmp(dword_ptr(rbx * 4).fs(), 0x1000).unwrap();
+        a.cmovb(r9, qword_ptr(rbx * 8 + 8).gs()).unwrap();
+        a.movzx(r10d, byte_ptr(rbx + 3).fs()).unwrap();
+        a.call(qword_ptr(0u64).gs()).unwrap();
+        // XCHG of registers.
+        a.xchg(r8, r9).unwrap();
+        a.xchg(r10d, r11d).unwrap();
+        a.xchg(r12w, r13w).unwrap();
+        a.xchg(r14b, al).unwrap();
+        a.xchg(eax, eax).unwrap();
+        // XCHG with memory: aligned (inline), misaligned (a call-out).
+        a.xchg(qword_ptr(rsi + rbx * 8), r8).unwrap();
+        a.xchg(dword_ptr(rsi + rbx * 4 + 0x800), r11d).unwrap();
+        a.xchg(byte_ptr(rsi + rbx + 0xc00), r12b).unwrap();
+        a.xchg(qword_ptr(rsi + 0xe01), r13).unwrap();
+        a.adc(r14, r8).unwrap();
+        a.dec(rcx).unwrap();
+        a.jnz(top).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rdi).unwrap();
+        a.hlt().unwrap();
+        a.set_label(&mut f).unwrap();
+        a.sbb(r15, rcx).unwrap();
+        a.ret().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Per iteration only the misaligned XCHG (and first-level TLB misses).
+    let bound = iterations + 40;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+#[test]
+fn memory_divides_pushes_and_tests_agree() {
+    // DIV/IDIV by a 32/64-bit memory operand (inline read; #DE and the
+    // IDIV call-out cases as for registers), PUSH of memory (RSP-relative
+    // too: the address is computed before the push), TEST of memory with
+    // immediates and registers at every size, the flags consumed natively
+    // (Jcc, CMOVcc, ADC) and through PUSHFQ.
+    let iterations = 200u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        let mut skip = a.create_label();
+        a.mov(rsi, DATA).unwrap();
+        a.mov(rcx, iterations).unwrap();
+        a.mov(r8, 0x9e37_79b9_7f4a_7c15u64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.imul_3(r8, r8, 0x2545_f491).unwrap();
+        a.add(r8, rcx).unwrap();
+        a.mov(rbx, r8).unwrap();
+        a.shr(rbx, 7).unwrap();
+        a.or(rbx, 1).unwrap();
+        a.mov(qword_ptr(rsi + 0x100), rbx).unwrap();
+        a.mov(rax, r8).unwrap();
+        a.mov(edx, ecx).unwrap();
+        a.div(qword_ptr(rsi + 0x100)).unwrap();
+        a.add(r9, rax).unwrap();
+        a.add(r10, rdx).unwrap();
+        a.mov(eax, r8d).unwrap();
+        a.cdq().unwrap();
+        a.idiv(dword_ptr(rsi + 0x100)).unwrap();
+        a.xor(r9, rax).unwrap();
+        a.mov(rax, r8).unwrap();
+        a.cqo().unwrap();
+        a.idiv(qword_ptr(rsi + 0x100)).unwrap();
+        a.add(r10, rdx).unwrap();
+        // PUSH of memory, RSP-relative and not.
+        a.push(qword_ptr(rsi + 0x100)).unwrap();
+        a.push(qword_ptr(rsp)).unwrap();
+        a.pop(r11).unwrap();
+        a.pop(r12).unwrap();
+        // TEST of memory.
+        a.add(r13, r8).unwrap();
+        a.test(byte_ptr(rsi + 0x100), 0x80).unwrap();
+        a.jz(skip).unwrap();
+        a.adc(r14, r8).unwrap();
+        a.test(dword_ptr(rsi + 0x100), r8d).unwrap();
+        a.cmovs(r14, r9).unwrap();
+        a.set_label(&mut skip).unwrap();
+        a.test(word_ptr(rsi + 0x100), 0x8001).unwrap();
+        a.cmovp(r13, r10).unwrap();
+        a.test(qword_ptr(rsi + 0x100), -2).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rdi).unwrap();
+        a.add(r15, rdi).unwrap();
+        a.test(qword_ptr(rsi + 0x100), r13).unwrap();
+        a.adc(r15, 0).unwrap();
+        a.dec(rcx).unwrap();
+        a.jnz(top).unwrap();
+        // Divide by a zero in memory: #DE.
+        a.mov(qword_ptr(rsi + 0x108), 0).unwrap();
+        a.div(qword_ptr(rsi + 0x108)).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[15], HANDLER_MARK, "#DE delivered");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Per iteration the CDQ-free call-outs: the PUSHFQ only.
+    let bound = iterations + 30;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}

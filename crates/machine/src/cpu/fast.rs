@@ -396,7 +396,8 @@ pub fn incdec_fast(size: Size, a: u64, dec: bool, fl: u64) -> (u64, u64) {
     (r, keep | af | szp(size, r) | (of << 11))
 }
 
-fn gpr(r: Register) -> Option<(u8, Size)> {
+/// A general-purpose register other than AH/CH/DH/BH: its index and size.
+pub(crate) fn gpr(r: Register) -> Option<(u8, Size)> {
     if !r.is_gpr() {
         return None;
     }
@@ -413,7 +414,9 @@ fn gpr(r: Register) -> Option<(u8, Size)> {
     }
 }
 
-fn mem_operand(i: &Instruction) -> Option<MemOp> {
+/// The memory operand of `i`, resolved (`None` if it uses a register the
+/// fast forms do not handle).
+pub(crate) fn mem_operand(i: &Instruction) -> Option<MemOp> {
     let base = i.memory_base();
     let index = i.memory_index();
     // RIP-relative operands carry their absolute target in the displacement.

@@ -249,6 +249,8 @@ pub struct Cpu {
     /// Whole runs of a block before the translator translates it.
     jit_threshold: u32,
     jit_stats: crate::jit::JitStats,
+    /// Call-outs by instruction shape (host-side; see `jit::profile`).
+    jit_profile: Option<Box<crate::jit::profile::CallOutProfile>>,
     /// While translated code runs: the cycle count at which it must stop
     /// chaining and return to the run loop, min(cycle limit, timer
     /// deadline); 0 once a call-out did something the run loop must look
@@ -316,6 +318,7 @@ impl Cpu {
             jit_fault: None,
             jit_threshold: translated::TRANSLATE_AFTER_RUNS,
             jit_stats: Default::default(),
+            jit_profile: crate::jit::profile::CallOutProfile::from_env(),
             jit_deadline: 0,
             jit_entered: Vec::new(),
             jit_chain_rip: 0,

@@ -264,6 +264,10 @@ impl Cpu {
             jit_chain_rip: off(&self.jit_chain_rip as *const u64 as usize),
             instruction_cost: self.costs.instruction,
             multiply_cost: self.costs.multiply,
+            divide_cost: self.costs.divide,
+            locked_cost: self.costs.locked,
+            fs_base: off(&self.state.fs.base as *const u64 as usize),
+            gs_base: off(&self.state.gs.base as *const u64 as usize),
         }
     }
 
@@ -274,6 +278,10 @@ impl Cpu {
         let Some(op) = block.insns.get(k) else {
             return status::NEXT_IP | (k as u64) << 8;
         };
+        self.jit_stats.call_outs += 1;
+        if let Some(p) = &mut self.jit_profile {
+            p.count(op);
+        }
         let mode_epoch = self.mode_epoch;
         let s = match self.exec_op(mem, op) {
             Ok(fast::Flow::Next) => status::NEXT,

@@ -6,12 +6,14 @@ use crate::cpu::code_cache::MAX_INSN_LEN;
 use iced_x86::code_asm::{al, r8d, AsmRegister64};
 
 /// Whether the translator runs this indirect JMP/CALL as host code (with
-/// [`Emitter::indirect`]): through a register, or through memory with no
-/// segment base (an inline read of the target).
+/// [`Emitter::indirect`]): through a register, or through memory (an
+/// inline read of the target).
 pub(crate) fn is_native_indirect(f: &Fast) -> bool {
     match f {
         Fast::JmpR { .. } | Fast::CallR { .. } => true,
-        Fast::JmpM { m } | Fast::CallM { m } => m.seg == 0,
+        // An FS/GS-relative pointer is read like any other: `lea` adds the
+        // segment base.
+        Fast::JmpM { .. } | Fast::CallM { .. } => true,
         _ => false,
     }
 }
@@ -105,7 +107,7 @@ impl Emitter {
                 let g = self.g(src);
                 self.add(Instruction::with2(Code::Mov_r64_rm64, Register::R15, g))?;
             }
-            Fast::JmpM { m } | Fast::CallM { m } if m.seg == 0 => {
+            Fast::JmpM { m } | Fast::CallM { m } => {
                 self.lea(&m)?;
                 self.fast_access(false, Size::B8, slow)?;
                 self.a.mov(r15, qword_ptr(rdx))?;
@@ -148,17 +150,7 @@ impl Emitter {
     ) -> Result<(), NotTranslated> {
         self.a.mov(ecx, k as u32)?;
         self.a.jmp(self.chain)?;
-        self.slow.push(Slow {
-            label: slow,
-            full: slow,
-            retry: slow,
-            access: None,
-            k,
-            cont: epilogue,
-            entry_saved: false,
-            af_clear: false,
-            exit: FlagsAt::State,
-        });
+        self.slow.push(Slow::whole(slow, k, epilogue, false));
         Ok(())
     }
 

@@ -233,41 +233,62 @@ pub(super) fn cmov_code(cc: u8, size: Size) -> Option<Code> {
     (code.mnemonic() == want[cc as usize & 15]).then_some(code)
 }
 
-/// Shifts and rotates of r/m by an immediate, by operand size.
-pub(super) const SHL_IMM: [Code; 4] = [
-    Code::Shl_rm8_imm8,
-    Code::Shl_rm16_imm8,
-    Code::Shl_rm32_imm8,
-    Code::Shl_rm64_imm8,
-];
-pub(super) const SHR_IMM: [Code; 4] = [
-    Code::Shr_rm8_imm8,
-    Code::Shr_rm16_imm8,
-    Code::Shr_rm32_imm8,
-    Code::Shr_rm64_imm8,
-];
-pub(super) const SAR_IMM: [Code; 4] = [
-    Code::Sar_rm8_imm8,
-    Code::Sar_rm16_imm8,
-    Code::Sar_rm32_imm8,
-    Code::Sar_rm64_imm8,
-];
-pub(super) const ROL_IMM: [Code; 4] = [
-    Code::Rol_rm8_imm8,
-    Code::Rol_rm16_imm8,
-    Code::Rol_rm32_imm8,
-    Code::Rol_rm64_imm8,
-];
-pub(super) const ROR_IMM: [Code; 4] = [
-    Code::Ror_rm8_imm8,
-    Code::Ror_rm16_imm8,
-    Code::Ror_rm32_imm8,
-    Code::Ror_rm64_imm8,
-];
+/// The host shift or rotate `op` of an `size` operand by an immediate or
+/// by CL (`None`: RCL/RCR, or iced's code table not laid out as assumed,
+/// checked by a test): iced numbers the 8-bit forms by the ModRM group
+/// order, then the 16/32/64-bit forms of each operation in turn.
+pub(super) fn shift_code(op: ShiftOp, size: Size, by_cl: bool) -> Option<Code> {
+    use iced_x86::Mnemonic as M;
+    let (r, want) = match op {
+        ShiftOp::Rol => (0, M::Rol),
+        ShiftOp::Ror => (1, M::Ror),
+        ShiftOp::Shl | ShiftOp::Sal => (4, M::Shl),
+        ShiftOp::Shr => (5, M::Shr),
+        ShiftOp::Sar => (7, M::Sar),
+        ShiftOp::Rcl | ShiftOp::Rcr => return None,
+    };
+    let base = if by_cl {
+        Code::Rol_rm8_CL
+    } else {
+        Code::Rol_rm8_imm8
+    } as usize;
+    let n = match size {
+        Size::B1 => base + r,
+        s => base + 8 + r * 3 + si(s) - 1,
+    };
+    let code = Code::try_from(n).ok()?;
+    (code.mnemonic() == want).then_some(code)
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shift_codes_follow_the_group_order() {
+        let ops = [
+            ShiftOp::Rol,
+            ShiftOp::Ror,
+            ShiftOp::Shl,
+            ShiftOp::Sal,
+            ShiftOp::Shr,
+            ShiftOp::Sar,
+        ];
+        for op in ops {
+            for size in [Size::B1, Size::B2, Size::B4, Size::B8] {
+                for by_cl in [false, true] {
+                    let code = shift_code(op, size, by_cl).expect("shift code");
+                    use iced_x86::OpCodeOperandKind as K;
+                    let info = code.op_code();
+                    let dst = [K::r8_or_mem, K::r16_or_mem, K::r32_or_mem, K::r64_or_mem];
+                    assert_eq!(info.op0_kind(), dst[si(size)], "{op:?} {size:?}");
+                    let src = if by_cl { K::cl } else { K::imm8 };
+                    assert_eq!(info.op1_kind(), src, "{op:?} {size:?} {by_cl}");
+                }
+            }
+        }
+        assert_eq!(shift_code(ShiftOp::Rcl, Size::B8, true), None);
+    }
 
     #[test]
     fn cmov_codes_follow_the_condition_order() {

@@ -140,6 +140,12 @@ impl Emitter {
                 size,
                 count: Some(count),
             } => self.shift_imm(op, dst, size, count)?,
+            Fast::Shift {
+                op,
+                dst,
+                size,
+                count: None,
+            } => self.shift_cl(op, dst, size)?,
             Fast::Imul {
                 dst,
                 src,
@@ -276,10 +282,7 @@ impl Emitter {
 
     /// SHL/SAL/SHR/SAR of a register by an immediate. A masked count of 0
     /// changes no flags (a 32-bit destination is still zero-extended);
-    /// otherwise the host gives the result, CF, SF, ZF and PF, and the
-    /// flags the SDM leaves undefined are set as the interpreter's `alu`
-    /// sets them: AF set, OF = MSB(result) XOR CF (SHL), bit `bits - 2` of
-    /// the result (SHR), clear (SAR), whatever the count.
+    /// otherwise see [`Self::shift_flags`].
     pub(super) fn shift_imm(
         &mut self,
         op: ShiftOp,
@@ -299,15 +302,62 @@ impl Emitter {
             return self.shift_flags_dead(op, dst, size, n);
         }
         self.capture_if_dirty()?;
-        let codes = match op {
-            ShiftOp::Shl | ShiftOp::Sal => SHL_IMM,
-            ShiftOp::Shr => SHR_IMM,
-            ShiftOp::Sar => SAR_IMM,
-            ShiftOp::Rol | ShiftOp::Ror => return self.rotate_imm(op, dst, size, n),
-            _ => return Err(NotTranslated::Unsupported("rotate through carry")),
-        };
+        let rotate = matches!(op, ShiftOp::Rol | ShiftOp::Ror);
+        let code = shift_code(op, size, false).ok_or(NotTranslated::Unsupported("RCL/RCR"))?;
         self.load(ACC, dst, size)?;
-        self.add(Instruction::with2(codes[si(size)], ACC[si(size)], n as u32))?;
+        self.add(Instruction::with2(code, ACC[si(size)], n as u32))?;
+        if rotate {
+            self.rotate_flags(op, size)?;
+        } else {
+            self.shift_flags(op, size)?;
+        }
+        self.store_acc(dst, size)
+    }
+
+    /// SHL/SAL/SHR/SAR/ROL/ROR of a 32- or 64-bit register by CL (an 8-
+    /// or 16-bit destination is a call-out: the interpreter's CF for
+    /// counts at least the width is not the host's). The count is masked
+    /// as the interpreter masks it (5 or 6 bits); a masked count of 0
+    /// changes no flags and still writes (zero-extends) a 32-bit
+    /// destination; otherwise the flags are those of the immediate forms.
+    pub(super) fn shift_cl(
+        &mut self,
+        op: ShiftOp,
+        dst: u8,
+        size: Size,
+    ) -> Result<(), NotTranslated> {
+        if !matches!(size, Size::B4 | Size::B8) {
+            return Err(NotTranslated::Unsupported("8/16-bit shift by CL"));
+        }
+        let code = shift_code(op, size, true).ok_or(NotTranslated::Unsupported("RCL/RCR"))?;
+        self.capture_if_dirty()?;
+        let mut zero = self.a.create_label();
+        self.load(ACC, dst, size)?;
+        self.load(SEC, 1, Size::B1)?;
+        self.a.test(
+            iced_x86::code_asm::cl,
+            if size == Size::B8 { 0x3f } else { 0x1f },
+        )?;
+        self.a.je(zero)?;
+        self.add(Instruction::with2(code, ACC[si(size)], Register::CL))?;
+        if matches!(op, ShiftOp::Rol | ShiftOp::Ror) {
+            self.rotate_flags(op, size)?;
+        } else {
+            self.shift_flags(op, size)?;
+        }
+        self.a.set_label(&mut zero)?;
+        self.store_acc(dst, size)?;
+        self.host_valid = false;
+        Ok(())
+    }
+
+    /// After a host SHL/SAL/SHR/SAR by a masked, nonzero count with the
+    /// result in rax: the host gives CF, SF, ZF and PF, and the flags the
+    /// SDM leaves undefined are set as the interpreter's `alu` sets them:
+    /// AF set, OF = MSB(result) XOR CF (SHL), bit `bits - 2` of the result
+    /// (SHR), clear (SAR), whatever the count. Written into
+    /// `state.rflags` (clobbers rcx, rdx; rax kept).
+    fn shift_flags(&mut self, op: ShiftOp, size: Size) -> Result<(), NotTranslated> {
         // rcx = host flags with AF set and OF clear.
         self.a.pushfq()?;
         self.a.pop(rcx)?;
@@ -333,15 +383,7 @@ impl Emitter {
             }
             _ => {}
         }
-        self.store_acc(dst, size)?;
-        let fl = self.field(self.o.rflags);
-        self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RDX, fl))?;
-        self.a.and(rdx, !(ARITH as i32))?;
-        self.a.or(rdx, rcx)?;
-        self.add(Instruction::with2(Code::Mov_rm64_r64, fl, Register::RDX))?;
-        self.host_valid = false;
-        self.dirty = false;
-        Ok(())
+        self.merge_rflags(ARITH)
     }
 
     /// A shift or rotate by a masked, nonzero immediate whose flags are
@@ -355,41 +397,26 @@ impl Emitter {
         size: Size,
         n: u8,
     ) -> Result<(), NotTranslated> {
-        let codes = match op {
-            ShiftOp::Shl | ShiftOp::Sal => SHL_IMM,
-            ShiftOp::Shr => SHR_IMM,
-            ShiftOp::Sar => SAR_IMM,
-            ShiftOp::Rol => ROL_IMM,
-            ShiftOp::Ror => ROR_IMM,
-            _ => return Err(NotTranslated::Unsupported("rotate through carry")),
-        };
+        let code = shift_code(op, size, false).ok_or(NotTranslated::Unsupported("RCL/RCR"))?;
         self.flags_clobbered();
         if size == Size::B4 {
             self.load(ACC, dst, size)?;
-            self.add(Instruction::with2(codes[2], Register::EAX, n as u32))?;
+            self.add(Instruction::with2(code, Register::EAX, n as u32))?;
             self.store_acc(dst, size)
         } else {
             let g = self.g(dst);
-            self.add(Instruction::with2(codes[si(size)], g, n as u32))
+            self.add(Instruction::with2(code, g, n as u32))
         }
     }
 
-    /// ROL/ROR of a register by a masked, nonzero immediate count. The
-    /// host rotates (by the count modulo the width, as `alu::rol`/`ror`
-    /// do); CF and OF are computed from the result as the interpreter's
-    /// `alu` computes them (ROL: CF = bit 0, OF = MSB XOR CF; ROR: CF =
-    /// MSB, OF = MSB XOR the bit below it), not taken from the host, whose
-    /// OF is undefined for counts above 1; SF ZF AF PF are kept.
-    pub(super) fn rotate_imm(
-        &mut self,
-        op: ShiftOp,
-        dst: u8,
-        size: Size,
-        n: u8,
-    ) -> Result<(), NotTranslated> {
-        let codes = if op == ShiftOp::Rol { ROL_IMM } else { ROR_IMM };
-        self.load(ACC, dst, size)?;
-        self.add(Instruction::with2(codes[si(size)], ACC[si(size)], n as u32))?;
+    /// After a host ROL/ROR by a masked, nonzero count (the host rotates
+    /// by the count modulo the width, as `alu::rol`/`ror` do) with the
+    /// result in rax: CF and OF are computed from the result as the
+    /// interpreter's `alu` computes them (ROL: CF = bit 0, OF = MSB XOR CF;
+    /// ROR: CF = MSB, OF = MSB XOR the bit below it), not taken from the
+    /// host, whose OF is undefined for counts above 1; SF ZF AF PF are
+    /// kept. Written into `state.rflags` (clobbers rcx, rdx; rax kept).
+    fn rotate_flags(&mut self, op: ShiftOp, size: Size) -> Result<(), NotTranslated> {
         let bits = size.bits();
         // rcx = CF (bit 0), rdx = the other bit OF compares it with.
         self.a.mov(rcx, rax)?;
@@ -405,14 +432,478 @@ impl Emitter {
         self.a.and(edx, 1)?;
         self.a.shl(edx, 11)?;
         self.a.or(rcx, rdx)?;
-        self.store_acc(dst, size)?;
+        self.merge_rflags(CF | OF)
+    }
+
+    /// `state.rflags = state.rflags & !mask | rcx` (rcx holds only bits
+    /// of `mask`); the guest flags are then exact there and not in the
+    /// host's. Clobbers rdx.
+    fn merge_rflags(&mut self, mask: u32) -> Result<(), NotTranslated> {
         let fl = self.field(self.o.rflags);
         self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RDX, fl))?;
-        self.a.and(rdx, !((CF | OF) as i32))?;
+        self.a.and(rdx, !(mask as i32))?;
         self.a.or(rdx, rcx)?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, fl, Register::RDX))?;
         self.host_valid = false;
         self.dirty = false;
         Ok(())
+    }
+}
+
+/// Instructions without a fast form (`Fast::Generic`, which the
+/// interpreter runs through `exec`) that the translator runs natively,
+/// with their operands resolved; classified from the decoded instruction
+/// by [`extra_form`], so the interpreter's own path is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Extra {
+    /// DIV/IDIV of rdx:rax (edx:eax) by a 32- or 64-bit register or
+    /// memory operand (`m`, through the inline access; `src` unused).
+    Div {
+        signed: bool,
+        size: Size,
+        src: u8,
+        m: Option<MemOp>,
+    },
+    /// PUSH of a 64-bit memory operand (both accesses inline).
+    PushM { m: MemOp },
+    /// TEST of memory with an immediate (`src` None) or a register.
+    TestM {
+        size: Size,
+        m: MemOp,
+        src: Option<u8>,
+        imm: u64,
+    },
+    /// One-operand MUL/IMUL of rax (eax) by a 32- or 64-bit register.
+    Mul { signed: bool, size: Size, src: u8 },
+    /// CBW/CWDE/CDQE (`to_rdx` false) and CWD/CDQ/CQO: the host
+    /// instruction, on rax and rdx loaded whole (so the partial-register
+    /// rule is the host's, which is the interpreter's).
+    Convert { code: Code, to_rdx: bool },
+    /// XCHG of two registers.
+    XchgRR { a: u8, b: u8, size: Size },
+    /// XCHG of a register with memory (always locked): inline when the
+    /// access is aligned (the interpreter's atomic path, with the `locked`
+    /// cost) and the first-level TLB serves it.
+    XchgMR { reg: u8, size: Size, m: MemOp },
+}
+
+/// A full-width register operand (32 or 64 bits): its index.
+fn wide_gpr(r: Register) -> Option<(u8, Size)> {
+    let size = if r.is_gpr64() {
+        Size::B8
+    } else if r.is_gpr32() {
+        Size::B4
+    } else {
+        return None;
+    };
+    Some(((r.number() & 15) as u8, size))
+}
+
+/// The translator's own native form of a generic instruction, if any.
+pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
+    use iced_x86::{Mnemonic as M, OpKind};
+    let i = &op.insn;
+    if op.fast != Fast::Generic || i.has_lock_prefix() || i.has_rep_prefix() || i.has_repne_prefix()
+    {
+        return None;
+    }
+    let m = i.mnemonic();
+    match m {
+        M::Div | M::Idiv | M::Mul | M::Imul
+            if i.op_count() == 1 && i.op0_kind() == OpKind::Register =>
+        {
+            let (src, size) = wide_gpr(i.op0_register())?;
+            let signed = matches!(m, M::Idiv | M::Imul);
+            Some(if matches!(m, M::Div | M::Idiv) {
+                Extra::Div {
+                    signed,
+                    size,
+                    src,
+                    m: None,
+                }
+            } else {
+                Extra::Mul { signed, size, src }
+            })
+        }
+        M::Div | M::Idiv if i.op0_kind() == OpKind::Memory => {
+            let size = match i.memory_size().size() {
+                4 => Size::B4,
+                8 => Size::B8,
+                _ => return None,
+            };
+            Some(Extra::Div {
+                signed: m == M::Idiv,
+                size,
+                src: 0,
+                m: Some(crate::cpu::fast::mem_operand(i)?),
+            })
+        }
+        M::Push
+            if i.op0_kind() == OpKind::Memory
+                && i.stack_pointer_increment() == -8
+                && i.memory_size().size() == 8 =>
+        {
+            Some(Extra::PushM {
+                m: crate::cpu::fast::mem_operand(i)?,
+            })
+        }
+        M::Test if i.op0_kind() == OpKind::Memory => {
+            let size = Size::from_bytes(i.memory_size().size())?;
+            let (src, imm) = match i.op1_kind() {
+                OpKind::Register => (Some(crate::cpu::fast::gpr(i.op1_register())?.0), 0),
+                OpKind::Immediate8 | OpKind::Immediate16 | OpKind::Immediate32 => {
+                    (None, i.immediate(1) & size.mask())
+                }
+                OpKind::Immediate32to64 => (None, i.immediate(1)),
+                _ => return None,
+            };
+            Some(Extra::TestM {
+                size,
+                m: crate::cpu::fast::mem_operand(i)?,
+                src,
+                imm,
+            })
+        }
+        M::Xchg => match (i.op0_kind(), i.op1_kind()) {
+            (OpKind::Register, OpKind::Register) => {
+                let (a, size) = crate::cpu::fast::gpr(i.op0_register())?;
+                let (b, _) = crate::cpu::fast::gpr(i.op1_register())?;
+                Some(Extra::XchgRR { a, b, size })
+            }
+            (OpKind::Memory, OpKind::Register) | (OpKind::Register, OpKind::Memory) => {
+                let r = if i.op0_kind() == OpKind::Register {
+                    i.op0_register()
+                } else {
+                    i.op1_register()
+                };
+                let (reg, size) = crate::cpu::fast::gpr(r)?;
+                let m = crate::cpu::fast::mem_operand(i)?;
+                Some(Extra::XchgMR { reg, size, m })
+            }
+            _ => None,
+        },
+        M::Cbw | M::Cwde | M::Cdqe | M::Cwd | M::Cdq | M::Cqo => Some(Extra::Convert {
+            code: i.code(),
+            to_rdx: matches!(m, M::Cwd | M::Cdq | M::Cqo),
+        }),
+        _ => None,
+    }
+}
+
+impl Emitter {
+    /// An [`Extra`] form; `slow` paths run instruction `k` through the
+    /// interpreter and come back after it.
+    pub(super) fn extra(&mut self, k: usize, x: Extra) -> Result<(), NotTranslated> {
+        match x {
+            Extra::Div {
+                signed,
+                size,
+                src,
+                m,
+            } => self.div(k, signed, size, src, m),
+            Extra::PushM { m } => self.push_mem(k, &m),
+            Extra::TestM { size, m, src, imm } => self.test_mem(k, size, &m, src, imm),
+            Extra::Mul { signed, size, src } => self.mul1(signed, size, src),
+            Extra::XchgRR { a, b, size } => {
+                // No flags are touched.
+                self.load(ACC, a, size)?;
+                self.load(SEC, b, size)?;
+                self.store_acc(b, size)?;
+                self.store_from(SEC, a, size)
+            }
+            Extra::XchgMR { reg, size, m } => self.xchg_mem(k, reg, size, &m),
+            Extra::Convert { code, to_rdx } => {
+                // No flags are touched: they may stay in the host.
+                self.load(ACC, 0, Size::B8)?;
+                if to_rdx {
+                    self.load(DXR, 2, Size::B8)?;
+                }
+                self.add(Ok(Instruction::with(code)))?;
+                let (idx, r) = if to_rdx {
+                    (2, Register::RDX)
+                } else {
+                    (0, Register::RAX)
+                };
+                let g = self.g(idx);
+                self.add(Instruction::with2(Code::Mov_rm64_r64, g, r))
+            }
+        }
+    }
+
+    /// `gpr[idx] = reg` at `size` with the partial-register rule (a
+    /// 32-bit value must already be zero-extended in the 64-bit register).
+    fn store_from(&mut self, reg: [Register; 4], idx: u8, size: Size) -> Result<(), NotTranslated> {
+        let g = self.g(idx);
+        match size {
+            Size::B4 | Size::B8 => self.add(Instruction::with2(Code::Mov_rm64_r64, g, reg[3])),
+            s => self.add(Instruction::with2(MOV_RM_R[si(s)], g, reg[si(s)])),
+        }
+    }
+
+    /// XCHG of `gpr[reg]` with memory. The interpreter's aligned path is an
+    /// atomic compare-exchange that charges the `locked` cost; inline, an
+    /// aligned access the first-level TLB serves for writing is the host's
+    /// (atomic) XCHG with that cost. A misaligned access (no locked cost,
+    /// not atomic in the interpreter) and every other case is the
+    /// instruction through the interpreter. Flags are not touched.
+    fn xchg_mem(&mut self, k: usize, reg: u8, size: Size, m: &MemOp) -> Result<(), NotTranslated> {
+        // The slow path needs the flags exact in `state.rflags`, and the
+        // checks clobber the host flags.
+        self.capture_if_dirty()?;
+        self.host_valid = false;
+        let slow = self.a.create_label();
+        let mut cont = self.a.create_label();
+        let n = size.bytes();
+        self.lea(m)?;
+        if n > 1 {
+            self.a.test(eax, n as i32 - 1)?;
+            self.a.jne(slow)?;
+        }
+        self.fast_access(true, size, slow)?;
+        self.add_cycles(self.o.locked_cost)?;
+        self.load(SEC, reg, size)?;
+        let code = [
+            Code::Xchg_rm8_r8,
+            Code::Xchg_rm16_r16,
+            Code::Xchg_rm32_r32,
+            Code::Xchg_rm64_r64,
+        ][si(size)];
+        self.add(Instruction::with2(
+            code,
+            MemoryOperand::with_base(Register::RDX),
+            SEC[si(size)],
+        ))?;
+        self.store_from(SEC, reg, size)?;
+        self.a.set_label(&mut cont)?;
+        self.slow.push(Slow::whole(slow, k, cont, false));
+        Ok(())
+    }
+
+    /// PUSH of a 64-bit memory operand: the operand read (its address
+    /// computed with RSP before the push) and the push, both through the
+    /// inline access; anything else is the instruction through the
+    /// interpreter, which starts over (nothing was changed).
+    fn push_mem(&mut self, k: usize, m: &MemOp) -> Result<(), NotTranslated> {
+        self.capture_if_dirty()?;
+        self.host_valid = false;
+        let slow = self.a.create_label();
+        let mut cont = self.a.create_label();
+        self.lea(m)?;
+        self.fast_access(false, Size::B8, slow)?;
+        self.a.mov(rsi, qword_ptr(rdx))?;
+        self.load(ACC, 4, Size::B8)?;
+        self.a.lea(rax, qword_ptr(rax - 8))?;
+        self.fast_access(true, Size::B8, slow)?;
+        self.a.mov(qword_ptr(rdx), rsi)?;
+        self.store_acc(4, Size::B8)?;
+        self.a.set_label(&mut cont)?;
+        self.slow.push(Slow::whole(slow, k, cont, false));
+        Ok(())
+    }
+
+    /// TEST of memory (inline read) with an immediate or a register: the
+    /// host's TEST on the host pointer sets the flags as the interpreter's
+    /// `alu::test` does (AF written back clear), left in the host flags;
+    /// the slow path leaves them there too.
+    fn test_mem(
+        &mut self,
+        k: usize,
+        size: Size,
+        m: &MemOp,
+        src: Option<u8>,
+        imm: u64,
+    ) -> Result<(), NotTranslated> {
+        self.capture_if_dirty()?;
+        self.host_valid = false;
+        let slow = self.a.create_label();
+        let mut cont = self.a.create_label();
+        let at_rdx = MemoryOperand::with_base(Register::RDX);
+        self.lea(m)?;
+        self.fast_access(false, size, slow)?;
+        match src {
+            Some(r) => {
+                self.load(SEC, r, size)?;
+                let code = [
+                    Code::Test_rm8_r8,
+                    Code::Test_rm16_r16,
+                    Code::Test_rm32_r32,
+                    Code::Test_rm64_r64,
+                ][si(size)];
+                self.add(Instruction::with2(code, at_rdx, SEC[si(size)]))?;
+            }
+            None if size == Size::B8 => {
+                self.add(Instruction::with2(
+                    Code::Test_rm64_imm32,
+                    at_rdx,
+                    imm as i32,
+                ))?;
+            }
+            None => {
+                let code = [
+                    Code::Test_rm8_imm8,
+                    Code::Test_rm16_imm16,
+                    Code::Test_rm32_imm32,
+                ][si(size)];
+                self.add(Instruction::with2(code, at_rdx, imm as u32))?;
+            }
+        }
+        self.a.set_label(&mut cont)?;
+        self.slow.push(Slow::whole(slow, k, cont, true));
+        self.wrote_flags(true);
+        Ok(())
+    }
+
+    /// `cycles += cost` (the interpreter's extra cost of an instruction,
+    /// charged whether or not it faults; the fast paths here cannot).
+    fn add_cycles(&mut self, cost: u64) -> Result<(), NotTranslated> {
+        if cost <= i32::MAX as u64 {
+            self.a.add(qword_ptr(rbx + self.o.cycles), cost as i32)?;
+        } else {
+            self.a.mov(rcx, cost)?;
+            self.a.add(qword_ptr(rbx + self.o.cycles), rcx)?;
+        }
+        Ok(())
+    }
+
+    /// DIV/IDIV by a register. The host divides only when it cannot
+    /// fault: DIV with rdx below the divisor (unsigned; this rules out 0),
+    /// IDIV with rdx the sign of rax (a dividend that fits one register)
+    /// and a divisor neither 0 nor -1. Everything else (#DE, a real
+    /// 128-bit signed dividend, a divisor of -1) is the instruction
+    /// through the interpreter. The flags are left as they were (the
+    /// interpreter's choice for these undefined flags); the divide cost is
+    /// charged as the interpreter charges it.
+    fn div(
+        &mut self,
+        k: usize,
+        signed: bool,
+        size: Size,
+        src: u8,
+        m: Option<MemOp>,
+    ) -> Result<(), NotTranslated> {
+        self.capture_if_dirty()?;
+        self.host_valid = false;
+        let slow = self.a.create_label();
+        let mut cont = self.a.create_label();
+        let s = si(size);
+        match m {
+            Some(m) => {
+                self.lea(&m)?;
+                self.fast_access(false, size, slow)?;
+                self.load_host(SEC, size)?;
+            }
+            None => self.load(SEC, src, size)?,
+        }
+        self.load(ACC, 0, size)?;
+        self.load(DXR, 2, size)?;
+        if signed {
+            // rdx must be the sign extension of rax: r8 = rax >> (bits-1).
+            self.add(Instruction::with2(
+                MOV_R_RM[s],
+                [Register::R8L, Register::R8W, Register::R8D, Register::R8][s],
+                ACC[s],
+            ))?;
+            let sar = [
+                Code::Sar_rm8_imm8,
+                Code::Sar_rm16_imm8,
+                Code::Sar_rm32_imm8,
+                Code::Sar_rm64_imm8,
+            ][s];
+            self.add(Instruction::with2(
+                sar,
+                [Register::R8L, Register::R8W, Register::R8D, Register::R8][s],
+                size.bits() - 1,
+            ))?;
+            let cmp = [
+                Code::Cmp_r8_rm8,
+                Code::Cmp_r16_rm16,
+                Code::Cmp_r32_rm32,
+                Code::Cmp_r64_rm64,
+            ][s];
+            self.add(Instruction::with2(
+                cmp,
+                [Register::R8L, Register::R8W, Register::R8D, Register::R8][s],
+                DXR[s],
+            ))?;
+            self.a.jne(slow)?;
+            // Divisor + 1 <= 1 (unsigned): 0 or -1.
+            self.add(Instruction::with2(
+                [
+                    Code::Lea_r32_m,
+                    Code::Lea_r32_m,
+                    Code::Lea_r32_m,
+                    Code::Lea_r64_m,
+                ][s],
+                [Register::R8D, Register::R8D, Register::R8D, Register::R8][s],
+                MemoryOperand::with_base_displ(SEC[3], 1),
+            ))?;
+            let cmpi = [
+                Code::Cmp_rm8_imm8,
+                Code::Cmp_rm16_imm8,
+                Code::Cmp_rm32_imm8,
+                Code::Cmp_rm64_imm8,
+            ][s];
+            self.add(Instruction::with2(
+                cmpi,
+                [Register::R8L, Register::R8W, Register::R8D, Register::R8][s],
+                1,
+            ))?;
+            self.a.jbe(slow)?;
+        } else {
+            let cmp = [
+                Code::Cmp_r8_rm8,
+                Code::Cmp_r16_rm16,
+                Code::Cmp_r32_rm32,
+                Code::Cmp_r64_rm64,
+            ][s];
+            self.add(Instruction::with2(cmp, DXR[s], SEC[s]))?;
+            self.a.jae(slow)?;
+        }
+        self.add_cycles(self.o.divide_cost)?;
+        let code = match (signed, size) {
+            (false, Size::B4) => Code::Div_rm32,
+            (false, Size::B8) => Code::Div_rm64,
+            (true, Size::B4) => Code::Idiv_rm32,
+            (true, Size::B8) => Code::Idiv_rm64,
+            _ => return Err(NotTranslated::Unsupported("8/16-bit divide")),
+        };
+        self.add(Instruction::with1(code, SEC[s]))?;
+        // 32-bit results are zero-extended in rax and rdx.
+        let g0 = self.g(0);
+        let g2 = self.g(2);
+        self.add(Instruction::with2(Code::Mov_rm64_r64, g0, Register::RAX))?;
+        self.add(Instruction::with2(Code::Mov_rm64_r64, g2, Register::RDX))?;
+        self.a.set_label(&mut cont)?;
+        self.slow.push(Slow::whole(slow, k, cont, false));
+        Ok(())
+    }
+
+    /// One-operand MUL/IMUL by a register: rdx:rax = rax * src, CF and OF
+    /// from the host (set when the high half is significant), SF ZF AF PF
+    /// left as they were (the interpreter's choice), the multiply cost
+    /// charged.
+    fn mul1(&mut self, signed: bool, size: Size, src: u8) -> Result<(), NotTranslated> {
+        self.capture_if_dirty()?;
+        self.add_cycles(self.o.multiply_cost)?;
+        let s = si(size);
+        self.load(ACC, 0, size)?;
+        let code = match (signed, size) {
+            (false, Size::B4) => Code::Mul_rm32,
+            (false, Size::B8) => Code::Mul_rm64,
+            (true, Size::B4) => Code::Imul_rm32,
+            (true, Size::B8) => Code::Imul_rm64,
+            _ => return Err(NotTranslated::Unsupported("8/16-bit one-operand multiply")),
+        };
+        let g = self.g(src);
+        self.add(Instruction::with1(code, g))?;
+        let _ = s;
+        self.a.pushfq()?;
+        let g0 = self.g(0);
+        let g2 = self.g(2);
+        self.add(Instruction::with2(Code::Mov_rm64_r64, g0, Register::RAX))?;
+        self.add(Instruction::with2(Code::Mov_rm64_r64, g2, Register::RDX))?;
+        self.a.pop(rcx)?;
+        self.a.and(ecx, (CF | OF) as i32)?;
+        self.merge_rflags(CF | OF)
     }
 }

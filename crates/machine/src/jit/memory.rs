@@ -4,8 +4,9 @@
 use super::*;
 
 impl Emitter {
-    /// Loads the effective address of `m` (no segment base) into rax
-    /// without touching the flags (clobbers rcx).
+    /// Loads the linear address of `m` (the effective address, plus the
+    /// FS or GS base for such an operand) into rax without touching the
+    /// flags.
     pub(super) fn lea(&mut self, m: &MemOp) -> Result<(), NotTranslated> {
         let disp = m.disp as i64;
         let short = disp == disp as i32 as i64;
@@ -41,6 +42,15 @@ impl Emitter {
         }
         if m.addr32 {
             self.a.mov(eax, eax)?;
+        }
+        let base = match m.seg {
+            1 => Some(self.o.fs_base),
+            2 => Some(self.o.gs_base),
+            _ => None,
+        };
+        if let Some(off) = base {
+            self.a.mov(rcx, qword_ptr(rbx + off))?;
+            self.a.lea(rax, qword_ptr(rax + rcx))?;
         }
         Ok(())
     }
@@ -125,6 +135,9 @@ impl Emitter {
         // A first-level TLB miss fills the slot (`Cpu::jit_fill`) and comes
         // back here to probe again.
         let mut retry = self.a.create_label();
+        // (A label needs an instruction to sit on: a zero-length one takes
+        // any label the code before left pending, such as a `cont`.)
+        self.a.zero_bytes()?;
         self.a.set_label(&mut retry)?;
         let full = self.a.create_label();
         let slow = self.a.create_label();

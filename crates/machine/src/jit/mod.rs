@@ -12,13 +12,16 @@
 //!   target in the `Cpu` itself, addressed from one pinned host register
 //!   (`rbx`), so nothing has to be copied in or out around a block.
 //! - Register-only forms (MOV, the ALU group, TEST, INC/DEC, LEA, MOVZX/SX,
-//!   CMOVcc, Jcc, JMP) run as the same host instruction on the same operand
+//!   CMOVcc, Jcc, JMP, shifts and rotates, IMUL, one-operand MUL/DIV, the
+//!   sign extensions) run as the same host instruction on the same operand
 //!   width; the guest's arithmetic flags live in the host flags between
 //!   them and are written back (captured) before anything that may look at
 //!   them: a call out, a block exit. The flags the SDM leaves undefined are
 //!   made the interpreter's (AF clear after AND/OR/XOR/TEST).
-//! - Every other instruction of the block (memory operands, the stack,
-//!   CALL/RET, shifts, multiplies, system instructions) is a call into the
+//! - Memory operands, the stack, CALL/RET and indirect CALL/JMP use the
+//!   first-level TLB inline; their slow paths and every other instruction
+//!   of the block (system instructions, string instructions, rare forms)
+//!   are a call into the
 //!   interpreter's own code for that one instruction (`Cpu::exec_op`), so
 //!   translation, page walks and their cycles, the TLB model, faults, MMIO
 //!   and stores into code are the interpreter's, not a copy of them.
@@ -36,13 +39,15 @@ mod forms;
 mod memory;
 pub(crate) mod native;
 pub(crate) mod perf_map;
+pub(crate) mod profile;
 
 use codes::*;
 
 use crate::alu::{BinOp, ShiftOp, Size};
 use crate::cpu::code_cache::Block;
-use crate::cpu::fast::{Fast, MemOp, NONE_REG};
+use crate::cpu::fast::{Fast, MemOp, Op, NONE_REG};
 use crate::cpu::l1tlb::{SLOTS, SLOT_BYTES, SLOT_HOST_DELTA, SLOT_HPA, SLOT_JIT_PAGE};
+use forms::extra_form;
 use iced_x86::code_asm::{
     byte_ptr, dword_ptr, eax, ecx, edx, qword_ptr, r10, r10d, r11, r12, r13, r14, r15, r8, r9, rax,
     rbp, rbx, rcx, rdi, rdx, rsi, rsp, CodeAssembler, CodeLabel,
@@ -105,6 +110,9 @@ pub struct JitStats {
     /// Blocks the translator or the host refused (a translator bug, or no
     /// executable memory); interpreted instead.
     pub blocks_failed: u64,
+    /// Instructions translated code handed to the interpreter: forms
+    /// without host code, and the slow paths of inline memory accesses.
+    pub call_outs: u64,
 }
 
 /// How a translated block stopped, in the low byte of its return value;
@@ -136,9 +144,15 @@ pub(crate) struct Offsets {
     pub cycles: i32,
     pub jit_deadline: i32,
     pub jit_chain_rip: i32,
-    /// `CycleCosts::instruction` and `multiply` of the CPU.
+    /// `CycleCosts::instruction`, `multiply` and `divide` of the CPU.
     pub instruction_cost: u64,
     pub multiply_cost: u64,
+    pub divide_cost: u64,
+    /// `CycleCosts::locked`: an aligned locked read-modify-write.
+    pub locked_cost: u64,
+    /// The FS and GS bases (IA32_FS_BASE, IA32_GS_BASE).
+    pub fs_base: i32,
+    pub gs_base: i32,
 }
 
 /// Slots of the chaining table.
@@ -239,6 +253,21 @@ pub(crate) fn is_native(f: &Fast) -> bool {
             count: Some(_),
             ..
         }
+    ) || matches!(
+        // By CL: 32- and 64-bit operands (the masked count is below the
+        // width), every shift and rotate but RCL/RCR.
+        f,
+        Fast::Shift {
+            op: ShiftOp::Shl
+                | ShiftOp::Sal
+                | ShiftOp::Shr
+                | ShiftOp::Sar
+                | ShiftOp::Rol
+                | ShiftOp::Ror,
+            count: None,
+            size: Size::B4 | Size::B8,
+            ..
+        }
     )
 }
 
@@ -246,16 +275,16 @@ pub(crate) fn is_native(f: &Fast) -> bool {
 /// access (falling back to the interpreter for that instruction on a miss,
 /// a page-crossing access, a store into a code frame...).
 pub(crate) fn is_inline_memory(f: &Fast) -> bool {
-    let flat = |m: &MemOp| m.seg == 0;
+    // FS/GS-relative operands too: `Emitter::lea` adds the base.
     match f {
-        Fast::MovRM { m, .. }
-        | Fast::MovMR { m, .. }
-        | Fast::ExtendM { m, .. }
-        | Fast::AluRM { m, .. }
-        | Fast::AluMR { m, .. }
-        | Fast::CmovM { m, .. } => flat(m),
-        Fast::MovMI { m, size, imm } | Fast::AluMI { m, size, imm, .. } => {
-            flat(m) && (*size != Size::B8 || *imm as i64 == *imm as i32 as i64)
+        Fast::MovRM { .. }
+        | Fast::MovMR { .. }
+        | Fast::ExtendM { .. }
+        | Fast::AluRM { .. }
+        | Fast::AluMR { .. }
+        | Fast::CmovM { .. } => true,
+        Fast::MovMI { size, imm, .. } | Fast::AluMI { size, imm, .. } => {
+            *size != Size::B8 || *imm as i64 == *imm as i32 as i64
         }
         Fast::Push { .. } | Fast::Pop { .. } | Fast::Call { .. } | Fast::Ret => true,
         _ => false,
@@ -304,7 +333,10 @@ pub(crate) fn translate(
         || o.instruction_cost > i32::MAX as u64
         || o.multiply_cost > i32::MAX as u64
         || !block.insns.iter().any(|op| {
-            is_native(&op.fast) || is_inline_memory(&op.fast) || chain::is_native_indirect(&op.fast)
+            is_native(&op.fast)
+                || is_inline_memory(&op.fast)
+                || chain::is_native_indirect(&op.fast)
+                || extra_form(op).is_some()
         })
     {
         return Err(NotTranslated::NothingNative);
@@ -391,7 +423,10 @@ pub(crate) fn translate(
             }
             f if is_native(&f) => e.native(k, &f)?,
             f if is_inline_memory(&f) => e.inline_memory(k, &f, op.next_ip, call_exit)?,
-            _ => e.call_out(k, call_exit)?,
+            _ => match extra_form(op) {
+                Some(x) => e.extra(k, x)?,
+                None => e.call_out(k, call_exit)?,
+            },
         }
     }
     if !ended {
@@ -519,6 +554,30 @@ struct Slow {
     af_clear: bool,
     /// Where the fast path leaves the guest flags; so must the slow path.
     exit: FlagsAt,
+}
+
+impl Slow {
+    /// A slow path that runs the whole instruction `k` through the
+    /// interpreter on every way in (no fill), entered with the flags
+    /// written back, then goes on at `cont` with the flags in the host
+    /// (`flags_in_host`) or in `state.rflags`.
+    fn whole(label: CodeLabel, k: usize, cont: CodeLabel, flags_in_host: bool) -> Slow {
+        Slow {
+            label,
+            full: label,
+            retry: label,
+            access: None,
+            k,
+            cont,
+            entry_saved: false,
+            af_clear: false,
+            exit: if flags_in_host {
+                FlagsAt::Host
+            } else {
+                FlagsAt::State
+            },
+        }
+    }
 }
 
 /// Where the guest's flags are, besides `state.rflags`.
