@@ -21,6 +21,18 @@ pub(super) const MOV_R_RM: [Code; 4] = [
     Code::Mov_r32_rm32,
     Code::Mov_r64_rm64,
 ];
+pub(super) const XCHG_RM_R: [Code; 4] = [
+    Code::Xchg_rm8_r8,
+    Code::Xchg_rm16_r16,
+    Code::Xchg_rm32_r32,
+    Code::Xchg_rm64_r64,
+];
+pub(super) const TEST_RM_R: [Code; 4] = [
+    Code::Test_rm8_r8,
+    Code::Test_rm16_r16,
+    Code::Test_rm32_r32,
+    Code::Test_rm64_r64,
+];
 pub(super) const MOV_RM_R: [Code; 4] = [
     Code::Mov_rm8_r8,
     Code::Mov_rm16_r16,

@@ -67,13 +67,7 @@ impl Emitter {
             Fast::TestRR { a, b, size } => {
                 self.load(SEC, b, size)?;
                 let m = self.g(a);
-                let code = [
-                    Code::Test_rm8_r8,
-                    Code::Test_rm16_r16,
-                    Code::Test_rm32_r32,
-                    Code::Test_rm64_r64,
-                ][si(size)];
-                self.add(Instruction::with2(code, m, SEC[si(size)]))?;
+                self.add(Instruction::with2(TEST_RM_R[si(size)], m, SEC[si(size)]))?;
                 self.wrote_flags(true);
             }
             Fast::TestRI { a, size, imm } => {
@@ -450,6 +444,32 @@ impl Emitter {
     }
 }
 
+impl Emitter {
+    /// The start of a form with an inline access: the flags written back
+    /// (its slow path needs them exact in `state.rflags`, and the checks
+    /// clobber the host flags); labels for the slow path and for where the
+    /// fast path ends.
+    fn begin_inline(&mut self) -> Result<(CodeLabel, CodeLabel), NotTranslated> {
+        self.capture_if_dirty()?;
+        self.host_valid = false;
+        Ok((self.a.create_label(), self.a.create_label()))
+    }
+
+    /// The end of the fast path of instruction `k`'s inline form: its slow
+    /// path (the instruction through the interpreter) comes back to here,
+    /// with the guest flags loaded into the host's if `flags_in_host`.
+    fn end_inline(
+        &mut self,
+        k: usize,
+        slow: CodeLabel,
+        cont: &mut CodeLabel,
+        flags_in_host: bool,
+    ) -> Result<(), NotTranslated> {
+        self.a.set_label(cont)?;
+        self.slow.push(Slow::whole(slow, k, *cont, flags_in_host));
+        Ok(())
+    }
+}
 /// Instructions without a fast form (`Fast::Generic`, which the
 /// interpreter runs through `exec`) that the translator runs natively,
 /// with their operands resolved; classified from the decoded instruction
@@ -647,12 +667,7 @@ impl Emitter {
     /// not atomic in the interpreter) and every other case is the
     /// instruction through the interpreter. Flags are not touched.
     fn xchg_mem(&mut self, k: usize, reg: u8, size: Size, m: &MemOp) -> Result<(), NotTranslated> {
-        // The slow path needs the flags exact in `state.rflags`, and the
-        // checks clobber the host flags.
-        self.capture_if_dirty()?;
-        self.host_valid = false;
-        let slow = self.a.create_label();
-        let mut cont = self.a.create_label();
+        let (slow, mut cont) = self.begin_inline()?;
         let n = size.bytes();
         self.lea(m)?;
         if n > 1 {
@@ -662,21 +677,13 @@ impl Emitter {
         self.fast_access(true, size, slow)?;
         self.add_cycles(self.o.locked_cost)?;
         self.load(SEC, reg, size)?;
-        let code = [
-            Code::Xchg_rm8_r8,
-            Code::Xchg_rm16_r16,
-            Code::Xchg_rm32_r32,
-            Code::Xchg_rm64_r64,
-        ][si(size)];
         self.add(Instruction::with2(
-            code,
+            XCHG_RM_R[si(size)],
             MemoryOperand::with_base(Register::RDX),
             SEC[si(size)],
         ))?;
         self.store_from(SEC, reg, size)?;
-        self.a.set_label(&mut cont)?;
-        self.slow.push(Slow::whole(slow, k, cont, false));
-        Ok(())
+        self.end_inline(k, slow, &mut cont, false)
     }
 
     /// PUSH of a 64-bit memory operand: the operand read (its address
@@ -684,10 +691,7 @@ impl Emitter {
     /// inline access; anything else is the instruction through the
     /// interpreter, which starts over (nothing was changed).
     fn push_mem(&mut self, k: usize, m: &MemOp) -> Result<(), NotTranslated> {
-        self.capture_if_dirty()?;
-        self.host_valid = false;
-        let slow = self.a.create_label();
-        let mut cont = self.a.create_label();
+        let (slow, mut cont) = self.begin_inline()?;
         self.lea(m)?;
         self.fast_access(false, Size::B8, slow)?;
         self.a.mov(rsi, qword_ptr(rdx))?;
@@ -696,9 +700,7 @@ impl Emitter {
         self.fast_access(true, Size::B8, slow)?;
         self.a.mov(qword_ptr(rdx), rsi)?;
         self.store_acc(4, Size::B8)?;
-        self.a.set_label(&mut cont)?;
-        self.slow.push(Slow::whole(slow, k, cont, false));
-        Ok(())
+        self.end_inline(k, slow, &mut cont, false)
     }
 
     /// TEST of memory (inline read) with an immediate or a register: the
@@ -713,23 +715,18 @@ impl Emitter {
         src: Option<u8>,
         imm: u64,
     ) -> Result<(), NotTranslated> {
-        self.capture_if_dirty()?;
-        self.host_valid = false;
-        let slow = self.a.create_label();
-        let mut cont = self.a.create_label();
+        let (slow, mut cont) = self.begin_inline()?;
         let at_rdx = MemoryOperand::with_base(Register::RDX);
         self.lea(m)?;
         self.fast_access(false, size, slow)?;
         match src {
             Some(r) => {
                 self.load(SEC, r, size)?;
-                let code = [
-                    Code::Test_rm8_r8,
-                    Code::Test_rm16_r16,
-                    Code::Test_rm32_r32,
-                    Code::Test_rm64_r64,
-                ][si(size)];
-                self.add(Instruction::with2(code, at_rdx, SEC[si(size)]))?;
+                self.add(Instruction::with2(
+                    TEST_RM_R[si(size)],
+                    at_rdx,
+                    SEC[si(size)],
+                ))?;
             }
             None if size == Size::B8 => {
                 self.add(Instruction::with2(
@@ -747,8 +744,7 @@ impl Emitter {
                 self.add(Instruction::with2(code, at_rdx, imm as u32))?;
             }
         }
-        self.a.set_label(&mut cont)?;
-        self.slow.push(Slow::whole(slow, k, cont, true));
+        self.end_inline(k, slow, &mut cont, true)?;
         self.wrote_flags(true);
         Ok(())
     }
@@ -781,10 +777,7 @@ impl Emitter {
         src: u8,
         m: Option<MemOp>,
     ) -> Result<(), NotTranslated> {
-        self.capture_if_dirty()?;
-        self.host_valid = false;
-        let slow = self.a.create_label();
-        let mut cont = self.a.create_label();
+        let (slow, mut cont) = self.begin_inline()?;
         let s = si(size);
         match m {
             Some(m) => {
@@ -796,67 +789,31 @@ impl Emitter {
         }
         self.load(ACC, 0, size)?;
         self.load(DXR, 2, size)?;
+        // The loads zero-extend 32-bit values into the 64-bit registers.
+        let wide = size == Size::B8;
         if signed {
-            // rdx must be the sign extension of rax: r8 = rax >> (bits-1).
-            self.add(Instruction::with2(
-                MOV_R_RM[s],
-                [Register::R8L, Register::R8W, Register::R8D, Register::R8][s],
-                ACC[s],
-            ))?;
-            let sar = [
-                Code::Sar_rm8_imm8,
-                Code::Sar_rm16_imm8,
-                Code::Sar_rm32_imm8,
-                Code::Sar_rm64_imm8,
-            ][s];
-            self.add(Instruction::with2(
-                sar,
-                [Register::R8L, Register::R8W, Register::R8D, Register::R8][s],
-                size.bits() - 1,
-            ))?;
-            let cmp = [
-                Code::Cmp_r8_rm8,
-                Code::Cmp_r16_rm16,
-                Code::Cmp_r32_rm32,
-                Code::Cmp_r64_rm64,
-            ][s];
-            self.add(Instruction::with2(
-                cmp,
-                [Register::R8L, Register::R8W, Register::R8D, Register::R8][s],
-                DXR[s],
-            ))?;
-            self.a.jne(slow)?;
-            // Divisor + 1 <= 1 (unsigned): 0 or -1.
-            self.add(Instruction::with2(
-                [
-                    Code::Lea_r32_m,
-                    Code::Lea_r32_m,
-                    Code::Lea_r32_m,
-                    Code::Lea_r64_m,
-                ][s],
-                [Register::R8D, Register::R8D, Register::R8D, Register::R8][s],
-                MemoryOperand::with_base_displ(SEC[3], 1),
-            ))?;
-            let cmpi = [
-                Code::Cmp_rm8_imm8,
-                Code::Cmp_rm16_imm8,
-                Code::Cmp_rm32_imm8,
-                Code::Cmp_rm64_imm8,
-            ][s];
-            self.add(Instruction::with2(
-                cmpi,
-                [Register::R8L, Register::R8W, Register::R8D, Register::R8][s],
-                1,
-            ))?;
+            // rdx must be the sign extension of rax, and the divisor + 1
+            // above 1 (unsigned: neither 0 nor -1).
+            if wide {
+                self.a.mov(r8, rax)?;
+                self.a.sar(r8, 63)?;
+                self.a.cmp(r8, rdx)?;
+                self.a.jne(slow)?;
+                self.a.lea(r8, qword_ptr(rcx + 1))?;
+                self.a.cmp(r8, 1)?;
+            } else {
+                self.a.mov(r8d, eax)?;
+                self.a.sar(r8d, 31)?;
+                self.a.cmp(r8d, edx)?;
+                self.a.jne(slow)?;
+                self.a.lea(r8d, qword_ptr(rcx + 1))?;
+                self.a.cmp(r8d, 1)?;
+            }
             self.a.jbe(slow)?;
         } else {
-            let cmp = [
-                Code::Cmp_r8_rm8,
-                Code::Cmp_r16_rm16,
-                Code::Cmp_r32_rm32,
-                Code::Cmp_r64_rm64,
-            ][s];
-            self.add(Instruction::with2(cmp, DXR[s], SEC[s]))?;
+            // The quotient fits (and the divisor is not 0) when rdx is
+            // below the divisor.
+            self.a.cmp(rdx, rcx)?;
             self.a.jae(slow)?;
         }
         self.add_cycles(self.o.divide_cost)?;
@@ -873,9 +830,7 @@ impl Emitter {
         let g2 = self.g(2);
         self.add(Instruction::with2(Code::Mov_rm64_r64, g0, Register::RAX))?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, g2, Register::RDX))?;
-        self.a.set_label(&mut cont)?;
-        self.slow.push(Slow::whole(slow, k, cont, false));
-        Ok(())
+        self.end_inline(k, slow, &mut cont, false)
     }
 
     /// One-operand MUL/IMUL by a register: rdx:rax = rax * src, CF and OF
@@ -885,7 +840,6 @@ impl Emitter {
     fn mul1(&mut self, signed: bool, size: Size, src: u8) -> Result<(), NotTranslated> {
         self.capture_if_dirty()?;
         self.add_cycles(self.o.multiply_cost)?;
-        let s = si(size);
         self.load(ACC, 0, size)?;
         let code = match (signed, size) {
             (false, Size::B4) => Code::Mul_rm32,
@@ -896,7 +850,6 @@ impl Emitter {
         };
         let g = self.g(src);
         self.add(Instruction::with1(code, g))?;
-        let _ = s;
         self.a.pushfq()?;
         let g0 = self.g(0);
         let g2 = self.g(2);
