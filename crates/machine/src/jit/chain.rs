@@ -255,14 +255,7 @@ impl Emitter {
                 self.a.mov(rdx, qword_ptr(rbp + (slot + SLOT_HPA as i32)))?;
             }
             None => {
-                self.a.mov(rdx, rax)?;
-                self.a.shr(rdx, 12)?;
-                self.a.lea(rcx, qword_ptr(rax + 0x1000))?;
-                self.a.shr(rcx, 12 - SLOT_BYTES.trailing_zeros())?;
-                self.a.and(ecx, ((SLOTS - 1) * SLOT_BYTES) as i32)?;
-                self.a
-                    .cmp(rdx, qword_ptr(rbp + rcx + (c + SLOT_JIT_PAGE as i32)))?;
-                self.a.jne(out)?;
+                self.probe_l1(c, 0, out)?;
                 self.a
                     .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HPA as i32)))?;
             }

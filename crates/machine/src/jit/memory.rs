@@ -55,6 +55,32 @@ impl Emitter {
         Ok(())
     }
 
+    /// The first-level TLB probe for the address in rax: jumps to `miss`
+    /// unless the slot of class offset `c` for the page of rax holds the
+    /// page of rax + `last` (see [`Self::fast_access`]). Leaves the slot's
+    /// offset from `rbp` minus `c` in rcx; clobbers rdx and the flags.
+    pub(super) fn probe_l1(
+        &mut self,
+        c: i32,
+        last: i32,
+        miss: CodeLabel,
+    ) -> Result<(), NotTranslated> {
+        if last == 0 {
+            self.a.mov(rdx, rax)?;
+        } else {
+            self.a.lea(rdx, qword_ptr(rax + last))?;
+        }
+        self.a.shr(rdx, 12)?;
+        // Slots are indexed by page + 1.
+        self.a.lea(rcx, qword_ptr(rax + 0x1000))?;
+        self.a.shr(rcx, 12 - SLOT_BYTES.trailing_zeros())?;
+        self.a.and(ecx, ((SLOTS - 1) * SLOT_BYTES) as i32)?;
+        self.a
+            .cmp(rdx, qword_ptr(rbp + rcx + (c + SLOT_JIT_PAGE as i32)))?;
+        self.a.jne(miss)?;
+        Ok(())
+    }
+
     /// With the linear address in rax, leaves in rdx the host address of
     /// an access of `size` bytes, or jumps to `slow` when the first-level
     /// TLB (the class of this kind and privilege) does not hold the page,
@@ -81,18 +107,7 @@ impl Emitter {
         let c = (class * SLOTS * SLOT_BYTES) as i32;
         // rdx = the last byte's page; rcx = the slot offset of the first
         // byte's page (slots are indexed by page + 1).
-        if last == 0 {
-            self.a.mov(rdx, rax)?;
-        } else {
-            self.a.lea(rdx, qword_ptr(rax + last))?;
-        }
-        self.a.shr(rdx, 12)?;
-        self.a.lea(rcx, qword_ptr(rax + 0x1000))?;
-        self.a.shr(rcx, 12 - SLOT_BYTES.trailing_zeros())?;
-        self.a.and(ecx, ((SLOTS - 1) * SLOT_BYTES) as i32)?;
-        self.a
-            .cmp(rdx, qword_ptr(rbp + rcx + (c + SLOT_JIT_PAGE as i32)))?;
-        self.a.jne(slow)?;
+        self.probe_l1(c, last, slow)?;
         if write {
             self.a
                 .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HPA as i32)))?;
