@@ -210,7 +210,7 @@ pub struct BenchCommon {
     costs: Vec<CostOverride>,
     /// What runs guest code: `interp` or `jit` (the translator). Results
     /// are the same either way, so it is not one of the recorded params.
-    #[arg(long, default_value = "interp")]
+    #[arg(long, default_value = "jit")]
     #[serde(skip)]
     engine: hv::Engine,
     /// Print the benchmark's independent runs as command lines (one per
@@ -727,7 +727,7 @@ pub struct OvercommitArgs {
     costs: Vec<CostOverride>,
     /// What runs guest code: `interp` (the interpreter) or `jit` (the
     /// translator); the same guest state and virtual time either way.
-    #[arg(long, default_value = "interp")]
+    #[arg(long, default_value = "jit")]
     engine: hv::Engine,
 }
 

@@ -47,7 +47,7 @@ struct Args {
     /// What runs the guest code: `interp` (the interpreter) or `jit` (the
     /// translator, falling back to the interpreter for what it does not
     /// translate). Both give the same results and virtual cycles.
-    #[arg(long, default_value = "interp")]
+    #[arg(long, default_value = "jit")]
     engine: machine::Engine,
 }
 

@@ -60,9 +60,11 @@ use std::str::FromStr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Engine {
     /// The interpreter (the reference).
-    #[default]
     Interp,
-    /// The translator, with the interpreter for whatever it does not translate.
+    /// The translator, with the interpreter for whatever it does not
+    /// translate: the default, being the faster and exact with the
+    /// interpreter.
+    #[default]
     Jit,
 }
 
