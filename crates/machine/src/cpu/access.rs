@@ -104,6 +104,61 @@ impl Cpu {
         self.translate_slow(mem, la, kind, user, implicit)
     }
 
+    /// [`Self::translate`] for translated code's first-level TLB miss of
+    /// an access of `bytes` bytes (within one page) at `la`, with the same
+    /// effects: the first-level TLB, then a usable TLB hit taken with the
+    /// lookup key cached per mode (the common case: the first-level TLB is
+    /// small and emptied by every TLB fill), then the full way. Returns the
+    /// host-physical page when the first-level slot now gives it to
+    /// translated code (not when its frame lies outside memory).
+    #[inline]
+    pub(crate) fn translate_for_jit(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        bytes: u64,
+        class: usize,
+        kind: AccessKind,
+        user: bool,
+    ) -> Result<Option<Hpa>, Fault> {
+        let (tlb_epoch, mode_epoch) = (self.tlb.epoch(), self.mode_epoch);
+        debug_assert!(self.l1.in_sync(tlb_epoch, mode_epoch));
+        if !self.l1.peek(class, la) {
+            let key = match self.l1.key(class) {
+                Some(k) => Some(k),
+                None => {
+                    let k = self.lookup_key(kind, user);
+                    if let Some(k) = k {
+                        self.l1.set_key(class, k);
+                    }
+                    k
+                }
+            };
+            debug_assert_eq!(key, self.lookup_key(kind, user), "a stale TLB lookup key");
+            match key.and_then(|k| self.tlb.lookup_usable(&k, Gva(la))) {
+                Some(hpa) => {
+                    // A hit moves no epoch: the slots stay in sync.
+                    self.l1.use_memory(mem.jit_view().0, mem.size());
+                    self.l1.fill(class, la, hpa, tlb_epoch, mode_epoch);
+                }
+                None => {
+                    self.translate_slow(mem, la, kind, user, false)?;
+                    self.l1.sync(self.tlb.epoch(), self.mode_epoch);
+                }
+            }
+        }
+        Ok(self.l1.jit_slot(class, la, bytes))
+    }
+
+    /// The TLB lookup key of a data access now (`None` when the TLB is not
+    /// consulted: no paging and no EPT).
+    fn lookup_key(&self, kind: AccessKind, user: bool) -> Option<mmu::tlb::LookupKey> {
+        let regs = self.paging_regs(false);
+        let ept = self.vmx.as_deref().and_then(|v| v.ept);
+        (regs.cr0 & super::state::cr0::PG != 0 || ept.is_some())
+            .then(|| mmu::tlb::LookupKey::new(self.vpid(), &regs, ept, Access { kind, user }))
+    }
+
     #[inline(never)]
     fn translate_slow(
         &mut self,

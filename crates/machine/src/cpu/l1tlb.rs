@@ -20,6 +20,7 @@
 //! needs no such discipline.
 
 use crate::addr::Hpa;
+use crate::mmu::tlb::LookupKey;
 
 pub(crate) const SLOTS: usize = 64;
 /// Size of one slot (see [`Slot`]).
@@ -73,9 +74,16 @@ pub(crate) struct L1Tlb {
     /// The memory (host base, size) the slots' `jit_page`/`host_delta`
     /// were computed for.
     memory: (usize, u64),
-    /// Slots filled since the last clear (class * SLOTS + index), each once.
-    filled: Vec<u16>,
+    /// Slots filled since the last clear (class * SLOTS + index), each once
+    /// (so the first `filled_len` never overflow).
+    filled: Box<[u16; SLOTS * CLASSES]>,
+    filled_len: usize,
     listed: [u64; CLASSES],
+    /// The TLB lookup key of each data class (read, write x supervisor,
+    /// user) under the current mode, once computed: it depends only on
+    /// what the mode epoch covers (paging registers, RFLAGS.AC, VPID,
+    /// EPTP), so it is dropped when that epoch moves.
+    keys: [Option<LookupKey>; 4],
 }
 
 impl L1Tlb {
@@ -85,18 +93,20 @@ impl L1Tlb {
             tlb_epoch: 0,
             mode_epoch: 0,
             memory: (0, 0),
-            filled: Vec::with_capacity(SLOTS * CLASSES),
+            filled: Box::new([0; SLOTS * CLASSES]),
+            filled_len: 0,
             listed: [0; CLASSES],
+            keys: [None; 4],
         }
     }
 
     /// Empties the slots filled since the last clear.
     fn clear(&mut self) {
-        for &i in &self.filled {
+        for &i in &self.filled[..self.filled_len] {
             let (c, k) = (i as usize / SLOTS, i as usize % SLOTS);
             self.slots[c][k] = Slot::EMPTY;
         }
-        self.filled.clear();
+        self.filled_len = 0;
         self.listed = [0; CLASSES];
     }
 
@@ -105,10 +115,18 @@ impl L1Tlb {
     #[inline]
     pub(crate) fn sync(&mut self, tlb_epoch: u64, mode_epoch: u64) {
         if tlb_epoch != self.tlb_epoch || mode_epoch != self.mode_epoch {
+            if mode_epoch != self.mode_epoch {
+                self.keys = [None; 4];
+            }
             self.clear();
             self.tlb_epoch = tlb_epoch;
             self.mode_epoch = mode_epoch;
         }
+    }
+
+    /// Whether the slots are in sync with these epochs.
+    pub(crate) fn in_sync(&self, tlb_epoch: u64, mode_epoch: u64) -> bool {
+        (tlb_epoch, mode_epoch) == (self.tlb_epoch, self.mode_epoch)
     }
 
     /// Makes the slots' host addresses those of the memory at `base` of
@@ -137,6 +155,31 @@ impl L1Tlb {
         (s.page == page).then_some(Hpa(s.hpa | (la & 0xfff)))
     }
 
+    /// [`Self::lookup`] without the sync: for translated code's misses,
+    /// which only happen with the slots in sync (the CPU syncs them before
+    /// generated code runs and after every call-out from it).
+    #[inline]
+    pub(crate) fn peek(&self, class: usize, la: u64) -> bool {
+        let page = (la >> 12) + 1;
+        self.slots[class][(page as usize) & (SLOTS - 1)].page == page
+    }
+
+    /// The cached TLB lookup key of data class `class` (see `keys`). The
+    /// slots must be synced.
+    #[inline]
+    pub(crate) fn key(&self, class: usize) -> Option<LookupKey> {
+        self.keys.get(class).copied().flatten()
+    }
+
+    /// Caches the TLB lookup key of data class `class` under the current
+    /// mode.
+    #[inline]
+    pub(crate) fn set_key(&mut self, class: usize, key: LookupKey) {
+        if let Some(k) = self.keys.get_mut(class) {
+            *k = Some(key);
+        }
+    }
+
     /// The slots' base address: class `c`, slot `i` at
     /// `base + (c * SLOTS + i) * SLOT_BYTES`. The slots are only read
     /// there, by code that ran [`Self::sync`] and [`Self::use_memory`]
@@ -154,7 +197,7 @@ impl L1Tlb {
     }
 
     /// Records a translation the TLB just gave.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn fill(
         &mut self,
         class: usize,
@@ -179,7 +222,11 @@ impl L1Tlb {
         };
         if self.listed[class] & (1 << index) == 0 {
             self.listed[class] |= 1 << index;
-            self.filled.push((class * SLOTS + index) as u16);
+            // Listed once each: at most SLOTS * CLASSES entries.
+            if let Some(f) = self.filled.get_mut(self.filled_len) {
+                *f = (class * SLOTS + index) as u16;
+                self.filled_len += 1;
+            }
         }
     }
 }

@@ -336,14 +336,9 @@ impl Cpu {
         if (la & 0xfff) + bytes > 0x1000 || !crate::addr::is_canonical(la) {
             return jit::fill::FULL;
         }
-        match self.translate(mem, la, kind, class & 1 == 1) {
-            Ok(_) => {
-                self.l1.sync(self.tlb.epoch(), self.mode_epoch);
-                match self.l1.jit_slot(class, la, bytes) {
-                    Some(hpa) if kind == AccessKind::Read || !mem.is_code(hpa) => jit::fill::RETRY,
-                    _ => jit::fill::FULL,
-                }
-            }
+        match self.translate_for_jit(mem, la, bytes, class, kind, class & 1 == 1) {
+            Ok(Some(hpa)) if kind == AccessKind::Read || !mem.is_code(hpa) => jit::fill::RETRY,
+            Ok(_) => jit::fill::FULL,
             Err(f) => {
                 self.jit_fault = Some(f);
                 jit::fill::FAULT

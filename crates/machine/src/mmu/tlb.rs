@@ -35,7 +35,9 @@
 //! mappings of the address.
 
 use super::ept::EptTranslation;
-use super::paging::{access_permitted, GuestPerms, GuestTranslation};
+use super::paging::GuestTranslation;
+#[cfg(test)]
+use super::paging::{access_permitted, GuestPerms};
 use super::psc::{Psc, PscConfig};
 use super::{Access, AccessKind, PageSize, TranslateCtx};
 use crate::addr::{Gva, Hpa};
@@ -216,27 +218,95 @@ fn context_tag(vpid: u16, paging: bool, ept: bool) -> u64 {
         | if ept { tag::EPT } else { 0 }
 }
 
-/// Whether a cached translation allows `access` now.
-#[inline]
-fn entry_permits(entry_data: u64, access: Access, ctx: &TranslateCtx<'_>, paging: bool) -> bool {
-    if paging {
-        let perms = GuestPerms {
-            writable: entry_data & data::GUEST_WRITABLE != 0,
-            user: entry_data & data::GUEST_USER != 0,
-            no_execute: entry_data & data::GUEST_NX != 0,
-        };
-        if !access_permitted(perms, access, &ctx.regs) {
-            return false;
+/// What a lookup compares and checks, computed once per access from the
+/// translation context: the entry's tag bits that come from the context,
+/// the EPTP, and the access rights as two masks over an entry's `data`
+/// (every bit of `need` set, no bit of `forbid` set), so that the check on
+/// a hit is two compares. [`permit_masks`] is the one definition of those
+/// rights; a test checks it against [`access_permitted`] exhaustively.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LookupKey {
+    context: u64,
+    eptp: u64,
+    need: u64,
+    forbid: u64,
+}
+
+impl LookupKey {
+    /// The key of `access` under the paging registers `regs`, VPID `vpid`
+    /// and `ept` (the running guest's EPTP, if EPT is on).
+    #[inline]
+    pub(crate) fn new(
+        vpid: u16,
+        regs: &super::PagingRegs,
+        ept: Option<crate::vmx::Eptp>,
+        access: Access,
+    ) -> Self {
+        let paging = regs.cr0 & cr0::PG != 0;
+        let (need, forbid) = permit_masks(access, regs, paging);
+        LookupKey {
+            context: context_tag(vpid, paging, ept.is_some()),
+            eptp: ept.map_or(0, |e| e.0),
+            need,
+            forbid,
         }
     }
-    let needed = match access.kind {
+
+    #[inline]
+    fn permits(&self, entry_data: u64) -> bool {
+        entry_data & self.need == self.need && entry_data & self.forbid == 0
+    }
+}
+
+/// The access rights of a cached translation for `access` now, as (bits of
+/// an entry's `data` that must be set, bits that must be clear): the guest
+/// rights under the current CR0.WP, CR4.SMEP/SMAP and RFLAGS.AC when
+/// `paging` (as [`access_permitted`] decides them), and the EPT rights of
+/// the final page. A write also needs both dirty flags known to be set:
+/// otherwise the walk has to run again to set them.
+#[inline]
+fn permit_masks(access: Access, regs: &super::PagingRegs, paging: bool) -> (u64, u64) {
+    use crate::cpu::state::cr4;
+    let mut need = match access.kind {
         AccessKind::Read => data::EPT_READ,
-        // A write must also find both dirty flags set: otherwise the walk
-        // has to run again to set them.
         AccessKind::Write => data::EPT_WRITE | data::GUEST_DIRTY | data::EPT_DIRTY,
         AccessKind::Execute => data::EPT_EXEC,
     };
-    entry_data & needed == needed
+    let mut forbid = 0;
+    if paging {
+        if access.user {
+            need |= data::GUEST_USER;
+        } else {
+            let smap = regs.cr4 & cr4::SMAP != 0 && !regs.rflags_ac;
+            let smep = regs.cr4 & cr4::SMEP != 0;
+            if match access.kind {
+                AccessKind::Read | AccessKind::Write => smap,
+                AccessKind::Execute => smep,
+            } {
+                forbid |= data::GUEST_USER;
+            }
+        }
+        match access.kind {
+            AccessKind::Read => {}
+            AccessKind::Write => {
+                if access.user || regs.cr0 & cr0::WP != 0 {
+                    need |= data::GUEST_WRITABLE;
+                }
+            }
+            AccessKind::Execute => forbid |= data::GUEST_NX,
+        }
+    }
+    (need, forbid)
+}
+
+/// What [`Tlb::find`] found.
+enum Found {
+    /// An entry that allows the access (counted as a hit, marked used).
+    Usable(Hpa),
+    /// An entry that does not allow it, at (set, way): nothing changed.
+    Forbidden(usize, usize),
+    /// No entry: nothing changed.
+    Absent,
 }
 
 /// One valid entry of a [`TlbImage`]: its place (`set * ways + way`) and
@@ -281,22 +351,34 @@ pub struct TlbImage {
     pub recently_used: Vec<u64>,
 }
 
-/// Host-side lookup accelerator, not part of the modelled TLB: for a few
-/// recently used 4 KiB linear pages, where their entry sits. Every change to
-/// `Tlb::entries` bumps `Tlb::epoch`, which invalidates all hints at once,
-/// so the TLB answers, counts and replaces exactly as it would without them.
+/// Host-side lookup accelerator, not part of the modelled TLB: for
+/// recently used 4 KiB linear pages, where their entry sits, so the TLB
+/// answers, counts and replaces exactly as it would without them.
+///
+/// A hint to a 4 KiB entry stays good while that entry does: the set
+/// search would find exactly it (its tag holds the address, context and
+/// size, so it sits in the set the search probes first, and no set ever
+/// holds two entries with one tag and EPTP: `insert` replaces). So it is
+/// checked against the entry itself, and survives other fills (the
+/// first-level TLB's misses, which come in runs after each fill, mostly
+/// hit here). A hint to a larger entry is good only while nothing changed
+/// in the TLB (`Tlb::epoch`): a 4 KiB entry filled since would take
+/// precedence in the search.
 #[derive(Debug, Clone, Copy, Default)]
 struct Hint {
     /// Context tag | 4 KiB page number (0 = empty).
     key: u64,
     eptp: u64,
+    /// For a hint to a larger entry: the epoch it was made in.
     epoch: u64,
     set: u32,
-    way: u32,
+    way: u16,
+    /// A hint to a 4 KiB entry (checked against the entry, not the epoch).
+    small: bool,
 }
 
 /// Number of hints (direct-mapped by 4 KiB page number).
-const HINTS: usize = 64;
+const HINTS: usize = 1024;
 
 /// A VPID-tagged translation lookaside buffer.
 #[derive(Clone)]
@@ -437,21 +519,53 @@ impl Tlb {
         gva: Gva,
         access: Access,
     ) -> Option<Hpa> {
-        let paging = ctx.regs.cr0 & cr0::PG != 0;
-        let context = context_tag(ctx.vpid, paging, ctx.ept.is_some());
-        let eptp = ctx.ept.map_or(0, |e| e.0);
-        let va = gva.0 & VA_MASK;
-        let hint_key = context | (va >> 12);
+        let key = LookupKey::new(ctx.vpid, &ctx.regs, ctx.ept, access);
+        match self.find(&key, gva.0 & VA_MASK) {
+            Found::Usable(hpa) => return Some(hpa),
+            Found::Forbidden(set, way) => {
+                self.entries[set * self.ways + way] = Entry::INVALID;
+                self.mark_invalid(set, way);
+                self.epoch += 1;
+            }
+            Found::Absent => {}
+        }
+        self.stats.misses += 1;
+        None
+    }
+
+    /// [`Self::lookup`] when it would hit, with exactly its effects then
+    /// (the hit counted, the entry marked recently used); `None`, with
+    /// nothing changed, where `lookup` would miss or drop an entry. The
+    /// translator's first-level TLB fill takes this way first.
+    #[inline]
+    pub(crate) fn lookup_usable(&mut self, key: &LookupKey, gva: Gva) -> Option<Hpa> {
+        match self.find(key, gva.0 & VA_MASK) {
+            Found::Usable(hpa) => Some(hpa),
+            Found::Forbidden(..) | Found::Absent => None,
+        }
+    }
+
+    /// The entry for `va` under `key`: the hint first, then the set of each
+    /// page size that may be present. A usable entry is counted and marked
+    /// used here; nothing else changes the TLB.
+    #[inline(always)]
+    fn find(&mut self, key: &LookupKey, va: u64) -> Found {
+        let hint_key = key.context | (va >> 12);
         let hint_slot = ((va >> 12) as usize) & (HINTS - 1);
         let h = self.hints[hint_slot];
-        if h.key == hint_key && h.eptp == eptp && h.epoch == self.epoch {
-            // Same entries as when the hint was made: it is still there.
+        if h.key == hint_key && h.eptp == key.eptp {
             let e = self.entries[h.set as usize * self.ways + h.way as usize];
-            if entry_permits(e.data, access, ctx, paging) {
+            // A 4 KiB hint: still that entry; a larger one: nothing moved.
+            let good = if h.small {
+                e.tag == hint_key && e.eptp == key.eptp
+            } else {
+                h.epoch == self.epoch
+            };
+            if good && key.permits(e.data) {
                 self.stats.hits += 1;
                 self.touch(h.set as usize, h.way as usize);
                 let size = e.size();
-                return Some(Hpa((e.data & data::HPA) | (va & (size.bytes() - 1))));
+                return Found::Usable(Hpa((e.data & data::HPA) | (va & (size.bytes() - 1))));
             }
         }
         let probes = if self.may_hold_large {
@@ -461,32 +575,32 @@ impl Tlb {
         };
         for &size in &PageSize::ALL[..probes] {
             let vpn = va >> size.shift();
-            let wanted = context | (size_code(size) << tag::SIZE_SHIFT) | vpn;
+            let wanted = key.context | (size_code(size) << tag::SIZE_SHIFT) | vpn;
             let (set, range) = self.set_range(vpn);
-            let ways = &mut self.entries[range];
-            let Some(way) = ways.iter().position(|e| e.tag == wanted && e.eptp == eptp) else {
+            let ways = &self.entries[range];
+            let Some(way) = ways
+                .iter()
+                .position(|e| e.tag == wanted && e.eptp == key.eptp)
+            else {
                 continue;
             };
             let entry_data = ways[way].data;
-            if entry_permits(entry_data, access, ctx, paging) {
-                self.stats.hits += 1;
-                self.touch(set, way);
-                self.hints[hint_slot] = Hint {
-                    key: hint_key,
-                    eptp,
-                    epoch: self.epoch,
-                    set: set as u32,
-                    way: way as u32,
-                };
-                return Some(Hpa((entry_data & data::HPA) | (va & (size.bytes() - 1))));
+            if !key.permits(entry_data) {
+                return Found::Forbidden(set, way);
             }
-            ways[way] = Entry::INVALID;
-            self.mark_invalid(set, way);
-            self.epoch += 1;
-            break;
+            self.stats.hits += 1;
+            self.touch(set, way);
+            self.hints[hint_slot] = Hint {
+                key: hint_key,
+                eptp: key.eptp,
+                epoch: self.epoch,
+                set: set as u32,
+                way: way as u16,
+                small: size == PageSize::Size4K,
+            };
+            return Found::Usable(Hpa((entry_data & data::HPA) | (va & (size.bytes() - 1))));
         }
-        self.stats.misses += 1;
-        None
+        Found::Absent
     }
 
     /// Caches the translation of `gva` a walk just made under `ctx`.
@@ -750,6 +864,15 @@ impl Tlb {
                 self.flush_all();
                 return Err(format!("TLB entry {index} is in the wrong set"));
             }
+            // Nor share its tag and EPTP with another in the set: a fill
+            // never makes such a pair (it replaces), and lookups rely on it.
+            if self.entries[range]
+                .iter()
+                .any(|o| o.tag == e.tag && o.eptp == e.eptp)
+            {
+                self.flush_all();
+                return Err(format!("TLB entry {index} duplicates another in its set"));
+            }
             self.may_hold_large |= e.size() != PageSize::Size4K;
             self.may_hold_splinters |= e.splintered();
             self.entries[index] = e;
@@ -757,6 +880,7 @@ impl Tlb {
         }
         self.recently_used.copy_from_slice(&image.recently_used);
         self.epoch += 1;
+        *self.hints = [Hint::default(); HINTS];
         Ok(())
     }
 
@@ -842,6 +966,60 @@ mod image_tests {
         ] {
             assert!(tlb.load_image(&bad, |_| true).is_err(), "{bad:?}");
             assert_eq!(tlb.occupancy(), 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod permit_tests {
+    use super::*;
+    use crate::cpu::state::cr4;
+    use crate::mmu::PagingRegs;
+
+    /// The mask form of the access rights decides exactly as
+    /// `access_permitted` plus the EPT rights and dirty flags, over every
+    /// combination of entry bits, access and paging register that matters.
+    #[test]
+    fn permit_masks_decide_as_access_permitted() {
+        let kinds = [AccessKind::Read, AccessKind::Write, AccessKind::Execute];
+        for bits in 0..256u64 {
+            let perms = GuestPerms {
+                writable: bits & data::GUEST_WRITABLE != 0,
+                user: bits & data::GUEST_USER != 0,
+                no_execute: bits & data::GUEST_NX != 0,
+            };
+            for kind in kinds {
+                for user in [false, true] {
+                    for regs_bits in 0..32u32 {
+                        let regs = PagingRegs {
+                            cr0: if regs_bits & 1 != 0 { cr0::PG } else { 0 }
+                                | if regs_bits & 2 != 0 { cr0::WP } else { 0 },
+                            cr3: 0,
+                            cr4: if regs_bits & 4 != 0 { cr4::SMAP } else { 0 }
+                                | if regs_bits & 8 != 0 { cr4::SMEP } else { 0 },
+                            efer: 0,
+                            rflags_ac: regs_bits & 16 != 0,
+                        };
+                        let paging = regs.cr0 & cr0::PG != 0;
+                        let access = Access { kind, user };
+                        let ept_needed = match kind {
+                            AccessKind::Read => data::EPT_READ,
+                            AccessKind::Write => {
+                                data::EPT_WRITE | data::GUEST_DIRTY | data::EPT_DIRTY
+                            }
+                            AccessKind::Execute => data::EPT_EXEC,
+                        };
+                        let expected = (!paging || access_permitted(perms, access, &regs))
+                            && bits & ept_needed == ept_needed;
+                        let key = LookupKey::new(0, &regs, None, access);
+                        assert_eq!(
+                            key.permits(bits),
+                            expected,
+                            "data {bits:#x} {access:?} regs {regs:?}"
+                        );
+                    }
+                }
+            }
         }
     }
 }
