@@ -17,6 +17,8 @@ struct Outcome {
     memory: u64,
     instructions: u64,
     tlb: machine::mmu::tlb::TlbStats,
+    /// The whole TLB: entries, places and recently-used bits.
+    tlb_image: machine::mmu::tlb::TlbImage,
     gpr: [u64; 16],
     rip: u64,
 }
@@ -26,7 +28,10 @@ fn run_on(
     threshold: u32,
     prog: impl FnOnce(&mut CodeAssembler),
 ) -> (Outcome, machine::jit::JitStats) {
-    let mut r = rig(prog);
+    run_rig(engine, threshold, rig(prog))
+}
+
+fn run_rig(engine: Engine, threshold: u32, mut r: Rig) -> (Outcome, machine::jit::JitStats) {
     r.cpu.set_engine(engine);
     r.cpu.set_jit_threshold(threshold);
     let exit = r.run();
@@ -45,6 +50,7 @@ fn run_on(
             memory: h.finish(),
             instructions: r.cpu.stats().instructions,
             tlb: r.cpu.tlb().stats(),
+            tlb_image: r.cpu.tlb().image(),
             gpr: r.cpu.state().gpr,
             rip: r.cpu.state().rip,
         },
@@ -679,4 +685,68 @@ fn memory_divides_pushes_and_tests_agree() {
     // Per iteration the CDQ-free call-outs: the PUSHFQ only.
     let bound = iterations + 30;
     assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+#[test]
+fn first_level_fills_from_4k_tlb_entries_agree() {
+    // 2..6 MiB of the rig remapped with 4 KiB pages: loops over their
+    // 1024 pages (as many as the TLB holds), reading, updating and
+    // writing, so most accesses miss the first level and hit the TLB
+    // through its hints (the translator's fill thunk) in sets that are
+    // full (their recently-used bits wrap), and set 0, which also holds
+    // the 2 MiB code and stack pages, keeps evicting, between stack
+    // accesses on a 2 MiB page (the Rust fill). The TLB must end identical, entries,
+    // places and recently-used bits, as well as the counters.
+    const PT: u64 = 0x9000;
+    const SPLIT: u64 = 2;
+    let prog = |a: &mut CodeAssembler| {
+        let mut outer = a.create_label();
+        let mut inner = a.create_label();
+        a.mov(r8, 4u64).unwrap();
+        a.xor(esi, esi).unwrap();
+        a.set_label(&mut outer).unwrap();
+        a.mov(rdi, 0x20_0000u64).unwrap();
+        a.mov(ecx, 1024).unwrap();
+        a.set_label(&mut inner).unwrap();
+        a.mov(rax, qword_ptr(rdi)).unwrap();
+        a.add(rax, rcx).unwrap();
+        a.mov(qword_ptr(rdi), rax).unwrap();
+        a.add(rsi, qword_ptr(rdi + 8)).unwrap();
+        a.push(rsi).unwrap();
+        a.pop(rdx).unwrap();
+        a.add(rdi, 4096).unwrap();
+        a.dec(ecx).unwrap();
+        a.jnz(inner).unwrap();
+        a.dec(r8).unwrap();
+        a.jnz(outer).unwrap();
+        a.hlt().unwrap();
+    };
+    let split = |engine| {
+        let r = rig(prog);
+        for i in 0..512 * SPLIT {
+            r.mem
+                .write_bytes(
+                    Hpa(PT + i * 8),
+                    &((0x20_0000 + (i << 12)) | 0x7).to_le_bytes(),
+                )
+                .unwrap();
+        }
+        for j in 0..SPLIT {
+            r.mem
+                .write_bytes(
+                    Hpa(PD + 8 * (1 + j)),
+                    &((PT + 0x1000 * j) | 0x7).to_le_bytes(),
+                )
+                .unwrap();
+        }
+        run_rig(engine, 1, r)
+    };
+    let (interp, _) = split(Engine::Interp);
+    let (jit, stats) = split(Engine::Jit);
+    assert!(interp == jit, "the engines differ:\n{interp:?}\n{jit:?}");
+    assert_eq!(interp.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Hits through the first level's misses, and evictions.
+    assert!(interp.tlb.hits > 5000, "{:?}", interp.tlb);
+    assert!(interp.tlb.misses > 1000, "{:?}", interp.tlb);
 }

@@ -74,16 +74,73 @@ pub(crate) struct L1Tlb {
     /// The memory (host base, size) the slots' `jit_page`/`host_delta`
     /// were computed for.
     memory: (usize, u64),
-    /// Slots filled since the last clear (class * SLOTS + index), each once
-    /// (so the first `filled_len` never overflow).
-    filled: Box<[u16; SLOTS * CLASSES]>,
-    filled_len: usize,
-    listed: [u64; CLASSES],
+    /// What a fill updates besides the slot (boxed: translated code's
+    /// first-level fill writes it at a fixed address, `book_address`).
+    book: Box<Book>,
+}
+
+/// A first-level TLB's bookkeeping. `repr(C)`: the translator's
+/// first-level fill (`jit::tlb_fill`) reads and writes it at the offsets
+/// below, exactly as [`L1Tlb::fill`] and [`L1Tlb::key`] do.
+#[derive(Debug, Clone)]
+#[repr(C)]
+pub(crate) struct Book {
     /// The TLB lookup key of each data class (read, write x supervisor,
     /// user) under the current mode, once computed: it depends only on
     /// what the mode epoch covers (paging registers, RFLAGS.AC, VPID,
     /// EPTP), so it is dropped when that epoch moves.
-    keys: [Option<LookupKey>; 4],
+    keys: [KeySlot; DATA_CLASSES],
+    /// Per class, bit i: slot i is in `filled`.
+    listed: [u64; CLASSES],
+    /// How many of `filled` are in use.
+    filled_len: u64,
+    /// Slots filled since the last clear (class * SLOTS + index), each once
+    /// (so `filled_len` never passes its length).
+    filled: [u16; SLOTS * CLASSES],
+}
+
+/// The data-access classes (read and write, supervisor and user): the
+/// ones with lookup keys.
+pub(crate) const DATA_CLASSES: usize = 4;
+
+/// A cached lookup key.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+struct KeySlot {
+    /// Non-zero when `key` is the key under the current mode.
+    valid: u64,
+    key: LookupKey,
+}
+
+impl KeySlot {
+    const NONE: KeySlot = KeySlot {
+        valid: 0,
+        key: LookupKey::ZERO,
+    };
+}
+
+/// Offsets in a [`Book`] and a [`KeySlot`] that translated code uses.
+pub(crate) mod book {
+    use super::{Book, KeySlot, CLASSES, DATA_CLASSES, SLOTS};
+    use std::mem::{offset_of, size_of};
+    pub const KEYS: i32 = 0;
+    pub const KEY_SLOT_BYTES: i32 = 40;
+    pub const KEY_SLOT_VALID: i32 = 0;
+    pub const KEY_SLOT_KEY: i32 = 8;
+    pub const LISTED: i32 = KEYS + DATA_CLASSES as i32 * KEY_SLOT_BYTES;
+    pub const FILLED_LEN: i32 = LISTED + 8 * CLASSES as i32;
+    pub const FILLED: i32 = FILLED_LEN + 8;
+    /// Entries in `filled`.
+    pub const FILLED_CAPACITY: u32 = (SLOTS * CLASSES) as u32;
+    const _: () = assert!(size_of::<KeySlot>() == KEY_SLOT_BYTES as usize);
+    const _: () = assert!(offset_of!(KeySlot, valid) == KEY_SLOT_VALID as usize);
+    const _: () = assert!(offset_of!(KeySlot, key) == KEY_SLOT_KEY as usize);
+    const _: () = assert!(offset_of!(Book, keys) == KEYS as usize);
+    const _: () = assert!(offset_of!(Book, listed) == LISTED as usize);
+    const _: () = assert!(offset_of!(Book, filled_len) == FILLED_LEN as usize);
+    const _: () = assert!(offset_of!(Book, filled) == FILLED as usize);
+    // `listed` is one u64 bitmap per class.
+    const _: () = assert!(SLOTS == 64);
 }
 
 impl L1Tlb {
@@ -93,21 +150,25 @@ impl L1Tlb {
             tlb_epoch: 0,
             mode_epoch: 0,
             memory: (0, 0),
-            filled: Box::new([0; SLOTS * CLASSES]),
-            filled_len: 0,
-            listed: [0; CLASSES],
-            keys: [None; 4],
+            book: Box::new(Book {
+                keys: [KeySlot::NONE; DATA_CLASSES],
+                listed: [0; CLASSES],
+                filled_len: 0,
+                filled: [0; SLOTS * CLASSES],
+            }),
         }
     }
 
     /// Empties the slots filled since the last clear.
     fn clear(&mut self) {
-        for &i in &self.filled[..self.filled_len] {
+        let book = &mut *self.book;
+        let len = (book.filled_len as usize).min(book.filled.len());
+        for &i in &book.filled[..len] {
             let (c, k) = (i as usize / SLOTS, i as usize % SLOTS);
             self.slots[c][k] = Slot::EMPTY;
         }
-        self.filled_len = 0;
-        self.listed = [0; CLASSES];
+        book.filled_len = 0;
+        book.listed = [0; CLASSES];
     }
 
     /// Brings the slots up to the current epochs: empties them if either
@@ -116,7 +177,7 @@ impl L1Tlb {
     pub(crate) fn sync(&mut self, tlb_epoch: u64, mode_epoch: u64) {
         if tlb_epoch != self.tlb_epoch || mode_epoch != self.mode_epoch {
             if mode_epoch != self.mode_epoch {
-                self.keys = [None; 4];
+                self.book.keys = [KeySlot::NONE; DATA_CLASSES];
             }
             self.clear();
             self.tlb_epoch = tlb_epoch;
@@ -168,16 +229,26 @@ impl L1Tlb {
     /// slots must be synced.
     #[inline]
     pub(crate) fn key(&self, class: usize) -> Option<LookupKey> {
-        self.keys.get(class).copied().flatten()
+        self.book
+            .keys
+            .get(class)
+            .filter(|k| k.valid != 0)
+            .map(|k| k.key)
     }
 
     /// Caches the TLB lookup key of data class `class` under the current
     /// mode.
     #[inline]
     pub(crate) fn set_key(&mut self, class: usize, key: LookupKey) {
-        if let Some(k) = self.keys.get_mut(class) {
-            *k = Some(key);
+        if let Some(k) = self.book.keys.get_mut(class) {
+            *k = KeySlot { valid: 1, key };
         }
+    }
+
+    /// The bookkeeping's address (see [`Book`]): fixed for the life of
+    /// this first-level TLB.
+    pub(crate) fn book_address(&mut self) -> u64 {
+        std::ptr::addr_of_mut!(*self.book) as u64
     }
 
     /// The slots' base address: class `c`, slot `i` at
@@ -220,12 +291,13 @@ impl L1Tlb {
                 .wrapping_add(hpa_page)
                 .wrapping_sub(la & !0xfff),
         };
-        if self.listed[class] & (1 << index) == 0 {
-            self.listed[class] |= 1 << index;
+        let book = &mut *self.book;
+        if book.listed[class] & (1 << index) == 0 {
+            book.listed[class] |= 1 << index;
             // Listed once each: at most SLOTS * CLASSES entries.
-            if let Some(f) = self.filled.get_mut(self.filled_len) {
+            if let Some(f) = book.filled.get_mut(book.filled_len as usize) {
                 *f = (class * SLOTS + index) as u16;
-                self.filled_len += 1;
+                book.filled_len += 1;
             }
         }
     }

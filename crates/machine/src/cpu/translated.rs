@@ -75,7 +75,7 @@ impl Cpu {
         let offsets = self.jit_offsets();
         let helpers = jit::Helpers {
             call_out: jit::native::call_out_address(),
-            fill: jit::native::fill_out_address(),
+            fill: self.jit_arena.fill_address(),
         };
         let translation = match jit::translate(block, offsets, helpers, user) {
             Ok((code, chain_offset)) => {
@@ -134,6 +134,7 @@ impl Cpu {
         // they must hold nothing stale (see `l1tlb`).
         self.l1.use_memory(mem_base, mem.size());
         self.l1.sync(self.tlb.epoch(), self.mode_epoch);
+        let tlb = self.tlb.jit_pointers();
         let env = jit::native::Env {
             l1_slots: self.l1.slots_address(),
             mem_base,
@@ -142,6 +143,13 @@ impl Cpu {
             chain: self.jit_chain.as_ptr(),
             code_generation,
             chain_crossing: jit::native::chain_crossing_address(),
+            l1_book: self.l1.book_address(),
+            tlb_hints: tlb.hints,
+            tlb_entries: tlb.entries,
+            tlb_recently_used: tlb.recently_used,
+            tlb_hits: tlb.hits,
+            tlb_ways: tlb.ways,
+            tlb_full_set_mask: tlb.full_set_mask,
         };
         // What the run loop checks between blocks, as one deadline (events
         // are not pending: a block runs translated only when they are not).

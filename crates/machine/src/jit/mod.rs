@@ -40,6 +40,7 @@ mod memory;
 pub(crate) mod native;
 pub(crate) mod perf_map;
 pub(crate) mod profile;
+pub(crate) mod tlb_fill;
 
 use codes::*;
 
@@ -214,6 +215,33 @@ const ENV_CODE_FRAMES: i32 = 24;
 const ENV_CHAIN: i32 = 32;
 const ENV_CODE_GENERATION: i32 = 40;
 const ENV_CHAIN_CROSSING: i32 = 48;
+const ENV_MEM_BASE: i32 = 8;
+const ENV_MEM_SIZE: i32 = 16;
+const ENV_L1_BOOK: i32 = 56;
+const ENV_TLB_HINTS: i32 = 64;
+const ENV_TLB_ENTRIES: i32 = 72;
+const ENV_TLB_RECENTLY_USED: i32 = 80;
+const ENV_TLB_HITS: i32 = 88;
+const ENV_TLB_WAYS: i32 = 96;
+const ENV_TLB_FULL_SET: i32 = 104;
+const _: () = {
+    use native::Env;
+    use std::mem::offset_of;
+    assert!(offset_of!(Env, l1_slots) == ENV_L1 as usize);
+    assert!(offset_of!(Env, mem_base) == ENV_MEM_BASE as usize);
+    assert!(offset_of!(Env, mem_size) == ENV_MEM_SIZE as usize);
+    assert!(offset_of!(Env, code_frames) == ENV_CODE_FRAMES as usize);
+    assert!(offset_of!(Env, chain) == ENV_CHAIN as usize);
+    assert!(offset_of!(Env, code_generation) == ENV_CODE_GENERATION as usize);
+    assert!(offset_of!(Env, chain_crossing) == ENV_CHAIN_CROSSING as usize);
+    assert!(offset_of!(Env, l1_book) == ENV_L1_BOOK as usize);
+    assert!(offset_of!(Env, tlb_hints) == ENV_TLB_HINTS as usize);
+    assert!(offset_of!(Env, tlb_entries) == ENV_TLB_ENTRIES as usize);
+    assert!(offset_of!(Env, tlb_recently_used) == ENV_TLB_RECENTLY_USED as usize);
+    assert!(offset_of!(Env, tlb_hits) == ENV_TLB_HITS as usize);
+    assert!(offset_of!(Env, tlb_ways) == ENV_TLB_WAYS as usize);
+    assert!(offset_of!(Env, tlb_full_set_mask) == ENV_TLB_FULL_SET as usize);
+};
 
 /// The arithmetic flags (CF PF AF ZF SF OF).
 const ARITH: u32 = 0x8d5;

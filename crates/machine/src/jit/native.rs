@@ -57,6 +57,9 @@ impl Chunk {
 pub(crate) struct Arena {
     chunk: Option<Rc<Chunk>>,
     used: usize,
+    /// The first-level TLB fill thunk (`jit::tlb_fill`), once installed;
+    /// kept for the arena's life (every translation may call it).
+    fill_thunk: Option<Translation>,
 }
 
 impl std::fmt::Debug for Arena {
@@ -105,6 +108,16 @@ pub(crate) struct Env {
     pub code_generation: *const u32,
     /// [`chain_crossing_address`].
     pub chain_crossing: u64,
+    /// The first-level TLB's bookkeeping (`L1Tlb::book_address`) and the
+    /// TLB's parts (`Tlb::jit_pointers`), for the fill thunk
+    /// (`jit::tlb_fill`).
+    pub l1_book: u64,
+    pub tlb_hints: u64,
+    pub tlb_entries: u64,
+    pub tlb_recently_used: u64,
+    pub tlb_hits: u64,
+    pub tlb_ways: u64,
+    pub tlb_full_set_mask: u64,
 }
 
 /// The signature of generated code: (cpu, memory, block, env) -> status.
@@ -155,6 +168,23 @@ impl Arena {
             user,
             chain_offset,
         })
+    }
+}
+
+impl Arena {
+    /// The address translated code calls on a first-level TLB miss: the
+    /// fill thunk, installed on first use, or the Rust fill if the thunk
+    /// cannot be made (it is only a faster way to the same state).
+    pub(crate) fn fill_address(&mut self) -> u64 {
+        if self.fill_thunk.is_none() {
+            if let Ok(code) = super::tlb_fill::thunk(fill_out_address()) {
+                self.fill_thunk = self.install(&code, 0, false);
+            }
+        }
+        match &self.fill_thunk {
+            Some(t) => t.code_range().0,
+            None => fill_out_address(),
+        }
     }
 }
 

@@ -171,8 +171,10 @@ const fn size_from_code(code: u64) -> PageSize {
     }
 }
 
-/// One cached translation. `tag == 0` means invalid.
+/// One cached translation. `tag == 0` means invalid. `repr(C)`: the
+/// translator's first-level fill reads entries ([`jit_view`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
 struct Entry {
     tag: u64,
     /// Raw EPTP the entry was made under (0 without EPT).
@@ -224,7 +226,10 @@ fn context_tag(vpid: u16, paging: bool, ept: bool) -> u64 {
 /// (every bit of `need` set, no bit of `forbid` set), so that the check on
 /// a hit is two compares. [`permit_masks`] is the one definition of those
 /// rights; a test checks it against [`access_permitted`] exhaustively.
+///
+/// `repr(C)`: the translator's first-level fill reads keys ([`jit_view`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub(crate) struct LookupKey {
     context: u64,
     eptp: u64,
@@ -233,6 +238,14 @@ pub(crate) struct LookupKey {
 }
 
 impl LookupKey {
+    /// A key no entry matches (the context tag lacks the valid bit).
+    pub(crate) const ZERO: LookupKey = LookupKey {
+        context: 0,
+        eptp: 0,
+        need: 0,
+        forbid: 0,
+    };
+
     /// The key of `access` under the paging registers `regs`, VPID `vpid`
     /// and `ept` (the running guest's EPTP, if EPT is on).
     #[inline]
@@ -364,7 +377,9 @@ pub struct TlbImage {
 /// hit here). A hint to a larger entry is good only while nothing changed
 /// in the TLB (`Tlb::epoch`): a 4 KiB entry filled since would take
 /// precedence in the search.
+/// `repr(C)`: the translator's first-level fill reads hints ([`jit_view`]).
 #[derive(Debug, Clone, Copy, Default)]
+#[repr(C)]
 struct Hint {
     /// Context tag | 4 KiB page number (0 = empty).
     key: u64,
@@ -379,6 +394,66 @@ struct Hint {
 
 /// Number of hints (direct-mapped by 4 KiB page number).
 const HINTS: usize = 1024;
+
+/// What the translator's first-level TLB fill (`jit::tlb_fill`) reads and
+/// writes of a TLB to take a usable hit through a 4 KiB hint, exactly as
+/// [`Tlb::lookup_usable`] does: where things are, and the layout of hints
+/// and entries (checked at compile time).
+pub(crate) mod jit_view {
+    use super::{data, tag, Entry, Hint, LookupKey, HINTS};
+    use std::mem::{offset_of, size_of};
+
+    pub const KEY_BYTES: i32 = 32;
+    pub const KEY_CONTEXT: i32 = 0;
+    pub const KEY_EPTP: i32 = 8;
+    pub const KEY_NEED: i32 = 16;
+    pub const KEY_FORBID: i32 = 24;
+    const _: () = assert!(size_of::<LookupKey>() == KEY_BYTES as usize);
+    const _: () = assert!(offset_of!(LookupKey, context) == KEY_CONTEXT as usize);
+    const _: () = assert!(offset_of!(LookupKey, eptp) == KEY_EPTP as usize);
+    const _: () = assert!(offset_of!(LookupKey, need) == KEY_NEED as usize);
+    const _: () = assert!(offset_of!(LookupKey, forbid) == KEY_FORBID as usize);
+    pub const HINT_BYTES: i32 = 32;
+    pub const HINT_KEY: i32 = 0;
+    pub const HINT_EPTP: i32 = 8;
+    pub const HINT_SET: i32 = 24;
+    pub const HINT_WAY: i32 = 28;
+    pub const HINT_SMALL: i32 = 30;
+    pub const HINT_MASK: u32 = HINTS as u32 - 1;
+    pub const ENTRY_BYTES: i32 = 24;
+    pub const ENTRY_TAG: i32 = 0;
+    pub const ENTRY_EPTP: i32 = 8;
+    pub const ENTRY_DATA: i32 = 16;
+    /// The host-physical page of an entry's `data`.
+    pub const DATA_HPA: u64 = data::HPA;
+    /// Linear-address bits a lookup uses.
+    pub const VA_BITS: u32 = 48;
+    const _: () = assert!(size_of::<Hint>() == HINT_BYTES as usize);
+    const _: () = assert!(offset_of!(Hint, key) == HINT_KEY as usize);
+    const _: () = assert!(offset_of!(Hint, eptp) == HINT_EPTP as usize);
+    const _: () = assert!(offset_of!(Hint, set) == HINT_SET as usize);
+    const _: () = assert!(offset_of!(Hint, way) == HINT_WAY as usize);
+    const _: () = assert!(offset_of!(Hint, small) == HINT_SMALL as usize);
+    const _: () = assert!(size_of::<Entry>() == ENTRY_BYTES as usize);
+    const _: () = assert!(offset_of!(Entry, tag) == ENTRY_TAG as usize);
+    const _: () = assert!(offset_of!(Entry, eptp) == ENTRY_EPTP as usize);
+    const _: () = assert!(offset_of!(Entry, data) == ENTRY_DATA as usize);
+    // A 4 KiB entry's tag is the hint key (size code 0).
+    const _: () = assert!(super::size_code(super::PageSize::Size4K) == 0);
+    const _: () = assert!(tag::VPN == (1 << (VA_BITS - 12)) - 1);
+
+    /// Addresses of a TLB's parts, valid while the TLB is neither moved
+    /// nor dropped (its buffers never reallocate).
+    #[derive(Debug, Clone, Copy)]
+    pub struct Pointers {
+        pub hints: u64,
+        pub entries: u64,
+        pub recently_used: u64,
+        pub hits: u64,
+        pub ways: u64,
+        pub full_set_mask: u64,
+    }
+}
 
 /// A VPID-tagged translation lookaside buffer.
 #[derive(Clone)]
@@ -882,6 +957,18 @@ impl Tlb {
         self.epoch += 1;
         *self.hints = [Hint::default(); HINTS];
         Ok(())
+    }
+
+    /// Where the translator's first-level fill finds this TLB's parts.
+    pub(crate) fn jit_pointers(&mut self) -> jit_view::Pointers {
+        jit_view::Pointers {
+            hints: self.hints.as_ptr() as u64,
+            entries: self.entries.as_ptr() as u64,
+            recently_used: self.recently_used.as_mut_ptr() as u64,
+            hits: std::ptr::addr_of_mut!(self.stats.hits) as u64,
+            ways: self.ways as u64,
+            full_set_mask: self.full_set_mask,
+        }
     }
 
     /// A number that changes whenever any entry changes (fill, eviction,
