@@ -1031,9 +1031,14 @@ mod image_tests {
         // Refused by the caller: left out.
         tlb.load_image(&image, |_| false).expect("fits");
         assert_eq!(tlb.occupancy(), 0);
-        // The wrong set, a place past the TLB, the wrong geometry, ways
-        // that do not exist: errors, and the TLB is left empty.
+        // The wrong set, a place past the TLB, one page twice in its set,
+        // the wrong geometry, ways that do not exist: errors, and the TLB
+        // is left empty.
         for bad in [
+            TlbImage {
+                entries: vec![entry(21, 5), entry(22, 5)],
+                ..image.clone()
+            },
             TlbImage {
                 entries: vec![entry(0, 5)],
                 ..image.clone()
