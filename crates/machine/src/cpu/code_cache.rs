@@ -194,7 +194,10 @@ impl CodeCache {
 
     /// The valid block starting at `hpa`, decoded at `rip` for `bits`-bit
     /// code, if cached.
-    #[inline]
+    ///
+    /// The front cache's hit is inline (it is the run loop's, once per
+    /// block); the map behind it is not.
+    #[inline(always)]
     pub fn lookup(&mut self, mem: &PhysMemory, hpa: Hpa, rip: u64, bits: u32) -> Option<Rc<Block>> {
         let gen = mem.code_generation(hpa);
         let slot = Self::slot(hpa.0);
@@ -203,6 +206,19 @@ impl CodeCache {
                 return Some(b.clone());
             }
         }
+        self.lookup_map(hpa, rip, bits, gen, slot)
+    }
+
+    /// [`Self::lookup`] behind a front-cache miss.
+    #[inline(never)]
+    fn lookup_map(
+        &mut self,
+        hpa: Hpa,
+        rip: u64,
+        bits: u32,
+        gen: u32,
+        slot: usize,
+    ) -> Option<Rc<Block>> {
         let b = self.map.get(&hpa.0)?;
         if b.rip == rip && b.generation == gen && b.bits as u32 == bits {
             let b = b.clone();
