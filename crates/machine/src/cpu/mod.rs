@@ -788,36 +788,29 @@ impl Cpu {
         } else {
             &block.insns[..1]
         };
-        let mut executed = insns.len();
-        let mut step = Step::Continue;
-        let mut rip = insns[insns.len() - 1].next_ip;
         for (k, op) in insns.iter().enumerate() {
             match self.exec_op(mem, op) {
                 Ok(fast::Flow::Next) => {}
                 Ok(fast::Flow::Stored) => {
                     if self.code_written {
-                        executed = k + 1;
-                        rip = op.next_ip;
-                        break;
+                        return (k + 1, op.next_ip, Step::Continue);
                     }
                 }
-                Ok(fast::Flow::Leave) => {
-                    executed = k + 1;
-                    rip = self.next_rip;
-                    break;
-                }
+                Ok(fast::Flow::Leave) => return (k + 1, self.next_rip, Step::Continue),
                 Err(f) => {
-                    executed = k;
-                    step = self.fault_in_block(mem, op, f);
-                    rip = self.state.rip;
-                    break;
+                    let step = self.fault_in_block(mem, op, f);
+                    return (k, self.state.rip, step);
                 }
             }
         }
-        (executed, rip, step)
+        // Ran off its end (a block is never empty).
+        let next_ip = insns.last().map_or(self.state.rip, |op| op.next_ip);
+        (insns.len(), next_ip, Step::Continue)
     }
 
     /// Instruction `op` of a block faulted: RIP to it, then deliver or exit.
+    #[cold]
+    #[inline(never)]
     fn fault_in_block(&mut self, mem: &PhysMemory, op: &fast::Op, f: Fault) -> Step {
         if !matches!(op.fast, fast::Fast::Generic) {
             self.state.rip = op.insn.ip();
@@ -926,6 +919,22 @@ impl Cpu {
         let bits = self.state.code_bits();
         let room = 4096 - (la & 0xfff) as usize;
         let mut bytes = [0u8; MAX_INSN_LEN];
+        // The usual case, a page-crossing instruction run before whose
+        // bytes did not change, checked in memory a word at a time: what
+        // the byte-by-byte path below does, in the same order (the bytes
+        // to the page end, then the next page's translation, then its
+        // bytes).
+        if self.code.crossing_prefix_in_memory(mem, rip, hpa, bits) {
+            let hpa2 = self.translate_fetch(mem, self.next_code_page(la))?;
+            if let Some(b) = self
+                .code
+                .lookup_crossing_in_memory(mem, rip, hpa, hpa2, bits)
+            {
+                return Ok(b);
+            }
+            mem.read_bytes(hpa, &mut bytes[..room])?;
+            return self.fetch_crossing_at(mem, rip, hpa, hpa2, bytes, room);
+        }
         let first = &mut bytes[..room];
         mem.read_bytes(hpa, first)?;
         // A page-crossing instruction seen before, with the same bytes up
@@ -943,6 +952,17 @@ impl Cpu {
         }
     }
 
+    /// The linear address of the page after the one of `la`, in the code
+    /// size running.
+    fn next_code_page(&self, la: u64) -> u64 {
+        let next_page = (la & !0xfff).wrapping_add(0x1000);
+        if self.state.code_bits() == 64 {
+            next_page
+        } else {
+            next_page & 0xffff_ffff
+        }
+    }
+
     /// The instruction at `rip` (linear address `la`) crosses into the
     /// next page (`bytes` holds its bytes up to the page end): fetch up to
     /// 15 bytes across the boundary and run it alone, decoded again unless
@@ -953,16 +973,25 @@ impl Cpu {
         rip: u64,
         la: u64,
         hpa: crate::Hpa,
+        bytes: [u8; MAX_INSN_LEN],
+    ) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
+        let room = 4096 - (la & 0xfff) as usize;
+        let hpa2 = self.translate_fetch(mem, self.next_code_page(la))?;
+        self.fetch_crossing_at(mem, rip, hpa, hpa2, bytes, room.min(MAX_INSN_LEN))
+    }
+
+    /// [`Cpu::fetch_crossing`] once the next page is translated (to
+    /// `hpa2`): `bytes` holds the first `n` bytes.
+    fn fetch_crossing_at(
+        &mut self,
+        mem: &PhysMemory,
+        rip: u64,
+        hpa: crate::Hpa,
+        hpa2: crate::Hpa,
         mut bytes: [u8; MAX_INSN_LEN],
+        n: usize,
     ) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
         let bits = self.state.code_bits();
-        let room = 4096 - (la & 0xfff) as usize;
-        let n = room.min(MAX_INSN_LEN);
-        let mut next_page = (la & !0xfff).wrapping_add(0x1000);
-        if bits != 64 {
-            next_page &= 0xffff_ffff;
-        }
-        let hpa2 = self.translate_fetch(mem, next_page)?;
         mem.read_bytes(hpa2, &mut bytes[n..])?;
         if let Some(b) = self.code.lookup_crossing(rip, hpa, hpa2, bits, &bytes) {
             return Ok(b);
