@@ -878,7 +878,6 @@ impl Cpu {
         la: u64,
         hpa: crate::Hpa,
     ) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
-        let bits = self.state.code_bits();
         // Bytes to the end of the page, but no more than a long block needs
         // (a block cut short by the window simply ends early).
         let room = 4096 - (la & 0xfff) as usize;
@@ -889,17 +888,32 @@ impl Cpu {
         let mut buf = [0u8; DECODE_WINDOW];
         let first = &mut buf[..window];
         mem.read_bytes(hpa, first)?;
-        match code_cache::decode_block(first, rip, bits) {
+        self.decode_into_cache(mem, rip, la, hpa, first)
+    }
+
+    /// Decodes the block at RIP (linear address `la`, host-physical `hpa`)
+    /// from `bytes`, those to the end of its page (or of the decode
+    /// window), and caches it; when its first instruction does not fit, the
+    /// instruction crossing into the next page instead.
+    fn decode_into_cache(
+        &mut self,
+        mem: &PhysMemory,
+        rip: u64,
+        la: u64,
+        hpa: crate::Hpa,
+        bytes: &[u8],
+    ) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
+        let bits = self.state.code_bits();
+        match code_cache::decode_block(bytes, rip, bits) {
             Some(insns) => {
                 self.stats.blocks_decoded += 1;
                 Ok(self.code.insert(mem, hpa, rip, bits, insns))
             }
-            // Nothing decoded from 15 bytes or more: the crossing path
-            // takes it, as for a shorter room.
             None => {
-                let mut bytes = [0u8; MAX_INSN_LEN];
-                bytes.copy_from_slice(&buf[..MAX_INSN_LEN]);
-                self.fetch_crossing(mem, rip, la, hpa, bytes)
+                let mut first = [0u8; MAX_INSN_LEN];
+                let n = bytes.len().min(MAX_INSN_LEN);
+                first[..n].copy_from_slice(&bytes[..n]);
+                self.fetch_crossing(mem, rip, la, hpa, first)
             }
         }
     }
@@ -943,13 +957,7 @@ impl Cpu {
         if self.code.crossing_prefix_matches(rip, hpa, bits, first) {
             return self.fetch_crossing(mem, rip, la, hpa, bytes);
         }
-        match code_cache::decode_block(first, rip, bits) {
-            Some(insns) => {
-                self.stats.blocks_decoded += 1;
-                Ok(self.code.insert(mem, hpa, rip, bits, insns))
-            }
-            None => self.fetch_crossing(mem, rip, la, hpa, bytes),
-        }
+        self.decode_into_cache(mem, rip, la, hpa, &bytes[..room])
     }
 
     /// The linear address of the page after the one of `la`, in the code
