@@ -99,6 +99,71 @@ struct CrossingEntry {
     next_hpa: u64,
     bytes: [u8; MAX_INSN_LEN],
     block: Rc<Block>,
+    /// The same bytes as memory holds them, when the instruction starts in
+    /// the last 15 bytes of its page: the last 16 bytes of the first page
+    /// and the first 16 of the second, as little-endian words, each with
+    /// the mask of the bytes that are the instruction's.
+    words: Option<CrossingWords>,
+}
+
+/// See [`CrossingEntry::words`].
+struct CrossingWords {
+    tail: [u64; 2],
+    tail_mask: [u64; 2],
+    head: [u64; 2],
+    head_mask: [u64; 2],
+}
+
+impl CrossingWords {
+    /// For an instruction at `hpa` made of `bytes` (None unless it starts
+    /// in the last 15 bytes of its page).
+    fn new(hpa: Hpa, bytes: &[u8; MAX_INSN_LEN]) -> Option<CrossingWords> {
+        let room = 4096 - (hpa.0 & 0xfff) as usize;
+        if room >= MAX_INSN_LEN {
+            return None;
+        }
+        let (mut tail, mut tail_mask) = ([0u8; 16], [0u8; 16]);
+        tail[16 - room..].copy_from_slice(&bytes[..room]);
+        tail_mask[16 - room..].fill(0xff);
+        let (mut head, mut head_mask) = ([0u8; 16], [0u8; 16]);
+        head[..MAX_INSN_LEN - room].copy_from_slice(&bytes[room..]);
+        head_mask[..MAX_INSN_LEN - room].fill(0xff);
+        let words = |b: [u8; 16]| {
+            let (lo, hi) = b.split_at(8);
+            [
+                u64::from_le_bytes(lo.try_into().unwrap_or_default()),
+                u64::from_le_bytes(hi.try_into().unwrap_or_default()),
+            ]
+        };
+        Some(CrossingWords {
+            tail: words(tail),
+            tail_mask: words(tail_mask),
+            head: words(head),
+            head_mask: words(head_mask),
+        })
+    }
+
+    /// Whether the 16 bytes at the 8-aligned `at` hold `want` under `mask`
+    /// (false if they cannot be read).
+    #[inline]
+    fn in_memory(mem: &PhysMemory, at: u64, want: &[u64; 2], mask: &[u64; 2]) -> bool {
+        let word = |k: usize| mem.read(Hpa(at + 8 * k as u64), 8);
+        matches!((word(0), word(1)), (Ok(a), Ok(b))
+            if (a ^ want[0]) & mask[0] == 0 && (b ^ want[1]) & mask[1] == 0)
+    }
+
+    /// Whether the first page (the frame of `hpa`) still holds the bytes.
+    #[inline]
+    fn first_page_matches(&self, mem: &PhysMemory, hpa: Hpa) -> bool {
+        Self::in_memory(mem, (hpa.0 & !0xfff) + 4080, &self.tail, &self.tail_mask)
+    }
+
+    /// Whether the second page (at `next_hpa`, page-aligned) still holds
+    /// the rest.
+    #[inline]
+    fn second_page_matches(&self, mem: &PhysMemory, next_hpa: Hpa) -> bool {
+        Self::in_memory(mem, next_hpa.0, &self.head, &self.head_mask)
+    }
 }
 
 impl CrossingEntry {
@@ -146,6 +211,53 @@ impl CodeCache {
         }
     }
 
+    /// [`Self::crossing_prefix_matches`] read from memory (`hpa` in the
+    /// last 15 bytes of its page), a word at a time: true only if it would
+    /// be true with the bytes up to the page end (which can be read).
+    #[inline]
+    pub fn crossing_prefix_in_memory(
+        &self,
+        mem: &PhysMemory,
+        rip: u64,
+        hpa: Hpa,
+        bits: u32,
+    ) -> bool {
+        match &self.crossing[Self::crossing_slot(rip)] {
+            Some(e) => {
+                e.matches(rip, hpa, bits)
+                    && e.words
+                        .as_ref()
+                        .is_some_and(|w| w.first_page_matches(mem, hpa))
+            }
+            None => false,
+        }
+    }
+
+    /// [`Self::lookup_crossing`] with the bytes read from memory (the
+    /// instruction at `hpa`, in the last 15 bytes of its page, continued
+    /// at the page-aligned `next_hpa`), a word at a time: `Some` only when
+    /// that would give the block (and the bytes can be read).
+    #[inline]
+    pub fn lookup_crossing_in_memory(
+        &self,
+        mem: &PhysMemory,
+        rip: u64,
+        hpa: Hpa,
+        next_hpa: Hpa,
+        bits: u32,
+    ) -> Option<Rc<Block>> {
+        match &self.crossing[Self::crossing_slot(rip)] {
+            Some(e) if e.matches(rip, hpa, bits) && e.next_hpa == next_hpa.0 => {
+                let w = e.words.as_ref()?;
+                (next_hpa.0 & 0xfff == 0
+                    && w.first_page_matches(mem, hpa)
+                    && w.second_page_matches(mem, next_hpa))
+                .then(|| e.block.clone())
+            }
+            _ => None,
+        }
+    }
+
     /// The page-crossing instruction at `rip`, if it was decoded from the
     /// same frames and the same bytes.
     pub fn lookup_crossing(
@@ -183,6 +295,7 @@ impl CodeCache {
             next_hpa: next_hpa.0,
             bytes: *bytes,
             block: block.clone(),
+            words: CrossingWords::new(hpa, bytes),
         });
         block
     }
@@ -194,7 +307,10 @@ impl CodeCache {
 
     /// The valid block starting at `hpa`, decoded at `rip` for `bits`-bit
     /// code, if cached.
-    #[inline]
+    ///
+    /// The front cache's hit is inline (it is the run loop's, once per
+    /// block); the map behind it is not.
+    #[inline(always)]
     pub fn lookup(&mut self, mem: &PhysMemory, hpa: Hpa, rip: u64, bits: u32) -> Option<Rc<Block>> {
         let gen = mem.code_generation(hpa);
         let slot = Self::slot(hpa.0);
@@ -203,6 +319,19 @@ impl CodeCache {
                 return Some(b.clone());
             }
         }
+        self.lookup_map(hpa, rip, bits, gen, slot)
+    }
+
+    /// [`Self::lookup`] behind a front-cache miss.
+    #[inline(never)]
+    fn lookup_map(
+        &mut self,
+        hpa: Hpa,
+        rip: u64,
+        bits: u32,
+        gen: u32,
+        slot: usize,
+    ) -> Option<Rc<Block>> {
         let b = self.map.get(&hpa.0)?;
         if b.rip == rip && b.generation == gen && b.bits as u32 == bits {
             let b = b.clone();
@@ -358,5 +487,82 @@ pub fn is_serializing(insn: &Instruction) -> bool {
                 && (insn.op0_register().is_cr() || insn.op0_register().is_segment_register())
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The word-at-a-time check of a cached page-crossing instruction
+    /// agrees with the byte-by-byte one, for every split of its 15 bytes
+    /// between the pages: every byte of it counts, the bytes around it in
+    /// the words read do not, and neither do other frames or a bad read.
+    #[test]
+    fn crossing_words_agree_with_bytes() {
+        let mem = PhysMemory::new(0x4000).unwrap();
+        let (page, next) = (0x1000u64, 0x3000u64);
+        for room in 1..MAX_INSN_LEN {
+            let mut cache = CodeCache::new();
+            let hpa = Hpa(page + 4096 - room as u64);
+            let rip = 0x7000_0000_u64 - room as u64;
+            let bytes: [u8; MAX_INSN_LEN] = std::array::from_fn(|i| 0x90 ^ (i as u8 * 17));
+            mem.write_bytes(hpa, &bytes[..room]).unwrap();
+            mem.write_bytes(Hpa(next), &bytes[room..]).unwrap();
+            let op = decode_one(&bytes, rip, 64);
+            cache.insert_crossing(rip, hpa, Hpa(next), &bytes, op, 64);
+            let agree = |cache: &CodeCache, want: bool| {
+                let mut read = [0u8; MAX_INSN_LEN];
+                mem.read_bytes(hpa, &mut read[..room]).unwrap();
+                mem.read_bytes(Hpa(next), &mut read[room..]).unwrap();
+                let by_bytes = cache.lookup_crossing(rip, hpa, Hpa(next), 64, &read);
+                let by_words = cache.lookup_crossing_in_memory(&mem, rip, hpa, Hpa(next), 64);
+                assert_eq!(by_bytes.is_some(), want, "room {room}");
+                assert_eq!(by_words.is_some(), want, "room {room}");
+                assert_eq!(
+                    cache.crossing_prefix_in_memory(&mem, rip, hpa, 64),
+                    cache.crossing_prefix_matches(rip, hpa, 64, &read[..room]),
+                    "room {room}"
+                );
+            };
+            agree(&cache, true);
+            // Bytes next to the instruction, in the words read: no change.
+            mem.write_bytes(Hpa(page + 4080), &[0xcc; 2]).unwrap();
+            mem.write_bytes(Hpa(hpa.0 - 1), &[0xcc]).unwrap();
+            mem.write_bytes(Hpa(next + (MAX_INSN_LEN - room) as u64), &[0xcc])
+                .unwrap();
+            agree(&cache, true);
+            // Each byte of the instruction, on either page: a miss.
+            for (i, &b) in bytes.iter().enumerate() {
+                let at = if i < room {
+                    hpa.0 + i as u64
+                } else {
+                    next + (i - room) as u64
+                };
+                mem.write_bytes(Hpa(at), &[!b]).unwrap();
+                agree(&cache, false);
+                mem.write_bytes(Hpa(at), &[b]).unwrap();
+                agree(&cache, true);
+            }
+            // Another frame for the second page, another RIP or code size,
+            // a frame outside memory: a miss.
+            assert!(cache
+                .lookup_crossing_in_memory(&mem, rip, hpa, Hpa(0x2000), 64)
+                .is_none());
+            assert!(cache
+                .lookup_crossing_in_memory(&mem, rip + 1, hpa, Hpa(next), 64)
+                .is_none());
+            assert!(cache
+                .lookup_crossing_in_memory(&mem, rip, hpa, Hpa(next), 32)
+                .is_none());
+            let far = Hpa(0x10_0000 - room as u64);
+            let mut far_cache = CodeCache::new();
+            let op = decode_one(&bytes, rip, 64);
+            far_cache.insert_crossing(rip, far, Hpa(next), &bytes, op, 64);
+            assert!(far_cache
+                .lookup_crossing_in_memory(&mem, rip, far, Hpa(next), 64)
+                .is_none());
+            assert!(!far_cache.crossing_prefix_in_memory(&mem, rip, far, 64));
+        }
     }
 }

@@ -691,8 +691,19 @@ impl Cpu {
     /// the checks of `run_loop` that would find nothing to do are made
     /// here, without leaving the loop.
     fn run_blocks(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
+        // One loop per engine (the engine does not change during a run):
+        // the interpreter's has no translator checks per block.
+        match self.engine {
+            crate::jit::Engine::Jit => self.run_blocks_with::<true>(mem, cycle_limit),
+            crate::jit::Engine::Interp => self.run_blocks_with::<false>(mem, cycle_limit),
+        }
+    }
+
+    /// [`Cpu::run_blocks`] for one engine: `JIT` runs translated blocks.
+    #[inline(never)]
+    fn run_blocks_with<const JIT: bool>(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
         loop {
-            if let Step::Exit(e) = self.run_block(mem, cycle_limit) {
+            if let Step::Exit(e) = self.run_block::<JIT>(mem, cycle_limit) {
                 return Step::Exit(e);
             }
             if self.cycles >= cycle_limit
@@ -712,7 +723,7 @@ impl Cpu {
     /// fast paths do not read it, the generic path sets it for itself, and
     /// a fault sets it to the faulting instruction.
     #[inline(always)]
-    fn run_block(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
+    fn run_block<const JIT: bool>(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
         let mtf = self.vmx.as_ref().is_some_and(|v| v.monitor_trap_flag);
         let single = self.state.interruptibility != 0 || mtf;
         let block = match self.fetch_block(mem) {
@@ -725,18 +736,33 @@ impl Cpu {
         // Pending events (e.g. just after delivering an interrupt) are
         // looked at again after the first instruction.
         let whole = !(single || self.check_events);
-        let (executed, rip, mut step) = match self.translation(&block, whole) {
+        let translation = if JIT {
+            self.translation(&block, whole)
+        } else {
+            None
+        };
+        let (executed, rip, mut step) = match translation {
             Some(t) => self.run_translated(mem, &block, t, cycle_limit),
             None => self.interpret_block(mem, &block, whole),
         };
         self.state.rip = rip;
         let executed = executed as u64;
-        if single && executed > 0 {
-            self.state.interruptibility = 0;
-        }
         self.code_written = false;
         self.stats.instructions += executed;
         self.cycles += executed * self.costs.instruction;
+        if single || self.pending_ipi.is_some() {
+            step = self.after_single_or_ipi(executed, step, mtf);
+        }
+        step
+    }
+
+    /// The end of [`Cpu::run_block`] when it ran a single instruction (for
+    /// STI/MOV-SS blocking or the monitor trap flag) or an IPI is pending.
+    #[inline(never)]
+    fn after_single_or_ipi(&mut self, executed: u64, mut step: Step, mtf: bool) -> Step {
+        if executed > 0 {
+            self.state.interruptibility = 0;
+        }
         if let Some(ipi) = self.pending_ipi.take() {
             if matches!(step, Step::Continue) {
                 step = Step::Exit(VmExit::Ipi(ipi));
@@ -762,36 +788,29 @@ impl Cpu {
         } else {
             &block.insns[..1]
         };
-        let mut executed = insns.len();
-        let mut step = Step::Continue;
-        let mut rip = insns[insns.len() - 1].next_ip;
         for (k, op) in insns.iter().enumerate() {
             match self.exec_op(mem, op) {
                 Ok(fast::Flow::Next) => {}
                 Ok(fast::Flow::Stored) => {
                     if self.code_written {
-                        executed = k + 1;
-                        rip = op.next_ip;
-                        break;
+                        return (k + 1, op.next_ip, Step::Continue);
                     }
                 }
-                Ok(fast::Flow::Leave) => {
-                    executed = k + 1;
-                    rip = self.next_rip;
-                    break;
-                }
+                Ok(fast::Flow::Leave) => return (k + 1, self.next_rip, Step::Continue),
                 Err(f) => {
-                    executed = k;
-                    step = self.fault_in_block(mem, op, f);
-                    rip = self.state.rip;
-                    break;
+                    let step = self.fault_in_block(mem, op, f);
+                    return (k, self.state.rip, step);
                 }
             }
         }
-        (executed, rip, step)
+        // Ran off its end (a block is never empty).
+        let next_ip = insns.last().map_or(self.state.rip, |op| op.next_ip);
+        (insns.len(), next_ip, Step::Continue)
     }
 
     /// Instruction `op` of a block faulted: RIP to it, then deliver or exit.
+    #[cold]
+    #[inline(never)]
     fn fault_in_block(&mut self, mem: &PhysMemory, op: &fast::Op, f: Fault) -> Step {
         if !matches!(op.fast, fast::Fast::Generic) {
             self.state.rip = op.insn.ip();
@@ -830,6 +849,10 @@ impl Cpu {
     /// Outside 64-bit mode RIP is the offset in CS: the fetch is at
     /// CS.base + EIP (wrapping at 4 GiB), and the block is decoded for the
     /// code size CS selects.
+    ///
+    /// Inline up to a first-level iTLB and front-cache hit (once per block
+    /// in the run loop); decoding is out of line.
+    #[inline(always)]
     fn fetch_block(&mut self, mem: &PhysMemory) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
         let rip = self.state.rip;
         let bits = self.state.code_bits();
@@ -842,30 +865,114 @@ impl Cpu {
         if let Some(b) = self.code.lookup(mem, hpa, rip, bits) {
             return Ok(b);
         }
+        self.decode_at(mem, rip, la, hpa)
+    }
+
+    /// [`Cpu::fetch_block`] when no block is cached at RIP (linear address
+    /// `la`, host-physical `hpa`): decodes one.
+    #[inline(never)]
+    fn decode_at(
+        &mut self,
+        mem: &PhysMemory,
+        rip: u64,
+        la: u64,
+        hpa: crate::Hpa,
+    ) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
         // Bytes to the end of the page, but no more than a long block needs
         // (a block cut short by the window simply ends early).
         let room = 4096 - (la & 0xfff) as usize;
+        if room < MAX_INSN_LEN {
+            return self.fetch_page_end(mem, rip, la, hpa);
+        }
         let window = room.min(DECODE_WINDOW);
         let mut buf = [0u8; DECODE_WINDOW];
         let first = &mut buf[..window];
         mem.read_bytes(hpa, first)?;
-        // A page-crossing instruction seen before, with the same bytes up
-        // to the page end, would fail to decode here the same way: go
-        // straight to its second page.
-        if room < MAX_INSN_LEN && self.code.crossing_prefix_matches(rip, hpa, bits, first) {
-            return self.fetch_crossing(mem, rip, la, hpa, &buf);
-        }
-        match code_cache::decode_block(first, rip, bits) {
+        self.decode_into_cache(mem, rip, la, hpa, first)
+    }
+
+    /// Decodes the block at RIP (linear address `la`, host-physical `hpa`)
+    /// from `bytes`, those to the end of its page (or of the decode
+    /// window), and caches it; when its first instruction does not fit, the
+    /// instruction crossing into the next page instead.
+    fn decode_into_cache(
+        &mut self,
+        mem: &PhysMemory,
+        rip: u64,
+        la: u64,
+        hpa: crate::Hpa,
+        bytes: &[u8],
+    ) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
+        let bits = self.state.code_bits();
+        match code_cache::decode_block(bytes, rip, bits) {
             Some(insns) => {
                 self.stats.blocks_decoded += 1;
                 Ok(self.code.insert(mem, hpa, rip, bits, insns))
             }
-            None => self.fetch_crossing(mem, rip, la, hpa, &buf),
+            None => {
+                let mut first = [0u8; MAX_INSN_LEN];
+                let n = bytes.len().min(MAX_INSN_LEN);
+                first[..n].copy_from_slice(&bytes[..n]);
+                self.fetch_crossing(mem, rip, la, hpa, first)
+            }
+        }
+    }
+
+    /// [`Cpu::fetch_block`] at `rip` (linear address `la`, host-physical
+    /// `hpa`) less than 15 bytes before the end of its page, no block
+    /// cached there: a block of what fits, or the instruction that crosses
+    /// into the next page.
+    #[inline(never)]
+    fn fetch_page_end(
+        &mut self,
+        mem: &PhysMemory,
+        rip: u64,
+        la: u64,
+        hpa: crate::Hpa,
+    ) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
+        let bits = self.state.code_bits();
+        let room = 4096 - (la & 0xfff) as usize;
+        let mut bytes = [0u8; MAX_INSN_LEN];
+        // The usual case, a page-crossing instruction run before whose
+        // bytes did not change, checked in memory a word at a time: what
+        // the byte-by-byte path below does, in the same order (the bytes
+        // to the page end, then the next page's translation, then its
+        // bytes).
+        if self.code.crossing_prefix_in_memory(mem, rip, hpa, bits) {
+            let hpa2 = self.translate_fetch(mem, self.next_code_page(la))?;
+            if let Some(b) = self
+                .code
+                .lookup_crossing_in_memory(mem, rip, hpa, hpa2, bits)
+            {
+                return Ok(b);
+            }
+            mem.read_bytes(hpa, &mut bytes[..room])?;
+            return self.fetch_crossing_at(mem, rip, hpa, hpa2, bytes, room);
+        }
+        let first = &mut bytes[..room];
+        mem.read_bytes(hpa, first)?;
+        // A page-crossing instruction seen before, with the same bytes up
+        // to the page end, would fail to decode here the same way: go
+        // straight to its second page.
+        if self.code.crossing_prefix_matches(rip, hpa, bits, first) {
+            return self.fetch_crossing(mem, rip, la, hpa, bytes);
+        }
+        self.decode_into_cache(mem, rip, la, hpa, &bytes[..room])
+    }
+
+    /// The linear address of the page after the one of `la`, in the code
+    /// size running.
+    fn next_code_page(&self, la: u64) -> u64 {
+        let next_page = (la & !0xfff).wrapping_add(0x1000);
+        if self.state.code_bits() == 64 {
+            next_page
+        } else {
+            next_page & 0xffff_ffff
         }
     }
 
     /// The instruction at `rip` (linear address `la`) crosses into the
-    /// next page (`buf` holds its bytes up to the page end): fetch up to
+    /// next page (`bytes` holds its bytes up to the page end): fetch up to
     /// 15 bytes across the boundary and run it alone, decoded again unless
     /// the same bytes from the same frames were decoded before.
     fn fetch_crossing(
@@ -874,18 +981,25 @@ impl Cpu {
         rip: u64,
         la: u64,
         hpa: crate::Hpa,
-        buf: &[u8],
+        bytes: [u8; MAX_INSN_LEN],
+    ) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
+        let room = 4096 - (la & 0xfff) as usize;
+        let hpa2 = self.translate_fetch(mem, self.next_code_page(la))?;
+        self.fetch_crossing_at(mem, rip, hpa, hpa2, bytes, room.min(MAX_INSN_LEN))
+    }
+
+    /// [`Cpu::fetch_crossing`] once the next page is translated (to
+    /// `hpa2`): `bytes` holds the first `n` bytes.
+    fn fetch_crossing_at(
+        &mut self,
+        mem: &PhysMemory,
+        rip: u64,
+        hpa: crate::Hpa,
+        hpa2: crate::Hpa,
+        mut bytes: [u8; MAX_INSN_LEN],
+        n: usize,
     ) -> Result<std::rc::Rc<code_cache::Block>, Fault> {
         let bits = self.state.code_bits();
-        let room = 4096 - (la & 0xfff) as usize;
-        let mut bytes = [0u8; MAX_INSN_LEN];
-        let n = room.min(MAX_INSN_LEN);
-        bytes[..n].copy_from_slice(&buf[..n]);
-        let mut next_page = (la & !0xfff).wrapping_add(0x1000);
-        if bits != 64 {
-            next_page &= 0xffff_ffff;
-        }
-        let hpa2 = self.translate_fetch(mem, next_page)?;
         mem.read_bytes(hpa2, &mut bytes[n..])?;
         if let Some(b) = self.code.lookup_crossing(rip, hpa, hpa2, bits, &bytes) {
             return Ok(b);

@@ -227,13 +227,7 @@ impl Cpu {
         }
         // (The crossing cache holding all these bytes implies that the
         // check of their first part `fetch_block` makes passes.)
-        let mut bytes = [0u8; MAX_INSN_LEN];
-        if mem.read_bytes(hpa, &mut bytes[..room]).is_err()
-            || mem.read_bytes(hpa2, &mut bytes[room..]).is_err()
-        {
-            return NONE;
-        }
-        let Some(block) = self.code.lookup_crossing(rip, hpa, hpa2, 64, &bytes) else {
+        let Some(block) = self.code.lookup_crossing_in_memory(mem, rip, hpa, hpa2, 64) else {
             return NONE;
         };
         let Some(Some(t)) = block.jit.get() else {
