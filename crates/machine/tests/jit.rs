@@ -26,6 +26,10 @@ fn run_on(
     threshold: u32,
     prog: impl FnOnce(&mut CodeAssembler),
 ) -> (Outcome, machine::jit::JitStats) {
+    // Every block these tests translate is also checked against iced's
+    // block encoder (a block that fails the check is not translated, and
+    // the tests look for `blocks_failed == 0`).
+    machine::jit::set_verify_encoding(true);
     let mut r = rig(prog);
     r.cpu.set_engine(engine);
     r.cpu.set_jit_threshold(threshold);

@@ -34,12 +34,15 @@
 
 mod chain;
 mod codes;
+mod encode;
 mod flags;
 mod forms;
 mod memory;
 pub(crate) mod native;
 pub(crate) mod perf_map;
 pub(crate) mod profile;
+
+pub use encode::set_verify_encoding;
 
 use codes::*;
 
@@ -302,14 +305,14 @@ pub(crate) enum NotTranslated {
     /// A form the translator has no host code for (a translator bug: the
     /// block is interpreted instead).
     Unsupported(&'static str),
-    /// The assembler refused something (a translator bug; the block is
-    /// interpreted instead).
-    Asm(IcedError),
+    /// The assembler or the encoder refused something (a translator bug;
+    /// the block is interpreted instead).
+    Asm(String),
 }
 
 impl From<IcedError> for NotTranslated {
     fn from(e: IcedError) -> Self {
-        NotTranslated::Asm(e)
+        NotTranslated::Asm(e.to_string())
     }
 }
 
@@ -390,6 +393,7 @@ pub(crate) fn translate(
     // Chained blocks enter here, with rbx, rbp, r12, r14 as above, r13
     // their block, and the flags in `state.rflags`.
     e.a.set_label(&mut chained_entry)?;
+    let chained_at = e.a.instructions().len();
     e.a.nop()?;
     let last = block.insns.len() - 1;
     let mut ended = false;
@@ -518,12 +522,16 @@ pub(crate) fn translate(
     e.a.pop(rbp)?;
     e.a.pop(rbx)?;
     e.a.ret()?;
-    let r = e.a.assemble_options(
-        0,
-        iced_x86::BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
-    )?;
-    let chain_offset = r.label_ip(&chained_entry)? as usize;
-    Ok((r.inner.code_buffer, chain_offset))
+    let instrs = e.a.instructions();
+    let r = encode::encode(instrs)?;
+    if encode::verify_encoding() {
+        // Asked for by a test or a developer: say what differs.
+        encode::verify(instrs, &r).map_err(|m| {
+            eprintln!("jit: block at {:#x}: encoding check failed: {m}", block.rip);
+            NotTranslated::Asm(m)
+        })?;
+    }
+    Ok((r.code, r.offsets[chained_at] as usize))
 }
 
 /// A taken conditional branch's way out, emitted after the block.
