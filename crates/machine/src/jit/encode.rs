@@ -42,17 +42,19 @@ use std::sync::atomic::{AtomicU8, Ordering};
 const MAX_LABEL: u64 = 1 << 20;
 
 /// A direct branch to a label of the block.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Branch {
     /// Index of the branch in the instruction list.
     at: usize,
     /// Index of the instruction it goes to.
     to: usize,
+    /// The number of branches before that instruction.
+    rank: usize,
     kind: Kind,
     short: bool,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     /// Jcc with this condition (the low nibble of its opcode).
     Jcc(u8),
@@ -73,35 +75,29 @@ impl Kind {
 }
 
 /// The code of `instrs` placed at any address (it is position
-/// independent), and the offset of each instruction in it.
+/// independent), and where each instruction is in it.
 #[derive(Debug)]
 pub(super) struct Encoded {
     pub code: Vec<u8>,
-    pub offsets: Vec<u32>,
+    /// Where each instruction's bytes start in pass 1's buffer (where
+    /// there are no branches), and the end of that buffer.
+    piece: Vec<u32>,
+    /// The branches, in order, and `prefix[j]`: the bytes of the
+    /// branches before branch `j` (`prefix[len]`: of all of them).
+    branches: Vec<Branch>,
+    prefix: Vec<u32>,
+}
+
+impl Encoded {
+    /// The offset of instruction `k` in the code (`k` = the number of
+    /// instructions: the end).
+    pub fn offset(&self, k: usize) -> u32 {
+        self.piece[k] + self.prefix[self.branches.partition_point(|b| b.at < k)]
+    }
 }
 
 fn err(msg: &str) -> NotTranslated {
     NotTranslated::Asm(msg.to_string())
-}
-
-/// The offset of every instruction (and the end, at index `n`) with the
-/// branches in the forms `branches` says; `piece` holds the other
-/// instructions' encoded bounds.
-fn layout(piece: &[u32], branches: &[Branch], offsets: &mut [u32]) {
-    let n = piece.len() - 1;
-    let mut off = 0u32;
-    let mut bi = 0;
-    for k in 0..n {
-        offsets[k] = off;
-        match branches.get(bi) {
-            Some(b) if b.at == k => {
-                off += b.kind.len(b.short);
-                bi += 1;
-            }
-            _ => off += piece[k + 1] - piece[k],
-        }
-    }
-    offsets[n] = off;
 }
 
 /// Encodes `instrs` (see the module documentation). Fails on anything the
@@ -151,6 +147,7 @@ pub(super) fn encode(instrs: &[Instruction]) -> Result<Encoded, NotTranslated> {
             branches.push(Branch {
                 at: k,
                 to,
+                rank: 0,
                 kind,
                 short: false,
             });
@@ -172,74 +169,79 @@ pub(super) fn encode(instrs: &[Instruction]) -> Result<Encoded, NotTranslated> {
         r?;
     }
     piece.push(bytes.len() as u32);
-    // Pass 2: the layout, branches shortened while that changes something.
-    let mut offsets = vec![0u32; n + 1];
-    layout(&piece, &branches, &mut offsets);
-    // Within a round the branches are taken in order, each seeing the
-    // shortenings before it (`shrunk`: where, and the bytes saved up to
-    // and including it); those after it would only bring its target
-    // closer.
-    let mut shrunk: Vec<(usize, u32)> = Vec::new();
-    loop {
-        shrunk.clear();
-        let mut saved = 0u32;
-        for b in branches.iter_mut() {
-            if b.short || b.kind == Kind::Call {
-                continue;
-            }
-            let (long, short) = (b.kind.len(false), b.kind.len(true));
-            let end = offsets[b.at] - saved + short;
-            let target = if b.to > b.at {
-                offsets[b.to] - saved - (long - short)
-            } else {
-                // Saved before the target: by the shortened branches
-                // before it.
-                let before = match shrunk.partition_point(|&(at, _)| at < b.to) {
-                    0 => 0,
-                    j => shrunk[j - 1].1,
-                };
-                offsets[b.to] - before
-            };
-            let d = i64::from(target) - i64::from(end);
-            if d == d as i8 as i64 {
-                b.short = true;
-                saved += long - short;
-                shrunk.push((b.at, saved));
-            }
-        }
-        if shrunk.is_empty() {
-            break;
-        }
-        layout(&piece, &branches, &mut offsets);
+    // Pass 2: the layout. An instruction's offset is where pass 1 put it
+    // plus the bytes of the branches before it (`prefix`). All branches
+    // start near; then, in rounds, each branch whose displacement fits in
+    // a byte takes its short form. Within a round the branches are taken
+    // in order, each seeing the shortenings before it; those after it
+    // would only bring its target closer (so it keeps fitting).
+    for j in 0..branches.len() {
+        let to = branches[j].to;
+        branches[j].rank = branches.partition_point(|b| b.at < to);
     }
-    // Pass 3: the bytes.
-    let mut code = Vec::with_capacity(offsets[n] as usize);
-    let mut bi = 0;
-    for k in 0..n {
-        match branches.get(bi) {
-            Some(&b) if b.at == k => {
-                bi += 1;
-                let end = offsets[k] + b.kind.len(b.short);
-                let d = i64::from(offsets[b.to]) - i64::from(end);
-                match (b.kind, b.short) {
-                    (Kind::Jcc(cc), true) => code.extend_from_slice(&[0x70 | cc, d as i8 as u8]),
-                    (Kind::Jmp, true) => code.extend_from_slice(&[0xeb, d as i8 as u8]),
-                    (Kind::Jcc(cc), false) => {
-                        code.extend_from_slice(&[0x0f, 0x80 | cc]);
-                        code.extend_from_slice(&(d as i32).to_le_bytes());
-                    }
-                    (Kind::Jmp, false) | (Kind::Call, _) => {
-                        code.push(if b.kind == Kind::Jmp { 0xe9 } else { 0xe8 });
-                        code.extend_from_slice(&(d as i32).to_le_bytes());
-                    }
+    let mut prefix = Vec::with_capacity(branches.len() + 1);
+    prefix.push(0u32);
+    for b in &branches {
+        prefix.push(prefix.last().copied().unwrap_or(0) + b.kind.len(false));
+    }
+    loop {
+        let mut changed = false;
+        // `prefix[..=j]` is this round's; the rest last round's, minus
+        // `saved`.
+        let mut saved = 0u32;
+        for j in 0..branches.len() {
+            let b = branches[j];
+            let at = piece[b.at] + prefix[j];
+            if !b.short && b.kind != Kind::Call {
+                let (long, short) = (b.kind.len(false), b.kind.len(true));
+                let target = if b.rank > j {
+                    piece[b.to] + prefix[b.rank] - saved - (long - short)
+                } else {
+                    piece[b.to] + prefix[b.rank]
+                };
+                let d = i64::from(target) - i64::from(at + short);
+                if d == d as i8 as i64 {
+                    branches[j].short = true;
+                    saved += long - short;
+                    changed = true;
                 }
             }
-            _ => code.extend_from_slice(&bytes[piece[k] as usize..piece[k + 1] as usize]),
+            prefix[j + 1] = prefix[j] + branches[j].kind.len(branches[j].short);
+        }
+        if !changed {
+            break;
         }
     }
-    debug_assert_eq!(code.len() as u32, offsets[n]);
-    offsets.truncate(n);
-    Ok(Encoded { code, offsets })
+    // Pass 3: the bytes, the runs between branches copied whole.
+    let end = piece[n] + prefix[branches.len()];
+    let mut code = Vec::with_capacity(end as usize);
+    let mut from = 0usize;
+    for (j, b) in branches.iter().enumerate() {
+        code.extend_from_slice(&bytes[from..piece[b.at] as usize]);
+        from = piece[b.at] as usize;
+        let next = piece[b.at] + prefix[j + 1];
+        let d = i64::from(piece[b.to] + prefix[b.rank]) - i64::from(next);
+        match (b.kind, b.short) {
+            (Kind::Jcc(cc), true) => code.extend_from_slice(&[0x70 | cc, d as i8 as u8]),
+            (Kind::Jmp, true) => code.extend_from_slice(&[0xeb, d as i8 as u8]),
+            (Kind::Jcc(cc), false) => {
+                code.extend_from_slice(&[0x0f, 0x80 | cc]);
+                code.extend_from_slice(&(d as i32).to_le_bytes());
+            }
+            (Kind::Jmp, false) | (Kind::Call, _) => {
+                code.push(if b.kind == Kind::Jmp { 0xe9 } else { 0xe8 });
+                code.extend_from_slice(&(d as i32).to_le_bytes());
+            }
+        }
+    }
+    code.extend_from_slice(&bytes[from..]);
+    debug_assert_eq!(code.len() as u32, end);
+    Ok(Encoded {
+        code,
+        piece,
+        branches,
+        prefix,
+    })
 }
 
 /// How an instruction's operands are placed in its bytes (the forms the
@@ -676,7 +678,9 @@ fn hand(i: &Instruction, out: &mut Vec<u8>) -> bool {
     if i.op_count() != n_ops {
         return false;
     }
-    let mut b = [0u8; 16];
+    // Room for the longest shape with whole-width copies below (each
+    // part written at its full size, the length advanced by its own).
+    let mut b = [0u8; 24];
     let mut len = 0;
     let mut rex = if sh.w { 0x48u8 } else { 0x40 };
     let mut force_rex = false;
@@ -684,7 +688,7 @@ fn hand(i: &Instruction, out: &mut Vec<u8>) -> bool {
     let (reg, rm) = match sh.form {
         Form::Rm | Form::Lea => {
             if i.op0_kind() != OpKind::Register
-                || (sh.form == Form::Lea && i.op1_kind() != OpKind::Memory)
+                || (matches!(sh.form, Form::Lea) && i.op1_kind() != OpKind::Memory)
             {
                 return false;
             }
@@ -730,7 +734,7 @@ fn hand(i: &Instruction, out: &mut Vec<u8>) -> bool {
         Form::Bare => (0, None),
     };
     // ModRM, SIB and displacement of the r/m operand.
-    let mut modrm = [0u8; 6];
+    let mut modrm = [0u8; 2];
     let mut modrm_len = 0;
     let mut disp = [0u8; 4];
     let mut disp_len = 0;
@@ -822,7 +826,7 @@ fn hand(i: &Instruction, out: &mut Vec<u8>) -> bool {
                     }
                 }
                 rex |= base.map_or(0, |bn| bn >> 3) | index.map_or(0, |x| (x >> 3) << 1);
-                disp[..4].copy_from_slice(&d.to_le_bytes());
+                disp = d.to_le_bytes();
                 disp_len = d_len;
             }
             _ => return false,
@@ -833,7 +837,7 @@ fn hand(i: &Instruction, out: &mut Vec<u8>) -> bool {
         len += 1;
     }
     let mut op_lo = sh.op as u8;
-    if sh.form == Form::OpReg {
+    if matches!(sh.form, Form::OpReg) {
         rex |= reg >> 3;
         op_lo |= reg & 7;
     }
@@ -847,9 +851,10 @@ fn hand(i: &Instruction, out: &mut Vec<u8>) -> bool {
     }
     b[len] = op_lo;
     len += 1;
-    b[len..len + modrm_len].copy_from_slice(&modrm[..modrm_len]);
+    b[len] = modrm[0];
+    b[len + 1] = modrm[1];
     len += modrm_len;
-    b[len..len + disp_len].copy_from_slice(&disp[..disp_len]);
+    b[len..len + 4].copy_from_slice(&disp);
     len += disp_len;
     if sh.imm != 0 {
         let last = n_ops - 1;
@@ -867,11 +872,13 @@ fn hand(i: &Instruction, out: &mut Vec<u8>) -> bool {
             return false;
         }
         let v = i.immediate(last).to_le_bytes();
-        let n = sh.imm as usize;
-        b[len..len + n].copy_from_slice(&v[..n]);
-        len += n;
+        b[len..len + 8].copy_from_slice(&v);
+        len += sh.imm as usize;
     }
-    out.extend_from_slice(&b[..len]);
+    // (A fixed-size copy, then the length: cheaper than a copy of `len`.)
+    let start = out.len();
+    out.extend_from_slice(&b);
+    out.truncate(start + len);
     true
 }
 
@@ -921,7 +928,7 @@ pub(super) fn verify(instrs: &[Instruction], e: &Encoded) -> Result<(), String> 
     .map_err(|x| format!("the block encoder refuses the block: {x}"))?;
     let theirs = &r.code_buffer;
     let their_off = &r.new_instruction_offsets;
-    if e.offsets.len() != instrs.len() || their_off.len() != instrs.len() {
+    if e.piece.len() != instrs.len() + 1 || their_off.len() != instrs.len() {
         return Err("instruction offsets missing".into());
     }
     let decode = |code: &[u8], off: u32| -> Result<Instruction, String> {
@@ -937,8 +944,8 @@ pub(super) fn verify(instrs: &[Instruction], e: &Encoded) -> Result<(), String> 
     };
     let label_at = |id: u64| instrs.iter().position(|i| i.ip() == id && id != 0);
     for (k, i) in instrs.iter().enumerate() {
-        let end = e.offsets.get(k + 1).copied().unwrap_or(e.code.len() as u32);
-        let (ours_at, theirs_at) = (e.offsets[k], their_off[k]);
+        let end = e.offset(k + 1);
+        let (ours_at, theirs_at) = (e.offset(k), their_off[k]);
         if theirs_at == u32::MAX {
             return Err(format!("instruction {k}: the block encoder rewrote it"));
         }
@@ -967,12 +974,12 @@ pub(super) fn verify(instrs: &[Instruction], e: &Encoded) -> Result<(), String> 
             }
             let to = label_at(i.near_branch_target())
                 .ok_or_else(|| format!("instruction {k}: a branch to no label"))?;
-            if ours.near_branch_target() != e.offsets[to] as u64
+            if ours.near_branch_target() != u64::from(e.offset(to))
                 || their.near_branch_target() != their_off[to] as u64
             {
                 return Err(format!(
                     "instruction {k}: {ours} does not go to instruction {to} ({:#x}; the block encoder: {their})",
-                    e.offsets[to]
+                    e.offset(to)
                 ));
             }
         } else {

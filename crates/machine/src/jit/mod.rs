@@ -540,7 +540,8 @@ pub(crate) fn translate(
             NotTranslated::Asm(m)
         })?;
     }
-    Ok((r.code, r.offsets[chained_at] as usize))
+    let chain_offset = r.offset(chained_at) as usize;
+    Ok((r.code, chain_offset))
 }
 
 /// A taken conditional branch's way out, emitted after the block.
