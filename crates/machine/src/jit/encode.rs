@@ -684,28 +684,30 @@ fn hand(i: &Instruction, out: &mut Vec<u8>) -> bool {
     let mut len = 0;
     let mut rex = if sh.w { 0x48u8 } else { 0x40 };
     let mut force_rex = false;
+    // Operand `op`, a register of `width` bits: its number.
+    let mut reg_of = |op: u32, width: u8| -> Option<u8> {
+        if i.op_kind(op) != OpKind::Register {
+            return None;
+        }
+        let (r, f) = reg_num(i.op_register(op), width)?;
+        force_rex |= f;
+        Some(r)
+    };
     // ModRM.reg and the r/m operand (its index).
     let (reg, rm) = match sh.form {
         Form::Rm | Form::Lea => {
-            if i.op0_kind() != OpKind::Register
-                || (matches!(sh.form, Form::Lea) && i.op1_kind() != OpKind::Memory)
-            {
+            if matches!(sh.form, Form::Lea) && i.op1_kind() != OpKind::Memory {
                 return false;
             }
-            let Some((r, f)) = reg_num(i.op0_register(), sh.w0) else {
+            let Some(r) = reg_of(0, sh.w0) else {
                 return false;
             };
-            force_rex |= f;
             (r, Some(1))
         }
         Form::Mr => {
-            if i.op1_kind() != OpKind::Register {
-                return false;
-            }
-            let Some((r, f)) = reg_num(i.op1_register(), sh.w1) else {
+            let Some(r) = reg_of(1, sh.w1) else {
                 return false;
             };
-            force_rex |= f;
             (r, Some(0))
         }
         Form::Digit(d) => (d, Some(0)),
@@ -716,13 +718,9 @@ fn hand(i: &Instruction, out: &mut Vec<u8>) -> bool {
             (d, Some(0))
         }
         Form::OpReg => {
-            if i.op0_kind() != OpKind::Register {
-                return false;
-            }
-            let Some((r, f)) = reg_num(i.op0_register(), sh.w0) else {
+            let Some(r) = reg_of(0, sh.w0) else {
                 return false;
             };
-            force_rex |= f;
             (r, None)
         }
         Form::Acc(a) => {
@@ -857,22 +855,11 @@ fn hand(i: &Instruction, out: &mut Vec<u8>) -> bool {
     b[len..len + 4].copy_from_slice(&disp);
     len += disp_len;
     if sh.imm != 0 {
-        let last = n_ops - 1;
-        if !matches!(
-            i.op_kind(last),
-            OpKind::Immediate8
-                | OpKind::Immediate16
-                | OpKind::Immediate32
-                | OpKind::Immediate64
-                | OpKind::Immediate8to16
-                | OpKind::Immediate8to32
-                | OpKind::Immediate8to64
-                | OpKind::Immediate32to64
-        ) {
+        // (Not an immediate: the instruction was built wrong; iced says so.)
+        let Ok(v) = i.try_immediate(n_ops - 1) else {
             return false;
-        }
-        let v = i.immediate(last).to_le_bytes();
-        b[len..len + 8].copy_from_slice(&v);
+        };
+        b[len..len + 8].copy_from_slice(&v.to_le_bytes());
         len += sh.imm as usize;
     }
     // (A fixed-size copy, then the length: cheaper than a copy of `len`.)
