@@ -32,6 +32,10 @@ fn run_on(
 }
 
 fn run_rig(engine: Engine, threshold: u32, mut r: Rig) -> (Outcome, machine::jit::JitStats) {
+    // Every block these tests translate is also checked against iced's
+    // block encoder (a block that fails the check is not translated, and
+    // the tests look for `blocks_failed == 0`).
+    machine::jit::set_verify_encoding(true);
     r.cpu.set_engine(engine);
     r.cpu.set_jit_threshold(threshold);
     let exit = r.run();

@@ -34,6 +34,7 @@
 
 mod chain;
 mod codes;
+mod encode;
 mod flags;
 mod forms;
 mod memory;
@@ -41,6 +42,8 @@ pub(crate) mod native;
 pub(crate) mod perf_map;
 pub(crate) mod profile;
 pub(crate) mod tlb_fill;
+
+pub use encode::set_verify_encoding;
 
 use codes::*;
 
@@ -50,8 +53,8 @@ use crate::cpu::fast::{Fast, MemOp, Op, NONE_REG};
 use crate::cpu::l1tlb::{SLOTS, SLOT_BYTES, SLOT_HOST_DELTA, SLOT_HPA, SLOT_JIT_PAGE};
 use forms::extra_form;
 use iced_x86::code_asm::{
-    byte_ptr, dword_ptr, eax, ecx, edx, qword_ptr, r10, r10d, r11, r12, r13, r14, r15, r8, r8d, r9,
-    rax, rbp, rbx, rcx, rdi, rdx, rsi, rsp, CodeAssembler, CodeLabel,
+    al, byte_ptr, dword_ptr, eax, ecx, edx, qword_ptr, r10, r10d, r11, r12, r13, r14, r15, r15d,
+    r8, r8d, r9, rax, rbp, rbx, rcx, rdi, rdx, rsi, rsp, word_ptr, CodeAssembler, CodeLabel,
 };
 use iced_x86::{Code, IcedError, Instruction, MemoryOperand, Register};
 use std::fmt;
@@ -209,6 +212,20 @@ pub(crate) mod fill {
     pub const FAULT: u64 = 2;
 }
 
+/// The argument an access site passes its block's shared slow path in ecx
+/// (see `Emitter::slow_shared`).
+mod slow_arg {
+    // Bits 15:0: the first-level TLB class and the access's bytes (bits
+    // 15:8), as `native::fill_out` takes them.
+    /// Run the whole instruction through the interpreter (no fill).
+    pub const FULL: u32 = 1 << 16;
+    /// Load r15 from `state.rflags` after the instruction ran (the fast
+    /// path leaves the flags in r15 or in the host flags).
+    pub const LOAD_SAVED: u32 = 1 << 17;
+    /// The index of the instruction in the block, in the bits from here.
+    pub const K_SHIFT: u32 = 18;
+}
+
 /// Offsets in [`native::Env`].
 const ENV_L1: i32 = 0;
 const ENV_CODE_FRAMES: i32 = 24;
@@ -330,14 +347,14 @@ pub(crate) enum NotTranslated {
     /// A form the translator has no host code for (a translator bug: the
     /// block is interpreted instead).
     Unsupported(&'static str),
-    /// The assembler refused something (a translator bug; the block is
-    /// interpreted instead).
-    Asm(IcedError),
+    /// The assembler or the encoder refused something (a translator bug;
+    /// the block is interpreted instead).
+    Asm(String),
 }
 
 impl From<IcedError> for NotTranslated {
     fn from(e: IcedError) -> Self {
-        NotTranslated::Asm(e)
+        NotTranslated::Asm(e.to_string())
     }
 }
 
@@ -418,6 +435,7 @@ pub(crate) fn translate(
     // Chained blocks enter here, with rbx, rbp, r12, r14 as above, r13
     // their block, and the flags in `state.rflags`.
     e.a.set_label(&mut chained_entry)?;
+    let chained_at = e.a.instructions().len();
     e.a.nop()?;
     let last = block.insns.len() - 1;
     let mut ended = false;
@@ -463,62 +481,57 @@ pub(crate) fn translate(
         e.capture_if_dirty()?;
         e.leave_to(last, block.insns[last].next_ip)?;
     }
-    // Slow paths of inline accesses: the flags written back, the
-    // instruction through the interpreter (which leaves them exact in
-    // `state.rflags`), then back with the flags where the fast path
-    // leaves them.
+    // Slow paths of inline accesses: a few instructions per access that
+    // call one of the block's shared slow paths (`Emitter::slow_shared`)
+    // with what differs in ecx, then go back to probe again or on with the
+    // flags where the fast path leaves them.
     let slow = std::mem::take(&mut e.slow);
+    let mut shared: [Option<CodeLabel>; 3] = [None; 3];
     for mut x in slow {
-        // The miss: fill the slot as the interpreter's access would, then
-        // probe again; or the whole instruction through the interpreter;
-        // or the fault the access takes. Without `access`, every way in is
-        // the whole instruction.
-        let mut after_capture = if x.entry_saved && x.access.is_some() {
-            e.a.create_label()
-        } else {
-            x.full
+        let v = match (x.entry_saved, x.af_clear) {
+            (false, _) => 0,
+            (true, false) => 1,
+            (true, true) => 2,
         };
-        if let Some((class, bytes)) = x.access {
-            e.a.set_label(&mut x.label)?;
-            e.a.mov(rdx, rax)?;
-            if x.entry_saved {
-                e.capture_saved(x.af_clear)?;
-            }
-            e.a.mov(rdi, rbx)?;
-            e.a.mov(rsi, r12)?;
-            e.a.mov(ecx, class | bytes << 8)?;
-            e.a.mov(rax, e.helpers.fill)?;
-            e.a.call(rax)?;
-            e.a.test(eax, eax)?;
-            e.a.je(x.retry)?;
-            e.a.cmp(eax, fill::FULL as i32)?;
-            e.a.je(after_capture)?;
-            e.a.mov(eax, (status::FAULT | (x.k as u64) << 8) as u32)?;
-            e.a.jmp(epilogue)?;
-            if x.entry_saved {
+        let target = *shared[v].get_or_insert_with(|| e.a.create_label());
+        if x.k >= 1 << (32 - slow_arg::K_SHIFT) {
+            return Err(NotTranslated::Unsupported(
+                "a block too long for its slow paths",
+            ));
+        }
+        let mut arg = (x.k as u32) << slow_arg::K_SHIFT;
+        if matches!(x.exit, FlagsAt::Host | FlagsAt::Saved) {
+            arg |= slow_arg::LOAD_SAVED;
+        }
+        e.a.set_label(&mut x.label)?;
+        match x.access {
+            Some((class, bytes)) => {
+                // The miss; `full`, the instruction through the
+                // interpreter whatever the first-level TLB holds.
+                arg |= class | bytes << 8;
+                e.a.mov(ecx, arg)?;
+                let mut call = e.a.create_label();
+                e.a.set_label(&mut call)?;
+                e.a.call(target)?;
+                e.a.test(eax, eax)?;
+                e.a.je(x.retry)?;
+                e.slow_exit(x.exit, x.cont)?;
                 e.a.set_label(&mut x.full)?;
-                e.capture_saved(x.af_clear)?;
+                e.a.mov(ecx, arg | slow_arg::FULL)?;
+                e.a.jmp(call)?;
             }
-        } else if x.entry_saved {
-            e.a.set_label(&mut x.label)?;
-            e.capture_saved(x.af_clear)?;
-            after_capture = e.a.create_label();
-        } else {
-            after_capture = x.label;
-        }
-        e.a.set_label(&mut after_capture)?;
-        e.emit_call(x.k, call_exit)?;
-        match x.exit {
-            FlagsAt::Host => {
-                e.host_valid = false;
-                e.saved = false;
-                e.dirty = false;
-                e.need_flags()?;
+            None => {
+                e.a.mov(ecx, arg | slow_arg::FULL)?;
+                e.a.call(target)?;
+                e.slow_exit(x.exit, x.cont)?;
             }
-            FlagsAt::Saved => e.load_saved()?,
-            FlagsAt::State => {}
         }
-        e.a.jmp(x.cont)?;
+    }
+    for (v, l) in shared.iter_mut().enumerate() {
+        if let Some(l) = l {
+            e.a.set_label(l)?;
+            e.slow_shared(v != 0, v == 2, epilogue, call_exit)?;
+        }
     }
     // Taken conditional branches leave through these stubs.
     let exits = std::mem::take(&mut e.exits);
@@ -546,12 +559,17 @@ pub(crate) fn translate(
     e.a.pop(rbp)?;
     e.a.pop(rbx)?;
     e.a.ret()?;
-    let r = e.a.assemble_options(
-        0,
-        iced_x86::BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
-    )?;
-    let chain_offset = r.label_ip(&chained_entry)? as usize;
-    Ok((r.inner.code_buffer, chain_offset))
+    let instrs = e.a.instructions();
+    let r = encode::encode(instrs)?;
+    if encode::verify_encoding() {
+        // Asked for by a test or a developer: say what differs.
+        encode::verify(instrs, &r).map_err(|m| {
+            eprintln!("jit: block at {:#x}: encoding check failed: {m}", block.rip);
+            NotTranslated::Asm(m)
+        })?;
+    }
+    let chain_offset = r.offset(chained_at) as usize;
+    Ok((r.code, chain_offset))
 }
 
 /// A taken conditional branch's way out, emitted after the block.
@@ -696,6 +714,104 @@ impl Emitter {
         self.capture_if_dirty()?;
         self.emit_call(k, epilogue)?;
         self.host_valid = false;
+        Ok(())
+    }
+
+    /// The end of an access site's slow path, after the shared part came
+    /// back having run the instruction: the flags where the fast path
+    /// leaves them (the shared part loaded r15 from `state.rflags` for
+    /// `Host` and `Saved`), then on at `cont`.
+    fn slow_exit(&mut self, exit: FlagsAt, cont: CodeLabel) -> Result<(), NotTranslated> {
+        if exit == FlagsAt::Host {
+            self.a.mov(eax, r15d)?;
+            self.a.add(al, 0x7f)?;
+            self.a.sahf()?;
+        }
+        self.a.jmp(cont)?;
+        Ok(())
+    }
+
+    /// The slow path the access sites of a block share (one per way the
+    /// flags are on entry: `saved` in r15, with AF clear if `af_clear`; or
+    /// only in `state.rflags`). Called (a near call from the site, so
+    /// entered with rsp 8 off the call alignment) with [`slow_arg`] in
+    /// ecx and, for a miss, the linear address in rax:
+    ///
+    /// - a miss fills the first-level TLB slot as the interpreter's access
+    ///   would (`Cpu::jit_fill`) and returns 0 to probe again, or goes on
+    ///   as `FULL`, or leaves the block with the fault;
+    /// - `FULL` runs the instruction through the interpreter, then returns
+    ///   1 (r15 loaded from `state.rflags` if `LOAD_SAVED`), or leaves the
+    ///   block through `call_exit` if the instruction did.
+    ///
+    /// The flags are written back before either call.
+    fn slow_shared(
+        &mut self,
+        saved: bool,
+        af_clear: bool,
+        epilogue: CodeLabel,
+        call_exit: CodeLabel,
+    ) -> Result<(), NotTranslated> {
+        let mut full = self.a.create_label();
+        let mut run = self.a.create_label();
+        let mut not_retry = self.a.create_label();
+        let mut leave = self.a.create_label();
+        let mut no_load = self.a.create_label();
+        // The argument stays at [rsp]; rsp is now aligned for the calls.
+        self.a.push(rcx)?;
+        self.a.test(ecx, slow_arg::FULL as i32)?;
+        self.a.jne(full)?;
+        self.a.mov(rdx, rax)?;
+        if saved {
+            self.capture_saved(af_clear)?;
+        }
+        self.a.mov(rdi, rbx)?;
+        self.a.mov(rsi, r12)?;
+        self.a.movzx(ecx, word_ptr(rsp))?;
+        self.a.mov(rax, self.helpers.fill)?;
+        self.a.call(rax)?;
+        self.a.test(eax, eax)?;
+        self.a.jne(not_retry)?;
+        self.a.pop(rcx)?;
+        self.a.ret()?;
+        self.a.set_label(&mut not_retry)?;
+        self.a.cmp(eax, fill::FULL as i32)?;
+        self.a.je(run)?;
+        // The fault: instruction k did not complete.
+        self.a.mov(eax, dword_ptr(rsp))?;
+        self.a.shr(eax, slow_arg::K_SHIFT)?;
+        self.a.shl(eax, 8)?;
+        self.a.or(eax, status::FAULT as i32)?;
+        self.a.add(rsp, 16)?;
+        self.a.jmp(epilogue)?;
+        self.a.set_label(&mut full)?;
+        if saved {
+            self.capture_saved(af_clear)?;
+        } else {
+            self.a.zero_bytes()?;
+        }
+        self.a.set_label(&mut run)?;
+        self.a.mov(rdi, rbx)?;
+        self.a.mov(rsi, r12)?;
+        self.a.mov(rdx, r13)?;
+        self.a.mov(ecx, dword_ptr(rsp))?;
+        self.a.shr(ecx, slow_arg::K_SHIFT)?;
+        self.a.mov(rax, self.helpers.call_out)?;
+        self.a.call(rax)?;
+        self.a.test(rax, rax)?;
+        self.a.jne(leave)?;
+        self.a.test(dword_ptr(rsp), slow_arg::LOAD_SAVED as i32)?;
+        self.a.je(no_load)?;
+        self.load_saved()?;
+        self.a.set_label(&mut no_load)?;
+        self.a.pop(rcx)?;
+        self.a.mov(eax, 1)?;
+        self.a.ret()?;
+        // The instruction left the block (or asked the run loop to stop):
+        // as after any call-out, with its answer in rax.
+        self.a.set_label(&mut leave)?;
+        self.a.add(rsp, 16)?;
+        self.a.jmp(call_exit)?;
         Ok(())
     }
 
