@@ -130,6 +130,15 @@ pub(crate) mod status {
     /// Instruction `k` completed and execution goes on after it (the end of
     /// the block, or a store into cached code).
     pub const NEXT_IP: u64 = 3;
+    /// A chaining exit made the run loop's next fetch for it
+    /// (`Cpu::jit_chain_fetch`: this block's counts added, RIP and the
+    /// first-level iTLB set) but no translated block there can be jumped
+    /// to: the run loop runs the next block without its between-block
+    /// checks (made before the fetch).
+    pub const FETCHED: u64 = 4;
+    /// That fetch faulted (the fault in `Cpu::jit_fault`), as the run
+    /// loop's fetch would have.
+    pub const FETCH_FAULT: u64 = 5;
 }
 
 /// Where the generated code finds the guest state: byte offsets from the
@@ -214,6 +223,7 @@ const ENV_CODE_FRAMES: i32 = 24;
 const ENV_CHAIN: i32 = 32;
 const ENV_CODE_GENERATION: i32 = 40;
 const ENV_CHAIN_CROSSING: i32 = 48;
+const ENV_CHAIN_FETCH: i32 = 56;
 
 /// The arithmetic flags (CF PF AF ZF SF OF).
 const ARITH: u32 = 0x8d5;
@@ -358,6 +368,7 @@ pub(crate) fn translate(
         access: (0, 0),
         chain: CodeLabel::default(),
         chain_out: CodeLabel::default(),
+        fetch_miss: CodeLabel::default(),
         own: (block.rip, block.hpa, u64::from(block.generation)),
         self_loop: CodeLabel::default(),
         self_loop_used: false,
@@ -369,6 +380,7 @@ pub(crate) fn translate(
     let mut chain_try = e.a.create_label();
     e.chain = chain_try;
     e.chain_out = e.a.create_label();
+    e.fetch_miss = e.a.create_label();
     let mut self_loop = e.a.create_label();
     e.self_loop = self_loop;
     let mut chained_entry = e.a.create_label();
@@ -503,6 +515,7 @@ pub(crate) fn translate(
     }
     e.a.set_label(&mut chain_try)?;
     e.chain_try(epilogue, None)?;
+    e.fetch_miss_exit(epilogue)?;
     e.a.set_label(&mut call_exit)?;
     e.call_exit(epilogue)?;
     if e.self_loop_used {
@@ -619,6 +632,9 @@ struct Emitter {
     /// known targets).
     chain: CodeLabel,
     chain_out: CodeLabel,
+    /// Where a chaining exit goes when the next block's fetch misses the
+    /// first-level iTLB (see [`Emitter::fetch_miss_exit`]).
+    fetch_miss: CodeLabel,
     /// This block's RIP, host-physical address and code-write generation.
     own: (u64, u64, u64),
     /// The exit to this block's own start (a loop), chaining to itself
