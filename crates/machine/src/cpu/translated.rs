@@ -253,6 +253,7 @@ impl Cpu {
             return NONE;
         }
         // `run_block`'s end for this block, then the next one's fetch.
+        self.jit_stats.chain_fetches += 1;
         self.stats.instructions += instructions;
         self.cycles += instructions * self.costs.instruction;
         self.state.rip = rip;
@@ -284,19 +285,7 @@ impl Cpu {
                 if let Some(Some(t)) = block.jit.get() {
                     if t.user == user {
                         let entry = t.chain_entry();
-                        let i = match self.jit_entered.iter().position(|b| Rc::ptr_eq(b, &block))
-                        {
-                            Some(i) => i,
-                            None => {
-                                self.jit_entered.push(block.clone());
-                                self.jit_entered.len() - 1
-                            }
-                        };
-                        self.jit_chain_rip = ENTERED | i as u64;
-                        return CrossingEntry {
-                            entry,
-                            block: Rc::as_ptr(&block) as u64,
-                        };
+                        return self.jit_enter(block, entry);
                     }
                 }
             }
@@ -360,6 +349,14 @@ impl Cpu {
             return NONE;
         }
         let entry = t.chain_entry();
+        self.jit_enter(block, entry)
+    }
+
+    /// Translated code goes on into `block` (not in the chaining table) at
+    /// its chained `entry`: keeps the block alive until the code returns
+    /// (`jit_entered`) and reports it as the block the code is in; the
+    /// entry and the block for the code.
+    fn jit_enter(&mut self, block: Rc<Block>, entry: u64) -> jit::native::CrossingEntry {
         let i = match self.jit_entered.iter().position(|b| Rc::ptr_eq(b, &block)) {
             Some(i) => i,
             None => {
@@ -407,7 +404,6 @@ impl Cpu {
         if let Some(p) = &mut self.jit_profile {
             p.count(op);
         }
-        let mode_epoch = self.mode_epoch;
         let s = match self.exec_op(mem, op) {
             Ok(fast::Flow::Next) => status::NEXT,
             Ok(fast::Flow::Stored) if !self.code_written => status::NEXT,
@@ -424,13 +420,16 @@ impl Cpu {
         self.l1.sync(self.tlb.epoch(), self.mode_epoch);
         // Anything the run loop must look at before the next block stops
         // chaining (what it looks at itself: events, STI/MOV-SS blocking,
-        // activity, a store into code, an IPI, a mode or privilege change).
+        // activity, a store into code, an IPI). A mode or privilege change
+        // need not: it moves the mode epoch, which empties the first-level
+        // TLB, so the next chaining exit's fetch misses the iTLB and is made
+        // by `jit_chain_fetch` as the run loop would (at the new privilege,
+        // in 64-bit mode only, into a translation for that privilege).
         if self.check_events
             || self.state.interruptibility != 0
             || self.state.activity != super::Activity::Active
             || self.code_written
             || self.pending_ipi.is_some()
-            || self.mode_epoch != mode_epoch
         {
             self.jit_deadline = 0;
         }

@@ -115,6 +115,9 @@ pub struct JitStats {
     /// Instructions translated code handed to the interpreter: forms
     /// without host code, and the slow paths of inline memory accesses.
     pub call_outs: u64,
+    /// Fetches made by chaining exits whose first-level iTLB probe missed
+    /// (`Cpu::jit_chain_fetch`), instead of returning to the run loop.
+    pub chain_fetches: u64,
 }
 
 /// How a translated block stopped, in the low byte of its return value;
