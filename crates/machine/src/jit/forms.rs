@@ -663,29 +663,18 @@ impl Emitter {
     /// XCHG of `gpr[reg]` with memory. The interpreter's aligned path is an
     /// atomic compare-exchange that charges the `locked` cost; inline, an
     /// aligned access the first-level TLB serves for writing is the host's
-    /// (atomic) XCHG with that cost. A first-level TLB miss fills the slot
-    /// (`Cpu::jit_fill`: the one translation the interpreter's XCHG makes
-    /// first, for writing at this privilege, before it charges anything)
-    /// and probes again; a misaligned access (no locked cost, not atomic in
-    /// the interpreter) and every other case is the instruction through
-    /// the interpreter. Flags are not touched.
+    /// (atomic) XCHG with that cost. A misaligned access (no locked cost,
+    /// not atomic in the interpreter) and every other case is the
+    /// instruction through the interpreter. Flags are not touched.
     fn xchg_mem(&mut self, k: usize, reg: u8, size: Size, m: &MemOp) -> Result<(), NotTranslated> {
-        self.capture_if_dirty()?;
-        self.host_valid = false;
-        let mut retry = self.a.create_label();
-        // (A label needs an instruction to sit on.)
-        self.a.zero_bytes()?;
-        self.a.set_label(&mut retry)?;
-        let full = self.a.create_label();
-        let miss = self.a.create_label();
-        let mut cont = self.a.create_label();
+        let (slow, mut cont) = self.begin_inline()?;
         let n = size.bytes();
         self.lea(m)?;
         if n > 1 {
             self.a.test(eax, n as i32 - 1)?;
-            self.a.jne(full)?;
+            self.a.jne(slow)?;
         }
-        self.fast_access(true, size, miss)?;
+        self.fast_access(true, size, slow)?;
         self.add_cycles(self.o.locked_cost)?;
         self.load(SEC, reg, size)?;
         self.add(Instruction::with2(
@@ -694,20 +683,7 @@ impl Emitter {
             SEC[si(size)],
         ))?;
         self.store_from(SEC, reg, size)?;
-        self.a.set_label(&mut cont)?;
-        self.a.zero_bytes()?;
-        self.slow.push(Slow {
-            label: miss,
-            full,
-            retry,
-            access: Some(self.access),
-            k,
-            cont,
-            entry_saved: false,
-            af_clear: false,
-            exit: FlagsAt::State,
-        });
-        Ok(())
+        self.end_inline(k, slow, &mut cont, false)
     }
 
     /// PUSH of a 64-bit memory operand: the operand read (its address
