@@ -294,6 +294,7 @@ fn load_kernel(vm: &mut Vm, elf: &ElfImage<'_>) -> Result<(), CreateError> {
     // Pages wholly in a segment's zero-filled tail (.bss) need no frame:
     // an untouched page reads as zero. Keeping them would make them the
     // pager's first victims, written to swap and read back later.
+    let mut dropped = std::collections::BTreeSet::new();
     for seg in &elf.segments {
         let mut page = (seg.paddr + seg.data.len() as u64).next_multiple_of(PAGE);
         while page + PAGE <= seg.paddr_end() {
@@ -313,12 +314,13 @@ fn load_kernel(vm: &mut Vm, elf: &ElfImage<'_>) -> Result<(), CreateError> {
                     };
                     slot.set_untouched(page.index);
                     shared.host.frames.free(frame);
-                    shared.pager.forget_resident(page);
+                    dropped.insert(page);
                 }
             }
             page += PAGE;
         }
     }
+    shared.pager.forget_resident(&dropped);
     vm.carry_out_cross_requests();
     Ok(())
 }

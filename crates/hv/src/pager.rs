@@ -45,7 +45,7 @@ use crate::swap::{Device, DeviceModel, DeviceStats, SwapError, SwapFile, SwapSlo
 use crate::time::Cycles;
 use machine::addr::PAGE_SIZE;
 use machine::{Gfn, Hfn, MemError};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use thiserror::Error;
 
@@ -341,11 +341,15 @@ impl Pager {
         });
     }
 
-    /// Resident `page` left memory other than by eviction (the hv dropped
-    /// an all-zero page, or its memslot went): forget its clock entry.
-    pub fn forget_resident(&mut self, page: PageRef) {
-        self.clock.retain(|e| e.page != page);
-        self.resident = self.resident.saturating_sub(1);
+    /// Resident `pages` left memory other than by eviction (the hv dropped
+    /// all-zero pages, e.g. a kernel's .bss): forget their clock entries,
+    /// in one pass over the clock (its order kept).
+    pub fn forget_resident(&mut self, pages: &BTreeSet<PageRef>) {
+        if pages.is_empty() {
+            return;
+        }
+        self.clock.retain(|e| !pages.contains(&e.page));
+        self.resident = self.resident.saturating_sub(pages.len() as u64);
     }
 
     /// The frame of the clock entry's page if it is still resident in the

@@ -754,3 +754,90 @@ fn first_level_fills_from_4k_tlb_entries_agree() {
     assert!(interp.tlb.hits > 5000, "{:?}", interp.tlb);
     assert!(interp.tlb.misses > 1000, "{:?}", interp.tlb);
 }
+
+#[test]
+fn chaining_exits_fetch_after_mode_changes_and_privilege_switches() {
+    // SYSCALL/SYSRET round trips between ring 3 and ring 0, with SWAPGS
+    // and RDTSC (system instructions: each moves the mode epoch, which
+    // empties the first-level TLB) and a jump to another page in the
+    // kernel path: that jump's chaining exit misses the first-level iTLB,
+    // so the fetch is made from the exit (`Cpu::jit_chain_fetch`).
+    // (SYSCALL and SYSRET themselves ask for an event check, which the run
+    // loop makes.) The user code then jumps to an unmapped page: the fetch
+    // from a chaining exit takes the #PF as the run loop's would.
+    let rounds = 200u32;
+    let (o, stats) = both(|a| {
+        let mut entry = a.create_label();
+        let mut user = a.create_label();
+        let mut uloop = a.create_label();
+        let mut second = a.create_label();
+        // EFER.SCE; STAR: SYSCALL to CS 0x08, SYSRET to CS 0x23 / SS 0x1b;
+        // LSTAR = entry; FMASK = 0.
+        a.mov(ecx, 0xc000_0080u32).unwrap();
+        a.rdmsr().unwrap();
+        a.or(eax, 1).unwrap();
+        a.wrmsr().unwrap();
+        a.mov(ecx, 0xc000_0081u32).unwrap();
+        a.xor(eax, eax).unwrap();
+        a.mov(edx, 0x0013_0008u32).unwrap();
+        a.wrmsr().unwrap();
+        a.mov(ecx, 0xc000_0082u32).unwrap();
+        a.lea(rax, ptr(entry)).unwrap();
+        a.mov(rdx, rax).unwrap();
+        a.shr(rdx, 32).unwrap();
+        a.wrmsr().unwrap();
+        a.mov(ecx, 0xc000_0084u32).unwrap();
+        a.xor(eax, eax).unwrap();
+        a.xor(edx, edx).unwrap();
+        a.wrmsr().unwrap();
+        // Kernel GS base and GS base differ, so SWAPGS is seen.
+        a.mov(ecx, 0xc000_0102u32).unwrap();
+        a.mov(eax, 0x5000u32).unwrap();
+        a.xor(edx, edx).unwrap();
+        a.wrmsr().unwrap();
+        // To ring 3.
+        a.lea(rcx, ptr(user)).unwrap();
+        a.mov(r11d, 2u32).unwrap();
+        a.sysretq().unwrap();
+        a.set_label(&mut user).unwrap();
+        a.mov(r12d, rounds).unwrap();
+        a.set_label(&mut uloop).unwrap();
+        a.add(rbx, r12).unwrap();
+        a.syscall().unwrap();
+        a.imul_2(rbx, rbx).unwrap();
+        a.add(rbx, r13).unwrap();
+        a.dec(r12d).unwrap();
+        a.jnz(uloop).unwrap();
+        // An unmapped page (the rig maps the first 64 MiB).
+        a.jmp(MEM + 0x5000).unwrap();
+        // The kernel side: SWAPGS, RDTSC, a jump to the next page, SWAPGS,
+        // SYSRET.
+        a.set_label(&mut entry).unwrap();
+        a.swapgs().unwrap();
+        a.add(r13, rcx).unwrap();
+        a.rdtsc().unwrap();
+        a.add(r14, rax).unwrap();
+        a.xor(r13, rdx).unwrap();
+        a.jmp(second).unwrap();
+        a.db(&[0x90; 0x1000]).unwrap();
+        a.set_label(&mut second).unwrap();
+        a.add(r13, 7).unwrap();
+        a.swapgs().unwrap();
+        a.sysretq().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(
+        o.gpr[15],
+        HANDLER_MARK + 14,
+        "the fetch's #PF was delivered"
+    );
+    assert_eq!(o.gpr[12], 0, "every round ran");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // At least the jump to the next page, every round.
+    let bound = rounds as u64;
+    assert!(
+        stats.chain_fetches >= bound,
+        "{} < {bound}",
+        stats.chain_fetches
+    );
+}

@@ -324,6 +324,22 @@ impl Cpu {
             M::Int3 => self.software_interrupt(mem, i, vector::BP),
             M::Int => self.software_interrupt(mem, i, i.immediate8()),
             M::Int1 => Err(Fault::exception(vector::DB)),
+            // The system instructions of every system call and interrupt
+            // (frequent: translated code calls out for them), straight to
+            // where the last arm would take them.
+            M::Swapgs
+            | M::Syscall
+            | M::Sysretq
+            | M::Rdtsc
+            | M::Rdtscp
+            | M::Iretq
+            | M::Cli
+            | M::Sti
+            | M::Hlt
+            | M::In
+            | M::Out
+            | M::Rdmsr
+            | M::Wrmsr => self.exec_system(mem, i),
             m if super::legacy::is_legacy(m) => self.exec_legacy(mem, i),
             m if super::sse::is_simd(m) => self.exec_simd(mem, i),
             m if super::x87::is_x87(m) => self.exec_x87(mem, i),

@@ -263,6 +263,10 @@ pub struct Cpu {
     /// Page-crossing blocks translated code chained into (through
     /// `Cpu::jit_chain_crossing`), kept alive until it returns.
     jit_entered: Vec<std::rc::Rc<code_cache::Block>>,
+    /// The run loop is running the block after a chaining exit's fetch
+    /// (`Cpu::jit_chain_fetch`, status `FETCHED`): no further fetch from
+    /// generated code until it returns.
+    jit_fetched: bool,
     /// The chaining table and the blocks it keeps alive.
     jit_chain: Box<[crate::jit::ChainEntry]>,
     jit_chain_blocks: Box<[Option<std::rc::Rc<code_cache::Block>>]>,
@@ -321,6 +325,7 @@ impl Cpu {
             jit_profile: crate::jit::profile::CallOutProfile::from_env(),
             jit_deadline: 0,
             jit_entered: Vec::new(),
+            jit_fetched: false,
             jit_chain_rip: 0,
             jit_chain: vec![crate::jit::ChainEntry::default(); crate::jit::CHAIN_SLOTS]
                 .into_boxed_slice(),

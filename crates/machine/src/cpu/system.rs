@@ -685,9 +685,9 @@ impl Cpu {
         ext: u32,
     ) -> Result<Segment, Fault> {
         let index = (selector & !7) as u64;
-        let err = gp((selector as u32 & !3) | ext);
         if selector & 4 != 0 || index + 7 > self.state.gdtr.limit as u64 {
-            return Err(err);
+            // (Made only here: a fault is an allocation.)
+            return Err(gp((selector as u32 & !3) | ext));
         }
         let d = self.read_implicit(mem, self.state.gdtr.base.wrapping_add(index), Size::B8)?;
         let attr = ((d >> 40) & 0xff) as u32 | ((((d >> 52) & 0xf) as u32) << 12);
@@ -730,7 +730,8 @@ impl Cpu {
         let cpl = self.state.cpl();
         let rpl = (sel & 3) as u8;
         let null = sel & !3 == 0;
-        let err = gp((sel & !3) as u32);
+        // (Made only when taken: a fault is an allocation.)
+        let err = || gp((sel & !3) as u32);
         if r == Register::SS {
             let seg = if null {
                 // 64-bit mode allows a null SS below ring 3 with RPL = CPL.
@@ -748,7 +749,7 @@ impl Cpu {
                 let writable_data =
                     d.attr & seg_attr::S != 0 && d.attr & 0x8 == 0 && d.attr & 0x2 != 0;
                 if rpl != cpl || d.dpl() != cpl || !writable_data {
-                    return Err(err);
+                    return Err(err());
                 }
                 if d.attr & seg_attr::PRESENT == 0 {
                     return Err(Fault::with_code(vector::SS, (sel & !3) as u32));
@@ -779,10 +780,10 @@ impl Cpu {
             let readable = !code || d.attr & 0x2 != 0;
             let conforming_code = code && d.attr & 0x4 != 0;
             if d.attr & seg_attr::S == 0 || !readable {
-                return Err(err);
+                return Err(err());
             }
             if !conforming_code && (d.dpl() < cpl || d.dpl() < rpl) {
-                return Err(err);
+                return Err(err());
             }
             if d.attr & seg_attr::PRESENT == 0 {
                 return Err(Fault::with_code(vector::NP, (sel & !3) as u32));
@@ -1097,21 +1098,22 @@ impl Cpu {
         mem: &PhysMemory,
         sel: u16,
     ) -> Result<Segment, Fault> {
-        let err = gp((sel & !3) as u32);
+        // (Made only when taken: a fault is an allocation.)
+        let err = || gp((sel & !3) as u32);
         if sel & !3 == 0 {
             return Err(gp(0));
         }
         let d = self.load_descriptor(mem, sel, 0)?;
         let code = d.attr & seg_attr::S != 0 && d.attr & 0x8 != 0;
         if !code || d.dpl() != (sel & 3) as u8 {
-            return Err(err);
+            return Err(err());
         }
         if self.state.efer & efer::LMA != 0
             && d.attr & seg_attr::LONG != 0
             && d.attr & seg_attr::DB != 0
         {
             // L and D together are reserved in IA-32e mode.
-            return Err(err);
+            return Err(err());
         }
         if d.attr & seg_attr::PRESENT == 0 {
             return Err(Fault::with_code(vector::NP, (sel & !3) as u32));

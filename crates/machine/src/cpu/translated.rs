@@ -143,6 +143,7 @@ impl Cpu {
             chain: self.jit_chain.as_ptr(),
             code_generation,
             chain_crossing: jit::native::chain_crossing_address(),
+            chain_fetch: jit::native::chain_fetch_address(),
             l1_book: self.l1.book_address(),
             tlb_hints: tlb.hints,
             tlb_entries: tlb.entries,
@@ -160,6 +161,24 @@ impl Cpu {
         };
         self.jit_chain_rip = block.rip;
         let r = t.run(self, mem, block, &env);
+        match r & 0xff {
+            status::FETCHED => {
+                self.jit_entered.clear();
+                let step = self.run_fetched(mem, cycle_limit);
+                return (0, self.state.rip, step);
+            }
+            status::FETCH_FAULT => {
+                self.jit_entered.clear();
+                // As `run_block` takes a fault of its fetch.
+                self.mmio = None;
+                let step = match self.jit_fault.take() {
+                    Some(f) => self.handle_fault(mem, f, 0),
+                    None => Step::Continue,
+                };
+                return (0, self.state.rip, step);
+            }
+            _ => {}
+        }
         // The block it stopped in: this one, or the last it chained to
         // (which the chaining table keeps alive), or a page-crossing block
         // it chained into (`jit_chain_crossing`).
@@ -187,6 +206,101 @@ impl Cpu {
                 None => (k, op.insn.ip(), Step::Continue),
             },
             _ => (k + 1, op.next_ip, Step::Continue),
+        }
+    }
+
+    /// The rest of the run loop's step after a chaining exit made its fetch
+    /// (`Cpu::jit_chain_fetch`, status `FETCHED`): the block there, run as
+    /// the run loop would (its fetch is now a first-level iTLB hit, which
+    /// changes nothing; the between-block checks were made before the
+    /// fetch). The counts of the block that exited are in already, so the
+    /// caller reports none for it.
+    #[inline(never)]
+    fn run_fetched(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
+        self.jit_fetched = true;
+        let step = self.run_block(mem, cycle_limit);
+        self.jit_fetched = false;
+        step
+    }
+
+    /// A chaining exit of translated code is about to go on at `rip` (a
+    /// 64-bit block's, the deadline compare passed: the run loop would go
+    /// straight on), after this block's `instructions`, and the first-level
+    /// iTLB misses for it. Either changes nothing (zeros: the code returns
+    /// to the run loop as before), or does what the run loop would do
+    /// next: adds the block's counts, sets RIP and fetches at `rip`
+    /// (`translate_fetch`, the TLB lookup or walk with its cycles and
+    /// counters and the first-level fill). Then, if the fetch faulted, the
+    /// status `FETCH_FAULT` (the fault in `jit_fault`); if the block there
+    /// is translated for this privilege (in the chaining table for this
+    /// frame generation, or in the code cache: then kept alive until the
+    /// generated code returns, as `jit_chain_crossing` does), its chained
+    /// entry and the block (reported as the one the code is in); otherwise
+    /// the status `FETCHED` (the run loop runs that block, `run_fetched`).
+    pub(crate) fn jit_chain_fetch(
+        &mut self,
+        mem: &PhysMemory,
+        rip: u64,
+        instructions: u64,
+    ) -> jit::native::CrossingEntry {
+        use jit::native::CrossingEntry;
+        const NONE: CrossingEntry = CrossingEntry { entry: 0, block: 0 };
+        let mtf = self.vmx.as_ref().is_some_and(|v| v.monitor_trap_flag);
+        // (The deadline covers these; checked again so that what follows
+        // is the run loop's next step whatever the caller.)
+        if self.jit_fetched
+            || mtf
+            || self.check_events
+            || self.code_written
+            || self.pending_ipi.is_some()
+            || self.state.interruptibility != 0
+            || self.state.activity != super::Activity::Active
+            || self.state.code_bits() != 64
+            || self.cycles + instructions * self.costs.instruction >= self.jit_deadline
+        {
+            return NONE;
+        }
+        // `run_block`'s end for this block, then the next one's fetch.
+        self.jit_stats.chain_fetches += 1;
+        self.stats.instructions += instructions;
+        self.cycles += instructions * self.costs.instruction;
+        self.state.rip = rip;
+        let hpa = match self.translate_fetch(mem, rip) {
+            Ok(hpa) => hpa,
+            Err(f) => {
+                self.jit_fault = Some(f);
+                return CrossingEntry {
+                    entry: 0,
+                    block: status::FETCH_FAULT,
+                };
+            }
+        };
+        let user = self.state.cpl() == 3;
+        let e = self.jit_chain[jit::chain_slot(rip)];
+        if e.rip == rip
+            && e.hpa == hpa.0
+            && e.user == user as u64
+            && e.generation == u64::from(mem.code_generation(hpa))
+        {
+            self.jit_chain_rip = rip;
+            return CrossingEntry {
+                entry: e.entry,
+                block: e.block,
+            };
+        }
+        if self.jit_entered.len() < ENTERED_MAX {
+            if let Some(block) = self.code.lookup(mem, hpa, rip, 64) {
+                if let Some(Some(t)) = block.jit.get() {
+                    if t.user == user {
+                        let entry = t.chain_entry();
+                        return self.jit_enter(block, entry);
+                    }
+                }
+            }
+        }
+        CrossingEntry {
+            entry: 0,
+            block: status::FETCHED,
         }
     }
 
@@ -237,6 +351,14 @@ impl Cpu {
             return NONE;
         }
         let entry = t.chain_entry();
+        self.jit_enter(block, entry)
+    }
+
+    /// Translated code goes on into `block` (not in the chaining table) at
+    /// its chained `entry`: keeps the block alive until the code returns
+    /// (`jit_entered`) and reports it as the block the code is in; the
+    /// entry and the block for the code.
+    fn jit_enter(&mut self, block: Rc<Block>, entry: u64) -> jit::native::CrossingEntry {
         let i = match self.jit_entered.iter().position(|b| Rc::ptr_eq(b, &block)) {
             Some(i) => i,
             None => {
@@ -284,7 +406,6 @@ impl Cpu {
         if let Some(p) = &mut self.jit_profile {
             p.count(op);
         }
-        let mode_epoch = self.mode_epoch;
         let s = match self.exec_op(mem, op) {
             Ok(fast::Flow::Next) => status::NEXT,
             Ok(fast::Flow::Stored) if !self.code_written => status::NEXT,
@@ -301,13 +422,16 @@ impl Cpu {
         self.l1.sync(self.tlb.epoch(), self.mode_epoch);
         // Anything the run loop must look at before the next block stops
         // chaining (what it looks at itself: events, STI/MOV-SS blocking,
-        // activity, a store into code, an IPI, a mode or privilege change).
+        // activity, a store into code, an IPI). A mode or privilege change
+        // need not: it moves the mode epoch, which empties the first-level
+        // TLB, so the next chaining exit's fetch misses the iTLB and is made
+        // by `jit_chain_fetch` as the run loop would (at the new privilege,
+        // in 64-bit mode only, into a translation for that privilege).
         if self.check_events
             || self.state.interruptibility != 0
             || self.state.activity != super::Activity::Active
             || self.code_written
             || self.pending_ipi.is_some()
-            || self.mode_epoch != mode_epoch
         {
             self.jit_deadline = 0;
         }

@@ -44,7 +44,7 @@ impl Emitter {
         // ask `Cpu::jit_chain_crossing`.
         let crossing = target & 0xfff > 0x1000 - MAX_INSN_LEN as u64;
         let mut cross = if crossing { self.a.create_label() } else { out };
-        self.fetch_probe(cross, Some(target))?;
+        self.fetch_probe(self.fetch_miss, Some(target))?;
         self.chain_lookup(cross, Some(target))?;
         if crossing {
             self.a.set_label(&mut cross)?;
@@ -188,7 +188,7 @@ impl Emitter {
         self.a.add(r9, qword_ptr(rbx + o.cycles))?;
         self.a.cmp(r9, qword_ptr(rbx + o.jit_deadline))?;
         self.a.jae(out)?;
-        self.fetch_probe(out, None)?;
+        self.fetch_probe(self.fetch_miss, None)?;
         if let Some(entry) = own_entry {
             let (_, hpa, generation) = self.own;
             self.a.mov(r10, hpa)?;
@@ -211,6 +211,41 @@ impl Emitter {
         self.a.shl(rax, 8)?;
         self.a.or(rax, status::LEAVE as i32)?;
         self.a.jmp(epilogue)?;
+        Ok(())
+    }
+
+    /// The exits' way when the next block's fetch (RIP in rax, this
+    /// block's instructions in r8, the deadline compare passed) misses the
+    /// first-level iTLB, which the run loop's fetch would fill: ask
+    /// `Cpu::jit_chain_fetch`, which either changes nothing (then out as
+    /// before, through `chain_out`), or makes that fetch exactly as the run
+    /// loop would after adding this block's counts and gives the chained
+    /// entry and block to jump to (it reports the block itself), or a
+    /// status for the run loop (`FETCHED`, `FETCH_FAULT`).
+    pub(super) fn fetch_miss_exit(&mut self, epilogue: CodeLabel) -> Result<(), NotTranslated> {
+        let mut miss = self.fetch_miss;
+        self.a.set_label(&mut miss)?;
+        // Two slots keep rsp 16-byte aligned for the call.
+        self.a.push(rax)?;
+        self.a.push(r8)?;
+        self.a.mov(rdi, rbx)?;
+        self.a.mov(rsi, r12)?;
+        self.a.mov(rdx, rax)?;
+        self.a.mov(rcx, r8)?;
+        self.a.call(qword_ptr(r14 + ENV_CHAIN_FETCH))?;
+        self.a.pop(r8)?;
+        self.a.mov(rcx, rax)?;
+        self.a.pop(rax)?;
+        let mut go = self.a.create_label();
+        self.a.test(rcx, rcx)?;
+        self.a.jne(go)?;
+        self.a.test(rdx, rdx)?;
+        self.a.je(self.chain_out)?;
+        self.a.mov(rax, rdx)?;
+        self.a.jmp(epilogue)?;
+        self.a.set_label(&mut go)?;
+        self.a.mov(r13, rdx)?;
+        self.a.jmp(rcx)?;
         Ok(())
     }
 

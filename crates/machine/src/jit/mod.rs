@@ -119,6 +119,9 @@ pub struct JitStats {
     /// Instructions translated code handed to the interpreter: forms
     /// without host code, and the slow paths of inline memory accesses.
     pub call_outs: u64,
+    /// Fetches made by chaining exits whose first-level iTLB probe missed
+    /// (`Cpu::jit_chain_fetch`), instead of returning to the run loop.
+    pub chain_fetches: u64,
 }
 
 /// How a translated block stopped, in the low byte of its return value;
@@ -134,6 +137,15 @@ pub(crate) mod status {
     /// Instruction `k` completed and execution goes on after it (the end of
     /// the block, or a store into cached code).
     pub const NEXT_IP: u64 = 3;
+    /// A chaining exit made the run loop's next fetch for it
+    /// (`Cpu::jit_chain_fetch`: this block's counts added, RIP and the
+    /// first-level iTLB set) but no translated block there can be jumped
+    /// to: the run loop runs the next block without its between-block
+    /// checks (made before the fetch).
+    pub const FETCHED: u64 = 4;
+    /// That fetch faulted (the fault in `Cpu::jit_fault`), as the run
+    /// loop's fetch would have.
+    pub const FETCH_FAULT: u64 = 5;
 }
 
 /// Where the generated code finds the guest state: byte offsets from the
@@ -232,15 +244,16 @@ const ENV_CODE_FRAMES: i32 = 24;
 const ENV_CHAIN: i32 = 32;
 const ENV_CODE_GENERATION: i32 = 40;
 const ENV_CHAIN_CROSSING: i32 = 48;
+const ENV_CHAIN_FETCH: i32 = 56;
 const ENV_MEM_BASE: i32 = 8;
 const ENV_MEM_SIZE: i32 = 16;
-const ENV_L1_BOOK: i32 = 56;
-const ENV_TLB_HINTS: i32 = 64;
-const ENV_TLB_ENTRIES: i32 = 72;
-const ENV_TLB_RECENTLY_USED: i32 = 80;
-const ENV_TLB_HITS: i32 = 88;
-const ENV_TLB_WAYS: i32 = 96;
-const ENV_TLB_FULL_SET: i32 = 104;
+const ENV_L1_BOOK: i32 = 64;
+const ENV_TLB_HINTS: i32 = 72;
+const ENV_TLB_ENTRIES: i32 = 80;
+const ENV_TLB_RECENTLY_USED: i32 = 88;
+const ENV_TLB_HITS: i32 = 96;
+const ENV_TLB_WAYS: i32 = 104;
+const ENV_TLB_FULL_SET: i32 = 112;
 const _: () = {
     use native::Env;
     use std::mem::offset_of;
@@ -251,6 +264,7 @@ const _: () = {
     assert!(offset_of!(Env, chain) == ENV_CHAIN as usize);
     assert!(offset_of!(Env, code_generation) == ENV_CODE_GENERATION as usize);
     assert!(offset_of!(Env, chain_crossing) == ENV_CHAIN_CROSSING as usize);
+    assert!(offset_of!(Env, chain_fetch) == ENV_CHAIN_FETCH as usize);
     assert!(offset_of!(Env, l1_book) == ENV_L1_BOOK as usize);
     assert!(offset_of!(Env, tlb_hints) == ENV_TLB_HINTS as usize);
     assert!(offset_of!(Env, tlb_entries) == ENV_TLB_ENTRIES as usize);
@@ -403,6 +417,7 @@ pub(crate) fn translate(
         access: (0, 0),
         chain: CodeLabel::default(),
         chain_out: CodeLabel::default(),
+        fetch_miss: CodeLabel::default(),
         own: (block.rip, block.hpa, u64::from(block.generation)),
         self_loop: CodeLabel::default(),
         self_loop_used: false,
@@ -414,6 +429,7 @@ pub(crate) fn translate(
     let mut chain_try = e.a.create_label();
     e.chain = chain_try;
     e.chain_out = e.a.create_label();
+    e.fetch_miss = e.a.create_label();
     let mut self_loop = e.a.create_label();
     e.self_loop = self_loop;
     let mut chained_entry = e.a.create_label();
@@ -544,6 +560,7 @@ pub(crate) fn translate(
     }
     e.a.set_label(&mut chain_try)?;
     e.chain_try(epilogue, None)?;
+    e.fetch_miss_exit(epilogue)?;
     e.a.set_label(&mut call_exit)?;
     e.call_exit(epilogue)?;
     if e.self_loop_used {
@@ -665,6 +682,9 @@ struct Emitter {
     /// known targets).
     chain: CodeLabel,
     chain_out: CodeLabel,
+    /// Where a chaining exit goes when the next block's fetch misses the
+    /// first-level iTLB (see [`Emitter::fetch_miss_exit`]).
+    fetch_miss: CodeLabel,
     /// This block's RIP, host-physical address and code-write generation.
     own: (u64, u64, u64),
     /// The exit to this block's own start (a loop), chaining to itself

@@ -108,6 +108,8 @@ pub(crate) struct Env {
     pub code_generation: *const u32,
     /// [`chain_crossing_address`].
     pub chain_crossing: u64,
+    /// [`chain_fetch_address`].
+    pub chain_fetch: u64,
     /// The first-level TLB's bookkeeping (`L1Tlb::book_address`) and the
     /// TLB's parts (`Tlb::jit_pointers`), for the fill thunk
     /// (`jit::tlb_fill`).
@@ -298,4 +300,26 @@ extern "sysv64" fn chain_crossing(
     // the Cpu across this call).
     let (cpu, mem) = unsafe { (&mut *cpu, &*mem) };
     cpu.jit_chain_crossing(mem, rip)
+}
+
+/// The address generated code calls when a chaining exit's fetch misses
+/// the first-level iTLB.
+pub(crate) fn chain_fetch_address() -> u64 {
+    chain_fetch as extern "sysv64" fn(*mut Cpu, *const PhysMemory, u64, u64) -> CrossingEntry
+        as usize as u64
+}
+
+/// [`Cpu::jit_chain_fetch`] for generated code.
+extern "sysv64" fn chain_fetch(
+    cpu: *mut Cpu,
+    mem: *const PhysMemory,
+    rip: u64,
+    instructions: u64,
+) -> CrossingEntry {
+    // SAFETY: generated code passes on the two pointers `Translation::run`
+    // received from live references (the `&mut Cpu` is not used by its
+    // owner until `run` returns, and the generated code holds no access to
+    // the Cpu across this call).
+    let (cpu, mem) = unsafe { (&mut *cpu, &*mem) };
+    cpu.jit_chain_fetch(mem, rip, instructions)
 }
