@@ -218,7 +218,8 @@ impl Cpu {
     #[inline(never)]
     fn run_fetched(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
         self.jit_fetched = true;
-        let step = self.run_block(mem, cycle_limit);
+        // Only translated code makes such a fetch: the translator's loop.
+        let step = self.run_block::<true>(mem, cycle_limit);
         self.jit_fetched = false;
         step
     }
