@@ -563,6 +563,12 @@ impl Tlb {
         }
     }
 
+    /// Drops every hint (for tests: a TLB without them answers the same).
+    #[cfg(test)]
+    pub(crate) fn forget_hints(&mut self) {
+        *self.hints = [Hint::default(); HINTS];
+    }
+
     /// Whether the valid-entry bitmaps match the entries (for tests).
     #[cfg(test)]
     pub(crate) fn valid_bits_consistent(&self) -> bool {
@@ -728,10 +734,13 @@ impl Tlb {
 
         let (set, range) = self.set_range(vpn);
         let ways = &mut self.entries[range];
+        // The first invalid way is the lowest clear bit of the set's
+        // valid bitmap (which mirrors the entries).
+        let invalid = !self.valid[set] & self.full_set_mask;
         let way = ways
             .iter()
             .position(|e| e.tag == entry.tag && e.eptp == entry.eptp)
-            .or_else(|| ways.iter().position(|e| !e.valid()))
+            .or((invalid != 0).then(|| invalid.trailing_zeros() as usize))
             .unwrap_or_else(|| {
                 let not_recent = !self.recently_used[set] & self.full_set_mask;
                 if not_recent == 0 {
