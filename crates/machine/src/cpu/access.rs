@@ -143,8 +143,9 @@ impl Cpu {
     /// key cached per class and mode (built once per mode), and on a hit
     /// the first-level fill. [`Keyed::Unkeyed`], with nothing done, when
     /// `mmu::translate` would not look the TLB up (a non-canonical address,
-    /// no paging and no EPT). The slots must be synced.
-    #[inline]
+    /// no paging and no EPT). The slots must be synced. Inlined in its
+    /// two callers (both already out of line).
+    #[inline(always)]
     fn translate_keyed(
         &mut self,
         mem: &PhysMemory,
