@@ -121,36 +121,70 @@ impl Cpu {
         kind: AccessKind,
         user: bool,
     ) -> Result<Option<Hpa>, Fault> {
-        let (tlb_epoch, mode_epoch) = (self.tlb.epoch(), self.mode_epoch);
-        debug_assert!(self.l1.in_sync(tlb_epoch, mode_epoch));
+        debug_assert!(self.l1.in_sync(self.tlb.epoch(), self.mode_epoch));
         if !self.l1.peek(class, la) {
-            let key = match self.l1.key(class) {
-                Some(k) => Some(k),
-                None => {
-                    let k = self.lookup_key(kind, user);
-                    if let Some(k) = k {
-                        self.l1.set_key(class, k);
-                    }
-                    k
-                }
+            let looked_up = match self.translate_keyed(mem, la, class, kind, user) {
+                Keyed::Hit(_) => None,
+                Keyed::Missed => Some(true),
+                Keyed::Unkeyed => Some(false),
             };
-            debug_assert_eq!(key, self.lookup_key(kind, user), "a stale TLB lookup key");
-            match key.and_then(|k| self.tlb.lookup_usable(&k, Gva(la))) {
-                Some(hpa) => {
-                    // A hit moves no epoch: the slots stay in sync.
-                    self.l1.use_memory(mem.jit_view().0, mem.size());
-                    self.l1.fill(class, la, hpa, tlb_epoch, mode_epoch);
-                }
-                None => {
-                    self.translate_slow(mem, la, kind, user, false)?;
-                    self.l1.sync(self.tlb.epoch(), self.mode_epoch);
-                }
+            if let Some(looked_up) = looked_up {
+                self.translate_full(mem, la, kind, user, false, looked_up)?;
+                self.l1.sync(self.tlb.epoch(), self.mode_epoch);
             }
         }
         Ok(self.l1.jit_slot(class, la, bytes))
     }
 
-    /// The TLB lookup key of a data access now (`None` when the TLB is not
+    /// A first-level TLB miss of class `class` (`kind`, `user`): the TLB
+    /// lookup [`mmu::translate`] makes, with exactly its effects (a hit
+    /// counted and its entry marked recently used; a miss counted, and an
+    /// entry that does not allow the access dropped), taken with the lookup
+    /// key cached per class and mode (built once per mode), and on a hit
+    /// the first-level fill. [`Keyed::Unkeyed`], with nothing done, when
+    /// `mmu::translate` would not look the TLB up (a non-canonical address,
+    /// no paging and no EPT). The slots must be synced. Inlined in its
+    /// two callers (both already out of line).
+    #[inline(always)]
+    fn translate_keyed(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        class: usize,
+        kind: AccessKind,
+        user: bool,
+    ) -> Keyed {
+        if !mmu::is_canonical(Gva(la)) {
+            return Keyed::Unkeyed;
+        }
+        let key = match self.l1.key(class) {
+            Some(k) => k,
+            None => match self.lookup_key(kind, user) {
+                Some(k) => {
+                    self.l1.set_key(class, k);
+                    k
+                }
+                None => return Keyed::Unkeyed,
+            },
+        };
+        debug_assert_eq!(
+            Some(key),
+            self.lookup_key(kind, user),
+            "a stale TLB lookup key"
+        );
+        match self.tlb.lookup_keyed(&key, Gva(la)) {
+            Some(hpa) => {
+                // A hit moves no epoch: the slots stay in sync.
+                self.l1.use_memory(mem.jit_view().0, mem.size());
+                self.l1
+                    .fill(class, la, hpa, self.tlb.epoch(), self.mode_epoch);
+                Keyed::Hit(hpa)
+            }
+            None => Keyed::Missed,
+        }
+    }
+
+    /// The TLB lookup key of an access now (`None` when the TLB is not
     /// consulted: no paging and no EPT).
     fn lookup_key(&self, kind: AccessKind, user: bool) -> Option<mmu::tlb::LookupKey> {
         let regs = self.paging_regs(false);
@@ -159,6 +193,8 @@ impl Cpu {
             .then(|| mmu::tlb::LookupKey::new(self.vpid(), &regs, ept, Access { kind, user }))
     }
 
+    /// A first-level TLB miss (or an implicit access): the TLB's usable
+    /// hit through the cached key when there is one, else the full way.
     #[inline(never)]
     fn translate_slow(
         &mut self,
@@ -167,6 +203,33 @@ impl Cpu {
         kind: AccessKind,
         user: bool,
         implicit: bool,
+    ) -> Result<Hpa, Fault> {
+        let mut looked_up = false;
+        if !implicit {
+            // `translate_as`'s lookup synced the slots.
+            let class = kind as usize * 2 + user as usize;
+            match self.translate_keyed(mem, la, class, kind, user) {
+                Keyed::Hit(hpa) => return Ok(hpa),
+                Keyed::Missed => looked_up = true,
+                Keyed::Unkeyed => {}
+            }
+        }
+        self.translate_full(mem, la, kind, user, implicit, looked_up)
+    }
+
+    /// [`mmu::translate`] with the CPU's paging state, charging the walk's
+    /// references (and PML writes), then the first-level fill. With
+    /// `looked_up`, the TLB lookup was made (and missed,
+    /// [`Self::translate_keyed`]): only the miss path is left.
+    #[inline(never)]
+    fn translate_full(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        kind: AccessKind,
+        user: bool,
+        implicit: bool,
+        looked_up: bool,
     ) -> Result<Hpa, Fault> {
         let regs = self.paging_regs(implicit);
         let vpid = self.vpid();
@@ -191,13 +254,12 @@ impl Cpu {
             pml,
         };
         let mut refs = 0;
-        let r = mmu::translate(
-            &mut self.tlb,
-            &ctx,
-            Gva(la),
-            Access { kind, user },
-            &mut refs,
-        );
+        let access = Access { kind, user };
+        let r = if looked_up {
+            mmu::translate_miss(&mut self.tlb, &ctx, Gva(la), access, &mut refs)
+        } else {
+            mmu::translate(&mut self.tlb, &ctx, Gva(la), access, &mut refs)
+        };
         if let (Some(before), Some(pml)) = (pml_index_before, pml) {
             // One decrement per entry written (a guest walk may log its
             // tables' pages and the final page).
@@ -741,6 +803,16 @@ impl Cpu {
         let la = self.stack_linear(sp);
         self.read_mem(mem, la, size).map_err(stack_fault)
     }
+}
+
+/// What [`Cpu::translate_keyed`] did.
+enum Keyed {
+    /// The TLB gave the translation (the first-level slot is filled).
+    Hit(Hpa),
+    /// The TLB lookup missed, with its effects: the walk is next.
+    Missed,
+    /// Nothing: the TLB is not to be looked up with a key here.
+    Unkeyed,
 }
 
 /// A non-canonical stack address is #SS(0), not #GP(0).

@@ -85,11 +85,13 @@ pub(crate) struct L1Tlb {
 #[derive(Debug, Clone)]
 #[repr(C)]
 pub(crate) struct Book {
-    /// The TLB lookup key of each data class (read, write x supervisor,
-    /// user) under the current mode, once computed: it depends only on
-    /// what the mode epoch covers (paging registers, RFLAGS.AC, VPID,
-    /// EPTP), so it is dropped when that epoch moves.
-    keys: [KeySlot; DATA_CLASSES],
+    /// The TLB lookup key of each class under the current mode, once
+    /// computed: it depends only on what the mode epoch covers (paging
+    /// registers, RFLAGS.AC, VPID, EPTP), so it is dropped when that epoch
+    /// moves. Translated code's first-level fill reads the data classes'
+    /// (the first [`DATA_CLASSES`]); the interpreter's misses and fetches
+    /// use all.
+    keys: [KeySlot; CLASSES],
     /// Per class, bit i: slot i is in `filled`.
     listed: [u64; CLASSES],
     /// How many of `filled` are in use.
@@ -100,7 +102,7 @@ pub(crate) struct Book {
 }
 
 /// The data-access classes (read and write, supervisor and user): the
-/// ones with lookup keys.
+/// ones translated code's first-level fill serves.
 pub(crate) const DATA_CLASSES: usize = 4;
 
 /// A cached lookup key.
@@ -121,13 +123,13 @@ impl KeySlot {
 
 /// Offsets in a [`Book`] and a [`KeySlot`] that translated code uses.
 pub(crate) mod book {
-    use super::{Book, KeySlot, CLASSES, DATA_CLASSES, SLOTS};
+    use super::{Book, KeySlot, CLASSES, SLOTS};
     use std::mem::{offset_of, size_of};
     pub const KEYS: i32 = 0;
     pub const KEY_SLOT_BYTES: i32 = 40;
     pub const KEY_SLOT_VALID: i32 = 0;
     pub const KEY_SLOT_KEY: i32 = 8;
-    pub const LISTED: i32 = KEYS + DATA_CLASSES as i32 * KEY_SLOT_BYTES;
+    pub const LISTED: i32 = KEYS + CLASSES as i32 * KEY_SLOT_BYTES;
     pub const FILLED_LEN: i32 = LISTED + 8 * CLASSES as i32;
     pub const FILLED: i32 = FILLED_LEN + 8;
     /// Entries in `filled`.
@@ -151,7 +153,7 @@ impl L1Tlb {
             mode_epoch: 0,
             memory: (0, 0),
             book: Box::new(Book {
-                keys: [KeySlot::NONE; DATA_CLASSES],
+                keys: [KeySlot::NONE; CLASSES],
                 listed: [0; CLASSES],
                 filled_len: 0,
                 filled: [0; SLOTS * CLASSES],
@@ -177,7 +179,7 @@ impl L1Tlb {
     pub(crate) fn sync(&mut self, tlb_epoch: u64, mode_epoch: u64) {
         if tlb_epoch != self.tlb_epoch || mode_epoch != self.mode_epoch {
             if mode_epoch != self.mode_epoch {
-                self.book.keys = [KeySlot::NONE; DATA_CLASSES];
+                self.book.keys = [KeySlot::NONE; CLASSES];
             }
             self.clear();
             self.tlb_epoch = tlb_epoch;
@@ -225,8 +227,8 @@ impl L1Tlb {
         self.slots[class][(page as usize) & (SLOTS - 1)].page == page
     }
 
-    /// The cached TLB lookup key of data class `class` (see `keys`). The
-    /// slots must be synced.
+    /// The cached TLB lookup key of class `class` (see `keys`). The slots
+    /// must be synced.
     #[inline]
     pub(crate) fn key(&self, class: usize) -> Option<LookupKey> {
         self.book
@@ -236,8 +238,7 @@ impl L1Tlb {
             .map(|k| k.key)
     }
 
-    /// Caches the TLB lookup key of data class `class` under the current
-    /// mode.
+    /// Caches the TLB lookup key of class `class` under the current mode.
     #[inline]
     pub(crate) fn set_key(&mut self, class: usize, key: LookupKey) {
         if let Some(k) = self.book.keys.get_mut(class) {

@@ -5,8 +5,8 @@
 //! small and every TLB fill empties it, so after each walk the accesses of
 //! the next instructions miss it again and hit the TLB. This thunk takes
 //! exactly those: a 4 KiB TLB entry found through its hint
-//! ([`Tlb::lookup_usable`](crate::mmu::tlb::Tlb::lookup_usable)'s first
-//! step), allowed under the lookup key the first-level TLB caches for the
+//! ([`Tlb::lookup_keyed`](crate::mmu::tlb::Tlb::lookup_keyed)'s first
+//! step when it hits), allowed under the lookup key the first-level TLB caches for the
 //! mode, counted as a hit and marked recently used as the TLB does, then
 //! the first-level slot filled as [`L1Tlb::fill`](crate::cpu::l1tlb)
 //! fills it. Anything else (a page-crossing or non-canonical address, no

@@ -223,9 +223,13 @@ pub fn translate(
 /// caches' entries for the address invalidated, and the translation walked
 /// again from memory alone, so a fault (and what it costs) is what memory
 /// says now.
+///
+/// [`translate`] after its TLB lookup missed (a canonical address, with
+/// paging or EPT on): callers that made that lookup themselves, with its
+/// effects, continue here.
 #[cold]
 #[inline(never)]
-fn translate_miss(
+pub(crate) fn translate_miss(
     tlb: &mut Tlb,
     ctx: &TranslateCtx<'_>,
     gva: Gva,

@@ -397,7 +397,7 @@ const HINTS: usize = 1024;
 
 /// What the translator's first-level TLB fill (`jit::tlb_fill`) reads and
 /// writes of a TLB to take a usable hit through a 4 KiB hint, exactly as
-/// [`Tlb::lookup_usable`] does: where things are, and the layout of hints
+/// [`Tlb::lookup_keyed`] takes it: where things are, and the layout of hints
 /// and entries (checked at compile time).
 pub(crate) mod jit_view {
     use super::{data, tag, Entry, Hint, LookupKey, HINTS};
@@ -563,6 +563,12 @@ impl Tlb {
         }
     }
 
+    /// Drops every hint (for tests: a TLB without them answers the same).
+    #[cfg(test)]
+    pub(crate) fn forget_hints(&mut self) {
+        *self.hints = [Hint::default(); HINTS];
+    }
+
     /// Whether the valid-entry bitmaps match the entries (for tests).
     #[cfg(test)]
     pub(crate) fn valid_bits_consistent(&self) -> bool {
@@ -595,7 +601,16 @@ impl Tlb {
         access: Access,
     ) -> Option<Hpa> {
         let key = LookupKey::new(ctx.vpid, &ctx.regs, ctx.ept, access);
-        match self.find(&key, gva.0 & VA_MASK) {
+        self.lookup_keyed(&key, gva)
+    }
+
+    /// [`Self::lookup`] with the access's key already made (the key of
+    /// the access under the context, as `lookup` makes it): the same
+    /// result and effects. The CPU caches keys per mode and takes this way
+    /// on its first-level TLB misses (data and fetches).
+    #[inline]
+    pub(crate) fn lookup_keyed(&mut self, key: &LookupKey, gva: Gva) -> Option<Hpa> {
+        match self.find(key, gva.0 & VA_MASK) {
             Found::Usable(hpa) => return Some(hpa),
             Found::Forbidden(set, way) => {
                 self.entries[set * self.ways + way] = Entry::INVALID;
@@ -606,18 +621,6 @@ impl Tlb {
         }
         self.stats.misses += 1;
         None
-    }
-
-    /// [`Self::lookup`] when it would hit, with exactly its effects then
-    /// (the hit counted, the entry marked recently used); `None`, with
-    /// nothing changed, where `lookup` would miss or drop an entry. The
-    /// translator's first-level TLB fill takes this way first.
-    #[inline]
-    pub(crate) fn lookup_usable(&mut self, key: &LookupKey, gva: Gva) -> Option<Hpa> {
-        match self.find(key, gva.0 & VA_MASK) {
-            Found::Usable(hpa) => Some(hpa),
-            Found::Forbidden(..) | Found::Absent => None,
-        }
     }
 
     /// The entry for `va` under `key`: the hint first, then the set of each
@@ -731,10 +734,13 @@ impl Tlb {
 
         let (set, range) = self.set_range(vpn);
         let ways = &mut self.entries[range];
+        // The first invalid way is the lowest clear bit of the set's
+        // valid bitmap (which mirrors the entries).
+        let invalid = !self.valid[set] & self.full_set_mask;
         let way = ways
             .iter()
             .position(|e| e.tag == entry.tag && e.eptp == entry.eptp)
-            .or_else(|| ways.iter().position(|e| !e.valid()))
+            .or((invalid != 0).then(|| invalid.trailing_zeros() as usize))
             .unwrap_or_else(|| {
                 let not_recent = !self.recently_used[set] & self.full_set_mask;
                 if not_recent == 0 {
