@@ -842,15 +842,18 @@ fn chaining_exits_fetch_after_mode_changes_and_privilege_switches() {
     );
 }
 
+/// One stop of [`run_stepped`]: the exit, cycles, instructions, state
+/// digest (RFLAGS included) and RIP.
+type Stop = (VmExit, u64, u64, u64, u64);
+
 /// Runs `prog` on `engine` in slices of `step` cycles (each slice a run
-/// to a cycle limit) until it halts; returns, for every stop, the exit,
-/// cycles, instructions, state digest (RFLAGS included) and RIP.
+/// to a cycle limit) until it halts; returns every stop.
 fn run_stepped(
     engine: Engine,
     threshold: u32,
     step: u64,
     prog: impl FnOnce(&mut CodeAssembler),
-) -> (Vec<(VmExit, u64, u64, u64, u64)>, machine::jit::JitStats) {
+) -> (Vec<Stop>, machine::jit::JitStats) {
     machine::jit::set_verify_encoding(true);
     let mut r = rig(prog);
     r.cpu.set_engine(engine);

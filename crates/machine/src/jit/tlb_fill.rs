@@ -207,7 +207,7 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     pop_arguments(&mut a)?;
     a.mov(rax, fallback)?;
     a.jmp(rax)?;
-    Ok(a.assemble(0)?)
+    a.assemble(0)
 }
 
 fn pop_arguments(a: &mut CodeAssembler) -> Result<(), IcedError> {
