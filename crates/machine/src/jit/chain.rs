@@ -116,12 +116,9 @@ impl Emitter {
         let class = 2 * 2 + self.user as usize;
         let slot = (class * SLOTS * SLOT_BYTES
             + (((rip >> 12) + 1) as usize & (SLOTS - 1)) * SLOT_BYTES) as i32;
-        self.a.mov(rdx, rip >> 12)?;
-        self.a
-            .cmp(rdx, qword_ptr(rbp + (slot + SLOT_JIT_PAGE as i32)))?;
+        self.cmp_const(slot + SLOT_JIT_PAGE as i32, rip >> 12)?;
         self.a.jne(miss)?;
-        self.a.mov(rdx, hpa & !0xfff)?;
-        self.a.cmp(rdx, qword_ptr(rbp + (slot + SLOT_HPA as i32)))?;
+        self.cmp_const(slot + SLOT_HPA as i32, hpa & !0xfff)?;
         self.a.jne(out)?;
         // The frame's code-write generation (`is_self_loop`: a 32-bit
         // displacement).
@@ -149,6 +146,18 @@ impl Emitter {
                 self.a.mov(eax, ((k as u32) << 8) | status::LEAVE as u32)?;
                 self.a.jmp(self.epilogue)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Compares the qword at rbp + `off` with `v`: as an immediate where
+    /// it sign-extends to `v`, else through rdx (clobbered).
+    fn cmp_const(&mut self, off: i32, v: u64) -> Result<(), NotTranslated> {
+        if v <= i32::MAX as u64 {
+            self.a.cmp(qword_ptr(rbp + off), v as i32)?;
+        } else {
+            self.a.mov(rdx, v)?;
+            self.a.cmp(rdx, qword_ptr(rbp + off))?;
         }
         Ok(())
     }
@@ -363,9 +372,7 @@ impl Emitter {
             Some(t) => {
                 // The slot is known: rbp + its offset.
                 let slot = c + ((((t >> 12) + 1) as usize & (SLOTS - 1)) * SLOT_BYTES) as i32;
-                self.a.mov(rdx, t >> 12)?;
-                self.a
-                    .cmp(rdx, qword_ptr(rbp + (slot + SLOT_JIT_PAGE as i32)))?;
+                self.cmp_const(slot + SLOT_JIT_PAGE as i32, t >> 12)?;
                 self.a.jne(out)?;
                 self.a.mov(rdx, qword_ptr(rbp + (slot + SLOT_HPA as i32)))?;
             }
