@@ -841,3 +841,112 @@ fn chaining_exits_fetch_after_mode_changes_and_privilege_switches() {
         stats.chain_fetches
     );
 }
+
+/// One stop of [`run_stepped`]: the exit, cycles, instructions, state
+/// digest (RFLAGS included) and RIP.
+type Stop = (VmExit, u64, u64, u64, u64);
+
+/// Runs `prog` on `engine` in slices of `step` cycles (each slice a run
+/// to a cycle limit) until it halts; returns every stop.
+fn run_stepped(
+    engine: Engine,
+    threshold: u32,
+    step: u64,
+    prog: impl FnOnce(&mut CodeAssembler),
+) -> (Vec<Stop>, machine::jit::JitStats) {
+    machine::jit::set_verify_encoding(true);
+    let mut r = rig(prog);
+    r.cpu.set_engine(engine);
+    r.cpu.set_jit_threshold(threshold);
+    let mut stops = Vec::new();
+    for _ in 0..100_000 {
+        let limit = r.cpu.cycles() + step;
+        let exit = r.cpu.run(&r.mem, limit);
+        let more = exit == VmExit::CycleLimit;
+        stops.push((
+            exit,
+            r.cpu.cycles(),
+            r.cpu.stats().instructions,
+            r.cpu.state_digest(),
+            r.cpu.state().rip,
+        ));
+        if !more {
+            break;
+        }
+    }
+    (stops, r.cpu.jit_stats())
+}
+
+#[test]
+fn self_loops_with_dead_entry_flags_stop_exactly() {
+    // Loops back to their own block's start whose flags are dead at entry
+    // (written whole before anything observes them): the back edge keeps
+    // the flags in r15 and writes them back only where it leaves. Runs cut
+    // into slices by odd cycle limits stop on those back edges (the
+    // deadline compare), where RFLAGS must be the interpreter's: after
+    // SHR (AF as the interpreter leaves it) and after TEST (AF clear).
+    // The RDTSC loop empties the first-level TLB every iteration (a mode
+    // epoch move), so its back edge's iTLB probe misses and the fetch is
+    // made from the exit with the flags written back first. A loop whose
+    // flags are live at entry (ADC first) takes the back edge that writes
+    // them back.
+    let prog = |a: &mut CodeAssembler| {
+        let mut l1 = a.create_label();
+        let mut l2 = a.create_label();
+        let mut l3 = a.create_label();
+        let mut l4 = a.create_label();
+        // Population count by shifts: flags dirty from SHR at the JNZ.
+        a.mov(rbx, 0xdead_beef_f00d_1234u64).unwrap();
+        a.mov(r13d, 40u32).unwrap();
+        a.set_label(&mut l1).unwrap();
+        a.mov(rax, rbx).unwrap();
+        a.and(eax, 1).unwrap();
+        a.add(rcx, rax).unwrap();
+        a.shr(rbx, 1).unwrap();
+        a.jnz(l1).unwrap();
+        // TEST at the back edge (a logic op: AF clear).
+        a.mov(ebx, 700u32).unwrap();
+        a.set_label(&mut l2).unwrap();
+        a.mov(rax, rbx).unwrap();
+        a.and(eax, 7).unwrap();
+        a.add(rcx, rax).unwrap();
+        a.imul_3(rdx, rcx, 3).unwrap();
+        a.sub(rbx, 1).unwrap();
+        a.test(rbx, rbx).unwrap();
+        a.jnz(l2).unwrap();
+        // RDTSC: a call-out that empties the first-level TLB.
+        a.mov(ebx, 300u32).unwrap();
+        a.set_label(&mut l3).unwrap();
+        a.xor(r8d, 0x55).unwrap();
+        a.rdtsc().unwrap();
+        a.add(r9, rax).unwrap();
+        a.add(r10, r8).unwrap();
+        a.dec(ebx).unwrap();
+        a.jnz(l3).unwrap();
+        // Flags live at entry.
+        a.mov(ebx, 500u32).unwrap();
+        a.set_label(&mut l4).unwrap();
+        a.adc(r11, r12).unwrap();
+        a.add(r12, 0x1234_5678).unwrap();
+        a.rol(r12, 7).unwrap();
+        a.dec(ebx).unwrap();
+        a.jnz(l4).unwrap();
+        a.dec(r13d).unwrap();
+        a.jnz(l1).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rdi).unwrap();
+        a.hlt().unwrap();
+    };
+    for step in [1_000_003, 97, 31] {
+        let (interp, _) = run_stepped(Engine::Interp, 1, step, prog);
+        let (jit, stats) = run_stepped(Engine::Jit, 1, step, prog);
+        assert_eq!(interp.last().unwrap().0, VmExit::Hlt, "step {step}");
+        assert!(interp.len() > (step == 31) as usize * 1000, "step {step}");
+        assert_eq!(interp, jit, "interp vs jit, step {step}");
+        let (jit2, _) = run_stepped(Engine::Jit, 2, step, prog);
+        assert_eq!(interp, jit2, "interp vs jit (second run), step {step}");
+        assert!(stats.blocks_translated >= 4, "{stats:?}");
+        assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+        assert!(stats.chain_fetches > 0, "{stats:?}");
+    }
+}

@@ -25,13 +25,10 @@ impl Emitter {
     /// (its first-level iTLB slot and chaining-table slot computed now);
     /// a loop to the block's own start goes to the block's self-loop exit.
     pub(super) fn leave_to(&mut self, k: usize, target: u64) -> Result<(), NotTranslated> {
-        self.a.mov(rax, target)?;
-        if target == self.own.0 {
-            self.a.mov(ecx, k as u32)?;
-            self.self_loop_used = true;
-            self.a.jmp(self.self_loop)?;
-            return Ok(());
+        if self.is_self_loop(target) {
+            return self.self_loop_exit(k, None);
         }
+        self.a.mov(rax, target)?;
         let o = self.o;
         let out = self.chain_out;
         self.a.mov(r8d, k as u32 + 1)?;
@@ -49,6 +46,118 @@ impl Emitter {
         if crossing {
             self.a.set_label(&mut cross)?;
             self.chain_crossing(out)?;
+        }
+        Ok(())
+    }
+
+    /// Instruction `k` completed and execution goes on at `target`, with
+    /// the guest flags where the emitter's state says (not yet written
+    /// back, possibly): [`Self::leave_to`] after writing them back, except
+    /// for a loop to the block's own start whose flags are dead at entry
+    /// (`flags::flags_live_at_entry`): there they are kept in r15 and only
+    /// written back on the ways that leave (see [`Self::self_loop_exit`]).
+    pub(super) fn exit_to(&mut self, k: usize, target: u64) -> Result<(), NotTranslated> {
+        if self.dirty && !self.live_at_entry && self.is_self_loop(target) {
+            if !self.saved {
+                debug_assert!(self.host_valid);
+                self.save_flags()?;
+            }
+            let af_clear = self.af_clear;
+            self.dirty = false;
+            self.saved = false;
+            self.host_valid = false;
+            return self.self_loop_exit(k, Some(af_clear));
+        }
+        self.capture_if_dirty()?;
+        self.leave_to(k, target)
+    }
+
+    /// Whether `target` is this block's own start, reached through its
+    /// self-loop exit: not for a page-crossing instruction's block (its
+    /// host-physical address `u64::MAX`: only the run loop enters it), nor
+    /// where the frame's code-write generation slot is not a 32-bit
+    /// displacement away.
+    fn is_self_loop(&self, target: u64) -> bool {
+        let (rip, hpa, _) = self.own;
+        target == rip && hpa != u64::MAX && (hpa >> 12) * 4 <= i32::MAX as u64
+    }
+
+    /// Instruction `k` went on at the block's own start (a loop, see
+    /// [`Self::is_self_loop`]). As [`Self::chain_try`] would with the
+    /// target known: the table would give this block (the block running
+    /// is always in the table: the run loop puts the block it runs there,
+    /// chaining finds blocks there, and nothing changes the table while
+    /// generated code runs), so instead of the lookup the fetch's
+    /// first-level iTLB slot (a constant offset) is compared with this
+    /// block's page and frame, the frame's code-write generation (a
+    /// constant address) with this block's, and the jump goes straight to
+    /// the chained entry. Every count is a constant: r8 = k + 1
+    /// instructions, r9 the cycles after them.
+    ///
+    /// With `saved` (the AF-clear bit of their last writer) the guest
+    /// flags are in r15, not in `state.rflags`, and are dead at the
+    /// block's entry: the way that loops leaves them there (the block
+    /// writes all six before anything observes the state's copy); the
+    /// ways that leave (the deadline reached, the probe missed, another
+    /// frame or generation) write them back first. The compares clobber
+    /// the host flags, which is why they are in r15.
+    fn self_loop_exit(&mut self, k: usize, saved: Option<bool>) -> Result<(), NotTranslated> {
+        let (rip, hpa, generation) = self.own;
+        let o = self.o;
+        let out = self.a.create_label();
+        let miss = self.a.create_label();
+        self.a.mov(r8d, k as u32 + 1)?;
+        self.a.mov(r9, (k as u64 + 1) * o.instruction_cost)?;
+        self.a.add(r9, qword_ptr(rbx + o.cycles))?;
+        self.a.cmp(r9, qword_ptr(rbx + o.jit_deadline))?;
+        self.a.jae(out)?;
+        // The fetch: a first-level iTLB hit for this privilege (changing
+        // nothing) in the slot of this page, on this block's frame.
+        let class = 2 * 2 + self.user as usize;
+        let slot = (class * SLOTS * SLOT_BYTES
+            + (((rip >> 12) + 1) as usize & (SLOTS - 1)) * SLOT_BYTES) as i32;
+        self.cmp_const(slot + SLOT_JIT_PAGE as i32, rip >> 12)?;
+        self.a.jne(miss)?;
+        self.cmp_const(slot + SLOT_HPA as i32, hpa & !0xfff)?;
+        self.a.jne(out)?;
+        // The frame's code-write generation (`is_self_loop`: a 32-bit
+        // displacement).
+        self.a.mov(rcx, qword_ptr(r14 + ENV_CODE_GENERATION))?;
+        self.a.cmp(
+            dword_ptr(rcx + ((hpa >> 12) * 4) as i32),
+            generation as u32 as i32,
+        )?;
+        self.a.jne(out)?;
+        // The block ended in is already the one reported.
+        self.count_chained(false)?;
+        self.a.jmp(self.chained_entry)?;
+        // The ways out: the flags written back, rax the target.
+        for (mut l, to_miss) in [(miss, true), (out, false)] {
+            self.a.set_label(&mut l)?;
+            if let Some(af_clear) = saved {
+                self.capture_saved(af_clear)?;
+            }
+            self.a.mov(rax, rip)?;
+            if to_miss {
+                // Where the run loop's fetch would fill the iTLB.
+                self.a.jmp(self.fetch_miss)?;
+            } else {
+                self.a.mov(qword_ptr(rbx + o.next_rip), rax)?;
+                self.a.mov(eax, ((k as u32) << 8) | status::LEAVE as u32)?;
+                self.a.jmp(self.epilogue)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Compares the qword at rbp + `off` with `v`: as an immediate where
+    /// it sign-extends to `v`, else through rdx (clobbered).
+    fn cmp_const(&mut self, off: i32, v: u64) -> Result<(), NotTranslated> {
+        if v <= i32::MAX as u64 {
+            self.a.cmp(qword_ptr(rbp + off), v as i32)?;
+        } else {
+            self.a.mov(rdx, v)?;
+            self.a.cmp(rdx, qword_ptr(rbp + off))?;
         }
         Ok(())
     }
@@ -164,47 +273,27 @@ impl Emitter {
     /// block's instructions and cycles as the run loop would. Otherwise
     /// return: leave at instruction `ecx`.
     ///
-    /// With `own_entry` the target is this block's own start (a loop): the
-    /// table would give this block (the block running is always in the
-    /// table: the run loop puts the block it runs there, chaining finds
-    /// blocks there, and nothing changes the table while generated code
-    /// runs), so instead of the lookup the fetched frame and its code-write
-    /// generation are compared with this block's, and the jump goes
-    /// straight to `own_entry`.
-    pub(super) fn chain_try(
-        &mut self,
-        epilogue: CodeLabel,
-        own_entry: Option<CodeLabel>,
-    ) -> Result<(), NotTranslated> {
+    /// A loop to the block's own start has its own exit
+    /// ([`Self::self_loop_exit`]).
+    pub(super) fn chain_try(&mut self, epilogue: CodeLabel) -> Result<(), NotTranslated> {
         // The shared exit's way out is also the one of the exits to known
         // targets (`leave_to`).
-        let mut out = match own_entry {
-            Some(_) => self.a.create_label(),
-            None => self.chain_out,
-        };
+        let mut out = self.chain_out;
         let o = self.o;
         self.a.lea(r8, qword_ptr(rcx + 1))?;
-        self.a.imul_3(r9, r8, o.instruction_cost as i32)?;
+        // r9 = r8 * the instruction cost, without a multiply for the
+        // usual costs.
+        match o.instruction_cost {
+            1 => self.a.mov(r9, r8)?,
+            2 => self.a.lea(r9, qword_ptr(r8 + r8))?,
+            c @ (4 | 8) => self.a.lea(r9, qword_ptr(r8 * (c as u32)))?,
+            c => self.a.imul_3(r9, r8, c as i32)?,
+        }
         self.a.add(r9, qword_ptr(rbx + o.cycles))?;
         self.a.cmp(r9, qword_ptr(rbx + o.jit_deadline))?;
         self.a.jae(out)?;
         self.fetch_probe(self.fetch_miss, None)?;
-        if let Some(entry) = own_entry {
-            let (_, hpa, generation) = self.own;
-            self.a.mov(r10, hpa)?;
-            self.a.cmp(rdx, r10)?;
-            self.a.jne(out)?;
-            self.a.mov(rcx, qword_ptr(r14 + ENV_CODE_GENERATION))?;
-            self.a.mov(ecx, dword_ptr(rcx + r11 * 4))?;
-            self.a.mov(r10, generation)?;
-            self.a.cmp(rcx, r10)?;
-            self.a.jne(out)?;
-            // The block ended in is already the one reported.
-            self.count_chained(false)?;
-            self.a.jmp(entry)?;
-        } else {
-            self.chain_lookup(out, None)?;
-        }
+        self.chain_lookup(out, None)?;
         self.a.set_label(&mut out)?;
         self.a.mov(qword_ptr(rbx + o.next_rip), rax)?;
         self.a.lea(rax, qword_ptr(r8 - 1))?;
@@ -283,9 +372,7 @@ impl Emitter {
             Some(t) => {
                 // The slot is known: rbp + its offset.
                 let slot = c + ((((t >> 12) + 1) as usize & (SLOTS - 1)) * SLOT_BYTES) as i32;
-                self.a.mov(rdx, t >> 12)?;
-                self.a
-                    .cmp(rdx, qword_ptr(rbp + (slot + SLOT_JIT_PAGE as i32)))?;
+                self.cmp_const(slot + SLOT_JIT_PAGE as i32, t >> 12)?;
                 self.a.jne(out)?;
                 self.a.mov(rdx, qword_ptr(rbp + (slot + SLOT_HPA as i32)))?;
             }

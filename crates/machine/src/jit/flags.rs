@@ -189,6 +189,25 @@ pub(super) fn flags_live_after(insns: &[crate::cpu::fast::Op]) -> Vec<bool> {
     live
 }
 
+/// Whether the arithmetic flags at the block's entry can be observed
+/// (the live-in of [`flags_live_after`]'s analysis): false when, before
+/// any observer (a reader, a call-out, an inline access, an exit), an
+/// instruction writes all six of them. A loop back to the block's own
+/// start then need not write them back to the state (see
+/// `Emitter::self_loop_exit`): the block overwrites them before anything
+/// could see the state's copy.
+pub(super) fn flags_live_at_entry(insns: &[crate::cpu::fast::Op]) -> bool {
+    for op in insns {
+        match effect(&op.fast) {
+            Effect::Kill => return false,
+            Effect::Keep => {}
+            Effect::Observe => return true,
+        }
+    }
+    // Through the end of the block: exact there.
+    true
+}
+
 /// What an instruction does to the liveness of the flags before it.
 enum Effect {
     /// Writes every arithmetic flag without reading any.

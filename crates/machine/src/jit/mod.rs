@@ -419,8 +419,9 @@ pub(crate) fn translate(
         chain_out: CodeLabel::default(),
         fetch_miss: CodeLabel::default(),
         own: (block.rip, block.hpa, u64::from(block.generation)),
-        self_loop: CodeLabel::default(),
-        self_loop_used: false,
+        chained_entry: CodeLabel::default(),
+        epilogue: CodeLabel::default(),
+        live_at_entry: flags::flags_live_at_entry(&block.insns),
     };
     let mut epilogue = e.a.create_label();
     // Where a call-out that did not just go on returns to: chaining on
@@ -430,9 +431,9 @@ pub(crate) fn translate(
     e.chain = chain_try;
     e.chain_out = e.a.create_label();
     e.fetch_miss = e.a.create_label();
-    let mut self_loop = e.a.create_label();
-    e.self_loop = self_loop;
     let mut chained_entry = e.a.create_label();
+    e.chained_entry = chained_entry;
+    e.epilogue = epilogue;
     // Prologue: rbx = cpu, r12 = memory, r13 = block, r14 = env. Six
     // pushes and 8 bytes after the return address leave rsp 16-byte
     // aligned for the call-outs.
@@ -461,8 +462,7 @@ pub(crate) fn translate(
         match op.fast {
             Fast::Jmp { target } => {
                 // Always the last instruction of a block.
-                e.capture_if_dirty()?;
-                e.leave_to(k, target)?;
+                e.exit_to(k, target)?;
                 ended = true;
                 break;
             }
@@ -494,8 +494,7 @@ pub(crate) fn translate(
         }
     }
     if !ended {
-        e.capture_if_dirty()?;
-        e.leave_to(last, block.insns[last].next_ip)?;
+        e.exit_to(last, block.insns[last].next_ip)?;
     }
     // Slow paths of inline accesses: a few instructions per access that
     // call one of the block's shared slow paths (`Emitter::slow_shared`)
@@ -553,20 +552,18 @@ pub(crate) fn translate(
     let exits = std::mem::take(&mut e.exits);
     for mut x in exits {
         e.a.set_label(&mut x.label)?;
-        if x.dirty {
-            e.capture(x.af_clear)?;
-        }
-        e.leave_to(x.k, x.target)?;
+        // The flags as the branch left them: in the host.
+        e.host_valid = true;
+        e.dirty = x.dirty;
+        e.saved = false;
+        e.af_clear = x.af_clear;
+        e.exit_to(x.k, x.target)?;
     }
     e.a.set_label(&mut chain_try)?;
-    e.chain_try(epilogue, None)?;
+    e.chain_try(epilogue)?;
     e.fetch_miss_exit(epilogue)?;
     e.a.set_label(&mut call_exit)?;
     e.call_exit(epilogue)?;
-    if e.self_loop_used {
-        e.a.set_label(&mut self_loop)?;
-        e.chain_try(epilogue, Some(chained_entry))?;
-    }
     e.a.set_label(&mut epilogue)?;
     e.a.add(rsp, 8)?;
     e.a.pop(r15)?;
@@ -687,10 +684,13 @@ struct Emitter {
     fetch_miss: CodeLabel,
     /// This block's RIP, host-physical address and code-write generation.
     own: (u64, u64, u64),
-    /// The exit to this block's own start (a loop), chaining to itself
-    /// without the table lookup.
-    self_loop: CodeLabel,
-    self_loop_used: bool,
+    /// Where chained blocks enter (a loop to the block's own start jumps
+    /// there, see [`Emitter::self_loop_exit`]), and the epilogue.
+    chained_entry: CodeLabel,
+    epilogue: CodeLabel,
+    /// The guest flags at the block's entry may be observed
+    /// ([`flags::flags_live_at_entry`]).
+    live_at_entry: bool,
 }
 
 impl Emitter {
