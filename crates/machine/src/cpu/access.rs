@@ -122,16 +122,12 @@ impl Cpu {
         user: bool,
     ) -> Result<Option<Hpa>, Fault> {
         debug_assert!(self.l1.in_sync(self.tlb.epoch(), self.mode_epoch));
+        debug_assert_eq!(class, kind as usize * 2 + user as usize);
         if !self.l1.peek(class, la) {
-            let looked_up = match self.translate_keyed(mem, la, class, kind, user) {
-                Keyed::Hit(_) => None,
-                Keyed::Missed => Some(true),
-                Keyed::Unkeyed => Some(false),
-            };
-            if let Some(looked_up) = looked_up {
-                self.translate_full(mem, la, kind, user, false, looked_up)?;
-                self.l1.sync(self.tlb.epoch(), self.mode_epoch);
-            }
+            // The interpreter's own miss path (a walk may move the TLB's
+            // epoch: the slots are synced again after it).
+            self.translate_slow(mem, la, kind, user, false)?;
+            self.l1.sync(self.tlb.epoch(), self.mode_epoch);
         }
         Ok(self.l1.jit_slot(class, la, bytes))
     }
@@ -143,8 +139,8 @@ impl Cpu {
     /// key cached per class and mode (built once per mode), and on a hit
     /// the first-level fill. [`Keyed::Unkeyed`], with nothing done, when
     /// `mmu::translate` would not look the TLB up (a non-canonical address,
-    /// no paging and no EPT). The slots must be synced. Inlined in its
-    /// two callers (both already out of line).
+    /// no paging and no EPT). The slots must be synced. Inlined in
+    /// [`Self::translate_slow`] (out of line).
     #[inline(always)]
     fn translate_keyed(
         &mut self,
