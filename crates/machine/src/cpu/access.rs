@@ -7,6 +7,7 @@
 //! [`Fault`]s: #PF, #GP/#SS for non-canonical addresses, or a VM exit for
 //! EPT violations and misconfigurations.
 
+use super::l1tlb::KeyContext;
 use super::state::rflags;
 use super::{vector, Cpu, Fault, FaultKind};
 use crate::addr::{Gva, Hpa};
@@ -97,11 +98,46 @@ impl Cpu {
         // the first-level TLB rather than get classes of their own.
         if !implicit {
             let class = kind as usize * 2 + user as usize;
-            if let Some(hpa) = self.l1.lookup(class, la, self.tlb.epoch(), self.mode_epoch) {
+            self.sync_l1();
+            if let Some(hpa) = self.l1.lookup(class, la) {
                 return Ok(hpa);
             }
         }
         self.translate_slow(mem, la, kind, user, implicit)
+    }
+
+    /// Brings the first-level TLB up to the TLB's and the mode's epochs
+    /// (see `l1tlb`): before any probe or fill of its slots, and before
+    /// translated code reads them.
+    #[inline(always)]
+    pub(crate) fn sync_l1(&mut self) {
+        let (tlb_epoch, mode_epoch) = (self.tlb.epoch(), self.mode_epoch);
+        if !self.l1.in_sync(tlb_epoch, mode_epoch) {
+            self.resync_l1(tlb_epoch, mode_epoch);
+        }
+    }
+
+    /// [`Self::sync_l1`] when an epoch moved: the slots are emptied, and
+    /// the cached lookup keys kept if the mode moved without changing what
+    /// they are computed from.
+    #[inline(never)]
+    fn resync_l1(&mut self, tlb_epoch: u64, mode_epoch: u64) {
+        let keys_for = (!self.l1.mode_in_sync(mode_epoch)).then(|| self.key_context());
+        self.l1.resync(tlb_epoch, mode_epoch, keys_for);
+    }
+
+    /// What the TLB lookup keys ([`Self::lookup_key`]) are computed from
+    /// now.
+    fn key_context(&self) -> KeyContext {
+        let regs = self.paging_regs(false);
+        KeyContext {
+            cr0: regs.cr0,
+            cr4: regs.cr4,
+            efer: regs.efer,
+            rflags_ac: regs.rflags_ac,
+            vpid: self.vpid(),
+            eptp: self.vmx.as_deref().and_then(|v| v.ept).map(|e| e.0),
+        }
     }
 
     /// [`Self::translate`] for translated code's first-level TLB miss of
@@ -124,10 +160,10 @@ impl Cpu {
         debug_assert!(self.l1.in_sync(self.tlb.epoch(), self.mode_epoch));
         debug_assert_eq!(class, kind as usize * 2 + user as usize);
         if !self.l1.peek(class, la) {
-            // The interpreter's own miss path (a walk may move the TLB's
-            // epoch: the slots are synced again after it).
+            // The interpreter's own miss path (its fill comes after any
+            // walk and syncs first: the slots stay in sync).
             self.translate_slow(mem, la, kind, user, false)?;
-            self.l1.sync(self.tlb.epoch(), self.mode_epoch);
+            debug_assert!(self.l1.in_sync(self.tlb.epoch(), self.mode_epoch));
         }
         Ok(self.l1.jit_slot(class, la, bytes))
     }
@@ -153,30 +189,42 @@ impl Cpu {
         if !mmu::is_canonical(Gva(la)) {
             return Keyed::Unkeyed;
         }
-        let key = match self.l1.key(class) {
-            Some(k) => k,
-            None => match self.lookup_key(kind, user) {
-                Some(k) => {
-                    self.l1.set_key(class, k);
-                    k
-                }
-                None => return Keyed::Unkeyed,
-            },
-        };
+        if self.l1.key(class).is_none() && !self.cache_lookup_key(class, kind, user) {
+            return Keyed::Unkeyed;
+        }
         debug_assert_eq!(
-            Some(key),
+            self.l1.key(class).copied(),
             self.lookup_key(kind, user),
             "a stale TLB lookup key"
         );
-        match self.tlb.lookup_keyed(&key, Gva(la)) {
+        // (Read in place: the key cache and the TLB are separate fields.)
+        let Some(key) = self.l1.key(class) else {
+            return Keyed::Unkeyed;
+        };
+        match self.tlb.lookup_keyed(key, Gva(la)) {
             Some(hpa) => {
                 // A hit moves no epoch: the slots stay in sync.
+                debug_assert!(self.l1.in_sync(self.tlb.epoch(), self.mode_epoch));
                 self.l1.use_memory(mem.jit_view().0, mem.size());
-                self.l1
-                    .fill(class, la, hpa, self.tlb.epoch(), self.mode_epoch);
+                self.l1.fill(class, la, hpa);
                 Keyed::Hit(hpa)
             }
             None => Keyed::Missed,
+        }
+    }
+
+    /// Computes and caches the TLB lookup key of class `class` (`kind`,
+    /// `user`) under the current mode; false when there is none (no
+    /// paging and no EPT). Once per class and key context.
+    #[cold]
+    #[inline(never)]
+    fn cache_lookup_key(&mut self, class: usize, kind: AccessKind, user: bool) -> bool {
+        match self.lookup_key(kind, user) {
+            Some(k) => {
+                self.l1.set_key(class, k);
+                true
+            }
+            None => false,
         }
     }
 
@@ -273,8 +321,9 @@ impl Cpu {
         if !implicit {
             let class = kind as usize * 2 + user as usize;
             self.l1.use_memory(mem.jit_view().0, mem.size());
-            self.l1
-                .fill(class, la, hpa, self.tlb.epoch(), self.mode_epoch);
+            // The walk may have filled the TLB, which empties the slots.
+            self.sync_l1();
+            self.l1.fill(class, la, hpa);
         }
         Ok(hpa)
     }

@@ -10,14 +10,19 @@
 //! therefore empties it at once. Hits here do not update the replacement
 //! state of the TLB, exactly as L1 hits do not reach the STLB on hardware.
 //!
-//! Emptying is eager: [`L1Tlb::sync`] compares the two epochs with the ones
-//! the slots were filled under and, when either moved, clears the slots
-//! filled since (a short list, so the cost is that of the fills), so a
-//! valid slot is simply one whose page matches. That is what lets
-//! translated code probe a slot with a single compare: the CPU syncs before
-//! generated code runs and after every call-out from it, the only places
-//! the epochs can move. Lookups and fills sync first, so the interpreter
-//! needs no such discipline.
+//! Emptying is eager: [`L1Tlb::in_sync`] compares the two epochs with the
+//! ones the slots were filled under and, when either moved,
+//! [`L1Tlb::resync`] clears the slots filled since (a short list, so the
+//! cost is that of the fills), so a valid slot is simply one whose page
+//! matches. That is what lets translated code probe a slot with a single
+//! compare: the CPU syncs before generated code runs and after every
+//! call-out from it, the only places the epochs can move, and before every
+//! lookup and fill of its own (`Cpu::sync_l1`).
+//!
+//! The TLB lookup keys cached per class (see [`Book`]) are host state, not
+//! part of the model: they survive a mode-epoch move that leaves what they
+//! are computed from ([`KeyContext`]) as it was (a privilege change, a CR3
+//! write, SWAPGS), and are dropped otherwise.
 
 use crate::addr::Hpa;
 use crate::mmu::tlb::LookupKey;
@@ -74,6 +79,8 @@ pub(crate) struct L1Tlb {
     /// The memory (host base, size) the slots' `jit_page`/`host_delta`
     /// were computed for.
     memory: (usize, u64),
+    /// What the cached lookup keys were computed under (`None`: none yet).
+    keys_for: Option<KeyContext>,
     /// What a fill updates besides the slot (boxed: translated code's
     /// first-level fill writes it at a fixed address, `book_address`).
     book: Box<Book>,
@@ -99,6 +106,20 @@ pub(crate) struct Book {
     /// Slots filled since the last clear (class * SLOTS + index), each once
     /// (so `filled_len` never passes its length).
     filled: [u16; SLOTS * CLASSES],
+}
+
+/// Everything a TLB lookup key (`mmu::tlb::LookupKey::new`) is computed
+/// from besides the access: the paging controls it reads (CR0, CR4, EFER;
+/// not CR3, which the key does not depend on), RFLAGS.AC (SMAP), the VPID
+/// and the EPTP. Compared, not hashed: equal contexts give equal keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeyContext {
+    pub cr0: u64,
+    pub cr4: u64,
+    pub efer: u64,
+    pub rflags_ac: bool,
+    pub vpid: u16,
+    pub eptp: Option<u64>,
 }
 
 /// The data-access classes (read and write, supervisor and user): the
@@ -152,6 +173,7 @@ impl L1Tlb {
             tlb_epoch: 0,
             mode_epoch: 0,
             memory: (0, 0),
+            keys_for: None,
             book: Box::new(Book {
                 keys: [KeySlot::NONE; CLASSES],
                 listed: [0; CLASSES],
@@ -161,35 +183,65 @@ impl L1Tlb {
         }
     }
 
-    /// Empties the slots filled since the last clear.
+    /// Empties the slots filled since the last clear. Only what the
+    /// probes compare is reset (`page` for the interpreter and the fill,
+    /// `jit_page` for translated code): the rest of an empty slot is never
+    /// read.
     fn clear(&mut self) {
         let book = &mut *self.book;
         let len = (book.filled_len as usize).min(book.filled.len());
+        let slots = self.slots.as_flattened_mut();
         for &i in &book.filled[..len] {
-            let (c, k) = (i as usize / SLOTS, i as usize % SLOTS);
-            self.slots[c][k] = Slot::EMPTY;
+            // `filled` holds class * SLOTS + index: the flat slot index.
+            if let Some(s) = slots.get_mut(i as usize) {
+                s.page = Slot::EMPTY.page;
+                s.jit_page = Slot::EMPTY.jit_page;
+            }
         }
         book.filled_len = 0;
         book.listed = [0; CLASSES];
     }
 
-    /// Brings the slots up to the current epochs: empties them if either
-    /// moved since they were filled.
-    #[inline]
-    pub(crate) fn sync(&mut self, tlb_epoch: u64, mode_epoch: u64) {
-        if tlb_epoch != self.tlb_epoch || mode_epoch != self.mode_epoch {
-            if mode_epoch != self.mode_epoch {
-                self.book.keys = [KeySlot::NONE; CLASSES];
-            }
-            self.clear();
-            self.tlb_epoch = tlb_epoch;
-            self.mode_epoch = mode_epoch;
-        }
+    /// Whether the slots are in sync with these epochs (if not,
+    /// [`Self::resync`] before any probe or fill).
+    #[inline(always)]
+    pub(crate) fn in_sync(&self, tlb_epoch: u64, mode_epoch: u64) -> bool {
+        tlb_epoch == self.tlb_epoch && mode_epoch == self.mode_epoch
     }
 
-    /// Whether the slots are in sync with these epochs.
-    pub(crate) fn in_sync(&self, tlb_epoch: u64, mode_epoch: u64) -> bool {
-        (tlb_epoch, mode_epoch) == (self.tlb_epoch, self.mode_epoch)
+    /// Whether the mode epoch is the one the slots were filled under.
+    #[inline(always)]
+    pub(crate) fn mode_in_sync(&self, mode_epoch: u64) -> bool {
+        mode_epoch == self.mode_epoch
+    }
+
+    /// Brings the slots up to the current epochs: empties them (they are
+    /// out of sync, [`Self::in_sync`]). `keys_for` is the current
+    /// [`KeyContext`], given when the mode epoch moved: the cached lookup
+    /// keys are dropped unless they were computed under that same context.
+    #[inline]
+    pub(crate) fn resync(&mut self, tlb_epoch: u64, mode_epoch: u64, keys_for: Option<KeyContext>) {
+        if mode_epoch != self.mode_epoch {
+            let keep = keys_for.is_some() && keys_for == self.keys_for;
+            if !keep {
+                self.book.keys = [KeySlot::NONE; CLASSES];
+                self.keys_for = keys_for;
+            }
+        }
+        self.clear();
+        self.tlb_epoch = tlb_epoch;
+        self.mode_epoch = mode_epoch;
+    }
+
+    /// [`Self::resync`] if out of sync, with the key context computed only
+    /// when the mode epoch moved (for tests and rare paths; the CPU's own
+    /// is `Cpu::sync_l1`).
+    #[cfg(test)]
+    fn sync(&mut self, tlb_epoch: u64, mode_epoch: u64, keys_for: impl FnOnce() -> KeyContext) {
+        if !self.in_sync(tlb_epoch, mode_epoch) {
+            let ctx = (!self.mode_in_sync(mode_epoch)).then(keys_for);
+            self.resync(tlb_epoch, mode_epoch, ctx);
+        }
     }
 
     /// Makes the slots' host addresses those of the memory at `base` of
@@ -203,24 +255,16 @@ impl L1Tlb {
         }
     }
 
-    /// The host-physical address of `la`, if cached for this kind.
-    #[inline]
-    pub(crate) fn lookup(
-        &mut self,
-        class: usize,
-        la: u64,
-        tlb_epoch: u64,
-        mode_epoch: u64,
-    ) -> Option<Hpa> {
-        self.sync(tlb_epoch, mode_epoch);
+    /// The host-physical address of `la`, if cached for this kind. The
+    /// slots must be synced.
+    #[inline(always)]
+    pub(crate) fn lookup(&self, class: usize, la: u64) -> Option<Hpa> {
         let page = (la >> 12) + 1;
         let s = &self.slots[class][(page as usize) & (SLOTS - 1)];
         (s.page == page).then_some(Hpa(s.hpa | (la & 0xfff)))
     }
 
-    /// [`Self::lookup`] without the sync: for translated code's misses,
-    /// which only happen with the slots in sync (the CPU syncs them before
-    /// generated code runs and after every call-out from it).
+    /// Whether [`Self::lookup`] hits. The slots must be synced.
     #[inline]
     pub(crate) fn peek(&self, class: usize, la: u64) -> bool {
         let page = (la >> 12) + 1;
@@ -230,12 +274,12 @@ impl L1Tlb {
     /// The cached TLB lookup key of class `class` (see `keys`). The slots
     /// must be synced.
     #[inline]
-    pub(crate) fn key(&self, class: usize) -> Option<LookupKey> {
+    pub(crate) fn key(&self, class: usize) -> Option<&LookupKey> {
         self.book
             .keys
             .get(class)
             .filter(|k| k.valid != 0)
-            .map(|k| k.key)
+            .map(|k| &k.key)
     }
 
     /// Caches the TLB lookup key of class `class` under the current mode.
@@ -268,17 +312,9 @@ impl L1Tlb {
         (s.jit_page == la.wrapping_add(bytes - 1) >> 12).then_some(Hpa(s.hpa))
     }
 
-    /// Records a translation the TLB just gave.
+    /// Records a translation the TLB just gave. The slots must be synced.
     #[inline(always)]
-    pub(crate) fn fill(
-        &mut self,
-        class: usize,
-        la: u64,
-        hpa: Hpa,
-        tlb_epoch: u64,
-        mode_epoch: u64,
-    ) {
-        self.sync(tlb_epoch, mode_epoch);
+    pub(crate) fn fill(&mut self, class: usize, la: u64, hpa: Hpa) {
         let page = (la >> 12) + 1;
         let index = (page as usize) & (SLOTS - 1);
         let hpa_page = hpa.0 & !0xfff;
@@ -308,14 +344,33 @@ impl L1Tlb {
 mod tests {
     use super::*;
 
+    const CTX: KeyContext = KeyContext {
+        cr0: 0x8000_0011,
+        cr4: 0x20,
+        efer: 0x500,
+        rflags_ac: false,
+        vpid: 1,
+        eptp: None,
+    };
+
+    /// Syncs under `ctx`, then fills and looks up as the CPU does.
+    fn fill(l1: &mut L1Tlb, class: usize, la: u64, hpa: Hpa, tlb: u64, mode: u64) {
+        l1.sync(tlb, mode, || CTX);
+        l1.fill(class, la, hpa);
+    }
+    fn lookup(l1: &mut L1Tlb, class: usize, la: u64, tlb: u64, mode: u64) -> Option<Hpa> {
+        l1.sync(tlb, mode, || CTX);
+        l1.lookup(class, la)
+    }
+
     #[test]
     fn slots_empty_when_an_epoch_moves_and_only_then() {
         let mut l1 = L1Tlb::new();
         let mut mem = [0u8; 0x4000];
         l1.use_memory(mem.as_mut_ptr(), 0x4000);
-        l1.fill(0, 0x7000_1234, Hpa(0x2abc), 5, 9);
-        l1.fill(3, 0x7000_1234, Hpa(0x5abc), 5, 9);
-        assert_eq!(l1.lookup(0, 0x7000_1ff0, 5, 9), Some(Hpa(0x2ff0)));
+        fill(&mut l1, 0, 0x7000_1234, Hpa(0x2abc), 5, 9);
+        fill(&mut l1, 3, 0x7000_1234, Hpa(0x5abc), 5, 9);
+        assert_eq!(lookup(&mut l1, 0, 0x7000_1ff0, 5, 9), Some(Hpa(0x2ff0)));
         // Inside memory: the translated-code view is filled.
         let s = l1.slots[0][(0x70001 + 1) & (SLOTS - 1)];
         assert_eq!(s.jit_page, 0x70001);
@@ -323,22 +378,123 @@ mod tests {
             s.host_delta.wrapping_add(0x7000_1ff0),
             mem.as_ptr() as u64 + 0x2ff0
         );
+        assert_eq!(l1.jit_slot(0, 0x7000_1ff0, 16), Some(Hpa(0x2000)));
         // Outside memory: only the interpreter's view.
         assert_eq!(l1.slots[3][(0x70001 + 1) & (SLOTS - 1)].jit_page, u64::MAX);
-        assert_eq!(l1.lookup(3, 0x7000_1000, 5, 9), Some(Hpa(0x5000)));
-        l1.sync(6, 9);
+        assert_eq!(l1.jit_slot(3, 0x7000_1000, 1), None);
+        assert_eq!(lookup(&mut l1, 3, 0x7000_1000, 5, 9), Some(Hpa(0x5000)));
+        l1.sync(6, 9, || CTX);
         assert!(l1
             .slots
             .iter()
             .flatten()
             .all(|s| s.page == 0 && s.jit_page == u64::MAX));
-        assert_eq!(l1.lookup(0, 0x7000_1ff0, 6, 9), None);
-        l1.fill(0, 0x7000_1234, Hpa(0x2abc), 6, 9);
-        assert_eq!(l1.lookup(0, 0x7000_1ff0, 6, 10), None);
+        assert_eq!(l1.jit_slot(0, 0x7000_1ff0, 16), None);
+        assert_eq!(lookup(&mut l1, 0, 0x7000_1ff0, 6, 9), None);
+        fill(&mut l1, 0, 0x7000_1234, Hpa(0x2abc), 6, 9);
+        assert_eq!(lookup(&mut l1, 0, 0x7000_1ff0, 6, 10), None);
         // Another memory: the host view is remade.
-        l1.fill(0, 0x7000_1234, Hpa(0x2abc), 6, 10);
+        fill(&mut l1, 0, 0x7000_1234, Hpa(0x2abc), 6, 10);
         let mut other = [0u8; 0x1000];
         l1.use_memory(other.as_mut_ptr(), 0x1000);
-        assert_eq!(l1.lookup(0, 0x7000_1ff0, 6, 10), None);
+        assert_eq!(lookup(&mut l1, 0, 0x7000_1ff0, 6, 10), None);
+    }
+
+    #[test]
+    fn every_filled_slot_is_emptied_and_listed_once() {
+        let mut l1 = L1Tlb::new();
+        let mut mem = [0u8; 0x1000];
+        l1.use_memory(mem.as_mut_ptr(), 0x1000);
+        // All slots of all classes, some twice.
+        for round in 0..2u64 {
+            for class in 0..CLASSES {
+                for page in 0..SLOTS as u64 {
+                    let la = (page + round * SLOTS as u64) << 12;
+                    fill(&mut l1, class, la, Hpa(0), 1, 1);
+                }
+            }
+        }
+        assert_eq!(l1.book.filled_len, (SLOTS * CLASSES) as u64);
+        assert!(l1.slots.iter().flatten().all(|s| s.page != 0));
+        l1.sync(2, 1, || CTX);
+        assert_eq!(l1.book.filled_len, 0);
+        assert_eq!(l1.book.listed, [0; CLASSES]);
+        assert!(l1
+            .slots
+            .iter()
+            .flatten()
+            .all(|s| s.page == 0 && s.jit_page == u64::MAX));
+    }
+
+    #[test]
+    fn keys_survive_a_mode_move_only_under_the_same_context() {
+        let mut l1 = L1Tlb::new();
+        // Distinct keys (the cache stores, never interprets, them).
+        let key = |vpid| {
+            let access = crate::mmu::Access {
+                kind: crate::mmu::AccessKind::Read,
+                user: false,
+            };
+            LookupKey::new(vpid, &crate::mmu::PagingRegs::default(), None, access)
+        };
+        assert_ne!(key(7), key(8));
+        l1.sync(1, 1, || CTX);
+        l1.set_key(2, key(7));
+        assert_eq!(l1.key(2), Some(&key(7)));
+        // A TLB epoch move keeps them (the context is not even asked).
+        l1.sync(2, 1, || unreachable!("the mode did not move"));
+        assert_eq!(l1.key(2), Some(&key(7)));
+        // A mode move under the same context keeps them.
+        l1.sync(2, 2, || CTX);
+        assert_eq!(l1.key(2), Some(&key(7)));
+        // Under another one, they go.
+        for other in [
+            KeyContext { cr0: 0x11, ..CTX },
+            KeyContext { cr4: 0, ..CTX },
+            KeyContext { efer: 0, ..CTX },
+            KeyContext {
+                rflags_ac: true,
+                ..CTX
+            },
+            KeyContext { vpid: 2, ..CTX },
+            KeyContext {
+                eptp: Some(0x1e),
+                ..CTX
+            },
+        ] {
+            l1.sync(2, 2, || CTX);
+            l1.set_key(2, key(7));
+            let mode = l1.mode_epoch + 1;
+            l1.sync(2, mode, || other);
+            assert_eq!(l1.key(2), None, "{other:?}");
+            // And the new context is the one the next keys are for.
+            l1.set_key(2, key(8));
+            l1.sync(2, mode + 1, || other);
+            assert_eq!(l1.key(2), Some(&key(8)));
+            l1.sync(2, mode + 2, || CTX);
+        }
+    }
+
+    /// [`KeyContext`] leaves CR3 out: keys must not depend on it.
+    #[test]
+    fn lookup_keys_do_not_depend_on_cr3() {
+        use crate::mmu::{Access, AccessKind, PagingRegs};
+        let regs = PagingRegs {
+            cr0: 0x8001_0011,
+            cr3: 0x1000,
+            cr4: 0x30_0020,
+            efer: 0xd01,
+            rflags_ac: false,
+        };
+        for kind in [AccessKind::Read, AccessKind::Write, AccessKind::Execute] {
+            for user in [false, true] {
+                let access = Access { kind, user };
+                let key = LookupKey::new(3, &regs, None, access);
+                for cr3 in [0, 0x2000, 0x7fff_f000 | 0x18, u64::MAX] {
+                    let other = PagingRegs { cr3, ..regs };
+                    assert_eq!(LookupKey::new(3, &other, None, access), key);
+                }
+            }
+        }
     }
 }

@@ -133,7 +133,7 @@ impl Cpu {
         // The inline accesses read first-level TLB slots with one compare:
         // they must hold nothing stale (see `l1tlb`).
         self.l1.use_memory(mem_base, mem.size());
-        self.l1.sync(self.tlb.epoch(), self.mode_epoch);
+        self.sync_l1();
         let tlb = self.tlb.jit_pointers();
         let env = jit::native::Env {
             l1_slots: self.l1.slots_address(),
@@ -329,12 +329,12 @@ impl Cpu {
         }
         let user = self.state.cpl() == 3;
         let class = 2 * 2 + user as usize;
-        let (tlb_epoch, mode_epoch) = (self.tlb.epoch(), self.mode_epoch);
-        let Some(hpa) = self.l1.lookup(class, rip, tlb_epoch, mode_epoch) else {
+        self.sync_l1();
+        let Some(hpa) = self.l1.lookup(class, rip) else {
             return NONE;
         };
         let next_page = (rip & !0xfff).wrapping_add(0x1000);
-        let Some(hpa2) = self.l1.lookup(class, next_page, tlb_epoch, mode_epoch) else {
+        let Some(hpa2) = self.l1.lookup(class, next_page) else {
             return NONE;
         };
         if self.code.lookup(mem, hpa, rip, 64).is_some() {
@@ -420,7 +420,7 @@ impl Cpu {
         self.flush_flags();
         // The epochs may have moved: translated code must not see stale
         // first-level TLB slots.
-        self.l1.sync(self.tlb.epoch(), self.mode_epoch);
+        self.sync_l1();
         // Anything the run loop must look at before the next block stops
         // chaining (what it looks at itself: events, STI/MOV-SS blocking,
         // activity, a store into code, an IPI). A mode or privilege change
