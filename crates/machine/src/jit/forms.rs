@@ -624,7 +624,7 @@ impl Emitter {
                 size,
                 src,
                 m,
-            } => self.div(k, ip, signed, size, src, m),
+            } => self.div(k, signed, size, src, m),
             Extra::PushM { m } => self.push_mem(k, ip, &m),
             Extra::TestM { size, m, src, imm } => self.test_mem(k, ip, size, &m, src, imm),
             Extra::Mul { signed, size, src } => self.mul1(signed, size, src),
@@ -811,11 +811,9 @@ impl Emitter {
     /// through the interpreter. The flags are left as they were (the
     /// interpreter's choice for these undefined flags); the divide cost is
     /// charged as the interpreter charges it.
-    #[allow(clippy::too_many_arguments)]
     fn div(
         &mut self,
         k: usize,
-        ip: u64,
         signed: bool,
         size: Size,
         src: u8,
@@ -823,21 +821,17 @@ impl Emitter {
     ) -> Result<(), NotTranslated> {
         let (slow, mut cont) = self.begin_inline()?;
         let s = si(size);
-        // A memory operand's read: its miss filled, then probed again.
-        let filled = match m {
+        // A memory operand's read has no fill: the interpreter charges the
+        // divide cost before it, so a fill's fault would have to as well;
+        // a first-level miss runs the instruction through the interpreter.
+        match m {
             Some(m) => {
-                let miss = self.a.create_label();
-                let retry = self.retry_point()?;
                 self.lea(&m)?;
-                self.fast_access(false, size, miss)?;
+                self.fast_access(false, size, slow)?;
                 self.load_host(SEC, size)?;
-                Some((miss, retry))
             }
-            None => {
-                self.load(SEC, src, size)?;
-                None
-            }
-        };
+            None => self.load(SEC, src, size)?,
+        }
         self.load(ACC, 0, size)?;
         self.load(DXR, 2, size)?;
         // The loads zero-extend 32-bit values into the 64-bit registers.
@@ -881,14 +875,7 @@ impl Emitter {
         let g2 = self.g(2);
         self.add(Instruction::with2(Code::Mov_rm64_r64, g0, Register::RAX))?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, g2, Register::RDX))?;
-        match filled {
-            Some((miss, retry)) => {
-                self.a.set_label(&mut cont)?;
-                self.filled_slow(k, Some(ip), miss, slow, retry, cont, FlagsAt::State);
-                Ok(())
-            }
-            None => self.end_inline(k, slow, &mut cont, false),
-        }
+        self.end_inline(k, slow, &mut cont, false)
     }
 
     /// One-operand MUL/IMUL by a register: rdx:rax = rax * src, CF and OF
