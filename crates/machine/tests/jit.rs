@@ -950,3 +950,233 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
         assert!(stats.chain_fetches > 0, "{stats:?}");
     }
 }
+
+#[test]
+fn memory_forms_without_fast_forms_fill_the_first_level() {
+    // XCHG with memory (every size), PUSH of memory (flat and GS-relative),
+    // TEST of memory, CALL and JMP through memory, each after a
+    // SWAPGS (a system instruction: it moves the mode epoch, which empties
+    // the first-level TLB), so that each access misses the first level and
+    // is filled from the TLB (the fill thunk); after a CR3 reload (the TLB
+    // emptied) the fills walk (the Rust fill). The forms must run in
+    // generated code after their fill: the call-outs are the system
+    // instructions only.
+    let iterations = 150u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        let mut f = a.create_label();
+        let mut back = a.create_label();
+        // GS base = kernel GS base = DATA + 0x1000: SWAPGS keeps GS.
+        for msr in [0xc000_0101u32, 0xc000_0102] {
+            a.mov(ecx, msr).unwrap();
+            a.mov(eax, (DATA + 0x1000) as u32).unwrap();
+            a.xor(edx, edx).unwrap();
+            a.wrmsr().unwrap();
+        }
+        a.mov(rsi, DATA).unwrap();
+        a.lea(rax, ptr(f)).unwrap();
+        a.mov(qword_ptr(rsi + 0x200), rax).unwrap();
+        a.lea(rax, ptr(back)).unwrap();
+        a.mov(qword_ptr(rsi + 0x208), rax).unwrap();
+        a.mov(rcx, iterations).unwrap();
+        a.mov(r8, 0x0123_4567_89ab_cdefu64).unwrap();
+        a.mov(r11, 0x1111_2222_3333_4444u64).unwrap();
+        a.mov(r12, 0x5555_6666_7777_8888u64).unwrap();
+        a.mov(r13, 0x9999_aaaa_bbbb_ccccu64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(ebx, ecx).unwrap();
+        a.and(ebx, 0x3f).unwrap();
+        a.swapgs().unwrap();
+        a.xchg(qword_ptr(rsi + rbx * 8), r8).unwrap();
+        a.swapgs().unwrap();
+        a.xchg(dword_ptr(rsi + rbx * 4 + 0x800), r11d).unwrap();
+        a.swapgs().unwrap();
+        a.xchg(byte_ptr(rsi + rbx + 0xc00), r12b).unwrap();
+        a.xchg(word_ptr(rsi + rbx * 2 + 0xd00), r13w).unwrap();
+        a.swapgs().unwrap();
+        a.push(qword_ptr(rbx * 8).gs()).unwrap();
+        a.pop(r9).unwrap();
+        a.swapgs().unwrap();
+        a.push(qword_ptr(rsi + 0x100)).unwrap();
+        a.pop(r10).unwrap();
+        a.add(r14, r8).unwrap();
+        a.swapgs().unwrap();
+        a.test(qword_ptr(rsi + rbx * 8), r14).unwrap();
+        a.cmovs(r15, r9).unwrap();
+        a.swapgs().unwrap();
+        a.test(byte_ptr(rsi + rbx + 0x101), 0x40).unwrap();
+        a.adc(r15, 1).unwrap();
+        // An odd divisor in memory; rdx below it. (DIV of memory has no
+        // fill: its read hits the slot the TEST filled.)
+        a.lea(rax, qword_ptr(rbx * 2 + 3)).unwrap();
+        a.mov(qword_ptr(rsi + 0x110), rax).unwrap();
+        a.mov(rax, r8).unwrap();
+        a.xor(edx, edx).unwrap();
+        a.div(qword_ptr(rsi + 0x110)).unwrap();
+        a.add(r10, rdx).unwrap();
+        a.swapgs().unwrap();
+        a.call(qword_ptr(rsi + 0x200)).unwrap();
+        // The TLB emptied: the next fills walk.
+        a.mov(rax, cr3).unwrap();
+        a.mov(cr3, rax).unwrap();
+        a.xchg(qword_ptr(rsi + rbx * 8 + 0x400), r8).unwrap();
+        a.swapgs().unwrap();
+        a.jmp(qword_ptr(rsi + 0x208)).unwrap();
+        a.set_label(&mut back).unwrap();
+        a.dec(rcx).unwrap();
+        a.jnz(top).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rdi).unwrap();
+        a.hlt().unwrap();
+        a.set_label(&mut f).unwrap();
+        a.sbb(rdi, rcx).unwrap();
+        a.ret().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[1], 0, "every iteration ran");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Per iteration 9 SWAPGS and the two CR3 moves; nothing else.
+    let bound = iterations * 11 + 40;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+#[test]
+fn memory_forms_fault_precisely_after_a_fill() {
+    // Each form after a SWAPGS (the first level emptied), on pages walking
+    // up to the end of the mapped memory: the fourth iteration's access is
+    // on an unmapped page (or crosses into it), so the fill's walk (or the
+    // interpreter's, for a crossing access) takes the #PF, which must be
+    // delivered at the instruction (RIP in the frame, on a stack inside
+    // the compared memory) with everything before it done. A generic form
+    // (the interpreter has no fast path for it) stores RIP before its
+    // fill for that.
+    type Form = fn(&mut CodeAssembler);
+    let forms: [(&str, Form); 12] = [
+        ("xchg m64", |a| a.xchg(qword_ptr(rsi), rax).unwrap()),
+        ("xchg m32", |a| a.xchg(dword_ptr(rsi + 4), eax).unwrap()),
+        ("xchg m8", |a| a.xchg(byte_ptr(rsi + 7), al).unwrap()),
+        ("push m64", |a| {
+            a.push(qword_ptr(rsi)).unwrap();
+            a.pop(rax).unwrap();
+        }),
+        ("push gs:m64", |a| {
+            a.mov(r9, rbx).unwrap();
+            a.shl(r9, 12).unwrap();
+            a.push(qword_ptr(r9).gs()).unwrap();
+            a.pop(rax).unwrap();
+        }),
+        ("test m32", |a| {
+            a.test(dword_ptr(rsi), 0x10).unwrap();
+            a.cmovz(r10, rcx).unwrap();
+        }),
+        // (No fill: the whole instruction through the interpreter.)
+        ("div m64", |a| {
+            a.mov(rax, rcx).unwrap();
+            a.xor(edx, edx).unwrap();
+            a.div(qword_ptr(rsi)).unwrap();
+        }),
+        ("jmp m64", |a| a.jmp(qword_ptr(rsi + 8)).unwrap()),
+        ("call m64", |a| a.call(qword_ptr(rsi + 16)).unwrap()),
+        // Crossing into the next page (the interpreter's path).
+        ("test m64 crossing", |a| {
+            a.test(qword_ptr(rsi - 4), rax).unwrap();
+        }),
+        ("xchg m64 crossing", |a| {
+            a.xchg(qword_ptr(rsi - 4), rax).unwrap()
+        }),
+        ("push m64 crossing", |a| {
+            a.push(qword_ptr(rsi - 4)).unwrap();
+            a.pop(rax).unwrap();
+        }),
+    ];
+    for (name, form) in forms {
+        let (o, stats) = both(|a| {
+            let mut top = a.create_label();
+            let mut next = a.create_label();
+            let mut ret = a.create_label();
+            // The stack (and the exception frame) in the compared memory.
+            a.mov(rsp, DATA + 0x7000).unwrap();
+            // GS base = kernel GS base = the first page.
+            for msr in [0xc000_0101u32, 0xc000_0102] {
+                a.mov(ecx, msr).unwrap();
+                a.mov(eax, (MEM - 0x3000) as u32).unwrap();
+                a.xor(edx, edx).unwrap();
+                a.wrmsr().unwrap();
+            }
+            // On each mapped page: a divisor, the JMP target (the
+            // instruction after the JMP) and the CALL target.
+            a.lea(rdx, ptr(next)).unwrap();
+            a.lea(rdi, ptr(ret)).unwrap();
+            for p in 1..=3u64 {
+                a.mov(rsi, MEM - p * 0x1000).unwrap();
+                a.mov(qword_ptr(rsi), 7).unwrap();
+                a.mov(qword_ptr(rsi + 8), rdx).unwrap();
+                a.mov(qword_ptr(rsi + 16), rdi).unwrap();
+            }
+            a.mov(rsi, MEM - 0x3000).unwrap();
+            a.mov(ecx, 10).unwrap();
+            a.xor(ebx, ebx).unwrap();
+            a.set_label(&mut top).unwrap();
+            a.add(r11, rcx).unwrap();
+            a.swapgs().unwrap();
+            form(a);
+            a.set_label(&mut next).unwrap();
+            a.add(rsi, 0x1000).unwrap();
+            a.inc(rbx).unwrap();
+            a.dec(ecx).unwrap();
+            a.jnz(top).unwrap();
+            a.hlt().unwrap();
+            a.set_label(&mut ret).unwrap();
+            a.add(r12, 1).unwrap();
+            a.ret().unwrap();
+        });
+        assert_eq!(o.exit, VmExit::Hlt, "{name}");
+        assert_eq!(o.gpr[15], HANDLER_MARK + 14, "{name}: #PF delivered");
+        assert_eq!(o.gpr[3], 3, "{name}: three iterations completed");
+        assert_eq!(stats.blocks_failed, 0, "{name}: {stats:?}");
+    }
+}
+
+#[test]
+fn xchg_into_code_runs_the_new_bytes() {
+    // XCHG of a byte of a `mov eax, imm32` the next iteration runs (the
+    // first level emptied by SWAPGS before it, so the fill finds a frame
+    // holding code and the interpreter makes the store), and of an
+    // aligned qword in the code page after the loop: stores into code.
+    let iterations = 300u32;
+    let (o, stats) = both(|a| {
+        let mut patch = a.create_label();
+        let mut slot = a.create_label();
+        a.mov(ecx, iterations).unwrap();
+        a.xor(ebx, ebx).unwrap();
+        a.lea(rdi, ptr(patch)).unwrap();
+        a.lea(rsi, ptr(slot)).unwrap();
+        a.and(rsi, -8).unwrap();
+        a.set_label(&mut patch).unwrap();
+        a.mov(eax, 0x1234_5678u32).unwrap();
+        a.add(rbx, rax).unwrap();
+        a.mov(edx, ecx).unwrap();
+        a.swapgs().unwrap();
+        a.xchg(byte_ptr(rdi + 1), dl).unwrap();
+        a.add(r8, rdx).unwrap();
+        a.xchg(qword_ptr(rsi), r9).unwrap();
+        a.add(r9, rcx).unwrap();
+        a.dec(ecx).unwrap();
+        a.jnz(patch).unwrap();
+        a.hlt().unwrap();
+        a.db(&[0xcc; 16]).unwrap();
+        a.set_label(&mut slot).unwrap();
+        a.db(&[0xcc; 16]).unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Iteration 1 adds the original immediate, iteration i > 1 the one
+    // whose low byte the XCHG of iteration i - 1 wrote.
+    let mut imm = 0x1234_5678u64;
+    let mut sum = 0u64;
+    for c in (1..=iterations as u64).rev() {
+        sum += imm;
+        imm = (imm & !0xff) | (c & 0xff);
+    }
+    assert_eq!(o.gpr[3], sum);
+}

@@ -382,6 +382,7 @@ impl Cpu {
         Offsets {
             gpr: off(self.state.gpr.as_ptr() as usize),
             rflags: off(&self.state.rflags as *const u64 as usize),
+            rip: off(&self.state.rip as *const u64 as usize),
             next_rip: off(&self.next_rip as *const u64 as usize),
             instructions: off(&self.stats.instructions as *const u64 as usize),
             cycles: off(&self.cycles as *const u64 as usize),

@@ -217,9 +217,17 @@ impl Emitter {
                 self.add(Instruction::with2(Code::Mov_r64_rm64, Register::R15, g))?;
             }
             Fast::JmpM { m } | Fast::CallM { m } => {
+                // The pointer's read: a first-level miss filled (the
+                // interpreter's first translation; its fault the
+                // instruction's), then probed again.
+                let miss = self.a.create_label();
+                let full = self.a.create_label();
+                let retry = self.retry_point()?;
                 self.lea(&m)?;
-                self.fast_access(false, Size::B8, slow)?;
+                self.fast_access(false, Size::B8, miss)?;
                 self.a.mov(r15, qword_ptr(rdx))?;
+                // (The call-out of `full` always leaves the block.)
+                self.filled_slow(k, None, miss, full, retry, epilogue, FlagsAt::State);
             }
             _ => return Err(NotTranslated::Unsupported("not a native indirect branch")),
         }

@@ -613,7 +613,11 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
 impl Emitter {
     /// An [`Extra`] form; `slow` paths run instruction `k` through the
     /// interpreter and come back after it.
-    pub(super) fn extra(&mut self, k: usize, x: Extra) -> Result<(), NotTranslated> {
+    ///
+    /// `ip`: the instruction's address (the interpreter runs these forms
+    /// generically: a fault of an inline access's fill must find RIP
+    /// there, see `Slow::rip`).
+    pub(super) fn extra(&mut self, k: usize, ip: u64, x: Extra) -> Result<(), NotTranslated> {
         match x {
             Extra::Div {
                 signed,
@@ -621,8 +625,8 @@ impl Emitter {
                 src,
                 m,
             } => self.div(k, signed, size, src, m),
-            Extra::PushM { m } => self.push_mem(k, &m),
-            Extra::TestM { size, m, src, imm } => self.test_mem(k, size, &m, src, imm),
+            Extra::PushM { m } => self.push_mem(k, ip, &m),
+            Extra::TestM { size, m, src, imm } => self.test_mem(k, ip, size, &m, src, imm),
             Extra::Mul { signed, size, src } => self.mul1(signed, size, src),
             Extra::XchgRR { a, b, size } => {
                 // No flags are touched.
@@ -631,7 +635,7 @@ impl Emitter {
                 self.store_acc(b, size)?;
                 self.store_from(SEC, a, size)
             }
-            Extra::XchgMR { reg, size, m } => self.xchg_mem(k, reg, size, &m),
+            Extra::XchgMR { reg, size, m } => self.xchg_mem(k, ip, reg, size, &m),
             Extra::Convert { code, to_rdx } => {
                 // No flags are touched: they may stay in the host.
                 self.load(ACC, 0, Size::B8)?;
@@ -661,20 +665,33 @@ impl Emitter {
     }
 
     /// XCHG of `gpr[reg]` with memory. The interpreter's aligned path is an
-    /// atomic compare-exchange that charges the `locked` cost; inline, an
-    /// aligned access the first-level TLB serves for writing is the host's
-    /// (atomic) XCHG with that cost. A misaligned access (no locked cost,
-    /// not atomic in the interpreter) and every other case is the
-    /// instruction through the interpreter. Flags are not touched.
-    fn xchg_mem(&mut self, k: usize, reg: u8, size: Size, m: &MemOp) -> Result<(), NotTranslated> {
-        let (slow, mut cont) = self.begin_inline()?;
+    /// atomic compare-exchange that charges the `locked` cost after its
+    /// one translation (for writing); inline, an aligned access the
+    /// first-level TLB serves for writing is the host's (atomic) XCHG with
+    /// that cost, and a first-level miss is filled as that translation
+    /// (its fault the instruction's). A misaligned access (no locked cost,
+    /// not atomic in the interpreter) and every other case (a frame
+    /// outside memory or holding code, a page-crossing or non-canonical
+    /// address) is the instruction through the interpreter. Flags are not
+    /// touched.
+    fn xchg_mem(
+        &mut self,
+        k: usize,
+        ip: u64,
+        reg: u8,
+        size: Size,
+        m: &MemOp,
+    ) -> Result<(), NotTranslated> {
+        let (full, mut cont) = self.begin_inline()?;
+        let miss = self.a.create_label();
+        let retry = self.retry_point()?;
         let n = size.bytes();
         self.lea(m)?;
         if n > 1 {
             self.a.test(eax, n as i32 - 1)?;
-            self.a.jne(slow)?;
+            self.a.jne(full)?;
         }
-        self.fast_access(true, size, slow)?;
+        self.fast_access(true, size, miss)?;
         self.add_cycles(self.o.locked_cost)?;
         self.load(SEC, reg, size)?;
         self.add(Instruction::with2(
@@ -683,24 +700,45 @@ impl Emitter {
             SEC[si(size)],
         ))?;
         self.store_from(SEC, reg, size)?;
-        self.end_inline(k, slow, &mut cont, false)
+        self.a.set_label(&mut cont)?;
+        self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::State);
+        Ok(())
     }
 
     /// PUSH of a 64-bit memory operand: the operand read (its address
     /// computed with RSP before the push) and the push, both through the
-    /// inline access; anything else is the instruction through the
-    /// interpreter, which starts over (nothing was changed).
-    fn push_mem(&mut self, k: usize, m: &MemOp) -> Result<(), NotTranslated> {
-        let (slow, mut cont) = self.begin_inline()?;
+    /// inline access with a fill, in the interpreter's order (a miss of
+    /// the push probes again only the push: its fill may have emptied the
+    /// first level, and the operand, kept in r15, was read already);
+    /// anything else is the instruction through the interpreter, which
+    /// starts over (nothing was changed).
+    fn push_mem(&mut self, k: usize, ip: u64, m: &MemOp) -> Result<(), NotTranslated> {
+        let (full, mut cont) = self.begin_inline()?;
+        // r15 is free: the flags are written back (nothing saved there),
+        // and neither the fill nor the call-out clobbers it.
+        debug_assert!(!self.saved);
+        let miss = self.a.create_label();
+        let retry = self.retry_point()?;
         self.lea(m)?;
-        self.fast_access(false, Size::B8, slow)?;
-        self.a.mov(rsi, qword_ptr(rdx))?;
+        self.fast_access(false, Size::B8, miss)?;
+        let read = self.access;
+        self.a.mov(r15, qword_ptr(rdx))?;
+        let push_miss = self.a.create_label();
+        let push_full = self.a.create_label();
+        let push_retry = self.retry_point()?;
         self.load(ACC, 4, Size::B8)?;
         self.a.lea(rax, qword_ptr(rax - 8))?;
-        self.fast_access(true, Size::B8, slow)?;
-        self.a.mov(qword_ptr(rdx), rsi)?;
+        self.fast_access(true, Size::B8, push_miss)?;
+        self.a.mov(qword_ptr(rdx), r15)?;
         self.store_acc(4, Size::B8)?;
-        self.end_inline(k, slow, &mut cont, false)
+        self.a.set_label(&mut cont)?;
+        let push = self.access;
+        self.access = read;
+        self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::State);
+        self.access = push;
+        let exit = FlagsAt::State;
+        self.filled_slow(k, Some(ip), push_miss, push_full, push_retry, cont, exit);
+        Ok(())
     }
 
     /// TEST of memory (inline read) with an immediate or a register: the
@@ -710,15 +748,18 @@ impl Emitter {
     fn test_mem(
         &mut self,
         k: usize,
+        ip: u64,
         size: Size,
         m: &MemOp,
         src: Option<u8>,
         imm: u64,
     ) -> Result<(), NotTranslated> {
-        let (slow, mut cont) = self.begin_inline()?;
+        let (full, mut cont) = self.begin_inline()?;
+        let miss = self.a.create_label();
+        let retry = self.retry_point()?;
         let at_rdx = MemoryOperand::with_base(Register::RDX);
         self.lea(m)?;
-        self.fast_access(false, size, slow)?;
+        self.fast_access(false, size, miss)?;
         match src {
             Some(r) => {
                 self.load(SEC, r, size)?;
@@ -744,7 +785,8 @@ impl Emitter {
                 self.add(Instruction::with2(code, at_rdx, imm as u32))?;
             }
         }
-        self.end_inline(k, slow, &mut cont, true)?;
+        self.a.set_label(&mut cont)?;
+        self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::Host);
         self.wrote_flags(true);
         Ok(())
     }
@@ -779,6 +821,9 @@ impl Emitter {
     ) -> Result<(), NotTranslated> {
         let (slow, mut cont) = self.begin_inline()?;
         let s = si(size);
+        // A memory operand's read has no fill: the interpreter charges the
+        // divide cost before it, so a fill's fault would have to as well;
+        // a first-level miss runs the instruction through the interpreter.
         match m {
             Some(m) => {
                 self.lea(&m)?;

@@ -122,6 +122,52 @@ impl Emitter {
         Ok(())
     }
 
+    /// Where an inline access probes again after its fill: a label here.
+    /// A first-level TLB miss fills the slot (`Cpu::jit_fill`) and comes
+    /// back to it.
+    pub(super) fn retry_point(&mut self) -> Result<CodeLabel, NotTranslated> {
+        let mut retry = self.a.create_label();
+        // (A label needs an instruction to sit on: a zero-length one takes
+        // any label the code before left pending, such as a `cont`.)
+        self.a.zero_bytes()?;
+        self.a.set_label(&mut retry)?;
+        Ok(retry)
+    }
+
+    /// The slow path of the last inline access ([`Self::fast_access`]
+    /// jumping to `miss`) of instruction `k`, entered with the flags
+    /// written back: a miss fills the first-level TLB as the
+    /// interpreter's access would and probes again at `retry` (or takes
+    /// the access's fault, or runs the instruction); `full` runs the whole
+    /// instruction through the interpreter, which then goes on at `cont`
+    /// (set already) with the flags where `exit` says. `rip`: the
+    /// instruction's address when the interpreter runs it generically
+    /// (see [`Slow::rip`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn filled_slow(
+        &mut self,
+        k: usize,
+        rip: Option<u64>,
+        miss: CodeLabel,
+        full: CodeLabel,
+        retry: CodeLabel,
+        cont: CodeLabel,
+        exit: FlagsAt,
+    ) {
+        self.slow.push(Slow {
+            label: miss,
+            full,
+            retry,
+            access: Some(self.access),
+            k,
+            cont,
+            entry_saved: false,
+            af_clear: false,
+            exit,
+            rip,
+        });
+    }
+
     /// `reg = [rdx]` at `size` (32 bits zero-extend).
     pub(super) fn load_host(
         &mut self,
@@ -147,13 +193,7 @@ impl Emitter {
         self.save_flags()?;
         let entry_saved = self.saved;
         let af_clear = self.af_clear;
-        // A first-level TLB miss fills the slot (`Cpu::jit_fill`) and comes
-        // back here to probe again.
-        let mut retry = self.a.create_label();
-        // (A label needs an instruction to sit on: a zero-length one takes
-        // any label the code before left pending, such as a `cont`.)
-        self.a.zero_bytes()?;
-        self.a.set_label(&mut retry)?;
+        let retry = self.retry_point()?;
         let full = self.a.create_label();
         let slow = self.a.create_label();
         let mut cont = self.a.create_label();
@@ -292,6 +332,7 @@ impl Emitter {
                     entry_saved,
                     af_clear,
                     exit: FlagsAt::State,
+                    rip: None,
                 });
                 return Ok(());
             }
@@ -321,6 +362,7 @@ impl Emitter {
             entry_saved,
             af_clear,
             exit,
+            rip: None,
         });
         Ok(())
     }

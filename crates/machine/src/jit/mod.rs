@@ -154,6 +154,10 @@ pub(crate) mod status {
 pub(crate) struct Offsets {
     pub gpr: i32,
     pub rflags: i32,
+    /// `state.rip`: set by the slow path of an inline access of a form
+    /// the interpreter runs generically before its fill, so that a fault
+    /// of the fill finds RIP at the instruction (see [`Slow::rip`]).
+    pub rip: i32,
     pub next_rip: i32,
     /// Chaining: the counters a chained block updates itself, the cycle
     /// count it must stay below (`Cpu::jit_deadline`), and where it
@@ -488,7 +492,7 @@ pub(crate) fn translate(
             f if is_native(&f) => e.native(k, &f)?,
             f if is_inline_memory(&f) => e.inline_memory(k, &f, op.next_ip, call_exit)?,
             _ => match extra_form(op) {
-                Some(x) => e.extra(k, x)?,
+                Some(x) => e.extra(k, op.insn.ip(), x)?,
                 None => e.call_out(k, call_exit)?,
             },
         }
@@ -524,6 +528,9 @@ pub(crate) fn translate(
                 // The miss; `full`, the instruction through the
                 // interpreter whatever the first-level TLB holds.
                 arg |= class | bytes << 8;
+                if let Some(ip) = x.rip {
+                    e.set_rip(ip)?;
+                }
                 e.a.mov(ecx, arg)?;
                 let mut call = e.a.create_label();
                 e.a.set_label(&mut call)?;
@@ -616,6 +623,14 @@ struct Slow {
     af_clear: bool,
     /// Where the fast path leaves the guest flags; so must the slow path.
     exit: FlagsAt,
+    /// The instruction's address, for a form the interpreter runs
+    /// generically (`Fast::Generic`, whose path sets `state.rip` itself
+    /// and whose faults the run loop takes at `state.rip`): stored there
+    /// before the fill, so that a fault of the fill is taken at the
+    /// instruction. (`state.rip` is not looked at inside a block
+    /// otherwise: the run loop sets it after every block, and every fault
+    /// path sets it first.)
+    rip: Option<u64>,
 }
 
 impl Slow {
@@ -638,6 +653,7 @@ impl Slow {
             } else {
                 FlagsAt::State
             },
+            rip: None,
         }
     }
 }
@@ -727,6 +743,18 @@ impl Emitter {
             s => MOV_RM_R[si(s)],
         };
         self.add(Instruction::with2(code, m, r))
+    }
+
+    /// `state.rip = ip` (clobbers rcx).
+    fn set_rip(&mut self, ip: u64) -> Result<(), NotTranslated> {
+        let rip = self.o.rip;
+        if ip as i64 == ip as i32 as i64 {
+            self.a.mov(qword_ptr(rbx + rip), ip as i32)?;
+        } else {
+            self.a.mov(rcx, ip)?;
+            self.a.mov(qword_ptr(rbx + rip), rcx)?;
+        }
+        Ok(())
     }
 
     /// Instruction `k` through the interpreter.
