@@ -1180,3 +1180,74 @@ fn xchg_into_code_runs_the_new_bytes() {
     }
     assert_eq!(o.gpr[3], sum);
 }
+
+#[test]
+fn flags_written_back_around_thunk_fills_keep_other_bits() {
+    // 2..6 MiB remapped with 4 KiB pages (first-level misses hit the TLB
+    // through 4 KiB hints: the fill thunk's way), and accesses to pages 64
+    // apart, which share a first-level slot, so every access misses. The
+    // misses come with the guest flags saved in r15 after ADD (AF set)
+    // and after XOR (AF clear), so the slow path writes them back, and
+    // exits write host flags back after logic and arithmetic ops; the
+    // merge must keep DF (STD) and every other non-arithmetic bit, which
+    // PUSHFQ observes each iteration. One access crosses a page (the
+    // thunk leaves it to the Rust fill, which it calls with the pointers
+    // reloaded).
+    const PT: u64 = 0x9000;
+    const SPLIT: u64 = 2;
+    let prog = |a: &mut CodeAssembler| {
+        let mut top = a.create_label();
+        let mut skip = a.create_label();
+        a.mov(r8, 300u64).unwrap();
+        a.mov(rsi, DATA).unwrap();
+        a.std().unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(al, 0x0f).unwrap();
+        a.add(al, 1).unwrap();
+        a.mov(qword_ptr(rsi), r8).unwrap();
+        a.mov(rdx, qword_ptr(rsi + 0x4_0000)).unwrap();
+        a.xor(ecx, r8d).unwrap();
+        a.mov(qword_ptr(rsi + 0x4_0008), rdx).unwrap();
+        a.mov(rbx, qword_ptr(rsi + 8)).unwrap();
+        a.mov(qword_ptr(rsi + 0xffd), rbx).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rax).unwrap();
+        a.add(r9, rax).unwrap();
+        a.rol(r9, 3).unwrap();
+        a.test(r8b, 1).unwrap();
+        a.jz(skip).unwrap();
+        a.or(r10, rdx).unwrap();
+        a.add(rsi, 0x1000).unwrap();
+        a.and(rsi, 0x3f_7fff).unwrap();
+        a.set_label(&mut skip).unwrap();
+        a.dec(r8).unwrap();
+        a.jnz(top).unwrap();
+        a.cld().unwrap();
+        a.hlt().unwrap();
+    };
+    let split = |engine, threshold| {
+        let r = rig(prog);
+        for i in 0..512 * SPLIT {
+            let pte = (0x20_0000 + (i << 12)) | 0x7;
+            r.mem
+                .write_bytes(Hpa(PT + i * 8), &pte.to_le_bytes())
+                .unwrap();
+        }
+        for j in 0..SPLIT {
+            let pde = (PT + 0x1000 * j) | 0x7;
+            r.mem
+                .write_bytes(Hpa(PD + 8 * (1 + j)), &pde.to_le_bytes())
+                .unwrap();
+        }
+        run_rig(engine, threshold, r)
+    };
+    let (interp, _) = split(Engine::Interp, 1);
+    assert_eq!(interp.exit, VmExit::Hlt);
+    assert!(interp.tlb.hits > 1000, "{:?}", interp.tlb);
+    for threshold in [1, 2] {
+        let (jit, stats) = split(Engine::Jit, threshold);
+        assert!(interp == jit, "threshold {threshold}:\n{interp:?}\n{jit:?}");
+        assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+        assert!(stats.blocks_translated >= 2, "{stats:?}");
+    }
+}

@@ -13,35 +13,52 @@ use iced_x86::code_asm::{ah, al, cl, r15d};
 
 impl Emitter {
     /// Writes the host's arithmetic flags into `state.rflags` (clobbers
-    /// rax, rcx and the host flags).
+    /// rax and the host flags; rcx kept). As one masked merge, `rflags ^=
+    /// (rflags ^ new) & ARITH`: the bits outside `ARITH` are kept, those
+    /// in it become the new ones (AF clear after a logic operation, whose
+    /// host AF is undefined).
     pub(super) fn capture(&mut self, af_clear: bool) -> Result<(), NotTranslated> {
-        let mask = if af_clear { ARITH & !AF } else { ARITH };
-        let fl = self.field(self.o.rflags);
         self.a.pushfq()?;
         self.a.pop(rax)?;
-        self.a.and(eax, mask as i32)?;
-        self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, fl))?;
-        self.a.and(rcx, !(ARITH as i32))?;
-        self.a.or(rcx, rax)?;
-        self.add(Instruction::with2(Code::Mov_rm64_r64, fl, Register::RCX))
+        if af_clear {
+            self.a.and(eax, (ARITH & !AF) as i32)?;
+        }
+        self.merge_arith(Register::RAX)
+    }
+
+    /// `state.rflags ^= (state.rflags ^ reg) & ARITH`: `reg`'s arithmetic
+    /// flags into the state, every other bit kept (clobbers `reg` and the
+    /// host flags).
+    fn merge_arith(&mut self, reg: Register) -> Result<(), NotTranslated> {
+        let fl = self.field(self.o.rflags);
+        self.add(Instruction::with2(Code::Xor_r64_rm64, reg, fl))?;
+        let reg32 = match reg {
+            Register::RAX => Register::EAX,
+            _ => Register::ECX,
+        };
+        debug_assert!(matches!(reg, Register::RAX | Register::RCX));
+        // (A 32-bit AND clears the upper half: ARITH is below bit 32.)
+        self.add(Instruction::with2(
+            Code::And_rm32_imm32,
+            reg32,
+            ARITH as u32,
+        ))?;
+        self.add(Instruction::with2(Code::Xor_rm64_r64, fl, reg))
     }
 
     /// Writes the flags saved in r15 (see [`Self::save_flags`]) into
     /// `state.rflags` (clobbers rax, rcx and the host flags).
     pub(super) fn capture_saved(&mut self, af_clear: bool) -> Result<(), NotTranslated> {
-        // The low byte of RFLAGS (SF ZF AF PF CF) came from LAHF.
-        let low = (if af_clear { ARITH & !AF } else { ARITH }) & 0xff;
-        let fl = self.field(self.o.rflags);
+        // AH = SF ZF AF PF CF (LAHF, bit 1 set), AL = OF (SETO: 0 or 1).
         self.a.mov(eax, r15d)?;
         self.a.movzx(ecx, ah)?;
-        self.a.and(ecx, low as i32)?;
-        self.a.and(eax, 1)?;
+        self.a.movzx(eax, al)?;
         self.a.shl(eax, 11)?;
         self.a.or(ecx, eax)?;
-        self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RAX, fl))?;
-        self.a.and(rax, !(ARITH as i32))?;
-        self.a.or(rax, rcx)?;
-        self.add(Instruction::with2(Code::Mov_rm64_r64, fl, Register::RAX))
+        if af_clear {
+            self.a.and(ecx, (ARITH & !AF) as i32)?;
+        }
+        self.merge_arith(Register::RCX)
     }
 
     pub(super) fn capture_if_dirty(&mut self) -> Result<(), NotTranslated> {
