@@ -162,7 +162,7 @@ impl Cpu {
         if !self.l1.peek(class, la) {
             // The interpreter's own miss path (its fill comes after any
             // walk and syncs first: the slots stay in sync).
-            self.translate_slow_inline(mem, la, kind, user, false)?;
+            self.translate_slow_inline(mem, la, Access { kind, user }, false)?;
             debug_assert!(self.l1.in_sync(self.tlb.epoch(), self.mode_epoch));
         }
         Ok(self.l1.jit_slot(class, la, bytes))
@@ -248,7 +248,7 @@ impl Cpu {
         user: bool,
         implicit: bool,
     ) -> Result<Hpa, Fault> {
-        self.translate_slow_inline(mem, la, kind, user, implicit)
+        self.translate_slow_inline(mem, la, Access { kind, user }, implicit)
     }
 
     /// [`Self::translate_slow`]'s body, inlined where first-level misses
@@ -259,10 +259,10 @@ impl Cpu {
         &mut self,
         mem: &PhysMemory,
         la: u64,
-        kind: AccessKind,
-        user: bool,
+        access: Access,
         implicit: bool,
     ) -> Result<Hpa, Fault> {
+        let Access { kind, user } = access;
         let mut looked_up = false;
         if !implicit {
             // `translate_as`'s lookup synced the slots.
@@ -367,7 +367,11 @@ impl Cpu {
         if let Some(hpa) = self.l1.lookup(class, la) {
             return Ok(hpa);
         }
-        self.translate_slow_inline(mem, la, AccessKind::Execute, user, false)
+        let access = Access {
+            kind: AccessKind::Execute,
+            user,
+        };
+        self.translate_slow_inline(mem, la, access, false)
     }
 
     #[inline]
