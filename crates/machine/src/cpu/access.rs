@@ -162,7 +162,7 @@ impl Cpu {
         if !self.l1.peek(class, la) {
             // The interpreter's own miss path (its fill comes after any
             // walk and syncs first: the slots stay in sync).
-            self.translate_slow(mem, la, kind, user, false)?;
+            self.translate_slow_inline(mem, la, Access { kind, user }, false)?;
             debug_assert!(self.l1.in_sync(self.tlb.epoch(), self.mode_epoch));
         }
         Ok(self.l1.jit_slot(class, la, bytes))
@@ -248,6 +248,21 @@ impl Cpu {
         user: bool,
         implicit: bool,
     ) -> Result<Hpa, Fault> {
+        self.translate_slow_inline(mem, la, Access { kind, user }, implicit)
+    }
+
+    /// [`Self::translate_slow`]'s body, inlined where first-level misses
+    /// are the rule ([`Self::translate_fetch_after_miss`],
+    /// [`Self::translate_for_jit`]).
+    #[inline(always)]
+    fn translate_slow_inline(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        access: Access,
+        implicit: bool,
+    ) -> Result<Hpa, Fault> {
+        let Access { kind, user } = access;
         let mut looked_up = false;
         if !implicit {
             // `translate_as`'s lookup synced the slots.
@@ -265,7 +280,7 @@ impl Cpu {
     /// references (and PML writes), then the first-level fill. With
     /// `looked_up`, the TLB lookup was made (and missed,
     /// [`Self::translate_keyed`]): only the miss path is left.
-    #[inline(never)]
+    #[inline(always)]
     fn translate_full(
         &mut self,
         mem: &PhysMemory,
@@ -333,6 +348,30 @@ impl Cpu {
     pub(crate) fn translate_fetch(&mut self, mem: &PhysMemory, la: u64) -> Result<Hpa, Fault> {
         let user = self.state.cpl() == 3;
         self.translate(mem, la, AccessKind::Execute, user)
+    }
+
+    /// [`Self::translate_fetch`] (with `user` the privilege now) where
+    /// translated code's first-level iTLB probe just missed (a chaining
+    /// exit's fetch): the same lookup, with the miss path inlined. (The
+    /// probe here can still hit: translated code's compares a slot's
+    /// `jit_page`, which no page equals when the frame is outside memory.)
+    #[inline(always)]
+    pub(crate) fn translate_fetch_after_miss(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        user: bool,
+    ) -> Result<Hpa, Fault> {
+        let class = AccessKind::Execute as usize * 2 + user as usize;
+        self.sync_l1();
+        if let Some(hpa) = self.l1.lookup(class, la) {
+            return Ok(hpa);
+        }
+        let access = Access {
+            kind: AccessKind::Execute,
+            user,
+        };
+        self.translate_slow_inline(mem, la, access, false)
     }
 
     #[inline]

@@ -266,7 +266,8 @@ impl Cpu {
         self.stats.instructions += instructions;
         self.cycles += instructions * self.costs.instruction;
         self.state.rip = rip;
-        let hpa = match self.translate_fetch(mem, rip) {
+        let user = self.state.cpl() == 3;
+        let hpa = match self.translate_fetch_after_miss(mem, rip, user) {
             Ok(hpa) => hpa,
             Err(f) => {
                 self.jit_fault = Some(f);
@@ -276,7 +277,6 @@ impl Cpu {
                 };
             }
         };
-        let user = self.state.cpl() == 3;
         let e = self.jit_chain[jit::chain_slot(rip)];
         if e.rip == rip
             && e.hpa == hpa.0
