@@ -951,6 +951,17 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
     }
 }
 
+/// Sets the GS base and the kernel GS base to `base` (below 4 GiB), so
+/// that SWAPGS keeps GS.
+fn gs_bases(a: &mut CodeAssembler, base: u64) {
+    for msr in [0xc000_0101u32, 0xc000_0102] {
+        a.mov(ecx, msr).unwrap();
+        a.mov(eax, base as u32).unwrap();
+        a.xor(edx, edx).unwrap();
+        a.wrmsr().unwrap();
+    }
+}
+
 #[test]
 fn memory_forms_without_fast_forms_fill_the_first_level() {
     // XCHG with memory (every size), PUSH of memory (flat and GS-relative),
@@ -966,13 +977,7 @@ fn memory_forms_without_fast_forms_fill_the_first_level() {
         let mut top = a.create_label();
         let mut f = a.create_label();
         let mut back = a.create_label();
-        // GS base = kernel GS base = DATA + 0x1000: SWAPGS keeps GS.
-        for msr in [0xc000_0101u32, 0xc000_0102] {
-            a.mov(ecx, msr).unwrap();
-            a.mov(eax, (DATA + 0x1000) as u32).unwrap();
-            a.xor(edx, edx).unwrap();
-            a.wrmsr().unwrap();
-        }
+        gs_bases(a, DATA + 0x1000);
         a.mov(rsi, DATA).unwrap();
         a.lea(rax, ptr(f)).unwrap();
         a.mov(qword_ptr(rsi + 0x200), rax).unwrap();
@@ -1096,13 +1101,7 @@ fn memory_forms_fault_precisely_after_a_fill() {
             let mut ret = a.create_label();
             // The stack (and the exception frame) in the compared memory.
             a.mov(rsp, DATA + 0x7000).unwrap();
-            // GS base = kernel GS base = the first page.
-            for msr in [0xc000_0101u32, 0xc000_0102] {
-                a.mov(ecx, msr).unwrap();
-                a.mov(eax, (MEM - 0x3000) as u32).unwrap();
-                a.xor(edx, edx).unwrap();
-                a.wrmsr().unwrap();
-            }
+            gs_bases(a, MEM - 0x3000);
             // On each mapped page: a divisor, the JMP target (the
             // instruction after the JMP) and the CALL target.
             a.lea(rdx, ptr(next)).unwrap();

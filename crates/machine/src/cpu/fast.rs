@@ -14,7 +14,7 @@ use super::state::rflags;
 use super::{Cpu, Fault};
 use crate::alu::{self, BinOp, ShiftOp, Size};
 use crate::memory::PhysMemory;
-use iced_x86::{Instruction, Mnemonic as M, OpKind, Register};
+use iced_x86::{CodeSize, Instruction, Mnemonic as M, OpKind, Register};
 
 /// Register index meaning "none".
 const NONE: u8 = 16;
@@ -190,6 +190,19 @@ pub enum Fast {
     },
     /// NOP, PAUSE, ENDBR64.
     Nop,
+    /// A system instruction of every system call (64-bit mode): what the
+    /// generic path does for it (`exec_generic`, `exec_system`), without
+    /// the dispatch (see [`Cpu::exec_fast_system`]).
+    System(SystemOp),
+}
+
+/// The system instructions with a [`Fast::System`] form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SystemOp {
+    Swapgs,
+    Syscall,
+    Sysretq,
+    Rdtsc,
 }
 
 /// A decoded instruction with its fast form.
@@ -689,6 +702,14 @@ fn classify_inner(i: &Instruction) -> Option<Fast> {
             }
         }
         M::Nop | M::Pause | M::Endbr64 => Fast::Nop,
+        // (64-bit encodings only: SWAPGS and SYSRETQ exist only there, and
+        // SYSCALL and RDTSC are left generic elsewhere.)
+        M::Swapgs if i.code() == iced_x86::Code::Swapgs => Fast::System(SystemOp::Swapgs),
+        M::Syscall if i.code() == iced_x86::Code::Syscall && i.code_size() == CodeSize::Code64 => {
+            Fast::System(SystemOp::Syscall)
+        }
+        M::Sysretq if i.code() == iced_x86::Code::Sysretq => Fast::System(SystemOp::Sysretq),
+        M::Rdtsc if i.code_size() == CodeSize::Code64 => Fast::System(SystemOp::Rdtsc),
         m if is_cmovcc(m) => {
             let (dst, size) = gpr(i.op0_register())?;
             let cc = i.condition_code() as u8 - 1;
@@ -1132,6 +1153,7 @@ impl Cpu {
                 Ok(Flow::Next)
             }
             Fast::Nop => Ok(Flow::Next),
+            Fast::System(sys) => self.exec_fast_system(op, sys),
             Fast::Ret => {
                 let rsp = self.state.gpr[4];
                 let target = self
@@ -1158,6 +1180,33 @@ impl Cpu {
         // Leave on a jump, or when something between instructions needs a
         // look: new STI/MOV-SS blocking, pending events or IPIs, HLT, a
         // store into cached code.
+        if self.next_rip != op.next_ip || self.check_events || self.code_written {
+            Ok(Flow::Leave)
+        } else {
+            Ok(Flow::Next)
+        }
+    }
+
+    /// A [`Fast::System`] instruction: exactly what `exec_generic` and
+    /// `exec_system` do for it, without their dispatch (these run on every
+    /// system call, and translated code calls out for each of them): the
+    /// lazy flags folded (SYSCALL saves RFLAGS), the mode epoch moved (as
+    /// for every system instruction), the instruction, and leaving the
+    /// block where the generic path would (a jump, events to check, a store
+    /// into code). A fault is taken at the instruction, as for any fast
+    /// form.
+    #[inline(never)]
+    fn exec_fast_system(&mut self, op: &Op, sys: SystemOp) -> Result<Flow, Fault> {
+        self.flush_flags();
+        self.state.rip = op.insn.ip();
+        self.next_rip = op.next_ip;
+        self.mode_epoch += 1;
+        match sys {
+            SystemOp::Swapgs => self.exec_swapgs()?,
+            SystemOp::Syscall => self.exec_syscall(&op.insn)?,
+            SystemOp::Sysretq => self.exec_sysret()?,
+            SystemOp::Rdtsc => self.exec_rdtsc(false)?,
+        }
         if self.next_rip != op.next_ip || self.check_events || self.code_written {
             Ok(Flow::Leave)
         } else {
@@ -1299,6 +1348,101 @@ mod tests {
             }
         }
         assert!(answered > 100_000, "conditions come from pending flags");
+    }
+
+    #[test]
+    fn system_fast_forms_equal_the_generic_path() {
+        use super::super::code_cache::decode_one;
+        use super::super::state::{cr4, efer, seg_attr, Segment};
+        use crate::vmx::VmxControls;
+        let mem = PhysMemory::new(1 << 20).unwrap();
+        let rip = 0x4000u64;
+        let forms: [(&[u8], SystemOp); 4] = [
+            (&[0x0f, 0x01, 0xf8], SystemOp::Swapgs),
+            (&[0x0f, 0x05], SystemOp::Syscall),
+            (&[0x48, 0x0f, 0x07], SystemOp::Sysretq),
+            (&[0x0f, 0x31], SystemOp::Rdtsc),
+        ];
+        // Every combination of what the four look at: CPL, EFER.SCE,
+        // CR4.TSD, RDTSC exiting, a canonical RCX or not, events already
+        // to check, lazy flags pending; random registers and MSRs.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut seen = [0usize; 3];
+        for (bytes, sys) in forms {
+            let op = decode_one(bytes, rip, 64);
+            assert_eq!(op.fast, Fast::System(sys), "{sys:?}");
+            let generic = Op {
+                fast: Fast::Generic,
+                ..op.clone()
+            };
+            for case in 0..128u32 {
+                let bit = |n: u32| case & (1 << n) != 0;
+                let r = [
+                    xorshift(&mut seed),
+                    xorshift(&mut seed),
+                    xorshift(&mut seed),
+                ];
+                let setup = || {
+                    let mut cpu = Cpu::new(super::super::CpuConfig::default());
+                    if bit(3) {
+                        cpu.set_vmx(Some(VmxControls {
+                            rdtsc_exiting: true,
+                            ..VmxControls::default()
+                        }));
+                    }
+                    let st = cpu.state_mut();
+                    if bit(0) {
+                        st.cs = Segment {
+                            selector: 0x23,
+                            base: 0,
+                            limit: 0xffff_ffff,
+                            attr: seg_attr::CODE64_USER,
+                        };
+                    }
+                    if bit(1) {
+                        st.efer |= efer::SCE;
+                    }
+                    if bit(2) {
+                        st.cr4 |= cr4::TSD;
+                    }
+                    st.gpr[1] = if bit(4) { r[0] } else { r[0] >> 17 };
+                    st.gpr[11] = r[1];
+                    st.gs.base = r[2];
+                    st.kernel_gs_base = r[0] ^ r[2];
+                    st.star = r[1] ^ r[2];
+                    st.lstar = r[2] >> 16;
+                    st.fmask = r[0] & 0x3f_7fd5;
+                    st.rflags = r[1] & (rflags::ARITH | rflags::DF | rflags::IF) | rflags::FIXED1;
+                    cpu.check_events = bit(5);
+                    if bit(6) {
+                        // Flags pending from an ALU operation.
+                        let (_, f) = cpu.alu_op(BinOp::Sub, Size::B8, r[0], r[1]);
+                        cpu.apply_flags(f);
+                    }
+                    cpu.cycles = r[2] >> 20;
+                    cpu
+                };
+                let mut fast = setup();
+                let mut reference = setup();
+                let got = fast.exec_op(&mem, &op);
+                let want = reference.exec_op(&mem, &generic);
+                let what = format!("{sys:?}, case {case:#b}");
+                assert_eq!(got, want, "{what}");
+                seen[match got {
+                    Ok(Flow::Next) => 0,
+                    Ok(_) => 1,
+                    Err(_) => 2,
+                }] += 1;
+                fast.flush_flags();
+                reference.flush_flags();
+                assert_eq!(fast.state_digest(), reference.state_digest(), "{what}");
+                assert_eq!(fast.next_rip, reference.next_rip, "{what}");
+                assert_eq!(fast.check_events, reference.check_events, "{what}");
+                assert_eq!(fast.mode_epoch, reference.mode_epoch, "{what}");
+                assert_eq!(fast.code_written, reference.code_written, "{what}");
+            }
+        }
+        assert!(seen.iter().all(|&n| n > 20), "{seen:?}");
     }
 
     #[test]

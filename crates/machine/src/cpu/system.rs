@@ -150,22 +150,7 @@ impl Cpu {
                 }
                 self.write_msr(index, value)
             }
-            M::Rdtsc | M::Rdtscp => {
-                if self.state.cr4 & cr4::TSD != 0 && cpl > 0 {
-                    return Err(gp(0));
-                }
-                let rdtscp = i.mnemonic() == M::Rdtscp;
-                if self.vmx.as_ref().is_some_and(|v| v.rdtsc_exiting) {
-                    return Err(Fault::exit(VmExit::Rdtsc { rdtscp }));
-                }
-                let tsc = self.tsc();
-                self.state.gpr[0] = tsc & 0xffff_ffff;
-                self.state.gpr[2] = tsc >> 32;
-                if rdtscp {
-                    self.state.gpr[1] = self.state.tsc_aux & 0xffff_ffff;
-                }
-                Ok(())
-            }
+            M::Rdtsc | M::Rdtscp => self.exec_rdtsc(i.mnemonic() == M::Rdtscp),
             M::Invlpg => {
                 self.require_cpl0()?;
                 self.cycles += self.costs.serializing;
@@ -282,11 +267,7 @@ impl Cpu {
             }
             M::Verr | M::Verw => self.exec_verify_segment(mem, i),
             M::Lsl | M::Lar => self.exec_load_limit_or_rights(mem, i),
-            M::Swapgs => {
-                self.require_cpl0()?;
-                std::mem::swap(&mut self.state.gs.base, &mut self.state.kernel_gs_base);
-                Ok(())
-            }
+            M::Swapgs => self.exec_swapgs(),
             M::Syscall => self.exec_syscall(i),
             M::Sysretq => self.exec_sysret(),
             M::Iret | M::Iretd | M::Iretq => self.exec_iret(mem, i),
@@ -1035,7 +1016,32 @@ impl Cpu {
         Ok(())
     }
 
-    fn exec_syscall(&mut self, i: &Instruction) -> Result<(), Fault> {
+    /// SWAPGS (the mode epoch moved by the caller, as for every system
+    /// instruction; also `fast::exec_fast_system`).
+    pub(super) fn exec_swapgs(&mut self) -> Result<(), Fault> {
+        self.require_cpl0()?;
+        std::mem::swap(&mut self.state.gs.base, &mut self.state.kernel_gs_base);
+        Ok(())
+    }
+
+    /// RDTSC or RDTSCP (also `fast::exec_fast_system`).
+    pub(super) fn exec_rdtsc(&mut self, rdtscp: bool) -> Result<(), Fault> {
+        if self.state.cr4 & cr4::TSD != 0 && self.state.cpl() > 0 {
+            return Err(gp(0));
+        }
+        if self.vmx.as_ref().is_some_and(|v| v.rdtsc_exiting) {
+            return Err(Fault::exit(VmExit::Rdtsc { rdtscp }));
+        }
+        let tsc = self.tsc();
+        self.state.gpr[0] = tsc & 0xffff_ffff;
+        self.state.gpr[2] = tsc >> 32;
+        if rdtscp {
+            self.state.gpr[1] = self.state.tsc_aux & 0xffff_ffff;
+        }
+        Ok(())
+    }
+
+    pub(super) fn exec_syscall(&mut self, i: &Instruction) -> Result<(), Fault> {
         if self.state.efer & efer::SCE == 0 {
             return Err(ud());
         }
@@ -1062,7 +1068,7 @@ impl Cpu {
         Ok(())
     }
 
-    fn exec_sysret(&mut self) -> Result<(), Fault> {
+    pub(super) fn exec_sysret(&mut self) -> Result<(), Fault> {
         if self.state.efer & efer::SCE == 0 {
             return Err(ud());
         }
