@@ -30,9 +30,12 @@ impl Emitter {
         }
         self.a.mov(rax, target)?;
         let o = self.o;
-        let out = self.chain_out;
-        self.a.mov(r8d, k as u32 + 1)?;
-        self.a.mov(r9, (k as u64 + 1) * o.instruction_cost)?;
+        let n = k as u32 + 1;
+        // r8 (this block's instructions) is set only on the ways out (the
+        // shared exits read it); the chained way adds the constant.
+        let mut out = self.a.create_label();
+        let mut miss = self.a.create_label();
+        self.a.mov(r9, n as u64 * o.instruction_cost)?;
         self.a.add(r9, qword_ptr(rbx + o.cycles))?;
         self.a.cmp(r9, qword_ptr(rbx + o.jit_deadline))?;
         self.a.jae(out)?;
@@ -41,12 +44,19 @@ impl Emitter {
         // ask `Cpu::jit_chain_crossing`.
         let crossing = target & 0xfff > 0x1000 - MAX_INSN_LEN as u64;
         let mut cross = if crossing { self.a.create_label() } else { out };
-        self.fetch_probe(self.fetch_miss, Some(target))?;
-        self.chain_lookup(cross, Some(target))?;
+        self.fetch_probe(miss, Some(target))?;
+        self.chain_lookup(cross, Some((target, n)))?;
         if crossing {
             self.a.set_label(&mut cross)?;
-            self.chain_crossing(out)?;
+            self.a.mov(r8d, n)?;
+            self.chain_crossing(self.chain_out)?;
         }
+        self.a.set_label(&mut miss)?;
+        self.a.mov(r8d, n)?;
+        self.a.jmp(self.fetch_miss)?;
+        self.a.set_label(&mut out)?;
+        self.a.mov(r8d, n)?;
+        self.a.jmp(self.chain_out)?;
         Ok(())
     }
 
@@ -91,8 +101,9 @@ impl Emitter {
     /// first-level iTLB slot (a constant offset) is compared with this
     /// block's page and frame, the frame's code-write generation (a
     /// constant address) with this block's, and the jump goes straight to
-    /// the chained entry. Every count is a constant: r8 = k + 1
-    /// instructions, r9 the cycles after them.
+    /// the chained entry. Every count is a constant: k + 1 instructions
+    /// (added as an immediate; r8 is set only on the way to the fetch),
+    /// r9 the cycles after them.
     ///
     /// With `saved` (the AF-clear bit of their last writer) the guest
     /// flags are in r15, not in `state.rflags`, and are dead at the
@@ -106,8 +117,8 @@ impl Emitter {
         let o = self.o;
         let out = self.a.create_label();
         let miss = self.a.create_label();
-        self.a.mov(r8d, k as u32 + 1)?;
-        self.a.mov(r9, (k as u64 + 1) * o.instruction_cost)?;
+        let n = k as u32 + 1;
+        self.a.mov(r9, n as u64 * o.instruction_cost)?;
         self.a.add(r9, qword_ptr(rbx + o.cycles))?;
         self.a.cmp(r9, qword_ptr(rbx + o.jit_deadline))?;
         self.a.jae(out)?;
@@ -129,7 +140,7 @@ impl Emitter {
         )?;
         self.a.jne(out)?;
         // The block ended in is already the one reported.
-        self.count_chained(false)?;
+        self.count_chained(false, Some(n))?;
         self.a.jmp(self.chained_entry)?;
         // The ways out: the flags written back, rax the target.
         for (mut l, to_miss) in [(miss, true), (out, false)] {
@@ -139,7 +150,9 @@ impl Emitter {
             }
             self.a.mov(rax, rip)?;
             if to_miss {
-                // Where the run loop's fetch would fill the iTLB.
+                // Where the run loop's fetch would fill the iTLB (r8: this
+                // block's instructions).
+                self.a.mov(r8d, n)?;
                 self.a.jmp(self.fetch_miss)?;
             } else {
                 self.a.mov(qword_ptr(rbx + o.next_rip), rax)?;
@@ -182,7 +195,7 @@ impl Emitter {
         self.a.pop(rax)?;
         self.a.test(rcx, rcx)?;
         self.a.je(out)?;
-        self.count_chained(false)?;
+        self.count_chained(false, None)?;
         self.a.mov(r13, rdx)?;
         self.a.jmp(rcx)?;
         Ok(())
@@ -403,16 +416,18 @@ impl Emitter {
         Ok(())
     }
 
-    /// Chaining through the table: rax the RIP (`target`: rax is that
-    /// constant), rdx its host-physical address, r11 its frame.
+    /// Chaining through the table: rax the RIP, rdx its host-physical
+    /// address, r11 its frame. With `known` = (target, instructions), rax
+    /// is that constant and this block's instruction count the other
+    /// (else in r8).
     pub(super) fn chain_lookup(
         &mut self,
         out: CodeLabel,
-        target: Option<u64>,
+        known: Option<(u64, u32)>,
     ) -> Result<(), NotTranslated> {
         // The chaining table's slot for this RIP: r10 + s.
-        let s = match target {
-            Some(t) => {
+        let s = match known {
+            Some((t, _)) => {
                 self.a.mov(r10, qword_ptr(r14 + ENV_CHAIN))?;
                 chain_slot(t) as i32 * CHAIN_ENTRY_BYTES
             }
@@ -436,18 +451,26 @@ impl Emitter {
         self.a.mov(ecx, dword_ptr(rcx + r11 * 4))?;
         self.a.cmp(rcx, qword_ptr(r10 + s + 16))?;
         self.a.jne(out)?;
-        self.count_chained(true)?;
+        self.count_chained(true, known.map(|(_, n)| n))?;
         self.a.mov(r13, qword_ptr(r10 + s + 32))?;
         self.a.jmp(qword_ptr(r10 + s + 24))?;
         Ok(())
     }
 
-    /// Going on to the next block: this block's counts (r8 instructions,
-    /// r9 the cycle count after them), as the run loop adds them, and with
-    /// `report` the RIP chained to (rax) as the block the code is in.
-    pub(super) fn count_chained(&mut self, report: bool) -> Result<(), NotTranslated> {
+    /// Going on to the next block: this block's counts (`instructions`,
+    /// or r8 without it; r9 the cycle count after them), as the run loop
+    /// adds them, and with `report` the RIP chained to (rax) as the block
+    /// the code is in.
+    pub(super) fn count_chained(
+        &mut self,
+        report: bool,
+        instructions: Option<u32>,
+    ) -> Result<(), NotTranslated> {
         let o = self.o;
-        self.a.add(qword_ptr(rbx + o.instructions), r8)?;
+        match instructions {
+            Some(n) => self.a.add(qword_ptr(rbx + o.instructions), n as i32)?,
+            None => self.a.add(qword_ptr(rbx + o.instructions), r8)?,
+        }
         self.a.mov(qword_ptr(rbx + o.cycles), r9)?;
         if report {
             self.a.mov(qword_ptr(rbx + o.jit_chain_rip), rax)?;
