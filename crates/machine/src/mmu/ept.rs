@@ -80,6 +80,12 @@ impl EptPerms {
         EptPerms((bits & (epte::READ | epte::WRITE | epte::EXEC)) as u8)
     }
 
+    /// The R/W/X bits (2:0).
+    #[inline]
+    pub const fn bits(self) -> u64 {
+        self.0 as u64
+    }
+
     /// Reads allowed.
     #[inline]
     pub const fn read(self) -> bool {

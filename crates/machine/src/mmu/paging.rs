@@ -127,6 +127,38 @@ fn error_code_base(access: Access, regs: &PagingRegs) -> u32 {
     code
 }
 
+impl GuestPerms {
+    /// All rights (the start of a walk from CR3).
+    pub(crate) const ALL: GuestPerms = GuestPerms {
+        writable: true,
+        user: true,
+        no_execute: false,
+    };
+
+    /// The rights combined with those of one more entry.
+    #[inline(always)]
+    fn and_entry(self, entry: u64, nxe: bool) -> GuestPerms {
+        GuestPerms {
+            writable: self.writable && entry & pte::WRITABLE != 0,
+            user: self.user && entry & pte::USER != 0,
+            no_execute: self.no_execute || (nxe && entry & pte::NX != 0),
+        }
+    }
+}
+
+/// The bits reserved in a present entry at `level` (3 = PML4E ... 0 =
+/// PTE) whose PS bit is `huge`, besides `reserved_any_level`.
+#[inline(always)]
+fn reserved_at(level: u32, huge: bool, reserved_any_level: u64) -> u64 {
+    reserved_any_level
+        | match (level, huge) {
+            (3, _) => pte::HUGE,
+            (2, true) => RESERVED_1G,
+            (1, true) => RESERVED_2M,
+            _ => 0,
+        }
+}
+
 /// The result of a successful guest walk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GuestTranslation {
@@ -139,6 +171,29 @@ pub struct GuestTranslation {
     pub global: bool,
     /// The leaf's dirty flag is set (after this access's update).
     pub dirty: bool,
+}
+
+impl GuestTranslation {
+    /// The translation of `gva` by the leaf entry `leaf` (as it is after
+    /// the walk's flag updates) of a page of `size`, with the rights
+    /// `perms` combined over the walk.
+    #[inline(always)]
+    fn from_leaf(
+        leaf: u64,
+        size: PageSize,
+        gva: Gva,
+        perms: GuestPerms,
+        regs: &PagingRegs,
+    ) -> Self {
+        let page_base = leaf & pte::ADDR_MASK & !(size.bytes() - 1);
+        GuestTranslation {
+            gpa: Gpa(page_base | (gva.0 & (size.bytes() - 1))),
+            size,
+            perms,
+            global: leaf & pte::GLOBAL != 0 && regs.cr4 & cr4::PGE != 0,
+            dirty: leaf & pte::DIRTY != 0,
+        }
+    }
 }
 
 /// One paging-structure entry the walk used, kept for the A/D update.
@@ -207,16 +262,7 @@ pub(crate) fn walk_once(
         mut table,
         mut perms,
         refs: mut refs_from_cr3,
-    } = start.unwrap_or(WalkStart {
-        level: 3,
-        table: Gpa(regs.cr3 & pte::ADDR_MASK),
-        perms: GuestPerms {
-            writable: true,
-            user: true,
-            no_execute: false,
-        },
-        refs: 0,
-    });
+    } = start.unwrap_or(WalkStart::from_cr3(regs));
     if start.is_some() {
         *used_cache = true;
         *walk_refs += refs_from_cr3;
@@ -248,20 +294,11 @@ pub(crate) fn walk_once(
             return Err(page_fault(0));
         }
         let huge = entry & pte::HUGE != 0;
-        let reserved = reserved_any_level
-            | match (level, huge) {
-                (3, _) => pte::HUGE,
-                (2, true) => RESERVED_1G,
-                (1, true) => RESERVED_2M,
-                _ => 0,
-            };
-        if entry & reserved != 0 {
+        if entry & reserved_at(level, huge, reserved_any_level) != 0 {
             return Err(page_fault(pf_error::PRESENT | pf_error::RSVD));
         }
 
-        perms.writable &= entry & pte::WRITABLE != 0;
-        perms.user &= entry & pte::USER != 0;
-        perms.no_execute |= nxe && entry & pte::NX != 0;
+        perms = perms.and_entry(entry, nxe);
         used[used_count] = UsedEntry {
             gpa: entry_gpa,
             hpa: entry_hpa,
@@ -329,16 +366,126 @@ pub(crate) fn walk_once(
         } else {
             0
         };
-    let page_base = leaf & pte::ADDR_MASK & !(size.bytes() - 1);
-    Ok(Some(GuestTranslation {
-        gpa: Gpa(page_base | (gva.0 & (size.bytes() - 1))),
-        size,
-        perms,
-        global: leaf & pte::GLOBAL != 0 && regs.cr4 & cr4::PGE != 0,
-        dirty: leaf & pte::DIRTY != 0,
-    }))
+    Ok(Some(GuestTranslation::from_leaf(
+        leaf, size, gva, perms, regs,
+    )))
 }
 
+/// What [`walk_cached`] found, and what [`walk_once`] through the same
+/// caches would have counted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CachedWalk {
+    pub guest: GuestTranslation,
+    /// Every reference the walk charges (from CR3 through the leaf).
+    pub refs: u64,
+    /// The walk started below a paging-structure-cache entry.
+    pub upper_hit: bool,
+    /// Guest-physical mappings used (one per paging structure read).
+    pub gpa_hits: u64,
+    /// Non-leaf entries read (to cache: the first `fill_count` of the
+    /// `fills` given to `walk_cached`).
+    pub fill_count: usize,
+}
+
+/// No entry (the value `walk_cached`'s `fills` start with).
+pub(crate) const NO_FILL: UpperFill = UpperFill {
+    level: 0,
+    next: Gpa(0),
+    perms: GuestPerms::ALL,
+    refs: 0,
+};
+
+/// The common case of [`walk_once`] through the caches `psc`, with no
+/// side effect: the walk starts where `psc` says (or at CR3), every
+/// paging structure it reads is in a guest-physical mapping of `psc`
+/// that allows the access (with EPT), every entry is present with no
+/// reserved bit set, the access is permitted, and no accessed or dirty
+/// flag has to be set. Then it returns what `walk_once` would return
+/// and what it would have counted, and leaves in `fills` what it would
+/// cache (the caller commits those: [`super::translate_miss`]). In every
+/// other case `None`, and the caller takes `walk_once`, which gives the
+/// same result for the cases this takes.
+#[inline(always)]
+pub(crate) fn walk_cached(
+    ctx: &TranslateCtx<'_>,
+    psc: &Psc,
+    gva: Gva,
+    access: Access,
+    fills: &mut [UpperFill; 3],
+) -> Option<CachedWalk> {
+    let regs = &ctx.regs;
+    let nxe = regs.efer & efer::NXE != 0;
+    let reserved_any_level = PHYS_ADDR_RESERVED | if nxe { 0 } else { pte::NX };
+    let start = psc.peek_start(ctx, gva.0);
+    let upper_hit = start.is_some();
+    let WalkStart {
+        mut level,
+        mut table,
+        mut perms,
+        mut refs,
+    } = start.unwrap_or(WalkStart::from_cr3(regs));
+    // Paging-structure references are EPT writes with EPT A/D on.
+    let structure_kind = match ctx.ept {
+        Some(eptp) if eptp.ad_enabled() => AccessKind::Write,
+        _ => AccessKind::Read,
+    };
+    let write = access.kind == AccessKind::Write;
+    let mut gpa_hits = 0;
+    let mut fill_count = 0;
+    loop {
+        let index = (gva.0 >> (PageSize::Size4K.shift() + 9 * level)) & 0x1ff;
+        let entry_gpa = table.add(index * 8);
+        let entry_hpa = match ctx.ept {
+            None => Hpa(entry_gpa.0),
+            Some(eptp) => {
+                let t = psc.gpa_peek(eptp, entry_gpa, structure_kind)?;
+                gpa_hits += 1;
+                refs += super::psc::ept_walk_refs(t.page_size);
+                t.hpa
+            }
+        };
+        let entry = ctx.mem.read_u64(entry_hpa).ok()?;
+        refs += 1;
+        let huge = entry & pte::HUGE != 0;
+        if entry & pte::PRESENT == 0 || entry & reserved_at(level, huge, reserved_any_level) != 0 {
+            return None;
+        }
+        perms = perms.and_entry(entry, nxe);
+        let leaf = level == 0 || huge;
+        let flags = pte::ACCESSED | if leaf && write { pte::DIRTY } else { 0 };
+        if entry & flags != flags {
+            return None;
+        }
+        if leaf {
+            if !access_permitted(perms, access, regs) {
+                return None;
+            }
+            return Some(CachedWalk {
+                guest: GuestTranslation::from_leaf(
+                    entry,
+                    PageSize::of_leaf_level(level),
+                    gva,
+                    perms,
+                    regs,
+                ),
+                refs,
+                upper_hit,
+                gpa_hits,
+                fill_count,
+            });
+        }
+        table = Gpa(entry & pte::ADDR_MASK);
+        // At most 3 non-leaf levels (a PML4E leaf is reserved).
+        *fills.get_mut(fill_count)? = UpperFill {
+            level,
+            next: table,
+            perms,
+            refs,
+        };
+        fill_count += 1;
+        level -= 1;
+    }
+}
 /// Host-physical address of a paging-structure entry, and the EPT
 /// permissions of its page (all permissions without EPT), through a cached
 /// guest-physical mapping when `psc` has one.

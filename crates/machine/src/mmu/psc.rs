@@ -136,13 +136,18 @@ impl<T: Copy> Sets<T> {
         (set, &mut self.slots[set * w..(set + 1) * w])
     }
 
-    #[inline]
-    fn find(&mut self, key: u64, matches: impl Fn(&T) -> bool) -> Option<&mut Option<T>> {
+    /// The entry of `key`'s set that `matches`, if any.
+    #[inline(always)]
+    fn get(&self, key: u64, matches: impl Fn(&T) -> bool) -> Option<&T> {
         if self.used == 0 {
             return None;
         }
-        let (_, ways) = self.ways(key);
-        ways.iter_mut().find(|s| s.as_ref().is_some_and(&matches))
+        let set = (key ^ (key >> 17)) as usize & self.set_mask;
+        let w = PscConfig::WAYS;
+        self.slots[set * w..(set + 1) * w]
+            .iter()
+            .flatten()
+            .find(|v| matches(v))
     }
 
     /// Puts `value` in the set of `key`: over the slot `same` picks, else a
@@ -229,7 +234,7 @@ fn upper_prefix(gva: u64, level: u32) -> u64 {
 
 /// Memory references an EPT walk ending in a leaf of `size` makes.
 #[inline]
-fn ept_walk_refs(size: PageSize) -> u64 {
+pub(crate) fn ept_walk_refs(size: PageSize) -> u64 {
     match size {
         PageSize::Size4K => 4,
         PageSize::Size2M => 3,
@@ -246,6 +251,19 @@ pub(crate) struct WalkStart {
     pub perms: GuestPerms,
     /// References the levels above took.
     pub refs: u64,
+}
+
+impl WalkStart {
+    /// The start of a walk with no cached entry: the PML4 at CR3.
+    #[inline(always)]
+    pub fn from_cr3(regs: &super::PagingRegs) -> Self {
+        WalkStart {
+            level: 3,
+            table: Gpa(regs.cr3 & super::paging::pte::ADDR_MASK),
+            perms: GuestPerms::ALL,
+            refs: 0,
+        }
+    }
 }
 
 /// One non-leaf entry a successful walk used, to cache.
@@ -316,6 +334,7 @@ impl Psc {
         (self.upper.iter().map(|s| s.used).sum(), self.gpa.used)
     }
 
+    #[inline(always)]
     fn upper_tag(ctx: &TranslateCtx<'_>, gva: u64, level: u32) -> UpperTag {
         UpperTag {
             prefix: upper_prefix(gva, level),
@@ -327,14 +346,21 @@ impl Psc {
     }
 
     /// The deepest cached entry for `gva` under `ctx`: where its walk can
-    /// start.
+    /// start. Counted as a hit.
     #[inline]
     pub(crate) fn start(&mut self, ctx: &TranslateCtx<'_>, gva: u64) -> Option<WalkStart> {
+        let start = self.peek_start(ctx, gva);
+        self.stats.upper_hits += u64::from(start.is_some());
+        start
+    }
+
+    /// [`Self::start`] without counting: changes nothing.
+    #[inline(always)]
+    pub(crate) fn peek_start(&self, ctx: &TranslateCtx<'_>, gva: u64) -> Option<WalkStart> {
+        let mut tag = Self::upper_tag(ctx, gva, 1);
         for level in 1..=3u32 {
-            let tag = Self::upper_tag(ctx, gva, level);
-            let cache = &mut self.upper[level as usize - 1];
-            if let Some(Some(e)) = cache.find(tag.prefix, |e| e.tag == tag) {
-                self.stats.upper_hits += 1;
+            tag.prefix = upper_prefix(gva, level);
+            if let Some(e) = self.upper[level as usize - 1].get(tag.prefix, |e| e.tag == tag) {
                 return Some(WalkStart {
                     level: level - 1,
                     table: e.next,
@@ -344,6 +370,15 @@ impl Psc {
             }
         }
         None
+    }
+
+    /// Counts what a walk that changed nothing else used: a start below an
+    /// upper-level entry (`upper`) and `gpa` guest-physical mappings (the
+    /// counts [`Self::start`] and [`Self::gpa_lookup`] would have made).
+    #[inline(always)]
+    pub(crate) fn count_hits(&mut self, upper: bool, gpa: u64) {
+        self.stats.upper_hits += u64::from(upper);
+        self.stats.gpa_hits += gpa;
     }
 
     /// Caches the non-leaf entries a successful walk of `gva` used.
@@ -377,14 +412,26 @@ impl Psc {
         kind: super::AccessKind,
         walk_refs: &mut u64,
     ) -> Option<EptTranslation> {
+        let t = self.gpa_peek(eptp, gpa, kind)?;
+        self.stats.gpa_hits += 1;
+        *walk_refs += ept_walk_refs(t.page_size);
+        Some(t)
+    }
+
+    /// [`Self::gpa_lookup`] without counting or charging: changes nothing.
+    #[inline(always)]
+    pub(crate) fn gpa_peek(
+        &self,
+        eptp: Eptp,
+        gpa: Gpa,
+        kind: super::AccessKind,
+    ) -> Option<EptTranslation> {
         let gfn = gpa.0 >> PageSize::Size4K.shift();
-        let m = (*self.gpa.find(gfn, |m| m.gfn == gfn && m.eptp == eptp.0)?)?;
+        let m = self.gpa.get(gfn, |m| m.gfn == gfn && m.eptp == eptp.0)?;
         let usable = m.perms.allows(kind) && (kind != super::AccessKind::Write || m.dirty_recorded);
         if !usable {
             return None;
         }
-        self.stats.gpa_hits += 1;
-        *walk_refs += ept_walk_refs(m.page_size);
         Some(EptTranslation {
             hpa: Hpa(m.hpa | (gpa.0 & 0xfff)),
             perms: m.perms,

@@ -9,6 +9,8 @@ use crate::vmx::{ept_qual, InveptKind, InvvpidKind};
 
 #[path = "psc_tests.rs"]
 mod psc_tests;
+#[path = "walk_tests.rs"]
+mod walk_tests;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;

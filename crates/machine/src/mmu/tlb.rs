@@ -145,12 +145,22 @@ mod data {
     pub const EPT_EXEC: u64 = 1 << 6;
     /// The EPT leaf's D flag is set (or EPT A/D / EPT is off).
     pub const EPT_DIRTY: u64 = 1 << 7;
+    /// `EPT_READ`, `EPT_WRITE` and `EPT_EXEC` are the EPT R/W/X bits
+    /// (2:0) shifted by this.
+    pub const EPT_PERMS_SHIFT: u32 = 4;
     /// Survives CR3 loads.
     pub const GLOBAL: u64 = 1 << 8;
     /// Size of the guest page the entry is a piece of (2 bits).
     pub const LINEAR_SIZE_SHIFT: u32 = 9;
     pub const HPA: u64 = 0x000f_ffff_ffff_f000;
 }
+
+const _: () = {
+    use super::ept::epte;
+    assert!(data::EPT_READ == epte::READ << data::EPT_PERMS_SHIFT);
+    assert!(data::EPT_WRITE == epte::WRITE << data::EPT_PERMS_SHIFT);
+    assert!(data::EPT_EXEC == epte::EXEC << data::EPT_PERMS_SHIFT);
+};
 
 /// Linear-address bits a 4-level translation uses.
 const VA_MASK: u64 = (1 << 48) - 1;
@@ -209,6 +219,12 @@ impl Entry {
     fn linear_base(&self) -> u64 {
         (self.tag & tag::VPN) << self.size().shift()
     }
+}
+
+/// `mask` if `set`, else 0.
+#[inline(always)]
+fn flag(set: bool, mask: u64) -> u64 {
+    u64::from(set) * mask
 }
 
 /// The tag bits that come from the translation context.
@@ -476,8 +492,10 @@ pub struct Tlb {
     set_mask: usize,
     /// All ways' bits.
     full_set_mask: u64,
-    /// An entry larger than 4 KiB may be present (cleared by full scans).
-    may_hold_large: bool,
+    /// Per set: bit w set = way w holds a valid entry larger than 4 KiB
+    /// (a subset of `valid`), so that lookups and INVLPG probe the 2 MiB
+    /// and 1 GiB sets only where such an entry is (host-side bookkeeping).
+    large: Vec<u64>,
     /// A splintered entry may be present (cleared by full scans).
     may_hold_splinters: bool,
     stats: TlbStats,
@@ -514,6 +532,7 @@ impl Tlb {
             entries: vec![Entry::INVALID; config.entries],
             recently_used: vec![0; sets],
             valid: vec![0; sets],
+            large: vec![0; sets],
             nonempty: vec![0; sets.div_ceil(64)],
             ways: config.ways,
             set_mask: sets - 1,
@@ -522,7 +541,6 @@ impl Tlb {
             } else {
                 (1u64 << config.ways) - 1
             },
-            may_hold_large: false,
             may_hold_splinters: false,
             stats: TlbStats::default(),
             psc: Psc::new(psc),
@@ -549,15 +567,19 @@ impl Tlb {
         (set, set * self.ways..(set + 1) * self.ways)
     }
 
+    /// Way `way` of `set` now holds a valid entry, of a page larger than
+    /// 4 KiB if `large`.
     #[inline]
-    fn mark_valid(&mut self, set: usize, way: usize) {
+    fn mark_valid(&mut self, set: usize, way: usize, large: bool) {
         self.valid[set] |= 1 << way;
+        self.large[set] = (self.large[set] & !(1 << way)) | (u64::from(large) << way);
         self.nonempty[set / 64] |= 1 << (set % 64);
     }
 
     #[inline]
     fn mark_invalid(&mut self, set: usize, way: usize) {
         self.valid[set] &= !(1 << way);
+        self.large[set] &= !(1 << way);
         if self.valid[set] == 0 {
             self.nonempty[set / 64] &= !(1 << (set % 64));
         }
@@ -569,16 +591,38 @@ impl Tlb {
         *self.hints = [Hint::default(); HINTS];
     }
 
-    /// Whether the valid-entry bitmaps match the entries (for tests).
+    /// Whether the valid-entry and large-entry bitmaps match the entries
+    /// (for tests).
     #[cfg(test)]
     pub(crate) fn valid_bits_consistent(&self) -> bool {
         (0..self.valid.len()).all(|set| {
-            let bits = (0..self.ways)
-                .filter(|&w| self.entries[set * self.ways + w].valid())
-                .fold(0u64, |b, w| b | 1 << w);
+            let ways = |keep: &dyn Fn(&Entry) -> bool| {
+                (0..self.ways)
+                    .filter(|&w| keep(&self.entries[set * self.ways + w]))
+                    .fold(0u64, |b, w| b | 1 << w)
+            };
+            let bits = ways(&|e| e.valid());
             bits == self.valid[set]
+                && ways(&|e| e.valid() && e.size() != PageSize::Size4K) == self.large[set]
                 && (self.nonempty[set / 64] >> (set % 64)) & 1 == u64::from(bits != 0)
         })
+    }
+
+    /// The way of `set` among `ways` (a bitmap) holding an entry with
+    /// `tag` and `eptp`. There is at most one: a fill replaces an entry
+    /// with the same tag and EPTP.
+    #[inline(always)]
+    fn way_of(&self, set: usize, mut ways: u64, tag: u64, eptp: u64) -> Option<usize> {
+        let base = set * self.ways;
+        while ways != 0 {
+            let way = ways.trailing_zeros() as usize;
+            let e = &self.entries[base + way];
+            if e.tag == tag && e.eptp == eptp {
+                return Some(way);
+            }
+            ways &= ways - 1;
+        }
+        None
     }
 
     #[inline]
@@ -646,23 +690,21 @@ impl Tlb {
                 return Found::Usable(Hpa((e.data & data::HPA) | (va & (size.bytes() - 1))));
             }
         }
-        let probes = if self.may_hold_large {
-            PageSize::ALL.len()
-        } else {
-            1
-        };
-        for &size in &PageSize::ALL[..probes] {
+        // The valid ways of the 4 KiB set, then the large ways of the
+        // 2 MiB and 1 GiB sets (the only ways a tag of that size can be in).
+        for size in PageSize::ALL {
             let vpn = va >> size.shift();
             let wanted = key.context | (size_code(size) << tag::SIZE_SHIFT) | vpn;
-            let (set, range) = self.set_range(vpn);
-            let ways = &self.entries[range];
-            let Some(way) = ways
-                .iter()
-                .position(|e| e.tag == wanted && e.eptp == key.eptp)
-            else {
+            let set = (vpn as usize) & self.set_mask;
+            let ways = if size == PageSize::Size4K {
+                self.valid[set]
+            } else {
+                self.large[set]
+            };
+            let Some(way) = self.way_of(set, ways, wanted, key.eptp) else {
                 continue;
             };
-            let entry_data = ways[way].data;
+            let entry_data = self.entries[set * self.ways + way].data;
             if !key.permits(entry_data) {
                 return Found::Forbidden(set, way);
             }
@@ -682,6 +724,7 @@ impl Tlb {
     }
 
     /// Caches the translation of `gva` a walk just made under `ctx`.
+    #[inline(always)]
     pub(crate) fn insert(&mut self, ctx: &TranslateCtx<'_>, gva: Gva, fill: TlbFill) {
         let guest_size = fill.guest.map_or(PageSize::Size1G, |g| g.size);
         let ept_size = fill.ept.map_or(PageSize::Size1G, |t| t.page_size);
@@ -692,79 +735,72 @@ impl Tlb {
         } else {
             size
         };
-
-        let mut flags = match fill.guest {
+        let guest_flags = match fill.guest {
             Some(g) => {
-                (if g.perms.writable {
-                    data::GUEST_WRITABLE
-                } else {
-                    0
-                }) | (if g.perms.user { data::GUEST_USER } else { 0 })
-                    | (if g.perms.no_execute {
-                        data::GUEST_NX
-                    } else {
-                        0
-                    })
-                    | (if g.dirty { data::GUEST_DIRTY } else { 0 })
-                    | (if g.global { data::GLOBAL } else { 0 })
+                flag(g.perms.writable, data::GUEST_WRITABLE)
+                    | flag(g.perms.user, data::GUEST_USER)
+                    | flag(g.perms.no_execute, data::GUEST_NX)
+                    | flag(g.dirty, data::GUEST_DIRTY)
+                    | flag(g.global, data::GLOBAL)
             }
             None => data::GUEST_WRITABLE | data::GUEST_USER | data::GUEST_DIRTY,
         };
-        flags |= match fill.ept {
+        let ept_flags = match fill.ept {
             Some(t) => {
-                (if t.perms.read() { data::EPT_READ } else { 0 })
-                    | (if t.perms.write() { data::EPT_WRITE } else { 0 })
-                    | (if t.perms.exec() { data::EPT_EXEC } else { 0 })
-                    | (if t.dirty_recorded { data::EPT_DIRTY } else { 0 })
+                (t.perms.bits() << data::EPT_PERMS_SHIFT) | flag(t.dirty_recorded, data::EPT_DIRTY)
             }
             None => data::EPT_READ | data::EPT_WRITE | data::EPT_EXEC | data::EPT_DIRTY,
         };
-        flags |= size_code(linear_size) << data::LINEAR_SIZE_SHIFT;
-
-        let va = gva.0 & VA_MASK;
-        let vpn = va >> size.shift();
-        let paging = fill.guest.is_some();
+        let vpn = (gva.0 & VA_MASK) >> size.shift();
         let entry = Entry {
-            tag: context_tag(ctx.vpid, paging, ctx.ept.is_some())
+            tag: context_tag(ctx.vpid, fill.guest.is_some(), ctx.ept.is_some())
                 | (size_code(size) << tag::SIZE_SHIFT)
                 | vpn,
             eptp: ctx.ept.map_or(0, |e| e.0),
-            data: (fill.hpa.0 & data::HPA & !(size.bytes() - 1)) | flags,
+            data: (fill.hpa.0 & data::HPA & !(size.bytes() - 1))
+                | guest_flags
+                | ept_flags
+                | (size_code(linear_size) << data::LINEAR_SIZE_SHIFT),
         };
+        self.place(entry, size, linear_size > size);
+    }
 
-        let (set, range) = self.set_range(vpn);
-        let ways = &mut self.entries[range];
+    /// Puts `entry` (of a page of `size`, `splintered` if a piece of a
+    /// larger guest page) in its set: over the entry with its tag and
+    /// EPTP, else in the first invalid way, else over the PLRU victim.
+    #[inline(always)]
+    fn place(&mut self, entry: Entry, size: PageSize, splintered: bool) {
+        let set = ((entry.tag & tag::VPN) as usize) & self.set_mask;
+        let valid = self.valid[set];
         // The first invalid way is the lowest clear bit of the set's
         // valid bitmap (which mirrors the entries).
-        let invalid = !self.valid[set] & self.full_set_mask;
-        let way = ways
-            .iter()
-            .position(|e| e.tag == entry.tag && e.eptp == entry.eptp)
-            .or((invalid != 0).then(|| invalid.trailing_zeros() as usize))
-            .unwrap_or_else(|| {
+        let invalid = !valid & self.full_set_mask;
+        let way = match self.way_of(set, valid, entry.tag, entry.eptp) {
+            Some(way) => way,
+            None if invalid != 0 => invalid.trailing_zeros() as usize,
+            None => {
                 let not_recent = !self.recently_used[set] & self.full_set_mask;
                 if not_recent == 0 {
                     0
                 } else {
                     not_recent.trailing_zeros() as usize
                 }
-            });
-        ways[way] = entry;
-        self.mark_valid(set, way);
+            }
+        };
+        self.entries[set * self.ways + way] = entry;
+        self.mark_valid(set, way, size != PageSize::Size4K);
         self.epoch += 1;
         self.touch(set, way);
-        self.may_hold_large |= size != PageSize::Size4K;
-        self.may_hold_splinters |= linear_size > size;
+        self.may_hold_splinters |= splintered;
     }
 
     /// Drops every entry for which `drop` is true, and recomputes the
-    /// large/splintered summaries. Counts one flush. Visits only the valid
+    /// splintered summary. Counts one flush. Visits only the valid
     /// entries (through the `valid` bitmaps), so a flush costs in
     /// proportion to what the TLB holds, not to its size.
     fn drop_where(&mut self, mut drop: impl FnMut(&Entry) -> bool) {
         self.stats.flushes += 1;
         self.epoch += 1;
-        let mut large = false;
         let mut splinters = false;
         for word in 0..self.nonempty.len() {
             let mut sets = self.nonempty[word];
@@ -781,13 +817,11 @@ impl Tlb {
                         self.entries[index] = Entry::INVALID;
                         self.mark_invalid(set, way);
                     } else {
-                        large |= e.size() != PageSize::Size4K;
                         splinters |= e.splintered();
                     }
                 }
             }
         }
-        self.may_hold_large = large;
         self.may_hold_splinters = splinters;
     }
 
@@ -797,19 +831,23 @@ impl Tlb {
         self.psc.flush_vpid(vpid);
         self.epoch += 1;
         let va = gva.0 & VA_MASK;
-        let probes = if self.may_hold_large {
-            PageSize::ALL.len()
-        } else {
-            1
-        };
-        for &size in &PageSize::ALL[..probes] {
+        for size in PageSize::ALL {
             let vpn = va >> size.shift();
             let wanted = tag::VALID
                 | ((vpid as u64) << tag::VPID_SHIFT)
                 | (size_code(size) << tag::SIZE_SHIFT)
                 | vpn;
-            let (set, range) = self.set_range(vpn);
-            for (way, index) in range.enumerate() {
+            let set = (vpn as usize) & self.set_mask;
+            // Entries of a size larger than 4 KiB are only in large ways.
+            let mut ways = if size == PageSize::Size4K {
+                self.valid[set]
+            } else {
+                self.large[set]
+            };
+            while ways != 0 {
+                let way = ways.trailing_zeros() as usize;
+                ways &= ways - 1;
+                let index = set * self.ways + way;
                 if self.entries[index].tag & tag::ADDRESS_MATCH == wanted {
                     self.entries[index] = Entry::INVALID;
                     self.mark_invalid(set, way);
@@ -954,10 +992,13 @@ impl Tlb {
                 self.flush_all();
                 return Err(format!("TLB entry {index} duplicates another in its set"));
             }
-            self.may_hold_large |= e.size() != PageSize::Size4K;
             self.may_hold_splinters |= e.splintered();
             self.entries[index] = e;
-            self.mark_valid(index / self.ways, index % self.ways);
+            self.mark_valid(
+                index / self.ways,
+                index % self.ways,
+                e.size() != PageSize::Size4K,
+            );
         }
         self.recently_used.copy_from_slice(&image.recently_used);
         self.epoch += 1;
