@@ -727,22 +727,7 @@ fn first_level_fills_from_4k_tlb_entries_agree() {
     };
     let split = |engine| {
         let r = rig(prog);
-        for i in 0..512 * SPLIT {
-            r.mem
-                .write_bytes(
-                    Hpa(PT + i * 8),
-                    &((0x20_0000 + (i << 12)) | 0x7).to_le_bytes(),
-                )
-                .unwrap();
-        }
-        for j in 0..SPLIT {
-            r.mem
-                .write_bytes(
-                    Hpa(PD + 8 * (1 + j)),
-                    &((PT + 0x1000 * j) | 0x7).to_le_bytes(),
-                )
-                .unwrap();
-        }
+        remap_4k(&r, PT, SPLIT);
         run_rig(engine, 1, r)
     };
     let (interp, _) = split(Engine::Interp);
@@ -1192,8 +1177,6 @@ fn flags_written_back_around_thunk_fills_keep_other_bits() {
     // PUSHFQ observes each iteration. One access crosses a page (the
     // thunk leaves it to the Rust fill, which it calls with the pointers
     // reloaded).
-    const PT: u64 = 0x9000;
-    const SPLIT: u64 = 2;
     let prog = |a: &mut CodeAssembler| {
         let mut top = a.create_label();
         let mut skip = a.create_label();
@@ -1226,18 +1209,7 @@ fn flags_written_back_around_thunk_fills_keep_other_bits() {
     };
     let split = |engine, threshold| {
         let r = rig(prog);
-        for i in 0..512 * SPLIT {
-            let pte = (0x20_0000 + (i << 12)) | 0x7;
-            r.mem
-                .write_bytes(Hpa(PT + i * 8), &pte.to_le_bytes())
-                .unwrap();
-        }
-        for j in 0..SPLIT {
-            let pde = (PT + 0x1000 * j) | 0x7;
-            r.mem
-                .write_bytes(Hpa(PD + 8 * (1 + j)), &pde.to_le_bytes())
-                .unwrap();
-        }
+        remap_4k(&r, 0x9000, 2);
         run_rig(engine, threshold, r)
     };
     let (interp, _) = split(Engine::Interp, 1);
@@ -1248,5 +1220,22 @@ fn flags_written_back_around_thunk_fills_keep_other_bits() {
         assert!(interp == jit, "threshold {threshold}:\n{interp:?}\n{jit:?}");
         assert_eq!(stats.blocks_failed, 0, "{stats:?}");
         assert!(stats.blocks_translated >= 2, "{stats:?}");
+    }
+}
+
+/// Remaps the rig's 2 MiB pages from 2 MiB on, `split` of them, with
+/// 4 KiB pages (page tables at `pt`, one per 2 MiB page).
+fn remap_4k(r: &Rig, pt: u64, split: u64) {
+    for i in 0..512 * split {
+        let pte = (0x20_0000 + (i << 12)) | 0x7;
+        r.mem
+            .write_bytes(Hpa(pt + i * 8), &pte.to_le_bytes())
+            .unwrap();
+    }
+    for j in 0..split {
+        let pde = (pt + 0x1000 * j) | 0x7;
+        r.mem
+            .write_bytes(Hpa(PD + 8 * (1 + j)), &pde.to_le_bytes())
+            .unwrap();
     }
 }

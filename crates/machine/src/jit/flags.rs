@@ -38,11 +38,7 @@ impl Emitter {
         };
         debug_assert!(matches!(reg, Register::RAX | Register::RCX));
         // (A 32-bit AND clears the upper half: ARITH is below bit 32.)
-        self.add(Instruction::with2(
-            Code::And_rm32_imm32,
-            reg32,
-            ARITH as u32,
-        ))?;
+        self.add(Instruction::with2(Code::And_rm32_imm32, reg32, ARITH))?;
         self.add(Instruction::with2(Code::Xor_rm64_r64, fl, reg))
     }
 

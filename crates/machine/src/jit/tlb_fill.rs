@@ -26,9 +26,10 @@
 //! and keeps rdx and rcx until it has decided: on the way to the Rust fill
 //! it reloads rdi and rsi from rbx and r12, so nothing is pushed or popped.
 //!
-//! Host instructions on the usual way (a 4 KiB hit, a slot not listed
-//! yet, a read): about 100, against about 125 for the version that saved
-//! and restored the arguments and re-derived the slot after the checks.
+//! Host instructions per call on `mips --quick --engine jit` (callgrind):
+//! 106 on average (110.4 M for 1,038,012 calls; a 4 KiB hit whose slot is
+//! already listed is 99), against 123 for the version that pushed and
+//! popped its arguments.
 
 use super::fill;
 use super::{ENV_CODE_FRAMES, ENV_L1_BOOK, ENV_MEM_BASE, ENV_MEM_SIZE};
