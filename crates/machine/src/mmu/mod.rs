@@ -205,6 +205,23 @@ pub fn translate(
     access: Access,
     walk_refs: &mut u64,
 ) -> Result<Hpa, TranslateError> {
+    translate_with(tlb, ctx, gva, access, walk_refs, translate_miss)
+}
+
+/// A TLB-miss path: [`translate_miss`] or [`translate_miss_walk`].
+type MissPath =
+    fn(&mut Tlb, &TranslateCtx<'_>, Gva, Access, &mut u64) -> Result<Hpa, TranslateError>;
+
+/// [`translate`] with its misses taken by `miss`.
+#[inline(always)]
+fn translate_with(
+    tlb: &mut Tlb,
+    ctx: &TranslateCtx<'_>,
+    gva: Gva,
+    access: Access,
+    walk_refs: &mut u64,
+    miss: MissPath,
+) -> Result<Hpa, TranslateError> {
     if !is_canonical(gva) {
         return Err(TranslateError::NonCanonical { gva });
     }
@@ -215,7 +232,7 @@ pub fn translate(
     if let Some(hpa) = tlb.lookup(ctx, gva, access) {
         return Ok(hpa);
     }
-    translate_miss(tlb, ctx, gva, access, walk_refs)
+    miss(tlb, ctx, gva, access, walk_refs)
 }
 
 /// The TLB-miss path: the walk (through the paging-structure caches), then
@@ -294,16 +311,7 @@ pub(crate) fn translate_general(
     access: Access,
     walk_refs: &mut u64,
 ) -> Result<Hpa, TranslateError> {
-    if !is_canonical(gva) {
-        return Err(TranslateError::NonCanonical { gva });
-    }
-    if ctx.regs.cr0 & cr0::PG == 0 && ctx.ept.is_none() {
-        return Ok(Hpa(gva.0));
-    }
-    if let Some(hpa) = tlb.lookup(ctx, gva, access) {
-        return Ok(hpa);
-    }
-    translate_miss_walk(tlb, ctx, gva, access, walk_refs)
+    translate_with(tlb, ctx, gva, access, walk_refs, translate_miss_walk)
 }
 
 /// [`translate_miss`] the general way: every case, every effect.

@@ -16,9 +16,9 @@
 //! the guest page and the EPT page (a guest 2 MiB page on 4 KiB EPT pages is
 //! not contiguous in host memory). An entry of size S lives in the set
 //! indexed by its page number at size S; a lookup probes the 4 KiB set, and
-//! the 2 MiB and 1 GiB sets only while large entries may be present. INVLPG
-//! likewise probes the set of each size, which drops every large entry
-//! covering the address exactly. When the effective size is smaller than
+//! in the 2 MiB and 1 GiB sets only the ways a per-set bitmap marks as
+//! holding a large entry. INVLPG likewise probes the set of each size,
+//! which drops every large entry covering the address exactly. When the effective size is smaller than
 //! the guest page ("splintered" entries), an INVLPG anywhere in the guest
 //! page must drop all the pieces (SDM 4.10.2.3): the entry records the guest
 //! page size, and while any splintered entry may be present INVLPG also
