@@ -1173,18 +1173,19 @@ impl Cpu {
     }
 
     /// An instruction without a fast form, through the generic
-    /// interpreter, which reads RIP (REP, INT n) and sets `next_rip`.
-    /// (Also the way to [`Cpu::exec_fast_system`] for a [`Fast::System`]
-    /// form.)
+    /// interpreter, which reads RIP (REP, INT n) and sets `next_rip`; or a
+    /// [`Fast::System`] form, which takes the same way around the
+    /// instruction but skips the generic dispatch
+    /// ([`Cpu::exec_fast_system`]).
     #[inline(never)]
     fn exec_generic(&mut self, mem: &PhysMemory, op: &Op) -> Result<Flow, Fault> {
-        if let Fast::System(sys) = op.fast {
-            return self.exec_fast_system(op, sys);
-        }
         self.flush_flags();
         self.state.rip = op.insn.ip();
         self.next_rip = op.next_ip;
-        self.exec(mem, &op.insn)?;
+        match op.fast {
+            Fast::System(sys) => self.exec_fast_system(&op.insn, sys)?,
+            _ => self.exec(mem, &op.insn)?,
+        }
         // Leave on a jump, or when something between instructions needs a
         // look: new STI/MOV-SS blocking, pending events or IPIs, HLT, a
         // store into cached code.
@@ -1195,30 +1196,20 @@ impl Cpu {
         }
     }
 
-    /// A [`Fast::System`] instruction: exactly what `exec_generic` and
+    /// A [`Fast::System`] instruction: exactly what `exec` and
     /// `exec_system` do for it, without their dispatch (these run on every
     /// system call, and translated code calls out for each of them): the
-    /// lazy flags folded (SYSCALL saves RFLAGS), the mode epoch moved (as
-    /// for every system instruction), the instruction, and leaving the
-    /// block where the generic path would (a jump, events to check, a store
-    /// into code). A fault is taken at the instruction, as for any fast
-    /// form.
+    /// mode epoch moved (as for every system instruction), then the
+    /// instruction. The lazy flags are already folded (SYSCALL saves
+    /// RFLAGS) and leaving the block is decided by `exec_generic`.
     #[inline(never)]
-    fn exec_fast_system(&mut self, op: &Op, sys: SystemOp) -> Result<Flow, Fault> {
-        self.flush_flags();
-        self.state.rip = op.insn.ip();
-        self.next_rip = op.next_ip;
+    fn exec_fast_system(&mut self, insn: &Instruction, sys: SystemOp) -> Result<(), Fault> {
         self.mode_epoch += 1;
         match sys {
-            SystemOp::Swapgs => self.exec_swapgs()?,
-            SystemOp::Syscall => self.exec_syscall(&op.insn)?,
-            SystemOp::Sysretq => self.exec_sysret()?,
-            SystemOp::Rdtsc => self.exec_rdtsc(false)?,
-        }
-        if self.next_rip != op.next_ip || self.check_events || self.code_written {
-            Ok(Flow::Leave)
-        } else {
-            Ok(Flow::Next)
+            SystemOp::Swapgs => self.exec_swapgs(),
+            SystemOp::Syscall => self.exec_syscall(insn),
+            SystemOp::Sysretq => self.exec_sysret(),
+            SystemOp::Rdtsc => self.exec_rdtsc(false),
         }
     }
 
