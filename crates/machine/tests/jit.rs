@@ -744,12 +744,14 @@ fn first_level_fills_from_4k_tlb_entries_agree() {
 fn chaining_exits_fetch_after_mode_changes_and_privilege_switches() {
     // SYSCALL/SYSRET round trips between ring 3 and ring 0, with SWAPGS
     // and RDTSC (system instructions: each moves the mode epoch, which
-    // empties the first-level TLB) and a jump to another page in the
-    // kernel path: that jump's chaining exit misses the first-level iTLB,
-    // so the fetch is made from the exit (`Cpu::jit_chain_fetch`).
-    // (SYSCALL and SYSRET themselves ask for an event check, which the run
-    // loop makes.) The user code then jumps to an unmapped page: the fetch
-    // from a chaining exit takes the #PF as the run loop's would.
+    // keeps the first-level TLB: the lookup-key context stays) and, in the
+    // kernel path, INVLPG of the next page (its entry leaves the TLB, so
+    // its first-level slots go) and a jump there: that jump's chaining exit
+    // misses the first-level iTLB, so the fetch is made from the exit
+    // (`Cpu::jit_chain_fetch`). (SYSCALL and SYSRET themselves ask for an
+    // event check, which the run loop makes, and change the privilege,
+    // which stops chaining.) The user code then jumps to an unmapped page:
+    // the fetch from a chaining exit takes the #PF as the run loop's would.
     let rounds = 200u32;
     let (o, stats) = both(|a| {
         let mut entry = a.create_label();
@@ -795,14 +797,15 @@ fn chaining_exits_fetch_after_mode_changes_and_privilege_switches() {
         a.jnz(uloop).unwrap();
         // An unmapped page (the rig maps the first 64 MiB).
         a.jmp(MEM + 0x5000).unwrap();
-        // The kernel side: SWAPGS, RDTSC, a jump to the next page, SWAPGS,
-        // SYSRET.
+        // The kernel side: SWAPGS, RDTSC, INVLPG of the next page, a jump
+        // there, SWAPGS, SYSRET.
         a.set_label(&mut entry).unwrap();
         a.swapgs().unwrap();
         a.add(r13, rcx).unwrap();
         a.rdtsc().unwrap();
         a.add(r14, rax).unwrap();
         a.xor(r13, rdx).unwrap();
+        a.invlpg(ptr(second)).unwrap();
         a.jmp(second).unwrap();
         a.db(&[0x90; 0x1000]).unwrap();
         a.set_label(&mut second).unwrap();
@@ -870,9 +873,10 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
     // into slices by odd cycle limits stop on those back edges (the
     // deadline compare), where RFLAGS must be the interpreter's: after
     // SHR (AF as the interpreter leaves it) and after TEST (AF clear).
-    // The RDTSC loop empties the first-level TLB every iteration (a mode
-    // epoch move), so its back edge's iTLB probe misses and the fetch is
-    // made from the exit with the flags written back first. A loop whose
+    // The RDTSC loop sets and clears RFLAGS.AC every iteration (STAC,
+    // CLAC: the lookup-key context changes, which empties the first-level
+    // TLB), so its back edge's iTLB probe misses and the fetch is made
+    // from the exit with the flags written back first. A loop whose
     // flags are live at entry (ADC first) takes the back edge that writes
     // them back.
     let prog = |a: &mut CodeAssembler| {
@@ -899,11 +903,14 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
         a.sub(rbx, 1).unwrap();
         a.test(rbx, rbx).unwrap();
         a.jnz(l2).unwrap();
-        // RDTSC: a call-out that empties the first-level TLB.
+        // RDTSC, STAC and CLAC: call-outs; the last two empty the
+        // first-level TLB (and do not end the block, as INVLPG would).
         a.mov(ebx, 300u32).unwrap();
         a.set_label(&mut l3).unwrap();
         a.xor(r8d, 0x55).unwrap();
         a.rdtsc().unwrap();
+        a.stac().unwrap();
+        a.clac().unwrap();
         a.add(r9, rax).unwrap();
         a.add(r10, r8).unwrap();
         a.dec(ebx).unwrap();

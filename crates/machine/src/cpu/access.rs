@@ -106,24 +106,30 @@ impl Cpu {
         self.translate_slow(mem, la, kind, user, implicit)
     }
 
-    /// Brings the first-level TLB up to the TLB's and the mode's epochs
+    /// Brings the first-level TLB up to the TLB's removals and the mode
+    /// epoch
     /// (see `l1tlb`): before any probe or fill of its slots, and before
     /// translated code reads them.
     #[inline(always)]
     pub(crate) fn sync_l1(&mut self) {
-        let (tlb_epoch, mode_epoch) = (self.tlb.epoch(), self.mode_epoch);
-        if !self.l1.in_sync(tlb_epoch, mode_epoch) {
-            self.resync_l1(tlb_epoch, mode_epoch);
+        let (removals, mode_epoch) = (self.tlb.removals().count, self.mode_epoch);
+        if !self.l1.in_sync(removals, mode_epoch) {
+            self.resync_l1();
         }
     }
 
-    /// [`Self::sync_l1`] when an epoch moved: the slots are emptied, and
-    /// the cached lookup keys kept if the mode moved without changing what
-    /// they are computed from.
+    /// [`Self::sync_l1`] when entries left the TLB or the mode epoch
+    /// moved: the slots that must go are emptied (`l1tlb`).
     #[inline(never)]
-    fn resync_l1(&mut self, tlb_epoch: u64, mode_epoch: u64) {
-        let keys_for = (!self.l1.mode_in_sync(mode_epoch)).then(|| self.key_context());
-        self.l1.resync(tlb_epoch, mode_epoch, keys_for);
+    fn resync_l1(&mut self) {
+        let mode_epoch = self.mode_epoch;
+        let context = (!self.l1.mode_in_sync(mode_epoch)).then(|| self.key_context());
+        self.l1.resync(self.tlb.removals(), mode_epoch, context);
+    }
+
+    /// Whether the first-level TLB is in sync (for debug checks).
+    fn l1_in_sync(&self) -> bool {
+        self.l1.in_sync(self.tlb.removals().count, self.mode_epoch)
     }
 
     /// What the TLB lookup keys ([`Self::lookup_key`]) are computed from
@@ -144,7 +150,7 @@ impl Cpu {
     /// an access of `bytes` bytes (within one page) at `la`, with the same
     /// effects: the first-level TLB, then a usable TLB hit taken with the
     /// lookup key cached per mode (the common case: the first-level TLB is
-    /// small and emptied by every TLB fill), then the full way. Returns the
+    /// small and direct-mapped), then the full way. Returns the
     /// host-physical page when the first-level slot now gives it to
     /// translated code (not when its frame lies outside memory).
     #[inline]
@@ -157,13 +163,13 @@ impl Cpu {
         kind: AccessKind,
         user: bool,
     ) -> Result<Option<Hpa>, Fault> {
-        debug_assert!(self.l1.in_sync(self.tlb.epoch(), self.mode_epoch));
+        debug_assert!(self.l1_in_sync());
         debug_assert_eq!(class, kind as usize * 2 + user as usize);
         if !self.l1.peek(class, la) {
             // The interpreter's own miss path (its fill comes after any
             // walk and syncs first: the slots stay in sync).
             self.translate_slow_inline(mem, la, Access { kind, user }, false)?;
-            debug_assert!(self.l1.in_sync(self.tlb.epoch(), self.mode_epoch));
+            debug_assert!(self.l1_in_sync());
         }
         Ok(self.l1.jit_slot(class, la, bytes))
     }
@@ -203,8 +209,8 @@ impl Cpu {
         };
         match self.tlb.lookup_keyed(key, Gva(la)) {
             Some(hpa) => {
-                // A hit moves no epoch: the slots stay in sync.
-                debug_assert!(self.l1.in_sync(self.tlb.epoch(), self.mode_epoch));
+                // A hit removes nothing: the slots stay in sync.
+                debug_assert!(self.l1_in_sync());
                 self.l1.use_memory(mem.jit_view().0, mem.size());
                 self.l1.fill(class, la, hpa);
                 Keyed::Hit(hpa)

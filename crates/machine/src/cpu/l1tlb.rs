@@ -4,28 +4,41 @@
 //! a real core).
 //!
 //! It is inclusive and never more permissive than the TLB behind it: a slot
-//! is valid only while the TLB's epoch and the CPU's mode epoch are the
-//! ones it was filled under. Any fill, eviction or invalidation in the TLB,
-//! or any change of CR0/CR3/CR4/EFER, CPL, RFLAGS.AC or the VMX controls,
-//! therefore empties it at once. Hits here do not update the replacement
-//! state of the TLB, exactly as L1 hits do not reach the STLB on hardware.
+//! is good while the TLB entry it was filled from is in the TLB and the
+//! lookup-key context ([`KeyContext`]: CR0, CR4, EFER, RFLAGS.AC, the VPID
+//! and the EPTP) is the one it was filled under. So it loses:
+//! - the slots of a page whose 4 KiB entry leaves the TLB (evicted by a
+//!   fill, replaced, or invalidated alone: INVLPG);
+//! - all its slots when more leaves the TLB (a flush, a CR3 load without
+//!   PCID, INVLPG of a larger page) or the key context changes.
 //!
-//! Emptying is eager: [`L1Tlb::in_sync`] compares the two epochs with the
-//! ones the slots were filled under and, when either moved,
-//! [`L1Tlb::resync`] clears the slots filled since (a short list, so the
-//! cost is that of the fills), so a valid slot is simply one whose page
-//! matches. That is what lets translated code probe a slot with a single
-//! compare: the CPU syncs before generated code runs and after every
-//! call-out from it, the only places the epochs can move, and before every
-//! lookup and fill of its own (`Cpu::sync_l1`).
+//! A fill into a free way, a privilege change (the slots are per privilege
+//! class), a CR3 load that finds no non-global entry, SWAPGS or RDTSC leave
+//! it as it was, as they leave a hardware L1 TLB. Hits here do not update
+//! the replacement state of the TLB, exactly as L1 hits do not reach the
+//! STLB on hardware. (Until session 13 it was emptied on every TLB fill
+//! and every mode move: a different, coarser model with other virtual
+//! times; see docs/machine.md.)
 //!
-//! The TLB lookup keys cached per class (see [`Book`]) are host state, not
-//! part of the model: they survive a mode-epoch move that leaves what they
-//! are computed from ([`KeyContext`]) as it was (a privilege change, a CR3
-//! write, SWAPGS), and are dropped otherwise.
+//! Emptying is eager: [`L1Tlb::in_sync`] compares the TLB's removal count
+//! (`mmu::tlb::Removals`) and the CPU's mode epoch with the ones the slots
+//! were last synced to and, when either moved, [`L1Tlb::resync`] drops what
+//! must go (one page's slots, or the slots filled since the last clear: a
+//! short list, so the cost is that of the fills). A valid slot is simply
+//! one whose page matches. That is what lets translated code probe a slot
+//! with a single compare: the CPU syncs before generated code runs and
+//! after every call-out from it, the only places the two can move, and
+//! before every lookup and fill of its own (`Cpu::sync_l1`).
+//!
+//! The TLB lookup keys cached per class (see [`Book`]) depend on the same
+//! context: they are dropped with the slots when it changes.
 
 use crate::addr::Hpa;
-use crate::mmu::tlb::LookupKey;
+use crate::mmu::tlb::{LookupKey, Removals};
+
+/// The bits of a linear 4 KiB page number the TLB tags (48-bit linear
+/// addresses).
+const PAGE_TAG: u64 = (1 << 36) - 1;
 
 pub(crate) const SLOTS: usize = 64;
 /// Size of one slot (see [`Slot`]).
@@ -73,8 +86,8 @@ impl Slot {
 #[derive(Debug, Clone)]
 pub(crate) struct L1Tlb {
     slots: Box<[[Slot; SLOTS]; CLASSES]>,
-    /// The epochs every valid slot was filled under.
-    tlb_epoch: u64,
+    /// The TLB's removal count and the CPU's mode epoch last synced to.
+    removals: u64,
     mode_epoch: u64,
     /// The memory (host base, size) the slots' `jit_page`/`host_delta`
     /// were computed for.
@@ -170,7 +183,7 @@ impl L1Tlb {
     pub(crate) fn new() -> Self {
         L1Tlb {
             slots: Box::new([[Slot::EMPTY; SLOTS]; CLASSES]),
-            tlb_epoch: 0,
+            removals: 0,
             mode_epoch: 0,
             memory: (0, 0),
             keys_for: None,
@@ -202,11 +215,11 @@ impl L1Tlb {
         book.listed = [0; CLASSES];
     }
 
-    /// Whether the slots are in sync with these epochs (if not,
-    /// [`Self::resync`] before any probe or fill).
+    /// Whether the slots are in sync with the TLB's removal count and
+    /// the mode epoch (if not, [`Self::resync`] before any probe or fill).
     #[inline(always)]
-    pub(crate) fn in_sync(&self, tlb_epoch: u64, mode_epoch: u64) -> bool {
-        tlb_epoch == self.tlb_epoch && mode_epoch == self.mode_epoch
+    pub(crate) fn in_sync(&self, removals: u64, mode_epoch: u64) -> bool {
+        removals == self.removals && mode_epoch == self.mode_epoch
     }
 
     /// Whether the mode epoch is the one the slots were filled under.
@@ -215,32 +228,55 @@ impl L1Tlb {
         mode_epoch == self.mode_epoch
     }
 
-    /// Brings the slots up to the current epochs: empties them (they are
-    /// out of sync, [`Self::in_sync`]). `keys_for` is the current
-    /// [`KeyContext`], given when the mode epoch moved: the cached lookup
-    /// keys are dropped unless they were computed under that same context.
+    /// Brings the slots up to the TLB's `removals` and the mode epoch
+    /// (they are out of sync, [`Self::in_sync`]). `context` is the current
+    /// [`KeyContext`], given when the mode epoch moved: under another
+    /// context than the slots', the slots and the cached lookup keys go.
+    /// Then, if entries left the TLB: one 4 KiB page since the last sync
+    /// drops that page's slots, anything else all of them.
     #[inline]
-    pub(crate) fn resync(&mut self, tlb_epoch: u64, mode_epoch: u64, keys_for: Option<KeyContext>) {
-        if mode_epoch != self.mode_epoch {
-            let keep = keys_for.is_some() && keys_for == self.keys_for;
-            if !keep {
-                self.book.keys = [KeySlot::NONE; CLASSES];
-                self.keys_for = keys_for;
+    pub(crate) fn resync(
+        &mut self,
+        removals: Removals,
+        mode_epoch: u64,
+        context: Option<KeyContext>,
+    ) {
+        if mode_epoch != self.mode_epoch && (context.is_none() || context != self.keys_for) {
+            self.book.keys = [KeySlot::NONE; CLASSES];
+            self.keys_for = context;
+            self.clear();
+        }
+        if removals.count != self.removals {
+            match removals.last_page {
+                Some(vpn) if removals.count == self.removals.wrapping_add(1) => self.drop_page(vpn),
+                _ => self.clear(),
             }
         }
-        self.clear();
-        self.tlb_epoch = tlb_epoch;
+        self.removals = removals.count;
         self.mode_epoch = mode_epoch;
+    }
+
+    /// Empties the slots of linear 4 KiB page number `vpn` (its low 36
+    /// bits, as the TLB tags it), in every class.
+    fn drop_page(&mut self, vpn: u64) {
+        let index = (vpn as usize + 1) & (SLOTS - 1);
+        for class in self.slots.iter_mut() {
+            let s = &mut class[index];
+            if s.page != 0 && s.page.wrapping_sub(1) & PAGE_TAG == vpn {
+                s.page = Slot::EMPTY.page;
+                s.jit_page = Slot::EMPTY.jit_page;
+            }
+        }
     }
 
     /// [`Self::resync`] if out of sync, with the key context computed only
     /// when the mode epoch moved (for tests and rare paths; the CPU's own
     /// is `Cpu::sync_l1`).
     #[cfg(test)]
-    fn sync(&mut self, tlb_epoch: u64, mode_epoch: u64, keys_for: impl FnOnce() -> KeyContext) {
-        if !self.in_sync(tlb_epoch, mode_epoch) {
+    fn sync(&mut self, removals: Removals, mode_epoch: u64, keys_for: impl FnOnce() -> KeyContext) {
+        if !self.in_sync(removals.count, mode_epoch) {
             let ctx = (!self.mode_in_sync(mode_epoch)).then(keys_for);
-            self.resync(tlb_epoch, mode_epoch, ctx);
+            self.resync(removals, mode_epoch, ctx);
         }
     }
 
@@ -353,18 +389,26 @@ mod tests {
         eptp: None,
     };
 
+    /// `count` removals from the TLB, the last not of one 4 KiB page.
+    fn r(count: u64) -> Removals {
+        Removals {
+            count,
+            last_page: None,
+        }
+    }
+
     /// Syncs under `ctx`, then fills and looks up as the CPU does.
     fn fill(l1: &mut L1Tlb, class: usize, la: u64, hpa: Hpa, tlb: u64, mode: u64) {
-        l1.sync(tlb, mode, || CTX);
+        l1.sync(r(tlb), mode, || CTX);
         l1.fill(class, la, hpa);
     }
     fn lookup(l1: &mut L1Tlb, class: usize, la: u64, tlb: u64, mode: u64) -> Option<Hpa> {
-        l1.sync(tlb, mode, || CTX);
+        l1.sync(r(tlb), mode, || CTX);
         l1.lookup(class, la)
     }
 
     #[test]
-    fn slots_empty_when_an_epoch_moves_and_only_then() {
+    fn slots_empty_when_entries_leave_or_the_context_changes_and_only_then() {
         let mut l1 = L1Tlb::new();
         let mut mem = [0u8; 0x4000];
         l1.use_memory(mem.as_mut_ptr(), 0x4000);
@@ -383,7 +427,7 @@ mod tests {
         assert_eq!(l1.slots[3][(0x70001 + 1) & (SLOTS - 1)].jit_page, u64::MAX);
         assert_eq!(l1.jit_slot(3, 0x7000_1000, 1), None);
         assert_eq!(lookup(&mut l1, 3, 0x7000_1000, 5, 9), Some(Hpa(0x5000)));
-        l1.sync(6, 9, || CTX);
+        l1.sync(r(6), 9, || CTX);
         assert!(l1
             .slots
             .iter()
@@ -392,12 +436,74 @@ mod tests {
         assert_eq!(l1.jit_slot(0, 0x7000_1ff0, 16), None);
         assert_eq!(lookup(&mut l1, 0, 0x7000_1ff0, 6, 9), None);
         fill(&mut l1, 0, 0x7000_1234, Hpa(0x2abc), 6, 9);
-        assert_eq!(lookup(&mut l1, 0, 0x7000_1ff0, 6, 10), None);
+        // A mode move under the same key context (a privilege change, a
+        // CR3 load that removed nothing, SWAPGS) keeps the slots ...
+        assert_eq!(lookup(&mut l1, 0, 0x7000_1ff0, 6, 10), Some(Hpa(0x2ff0)));
+        // ... one under another context empties them.
+        l1.sync(r(6), 11, || KeyContext { cr4: 0, ..CTX });
+        assert_eq!(l1.lookup(0, 0x7000_1ff0), None);
+        l1.sync(r(6), 12, || CTX);
+        assert_eq!(lookup(&mut l1, 0, 0x7000_1ff0, 6, 12), None);
         // Another memory: the host view is remade.
         fill(&mut l1, 0, 0x7000_1234, Hpa(0x2abc), 6, 10);
         let mut other = [0u8; 0x1000];
         l1.use_memory(other.as_mut_ptr(), 0x1000);
         assert_eq!(lookup(&mut l1, 0, 0x7000_1ff0, 6, 10), None);
+    }
+
+    /// One 4 KiB page's removal since the last sync drops that page's
+    /// slots in every class and nothing else; two removals, or one of a
+    /// larger page, empty all.
+    #[test]
+    fn a_page_removal_drops_that_page_only() {
+        let mut l1 = L1Tlb::new();
+        let mut mem = [0u8; 0x4000];
+        l1.use_memory(mem.as_mut_ptr(), 0x4000);
+        // Two pages in one slot index apart (SLOTS pages), a kernel-half
+        // page (sign-extended: the TLB tags its low 36 bits), a neighbour.
+        let high = 0xffff_8000_0012_3000u64;
+        let pages = [
+            0x7000_1000u64,
+            0x7000_1000 + (SLOTS as u64) * 0x1000,
+            high,
+            0x7000_2000,
+        ];
+        let fill_all = |l1: &mut L1Tlb, count| {
+            for class in 0..CLASSES {
+                fill(l1, class, pages[class % 2 * 2], Hpa(0x1000), count, 1);
+                fill(l1, class, pages[3], Hpa(0x2000), count, 1);
+            }
+        };
+        fill_all(&mut l1, 1);
+        let removed = |vpn: u64, count| Removals {
+            count,
+            last_page: Some(vpn),
+        };
+        // A page sharing page 0's slot but not held: nothing goes.
+        l1.sync(removed((pages[1] >> 12) & PAGE_TAG, 2), 1, || CTX);
+        assert!((0..CLASSES)
+            .step_by(2)
+            .all(|c| l1.lookup(c, pages[0]).is_some()));
+        // Page 0 leaves: its slots go (classes 0, 2, 4 hold it), the rest stay.
+        l1.sync(removed((pages[0] >> 12) & PAGE_TAG, 3), 1, || CTX);
+        for class in 0..CLASSES {
+            let holds_0 = class % 2 == 0;
+            assert!(l1.lookup(class, pages[0]).is_none(), "{class}");
+            assert_eq!(l1.lookup(class, pages[2]).is_some(), !holds_0, "{class}");
+            assert_eq!(l1.lookup(class, pages[3]), Some(Hpa(0x2000)), "{class}");
+        }
+        // The kernel-half page, by its 36-bit tag.
+        l1.sync(removed((high >> 12) & PAGE_TAG, 4), 1, || CTX);
+        assert!((0..CLASSES).all(|c| l1.lookup(c, high).is_none()));
+        assert!((0..CLASSES).all(|c| l1.lookup(c, pages[3]).is_some()));
+        // Two removals since the last sync: all go, even with a page named.
+        fill_all(&mut l1, 4);
+        l1.sync(removed((pages[0] >> 12) & PAGE_TAG, 6), 1, || CTX);
+        assert!(l1.slots.iter().flatten().all(|s| s.page == 0));
+        // One removal of a larger page (no page named): all go.
+        fill_all(&mut l1, 6);
+        l1.sync(r(7), 1, || CTX);
+        assert!(l1.slots.iter().flatten().all(|s| s.page == 0));
     }
 
     #[test]
@@ -416,7 +522,7 @@ mod tests {
         }
         assert_eq!(l1.book.filled_len, (SLOTS * CLASSES) as u64);
         assert!(l1.slots.iter().flatten().all(|s| s.page != 0));
-        l1.sync(2, 1, || CTX);
+        l1.sync(r(2), 1, || CTX);
         assert_eq!(l1.book.filled_len, 0);
         assert_eq!(l1.book.listed, [0; CLASSES]);
         assert!(l1
@@ -438,14 +544,14 @@ mod tests {
             LookupKey::new(vpid, &crate::mmu::PagingRegs::default(), None, access)
         };
         assert_ne!(key(7), key(8));
-        l1.sync(1, 1, || CTX);
+        l1.sync(r(1), 1, || CTX);
         l1.set_key(2, key(7));
         assert_eq!(l1.key(2), Some(&key(7)));
         // A TLB epoch move keeps them (the context is not even asked).
-        l1.sync(2, 1, || unreachable!("the mode did not move"));
+        l1.sync(r(2), 1, || unreachable!("the mode did not move"));
         assert_eq!(l1.key(2), Some(&key(7)));
         // A mode move under the same context keeps them.
-        l1.sync(2, 2, || CTX);
+        l1.sync(r(2), 2, || CTX);
         assert_eq!(l1.key(2), Some(&key(7)));
         // Under another one, they go.
         for other in [
@@ -462,16 +568,16 @@ mod tests {
                 ..CTX
             },
         ] {
-            l1.sync(2, 2, || CTX);
+            l1.sync(r(2), 2, || CTX);
             l1.set_key(2, key(7));
             let mode = l1.mode_epoch + 1;
-            l1.sync(2, mode, || other);
+            l1.sync(r(2), mode, || other);
             assert_eq!(l1.key(2), None, "{other:?}");
             // And the new context is the one the next keys are for.
             l1.set_key(2, key(8));
-            l1.sync(2, mode + 1, || other);
+            l1.sync(r(2), mode + 1, || other);
             assert_eq!(l1.key(2), Some(&key(8)));
-            l1.sync(2, mode + 2, || CTX);
+            l1.sync(r(2), mode + 2, || CTX);
         }
     }
 

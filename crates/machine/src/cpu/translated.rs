@@ -408,6 +408,7 @@ impl Cpu {
         if let Some(p) = &mut self.jit_profile {
             p.count(op);
         }
+        let privilege = (self.state.cpl(), self.state.code_bits());
         let s = match self.exec_op(mem, op) {
             Ok(fast::Flow::Next) => status::NEXT,
             Ok(fast::Flow::Stored) if !self.code_written => status::NEXT,
@@ -419,17 +420,19 @@ impl Cpu {
             }
         };
         self.flush_flags();
-        // The epochs may have moved: translated code must not see stale
-        // first-level TLB slots.
+        // Entries may have left the TLB, or the mode moved: translated
+        // code must not see stale first-level TLB slots.
         self.sync_l1();
         // Anything the run loop must look at before the next block stops
         // chaining (what it looks at itself: events, STI/MOV-SS blocking,
-        // activity, a store into code, an IPI). A mode or privilege change
-        // need not: it moves the mode epoch, which empties the first-level
-        // TLB, so the next chaining exit's fetch misses the iTLB and is made
-        // by `jit_chain_fetch` as the run loop would (at the new privilege,
-        // in 64-bit mode only, into a translation for that privilege).
+        // activity, a store into code, an IPI), and so does a privilege or
+        // code-size change (SYSCALL, SYSRET, far transfers): the chaining
+        // exits probe the iTLB class of the block's own privilege and chain
+        // only to 64-bit blocks of it, and the first-level TLB keeps its
+        // slots across such a change. (Other mode changes that matter to
+        // the probes change the lookup-key context, which empties it.)
         if self.check_events
+            || privilege != (self.state.cpl(), self.state.code_bits())
             || self.state.interruptibility != 0
             || self.state.activity != super::Activity::Active
             || self.code_written

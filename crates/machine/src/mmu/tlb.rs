@@ -471,6 +471,38 @@ pub(crate) mod jit_view {
     }
 }
 
+/// A count of the times valid entries left the TLB, with the last one's
+/// page when that was a single 4 KiB entry. The first-level TLB in front
+/// of the TLB (`cpu::l1tlb`) is inclusive: a slot is good while the entry
+/// it was filled from is in the TLB, and the TLB's context (what lookup
+/// keys depend on) is as it was. So it follows this count: one removal
+/// of a 4 KiB page since it last looked drops that page's slots, anything
+/// more empties it. Fills into free ways and hits move nothing here.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Removals {
+    /// Moves by one per removal of a single entry, by two for a flush
+    /// (so a flush never looks like one page's removal).
+    pub count: u64,
+    /// The 4 KiB page number (linear, 36 bits) of the last removal when
+    /// it was of a 4 KiB entry, else `None`.
+    pub last_page: Option<u64>,
+}
+
+impl Removals {
+    /// `entry` (valid) leaves the TLB.
+    #[inline(always)]
+    fn note(&mut self, entry: &Entry) {
+        self.count += 1;
+        self.last_page = (entry.size() == PageSize::Size4K).then_some(entry.tag & tag::VPN);
+    }
+
+    /// Any number of entries leave the TLB (a flush).
+    fn note_many(&mut self) {
+        self.count += 2;
+        self.last_page = None;
+    }
+}
+
 /// A VPID-tagged translation lookaside buffer.
 #[derive(Clone)]
 pub struct Tlb {
@@ -478,6 +510,9 @@ pub struct Tlb {
     hints: Box<[Hint; HINTS]>,
     /// Bumped on every change to `entries`.
     epoch: u64,
+    /// Bumped whenever valid entries leave the TLB (evicted, replaced,
+    /// invalidated, flushed); see [`Removals`].
+    removals: Removals,
     /// `sets * ways` entries, set by set.
     entries: Vec<Entry>,
     /// Per set: bit w set = way w recently used.
@@ -529,6 +564,7 @@ impl Tlb {
         Tlb {
             hints: Box::new([Hint::default(); HINTS]),
             epoch: 1,
+            removals: Removals::default(),
             entries: vec![Entry::INVALID; config.entries],
             recently_used: vec![0; sets],
             valid: vec![0; sets],
@@ -657,7 +693,9 @@ impl Tlb {
         match self.find(key, gva.0 & VA_MASK) {
             Found::Usable(hpa) => return Some(hpa),
             Found::Forbidden(set, way) => {
-                self.entries[set * self.ways + way] = Entry::INVALID;
+                let index = set * self.ways + way;
+                self.removals.note(&self.entries[index]);
+                self.entries[index] = Entry::INVALID;
                 self.mark_invalid(set, way);
                 self.epoch += 1;
             }
@@ -787,7 +825,12 @@ impl Tlb {
                 }
             }
         };
-        self.entries[set * self.ways + way] = entry;
+        let index = set * self.ways + way;
+        if valid & (1 << way) != 0 {
+            // An eviction, or the page's entry remade.
+            self.removals.note(&self.entries[index]);
+        }
+        self.entries[index] = entry;
         self.mark_valid(set, way, size != PageSize::Size4K);
         self.epoch += 1;
         self.touch(set, way);
@@ -802,6 +845,7 @@ impl Tlb {
         self.stats.flushes += 1;
         self.epoch += 1;
         let mut splinters = false;
+        let mut dropped = false;
         for word in 0..self.nonempty.len() {
             let mut sets = self.nonempty[word];
             while sets != 0 {
@@ -814,6 +858,7 @@ impl Tlb {
                     let index = set * self.ways + way;
                     let e = self.entries[index];
                     if drop(&e) {
+                        dropped = true;
                         self.entries[index] = Entry::INVALID;
                         self.mark_invalid(set, way);
                     } else {
@@ -823,6 +868,9 @@ impl Tlb {
             }
         }
         self.may_hold_splinters = splinters;
+        if dropped {
+            self.removals.note_many();
+        }
     }
 
     /// INVLPG: drop entries of `vpid` covering `gva`, global or not, and
@@ -849,6 +897,7 @@ impl Tlb {
                 ways &= ways - 1;
                 let index = set * self.ways + way;
                 if self.entries[index].tag & tag::ADDRESS_MATCH == wanted {
+                    self.removals.note(&self.entries[index]);
                     self.entries[index] = Entry::INVALID;
                     self.mark_invalid(set, way);
                 }
@@ -1024,6 +1073,14 @@ impl Tlb {
     #[inline]
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// How many times valid entries have left the TLB, and which page
+    /// left last (see [`Removals`]): what the first-level TLB in front
+    /// follows.
+    #[inline(always)]
+    pub(crate) fn removals(&self) -> Removals {
+        self.removals
     }
 
     /// Counters.
