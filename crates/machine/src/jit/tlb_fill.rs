@@ -2,8 +2,8 @@
 //!
 //! An inline access whose first-level probe misses calls the fill
 //! (`Helpers::fill`). Most misses are TLB hits: the first-level TLB is
-//! small and every TLB fill empties it, so after each walk the accesses of
-//! the next instructions miss it again and hit the TLB. This thunk takes
+//! small and direct-mapped, and every flush or lookup-key context change
+//! empties it, so most of its misses hit the TLB. This thunk takes
 //! exactly those: a 4 KiB TLB entry found through its hint
 //! ([`Tlb::lookup_keyed`](crate::mmu::tlb::Tlb::lookup_keyed)'s first
 //! step when it hits), allowed under the lookup key the first-level TLB caches for the
