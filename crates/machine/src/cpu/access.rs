@@ -342,7 +342,7 @@ impl Cpu {
         if !implicit {
             let class = kind as usize * 2 + user as usize;
             self.l1.use_memory(mem.jit_view().0, mem.size());
-            // The walk may have filled the TLB, which empties the slots.
+            // The walk's fill may have evicted an entry (its slots go).
             self.sync_l1();
             self.l1.fill(class, la, hpa);
         }
