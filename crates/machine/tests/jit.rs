@@ -567,13 +567,8 @@ fn segment_relative_operands_and_xchg_agree() {
         let mut top = a.create_label();
         let mut f = a.create_label();
         // GS base = DATA + 0x1000, FS base = DATA + 0x2000.
-        a.mov(ecx, 0xc000_0101u32).unwrap();
-        a.mov(eax, (DATA + 0x1000) as u32).unwrap();
-        a.xor(edx, edx).unwrap();
-        a.wrmsr().unwrap();
-        a.mov(ecx, 0xc000_0100u32).unwrap();
-        a.mov(eax, (DATA + 0x2000) as u32).unwrap();
-        a.wrmsr().unwrap();
+        write_msr(a, 0xc000_0101, (DATA + 0x1000) as u32);
+        write_msr(a, 0xc000_0100, (DATA + 0x2000) as u32);
         a.lea(rax, ptr(f)).unwrap();
         a.mov(qword_ptr(0u64).gs(), rax).unwrap();
         a.mov(rsi, DATA).unwrap();
@@ -773,15 +768,9 @@ fn chaining_exits_fetch_after_mode_changes_and_privilege_switches() {
         a.mov(rdx, rax).unwrap();
         a.shr(rdx, 32).unwrap();
         a.wrmsr().unwrap();
-        a.mov(ecx, 0xc000_0084u32).unwrap();
-        a.xor(eax, eax).unwrap();
-        a.xor(edx, edx).unwrap();
-        a.wrmsr().unwrap();
+        write_msr(a, 0xc000_0084, 0);
         // Kernel GS base and GS base differ, so SWAPGS is seen.
-        a.mov(ecx, 0xc000_0102u32).unwrap();
-        a.mov(eax, 0x5000u32).unwrap();
-        a.xor(edx, edx).unwrap();
-        a.wrmsr().unwrap();
+        write_msr(a, 0xc000_0102, 0x5000);
         // To ring 3.
         a.lea(rcx, ptr(user)).unwrap();
         a.mov(r11d, 2u32).unwrap();
@@ -943,14 +932,19 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
     }
 }
 
+/// Sets MSR `msr` to `value` (below 4 GiB): WRMSR with EDX zero.
+fn write_msr(a: &mut CodeAssembler, msr: u32, value: u32) {
+    a.mov(ecx, msr).unwrap();
+    a.mov(eax, value).unwrap();
+    a.xor(edx, edx).unwrap();
+    a.wrmsr().unwrap();
+}
+
 /// Sets the GS base and the kernel GS base to `base` (below 4 GiB), so
 /// that SWAPGS keeps GS.
 fn gs_bases(a: &mut CodeAssembler, base: u64) {
     for msr in [0xc000_0101u32, 0xc000_0102] {
-        a.mov(ecx, msr).unwrap();
-        a.mov(eax, base as u32).unwrap();
-        a.xor(edx, edx).unwrap();
-        a.wrmsr().unwrap();
+        write_msr(a, msr, base as u32);
     }
 }
 
