@@ -486,6 +486,7 @@ pub(crate) fn walk_cached(
         level -= 1;
     }
 }
+
 /// Host-physical address of a paging-structure entry, and the EPT
 /// permissions of its page (all permissions without EPT), through a cached
 /// guest-physical mapping when `psc` has one.
