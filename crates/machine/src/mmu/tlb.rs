@@ -578,8 +578,14 @@ impl Tlb {
 
     #[inline]
     fn mark_invalid(&mut self, set: usize, way: usize) {
-        self.valid[set] &= !(1 << way);
-        self.large[set] &= !(1 << way);
+        self.mark_invalid_ways(set, 1 << way);
+    }
+
+    /// The ways of `set` in the bitmap `ways` no longer hold entries.
+    #[inline]
+    fn mark_invalid_ways(&mut self, set: usize, ways: u64) {
+        self.valid[set] &= !ways;
+        self.large[set] &= !ways;
         if self.valid[set] == 0 {
             self.nonempty[set / 64] &= !(1 << (set % 64));
         }
@@ -807,18 +813,22 @@ impl Tlb {
             while sets != 0 {
                 let set = word * 64 + sets.trailing_zeros() as usize;
                 sets &= sets - 1;
+                let base = set * self.ways;
                 let mut ways = self.valid[set];
+                let mut dropped = 0;
                 while ways != 0 {
                     let way = ways.trailing_zeros() as usize;
                     ways &= ways - 1;
-                    let index = set * self.ways + way;
-                    let e = self.entries[index];
-                    if drop(&e) {
-                        self.entries[index] = Entry::INVALID;
-                        self.mark_invalid(set, way);
+                    let e = &mut self.entries[base + way];
+                    if drop(e) {
+                        *e = Entry::INVALID;
+                        dropped |= 1 << way;
                     } else {
                         splinters |= e.splintered();
                     }
+                }
+                if dropped != 0 {
+                    self.mark_invalid_ways(set, dropped);
                 }
             }
         }

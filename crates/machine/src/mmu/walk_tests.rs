@@ -324,6 +324,8 @@ fn run(seed: u64, ept: Option<bool>, pml: bool) {
             "step {step}"
         );
         assert_eq!(fast_index.get(), slow_index.get(), "step {step}");
+        assert!(fast.psc.consistent(), "step {step}: PSC bookkeeping");
+        assert!(fast.valid_bits_consistent(), "step {step}: TLB bitmaps");
         if step % 16 == 0 || (r >> 24) % 64 >= 8 {
             assert!(tables(&fast_m) == tables(&slow_m), "step {step}: memory");
         }
