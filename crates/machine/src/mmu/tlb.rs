@@ -17,7 +17,7 @@
 //! not contiguous in host memory). An entry of size S lives in the set
 //! indexed by its page number at size S; a lookup probes the 4 KiB set, and
 //! in the 2 MiB and 1 GiB sets only the ways a per-set bitmap marks as
-//! holding a large entry. INVLPG likewise probes the set of each size,
+//! holding a large entry (and only while the TLB may hold one at all). INVLPG likewise probes the set of each size,
 //! which drops every large entry covering the address exactly. When the effective size is smaller than
 //! the guest page ("splintered" entries), an INVLPG anywhere in the guest
 //! page must drop all the pieces (SDM 4.10.2.3): the entry records the guest
@@ -855,11 +855,13 @@ impl Tlb {
                 if dropped != 0 {
                     self.mark_invalid_ways(set, dropped);
                 }
-                large |= self.large[set];
+                if self.may_hold_large {
+                    large |= self.large[set];
+                }
             }
         }
         self.may_hold_splinters = splinters;
-        self.may_hold_large = large != 0;
+        self.may_hold_large &= large != 0;
     }
 
     /// INVLPG: drop entries of `vpid` covering `gva`, global or not, and
