@@ -100,6 +100,11 @@ struct Sets<T> {
     set_mask: usize,
     /// Number of `Some` slots.
     used: usize,
+    /// Bit `i % 64` of word `i / 64` set = slot `i` is `Some`, so that
+    /// invalidation visits only the entries there are (host-side
+    /// bookkeeping: a flush after a CR3 load finds a few entries in
+    /// caches of many slots).
+    occupied: Vec<u64>,
 }
 
 impl<T: Copy> Sets<T> {
@@ -110,17 +115,20 @@ impl<T: Copy> Sets<T> {
                 next: Vec::new(),
                 set_mask: 0,
                 used: 0,
+                occupied: Vec::new(),
             };
         }
         let sets = entries
             .min(PscConfig::MAX_ENTRIES)
             .div_ceil(PscConfig::WAYS)
             .next_power_of_two();
+        let slots = sets * PscConfig::WAYS;
         Sets {
-            slots: vec![None; sets * PscConfig::WAYS],
+            slots: vec![None; slots],
             next: vec![0; sets],
             set_mask: sets - 1,
             used: 0,
+            occupied: vec![0; slots.div_ceil(64)],
         }
     }
 
@@ -166,20 +174,46 @@ impl<T: Copy> Sets<T> {
                 w
             }
         };
-        let (_, ways) = self.ways(key);
-        let was_free = ways[way].is_none();
-        ways[way] = Some(value);
+        let slot = set * PscConfig::WAYS + way;
+        let was_free = self.slots[slot].is_none();
+        self.slots[slot] = Some(value);
         self.used += usize::from(was_free);
+        self.occupied[slot / 64] |= 1 << (slot % 64);
     }
 
+    /// Whether `used` and `occupied` match the slots (for tests).
+    #[cfg(test)]
+    fn consistent(&self) -> bool {
+        let bits = self
+            .occupied
+            .iter()
+            .map(|w| w.count_ones() as usize)
+            .sum::<usize>();
+        bits == self.used
+            && self
+                .slots
+                .iter()
+                .enumerate()
+                .all(|(i, slot)| slot.is_some() == ((self.occupied[i / 64] >> (i % 64)) & 1 != 0))
+    }
+
+    /// Empties every slot whose entry `keep` rejects, visiting only the
+    /// occupied slots.
     fn retain(&mut self, keep: impl Fn(&T) -> bool) {
         if self.used == 0 {
             return;
         }
-        for slot in &mut self.slots {
-            if slot.as_ref().is_some_and(|v| !keep(v)) {
-                *slot = None;
-                self.used -= 1;
+        for word in 0..self.occupied.len() {
+            let mut bits = self.occupied[word];
+            while bits != 0 {
+                let bit = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let slot = word * 64 + bit;
+                if self.slots[slot].as_ref().is_some_and(|v| !keep(v)) {
+                    self.slots[slot] = None;
+                    self.used -= 1;
+                    self.occupied[word] &= !(1 << bit);
+                }
             }
         }
     }
@@ -327,6 +361,12 @@ impl Psc {
     #[inline]
     pub(crate) fn enabled(&self) -> bool {
         self.upper[0].enabled() || self.gpa.enabled()
+    }
+
+    /// Whether every cache's bookkeeping matches its slots (for tests).
+    #[cfg(test)]
+    pub(crate) fn consistent(&self) -> bool {
+        self.upper.iter().all(Sets::consistent) && self.gpa.consistent()
     }
 
     /// Number of valid entries (upper levels, guest-physical mappings).

@@ -17,7 +17,7 @@
 //! not contiguous in host memory). An entry of size S lives in the set
 //! indexed by its page number at size S; a lookup probes the 4 KiB set, and
 //! in the 2 MiB and 1 GiB sets only the ways a per-set bitmap marks as
-//! holding a large entry. INVLPG likewise probes the set of each size,
+//! holding a large entry (and only while the TLB may hold one at all). INVLPG likewise probes the set of each size,
 //! which drops every large entry covering the address exactly. When the effective size is smaller than
 //! the guest page ("splintered" entries), an INVLPG anywhere in the guest
 //! page must drop all the pieces (SDM 4.10.2.3): the entry records the guest
@@ -531,6 +531,10 @@ pub struct Tlb {
     /// (a subset of `valid`), so that lookups and INVLPG probe the 2 MiB
     /// and 1 GiB sets only where such an entry is (host-side bookkeeping).
     large: Vec<u64>,
+    /// A larger-than-4 KiB entry may be present (set by fills, recomputed
+    /// by full scans): without, lookups skip the 2 MiB and 1 GiB sets
+    /// (host-side bookkeeping).
+    may_hold_large: bool,
     /// A splintered entry may be present (cleared by full scans).
     may_hold_splinters: bool,
     stats: TlbStats,
@@ -569,6 +573,7 @@ impl Tlb {
             recently_used: vec![0; sets],
             valid: vec![0; sets],
             large: vec![0; sets],
+            may_hold_large: false,
             nonempty: vec![0; sets.div_ceil(64)],
             ways: config.ways,
             set_mask: sets - 1,
@@ -609,13 +614,20 @@ impl Tlb {
     fn mark_valid(&mut self, set: usize, way: usize, large: bool) {
         self.valid[set] |= 1 << way;
         self.large[set] = (self.large[set] & !(1 << way)) | (u64::from(large) << way);
+        self.may_hold_large |= large;
         self.nonempty[set / 64] |= 1 << (set % 64);
     }
 
     #[inline]
     fn mark_invalid(&mut self, set: usize, way: usize) {
-        self.valid[set] &= !(1 << way);
-        self.large[set] &= !(1 << way);
+        self.mark_invalid_ways(set, 1 << way);
+    }
+
+    /// The ways of `set` in the bitmap `ways` no longer hold entries.
+    #[inline]
+    fn mark_invalid_ways(&mut self, set: usize, ways: u64) {
+        self.valid[set] &= !ways;
+        self.large[set] &= !ways;
         if self.valid[set] == 0 {
             self.nonempty[set / 64] &= !(1 << (set % 64));
         }
@@ -640,6 +652,7 @@ impl Tlb {
             let bits = ways(&|e| e.valid());
             bits == self.valid[set]
                 && ways(&|e| e.valid() && e.size() != PageSize::Size4K) == self.large[set]
+                && (self.may_hold_large || self.large[set] == 0)
                 && (self.nonempty[set / 64] >> (set % 64)) & 1 == u64::from(bits != 0)
         })
     }
@@ -688,9 +701,39 @@ impl Tlb {
     /// the access under the context, as `lookup` makes it): the same
     /// result and effects. The CPU caches keys per mode and takes this way
     /// on its first-level TLB misses (data and fetches).
+    ///
+    /// A usable hit through the page's hint is answered here; everything
+    /// else (a stale hint, a probe, a miss) out of line.
     #[inline]
     pub(crate) fn lookup_keyed(&mut self, key: &LookupKey, gva: Gva) -> Option<Hpa> {
-        match self.find(key, gva.0 & VA_MASK) {
+        let va = gva.0 & VA_MASK;
+        let hint_key = key.context | (va >> 12);
+        let h = &self.hints[((va >> 12) as usize) & (HINTS - 1)];
+        if h.key == hint_key && h.eptp == key.eptp {
+            let (set, way) = (h.set as usize, h.way as usize);
+            let e = self.entries[set * self.ways + way];
+            // A 4 KiB hint: still that entry; a larger one: nothing moved.
+            let good = if h.small {
+                e.tag == hint_key && e.eptp == key.eptp
+            } else {
+                h.epoch == self.epoch
+            };
+            if good && key.permits(e.data) {
+                self.stats.hits += 1;
+                self.touch(set, way);
+                let size = e.size();
+                return Some(Hpa((e.data & data::HPA) | (va & (size.bytes() - 1))));
+            }
+        }
+        self.lookup_probe(key, va)
+    }
+
+    /// [`Self::lookup_keyed`] past the hint: the set of each page size
+    /// that may hold the page, then on a hit that does not allow the
+    /// access the entry is dropped; a miss is counted.
+    #[inline(never)]
+    fn lookup_probe(&mut self, key: &LookupKey, va: u64) -> Option<Hpa> {
+        match self.probe(key, va) {
             Found::Usable(hpa) => return Some(hpa),
             Found::Forbidden(set, way) => {
                 let index = set * self.ways + way;
@@ -705,32 +748,19 @@ impl Tlb {
         None
     }
 
-    /// The entry for `va` under `key`: the hint first, then the set of each
-    /// page size that may be present. A usable entry is counted and marked
-    /// used here; nothing else changes the TLB.
+    /// The entry for `va` under `key` in the set of each page size that
+    /// may hold it (the hint did not answer). A usable entry is counted,
+    /// marked used and hinted here; nothing else changes the TLB.
     #[inline(always)]
-    fn find(&mut self, key: &LookupKey, va: u64) -> Found {
+    fn probe(&mut self, key: &LookupKey, va: u64) -> Found {
         let hint_key = key.context | (va >> 12);
         let hint_slot = ((va >> 12) as usize) & (HINTS - 1);
-        let h = self.hints[hint_slot];
-        if h.key == hint_key && h.eptp == key.eptp {
-            let e = self.entries[h.set as usize * self.ways + h.way as usize];
-            // A 4 KiB hint: still that entry; a larger one: nothing moved.
-            let good = if h.small {
-                e.tag == hint_key && e.eptp == key.eptp
-            } else {
-                h.epoch == self.epoch
-            };
-            if good && key.permits(e.data) {
-                self.stats.hits += 1;
-                self.touch(h.set as usize, h.way as usize);
-                let size = e.size();
-                return Found::Usable(Hpa((e.data & data::HPA) | (va & (size.bytes() - 1))));
-            }
-        }
         // The valid ways of the 4 KiB set, then the large ways of the
-        // 2 MiB and 1 GiB sets (the only ways a tag of that size can be in).
-        for size in PageSize::ALL {
+        // 2 MiB and 1 GiB sets (the only ways a tag of that size can be in;
+        // none when the TLB holds no large entry).
+        let sizes = if self.may_hold_large { 3 } else { 1 };
+        for size in &PageSize::ALL[..sizes] {
+            let size = *size;
             let vpn = va >> size.shift();
             let wanted = key.context | (size_code(size) << tag::SIZE_SHIFT) | vpn;
             let set = (vpn as usize) & self.set_mask;
@@ -838,37 +868,46 @@ impl Tlb {
     }
 
     /// Drops every entry for which `drop` is true, and recomputes the
-    /// splintered summary. Counts one flush. Visits only the valid
+    /// splintered and large-entry summaries. Counts one flush. Visits only the valid
     /// entries (through the `valid` bitmaps), so a flush costs in
     /// proportion to what the TLB holds, not to its size.
     fn drop_where(&mut self, mut drop: impl FnMut(&Entry) -> bool) {
         self.stats.flushes += 1;
         self.epoch += 1;
         let mut splinters = false;
-        let mut dropped = false;
+        let mut large = 0;
+        let mut any_dropped = false;
         for word in 0..self.nonempty.len() {
             let mut sets = self.nonempty[word];
             while sets != 0 {
                 let set = word * 64 + sets.trailing_zeros() as usize;
                 sets &= sets - 1;
+                let base = set * self.ways;
                 let mut ways = self.valid[set];
+                let mut dropped = 0;
                 while ways != 0 {
                     let way = ways.trailing_zeros() as usize;
                     ways &= ways - 1;
-                    let index = set * self.ways + way;
-                    let e = self.entries[index];
-                    if drop(&e) {
-                        dropped = true;
-                        self.entries[index] = Entry::INVALID;
-                        self.mark_invalid(set, way);
+                    let e = &mut self.entries[base + way];
+                    if drop(e) {
+                        *e = Entry::INVALID;
+                        dropped |= 1 << way;
                     } else {
                         splinters |= e.splintered();
                     }
                 }
+                if dropped != 0 {
+                    self.mark_invalid_ways(set, dropped);
+                    any_dropped = true;
+                }
+                if self.may_hold_large {
+                    large |= self.large[set];
+                }
             }
         }
         self.may_hold_splinters = splinters;
-        if dropped {
+        self.may_hold_large &= large != 0;
+        if any_dropped {
             self.removals.note_many();
         }
     }

@@ -22,19 +22,24 @@ fn random(seed: u64) -> impl FnMut() -> u64 {
 }
 
 /// Linear addresses the run uses: 4 KiB pages in two page tables of one
-/// 1 GiB region, 4 KiB pages under another PML4 entry, 2 MiB pages and a
-/// 1 GiB page.
+/// 1 GiB region, 4 KiB pages under another PML4 entry, 2 MiB pages beside
+/// each of those page tables (in the same page directory) and in a 1 GiB
+/// region of their own, and a 1 GiB page.
 fn va_of(r: u64) -> u64 {
     let page = (r >> 8) % 16;
     let offset = (r >> 32) % 0x1000;
-    match r % 8 {
+    match r % 9 {
         0 | 1 => 0x40_0000 + page * 0x1000 + offset,
         2 => 0x60_0000 + page * 0x1000 + offset,
         3 => 0x7f_8000_0000 + page * 0x1000 + offset,
         4 | 5 => 0x4000_0000 + (page % 4) * 2 * MIB + ((r >> 16) % 512) * 0x1000 + offset,
         6 => 0x80_0000_0000 + ((r >> 16) % 4096) * 0x1000 + offset,
         // Nothing mapped there.
-        _ => 0x1234_5000 + offset,
+        7 => 0x1234_5000 + offset,
+        _ => {
+            let base = [0x20_0000, 0x7f_8020_0000][(page % 2) as usize];
+            base + ((r >> 16) % 512) * 0x1000 + offset
+        }
     }
 }
 
@@ -91,6 +96,10 @@ fn build(seed: u64, ept: Option<bool>) -> (TestMachine, [u64; 2], Option<Eptp>) 
                     GUEST_TABLE,
                 );
             }
+        }
+        for (j, va) in [(1, 0x20_0000), (2, 0x7f_8020_0000)] {
+            let f = flags(&mut rand);
+            m.map(*root, va, j * 2 * MIB, PageSize::Size2M, f, GUEST_TABLE);
         }
         for j in 0..4 {
             let f = flags(&mut rand);
@@ -324,6 +333,8 @@ fn run(seed: u64, ept: Option<bool>, pml: bool) {
             "step {step}"
         );
         assert_eq!(fast_index.get(), slow_index.get(), "step {step}");
+        assert!(fast.psc.consistent(), "step {step}: PSC bookkeeping");
+        assert!(fast.valid_bits_consistent(), "step {step}: TLB bitmaps");
         if step % 16 == 0 || (r >> 24) % 64 >= 8 {
             assert!(tables(&fast_m) == tables(&slow_m), "step {step}: memory");
         }
