@@ -280,7 +280,8 @@ impl Emitter {
     ) -> Result<(), NotTranslated> {
         self.a.mov(ecx, k as u32)?;
         self.a.jmp(self.chain)?;
-        self.slow.push(Slow::whole(slow, k, epilogue, false));
+        self.slow
+            .push(Slow::whole(slow, k, epilogue, false, self.regs));
         Ok(())
     }
 

@@ -131,6 +131,7 @@ impl Emitter {
         // any label the code before left pending, such as a `cont`.)
         self.a.zero_bytes()?;
         self.a.set_label(&mut retry)?;
+        self.retry_regs = self.regs;
         Ok(retry)
     }
 
@@ -165,6 +166,8 @@ impl Emitter {
             af_clear: false,
             exit,
             rip,
+            retry_regs: self.retry_regs,
+            cont_regs: self.regs,
         });
     }
 
@@ -300,6 +303,7 @@ impl Emitter {
                 self.store_acc(4, Size::B8)?;
                 let g = self.g(dst);
                 self.add(Instruction::with2(Code::Mov_rm64_r64, g, Register::RCX))?;
+                self.forget_reg(dst);
             }
             Fast::Call { .. } => {
                 self.load(ACC, 4, Size::B8)?;
@@ -333,6 +337,8 @@ impl Emitter {
                     af_clear,
                     exit: FlagsAt::State,
                     rip: None,
+                    retry_regs: self.retry_regs,
+                    cont_regs: self.regs,
                 });
                 return Ok(());
             }
@@ -363,6 +369,8 @@ impl Emitter {
             af_clear,
             exit,
             rip: None,
+            retry_regs: self.retry_regs,
+            cont_regs: self.regs,
         });
         Ok(())
     }

@@ -41,6 +41,7 @@ mod memory;
 pub(crate) mod native;
 pub(crate) mod perf_map;
 pub(crate) mod profile;
+mod regs;
 pub(crate) mod tlb_fill;
 
 pub use encode::set_verify_encoding;
@@ -426,6 +427,8 @@ pub(crate) fn translate(
         chained_entry: CodeLabel::default(),
         epilogue: CodeLabel::default(),
         live_at_entry: flags::flags_live_at_entry(&block.insns),
+        regs: regs::Regs::default(),
+        retry_regs: regs::Regs::default(),
     };
     let mut epilogue = e.a.create_label();
     // Where a call-out that did not just go on returns to: chaining on
@@ -455,14 +458,28 @@ pub(crate) fn translate(
     e.a.mov(rbp, qword_ptr(r14 + ENV_L1))?;
     // Chained blocks enter here, with rbx, rbp, r12, r14 as above, r13
     // their block, and the flags in `state.rflags`.
+    // (A zero-length instruction carries the label and gives the offset:
+    // the entry is the first instruction of the body, no `nop` run on
+    // every chained entry.)
     e.a.set_label(&mut chained_entry)?;
     let chained_at = e.a.instructions().len();
-    e.a.nop()?;
+    e.a.zero_bytes()?;
     let last = block.insns.len() - 1;
     let mut ended = false;
     let live = flags::flags_live_after(&block.insns);
     for (k, op) in block.insns.iter().enumerate() {
         e.flags_dead = !live[k];
+        // Guest registers in host registers (`jit/regs.rs`) for the forms
+        // that keep the cache exact; the others run with it empty and off.
+        let cached = match op.fast {
+            Fast::Ret => false,
+            Fast::Jmp { .. } | Fast::Call { .. } => true,
+            f if chain::is_native_indirect(&f) => false,
+            f => is_native(&f) || is_inline_memory(&f),
+        };
+        if !cached {
+            e.regs_off();
+        }
         match op.fast {
             Fast::Jmp { target } => {
                 // Always the last instruction of a block.
@@ -496,6 +513,9 @@ pub(crate) fn translate(
                 None => e.call_out(k, call_exit)?,
             },
         }
+        if !cached {
+            e.regs_on();
+        }
     }
     if !ended {
         e.exit_to(last, block.insns[last].next_ip)?;
@@ -504,6 +524,8 @@ pub(crate) fn translate(
     // call one of the block's shared slow paths (`Emitter::slow_shared`)
     // with what differs in ecx, then go back to probe again or on with the
     // flags where the fast path leaves them.
+    // (Out of line: no guest register is taken from a host register.)
+    e.regs_off();
     let slow = std::mem::take(&mut e.slow);
     let mut shared: [Option<CodeLabel>; 3] = [None; 3];
     for mut x in slow {
@@ -536,7 +558,16 @@ pub(crate) fn translate(
                 e.a.set_label(&mut call)?;
                 e.a.call(target)?;
                 e.a.test(eax, eax)?;
-                e.a.je(x.retry)?;
+                if x.retry_regs.is_empty() {
+                    e.a.je(x.retry)?;
+                } else {
+                    let mut on = e.a.create_label();
+                    e.a.jne(on)?;
+                    e.reload_regs(&x.retry_regs)?;
+                    e.a.jmp(x.retry)?;
+                    e.a.set_label(&mut on)?;
+                }
+                e.reload_regs(&x.cont_regs)?;
                 e.slow_exit(x.exit, x.cont)?;
                 e.a.set_label(&mut x.full)?;
                 e.a.mov(ecx, arg | slow_arg::FULL)?;
@@ -545,6 +576,7 @@ pub(crate) fn translate(
             None => {
                 e.a.mov(ecx, arg | slow_arg::FULL)?;
                 e.a.call(target)?;
+                e.reload_regs(&x.cont_regs)?;
                 e.slow_exit(x.exit, x.cont)?;
             }
         }
@@ -631,6 +663,10 @@ struct Slow {
     /// otherwise: the run loop sets it after every block, and every fault
     /// path sets it first.)
     rip: Option<u64>,
+    /// The guest registers host registers hold at `retry` and at `cont`
+    /// (`jit/regs.rs`): reloaded after the calls, before going back.
+    retry_regs: regs::Regs,
+    cont_regs: regs::Regs,
 }
 
 impl Slow {
@@ -638,7 +674,13 @@ impl Slow {
     /// interpreter on every way in (no fill), entered with the flags
     /// written back, then goes on at `cont` with the flags in the host
     /// (`flags_in_host`) or in `state.rflags`.
-    fn whole(label: CodeLabel, k: usize, cont: CodeLabel, flags_in_host: bool) -> Slow {
+    fn whole(
+        label: CodeLabel,
+        k: usize,
+        cont: CodeLabel,
+        flags_in_host: bool,
+        cont_regs: regs::Regs,
+    ) -> Slow {
         Slow {
             label,
             full: label,
@@ -654,6 +696,8 @@ impl Slow {
                 FlagsAt::State
             },
             rip: None,
+            retry_regs: regs::Regs::default(),
+            cont_regs,
         }
     }
 }
@@ -707,6 +751,10 @@ struct Emitter {
     /// The guest flags at the block's entry may be observed
     /// ([`flags::flags_live_at_entry`]).
     live_at_entry: bool,
+    /// Guest registers host registers hold (`jit/regs.rs`), here and at
+    /// the last [`Emitter::retry_point`].
+    regs: regs::Regs,
+    retry_regs: regs::Regs,
 }
 
 impl Emitter {
@@ -725,6 +773,9 @@ impl Emitter {
 
     /// `acc = gpr[idx]` at `size` (a 32-bit load zero-extends into rax).
     fn load(&mut self, reg: [Register; 4], idx: u8, size: Size) -> Result<(), NotTranslated> {
+        if let Some(h) = self.cached_reg(idx, size) {
+            return self.add(Instruction::with2(MOV_R_RM[si(size)], reg[si(size)], h));
+        }
         let m = self.g(idx);
         self.add(Instruction::with2(MOV_R_RM[si(size)], reg[si(size)], m))
     }
@@ -742,7 +793,8 @@ impl Emitter {
             Size::B4 | Size::B8 => Code::Mov_rm64_r64,
             s => MOV_RM_R[si(s)],
         };
-        self.add(Instruction::with2(code, m, r))
+        self.add(Instruction::with2(code, m, r))?;
+        self.remember_acc(idx, size)
     }
 
     /// `state.rip = ip` (clobbers rcx).
@@ -810,9 +862,6 @@ impl Emitter {
         self.a.test(ecx, slow_arg::FULL as i32)?;
         self.a.jne(full)?;
         self.a.mov(rdx, rax)?;
-        if saved {
-            self.capture_saved(af_clear)?;
-        }
         self.a.mov(rdi, rbx)?;
         self.a.mov(rsi, r12)?;
         self.a.movzx(ecx, word_ptr(rsp))?;
@@ -820,10 +869,20 @@ impl Emitter {
         self.a.call(rax)?;
         self.a.test(eax, eax)?;
         self.a.jne(not_retry)?;
+        // Probe again: the fill reads no arithmetic flag, so those saved
+        // in r15 stay there (written back only on the ways below, where
+        // the interpreter runs the instruction or its fault pushes them).
         self.a.pop(rcx)?;
         self.a.ret()?;
         self.a.set_label(&mut not_retry)?;
-        self.a.cmp(eax, fill::FULL as i32)?;
+        if saved {
+            // (The answer in edx: the write-back clobbers rax and rcx.)
+            self.a.mov(edx, eax)?;
+            self.capture_saved(af_clear)?;
+            self.a.cmp(edx, fill::FULL as i32)?;
+        } else {
+            self.a.cmp(eax, fill::FULL as i32)?;
+        }
         self.a.je(run)?;
         // The fault: instruction k did not complete.
         self.a.mov(eax, dword_ptr(rsp))?;
