@@ -220,6 +220,7 @@ impl Emitter {
                     target,
                     dirty: self.dirty,
                     af_clear: self.af_clear,
+                    regs: self.regs,
                 });
             }
             _ => return Err(NotTranslated::Unsupported("not a native form")),

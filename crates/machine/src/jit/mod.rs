@@ -395,6 +395,30 @@ pub(crate) fn translate(
     helpers: Helpers,
     user: bool,
 ) -> Result<(Vec<u8>, usize), NotTranslated> {
+    // A block that loops to its own start is translated twice: the guest
+    // registers host registers hold where the first translation loops
+    // back are loaded at the second's entry and kept across its loop
+    // (`jit/regs.rs`).
+    let (code, entry, seen) = translate_with(block, o, helpers, user, None)?;
+    match seen {
+        Some(at) if !at.is_empty() => {
+            let (code, entry, _) = translate_with(block, o, helpers, user, Some(at))?;
+            Ok((code, entry))
+        }
+        _ => Ok((code, entry)),
+    }
+}
+
+/// [`translate`], with `preload` the guest registers held in host
+/// registers at the loop top (after the chained entry); also answers
+/// those held where the code first loops back to it.
+fn translate_with(
+    block: &Block,
+    o: Offsets,
+    helpers: Helpers,
+    user: bool,
+    preload: Option<regs::Regs>,
+) -> Result<(Vec<u8>, usize, Option<regs::Regs>), NotTranslated> {
     if block.bits != 64
         || o.instruction_cost > i32::MAX as u64
         || o.multiply_cost > i32::MAX as u64
@@ -429,6 +453,10 @@ pub(crate) fn translate(
         live_at_entry: flags::flags_live_at_entry(&block.insns),
         regs: regs::Regs::default(),
         retry_regs: regs::Regs::default(),
+        loop_top: CodeLabel::default(),
+        loop_live: false,
+        preload: preload.unwrap_or_default(),
+        loop_seen: None,
     };
     let mut epilogue = e.a.create_label();
     // Where a call-out that did not just go on returns to: chaining on
@@ -465,6 +493,32 @@ pub(crate) fn translate(
     let chained_at = e.a.instructions().len();
     e.a.zero_bytes()?;
     let last = block.insns.len() - 1;
+    // The loop top: where a loop to the block's own start goes (see
+    // `Emitter::self_loop_exit`), after what the entry sets up for it.
+    // Where the flags are live at entry, they are kept in r15 across the
+    // loop (the way in loads them there); the guest registers `preload`
+    // names are in their host registers.
+    let loops = e.is_self_loop(block.rip)
+        && (block.insns[last].next_ip == block.rip
+            || block.insns.iter().any(|op| {
+                matches!(op.fast,
+                    Fast::Jcc { target, .. } | Fast::Jmp { target } | Fast::Call { target }
+                        if target == block.rip)
+            }));
+    if loops && e.live_at_entry {
+        e.load_saved()?;
+        e.saved = true;
+        e.dirty = true;
+        e.af_clear = false;
+        e.loop_live = true;
+    }
+    let preload = e.preload;
+    e.reload_regs(&preload)?;
+    e.regs = preload;
+    let mut loop_top = e.a.create_label();
+    e.a.zero_bytes()?;
+    e.a.set_label(&mut loop_top)?;
+    e.loop_top = loop_top;
     let mut ended = false;
     let live = flags::flags_live_after(&block.insns);
     for (k, op) in block.insns.iter().enumerate() {
@@ -591,13 +645,16 @@ pub(crate) fn translate(
     let exits = std::mem::take(&mut e.exits);
     for mut x in exits {
         e.a.set_label(&mut x.label)?;
-        // The flags as the branch left them: in the host.
+        // The flags as the branch left them: in the host; the guest
+        // registers in host registers as there (only a loop back looks).
         e.host_valid = true;
         e.dirty = x.dirty;
         e.saved = false;
         e.af_clear = x.af_clear;
+        e.regs = x.regs;
         e.exit_to(x.k, x.target)?;
     }
+    e.regs_off();
     e.a.set_label(&mut chain_try)?;
     e.chain_try(epilogue)?;
     e.fetch_miss_exit(epilogue)?;
@@ -622,7 +679,7 @@ pub(crate) fn translate(
         })?;
     }
     let chain_offset = r.offset(chained_at) as usize;
-    Ok((r.code, chain_offset))
+    Ok((r.code, chain_offset, e.loop_seen))
 }
 
 /// A taken conditional branch's way out, emitted after the block.
@@ -633,6 +690,8 @@ struct Exit {
     /// The guest flags in the host flags were not yet written back.
     dirty: bool,
     af_clear: bool,
+    /// The guest registers host registers hold at the branch.
+    regs: regs::Regs,
 }
 
 /// The slow path of an inline access, emitted after the block.
@@ -755,6 +814,14 @@ struct Emitter {
     /// the last [`Emitter::retry_point`].
     regs: regs::Regs,
     retry_regs: regs::Regs,
+    /// Where a loop to the block's own start goes; whether the flags are
+    /// in r15 there (else in `state.rflags`, or dead); the guest registers
+    /// host registers hold there, and those held where the code first
+    /// loops back (see [`translate`]).
+    loop_top: CodeLabel,
+    loop_live: bool,
+    preload: regs::Regs,
+    loop_seen: Option<regs::Regs>,
 }
 
 impl Emitter {

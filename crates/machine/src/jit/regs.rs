@@ -35,11 +35,10 @@ use super::*;
 /// Host registers that may hold guest registers (by width: 8, 16, 32, 64
 /// bits). Caller-saved: the block body uses none of them outside
 /// instructions that run with the cache off, and every call reloads them.
+/// (R9 last: a loop back clobbers it with the cycle count.)
 const POOL: [[Register; 4]; 6] = [
     [Register::SIL, Register::SI, Register::ESI, Register::RSI],
     [Register::DIL, Register::DI, Register::EDI, Register::RDI],
-    [Register::R8L, Register::R8W, Register::R8D, Register::R8],
-    [Register::R9L, Register::R9W, Register::R9D, Register::R9],
     [
         Register::R10L,
         Register::R10W,
@@ -52,6 +51,8 @@ const POOL: [[Register; 4]; 6] = [
         Register::R11D,
         Register::R11,
     ],
+    [Register::R8L, Register::R8W, Register::R8D, Register::R8],
+    [Register::R9L, Register::R9W, Register::R9D, Register::R9],
 ];
 
 /// Which guest register each pool register holds, at one point of the
@@ -148,6 +149,38 @@ impl Emitter {
     /// The cache on again, empty (after [`Self::regs_off`]).
     pub(super) fn regs_on(&mut self) {
         self.regs = Regs::default();
+    }
+
+    /// Before a loop back to the loop top: the host registers hold the
+    /// guest registers the top expects (`Emitter::preload`), reloaded
+    /// from the `Cpu` where they are not already there or were
+    /// `clobbered` since. Notes the first mapping found at a loop back
+    /// (what the second translation preloads).
+    pub(super) fn loop_back_regs(&mut self, clobbered: &[Register]) -> Result<(), NotTranslated> {
+        let now = if self.regs.on {
+            self.regs
+        } else {
+            Regs::default()
+        };
+        if self.loop_seen.is_none() {
+            let mut seen = now;
+            for (p, h) in seen.held.iter_mut().enumerate() {
+                if clobbered.contains(&POOL[p][3]) {
+                    *h = None;
+                }
+            }
+            self.loop_seen = Some(seen);
+        }
+        let want = self.preload;
+        for (p, h) in want.held.iter().enumerate() {
+            if let Some(idx) = *h {
+                if now.held[p] != Some(idx) || clobbered.contains(&POOL[p][3]) {
+                    let m = self.g(idx);
+                    self.add(Instruction::with2(Code::Mov_r64_rm64, POOL[p][3], m))?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Loads from the `Cpu` every guest register `at` says a pool register
