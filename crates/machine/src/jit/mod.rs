@@ -515,6 +515,7 @@ fn translate_with(
     let preload = e.preload;
     e.reload_regs(&preload)?;
     e.regs = preload;
+    e.regs.clear_acc();
     let mut loop_top = e.a.create_label();
     e.a.zero_bytes()?;
     e.a.set_label(&mut loop_top)?;
@@ -840,6 +841,10 @@ impl Emitter {
 
     /// `acc = gpr[idx]` at `size` (a 32-bit load zero-extends into rax).
     fn load(&mut self, reg: [Register; 4], idx: u8, size: Size) -> Result<(), NotTranslated> {
+        if reg == ACC && size == Size::B8 && self.acc_holds(idx) {
+            // rax was just written to that register (and copied from).
+            return Ok(());
+        }
         if let Some(h) = self.cached_reg(idx, size) {
             return self.add(Instruction::with2(MOV_R_RM[si(size)], reg[si(size)], h));
         }

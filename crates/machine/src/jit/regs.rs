@@ -65,6 +65,9 @@ pub(super) struct Regs {
     next: u8,
     /// Whether the instruction being translated uses the cache.
     on: bool,
+    /// rax holds guest register `.0` whole: the last instruction emitted
+    /// (the `.1`th) copied it from rax into its pool register.
+    acc: Option<(u8, usize)>,
 }
 
 impl Default for Regs {
@@ -73,6 +76,7 @@ impl Default for Regs {
             held: [None; POOL.len()],
             next: 0,
             on: true,
+            acc: None,
         }
     }
 }
@@ -81,6 +85,11 @@ impl Regs {
     /// The pool register holding guest register `idx`.
     fn find(&self, idx: u8) -> Option<usize> {
         self.held.iter().position(|h| *h == Some(idx))
+    }
+
+    /// Forgets what rax holds (code others jump to).
+    pub(super) fn clear_acc(&mut self) {
+        self.acc = None;
     }
 
     /// No pool register holds a guest register.
@@ -123,7 +132,17 @@ impl Emitter {
             Code::Mov_r64_rm64,
             POOL[p][3],
             Register::RAX,
-        ))
+        ))?;
+        self.regs.acc = Some((idx, self.a.instructions().len()));
+        Ok(())
+    }
+
+    /// Whether rax still holds guest register `idx` whole: nothing was
+    /// emitted (no label bound either: a label needs an instruction of its
+    /// own, see `Emitter::retry_point`) since [`Self::remember_acc`] copied
+    /// it from rax, so a load of it into rax can be left out.
+    pub(super) fn acc_holds(&self, idx: u8) -> bool {
+        self.regs.on && self.regs.acc == Some((idx & 15, self.a.instructions().len()))
     }
 
     /// `gpr[idx]` was written other than through [`Self::store_acc`]: no
@@ -164,6 +183,7 @@ impl Emitter {
         };
         if self.loop_seen.is_none() {
             let mut seen = now;
+            seen.acc = None;
             for (p, h) in seen.held.iter_mut().enumerate() {
                 if clobbered.contains(&POOL[p][3]) {
                     *h = None;
