@@ -1240,3 +1240,74 @@ fn remap_4k(r: &Rig, pt: u64, split: u64) {
             .unwrap();
     }
 }
+
+/// Loops to their own block's start that keep guest registers in host
+/// registers across the back edge (`jit/regs.rs`: the second translation
+/// loads them at the entry) and, their flags being live at entry (ADC or
+/// PUSHFQ first), keep the flags in r15 there. Inline accesses in the
+/// loop miss the first level on every new page (the fill's slow path
+/// reloads the registers before probing again), the store of the last
+/// iteration faults (#PF past the mapped memory: the registers as the
+/// interpreter leaves them at the fault), and the back edge of the second
+/// loop follows a logic op (AF made clear in r15) whose flags the next
+/// iteration's PUSHFQ observes. Whole and in slices of odd cycle limits
+/// (stops on the back edges and in the middle of the loops).
+#[test]
+fn self_loops_keep_registers_and_live_flags_in_host_registers() {
+    let prog = |a: &mut CodeAssembler| {
+        let mut l1 = a.create_label();
+        let mut l2 = a.create_label();
+        // 8-byte slots 0x808 apart: a new page every other iteration, the
+        // 400th iteration's load past the end of memory.
+        a.mov(ecx, 450u32).unwrap();
+        a.mov(rsi, MEM - 200 * 0x1010).unwrap();
+        a.mov(rdx, 0x9e37_79b9_7f4a_7c15u64).unwrap();
+        a.mov(ebx, 60u32).unwrap();
+        a.set_label(&mut l2).unwrap();
+        // PUSHFQ first (flags live at entry), after TEST at the back edge.
+        a.pushfq().unwrap();
+        a.pop(r13).unwrap();
+        a.add(r14, r13).unwrap();
+        a.adc(r11, r12).unwrap();
+        a.mov(r12, r11).unwrap();
+        a.shl(r12, 3).unwrap();
+        a.xor(r12, rdx).unwrap();
+        a.sub(ebx, 1).unwrap();
+        a.test(ebx, ebx).unwrap();
+        a.jnz(l2).unwrap();
+        a.set_label(&mut l1).unwrap();
+        a.adc(rax, rdx).unwrap();
+        a.mov(r8, rax).unwrap();
+        a.shl(r8, 13).unwrap();
+        a.xor(r8, rax).unwrap();
+        a.mov(r9, qword_ptr(rsi)).unwrap();
+        a.add(r9, r8).unwrap();
+        a.mov(qword_ptr(rsi), r9).unwrap();
+        a.lea(rsi, qword_ptr(rsi + 0x808)).unwrap();
+        a.mov(r10d, r9d).unwrap();
+        a.and(r10d, 0xff).unwrap();
+        a.add(rdi, r10).unwrap();
+        a.dec(ecx).unwrap();
+        a.jnz(l1).unwrap();
+        a.hlt().unwrap();
+    };
+    let (o, stats) = both(prog);
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[15], 0x1000 + 14, "the #PF handler ran");
+    assert!(
+        o.gpr[1] > 0 && o.gpr[1] < 100,
+        "the loop stopped at the fault"
+    );
+    assert!(stats.blocks_translated >= 2, "{stats:?}");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    for step in [89, 307] {
+        let (interp, _) = run_stepped(Engine::Interp, 1, step, prog);
+        let (jit, stats) = run_stepped(Engine::Jit, 1, step, prog);
+        assert_eq!(interp.last().unwrap().0, VmExit::Hlt, "step {step}");
+        assert!(interp.len() > 10, "step {step}");
+        assert_eq!(interp, jit, "interp vs jit, step {step}");
+        let (jit2, _) = run_stepped(Engine::Jit, 2, step, prog);
+        assert_eq!(interp, jit2, "interp vs jit (second run), step {step}");
+        assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    }
+}

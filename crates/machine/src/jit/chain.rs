@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::cpu::code_cache::MAX_INSN_LEN;
-use iced_x86::code_asm::{al, r8d, AsmRegister64};
+use iced_x86::code_asm::{al, r15d, r8d, AsmRegister64};
 
 /// Whether the translator runs this indirect JMP/CALL as host code (with
 /// [`Emitter::indirect`]): through a register, or through memory (an
@@ -67,6 +67,27 @@ impl Emitter {
     /// (`flags::flags_live_at_entry`): there they are kept in r15 and only
     /// written back on the ways that leave (see [`Self::self_loop_exit`]).
     pub(super) fn exit_to(&mut self, k: usize, target: u64) -> Result<(), NotTranslated> {
+        if self.loop_live && self.is_self_loop(target) {
+            // The loop top takes the flags in r15 (AF made exact there).
+            let af_clear = if !self.dirty {
+                self.load_saved()?;
+                false
+            } else {
+                if !self.saved {
+                    debug_assert!(self.host_valid);
+                    self.save_flags()?;
+                }
+                self.af_clear
+            };
+            if af_clear {
+                // AF is bit 4 of LAHF's AH: bit 12 of r15.
+                self.a.and(r15d, !((AF << 8) as i32))?;
+            }
+            self.dirty = false;
+            self.saved = false;
+            self.host_valid = false;
+            return self.self_loop_exit(k, Some(false));
+        }
         if self.dirty && !self.live_at_entry && self.is_self_loop(target) {
             if !self.saved {
                 debug_assert!(self.host_valid);
@@ -87,7 +108,7 @@ impl Emitter {
     /// host-physical address `u64::MAX`: only the run loop enters it), nor
     /// where the frame's code-write generation slot is not a 32-bit
     /// displacement away.
-    fn is_self_loop(&self, target: u64) -> bool {
+    pub(super) fn is_self_loop(&self, target: u64) -> bool {
         let (rip, hpa, _) = self.own;
         target == rip && hpa != u64::MAX && (hpa >> 12) * 4 <= i32::MAX as u64
     }
@@ -141,7 +162,14 @@ impl Emitter {
         self.a.jne(out)?;
         // The block ended in is already the one reported.
         self.count_chained(false, Some(n))?;
-        self.a.jmp(self.chained_entry)?;
+        if self.loop_live && saved.is_none() {
+            // (Written back: the loop top takes them in r15.)
+            self.load_saved()?;
+        }
+        // The guest registers the loop top holds in host registers (r9
+        // was the cycle count).
+        self.loop_back_regs(&[Register::R9])?;
+        self.a.jmp(self.loop_top)?;
         // The ways out: the flags written back, rax the target.
         for (mut l, to_miss) in [(miss, true), (out, false)] {
             self.a.set_label(&mut l)?;
@@ -280,7 +308,8 @@ impl Emitter {
     ) -> Result<(), NotTranslated> {
         self.a.mov(ecx, k as u32)?;
         self.a.jmp(self.chain)?;
-        self.slow.push(Slow::whole(slow, k, epilogue, false));
+        self.slow
+            .push(Slow::whole(slow, k, epilogue, false, self.regs));
         Ok(())
     }
 

@@ -46,21 +46,30 @@ impl Emitter {
                 self.need_flags_for(op)?;
                 let (rm_r, _, rm_imm) = alu_codes(op);
                 let m = self.g(dst);
+                // 32 and 64 bits in rax (the value stays in a host register,
+                // `jit/regs.rs`); 8 and 16 bits on the slot.
                 match size {
                     Size::B4 => {
                         self.load(ACC, dst, size)?;
                         self.add(Instruction::with2(rm_imm[2], Register::EAX, imm as u32))?;
-                        if op != BinOp::Cmp {
-                            self.store_acc(dst, size)?;
-                        }
                     }
                     Size::B8 if imm as i64 != imm as i32 as i64 => {
                         // mov rcx, imm64 does not touch the flags.
                         self.a.mov(rcx, imm)?;
-                        self.add(Instruction::with2(rm_r[3], m, Register::RCX))?;
+                        self.load(ACC, dst, size)?;
+                        self.add(Instruction::with2(rm_r[3], Register::RAX, Register::RCX))?;
                     }
-                    Size::B8 => self.add(Instruction::with2(rm_imm[3], m, imm as i32))?,
-                    s => self.add(Instruction::with2(rm_imm[si(s)], m, imm as u32))?,
+                    Size::B8 => {
+                        self.load(ACC, dst, size)?;
+                        self.add(Instruction::with2(rm_imm[3], Register::RAX, imm as i32))?;
+                    }
+                    s => {
+                        self.add(Instruction::with2(rm_imm[si(s)], m, imm as u32))?;
+                        self.forget_reg(dst);
+                    }
+                }
+                if op != BinOp::Cmp && matches!(size, Size::B4 | Size::B8) {
+                    self.store_acc(dst, size)?;
                 }
                 self.wrote_flags(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
             }
@@ -109,13 +118,14 @@ impl Emitter {
                         Code::Inc_rm64,
                     ]
                 };
-                if size == Size::B4 {
+                if matches!(size, Size::B4 | Size::B8) {
                     self.load(ACC, dst, size)?;
-                    self.add(Instruction::with1(codes[2], Register::EAX))?;
+                    self.add(Instruction::with1(codes[si(size)], ACC[si(size)]))?;
                     self.store_acc(dst, size)?;
                 } else {
                     let m = self.g(dst);
                     self.add(Instruction::with1(codes[si(size)], m))?;
+                    self.forget_reg(dst);
                 }
                 self.wrote_flags(false);
             }
@@ -210,6 +220,7 @@ impl Emitter {
                     target,
                     dirty: self.dirty,
                     af_clear: self.af_clear,
+                    regs: self.regs,
                 });
             }
             _ => return Err(NotTranslated::Unsupported("not a native form")),
@@ -261,16 +272,22 @@ impl Emitter {
         src: [Register; 4],
     ) -> Result<(), NotTranslated> {
         let (rm_r, r_rm, _) = alu_codes(op);
-        if size == Size::B4 {
+        if matches!(size, Size::B4 | Size::B8) {
             self.load(ACC, dst, size)?;
-            self.add(Instruction::with2(r_rm[2], Register::EAX, src[2]))?;
+            self.add(Instruction::with2(
+                r_rm[si(size)],
+                ACC[si(size)],
+                src[si(size)],
+            ))?;
             if op != BinOp::Cmp {
                 self.store_acc(dst, size)?;
             }
             Ok(())
         } else {
             let g = self.g(dst);
-            self.add(Instruction::with2(rm_r[si(size)], g, src[si(size)]))
+            self.add(Instruction::with2(rm_r[si(size)], g, src[si(size)]))?;
+            self.forget_reg(dst);
+            Ok(())
         }
     }
 
@@ -393,13 +410,15 @@ impl Emitter {
     ) -> Result<(), NotTranslated> {
         let code = shift_code(op, size, false).ok_or(NotTranslated::Unsupported("RCL/RCR"))?;
         self.flags_clobbered();
-        if size == Size::B4 {
+        if matches!(size, Size::B4 | Size::B8) {
             self.load(ACC, dst, size)?;
-            self.add(Instruction::with2(code, Register::EAX, n as u32))?;
+            self.add(Instruction::with2(code, ACC[si(size)], n as u32))?;
             self.store_acc(dst, size)
         } else {
             let g = self.g(dst);
-            self.add(Instruction::with2(code, g, n as u32))
+            self.add(Instruction::with2(code, g, n as u32))?;
+            self.forget_reg(dst);
+            Ok(())
         }
     }
 
@@ -466,7 +485,8 @@ impl Emitter {
         flags_in_host: bool,
     ) -> Result<(), NotTranslated> {
         self.a.set_label(cont)?;
-        self.slow.push(Slow::whole(slow, k, *cont, flags_in_host));
+        self.slow
+            .push(Slow::whole(slow, k, *cont, flags_in_host, self.regs));
         Ok(())
     }
 }

@@ -11,12 +11,60 @@ impl Emitter {
         let disp = m.disp as i64;
         let short = disp == disp as i32 as i64;
         let scale = 1u32 << m.scale_shift;
+        // Registers a host register holds (`jit/regs.rs`) are used where
+        // they are.
+        let held = |e: &Self, idx: u8| {
+            if idx == NONE_REG {
+                None
+            } else {
+                e.cached_reg(idx, Size::B8)
+            }
+        };
+        let (hb, hi) = (held(self, m.base), held(self, m.index));
         match (m.base != NONE_REG, m.index != NONE_REG) {
+            (true, true) if short && (hb.is_some() || hi.is_some()) => {
+                let b = match hb {
+                    Some(h) => h,
+                    None => {
+                        self.load(ACC, m.base, Size::B8)?;
+                        Register::RAX
+                    }
+                };
+                let i = match hi {
+                    Some(h) => h,
+                    None => {
+                        self.load(SEC, m.index, Size::B8)?;
+                        Register::RCX
+                    }
+                };
+                let mo = MemoryOperand::with_base_index_scale_displ_size(
+                    b,
+                    i,
+                    scale,
+                    disp,
+                    if disp == 0 { 0 } else { 1 },
+                );
+                self.add(Instruction::with2(Code::Lea_r64_m, Register::RAX, mo))?;
+            }
             (true, true) if short => {
                 self.load(ACC, m.base, Size::B8)?;
                 self.load(SEC, m.index, Size::B8)?;
                 self.a
                     .lea(rax, qword_ptr(rax + rcx * scale + disp as i32))?;
+            }
+            (true, false) if short && disp != 0 && hb.is_some() => {
+                let mo = MemoryOperand::with_base_displ(hb.unwrap_or(Register::RAX), disp);
+                self.add(Instruction::with2(Code::Lea_r64_m, Register::RAX, mo))?;
+            }
+            (false, true) if short && hi.is_some() => {
+                let mo = MemoryOperand::with_base_index_scale_displ_size(
+                    Register::None,
+                    hi.unwrap_or(Register::RCX),
+                    scale,
+                    disp,
+                    4,
+                );
+                self.add(Instruction::with2(Code::Lea_r64_m, Register::RAX, mo))?;
             }
             (true, false) if short => {
                 self.load(ACC, m.base, Size::B8)?;
@@ -131,6 +179,7 @@ impl Emitter {
         // any label the code before left pending, such as a `cont`.)
         self.a.zero_bytes()?;
         self.a.set_label(&mut retry)?;
+        self.retry_regs = self.regs;
         Ok(retry)
     }
 
@@ -165,6 +214,8 @@ impl Emitter {
             af_clear: false,
             exit,
             rip,
+            retry_regs: self.retry_regs,
+            cont_regs: self.regs,
         });
     }
 
@@ -300,6 +351,7 @@ impl Emitter {
                 self.store_acc(4, Size::B8)?;
                 let g = self.g(dst);
                 self.add(Instruction::with2(Code::Mov_rm64_r64, g, Register::RCX))?;
+                self.forget_reg(dst);
             }
             Fast::Call { .. } => {
                 self.load(ACC, 4, Size::B8)?;
@@ -333,6 +385,8 @@ impl Emitter {
                     af_clear,
                     exit: FlagsAt::State,
                     rip: None,
+                    retry_regs: self.retry_regs,
+                    cont_regs: self.regs,
                 });
                 return Ok(());
             }
@@ -363,6 +417,8 @@ impl Emitter {
             af_clear,
             exit,
             rip: None,
+            retry_regs: self.retry_regs,
+            cont_regs: self.regs,
         });
         Ok(())
     }

@@ -41,6 +41,7 @@ mod memory;
 pub(crate) mod native;
 pub(crate) mod perf_map;
 pub(crate) mod profile;
+mod regs;
 pub(crate) mod tlb_fill;
 
 pub use encode::set_verify_encoding;
@@ -394,6 +395,30 @@ pub(crate) fn translate(
     helpers: Helpers,
     user: bool,
 ) -> Result<(Vec<u8>, usize), NotTranslated> {
+    // A block that loops to its own start is translated twice: the guest
+    // registers host registers hold where the first translation loops
+    // back are loaded at the second's entry and kept across its loop
+    // (`jit/regs.rs`).
+    let (code, entry, seen) = translate_with(block, o, helpers, user, None)?;
+    match seen {
+        Some(at) if !at.is_empty() => {
+            let (code, entry, _) = translate_with(block, o, helpers, user, Some(at))?;
+            Ok((code, entry))
+        }
+        _ => Ok((code, entry)),
+    }
+}
+
+/// [`translate`], with `preload` the guest registers held in host
+/// registers at the loop top (after the chained entry); also answers
+/// those held where the code first loops back to it.
+fn translate_with(
+    block: &Block,
+    o: Offsets,
+    helpers: Helpers,
+    user: bool,
+    preload: Option<regs::Regs>,
+) -> Result<(Vec<u8>, usize, Option<regs::Regs>), NotTranslated> {
     if block.bits != 64
         || o.instruction_cost > i32::MAX as u64
         || o.multiply_cost > i32::MAX as u64
@@ -426,6 +451,12 @@ pub(crate) fn translate(
         chained_entry: CodeLabel::default(),
         epilogue: CodeLabel::default(),
         live_at_entry: flags::flags_live_at_entry(&block.insns),
+        regs: regs::Regs::default(),
+        retry_regs: regs::Regs::default(),
+        loop_top: CodeLabel::default(),
+        loop_live: false,
+        preload: preload.unwrap_or_default(),
+        loop_seen: None,
     };
     let mut epilogue = e.a.create_label();
     // Where a call-out that did not just go on returns to: chaining on
@@ -455,14 +486,55 @@ pub(crate) fn translate(
     e.a.mov(rbp, qword_ptr(r14 + ENV_L1))?;
     // Chained blocks enter here, with rbx, rbp, r12, r14 as above, r13
     // their block, and the flags in `state.rflags`.
+    // (A zero-length instruction carries the label and gives the offset:
+    // the entry is the first instruction of the body, no `nop` run on
+    // every chained entry.)
     e.a.set_label(&mut chained_entry)?;
     let chained_at = e.a.instructions().len();
-    e.a.nop()?;
+    e.a.zero_bytes()?;
     let last = block.insns.len() - 1;
+    // The loop top: where a loop to the block's own start goes (see
+    // `Emitter::self_loop_exit`), after what the entry sets up for it.
+    // Where the flags are live at entry, they are kept in r15 across the
+    // loop (the way in loads them there); the guest registers `preload`
+    // names are in their host registers.
+    let loops = e.is_self_loop(block.rip)
+        && (block.insns[last].next_ip == block.rip
+            || block.insns.iter().any(|op| {
+                matches!(op.fast,
+                    Fast::Jcc { target, .. } | Fast::Jmp { target } | Fast::Call { target }
+                        if target == block.rip)
+            }));
+    if loops && e.live_at_entry {
+        e.load_saved()?;
+        e.saved = true;
+        e.dirty = true;
+        e.af_clear = false;
+        e.loop_live = true;
+    }
+    let preload = e.preload;
+    e.reload_regs(&preload)?;
+    e.regs = preload;
+    e.regs.clear_acc();
+    let mut loop_top = e.a.create_label();
+    e.a.zero_bytes()?;
+    e.a.set_label(&mut loop_top)?;
+    e.loop_top = loop_top;
     let mut ended = false;
     let live = flags::flags_live_after(&block.insns);
     for (k, op) in block.insns.iter().enumerate() {
         e.flags_dead = !live[k];
+        // Guest registers in host registers (`jit/regs.rs`) for the forms
+        // that keep the cache exact; the others run with it empty and off.
+        let cached = match op.fast {
+            Fast::Ret => false,
+            Fast::Jmp { .. } | Fast::Call { .. } => true,
+            f if chain::is_native_indirect(&f) => false,
+            f => is_native(&f) || is_inline_memory(&f),
+        };
+        if !cached {
+            e.regs_off();
+        }
         match op.fast {
             Fast::Jmp { target } => {
                 // Always the last instruction of a block.
@@ -496,6 +568,9 @@ pub(crate) fn translate(
                 None => e.call_out(k, call_exit)?,
             },
         }
+        if !cached {
+            e.regs_on();
+        }
     }
     if !ended {
         e.exit_to(last, block.insns[last].next_ip)?;
@@ -504,6 +579,8 @@ pub(crate) fn translate(
     // call one of the block's shared slow paths (`Emitter::slow_shared`)
     // with what differs in ecx, then go back to probe again or on with the
     // flags where the fast path leaves them.
+    // (Out of line: no guest register is taken from a host register.)
+    e.regs_off();
     let slow = std::mem::take(&mut e.slow);
     let mut shared: [Option<CodeLabel>; 3] = [None; 3];
     for mut x in slow {
@@ -536,7 +613,16 @@ pub(crate) fn translate(
                 e.a.set_label(&mut call)?;
                 e.a.call(target)?;
                 e.a.test(eax, eax)?;
-                e.a.je(x.retry)?;
+                if x.retry_regs.is_empty() {
+                    e.a.je(x.retry)?;
+                } else {
+                    let mut on = e.a.create_label();
+                    e.a.jne(on)?;
+                    e.reload_regs(&x.retry_regs)?;
+                    e.a.jmp(x.retry)?;
+                    e.a.set_label(&mut on)?;
+                }
+                e.reload_regs(&x.cont_regs)?;
                 e.slow_exit(x.exit, x.cont)?;
                 e.a.set_label(&mut x.full)?;
                 e.a.mov(ecx, arg | slow_arg::FULL)?;
@@ -545,6 +631,7 @@ pub(crate) fn translate(
             None => {
                 e.a.mov(ecx, arg | slow_arg::FULL)?;
                 e.a.call(target)?;
+                e.reload_regs(&x.cont_regs)?;
                 e.slow_exit(x.exit, x.cont)?;
             }
         }
@@ -559,13 +646,16 @@ pub(crate) fn translate(
     let exits = std::mem::take(&mut e.exits);
     for mut x in exits {
         e.a.set_label(&mut x.label)?;
-        // The flags as the branch left them: in the host.
+        // The flags as the branch left them: in the host; the guest
+        // registers in host registers as there (only a loop back looks).
         e.host_valid = true;
         e.dirty = x.dirty;
         e.saved = false;
         e.af_clear = x.af_clear;
+        e.regs = x.regs;
         e.exit_to(x.k, x.target)?;
     }
+    e.regs_off();
     e.a.set_label(&mut chain_try)?;
     e.chain_try(epilogue)?;
     e.fetch_miss_exit(epilogue)?;
@@ -590,7 +680,7 @@ pub(crate) fn translate(
         })?;
     }
     let chain_offset = r.offset(chained_at) as usize;
-    Ok((r.code, chain_offset))
+    Ok((r.code, chain_offset, e.loop_seen))
 }
 
 /// A taken conditional branch's way out, emitted after the block.
@@ -601,6 +691,8 @@ struct Exit {
     /// The guest flags in the host flags were not yet written back.
     dirty: bool,
     af_clear: bool,
+    /// The guest registers host registers hold at the branch.
+    regs: regs::Regs,
 }
 
 /// The slow path of an inline access, emitted after the block.
@@ -631,6 +723,10 @@ struct Slow {
     /// otherwise: the run loop sets it after every block, and every fault
     /// path sets it first.)
     rip: Option<u64>,
+    /// The guest registers host registers hold at `retry` and at `cont`
+    /// (`jit/regs.rs`): reloaded after the calls, before going back.
+    retry_regs: regs::Regs,
+    cont_regs: regs::Regs,
 }
 
 impl Slow {
@@ -638,7 +734,13 @@ impl Slow {
     /// interpreter on every way in (no fill), entered with the flags
     /// written back, then goes on at `cont` with the flags in the host
     /// (`flags_in_host`) or in `state.rflags`.
-    fn whole(label: CodeLabel, k: usize, cont: CodeLabel, flags_in_host: bool) -> Slow {
+    fn whole(
+        label: CodeLabel,
+        k: usize,
+        cont: CodeLabel,
+        flags_in_host: bool,
+        cont_regs: regs::Regs,
+    ) -> Slow {
         Slow {
             label,
             full: label,
@@ -654,6 +756,8 @@ impl Slow {
                 FlagsAt::State
             },
             rip: None,
+            retry_regs: regs::Regs::default(),
+            cont_regs,
         }
     }
 }
@@ -707,6 +811,18 @@ struct Emitter {
     /// The guest flags at the block's entry may be observed
     /// ([`flags::flags_live_at_entry`]).
     live_at_entry: bool,
+    /// Guest registers host registers hold (`jit/regs.rs`), here and at
+    /// the last [`Emitter::retry_point`].
+    regs: regs::Regs,
+    retry_regs: regs::Regs,
+    /// Where a loop to the block's own start goes; whether the flags are
+    /// in r15 there (else in `state.rflags`, or dead); the guest registers
+    /// host registers hold there, and those held where the code first
+    /// loops back (see [`translate`]).
+    loop_top: CodeLabel,
+    loop_live: bool,
+    preload: regs::Regs,
+    loop_seen: Option<regs::Regs>,
 }
 
 impl Emitter {
@@ -725,6 +841,13 @@ impl Emitter {
 
     /// `acc = gpr[idx]` at `size` (a 32-bit load zero-extends into rax).
     fn load(&mut self, reg: [Register; 4], idx: u8, size: Size) -> Result<(), NotTranslated> {
+        if reg == ACC && size == Size::B8 && self.acc_holds(idx) {
+            // rax was just written to that register (and copied from).
+            return Ok(());
+        }
+        if let Some(h) = self.cached_reg(idx, size) {
+            return self.add(Instruction::with2(MOV_R_RM[si(size)], reg[si(size)], h));
+        }
         let m = self.g(idx);
         self.add(Instruction::with2(MOV_R_RM[si(size)], reg[si(size)], m))
     }
@@ -742,7 +865,8 @@ impl Emitter {
             Size::B4 | Size::B8 => Code::Mov_rm64_r64,
             s => MOV_RM_R[si(s)],
         };
-        self.add(Instruction::with2(code, m, r))
+        self.add(Instruction::with2(code, m, r))?;
+        self.remember_acc(idx, size)
     }
 
     /// `state.rip = ip` (clobbers rcx).
@@ -810,9 +934,6 @@ impl Emitter {
         self.a.test(ecx, slow_arg::FULL as i32)?;
         self.a.jne(full)?;
         self.a.mov(rdx, rax)?;
-        if saved {
-            self.capture_saved(af_clear)?;
-        }
         self.a.mov(rdi, rbx)?;
         self.a.mov(rsi, r12)?;
         self.a.movzx(ecx, word_ptr(rsp))?;
@@ -820,10 +941,20 @@ impl Emitter {
         self.a.call(rax)?;
         self.a.test(eax, eax)?;
         self.a.jne(not_retry)?;
+        // Probe again: the fill reads no arithmetic flag, so those saved
+        // in r15 stay there (written back only on the ways below, where
+        // the interpreter runs the instruction or its fault pushes them).
         self.a.pop(rcx)?;
         self.a.ret()?;
         self.a.set_label(&mut not_retry)?;
-        self.a.cmp(eax, fill::FULL as i32)?;
+        if saved {
+            // (The answer in edx: the write-back clobbers rax and rcx.)
+            self.a.mov(edx, eax)?;
+            self.capture_saved(af_clear)?;
+            self.a.cmp(edx, fill::FULL as i32)?;
+        } else {
+            self.a.cmp(eax, fill::FULL as i32)?;
+        }
         self.a.je(run)?;
         // The fault: instruction k did not complete.
         self.a.mov(eax, dword_ptr(rsp))?;
