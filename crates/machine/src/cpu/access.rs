@@ -107,13 +107,11 @@ impl Cpu {
     }
 
     /// Brings the first-level TLB up to the TLB's removals and the mode
-    /// epoch
-    /// (see `l1tlb`): before any probe or fill of its slots, and before
-    /// translated code reads them.
+    /// epoch (see `l1tlb`): before any probe or fill of its slots, and
+    /// before translated code reads them.
     #[inline(always)]
     pub(crate) fn sync_l1(&mut self) {
-        let (removals, mode_epoch) = (self.tlb.removals().count, self.mode_epoch);
-        if !self.l1.in_sync(removals, mode_epoch) {
+        if !self.l1_in_sync() {
             self.resync_l1();
         }
     }
@@ -127,7 +125,9 @@ impl Cpu {
         self.l1.resync(self.tlb.removals(), mode_epoch, context);
     }
 
-    /// Whether the first-level TLB is in sync (for debug checks).
+    /// Whether the first-level TLB is in sync with the TLB's removals and
+    /// the mode epoch.
+    #[inline(always)]
     fn l1_in_sync(&self) -> bool {
         self.l1.in_sync(self.tlb.removals().count, self.mode_epoch)
     }

@@ -34,11 +34,7 @@
 //! context: they are dropped with the slots when it changes.
 
 use crate::addr::Hpa;
-use crate::mmu::tlb::{LookupKey, Removals};
-
-/// The bits of a linear 4 KiB page number the TLB tags (48-bit linear
-/// addresses).
-const PAGE_TAG: u64 = (1 << 36) - 1;
+use crate::mmu::tlb::{LookupKey, Removals, PAGE_NUMBER_BITS};
 
 pub(crate) const SLOTS: usize = 64;
 /// Size of one slot (see [`Slot`]).
@@ -262,7 +258,7 @@ impl L1Tlb {
         let index = (vpn as usize + 1) & (SLOTS - 1);
         for class in self.slots.iter_mut() {
             let s = &mut class[index];
-            if s.page != 0 && s.page.wrapping_sub(1) & PAGE_TAG == vpn {
+            if s.page != 0 && s.page.wrapping_sub(1) & PAGE_NUMBER_BITS == vpn {
                 s.page = Slot::EMPTY.page;
                 s.jit_page = Slot::EMPTY.jit_page;
             }
@@ -480,12 +476,12 @@ mod tests {
             last_page: Some(vpn),
         };
         // A page sharing page 0's slot but not held: nothing goes.
-        l1.sync(removed((pages[1] >> 12) & PAGE_TAG, 2), 1, || CTX);
+        l1.sync(removed((pages[1] >> 12) & PAGE_NUMBER_BITS, 2), 1, || CTX);
         assert!((0..CLASSES)
             .step_by(2)
             .all(|c| l1.lookup(c, pages[0]).is_some()));
         // Page 0 leaves: its slots go (classes 0, 2, 4 hold it), the rest stay.
-        l1.sync(removed((pages[0] >> 12) & PAGE_TAG, 3), 1, || CTX);
+        l1.sync(removed((pages[0] >> 12) & PAGE_NUMBER_BITS, 3), 1, || CTX);
         for class in 0..CLASSES {
             let holds_0 = class % 2 == 0;
             assert!(l1.lookup(class, pages[0]).is_none(), "{class}");
@@ -493,12 +489,12 @@ mod tests {
             assert_eq!(l1.lookup(class, pages[3]), Some(Hpa(0x2000)), "{class}");
         }
         // The kernel-half page, by its 36-bit tag.
-        l1.sync(removed((high >> 12) & PAGE_TAG, 4), 1, || CTX);
+        l1.sync(removed((high >> 12) & PAGE_NUMBER_BITS, 4), 1, || CTX);
         assert!((0..CLASSES).all(|c| l1.lookup(c, high).is_none()));
         assert!((0..CLASSES).all(|c| l1.lookup(c, pages[3]).is_some()));
         // Two removals since the last sync: all go, even with a page named.
         fill_all(&mut l1, 4);
-        l1.sync(removed((pages[0] >> 12) & PAGE_TAG, 6), 1, || CTX);
+        l1.sync(removed((pages[0] >> 12) & PAGE_NUMBER_BITS, 6), 1, || CTX);
         assert!(l1.slots.iter().flatten().all(|s| s.page == 0));
         // One removal of a larger page (no page named): all go.
         fill_all(&mut l1, 6);

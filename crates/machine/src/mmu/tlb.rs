@@ -114,6 +114,10 @@ pub(crate) struct TlbFill {
     pub ept: Option<EptTranslation>,
 }
 
+/// The bits of a linear 4 KiB page number that a 4 KiB entry's tag holds
+/// (and [`Removals::last_page`] gives): 48-bit linear addresses.
+pub(crate) const PAGE_NUMBER_BITS: u64 = tag::VPN;
+
 /// Bits of [`Entry::tag`]. The tag holds everything a lookup must match
 /// except the EPTP, which is compared as a second word.
 mod tag {
@@ -623,6 +627,16 @@ impl Tlb {
         self.mark_invalid_ways(set, 1 << way);
     }
 
+    /// Drops the valid entry in way `way` of `set`, noting the removal
+    /// (see [`Removals`]).
+    #[inline]
+    fn remove(&mut self, set: usize, way: usize) {
+        let index = set * self.ways + way;
+        self.removals.note(&self.entries[index]);
+        self.entries[index] = Entry::INVALID;
+        self.mark_invalid(set, way);
+    }
+
     /// The ways of `set` in the bitmap `ways` no longer hold entries.
     #[inline]
     fn mark_invalid_ways(&mut self, set: usize, ways: u64) {
@@ -736,10 +750,7 @@ impl Tlb {
         match self.probe(key, va) {
             Found::Usable(hpa) => return Some(hpa),
             Found::Forbidden(set, way) => {
-                let index = set * self.ways + way;
-                self.removals.note(&self.entries[index]);
-                self.entries[index] = Entry::INVALID;
-                self.mark_invalid(set, way);
+                self.remove(set, way);
                 self.epoch += 1;
             }
             Found::Absent => {}
@@ -936,9 +947,7 @@ impl Tlb {
                 ways &= ways - 1;
                 let index = set * self.ways + way;
                 if self.entries[index].tag & tag::ADDRESS_MATCH == wanted {
-                    self.removals.note(&self.entries[index]);
-                    self.entries[index] = Entry::INVALID;
-                    self.mark_invalid(set, way);
+                    self.remove(set, way);
                 }
             }
         }
