@@ -617,6 +617,55 @@ fn segment_relative_operands_and_xchg_agree() {
 }
 
 #[test]
+fn swapgs_runs_natively_at_cpl0() {
+    // SWAPGS in translated kernel code exchanges the GS bases itself (no
+    // call-out), with dirty flags live across it and GS-relative accesses
+    // on both sides seeing the base of the moment.
+    let iterations = 300u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        // GS base = DATA + 0x1000, kernel GS base = DATA + 0x2000.
+        write_msr(a, 0xc000_0101, (DATA + 0x1000) as u32);
+        write_msr(a, 0xc000_0102, (DATA + 0x2000) as u32);
+        a.mov(rcx, iterations).unwrap();
+        a.xor(r9d, r9d).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(ebx, ecx).unwrap();
+        a.and(ebx, 0x3f).unwrap();
+        a.add(qword_ptr(rbx * 8).gs(), rcx).unwrap();
+        a.cmp(rcx, 150).unwrap();
+        a.swapgs().unwrap();
+        a.adc(r9, 0).unwrap();
+        a.sub(qword_ptr(rbx * 8 + 0x200).gs(), rcx).unwrap();
+        a.swapgs().unwrap();
+        a.swapgs().unwrap();
+        a.adc(qword_ptr(rbx * 8 + 0x400).gs(), r9).unwrap();
+        a.dec(rcx).unwrap();
+        a.jnz(top).unwrap();
+        // The bases as they ended (swapped an odd number of times per
+        // iteration), read back.
+        a.mov(ecx, 0xc000_0102u32).unwrap();
+        a.rdmsr().unwrap();
+        a.mov(r10d, eax).unwrap();
+        a.mov(ecx, 0xc000_0101u32).unwrap();
+        a.rdmsr().unwrap();
+        a.mov(r11d, eax).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // 300 iterations swap three times each: an even count of iterations
+    // leaves the bases where they started.
+    assert_eq!(o.gpr[10] as u64, DATA + 0x2000);
+    assert_eq!(o.gpr[11] as u64, DATA + 0x1000);
+    assert_eq!(o.gpr[9], 149, "CF of the compare survives SWAPGS");
+    // Three SWAPGS per iteration, none of them a call-out (the MSR
+    // accesses and first-level TLB misses are).
+    let bound = 40;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+#[test]
 fn memory_divides_pushes_and_tests_agree() {
     // DIV/IDIV by a 32/64-bit memory operand (inline read; #DE and the
     // IDIV call-out cases as for registers), PUSH of memory (RSP-relative

@@ -394,6 +394,9 @@ impl Cpu {
             locked_cost: self.costs.locked,
             fs_base: off(&self.state.fs.base as *const u64 as usize),
             gs_base: off(&self.state.gs.base as *const u64 as usize),
+            kernel_gs_base: off(&self.state.kernel_gs_base as *const u64 as usize),
+            cs_selector: off(&self.state.cs.selector as *const u16 as usize),
+            check_events: off(&self.check_events as *const bool as usize),
         }
     }
 

@@ -9,7 +9,7 @@
 //! or in r15.
 
 use super::*;
-use iced_x86::code_asm::{ah, al, cl, r15d};
+use iced_x86::code_asm::{ah, al, ax, cl, r15d};
 
 impl Emitter {
     /// Writes the host's arithmetic flags into `state.rflags` (clobbers
@@ -18,8 +18,13 @@ impl Emitter {
     /// in it become the new ones (AF clear after a logic operation, whose
     /// host AF is undefined).
     pub(super) fn capture(&mut self, af_clear: bool) -> Result<(), NotTranslated> {
-        self.a.pushfq()?;
-        self.a.pop(rax)?;
+        // AH = SF ZF AF PF CF (LAHF), AL = OF << 3 (SETO, shifted), then
+        // AX rotated to OF in bit 11 and the others in bits 7:0: no PUSHF,
+        // which the host runs far slower.
+        self.a.lahf()?;
+        self.a.seto(al)?;
+        self.a.shl(al, 3)?;
+        self.a.ror(ax, 8)?;
         if af_clear {
             self.a.and(eax, (ARITH & !AF) as i32)?;
         }

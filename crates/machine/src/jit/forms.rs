@@ -898,6 +898,29 @@ impl Emitter {
         self.end_inline(k, slow, &mut cont, false)
     }
 
+    /// SWAPGS (in code translated for CPL 0-2): the GS base and
+    /// IA32_KERNEL_GS_BASE exchanged in the `Cpu`, as `Cpu::exec_swapgs`
+    /// does. It touches nothing else the guest sees: no flag, register or
+    /// cycle beyond the block's instruction cost, and not the first-level
+    /// TLB (the GS base is not in its lookup-key context). Through the
+    /// interpreter when that would do more: at CPL 1 or 2 (#GP), or with
+    /// `check_events` set, where the interpreter leaves the block after a
+    /// system instruction.
+    pub(super) fn swapgs(&mut self, k: usize) -> Result<(), NotTranslated> {
+        let o = self.o;
+        let (slow, mut cont) = self.begin_inline()?;
+        // 64-bit code runs in protected mode: the CPL is CS.RPL.
+        self.a.test(word_ptr(rbx + o.cs_selector), 3)?;
+        self.a.jne(slow)?;
+        self.a.cmp(byte_ptr(rbx + o.check_events), 0)?;
+        self.a.jne(slow)?;
+        self.a.mov(rax, qword_ptr(rbx + o.gs_base))?;
+        self.a.mov(rcx, qword_ptr(rbx + o.kernel_gs_base))?;
+        self.a.mov(qword_ptr(rbx + o.gs_base), rcx)?;
+        self.a.mov(qword_ptr(rbx + o.kernel_gs_base), rax)?;
+        self.end_inline(k, slow, &mut cont, false)
+    }
+
     /// One-operand MUL/IMUL by a register: rdx:rax = rax * src, CF and OF
     /// from the host (set when the high half is significant), SF ZF AF PF
     /// left as they were (the interpreter's choice), the multiply cost

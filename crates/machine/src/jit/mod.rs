@@ -50,7 +50,7 @@ use codes::*;
 
 use crate::alu::{BinOp, ShiftOp, Size};
 use crate::cpu::code_cache::Block;
-use crate::cpu::fast::{Fast, MemOp, Op, NONE_REG};
+use crate::cpu::fast::{Fast, MemOp, Op, SystemOp, NONE_REG};
 use crate::cpu::l1tlb::{SLOTS, SLOT_BYTES, SLOT_HOST_DELTA, SLOT_HPA, SLOT_JIT_PAGE};
 use forms::extra_form;
 use iced_x86::code_asm::{
@@ -176,6 +176,13 @@ pub(crate) struct Offsets {
     /// The FS and GS bases (IA32_FS_BASE, IA32_GS_BASE).
     pub fs_base: i32,
     pub gs_base: i32,
+    /// IA32_KERNEL_GS_BASE (what SWAPGS exchanges with the GS base).
+    pub kernel_gs_base: i32,
+    /// The CS selector (its low two bits are the CPL in 64-bit code).
+    pub cs_selector: i32,
+    /// `Cpu::check_events` (a `bool`): set, the interpreter leaves the
+    /// block after a system instruction.
+    pub check_events: i32,
 }
 
 /// Slots of the chaining table.
@@ -561,6 +568,7 @@ fn translate_with(
                 ended = true;
                 break;
             }
+            Fast::System(SystemOp::Swapgs) if !user => e.swapgs(k)?,
             f if is_native(&f) => e.native(k, &f)?,
             f if is_inline_memory(&f) => e.inline_memory(k, &f, op.next_ip, call_exit)?,
             _ => match extra_form(op) {
