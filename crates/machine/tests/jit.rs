@@ -666,6 +666,59 @@ fn swapgs_runs_natively_at_cpl0() {
 }
 
 #[test]
+fn stack_runs_agree() {
+    // Runs of PUSHes and POPs (one first-level probe for the whole run
+    // when it lies in one page; one by one otherwise): the stack walks
+    // over a page boundary, so some runs cross it (one by one) and the
+    // first runs miss the first-level TLB (filled one by one); a value on
+    // the stack is changed between the runs. Then a run of POPs that
+    // reaches an unmapped page takes its #PF at the right POP.
+    let iterations = 120u64;
+    let pushed = [
+        rax, rbx, rcx, rdx, rbp, rsi, rdi, r8, r9, r10, r11, r12, r13, r14, r15,
+    ];
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(rcx, iterations).unwrap();
+        a.mov(rbx, 0x0123_4567_89ab_cdefu64).unwrap();
+        a.mov(r9, 3u64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(eax, ecx).unwrap();
+        a.and(eax, 31).unwrap();
+        a.lea(rsp, qword_ptr(rax * 8 + (DATA + 0x2000 - 0x40)))
+            .unwrap();
+        for r in pushed {
+            a.push(r).unwrap();
+        }
+        a.add(r8, rcx).unwrap();
+        a.imul_2(r9, r8).unwrap();
+        a.mov(qword_ptr(rsp + 8), r9).unwrap();
+        for r in pushed.iter().rev() {
+            a.pop(*r).unwrap();
+        }
+        a.xor(rbx, r14).unwrap();
+        a.push(rbx).unwrap();
+        a.push(r9).unwrap();
+        a.pop(r10).unwrap();
+        a.pop(r11).unwrap();
+        a.dec(rcx).unwrap();
+        a.jnz(top).unwrap();
+        // Two POPs from mapped memory, the third at the first unmapped
+        // byte (the rig maps MEM bytes).
+        a.mov(rsp, MEM - 0x10).unwrap();
+        a.pop(rax).unwrap();
+        a.pop(rdx).unwrap();
+        a.pop(rsi).unwrap();
+        a.pop(rdi).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[15], HANDLER_MARK + 14, "the third POP's #PF");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    assert!(stats.blocks_translated > 0, "{stats:?}");
+}
+
+#[test]
 fn memory_divides_pushes_and_tests_agree() {
     // DIV/IDIV by a 32/64-bit memory operand (inline read; #DE and the
     // IDIV call-out cases as for registers), PUSH of memory (RSP-relative

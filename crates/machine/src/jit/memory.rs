@@ -422,4 +422,115 @@ impl Emitter {
         });
         Ok(())
     }
+
+    /// A run of `ops` (from [`stack_run`]: consecutive PUSHes or POPs of
+    /// registers other than RSP), the first being instruction `k`, with
+    /// one probe of the first-level TLB for the whole stack range it
+    /// touches: where that range lies in one page the slot serves (for
+    /// writing: not a frame holding code), every access of the run would
+    /// hit the same slot one by one, and hits change nothing, so the
+    /// values move with no further check. Otherwise the run's instructions
+    /// as they are translated one by one (each with its own probe and slow
+    /// path). Both ways meet with the host flags where they were and no
+    /// guest register in a host register.
+    pub(super) fn stack_run(
+        &mut self,
+        k: usize,
+        ops: &[Op],
+        call_exit: CodeLabel,
+    ) -> Result<(), NotTranslated> {
+        let n = ops.len();
+        let push = matches!(ops[0].fast, Fast::Push { .. });
+        let span = 8 * n as i32;
+        self.save_flags()?;
+        let (flags_state, regs) = (self.flags_state(), self.regs);
+        let mut fallback = self.a.create_label();
+        let mut done = self.a.create_label();
+        let class = (push as usize) * 2 + self.user as usize;
+        let c = (class * SLOTS * SLOT_BYTES) as i32;
+        // rax = the lowest address of the range: RSP after the run for
+        // pushes, before it for pops.
+        self.load(ACC, 4, Size::B8)?;
+        if push {
+            self.a.lea(rax, qword_ptr(rax - span))?;
+        }
+        self.probe_l1(c, span - 1, fallback)?;
+        if push {
+            self.a
+                .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HPA as i32)))?;
+            self.a.shr(rdx, 12)?;
+            self.a.add(rdx, qword_ptr(r14 + ENV_CODE_FRAMES))?;
+            self.a.cmp(byte_ptr(rdx), 0)?;
+            self.a.jne(fallback)?;
+        }
+        self.a
+            .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HOST_DELTA as i32)))?;
+        self.a.add(rdx, rax)?;
+        for (i, op) in ops.iter().enumerate() {
+            match op.fast {
+                Fast::Push { src } => {
+                    // The i-th push stores at RSP - 8 (i + 1).
+                    self.load(SEC, src, Size::B8)?;
+                    let at = 8 * (n - 1 - i) as i32;
+                    self.a.mov(qword_ptr(rdx + at), rcx)?;
+                }
+                Fast::Pop { dst } => {
+                    self.a.mov(rcx, qword_ptr(rdx + 8 * i as i32))?;
+                    let g = self.g(dst);
+                    self.add(Instruction::with2(Code::Mov_rm64_r64, g, Register::RCX))?;
+                    self.forget_reg(dst);
+                }
+                _ => return Err(NotTranslated::Unsupported("not a stack run")),
+            }
+        }
+        if !push {
+            self.a.lea(rax, qword_ptr(rax + span))?;
+        }
+        self.store_acc(4, Size::B8)?;
+        self.a.jmp(done)?;
+        // One by one, from the state the run started in.
+        self.a.set_label(&mut fallback)?;
+        self.a.zero_bytes()?;
+        self.regs = regs;
+        for (i, op) in ops.iter().enumerate() {
+            self.inline_memory(k + i, &op.fast, op.next_ip, call_exit)?;
+        }
+        debug_assert_eq!(self.flags_state(), flags_state);
+        self.a.set_label(&mut done)?;
+        self.a.zero_bytes()?;
+        // (Write-through: forgetting what host registers hold is exact.)
+        self.regs_on();
+        Ok(())
+    }
+
+    /// Where the emitter has the guest flags (`host_valid`, `dirty`,
+    /// `saved`, `af_clear`).
+    fn flags_state(&self) -> (bool, bool, bool, bool) {
+        (self.host_valid, self.dirty, self.saved, self.af_clear)
+    }
+}
+
+/// The length of the run of stack instructions [`Emitter::stack_run`]
+/// takes at the start of `ops`: consecutive PUSHes (or POPs) of 64-bit
+/// registers other than RSP, at most 16; 0 when fewer than two.
+pub(super) fn stack_run(ops: &[Op]) -> usize {
+    let push = match ops.first().map(|op| op.fast) {
+        Some(Fast::Push { .. }) => true,
+        Some(Fast::Pop { .. }) => false,
+        _ => return 0,
+    };
+    let n = ops
+        .iter()
+        .take(16)
+        .take_while(|op| match op.fast {
+            Fast::Push { src } => push && src & 15 != 4,
+            Fast::Pop { dst } => !push && dst & 15 != 4,
+            _ => false,
+        })
+        .count();
+    if n >= 2 {
+        n
+    } else {
+        0
+    }
 }

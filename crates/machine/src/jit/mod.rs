@@ -529,7 +529,14 @@ fn translate_with(
     e.loop_top = loop_top;
     let mut ended = false;
     let live = flags::flags_live_after(&block.insns);
+    // Instructions a stack run (`Emitter::stack_run`) took with the one
+    // before.
+    let mut skip = 0;
     for (k, op) in block.insns.iter().enumerate() {
+        if skip > 0 {
+            skip -= 1;
+            continue;
+        }
         e.flags_dead = !live[k];
         // Guest registers in host registers (`jit/regs.rs`) for the forms
         // that keep the cache exact; the others run with it empty and off.
@@ -541,6 +548,12 @@ fn translate_with(
         };
         if !cached {
             e.regs_off();
+        }
+        let run = memory::stack_run(&block.insns[k..]);
+        if run > 0 {
+            e.stack_run(k, &block.insns[k..k + run], call_exit)?;
+            skip = run - 1;
+            continue;
         }
         match op.fast {
             Fast::Jmp { target } => {
