@@ -656,8 +656,8 @@ fn swapgs_runs_natively_at_cpl0() {
     assert_eq!(stats.blocks_failed, 0, "{stats:?}");
     // 300 iterations swap three times each: an even count of iterations
     // leaves the bases where they started.
-    assert_eq!(o.gpr[10] as u64, DATA + 0x2000);
-    assert_eq!(o.gpr[11] as u64, DATA + 0x1000);
+    assert_eq!(o.gpr[10], DATA + 0x2000);
+    assert_eq!(o.gpr[11], DATA + 0x1000);
     assert_eq!(o.gpr[9], 149, "CF of the compare survives SWAPGS");
     // Three SWAPGS per iteration, none of them a call-out (the MSR
     // accesses and first-level TLB misses are).
