@@ -845,9 +845,9 @@ fn chaining_exits_fetch_after_mode_changes_and_privilege_switches() {
     // kernel path, INVLPG of the next page (its entry leaves the TLB, so
     // its first-level slots go) and a jump there: that jump's chaining exit
     // misses the first-level iTLB, so the fetch is made from the exit
-    // (`Cpu::jit_chain_fetch`). (SYSCALL and SYSRET themselves ask for an
-    // event check, which the run loop makes, and change the privilege,
-    // which stops chaining.) The user code then jumps to an unmapped page:
+    // (`Cpu::jit_chain_fetch`). (SYSCALL goes on into the kernel through
+    // that fetch too; SYSRET asks for an event check, which the run loop
+    // makes.) The user code then jumps to an unmapped page:
     // the fetch from a chaining exit takes the #PF as the run loop's would.
     let rounds = 200u32;
     let (o, stats) = both(|a| {
@@ -919,6 +919,72 @@ fn chaining_exits_fetch_after_mode_changes_and_privilege_switches() {
         "{} < {bound}",
         stats.chain_fetches
     );
+}
+
+#[test]
+fn syscalls_chain_into_the_kernel_through_the_fetch() {
+    // SYSCALL changes the privilege and asks for no event check (IF can
+    // only be cleared): translated code goes on into the kernel's entry
+    // block through `Cpu::jit_chain_fetch` (the fetch at the new
+    // privilege), not back through the run loop. SYSRET (IF set again)
+    // returns to the run loop for its event check.
+    let rounds = 300u32;
+    let (o, stats) = both(|a| {
+        let mut entry = a.create_label();
+        let mut user = a.create_label();
+        let mut uloop = a.create_label();
+        // EFER.SCE; STAR: SYSCALL to CS 0x08, SYSRET to CS 0x23 / SS 0x1b;
+        // LSTAR = entry; FMASK clears IF.
+        a.mov(ecx, 0xc000_0080u32).unwrap();
+        a.rdmsr().unwrap();
+        a.or(eax, 1).unwrap();
+        a.wrmsr().unwrap();
+        a.mov(ecx, 0xc000_0081u32).unwrap();
+        a.xor(eax, eax).unwrap();
+        a.mov(edx, 0x0013_0008u32).unwrap();
+        a.wrmsr().unwrap();
+        a.mov(ecx, 0xc000_0082u32).unwrap();
+        a.lea(rax, ptr(entry)).unwrap();
+        a.mov(rdx, rax).unwrap();
+        a.shr(rdx, 32).unwrap();
+        a.wrmsr().unwrap();
+        write_msr(a, 0xc000_0084, 0x200);
+        // To ring 3 with IF set.
+        a.lea(rcx, ptr(user)).unwrap();
+        a.mov(r11d, 0x202u32).unwrap();
+        a.sysretq().unwrap();
+        a.set_label(&mut user).unwrap();
+        a.mov(r12d, rounds).unwrap();
+        a.set_label(&mut uloop).unwrap();
+        a.add(rbx, r12).unwrap();
+        a.syscall().unwrap();
+        a.imul_2(rbx, rbx).unwrap();
+        a.dec(r12d).unwrap();
+        a.jnz(uloop).unwrap();
+        a.syscall().unwrap();
+        // The kernel: count, and halt after the last round.
+        a.set_label(&mut entry).unwrap();
+        a.add(r13, rcx).unwrap();
+        a.pushfq().unwrap();
+        a.pop(r14).unwrap();
+        let mut back = a.create_label();
+        a.test(r12d, r12d).unwrap();
+        a.jnz(back).unwrap();
+        a.hlt().unwrap();
+        a.set_label(&mut back).unwrap();
+        a.sysretq().unwrap();
+    });
+    assert_eq!(o.gpr[12], 0, "every round ran");
+    assert_eq!(o.gpr[14] & 0x200, 0, "FMASK cleared IF in the kernel");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Every SYSCALL but the first few (before the blocks are translated).
+    let bound = rounds as u64 - 10;
+    assert!(
+        stats.chain_fetches >= bound,
+        "{} < {bound}",
+        stats.chain_fetches
+    );
+    assert_eq!(o.exit, VmExit::Hlt);
 }
 
 /// One stop of [`run_stepped`]: the exit, cycles, instructions, state

@@ -257,6 +257,13 @@ pub struct Cpu {
     /// at before the next block (events, a store into code, an IPI, a mode
     /// change...). One compare per chained block covers all of them.
     jit_deadline: u64,
+    /// While translated code runs: the run loop's cycle limit (what
+    /// `jit_deadline` is recomputed from after an event check made for a
+    /// chaining exit, `Cpu::jit_chain_fetch`).
+    jit_cycle_limit: u64,
+    /// The VM exit an event check made for a chaining exit ended in
+    /// (status `FETCH_EXIT`).
+    jit_exit: Option<VmExit>,
     /// The RIP of the block translated code ended in (its chaining-table
     /// slot): the block it was started with unless it chained on.
     jit_chain_rip: u64,
@@ -324,6 +331,8 @@ impl Cpu {
             jit_stats: Default::default(),
             jit_profile: crate::jit::profile::CallOutProfile::from_env(),
             jit_deadline: 0,
+            jit_cycle_limit: 0,
+            jit_exit: None,
             jit_entered: Vec::new(),
             jit_fetched: false,
             jit_chain_rip: 0,

@@ -1064,7 +1064,10 @@ impl Cpu {
             attr: seg_attr::DATA_KERNEL,
         };
         self.next_rip = s.lstar;
-        self.check_events = true;
+        // No event check: RFLAGS.IF can only be cleared here (FMASK), so
+        // nothing becomes deliverable that was not before (as POPF, which
+        // asks for one only when IF changes; a timer coming due is the
+        // run loop's own check).
         Ok(())
     }
 

@@ -159,12 +159,21 @@ impl Cpu {
         } else {
             cycle_limit.min(self.next_timer_cycle)
         };
+        self.jit_cycle_limit = cycle_limit;
         self.jit_chain_rip = block.rip;
         let r = t.run(self, mem, block, &env);
         match r & 0xff {
             status::FETCHED => {
                 self.jit_entered.clear();
                 let step = self.run_fetched(mem, cycle_limit);
+                return (0, self.state.rip, step);
+            }
+            status::FETCH_EXIT => {
+                self.jit_entered.clear();
+                let step = match self.jit_exit.take() {
+                    Some(e) => Step::Exit(e),
+                    None => Step::Continue,
+                };
                 return (0, self.state.rip, step);
             }
             status::FETCH_FAULT => {
@@ -197,7 +206,9 @@ impl Cpu {
             return (0, self.state.rip, Step::Continue);
         };
         match r & 0xff {
-            status::LEAVE => (k + 1, self.next_rip, Step::Continue),
+            // (`LEAVE_FETCH` never gets here: the generated code turns it
+            // into `LEAVE` or goes on.)
+            status::LEAVE | status::LEAVE_FETCH => (k + 1, self.next_rip, Step::Continue),
             status::FAULT => match self.jit_fault.take() {
                 Some(f) => {
                     let step = self.fault_in_block(mem, op, f);
@@ -251,7 +262,6 @@ impl Cpu {
         // is the run loop's next step whatever the caller.)
         if self.jit_fetched
             || mtf
-            || self.check_events
             || self.code_written
             || self.pending_ipi.is_some()
             || self.state.interruptibility != 0
@@ -266,6 +276,36 @@ impl Cpu {
         self.stats.instructions += instructions;
         self.cycles += instructions * self.costs.instruction;
         self.state.rip = rip;
+        if self.check_events {
+            // The run loop would look at events first (a call-out asked,
+            // `jit_call_out`): the cycle limit is not reached (the
+            // deadline is below it), so `run_loop`'s event check.
+            if let Step::Exit(e) = self.check_events_now(mem) {
+                self.jit_exit = Some(e);
+                return CrossingEntry {
+                    entry: 0,
+                    block: status::FETCH_EXIT,
+                };
+            }
+            self.jit_deadline = self.jit_cycle_limit.min(self.next_timer_cycle);
+            if self.state.activity != super::Activity::Active {
+                // (The check does not stop the CPU; were it to, the run
+                // loop's own loop would take it from here.)
+                return CrossingEntry {
+                    entry: 0,
+                    block: status::FETCH_EXIT,
+                };
+            }
+            if self.check_events {
+                // An event was delivered (or is blocked): the run loop
+                // runs one instruction before it looks again, from the
+                // RIP the check left.
+                return CrossingEntry {
+                    entry: 0,
+                    block: status::FETCHED,
+                };
+            }
+        }
         let user = self.state.cpl() == 3;
         let hpa = match self.translate_fetch_after_miss(mem, rip, user) {
             Ok(hpa) => hpa,
@@ -428,19 +468,28 @@ impl Cpu {
         self.sync_l1();
         // Anything the run loop must look at before the next block stops
         // chaining (what it looks at itself: events, STI/MOV-SS blocking,
-        // activity, a store into code, an IPI), and so does a privilege or
-        // code-size change (SYSCALL, SYSRET, far transfers): the chaining
-        // exits probe the iTLB class of the block's own privilege and chain
-        // only to 64-bit blocks of it, and the first-level TLB keeps its
-        // slots across such a change. (Other mode changes that matter to
-        // the probes change the lookup-key context, which empties it.)
-        if self.check_events
-            || privilege != (self.state.cpl(), self.state.code_bits())
-            || self.state.interruptibility != 0
+        // activity, a store into code, an IPI).
+        if self.state.interruptibility != 0
             || self.state.activity != super::Activity::Active
             || self.code_written
             || self.pending_ipi.is_some()
         {
+            self.jit_deadline = 0;
+        } else if self.check_events || privilege != (self.state.cpl(), self.state.code_bits()) {
+            // A privilege or code-size change (SYSCALL, SYSRET, far
+            // transfers) must not chain through the inline exits: they
+            // probe the iTLB class of the block's own privilege and chain
+            // only to 64-bit blocks of it, and the first-level TLB keeps
+            // its slots across such a change. (Other mode changes that
+            // matter to the probes change the lookup-key context, which
+            // empties it.) So must a call-out that asks for an event check
+            // (SYSRET, IRET, POPF, STI...). A branch goes on through
+            // `jit_chain_fetch` instead, which makes the event check and
+            // the fetch at the new privilege as the run loop would;
+            // anything else stops chaining.
+            if s == status::LEAVE {
+                return status::LEAVE_FETCH | (k as u64) << 8;
+            }
             self.jit_deadline = 0;
         }
         if s == status::NEXT {

@@ -393,13 +393,27 @@ impl Emitter {
     /// to chain as after a native branch (the call-out has set
     /// `Cpu::jit_deadline` to 0 if the run loop must look at anything
     /// first); otherwise (a fault, a store into code) return the status.
+    ///
+    /// After a call-out that changed the privilege or the code size
+    /// (status `LEAVE_FETCH`), the fetch is `Cpu::jit_chain_fetch`'s, at the
+    /// new privilege (the way of a chaining exit whose iTLB probe missed).
     pub(super) fn call_exit(&mut self, epilogue: CodeLabel) -> Result<(), NotTranslated> {
+        let mut fetch = self.a.create_label();
         self.a.cmp(al, status::LEAVE as i32)?;
-        self.a.jne(epilogue)?;
+        self.a.jne(fetch)?;
         self.a.mov(rcx, rax)?;
         self.a.shr(rcx, 8)?;
         self.a.mov(rax, qword_ptr(rbx + self.o.next_rip))?;
         self.a.jmp(self.chain)?;
+        self.a.set_label(&mut fetch)?;
+        self.a.cmp(al, status::LEAVE_FETCH as i32)?;
+        self.a.jne(epilogue)?;
+        // r8 = this block's instructions (k + 1), rax = the RIP.
+        self.a.mov(r8, rax)?;
+        self.a.shr(r8, 8)?;
+        self.a.add(r8, 1)?;
+        self.a.mov(rax, qword_ptr(rbx + self.o.next_rip))?;
+        self.a.jmp(self.fetch_miss)?;
         Ok(())
     }
 

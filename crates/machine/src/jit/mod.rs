@@ -138,15 +138,30 @@ pub(crate) mod status {
     /// Instruction `k` completed and execution goes on after it (the end of
     /// the block, or a store into cached code).
     pub const NEXT_IP: u64 = 3;
-    /// A chaining exit made the run loop's next fetch for it
-    /// (`Cpu::jit_chain_fetch`: this block's counts added, RIP and the
-    /// first-level iTLB set) but no translated block there can be jumped
-    /// to: the run loop runs the next block without its between-block
-    /// checks (made before the fetch).
+    /// A chaining exit made the run loop's next steps for it
+    /// (`Cpu::jit_chain_fetch`: this block's counts added, RIP set, the
+    /// between-block checks and the event check if one was asked for, and
+    /// the fetch unless that check left events to look at again after one
+    /// instruction), but no translated block there can be jumped to: the
+    /// run loop runs the next block (fetching it again is a first-level
+    /// iTLB hit, which changes nothing) without its between-block checks.
     pub const FETCHED: u64 = 4;
     /// That fetch faulted (the fault in `Cpu::jit_fault`), as the run
     /// loop's fetch would have.
     pub const FETCH_FAULT: u64 = 5;
+    /// Only from the per-instruction call-out, which generated code turns
+    /// into `LEAVE` or a chained block: instruction `k` completed, left the
+    /// block and changed the privilege or the code size (SYSCALL, SYSRET),
+    /// with nothing else for the run loop to look at; go on at
+    /// `Cpu::next_rip` through `Cpu::jit_chain_fetch` (which fetches at the
+    /// new privilege, as the run loop would), not through the inline iTLB
+    /// probe (which probes the class of the block's own privilege).
+    pub const LEAVE_FETCH: u64 = 6;
+    /// The event check `Cpu::jit_chain_fetch` made for a chaining exit
+    /// (as the run loop would have before the next block) ended in a VM
+    /// exit (in `Cpu::jit_exit`; none: the run loop goes on from the top
+    /// of its loop); this block's counts are in.
+    pub const FETCH_EXIT: u64 = 7;
 }
 
 /// Where the generated code finds the guest state: byte offsets from the
