@@ -987,6 +987,60 @@ fn syscalls_chain_into_the_kernel_through_the_fetch() {
     assert_eq!(o.exit, VmExit::Hlt);
 }
 
+#[test]
+fn events_after_sysret_are_checked_where_the_run_loop_would() {
+    // SYSRET to ring 3 with IF set asks for an event check; translated
+    // code makes it on its way on (`Cpu::jit_chain_fetch`). Bare, an
+    // external interrupt pending since the start is delivered there,
+    // before the first user instruction; in guest mode with
+    // interrupt-window exiting, the check ends in that VM exit. Both as
+    // the interpreter does.
+    let prog = |a: &mut CodeAssembler| {
+        let mut user = a.create_label();
+        a.lea(rcx, ptr(user)).unwrap();
+        a.mov(r11d, 0x202u32).unwrap();
+        a.mov(r13d, 5u32).unwrap();
+        a.sysretq().unwrap();
+        a.set_label(&mut user).unwrap();
+        a.mov(r13d, 9u32).unwrap();
+        a.mov(r14, qword_ptr(DATA)).unwrap();
+        // (HLT at ring 3 is #GP: the handler stops the run.)
+        a.hlt().unwrap();
+    };
+    for guest in [false, true] {
+        let make = || {
+            let mut r = rig(prog);
+            // EFER.SCE; STAR: SYSRET to CS 0x23 / SS 0x1b (set here: MSR
+            // accesses exit in guest mode).
+            let st = r.cpu.state_mut();
+            st.efer |= 1;
+            st.star = 0x0013_0008 << 32;
+            if guest {
+                r = r.guest(machine::VmxControls {
+                    interrupt_window_exiting: true,
+                    ..controls()
+                });
+            } else {
+                r.cpu.post_external_interrupt(0x30);
+            }
+            r
+        };
+        let (interp, _) = run_rig(Engine::Interp, 1, make());
+        let (jit, stats) = run_rig(Engine::Jit, 1, make());
+        assert_eq!(interp, jit, "guest mode: {guest}");
+        assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+        assert!(stats.chain_fetches >= 1, "{stats:?}");
+        // The user code never ran: the event came first.
+        assert_eq!(jit.gpr[13], 5, "guest mode: {guest}");
+        if guest {
+            assert_eq!(jit.exit, VmExit::InterruptWindow);
+        } else {
+            assert_eq!(jit.exit, VmExit::Hlt);
+            assert_eq!(jit.gpr[15], HANDLER_MARK + 0x30);
+        }
+    }
+}
+
 /// One stop of [`run_stepped`]: the exit, cycles, instructions, state
 /// digest (RFLAGS included) and RIP.
 type Stop = (VmExit, u64, u64, u64, u64);
