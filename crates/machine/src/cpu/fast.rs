@@ -1199,12 +1199,15 @@ impl Cpu {
     /// A [`Fast::System`] instruction: exactly what `exec` and
     /// `exec_system` do for it, without their dispatch (these run on every
     /// system call, and translated code calls out for each of them): the
-    /// mode epoch moved (as for every system instruction), then the
-    /// instruction. The lazy flags are already folded (SYSCALL saves
-    /// RFLAGS) and leaving the block is decided by `exec_generic`.
+    /// mode epoch moved when `exec_system` moves it
+    /// ([`Cpu::system_moves_mode`]), then the instruction. The lazy flags
+    /// are already folded (SYSCALL saves RFLAGS) and leaving the block is
+    /// decided by `exec_generic`.
     #[inline(never)]
     fn exec_fast_system(&mut self, insn: &Instruction, sys: SystemOp) -> Result<(), Fault> {
-        self.mode_epoch += 1;
+        if self.system_moves_mode(insn.mnemonic()) {
+            self.mode_epoch += 1;
+        }
         match sys {
             SystemOp::Swapgs => self.exec_swapgs(),
             SystemOp::Syscall => self.exec_syscall(insn),
@@ -1364,9 +1367,13 @@ mod tests {
         ];
         // Every combination of what the four look at: CPL, EFER.SCE,
         // CR4.TSD, RDTSC exiting, a canonical RCX or not, events already
-        // to check, lazy flags pending; random registers and MSRs.
+        // to check, lazy flags pending, CR4.SMAP and RFLAGS.AC (the mode
+        // epoch); random registers and MSRs.
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut seen = [0usize; 3];
+        // Runs that left the mode epoch alone, and runs that changed the
+        // lookup-key context (SYSCALL/SYSRET flipping AC under SMAP).
+        let (mut kept, mut context_moved) = (0usize, 0usize);
         for (bytes, sys) in forms {
             let op = decode_one(bytes, rip, 64);
             assert_eq!(op.fast, Fast::System(sys), "{sys:?}");
@@ -1374,7 +1381,7 @@ mod tests {
                 fast: Fast::Generic,
                 ..op.clone()
             };
-            for case in 0..128u32 {
+            for case in 0..512u32 {
                 let bit = |n: u32| case & (1 << n) != 0;
                 let r = [
                     xorshift(&mut seed),
@@ -1404,6 +1411,9 @@ mod tests {
                     if bit(2) {
                         st.cr4 |= cr4::TSD;
                     }
+                    if bit(7) {
+                        st.cr4 |= cr4::SMAP;
+                    }
                     st.gpr[1] = if bit(4) { r[0] } else { r[0] >> 17 };
                     st.gpr[11] = r[1];
                     st.gs.base = r[2];
@@ -1412,6 +1422,9 @@ mod tests {
                     st.lstar = r[2] >> 16;
                     st.fmask = r[0] & 0x3f_7fd5;
                     st.rflags = r[1] & (rflags::ARITH | rflags::DF | rflags::IF) | rflags::FIXED1;
+                    if bit(8) {
+                        st.rflags |= rflags::AC;
+                    }
                     cpu.check_events = bit(5);
                     if bit(6) {
                         // Flags pending from an ALU operation.
@@ -1423,6 +1436,7 @@ mod tests {
                 };
                 let mut fast = setup();
                 let mut reference = setup();
+                let (epoch, context) = (fast.mode_epoch, fast.key_context());
                 let got = fast.exec_op(&mem, &op);
                 let want = reference.exec_op(&mem, &generic);
                 let what = format!("{sys:?}, case {case:#b}");
@@ -1439,9 +1453,17 @@ mod tests {
                 assert_eq!(fast.check_events, reference.check_events, "{what}");
                 assert_eq!(fast.mode_epoch, reference.mode_epoch, "{what}");
                 assert_eq!(fast.code_written, reference.code_written, "{what}");
+                // What the epoch is for: the first-level TLB and its cached
+                // keys stay only while the lookup-key context is the same.
+                if fast.mode_epoch == epoch {
+                    assert_eq!(fast.key_context(), context, "{what}");
+                    kept += 1;
+                }
+                context_moved += usize::from(fast.key_context() != context);
             }
         }
         assert!(seen.iter().all(|&n| n > 20), "{seen:?}");
+        assert!(kept > 500 && context_moved > 20, "{kept} {context_moved}");
     }
 
     #[test]

@@ -83,10 +83,30 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
 }
 
 impl Cpu {
+    /// Whether system instruction `m` must move the mode epoch (before it
+    /// runs): whether it may change the first-level TLB's lookup-key
+    /// context (`Cpu::key_context`: CR0, CR4, EFER, RFLAGS.AC under
+    /// CR4.SMAP, the VPID, the EPTP). SWAPGS and RDTSC/RDTSCP change none
+    /// of it (nor does a VM exit they take: the hypervisor's changes move
+    /// the epoch themselves). SYSCALL and SYSRET change the privilege
+    /// (the first-level TLB keeps a class per privilege), CS, SS and
+    /// RFLAGS, of which the context holds only AC, and only while SMAP is
+    /// on. Every other system instruction moves it.
+    #[inline(always)]
+    pub(super) fn system_moves_mode(&self, m: M) -> bool {
+        match m {
+            M::Swapgs | M::Rdtsc | M::Rdtscp => false,
+            M::Syscall | M::Sysretq => self.state.cr4 & cr4::SMAP != 0,
+            _ => true,
+        }
+    }
+
     /// System instructions and anything `exec` does not know (#UD).
     pub(super) fn exec_system(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
         // System instructions may change what translations depend on.
-        self.mode_epoch += 1;
+        if self.system_moves_mode(i.mnemonic()) {
+            self.mode_epoch += 1;
+        }
         let cpl = self.state.cpl();
         match i.mnemonic() {
             M::Hlt => {
