@@ -205,6 +205,19 @@ pub enum SystemOp {
     Rdtsc,
 }
 
+impl SystemOp {
+    /// The instruction's mnemonic (known without a table lookup).
+    #[inline(always)]
+    fn mnemonic(self) -> M {
+        match self {
+            SystemOp::Swapgs => M::Swapgs,
+            SystemOp::Syscall => M::Syscall,
+            SystemOp::Sysretq => M::Sysretq,
+            SystemOp::Rdtsc => M::Rdtsc,
+        }
+    }
+}
+
 /// A decoded instruction with its fast form.
 #[derive(Debug, Clone)]
 pub struct Op {
@@ -1205,7 +1218,7 @@ impl Cpu {
     /// decided by `exec_generic`.
     #[inline(never)]
     fn exec_fast_system(&mut self, insn: &Instruction, sys: SystemOp) -> Result<(), Fault> {
-        if self.system_moves_mode(insn.mnemonic()) {
+        if self.system_moves_mode(sys.mnemonic()) {
             self.mode_epoch += 1;
         }
         match sys {
@@ -1377,6 +1390,7 @@ mod tests {
         for (bytes, sys) in forms {
             let op = decode_one(bytes, rip, 64);
             assert_eq!(op.fast, Fast::System(sys), "{sys:?}");
+            assert_eq!(sys.mnemonic(), op.insn.mnemonic(), "{sys:?}");
             let generic = Op {
                 fast: Fast::Generic,
                 ..op.clone()

@@ -879,27 +879,39 @@ impl Tlb {
     }
 
     /// Drops every entry for which `drop` is true, and recomputes the
-    /// splintered and large-entry summaries. Counts one flush. Visits only the valid
-    /// entries (through the `valid` bitmaps), so a flush costs in
-    /// proportion to what the TLB holds, not to its size.
+    /// splintered and large-entry summaries. Counts one flush. Visits only
+    /// the valid entries (through the `nonempty` and `valid` bitmaps), so a
+    /// flush costs in proportion to what the TLB holds, not to its size;
+    /// the bitmaps are read and written through slices taken once, and the
+    /// `nonempty` word once per 64 sets (a CR3 load's flush finds about one
+    /// entry in each set it visits).
     fn drop_where(&mut self, mut drop: impl FnMut(&Entry) -> bool) {
         self.stats.flushes += 1;
         self.epoch += 1;
+        let ways_per_set = self.ways;
+        let track_large = self.may_hold_large;
         let mut splinters = false;
         let mut large = 0;
         let mut any_dropped = false;
-        for word in 0..self.nonempty.len() {
-            let mut sets = self.nonempty[word];
+        let (entries, valid, large_ways) = (
+            &mut self.entries[..],
+            &mut self.valid[..],
+            &mut self.large[..],
+        );
+        for (word, nonempty) in self.nonempty.iter_mut().enumerate() {
+            let mut sets = *nonempty;
+            let mut emptied = 0u64;
             while sets != 0 {
-                let set = word * 64 + sets.trailing_zeros() as usize;
+                let bit = sets.trailing_zeros() as usize;
                 sets &= sets - 1;
-                let base = set * self.ways;
-                let mut ways = self.valid[set];
+                let set = word * 64 + bit;
+                let base = set * ways_per_set;
+                let mut ways = valid[set];
                 let mut dropped = 0;
                 while ways != 0 {
                     let way = ways.trailing_zeros() as usize;
                     ways &= ways - 1;
-                    let e = &mut self.entries[base + way];
+                    let e = &mut entries[base + way];
                     if drop(e) {
                         *e = Entry::INVALID;
                         dropped |= 1 << way;
@@ -908,13 +920,16 @@ impl Tlb {
                     }
                 }
                 if dropped != 0 {
-                    self.mark_invalid_ways(set, dropped);
+                    valid[set] &= !dropped;
+                    large_ways[set] &= !dropped;
+                    emptied |= u64::from(valid[set] == 0) << bit;
                     any_dropped = true;
                 }
-                if self.may_hold_large {
-                    large |= self.large[set];
+                if track_large {
+                    large |= large_ways[set];
                 }
             }
+            *nonempty &= !emptied;
         }
         self.may_hold_splinters = splinters;
         self.may_hold_large &= large != 0;
@@ -970,8 +985,9 @@ impl Tlb {
     /// and are kept. All paging-structure-cache entries of `vpid` go.
     pub fn flush_non_global(&mut self, vpid: u16) {
         self.psc.flush_vpid(vpid);
+        let paging_of_vpid = ((vpid as u64) << tag::VPID_SHIFT) | tag::PAGING;
         self.drop_where(|e| {
-            e.vpid() == vpid && e.tag & tag::PAGING != 0 && e.data & data::GLOBAL == 0
+            e.tag & (tag::VPID | tag::PAGING) == paging_of_vpid && e.data & data::GLOBAL == 0
         });
     }
 
