@@ -1481,6 +1481,76 @@ mod tests {
     }
 
     #[test]
+    fn moves_to_and_from_system_registers_move_the_mode_epoch_when_the_key_context_may_change() {
+        // MOV to and from CR0, CR3, CR4 and CR8, to DS and ES, from CR2, in
+        // ring 0 (bare and in guest mode), with random values: whenever the
+        // mode epoch stays, the lookup-key context must be the same (the
+        // first-level TLB and its cached keys are kept on that promise).
+        use super::super::code_cache::decode_one;
+        use super::super::state::{cr0, cr4};
+        use crate::vmx::VmxControls;
+        use iced_x86::code_asm::{self as asm, rax, CodeAssembler};
+        let mem = PhysMemory::new(1 << 20).unwrap();
+        let rip = 0x4000u64;
+        type Form = fn(&mut CodeAssembler);
+        let forms: [Form; 11] = [
+            |a| a.mov(asm::cr0, rax).unwrap(),
+            |a| a.mov(asm::cr3, rax).unwrap(),
+            |a| a.mov(asm::cr4, rax).unwrap(),
+            |a| a.mov(asm::cr8, rax).unwrap(),
+            |a| a.mov(rax, asm::cr0).unwrap(),
+            |a| a.mov(rax, asm::cr2).unwrap(),
+            |a| a.mov(rax, asm::cr3).unwrap(),
+            |a| a.mov(rax, asm::cr4).unwrap(),
+            |a| a.mov(asm::ds, rax).unwrap(),
+            |a| a.mov(asm::es, rax).unwrap(),
+            |a| a.mov(rax, asm::ds).unwrap(),
+        ];
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let (mut kept, mut moved, mut context_moved) = (0usize, 0usize, 0usize);
+        for (n, form) in forms.iter().enumerate() {
+            let mut a = CodeAssembler::new(64).unwrap();
+            form(&mut a);
+            let op = decode_one(&a.assemble(rip).unwrap(), rip, 64);
+            for case in 0..64u32 {
+                let r = xorshift(&mut seed);
+                let mut cpu = Cpu::new(super::super::CpuConfig::default());
+                if case & 1 != 0 {
+                    cpu.set_vmx(Some(VmxControls::default()));
+                }
+                let st = cpu.state_mut();
+                if case & 2 != 0 {
+                    st.cr4 |= cr4::SMAP;
+                }
+                if case & 4 != 0 {
+                    st.rflags |= rflags::AC;
+                }
+                let flips = [cr0::WP, 0, cr4::SMAP | cr4::SMEP, 0, cr4::TSD, cr4::PGE];
+                st.gpr[0] = match n {
+                    0 => st.cr0 ^ flips[(r % 2) as usize],
+                    1 => r & 0xff_ffff_f000,
+                    2 => st.cr4 ^ flips[2 + (r % 4) as usize],
+                    3 => r & 0xf,
+                    _ => 0,
+                };
+                let (epoch, context) = (cpu.mode_epoch, cpu.key_context());
+                let _ = cpu.exec_op(&mem, &op);
+                if cpu.mode_epoch == epoch {
+                    assert_eq!(cpu.key_context(), context, "form {n}, case {case}");
+                    kept += 1;
+                } else {
+                    moved += 1;
+                }
+                context_moved += usize::from(cpu.key_context() != context);
+            }
+        }
+        assert!(
+            kept > 400 && moved > 100 && context_moved > 50,
+            "{kept} {moved} {context_moved}"
+        );
+    }
+
+    #[test]
     fn fast_incdec_equals_reference_alu() {
         let mut s = 0x1234_5678_9abc_def1u64;
         let sizes = [Size::B1, Size::B2, Size::B4, Size::B8];

@@ -359,7 +359,6 @@ impl Cpu {
         mem: &PhysMemory,
         i: &Instruction,
     ) -> Result<(), Fault> {
-        self.mode_epoch += 1;
         let to = i.op0_kind() == OpKind::Register
             && (i.op0_register().is_cr()
                 || i.op0_register().is_segment_register()
@@ -369,6 +368,13 @@ impl Cpu {
         } else {
             i.op1_register()
         };
+        // Of what these move, the lookup-key context (`Cpu::key_context`)
+        // holds CR0 and CR4 only: CR3 is not in it (a CR3 load's flush
+        // empties the first-level TLB through the TLB's removals), nor are
+        // CR2, CR8, the debug and the segment registers.
+        if to && matches!(sys, Register::CR0 | Register::CR4) {
+            self.mode_epoch += 1;
+        }
         if sys.is_dr() {
             let gpr = if to {
                 i.op1_register()
@@ -414,14 +420,15 @@ impl Cpu {
     }
 
     fn mov_to_cr(&mut self, cr: u8, gpr: u8, value: u64) -> Result<(), Fault> {
-        let exit = Fault::exit(VmExit::CrAccess(CrAccess::MovTo { cr, gpr, value }));
+        // Made only when taken (a fault is boxed: no allocation per move).
+        let exit = || Fault::exit(VmExit::CrAccess(CrAccess::MovTo { cr, gpr, value }));
         let vpid = self.vpid();
         match cr {
             0 => {
                 let mut new = value;
                 if let Some(v) = self.vmx.as_deref() {
                     if (value ^ v.cr0_read_shadow) & v.cr0_guest_host_mask != 0 {
-                        return Err(exit);
+                        return Err(exit());
                     }
                     new =
                         (value & !v.cr0_guest_host_mask) | (self.state.cr0 & v.cr0_guest_host_mask);
@@ -478,7 +485,7 @@ impl Cpu {
                             .take(v.cr3_target_count)
                             .any(|&t| t == value)
                     {
-                        return Err(exit);
+                        return Err(exit());
                     }
                 }
                 if value >> crate::mmu::paging::MAX_PHYS_ADDR_BITS != 0 {
@@ -492,7 +499,7 @@ impl Cpu {
                 let mut new = value;
                 if let Some(v) = self.vmx.as_deref() {
                     if (value ^ v.cr4_read_shadow) & v.cr4_guest_host_mask != 0 {
-                        return Err(exit);
+                        return Err(exit());
                     }
                     new =
                         (value & !v.cr4_guest_host_mask) | (self.state.cr4 & v.cr4_guest_host_mask);
@@ -513,7 +520,7 @@ impl Cpu {
             }
             8 => {
                 if self.vmx.as_ref().is_some_and(|v| v.cr8_exiting) {
-                    return Err(exit);
+                    return Err(exit());
                 }
                 if value >> 4 != 0 {
                     return Err(gp(0));
