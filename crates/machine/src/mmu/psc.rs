@@ -137,11 +137,34 @@ impl<T: Copy> Sets<T> {
         !self.slots.is_empty()
     }
 
-    #[inline]
-    fn ways(&mut self, key: u64) -> (usize, &mut [Option<T>]) {
-        let set = (key ^ (key >> 17)) as usize & self.set_mask;
-        let w = PscConfig::WAYS;
-        (set, &mut self.slots[set * w..(set + 1) * w])
+    /// The set `key` maps to.
+    #[inline(always)]
+    fn set_of(&self, key: u64) -> usize {
+        (key ^ (key >> 17)) as usize & self.set_mask
+    }
+
+    /// The ways of `set` that hold an entry, as a bitmap (bit w = way w),
+    /// from `occupied` (a set's bits lie in one word).
+    #[inline(always)]
+    fn occupied_ways(&self, set: usize) -> u64 {
+        const _: () = assert!(64 % PscConfig::WAYS == 0);
+        let first = set * PscConfig::WAYS;
+        (self.occupied[first / 64] >> (first % 64)) & ((1 << PscConfig::WAYS) - 1)
+    }
+
+    /// The first of the occupied ways `ways` of `set` whose entry
+    /// `matches`, lowest way first.
+    #[inline(always)]
+    fn find_way(&self, set: usize, mut ways: u64, matches: impl Fn(&T) -> bool) -> Option<usize> {
+        let base = set * PscConfig::WAYS;
+        while ways != 0 {
+            let way = ways.trailing_zeros() as usize;
+            ways &= ways - 1;
+            if self.slots[base + way].as_ref().is_some_and(&matches) {
+                return Some(way);
+            }
+        }
+        None
     }
 
     /// The entry of `key`'s set that `matches`, if any.
@@ -150,7 +173,7 @@ impl<T: Copy> Sets<T> {
         if self.used == 0 {
             return None;
         }
-        let set = (key ^ (key >> 17)) as usize & self.set_mask;
+        let set = self.set_of(key);
         let w = PscConfig::WAYS;
         self.slots[set * w..(set + 1) * w]
             .iter()
@@ -158,16 +181,15 @@ impl<T: Copy> Sets<T> {
             .find(|v| matches(v))
     }
 
-    /// Puts `value` in the set of `key`: over the slot `same` picks, else a
-    /// free way, else the round-robin victim.
+    /// Puts `value` in the set of `key`: over the slot `same` picks, else
+    /// the first free way, else the round-robin victim.
     fn insert(&mut self, key: u64, value: T, same: impl Fn(&T) -> bool) {
-        let (set, ways) = self.ways(key);
-        let way = ways
-            .iter()
-            .position(|s| s.as_ref().is_some_and(&same))
-            .or_else(|| ways.iter().position(Option::is_none));
-        let way = match way {
+        let set = self.set_of(key);
+        let occupied = self.occupied_ways(set);
+        let free = !occupied & ((1 << PscConfig::WAYS) - 1);
+        let way = match self.find_way(set, occupied, same) {
             Some(w) => w,
+            None if free != 0 => free.trailing_zeros() as usize,
             None => {
                 let w = self.next[set] as usize;
                 self.next[set] = ((w + 1) % PscConfig::WAYS) as u8;
@@ -175,9 +197,8 @@ impl<T: Copy> Sets<T> {
             }
         };
         let slot = set * PscConfig::WAYS + way;
-        let was_free = self.slots[slot].is_none();
         self.slots[slot] = Some(value);
-        self.used += usize::from(was_free);
+        self.used += usize::from(occupied & (1 << way) == 0);
         self.occupied[slot / 64] |= 1 << (slot % 64);
     }
 
