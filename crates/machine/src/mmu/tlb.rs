@@ -507,6 +507,13 @@ impl Removals {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Misses [`Tlb::lookup_probe`] answered without probing, on this
+    /// thread (for tests: that they exercise the shortcut).
+    pub(crate) static EMPTY_SET_MISSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// A VPID-tagged translation lookaside buffer.
 #[derive(Clone)]
 pub struct Tlb {
@@ -541,6 +548,10 @@ pub struct Tlb {
     may_hold_large: bool,
     /// A splintered entry may be present (cleared by full scans).
     may_hold_splinters: bool,
+    /// For tests: every miss probes the sets (no empty-set shortcut in
+    /// [`Tlb::lookup_probe`]), to check that the shortcut answers the same.
+    #[cfg(test)]
+    pub(crate) full_probes: bool,
     stats: TlbStats,
     /// The paging-structure caches, invalidated with the TLB.
     pub(crate) psc: Psc,
@@ -587,6 +598,8 @@ impl Tlb {
                 (1u64 << config.ways) - 1
             },
             may_hold_splinters: false,
+            #[cfg(test)]
+            full_probes: false,
             stats: TlbStats::default(),
             psc: Psc::new(psc),
         }
@@ -744,9 +757,29 @@ impl Tlb {
 
     /// [`Self::lookup_keyed`] past the hint: the set of each page size
     /// that may hold the page, then on a hit that does not allow the
-    /// access the entry is dropped; a miss is counted.
+    /// access the entry is dropped; a miss is counted. When the page's
+    /// 4 KiB set is empty and no larger entry may be present (after a CR3
+    /// load's flush, the common miss), the probe cannot find anything: the
+    /// miss is counted here, without the probe's set-up.
     #[inline(never)]
     fn lookup_probe(&mut self, key: &LookupKey, va: u64) -> Option<Hpa> {
+        let set = ((va >> PageSize::Size4K.shift()) as usize) & self.set_mask;
+        #[cfg(test)]
+        let shortcut = !self.full_probes;
+        #[cfg(not(test))]
+        let shortcut = true;
+        if shortcut && !self.may_hold_large && self.valid[set] == 0 {
+            #[cfg(test)]
+            EMPTY_SET_MISSES.with(|n| n.set(n.get() + 1));
+            self.stats.misses += 1;
+            return None;
+        }
+        self.lookup_probe_sets(key, va)
+    }
+
+    /// [`Self::lookup_probe`] with the sets probed.
+    #[inline(never)]
+    fn lookup_probe_sets(&mut self, key: &LookupKey, va: u64) -> Option<Hpa> {
         match self.probe(key, va) {
             Found::Usable(hpa) => return Some(hpa),
             Found::Forbidden(set, way) => {
