@@ -352,6 +352,34 @@ pub struct Psc {
     upper: [Sets<Upper>; 3],
     gpa: Sets<GpaMapping>,
     stats: PscStats,
+    /// Host-side memo of the straight walk's last paging-structure mapping.
+    memo: StructureMemo,
+}
+
+/// The guest-physical mapping [`Psc::gpa_peek_structure`] last found, and
+/// a generation of the guest-physical mappings (moved by every change to
+/// them: a fill, an invalidation). While the generation is the one the memo
+/// was taken in, the mappings are as they were, so a probe for the memo's
+/// page and EPTP would find exactly the memo's mapping. Host-side
+/// bookkeeping, not part of the model: left out of `Debug` (which tests
+/// compare between a machine that uses it and one that does not).
+#[derive(Clone, Default)]
+struct StructureMemo {
+    generation: u64,
+    last: std::cell::Cell<Option<(u64, GpaMapping)>>,
+}
+
+impl std::fmt::Debug for StructureMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StructureMemo")
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Structure mappings [`Psc::gpa_peek_structure`] took from its memo,
+    /// on this thread (for tests: that they exercise it).
+    pub(crate) static STRUCTURE_MEMO_HITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 impl Psc {
@@ -365,6 +393,7 @@ impl Psc {
             ],
             gpa: Sets::new(config.gpa_entries),
             stats: PscStats::default(),
+            memo: StructureMemo::default(),
         }
     }
 
@@ -489,6 +518,46 @@ impl Psc {
     ) -> Option<EptTranslation> {
         let gfn = gpa.0 >> PageSize::Size4K.shift();
         let m = self.gpa.get(gfn, |m| m.gfn == gfn && m.eptp == eptp.0)?;
+        Self::mapping_translation(m, gpa, kind)
+    }
+
+    /// [`Self::gpa_peek`] for the paging structures of the straight walk
+    /// (`paging::walk_cached`), through a one-entry memo: consecutive
+    /// misses mostly read the same page directory, and the memo spares the
+    /// probe of its mapping's set (a cache miss on the host, usually).
+    /// The same answer as `gpa_peek` (see [`StructureMemo`]).
+    #[inline(always)]
+    pub(crate) fn gpa_peek_structure(
+        &self,
+        eptp: Eptp,
+        gpa: Gpa,
+        kind: super::AccessKind,
+    ) -> Option<EptTranslation> {
+        let gfn = gpa.0 >> PageSize::Size4K.shift();
+        match self.memo.last.get() {
+            Some((generation, m))
+                if generation == self.memo.generation && m.gfn == gfn && m.eptp == eptp.0 =>
+            {
+                #[cfg(test)]
+                STRUCTURE_MEMO_HITS.with(|n| n.set(n.get() + 1));
+                Self::mapping_translation(&m, gpa, kind)
+            }
+            _ => {
+                let m = self.gpa.get(gfn, |m| m.gfn == gfn && m.eptp == eptp.0)?;
+                self.memo.last.set(Some((self.memo.generation, *m)));
+                Self::mapping_translation(m, gpa, kind)
+            }
+        }
+    }
+
+    /// What mapping `m` (of `gpa`'s page) gives an access of `kind`: its
+    /// EPT translation if it allows the access with no flag to set.
+    #[inline(always)]
+    fn mapping_translation(
+        m: &GpaMapping,
+        gpa: Gpa,
+        kind: super::AccessKind,
+    ) -> Option<EptTranslation> {
         let usable = m.perms.allows(kind) && (kind != super::AccessKind::Write || m.dirty_recorded);
         if !usable {
             return None;
@@ -508,6 +577,7 @@ impl Psc {
         }
         let gfn = gpa.0 >> PageSize::Size4K.shift();
         let eptp = eptp.0;
+        self.memo.generation += 1;
         self.gpa.insert(
             gfn,
             GpaMapping {
@@ -534,6 +604,7 @@ impl Psc {
         }
         if let (Some(gpa), Some(eptp)) = (ept_gpa, ctx.ept) {
             let gfn = gpa.0 >> PageSize::Size4K.shift();
+            self.memo.generation += 1;
             self.gpa.retain(|m| !(m.gfn == gfn && m.eptp == eptp.0));
         }
     }
@@ -562,10 +633,12 @@ impl Psc {
                 let root = eptp.pml4().0;
                 let same = move |raw: u64| raw != 0 && Eptp(raw).pml4().0 == root;
                 self.retain_upper(|e| !same(e.tag.eptp));
+                self.memo.generation += 1;
                 self.gpa.retain(|m| !same(m.eptp));
             }
             InveptKind::Global => {
                 self.retain_upper(|e| e.tag.eptp == 0);
+                self.memo.generation += 1;
                 self.gpa.retain(|_| false);
             }
         }
@@ -574,6 +647,7 @@ impl Psc {
     /// Everything.
     pub(crate) fn flush_all(&mut self) {
         self.retain_upper(|_| false);
+        self.memo.generation += 1;
         self.gpa.retain(|_| false);
     }
 }
