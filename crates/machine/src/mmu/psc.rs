@@ -516,9 +516,14 @@ impl Psc {
         gpa: Gpa,
         kind: super::AccessKind,
     ) -> Option<EptTranslation> {
-        let gfn = gpa.0 >> PageSize::Size4K.shift();
-        let m = self.gpa.get(gfn, |m| m.gfn == gfn && m.eptp == eptp.0)?;
+        let m = self.mapping(eptp, gpa.0 >> PageSize::Size4K.shift())?;
         Self::mapping_translation(m, gpa, kind)
+    }
+
+    /// The cached mapping of guest-physical page `gfn` under `eptp`.
+    #[inline(always)]
+    fn mapping(&self, eptp: Eptp, gfn: u64) -> Option<&GpaMapping> {
+        self.gpa.get(gfn, |m| m.gfn == gfn && m.eptp == eptp.0)
     }
 
     /// [`Self::gpa_peek`] for the paging structures of the straight walk
@@ -543,7 +548,7 @@ impl Psc {
                 Self::mapping_translation(&m, gpa, kind)
             }
             _ => {
-                let m = self.gpa.get(gfn, |m| m.gfn == gfn && m.eptp == eptp.0)?;
+                let m = self.mapping(eptp, gfn)?;
                 self.memo.last.set(Some((self.memo.generation, *m)));
                 Self::mapping_translation(m, gpa, kind)
             }
