@@ -840,8 +840,8 @@ fn first_level_fills_from_4k_tlb_entries_agree() {
 #[test]
 fn chaining_exits_fetch_after_mode_changes_and_privilege_switches() {
     // SYSCALL/SYSRET round trips between ring 3 and ring 0, with SWAPGS
-    // and RDTSC (system instructions: each moves the mode epoch, which
-    // keeps the first-level TLB: the lookup-key context stays) and, in the
+    // and RDTSC (system instructions that change nothing the first-level
+    // TLB depends on: it keeps its slots) and, in the
     // kernel path, INVLPG of the next page (its entry leaves the TLB, so
     // its first-level slots go) and a jump there: that jump's chaining exit
     // misses the first-level iTLB, so the fetch is made from the exit
@@ -1084,10 +1084,11 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
     // into slices by odd cycle limits stop on those back edges (the
     // deadline compare), where RFLAGS must be the interpreter's: after
     // SHR (AF as the interpreter leaves it) and after TEST (AF clear).
-    // The RDTSC loop sets and clears RFLAGS.AC every iteration (STAC,
-    // CLAC: the lookup-key context changes, which empties the first-level
-    // TLB), so its back edge's iTLB probe misses and the fetch is made
-    // from the exit with the flags written back first. A loop whose
+    // The RDTSC loop runs with CR4.SMAP on and sets and clears RFLAGS.AC
+    // every iteration (STAC, CLAC: under SMAP the lookup-key context
+    // changes, which empties the first-level TLB; without SMAP AC is not
+    // part of it), so its back edge's iTLB probe misses and the fetch is
+    // made from the exit with the flags written back first. A loop whose
     // flags are live at entry (ADC first) takes the back edge that writes
     // them back.
     let prog = |a: &mut CodeAssembler| {
@@ -1114,8 +1115,13 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
         a.sub(rbx, 1).unwrap();
         a.test(rbx, rbx).unwrap();
         a.jnz(l2).unwrap();
-        // RDTSC, STAC and CLAC: call-outs; the last two empty the
-        // first-level TLB (and do not end the block, as INVLPG would).
+        // RDTSC, STAC and CLAC: call-outs; under SMAP the last two empty
+        // the first-level TLB (and do not end the block, as INVLPG would).
+        // The loop makes no data access (the pages are user pages, which
+        // SMAP forbids to supervisor accesses with AC clear).
+        a.mov(r14, cr4).unwrap();
+        a.bts(r14, 21).unwrap();
+        a.mov(cr4, r14).unwrap();
         a.mov(ebx, 300u32).unwrap();
         a.set_label(&mut l3).unwrap();
         a.xor(r8d, 0x55).unwrap();
@@ -1126,6 +1132,8 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
         a.add(r10, r8).unwrap();
         a.dec(ebx).unwrap();
         a.jnz(l3).unwrap();
+        a.btr(r14, 21).unwrap();
+        a.mov(cr4, r14).unwrap();
         // Flags live at entry.
         a.mov(ebx, 500u32).unwrap();
         a.set_label(&mut l4).unwrap();
@@ -1174,9 +1182,8 @@ fn gs_bases(a: &mut CodeAssembler, base: u64) {
 fn memory_forms_without_fast_forms_fill_the_first_level() {
     // XCHG with memory (every size), PUSH of memory (flat and GS-relative),
     // TEST of memory, CALL and JMP through memory, each after a
-    // SWAPGS (a system instruction: it moves the mode epoch, which empties
-    // the first-level TLB), so that each access misses the first level and
-    // is filled from the TLB (the fill thunk); after a CR3 reload (the TLB
+    // SWAPGS (a call-out; since session 13 it keeps the first-level TLB,
+    // so most of these accesses hit it); after a CR3 reload (the TLB
     // emptied) the fills walk (the Rust fill). The forms must run in
     // generated code after their fill: the call-outs are the system
     // instructions only.
@@ -1255,8 +1262,9 @@ fn memory_forms_without_fast_forms_fill_the_first_level() {
 
 #[test]
 fn memory_forms_fault_precisely_after_a_fill() {
-    // Each form after a SWAPGS (the first level emptied), on pages walking
-    // up to the end of the mapped memory: the fourth iteration's access is
+    // Each form after a SWAPGS (a call-out), on pages walking (each new
+    // page misses the first level) up to the end of the mapped memory: the
+    // fourth iteration's access is
     // on an unmapped page (or crosses into it), so the fill's walk (or the
     // interpreter's, for a crossing access) takes the #PF, which must be
     // delivered at the instruction (RIP in the frame, on a stack inside

@@ -8,7 +8,7 @@
 //! EPT violations and misconfigurations.
 
 use super::l1tlb::KeyContext;
-use super::state::rflags;
+use super::state::{cr4, rflags};
 use super::{vector, Cpu, Fault, FaultKind};
 use crate::addr::{Gva, Hpa};
 use crate::alu::Size;
@@ -133,14 +133,16 @@ impl Cpu {
     }
 
     /// What the TLB lookup keys ([`Self::lookup_key`]) are computed from
-    /// now.
-    fn key_context(&self) -> KeyContext {
+    /// now. RFLAGS.AC counts only while CR4.SMAP is on (the keys read it
+    /// only then, `mmu::tlb::permit_masks`): STAC, CLAC and POPF without
+    /// SMAP keep the first-level TLB.
+    pub(super) fn key_context(&self) -> KeyContext {
         let regs = self.paging_regs(false);
         KeyContext {
             cr0: regs.cr0,
             cr4: regs.cr4,
             efer: regs.efer,
-            rflags_ac: regs.rflags_ac,
+            rflags_ac: regs.rflags_ac && regs.cr4 & cr4::SMAP != 0,
             vpid: self.vpid(),
             eptp: self.vmx.as_deref().and_then(|v| v.ept).map(|e| e.0),
         }

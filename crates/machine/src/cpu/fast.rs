@@ -205,6 +205,19 @@ pub enum SystemOp {
     Rdtsc,
 }
 
+impl SystemOp {
+    /// The instruction's mnemonic (known without a table lookup).
+    #[inline(always)]
+    fn mnemonic(self) -> M {
+        match self {
+            SystemOp::Swapgs => M::Swapgs,
+            SystemOp::Syscall => M::Syscall,
+            SystemOp::Sysretq => M::Sysretq,
+            SystemOp::Rdtsc => M::Rdtsc,
+        }
+    }
+}
+
 /// A decoded instruction with its fast form.
 #[derive(Debug, Clone)]
 pub struct Op {
@@ -1199,12 +1212,15 @@ impl Cpu {
     /// A [`Fast::System`] instruction: exactly what `exec` and
     /// `exec_system` do for it, without their dispatch (these run on every
     /// system call, and translated code calls out for each of them): the
-    /// mode epoch moved (as for every system instruction), then the
-    /// instruction. The lazy flags are already folded (SYSCALL saves
-    /// RFLAGS) and leaving the block is decided by `exec_generic`.
+    /// mode epoch moved when `exec_system` moves it
+    /// ([`Cpu::system_moves_mode`]), then the instruction. The lazy flags
+    /// are already folded (SYSCALL saves RFLAGS) and leaving the block is
+    /// decided by `exec_generic`.
     #[inline(never)]
     fn exec_fast_system(&mut self, insn: &Instruction, sys: SystemOp) -> Result<(), Fault> {
-        self.mode_epoch += 1;
+        if self.system_moves_mode(sys.mnemonic()) {
+            self.mode_epoch += 1;
+        }
         match sys {
             SystemOp::Swapgs => self.exec_swapgs(),
             SystemOp::Syscall => self.exec_syscall(insn),
@@ -1364,17 +1380,22 @@ mod tests {
         ];
         // Every combination of what the four look at: CPL, EFER.SCE,
         // CR4.TSD, RDTSC exiting, a canonical RCX or not, events already
-        // to check, lazy flags pending; random registers and MSRs.
+        // to check, lazy flags pending, CR4.SMAP and RFLAGS.AC (the mode
+        // epoch); random registers and MSRs.
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut seen = [0usize; 3];
+        // Runs that left the mode epoch alone, and runs that changed the
+        // lookup-key context (SYSCALL/SYSRET flipping AC under SMAP).
+        let (mut kept, mut context_moved) = (0usize, 0usize);
         for (bytes, sys) in forms {
             let op = decode_one(bytes, rip, 64);
             assert_eq!(op.fast, Fast::System(sys), "{sys:?}");
+            assert_eq!(sys.mnemonic(), op.insn.mnemonic(), "{sys:?}");
             let generic = Op {
                 fast: Fast::Generic,
                 ..op.clone()
             };
-            for case in 0..128u32 {
+            for case in 0..512u32 {
                 let bit = |n: u32| case & (1 << n) != 0;
                 let r = [
                     xorshift(&mut seed),
@@ -1404,6 +1425,9 @@ mod tests {
                     if bit(2) {
                         st.cr4 |= cr4::TSD;
                     }
+                    if bit(7) {
+                        st.cr4 |= cr4::SMAP;
+                    }
                     st.gpr[1] = if bit(4) { r[0] } else { r[0] >> 17 };
                     st.gpr[11] = r[1];
                     st.gs.base = r[2];
@@ -1412,6 +1436,9 @@ mod tests {
                     st.lstar = r[2] >> 16;
                     st.fmask = r[0] & 0x3f_7fd5;
                     st.rflags = r[1] & (rflags::ARITH | rflags::DF | rflags::IF) | rflags::FIXED1;
+                    if bit(8) {
+                        st.rflags |= rflags::AC;
+                    }
                     cpu.check_events = bit(5);
                     if bit(6) {
                         // Flags pending from an ALU operation.
@@ -1423,6 +1450,7 @@ mod tests {
                 };
                 let mut fast = setup();
                 let mut reference = setup();
+                let (epoch, context) = (fast.mode_epoch, fast.key_context());
                 let got = fast.exec_op(&mem, &op);
                 let want = reference.exec_op(&mem, &generic);
                 let what = format!("{sys:?}, case {case:#b}");
@@ -1439,9 +1467,87 @@ mod tests {
                 assert_eq!(fast.check_events, reference.check_events, "{what}");
                 assert_eq!(fast.mode_epoch, reference.mode_epoch, "{what}");
                 assert_eq!(fast.code_written, reference.code_written, "{what}");
+                // What the epoch is for: the first-level TLB and its cached
+                // keys stay only while the lookup-key context is the same.
+                if fast.mode_epoch == epoch {
+                    assert_eq!(fast.key_context(), context, "{what}");
+                    kept += 1;
+                }
+                context_moved += usize::from(fast.key_context() != context);
             }
         }
         assert!(seen.iter().all(|&n| n > 20), "{seen:?}");
+        assert!(kept > 500 && context_moved > 20, "{kept} {context_moved}");
+    }
+
+    #[test]
+    fn moves_to_and_from_system_registers_move_the_mode_epoch_when_the_key_context_may_change() {
+        // MOV to and from CR0, CR3, CR4 and CR8, to DS and ES, from CR2, in
+        // ring 0 (bare and in guest mode), with random values: whenever the
+        // mode epoch stays, the lookup-key context must be the same (the
+        // first-level TLB and its cached keys are kept on that promise).
+        use super::super::code_cache::decode_one;
+        use super::super::state::{cr0, cr4};
+        use crate::vmx::VmxControls;
+        use iced_x86::code_asm::{self as asm, rax, CodeAssembler};
+        let mem = PhysMemory::new(1 << 20).unwrap();
+        let rip = 0x4000u64;
+        type Form = fn(&mut CodeAssembler);
+        let forms: [Form; 11] = [
+            |a| a.mov(asm::cr0, rax).unwrap(),
+            |a| a.mov(asm::cr3, rax).unwrap(),
+            |a| a.mov(asm::cr4, rax).unwrap(),
+            |a| a.mov(asm::cr8, rax).unwrap(),
+            |a| a.mov(rax, asm::cr0).unwrap(),
+            |a| a.mov(rax, asm::cr2).unwrap(),
+            |a| a.mov(rax, asm::cr3).unwrap(),
+            |a| a.mov(rax, asm::cr4).unwrap(),
+            |a| a.mov(asm::ds, rax).unwrap(),
+            |a| a.mov(asm::es, rax).unwrap(),
+            |a| a.mov(rax, asm::ds).unwrap(),
+        ];
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let (mut kept, mut moved, mut context_moved) = (0usize, 0usize, 0usize);
+        for (n, form) in forms.iter().enumerate() {
+            let mut a = CodeAssembler::new(64).unwrap();
+            form(&mut a);
+            let op = decode_one(&a.assemble(rip).unwrap(), rip, 64);
+            for case in 0..64u32 {
+                let r = xorshift(&mut seed);
+                let mut cpu = Cpu::new(super::super::CpuConfig::default());
+                if case & 1 != 0 {
+                    cpu.set_vmx(Some(VmxControls::default()));
+                }
+                let st = cpu.state_mut();
+                if case & 2 != 0 {
+                    st.cr4 |= cr4::SMAP;
+                }
+                if case & 4 != 0 {
+                    st.rflags |= rflags::AC;
+                }
+                let flips = [cr0::WP, 0, cr4::SMAP | cr4::SMEP, 0, cr4::TSD, cr4::PGE];
+                st.gpr[0] = match n {
+                    0 => st.cr0 ^ flips[(r % 2) as usize],
+                    1 => r & 0xff_ffff_f000,
+                    2 => st.cr4 ^ flips[2 + (r % 4) as usize],
+                    3 => r & 0xf,
+                    _ => 0,
+                };
+                let (epoch, context) = (cpu.mode_epoch, cpu.key_context());
+                let _ = cpu.exec_op(&mem, &op);
+                if cpu.mode_epoch == epoch {
+                    assert_eq!(cpu.key_context(), context, "form {n}, case {case}");
+                    kept += 1;
+                } else {
+                    moved += 1;
+                }
+                context_moved += usize::from(cpu.key_context() != context);
+            }
+        }
+        assert!(
+            kept > 400 && moved > 100 && context_moved > 50,
+            "{kept} {moved} {context_moved}"
+        );
     }
 
     #[test]

@@ -5,16 +5,19 @@
 //!
 //! It is inclusive and never more permissive than the TLB behind it: a slot
 //! is good while the TLB entry it was filled from is in the TLB and the
-//! lookup-key context ([`KeyContext`]: CR0, CR4, EFER, RFLAGS.AC, the VPID
-//! and the EPTP) is the one it was filled under. So it loses:
+//! lookup-key context ([`KeyContext`]: CR0, CR4, EFER, RFLAGS.AC while
+//! CR4.SMAP is on, the VPID and the EPTP) is the one it was filled under.
+//! So it loses:
 //! - the slots of a page whose 4 KiB entry leaves the TLB (evicted by a
 //!   fill, replaced, or invalidated alone: INVLPG);
 //! - all its slots when more leaves the TLB (a flush, a CR3 load without
 //!   PCID, INVLPG of a larger page) or the key context changes.
 //!
 //! A fill into a free way, a privilege change (the slots are per privilege
-//! class), a CR3 load that finds no non-global entry, SWAPGS or RDTSC leave
-//! it as it was, as they leave a hardware L1 TLB. Hits here do not update
+//! class), a CR3 load that finds no non-global entry, SWAPGS, RDTSC, and
+//! STAC/CLAC without SMAP leave it as it was, as they leave a hardware L1
+//! TLB. (SWAPGS, RDTSC, and SYSCALL/SYSRET without SMAP do not even move
+//! the mode epoch: `Cpu::system_moves_mode`.) Hits here do not update
 //! the replacement state of the TLB, exactly as L1 hits do not reach the
 //! STLB on hardware. (Until session 13 it was emptied on every TLB fill
 //! and every mode move: a different, coarser model with other virtual
@@ -103,7 +106,7 @@ pub(crate) struct L1Tlb {
 pub(crate) struct Book {
     /// The TLB lookup key of each class under the current mode, once
     /// computed: it depends only on what the mode epoch covers (paging
-    /// registers, RFLAGS.AC, VPID, EPTP), so it is dropped when that epoch
+    /// registers, RFLAGS.AC under SMAP, VPID, EPTP), so it is dropped when that epoch
     /// moves. Translated code's first-level fill reads the data classes'
     /// (the first [`DATA_CLASSES`]); the interpreter's misses and fetches
     /// use all.
@@ -119,8 +122,9 @@ pub(crate) struct Book {
 
 /// Everything a TLB lookup key (`mmu::tlb::LookupKey::new`) is computed
 /// from besides the access: the paging controls it reads (CR0, CR4, EFER;
-/// not CR3, which the key does not depend on), RFLAGS.AC (SMAP), the VPID
-/// and the EPTP. Compared, not hashed: equal contexts give equal keys.
+/// not CR3, which the key does not depend on), RFLAGS.AC while CR4.SMAP is
+/// on (false otherwise: the key reads AC only for SMAP), the VPID and the
+/// EPTP. Compared, not hashed: equal contexts give equal keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct KeyContext {
     pub cr0: u64,

@@ -228,8 +228,9 @@ pub struct Cpu {
     pending_ipi: Option<crate::vmx::Ipi>,
     /// First-level TLB in front of `tlb` (see [`l1tlb`]).
     l1: l1tlb::L1Tlb,
-    /// Bumped whenever something translation permissions depend on may
-    /// have changed (CRs, EFER, CPL, RFLAGS.AC, VMX controls).
+    /// Bumped whenever the first-level TLB's lookup-key context
+    /// (`Cpu::key_context`: CR0, CR4, EFER, RFLAGS.AC under SMAP, VPID,
+    /// EPTP) may have changed; the next sync compares the context.
     mode_epoch: u64,
     /// Cycle of the next APIC timer expiry (`u64::MAX`: none), refreshed
     /// whenever events are checked (every APIC change requests a check).

@@ -83,10 +83,30 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
 }
 
 impl Cpu {
+    /// Whether system instruction `m` must move the mode epoch (before it
+    /// runs): whether it may change the first-level TLB's lookup-key
+    /// context (`Cpu::key_context`: CR0, CR4, EFER, RFLAGS.AC under
+    /// CR4.SMAP, the VPID, the EPTP). SWAPGS and RDTSC/RDTSCP change none
+    /// of it (nor does a VM exit they take: the hypervisor's changes move
+    /// the epoch themselves). SYSCALL and SYSRET change the privilege
+    /// (the first-level TLB keeps a class per privilege), CS, SS and
+    /// RFLAGS, of which the context holds only AC, and only while SMAP is
+    /// on. Every other system instruction moves it.
+    #[inline(always)]
+    pub(super) fn system_moves_mode(&self, m: M) -> bool {
+        match m {
+            M::Swapgs | M::Rdtsc | M::Rdtscp => false,
+            M::Syscall | M::Sysretq => self.state.cr4 & cr4::SMAP != 0,
+            _ => true,
+        }
+    }
+
     /// System instructions and anything `exec` does not know (#UD).
     pub(super) fn exec_system(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
         // System instructions may change what translations depend on.
-        self.mode_epoch += 1;
+        if self.system_moves_mode(i.mnemonic()) {
+            self.mode_epoch += 1;
+        }
         let cpl = self.state.cpl();
         match i.mnemonic() {
             M::Hlt => {
@@ -339,7 +359,6 @@ impl Cpu {
         mem: &PhysMemory,
         i: &Instruction,
     ) -> Result<(), Fault> {
-        self.mode_epoch += 1;
         let to = i.op0_kind() == OpKind::Register
             && (i.op0_register().is_cr()
                 || i.op0_register().is_segment_register()
@@ -349,6 +368,13 @@ impl Cpu {
         } else {
             i.op1_register()
         };
+        // Of what these move, the lookup-key context (`Cpu::key_context`)
+        // holds CR0 and CR4 only: CR3 is not in it (a CR3 load's flush
+        // empties the first-level TLB through the TLB's removals), nor are
+        // CR2, CR8, the debug and the segment registers.
+        if to && matches!(sys, Register::CR0 | Register::CR4) {
+            self.mode_epoch += 1;
+        }
         if sys.is_dr() {
             let gpr = if to {
                 i.op1_register()
@@ -394,14 +420,15 @@ impl Cpu {
     }
 
     fn mov_to_cr(&mut self, cr: u8, gpr: u8, value: u64) -> Result<(), Fault> {
-        let exit = Fault::exit(VmExit::CrAccess(CrAccess::MovTo { cr, gpr, value }));
+        // Made only when taken (a fault is boxed: no allocation per move).
+        let exit = || Fault::exit(VmExit::CrAccess(CrAccess::MovTo { cr, gpr, value }));
         let vpid = self.vpid();
         match cr {
             0 => {
                 let mut new = value;
                 if let Some(v) = self.vmx.as_deref() {
                     if (value ^ v.cr0_read_shadow) & v.cr0_guest_host_mask != 0 {
-                        return Err(exit);
+                        return Err(exit());
                     }
                     new =
                         (value & !v.cr0_guest_host_mask) | (self.state.cr0 & v.cr0_guest_host_mask);
@@ -458,7 +485,7 @@ impl Cpu {
                             .take(v.cr3_target_count)
                             .any(|&t| t == value)
                     {
-                        return Err(exit);
+                        return Err(exit());
                     }
                 }
                 if value >> crate::mmu::paging::MAX_PHYS_ADDR_BITS != 0 {
@@ -472,7 +499,7 @@ impl Cpu {
                 let mut new = value;
                 if let Some(v) = self.vmx.as_deref() {
                     if (value ^ v.cr4_read_shadow) & v.cr4_guest_host_mask != 0 {
-                        return Err(exit);
+                        return Err(exit());
                     }
                     new =
                         (value & !v.cr4_guest_host_mask) | (self.state.cr4 & v.cr4_guest_host_mask);
@@ -493,7 +520,7 @@ impl Cpu {
             }
             8 => {
                 if self.vmx.as_ref().is_some_and(|v| v.cr8_exiting) {
-                    return Err(exit);
+                    return Err(exit());
                 }
                 if value >> 4 != 0 {
                     return Err(gp(0));

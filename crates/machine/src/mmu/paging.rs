@@ -438,7 +438,7 @@ pub(crate) fn walk_cached(
         let entry_hpa = match ctx.ept {
             None => Hpa(entry_gpa.0),
             Some(eptp) => {
-                let t = psc.gpa_peek(eptp, entry_gpa, structure_kind)?;
+                let t = psc.gpa_peek_structure(eptp, entry_gpa, structure_kind)?;
                 gpa_hits += 1;
                 refs += super::psc::ept_walk_refs(t.page_size);
                 t.hpa

@@ -137,11 +137,34 @@ impl<T: Copy> Sets<T> {
         !self.slots.is_empty()
     }
 
-    #[inline]
-    fn ways(&mut self, key: u64) -> (usize, &mut [Option<T>]) {
-        let set = (key ^ (key >> 17)) as usize & self.set_mask;
-        let w = PscConfig::WAYS;
-        (set, &mut self.slots[set * w..(set + 1) * w])
+    /// The set `key` maps to.
+    #[inline(always)]
+    fn set_of(&self, key: u64) -> usize {
+        (key ^ (key >> 17)) as usize & self.set_mask
+    }
+
+    /// The ways of `set` that hold an entry, as a bitmap (bit w = way w),
+    /// from `occupied` (a set's bits lie in one word).
+    #[inline(always)]
+    fn occupied_ways(&self, set: usize) -> u64 {
+        const _: () = assert!(64 % PscConfig::WAYS == 0);
+        let first = set * PscConfig::WAYS;
+        (self.occupied[first / 64] >> (first % 64)) & ((1 << PscConfig::WAYS) - 1)
+    }
+
+    /// The first of the occupied ways `ways` of `set` whose entry
+    /// `matches`, lowest way first.
+    #[inline(always)]
+    fn find_way(&self, set: usize, mut ways: u64, matches: impl Fn(&T) -> bool) -> Option<usize> {
+        let base = set * PscConfig::WAYS;
+        while ways != 0 {
+            let way = ways.trailing_zeros() as usize;
+            ways &= ways - 1;
+            if self.slots[base + way].as_ref().is_some_and(&matches) {
+                return Some(way);
+            }
+        }
+        None
     }
 
     /// The entry of `key`'s set that `matches`, if any.
@@ -150,7 +173,7 @@ impl<T: Copy> Sets<T> {
         if self.used == 0 {
             return None;
         }
-        let set = (key ^ (key >> 17)) as usize & self.set_mask;
+        let set = self.set_of(key);
         let w = PscConfig::WAYS;
         self.slots[set * w..(set + 1) * w]
             .iter()
@@ -158,16 +181,15 @@ impl<T: Copy> Sets<T> {
             .find(|v| matches(v))
     }
 
-    /// Puts `value` in the set of `key`: over the slot `same` picks, else a
-    /// free way, else the round-robin victim.
+    /// Puts `value` in the set of `key`: over the slot `same` picks, else
+    /// the first free way, else the round-robin victim.
     fn insert(&mut self, key: u64, value: T, same: impl Fn(&T) -> bool) {
-        let (set, ways) = self.ways(key);
-        let way = ways
-            .iter()
-            .position(|s| s.as_ref().is_some_and(&same))
-            .or_else(|| ways.iter().position(Option::is_none));
-        let way = match way {
+        let set = self.set_of(key);
+        let occupied = self.occupied_ways(set);
+        let free = !occupied & ((1 << PscConfig::WAYS) - 1);
+        let way = match self.find_way(set, occupied, same) {
             Some(w) => w,
+            None if free != 0 => free.trailing_zeros() as usize,
             None => {
                 let w = self.next[set] as usize;
                 self.next[set] = ((w + 1) % PscConfig::WAYS) as u8;
@@ -175,9 +197,8 @@ impl<T: Copy> Sets<T> {
             }
         };
         let slot = set * PscConfig::WAYS + way;
-        let was_free = self.slots[slot].is_none();
         self.slots[slot] = Some(value);
-        self.used += usize::from(was_free);
+        self.used += usize::from(occupied & (1 << way) == 0);
         self.occupied[slot / 64] |= 1 << (slot % 64);
     }
 
@@ -331,6 +352,34 @@ pub struct Psc {
     upper: [Sets<Upper>; 3],
     gpa: Sets<GpaMapping>,
     stats: PscStats,
+    /// Host-side memo of the straight walk's last paging-structure mapping.
+    memo: StructureMemo,
+}
+
+/// The guest-physical mapping [`Psc::gpa_peek_structure`] last found, and
+/// a generation of the guest-physical mappings (moved by every change to
+/// them: a fill, an invalidation). While the generation is the one the memo
+/// was taken in, the mappings are as they were, so a probe for the memo's
+/// page and EPTP would find exactly the memo's mapping. Host-side
+/// bookkeeping, not part of the model: left out of `Debug` (which tests
+/// compare between a machine that uses it and one that does not).
+#[derive(Clone, Default)]
+struct StructureMemo {
+    generation: u64,
+    last: std::cell::Cell<Option<(u64, GpaMapping)>>,
+}
+
+impl std::fmt::Debug for StructureMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StructureMemo")
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Structure mappings [`Psc::gpa_peek_structure`] took from its memo,
+    /// on this thread (for tests: that they exercise it).
+    pub(crate) static STRUCTURE_MEMO_HITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 impl Psc {
@@ -344,6 +393,7 @@ impl Psc {
             ],
             gpa: Sets::new(config.gpa_entries),
             stats: PscStats::default(),
+            memo: StructureMemo::default(),
         }
     }
 
@@ -466,8 +516,53 @@ impl Psc {
         gpa: Gpa,
         kind: super::AccessKind,
     ) -> Option<EptTranslation> {
+        let m = self.mapping(eptp, gpa.0 >> PageSize::Size4K.shift())?;
+        Self::mapping_translation(m, gpa, kind)
+    }
+
+    /// The cached mapping of guest-physical page `gfn` under `eptp`.
+    #[inline(always)]
+    fn mapping(&self, eptp: Eptp, gfn: u64) -> Option<&GpaMapping> {
+        self.gpa.get(gfn, |m| m.gfn == gfn && m.eptp == eptp.0)
+    }
+
+    /// [`Self::gpa_peek`] for the paging structures of the straight walk
+    /// (`paging::walk_cached`), through a one-entry memo: consecutive
+    /// misses mostly read the same page directory, and the memo spares the
+    /// probe of its mapping's set (a cache miss on the host, usually).
+    /// The same answer as `gpa_peek` (see [`StructureMemo`]).
+    #[inline(always)]
+    pub(crate) fn gpa_peek_structure(
+        &self,
+        eptp: Eptp,
+        gpa: Gpa,
+        kind: super::AccessKind,
+    ) -> Option<EptTranslation> {
         let gfn = gpa.0 >> PageSize::Size4K.shift();
-        let m = self.gpa.get(gfn, |m| m.gfn == gfn && m.eptp == eptp.0)?;
+        match self.memo.last.get() {
+            Some((generation, m))
+                if generation == self.memo.generation && m.gfn == gfn && m.eptp == eptp.0 =>
+            {
+                #[cfg(test)]
+                STRUCTURE_MEMO_HITS.with(|n| n.set(n.get() + 1));
+                Self::mapping_translation(&m, gpa, kind)
+            }
+            _ => {
+                let m = self.mapping(eptp, gfn)?;
+                self.memo.last.set(Some((self.memo.generation, *m)));
+                Self::mapping_translation(m, gpa, kind)
+            }
+        }
+    }
+
+    /// What mapping `m` (of `gpa`'s page) gives an access of `kind`: its
+    /// EPT translation if it allows the access with no flag to set.
+    #[inline(always)]
+    fn mapping_translation(
+        m: &GpaMapping,
+        gpa: Gpa,
+        kind: super::AccessKind,
+    ) -> Option<EptTranslation> {
         let usable = m.perms.allows(kind) && (kind != super::AccessKind::Write || m.dirty_recorded);
         if !usable {
             return None;
@@ -487,6 +582,7 @@ impl Psc {
         }
         let gfn = gpa.0 >> PageSize::Size4K.shift();
         let eptp = eptp.0;
+        self.memo.generation += 1;
         self.gpa.insert(
             gfn,
             GpaMapping {
@@ -513,6 +609,7 @@ impl Psc {
         }
         if let (Some(gpa), Some(eptp)) = (ept_gpa, ctx.ept) {
             let gfn = gpa.0 >> PageSize::Size4K.shift();
+            self.memo.generation += 1;
             self.gpa.retain(|m| !(m.gfn == gfn && m.eptp == eptp.0));
         }
     }
@@ -541,10 +638,12 @@ impl Psc {
                 let root = eptp.pml4().0;
                 let same = move |raw: u64| raw != 0 && Eptp(raw).pml4().0 == root;
                 self.retain_upper(|e| !same(e.tag.eptp));
+                self.memo.generation += 1;
                 self.gpa.retain(|m| !same(m.eptp));
             }
             InveptKind::Global => {
                 self.retain_upper(|e| e.tag.eptp == 0);
+                self.memo.generation += 1;
                 self.gpa.retain(|_| false);
             }
         }
@@ -553,6 +652,7 @@ impl Psc {
     /// Everything.
     pub(crate) fn flush_all(&mut self) {
         self.retain_upper(|_| false);
+        self.memo.generation += 1;
         self.gpa.retain(|_| false);
     }
 }

@@ -396,3 +396,82 @@ fn the_caches_change_no_result_and_no_reference_count() {
         }
     }
 }
+
+/// The straight walk's memo of its last paging-structure mapping
+/// (`Psc::gpa_peek_structure`) answers exactly as a probe
+/// (`Psc::gpa_peek`) over random fills (new rights, host pages, dirty
+/// flags), INVEPT of either type, single-mapping drops after an EPT fault,
+/// and full flushes, for a few pages under two EPTPs.
+#[test]
+fn the_structure_memo_answers_as_a_probe() {
+    use super::ept::{EptPerms, EptTranslation};
+    use super::psc::Psc;
+    use crate::vmx::{Eptp, InveptKind};
+    let mut psc = Psc::new(PscConfig {
+        entries: 8,
+        gpa_entries: 16,
+    });
+    let m = TestMachine::new();
+    let eptps = [
+        Eptp::new(Hpa(0x10_0000), false),
+        Eptp::new(Hpa(0x20_0000), true),
+    ];
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let kinds = [AccessKind::Read, AccessKind::Write, AccessKind::Execute];
+    let (mut memo_answers, mut changes) = (0u64, 0u64);
+    for step in 0..40_000 {
+        let r = next();
+        let eptp = eptps[(r & 1) as usize];
+        // Eight pages, some sharing a set of the 16-entry cache.
+        let gpa = Gpa(((r >> 1) % 8) * 0x4_0000 + ((r >> 8) & 0xff8));
+        match (r >> 16) % 16 {
+            0..=3 => {
+                let t = EptTranslation {
+                    hpa: Hpa(0x100_0000 + ((r >> 20) % 64) * 0x1000),
+                    perms: EptPerms::from_bits((r >> 28) & 7),
+                    page_size: PageSize::Size4K,
+                    dirty_recorded: (r >> 31) & 1 == 1,
+                };
+                psc.gpa_fill(eptp, gpa, &t);
+                changes += 1;
+            }
+            4 => {
+                psc.invept(if (r >> 20) & 1 == 0 {
+                    InveptKind::Global
+                } else {
+                    InveptKind::SingleContext(eptp)
+                });
+                changes += 1;
+            }
+            5 => {
+                // An EPT fault at `gpa` drops its mapping.
+                let ctx = m.ctx(regs(0x1000), Some(eptp), VPID);
+                psc.fault(&ctx, 0x40_0000, Some(gpa));
+                changes += 1;
+            }
+            6 if (r >> 20) % 8 == 0 => {
+                psc.flush_all();
+                changes += 1;
+            }
+            _ => {
+                let kind = kinds[((r >> 20) % 3) as usize];
+                let probe = psc.gpa_peek(eptp, gpa, kind);
+                let memo = psc.gpa_peek_structure(eptp, gpa, kind);
+                assert_eq!(memo, probe, "step {step}: {gpa:?} {kind:?}");
+                let again = psc.gpa_peek_structure(eptp, gpa, kind);
+                assert_eq!(again, probe, "step {step}: {gpa:?} {kind:?} again");
+                memo_answers += u64::from(probe.is_some());
+            }
+        }
+    }
+    assert!(
+        memo_answers > 1000 && changes > 6000,
+        "{memo_answers} {changes}"
+    );
+}

@@ -1600,9 +1600,10 @@ fn odd_geometries_and_deterministic_replacement() {
     }
 }
 
-/// Host-side hints (and the hint every 4 KiB fill leaves) never change
-/// what the TLB answers: a TLB whose hints are wiped before every lookup
-/// gives the same results, walk references, counters, entries and
+/// Host-side hints (and the hint every 4 KiB fill leaves) and the
+/// empty-set shortcut of a miss never change what the TLB answers: a TLB
+/// whose hints are wiped before every lookup and whose misses always probe
+/// the sets gives the same results, walk references, counters, entries and
 /// replacement state over a long mixed run (4 KiB and 2 MiB pages, user and
 /// supervisor, reads, writes and fetches, permission changes, INVLPG and
 /// CR3-load flushes, evictions in a small TLB).
@@ -1649,6 +1650,8 @@ fn hints_never_change_what_the_tlb_answers() {
     };
     let mut hinted = Tlb::new(config);
     let mut plain = Tlb::new(config);
+    plain.full_probes = true;
+    let shortcuts_before = super::tlb::EMPTY_SET_MISSES.with(std::cell::Cell::get);
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
         seed ^= seed << 13;
@@ -1705,6 +1708,8 @@ fn hints_never_change_what_the_tlb_answers() {
         "and miss it: {:?}",
         hinted.stats()
     );
+    let shortcuts = super::tlb::EMPTY_SET_MISSES.with(std::cell::Cell::get) - shortcuts_before;
+    assert!(shortcuts > 100, "misses must find empty sets: {shortcuts}");
 }
 
 #[test]

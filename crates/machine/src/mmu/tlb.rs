@@ -507,6 +507,13 @@ impl Removals {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Misses [`Tlb::lookup_probe`] answered without probing, on this
+    /// thread (for tests: that they exercise the shortcut).
+    pub(crate) static EMPTY_SET_MISSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// A VPID-tagged translation lookaside buffer.
 #[derive(Clone)]
 pub struct Tlb {
@@ -541,6 +548,10 @@ pub struct Tlb {
     may_hold_large: bool,
     /// A splintered entry may be present (cleared by full scans).
     may_hold_splinters: bool,
+    /// For tests: every miss probes the sets (no empty-set shortcut in
+    /// [`Tlb::lookup_probe`]), to check that the shortcut answers the same.
+    #[cfg(test)]
+    pub(crate) full_probes: bool,
     stats: TlbStats,
     /// The paging-structure caches, invalidated with the TLB.
     pub(crate) psc: Psc,
@@ -587,6 +598,8 @@ impl Tlb {
                 (1u64 << config.ways) - 1
             },
             may_hold_splinters: false,
+            #[cfg(test)]
+            full_probes: false,
             stats: TlbStats::default(),
             psc: Psc::new(psc),
         }
@@ -744,9 +757,29 @@ impl Tlb {
 
     /// [`Self::lookup_keyed`] past the hint: the set of each page size
     /// that may hold the page, then on a hit that does not allow the
-    /// access the entry is dropped; a miss is counted.
+    /// access the entry is dropped; a miss is counted. When the page's
+    /// 4 KiB set is empty and no larger entry may be present (after a CR3
+    /// load's flush, the common miss), the probe cannot find anything: the
+    /// miss is counted here, without the probe's set-up.
     #[inline(never)]
     fn lookup_probe(&mut self, key: &LookupKey, va: u64) -> Option<Hpa> {
+        let set = ((va >> PageSize::Size4K.shift()) as usize) & self.set_mask;
+        #[cfg(test)]
+        let shortcut = !self.full_probes;
+        #[cfg(not(test))]
+        let shortcut = true;
+        if shortcut && !self.may_hold_large && self.valid[set] == 0 {
+            #[cfg(test)]
+            EMPTY_SET_MISSES.with(|n| n.set(n.get() + 1));
+            self.stats.misses += 1;
+            return None;
+        }
+        self.lookup_probe_sets(key, va)
+    }
+
+    /// [`Self::lookup_probe`] with the sets probed.
+    #[inline(never)]
+    fn lookup_probe_sets(&mut self, key: &LookupKey, va: u64) -> Option<Hpa> {
         match self.probe(key, va) {
             Found::Usable(hpa) => return Some(hpa),
             Found::Forbidden(set, way) => {
@@ -879,27 +912,39 @@ impl Tlb {
     }
 
     /// Drops every entry for which `drop` is true, and recomputes the
-    /// splintered and large-entry summaries. Counts one flush. Visits only the valid
-    /// entries (through the `valid` bitmaps), so a flush costs in
-    /// proportion to what the TLB holds, not to its size.
+    /// splintered and large-entry summaries. Counts one flush. Visits only
+    /// the valid entries (through the `nonempty` and `valid` bitmaps), so a
+    /// flush costs in proportion to what the TLB holds, not to its size;
+    /// the bitmaps are read and written through slices taken once, and the
+    /// `nonempty` word once per 64 sets (a CR3 load's flush finds about one
+    /// entry in each set it visits).
     fn drop_where(&mut self, mut drop: impl FnMut(&Entry) -> bool) {
         self.stats.flushes += 1;
         self.epoch += 1;
+        let ways_per_set = self.ways;
+        let track_large = self.may_hold_large;
         let mut splinters = false;
         let mut large = 0;
         let mut any_dropped = false;
-        for word in 0..self.nonempty.len() {
-            let mut sets = self.nonempty[word];
+        let (entries, valid, large_ways) = (
+            &mut self.entries[..],
+            &mut self.valid[..],
+            &mut self.large[..],
+        );
+        for (word, nonempty) in self.nonempty.iter_mut().enumerate() {
+            let mut sets = *nonempty;
+            let mut emptied = 0u64;
             while sets != 0 {
-                let set = word * 64 + sets.trailing_zeros() as usize;
+                let bit = sets.trailing_zeros() as usize;
                 sets &= sets - 1;
-                let base = set * self.ways;
-                let mut ways = self.valid[set];
+                let set = word * 64 + bit;
+                let base = set * ways_per_set;
+                let mut ways = valid[set];
                 let mut dropped = 0;
                 while ways != 0 {
                     let way = ways.trailing_zeros() as usize;
                     ways &= ways - 1;
-                    let e = &mut self.entries[base + way];
+                    let e = &mut entries[base + way];
                     if drop(e) {
                         *e = Entry::INVALID;
                         dropped |= 1 << way;
@@ -908,13 +953,16 @@ impl Tlb {
                     }
                 }
                 if dropped != 0 {
-                    self.mark_invalid_ways(set, dropped);
+                    valid[set] &= !dropped;
+                    large_ways[set] &= !dropped;
+                    emptied |= u64::from(valid[set] == 0) << bit;
                     any_dropped = true;
                 }
-                if self.may_hold_large {
-                    large |= self.large[set];
+                if track_large {
+                    large |= large_ways[set];
                 }
             }
+            *nonempty &= !emptied;
         }
         self.may_hold_splinters = splinters;
         self.may_hold_large &= large != 0;
@@ -970,8 +1018,9 @@ impl Tlb {
     /// and are kept. All paging-structure-cache entries of `vpid` go.
     pub fn flush_non_global(&mut self, vpid: u16) {
         self.psc.flush_vpid(vpid);
+        let paging_of_vpid = ((vpid as u64) << tag::VPID_SHIFT) | tag::PAGING;
         self.drop_where(|e| {
-            e.vpid() == vpid && e.tag & tag::PAGING != 0 && e.data & data::GLOBAL == 0
+            e.tag & (tag::VPID | tag::PAGING) == paging_of_vpid && e.data & data::GLOBAL == 0
         });
     }
 

@@ -206,6 +206,7 @@ fn run(seed: u64, ept: Option<bool>, pml: bool) {
     let mut cr0 = cr0::PE | cr0::PG | cr0::WP;
     let mut vpid = 1;
     let before = CACHED_MISSES.with(Cell::get);
+    let memo_before = super::psc::STRUCTURE_MEMO_HITS.with(Cell::get);
     let mut walks = 0;
     for step in 0..12_000 {
         let r = rand();
@@ -343,6 +344,13 @@ fn run(seed: u64, ept: Option<bool>, pml: bool) {
     assert!(
         cached > 500 && cached < walks,
         "both ways must be exercised: {cached} straight misses of {walks} walks"
+    );
+    // Under EPT the straight way reads its paging structures' mappings
+    // through the memo (`Psc::gpa_peek_structure`), the general way never.
+    let memo_hits = super::psc::STRUCTURE_MEMO_HITS.with(Cell::get) - memo_before;
+    assert!(
+        ept.is_none() || memo_hits > 100,
+        "the structure memo must be used: {memo_hits}"
     );
 }
 
