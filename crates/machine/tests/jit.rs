@@ -845,9 +845,9 @@ fn chaining_exits_fetch_after_mode_changes_and_privilege_switches() {
     // kernel path, INVLPG of the next page (its entry leaves the TLB, so
     // its first-level slots go) and a jump there: that jump's chaining exit
     // misses the first-level iTLB, so the fetch is made from the exit
-    // (`Cpu::jit_chain_fetch`). (SYSCALL goes on into the kernel through
-    // that fetch too; SYSRET asks for an event check, which the run loop
-    // makes.) The user code then jumps to an unmapped page:
+    // (`Cpu::jit_chain_fetch`). (SYSCALL and SYSRET go on through that
+    // fetch too, which makes the event check SYSRET asks for.) The user
+    // code then jumps to an unmapped page:
     // the fetch from a chaining exit takes the #PF as the run loop's would.
     let rounds = 200u32;
     let (o, stats) = both(|a| {
@@ -855,22 +855,7 @@ fn chaining_exits_fetch_after_mode_changes_and_privilege_switches() {
         let mut user = a.create_label();
         let mut uloop = a.create_label();
         let mut second = a.create_label();
-        // EFER.SCE; STAR: SYSCALL to CS 0x08, SYSRET to CS 0x23 / SS 0x1b;
-        // LSTAR = entry; FMASK = 0.
-        a.mov(ecx, 0xc000_0080u32).unwrap();
-        a.rdmsr().unwrap();
-        a.or(eax, 1).unwrap();
-        a.wrmsr().unwrap();
-        a.mov(ecx, 0xc000_0081u32).unwrap();
-        a.xor(eax, eax).unwrap();
-        a.mov(edx, 0x0013_0008u32).unwrap();
-        a.wrmsr().unwrap();
-        a.mov(ecx, 0xc000_0082u32).unwrap();
-        a.lea(rax, ptr(entry)).unwrap();
-        a.mov(rdx, rax).unwrap();
-        a.shr(rdx, 32).unwrap();
-        a.wrmsr().unwrap();
-        write_msr(a, 0xc000_0084, 0);
+        syscall_msrs(a, entry, 0);
         // Kernel GS base and GS base differ, so SWAPGS is seen.
         write_msr(a, 0xc000_0102, 0x5000);
         // To ring 3.
@@ -926,29 +911,15 @@ fn syscalls_chain_into_the_kernel_through_the_fetch() {
     // SYSCALL changes the privilege and asks for no event check (IF can
     // only be cleared): translated code goes on into the kernel's entry
     // block through `Cpu::jit_chain_fetch` (the fetch at the new
-    // privilege), not back through the run loop. SYSRET (IF set again)
-    // returns to the run loop for its event check.
+    // privilege), not back through the run loop; so does SYSRET (IF set
+    // again), whose event check that fetch makes.
     let rounds = 300u32;
     let (o, stats) = both(|a| {
         let mut entry = a.create_label();
         let mut user = a.create_label();
         let mut uloop = a.create_label();
-        // EFER.SCE; STAR: SYSCALL to CS 0x08, SYSRET to CS 0x23 / SS 0x1b;
-        // LSTAR = entry; FMASK clears IF.
-        a.mov(ecx, 0xc000_0080u32).unwrap();
-        a.rdmsr().unwrap();
-        a.or(eax, 1).unwrap();
-        a.wrmsr().unwrap();
-        a.mov(ecx, 0xc000_0081u32).unwrap();
-        a.xor(eax, eax).unwrap();
-        a.mov(edx, 0x0013_0008u32).unwrap();
-        a.wrmsr().unwrap();
-        a.mov(ecx, 0xc000_0082u32).unwrap();
-        a.lea(rax, ptr(entry)).unwrap();
-        a.mov(rdx, rax).unwrap();
-        a.shr(rdx, 32).unwrap();
-        a.wrmsr().unwrap();
-        write_msr(a, 0xc000_0084, 0x200);
+        // FMASK clears IF.
+        syscall_msrs(a, entry, 0x200);
         // To ring 3 with IF set.
         a.lea(rcx, ptr(user)).unwrap();
         a.mov(r11d, 0x202u32).unwrap();
@@ -1163,6 +1134,25 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
 }
 
 /// Sets MSR `msr` to `value` (below 4 GiB): WRMSR with EDX zero.
+/// EFER.SCE; STAR: SYSCALL to CS 0x08, SYSRET to CS 0x23 / SS 0x1b;
+/// LSTAR = `entry`; FMASK = `fmask`.
+fn syscall_msrs(a: &mut CodeAssembler, entry: CodeLabel, fmask: u32) {
+    a.mov(ecx, 0xc000_0080u32).unwrap();
+    a.rdmsr().unwrap();
+    a.or(eax, 1).unwrap();
+    a.wrmsr().unwrap();
+    a.mov(ecx, 0xc000_0081u32).unwrap();
+    a.xor(eax, eax).unwrap();
+    a.mov(edx, 0x0013_0008u32).unwrap();
+    a.wrmsr().unwrap();
+    a.mov(ecx, 0xc000_0082u32).unwrap();
+    a.lea(rax, ptr(entry)).unwrap();
+    a.mov(rdx, rax).unwrap();
+    a.shr(rdx, 32).unwrap();
+    a.wrmsr().unwrap();
+    write_msr(a, 0xc000_0084, fmask);
+}
+
 fn write_msr(a: &mut CodeAssembler, msr: u32, value: u32) {
     a.mov(ecx, msr).unwrap();
     a.mov(eax, value).unwrap();

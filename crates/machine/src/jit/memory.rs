@@ -156,6 +156,18 @@ impl Emitter {
         // rdx = the last byte's page; rcx = the slot offset of the first
         // byte's page (slots are indexed by page + 1).
         self.probe_l1(c, last, slow)?;
+        self.probed_host_address(c, write, slow)
+    }
+
+    /// After a hit of [`Self::probe_l1`] (rcx the slot's offset): for a
+    /// write, to `slow` when the frame holds decoded code; then rdx = the
+    /// host address of rax. Clobbers the flags.
+    fn probed_host_address(
+        &mut self,
+        c: i32,
+        write: bool,
+        slow: CodeLabel,
+    ) -> Result<(), NotTranslated> {
         if write {
             self.a
                 .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HPA as i32)))?;
@@ -455,17 +467,7 @@ impl Emitter {
             self.a.lea(rax, qword_ptr(rax - span))?;
         }
         self.probe_l1(c, span - 1, fallback)?;
-        if push {
-            self.a
-                .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HPA as i32)))?;
-            self.a.shr(rdx, 12)?;
-            self.a.add(rdx, qword_ptr(r14 + ENV_CODE_FRAMES))?;
-            self.a.cmp(byte_ptr(rdx), 0)?;
-            self.a.jne(fallback)?;
-        }
-        self.a
-            .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HOST_DELTA as i32)))?;
-        self.a.add(rdx, rax)?;
+        self.probed_host_address(c, push, fallback)?;
         for (i, op) in ops.iter().enumerate() {
             match op.fast {
                 Fast::Push { src } => {
