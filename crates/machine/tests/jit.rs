@@ -852,25 +852,11 @@ fn chaining_exits_fetch_after_mode_changes_and_privilege_switches() {
     let rounds = 200u32;
     let (o, stats) = both(|a| {
         let mut entry = a.create_label();
-        let mut user = a.create_label();
-        let mut uloop = a.create_label();
         let mut second = a.create_label();
         syscall_msrs(a, entry, 0);
         // Kernel GS base and GS base differ, so SWAPGS is seen.
         write_msr(a, 0xc000_0102, 0x5000);
-        // To ring 3.
-        a.lea(rcx, ptr(user)).unwrap();
-        a.mov(r11d, 2u32).unwrap();
-        a.sysretq().unwrap();
-        a.set_label(&mut user).unwrap();
-        a.mov(r12d, rounds).unwrap();
-        a.set_label(&mut uloop).unwrap();
-        a.add(rbx, r12).unwrap();
-        a.syscall().unwrap();
-        a.imul_2(rbx, rbx).unwrap();
-        a.add(rbx, r13).unwrap();
-        a.dec(r12d).unwrap();
-        a.jnz(uloop).unwrap();
+        user_syscall_loop(a, 2, rounds, |a| a.add(rbx, r13).unwrap());
         // An unmapped page (the rig maps the first 64 MiB).
         a.jmp(MEM + 0x5000).unwrap();
         // The kernel side: SWAPGS, RDTSC, INVLPG of the next page, a jump
@@ -916,22 +902,10 @@ fn syscalls_chain_into_the_kernel_through_the_fetch() {
     let rounds = 300u32;
     let (o, stats) = both(|a| {
         let mut entry = a.create_label();
-        let mut user = a.create_label();
-        let mut uloop = a.create_label();
         // FMASK clears IF.
         syscall_msrs(a, entry, 0x200);
         // To ring 3 with IF set.
-        a.lea(rcx, ptr(user)).unwrap();
-        a.mov(r11d, 0x202u32).unwrap();
-        a.sysretq().unwrap();
-        a.set_label(&mut user).unwrap();
-        a.mov(r12d, rounds).unwrap();
-        a.set_label(&mut uloop).unwrap();
-        a.add(rbx, r12).unwrap();
-        a.syscall().unwrap();
-        a.imul_2(rbx, rbx).unwrap();
-        a.dec(r12d).unwrap();
-        a.jnz(uloop).unwrap();
+        user_syscall_loop(a, 0x202, rounds, |_| {});
         a.syscall().unwrap();
         // The kernel: count, and halt after the last round.
         a.set_label(&mut entry).unwrap();
@@ -1134,6 +1108,30 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
 }
 
 /// Sets MSR `msr` to `value` (below 4 GiB): WRMSR with EDX zero.
+/// To ring 3 (SYSRET with RFLAGS = `rflags`), then `rounds` rounds
+/// (r12 counting down) of: rbx += r12, SYSCALL, rbx *= rbx, `mix`.
+fn user_syscall_loop(
+    a: &mut CodeAssembler,
+    rflags: u32,
+    rounds: u32,
+    mix: impl Fn(&mut CodeAssembler),
+) {
+    let mut user = a.create_label();
+    let mut uloop = a.create_label();
+    a.lea(rcx, ptr(user)).unwrap();
+    a.mov(r11d, rflags).unwrap();
+    a.sysretq().unwrap();
+    a.set_label(&mut user).unwrap();
+    a.mov(r12d, rounds).unwrap();
+    a.set_label(&mut uloop).unwrap();
+    a.add(rbx, r12).unwrap();
+    a.syscall().unwrap();
+    a.imul_2(rbx, rbx).unwrap();
+    mix(a);
+    a.dec(r12d).unwrap();
+    a.jnz(uloop).unwrap();
+}
+
 /// EFER.SCE; STAR: SYSCALL to CS 0x08, SYSRET to CS 0x23 / SS 0x1b;
 /// LSTAR = `entry`; FMASK = `fmask`.
 fn syscall_msrs(a: &mut CodeAssembler, entry: CodeLabel, fmask: u32) {

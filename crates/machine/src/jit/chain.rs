@@ -394,9 +394,10 @@ impl Emitter {
     /// `Cpu::jit_deadline` to 0 if the run loop must look at anything
     /// first); otherwise (a fault, a store into code) return the status.
     ///
-    /// After a call-out that changed the privilege or the code size
-    /// (status `LEAVE_FETCH`), the fetch is `Cpu::jit_chain_fetch`'s, at the
-    /// new privilege (the way of a chaining exit whose iTLB probe missed).
+    /// After a call-out that changed the privilege or the code size or
+    /// asked for an event check (status `LEAVE_FETCH`), the way on is
+    /// `Cpu::jit_chain_fetch`'s (that of a chaining exit whose iTLB probe
+    /// missed): the event check, then the fetch at the new privilege.
     pub(super) fn call_exit(&mut self, epilogue: CodeLabel) -> Result<(), NotTranslated> {
         let mut fetch = self.a.create_label();
         self.a.cmp(al, status::LEAVE as i32)?;

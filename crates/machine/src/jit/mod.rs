@@ -151,9 +151,10 @@ pub(crate) mod status {
     pub const FETCH_FAULT: u64 = 5;
     /// Only from the per-instruction call-out, which generated code turns
     /// into `LEAVE` or a chained block: instruction `k` completed, left the
-    /// block and changed the privilege or the code size (SYSCALL, SYSRET),
-    /// with nothing else for the run loop to look at; go on at
-    /// `Cpu::next_rip` through `Cpu::jit_chain_fetch` (which fetches at the
+    /// block, and changed the privilege or the code size or asked for an
+    /// event check (SYSCALL, SYSRET, IRET), with nothing else for the run
+    /// loop to look at; go on at `Cpu::next_rip` through
+    /// `Cpu::jit_chain_fetch` (which makes that check and the fetch at the
     /// new privilege, as the run loop would), not through the inline iTLB
     /// probe (which probes the class of the block's own privilege).
     pub const LEAVE_FETCH: u64 = 6;
