@@ -131,6 +131,18 @@ pub struct HvCosts {
 }
 
 impl HvCosts {
+    /// An IPI's (or kick's) flight, in cycles after the sender's exit:
+    /// the hv's dispatch of the exit (`exit_base`) up to the handler that
+    /// sends it, then the notification crossing to the target's core,
+    /// priced as one cache-line transfer (`line_transfer`: the
+    /// posted-interrupt descriptor's line the sender wrote and the target
+    /// reads, Intel SDM Vol. 3C, "Posted-Interrupt Processing"). The
+    /// target then takes the interrupt in guest mode, which the machine
+    /// charges as any interrupt delivery.
+    pub fn ipi_latency(&self) -> u64 {
+        self.exit_base + self.line_transfer
+    }
+
     /// The default table (see the field docs).
     pub const DEFAULT: HvCosts = HvCosts {
         exit_base: 300,

@@ -31,6 +31,8 @@ pub struct MmuLockStats {
     pub waited_cycles: u64,
     /// Of `waited_cycles`, the handoffs' share.
     pub handoff_cycles: u64,
+    /// Holds that overlapped the one before (a broken order; always 0).
+    pub overlaps: u64,
 }
 
 /// Counters of one vCPU.
@@ -51,6 +53,12 @@ pub struct VcpuStats {
     pub frames_allocated: u64,
     /// Virtual cycles spent waiting for `mmu_lock`.
     pub mmu_lock_wait_cycles: u64,
+    /// Its timed holds of `mmu_lock` (exit handling and pager work).
+    #[serde(default)]
+    pub mmu_lock_acquisitions: u64,
+    /// Of those, the ones that had to wait.
+    #[serde(default)]
+    pub mmu_lock_contended: u64,
     /// Roots reloaded after a zap-all.
     pub root_reloads: u64,
     /// Virtual cycles held up by zap-alls: waits behind their teardown

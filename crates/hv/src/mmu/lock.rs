@@ -1,11 +1,13 @@
 //! `mmu_lock` and its virtual-time timeline.
 //!
 //! `mmu_lock` is a real `std::sync::Mutex` around the MMU's tables, page
-//! headers, roots and rmap. vCPUs run on one host thread today, so it is
-//! never contended on the host; contention is modelled in virtual time
-//! instead: the lock keeps the virtual-time intervals during which it was
-//! recently held ([`LockTimeline`]), and a request inside one of them
-//! waits, in the requester's virtual time, until that hold ends.
+//! headers, roots and rmap. vCPUs run on one host thread, so it is never
+//! contended on the host; contention is modelled in virtual time instead:
+//! requests arrive in virtual-time order (the scheduler handles exits in
+//! that order) and the lock serves them first come, first served
+//! ([`LockTimeline`]): a request made while the lock is held waits, in
+//! the requester's virtual time, for every hold granted before it and
+//! the handoff. Holds never overlap.
 //!
 //! Every hold goes through [`MmuLock::hold`]: it charges the acquisition,
 //! the wait and the work done under the lock (what the holder adds with
@@ -17,8 +19,8 @@
 //! The timeline remembers which core ([`Core`]: a vCPU's, or the VMM
 //! thread's) held the lock, and an acquisition pays what the line costs
 //! it on hardware (figures in `crate::cost`, `line_transfer`):
-//! - the line last written by **another core** (the last hold that
-//!   started before the request was another core's): the atomic that
+//! - the line last written by **another core** (the last hold granted
+//!   was another core's): the atomic that
 //!   takes the ticket misses and the line moves over, `line_transfer`
 //!   instead of the in-cache `lock_acquire`;
 //! - a **contended** acquisition (the request found the lock held) also
@@ -37,22 +39,24 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-/// Recent virtual-time intervals during which `mmu_lock` was held.
+/// `mmu_lock`'s holds in virtual time, granted in one order.
 ///
-/// vCPUs interleave in quanta, so a vCPU may take the lock at a virtual
-/// time earlier than a hold already recorded by another vCPU; only holds
-/// that contain the requested time delay it (a request before a hold
-/// would, on real hardware, have won the lock first). Only the last
-/// [`LockTimeline::WINDOW`] holds are kept: enough to cover a quantum's
-/// worth of faults from every vCPU.
+/// The scheduler handles exits (and the VMM's work) in virtual-time order
+/// (`vm/sched.rs`), so requests reach the lock in that order, and the
+/// lock serves them first come, first served, as a ticket lock does: a
+/// request waits for the hold in progress and every hold granted before
+/// it, then the handoff. A hold never overlaps another
+/// ([`LockTimeline::overlaps`], checked). The one approximation: requests
+/// are ordered by the exits that make them, so of two exits a few cycles
+/// apart, the later one's request can come first in virtual time when
+/// the earlier one's handler works longer before asking for the lock; it
+/// still waits behind it.
 #[derive(Debug, Default)]
 pub(crate) struct LockTimeline {
+    /// The last [`LockTimeline::WINDOW`] holds in the order granted.
     holds: VecDeque<TimedHold>,
-    /// The holds of a zap-all teardown (see `super::zap`), laid out ahead
-    /// of the vCPUs in virtual time when the operation runs, in start
-    /// order. Kept apart from `holds` so a burst of vCPU faults cannot
-    /// push them out of the window while vCPUs may still run into them.
-    zap_holds: Vec<TimedHold>,
+    /// When the lock is next free: the end of the last hold granted.
+    free_at: Cycles,
     /// Total virtual cycles requesters waited for the lock.
     pub waited: Cycles,
     /// Acquisitions that had to wait.
@@ -64,6 +68,11 @@ pub(crate) struct LockTimeline {
     pub line_transfers: u64,
     /// Of [`LockTimeline::waited`], the handoffs' share.
     pub handoff: Cycles,
+    /// Holds recorded while an earlier one had not ended: a broken order
+    /// (always 0; with the `order-checks` feature, a panic).
+    pub overlaps: u64,
+    /// Per vCPU: (acquisitions, contended ones).
+    pub per_vcpu: Vec<(u64, u64)>,
 }
 
 /// The core that runs hv code which takes `mmu_lock`.
@@ -84,6 +93,8 @@ pub(crate) struct TimedHold {
     pub start: Cycles,
     pub end: Cycles,
     pub core: Core,
+    /// A batch of a zap-all teardown.
+    pub zap: bool,
 }
 
 /// When a request gets the lock, and what its wait was made of.
@@ -117,7 +128,8 @@ pub(crate) fn handoff_cycles(transfer: u64, spinning: u64) -> u64 {
 }
 
 impl LockTimeline {
-    /// Holds remembered.
+    /// Holds remembered (for the spinners at a handoff and the wait
+    /// behind zap batches): more than the cores that can queue at once.
     pub const WINDOW: usize = 256;
 
     /// The virtual time at which a request made at `at` gets the lock.
@@ -126,113 +138,95 @@ impl LockTimeline {
         self.grant_for(at, Core::Vmm, 0).granted
     }
 
-    /// The core whose hold last took the lock's line before `at` (the
-    /// latest start at or before it), if any is remembered.
-    pub fn line_owner(&self, at: Cycles) -> Option<Core> {
-        self.holds
-            .iter()
-            .chain(self.zap_holds.iter())
-            .filter(|h| h.start <= at)
-            .max_by_key(|h| h.start)
-            .map(|h| h.core)
+    /// The core whose hold last took the lock's line (the last hold
+    /// granted), if any is remembered.
+    pub fn line_owner(&self) -> Option<Core> {
+        self.holds.back().map(|h| h.core)
     }
 
     /// The grant of a request made at `at` by `core`, with the handoff of
     /// a contended acquisition priced from `transfer` (a cache-line
     /// transfer, [`handoff_cycles`]).
     ///
-    /// A teardown batch delays only the requests made while it holds the
-    /// lock: one made earlier was queued before the batch asked for the
-    /// lock (the teardown re-asks after each lock break), so a fair lock
-    /// serves it first. Pushed past a batch's start by other holds, such a
-    /// request would in truth delay the batch, which the teardown, laid
-    /// out ahead of time, does not see (see `super::zap`).
-    ///
-    /// The spinning waiters at the handoff are estimated as this request
-    /// plus the other cores whose holds it waited behind after its
-    /// arrival (they spun beside it: a ticket lock serves in arrival
-    /// order, and a core has one request at a time). Requests that later
-    /// vCPUs in the round will make are not known yet; in a steady state
-    /// about as many arrive during a wait as were queued at its start.
+    /// A request at or after the lock's release gets it at once. One made
+    /// earlier waits to the release of the last hold granted, then the
+    /// handoff (none when that hold was its own core's: the line never
+    /// left). The spinners at the handoff are this request and the other
+    /// cores whose holds it waits behind, apart from the one in progress
+    /// when it arrived (they queued before it: a core has one request at
+    /// a time).
     pub fn grant_for(&self, at: Cycles, core: Core, transfer: u64) -> Grant {
-        let mut t = at;
-        let mut zap_wait = Cycles::ZERO;
-        let mut spinning_beside: Vec<Core> = Vec::new();
-        // The core of the hold the request last waited behind: a handoff
-        // moves the line only from another core (a core never spins on
-        // its own hold; such overlaps come from holds laid out ahead of
-        // time, as an eviction batch's or the set-up's).
-        let mut behind = core;
-        // Each step moves t to the end of a hold, later than t, so this
-        // ends after at most one step per remembered hold.
-        loop {
-            let handoff = if t > at && behind != core {
-                Cycles(handoff_cycles(transfer, 1 + spinning_beside.len() as u64))
-            } else {
-                Cycles::ZERO
-            };
-            // A hold that takes the lock before the handoff to this
-            // requester completes got it first.
-            let reach = t + handoff;
-            if let Some(h) = self.holds.iter().find(|h| h.start <= reach && t < h.end) {
-                if t > at && h.core != core && !spinning_beside.contains(&h.core) {
-                    spinning_beside.push(h.core);
-                }
-                behind = h.core;
-                t = h.end;
-                continue;
-            }
-            if let Some(h) = self.zap_hold_containing(t, at) {
-                zap_wait += h.end - t;
-                behind = h.core;
-                t = h.end;
-                continue;
-            }
-            return Grant {
-                granted: reach,
-                busy_from: t,
-                zap_wait,
-                handoff,
-            };
+        let Some(last) = self.holds.back() else {
+            return Grant::at_once(at);
+        };
+        if at >= self.free_at {
+            return Grant::at_once(at);
         }
-    }
-
-    /// The zap hold containing `t` that started no later than
-    /// `requested`, if any (they never overlap, so the last one starting
-    /// at or before `t` is the only candidate).
-    fn zap_hold_containing(&self, t: Cycles, requested: Cycles) -> Option<TimedHold> {
-        let after = self.zap_holds.partition_point(|h| h.start <= t);
-        let h = self.zap_holds[..after].last()?;
-        (t < h.end && h.start <= requested).then_some(*h)
-    }
-
-    /// Puts a teardown batch's hold on the timeline; batches are recorded
-    /// in time order.
-    pub fn record_zap_hold(&mut self, start: Cycles, end: Cycles, core: Core) {
-        debug_assert!(self.zap_holds.last().is_none_or(|h| h.end <= start));
-        self.acquisitions += 1;
-        self.zap_holds.push(TimedHold { start, end, core });
-    }
-
-    /// Forgets teardown holds that ended before `t` (no vCPU clock is
-    /// earlier).
-    pub fn forget_zap_holds_before(&mut self, t: Cycles) {
-        self.zap_holds.retain(|h| h.end > t);
+        let mut spinning_beside: Vec<Core> = Vec::new();
+        let mut zap_wait = Cycles::ZERO;
+        for h in self.holds.iter().rev().take_while(|h| h.end > at) {
+            if h.zap {
+                zap_wait += h.end - h.start.max(at);
+            }
+            if h.start > at && h.core != core && !spinning_beside.contains(&h.core) {
+                spinning_beside.push(h.core);
+            }
+        }
+        let handoff = if last.core != core {
+            Cycles(handoff_cycles(transfer, 1 + spinning_beside.len() as u64))
+        } else {
+            Cycles::ZERO
+        };
+        Grant {
+            granted: self.free_at + handoff,
+            busy_from: self.free_at,
+            zap_wait,
+            handoff,
+        }
     }
 
     /// Records a hold by `core` that made the lock unavailable from
     /// `start` (its handoff's start if it waited) to `end`, after waiting
     /// `waited` cycles.
-    pub fn record(&mut self, start: Cycles, end: Cycles, waited: Cycles, core: Core) {
+    pub fn record(&mut self, hold: TimedHold, waited: Cycles) {
+        if hold.start < self.free_at {
+            self.overlaps += 1;
+            if cfg!(feature = "order-checks") {
+                panic!(
+                    "mmu_lock: a hold from {} overlaps the one before, which ends at {}",
+                    hold.start.0, self.free_at.0
+                );
+            }
+        }
         self.acquisitions += 1;
+        if let Core::Vcpu(v) = hold.core {
+            if self.per_vcpu.len() <= v {
+                self.per_vcpu.resize(v + 1, (0, 0));
+            }
+            self.per_vcpu[v].0 += 1;
+            self.per_vcpu[v].1 += u64::from(waited > Cycles::ZERO);
+        }
         if waited > Cycles::ZERO {
             self.waited += waited;
             self.contended += 1;
         }
+        self.free_at = self.free_at.max(hold.end);
         if self.holds.len() == Self::WINDOW {
             self.holds.pop_front();
         }
-        self.holds.push_back(TimedHold { start, end, core });
+        self.holds.push_back(hold);
+    }
+}
+
+impl Grant {
+    /// A request that finds the lock free.
+    fn at_once(at: Cycles) -> Grant {
+        Grant {
+            granted: at,
+            busy_from: at,
+            zap_wait: Cycles::ZERO,
+            handoff: Cycles::ZERO,
+        }
     }
 }
 
@@ -340,7 +334,7 @@ impl MmuLock {
                 // The ticket's atomic: in cache if this core wrote the
                 // line last (or no hold is remembered), else the line
                 // moves over and the atomic costs the transfer.
-                let transferred = inner.timeline.line_owner(now).is_some_and(|c| c != core);
+                let transferred = inner.timeline.line_owner().is_some_and(|c| c != core);
                 let acquire = Cycles(if transferred {
                     costs.line_transfer
                 } else {
@@ -442,123 +436,13 @@ impl Drop for MmuGuard<'_> {
             timeline.line_transfers += 1;
         }
         timeline.handoff += h.handoff;
-        if h.zap {
-            timeline.record_zap_hold(h.busy_from, h.granted + h.held, h.core);
-        } else {
-            timeline.record(h.busy_from, h.granted + h.held, h.waited, h.core);
-        }
+        let hold = TimedHold {
+            start: h.busy_from,
+            end: h.granted + h.held,
+            core: h.core,
+            zap: h.zap,
+        };
+        timeline.record(hold, h.waited);
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The grant with free handoffs, and its wait behind zap holds.
-    fn zap_grant(lock: &LockTimeline, at: Cycles) -> (Cycles, Cycles) {
-        let g = lock.grant_for(at, Core::Vmm, 0);
-        (g.granted, g.zap_wait)
-    }
-
-    #[test]
-    fn a_request_inside_a_hold_waits_for_its_end_and_chains() {
-        let mut lock = LockTimeline::default();
-        lock.record(Cycles(100), Cycles(200), Cycles::ZERO, Core::Vmm);
-        lock.record(Cycles(200), Cycles(250), Cycles::ZERO, Core::Vmm);
-        assert_eq!(lock.grant(Cycles(50)), Cycles(50), "before every hold");
-        assert_eq!(lock.grant(Cycles(150)), Cycles(250), "through both");
-        assert_eq!(lock.grant(Cycles(250)), Cycles(250), "a hold's end is free");
-        lock.record(Cycles(250), Cycles(300), Cycles(100), Core::Vmm);
-        assert_eq!((lock.waited, lock.contended), (Cycles(100), 1));
-    }
-
-    #[test]
-    fn a_request_waits_for_the_zap_batch_it_falls_in_but_not_the_next() {
-        let mut lock = LockTimeline::default();
-        // Two teardown batches with a lock break between them.
-        lock.record_zap_hold(Cycles(1000), Cycles(2000), Core::Vmm);
-        lock.record_zap_hold(Cycles(2025), Cycles(3000), Core::Vmm);
-        assert_eq!(zap_grant(&lock, Cycles(999)), (Cycles(999), Cycles::ZERO));
-        assert_eq!(zap_grant(&lock, Cycles(1500)), (Cycles(2000), Cycles(500)));
-        assert_eq!(zap_grant(&lock, Cycles(2010)), (Cycles(2010), Cycles::ZERO));
-        assert_eq!(zap_grant(&lock, Cycles(2025)), (Cycles(3000), Cycles(975)));
-        // A request queued before a batch asked for the lock is served
-        // before it, even when other holds keep it waiting into the
-        // batch.
-        lock.record(Cycles(900), Cycles(1100), Cycles::ZERO, Core::Vmm);
-        assert_eq!(zap_grant(&lock, Cycles(950)), (Cycles(1100), Cycles::ZERO));
-        // One made during a batch waits for it, and for a vCPU hold that
-        // got in at the lock break, but not for the next batch.
-        lock.record(Cycles(2000), Cycles(2100), Cycles::ZERO, Core::Vmm);
-        assert_eq!(zap_grant(&lock, Cycles(1500)), (Cycles(2100), Cycles(500)));
-        lock.forget_zap_holds_before(Cycles(2010));
-        assert_eq!(lock.grant(Cycles(1500)), Cycles(1500));
-        assert_eq!(lock.grant(Cycles(2500)), Cycles(3000));
-        assert_eq!(
-            lock.grant(Cycles(2050)),
-            Cycles(3000),
-            "made during the second batch: behind the vCPU hold, then the batch"
-        );
-    }
-
-    #[test]
-    fn a_contended_handoff_costs_two_transfers_plus_half_a_transfer_per_other_spinner() {
-        assert_eq!(handoff_cycles(110, 1), 220);
-        assert_eq!(handoff_cycles(110, 3), 330);
-        assert_eq!(handoff_cycles(110, 5), 440);
-        let mut lock = LockTimeline::default();
-        lock.record(Cycles(100), Cycles(200), Cycles::ZERO, Core::Vcpu(0));
-        // vCPU 1 asks during vCPU 0's hold: it gets the lock a handoff
-        // (one spinner: two transfers) after the release.
-        let g = lock.grant_for(Cycles(150), Core::Vcpu(1), 110);
-        assert_eq!(
-            (g.busy_from, g.granted, g.handoff),
-            (Cycles(200), Cycles(420), Cycles(220))
-        );
-        lock.record(
-            g.busy_from,
-            g.granted + Cycles(100),
-            g.granted - Cycles(150),
-            Core::Vcpu(1),
-        );
-        // The handoff was the lock's: a request falling in it waits for
-        // the hold it led to, then its own handoff, with vCPU 1 counted
-        // as a spinner beside it.
-        let g = lock.grant_for(Cycles(300), Core::Vcpu(2), 110);
-        assert_eq!((g.busy_from, g.granted), (Cycles(520), Cycles(520 + 220)));
-        let g = lock.grant_for(Cycles(150), Core::Vcpu(2), 110);
-        assert_eq!(g.busy_from, Cycles(520), "behind both holds");
-        assert_eq!(
-            g.handoff,
-            Cycles(handoff_cycles(110, 2)),
-            "vCPU 1 spun beside it"
-        );
-        // Uncontended: no handoff; free handoffs leave the old timeline.
-        assert_eq!(
-            lock.grant_for(Cycles(50), Core::Vcpu(2), 110).granted,
-            Cycles(50)
-        );
-        assert_eq!(lock.grant(Cycles(150)), Cycles(520));
-        // A core's request inside its own hold (laid out ahead) waits for
-        // it but takes no handoff: the line never left.
-        let g = lock.grant_for(Cycles(150), Core::Vcpu(0), 110);
-        assert_eq!(g.busy_from, Cycles(520), "behind vCPU 1's hold");
-        let mut own = LockTimeline::default();
-        own.record(Cycles(100), Cycles(200), Cycles::ZERO, Core::Vcpu(0));
-        let g = own.grant_for(Cycles(150), Core::Vcpu(0), 110);
-        assert_eq!((g.granted, g.handoff), (Cycles(200), Cycles::ZERO));
-    }
-
-    #[test]
-    fn the_lines_owner_is_the_core_whose_hold_started_last_before_the_request() {
-        let mut lock = LockTimeline::default();
-        assert_eq!(lock.line_owner(Cycles(1000)), None, "nothing remembered");
-        lock.record(Cycles(100), Cycles(200), Cycles::ZERO, Core::Vcpu(0));
-        lock.record(Cycles(500), Cycles(600), Cycles::ZERO, Core::Vcpu(1));
-        lock.record_zap_hold(Cycles(300), Cycles(400), Core::Vmm);
-        assert_eq!(lock.line_owner(Cycles(50)), None);
-        assert_eq!(lock.line_owner(Cycles(250)), Some(Core::Vcpu(0)));
-        assert_eq!(lock.line_owner(Cycles(450)), Some(Core::Vmm));
-        assert_eq!(lock.line_owner(Cycles(700)), Some(Core::Vcpu(1)));
-    }
-}

@@ -256,14 +256,6 @@ impl Mmu {
         Ok((loaded, load))
     }
 
-    /// Forgets zap-all teardown holds that ended before `t` (the oldest
-    /// vCPU clock: nothing can run into them any more).
-    pub fn forget_zap_holds_before(&self, t: Cycles, costs: &HvCosts) {
-        self.hold(Timed::Untimed, costs)
-            .timeline
-            .forget_zap_holds_before(t);
-    }
-
     /// `mmu_lock`'s counters so far.
     pub fn lock_stats(&self, costs: &HvCosts) -> crate::stats::MmuLockStats {
         let inner = self.hold(Timed::Untimed, costs);
@@ -274,7 +266,13 @@ impl Mmu {
             line_transfers: t.line_transfers,
             waited_cycles: t.waited.0,
             handoff_cycles: t.handoff.0,
+            overlaps: t.overlaps,
         }
+    }
+
+    /// Per vCPU: its timed holds of `mmu_lock` and the contended ones.
+    pub fn lock_stats_per_vcpu(&self, costs: &HvCosts) -> Vec<(u64, u64)> {
+        self.hold(Timed::Untimed, costs).timeline.per_vcpu.clone()
     }
 
     /// EPT table frames in use, roots included.

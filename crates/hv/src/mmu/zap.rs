@@ -137,9 +137,13 @@ impl Obsolete {
 }
 
 impl Mmu {
-    /// Drops every mapping, `mode`'s way, asking for `mmu_lock` at `at`.
-    /// The caller has every vCPU reload its root before it next enters.
-    pub fn zap_all(
+    /// Drops every mapping, `mode`'s way, asking for `mmu_lock` at `at`,
+    /// each batch of a fast zap asking again when the one before ends
+    /// (nothing else takes the lock meanwhile: a VM interleaves vCPUs'
+    /// holds with the batches, see [`Mmu::zap_begin`]). The caller has
+    /// every vCPU reload its root before it next enters.
+    #[cfg(test)]
+    pub(crate) fn zap_all(
         &self,
         mem: &PhysMemory,
         frames: &mut FrameAllocator,
@@ -147,35 +151,72 @@ impl Mmu {
         mode: ZapMode,
         at: Cycles,
     ) -> Result<ZapReport, ZapError> {
+        let (mut report, obsolete) = self.zap_begin(mem, frames, costs, mode, at)?;
+        if let Some(mut obsolete) = obsolete {
+            while !obsolete.is_done() {
+                let next = report.ended;
+                self.zap_batch(mem, frames, costs, &mut report, &mut obsolete, next)?;
+            }
+        }
+        Ok(report)
+    }
+
+    /// A zap-all's first hold, asking for `mmu_lock` at `at`: the whole
+    /// teardown (slow), or the generation bump and the first batch
+    /// (fast). Returns the report so far and, for a fast zap with pages
+    /// left, what [`Mmu::zap_batch`] still has to free: the VMM thread
+    /// asks for the lock again for each batch at the end of the one
+    /// before, and vCPUs that asked meanwhile get it first.
+    pub(crate) fn zap_begin(
+        &self,
+        mem: &PhysMemory,
+        frames: &mut FrameAllocator,
+        costs: &HvCosts,
+        mode: ZapMode,
+        at: Cycles,
+    ) -> Result<(ZapReport, Option<Obsolete>), ZapError> {
         let mut report = ZapReport {
             mode,
             started: at,
             ended: at,
             ..ZapReport::default()
         };
-        match mode {
+        let left = match mode {
             ZapMode::Slow => {
                 let mut guard = self.lock.hold_for_zap(at, costs);
                 let pages = guard.headers.all_top_down();
                 let work = zap_pages(mem, frames, &mut guard, &pages)?;
                 report.add_hold(&mut guard, work, costs);
+                None
             }
             ZapMode::Fast => {
                 // The bump and the first batch share a hold, as in KVM.
                 let (mut guard, mut obsolete) = self.invalidate_all(at, costs);
-                loop {
-                    let work = self.zap_obsolete_batch(mem, frames, &mut guard, &mut obsolete)?;
-                    let end = report.add_hold(&mut guard, work, costs);
-                    drop(guard);
-                    if obsolete.is_done() {
-                        break;
-                    }
-                    guard = self.lock.hold_for_zap(end, costs);
-                }
+                let work = self.zap_obsolete_batch(mem, frames, &mut guard, &mut obsolete)?;
+                report.add_hold(&mut guard, work, costs);
+                (!obsolete.is_done()).then_some(obsolete)
             }
-        }
+        };
         report.lock_breaks = report.lock_holds.saturating_sub(1);
-        Ok(report)
+        Ok((report, left))
+    }
+
+    /// The next batch of a fast zap's teardown, asking for `mmu_lock` at
+    /// `at` (after a lock break).
+    pub(crate) fn zap_batch(
+        &self,
+        mem: &PhysMemory,
+        frames: &mut FrameAllocator,
+        costs: &HvCosts,
+        report: &mut ZapReport,
+        obsolete: &mut Obsolete,
+        at: Cycles,
+    ) -> Result<(), ZapError> {
+        let mut guard = self.lock.hold_for_zap(at, costs);
+        let work = self.zap_obsolete_batch(mem, frames, &mut guard, obsolete)?;
+        report.add_hold(&mut guard, work, costs);
+        report.lock_breaks = report.lock_holds.saturating_sub(1);
+        Ok(())
     }
 
     /// The first step of a fast zap: takes `mmu_lock` at `at` and bumps the

@@ -517,6 +517,7 @@ impl Vm {
     /// The state section alone (everything but guest memory), for a
     /// migration that sends memory its own way.
     pub fn snapshot_state(&mut self) -> Result<Vec<u8>, SnapshotError> {
+        self.settle();
         self.check_snapshottable()?;
         let platform = self.shared.platform.snapshot().ok_or_else(|| {
             SnapshotError::Unsupported("device interrupts wait for delivery".into())

@@ -165,6 +165,10 @@ pub struct Vcpu {
     pub(crate) pml_page: Option<machine::Hfn>,
     /// The xAPIC page's own registers.
     pub(crate) xapic: xapic::XapicRegs,
+    /// The exit it took last, not yet handled: exits are handled in
+    /// virtual-time order across vCPUs (`vm/sched.rs`), so one waits
+    /// while another vCPU is still behind it.
+    pub(crate) parked_exit: Option<VmExit>,
 }
 
 impl Vcpu {
@@ -191,6 +195,7 @@ impl Vcpu {
             ring_full: false,
             pml_page: None,
             xapic: xapic::XapicRegs::default(),
+            parked_exit: None,
         }
     }
 
@@ -221,8 +226,19 @@ impl Vcpu {
     /// Charges hv work to the vCPU: the one way virtual time is charged
     /// for work (idle time is [`Vcpu::idle_until`]).
     pub(crate) fn charge(&mut self, cycles: Cycles) {
+        // Work by the hv for a vCPU paused in guest mode needs it out of
+        // guest mode first: a kick's exit.
+        self.end_pause();
         self.cpu.advance_cycles(cycles.0);
         self.stats.busy_cycles += cycles.0;
+    }
+
+    /// Takes a vCPU paused in guest mode out of it (`Cpu::end_pause`): the
+    /// VM exit is time it ran.
+    pub(crate) fn end_pause(&mut self) {
+        let before = self.cpu.cycles();
+        self.cpu.end_pause();
+        self.stats.busy_cycles += self.cpu.cycles() - before;
     }
 
     /// Advances the clock to `until` without running (halted, stalled or
@@ -244,6 +260,10 @@ impl Vcpu {
     /// Advances the clock to `until` while the vCPU wants to run but has
     /// no host CPU (`--host-cpus`): steal time.
     pub(crate) fn steal_until(&mut self, until: Cycles) {
+        if until > self.clock() {
+            // Preempted in the host: its thread left guest mode.
+            self.end_pause();
+        }
         let now = self.clock();
         if until > now {
             let steal = (until - now).0;
@@ -255,6 +275,9 @@ impl Vcpu {
     /// Processes pending requests, then runs guest code until `limit` or
     /// an exit (KVM's `vcpu_enter_guest`).
     pub(crate) fn enter(&mut self, shared: &mut Shared, limit: Cycles) -> Result<VmExit, VmError> {
+        if self.cpu.is_paused() && self.needs_exit(shared) {
+            self.end_pause();
+        }
         match self.mmu_mode {
             MmuMode::Shadow => {
                 self.process_shadow_requests(shared)?;
@@ -276,6 +299,19 @@ impl Vcpu {
         self.stats.busy_cycles += self.cpu.cycles() - before;
         pv_eoi::after_exit(self, shared)?;
         Ok(exit)
+    }
+
+    /// Whether the hv has work to do on this vCPU before it runs guest
+    /// code again (requests, a root to load, an NMI to inject): a vCPU
+    /// paused in guest mode then takes an exit first.
+    fn needs_exit(&self, shared: &Shared) -> bool {
+        let root_stale = match self.mmu_mode {
+            MmuMode::Native => false,
+            MmuMode::Ept | MmuMode::Shadow => {
+                self.root.is_none_or(|r| !shared.host.mmu.is_current(&r))
+            }
+        };
+        !self.requests.is_empty() || root_stale || self.nmi_deliverable()
     }
 
     fn process_requests(&mut self, shared: &mut Shared) -> Result<(), RootError> {

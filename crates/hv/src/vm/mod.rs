@@ -40,8 +40,14 @@ pub struct VmConfig {
     pub mem_size: u64,
     /// The command line handed to the kernel.
     pub cmdline: String,
-    /// Scheduling quantum in virtual cycles.
+    /// With fewer host CPUs than vCPUs (`host_cpus`), the host
+    /// scheduler's tick in virtual cycles: how often it decides which
+    /// vCPUs run. No effect otherwise.
     pub quantum: u64,
+    /// How far a vCPU may run guest code past the earliest other vCPU,
+    /// in virtual cycles; 0: as far as exactness allows, the shortest
+    /// cross-vCPU delivery ([`max_lookahead`]), which bounds any value.
+    pub lookahead: u64,
     /// Host CPUs the vCPUs share (`--host-cpus`); `None` or at least
     /// `vcpus`: one each, no vCPU is ever preempted.
     pub host_cpus: Option<u32>,
@@ -104,6 +110,14 @@ pub struct VmConfig {
 /// logarithmic tunable scaling does.
 pub const DEFAULT_HOST_SLICE: u64 = 3 * crate::CYCLES_PER_SECOND / 1000;
 
+/// The largest lookahead that keeps every IPI and kick landing at its
+/// send time plus its latency: a vCPU running guest code must exit
+/// (`vm_exit`) before its handler can send one, which then flies for
+/// [`HvCosts::ipi_latency`] (`vm/sched.rs`).
+pub fn max_lookahead(costs: &HvCosts, cpu_costs: &machine::CycleCosts) -> u64 {
+    cpu_costs.vm_exit + costs.ipi_latency()
+}
+
 /// 2026-01-01T00:00:00Z.
 pub const DEFAULT_WALL_CLOCK_AT_BOOT_NS: u64 = 1_767_225_600 * 1_000_000_000;
 
@@ -114,6 +128,7 @@ impl Default for VmConfig {
             mem_size: 256 << 20,
             cmdline: String::new(),
             quantum: 100_000,
+            lookahead: 0,
             host_cpus: None,
             host_slice: DEFAULT_HOST_SLICE,
             host_overhead: 16 << 20,
@@ -195,6 +210,8 @@ pub struct Vm {
     /// and modules, which are in the devices and memory by now): what a
     /// snapshot saves to rebuild it.
     pub(crate) config: VmConfig,
+    /// A fast zap-all's teardown in progress (`zap_all`).
+    pub(crate) teardown: Option<sched::Teardown>,
 }
 
 /// The VM-execution controls of vCPU `id` (the EPT pointer, or under
@@ -338,7 +355,11 @@ impl Vm {
             mode: config.apf,
             protocol: config.apf_protocol,
         };
-        let mut sched = Scheduler::new(Cycles(config.quantum.max(1)));
+        let lookahead = match config.lookahead {
+            0 => Cycles::MAX,
+            n => Cycles(n),
+        };
+        let mut sched = Scheduler::new(Cycles(config.quantum.max(1)), lookahead);
         if let Some(host_cpus) = config.host_cpus {
             sched.set_host_cpus(
                 host_cpus as usize,
@@ -404,6 +425,7 @@ impl Vm {
                 modules: Vec::new(),
                 ..config.clone()
             },
+            teardown: None,
         })
     }
 
@@ -505,15 +527,19 @@ impl Vm {
     /// the holds they run into. Call it between `run_until` slices.
     pub fn zap_all(&mut self) -> Result<ZapReport, ZapError> {
         let at = self.time();
-        let oldest = self.vcpus.iter().map(Vcpu::clock).min().unwrap_or(at);
         let host = &mut self.shared.host;
-        host.mmu.forget_zap_holds_before(oldest, &host.costs);
-        let report = host
-            .mmu
-            .zap_all(&host.mem, &mut host.frames, &host.costs, self.zap, at)?;
+        let (report, left) =
+            host.mmu
+                .zap_begin(&host.mem, &mut host.frames, &host.costs, self.zap, at)?;
         self.shared.cross.push(CrossRequest::ReloadRoots);
         self.carry_out_cross_requests();
-        Ok(report)
+        let Some(obsolete) = left else {
+            return Ok(report);
+        };
+        // The VMM thread is busy in the ioctl while the vCPUs run: its
+        // batches and their faults take the lock in virtual-time order.
+        self.teardown = Some(sched::Teardown { obsolete, report });
+        self.run_teardown()
     }
 
     /// The memslot generation.
@@ -609,13 +635,18 @@ impl Vm {
     pub fn stats(&self) -> VmStats {
         let shared = &self.shared;
         let host = &shared.host;
+        let lock_per_vcpu = host.mmu.lock_stats_per_vcpu(&host.costs);
         VmStats {
             virtual_cycles: self.vcpus.iter().map(|v| v.cpu.cycles()).max().unwrap_or(0),
             vcpus: self
                 .vcpus
                 .iter()
-                .map(|v| {
+                .enumerate()
+                .map(|(i, v)| {
                     let mut s = v.stats.clone();
+                    let (taken, contended) = lock_per_vcpu.get(i).copied().unwrap_or((0, 0));
+                    s.mmu_lock_acquisitions = taken;
+                    s.mmu_lock_contended = contended;
                     s.cycles = v.cpu.cycles();
                     s.instructions = v.cpu.stats().instructions;
                     s.tlb_misses = v.cpu.tlb().stats().misses;

@@ -31,6 +31,7 @@ use super::{RunStatus, StopReason, Vm};
 use crate::apf::policy;
 use crate::boot;
 use crate::error::VmError;
+use crate::mmu::zap::ZapError;
 use crate::time::Cycles;
 use crate::vcpu::{Next, Requests, RunState, Vcpu, VcpuId};
 use machine::cpu::state::DescriptorTable;
@@ -47,9 +48,11 @@ pub(crate) struct HostCpus {
     slice: Cycles,
     /// Per vCPU: the end of its slice while it holds a host CPU.
     holding: Vec<Option<Cycles>>,
-    /// Per vCPU: a directed yield to it came too late in the round; it is
-    /// first in line at the next.
+    /// Per vCPU: first in line at the next tick (kept for snapshots of
+    /// older versions; a directed yield now hands the CPU over at once).
     boosted: Vec<bool>,
+    /// When the host scheduler next decides who runs.
+    next_tick: Cycles,
 }
 
 impl HostCpus {
@@ -59,6 +62,7 @@ impl HostCpus {
             slice,
             holding: vec![None; vcpus],
             boosted: vec![false; vcpus],
+            next_tick: Cycles::ZERO,
         }
     }
 }
@@ -77,10 +81,46 @@ fn wants_host_cpu(vcpu: &Vcpu, round_end: Cycles) -> bool {
     }
 }
 
+/// Who acts next in virtual time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Actor {
+    /// The earliest pending delivery lands.
+    Delivery,
+    /// The host scheduler's tick (`--host-cpus`).
+    HostTick,
+    /// The VMM thread's next batch of a fast zap-all's teardown.
+    Teardown,
+    Vcpu(usize),
+}
+
+/// A fast zap-all's teardown in progress: the VMM thread asks for
+/// `mmu_lock` again for each batch when the one before ends
+/// (`report.ended`), in virtual-time order with the vCPUs' requests.
+#[derive(Debug)]
+pub(crate) struct Teardown {
+    pub obsolete: crate::mmu::zap::Obsolete,
+    pub report: crate::mmu::zap::ZapReport,
+}
+
 /// Scheduling state of the VM.
 #[derive(Debug)]
 pub(crate) struct Scheduler {
+    /// With fewer host CPUs than vCPUs, the host scheduler's tick.
     pub quantum: Cycles,
+    /// How far guest code may run past the earliest other vCPU; never
+    /// more than the shortest cross-vCPU delivery (see the module's
+    /// comment), which bounds it anyway.
+    pub lookahead: Cycles,
+    /// IPIs and kicks in flight, by landing time and then the order they
+    /// were sent.
+    deliveries: std::collections::BTreeMap<(Cycles, u64), CrossRequest>,
+    /// Deliveries queued so far (the tie-breaker).
+    delivery_seq: u64,
+    /// Per vCPU: wake-ups at a deadline that moved nothing in a row.
+    stuck: Vec<u8>,
+    /// A teardown that finished (or failed) inside the run loop.
+    teardown_report: crate::mmu::zap::ZapReport,
+    teardown_error: Option<ZapError>,
     /// Fewer host CPUs than vCPUs; `None`: one host CPU per vCPU.
     pub host: Option<HostCpus>,
     /// The event queue in virtual time: (deadline, vCPU) of what will wake
@@ -93,9 +133,15 @@ pub(crate) struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(quantum: Cycles) -> Self {
+    pub fn new(quantum: Cycles, lookahead: Cycles) -> Self {
         Scheduler {
             quantum,
+            lookahead,
+            deliveries: std::collections::BTreeMap::new(),
+            delivery_seq: 0,
+            stuck: Vec::new(),
+            teardown_report: crate::mmu::zap::ZapReport::default(),
+            teardown_error: None,
             host: None,
             events: BTreeSet::new(),
             stopped: None,
@@ -108,6 +154,17 @@ impl Scheduler {
     /// others wait.
     pub fn set_host_cpus(&mut self, count: usize, slice: Cycles, vcpus: usize) {
         self.host = (count < vcpus).then(|| HostCpus::new(count.max(1), slice, vcpus));
+    }
+
+    /// The host scheduler's next tick, with fewer host CPUs than vCPUs.
+    fn next_tick(&self) -> Option<Cycles> {
+        self.host.as_ref().map(|h| h.next_tick)
+    }
+
+    /// `request` (an IPI or a kick) lands at `at`.
+    fn queue_delivery(&mut self, at: Cycles, request: CrossRequest) {
+        self.deliveries.insert((at, self.delivery_seq), request);
+        self.delivery_seq += 1;
     }
 
     /// Host CPUs shared by the vCPUs, when fewer than the vCPUs.
@@ -217,11 +274,17 @@ pub(crate) fn start_vcpu(vcpu: &mut Vcpu, rip: u64, rsp: u64, rdi: u64, at: Cycl
 }
 
 impl Vm {
-    /// Runs until global virtual time reaches `time_limit` or the VM stops.
+    /// Runs until every vCPU and pending delivery is at or past
+    /// `time_limit` in virtual time, or the VM stops. Where it returns
+    /// changes nothing the VM does: guest code runs to horizons that do
+    /// not depend on `time_limit`, and an exit at or past it stays parked
+    /// for the next call.
     pub fn run_until(&mut self, time_limit: Cycles) -> RunStatus {
         self.sched.ring_full = false;
-        while self.sched.stopped.is_none() && self.shared.time < time_limit {
-            self.run_round();
+        while self.sched.stopped.is_none() {
+            if !self.step(time_limit) {
+                break;
+            }
             if self.sched.ring_full && self.sched.stopped.is_none() {
                 return RunStatus::DirtyRingFull;
             }
@@ -229,6 +292,90 @@ impl Vm {
         match &self.sched.stopped {
             Some(reason) => RunStatus::Stopped(reason.clone()),
             None => RunStatus::Running,
+        }
+    }
+
+    /// Lets the earliest actor act, unless it is at or past `time_limit`
+    /// (then global time moves to `time_limit` and it returns false).
+    fn step(&mut self, time_limit: Cycles) -> bool {
+        let Some((at, actor)) = self.next_actor() else {
+            self.sched.stopped = Some(StopReason::Error(VmError::AllHalted {
+                cycles: self.shared.time.0,
+            }));
+            return false;
+        };
+        if at >= time_limit {
+            self.shared.time = self.shared.time.max(time_limit);
+            return false;
+        }
+        self.shared.time = self.shared.time.max(at);
+        match actor {
+            Actor::Delivery => self.deliver_next(),
+            Actor::HostTick => self.host_tick(at),
+            Actor::Teardown => self.teardown_batch(),
+            Actor::Vcpu(index) => self.step_vcpu(index),
+        }
+        true
+    }
+
+    /// Runs the VM until the zap-all teardown in progress is done (the
+    /// VMM thread waits in it), and returns its report. If the VM stops
+    /// or a dirty ring fills first, the rest is torn down at once.
+    pub(crate) fn run_teardown(&mut self) -> Result<crate::mmu::zap::ZapReport, ZapError> {
+        self.sched.ring_full = false;
+        while self.teardown.is_some()
+            && self.sched.stopped.is_none()
+            && !self.sched.ring_full
+            && self.step(Cycles::MAX)
+        {}
+        let ring_full = std::mem::take(&mut self.sched.ring_full);
+        let _ = ring_full;
+        let Some(mut teardown) = self.teardown.take() else {
+            return match self.sched.teardown_error.take() {
+                Some(e) => Err(e),
+                None => Ok(std::mem::take(&mut self.sched.teardown_report)),
+            };
+        };
+        let host = &mut self.shared.host;
+        while !teardown.obsolete.is_done() {
+            let at = teardown.report.ended;
+            host.mmu.zap_batch(
+                &host.mem,
+                &mut host.frames,
+                &host.costs,
+                &mut teardown.report,
+                &mut teardown.obsolete,
+                at,
+            )?;
+        }
+        Ok(teardown.report)
+    }
+
+    /// The VMM thread's next teardown batch (see [`Teardown`]).
+    fn teardown_batch(&mut self) {
+        let Some(teardown) = self.teardown.as_mut() else {
+            return;
+        };
+        let host = &mut self.shared.host;
+        let at = teardown.report.ended;
+        let result = host.mmu.zap_batch(
+            &host.mem,
+            &mut host.frames,
+            &host.costs,
+            &mut teardown.report,
+            &mut teardown.obsolete,
+            at,
+        );
+        match result {
+            Err(e) => {
+                self.teardown = None;
+                self.sched.teardown_error = Some(e);
+            }
+            Ok(()) if teardown.obsolete.is_done() => {
+                self.sched.teardown_report = teardown.report;
+                self.teardown = None;
+            }
+            Ok(()) => {}
         }
     }
 
@@ -246,47 +393,110 @@ impl Vm {
         }
     }
 
-    /// One scheduling round.
-    fn run_round(&mut self) {
-        let runnable = self.vcpus.iter().any(|v| match v.run {
-            RunState::Runnable => true,
-            RunState::Halted | RunState::ApfHalted => v.can_wake(),
-            RunState::WaitingForStart | RunState::Stalled { .. } => false,
-        });
-        if !runnable {
-            // Nothing to interpret: jump to the first event that can wake
-            // a vCPU.
-            match self.sched.events.first().map(|&(deadline, _)| deadline) {
-                Some(deadline) => {
-                    self.shared.time = self.shared.time.max(deadline.saturating_sub(Cycles(1)))
-                }
-                None => {
-                    self.sched.stopped = Some(StopReason::Error(VmError::AllHalted {
-                        cycles: self.shared.time.0,
-                    }));
-                    return;
+    /// When vCPU `index` next does something the others could see (see
+    /// the module's comment), `Cycles::MAX` for never without a delivery.
+    fn vcpu_time(&self, index: usize) -> Cycles {
+        let vcpu = &self.vcpus[index];
+        let clock = vcpu.clock();
+        match vcpu.run {
+            RunState::Runnable => clock,
+            RunState::Halted | RunState::ApfHalted => {
+                if vcpu.can_wake() {
+                    clock.max(vcpu.wake_not_before)
+                } else {
+                    vcpu.wake_event.map_or(Cycles::MAX, |d| d.max(clock))
                 }
             }
+            RunState::Stalled { until, .. } => until.max(clock),
+            RunState::WaitingForStart => Cycles::MAX,
         }
-        let round_end = self.shared.time.saturating_add(self.sched.quantum);
-        if let Err(error) = self.assign_host_cpus(round_end) {
-            self.sched.stopped = Some(StopReason::Error(error));
-            return;
-        }
-        for index in 0..self.vcpus.len() {
-            if self.sched.stopped.is_some() {
-                return;
-            }
-            self.run_vcpu(index, round_end);
-        }
-        self.shared.time = round_end;
     }
 
-    /// With fewer host CPUs than vCPUs: who runs in the round that ends at
-    /// `round_end` (see the module's comment). A vCPU that gets a host CPU
-    /// back has its steal recorded; one that loses it while it wants to
-    /// run counts a preemption.
-    fn assign_host_cpus(&mut self, round_end: Cycles) -> Result<(), VmError> {
+    /// The earliest virtual time at which vCPU `index` could make a
+    /// delivery land on another vCPU: an IPI or kick is sent by an exit
+    /// handler, so a vCPU that is not already in one must first exit.
+    fn earliest_delivery_from(&self, index: usize, time: Cycles) -> Cycles {
+        let vcpu = &self.vcpus[index];
+        let to_exit = match vcpu.run {
+            RunState::Runnable if vcpu.parked_exit.is_some() => 0,
+            _ => vcpu.cpu.costs().vm_exit,
+        };
+        time.saturating_add(Cycles(to_exit + self.shared.host.costs.ipi_latency()))
+    }
+
+    /// The next thing to happen in virtual time: the earliest of the
+    /// pending deliveries, the host CPUs' next tick and the vCPUs' times;
+    /// on a tie deliveries first, then the tick, then the lowest vCPU
+    /// index. `None` when nothing can ever happen again.
+    fn next_actor(&self) -> Option<(Cycles, Actor)> {
+        let mut best: Option<(Cycles, Actor)> = self
+            .sched
+            .deliveries
+            .keys()
+            .next()
+            .map(|&(at, _)| (at, Actor::Delivery));
+        if let Some(tick) = self.sched.next_tick() {
+            if best.is_none_or(|(at, _)| tick < at) {
+                best = Some((tick, Actor::HostTick));
+            }
+        }
+        if let Some(teardown) = &self.teardown {
+            let at = teardown.report.ended;
+            if best.is_none_or(|(b, _)| at < b) {
+                best = Some((at, Actor::Teardown));
+            }
+        }
+        for index in 0..self.vcpus.len() {
+            let at = self.vcpu_time(index);
+            if at != Cycles::MAX && best.is_none_or(|(b, _)| at < b) {
+                best = Some((at, Actor::Vcpu(index)));
+            }
+        }
+        best
+    }
+
+    /// How far vCPU `index` may run guest code before the others catch
+    /// up: no further than the earliest delivery another vCPU could still
+    /// make (so one always lands on time), the lookahead past the
+    /// earliest other vCPU, the next pending delivery and the host CPUs'
+    /// next tick.
+    fn horizon(&self, index: usize) -> Cycles {
+        let mut horizon = Cycles::MAX;
+        for other in (0..self.vcpus.len()).filter(|&o| o != index) {
+            let time = self.vcpu_time(other);
+            if time == Cycles::MAX {
+                continue;
+            }
+            horizon = horizon
+                .min(self.earliest_delivery_from(other, time))
+                .min(time.saturating_add(self.sched.lookahead));
+        }
+        if let Some(&(at, _)) = self.sched.deliveries.keys().next() {
+            horizon = horizon.min(at);
+        }
+        if let Some(tick) = self.sched.next_tick() {
+            horizon = horizon.min(tick);
+        }
+        horizon
+    }
+
+    /// With fewer host CPUs than vCPUs: the host scheduler's tick at
+    /// `now` (every quantum) decides who runs until the next one.
+    fn host_tick(&mut self, now: Cycles) {
+        let next = now.saturating_add(self.sched.quantum);
+        if let Some(host) = self.sched.host.as_mut() {
+            host.next_tick = next;
+        }
+        if let Err(error) = self.assign_host_cpus(now, next) {
+            self.sched.stopped = Some(StopReason::Error(error));
+        }
+    }
+
+    /// With fewer host CPUs than vCPUs: who runs from `now` to the next
+    /// tick at `next` (see the module's comment). A vCPU that gets a host
+    /// CPU back has its steal recorded; one that loses it while it wants
+    /// to run counts a preemption and its steal-time area says so.
+    fn assign_host_cpus(&mut self, now: Cycles, next: Cycles) -> Result<(), VmError> {
         let Vm {
             vcpus,
             shared,
@@ -296,8 +506,7 @@ impl Vm {
         let Some(host) = sched.host.as_mut() else {
             return Ok(());
         };
-        let now = shared.time;
-        let wants: Vec<bool> = vcpus.iter().map(|v| wants_host_cpu(v, round_end)).collect();
+        let wants: Vec<bool> = vcpus.iter().map(|v| wants_host_cpu(v, next)).collect();
         let held_before: Vec<bool> = host.holding.iter().map(Option::is_some).collect();
         let waiting = (0..vcpus.len())
             .filter(|&i| wants[i] && host.holding[i].is_none())
@@ -316,7 +525,7 @@ impl Vm {
         let mut queue: Vec<usize> = (0..vcpus.len())
             .filter(|&i| wants[i] && host.holding[i].is_none())
             .collect();
-        queue.sort_by_key(|&i| (!host.boosted[i], vcpus[i].stats.busy_cycles, i));
+        queue.sort_by_key(|&i| (vcpus[i].stats.busy_cycles, i));
         let free = host.count - host.holding.iter().filter(|h| h.is_some()).count();
         for &i in queue.iter().take(free) {
             host.holding[i] = Some(now + host.slice);
@@ -327,9 +536,18 @@ impl Vm {
             if holds && !held_before[i] {
                 // Scheduled in: KVM's `record_steal_time` at the entry
                 // after `vcpu_load`.
+                if vcpu.run == RunState::Runnable {
+                    vcpu.steal_until(now);
+                }
                 crate::vcpu::steal::record(vcpu, shared)?;
             } else if !holds && held_before[i] && wants[i] {
                 vcpu.stats.preemptions += 1;
+                if vcpu.run == RunState::Runnable {
+                    // Preempted in guest mode: the host's timer interrupt
+                    // exits it.
+                    vcpu.end_pause();
+                    crate::vcpu::steal::set_preempted(vcpu, shared)?;
+                }
             }
         }
         self.carry_out_cross_requests();
@@ -337,9 +555,8 @@ impl Vm {
     }
 
     /// KVM_HC_SCHED_YIELD from vCPU `index` to `target`: if the target is
-    /// preempted, the caller's host CPU becomes the target's (at once if
-    /// the target's turn in this round is still to come, else first thing
-    /// next round) and the caller is preempted.
+    /// preempted, the caller's host CPU becomes the target's at the
+    /// caller's clock, and the caller is preempted.
     fn directed_yield(&mut self, index: usize, target: VcpuId) -> Result<(), VmError> {
         let Vm {
             vcpus,
@@ -347,175 +564,172 @@ impl Vm {
             sched,
             ..
         } = self;
-        let round_end = shared.time.saturating_add(sched.quantum);
         let Some(host) = sched.host.as_mut() else {
             return Ok(());
         };
         let t = target.0;
         if host.holding[index].is_none()
             || host.holding[t].is_some()
-            || !wants_host_cpu(&vcpus[t], round_end)
+            || !wants_host_cpu(&vcpus[t], host.next_tick)
         {
             return Ok(());
         }
         host.holding[index] = None;
         vcpus[index].stats.sched_yields_directed += 1;
         vcpus[index].stats.preemptions += 1;
-        if t > index {
-            let at = vcpus[index].clock();
-            let target = &mut vcpus[t];
-            if target.run == RunState::Runnable {
-                target.steal_until(at);
-            }
-            host.holding[t] = Some(at + host.slice);
-            crate::vcpu::steal::record(target, shared)?;
-        } else {
-            host.boosted[t] = true;
+        let at = vcpus[index].clock();
+        crate::vcpu::steal::set_preempted(&mut vcpus[index], shared)?;
+        let target = &mut vcpus[t];
+        if target.run == RunState::Runnable {
+            target.steal_until(at);
         }
-        Ok(())
+        host.holding[t] = Some(at + host.slice);
+        crate::vcpu::steal::record(target, shared)
     }
 
-    /// vCPU `index`'s turn in the round; the pages it dirties go to its
-    /// dirty ring.
-    fn run_vcpu(&mut self, index: usize, round_end: Cycles) {
+    /// vCPU `index`'s next step (it is the earliest actor): finish what
+    /// is due on its clock, wake it, handle its parked exit, or run its
+    /// guest code to the horizon. The pages it dirties go to its ring.
+    fn step_vcpu(&mut self, index: usize) {
         let rings = &self.shared.host.dirty_rings;
         rings.set_running(Some(VcpuId(index)));
         self.shared.host.mmu.set_running(Some(index));
-        self.run_vcpu_turn(index, round_end);
+        if let Err(error) = self.step_vcpu_inner(index) {
+            self.sched.stopped = Some(StopReason::Error(error));
+        }
         self.shared.host.dirty_rings.set_running(None);
         self.shared.host.mmu.set_running(None);
     }
 
-    fn run_vcpu_turn(&mut self, index: usize, round_end: Cycles) {
-        // Wake-ups of a halted vCPU that moved no clock (a guard against
-        // spinning on a deadline that cannot wake it).
-        let mut stuck = 0;
-        let turn_start = self.vcpus[index].clock();
+    fn step_vcpu_inner(&mut self, index: usize) -> Result<(), VmError> {
+        self.complete_io(index)?;
+        let horizon = self.horizon(index);
+        let Vm {
+            vcpus,
+            shared,
+            sched,
+            ..
+        } = self;
+        let vcpu = &mut vcpus[index];
+        match vcpu.run {
+            RunState::WaitingForStart => Ok(()),
+            RunState::Stalled { until, .. } => {
+                // complete_io made it runnable if the read is done.
+                vcpu.idle_until(until);
+                Ok(())
+            }
+            RunState::Halted | RunState::ApfHalted => {
+                if vcpu.can_wake() {
+                    let at = vcpu.wake_not_before;
+                    vcpu.idle_until(at);
+                    sched.set_runnable(vcpu);
+                    return Ok(());
+                }
+                if let Some(deadline) = vcpu.wake_event {
+                    if sched.stuck.len() <= index {
+                        sched.stuck.resize(index + 1, 0);
+                    }
+                    if deadline <= vcpu.clock() {
+                        sched.stuck[index] += 1;
+                        if sched.stuck[index] > 2 {
+                            // Nothing moves (a timer interrupt of too low
+                            // a priority, say): only a delivery can wake
+                            // it now.
+                            sched.stuck[index] = 0;
+                            if let Some(old) = vcpu.wake_event.take() {
+                                sched.events.remove(&(old, index));
+                            }
+                            return Ok(());
+                        }
+                    } else {
+                        sched.stuck[index] = 0;
+                    }
+                    vcpu.idle_until(deadline);
+                    vcpu.update_timer();
+                    sched.register_event(vcpu);
+                }
+                Ok(())
+            }
+            RunState::Runnable if !sched.holds_host_cpu(index) => {
+                // Preempted: it waits for a host CPU, as steal time, to
+                // the next tick or as far as the others allow.
+                vcpu.steal_until(horizon.max(vcpu.clock() + Cycles(1)));
+                Ok(())
+            }
+            RunState::Runnable => {
+                if let Some(exit) = vcpu.parked_exit.take() {
+                    let next = vcpu.handle_exit(shared, exit);
+                    self.carry_out_cross_requests();
+                    return self.after_exit(index, next);
+                }
+                if shared.host.dirty_rings.is_soft_full(vcpu.id) {
+                    // KVM_EXIT_DIRTY_RING_FULL: no entry until the VMM
+                    // harvests (`run_until` returns).
+                    if !vcpu.ring_full {
+                        vcpu.ring_full = true;
+                        vcpu.stats.dirty_ring_full_exits += 1;
+                    }
+                    sched.ring_full = true;
+                    return Ok(());
+                }
+                // Stop at the next page arrival to announce it on time.
+                let limit = vcpu
+                    .apf
+                    .next_ready_at()
+                    .map_or(horizon, |t| t.min(horizon));
+                let exit = vcpu.enter(shared, limit)?;
+                vcpu.parked_exit = Some(exit);
+                self.carry_out_cross_requests();
+                Ok(())
+            }
+        }
+    }
+
+    /// Carries out what the handler of vCPU `index`'s exit asked of the
+    /// scheduler.
+    fn after_exit(&mut self, index: usize, next: Next) -> Result<(), VmError> {
+        let Vm { vcpus, sched, .. } = self;
+        let vcpu = &mut vcpus[index];
+        match next {
+            Next::Continue => {}
+            Next::Halt => sched.block(vcpu, RunState::Halted),
+            Next::Stall { until, slot } => {
+                vcpu.apf.stats.stalls += 1;
+                sched.block(vcpu, RunState::Stalled { until, slot });
+            }
+            Next::ApfHalt => {
+                vcpu.apf.stats.halts += 1;
+                sched.block(vcpu, RunState::ApfHalted);
+            }
+            Next::YieldTo(target) => {
+                self.directed_yield(index, target)?;
+                self.carry_out_cross_requests();
+            }
+            Next::Stop(reason) => sched.stopped = Some(reason),
+        }
+        Ok(())
+    }
+
+    /// Handles every parked exit, earliest first, and lands every pending
+    /// delivery: what a snapshot or a migration's last dirty-log round
+    /// needs before it saves the VM (neither is part of the saved state).
+    /// It changes where the VM's events fall against the caller's own
+    /// work, so only the VMM's save points call it.
+    pub fn settle(&mut self) {
         loop {
-            if let Err(error) = self.complete_io(index) {
-                self.sched.stopped = Some(StopReason::Error(error));
+            if self.sched.stopped.is_some() {
                 return;
             }
-            let Vm {
-                vcpus,
-                shared,
-                sched,
-                ..
-            } = self;
-            let vcpu = &mut vcpus[index];
-            match vcpu.run {
-                RunState::WaitingForStart => {
-                    vcpu.idle_until(round_end);
-                    return;
-                }
-                RunState::Stalled { until, .. } => {
-                    // complete_io made it runnable if the read is done.
-                    if until >= round_end {
-                        vcpu.idle_until(round_end);
-                        return;
-                    }
-                    vcpu.idle_until(until);
-                }
-                RunState::Halted | RunState::ApfHalted => {
-                    if vcpu.can_wake() {
-                        let at = vcpu.wake_not_before;
-                        vcpu.idle_until(at);
-                        sched.set_runnable(vcpu);
-                        continue;
-                    }
-                    let now = vcpu.clock();
-                    match vcpu.wake_event {
-                        Some(deadline) if deadline < round_end => {
-                            if deadline <= now {
-                                stuck += 1;
-                                if stuck > 2 {
-                                    // Nothing moves (a timer interrupt of
-                                    // too low a priority, say): let the
-                                    // round end.
-                                    vcpu.idle_until(round_end);
-                                    return;
-                                }
-                            }
-                            vcpu.idle_until(deadline);
-                            vcpu.update_timer();
-                            sched.register_event(vcpu);
-                        }
-                        _ => {
-                            vcpu.idle_until(round_end);
-                            return;
-                        }
-                    }
-                }
-                RunState::Runnable if !sched.holds_host_cpu(index) => {
-                    // Preempted: it waits for a host CPU to the round's
-                    // end, and its steal-time area says so.
-                    vcpu.steal_until(round_end);
-                    let marked = crate::vcpu::steal::set_preempted(vcpu, shared);
-                    self.carry_out_cross_requests();
-                    if let Err(error) = marked {
-                        self.sched.stopped = Some(StopReason::Error(error));
-                    }
-                    return;
-                }
-                RunState::Runnable => {
-                    // A vCPU whose clock, when its turn in the round came,
-                    // left less than a VM entry's cost before the round's
-                    // end could not retire an instruction: entering would
-                    // pay the entry and exit and push its clock past the
-                    // next round's end too, so with a quantum below that
-                    // cost no instruction would ever run. It sits the round
-                    // out and its budget carries over. (A vCPU that already
-                    // ran in the round re-enters as before.)
-                    let entry = Cycles(vcpu.cpu.costs().vm_entry);
-                    if vcpu.clock() >= round_end || turn_start + entry >= round_end {
-                        return;
-                    }
-                    if shared.host.dirty_rings.is_soft_full(vcpu.id) {
-                        // KVM_EXIT_DIRTY_RING_FULL: no entry until the VMM
-                        // harvests (`run_until` returns at the round's end).
-                        if !vcpu.ring_full {
-                            vcpu.ring_full = true;
-                            vcpu.stats.dirty_ring_full_exits += 1;
-                        }
-                        sched.ring_full = true;
-                        return;
-                    }
-                    // Stop at the next page arrival to announce it on time.
-                    let limit = vcpu
-                        .apf
-                        .next_ready_at()
-                        .map_or(round_end, |t| t.min(round_end));
-                    let next = match vcpu.enter(shared, limit) {
-                        Ok(exit) => vcpu.handle_exit(shared, exit),
-                        Err(error) => Next::Stop(StopReason::Error(error)),
-                    };
-                    self.carry_out_cross_requests();
-                    let Vm { vcpus, sched, .. } = self;
-                    let vcpu = &mut vcpus[index];
-                    match next {
-                        Next::Continue => {}
-                        Next::Halt => sched.block(vcpu, RunState::Halted),
-                        Next::Stall { until, slot } => {
-                            vcpu.apf.stats.stalls += 1;
-                            sched.block(vcpu, RunState::Stalled { until, slot });
-                        }
-                        Next::ApfHalt => {
-                            vcpu.apf.stats.halts += 1;
-                            sched.block(vcpu, RunState::ApfHalted);
-                        }
-                        Next::YieldTo(target) => {
-                            if let Err(error) = self.directed_yield(index, target) {
-                                self.sched.stopped = Some(StopReason::Error(error));
-                                return;
-                            }
-                            self.carry_out_cross_requests();
-                        }
-                        Next::Stop(reason) => {
-                            sched.stopped = Some(reason);
-                            return;
-                        }
-                    }
-                }
+            if !self.sched.deliveries.is_empty() {
+                self.deliver_next();
+                continue;
+            }
+            let parked = (0..self.vcpus.len())
+                .filter(|&i| self.vcpus[i].parked_exit.is_some())
+                .min_by_key(|&i| (self.vcpus[i].clock(), i));
+            match parked {
+                Some(index) => self.step_vcpu(index),
+                None => return,
             }
         }
     }
@@ -581,63 +795,9 @@ impl Vm {
                         vcpu.requests.set(Requests::RELOAD_ROOT);
                     }
                 }
-                CrossRequest::Ipi {
-                    sender_apic,
-                    ipi,
-                    at,
-                } => {
-                    for (i, target) in vcpus.iter_mut().enumerate() {
-                        if !target.cpu.apic().is_destination(ipi.dest, sender_apic) {
-                            continue;
-                        }
-                        match ipi.mode {
-                            // INIT (not the level de-assert): wait for SIPI.
-                            IpiMode::Init if ipi.level_assert => {
-                                target.cpu.receive_init();
-                                target.nmi_pending = false;
-                                if target.mmu_mode == crate::mmu::MmuMode::Shadow {
-                                    target.reset_shadow_paging();
-                                }
-                                target.run = RunState::WaitingForStart;
-                                shared.directory[i].started = false;
-                            }
-                            IpiMode::Init => {}
-                            // NMI: latched; injected at the target's next
-                            // entry that the CPU accepts it (it wakes a
-                            // halted vCPU whatever IF says).
-                            // A CPU waiting for SIPI takes none.
-                            IpiMode::Nmi if target.run == RunState::WaitingForStart => {}
-                            IpiMode::Nmi => {
-                                target.nmi_pending = true;
-                                wake(target, at);
-                            }
-                            // SIPI: real mode at vector << 8 (ignored
-                            // unless the target waits for one).
-                            IpiMode::Startup => {
-                                if target.cpu.receive_startup(ipi.vector) {
-                                    if target.mmu_mode == crate::mmu::MmuMode::Shadow {
-                                        target.reset_shadow_paging();
-                                    }
-                                    shared.directory[i].started = true;
-                                    target.idle_until(at);
-                                    target.run = RunState::Runnable;
-                                }
-                            }
-                            _ => {
-                                target.stats.ipis_received += 1;
-                                if sched.is_preempted(i, target.run) {
-                                    target.stats.ipis_received_preempted += 1;
-                                }
-                                target.cpu.apic_mut().accept_interrupt(ipi.vector);
-                                wake(target, at);
-                            }
-                        }
-                    }
-                }
-                CrossRequest::Kick { target, at } => {
-                    let target = &mut vcpus[target.0];
-                    wake(target, at);
-                    target.kicked = true;
+                CrossRequest::Ipi { at, .. } | CrossRequest::Kick { at, .. } => {
+                    let lands = at.saturating_add(Cycles(shared.host.costs.ipi_latency()));
+                    sched.queue_delivery(lands, request);
                 }
                 CrossRequest::StartCpu {
                     target,
@@ -652,6 +812,80 @@ impl Vm {
             }
         }
         self.sweep_cr3_caches(roots_reloaded);
+    }
+
+    /// Lands the earliest pending delivery (an IPI or a kick) on its
+    /// targets, at its time.
+    fn deliver_next(&mut self) {
+        let Some(((at, _), request)) = self.sched.deliveries.pop_first() else {
+            return;
+        };
+        let Vm {
+            vcpus,
+            shared,
+            sched,
+            ..
+        } = self;
+        match request {
+            CrossRequest::Ipi {
+                sender_apic, ipi, ..
+            } => {
+                for (i, target) in vcpus.iter_mut().enumerate() {
+                    if !target.cpu.apic().is_destination(ipi.dest, sender_apic) {
+                        continue;
+                    }
+                    match ipi.mode {
+                        // INIT (not the level de-assert): wait for SIPI.
+                        IpiMode::Init if ipi.level_assert => {
+                            target.cpu.receive_init();
+                            target.nmi_pending = false;
+                            target.parked_exit = None;
+                            if target.mmu_mode == crate::mmu::MmuMode::Shadow {
+                                target.reset_shadow_paging();
+                            }
+                            target.run = RunState::WaitingForStart;
+                            shared.directory[i].started = false;
+                        }
+                        IpiMode::Init => {}
+                        // NMI: latched; injected at the target's next
+                        // entry that the CPU accepts it (it wakes a
+                        // halted vCPU whatever IF says). A CPU waiting
+                        // for SIPI takes none.
+                        IpiMode::Nmi if target.run == RunState::WaitingForStart => {}
+                        IpiMode::Nmi => {
+                            target.nmi_pending = true;
+                            wake(target, at);
+                        }
+                        // SIPI: real mode at vector << 8 (ignored unless
+                        // the target waits for one).
+                        IpiMode::Startup => {
+                            if target.cpu.receive_startup(ipi.vector) {
+                                if target.mmu_mode == crate::mmu::MmuMode::Shadow {
+                                    target.reset_shadow_paging();
+                                }
+                                shared.directory[i].started = true;
+                                target.idle_until(at);
+                                target.run = RunState::Runnable;
+                            }
+                        }
+                        _ => {
+                            target.stats.ipis_received += 1;
+                            if sched.is_preempted(i, target.run) {
+                                target.stats.ipis_received_preempted += 1;
+                            }
+                            target.cpu.apic_mut().accept_interrupt(ipi.vector);
+                            wake(target, at);
+                        }
+                    }
+                }
+            }
+            CrossRequest::Kick { target, .. } => {
+                let target = &mut vcpus[target.0];
+                wake(target, at);
+                target.kicked = true;
+            }
+            _ => unreachable!("only IPIs and kicks are delivered later"),
+        }
     }
 
     /// Keeps the CR3 cache's invariant (`mmu/shadow/cr3_cache.rs`): after
@@ -811,15 +1045,23 @@ mod tests {
     #[test]
     fn a_kick_wakes_a_halted_vcpu_no_earlier_than_the_sender_clock() {
         let mut vm = halting_vm(1);
-        assert_eq!(vm.run_until(Cycles(10_000)), RunStatus::Running);
-        assert_eq!(vm.vcpus[0].run, RunState::Halted);
         let at = Cycles(5_000_000);
         vm.shared.cross.push(CrossRequest::Kick {
             target: VcpuId(0),
             at,
         });
         vm.carry_out_cross_requests();
-        assert!(vm.vcpus[0].can_wake());
+        assert!(!vm.vcpus[0].kicked, "in flight");
+        assert_eq!(vm.run_until(at), RunStatus::Running);
+        assert_eq!(vm.vcpus[0].run, RunState::Halted);
+        assert!(!vm.vcpus[0].can_wake());
+        // It lands at the send time plus its latency, not before.
+        let landed = at + Cycles(vm.shared.host.costs.ipi_latency());
+        assert_eq!(vm.run_until(landed), RunStatus::Running);
+        assert_eq!(vm.vcpus[0].run, RunState::Halted);
+        assert!(!vm.vcpus[0].kicked);
+        assert_eq!(vm.run_until(landed + Cycles(1)), RunStatus::Running);
+        assert!(vm.vcpus[0].clock() >= landed, "woken at the landing");
         // It wakes, runs, halts again; then nothing is left to wake it.
         let status = vm.run_until(vm.time() + Cycles(6_000_000));
         assert!(
@@ -845,6 +1087,7 @@ mod tests {
             at: Cycles::ZERO,
         });
         vm.carry_out_cross_requests();
+        vm.deliver_next();
         let Vm { vcpus, sched, .. } = &mut vm;
         let vcpu = &mut vcpus[0];
         vcpu.run = RunState::ApfHalted;
@@ -870,7 +1113,10 @@ mod tests {
         // Linux's RCU stall detector NMIs a CPU that may sit in `kvm_wait`'s
         // HLT with IF = 0.
         let mut vm = halting_vm(2);
-        assert_eq!(vm.run_until(Cycles(10_000)), RunStatus::Running);
+        assert!(matches!(
+            vm.run(),
+            StopReason::Error(VmError::AllHalted { .. })
+        ));
         assert_eq!(vm.vcpus[0].run, RunState::Halted);
         assert!(!vm.vcpus[0].can_wake());
         let nmi = |dest| CrossRequest::Ipi {
@@ -886,6 +1132,8 @@ mod tests {
         // vCPU 1 waits for SIPI: it takes none.
         vm.shared.cross.extend([nmi(0), nmi(1)]);
         vm.carry_out_cross_requests();
+        vm.deliver_next();
+        vm.deliver_next();
         assert!(vm.vcpus[0].nmi_pending);
         assert!(vm.vcpus[0].can_wake());
         assert!(!vm.vcpus[1].nmi_pending);
@@ -894,7 +1142,7 @@ mod tests {
     }
 
     #[test]
-    fn an_ap_starts_at_the_start_time_and_the_rounds_keep_clocks_together() {
+    fn an_ap_starts_at_the_start_time() {
         let mut vm = halting_vm(2);
         vm.shared.directory[1].started = true;
         vm.shared.cross.push(CrossRequest::StartCpu {
@@ -907,7 +1155,7 @@ mod tests {
         vm.carry_out_cross_requests();
         assert_eq!(vm.vcpus[1].clock(), Cycles(70_000), "idle until started");
         assert_eq!(vm.vcpus[1].stats.idle_cycles, 70_000);
-        vm.run_until(Cycles(50_000));
+        vm.run_until(Cycles(200_000));
         assert_eq!(vm.vcpus[1].stats.halts, 1);
         // Two halted vCPUs and no event: the VM stops, deterministically.
         let reason = vm.run();

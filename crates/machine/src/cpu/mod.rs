@@ -211,6 +211,9 @@ pub struct Cpu {
     /// IDT-vectoring information): the hv must re-inject it.
     idt_vectoring: Option<EventInjection>,
     host_interrupts: PendingVectors,
+    /// The last run in guest mode ended at its cycle limit: the CPU is
+    /// paused in guest mode, not exited (see [`Cpu::run`]).
+    paused: bool,
     exit_len: u8,
     /// The MMIO access of the instruction that exited on an EPT
     /// violation (`mmio.rs`).
@@ -311,6 +314,7 @@ impl Cpu {
             injection: None,
             idt_vectoring: None,
             host_interrupts: PendingVectors::default(),
+            paused: false,
             exit_len: 0,
             mmio: None,
             stats: CpuStats::default(),
@@ -403,6 +407,7 @@ impl Cpu {
     /// mode (`None`). Entering or leaving flushes nothing; with VPID 0 the
     /// TLB is flushed on each entry and exit instead.
     pub fn set_vmx(&mut self, controls: Option<VmxControls>) {
+        self.end_pause();
         self.mode_epoch += 1;
         self.vmx = controls.map(Box::new);
         self.check_events = true;
@@ -486,6 +491,7 @@ impl Cpu {
     /// and the APIC id kept, the APIC reset) and waits for a startup IPI.
     /// Pending events are dropped; the TLB and decoded code are flushed.
     pub fn receive_init(&mut self) {
+        self.end_pause();
         let fpu = self.state.fpu;
         self.state = CpuState::real_mode_at(0, 0);
         self.state.fpu = fpu;
@@ -553,10 +559,22 @@ impl Cpu {
 
     /// Runs until something needs the outside world or `cycles()` reaches
     /// `cycle_limit` (then [`VmExit::CycleLimit`]).
+    ///
+    /// In guest mode, reaching the cycle limit is a pause, not a VM exit:
+    /// the simulator stops interpreting to let other CPUs catch up in
+    /// virtual time, which the guest cannot see and hardware does not do.
+    /// A pause charges no VM exit, and the next run resumes it without a
+    /// VM entry. Anything the hypervisor does to a paused CPU that needs
+    /// a real exit (an event to inject, requests to process) ends the
+    /// pause with [`Cpu::end_pause`] first: a kick's exit.
     pub fn run(&mut self, mem: &PhysMemory, cycle_limit: u64) -> VmExit {
         self.exit_len = 0;
         let guest = self.vmx.is_some();
-        if guest {
+        if self.injection.is_some() {
+            self.end_pause();
+        }
+        let resuming = std::mem::take(&mut self.paused);
+        if guest && !resuming {
             self.stats.vm_entries += 1;
             self.cycles += self.costs.vm_entry;
             if self.vpid() == 0 {
@@ -569,6 +587,10 @@ impl Cpu {
         // Nothing outside a run sees pending flags.
         self.flush_flags();
         if guest {
+            if matches!(exit, VmExit::CycleLimit) {
+                self.paused = true;
+                return exit;
+            }
             self.stats.vm_exits += 1;
             self.cycles += self.costs.vm_exit;
             if self.vpid() == 0 {
@@ -576,6 +598,24 @@ impl Cpu {
             }
         }
         exit
+    }
+
+    /// Whether the CPU is paused in guest mode (see [`Cpu::run`]).
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Ends a pause with a VM exit (what a kick from the hypervisor
+    /// costs); the next run enters again. Nothing happens to a CPU that
+    /// is not paused.
+    pub fn end_pause(&mut self) {
+        if std::mem::take(&mut self.paused) && self.vmx.is_some() {
+            self.stats.vm_exits += 1;
+            self.cycles += self.costs.vm_exit;
+            if self.vpid() == 0 {
+                self.tlb.flush_vpid(0);
+            }
+        }
     }
 
     fn run_loop(&mut self, mem: &PhysMemory, cycle_limit: u64) -> VmExit {

@@ -224,6 +224,9 @@ pub(super) fn precopy_rounds(
         if let Some(ending) = run_for(vm, until) {
             return Ok(Err(ending));
         }
+        // Exits still parked and IPIs in flight are handled now, so the
+        // round's dirty log has what they write (`Vm::settle`).
+        vm.settle();
         let collected = vm
             .collect_dirty_log(RAM_SLOT)
             .map_err(|e| format!("dirty log: {e}"))?;
