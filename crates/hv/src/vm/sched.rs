@@ -36,7 +36,7 @@ use crate::time::Cycles;
 use crate::vcpu::{Next, Requests, RunState, Vcpu, VcpuId};
 use machine::cpu::state::DescriptorTable;
 use machine::cpu::{Activity, Gpr};
-use machine::vmx::IpiMode;
+use machine::vmx::{IpiMode, VmExit};
 use std::collections::BTreeSet;
 
 /// Host CPUs shared by more vCPUs (`--host-cpus` below `--vcpus`).
@@ -678,7 +678,10 @@ impl Vm {
                     .next_ready_at()
                     .map_or(horizon, |t| t.min(horizon));
                 let exit = vcpu.enter(shared, limit)?;
-                vcpu.parked_exit = Some(exit);
+                // A pause at the limit is no exit: nothing to handle.
+                if exit != VmExit::CycleLimit {
+                    vcpu.parked_exit = Some(exit);
+                }
                 self.carry_out_cross_requests();
                 Ok(())
             }
@@ -737,6 +740,14 @@ impl Vm {
     /// Completes what is due on vCPU `index`'s clock: the read it stalls
     /// on, its async faults whose pages arrived (prefaulted, announced).
     fn complete_io(&mut self, index: usize) -> Result<(), VmError> {
+        let vcpu = &self.vcpus[index];
+        if vcpu.run == RunState::Runnable
+            && vcpu.apf.works.is_empty()
+            && vcpu.apf.ready_queue.is_empty()
+        {
+            // Nothing in flight for it (the common case, checked cheaply).
+            return Ok(());
+        }
         let result = self.complete_io_of(index);
         self.carry_out_cross_requests();
         result
@@ -774,6 +785,9 @@ impl Vm {
     /// Carries out what exits (and the hv's own accesses) asked of other
     /// vCPUs, in the order asked.
     pub(crate) fn carry_out_cross_requests(&mut self) {
+        if self.shared.cross.is_empty() && self.shared.cr3_cache.is_none() {
+            return;
+        }
         let Vm {
             vcpus,
             shared,
@@ -781,8 +795,10 @@ impl Vm {
             ..
         } = self;
         let mut roots_reloaded = false;
-        let requests: Vec<CrossRequest> = shared.cross.drain(..).collect();
-        for request in requests {
+        // Taken out and put back (emptied) to keep its allocation:
+        // nothing below queues requests.
+        let mut requests = std::mem::take(&mut shared.cross);
+        for request in requests.drain(..) {
             match request {
                 CrossRequest::FlushAll => {
                     for vcpu in vcpus.iter_mut() {
@@ -811,6 +827,7 @@ impl Vm {
                 }
             }
         }
+        self.shared.cross = requests;
         self.sweep_cr3_caches(roots_reloaded);
     }
 
