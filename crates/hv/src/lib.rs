@@ -55,7 +55,8 @@ pub use vcpu::steal::cycles_to_ns as steal_cycles_to_ns;
 pub use vcpu::{Vcpu, VcpuId};
 pub use vm::dirty_log::{Collected, DirtyLogCost, DirtyPages, RingHarvest};
 pub use vm::{
-    Report, RunStatus, StopReason, Vm, VmConfig, DEFAULT_HOST_SLICE, MIN_HOST_MEM, RAM_SLOT,
+    max_lookahead, Report, RunStatus, StopReason, Vm, VmConfig, DEFAULT_HOST_SLICE, MIN_HOST_MEM,
+    RAM_SLOT,
 };
 
 /// Virtual cycles per second of virtual time (the machine's 3 GHz clock).

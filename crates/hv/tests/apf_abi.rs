@@ -23,7 +23,6 @@ fn run(apf: ApfMode, protocol: ApfProtocol) -> (Vm, BTreeMap<String, u64>) {
 /// The CPUID bits offered under every configuration: kvmclock's, steal
 /// time, PV TLB flush, PV sched yield, PV send-IPI and PV EOI.
 const CLOCK: u32 = abi::KVM_FEATURE_CLOCKSOURCE2
-    | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT
     | abi::KVM_FEATURE_STEAL_TIME
     | abi::KVM_FEATURE_PV_TLB_FLUSH
     | abi::KVM_FEATURE_PV_SCHED_YIELD

@@ -44,6 +44,8 @@ pub enum ConfigError {
         min: u64,
         kernel: u64,
     },
+    #[error("--lookahead {lookahead}: at most {max} cycles (the shortest IPI flight after an exit at these costs); more would let IPIs land late")]
+    Lookahead { lookahead: u64, max: u64 },
     #[error("--swap {path}: {reason}")]
     SwapPath { path: PathBuf, reason: String },
     #[error("{option} {path}: {reason}")]

@@ -597,9 +597,17 @@ struct RunArgs {
     /// A guest boot option (repeatable), e.g. `--option crash=triple`.
     #[arg(long = "option", value_name = "OPT")]
     options: Vec<String>,
-    /// Scheduling quantum in virtual cycles.
-    #[arg(long, default_value_t = 100_000)]
+    /// With --host-cpus below --vcpus: how often, in virtual cycles, the
+    /// host scheduler decides which vCPUs run. No effect otherwise.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1000..))]
     quantum: u64,
+    /// How far, in virtual cycles, a vCPU may run guest code past the
+    /// earliest other vCPU (default and maximum: the shortest IPI flight
+    /// after an exit, 1,010 cycles at the default costs). Smaller values
+    /// change no IPI's or lock's timing, only how finely guest code
+    /// interleaves across vCPUs.
+    #[arg(long, value_name = "CYCLES", value_parser = clap::value_parser!(u64).range(1..))]
+    lookahead: Option<u64>,
     /// Host CPUs the vCPUs share (default: one per vCPU). Below --vcpus,
     /// only this many vCPUs run at a time under a fair scheduler and the
     /// others accumulate steal time.

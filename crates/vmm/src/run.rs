@@ -88,6 +88,13 @@ fn vm_config(args: &RunArgs, cmdline: String) -> Result<VmConfig, ConfigError> {
         ..VmConfig::default()
     };
     args.overcommit.apply(&mut config);
+    if let Some(lookahead) = args.lookahead {
+        let max = hv::max_lookahead(&config.costs, &config.cpu_costs);
+        if lookahead > max {
+            return Err(ConfigError::Lookahead { lookahead, max });
+        }
+        config.lookahead = lookahead;
+    }
     Ok(config)
 }
 

@@ -3,8 +3,14 @@
 //!
 //! The guest's TSC is the machine's cycle counter plus the vCPU's TSC
 //! offset, running at [`crate::CYCLES_PER_SECOND`] on every vCPU from the
-//! same origin, so one scale serves the whole VM and the clock is stable
-//! (`PVCLOCK_TSC_STABLE_BIT`). The time info says: at guest TSC
+//! same origin, so one scale serves the whole VM. It is not advertised
+//! stable (no `PVCLOCK_TSC_STABLE_BIT`, no
+//! `KVM_FEATURE_CLOCKSOURCE_STABLE_BIT`), as KVM does on a host whose TSCs
+//! are not synchronised: vCPUs run guest code up to the lookahead apart
+//! in virtual time (`vm/sched.rs`), so a reading one vCPU hands to
+//! another through memory can be later than the other's clock. Linux
+//! then keeps its readings monotonic across CPUs itself (pvclock's
+//! `last_value`), and so does the bundled kernel. The time info says: at guest TSC
 //! `tsc_timestamp` the VM had run `system_time` nanoseconds; it is written
 //! when the guest enables it and again whenever the vCPU's TSC is written
 //! (the offset moved), as KVM's `KVM_REQ_CLOCK_UPDATE` does. Everything
@@ -161,7 +167,7 @@ pub(super) fn update_time_info(vcpu: &mut Vcpu, shared: &mut Shared) -> Result<(
         system_time: scale.apply(vcpu.cpu.cycles()),
         tsc_to_system_mul: scale.mul,
         tsc_shift: scale.shift,
-        flags: abi::PVCLOCK_TSC_STABLE_BIT,
+        flags: 0,
         pad: [0; 2],
     };
     let mut bytes = [0u8; 32];

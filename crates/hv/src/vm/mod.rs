@@ -381,7 +381,6 @@ impl Vm {
                 apf,
                 kvm_features: apf.kvm_features()
                     | abi::KVM_FEATURE_CLOCKSOURCE2
-                    | abi::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT
                     | abi::KVM_FEATURE_STEAL_TIME
                     | abi::KVM_FEATURE_PV_TLB_FLUSH
                     | abi::KVM_FEATURE_PV_SCHED_YIELD
