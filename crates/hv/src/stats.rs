@@ -32,7 +32,12 @@ pub struct MmuLockStats {
     /// Of `waited_cycles`, the handoffs' share.
     pub handoff_cycles: u64,
     /// Holds that overlapped the one before (a broken order; always 0).
+    #[serde(default)]
     pub overlaps: u64,
+    /// Requests made earlier in virtual time than one that reached the
+    /// lock before them (`mmu::lock`): served after it.
+    #[serde(default)]
+    pub inversions: u64,
 }
 
 /// Counters of one vCPU.

@@ -24,6 +24,9 @@ pub struct VcpuSummary {
     pub utilization: f64,
     pub ept_faults: u64,
     pub mmu_lock_wait_cycles: u64,
+    /// Its timed holds of `mmu_lock` and how many of them waited.
+    pub mmu_lock_acquisitions: u64,
+    pub mmu_lock_contended: u64,
     pub halts: u64,
     pub ipis_sent: u64,
     pub apf: hv::apf::ApfStats,
@@ -338,6 +341,8 @@ impl Summary {
                     utilization: v.utilization(stats.virtual_cycles),
                     ept_faults: v.ept_faults,
                     mmu_lock_wait_cycles: v.mmu_lock_wait_cycles,
+                    mmu_lock_acquisitions: v.mmu_lock_acquisitions,
+                    mmu_lock_contended: v.mmu_lock_contended,
                     halts: v.halts,
                     ipis_sent: v.ipis_sent,
                     apf: v.apf,
@@ -408,12 +413,15 @@ impl Summary {
         let _ = writeln!(
             s,
             "mmu_lock:     {} cycles waited by vCPUs; taken {} times, {} contended, \
-             {} line transfers, {} cycles of handoffs",
+             {} line transfers, {} cycles of handoffs; {} overlapping holds, \
+             {} requests served after a later one",
             self.mmu_lock_wait_cycles,
             l.acquisitions,
             l.contended,
             l.line_transfers,
-            l.handoff_cycles
+            l.handoff_cycles,
+            l.overlaps,
+            l.inversions
         );
         let f = &self.fast_pf;
         let _ = writeln!(
@@ -582,6 +590,16 @@ impl Summary {
                 v.apf.halts,
                 v.apf.stall_cycles
             );
+            if v.mmu_lock_acquisitions > 0 {
+                let _ = writeln!(
+                    s,
+                    "           mmu_lock: taken {} times, {} contended ({:.1} %), {} cycles waited",
+                    v.mmu_lock_acquisitions,
+                    v.mmu_lock_contended,
+                    v.mmu_lock_contended as f64 * 100.0 / v.mmu_lock_acquisitions as f64,
+                    v.mmu_lock_wait_cycles
+                );
+            }
             let pv = &v.pv;
             if pv.send_ipi_calls + pv.eoi_offered > 0 {
                 let _ = writeln!(

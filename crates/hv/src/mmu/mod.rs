@@ -267,6 +267,7 @@ impl Mmu {
             waited_cycles: t.waited.0,
             handoff_cycles: t.handoff.0,
             overlaps: t.overlaps,
+            inversions: t.inversions,
         }
     }
 

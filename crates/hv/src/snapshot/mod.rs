@@ -907,6 +907,8 @@ impl Vm {
                 vm.sched
                     .set_host_cpu_state(&holding, boosted)
                     .map_err(SnapshotError::Invalid)?;
+                // The host scheduler ticks on from the saved time.
+                vm.sched.set_next_tick(vm.shared.time);
             }
             (None, None) => {}
             _ => {

@@ -226,6 +226,10 @@ pub struct DeviceStats {
     /// Sum over reads of time spent queued behind other reads.
     pub read_queue_cycles: u64,
     pub max_read_wait_cycles: u64,
+    /// Reads submitted at an earlier virtual time than one submitted
+    /// before them (exits are handled in time order, but a handler's work
+    /// before it submits varies): served after it.
+    pub read_inversions: u64,
 }
 
 /// A device in use: its servers' busy-until times and its generator.
@@ -236,6 +240,8 @@ pub struct Device {
     write_busy_until: u64,
     rng: u64,
     stats: DeviceStats,
+    /// The latest read submission time seen.
+    last_read_submit: u64,
 }
 
 impl Device {
@@ -248,6 +254,7 @@ impl Device {
             // xorshift needs a non-zero state.
             rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             stats: DeviceStats::default(),
+            last_read_submit: 0,
             model,
         }
     }
@@ -283,6 +290,10 @@ impl Device {
     /// Submits a page read at virtual time `now`; returns when it
     /// completes.
     pub fn submit_read(&mut self, now: u64) -> u64 {
+        if now < self.last_read_submit {
+            self.stats.read_inversions += 1;
+        }
+        self.last_read_submit = self.last_read_submit.max(now);
         let latency = self.draw(self.model.read_latency);
         let service = latency + self.model.transfer_cycles();
         // The earliest-free server; ties go to the lowest index, so the

@@ -161,6 +161,13 @@ impl Scheduler {
         self.host.as_ref().map(|h| h.next_tick)
     }
 
+    /// The host scheduler's next tick is at `at` (a restored VM's time).
+    pub(crate) fn set_next_tick(&mut self, at: Cycles) {
+        if let Some(host) = self.host.as_mut() {
+            host.next_tick = at;
+        }
+    }
+
     /// `request` (an IPI or a kick) lands at `at`.
     fn queue_delivery(&mut self, at: Cycles, request: CrossRequest) {
         self.deliveries.insert((at, self.delivery_seq), request);
@@ -673,10 +680,7 @@ impl Vm {
                     return Ok(());
                 }
                 // Stop at the next page arrival to announce it on time.
-                let limit = vcpu
-                    .apf
-                    .next_ready_at()
-                    .map_or(horizon, |t| t.min(horizon));
+                let limit = vcpu.apf.next_ready_at().map_or(horizon, |t| t.min(horizon));
                 let exit = vcpu.enter(shared, limit)?;
                 // A pause at the limit is no exit: nothing to handle.
                 if exit != VmExit::CycleLimit {

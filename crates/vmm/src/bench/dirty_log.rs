@@ -63,6 +63,38 @@ pub struct DirtyLogRun {
     /// `mmu_lock`'s counters over the whole run (every core).
     #[serde(default)]
     pub mmu_lock: hv::MmuLockStats,
+    /// Per vCPU over the whole run: its timed holds of `mmu_lock`, the
+    /// contended ones and its wait.
+    #[serde(default)]
+    pub lock_per_vcpu: Vec<VcpuLock>,
+}
+
+/// One vCPU's use of `mmu_lock` over a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VcpuLock {
+    pub acquisitions: u64,
+    pub contended: u64,
+    pub wait_cycles: u64,
+}
+
+impl VcpuLock {
+    /// The contended share of its acquisitions, in percent.
+    fn contended_pct(&self) -> f64 {
+        self.contended as f64 * 100.0 / self.acquisitions.max(1) as f64
+    }
+}
+
+/// The largest distance of `values` from their mean, in percent of it (0
+/// for a zero mean).
+fn spread_pct(values: &[f64]) -> f64 {
+    let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
+    if mean == 0.0 {
+        return 0.0;
+    }
+    values
+        .iter()
+        .map(|v| (v - mean).abs() * 100.0 / mean)
+        .fold(0.0, f64::max)
 }
 
 fn ms(cycles: u64) -> f64 {
@@ -172,6 +204,15 @@ pub fn drive(
         ring_full_exits: harvests.exits,
         pml_full_exits: pml_full_exits(vm) - pml_full_before,
         mmu_lock: stats.mmu_lock,
+        lock_per_vcpu: stats
+            .vcpus
+            .iter()
+            .map(|v| VcpuLock {
+                acquisitions: v.mmu_lock_acquisitions,
+                contended: v.mmu_lock_contended,
+                wait_cycles: v.mmu_lock_wait_cycles,
+            })
+            .collect(),
     })
 }
 
@@ -418,6 +459,38 @@ impl Bench for DirtyLogBench {
             s,
             "(virtual time; dirty, get, clear and pages are means over the iterations; the dirty time is seed 001's \"dirty-log resume time\": the last vCPU's end minus the first one's start, guest rdtsc; seed 001 (KVM, fast page fault): -47 % to -53 %)"
         );
+        let _ = writeln!(
+            s,
+            "mmu_lock per vCPU (whole run: contended share of its acquisitions, its wait; spread: the largest distance from the mean):"
+        );
+        for (c, r) in &rows {
+            if r.lock_per_vcpu.is_empty() {
+                continue;
+            }
+            let shares: Vec<f64> = r
+                .lock_per_vcpu
+                .iter()
+                .map(VcpuLock::contended_pct)
+                .collect();
+            let waits: Vec<f64> = r.lock_per_vcpu.iter().map(|v| ms(v.wait_cycles)).collect();
+            let list = |v: &[f64], digits: usize| {
+                v.iter()
+                    .map(|x| format!("{x:.digits$}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            let _ = writeln!(
+                s,
+                "  {} {} fast pf {}: contended % {} (spread {:.1} %); wait ms {} (spread {:.1} %)",
+                c.mmu.name(),
+                c.mode.name(),
+                if c.fast_pf { "on" } else { "off" },
+                list(&shares, 1),
+                spread_pct(&shares),
+                list(&waits, 3),
+                spread_pct(&waits)
+            );
+        }
         let _ = writeln!(s, "plot: {}", plot_path.display());
         Ok(s)
     }
