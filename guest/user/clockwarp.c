@@ -33,8 +33,11 @@ static uint64_t clock_read(void) { return (uint64_t)syscall4(SYS_TIME, how, 0, 0
 static int reader_main(void *arg) {
     struct slot *me = arg;
     __atomic_add_fetch(&started, 1, __ATOMIC_SEQ_CST);
+    /* Yield, not pause: the thread on the main thread's CPU runs as soon
+     * as it is spawned, and spinning would keep main from spawning the
+     * others until the end of its slice (8 ms). */
     while (__atomic_load_n(&started, __ATOMIC_ACQUIRE) < (uint64_t)nthreads)
-        __builtin_ia32_pause();
+        yield();
     for (uint64_t k = 0; k < iterations; k++) {
         __atomic_store_n(&me->value, clock_read(), __ATOMIC_RELEASE);
         for (int j = 0; j < nthreads; j++) {
