@@ -48,7 +48,7 @@ int ipiping_main(int argc, char **argv) {
         if (strcmp(argv[i], "-n") == 0)
             rc = opt_size("ipiping", argc, argv, &i, 1, 1000000, &rounds);
         else if (strcmp(argv[i], "-c") == 0)
-            rc = opt_size("ipiping", argc, argv, &i, 0, 63, &target);
+            rc = opt_size("ipiping", argc, argv, &i, 0, (uint64_t)(cpus > 1 ? cpus - 1 : 0), &target);
         else if (strcmp(argv[i], "-b") == 0) {
             busy = 1;
             rc = 0;
@@ -56,9 +56,13 @@ int ipiping_main(int argc, char **argv) {
         if (rc != 0)
             return usage();
     }
-    if (cpus < 2 || (int)target >= cpus || (int)target == me) {
-        eprintf("ipiping: needs another cpu to ping (this is cpu %d of %d, target %lu)\n", me, cpus, target);
+    if (cpus < 2) {
+        eprintf("ipiping: needs a second cpu to ping (this VM has %d)\n", cpus);
         return 1;
+    }
+    if ((int)target == me) {
+        eprintf("ipiping: option -c: cpu %lu is this one; ping another\n", target);
+        return usage();
     }
     uint64_t *cycles = mmap_anon(rounds * sizeof(uint64_t));
     if (!cycles) {

@@ -138,7 +138,10 @@ fn clockwarp_on_linux_sees_no_warps_on_2_and_4_vcpus_with_kvm_clock() {
 
 /// ipiping's (min, median, max) round trip in cycles.
 fn ipiping(extra: &[&str], program: &[&str]) -> (u64, u64, u64) {
-    let mut args = vec!["--vcpus", "2"];
+    let mut args = vec![];
+    if !extra.contains(&"--vcpus") {
+        args.extend(["--vcpus", "2"]);
+    }
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--", "ipiping", "-n", "200"]);
     args.extend_from_slice(program);
@@ -155,8 +158,9 @@ fn ipiping(extra: &[&str], program: &[&str]) -> (u64, u64, u64) {
 
 /// An IPI lands at the sender's exit time plus its cost, whatever the
 /// lookahead or quantum: the round trip is the same number under each, and
-/// in the thousands of cycles (not a quantum). Idle (halted) and busy
-/// (spinning in user mode) targets.
+/// in the thousands of cycles (not a quantum), and the same from vCPU 0 to
+/// vCPU 3 of 4 as to vCPU 1 of 2 (no dependence on vCPU numbering). Idle
+/// (halted) and busy (spinning in user mode) targets.
 #[test]
 fn ipiping_round_trip_does_not_depend_on_lookahead_or_quantum() {
     for target in [&[][..], &["-b"]] {
@@ -164,9 +168,16 @@ fn ipiping_round_trip_does_not_depend_on_lookahead_or_quantum() {
             ("default lookahead", &[][..]),
             ("--lookahead 100", &["--lookahead", "100"]),
             ("--quantum 25000", &["--quantum", "25000"]),
+            ("--vcpus 4, to vCPU 3", &["--vcpus", "4"]),
         ]
         .into_iter()
-        .map(|(name, extra)| (name, ipiping(extra, target)))
+        .map(|(name, extra)| {
+            let mut program = target.to_vec();
+            if extra.contains(&"--vcpus") {
+                program.extend(["-c", "3"]);
+            }
+            (name, ipiping(extra, &program))
+        })
         .collect();
         for (name, (min, median, max)) in &runs {
             println!("ipiping {target:?} {name}: min {min} median {median} max {max} cycles");
