@@ -31,6 +31,8 @@
 #define VEC_APF_READY 0x22      /* page ready (both protocols), through the local APIC */
 #define VEC_APF_NOTPRESENT 0x23 /* event protocol's page not present, injected by the hv: no EOI */
 #define VEC_TLB_FLUSH 0x28      /* remote TLB flush request (tlb.c) */
+#define VEC_IPI_PING 0x29       /* ipiping.c: answer the sender with VEC_IPI_PONG */
+#define VEC_IPI_PONG 0x2a       /* ipiping.c: the answer */
 #define VEC_SPURIOUS 0xff
 
 /* User space lives in PML4 slots 1..255; slot 0 is the kernel's identity
@@ -294,7 +296,11 @@ int task_wait(int tid);
 struct task *task_by_tid(int tid);
 void cpu_idle_loop(void) __attribute__((noreturn));
 int pick_cpu(void);
+/* The TSC and virtual ns since boot, monotonic across CPUs (a global
+ * last-value guard: the vCPUs' TSCs differ by up to the hv's lookahead). */
+uint64_t clock_tsc(void);
 uint64_t now_ns(void);
+uint64_t tsc_to_ns(uint64_t tsc);
 extern struct task tasks[MAX_TASKS];
 
 /* apf.c: asynchronous page faults (KVM's x86 protocol or the event one) */
@@ -356,6 +362,13 @@ void tlb_serve_requests(struct cpu *c);
  * freed. Returns the pages dropped, or -EINVAL. */
 #define ZAP_MAX_PAGES 64
 int64_t vm_zap_range(struct mm *mm, uint64_t start, uint64_t end);
+
+/* ipiping.c: IPI round trips through the x2APIC ICR (SYS_IPIPING). */
+/* One round trip to CPU `target`: TSC cycles, or -EINVAL / -EAGAIN. */
+int64_t ipiping_round(int target);
+/* VEC_IPI_PING (0 if nobody pinged: a stray) and VEC_IPI_PONG handlers. */
+int ipiping_ping(void);
+void ipiping_pong(void);
 
 /* syscall.c, user.c */
 int64_t syscall_dispatch(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3);

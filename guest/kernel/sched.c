@@ -48,8 +48,29 @@ static struct task *rq_pop(struct cpu *c) {
     return t;
 }
 
-uint64_t now_ns(void) {
+/* The kernel's clock, monotonic across CPUs. The hv keeps the vCPUs' TSCs
+ * within its lookahead of each other but not equal (kvmclock is not
+ * advertised stable), so a time read on one CPU and handed to another
+ * through memory can be later than the other's TSC. As Linux's
+ * pvclock_clocksource_read does without PVCLOCK_TSC_STABLE_BIT, every
+ * reading goes through one global last value: a reading behind it returns
+ * it instead. The common case is one shared load and one compare-exchange
+ * (none when the reading is not newer). */
+static uint64_t clock_last_tsc;
+
+uint64_t clock_tsc(void) {
     uint64_t t = rdtsc();
+    uint64_t last = __atomic_load_n(&clock_last_tsc, __ATOMIC_ACQUIRE);
+    do {
+        if (t <= last)
+            return last;
+    } while (!__atomic_compare_exchange_n(&clock_last_tsc, &last, t, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    return t;
+}
+
+uint64_t now_ns(void) { return tsc_to_ns(clock_tsc()); }
+
+uint64_t tsc_to_ns(uint64_t t) {
     /* Split to avoid overflowing t * 1e9. */
     return (t / tsc_hz) * 1000000000ULL + (t % tsc_hz) * 1000000000ULL / tsc_hz;
 }

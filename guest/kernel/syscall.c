@@ -357,7 +357,9 @@ static int64_t do_syscall(uint64_t nr, uint64_t a0, uint64_t a1, uint64_t a2, ui
     case SYS_GETCPU:
         return this_cpu()->id;
     case SYS_TIME:
-        return (int64_t)now_ns();
+        return (int64_t)(a0 == SYS_TIME_RAW ? tsc_to_ns(rdtsc()) : now_ns());
+    case SYS_IPIPING:
+        return ipiping_round((int)a0);
     case SYS_MMAP:
         return sys_mmap(a0);
     case SYS_SPAWN:

@@ -7,7 +7,10 @@
 #define SYS_YIELD 2
 #define SYS_SLEEP 3  /* (ns) */
 #define SYS_GETCPU 4
-#define SYS_TIME 5   /* -> virtual ns since boot */
+#define SYS_TIME 5   /* (how) -> virtual ns since boot, monotonic across CPUs;
+                        how = SYS_TIME_RAW: this CPU's TSC, unguarded (the
+                        CPUs' TSCs differ by up to the hv's lookahead) */
+#define SYS_TIME_RAW 1
 #define SYS_MMAP 6   /* (len) -> address of demand-zero anonymous memory */
 #define SYS_SPAWN 7  /* (entry, arg, cpu) -> tid of a new thread in this process;
                         cpu = -1 picks the least loaded CPU */
@@ -23,6 +26,9 @@
                              process running that program; it inherits the
                              caller's pipes */
 #define SYS_SEED 17 /* -> the boot option seed=S (1 without it) */
+#define SYS_IPIPING 25 /* (cpu) -> TSC cycles of one IPI round trip to that CPU:
+                          an x2APIC ICR write there, its handler's ICR write
+                          back; -EINVAL (no such other CPU), -EAGAIN (busy) */
 #define SYS_ZAP 24  /* (addr, len): MADV_DONTNEED of at most 64 pages: they read as
                        zero when touched again; -> pages dropped */
 

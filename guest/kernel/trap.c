@@ -39,6 +39,13 @@ void trap(struct trapframe *tf) {
         apic_eoi();
         tlb_serve_requests(c);
         break;
+    case VEC_IPI_PING:
+        if (!ipiping_ping())
+            kprintf("stray ping IPI on cpu %d\n", c->id);
+        break;
+    case VEC_IPI_PONG:
+        ipiping_pong();
+        break;
     case VEC_RESCHED:
         apic_eoi();
         c->need_resched = 1;

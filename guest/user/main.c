@@ -12,6 +12,8 @@ int touchloop_main(int argc, char **argv);
 int fbwrite_main(int argc, char **argv);
 int tlbflush_main(int argc, char **argv);
 int hackbench_main(int argc, char **argv);
+int clockwarp_main(int argc, char **argv);
+int ipiping_main(int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -28,6 +30,8 @@ static const struct {
     {"fbwrite", fbwrite_main},
     {"tlbflush", tlbflush_main},
     {"hackbench", hackbench_main},
+    {"clockwarp", clockwarp_main},
+    {"ipiping", ipiping_main},
 };
 
 int umain(int argc, char **argv);

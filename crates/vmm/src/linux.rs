@@ -42,6 +42,10 @@ const PROGRAMS: &[(&str, &[u8])] = &[
         "hackbench",
         include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/hackbench")),
     ),
+    (
+        "clockwarp",
+        include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/clockwarp")),
+    ),
 ];
 #[cfg(not(linux_programs))]
 const PROGRAMS: &[(&str, &[u8])] = &[];
