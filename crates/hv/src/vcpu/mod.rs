@@ -294,6 +294,14 @@ impl Vcpu {
         }
         self.inject_pending_nmi();
         let limit = pv_eoi::before_entry(self, shared, limit)?;
+        // A write let through to a tracked guest page table runs one
+        // instruction to its monitor-trap exit: no pause in between, so
+        // the table is never left writable while other vCPUs run.
+        let limit = if self.shadow.pending_write.is_some() {
+            Cycles::MAX
+        } else {
+            limit
+        };
         let before = self.cpu.cycles();
         let exit = self.cpu.run(&shared.host.mem, limit.0);
         self.stats.busy_cycles += self.cpu.cycles() - before;

@@ -81,6 +81,13 @@ fn wants_host_cpu(vcpu: &Vcpu, round_end: Cycles) -> bool {
     }
 }
 
+/// The longest run of guest code without a look back at the scheduler
+/// when nothing else bounds it (a vCPU alone, the others blocked): a
+/// guest spinning with interrupts off still returns to the VMM, whose
+/// slices and signals it would otherwise never see. A pause is free and
+/// invisible, so the value changes no result.
+const MAX_RUN: Cycles = Cycles(1_000_000);
+
 /// Who acts next in virtual time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Actor {
@@ -290,6 +297,7 @@ impl Vm {
         self.sched.ring_full = false;
         while self.sched.stopped.is_none() {
             if !self.step(time_limit) {
+                self.finish_tracked_writes();
                 break;
             }
             if self.sched.ring_full && self.sched.stopped.is_none() {
@@ -383,6 +391,25 @@ impl Vm {
                 self.teardown = None;
             }
             Ok(()) => {}
+        }
+    }
+
+    /// Handles the parked exits of vCPUs whose write to a tracked guest
+    /// page table is in flight (its exit ends it), earliest first, so the
+    /// VMM never sees such a table writable between two `run_until`
+    /// calls. They are at or after the limit `run_until` stopped at.
+    fn finish_tracked_writes(&mut self) {
+        while self.sched.stopped.is_none() {
+            let pending = (0..self.vcpus.len())
+                .filter(|&i| {
+                    let v = &self.vcpus[i];
+                    v.parked_exit.is_some() && v.shadow.pending_write.is_some()
+                })
+                .min_by_key(|&i| (self.vcpus[i].clock(), i));
+            match pending {
+                Some(index) => self.step_vcpu(index),
+                None => return,
+            }
         }
     }
 
@@ -610,7 +637,9 @@ impl Vm {
 
     fn step_vcpu_inner(&mut self, index: usize) -> Result<(), VmError> {
         self.complete_io(index)?;
-        let horizon = self.horizon(index);
+        let horizon = self
+            .horizon(index)
+            .min(self.vcpus[index].clock().saturating_add(MAX_RUN));
         let Vm {
             vcpus,
             shared,
