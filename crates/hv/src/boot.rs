@@ -207,6 +207,13 @@ pub(crate) fn boot_multiboot(
         start: plan.start & !(PAGE - 1),
         end: plan.end.div_ceil(PAGE) * PAGE,
     });
+    // As QEMU hands a multiboot kernel over: every local APIC as after
+    // RESET, in xAPIC mode (faultline's own kernel and Linux are handed
+    // theirs in x2APIC mode).
+    for vcpu in &mut vm.vcpus {
+        let id = vcpu.cpu.apic().id();
+        *vcpu.cpu.apic_mut() = machine::apic::Lapic::at_reset(id);
+    }
     vm.start_vcpu(VcpuId(0), plan.entry, 0, 0);
     enter_multiboot_state(vm.vcpus[0].cpu.state_mut(), plan.entry);
     Ok(vm)
