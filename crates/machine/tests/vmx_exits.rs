@@ -439,6 +439,38 @@ fn interrupt_window_exit_respects_sti_blocking() {
     );
 }
 
+/// NMI-window exiting: no exit while NMIs are blocked (an NMI handler
+/// before its IRET), and none inside an STI shadow (an NMI is not taken
+/// there: kvm-unit-tests' `apic` "nmi-after-sti").
+#[test]
+fn nmi_window_exit_waits_for_nmi_unblocking_and_the_sti_shadow() {
+    let prog = |a: &mut CodeAssembler| {
+        a.nop().unwrap();
+        a.nop().unwrap();
+        a.hlt().unwrap();
+    };
+    let nmi_window = || machine::VmxControls {
+        nmi_window_exiting: true,
+        ..controls()
+    };
+    let mut g = rig(prog).guest(nmi_window());
+    g.cpu.state_mut().nmi_blocked = true;
+    assert_eq!(g.run(), VmExit::Hlt);
+
+    let mut g = rig(prog).guest(nmi_window());
+    g.cpu.state_mut().interruptibility = machine::cpu::state::interruptibility::STI;
+    assert_eq!(g.run(), VmExit::NmiWindow);
+    assert_eq!(
+        g.cpu.state().rip,
+        CODE + 1,
+        "the instruction in the shadow runs first"
+    );
+
+    let mut g = rig(prog).guest(nmi_window());
+    assert_eq!(g.run(), VmExit::NmiWindow);
+    assert_eq!(g.cpu.state().rip, CODE);
+}
+
 #[test]
 fn triple_fault_is_a_shutdown_exit() {
     for guest in [false, true] {

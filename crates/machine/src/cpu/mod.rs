@@ -662,6 +662,9 @@ impl Cpu {
             if v.interrupt_window_exiting && can_interrupt {
                 return Step::Exit(VmExit::InterruptWindow);
             }
+            if v.nmi_window_exiting && !blocked && !self.state.nmi_blocked {
+                return Step::Exit(VmExit::NmiWindow);
+            }
             if v.external_interrupt_exiting {
                 if let Some(vec) = self.host_interrupts.highest() {
                     self.host_interrupts.clear(vec);
