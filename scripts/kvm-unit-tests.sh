@@ -16,8 +16,10 @@
 # faultline always offers its one CPU model. FAULTLINE-OPTIONS go to every
 # `faultline run` (e.g. `--mmu shadow`, `--engine interp`).
 #
-# Verdicts: PASS (exit status 0, no FAIL line), FAIL, SKIP (exit status 77
-# or only SKIP lines), TIMEOUT, ERROR (the VM stopped on an error).
+# Verdicts: PASS (the test exited with success and printed no FAIL line),
+# FAIL, SKIP (the test's "skipped" exit, status 77 as kvm-unit-tests' own
+# runner reads it, or only SKIP lines), TIMEOUT, ERROR (anything else: an
+# unhandled exception in the test, a VM stopped on an error).
 set -uo pipefail
 
 usage() {
@@ -76,7 +78,7 @@ verdict() {
     local status=$1 log=$2 p f s
     read -r p f s < <(counts "$log")
     if [ "$status" = 124 ]; then echo TIMEOUT
-    elif [ "$status" = 155 ]; then echo SKIP
+    elif [ "$status" = 77 ]; then echo SKIP
     elif [ "$status" = 1 ] && [ "$f" = 0 ]; then
         if [ "$p" = 0 ] && [ "$s" != 0 ]; then echo SKIP; else echo PASS; fi
     elif [ "$f" != 0 ] || [ "$status" = 3 ]; then echo FAIL
@@ -106,7 +108,7 @@ run_faultline() {
     # asyncpf needs host memory smaller than the guest's (on KVM: a memory
     # cgroup around QEMU); faultline's is --host-mem.
     [ "$file" = asyncpf.flat ] && args+=(--host-mem 512M --apf pv)
-    [ $# -gt 0 ] && args+=(--cmdline "$*")
+    [ $# -gt 0 ] && args+=("--cmdline=$*")
     timeout -k 5 $((secs + 10)) "$FAULTLINE" "${args[@]}" "${EXTRA[@]}" >"$log" 2>&1 </dev/null
     local status=$?
     # faultline's own wall limit ends the run like a timeout.

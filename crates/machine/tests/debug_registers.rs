@@ -13,9 +13,7 @@ use machine::{EventInjection, EventKind, VmExit};
 /// Runs to the HLT at the end of `code` or in the handler of the first
 /// exception; returns the vector taken (from r15's mark), if any.
 fn run(r: &mut Rig) -> Option<u8> {
-    assert_eq!(r.run(), VmExit::Hlt);
-    let mark = r.gpr(15);
-    (mark != 0).then(|| (mark - HANDLER_MARK) as u8)
+    r.vector_taken()
 }
 
 #[test]
@@ -195,5 +193,64 @@ fn user_mode_moves_fault_like_the_host_cpu() {
             "{:?}",
             outcome.native.stop
         );
+    }
+}
+
+/// RFLAGS.TF single-steps: POPF that sets TF does not trap, the next
+/// instruction does, with DR6.BS and the frame at the instruction after it.
+#[test]
+fn tf_single_step_traps_after_the_next_instruction() {
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let mut r = rig(|a| {
+            a.pushfq().unwrap();
+            a.or(qword_ptr(rsp), 0x100).unwrap();
+            a.popfq().unwrap();
+            a.nop().unwrap(); // traps after this one
+            a.nop().unwrap();
+            a.hlt().unwrap();
+        })
+        .with_engine(engine);
+        assert_eq!(run(&mut r), Some(1), "{engine:?}");
+        let d = r.cpu.state().debug;
+        assert_ne!(d.dr6 & machine::cpu::debug_regs::DR6_BS, 0);
+        let after_first_nop = {
+            let mut probe = CodeAssembler::new(64).unwrap();
+            probe.pushfq().unwrap();
+            probe.or(qword_ptr(rsp), 0x100).unwrap();
+            probe.popfq().unwrap();
+            probe.nop().unwrap();
+            probe.assemble(CODE).unwrap().len() as u64
+        };
+        let frame_rip = r.mem.read_u64(machine::Hpa(r.gpr(4))).unwrap();
+        assert_eq!(frame_rip, CODE + after_first_nop, "{engine:?}");
+    }
+}
+
+/// DR0 with DR7.L0 and R/W0 = 00: a #DB fault before the instruction at
+/// the address, DR6.B0 set.
+#[test]
+fn instruction_breakpoint_faults_before_the_instruction() {
+    let setup = |a: &mut CodeAssembler, at: u64| {
+        a.mov(rax, at).unwrap();
+        a.mov(dr0, rax).unwrap();
+        a.mov(eax, 1).unwrap();
+        a.mov(dr7, rax).unwrap();
+    };
+    let nop = {
+        let mut probe = CodeAssembler::new(64).unwrap();
+        setup(&mut probe, CODE);
+        probe.assemble(CODE).unwrap().len() as u64
+    };
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let mut r = rig(|a| {
+            setup(a, CODE + nop);
+            a.nop().unwrap();
+            a.hlt().unwrap();
+        })
+        .with_engine(engine);
+        assert_eq!(run(&mut r), Some(1), "{engine:?}");
+        assert_eq!(r.cpu.state().debug.dr6 & 0xf, 1, "B0");
+        let frame_rip = r.mem.read_u64(machine::Hpa(r.gpr(4))).unwrap();
+        assert_eq!(frame_rip, CODE + nop);
     }
 }
