@@ -878,6 +878,8 @@ impl Cpu {
         i: &Instruction,
         vec: u8,
     ) -> Result<(), Fault> {
+        // No single-step trap after INT n: its handler starts with TF clear.
+        self.tf_after_only = true;
         let ev = crate::vmx::EventInjection {
             kind: crate::vmx::EventKind::SoftwareInterrupt,
             vector: vec,
