@@ -254,3 +254,49 @@ fn instruction_breakpoint_faults_before_the_instruction() {
         assert_eq!(frame_rip, CODE + nop);
     }
 }
+
+/// kvm-unit-tests' `debug` "Single-step #DB basic test": TF set by POPF,
+/// then AND, PUSH and the POPF that clears TF each trap once, with the
+/// frame's RIP after each (a #DB handler that counts and returns).
+#[test]
+fn single_step_traps_each_instruction_until_a_popf_clears_tf() {
+    const DB_HANDLER: u64 = HANDLERS + 0x2000;
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let mut r = rig(|a| {
+            let mut one = a.create_label();
+            a.pushfq().unwrap();
+            a.pop(rax).unwrap();
+            a.or(rax, 0x100).unwrap();
+            a.push(rax).unwrap();
+            a.popfq().unwrap();
+            a.and(rax, !0x100).unwrap();
+            a.set_label(&mut one).unwrap();
+            a.push(rax).unwrap();
+            a.popfq().unwrap();
+            a.hlt().unwrap();
+        })
+        .with_engine(engine);
+        let mut h = CodeAssembler::new(64).unwrap();
+        h.inc(r14).unwrap();
+        h.mov(r12, qword_ptr(rsp)).unwrap();
+        h.mov(r13, DATA).unwrap();
+        h.mov(qword_ptr(r13 + r14 * 8), r12).unwrap();
+        h.iretq().unwrap();
+        let bytes = h.assemble(DB_HANDLER).unwrap();
+        r.mem.write_bytes(machine::Hpa(DB_HANDLER), &bytes).unwrap();
+        let lo = (DB_HANDLER & 0xffff)
+            | (u64::from(KERNEL_CS) << 16)
+            | (0x8e_u64 << 40)
+            | (((DB_HANDLER >> 16) & 0xffff) << 48);
+        r.mem.write_u64(machine::Hpa(IDT + 16), lo).unwrap();
+        r.mem
+            .write_u64(machine::Hpa(IDT + 24), DB_HANDLER >> 32)
+            .unwrap();
+        assert_eq!(run(&mut r), None, "{engine:?}");
+        assert_eq!(r.gpr(14), 3, "{engine:?}: three #DBs");
+        let rip = |k: u64| r.mem.read_u64(machine::Hpa(DATA + 8 * k)).unwrap();
+        let one = rip(1);
+        assert_eq!(rip(2), one + 1, "{engine:?}");
+        assert_eq!(rip(3), one + 2, "{engine:?}");
+    }
+}

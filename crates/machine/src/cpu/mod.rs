@@ -811,12 +811,14 @@ impl Cpu {
         tf: bool,
     ) -> Step {
         // Single-step trap (SDM Vol. 3A 18.3.1.4): after an instruction
-        // that began with TF set and completed (not after INT n, whose
-        // handler starts with TF clear); after SYSCALL/SYSRET by TF as
-        // they leave it (KVM's emulator does the same).
+        // that began with TF set and completed (a POPF that clears TF
+        // included); after SYSCALL/SYSRET and INT n by TF as they leave it
+        // (KVM's emulator does the same; INT n's handler starts with TF
+        // clear, so there is none).
         let tf_now = self.state.rflags & rflags::TF != 0;
-        let single_step =
-            executed > 0 && matches!(step, Step::Continue) && tf_now && (tf || self.tf_after_only);
+        let single_step = executed > 0
+            && matches!(step, Step::Continue)
+            && if self.tf_after_only { tf_now } else { tf };
         if executed > 0 {
             self.state.interruptibility = 0;
             // The processor clears RF after each instruction completes
