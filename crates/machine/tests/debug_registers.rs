@@ -255,48 +255,86 @@ fn instruction_breakpoint_faults_before_the_instruction() {
     }
 }
 
+/// Points #DB at a handler that counts in r14 and stores each frame's RIP
+/// at DATA + 8 * count, then returns.
+fn count_debug_exceptions(r: &mut Rig) {
+    const DB_HANDLER: u64 = HANDLERS + 0x2000;
+    let mut h = CodeAssembler::new(64).unwrap();
+    h.inc(r14).unwrap();
+    h.mov(r12, qword_ptr(rsp)).unwrap();
+    h.mov(r13, DATA).unwrap();
+    h.mov(qword_ptr(r13 + r14 * 8), r12).unwrap();
+    h.iretq().unwrap();
+    let bytes = h.assemble(DB_HANDLER).unwrap();
+    r.mem.write_bytes(machine::Hpa(DB_HANDLER), &bytes).unwrap();
+    let lo = (DB_HANDLER & 0xffff)
+        | (u64::from(KERNEL_CS) << 16)
+        | (0x8e_u64 << 40)
+        | (((DB_HANDLER >> 16) & 0xffff) << 48);
+    r.mem.write_u64(machine::Hpa(IDT + 16), lo).unwrap();
+    r.mem
+        .write_u64(machine::Hpa(IDT + 24), DB_HANDLER >> 32)
+        .unwrap();
+}
+
+/// The frame RIPs of the #DBs `code` took, as offsets from CODE.
+fn debug_exception_rips(
+    engine: machine::Engine,
+    code: impl FnOnce(&mut CodeAssembler),
+) -> Vec<i64> {
+    let mut r = rig(code).with_engine(engine);
+    count_debug_exceptions(&mut r);
+    assert_eq!(run(&mut r), None, "{engine:?}");
+    (1..=r.gpr(14))
+        .map(|k| r.mem.read_u64(machine::Hpa(DATA + 8 * k)).unwrap() as i64 - CODE as i64)
+        .collect()
+}
+
+/// Sets TF with PUSHF/OR/POPF (RAX keeps the flags).
+fn set_tf(a: &mut CodeAssembler) {
+    a.pushfq().unwrap();
+    a.pop(rax).unwrap();
+    a.or(rax, 0x100).unwrap();
+    a.push(rax).unwrap();
+    a.popfq().unwrap();
+}
+
+/// Clears TF with AND/PUSH/POPF, each single-stepped, then halts.
+fn clear_tf(a: &mut CodeAssembler) {
+    a.and(rax, !0x100).unwrap();
+    a.push(rax).unwrap();
+    a.popfq().unwrap();
+    a.hlt().unwrap();
+}
+
 /// kvm-unit-tests' `debug` "Single-step #DB basic test": TF set by POPF,
 /// then AND, PUSH and the POPF that clears TF each trap once, with the
-/// frame's RIP after each (a #DB handler that counts and returns).
+/// frame's RIP after each (2 #DBs before the fix: none after that POPF).
 #[test]
 fn single_step_traps_each_instruction_until_a_popf_clears_tf() {
-    const DB_HANDLER: u64 = HANDLERS + 0x2000;
     for engine in [machine::Engine::Interp, machine::Engine::Jit] {
-        let mut r = rig(|a| {
-            let mut one = a.create_label();
-            a.pushfq().unwrap();
-            a.pop(rax).unwrap();
-            a.or(rax, 0x100).unwrap();
-            a.push(rax).unwrap();
-            a.popfq().unwrap();
-            a.and(rax, !0x100).unwrap();
-            a.set_label(&mut one).unwrap();
-            a.push(rax).unwrap();
-            a.popfq().unwrap();
-            a.hlt().unwrap();
-        })
-        .with_engine(engine);
-        let mut h = CodeAssembler::new(64).unwrap();
-        h.inc(r14).unwrap();
-        h.mov(r12, qword_ptr(rsp)).unwrap();
-        h.mov(r13, DATA).unwrap();
-        h.mov(qword_ptr(r13 + r14 * 8), r12).unwrap();
-        h.iretq().unwrap();
-        let bytes = h.assemble(DB_HANDLER).unwrap();
-        r.mem.write_bytes(machine::Hpa(DB_HANDLER), &bytes).unwrap();
-        let lo = (DB_HANDLER & 0xffff)
-            | (u64::from(KERNEL_CS) << 16)
-            | (0x8e_u64 << 40)
-            | (((DB_HANDLER >> 16) & 0xffff) << 48);
-        r.mem.write_u64(machine::Hpa(IDT + 16), lo).unwrap();
-        r.mem
-            .write_u64(machine::Hpa(IDT + 24), DB_HANDLER >> 32)
-            .unwrap();
-        assert_eq!(run(&mut r), None, "{engine:?}");
-        assert_eq!(r.gpr(14), 3, "{engine:?}: three #DBs");
-        let rip = |k: u64| r.mem.read_u64(machine::Hpa(DATA + 8 * k)).unwrap();
-        let one = rip(1);
-        assert_eq!(rip(2), one + 1, "{engine:?}");
-        assert_eq!(rip(3), one + 2, "{engine:?}");
+        let rips = debug_exception_rips(engine, |a| {
+            set_tf(a);
+            clear_tf(a);
+        });
+        // set_tf is 10 bytes, AND 6, PUSH and POPF 1 each.
+        assert_eq!(rips, vec![16, 17, 18], "{engine:?}");
+    }
+}
+
+/// MOV SS holds its single-step trap back (the next instruction's covers
+/// it); ICEBP is a trap-like #DB with the frame after it and no second
+/// single-step trap.
+#[test]
+fn mov_ss_holds_single_step_back_and_icebp_traps_after_itself() {
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let rips = debug_exception_rips(engine, |a| {
+            a.mov(ecx, u32::from(KERNEL_DS)).unwrap();
+            set_tf(a); // offsets 5..15
+            a.mov(ss, cx).unwrap(); // 15..18 (66 8e d1): no trap after it
+            a.db(&[0xf1]).unwrap(); // ICEBP at 18: #DB, RIP 19
+            clear_tf(a); // AND 19..25, PUSH 25, POPF 26
+        });
+        assert_eq!(rips, vec![19, 25, 26, 27], "{engine:?}");
     }
 }

@@ -471,6 +471,32 @@ fn nmi_window_exit_waits_for_nmi_unblocking_and_the_sti_shadow() {
     assert_eq!(g.cpu.state().rip, CODE);
 }
 
+/// An instruction the hypervisor emulates under RFLAGS.TF single-steps
+/// too: skipping it queues the #DB trap (KVM's
+/// kvm_skip_emulated_instruction; kvm-unit-tests' debug "Single-step #DB
+/// on emulated instructions").
+#[test]
+fn skipping_an_emulated_instruction_under_tf_queues_a_debug_trap() {
+    let mut g = rig(|a| {
+        a.cpuid().unwrap();
+        a.hlt().unwrap();
+    })
+    .guest(controls());
+    g.cpu.state_mut().rflags |= machine::cpu::state::rflags::TF;
+    assert_eq!(g.run(), VmExit::Cpuid);
+    assert_eq!(g.cpu.pending_injection(), None);
+    g.cpu.skip_instruction();
+    let event = g.cpu.pending_injection().expect("a #DB is queued");
+    assert_eq!(
+        (event.kind, event.vector),
+        (EventKind::HardwareException, 1)
+    );
+    assert_ne!(
+        g.cpu.state().debug.dr6 & machine::cpu::debug_regs::DR6_BS,
+        0
+    );
+}
+
 #[test]
 fn triple_fault_is_a_shutdown_exit() {
     for guest in [false, true] {

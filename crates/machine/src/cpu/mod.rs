@@ -455,11 +455,26 @@ impl Cpu {
 
     /// Advances RIP past the instruction that caused the last exit, and
     /// ends STI/MOV-SS blocking as completing an instruction does.
+    ///
+    /// The instruction completed, so RFLAGS.RF clears, and under
+    /// RFLAGS.TF its single-step #DB is queued for the next entry (KVM's
+    /// `kvm_skip_emulated_instruction`).
     pub fn skip_instruction(&mut self) {
         self.state.rip = self.state.rip.wrapping_add(self.exit_len as u64);
         self.state.interruptibility = 0;
+        self.state.rflags &= !rflags::RF;
         self.exit_len = 0;
         self.check_events = true;
+        if self.state.rflags & rflags::TF != 0 && self.injection.is_none() {
+            let d = &mut self.state.debug;
+            d.dr6 = (d.dr6 & !debug_regs::DR6_HITS) | debug_regs::DR6_BS | debug_regs::DR6_FIXED_1;
+            self.inject_event(EventInjection {
+                kind: EventKind::HardwareException,
+                vector: vector::DB,
+                error_code: None,
+                instruction_len: 0,
+            });
+        }
     }
 
     /// Completes an `in` that exited: writes AL/AX/EAX with `value` and
@@ -764,6 +779,7 @@ impl Cpu {
             || breakpoints;
         self.rf_loaded = false;
         self.tf_after_only = false;
+        let shadow = self.state.interruptibility;
         if breakpoints && self.state.rflags & rflags::RF == 0 {
             if let Some(hits) = self.instruction_breakpoint_hits() {
                 return self.debug_exception(mem, hits);
@@ -794,7 +810,7 @@ impl Cpu {
         self.stats.instructions += executed;
         self.cycles += executed * self.costs.instruction;
         if single || self.pending_ipi.is_some() {
-            step = self.after_single_or_ipi(mem, executed, step, mtf, tf);
+            step = self.after_single_or_ipi(mem, executed, step, mtf, tf, shadow);
         }
         step
     }
@@ -809,6 +825,7 @@ impl Cpu {
         mut step: Step,
         mtf: bool,
         tf: bool,
+        shadow: u8,
     ) -> Step {
         // Single-step trap (SDM Vol. 3A 18.3.1.4): after an instruction
         // that began with TF set and completed (a POPF that clears TF
@@ -816,11 +833,17 @@ impl Cpu {
         // (KVM's emulator does the same; INT n's handler starts with TF
         // clear, so there is none).
         let tf_now = self.state.rflags & rflags::TF != 0;
+        // A MOV SS or POP SS holds its single-step trap back with the
+        // interrupts (SDM Vol. 3A 6.8.3): the next instruction's covers it.
+        let mov_ss = self.state.interruptibility & !shadow & interruptibility::MOV_SS != 0;
         let single_step = executed > 0
             && matches!(step, Step::Continue)
+            && !mov_ss
             && if self.tf_after_only { tf_now } else { tf };
         if executed > 0 {
-            self.state.interruptibility = 0;
+            // The shadow this instruction ran in ends; one it began (a
+            // MOV SS, an STI) covers the next instruction.
+            self.state.interruptibility &= !shadow;
             // The processor clears RF after each instruction completes
             // (SDM Vol. 3A 18.3.1.1); an IRET loads it from the frame.
             if !self.rf_loaded {
