@@ -188,7 +188,8 @@ pub(crate) fn boot_multiboot(
         .map(|(bytes, cmdline)| (bytes.len() as u64, cmdline.clone()))
         .collect();
     let modules = multiboot::place_modules(plan.end, &lens, config.mem_size)?;
-    let info = multiboot::build_info(config.mem_size, &config.cmdline, &modules)?;
+    let info_gpa = multiboot::info_gpa(&plan, &modules);
+    let info = multiboot::build_info(config.mem_size, &config.cmdline, &modules, info_gpa)?;
     let mut vm = Vm::new(config)?;
     for chunk in &plan.chunks {
         let data = &kernel[chunk.file.clone()];
@@ -201,14 +202,21 @@ pub(crate) fn boot_multiboot(
         vm.write_guest(Gpa(placed.start), bytes)?;
     }
     write_acpi_tables(&mut vm, config.vcpus)?;
-    vm.write_guest(Gpa(multiboot::INFO_GPA), &info)?;
+    vm.write_guest(Gpa(info_gpa), &info)?;
     vm.kernel = Some(KernelImage {
         entry: plan.entry,
         start: plan.start & !(PAGE - 1),
         end: plan.end.div_ceil(PAGE) * PAGE,
     });
+    // As QEMU hands a multiboot kernel over: every local APIC as after
+    // RESET, in xAPIC mode (faultline's own kernel and Linux are handed
+    // theirs in x2APIC mode).
+    for vcpu in &mut vm.vcpus {
+        let id = vcpu.cpu.apic().id();
+        *vcpu.cpu.apic_mut() = machine::apic::Lapic::at_reset(id);
+    }
     vm.start_vcpu(VcpuId(0), plan.entry, 0, 0);
-    enter_multiboot_state(vm.vcpus[0].cpu.state_mut(), plan.entry);
+    enter_multiboot_state(vm.vcpus[0].cpu.state_mut(), plan.entry, info_gpa);
     Ok(vm)
 }
 
@@ -217,7 +225,7 @@ pub(crate) fn boot_multiboot(
 /// data segments, interrupts off, EAX the magic, EBX the information
 /// structure. (GDTR still points at the boot GDT: the spec leaves it
 /// undefined, the kernel loads its own.)
-fn enter_multiboot_state(state: &mut machine::cpu::state::CpuState, entry: u64) {
+fn enter_multiboot_state(state: &mut machine::cpu::state::CpuState, entry: u64, info_gpa: u64) {
     use machine::cpu::state::{seg_attr, Gpr};
     const CR0_PE_ET: u64 = 0x11;
     let code32 = seg_attr::TYPE_CODE_RX_ACCESSED
@@ -234,7 +242,7 @@ fn enter_multiboot_state(state: &mut machine::cpu::state::CpuState, entry: u64) 
     state.rip = entry;
     state.gpr = [0; 16];
     state.gpr[Gpr::Rax as usize] = u64::from(multiboot::BOOTLOADER_MAGIC);
-    state.gpr[Gpr::Rbx as usize] = multiboot::INFO_GPA;
+    state.gpr[Gpr::Rbx as usize] = info_gpa;
 }
 
 /// Loads CS with the flat 4 GiB segment (`selector`, `attr`) of `code`

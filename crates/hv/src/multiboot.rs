@@ -25,9 +25,18 @@ const SEARCH_LEN: usize = 8192;
 pub const INFO_GPA: u64 = 0x9000;
 /// End of its room (above the real-mode trampolines OSes put at 0x8000).
 const INFO_END: u64 = 0x1_0000;
-/// Lowest address a kernel segment or module may use (the low megabyte
-/// holds the info structure and the ACPI tables).
+/// Start of extended memory: modules go at or above it, and the memory
+/// map's second available range starts here. Kernel segments may also use
+/// conventional memory (below the EBDA at 0x9fc00, as QEMU allows: the
+/// kvm-unit-tests `realmode` test loads at 0x8000); the info structure then
+/// moves out of their way ([`info_gpa`]).
 pub const LOAD_LOW: u64 = 0x10_0000;
+/// End of conventional memory (the EBDA, video memory, the BIOS area with
+/// the ACPI tables follow up to 1 MiB).
+const CONVENTIONAL_END: u64 = 0x9_fc00;
+/// Lowest address a kernel segment may use: above the real-mode IVT and
+/// BIOS data area.
+const CONVENTIONAL_LOW: u64 = 0x1000;
 
 /// Header flags the loader understands; a kernel setting another bit in
 /// 0..16 (a "must honour" request) is refused, as the spec asks.
@@ -189,7 +198,8 @@ pub fn plan_kernel(
     let chunks: Vec<Chunk> = chunks.into_iter().filter(|c| c.memsz != 0).collect();
     for c in &chunks {
         let end = c.paddr.saturating_add(c.memsz);
-        if c.paddr < LOAD_LOW || end > mem_size {
+        let conventional = c.paddr >= CONVENTIONAL_LOW && end <= CONVENTIONAL_END;
+        if !conventional && (c.paddr < LOAD_LOW || end > mem_size) {
             return Err(MultibootError::OutOfRam {
                 start: c.paddr,
                 end,
@@ -351,7 +361,7 @@ pub fn place_modules(
     modules: &[(u64, String)],
     mem_size: u64,
 ) -> Result<Vec<ModulePlacement>, MultibootError> {
-    let mut at = kernel_end.next_multiple_of(4096);
+    let mut at = kernel_end.max(LOAD_LOW).next_multiple_of(4096);
     let mut placed = Vec::new();
     for (len, cmdline) in modules {
         let end = at + len;
@@ -386,17 +396,36 @@ pub fn memory_map(mem_size: u64) -> Vec<(u64, u64, u32)> {
     ]
 }
 
-/// The information structure and what it points to, laid out from
-/// [`INFO_GPA`]: the 88-byte structure, the memory map, the module list,
-/// then the strings.
+/// Where the information structure goes: [`INFO_GPA`], or, if a kernel
+/// segment uses that room, the first page after the kernel and its modules
+/// (and at or above 1 MiB).
+pub fn info_gpa(plan: &KernelPlan, modules: &[ModulePlacement]) -> u64 {
+    let clash = plan
+        .chunks
+        .iter()
+        .any(|c| c.paddr < INFO_END && c.paddr + c.memsz > INFO_GPA);
+    if !clash {
+        return INFO_GPA;
+    }
+    let end = modules
+        .iter()
+        .map(|m| m.start + m.len)
+        .fold(plan.end.max(LOAD_LOW), u64::max);
+    end.next_multiple_of(4096)
+}
+
+/// The information structure and what it points to, laid out from `at`
+/// ([`info_gpa`]): the 88-byte structure, the memory map, the module
+/// list, then the strings.
 pub fn build_info(
     mem_size: u64,
     cmdline: &str,
     modules: &[ModulePlacement],
+    at: u64,
 ) -> Result<Vec<u8>, MultibootError> {
     const INFO_LEN: usize = 88;
     let mut area = vec![0u8; INFO_LEN];
-    let gpa = |area: &Vec<u8>| INFO_GPA + area.len() as u64;
+    let gpa = |area: &Vec<u8>| at + area.len() as u64;
     let put32 =
         |area: &mut Vec<u8>, at: usize, v: u32| area[at..at + 4].copy_from_slice(&v.to_le_bytes());
 
@@ -420,12 +449,13 @@ pub fn build_info(
     let name_addr = strings(&mut area, "faultline");
     for (i, m) in modules.iter().enumerate() {
         let string = strings(&mut area, &m.cmdline);
-        let entry = (mods_addr - INFO_GPA) as usize + 16 * i;
+        let entry = (mods_addr - at) as usize + 16 * i;
         put32(&mut area, entry, m.start as u32);
         put32(&mut area, entry + 4, (m.start + m.len) as u32);
         put32(&mut area, entry + 8, string);
     }
-    if INFO_GPA + area.len() as u64 > INFO_END {
+    let limit = if at == INFO_GPA { INFO_END } else { mem_size };
+    if at + area.len() as u64 > limit {
         return Err(MultibootError::InfoTooBig(area.len()));
     }
     let flags = info_flag::MEMORY
@@ -559,12 +589,37 @@ mod tests {
             plan_kernel(&image, &h, 4 << 20),
             Err(MultibootError::EntryNotLoaded(0x50_0000))
         );
-        let image = image_with_header(0x80, 0x10, AOUT, Some([0x1010, 0x1000, 0, 0, 0x1000]));
+        // Into the EBDA/BIOS hole below 1 MiB, or into the IVT page.
+        for load in [0x9_fc00u32, 0x500] {
+            let image = image_with_header(0x80, 0x10, AOUT, Some([load + 0x10, load, 0, 0, load]));
+            let h = find_header(&image).unwrap().unwrap();
+            assert!(
+                matches!(
+                    plan_kernel(&image, &h, 4 << 20),
+                    Err(MultibootError::OutOfRam { .. })
+                ),
+                "{load:#x}"
+            );
+        }
+    }
+
+    /// Segments in conventional memory load, as QEMU loads them
+    /// (kvm-unit-tests' realmode test at 0x8000); the info structure then
+    /// moves above the kernel and the modules go above 1 MiB.
+    #[test]
+    fn kernels_may_load_in_conventional_memory() {
+        // .bss up to 0xb000: over the info structure's usual room.
+        let image = image_with_header(0x80, 0x10, AOUT, Some([0x8010, 0x8000, 0, 0xb000, 0x8000]));
         let h = find_header(&image).unwrap().unwrap();
-        assert!(matches!(
-            plan_kernel(&image, &h, 4 << 20),
-            Err(MultibootError::OutOfRam { .. })
-        ));
+        let plan = plan_kernel(&image, &h, 4 << 20).unwrap();
+        assert_eq!(plan.start, 0x8000);
+        let modules = place_modules(plan.end, &[(100, "m".into())], 4 << 20).unwrap();
+        assert_eq!(modules[0].start, LOAD_LOW);
+        let at = info_gpa(&plan, &modules);
+        assert_eq!(at, LOAD_LOW + 4096);
+        let info = build_info(4 << 20, "x", &modules, at).unwrap();
+        let mmap_addr = u32::from_le_bytes(info[48..52].try_into().unwrap());
+        assert_eq!(u64::from(mmap_addr), at + 88);
     }
 
     /// A 32-bit ELF with one PT_LOAD of `code` at `paddr` (memsz + 0x100)
@@ -653,7 +708,7 @@ mod tests {
     #[test]
     fn info_structure_layout() {
         let mods = place_modules(0x20_0000, &[(10, "initrd".to_string())], 64 << 20).unwrap();
-        let info = build_info(64 << 20, "console=ttyS0", &mods).unwrap();
+        let info = build_info(64 << 20, "console=ttyS0", &mods, INFO_GPA).unwrap();
         let at = |o: usize| u32_at(&info, o).unwrap();
         let string = |addr: u32| {
             let from = (u64::from(addr) - INFO_GPA) as usize;
@@ -692,7 +747,7 @@ mod tests {
         );
         let long = "x".repeat(30_000);
         assert!(matches!(
-            build_info(64 << 20, &long, &[]),
+            build_info(64 << 20, &long, &[], INFO_GPA),
             Err(MultibootError::InfoTooBig(_))
         ));
     }

@@ -77,6 +77,10 @@ pub struct VcpuStats {
     pub ipis_sent: u64,
     /// MMIO accesses emulated (IOAPIC, xAPIC page).
     pub mmio_accesses: u64,
+    /// Accesses to unassigned MMIO (no RAM, no device): reads gave all
+    /// ones, writes were dropped (a stop under `--strict-mmio`).
+    #[serde(default)]
+    pub unassigned_mmio: u64,
     /// Cycles interpreting guest code or handling its exits.
     pub busy_cycles: u64,
     /// Cycles skipped while halted or not started.

@@ -114,9 +114,24 @@ fn triple_fault_stops_the_vm_with_a_clear_error() {
     }
 }
 
+/// By default an access where there is neither RAM nor a device is
+/// unassigned MMIO, as on a PC: the write is dropped, and counted.
+#[test]
+fn write_outside_guest_memory_is_dropped_as_unassigned_mmio() {
+    let (vm, reason, out) = run(OUTSIDE, &config(1, ""));
+    assert!(out.contains("writing outside guest memory"), "{out}");
+    assert!(out.contains("still alive"), "{out}");
+    assert_eq!(reason, StopReason::DebugExit { status: 3 }, "{out}");
+    assert_eq!(vm.stats().vcpus[0].unassigned_mmio, 1);
+}
+
+/// `--strict-mmio`: the same write stops the VM with a clear error.
 #[test]
 fn write_outside_guest_memory_stops_the_vm_with_a_clear_error() {
-    let (_, reason, out) = run(OUTSIDE, &config(1, ""));
+    let mut vm = Vm::boot(&config(1, ""), OUTSIDE).expect("boot");
+    vm.set_strict_mmio(true);
+    let reason = vm.run();
+    let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
     assert!(out.contains("writing outside guest memory"), "{out}");
     assert!(!out.contains("still alive"), "{out}");
     let expected_gpa = (64u64 << 20) + (128 << 20);

@@ -15,8 +15,16 @@
 //!   mode (11b) raise #GP as well.
 //! - All interrupts are edge-triggered (there is no I/O APIC), so the TMR
 //!   reads 0 and EOI broadcasts nothing.
-//! - Only x2APIC mode exists: IA32_APIC_BASE writes that would disable the
-//!   APIC or return it to xAPIC mode raise #GP.
+//! - IA32_APIC_BASE selects the mode (SDM Vol. 3A, "x2APIC State
+//!   Transitions"): disabled (EN=0, EXTD=0), xAPIC (EN=1, EXTD=0) or x2APIC
+//!   (EN=1, EXTD=1). EN=0 with EXTD=1 is invalid, and so are x2APIC ->
+//!   xAPIC and disabled -> x2APIC; each raises #GP. Entering the disabled
+//!   state returns every register but the id to its reset value. The
+//!   x2APIC MSRs exist only in x2APIC mode (#GP otherwise); in xAPIC mode
+//!   the same registers are reached through the MMIO page, which the
+//!   hypervisor decodes ([`Lapic::read_xapic`], [`Lapic::write_xapic`]).
+//!   After RESET the APIC is in xAPIC mode ([`Lapic::at_reset`]); INIT
+//!   keeps the mode.
 //! - Errors are logged like the SDM's ESR: detected errors accumulate
 //!   internally and become visible in the ESR when software writes it (with
 //!   0); each detected error raises the LVT error interrupt if unmasked.
@@ -47,6 +55,17 @@ pub const MSR_X2APIC_LAST: u32 = 0x8ff;
 #[error("x2APIC MSR {msr:#x} access raises #GP")]
 pub struct ApicGp {
     pub msr: u32,
+}
+
+/// The APIC's mode, from IA32_APIC_BASE's EN (bit 11) and EXTD (bit 10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApicMode {
+    /// EN=0: the processor behaves as one without an APIC.
+    Disabled,
+    /// EN=1, EXTD=0: registers through the MMIO page.
+    Xapic,
+    /// EN=1, EXTD=1: registers through MSRs 0x800-0x8ff.
+    X2apic,
 }
 
 /// What a register write asks the outside world to do.
@@ -279,17 +298,26 @@ pub struct Lapic {
 }
 
 impl Lapic {
-    /// A reset APIC with this x2APIC id, globally enabled in x2APIC mode
-    /// (IA32_APIC_BASE bits 10 and 11 set; the software-enable bit in the
-    /// SVR is clear, as after reset).
+    /// A reset APIC with this x2APIC id that firmware has switched to
+    /// x2APIC mode (IA32_APIC_BASE bits 10 and 11 set; the software-enable
+    /// bit in the SVR is clear, as after reset): what faultline's own
+    /// kernel and Linux are handed. [`Lapic::at_reset`] is the state after
+    /// RESET.
     pub fn new(apic_id: u32) -> Self {
+        let mut apic = Lapic::at_reset(apic_id);
+        apic.apic_base |= APIC_BASE_X2APIC_ENABLE;
+        apic
+    }
+
+    /// The APIC after RESET (SDM Vol. 3A, "Local APIC State After
+    /// Power-Up or Reset"): globally enabled in xAPIC mode at 0xfee00000
+    /// (IA32_APIC_BASE 0xfee00900 on the bootstrap processor), the SVR's
+    /// software enable clear, every LVT entry masked.
+    pub fn at_reset(apic_id: u32) -> Self {
         let bsp = if apic_id == 0 { APIC_BASE_BSP } else { 0 };
         Lapic {
             id: apic_id,
-            apic_base: APIC_BASE_DEFAULT_ADDRESS
-                | APIC_BASE_GLOBAL_ENABLE
-                | APIC_BASE_X2APIC_ENABLE
-                | bsp,
+            apic_base: APIC_BASE_DEFAULT_ADDRESS | APIC_BASE_GLOBAL_ENABLE | bsp,
             tpr: 0,
             svr: SVR_RESET,
             irr: VectorSet::default(),
@@ -311,6 +339,24 @@ impl Lapic {
             apic_base: self.apic_base,
             ..Lapic::new(self.id)
         };
+    }
+
+    /// The mode IA32_APIC_BASE selects.
+    pub fn mode(&self) -> ApicMode {
+        match (
+            self.apic_base & APIC_BASE_GLOBAL_ENABLE != 0,
+            self.apic_base & APIC_BASE_X2APIC_ENABLE != 0,
+        ) {
+            (false, _) => ApicMode::Disabled,
+            (true, false) => ApicMode::Xapic,
+            (true, true) => ApicMode::X2apic,
+        }
+    }
+
+    /// The guest-physical base of the xAPIC MMIO page (meaningful in
+    /// xAPIC mode only).
+    pub fn mmio_base(&self) -> u64 {
+        self.apic_base & APIC_BASE_ADDRESS_MASK
     }
 
     /// The x2APIC id.
@@ -341,16 +387,38 @@ impl Lapic {
     }
 
     /// RDMSR of IA32_APIC_BASE, IA32_TSC_DEADLINE or an x2APIC MSR.
+    /// The x2APIC MSRs raise #GP unless the APIC is in x2APIC mode.
     pub fn read_msr(&self, msr: u32, now: u64) -> Result<u64, ApicGp> {
         let gp = ApicGp { msr };
         match msr {
             MSR_APIC_BASE => Ok(self.apic_base),
             MSR_TSC_DEADLINE => Ok(self.timer.tsc_deadline()),
+            _ if self.mode() != ApicMode::X2apic => Err(gp),
             _ => {
                 let register = Register::decode(msr).ok_or(gp)?;
                 self.read_register(register, now).ok_or(gp)
             }
         }
+    }
+
+    /// A read of the xAPIC register with x2APIC MSR index
+    /// `MSR_X2APIC_FIRST + (offset >> 4)` through the MMIO page, whatever
+    /// the mode (the caller decodes the page only in xAPIC mode); `None`
+    /// for a register the x2APIC table does not have or cannot read.
+    pub fn read_xapic(&self, msr: u32, now: u64) -> Option<u64> {
+        self.read_register(Register::decode(msr)?, now)
+    }
+
+    /// A write through the MMIO page (see [`Lapic::read_xapic`]); `Err`
+    /// for what the x2APIC would refuse with #GP (an xAPIC drops it).
+    pub fn write_xapic(&mut self, msr: u32, value: u64, now: u64) -> Result<ApicWrite, ApicGp> {
+        self.update_timer(now);
+        let result = match Register::decode(msr) {
+            Some(register) => self.write_register(register, value, now),
+            None => Err(()),
+        };
+        self.update_timer(now);
+        result.map_err(|()| ApicGp { msr })
     }
 
     /// WRMSR of IA32_APIC_BASE, IA32_TSC_DEADLINE or an x2APIC MSR.
@@ -366,6 +434,7 @@ impl Lapic {
                 self.timer.write_tsc_deadline(value);
                 Ok(ApicWrite::Done)
             }
+            _ if self.mode() != ApicMode::X2apic => Err(()),
             _ => match Register::decode(msr) {
                 Some(register) => self.write_register(register, value, now),
                 None => Err(()),
@@ -548,18 +617,40 @@ impl Lapic {
         Ok(ApicWrite::Done)
     }
 
-    /// IA32_APIC_BASE: the MMIO base may change (it has no effect in x2APIC
-    /// mode); clearing the global or x2APIC enable (leaving x2APIC mode) and
-    /// reserved bits raise #GP. The BSP flag is the hardware's and ignores
-    /// writes.
+    /// IA32_APIC_BASE (SDM Vol. 3A, "x2APIC State Transitions"): the MMIO
+    /// base may change; reserved bits, the invalid state (EN=0, EXTD=1),
+    /// x2APIC -> xAPIC and disabled -> x2APIC raise #GP. Entering the
+    /// disabled state resets every register but the id (IRR, ISR and the
+    /// timer are lost, as the SDM warns). The BSP flag is the hardware's and
+    /// ignores writes.
     fn write_apic_base(&mut self, value: u64) -> Result<(), ()> {
         let modes = APIC_BASE_GLOBAL_ENABLE | APIC_BASE_X2APIC_ENABLE;
         let defined = APIC_BASE_ADDRESS_MASK | modes | APIC_BASE_BSP;
-        if value & !defined != 0 || value & modes != modes {
+        if value & !defined != 0 {
             return Err(());
         }
-        self.apic_base =
+        let new = match (
+            value & APIC_BASE_GLOBAL_ENABLE != 0,
+            value & APIC_BASE_X2APIC_ENABLE != 0,
+        ) {
+            (false, true) => return Err(()),
+            (false, false) => ApicMode::Disabled,
+            (true, false) => ApicMode::Xapic,
+            (true, true) => ApicMode::X2apic,
+        };
+        let old = self.mode();
+        match (old, new) {
+            (ApicMode::X2apic, ApicMode::Xapic) | (ApicMode::Disabled, ApicMode::X2apic) => {
+                return Err(())
+            }
+            _ => {}
+        }
+        let apic_base =
             (value & (APIC_BASE_ADDRESS_MASK | modes)) | (self.apic_base & APIC_BASE_BSP);
+        if new == ApicMode::Disabled && old != ApicMode::Disabled {
+            *self = Lapic::at_reset(self.id);
+        }
+        self.apic_base = apic_base;
         Ok(())
     }
 

@@ -127,6 +127,11 @@ pub struct VmxControls {
     /// Exit as soon as the guest can take an interrupt (RFLAGS.IF=1, no
     /// STI/MOV-SS blocking, no event being injected).
     pub interrupt_window_exiting: bool,
+    /// NMI-window exiting (SDM Vol. 3C 25.3): exit ([`VmExit::NmiWindow`])
+    /// before any instruction when there is no NMI blocking and no
+    /// blocking by STI or MOV SS, e.g. right after the IRET that ends an
+    /// NMI handler, so a hypervisor holding an NMI can inject it there.
+    pub nmi_window_exiting: bool,
     /// Monitor trap flag: exit ([`VmExit::MonitorTrap`]) at the next
     /// instruction boundary, after one guest instruction has completed (or
     /// an event was delivered instead). A shadow MMU uses it to let one
@@ -182,6 +187,7 @@ impl Default for VmxControls {
             virtualize_x2apic: false,
             external_interrupt_exiting: true,
             interrupt_window_exiting: false,
+            nmi_window_exiting: false,
             monitor_trap_flag: false,
             ept: None,
             vpid: 1,
@@ -312,6 +318,8 @@ pub enum VmExit {
     ExternalInterrupt { vector: u8 },
     /// The guest can now take an interrupt (`interrupt_window_exiting`).
     InterruptWindow,
+    /// The guest can now take an NMI (`nmi_window_exiting`).
+    NmiWindow,
     /// One instruction completed under `monitor_trap_flag`.
     MonitorTrap,
     /// A fault during delivery of a double fault: the CPU shut down.
@@ -373,6 +381,7 @@ impl VmExit {
             VmExit::Exception { .. } => "exception",
             VmExit::ExternalInterrupt { .. } => "external_interrupt",
             VmExit::InterruptWindow => "interrupt_window",
+            VmExit::NmiWindow => "nmi_window",
             VmExit::MonitorTrap => "monitor_trap",
             VmExit::TripleFault => "triple_fault",
             VmExit::Cpuid => "cpuid",

@@ -13,9 +13,7 @@ use machine::{EventInjection, EventKind, VmExit};
 /// Runs to the HLT at the end of `code` or in the handler of the first
 /// exception; returns the vector taken (from r15's mark), if any.
 fn run(r: &mut Rig) -> Option<u8> {
-    assert_eq!(r.run(), VmExit::Hlt);
-    let mark = r.gpr(15);
-    (mark != 0).then(|| (mark - HANDLER_MARK) as u8)
+    r.vector_taken()
 }
 
 #[test]
@@ -195,5 +193,148 @@ fn user_mode_moves_fault_like_the_host_cpu() {
             "{:?}",
             outcome.native.stop
         );
+    }
+}
+
+/// RFLAGS.TF single-steps: POPF that sets TF does not trap, the next
+/// instruction does, with DR6.BS and the frame at the instruction after it.
+#[test]
+fn tf_single_step_traps_after_the_next_instruction() {
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let mut r = rig(|a| {
+            a.pushfq().unwrap();
+            a.or(qword_ptr(rsp), 0x100).unwrap();
+            a.popfq().unwrap();
+            a.nop().unwrap(); // traps after this one
+            a.nop().unwrap();
+            a.hlt().unwrap();
+        })
+        .with_engine(engine);
+        assert_eq!(run(&mut r), Some(1), "{engine:?}");
+        let d = r.cpu.state().debug;
+        assert_ne!(d.dr6 & machine::cpu::debug_regs::DR6_BS, 0);
+        let after_first_nop = {
+            let mut probe = CodeAssembler::new(64).unwrap();
+            probe.pushfq().unwrap();
+            probe.or(qword_ptr(rsp), 0x100).unwrap();
+            probe.popfq().unwrap();
+            probe.nop().unwrap();
+            probe.assemble(CODE).unwrap().len() as u64
+        };
+        let frame_rip = r.mem.read_u64(machine::Hpa(r.gpr(4))).unwrap();
+        assert_eq!(frame_rip, CODE + after_first_nop, "{engine:?}");
+    }
+}
+
+/// DR0 with DR7.L0 and R/W0 = 00: a #DB fault before the instruction at
+/// the address, DR6.B0 set.
+#[test]
+fn instruction_breakpoint_faults_before_the_instruction() {
+    let setup = |a: &mut CodeAssembler, at: u64| {
+        a.mov(rax, at).unwrap();
+        a.mov(dr0, rax).unwrap();
+        a.mov(eax, 1).unwrap();
+        a.mov(dr7, rax).unwrap();
+    };
+    let nop = {
+        let mut probe = CodeAssembler::new(64).unwrap();
+        setup(&mut probe, CODE);
+        probe.assemble(CODE).unwrap().len() as u64
+    };
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let mut r = rig(|a| {
+            setup(a, CODE + nop);
+            a.nop().unwrap();
+            a.hlt().unwrap();
+        })
+        .with_engine(engine);
+        assert_eq!(run(&mut r), Some(1), "{engine:?}");
+        assert_eq!(r.cpu.state().debug.dr6 & 0xf, 1, "B0");
+        let frame_rip = r.mem.read_u64(machine::Hpa(r.gpr(4))).unwrap();
+        assert_eq!(frame_rip, CODE + nop);
+    }
+}
+
+/// Points #DB at a handler that counts in r14 and stores each frame's RIP
+/// at DATA + 8 * count, then returns.
+fn count_debug_exceptions(r: &mut Rig) {
+    const DB_HANDLER: u64 = HANDLERS + 0x2000;
+    let mut h = CodeAssembler::new(64).unwrap();
+    h.inc(r14).unwrap();
+    h.mov(r12, qword_ptr(rsp)).unwrap();
+    h.mov(r13, DATA).unwrap();
+    h.mov(qword_ptr(r13 + r14 * 8), r12).unwrap();
+    h.iretq().unwrap();
+    let bytes = h.assemble(DB_HANDLER).unwrap();
+    r.mem.write_bytes(machine::Hpa(DB_HANDLER), &bytes).unwrap();
+    let lo = (DB_HANDLER & 0xffff)
+        | (u64::from(KERNEL_CS) << 16)
+        | (0x8e_u64 << 40)
+        | (((DB_HANDLER >> 16) & 0xffff) << 48);
+    r.mem.write_u64(machine::Hpa(IDT + 16), lo).unwrap();
+    r.mem
+        .write_u64(machine::Hpa(IDT + 24), DB_HANDLER >> 32)
+        .unwrap();
+}
+
+/// The frame RIPs of the #DBs `code` took, as offsets from CODE.
+fn debug_exception_rips(
+    engine: machine::Engine,
+    code: impl FnOnce(&mut CodeAssembler),
+) -> Vec<i64> {
+    let mut r = rig(code).with_engine(engine);
+    count_debug_exceptions(&mut r);
+    assert_eq!(run(&mut r), None, "{engine:?}");
+    (1..=r.gpr(14))
+        .map(|k| r.mem.read_u64(machine::Hpa(DATA + 8 * k)).unwrap() as i64 - CODE as i64)
+        .collect()
+}
+
+/// Sets TF with PUSHF/OR/POPF (RAX keeps the flags).
+fn set_tf(a: &mut CodeAssembler) {
+    a.pushfq().unwrap();
+    a.pop(rax).unwrap();
+    a.or(rax, 0x100).unwrap();
+    a.push(rax).unwrap();
+    a.popfq().unwrap();
+}
+
+/// Clears TF with AND/PUSH/POPF, each single-stepped, then halts.
+fn clear_tf(a: &mut CodeAssembler) {
+    a.and(rax, !0x100).unwrap();
+    a.push(rax).unwrap();
+    a.popfq().unwrap();
+    a.hlt().unwrap();
+}
+
+/// kvm-unit-tests' `debug` "Single-step #DB basic test": TF set by POPF,
+/// then AND, PUSH and the POPF that clears TF each trap once, with the
+/// frame's RIP after each (2 #DBs before the fix: none after that POPF).
+#[test]
+fn single_step_traps_each_instruction_until_a_popf_clears_tf() {
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let rips = debug_exception_rips(engine, |a| {
+            set_tf(a);
+            clear_tf(a);
+        });
+        // set_tf is 10 bytes, AND 6, PUSH and POPF 1 each.
+        assert_eq!(rips, vec![16, 17, 18], "{engine:?}");
+    }
+}
+
+/// MOV SS holds its single-step trap back (the next instruction's covers
+/// it); ICEBP is a trap-like #DB with the frame after it and no second
+/// single-step trap.
+#[test]
+fn mov_ss_holds_single_step_back_and_icebp_traps_after_itself() {
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let rips = debug_exception_rips(engine, |a| {
+            a.mov(ecx, u32::from(KERNEL_DS)).unwrap();
+            set_tf(a); // offsets 5..15
+            a.mov(ss, cx).unwrap(); // 15..18 (66 8e d1): no trap after it
+            a.db(&[0xf1]).unwrap(); // ICEBP at 18: #DB, RIP 19
+            clear_tf(a); // AND 19..25, PUSH 25, POPF 26
+        });
+        assert_eq!(rips, vec![19, 25, 26, 27], "{engine:?}");
     }
 }

@@ -439,6 +439,64 @@ fn interrupt_window_exit_respects_sti_blocking() {
     );
 }
 
+/// NMI-window exiting: no exit while NMIs are blocked (an NMI handler
+/// before its IRET), and none inside an STI shadow (an NMI is not taken
+/// there: kvm-unit-tests' `apic` "nmi-after-sti").
+#[test]
+fn nmi_window_exit_waits_for_nmi_unblocking_and_the_sti_shadow() {
+    let prog = |a: &mut CodeAssembler| {
+        a.nop().unwrap();
+        a.nop().unwrap();
+        a.hlt().unwrap();
+    };
+    let nmi_window = || machine::VmxControls {
+        nmi_window_exiting: true,
+        ..controls()
+    };
+    let mut g = rig(prog).guest(nmi_window());
+    g.cpu.state_mut().nmi_blocked = true;
+    assert_eq!(g.run(), VmExit::Hlt);
+
+    let mut g = rig(prog).guest(nmi_window());
+    g.cpu.state_mut().interruptibility = machine::cpu::state::interruptibility::STI;
+    assert_eq!(g.run(), VmExit::NmiWindow);
+    assert_eq!(
+        g.cpu.state().rip,
+        CODE + 1,
+        "the instruction in the shadow runs first"
+    );
+
+    let mut g = rig(prog).guest(nmi_window());
+    assert_eq!(g.run(), VmExit::NmiWindow);
+    assert_eq!(g.cpu.state().rip, CODE);
+}
+
+/// An instruction the hypervisor emulates under RFLAGS.TF single-steps
+/// too: skipping it queues the #DB trap (KVM's
+/// kvm_skip_emulated_instruction; kvm-unit-tests' debug "Single-step #DB
+/// on emulated instructions").
+#[test]
+fn skipping_an_emulated_instruction_under_tf_queues_a_debug_trap() {
+    let mut g = rig(|a| {
+        a.cpuid().unwrap();
+        a.hlt().unwrap();
+    })
+    .guest(controls());
+    g.cpu.state_mut().rflags |= machine::cpu::state::rflags::TF;
+    assert_eq!(g.run(), VmExit::Cpuid);
+    assert_eq!(g.cpu.pending_injection(), None);
+    g.cpu.skip_instruction();
+    let event = g.cpu.pending_injection().expect("a #DB is queued");
+    assert_eq!(
+        (event.kind, event.vector),
+        (EventKind::HardwareException, 1)
+    );
+    assert_ne!(
+        g.cpu.state().debug.dr6 & machine::cpu::debug_regs::DR6_BS,
+        0
+    );
+}
+
 #[test]
 fn triple_fault_is_a_shutdown_exit() {
     for guest in [false, true] {

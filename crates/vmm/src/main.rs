@@ -594,6 +594,11 @@ struct RunArgs {
     /// the run repeats). Default: no input.
     #[arg(long, value_name = "FILE|-")]
     console_input: Option<PathBuf>,
+    /// Stop the VM at any access to unassigned MMIO (no RAM, no device),
+    /// for hunting guest bugs. Default: as on a PC, such reads give all
+    /// ones and writes are dropped (counted in the summary).
+    #[arg(long)]
+    strict_mmio: bool,
     /// A guest boot option (repeatable), e.g. `--option crash=triple`.
     #[arg(long = "option", value_name = "OPT")]
     options: Vec<String>,

@@ -196,6 +196,9 @@ pub struct Summary {
     pub virtual_cycles: u64,
     pub virtual_seconds: f64,
     pub instructions: u64,
+    /// Accesses to unassigned MMIO, all vCPUs: reads gave all ones, writes
+    /// were dropped (`--strict-mmio` stops the VM instead).
+    pub unassigned_mmio: u64,
     pub ept_faults: u64,
     pub guest_frames_allocated: u64,
     pub host_frames_in_use: u64,
@@ -285,6 +288,7 @@ impl Summary {
             virtual_cycles: stats.virtual_cycles,
             virtual_seconds: cycles_to_secs(stats.virtual_cycles),
             instructions: stats.instructions(),
+            unassigned_mmio: stats.vcpus.iter().map(|v| v.unassigned_mmio).sum(),
             ept_faults: stats.ept_faults(),
             guest_frames_allocated: stats.vcpus.iter().map(|v| v.frames_allocated).sum(),
             host_frames_in_use: stats.frames_in_use,
@@ -400,6 +404,13 @@ impl Summary {
             self.virtual_seconds, self.virtual_cycles
         );
         let _ = writeln!(s, "instructions: {}", self.instructions);
+        if self.unassigned_mmio != 0 {
+            let _ = writeln!(
+                s,
+                "unassigned MMIO: {} accesses (reads all ones, writes dropped)",
+                self.unassigned_mmio
+            );
+        }
         let _ = writeln!(
             s,
             "EPT faults:   {} ({} guest frames allocated; host frames in use {}, peak {}, EPT tables {})",

@@ -63,10 +63,11 @@ fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
         .unwrap_or_else(|| boot_cmdline(args.seed, &args.options, &args.program));
     let mut config = vm_config(args, cmdline)?;
     config.modules = read_modules(&args.modules)?;
-    let vm = Vm::boot(&config, &kernel.bytes).map_err(|source| ConfigError::Boot {
+    let mut vm = Vm::boot(&config, &kernel.bytes).map_err(|source| ConfigError::Boot {
         what: kernel.describe(),
         source,
     })?;
+    vm.set_strict_mmio(args.strict_mmio);
     Ok((vm, stop))
 }
 
@@ -120,10 +121,12 @@ fn prepare_linux(args: &RunArgs) -> Result<Vm, ConfigError> {
         .as_deref()
         .unwrap_or(crate::linux::DEFAULT_OPTIONS);
     let config = vm_config(args, crate::linux::cmdline(options, &args.program))?;
-    Vm::boot_linux(&config, &image, &initrd).map_err(|source| ConfigError::Boot {
+    let mut vm = Vm::boot_linux(&config, &image, &initrd).map_err(|source| ConfigError::Boot {
         what: path.display().to_string(),
         source,
-    })
+    })?;
+    vm.set_strict_mmio(args.strict_mmio);
+    Ok(vm)
 }
 
 /// `--console-input`: the file's bytes, or standard input's to its end.

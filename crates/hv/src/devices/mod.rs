@@ -84,6 +84,16 @@ pub enum DeviceStop {
     PowerOff,
 }
 
+impl crate::vm::Vm {
+    /// `--strict-mmio`: an access to unassigned MMIO (no RAM and no device
+    /// there) stops the VM with an error, for hunting guest bugs. Off by
+    /// default: as on a PC, such a read gives all ones and a write is
+    /// dropped (each counted in `VcpuStats::unassigned_mmio`).
+    pub fn set_strict_mmio(&mut self, strict: bool) {
+        self.shared.platform.strict_mmio = strict;
+    }
+}
+
 /// How the platform is built.
 #[derive(Debug, Clone, Default)]
 pub struct PlatformConfig {
@@ -108,6 +118,9 @@ pub struct Platform {
     reports: Vec<String>,
     /// Interrupt messages raised and not yet delivered.
     pending: Vec<Ipi>,
+    /// Whether an access to unassigned MMIO stops the VM
+    /// (`--strict-mmio`) instead of reading all ones and dropping writes.
+    pub strict_mmio: bool,
 }
 
 /// The devices' state in a snapshot (the ACPI tables and fw_cfg items
@@ -159,6 +172,7 @@ impl Platform {
             report_line: Vec::new(),
             reports: Vec::new(),
             pending: Vec::new(),
+            strict_mmio: false,
         }
     }
 

@@ -489,7 +489,7 @@ impl Vcpu {
         let vcpu = self.id;
         let costs = shared.host.costs;
         match exit {
-            VmExit::CycleLimit | VmExit::MonitorTrap => Ok(Next::Continue),
+            VmExit::CycleLimit | VmExit::MonitorTrap | VmExit::NmiWindow => Ok(Next::Continue),
             // The log was drained above: the instruction runs again.
             VmExit::PmlFull => Ok(Next::Continue),
             VmExit::Exception {
@@ -614,17 +614,23 @@ impl Vcpu {
     }
 
     /// An NMI waits and the CPU is not blocking NMIs (it blocks them from
-    /// the delivery of one to the next IRET).
+    /// the delivery of one to the next IRET, and in the shadow of STI or
+    /// MOV SS, as KVM's `vmx_nmi_blocked`).
     fn nmi_deliverable(&self) -> bool {
-        self.nmi_pending && !self.cpu.state().nmi_blocked
+        let state = self.cpu.state();
+        self.nmi_pending && !state.nmi_blocked && state.interruptibility == 0
     }
 
     /// Before an entry: a pending NMI the CPU accepts is injected (unless
     /// another event is already being injected; it waits for the next
-    /// entry). One that arrives while NMIs are blocked waits for an entry
-    /// after the guest's IRET: KVM asks for an NMI-window exit there; the
-    /// hv sees the IRET at its next exit (at most the scheduling quantum).
+    /// entry). One that the CPU blocks (an NMI handler before its IRET,
+    /// an STI or MOV SS shadow) asks for an NMI-window exit, as KVM does,
+    /// and is injected at the entry after it.
     fn inject_pending_nmi(&mut self) {
+        let window = self.nmi_pending && !self.nmi_deliverable();
+        if let Some(v) = self.cpu.vmx_mut() {
+            v.nmi_window_exiting = window;
+        }
         if self.nmi_deliverable() && self.cpu.pending_injection().is_none() {
             self.nmi_pending = false;
             self.stats.nmis_received += 1;

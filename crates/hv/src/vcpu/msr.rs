@@ -5,7 +5,8 @@
 //! each entry says how to read and how to write one MSR (a write that
 //! returns false is refused with #GP, as KVM refuses it). The async-PF
 //! MSRs exist only when offered and are `apf::x86`'s; kvmclock's are
-//! `kvmclock`'s, steal time's `steal`'s. Anything else is #GP.
+//! `kvmclock`'s, steal time's `steal`'s; the machine-check registers are
+//! the CPU's (`machine::cpu::mce`). Anything else is #GP.
 
 use super::Vcpu;
 use crate::error::VmError;
@@ -176,7 +177,8 @@ impl Vcpu {
             .or_else(|| super::kvmclock::rdmsr(self, shared, index))
             .or_else(|| super::steal::rdmsr(self, index))
             .or_else(|| super::pv_eoi::rdmsr(self, index))
-            .or_else(|| msr_entry(index).and_then(|e| (e.read)(&self.cpu)));
+            .or_else(|| msr_entry(index).and_then(|e| (e.read)(&self.cpu)))
+            .or_else(|| self.cpu.state().mce.read(index));
         match value {
             Some(value) => self.cpu.complete_rdmsr(value),
             None => self.cpu.inject_event(gp_fault()),
@@ -197,7 +199,11 @@ impl Vcpu {
                     Some(ok) => ok,
                     None => match super::pv_eoi::wrmsr(self, shared, index, value) {
                         Some(ok) => ok,
-                        None => msr_entry(index).is_some_and(|e| (e.write)(&mut self.cpu, value)),
+                        None => match msr_entry(index) {
+                            Some(e) => (e.write)(&mut self.cpu, value),
+                            // The machine-check registers (KVM offers them).
+                            None => self.cpu.state_mut().mce.write(index, value),
+                        },
                     },
                 },
             },

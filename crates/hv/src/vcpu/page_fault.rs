@@ -2,7 +2,7 @@
 //! if the page is still on its way in from swap, the async-PF policy
 //! (`apf/policy.rs`) decides how the vCPU waits.
 
-use super::{xapic, Next, Vcpu};
+use super::{Next, Vcpu};
 use crate::devices::Platform;
 use crate::error::VmError;
 use crate::mmu::fast_pf::protocol::{Access, FastFix};
@@ -68,15 +68,19 @@ impl Vcpu {
 impl Vcpu {
     /// An access outside guest RAM to a device's MMIO (the IOAPIC) or the
     /// xAPIC page: the machine describes the access (`Cpu::mmio_access`)
-    /// and the device answers. `None`: no device there.
+    /// and the device answers. Anywhere else is unassigned: as on a PC, a
+    /// read gives all ones and a write is dropped (counted in
+    /// `unassigned_mmio`), unless the platform is strict
+    /// (`--strict-mmio`), when `None` stops the VM.
     pub(super) fn emulate_mmio(
         &mut self,
         shared: &mut Shared,
         gpa: Gpa,
         cycles: &mut Cycles,
     ) -> Result<Option<Next>, VmError> {
-        let xapic = xapic::is_xapic(gpa.0);
-        if !xapic && !Platform::is_mmio(gpa.0) {
+        let xapic = self.xapic_offset(gpa.0);
+        let device = Platform::is_mmio(gpa.0);
+        if xapic.is_none() && !device && shared.platform.strict_mmio {
             return Ok(None);
         }
         let access = self
@@ -91,22 +95,30 @@ impl Vcpu {
                 ),
             })?;
         *cycles += Cycles(shared.host.costs.io_emulation);
-        self.stats.mmio_accesses += 1;
+        if xapic.is_some() || device {
+            self.stats.mmio_accesses += 1;
+        } else {
+            self.stats.unassigned_mmio += 1;
+        }
         let next = match access.write {
             Some(value) => {
                 self.cpu.skip_instruction();
-                if xapic {
-                    self.xapic_write(shared, gpa.0 - xapic::XAPIC_BASE, value as u32)?
+                if let Some(offset) = xapic {
+                    self.xapic_write(shared, offset, value as u32)?
                 } else {
-                    shared.platform.mmio_write(gpa.0, access.size, value);
+                    if device {
+                        shared.platform.mmio_write(gpa.0, access.size, value);
+                    }
                     Next::Continue
                 }
             }
             None => {
-                let value = if xapic {
-                    u64::from(self.xapic_read(gpa.0 - xapic::XAPIC_BASE))
-                } else {
+                let value = if let Some(offset) = xapic {
+                    u64::from(self.xapic_read(offset))
+                } else if device {
                     shared.platform.mmio_read(gpa.0, access.size)
+                } else {
+                    u64::MAX >> (64 - 8 * u32::from(access.size))
                 };
                 self.cpu.complete_mmio_read(value);
                 Next::Continue

@@ -11,16 +11,19 @@
 //! registers are the machine's; reads of reserved ones give 0, writes to
 //! them are dropped (as a write to a read-only xAPIC register is).
 //!
-//! Not modelled: the machine's APIC is always in x2APIC mode
-//! (`IA32_APIC_BASE` has EXTD set from reset), so the page and the MSRs
-//! work side by side rather than one mode at a time.
+//! The page is there only in xAPIC mode and at the base IA32_APIC_BASE
+//! names (it moves with the base); disabled or in x2APIC mode the APIC
+//! does not decode it, and an access there is an unassigned MMIO access
+//! (SDM Vol. 3A, "x2APIC Register Address Space": the MMIO interface is
+//! disabled in x2APIC mode).
 
 use super::{Next, Vcpu};
 use crate::error::VmError;
 use crate::vm::shared::Shared;
-use machine::apic::{ApicWrite, MSR_X2APIC_FIRST};
+use machine::apic::{ApicMode, ApicWrite, MSR_X2APIC_FIRST};
 
 /// Guest-physical base of the xAPIC page.
+#[allow(dead_code)]
 pub const XAPIC_BASE: u64 = 0xfee0_0000;
 /// Its size.
 pub const XAPIC_SIZE: u64 = 0x1000;
@@ -50,12 +53,16 @@ impl Default for XapicRegs {
     }
 }
 
-/// Whether `gpa` is in the xAPIC page.
-pub(crate) fn is_xapic(gpa: u64) -> bool {
-    (XAPIC_BASE..XAPIC_BASE + XAPIC_SIZE).contains(&gpa)
-}
-
 impl Vcpu {
+    /// The offset of `gpa` in this vCPU's xAPIC page, if its APIC is in
+    /// xAPIC mode and `gpa` is in the page.
+    pub(super) fn xapic_offset(&self, gpa: u64) -> Option<u64> {
+        let apic = self.cpu.apic();
+        let base = apic.mmio_base();
+        (apic.mode() == ApicMode::Xapic && (base..base + XAPIC_SIZE).contains(&gpa))
+            .then(|| gpa - base)
+    }
+
     /// A 32-bit read of the xAPIC register at `offset`.
     pub(super) fn xapic_read(&self, offset: u64) -> u32 {
         if offset & 0xf != 0 {
@@ -69,7 +76,7 @@ impl Vcpu {
             REG_DFR => self.xapic.dfr,
             REG_ICR_HIGH => self.xapic.icr_high,
             _ => apic
-                .read_msr(MSR_X2APIC_FIRST + reg, self.cpu.tsc())
+                .read_xapic(MSR_X2APIC_FIRST + reg, self.cpu.tsc())
                 .map_or(0, |v| v as u32),
         }
     }
@@ -112,7 +119,7 @@ impl Vcpu {
         match self
             .cpu
             .apic_mut()
-            .write_msr(MSR_X2APIC_FIRST + reg, x2apic_value, tsc)
+            .write_xapic(MSR_X2APIC_FIRST + reg, x2apic_value, tsc)
         {
             Ok(ApicWrite::SendIpi(ipi)) => self.send_ipi(shared, ipi),
             // Done, or a write the x2APIC refuses (reserved bits, a

@@ -243,31 +243,82 @@ fn read_only_status_bits_ignore_writes() {
     assert_eq!(read(&apic, ICR, 0), 5u64 << 32 | 0x40);
 }
 
+/// IA32_APIC_BASE's EN (bit 11) and EXTD (bit 10) as the SDM's "x2APIC
+/// State Transitions" allow them (kvm-unit-tests' `apic` test and its boot
+/// code, which disables the APIC and re-enables it in xAPIC mode).
 #[test]
-fn apic_base_stays_in_x2apic_mode() {
+fn apic_base_follows_the_x2apic_state_transitions() {
+    const EN: u64 = 1 << 11;
+    const EXTD: u64 = 1 << 10;
     let mut apic = Lapic::new(0);
     let base = read(&apic, MSR_APIC_BASE, 0);
-    let faulting = [
-        base & !(1 << 10),           // back to xAPIC mode
-        base & !(1 << 11),           // globally disabled, x2APIC bit left set
-        base & !(1 << 10 | 1 << 11), // globally disabled
+    assert_eq!(base, 0xfee0_0000 | EN | EXTD | 1 << 8);
+    assert_eq!(apic.mode(), ApicMode::X2apic);
+    let address = base & !(EN | EXTD);
+    let gp = Err(ApicGp { msr: MSR_APIC_BASE });
+    // Reserved bits, and from x2APIC: the invalid state and xAPIC mode.
+    for value in [
         base | 1 << 9,
         base | 1,
         base | 1 << 46, // above MAXPHYADDR
-    ];
-    for value in faulting {
-        assert_eq!(
-            apic.write_msr(MSR_APIC_BASE, value, 0),
-            Err(ApicGp { msr: MSR_APIC_BASE }),
-            "{value:#x}"
-        );
+        address | EXTD, // EN=0, EXTD=1: invalid
+        address | EN,   // x2APIC -> xAPIC
+    ] {
+        assert_eq!(apic.write_msr(MSR_APIC_BASE, value, 0), gp, "{value:#x}");
         assert_eq!(read(&apic, MSR_APIC_BASE, 0), base);
     }
-    // Moving the (unused) MMIO base is allowed; the BSP flag is not
-    // software's to change.
-    let moved = 0x3f_fee0_0000 | 1 << 11 | 1 << 10;
+    // x2APIC -> disabled resets the registers (the id stays).
+    write(&mut apic, SVR, 0x1ff, 0);
+    write(&mut apic, TPR, 0x20, 0);
+    write(&mut apic, MSR_APIC_BASE, address, 0);
+    assert_eq!(apic.mode(), ApicMode::Disabled);
+    assert_eq!(apic.tpr(), 0);
+    assert!(!apic.software_enabled());
+    assert_eq!(apic.id(), 0);
+    // Disabled: no x2APIC MSRs, no interrupts, and no way to x2APIC or the
+    // invalid state directly.
+    assert_eq!(apic.read_msr(SVR, 0), Err(ApicGp { msr: SVR }));
+    assert_eq!(apic.write_msr(SVR, 0x1ff, 0), Err(ApicGp { msr: SVR }));
+    apic.accept_interrupt(0x40);
+    assert_eq!(apic.deliverable_vector(), None);
+    for value in [address | EN | EXTD, address | EXTD] {
+        assert_eq!(apic.write_msr(MSR_APIC_BASE, value, 0), gp, "{value:#x}");
+    }
+    // Disabled -> xAPIC: the registers are reached through the MMIO page
+    // (`read_xapic`/`write_xapic`), the x2APIC MSRs still raise #GP.
+    write(&mut apic, MSR_APIC_BASE, address | EN, 0);
+    assert_eq!(apic.mode(), ApicMode::Xapic);
+    assert_eq!(apic.read_msr(VERSION, 0), Err(ApicGp { msr: VERSION }));
+    apic.write_xapic(SVR, 0x1ff, 0).unwrap();
+    assert!(apic.software_enabled());
+    assert_eq!(apic.read_xapic(VERSION, 0), Some(u64::from(APIC_VERSION)));
+    // xAPIC -> invalid faults; xAPIC -> x2APIC keeps the registers.
+    assert_eq!(apic.write_msr(MSR_APIC_BASE, address | EXTD, 0), gp);
+    write(&mut apic, MSR_APIC_BASE, address | EN | EXTD, 0);
+    assert_eq!(apic.mode(), ApicMode::X2apic);
+    assert_eq!(read(&apic, SVR, 0), 0x1ff);
+    // Moving the MMIO base is allowed; the BSP flag is not software's to
+    // change.
+    let moved = 0x3f_fee0_0000 | EN | EXTD;
     write(&mut apic, MSR_APIC_BASE, moved, 0);
     assert_eq!(read(&apic, MSR_APIC_BASE, 0), moved | 1 << 8);
+    assert_eq!(apic.mmio_base(), 0x3f_fee0_0000);
+}
+
+/// After RESET the APIC is in xAPIC mode at 0xfee00000 (IA32_APIC_BASE
+/// 0xfee00900 on the BSP, 0xfee00800 on an AP); INIT keeps the mode.
+#[test]
+fn reset_state_is_xapic_mode_and_init_keeps_the_mode() {
+    let bsp = Lapic::at_reset(0);
+    assert_eq!(bsp.read_msr(MSR_APIC_BASE, 0), Ok(0xfee0_0900));
+    assert_eq!(bsp.mode(), ApicMode::Xapic);
+    let mut ap = Lapic::at_reset(3);
+    assert_eq!(ap.read_msr(MSR_APIC_BASE, 0), Ok(0xfee0_0800));
+    ap.reset();
+    assert_eq!(ap.mode(), ApicMode::Xapic);
+    let mut x2 = Lapic::new(3);
+    x2.reset();
+    assert_eq!(x2.mode(), ApicMode::X2apic);
 }
 
 // --- Priorities ------------------------------------------------------------
@@ -601,11 +652,39 @@ fn masked_tsc_deadline_expires_silently() {
     assert_eq!(apic.deliverable_vector(), None);
 }
 
+/// One-shot <-> periodic keeps the initial count and the running count
+/// (KVM's `apic_update_lvtt`, kvm-unit-tests' `apic` "TMICT value reset"
+/// and "TMCCT should be reset to the initial-count").
 #[test]
-fn changing_the_timer_mode_disarms() {
+fn one_shot_periodic_switches_keep_the_count_running() {
+    let mut apic = with_timer(ONE_SHOT);
+    write(&mut apic, DIVIDE_CONFIG, DIVIDE_BY_1, 0);
+    write(&mut apic, INITIAL_COUNT, 1000, 0);
+    write(&mut apic, LVT_TIMER, PERIODIC | 0xec, 600);
+    assert_eq!(read(&apic, INITIAL_COUNT, 600), 1000);
+    assert_eq!(read(&apic, CURRENT_COUNT, 600), 400);
+    assert_eq!(apic.next_timer_deadline(), Some(1000));
+    // Periodic now: it reloads the initial count at expiry.
+    apic.update_timer(1000);
+    assert_eq!(deliver_all(&mut apic, 1000), vec![0xec]);
+    assert_eq!(read(&apic, CURRENT_COUNT, 1100), 900);
+    // Back to one-shot: runs down from where it is, then stays at 0.
+    write(&mut apic, LVT_TIMER, ONE_SHOT | 0xec, 1100);
+    assert_eq!(read(&apic, CURRENT_COUNT, 1100), 900);
+    apic.update_timer(2000);
+    assert_eq!(deliver_all(&mut apic, 2000), vec![0xec]);
+    assert_eq!(read(&apic, CURRENT_COUNT, 2500), 0);
+    // An expired one-shot switched to periodic stays at 0.
+    write(&mut apic, LVT_TIMER, PERIODIC | 0xec, 2500);
+    assert_eq!(read(&apic, CURRENT_COUNT, 2500), 0);
+    assert_eq!(apic.next_timer_deadline(), None);
+}
+
+#[test]
+fn switching_to_or_from_tsc_deadline_disarms() {
     let mut apic = with_timer(ONE_SHOT);
     write(&mut apic, INITIAL_COUNT, 1000, 0);
-    write(&mut apic, LVT_TIMER, PERIODIC | 0xec, 10);
+    write(&mut apic, LVT_TIMER, TSC_DEADLINE | 0xec, 10);
     assert_eq!(apic.next_timer_deadline(), None);
     assert_eq!(read(&apic, INITIAL_COUNT, 10), 0);
     assert_eq!(read(&apic, CURRENT_COUNT, 10), 0);

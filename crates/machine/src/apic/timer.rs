@@ -89,13 +89,19 @@ impl Timer {
 
     /// A write of the LVT timer register selected `mode`. The SDM: "A write
     /// to the LVT Timer Register that changes the timer mode disarms the
-    /// local APIC timer." The initial count is cleared too, so a disarmed
-    /// timer never reads as if a count were loaded.
+    /// local APIC timer", which is what a switch to or from TSC-deadline
+    /// mode does here (and the initial count is cleared, so a disarmed
+    /// timer never reads as if a count were loaded). Between one-shot and
+    /// periodic, KVM (`apic_update_lvtt`) and QEMU keep the initial count
+    /// and the count running from where it is, and kvm-unit-tests' `apic`
+    /// test requires it; so does this model.
     pub(super) fn set_mode(&mut self, mode: TimerMode) {
         if mode != self.mode {
+            if mode == TimerMode::TscDeadline || self.mode == TimerMode::TscDeadline {
+                self.initial_count = 0;
+                self.expiry = None;
+            }
             self.mode = mode;
-            self.initial_count = 0;
-            self.expiry = None;
         }
     }
 

@@ -481,10 +481,13 @@ pub fn is_serializing(insn: &Instruction) -> bool {
         | Mnemonic::Hlt
         | Mnemonic::Vmcall
         | Mnemonic::Wbinvd => true,
-        // MOV to a control or segment register.
+        // MOV to a control, segment or debug register (a DR7 write may
+        // arm a breakpoint on the very next instruction).
         Mnemonic::Mov => {
             insn.op0_kind() == iced_x86::OpKind::Register
-                && (insn.op0_register().is_cr() || insn.op0_register().is_segment_register())
+                && (insn.op0_register().is_cr()
+                    || insn.op0_register().is_segment_register()
+                    || insn.op0_register().is_dr())
         }
         _ => false,
     }

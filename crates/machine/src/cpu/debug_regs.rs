@@ -10,8 +10,10 @@
 //! 4. a write of a 1 to bits 63:32 of DR6 or DR7: #GP(0).
 //!
 //! Reserved low bits read back as their fixed values (DR6 0xffff0ff0, DR7
-//! bit 10). The registers only hold values: no breakpoint ever fires (no
-//! instruction, data or I/O breakpoints, no single-step via DR6.BS).
+//! bit 10). Instruction breakpoints (R/W = 00) fire as #DB faults before
+//! the instruction at DRn's linear address unless RFLAGS.RF is set, and
+//! RFLAGS.TF single-steps with DR6.BS (`Cpu::run_block`). Data and I/O
+//! breakpoints (R/W = 01, 10, 11) are not modelled: they never fire.
 
 use super::access::gpr_info;
 use super::state::cr4;
@@ -29,6 +31,12 @@ pub const DR6_BD: u64 = 1 << 13;
 pub const DR7_FIXED_1: u64 = 0x400;
 /// DR7 bits software can change: L0-G3, LE, GE, RTM, GD, R/W and LEN.
 pub const DR7_VOLATILE: u64 = 0xffff_2bff;
+/// DR6.BS: the #DB came from single-stepping (RFLAGS.TF).
+pub const DR6_BS: u64 = 1 << 14;
+/// DR6.B0-B3: which breakpoint conditions were met.
+pub const DR6_HITS: u64 = 0xf;
+/// DR7.L0-G3: the local and global enables of the four breakpoints.
+pub const DR7_ENABLES: u64 = 0xff;
 /// DR7.GD: general detect, #DB on any debug-register move.
 pub const DR7_GD: u64 = 1 << 13;
 
@@ -53,6 +61,40 @@ impl Default for DebugRegs {
 }
 
 impl Cpu {
+    /// DR6 bits B0-B3 of the enabled instruction breakpoints (R/W = 00)
+    /// at the linear address of the next instruction, if any.
+    pub(super) fn instruction_breakpoint_hits(&self) -> Option<u64> {
+        let s = &self.state;
+        let la = if s.code_bits() == 64 {
+            s.rip
+        } else {
+            s.cs.base.wrapping_add(s.rip) & 0xffff_ffff
+        };
+        let dr7 = s.debug.dr7;
+        let hits = (0..4).fold(0, |hits, n| {
+            let enabled = dr7 >> (2 * n) & 3 != 0;
+            let execute = dr7 >> (16 + 4 * n) & 3 == 0;
+            if enabled && execute && s.debug.dr[n] == la {
+                hits | 1 << n
+            } else {
+                hits
+            }
+        });
+        (hits != 0).then_some(hits)
+    }
+
+    /// Raises #DB with the DR6 conditions `bits` (B0-B3 replaced, as KVM
+    /// delivers a #DB payload; BS, BD, BT kept).
+    pub(super) fn debug_exception(
+        &mut self,
+        mem: &crate::memory::PhysMemory,
+        bits: u64,
+    ) -> super::Step {
+        let d = &mut self.state.debug;
+        d.dr6 = (d.dr6 & !DR6_HITS) | bits | DR6_FIXED_1;
+        self.raise_exception(mem, vector::DB, None, None)
+    }
+
     /// `mov drN, r64` (`to`) or `mov r64, drN`; `dr` is the iced register
     /// of the debug register, `gpr` the general-purpose one.
     pub(super) fn exec_mov_dr(

@@ -36,6 +36,15 @@ fn class_of(ev: &EventInjection) -> Class {
     }
 }
 
+/// Whether `ev` is a fault-class hardware exception (#DE, #BR, #UD, #NM,
+/// #TS, #NP, #SS, #GP, #PF, #MF, #AC, #XM, #VE, #CP): its frame points at
+/// the faulting instruction and carries RFLAGS.RF = 1. #DB is left out: its
+/// faults are instruction breakpoints, whose frames keep RF as it was.
+fn is_fault_class(ev: &EventInjection) -> bool {
+    ev.kind == EventKind::HardwareException
+        && matches!(ev.vector, 0 | 5 | 6 | 7 | 10..=14 | 16 | 17 | 19..=21)
+}
+
 /// Whether `vector` pushes an error code when raised as an exception.
 pub fn has_error_code(vector: u8) -> bool {
     matches!(vector, 8 | 10..=14 | 17 | 21 | 29 | 30)
@@ -265,10 +274,19 @@ impl Cpu {
         } else {
             self.state.rip
         };
+        // RF in the saved RFLAGS: set for every fault-class exception but
+        // an instruction-breakpoint #DB (SDM Vol. 3A 18.3.1.1), so that
+        // the IRET back to the faulting instruction does not fault on an
+        // instruction breakpoint there again.
+        let saved_rflags = if is_fault_class(ev) {
+            self.state.rflags | rflags::RF
+        } else {
+            self.state.rflags
+        };
         let mut frame = [
             self.state.ss.selector as u64,
             old_rsp,
-            self.state.rflags,
+            saved_rflags,
             self.state.cs.selector as u64,
             return_rip,
             0,

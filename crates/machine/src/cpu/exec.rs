@@ -323,7 +323,15 @@ impl Cpu {
             M::Ud0 | M::Ud1 | M::Ud2 => Err(ud()),
             M::Int3 => self.software_interrupt(mem, i, vector::BP),
             M::Int => self.software_interrupt(mem, i, i.immediate8()),
-            M::Int1 => Err(Fault::exception(vector::DB)),
+            // ICEBP (INT1): a trap-like #DB, the frame after the
+            // instruction, no gate DPL check, DR6.B0-B3 cleared and BS not
+            // set (SDM Vol. 3A 18.3.1; kvm-unit-tests' debug "ICEBP").
+            M::Int1 => {
+                self.state.rip = i.next_ip();
+                let d = &mut self.state.debug;
+                d.dr6 = (d.dr6 & !super::debug_regs::DR6_HITS) | super::debug_regs::DR6_FIXED_1;
+                Err(Fault::exception(vector::DB))
+            }
             // The system instructions of every system call and interrupt
             // (frequent: translated code calls out for them), straight to
             // where the last arm would take them.
@@ -878,6 +886,8 @@ impl Cpu {
         i: &Instruction,
         vec: u8,
     ) -> Result<(), Fault> {
+        // No single-step trap after INT n: its handler starts with TF clear.
+        self.tf_after_only = true;
         let ev = crate::vmx::EventInjection {
             kind: crate::vmx::EventKind::SoftwareInterrupt,
             vector: vec,

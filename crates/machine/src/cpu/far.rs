@@ -273,6 +273,7 @@ impl Cpu {
                 self.state.cs = code;
             }
         }
+        self.rf_loaded = self.state.rflags & rflags::RF != 0;
         self.mode_epoch += 1;
         self.next_rip = target;
         self.check_events = true;

@@ -27,6 +27,7 @@ mod event;
 pub(crate) mod fast;
 pub(crate) mod l1tlb;
 mod legacy;
+pub mod mce;
 mod mmio;
 pub use event::has_error_code;
 pub use system::native_cpuid;
@@ -229,6 +230,12 @@ pub struct Cpu {
     code_written: bool,
     /// An IPI the APIC produced during the last instruction.
     pending_ipi: Option<crate::vmx::Ipi>,
+    /// The instruction being run alone loaded RFLAGS.RF (an IRET): RF
+    /// stays set for the next instruction instead of being cleared.
+    rf_loaded: bool,
+    /// The instruction being run alone was SYSCALL or SYSRET: its
+    /// single-step trap depends on TF after it only.
+    pub(super) tf_after_only: bool,
     /// First-level TLB in front of `tlb` (see [`l1tlb`]).
     l1: l1tlb::L1Tlb,
     /// Bumped whenever the first-level TLB's lookup-key context
@@ -323,6 +330,8 @@ impl Cpu {
             check_events: true,
             code_written: false,
             pending_ipi: None,
+            rf_loaded: false,
+            tf_after_only: false,
             l1: l1tlb::L1Tlb::new(),
             mode_epoch: 1,
             next_timer_cycle: 0,
@@ -451,11 +460,26 @@ impl Cpu {
 
     /// Advances RIP past the instruction that caused the last exit, and
     /// ends STI/MOV-SS blocking as completing an instruction does.
+    ///
+    /// The instruction completed, so RFLAGS.RF clears, and under
+    /// RFLAGS.TF its single-step #DB is queued for the next entry (KVM's
+    /// `kvm_skip_emulated_instruction`).
     pub fn skip_instruction(&mut self) {
         self.state.rip = self.state.rip.wrapping_add(self.exit_len as u64);
         self.state.interruptibility = 0;
+        self.state.rflags &= !rflags::RF;
         self.exit_len = 0;
         self.check_events = true;
+        if self.state.rflags & rflags::TF != 0 && self.injection.is_none() {
+            let d = &mut self.state.debug;
+            d.dr6 = (d.dr6 & !debug_regs::DR6_HITS) | debug_regs::DR6_BS | debug_regs::DR6_FIXED_1;
+            self.inject_event(EventInjection {
+                kind: EventKind::HardwareException,
+                vector: vector::DB,
+                error_code: None,
+                instruction_len: 0,
+            });
+        }
     }
 
     /// Completes an `in` that exited: writes AL/AX/EAX with `value` and
@@ -702,6 +726,9 @@ impl Cpu {
             if v.interrupt_window_exiting && can_interrupt {
                 return Step::Exit(VmExit::InterruptWindow);
             }
+            if v.nmi_window_exiting && !blocked && !self.state.nmi_blocked {
+                return Step::Exit(VmExit::NmiWindow);
+            }
             if v.external_interrupt_exiting {
                 if let Some(vec) = self.host_interrupts.highest() {
                     self.host_interrupts.clear(vec);
@@ -780,7 +807,24 @@ impl Cpu {
     #[inline(always)]
     fn run_block<const JIT: bool>(&mut self, mem: &PhysMemory, cycle_limit: u64) -> Step {
         let mtf = self.vmx.as_ref().is_some_and(|v| v.monitor_trap_flag);
-        let single = self.state.interruptibility != 0 || mtf;
+        // RFLAGS.RF (set by an IRET to a faulting instruction) lasts for
+        // one instruction: run it alone and clear RF after it.
+        // TF (single-step) and enabled DR0-DR3 breakpoints: one
+        // instruction at a time, checked before and after it.
+        let tf = self.state.rflags & rflags::TF != 0;
+        let breakpoints = self.state.debug.dr7 & debug_regs::DR7_ENABLES != 0;
+        let single = self.state.interruptibility != 0
+            || mtf
+            || self.state.rflags & (rflags::RF | rflags::TF) != 0
+            || breakpoints;
+        self.rf_loaded = false;
+        self.tf_after_only = false;
+        let shadow = self.state.interruptibility;
+        if breakpoints && self.state.rflags & rflags::RF == 0 {
+            if let Some(hits) = self.instruction_breakpoint_hits() {
+                return self.debug_exception(mem, hits);
+            }
+        }
         let block = match self.fetch_block(mem) {
             Ok(b) => b,
             Err(f) => {
@@ -806,7 +850,7 @@ impl Cpu {
         self.stats.instructions += executed;
         self.cycles += executed * self.costs.instruction;
         if single || self.pending_ipi.is_some() {
-            step = self.after_single_or_ipi(executed, step, mtf);
+            step = self.after_single_or_ipi(mem, executed, step, mtf, tf, shadow);
         }
         step
     }
@@ -814,14 +858,45 @@ impl Cpu {
     /// The end of [`Cpu::run_block`] when it ran a single instruction (for
     /// STI/MOV-SS blocking or the monitor trap flag) or an IPI is pending.
     #[inline(never)]
-    fn after_single_or_ipi(&mut self, executed: u64, mut step: Step, mtf: bool) -> Step {
+    fn after_single_or_ipi(
+        &mut self,
+        mem: &PhysMemory,
+        executed: u64,
+        mut step: Step,
+        mtf: bool,
+        tf: bool,
+        shadow: u8,
+    ) -> Step {
+        // Single-step trap (SDM Vol. 3A 18.3.1.4): after an instruction
+        // that began with TF set and completed (a POPF that clears TF
+        // included); after SYSCALL/SYSRET and INT n by TF as they leave it
+        // (KVM's emulator does the same; INT n's handler starts with TF
+        // clear, so there is none).
+        let tf_now = self.state.rflags & rflags::TF != 0;
+        // A MOV SS or POP SS holds its single-step trap back with the
+        // interrupts (SDM Vol. 3A 6.8.3): the next instruction's covers it.
+        let mov_ss = self.state.interruptibility & !shadow & interruptibility::MOV_SS != 0;
+        let single_step = executed > 0
+            && matches!(step, Step::Continue)
+            && !mov_ss
+            && if self.tf_after_only { tf_now } else { tf };
         if executed > 0 {
-            self.state.interruptibility = 0;
+            // The shadow this instruction ran in ends; one it began (a
+            // MOV SS, an STI) covers the next instruction.
+            self.state.interruptibility &= !shadow;
+            // The processor clears RF after each instruction completes
+            // (SDM Vol. 3A 18.3.1.1); an IRET loads it from the frame.
+            if !self.rf_loaded {
+                self.state.rflags &= !rflags::RF;
+            }
         }
         if let Some(ipi) = self.pending_ipi.take() {
             if matches!(step, Step::Continue) {
                 step = Step::Exit(VmExit::Ipi(ipi));
             }
+        }
+        if single_step && matches!(step, Step::Continue) {
+            step = self.debug_exception(mem, debug_regs::DR6_BS);
         }
         if mtf && matches!(step, Step::Continue) {
             step = Step::Exit(VmExit::MonitorTrap);

@@ -289,6 +289,9 @@ pub struct CpuState {
     pub activity: Activity,
     /// x87 and SSE registers.
     pub fpu: super::fpu_state::FpuState,
+    /// The machine-check registers (`mce`).
+    #[serde(default)]
+    pub mce: super::mce::MceRegs,
 }
 
 impl Default for CpuState {
@@ -352,6 +355,7 @@ impl Default for CpuState {
             nmi_blocked: false,
             activity: Activity::Active,
             fpu: super::fpu_state::FpuState::default(),
+            mce: super::mce::MceRegs::default(),
         }
     }
 }

@@ -45,15 +45,17 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
             let ebx = (apic_id << 24) | (1 << 16) | (8 << 8);
             // x2APIC, POPCNT, TSC-deadline.
             let ecx = (1 << 21) | (1 << 23) | (1 << 24);
-            // FPU, TSC, MSR, PAE, CX8, APIC, PGE, CMOV, PAT, CLFSH, FXSR,
-            // SSE, SSE2. (No MMX.)
+            // FPU, TSC, MSR, PAE, MCE, CX8, APIC, MCA, PGE, CMOV, PAT,
+            // CLFSH, FXSR, SSE, SSE2. (No MMX.)
             let edx = 1
                 | (1 << 4)
                 | (1 << 5)
                 | (1 << 6)
+                | (1 << 7)
                 | (1 << 8)
                 | (1 << 9)
                 | (1 << 13)
+                | (1 << 14)
                 | (1 << 15)
                 | (1 << 16)
                 | (1 << 19)
@@ -62,7 +64,9 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
                 | (1 << 26);
             [eax, ebx, ecx, edx]
         }
-        7 if subleaf == 0 => [0, (1 << 7) | (1 << 20), 0, 0], // SMEP, SMAP
+        // SMEP, SMAP; UMIP (ECX bit 2: SGDT, SIDT, SLDT, STR and SMSW
+        // #GP above ring 0 under CR4.UMIP).
+        7 if subleaf == 0 => [0, (1 << 7) | (1 << 20), 1 << 2, 0],
         0xb => [
             0,
             1,
@@ -261,17 +265,29 @@ impl Cpu {
             M::Lldt => {
                 self.require_cpl0()?;
                 let sel = self.read_op(mem, i, 0, Size::B2)? as u16;
-                if sel & !3 != 0 {
-                    // Local descriptor tables are not supported.
-                    return Err(gp((sel & !3) as u32));
-                }
-                self.state.ldtr = Segment {
-                    selector: sel,
-                    attr: seg_attr::UNUSABLE,
-                    ..Segment::default()
-                };
-                Ok(())
+                self.load_ldt_register(mem, sel)
             }
+            // SMSW (SDM Vol. 2B): CR0 as MOV from CR0 reads it (the
+            // hypervisor's read shadow applied), 16 bits to memory, the
+            // operand size to a register; #GP(0) under CR4.UMIP above
+            // ring 0.
+            M::Smsw => {
+                if self.state.cr4 & cr4::UMIP != 0 && cpl > 0 {
+                    return Err(gp(0));
+                }
+                let cr0 = self.guest_visible_cr0();
+                let size = if i.op0_kind() == OpKind::Memory {
+                    Size::B2
+                } else {
+                    Self::op_size(i, 0)
+                };
+                self.write_op(mem, i, 0, size, cr0)
+            }
+            // RDPMC: the machine has no performance-monitoring counters
+            // (CPUID leaf 0xA reports none), so every counter index is
+            // invalid: #GP(0), as for CPL > 0 without CR4.PCE.
+            M::Rdpmc => Err(gp(0)),
+            M::Sysret => self.exec_sysret32(),
             // SMAP's instructions (SDM Vol. 2B): #UD outside ring 0 (and
             // in real mode: the machine has SMAP, so never for lack of it).
             M::Stac | M::Clac => {
@@ -693,11 +709,26 @@ impl Cpu {
         ext: u32,
     ) -> Result<Segment, Fault> {
         let index = (selector & !7) as u64;
-        if selector & 4 != 0 || index + 7 > self.state.gdtr.limit as u64 {
+        // TI = 1: the LDT (which must be loaded).
+        let table = if selector & 4 != 0 {
+            let ldtr = self.state.ldtr;
+            (
+                ldtr.base,
+                u64::from(ldtr.limit),
+                ldtr.attr & seg_attr::UNUSABLE != 0,
+            )
+        } else {
+            (
+                self.state.gdtr.base,
+                u64::from(self.state.gdtr.limit),
+                false,
+            )
+        };
+        if table.2 || index + 7 > table.1 {
             // (Made only here: a fault is an allocation.)
             return Err(gp((selector as u32 & !3) | ext));
         }
-        let d = self.read_implicit(mem, self.state.gdtr.base.wrapping_add(index), Size::B8)?;
+        let d = self.read_implicit(mem, table.0.wrapping_add(index), Size::B8)?;
         let attr = ((d >> 40) & 0xff) as u32 | ((((d >> 52) & 0xf) as u32) << 12);
         let mut limit = ((d & 0xffff) | ((d >> 32) & 0xf_0000)) as u32;
         if attr & seg_attr::GRANULARITY != 0 {
@@ -973,7 +1004,7 @@ impl Cpu {
                 let now = self.tsc();
                 self.apic.read_msr(index, now).map_err(|_| gp(0))?
             }
-            _ => return Err(gp(0)),
+            _ => return s.mce.read(index).ok_or_else(|| gp(0)),
         })
     }
 
@@ -1038,7 +1069,11 @@ impl Cpu {
                 }
                 self.check_events = true;
             }
-            _ => return Err(gp(0)),
+            _ => {
+                if !self.state.mce.write(index, v) {
+                    return Err(gp(0));
+                }
+            }
         }
         Ok(())
     }
@@ -1073,6 +1108,13 @@ impl Cpu {
             return Err(ud());
         }
         self.cycles += self.costs.privilege_transition;
+        self.tf_after_only = true;
+        // From compatibility mode the entry point is CSTAR.
+        let target = if self.state.in_64bit_mode() {
+            self.state.lstar
+        } else {
+            self.state.cstar
+        };
         let s = &mut self.state;
         s.gpr[1] = i.next_ip();
         s.gpr[11] = s.rflags & !rflags::RF;
@@ -1090,7 +1132,10 @@ impl Cpu {
             limit: 0xffff_ffff,
             attr: seg_attr::DATA_KERNEL,
         };
-        self.next_rip = s.lstar;
+        self.next_rip = target;
+        if !self.state.in_64bit_mode() || target != self.state.lstar {
+            self.mode_epoch += 1;
+        }
         // No event check: RFLAGS.IF can only be cleared here (FMASK), so
         // nothing becomes deliverable that was not before (as POPF, which
         // asks for one only when IF changes; a timer coming due is the
@@ -1108,6 +1153,7 @@ impl Cpu {
             return Err(gp(0));
         }
         self.cycles += self.costs.privilege_transition;
+        self.tf_after_only = true;
         let s = &mut self.state;
         let base = ((s.star >> 48) & 0xffff) as u16;
         s.rflags = (s.gpr[11] & 0x3c_7fd7) | rflags::FIXED1;
@@ -1125,6 +1171,83 @@ impl Cpu {
         };
         self.next_rip = rcx;
         self.check_events = true;
+        Ok(())
+    }
+
+    /// SYSRET with a 32-bit operand size (SDM Vol. 2B): back to a
+    /// compatibility-mode ring-3 code segment STAR[63:48] with EIP = ECX,
+    /// SS = STAR[63:48] + 8, RFLAGS = R11.
+    pub(super) fn exec_sysret32(&mut self) -> Result<(), Fault> {
+        if self.state.efer & efer::SCE == 0 || !self.state.in_64bit_mode() {
+            return Err(ud());
+        }
+        self.require_cpl0()?;
+        self.cycles += self.costs.privilege_transition;
+        self.tf_after_only = true;
+        let s = &mut self.state;
+        let base = ((s.star >> 48) & 0xffff) as u16;
+        s.rflags = (s.gpr[11] & 0x3c_7fd7) | rflags::FIXED1;
+        s.cs = Segment {
+            selector: base | 3,
+            base: 0,
+            limit: 0xffff_ffff,
+            attr: (seg_attr::CODE64_USER & !seg_attr::LONG) | seg_attr::DB,
+        };
+        s.ss = Segment {
+            selector: base.wrapping_add(8) | 3,
+            base: 0,
+            limit: 0xffff_ffff,
+            attr: seg_attr::DATA_USER,
+        };
+        self.next_rip = s.gpr[1] & 0xffff_ffff;
+        self.mode_epoch += 1;
+        self.check_events = true;
+        Ok(())
+    }
+
+    /// LLDT (SDM Vol. 2A): a null selector leaves LDTR unusable; otherwise
+    /// a GDT selector (TI = 0) of a present LDT descriptor (system type 2,
+    /// 16 bytes in IA-32e mode), else #GP(selector) / #NP(selector).
+    fn load_ldt_register(&mut self, mem: &PhysMemory, sel: u16) -> Result<(), Fault> {
+        if sel & !3 == 0 {
+            self.state.ldtr = Segment {
+                selector: sel,
+                attr: seg_attr::UNUSABLE,
+                ..Segment::default()
+            };
+            return Ok(());
+        }
+        let err = gp(u32::from(sel & !3));
+        if sel & 4 != 0 {
+            return Err(err);
+        }
+        let d = self.load_descriptor(mem, sel, 0)?;
+        if d.attr & seg_attr::S != 0 || d.attr & seg_attr::TYPE_MASK != 0x2 {
+            return Err(err);
+        }
+        let index = u64::from(sel & !7);
+        let long = self.state.efer & efer::LMA != 0;
+        let mut base = d.base;
+        if long {
+            if index + 15 > u64::from(self.state.gdtr.limit) {
+                return Err(err);
+            }
+            let high =
+                self.read_implicit(mem, self.state.gdtr.base.wrapping_add(index + 8), Size::B8)?;
+            base = (base & 0xffff_ffff) | ((high & 0xffff_ffff) << 32);
+            if !is_canonical(base) {
+                return Err(err);
+            }
+        }
+        if d.attr & seg_attr::PRESENT == 0 {
+            return Err(Fault::with_code(vector::NP, u32::from(sel & !3)));
+        }
+        self.state.ldtr = Segment {
+            selector: sel,
+            base,
+            limit: d.limit,
+            attr: d.attr,
+        };
         Ok(())
     }
 

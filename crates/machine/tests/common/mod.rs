@@ -108,6 +108,27 @@ impl Rig {
         self
     }
 
+    /// The same machine on `engine` (the interpreter or the translator).
+    #[allow(dead_code)]
+    pub fn with_engine(mut self, engine: machine::Engine) -> Self {
+        let state = self.cpu.state().clone();
+        self.cpu = Cpu::new(CpuConfig {
+            engine,
+            ..CpuConfig::default()
+        });
+        *self.cpu.state_mut() = state;
+        self
+    }
+
+    /// Runs to the HLT at the end of the code or in the handler of the
+    /// first exception; returns the vector taken (from r15's mark), if any.
+    #[allow(dead_code)]
+    pub fn vector_taken(&mut self) -> Option<u8> {
+        assert_eq!(self.run(), machine::VmExit::Hlt);
+        let mark = self.gpr(15);
+        (mark != 0).then(|| (mark - HANDLER_MARK) as u8)
+    }
+
     /// Runs with a generous cycle limit.
     pub fn run(&mut self) -> machine::VmExit {
         let limit = self.cpu.cycles() + 10_000_000;

@@ -1,0 +1,144 @@
+//! System instructions kvm-unit-tests found missing or wrong: SMSW (and
+//! UMIP), RDPMC without counters, 32-bit SYSRET, LLDT of a real LDT and
+//! segment loads through it, SYSCALL from compatibility mode.
+
+mod common;
+
+use common::*;
+use iced_x86::code_asm::*;
+use machine::cpu::state::{cr0, cr4, efer, msr};
+use machine::Hpa;
+
+/// Runs to the HLT at the end of `code` or in the handler of the first
+/// exception; returns the vector taken, if any.
+fn run(r: &mut Rig) -> Option<u8> {
+    r.vector_taken()
+}
+
+#[test]
+fn smsw_reads_cr0_and_faults_under_umip_above_ring_0() {
+    let code = |a: &mut CodeAssembler| {
+        a.smsw(rax).unwrap();
+        a.smsw(word_ptr(DATA)).unwrap();
+        a.hlt().unwrap();
+    };
+    let mut r = rig(code);
+    assert_eq!(run(&mut r), None);
+    let cr0_value = r.cpu.state().cr0;
+    assert_ne!(cr0_value & cr0::PG, 0);
+    assert_eq!(r.gpr(0), cr0_value);
+    assert_eq!(r.mem.read(Hpa(DATA), 2).unwrap(), cr0_value & 0xffff);
+
+    let mut r = rig(|a| {
+        a.smsw(eax).unwrap();
+        a.hlt().unwrap();
+    });
+    r.enter_user_mode();
+    r.cpu.state_mut().cr4 |= cr4::UMIP;
+    assert_eq!(run(&mut r), Some(13));
+    // Without UMIP ring 3 may read it (and then faults at the HLT).
+    let mut r = rig(|a| {
+        a.smsw(eax).unwrap();
+        a.hlt().unwrap();
+    });
+    r.enter_user_mode();
+    assert_eq!(run(&mut r), Some(13));
+    assert_eq!(r.gpr(0), r.cpu.state().cr0 & 0xffff_ffff);
+}
+
+#[test]
+fn rdpmc_without_counters_is_gp() {
+    let mut r = rig(|a| {
+        a.xor(ecx, ecx).unwrap();
+        a.rdpmc().unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(run(&mut r), Some(13));
+}
+
+/// An LDT descriptor in the GDT at 0x38 (16 bytes), the LDT at DATA with
+/// a data segment at index 1 whose base is 0x12_3000.
+fn with_ldt(r: &mut Rig) {
+    let ldt_base = DATA;
+    let low = 0x0f_u64 // limit 15
+        | ((ldt_base & 0xff_ffff) << 16)
+        | (0x82 << 40) // present, system type 2 (LDT)
+        | ((ldt_base >> 24) & 0xff) << 56;
+    r.mem.write_u64(Hpa(GDT + 0x38), low).unwrap();
+    r.mem.write_u64(Hpa(GDT + 0x40), ldt_base >> 32).unwrap();
+    r.cpu.state_mut().gdtr.limit = 0x47;
+    let base = 0x12_3000u64;
+    let data = 0xffff_u64 | ((base & 0xff_ffff) << 16) | (0x93 << 40) | (0xcf << 48);
+    r.mem.write_u64(Hpa(ldt_base + 8), data).unwrap();
+}
+
+#[test]
+fn lldt_loads_an_ldt_and_ti_selectors_use_it() {
+    let mut r = rig(|a| {
+        a.mov(eax, 0x38).unwrap();
+        a.lldt(ax).unwrap();
+        a.mov(eax, 0x0c).unwrap(); // index 1, TI = 1
+        a.mov(ds, ax).unwrap();
+        a.sldt(ebx).unwrap();
+        a.hlt().unwrap();
+    });
+    with_ldt(&mut r);
+    assert_eq!(run(&mut r), None);
+    let s = r.cpu.state();
+    assert_eq!(s.ldtr.base, DATA);
+    assert_eq!(s.ldtr.limit, 0xf);
+    assert_eq!(s.ds.base, 0x12_3000);
+    assert_eq!(r.gpr(3), 0x38);
+
+    // An index past the LDT's limit: #GP(selector).
+    let mut r = rig(|a| {
+        a.mov(eax, 0x38).unwrap();
+        a.lldt(ax).unwrap();
+        a.mov(eax, 0x14).unwrap(); // index 2: beyond limit 15
+        a.mov(ds, ax).unwrap();
+        a.hlt().unwrap();
+    });
+    with_ldt(&mut r);
+    assert_eq!(run(&mut r), Some(13));
+    // A selector that is not an LDT descriptor (the code segment): #GP.
+    let mut r = rig(|a| {
+        a.mov(eax, u32::from(KERNEL_CS)).unwrap();
+        a.lldt(ax).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(run(&mut r), Some(13));
+}
+
+/// SYSRETL goes to compatibility mode at STAR[63:48] | 3 with EIP = ECX;
+/// SYSCALL from there enters at CSTAR.
+#[test]
+fn sysretl_enters_compatibility_mode_and_syscall_returns_through_cstar() {
+    const USER_CS32: u64 = 0x18; // STAR[63:48]; SS = +8 = 0x20 (| 3)
+    let mut r = rig(|a| {
+        a.mov(ecx, (CODE + 0x100) as u32).unwrap();
+        a.xor(r11d, r11d).unwrap();
+        a.sysret().unwrap(); // 32-bit operand size: sysretl
+    });
+    // A 32-bit user code segment at 0x18 and user data at 0x20 in the rig's
+    // GDT (replacing its user entries), and 32-bit code at CODE + 0x100:
+    // `syscall`.
+    let code32 = 0xffff_u64 | (0xfb << 40) | (0xcf << 48);
+    let data = 0xffff_u64 | (0xf3 << 40) | (0xcf << 48);
+    r.mem.write_u64(Hpa(GDT + 0x18), code32).unwrap();
+    r.mem.write_u64(Hpa(GDT + 0x20), data).unwrap();
+    r.mem.write_bytes(Hpa(CODE + 0x100), &[0x0f, 0x05]).unwrap();
+    let mut handler = CodeAssembler::new(64).unwrap();
+    handler.mov(r14d, 0x5ca11u32).unwrap();
+    handler.hlt().unwrap();
+    let bytes = handler.assemble(CODE + 0x200).unwrap();
+    r.mem.write_bytes(Hpa(CODE + 0x200), &bytes).unwrap();
+    let s = r.cpu.state_mut();
+    s.efer |= efer::SCE;
+    s.star = (USER_CS32 << 48) | (u64::from(KERNEL_CS) << 32);
+    s.cstar = CODE + 0x200;
+    s.lstar = CODE + 0x300;
+    let _ = msr::STAR;
+    assert_eq!(run(&mut r), None);
+    assert_eq!(r.gpr(14), 0x5ca11, "entered through CSTAR");
+    assert_eq!(r.gpr(1), CODE + 0x102, "RCX: after the SYSCALL");
+}

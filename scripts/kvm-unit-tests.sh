@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# Runs kvm-unit-tests' x86 tests on faultline (and, with --qemu, on QEMU TCG
+# side by side) and prints one row per test: the verdict and PASS/FAIL/SKIP
+# counts on each, the unassigned-MMIO accesses faultline counted, and
+# faultline's first failing line. See docs/conformance.md.
+#
+#   scripts/kvm-unit-tests.sh DIR [--qemu] [--timeout SECONDS] [--only REGEX]
+#                                 [--faultline BIN] [--out DIR] [-- FAULTLINE-OPTIONS...]
+#
+# DIR is a kvm-unit-tests tree built for x86_64 (`./configure && make`);
+# nothing of it enters this repository. Each test runs as x86/unittests.cfg
+# says: `file`, `smp` (--vcpus), `test_args` (the kernel command line),
+# `-m` in `qemu_params`/`extra_params` (--mem), `arch` (i386-only tests are
+# SKIP on an x86_64 build), `timeout` (capped by --timeout, default 90 s).
+# Other QEMU options (-cpu models, devices) have no faultline equivalent:
+# faultline always offers its one CPU model. FAULTLINE-OPTIONS go to every
+# `faultline run` (e.g. `--mmu shadow`, `--engine interp`).
+#
+# Verdicts: PASS (the test exited with success and printed no FAIL line),
+# FAIL, SKIP (the test's "skipped" exit, status 77 as kvm-unit-tests' own
+# runner reads it, or only SKIP lines), TIMEOUT, ERROR (anything else: an
+# unhandled exception in the test, a VM stopped on an error).
+set -uo pipefail
+
+usage() {
+    sed -n '7,9p' "$0" | sed 's/^# *//' >&2
+    exit 2
+}
+
+[ $# -ge 1 ] || usage
+KUT=$(cd "$1" && pwd) || usage
+shift
+QEMU=0
+CAP=90
+ONLY=""
+OUT=""
+FAULTLINE=""
+EXTRA=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --qemu) QEMU=1 ;;
+        --timeout) CAP=$2; shift ;;
+        --only) ONLY=$2; shift ;;
+        --out) OUT=$2; shift ;;
+        --faultline) FAULTLINE=$2; shift ;;
+        --) shift; EXTRA=("$@"); break ;;
+        *) usage ;;
+    esac
+    shift
+done
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+if [ -z "$FAULTLINE" ]; then
+    (cd "$ROOT" && cargo build --release --quiet --bin faultline) || exit 1
+    FAULTLINE=$ROOT/target/release/faultline
+fi
+CFG=$KUT/x86/unittests.cfg
+[ -f "$CFG" ] || { echo "no $CFG" >&2; exit 2; }
+[ -n "$OUT" ] || OUT=$(mktemp -d /tmp/kvm-unit-tests.XXXXXX)
+mkdir -p "$OUT"
+if [ "$QEMU" = 1 ] && ! command -v qemu-system-x86_64 >/dev/null; then
+    echo "--qemu: qemu-system-x86_64 not found" >&2
+    exit 2
+fi
+
+# counts LOG -> "PASS FAIL SKIP" (XFAIL counts as PASS, XPASS as FAIL).
+counts() {
+    local p f s
+    p=$(grep -cE '^(PASS|XFAIL): ' "$1")
+    f=$(grep -cE '^(FAIL|XPASS): ' "$1")
+    s=$(grep -cE '^SKIP: ' "$1")
+    echo "$p $f $s"
+}
+
+# verdict STATUS LOG -> verdict. STATUS is the exit status of the run
+# (isa-debug-exit's (code << 1) | 1, modulo 256), 124 after a timeout.
+verdict() {
+    local status=$1 log=$2 p f s
+    read -r p f s < <(counts "$log")
+    if [ "$status" = 124 ]; then echo TIMEOUT
+    elif [ "$status" = 77 ]; then echo SKIP
+    elif [ "$status" = 1 ] && [ "$f" = 0 ]; then
+        if [ "$p" = 0 ] && [ "$s" != 0 ]; then echo SKIP; else echo PASS; fi
+    elif [ "$f" != 0 ] || [ "$status" = 3 ]; then echo FAIL
+    else echo ERROR
+    fi
+}
+
+# first_failure LOG STATUS -> the first line that explains a non-pass.
+first_failure() {
+    local log=$1 status=$2 line
+    line=$(grep -m1 -E '^(FAIL|XPASS): |Unhandled exception|^faultline: .*(error|outside|refused|not)|^stopped: *error' "$log")
+    if [ -z "$line" ] && [ "$status" = 124 ]; then
+        line="(timeout) last line: $(grep -v '^$' "$log" | tail -n1)"
+    fi
+    if [ -z "$line" ] && [ "$status" != 1 ]; then
+        line="(exit $status) last line: $(grep -v '^$' "$log" | tail -n1)"
+    fi
+    printf '%s' "$line" | tr '|' '/' | cut -c1-140
+}
+
+# Runs one test on faultline; prints "VERDICT P F S UNASSIGNED FIRST".
+run_faultline() {
+    local name=$1 file=$2 smp=$3 mem=$4 secs=$5 log=$OUT/$name.faultline
+    shift 5
+    local args=(run --kernel "$KUT/x86/$file" --vcpus "$smp" --wall-limit "${secs}s")
+    [ -n "$mem" ] && args+=(--mem "$mem")
+    # asyncpf needs host memory smaller than the guest's (on KVM: a memory
+    # cgroup around QEMU); faultline's is --host-mem.
+    [ "$file" = asyncpf.flat ] && args+=(--host-mem 512M --apf pv)
+    [ $# -gt 0 ] && args+=("--cmdline=$*")
+    timeout -k 5 $((secs + 10)) "$FAULTLINE" "${args[@]}" "${EXTRA[@]}" >"$log" 2>&1 </dev/null
+    local status=$?
+    # faultline's own wall limit ends the run like a timeout.
+    if grep -q '^stopped: *wall' "$log"; then status=124; fi
+    local v p f s un
+    v=$(verdict "$status" "$log")
+    read -r p f s < <(counts "$log")
+    un=$(sed -n 's/^unassigned MMIO: \([0-9]*\).*/\1/p' "$log")
+    local first=""
+    [ "$v" = PASS ] || first=$(first_failure "$log" "$status")
+    echo "$v $p $f $s ${un:-0} $first"
+}
+
+# Runs one test on QEMU TCG; prints "VERDICT P F S".
+run_qemu() {
+    local name=$1 file=$2 smp=$3 secs=$4 qparams=$5 log=$OUT/$name.qemu
+    shift 5
+    local cmd=(qemu-system-x86_64 --no-reboot -nodefaults -device pc-testdev
+        -device isa-debug-exit,iobase=0xf4,iosize=0x4 -display none -serial stdio
+        -device pci-testdev -machine accel=tcg -kernel "$KUT/x86/$file" -smp "$smp")
+    # QEMU's options from the cfg; -cpu max unless they name a model.
+    local q
+    read -r -a q <<<"$qparams"
+    [[ " $qparams " == *" -cpu "* ]] || cmd+=(-cpu max)
+    cmd+=("${q[@]}")
+    [ $# -gt 0 ] && cmd+=(-append "$*")
+    timeout -k 5 "$secs" "${cmd[@]}" >"$log" 2>&1 </dev/null
+    local status=$?
+    local v p f s
+    v=$(verdict "$status" "$log")
+    read -r p f s < <(counts "$log")
+    echo "$v $p $f $s"
+}
+
+if [ "$QEMU" = 1 ]; then
+    echo "| test | faultline | PASS/FAIL/SKIP | QEMU TCG | PASS/FAIL/SKIP | unassigned MMIO | faultline's first failing line |"
+    echo "|---|---|---|---|---|---|---|"
+else
+    echo "| test | faultline | PASS/FAIL/SKIP | unassigned MMIO | first failing line |"
+    echo "|---|---|---|---|---|"
+fi
+
+declare -A TOTAL
+row() {
+    local name=$1 file=$2 smp=${3:-1} args=$4 params=$5 arch=$6 timeout=$7
+    [ -n "$name" ] || return 0
+    if [ -n "$ONLY" ] && ! [[ $name =~ $ONLY ]]; then return 0; fi
+    local secs=${timeout:-90}
+    secs=${secs%s}
+    [ "$secs" -gt "$CAP" ] && secs=$CAP
+    local mem=""
+    if [[ " $params " =~ \ -m\ ([0-9]+)([MGmg]?)\  ]]; then
+        mem=${BASH_REMATCH[1]}
+        case "${BASH_REMATCH[2]}" in
+            g | G) mem=${mem}G ;;
+            *) mem=${mem}M ;;
+        esac
+    fi
+    # test_args as the shell would split them (the cfg is the suite's
+    # own, and kvm-unit-tests' runner evaluates it the same way).
+    local argv=()
+    set -f
+    eval "argv=($args)"
+    set +f
+    local fl q=""
+    if [ "$arch" = i386 ]; then
+        fl="SKIP 0 0 0 0 i386-only test (x86_64 build)"
+        [ "$QEMU" = 1 ] && q="SKIP 0 0 0"
+    elif [ ! -f "$KUT/x86/$file" ]; then
+        fl="SKIP 0 0 0 0 $file not built"
+        [ "$QEMU" = 1 ] && q="SKIP 0 0 0"
+    else
+        fl=$(run_faultline "$name" "$file" "$smp" "$mem" "$secs" "${argv[@]}")
+        [ "$QEMU" = 1 ] && q=$(run_qemu "$name" "$file" "$smp" "$secs" "$params" "${argv[@]}")
+    fi
+    local v p f s un first qv qp qf qs
+    read -r v p f s un first <<<"$fl"
+    TOTAL[f_$v]=$((${TOTAL[f_$v]:-0} + 1))
+    if [ "$QEMU" = 1 ]; then
+        read -r qv qp qf qs <<<"$q"
+        TOTAL[q_$qv]=$((${TOTAL[q_$qv]:-0} + 1))
+        echo "| $name | $v | $p/$f/$s | $qv | $qp/$qf/$qs | $un | $first |"
+    else
+        echo "| $name | $v | $p/$f/$s | $un | $first |"
+    fi
+}
+
+name="" file="" smp="" args="" params="" arch="" tmo=""
+while IFS= read -r line || [ -n "$line" ]; do
+    if [[ $line =~ ^\[(.*)\]$ ]]; then
+        next=${BASH_REMATCH[1]}
+        row "$name" "$file" "$smp" "$args" "$params" "$arch" "$tmo"
+        name=$next file="" smp="" args="" params="" arch="" tmo=""
+    elif [[ $line =~ ^file\ *=\ *(.*)$ ]]; then file=${BASH_REMATCH[1]}
+    elif [[ $line =~ ^smp\ *=\ *(.*)$ ]]; then smp=${BASH_REMATCH[1]}
+    elif [[ $line =~ ^(test_args|extra_params)\ *=\ *(.*)$ ]]; then
+        key=${BASH_REMATCH[1]} value=${BASH_REMATCH[2]}
+        # Old configs: extra_params = ... -append 'ARGS'.
+        if [[ $value =~ -append\ *[\"\']([^\"\']*)[\"\'] ]]; then
+            args=${BASH_REMATCH[1]}
+            params="$params ${value%%-append*}"
+        elif [ "$key" = test_args ]; then args=$value
+        else params="$params $value"
+        fi
+    elif [[ $line =~ ^qemu_params\ *=\ *(.*)$ ]]; then params="$params ${BASH_REMATCH[1]}"
+    elif [[ $line =~ ^arch\ *=\ *(.*)$ ]]; then arch=${BASH_REMATCH[1]}
+    elif [[ $line =~ ^timeout\ *=\ *(.*)$ ]]; then tmo=${BASH_REMATCH[1]}
+    fi
+done <"$CFG"
+row "$name" "$file" "$smp" "$args" "$params" "$arch" "$tmo"
+
+summary="faultline:"
+for v in PASS FAIL SKIP TIMEOUT ERROR; do summary+=" $v ${TOTAL[f_$v]:-0}"; done
+if [ "$QEMU" = 1 ]; then
+    summary+="; QEMU TCG:"
+    for v in PASS FAIL SKIP TIMEOUT ERROR; do summary+=" $v ${TOTAL[q_$v]:-0}"; done
+fi
+echo
+echo "$summary"
+echo "suite: $(git -C "$KUT" rev-parse HEAD 2>/dev/null || echo unknown); logs in $OUT"
