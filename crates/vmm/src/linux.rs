@@ -8,8 +8,12 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// The kernel options `--guest linux` boots with unless `--cmdline` gives
-/// others: the console on COM1 from the first message on.
-pub const DEFAULT_OPTIONS: &str = "console=ttyS0 earlyprintk=serial,ttyS0";
+/// others: the console on COM1 from the first message on, and a panic
+/// that reboots at once (`panic=-1`) by a triple fault (`reboot=t`: the
+/// platform has no reset register or keyboard controller), which stops
+/// the VM, as Firecracker's documented boot arguments do. (The vmm also
+/// reads the panic on the console: `session::PanicWatch`.)
+pub const DEFAULT_OPTIONS: &str = "console=ttyS0 earlyprintk=serial,ttyS0 panic=-1 reboot=t";
 
 /// The Linux programs built into this binary: (name, executable).
 #[cfg(linux_programs)]
@@ -61,11 +65,8 @@ pub enum LinuxSetupError {
         "no Linux kernel image at {0}: run `bash scripts/fetch-linux.sh` (it fetches Debian's linux-image-cloud-amd64 into that cache) or pass --kernel-image FILE"
     )]
     NoCachedImage(PathBuf),
-    #[error("cannot read the Linux kernel image {path}: {source}")]
-    ReadImage {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    ReadImage(#[from] crate::config::InputFileError),
     #[error("this build has no Linux guest programs (guest/linux was not built)")]
     NoPrograms,
     #[error("--guest linux needs a program: `-- PROGRAM ARGS`")]
@@ -101,10 +102,8 @@ pub fn read_image(path: Option<&Path>) -> Result<(PathBuf, Vec<u8>), LinuxSetupE
         Some(path) => path.to_path_buf(),
         None => cached_image().ok_or_else(|| LinuxSetupError::NoCachedImage(cache_dir()))?,
     };
-    let bytes = std::fs::read(&path).map_err(|source| LinuxSetupError::ReadImage {
-        path: path.clone(),
-        source,
-    })?;
+    let bytes =
+        crate::config::read_input_file("--kernel-image", &path, crate::config::LINUX_IMAGE_CAP)?;
     Ok((path, bytes))
 }
 
@@ -163,7 +162,7 @@ mod tests {
         let program = ["hello".to_string(), "a".to_string()];
         assert_eq!(
             cmdline(DEFAULT_OPTIONS, &program),
-            "console=ttyS0 earlyprintk=serial,ttyS0 -- hello a"
+            "console=ttyS0 earlyprintk=serial,ttyS0 panic=-1 reboot=t -- hello a"
         );
     }
 

@@ -571,7 +571,7 @@ struct RunArgs {
     /// (Debian's cloud kernel from the cache `scripts/fetch-linux.sh`
     /// fills, or --kernel-image) with the project's initramfs; with
     /// `linux`, --cmdline gives the kernel options (default `console=ttyS0
-    /// earlyprintk=serial,ttyS0`) and `-- PROGRAM ARGS` is appended.
+    /// earlyprintk=serial,ttyS0 panic=-1 reboot=t`) and `-- PROGRAM ARGS` is appended.
     #[arg(long, value_enum, default_value_t = GuestArg::Faultline, conflicts_with = "kernel")]
     guest: GuestArg,
     /// The Linux bzImage for --guest linux (default: the cached one).

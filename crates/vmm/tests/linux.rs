@@ -146,7 +146,56 @@ fn bad_linux_images_and_programs_are_clear_errors() {
         "unknown Linux guest program `no-such-program`",
     );
     let missing = dir.path().join("missing");
-    config_error(&missing, "hello", "cannot read the Linux kernel image");
+    config_error(&missing, "hello", "cannot read --kernel-image");
+}
+
+/// A kernel panic ends the run (issue 32): with the default command line
+/// (`panic=-1 reboot=t`: Linux reboots by a triple fault) and with one of
+/// the user's that lacks them (Linux prints the panic's end and spins:
+/// the vmm reads it on the console). Stop reason `panic`, status 3, long
+/// before the wall limit.
+#[test]
+fn a_linux_kernel_panic_ends_the_run_with_its_message() {
+    let Some(image) = linux_image() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.cpio");
+    // Not a cpio archive: Linux finds no root file system and panics.
+    let bytes: Vec<u8> = (0u32..65536)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(&garbage, bytes).unwrap();
+    for cmdline in [None, Some("console=ttyS0")] {
+        let mut args = vec![
+            "run",
+            "--guest",
+            "linux",
+            "--kernel-image",
+            image.to_str().unwrap(),
+            "--initrd",
+            garbage.to_str().unwrap(),
+            "--stats",
+            "json",
+            "--wall-limit",
+            "300s",
+        ];
+        if let Some(cmdline) = cmdline {
+            args.extend_from_slice(&["--cmdline", cmdline]);
+        }
+        args.extend_from_slice(&["--", "hello"]);
+        let out = faultline(&args);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(out.status.code(), Some(3), "{cmdline:?}: {}", v["stop"]);
+        assert_eq!(v["stop"]["reason"], "panic", "{cmdline:?}: {}", v["stop"]);
+        let message = v["stop"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("Unable to mount root fs"),
+            "{cmdline:?}: {message}"
+        );
+        assert!(
+            v["virtual_seconds"].as_f64().unwrap() < 2.0,
+            "{cmdline:?}: stopped at the panic, not later"
+        );
+    }
 }
 
 /// Runs `faultline run --guest linux` with `args` then `-- program`,

@@ -22,7 +22,7 @@ pub(crate) mod memslot;
 mod tlbflush;
 
 use crate::config::{check_output_path, ConfigError, Kernel};
-use crate::session::{drive, BenchProgress, Ending, Limits};
+use crate::session::{drive, BenchProgress, Ending, Limits, PanicWatch};
 use crate::signals::{Signal, StopRequest};
 use crate::units::cycles_to_secs;
 use crate::{BenchCommand, BenchCommon, MergeArgs, EXIT_CONFIG, EXIT_VM_ERROR};
@@ -695,7 +695,10 @@ fn merge(args: &MergeArgs) -> Result<String, BenchError> {
             path: path.clone(),
             reason,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| read_error(e.to_string()))?;
+        let bytes =
+            crate::config::read_input_file("bench merge", path, crate::config::RESULT_FILE_CAP)
+                .map_err(|e| read_error(e.to_string()))?;
+        let text = String::from_utf8(bytes).map_err(|e| read_error(e.to_string()))?;
         let file: RunFile = serde_json::from_str(&text)
             .map_err(|e| read_error(format!("not a `bench --run` result: {e}")))?;
         files.push(file);
@@ -914,8 +917,11 @@ fn run_one(
             .or(harvester.as_ref().map(fastpf::Harvester::slice)),
         ..Limits::default()
     };
+    let mut panic = PanicWatch::default();
     let ending = drive(&mut vm, &limits, stop, |vm| {
-        serial.extend(vm.take_serial());
+        let output = vm.take_serial();
+        panic.feed(&output);
+        serial.extend(output);
         if let Some(churn) = churn.as_mut() {
             churn.after_slice(vm);
         }
@@ -925,7 +931,9 @@ fn run_one(
             }
         }
         progress.update(&prefix, vm);
+        panic.ending()
     });
+    let ending = panic.explain(ending);
     bench_progress.done(&progress);
     let tail = || {
         let text = String::from_utf8_lossy(&serial);
