@@ -107,6 +107,29 @@ pub fn read_image(path: Option<&Path>) -> Result<(PathBuf, Vec<u8>), LinuxSetupE
     Ok((path, bytes))
 }
 
+/// The kernel's version string from a bzImage's setup header (the
+/// `kernel_version` field, as `file(1)` prints it): `6.1.0-57-cloud-amd64
+/// (debian-kernel@lists.debian.org) #1 SMP PREEMPT_DYNAMIC Debian
+/// 6.1.192-3 (2026-11-26)`; `None` for an image without one.
+pub fn image_version(image: &[u8]) -> Option<String> {
+    if image.get(0x202..0x206)? != b"HdrS" {
+        return None;
+    }
+    let offset = u16::from_le_bytes(image.get(0x20e..0x210)?.try_into().ok()?) as usize;
+    if offset == 0 {
+        return None;
+    }
+    let text = image.get(0x200 + offset..)?;
+    let end = text.iter().take(256).position(|&b| b == 0)?;
+    let version = std::str::from_utf8(&text[..end]).ok()?.trim();
+    (!version.is_empty() && version.chars().all(|c| !c.is_control())).then(|| version.to_string())
+}
+
+/// The release part of a version string (`6.1.0-57-cloud-amd64`).
+pub fn release(version: &str) -> &str {
+    version.split_whitespace().next().unwrap_or(version)
+}
+
 /// The names of the Linux programs this build carries.
 pub fn program_names() -> Vec<String> {
     PROGRAMS.iter().map(|(name, _)| name.to_string()).collect()
@@ -164,6 +187,21 @@ mod tests {
             cmdline(DEFAULT_OPTIONS, &program),
             "console=ttyS0 earlyprintk=serial,ttyS0 panic=-1 reboot=t -- hello a"
         );
+    }
+
+    #[test]
+    fn the_version_comes_from_the_setup_header() {
+        let mut image = vec![0u8; 0x400];
+        image[0x202..0x206].copy_from_slice(b"HdrS");
+        image[0x20e..0x210].copy_from_slice(&0x100u16.to_le_bytes());
+        let text = b"6.1.0-57-cloud-amd64 (debian-kernel@lists.debian.org) #1 SMP\0";
+        image[0x300..0x300 + text.len()].copy_from_slice(text);
+        let version = image_version(&image).unwrap();
+        assert!(version.ends_with("#1 SMP"), "{version}");
+        assert_eq!(release(&version), "6.1.0-57-cloud-amd64");
+        image[0x20e..0x210].copy_from_slice(&0xffffu16.to_le_bytes());
+        assert_eq!(image_version(&image), None, "outside the image");
+        assert_eq!(image_version(b"MZ"), None);
     }
 
     #[cfg(linux_programs)]

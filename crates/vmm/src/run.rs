@@ -49,6 +49,7 @@ pub fn exit_status(ending: &Ending) -> u8 {
 /// A booted VM and the signal handlers, or why there is none.
 fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
     let stop = StopRequest::install().map_err(ConfigError::Signals)?;
+    check_options(args)?;
     if args.guest == GuestArg::Linux {
         return Ok((prepare_linux(args)?, stop));
     }
@@ -60,10 +61,20 @@ fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
     if let Some(swap) = &args.overcommit.swap {
         check_swap_path(swap)?;
     }
-    let cmdline = args
-        .cmdline
-        .clone()
-        .unwrap_or_else(|| boot_cmdline(args.seed, &args.options, &args.program));
+    // The bundled kernel's `--cmdline` gives the boot options, and the
+    // program is appended (as for Linux); another kernel's is verbatim.
+    let cmdline = match (&args.cmdline, &args.kernel) {
+        (Some(cmdline), Some(_)) => cmdline.clone(),
+        (Some(cmdline), None) => {
+            let options: Vec<String> = cmdline.split_whitespace().map(String::from).collect();
+            boot_cmdline(
+                args.seed,
+                &[args.options.clone(), options].concat(),
+                &args.program,
+            )
+        }
+        (None, _) => boot_cmdline(args.seed, &args.options, &args.program),
+    };
     let mut config = vm_config(args, cmdline)?;
     config.modules = read_modules(&args.modules, args.mem)?;
     let vm = Vm::boot(&config, &kernel.bytes).map_err(|source| ConfigError::Boot {
@@ -71,6 +82,57 @@ fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
         source,
     })?;
     Ok((vm, stop))
+}
+
+/// The boot options the bundled kernel knows (`guest/README.md`), as
+/// `--option` gives them.
+const BOOT_OPTIONS: &[&str] = &[
+    "no-apf",
+    "no-cr3-cache",
+    "no-steal-time",
+    "no-pv-tlb-flush",
+    "no-pv-sched-yield",
+    "no-pv-unhalt",
+    "crash=triple",
+    "crash=wild-write",
+    "crash=panic",
+];
+
+/// Options that would be accepted and then do nothing (or not what was
+/// meant), refused before boot.
+fn check_options(args: &RunArgs) -> Result<(), ConfigError> {
+    let o = &args.overcommit;
+    if o.cr3_cache == crate::OnOff::On && o.mmu != crate::MmuArg::Shadow {
+        return Err(ConfigError::Invalid(
+            "--cr3-cache on: the CR3 cache holds shadow roots: it needs --mmu shadow".into(),
+        ));
+    }
+    if args.guest == GuestArg::Linux && !args.options.is_empty() {
+        return Err(ConfigError::Invalid(
+            "--option: boot options of faultline's own kernel; Linux takes its options from --cmdline".into(),
+        ));
+    }
+    if args.kernel.is_none() && args.guest == GuestArg::Faultline {
+        if let Some(bad) = args
+            .options
+            .iter()
+            .find(|o| !BOOT_OPTIONS.contains(&o.as_str()) && o.strip_prefix("seed=").is_none())
+        {
+            return Err(ConfigError::Invalid(format!(
+                "--option {bad}: the bundled kernel has no such boot option; it knows: {} seed=S",
+                BOOT_OPTIONS.join(" ")
+            )));
+        }
+        if let Some(cmdline) = &args.cmdline {
+            if cmdline.split_whitespace().any(|w| w == "--") {
+                return Err(ConfigError::Invalid(format!(
+                    "--cmdline {cmdline:?}: give the boot options only; the program comes after `--` \
+                     on faultline's own command line and is appended"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The VM `run`'s options describe, booting with `cmdline` (the bundled

@@ -249,3 +249,57 @@ fn a_destination_that_never_answers_is_said_so_and_fails_the_run() {
     );
     assert!(!stderr(&out).contains("os error"), "{}", stderr(&out));
 }
+
+/// Options that used to be accepted and then did nothing, or not what was
+/// meant (issue 32, item 6): each is a usage error before anything runs.
+#[test]
+fn options_that_would_do_nothing_are_refused() {
+    for (args, says) in [
+        (
+            &["run", "--cr3-cache", "on", "--", "hello"][..],
+            "needs --mmu shadow",
+        ),
+        (
+            &["run", "--option", "no-apff", "--", "hello"][..],
+            "no such boot option",
+        ),
+        (
+            &[
+                "run", "--guest", "linux", "--option", "no-apf", "--", "hello",
+            ][..],
+            "Linux takes its options from --cmdline",
+        ),
+        (
+            &["run", "--cmdline", "x -- hello", "--", "hello"][..],
+            "boot options only",
+        ),
+        (&["run", "--vcpus", "0", "--", "hello"][..], "--vcpus"),
+        (&["bench", "apf", "--duration", "0"][..], "above zero"),
+        (&["bench", "apf", "--vcpus", "0"][..], "--vcpus"),
+        (
+            &["bench", "apf", "--host-mem", "1K"][..],
+            "--host-mem 1K: guest memory, 4x",
+        ),
+    ] {
+        let out = faultline(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("runs in"), "{args:?}: nothing ran");
+    }
+}
+
+/// The bundled kernel's `--cmdline` gives boot options; the program after
+/// `--` is appended, never dropped.
+#[cfg(bundled_kernel)]
+#[test]
+fn cmdline_keeps_the_program() {
+    let out = faultline(&["run", "--cmdline", "no-apf", "--", "hello", "a"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("cmdline 'no-apf -- hello a'"),
+        "{}",
+        stdout(&out)
+    );
+    let out = faultline(&["run", "--cmdline", "", "--", "hello"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
