@@ -8,6 +8,9 @@
 #   FAULTLINE_CACHE=/some/dir bash scripts/fetch-linux.sh
 #
 # `faultline run --guest linux` looks for the image in the same directory.
+# Next to the image, vmlinuz-<version>.version records what was fetched:
+# the package, its Debian version and the image's own version string (as
+# the benches print it); the script prints that record on stderr too.
 set -euo pipefail
 
 META=linux-image-cloud-amd64
@@ -37,8 +40,10 @@ fi
 
 VERSION="${PKG#linux-image-}"
 IMAGE="$CACHE_DIR/vmlinuz-$VERSION"
+RECORD="$IMAGE.version"
 if [ -s "$IMAGE" ]; then
     ln -sf "vmlinuz-$VERSION" "$CACHE_DIR/vmlinuz"
+    [ -s "$RECORD" ] && echo "fetch-linux.sh: cached: $(cat "$RECORD")" >&2
     echo "$IMAGE"
     exit 0
 fi
@@ -55,5 +60,14 @@ FOUND="$(ls "$WORK"/root/boot/vmlinuz-* 2>/dev/null | head -n 1)"
 [ -n "$FOUND" ] || die "$DEB holds no /boot/vmlinuz-*"
 cp "$FOUND" "$IMAGE.tmp"
 mv "$IMAGE.tmp" "$IMAGE"
+# The image's version string: the setup header's kernel_version field
+# (a 16-bit offset at 0x20e, from 0x200), as `file(1)` reads it.
+OFFSET="$(od -An -tu2 -j 526 -N 2 "$IMAGE" | tr -d ' ')"
+BANNER=""
+if [ -n "$OFFSET" ] && [ "$OFFSET" -gt 0 ]; then
+    BANNER="$(dd if="$IMAGE" bs=1 skip=$((512 + OFFSET)) count=200 2>/dev/null | tr '\0' '\n' | head -n 1)"
+fi
+echo "$PKG $(dpkg-deb -f "$DEB" Version) ${BANNER:-(no version string)}" > "$RECORD"
+echo "fetch-linux.sh: fetched: $(cat "$RECORD")" >&2
 ln -sf "vmlinuz-$VERSION" "$CACHE_DIR/vmlinuz"
 echo "$IMAGE"

@@ -16,19 +16,25 @@
  *   - `pthread_barrier_wait(&barrier);` at the start and the end of both
  *     thread functions, and twice in main: after the prefault (the start:
  *     the barrier counts ft + wt + 1 parties) and after `stop = 1` (the
- *     end, on the barrier main re-initialises while the threads run);
+ *     end, on the barrier main re-initialises while the threads run; a
+ *     race, CHANGED below: the end waits on a barrier of its own);
  *   - `(*i)++;`, the work thread's loop body ("increment counter");
  *   - `sleep(timeout);` between the re-initialisation and `stop = 1`;
  *   - `verbose = 1;` for -v, and a `default:` case with `exit(1)` for
  *     the usage line (the listing prints the usage under -v);
  *   - `pthread_attr_init(&pattr);` (pattr is used uninitialised).
  * Changed, for faultline's benchmark (each marked CHANGED): -t takes
- * fractions of a second (strtod and nanosleep instead of atoi and
- * sleep), -m is read with strtoul (atoi stops at 2 GiB), and the total
+ * fractions of a second (nanosleep instead of sleep), every option is
+ * read as the project guest's bm reads it (common.h: -m a size in bytes
+ * with K, M or G, at least a page, where atoi stopped at 2 GiB and
+ * `-m 64M` read 64 bytes, then divided by 0 pages; counts and seconds
+ * checked), a bad value or option is a usage error with status 2, and
+ * the total
  * also goes to the hv as a report line (report.h), with the timed part's
  * length as main saw it (from the start barrier to the end one: stop = 1
  * comes late when main's CPU or main itself waits for a page).
  */
+#include "common.h"		/* CHANGED: option parsing */
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -39,8 +45,11 @@
 
 #define TIMEOUT 5
 #define MEMORY 1024*1024*1024
+#define MAX_THREADS 64			/* CHANGED: -f and -w checked */
+#define MAX_ARRAY (1ULL << 40)		/* CHANGED: -m checked */
 
 pthread_barrier_t barrier;
+pthread_barrier_t end_barrier;	/* CHANGED: the end's own barrier */
 volatile int stop;
 size_t pages;
 int ft = 1, wt = 1;		/* RESTORED */
@@ -54,7 +63,7 @@ void *fault_thread(void* p)
 	while (!stop)
 		mem[(random() % pages) << 12] = 10;
 
-	pthread_barrier_wait(&barrier);	/* RESTORED */
+	pthread_barrier_wait(&end_barrier);	/* RESTORED; CHANGED: end_barrier */
 
 	return NULL;
 }
@@ -68,9 +77,15 @@ void *work_thread(void* p)
 	while (!stop)
 		(*i)++;		/* RESTORED */
 
-	pthread_barrier_wait(&barrier);	/* RESTORED */
+	pthread_barrier_wait(&end_barrier);	/* RESTORED; CHANGED: end_barrier */
 
 	return NULL;
+}
+
+static void usage(const char *prog)	/* CHANGED: exit 2, as every program's */
+{
+	fprintf(stderr, "Usage %s [-f num] [-w num] [-m bytes, K/M/G] [-t secs]\n", prog);
+	exit(2);
 }
 
 int main(int argc, char **argv)
@@ -84,27 +99,35 @@ int main(int argc, char **argv)
 	unsigned long *res, sum = 0;
 
 	while((opt = getopt(argc, argv, "f:w:m:t:v")) != -1) {
+		uint64_t v = 0;	/* CHANGED: checked values */
+		int rc = 0;
 		switch (opt) {
 		case 'f':
-			ft = atoi(optarg);
+			rc = opt_size("bm", opt, optarg, 0, MAX_THREADS, &v);	/* CHANGED: atoi */
+			ft = (int)v;
 			break;	/* RESTORED */
 		case 'w':
-			wt = atoi(optarg);
+			rc = opt_size("bm", opt, optarg, 0, MAX_THREADS, &v);	/* CHANGED: atoi */
+			wt = (int)v;
 			break;	/* RESTORED */
 		case 'm':
-			mem = strtoul(optarg, NULL, 0);	/* CHANGED: atoi */
+			rc = opt_size("bm", opt, optarg, 4096, MAX_ARRAY, &v);	/* CHANGED: atoi */
+			mem = (size_t)v;
 			break;	/* RESTORED */
 		case 't':
-			timeout = strtod(optarg, NULL);	/* CHANGED: atoi */
+			rc = opt_seconds("bm", opt, optarg, 1e6, &timeout);	/* CHANGED: atoi */
 			break;	/* RESTORED */
 		case 'v':
 			verbose = 1;	/* RESTORED */
 			break;	/* RESTORED */
 		default:	/* RESTORED */
-			fprintf(stderr, "Usage %s [-f num] [-w num] [-m byte] [-t secs]\n", argv[0]);
-			exit(1);	/* RESTORED */
+			rc = -1;
 		}
+		if (rc != 0)	/* CHANGED: a usage error, status 2 */
+			usage(argv[0]);
 	}
+	if (ft + wt == 0)	/* CHANGED */
+		usage(argv[0]);
 
 	if (verbose)
 		printf("fault=%d work=%d mem=%lu timeout=%g\n", ft, wt, (unsigned long)mem, timeout);
@@ -118,6 +141,7 @@ int main(int argc, char **argv)
 	memset(res, 0, sizeof (unsigned long) * wt);
 
 	pthread_barrier_init(&barrier, NULL, ft + wt + 1);
+	pthread_barrier_init(&end_barrier, NULL, ft + wt + 1);	/* CHANGED */
 	pthread_attr_init(&pattr);	/* RESTORED */
 
 	for (i = 0; i < ft; i++) {
@@ -135,7 +159,10 @@ int main(int argc, char **argv)
 	struct timespec t0, t1;	/* CHANGED: the timed part's length */
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 
-	pthread_barrier_init(&barrier, NULL, ft + wt + 1);
+	/* CHANGED: the seed re-initialised `barrier` here for the end, while
+	 * the threads could still be inside its first wait (a woken waiter
+	 * reads the barrier on its way out): with more than one CPU they
+	 * then all slept in the end barrier for good. The end has its own. */
 	{			/* CHANGED: sleep(timeout), in fractions */
 		struct timespec ts = { (time_t)timeout,
 				       (long)((timeout - (time_t)timeout) * 1e9) };
@@ -144,7 +171,7 @@ int main(int argc, char **argv)
 	}
 	stop = 1;
 
-	pthread_barrier_wait(&barrier);	/* RESTORED */
+	pthread_barrier_wait(&end_barrier);	/* RESTORED; CHANGED: end_barrier */
 	clock_gettime(CLOCK_MONOTONIC, &t1);	/* CHANGED */
 
 	for (i = 0; i < wt; i++) {

@@ -113,6 +113,29 @@ static void report_hyp_interrupts(void)
 	fclose(f);
 }
 
+/* What Linux has for programs before the program starts: /proc/meminfo's
+ * MemTotal and MemAvailable (its estimate of the memory a new program can
+ * use without swapping), reported as `linux_mem_total_kb=N
+ * linux_mem_available_kb=M`, so a benchmark can size its program to the
+ * guest (`bench apf --guest linux`) and explain an OOM kill. */
+static void report_memory(void)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char text[256];
+	unsigned long long total = 0, available = 0;
+	if (!f)
+		return;
+	while (fgets(text, sizeof(text), f)) {
+		sscanf(text, "MemTotal: %llu kB", &total);
+		sscanf(text, "MemAvailable: %llu kB", &available);
+	}
+	fclose(f);
+	char line[96];
+	int len = snprintf(line, sizeof(line), "linux_mem_total_kb=%llu linux_mem_available_kb=%llu", total,
+			   available);
+	forward_report(line, (size_t)len);
+}
+
 static void power_off(int status)
 {
 	fflush(stdout);
@@ -157,6 +180,7 @@ int main(int argc, char **argv)
 	have_ports = ioperm(FAULTLINE_STATUS_PORT, 2, 1) == 0;
 	if (!have_ports)
 		fprintf(stderr, "faultline-init: ioperm: %s\n", strerror(errno));
+	report_memory();
 	if (pipe(reports) != 0) {
 		fprintf(stderr, "faultline-init: pipe: %s\n", strerror(errno));
 		power_off(1);

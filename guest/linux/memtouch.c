@@ -1,14 +1,15 @@
 /*
  * memtouch for Linux guests: T threads each write and then re-read their
- * share of an M MiB buffer, P passes, one word per page; then it prints the
+ * share of an M byte buffer (a size with K, M or G), P passes, one word per page; then it prints the
  * time taken, a checksum of what it read back (so a page that came back
  * from the hv's swap with the wrong contents shows), and the steal time
  * Linux accounted (/proc/stat's cpu lines: the sum, then each CPU's).
  * Under `--host-mem` below the buffer the hv swaps, and Linux's own async
  * page fault code sees it.
  *
- *   memtouch [-m MiB] [-p passes] [-t threads]
+ *   memtouch [-m bytes] [-p passes] [-t threads]
  */
+#include "common.h"
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -59,23 +60,28 @@ static double now(void)
 
 int main(int argc, char **argv)
 {
-	size_t mib = 64;
+	uint64_t bytes = 64ULL << 20, p = 0, t = 0;
 	int threads = 1, opt;
 	while ((opt = getopt(argc, argv, "m:p:t:")) != -1) {
+		int rc = -1;
 		switch (opt) {
-		case 'm': mib = strtoul(optarg, NULL, 0); break;
-		case 'p': passes = atoi(optarg); break;
-		case 't': threads = atoi(optarg); break;
-		default:
-			fprintf(stderr, "usage: memtouch [-m MiB] [-p passes] [-t threads]\n");
+		case 'm': rc = opt_size("memtouch", opt, optarg, PAGE, 1ULL << 40, &bytes); break;
+		case 'p':
+			rc = opt_size("memtouch", opt, optarg, 1, 1000000, &p);
+			passes = (int)p;
+			break;
+		case 't':
+			rc = opt_size("memtouch", opt, optarg, 1, 64, &t);
+			threads = (int)t;
+			break;
+		default: break;
+		}
+		if (rc != 0) {
+			fprintf(stderr, "usage: memtouch [-m bytes, K/M/G] [-p passes] [-t threads]\n");
 			return 2;
 		}
 	}
-	if (mib == 0 || passes < 1 || threads < 1 || threads > 64) {
-		fprintf(stderr, "memtouch: bad arguments\n");
-		return 2;
-	}
-	size_t pages = mib * 1024 * 1024 / PAGE;
+	size_t pages = bytes / PAGE;
 	pages_per_thread = pages / threads;
 	buffer = mmap(NULL, pages * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (buffer == MAP_FAILED) {
@@ -97,8 +103,12 @@ int main(int argc, char **argv)
 		bad += w[t].bad;
 	}
 	double elapsed = now() - start;
-	printf("memtouch: %zu MiB, %d passes, %d threads: %.3f s, %llu bad pages\n", mib, passes,
-	       threads, elapsed, (unsigned long long)bad);
+	if (bytes % (1 << 20) == 0)
+		printf("memtouch: %llu MiB", (unsigned long long)(bytes >> 20));
+	else
+		printf("memtouch: %llu bytes", (unsigned long long)bytes);
+	printf(", %d passes, %d threads: %.3f s, %llu bad pages\n", passes, threads, elapsed,
+	       (unsigned long long)bad);
 	FILE *stat = fopen("/proc/stat", "r");
 	char line[256];
 	while (stat && fgets(line, sizeof(line), stat) && strncmp(line, "cpu", 3) == 0)

@@ -9,18 +9,10 @@ use thiserror::Error;
 /// A configuration that cannot run.
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    #[error("cannot read kernel {path}: {source}")]
-    ReadKernel {
-        path: PathBuf,
-        source: std::io::Error,
-    },
     #[error("this build has no bundled guest kernel (guest/ was not built); pass --kernel FILE")]
     NoBundledKernel,
-    #[error("reading {}: {source}", .path.display())]
-    ReadInput {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Input(#[from] InputFileError),
     #[error("multiboot kernel {what}: {source}")]
     Multiboot {
         what: String,
@@ -107,10 +99,7 @@ impl Kernel {
     /// `path`, or the bundled guest kernel.
     pub fn load(path: Option<&Path>) -> Result<Kernel, ConfigError> {
         let bytes = match path {
-            Some(path) => std::fs::read(path).map_err(|source| ConfigError::ReadKernel {
-                path: path.to_path_buf(),
-                source,
-            })?,
+            Some(path) => read_input_file("--kernel", path, KERNEL_CAP)?,
             None => BUNDLED_KERNEL.ok_or(ConfigError::NoBundledKernel)?.to_vec(),
         };
         let path = path.map(Path::to_path_buf);
@@ -211,6 +200,99 @@ impl Kernel {
 
 fn describe(path: Option<&Path>) -> String {
     path.map_or("bundled kernel".to_string(), |p| p.display().to_string())
+}
+
+/// Largest `--kernel` file: far above any kernel ELF or multiboot image
+/// (the bundled kernel is well under 1 MiB).
+pub const KERNEL_CAP: u64 = 128 << 20;
+/// Largest `--kernel-image` (Debian's cloud bzImage is about 14 MiB).
+pub const LINUX_IMAGE_CAP: u64 = 256 << 20;
+/// Largest `--console-input`: the bytes wait in host memory for the guest
+/// to read them.
+pub const CONSOLE_INPUT_CAP: u64 = 64 << 20;
+/// Largest JSON result file `bench merge` reads.
+pub const RESULT_FILE_CAP: u64 = 64 << 20;
+
+/// Why a file given on the command line cannot be read.
+#[derive(Debug, Error)]
+pub enum InputFileError {
+    #[error("cannot read {option} {}: {source}", .path.display())]
+    Io {
+        option: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{option} {}: not a regular file (a device, FIFO or directory may never end)", .path.display())]
+    NotAFile { option: &'static str, path: PathBuf },
+    #[error("{option} {}: more than {} ({what})", .path.display(), format_size(*.cap))]
+    TooLarge {
+        option: &'static str,
+        path: PathBuf,
+        cap: u64,
+        what: &'static str,
+    },
+}
+
+/// What a cap on an input stands for, for the message.
+fn cap_reason(option: &str) -> &'static str {
+    match option {
+        "--initrd" | "--module" => "it must fit in guest memory, --mem",
+        "--console-input" => "the most this option takes",
+        _ => "the most a file of this kind can be here",
+    }
+}
+
+/// Reads a file named on the command line whole: a regular file (after
+/// symbolic links) of at most `cap` bytes, so `/dev/zero` or a FIFO is
+/// refused at once instead of filling host memory.
+pub fn read_input_file(
+    option: &'static str,
+    path: &Path,
+    cap: u64,
+) -> Result<Vec<u8>, InputFileError> {
+    let io = |source| InputFileError::Io {
+        option,
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(InputFileError::NotAFile {
+            option,
+            path: path.to_path_buf(),
+        });
+    }
+    read_capped(option, path, file, cap)
+}
+
+/// Reads `reader` to its end, refusing more than `cap` bytes (a file that
+/// grows while read, or standard input).
+pub fn read_capped(
+    option: &'static str,
+    path: &Path,
+    reader: impl std::io::Read,
+    cap: u64,
+) -> Result<Vec<u8>, InputFileError> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    reader
+        .take(cap.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|source| InputFileError::Io {
+            option,
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if bytes.len() as u64 > cap {
+        return Err(InputFileError::TooLarge {
+            option,
+            path: path.to_path_buf(),
+            cap,
+            what: cap_reason(option),
+        });
+    }
+    Ok(bytes)
 }
 
 /// A swap file must be a regular file on a disk-backed file system (or a
@@ -334,6 +416,35 @@ mod tests {
             assert!(check_swap_path(Path::new(bad)).is_err(), "{bad}");
         }
         assert!(check_swap_path(dir.path()).is_err(), "a directory");
+    }
+
+    #[test]
+    fn input_files_are_regular_and_capped() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("k");
+        std::fs::write(&file, b"12345678").unwrap();
+        assert_eq!(read_input_file("--kernel", &file, 8).unwrap(), b"12345678");
+        assert!(matches!(
+            read_input_file("--kernel", &file, 7),
+            Err(InputFileError::TooLarge { cap: 7, .. })
+        ));
+        for endless in ["/dev/zero", "/dev/urandom"] {
+            let e = read_input_file("--initrd", Path::new(endless), 1 << 20).unwrap_err();
+            assert!(matches!(e, InputFileError::NotAFile { .. }), "{endless}");
+            assert!(e.to_string().contains("not a regular file"), "{e}");
+        }
+        assert!(matches!(
+            read_input_file("--kernel", dir.path(), 1 << 20),
+            Err(InputFileError::NotAFile { .. })
+        ));
+        assert!(matches!(
+            read_input_file("--kernel", &dir.path().join("none"), 1 << 20),
+            Err(InputFileError::Io { .. })
+        ));
+        // Standard input (any reader) is cut at the cap, not read to its end.
+        let endless = std::io::repeat(0);
+        let e = read_capped("--console-input", Path::new("-"), endless, 4096).unwrap_err();
+        assert!(e.to_string().contains("more than 4K"), "{e}");
     }
 
     #[test]

@@ -8,8 +8,12 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// The kernel options `--guest linux` boots with unless `--cmdline` gives
-/// others: the console on COM1 from the first message on.
-pub const DEFAULT_OPTIONS: &str = "console=ttyS0 earlyprintk=serial,ttyS0";
+/// others: the console on COM1 from the first message on, and a panic
+/// that reboots at once (`panic=-1`) by a triple fault (`reboot=t`: the
+/// platform has no reset register or keyboard controller), which stops
+/// the VM, as Firecracker's documented boot arguments do. (The vmm also
+/// reads the panic on the console: `session::PanicWatch`.)
+pub const DEFAULT_OPTIONS: &str = "console=ttyS0 earlyprintk=serial,ttyS0 panic=-1 reboot=t";
 
 /// The Linux programs built into this binary: (name, executable).
 #[cfg(linux_programs)]
@@ -65,11 +69,8 @@ pub enum LinuxSetupError {
         "no Linux kernel image at {0}: run `bash scripts/fetch-linux.sh` (it fetches Debian's linux-image-cloud-amd64 into that cache) or pass --kernel-image FILE"
     )]
     NoCachedImage(PathBuf),
-    #[error("cannot read the Linux kernel image {path}: {source}")]
-    ReadImage {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    ReadImage(#[from] crate::config::InputFileError),
     #[error("this build has no Linux guest programs (guest/linux was not built)")]
     NoPrograms,
     #[error("--guest linux needs a program: `-- PROGRAM ARGS`")]
@@ -105,11 +106,32 @@ pub fn read_image(path: Option<&Path>) -> Result<(PathBuf, Vec<u8>), LinuxSetupE
         Some(path) => path.to_path_buf(),
         None => cached_image().ok_or_else(|| LinuxSetupError::NoCachedImage(cache_dir()))?,
     };
-    let bytes = std::fs::read(&path).map_err(|source| LinuxSetupError::ReadImage {
-        path: path.clone(),
-        source,
-    })?;
+    let bytes =
+        crate::config::read_input_file("--kernel-image", &path, crate::config::LINUX_IMAGE_CAP)?;
     Ok((path, bytes))
+}
+
+/// The kernel's version string from a bzImage's setup header (the
+/// `kernel_version` field, as `file(1)` prints it): `6.1.0-57-cloud-amd64
+/// (debian-kernel@lists.debian.org) #1 SMP PREEMPT_DYNAMIC Debian
+/// 6.1.192-3 (2026-11-26)`; `None` for an image without one.
+pub fn image_version(image: &[u8]) -> Option<String> {
+    if image.get(0x202..0x206)? != b"HdrS" {
+        return None;
+    }
+    let offset = u16::from_le_bytes(image.get(0x20e..0x210)?.try_into().ok()?) as usize;
+    if offset == 0 {
+        return None;
+    }
+    let text = image.get(0x200 + offset..)?;
+    let end = text.iter().take(256).position(|&b| b == 0)?;
+    let version = std::str::from_utf8(&text[..end]).ok()?.trim();
+    (!version.is_empty() && version.chars().all(|c| !c.is_control())).then(|| version.to_string())
+}
+
+/// The release part of a version string (`6.1.0-57-cloud-amd64`).
+pub fn release(version: &str) -> &str {
+    version.split_whitespace().next().unwrap_or(version)
 }
 
 /// The names of the Linux programs this build carries.
@@ -167,8 +189,23 @@ mod tests {
         let program = ["hello".to_string(), "a".to_string()];
         assert_eq!(
             cmdline(DEFAULT_OPTIONS, &program),
-            "console=ttyS0 earlyprintk=serial,ttyS0 -- hello a"
+            "console=ttyS0 earlyprintk=serial,ttyS0 panic=-1 reboot=t -- hello a"
         );
+    }
+
+    #[test]
+    fn the_version_comes_from_the_setup_header() {
+        let mut image = vec![0u8; 0x400];
+        image[0x202..0x206].copy_from_slice(b"HdrS");
+        image[0x20e..0x210].copy_from_slice(&0x100u16.to_le_bytes());
+        let text = b"6.1.0-57-cloud-amd64 (debian-kernel@lists.debian.org) #1 SMP\0";
+        image[0x300..0x300 + text.len()].copy_from_slice(text);
+        let version = image_version(&image).unwrap();
+        assert!(version.ends_with("#1 SMP"), "{version}");
+        assert_eq!(release(&version), "6.1.0-57-cloud-amd64");
+        image[0x20e..0x210].copy_from_slice(&0xffffu16.to_le_bytes());
+        assert_eq!(image_version(&image), None, "outside the image");
+        assert_eq!(image_version(b"MZ"), None);
     }
 
     #[cfg(linux_programs)]

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-use units::{parse_nonzero_size, parse_positive_duration, parse_seconds, parse_size};
+use units::{parse_nonzero_size, parse_positive_duration, parse_positive_seconds, parse_size};
 
 /// Exit status of a configuration error.
 pub const EXIT_CONFIG: u8 = 2;
@@ -101,7 +101,7 @@ pub enum BenchCommand {
     /// shadow with the paravirtual CR3 cache of 4 and 16 targets: the time
     /// per switch, CR3-load exits, roots built, TLB misses.
     Ctxsw(CtxswBenchArgs),
-    /// Issue 13: remote TLB flushes with fewer host CPUs than vCPUs
+    /// Remote TLB flushes with fewer host CPUs than vCPUs
     /// (preempted vCPUs), PV TLB flush and PV sched yield on and off:
     /// flush latency, IPIs sent and those sent to preempted vCPUs.
     Tlbflush(TlbflushBenchArgs),
@@ -265,7 +265,7 @@ pub struct ApfBenchArgs {
     #[command(flatten)]
     common: BenchCommon,
     /// vCPUs (the seed: 4).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     vcpus: u32,
     /// Host memory for guest pages (the container limit).
     #[arg(long, default_value = "32M", value_parser = parse_size)]
@@ -279,7 +279,7 @@ pub struct ApfBenchArgs {
     array: Option<u64>,
     /// bm's run time in virtual seconds, `0.2` or `200ms` (the seed ran
     /// 60 s on real hardware; the ratios settle well before).
-    #[arg(long, default_value = "0.2", value_parser = parse_seconds)]
+    #[arg(long, default_value = "0.2", value_parser = parse_positive_seconds)]
     duration: Duration,
     /// Faulting threads.
     #[arg(long, default_value_t = 4)]
@@ -547,7 +547,7 @@ pub struct MergeArgs {
 #[derive(clap::Args, Debug)]
 struct RunArgs {
     /// Number of vCPUs.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     vcpus: u32,
     /// Guest RAM, e.g. 256M or 1G (a multiple of 2 MiB, at least what the
     /// kernel image needs).
@@ -571,7 +571,7 @@ struct RunArgs {
     /// (Debian's cloud kernel from the cache `scripts/fetch-linux.sh`
     /// fills, or --kernel-image) with the project's initramfs; with
     /// `linux`, --cmdline gives the kernel options (default `console=ttyS0
-    /// earlyprintk=serial,ttyS0`) and `-- PROGRAM ARGS` is appended.
+    /// earlyprintk=serial,ttyS0 panic=-1 reboot=t`) and `-- PROGRAM ARGS` is appended.
     #[arg(long, value_enum, default_value_t = GuestArg::Faultline, conflicts_with = "kernel")]
     guest: GuestArg,
     /// The Linux bzImage for --guest linux (default: the cached one).
@@ -585,8 +585,10 @@ struct RunArgs {
     /// the module's command line, as with QEMU.
     #[arg(long = "module", value_name = "FILE [ARGS]", requires = "kernel")]
     modules: Vec<String>,
-    /// The kernel command line, verbatim (default: the boot options, `--`,
-    /// the program and its arguments).
+    /// The kernel's options: with the bundled kernel or Linux, `--` and
+    /// the program with its arguments are appended; with --kernel, the
+    /// whole command line, verbatim (default: the boot options, `--`, the
+    /// program and its arguments).
     #[arg(long, value_name = "STR")]
     cmdline: Option<String>,
     /// What the guest console (COM1) reads: a file, or `-` for this

@@ -148,6 +148,8 @@ pub enum Stop {
     SnapshotFailed { message: String },
     /// `--migrate-to`: the VM went to `to` (figures in `migration`).
     Migrated { to: String },
+    /// A Linux guest's kernel panicked with `message`.
+    Panic { message: String },
 }
 
 impl Stop {
@@ -178,6 +180,9 @@ impl Stop {
                 message: message.clone(),
             },
             Ending::Migrated { to } => Stop::Migrated { to: to.clone() },
+            Ending::GuestPanic { message } => Stop::Panic {
+                message: message.clone(),
+            },
         }
     }
 }
@@ -236,6 +241,20 @@ pub struct Summary {
     /// A post-copy destination's figures (`faultline incoming`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub postcopy: Option<crate::migrate::postcopy::PostcopyStats>,
+    /// A `--snapshot-at` or `--migrate-at` the run ended before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_reached: Option<NotReached>,
+}
+
+/// A stop point (`--snapshot-at`, `--migrate-at`) the run never reached.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct NotReached {
+    /// `--snapshot-at` or `--migrate-at`.
+    pub option: &'static str,
+    pub at: String,
+    pub at_cycles: u64,
+    /// The virtual time the run ended at.
+    pub ended_cycles: u64,
 }
 
 /// What `--dirty-log` collected (virtual time).
@@ -384,6 +403,7 @@ impl Summary {
             dirty_log: None,
             migration: None,
             postcopy: None,
+            not_reached: None,
         }
     }
 
@@ -398,6 +418,15 @@ impl Summary {
         let mut s = String::new();
         let _ = writeln!(s, "--- faultline summary ---");
         let _ = writeln!(s, "stopped:      {}", self.stop_text);
+        if let Some(n) = &self.not_reached {
+            let _ = writeln!(
+                s,
+                "not reached:  {} {}: the run ended at {:.6} s",
+                n.option,
+                n.at,
+                cycles_to_secs(n.ended_cycles)
+            );
+        }
         let _ = writeln!(
             s,
             "virtual time: {:.6} s ({} cycles)",

@@ -2,9 +2,11 @@
 //! and print the summary.
 
 use crate::bench::memslot::{ChurnTrigger, SlotChurn};
-use crate::config::{check_swap_path, ConfigError, Kernel};
-use crate::report::{DirtyLogSummary, Summary};
-use crate::session::{drive, Ending, Limits, Progress};
+use crate::config::{
+    check_swap_path, read_capped, read_input_file, ConfigError, Kernel, CONSOLE_INPUT_CAP,
+};
+use crate::report::{DirtyLogSummary, NotReached, Summary};
+use crate::session::{drive, Ending, Limits, PanicWatch, Progress};
 use crate::signals::StopRequest;
 use crate::units::duration_to_cycles;
 use crate::{
@@ -40,12 +42,14 @@ pub fn exit_status(ending: &Ending) -> u8 {
         // The run did what was asked: stop and save.
         Ending::Snapshot { .. } | Ending::Migrated { .. } => 0,
         Ending::SnapshotFailed { .. } => EXIT_VM_ERROR,
+        Ending::GuestPanic { .. } => EXIT_VM_ERROR,
     }
 }
 
 /// A booted VM and the signal handlers, or why there is none.
 fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
     let stop = StopRequest::install().map_err(ConfigError::Signals)?;
+    check_options(args)?;
     if args.guest == GuestArg::Linux {
         return Ok((prepare_linux(args)?, stop));
     }
@@ -57,18 +61,79 @@ fn prepare(args: &RunArgs) -> Result<(Vm, StopRequest), ConfigError> {
     if let Some(swap) = &args.overcommit.swap {
         check_swap_path(swap)?;
     }
-    let cmdline = args
-        .cmdline
-        .clone()
-        .unwrap_or_else(|| boot_cmdline(args.seed, &args.options, &args.program));
+    // The bundled kernel's `--cmdline` gives the boot options, and the
+    // program is appended (as for Linux); another kernel's is verbatim.
+    let cmdline = match (&args.cmdline, &args.kernel) {
+        (Some(cmdline), Some(_)) => cmdline.clone(),
+        (Some(cmdline), None) => {
+            let options: Vec<String> = cmdline.split_whitespace().map(String::from).collect();
+            boot_cmdline(
+                args.seed,
+                &[args.options.clone(), options].concat(),
+                &args.program,
+            )
+        }
+        (None, _) => boot_cmdline(args.seed, &args.options, &args.program),
+    };
     let mut config = vm_config(args, cmdline)?;
-    config.modules = read_modules(&args.modules)?;
+    config.modules = read_modules(&args.modules, args.mem)?;
     let mut vm = Vm::boot(&config, &kernel.bytes).map_err(|source| ConfigError::Boot {
         what: kernel.describe(),
         source,
     })?;
     vm.set_strict_mmio(args.strict_mmio);
     Ok((vm, stop))
+}
+
+/// The boot options the bundled kernel knows (`guest/README.md`), as
+/// `--option` gives them.
+const BOOT_OPTIONS: &[&str] = &[
+    "no-apf",
+    "no-cr3-cache",
+    "no-steal-time",
+    "no-pv-tlb-flush",
+    "no-pv-sched-yield",
+    "no-pv-unhalt",
+    "crash=triple",
+    "crash=wild-write",
+    "crash=panic",
+];
+
+/// Options that would be accepted and then do nothing (or not what was
+/// meant), refused before boot.
+fn check_options(args: &RunArgs) -> Result<(), ConfigError> {
+    let o = &args.overcommit;
+    if o.cr3_cache == crate::OnOff::On && o.mmu != crate::MmuArg::Shadow {
+        return Err(ConfigError::Invalid(
+            "--cr3-cache on: the CR3 cache holds shadow roots: it needs --mmu shadow".into(),
+        ));
+    }
+    if args.guest == GuestArg::Linux && !args.options.is_empty() {
+        return Err(ConfigError::Invalid(
+            "--option: boot options of faultline's own kernel; Linux takes its options from --cmdline".into(),
+        ));
+    }
+    if args.kernel.is_none() && args.guest == GuestArg::Faultline {
+        if let Some(bad) = args
+            .options
+            .iter()
+            .find(|o| !BOOT_OPTIONS.contains(&o.as_str()) && o.strip_prefix("seed=").is_none())
+        {
+            return Err(ConfigError::Invalid(format!(
+                "--option {bad}: the bundled kernel has no such boot option; it knows: {} seed=S",
+                BOOT_OPTIONS.join(" ")
+            )));
+        }
+        if let Some(cmdline) = &args.cmdline {
+            if cmdline.split_whitespace().any(|w| w == "--") {
+                return Err(ConfigError::Invalid(format!(
+                    "--cmdline {cmdline:?}: give the boot options only; the program comes after `--` \
+                     on faultline's own command line and is appended"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The VM `run`'s options describe, booting with `cmdline` (the bundled
@@ -103,10 +168,7 @@ fn vm_config(args: &RunArgs, cmdline: String) -> Result<VmConfig, ConfigError> {
 /// programs, and the command line that names the program.
 fn prepare_linux(args: &RunArgs) -> Result<Vm, ConfigError> {
     let initrd = match &args.initrd {
-        Some(path) => std::fs::read(path).map_err(|source| ConfigError::ReadInput {
-            path: path.clone(),
-            source,
-        })?,
+        Some(path) => read_input_file("--initrd", path, args.mem)?,
         None => {
             crate::linux::check_program(&args.program)?;
             crate::linux::initramfs()?
@@ -129,36 +191,32 @@ fn prepare_linux(args: &RunArgs) -> Result<Vm, ConfigError> {
     Ok(vm)
 }
 
-/// `--console-input`: the file's bytes, or standard input's to its end.
+/// `--console-input`: the file's bytes, or standard input's to its end
+/// (at most [`CONSOLE_INPUT_CAP`] either way).
 fn read_console_input(path: Option<&std::path::Path>) -> Result<Vec<u8>, ConfigError> {
-    use std::io::Read;
     let Some(path) = path else {
         return Ok(Vec::new());
     };
-    let mut bytes = Vec::new();
-    let result = if path.as_os_str() == "-" {
-        std::io::stdin().lock().read_to_end(&mut bytes).map(|_| ())
+    Ok(if path.as_os_str() == "-" {
+        read_capped(
+            "--console-input",
+            path,
+            std::io::stdin().lock(),
+            CONSOLE_INPUT_CAP,
+        )?
     } else {
-        std::fs::read(path).map(|b| bytes = b)
-    };
-    result.map_err(|source| ConfigError::ReadInput {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    Ok(bytes)
+        read_input_file("--console-input", path, CONSOLE_INPUT_CAP)?
+    })
 }
 
-/// `--module FILE [ARGS]`: each file's bytes and the whole string as its
-/// command line.
-fn read_modules(modules: &[String]) -> Result<Vec<(Vec<u8>, String)>, ConfigError> {
+/// `--module FILE [ARGS]`: each file's bytes (each must fit in guest
+/// memory) and the whole string as its command line.
+fn read_modules(modules: &[String], mem: u64) -> Result<Vec<(Vec<u8>, String)>, ConfigError> {
     modules
         .iter()
         .map(|spec| {
             let file = spec.split(' ').next().unwrap_or_default();
-            let bytes = std::fs::read(file).map_err(|source| ConfigError::ReadInput {
-                path: file.into(),
-                source,
-            })?;
+            let bytes = read_input_file("--module", std::path::Path::new(file), mem)?;
             Ok((bytes, spec.clone()))
         })
         .collect()
@@ -207,8 +265,18 @@ pub fn run(args: RunArgs) -> u8 {
             return EXIT_CONFIG;
         }
     }
-    if args.migrate.migrate_to.is_some() {
+    if let Some(path) = &args.snapshot {
+        if let Err(e) = crate::config::check_output_path("--snapshot", path) {
+            eprintln!("faultline: {e}");
+            return EXIT_CONFIG;
+        }
+    }
+    if let Some(to) = &args.migrate.migrate_to {
         if let Err(e) = crate::migrate::check_migrate_options(&args) {
+            eprintln!("faultline: {e}");
+            return EXIT_CONFIG;
+        }
+        if let Err(e) = crate::migrate::check_migrate_address(to) {
             eprintln!("faultline: {e}");
             return EXIT_CONFIG;
         }
@@ -268,8 +336,10 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
     let mut progress = Progress::single(limits.time);
     let mut stdout = std::io::stdout().lock();
     let mut console = Vec::new();
+    let mut panic = PanicWatch::default();
     let mut after_slice = |vm: &mut Vm| {
         let serial = vm.take_serial();
+        panic.feed(&serial);
         if json {
             console.extend_from_slice(&serial);
         } else if !serial.is_empty() {
@@ -289,10 +359,12 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
             }
         }
         progress.update("", vm);
+        panic.ending()
     };
     let mut ending = drive(&mut vm, &limits, stop, &mut after_slice);
     let mut migration = None;
     let mut migration_lost = false;
+    let mut migration_failed = false;
     if let (Some(spec), Ending::TimeLimit(d)) = (&args.migrate, &ending) {
         if *d == spec.at {
             let mut run_for = |vm: &mut Vm, until: Cycles| -> Option<Ending> {
@@ -330,6 +402,7 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
                 Outcome::Ended(report, end) => {
                     ending = end;
                     migration = Some(report);
+                    migration_failed = true;
                 }
                 Outcome::Failed(report) => {
                     eprintln!(
@@ -338,6 +411,7 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
                         report.failed.as_deref().unwrap_or("?")
                     );
                     migration = Some(report);
+                    migration_failed = true;
                     let rest = Limits {
                         time: args.time_limit,
                         wall: args.wall_limit,
@@ -350,6 +424,7 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
     }
     progress.finish();
     let wall = started.elapsed();
+    ending = panic.explain(ending);
 
     if let (Some((at, path)), Ending::TimeLimit(d)) = (&args.snapshot, &ending) {
         if d == at {
@@ -383,6 +458,20 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
     if let (Ending::Vm(StopReason::PowerOff), Some(guest)) = (&ending, vm.guest_status()) {
         status = guest;
     }
+    // A stop point the run never reached, or a migration that failed
+    // (the VM went on here): the run did not do what was asked.
+    let not_reached = unreached(args, &ending, migration.is_some(), vm.time());
+    if let Some(n) = &not_reached {
+        eprintln!(
+            "faultline: {} {} was not reached: the run ended at {:.6} s",
+            n.option,
+            n.at,
+            crate::units::cycles_to_secs(n.ended_cycles)
+        );
+    }
+    if (not_reached.is_some() || migration_failed) && matches!(ending, Ending::Vm(_)) {
+        status = EXIT_VM_ERROR;
+    }
     let memslot = match churn.map(|c| c.finish(&vm, args.zap.into())) {
         Some(Ok(run)) => Some(run),
         Some(Err(e)) => {
@@ -402,6 +491,7 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
     summary.dirty_log = logger.map(|l| l.finish(&vm));
     summary.migration = migration;
     summary.postcopy = postcopy;
+    summary.not_reached = not_reached;
     let text = if json {
         summary.to_json()
     } else {
@@ -421,6 +511,34 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
         other => eprintln!("faultline: stopped: {}", other.describe()),
     }
     status
+}
+
+/// The `--snapshot-at` or `--migrate-at` a run that ended so, at `now`,
+/// never reached (`migrated`: a migration was attempted).
+fn unreached(
+    args: &RunOptions,
+    ending: &Ending,
+    migrated: bool,
+    now: Cycles,
+) -> Option<NotReached> {
+    let point = |option: &'static str, at: Duration| NotReached {
+        option,
+        at: crate::units::format_duration(at),
+        at_cycles: duration_to_cycles(at),
+        ended_cycles: now.0,
+    };
+    if let Some((at, _)) = &args.snapshot {
+        if !matches!(
+            ending,
+            Ending::Snapshot { .. } | Ending::SnapshotFailed { .. }
+        ) {
+            return Some(point("--snapshot-at", *at));
+        }
+    }
+    match &args.migrate {
+        Some(spec) if !migrated => Some(point("--migrate-at", spec.at)),
+        _ => None,
+    }
 }
 
 /// `--dirty-log MODE`: guest RAM logs from boot; the VMM collects the

@@ -46,6 +46,9 @@ pub enum Ending {
     SnapshotFailed { message: String },
     /// `--migrate-to`: the VM runs at the destination now.
     Migrated { to: String },
+    /// A Linux guest's kernel panicked (its console said `Kernel panic -
+    /// not syncing: MESSAGE`).
+    GuestPanic { message: String },
 }
 
 impl Ending {
@@ -68,17 +71,19 @@ impl Ending {
             ),
             Ending::SnapshotFailed { message } => format!("snapshot failed: {message}"),
             Ending::Migrated { to } => format!("migrated (to {to})"),
+            Ending::GuestPanic { message } => format!("panic: {message}"),
         }
     }
 }
 
 /// Runs `vm` until it stops, a signal arrives or a limit is reached,
-/// calling `after_slice` after every slice (serial output, progress).
+/// calling `after_slice` after every slice (serial output, progress);
+/// an ending it returns ends the run.
 pub fn drive(
     vm: &mut Vm,
     limits: &Limits,
     stop: &StopRequest,
-    mut after_slice: impl FnMut(&mut Vm),
+    mut after_slice: impl FnMut(&mut Vm) -> Option<Ending>,
 ) -> Ending {
     let started = Instant::now();
     let time_limit = limits.time.map(|d| Cycles(duration_to_cycles(d)));
@@ -100,9 +105,78 @@ pub fn drive(
             until = until.min(limit);
         }
         let status = vm.run_until(until);
-        after_slice(vm);
+        if let Some(ending) = after_slice(vm) {
+            return ending;
+        }
         if let RunStatus::Stopped(reason) = status {
             return Ending::Vm(reason);
+        }
+    }
+}
+
+/// Watches a Linux guest's console for a kernel panic: Linux prints
+/// `Kernel panic - not syncing: MESSAGE`, then (with `panic=-1`, the
+/// default command line's) reboots at once, which the machine sees as a
+/// triple fault, or (without it) `---[ end Kernel panic ...` and spins
+/// forever. Either way the run ends with the panic's message.
+#[derive(Debug, Default)]
+pub struct PanicWatch {
+    line: Vec<u8>,
+    message: Option<String>,
+    ended: bool,
+}
+
+/// Longest console line kept: a panic message is far shorter.
+const PANIC_LINE_MAX: usize = 1024;
+const PANIC_MARK: &str = "Kernel panic - not syncing: ";
+const PANIC_END_MARK: &str = "---[ end Kernel panic - not syncing";
+
+impl PanicWatch {
+    /// Looks at more console output.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if b == b'\n' {
+                let line = String::from_utf8_lossy(&self.line).into_owned();
+                self.line.clear();
+                self.look_at(&line);
+            } else if self.line.len() < PANIC_LINE_MAX {
+                self.line.push(b);
+            }
+        }
+    }
+
+    fn look_at(&mut self, line: &str) {
+        if self.message.is_none() {
+            if let Some(at) = line.find(PANIC_MARK) {
+                let message = line[at + PANIC_MARK.len()..].trim_end();
+                self.message = Some(message.to_string());
+            }
+        } else if line.contains(PANIC_END_MARK) {
+            self.ended = true;
+        }
+    }
+
+    /// The panic's message, once the console showed one.
+    pub fn message(&self) -> Option<&str> {
+        self.message.as_deref()
+    }
+
+    /// The ending of a run whose guest panicked and will never go on
+    /// (it printed the end of its panic and now spins).
+    pub fn ending(&self) -> Option<Ending> {
+        self.ended.then(|| Ending::GuestPanic {
+            message: self.message.clone().unwrap_or_default(),
+        })
+    }
+
+    /// How the run ended, given that the VM stopped so: an error (the
+    /// triple fault of Linux's reboot) after a panic is the panic.
+    pub fn explain(&self, ending: Ending) -> Ending {
+        match (self.message(), ending) {
+            (Some(message), Ending::Vm(StopReason::Error(_))) => Ending::GuestPanic {
+                message: message.to_string(),
+            },
+            (_, ending) => ending,
         }
     }
 }
@@ -226,5 +300,39 @@ impl BenchProgress {
 
     pub fn finish(&self) {
         self.total.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_linux_panic_is_seen_in_pieces() {
+        let mut watch = PanicWatch::default();
+        watch.feed(b"[    0.49] VFS: Cannot open root device\n[    0.49] Kernel pan");
+        assert_eq!(watch.message(), None);
+        watch.feed(b"ic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)\r\n");
+        assert_eq!(
+            watch.message(),
+            Some("VFS: Unable to mount root fs on unknown-block(0,0)")
+        );
+        assert_eq!(watch.ending(), None, "the panic goes on printing");
+        let error = Ending::Vm(StopReason::Error(hv::VmError::AllHalted { cycles: 0 }));
+        assert!(matches!(watch.explain(error), Ending::GuestPanic { .. }));
+        let shutdown = Ending::Vm(StopReason::Shutdown { status: 0 });
+        assert_eq!(watch.explain(shutdown.clone()), shutdown);
+        watch.feed(b"[    0.50] ---[ end Kernel panic - not syncing: VFS: Unable ]---\n");
+        assert!(
+            matches!(watch.ending(), Some(Ending::GuestPanic { message }) if message.starts_with("VFS"))
+        );
+    }
+
+    #[test]
+    fn ordinary_output_is_no_panic() {
+        let mut watch = PanicWatch::default();
+        watch.feed(b"hello\n---[ end Kernel panic - not syncing ]---\n");
+        assert_eq!(watch.message(), None);
+        assert_eq!(watch.ending(), None);
     }
 }

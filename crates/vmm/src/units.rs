@@ -112,6 +112,15 @@ pub fn parse_seconds(s: &str) -> Result<Duration, String> {
     Ok(Duration::new(secs, (ns % 1_000_000_000) as u32))
 }
 
+/// Like [`parse_seconds`], above zero (a run of no time measures nothing).
+pub fn parse_positive_seconds(s: &str) -> Result<Duration, String> {
+    let d = parse_seconds(s)?;
+    if d.is_zero() {
+        return Err(format!("`{s}`: must be above zero"));
+    }
+    Ok(d)
+}
+
 /// `d` in seconds as a plain decimal with no trailing zeros (`0.2`, `1`,
 /// `0.000001`): the form `bm -t` takes.
 pub fn format_seconds(d: Duration) -> String {

@@ -97,7 +97,7 @@ fn guest_write_outside_memory_is_reported_and_the_process_exits_cleanly() {
 fn missing_or_malformed_kernels_are_clear_errors() {
     let out = faultline(&["run", "--kernel", "/nonexistent/kernel.elf", "--", "x"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("cannot read kernel /nonexistent/kernel.elf"));
+    assert!(text(&out.stderr).contains("cannot read --kernel /nonexistent/kernel.elf"));
     let out = faultline(&[
         "run",
         "--kernel",

@@ -5,7 +5,7 @@
 //! the kernel first), where a missing kernel fails them.
 
 mod common;
-use common::{faultline, stderr};
+use common::{faultline, stderr, stdout};
 use std::path::PathBuf;
 
 /// The cached kernel image, or `None` (after saying so loudly) when there
@@ -146,7 +146,56 @@ fn bad_linux_images_and_programs_are_clear_errors() {
         "unknown Linux guest program `no-such-program`",
     );
     let missing = dir.path().join("missing");
-    config_error(&missing, "hello", "cannot read the Linux kernel image");
+    config_error(&missing, "hello", "cannot read --kernel-image");
+}
+
+/// A kernel panic ends the run (issue 32): with the default command line
+/// (`panic=-1 reboot=t`: Linux reboots by a triple fault) and with one of
+/// the user's that lacks them (Linux prints the panic's end and spins:
+/// the vmm reads it on the console). Stop reason `panic`, status 3, long
+/// before the wall limit.
+#[test]
+fn a_linux_kernel_panic_ends_the_run_with_its_message() {
+    let Some(image) = linux_image() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.cpio");
+    // Not a cpio archive: Linux finds no root file system and panics.
+    let bytes: Vec<u8> = (0u32..65536)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(&garbage, bytes).unwrap();
+    for cmdline in [None, Some("console=ttyS0")] {
+        let mut args = vec![
+            "run",
+            "--guest",
+            "linux",
+            "--kernel-image",
+            image.to_str().unwrap(),
+            "--initrd",
+            garbage.to_str().unwrap(),
+            "--stats",
+            "json",
+            "--wall-limit",
+            "300s",
+        ];
+        if let Some(cmdline) = cmdline {
+            args.extend_from_slice(&["--cmdline", cmdline]);
+        }
+        args.extend_from_slice(&["--", "hello"]);
+        let out = faultline(&args);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(out.status.code(), Some(3), "{cmdline:?}: {}", v["stop"]);
+        assert_eq!(v["stop"]["reason"], "panic", "{cmdline:?}: {}", v["stop"]);
+        let message = v["stop"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("Unable to mount root fs"),
+            "{cmdline:?}: {message}"
+        );
+        assert!(
+            v["virtual_seconds"].as_f64().unwrap() < 2.0,
+            "{cmdline:?}: stopped at the panic, not later"
+        );
+    }
 }
 
 /// Runs `faultline run --guest linux` with `args` then `-- program`,
@@ -207,7 +256,7 @@ fn linux_async_pf_under_memory_pressure_wakes_every_task() {
             "--apf",
             "pv",
         ],
-        &["memtouch", "-m", "48", "-p", "2", "-t", "2"],
+        &["memtouch", "-m", "48M", "-p", "2", "-t", "2"],
     );
     let console = v["console"].as_str().unwrap();
     assert!(
@@ -348,8 +397,6 @@ fn bench_apf_in_linux_counts_async_pf_alike_on_both_sides() {
         "128M",
         "--host-mem",
         "48M",
-        "--array",
-        "64M",
         "--duration",
         "0.05",
         "--swap-device",
@@ -360,6 +407,23 @@ fn bench_apf_in_linux_counts_async_pf_alike_on_both_sides() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["config"]["guest"], "linux");
+    // Sized from what Linux reports available, less the headroom, with
+    // the kernel's version beside.
+    let available = v["config"]["linux_mem_available"].as_u64().unwrap();
+    let array = v["config"]["array"].as_u64().unwrap();
+    assert!(
+        array > 48 << 20 && array + (16 << 20) <= available,
+        "{}",
+        v["config"]
+    );
+    assert!(
+        v["config"]["linux_version"]
+            .as_str()
+            .unwrap()
+            .starts_with("6."),
+        "{}",
+        v["config"]
+    );
     for mode in ["off", "halt", "pv", "ideal"] {
         let m = &v["modes"][mode];
         assert!(m["total"].as_u64().unwrap_or(0) > 0, "{mode}: {m}");
@@ -574,7 +638,7 @@ fn linux_steal_time_matches_the_hv_and_pv_tlb_flush_reaches_preempted_vcpus() {
     let v = run_linux_json(
         &image,
         &["--vcpus", "2", "--host-cpus", "1", "--mem", "128M"],
-        &["memtouch", "-m", "64", "-p", "16", "-t", "4"],
+        &["memtouch", "-m", "64M", "-p", "16", "-t", "4"],
     );
     let console = v["console"].as_str().unwrap();
     assert!(
@@ -610,4 +674,49 @@ fn linux_steal_time_matches_the_hv_and_pv_tlb_flush_reaches_preempted_vcpus() {
         .map(|c| c["steal"]["pv_tlb_flushes"].as_u64().unwrap())
         .sum();
     assert!(flushes > 0, "kvm_flush_tlb_multi set the flag: {v}");
+}
+
+/// The Linux programs take sizes as the project guest's do (issue 32):
+/// bytes with K, M or G, a usage error (status 2) for a bad value, never a
+/// crash (`bm -m 64` read 64 bytes and died of a division by 0 pages).
+/// They are static Linux executables: run here on the host, no kernel
+/// needed.
+#[cfg(linux_programs)]
+#[test]
+fn linux_programs_take_sizes_with_units_and_refuse_bad_values() {
+    let run = |program: &str, args: &[&str]| {
+        let path = format!("{}/{program}", env!("FAULTLINE_LINUX_PROGRAMS"));
+        // Report lines go to fd 3 (report.h): /dev/null here, not whatever
+        // the test runner has open there (cargo's jobserver pipe).
+        let out = std::process::Command::new("sh")
+            .args(["-c", "exec \"$0\" \"$@\" 3>/dev/null", &path])
+            .args(args)
+            .output()
+            .expect("run the Linux program on the host");
+        (out.status.code(), stdout(&out) + &stderr(&out))
+    };
+    for (program, args, says) in [
+        ("bm", &["-m", "64"][..], "'64' is not a number from 4096"),
+        ("bm", &["-m", "64X"][..], "is not a number"),
+        ("bm", &["-f", "-1"][..], "is not a number"),
+        ("bm", &["-t", "soon"][..], "is not a number of seconds"),
+        ("bm", &["-f", "0", "-w", "0"][..], "Usage"),
+        (
+            "memtouch",
+            &["-m", "32"][..],
+            "'32' is not a number from 4096",
+        ),
+        ("memtouch", &["-p", "0"][..], "is not a number"),
+        ("pagetag", &["-m", "1Q"][..], "usage"),
+    ] {
+        let (code, text) = run(program, args);
+        assert_eq!(code, Some(2), "{program} {args:?}: {text}");
+        assert!(text.contains(says), "{program} {args:?}: {text}");
+    }
+    let (code, text) = run("bm", &["-f", "1", "-w", "1", "-m", "1M", "-t", "0.01"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("total: "), "{text}");
+    let (code, text) = run("memtouch", &["-m", "1M", "-p", "1"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("memtouch: 1 MiB, 1 passes"), "{text}");
 }

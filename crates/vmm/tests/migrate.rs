@@ -9,9 +9,9 @@
 mod common;
 use common::{faultline, stderr, stdout, SMALL_OVERCOMMIT, SMALL_PAGETAG};
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output};
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: stdout is not JSON: {text}"))
@@ -19,36 +19,9 @@ fn json(text: &str) -> serde_json::Value {
 
 /// A destination listening on a free loopback port, and its address.
 fn destination(extra: &[&str]) -> (Child, String, std::thread::JoinHandle<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_faultline"))
-        .args([
-            "incoming",
-            "--listen",
-            "127.0.0.1:0",
-            "--stats",
-            "json",
-            "--timeout",
-            "30s",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the destination");
-    let mut err = BufReader::new(child.stderr.take().expect("stderr"));
-    let mut line = String::new();
-    err.read_line(&mut line).expect("read stderr");
-    let addr = line
-        .trim()
-        .strip_prefix("faultline: listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line: {line}"))
-        .to_string();
-    // The rest of its stderr, read as it comes so it never blocks.
-    let rest = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    (child, addr, rest)
+    let mut args = vec!["--stats", "json", "--timeout", "30s"];
+    args.extend_from_slice(extra);
+    common::incoming(&args)
 }
 
 fn source(args: &[&str], to: &str, at: &str, extra: &[&str], program: &[&str]) -> Output {
@@ -244,10 +217,11 @@ fn dropping_destination() -> (String, std::thread::JoinHandle<u64>) {
 }
 
 /// A source whose migration failed ran its guest to the end here, with
-/// no page lost, and reported the failure.
+/// no page lost, and reported the failure: status 3, the run did not do
+/// what was asked.
 fn source_kept_running(out: &std::process::Output) {
     let text = stdout(out);
-    assert!(out.status.success(), "{text}\n{}", stderr(out));
+    assert_eq!(out.status.code(), Some(3), "{text}\n{}", stderr(out));
     let v = json(&text);
     assert_eq!(
         v["stop"]["reason"], "shutdown",
@@ -276,7 +250,11 @@ fn no_destination_is_a_reported_failure() {
     };
     let out = source(&["--vcpus", "2"], &addr, "300us", &[], &["hello"]);
     let v = json(&stdout(&out));
-    assert!(out.status.success());
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "a failed migration fails the run"
+    );
     assert_eq!(v["stop"]["reason"], "shutdown");
     assert!(v["migration"]["failed"]
         .as_str()

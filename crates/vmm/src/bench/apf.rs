@@ -5,13 +5,22 @@
 
 use super::{json_text, mib, Bench, BenchError, BenchGuest, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
-use crate::units::{duration_to_cycles, format_duration, format_seconds};
+use crate::signals::StopRequest;
+use crate::units::{duration_to_cycles, format_duration, format_seconds, format_size};
 use crate::{plot, ApfBenchArgs, BenchCommon, SwapDeviceArg};
 use hv::apf::ApfMode;
 use hv::VmConfig;
 use serde_json::json;
 use std::fmt::Write as _;
 use std::time::Duration;
+
+/// What bm in Linux needs beyond its array, of what Linux reports
+/// available (MemAvailable) before it starts: measured with Debian's
+/// 6.1.0-57 on 1 vCPU and 128 MiB (68 MiB available), `bm -f 4 -w 4 -m
+/// 60M` runs and `-m 62M` is OOM-killed, so bm's threads, stacks, page
+/// tables and Linux's reserves take 6 to 8 MiB; twice that, for kernels
+/// to come.
+pub const LINUX_HEADROOM: u64 = 16 << 20;
 
 /// The seed's ratios (total work against master).
 pub const SEED_000_PV: f64 = 1.91;
@@ -23,6 +32,8 @@ pub struct ApfBench {
     array: u64,
     base: VmConfig,
     guest: BenchGuest,
+    /// `--guest linux`: MemAvailable in the guest before bm starts.
+    available: Option<u64>,
 }
 
 /// The seed's ratio against `off` for a run label.
@@ -51,6 +62,7 @@ impl Bench for ApfBench {
             array,
             base,
             guest,
+            available: None,
         }
     }
 
@@ -64,7 +76,18 @@ impl Bench for ApfBench {
 
     fn check(&self, kernel: &Kernel) -> Result<(), ConfigError> {
         self.guest
-            .check(kernel, "bm", self.mem, Some(self.args.host_mem))?;
+            .check(kernel, "bm", self.mem, Some(self.args.host_mem))
+            .map_err(|e| match (e, self.args.mem) {
+                // The user gave no --mem: say where guest memory came from.
+                (ConfigError::MemSize { mem, min, .. }, None) => ConfigError::Invalid(format!(
+                    "--host-mem {}: guest memory, 4x host memory unless --mem is given, would be {}; \
+                     it must be a multiple of 2 MiB, at least {}",
+                    format_size(self.args.host_mem),
+                    format_size(mem),
+                    format_size(min)
+                )),
+                (e, _) => e,
+            })?;
         if self.array >= self.mem {
             return Err(ConfigError::Invalid(format!(
                 "the array ({} MiB) must be smaller than guest memory ({} MiB)",
@@ -77,6 +100,62 @@ impl Bench for ApfBench {
                 "the array must be at least 1 MiB (bm takes whole MiB)".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// `--guest linux`: bm's array must fit in what Linux leaves to
+    /// programs, not in guest memory: one boot of `hello` at the bench's
+    /// guest size reads MemAvailable, and the array is at most that less
+    /// [`LINUX_HEADROOM`] (the default: 2x host memory as the seed, or
+    /// less to fit; refused, with the figures, when what fits is no
+    /// larger than host memory, or when a given --array does not fit).
+    fn prepare(&mut self, kernel: &Kernel, stop: &StopRequest) -> Result<(), BenchError> {
+        if !self.is_linux() {
+            return Ok(());
+        }
+        let config = self.bm_config(ApfMode::Pv, None);
+        let available = self.guest.probe_available(kernel, &config, stop)?;
+        let fits = available.saturating_sub(LINUX_HEADROOM) & !((1 << 20) - 1);
+        let figures = || {
+            format!(
+                "Linux reports {} MiB available to programs (MemAvailable) in a guest of {} MiB; \
+                 bm needs its array and {} MiB more",
+                available >> 20,
+                mib(self.mem),
+                mib(LINUX_HEADROOM)
+            )
+        };
+        let array = match self.args.array {
+            Some(array) if array > fits => {
+                return Err(ConfigError::Invalid(format!(
+                    "--array {}: does not fit: {}; give a larger --mem or a smaller --array",
+                    format_size(array),
+                    figures()
+                ))
+                .into())
+            }
+            Some(array) => array,
+            None => self.array.min(fits),
+        };
+        if array <= self.args.host_mem {
+            return Err(ConfigError::Invalid(format!(
+                "the array that fits ({}) is no larger than --host-mem {}: nothing would swap; {}; \
+                 give a larger --mem",
+                format_size(array),
+                format_size(self.args.host_mem),
+                figures()
+            ))
+            .into());
+        }
+        if array != self.array {
+            eprintln!(
+                "faultline bench apf: {}: bm's array is {} (at most 2x --host-mem, and what fits)",
+                figures(),
+                format_size(array)
+            );
+        }
+        self.array = array;
+        self.available = Some(available);
         Ok(())
     }
 
@@ -135,44 +214,40 @@ impl ApfBench {
         config.apf = apf;
         config.seed = a.common.seed;
         if self.is_linux() {
-            // The seed's bm: -m in bytes, no seed option (random()'s
-            // default seed); fractions of a second for -t.
-            let program: Vec<String> = [
-                "bm".to_string(),
-                "-f".into(),
-                a.fault_threads.to_string(),
-                "-w".into(),
-                a.work_threads.to_string(),
-                "-m".into(),
-                self.array.to_string(),
-                "-t".into(),
-                format!("{}", a.duration.as_secs_f64()),
-            ]
-            .into();
-            config.cmdline = crate::linux::cmdline(crate::linux::DEFAULT_OPTIONS, &program);
+            config.cmdline = crate::linux::cmdline(crate::linux::DEFAULT_OPTIONS, &self.program());
             return config;
         }
-        config.cmdline = format!(
-            "seed={} -- bm -f {} -w {} -m {}M -t {} -s {}",
-            a.common.seed,
-            a.fault_threads,
-            a.work_threads,
-            mib(self.array),
-            format_seconds(a.duration),
-            a.common.seed
-        );
+        config.cmdline = format!("seed={} -- {}", a.common.seed, self.program().join(" "));
         config
+    }
+
+    /// bm's command line, exactly as the guest runs it (the seed's own bm
+    /// in Linux takes no seed: random()'s default seed).
+    fn program(&self) -> Vec<String> {
+        let a = &self.args;
+        let mut program: Vec<String> = vec![
+            "bm".into(),
+            "-f".into(),
+            a.fault_threads.to_string(),
+            "-w".into(),
+            a.work_threads.to_string(),
+            "-m".into(),
+            format_size(self.array),
+            "-t".into(),
+            format_seconds(a.duration),
+        ];
+        if !self.is_linux() {
+            program.extend(["-s".into(), a.common.seed.to_string()]);
+        }
+        program
     }
 
     fn describe(&self) -> String {
         let a = &self.args;
         format!(
-            "{}bm -f {} -w {} -m {}M -t {}, {} vCPUs, guest {} MiB, host {} MiB, swap {}",
-            if self.is_linux() { "Linux, " } else { "" },
-            a.fault_threads,
-            a.work_threads,
-            mib(self.array),
-            format_seconds(a.duration),
+            "{}{}, {} vCPUs, guest {} MiB, host {} MiB, swap {}",
+            self.guest.describe_prefix(),
+            self.program().join(" "),
             a.vcpus,
             mib(self.mem),
             mib(a.host_mem),
@@ -233,6 +308,8 @@ impl ApfBench {
                 "benchmark": "apf",
                 "config": {
                     "guest": self.guest.name(),
+                    "linux_version": self.guest.linux_version(),
+                    "linux_mem_available": self.available,
                     "vcpus": a.vcpus, "guest_mem": self.mem, "host_mem": a.host_mem,
                     "array": self.array, "duration": format_seconds(a.duration), "seed": a.common.seed,
                     "swap_device": self.base.swap_device.name,

@@ -123,7 +123,7 @@ impl Bench for ApfCalcBench {
             let run = |i: usize| outcomes[i].counters();
             let out = json!({
                 "benchmark": "apf-calc",
-                "config": {"guest": self.guest.name(), "guest_mem": self.mem, "host_mem": self.host_mem, "array": self.array,
+                "config": {"guest": self.guest.name(), "linux_version": self.guest.linux_version(), "guest_mem": self.mem, "host_mem": self.host_mem, "array": self.array,
                            "loops": a.loops, "stride": a.stride, "seed": a.common.seed,
                            "swap_device": self.base.swap_device.name},
                 "with_calc": {"off_s": ns[0] as f64 / 1e9, "on_s": ns[1] as f64 / 1e9, "change_pct": with,
@@ -204,7 +204,7 @@ impl ApfCalcBench {
         let a = &self.args;
         format!(
             "{}apfcalc -m {}M -l {} -s {} [-c], 1 vCPU, guest {} MiB, host {} MiB, swap {}",
-            if self.guest.is_linux() { "Linux, " } else { "" },
+            self.guest.describe_prefix(),
             mib(self.array),
             a.loops,
             a.stride,

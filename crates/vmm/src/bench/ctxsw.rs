@@ -233,7 +233,7 @@ impl Bench for CtxswBench {
                 .collect();
             let out = json!({
                 "benchmark": "ctxsw",
-                "config": {"guest": self.guest.name(), "rounds": self.args.rounds, "seed": self.args.common.seed},
+                "config": {"guest": self.guest.name(), "linux_version": self.guest.linux_version(), "rounds": self.args.rounds, "seed": self.args.common.seed},
                 "not_run": self.guest.is_linux().then_some(LINUX_ROWS_NOTE),
                 "results": results,
                 "ratios": {
@@ -318,7 +318,7 @@ impl CtxswBench {
     fn describe(&self) -> String {
         format!(
             "{}ctxsw -n {} (2 processes, 1 vCPU, {} MiB)",
-            if self.guest.is_linux() { "Linux, " } else { "" },
+            self.guest.describe_prefix(),
             self.args.rounds,
             self.base.mem_size >> 20
         )

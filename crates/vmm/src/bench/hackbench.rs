@@ -179,7 +179,7 @@ impl Bench for HackbenchBench {
             let out = json!({
                 "benchmark": "hackbench",
                 "not_run": self.guest.is_linux().then_some(LINUX_ROWS_NOTE),
-                "config": {"guest": self.guest.name(), "groups": self.args.groups, "loops": self.args.loops,
+                "config": {"guest": self.guest.name(), "linux_version": self.guest.linux_version(), "groups": self.args.groups, "loops": self.args.loops,
                            "vcpus": self.args.vcpus, "mem_bytes": self.args.mem,
                            "seed": self.args.common.seed},
                 "results": results,
@@ -272,7 +272,7 @@ impl HackbenchBench {
     fn describe(&self) -> String {
         format!(
             "{}hackbench N -l {} (N groups of 20 senders + 20 receivers, processes over pipes), {} vCPU(s), {} MiB",
-            if self.guest.is_linux() { "Linux, " } else { "" },
+            self.guest.describe_prefix(),
             self.args.loops,
             self.args.vcpus,
             self.args.mem >> 20

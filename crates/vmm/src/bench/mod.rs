@@ -22,7 +22,7 @@ pub(crate) mod memslot;
 mod tlbflush;
 
 use crate::config::{check_output_path, ConfigError, Kernel};
-use crate::session::{drive, BenchProgress, Ending, Limits};
+use crate::session::{drive, BenchProgress, Ending, Limits, PanicWatch};
 use crate::signals::{Signal, StopRequest};
 use crate::units::cycles_to_secs;
 use crate::{BenchCommand, BenchCommon, MergeArgs, EXIT_CONFIG, EXIT_VM_ERROR};
@@ -145,14 +145,23 @@ pub struct RunSpec {
 pub struct LinuxGuest {
     pub image: Vec<u8>,
     pub initrd: Vec<u8>,
+    /// The kernel's version string (its setup header), printed with
+    /// every Linux result.
+    pub version: String,
 }
 
 impl LinuxGuest {
     /// The cached (or given) image and the built-in initramfs.
     pub fn load(image: Option<&Path>) -> Result<LinuxGuest, crate::linux::LinuxSetupError> {
         let initrd = crate::linux::initramfs()?;
-        let (_, image) = crate::linux::read_image(image)?;
-        Ok(LinuxGuest { image, initrd })
+        let (path, image) = crate::linux::read_image(image)?;
+        let version = crate::linux::image_version(&image)
+            .unwrap_or_else(|| format!("unknown version ({})", path.display()));
+        Ok(LinuxGuest {
+            image,
+            initrd,
+            version,
+        })
     }
 }
 
@@ -215,6 +224,39 @@ impl BenchGuest {
         } else {
             format!("seed={seed} -- {}", program.join(" "))
         }
+    }
+
+    /// The Linux kernel's version string, for `--guest linux`.
+    pub fn linux_version(&self) -> Option<&str> {
+        match &self.linux {
+            Some(Ok(linux)) => Some(&linux.version),
+            _ => None,
+        }
+    }
+
+    /// `Linux 6.1.0-57-cloud-amd64, ` before a Linux bench's description,
+    /// nothing for the project's kernel.
+    pub fn describe_prefix(&self) -> String {
+        self.linux_version().map_or(String::new(), |v| {
+            format!("Linux {}, ", crate::linux::release(v))
+        })
+    }
+
+    /// What Linux reports available to programs (MemAvailable, bytes) in
+    /// a guest of `config`'s size, from a run of `hello` (init reports it
+    /// before it starts the program).
+    pub fn probe_available(
+        &self,
+        kernel: &Kernel,
+        config: &VmConfig,
+        stop: &StopRequest,
+    ) -> Result<u64, BenchError> {
+        let mut config = config.clone();
+        config.host_mem = None;
+        config.cmdline = self.cmdline(config.seed, &["hello".to_string()]);
+        let spec = self.spec("probe", config);
+        let result = run_all(vec![spec], &kernel.bytes, 1, stop)?.remove(0);
+        Ok(result.require("linux_mem_available_kb")? << 10)
     }
 
     /// A run of this guest.
@@ -543,6 +585,11 @@ pub trait Bench {
     /// Checks the options against each other and the kernel, before any
     /// run.
     fn check(&self, kernel: &Kernel) -> Result<(), ConfigError>;
+    /// Settles what depends on the guest itself (e.g. sizes from what
+    /// Linux reports available), after `check` and before `specs`.
+    fn prepare(&mut self, _kernel: &Kernel, _stop: &StopRequest) -> Result<(), BenchError> {
+        Ok(())
+    }
     fn specs(&self) -> Vec<RunSpec>;
     fn render(&self, results: &[RunResult], output: &Output) -> Result<String, BenchError>;
 }
@@ -622,8 +669,7 @@ pub fn main(command: BenchCommand) -> u8 {
 }
 
 /// Lists, runs one of, or runs all of `bench`'s runs.
-fn execute<B: Bench>(bench: B, output: &Output) -> Result<String, BenchError> {
-    let specs = bench.specs();
+fn execute<B: Bench>(mut bench: B, output: &Output) -> Result<String, BenchError> {
     let common = bench.common();
     // Checked before listing too: a listed run must not fail on its options.
     let kernel = Kernel::load(common.kernel.as_deref())?;
@@ -635,10 +681,13 @@ fn execute<B: Bench>(bench: B, output: &Output) -> Result<String, BenchError> {
         .into());
     }
     bench.check(&kernel)?;
+    let stop = StopRequest::install().map_err(ConfigError::Signals)?;
+    bench.prepare(&kernel, &stop)?;
+    let specs = bench.specs();
+    let common = bench.common();
     if common.list_runs {
         return Ok(list_runs(&specs));
     }
-    let stop = StopRequest::install().map_err(ConfigError::Signals)?;
     if let Some(label) = &common.run {
         let spec = specs
             .into_iter()
@@ -695,7 +744,10 @@ fn merge(args: &MergeArgs) -> Result<String, BenchError> {
             path: path.clone(),
             reason,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| read_error(e.to_string()))?;
+        let bytes =
+            crate::config::read_input_file("bench merge", path, crate::config::RESULT_FILE_CAP)
+                .map_err(|e| read_error(e.to_string()))?;
+        let text = String::from_utf8(bytes).map_err(|e| read_error(e.to_string()))?;
         let file: RunFile = serde_json::from_str(&text)
             .map_err(|e| read_error(format!("not a `bench --run` result: {e}")))?;
         files.push(file);
@@ -914,8 +966,11 @@ fn run_one(
             .or(harvester.as_ref().map(fastpf::Harvester::slice)),
         ..Limits::default()
     };
+    let mut panic = PanicWatch::default();
     let ending = drive(&mut vm, &limits, stop, |vm| {
-        serial.extend(vm.take_serial());
+        let output = vm.take_serial();
+        panic.feed(&output);
+        serial.extend(output);
         if let Some(churn) = churn.as_mut() {
             churn.after_slice(vm);
         }
@@ -925,7 +980,9 @@ fn run_one(
             }
         }
         progress.update(&prefix, vm);
+        panic.ending()
     });
+    let ending = panic.explain(ending);
     bench_progress.done(&progress);
     let tail = || {
         let text = String::from_utf8_lossy(&serial);
@@ -974,6 +1031,11 @@ fn run_one(
         Ending::Vm(StopReason::PowerOff) => Err(BenchError::GuestFailed {
             label: spec.label,
             reason: match vm.guest_status() {
+                Some(137) => format!(
+                    "Linux's init powered off with status 137: the program was killed by SIGKILL, \
+                     Linux's OOM killer: it needed more memory than the guest had ({})",
+                    available_note(&vm)
+                ),
                 Some(status) => format!("Linux's init powered off with status {status}"),
                 None => "Linux powered off with no exit status".to_string(),
             },
@@ -984,6 +1046,27 @@ fn run_one(
             reason: other.describe(),
             tail: tail(),
         }),
+    }
+}
+
+/// What Linux's init reported available before the program started, for
+/// an OOM kill's message.
+fn available_note(vm: &hv::Vm) -> String {
+    let value = |key: &str| {
+        vm.reports().iter().find_map(|r| {
+            r.line
+                .split_whitespace()
+                .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse::<u64>().ok())
+        })
+    };
+    match (value("linux_mem_available_kb"), value("linux_mem_total_kb")) {
+        (Some(available), Some(total)) => format!(
+            "MemAvailable {} KiB of MemTotal {} KiB when it started, in a guest of {} MiB",
+            available,
+            total,
+            vm.mem_size() >> 20
+        ),
+        _ => format!("a guest of {} MiB", vm.mem_size() >> 20),
     }
 }
 

@@ -31,7 +31,7 @@ pub struct MigrateBenchArgs {
     #[arg(long, default_value = "16M", value_parser = parse_size)]
     array: u64,
     /// bm's run time (virtual).
-    #[arg(long, default_value = "0.2", value_parser = crate::units::parse_seconds)]
+    #[arg(long, default_value = "0.2", value_parser = crate::units::parse_positive_seconds)]
     duration: Duration,
     /// When the migration starts (default 20ms; 30ms with --postcopy,
     /// when apfcalc's writer is sweeping its array).

@@ -13,16 +13,18 @@
 use super::link::{self, Kind, Link, LinkError};
 use super::postcopy::{Destination, Receiving};
 use crate::run::{run_vm, RunOptions};
-use crate::signals::StopRequest;
-use crate::units::{parse_positive_duration, parse_size};
+use crate::signals::{Signal, StopRequest};
+use crate::units::{format_duration, parse_positive_duration, parse_size};
 use crate::{StatsFormat, ZapArg, EXIT_CONFIG, EXIT_VM_ERROR};
 use hv::snapshot::{format, RestoreOptions};
 use hv::Vm;
 use std::collections::BTreeMap;
 use std::net::TcpListener;
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// `faultline incoming`.
 #[derive(clap::Args, Debug)]
@@ -49,7 +51,8 @@ pub struct IncomingArgs {
     /// The swap device here (default: the source's model).
     #[arg(long, value_enum)]
     swap_device: Option<crate::SwapDeviceArg>,
-    /// Host time to wait for the source at each step.
+    /// Host time to wait for the source: for its connection (status 3
+    /// when none comes), then at each step of the migration.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration)]
     timeout: Duration,
     /// Post-copy: after a broken connection, wait this long (host time)
@@ -153,6 +156,98 @@ fn receive(link: &mut Link, options: &RestoreOptions) -> Result<Received, Incomi
     }
 }
 
+/// Why no source connected.
+#[derive(Debug, thiserror::Error)]
+enum AcceptError {
+    #[error("no source within {} on {addr}", format_duration(*.waited))]
+    Timeout { waited: Duration, addr: String },
+    #[error("interrupted ({}) while waiting for a source", .0.name())]
+    Interrupted(Signal),
+    #[error("accepting a migration: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl AcceptError {
+    fn exit_status(&self) -> u8 {
+        match self {
+            AcceptError::Interrupted(signal) => signal.exit_status(),
+            AcceptError::Timeout { .. } | AcceptError::Io(_) => EXIT_VM_ERROR,
+        }
+    }
+}
+
+/// How often the waits below look at the clock and the signal flag.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Waits for the source's connection: at most `timeout`, and no longer
+/// than the first SIGINT or SIGTERM.
+fn accept_source(
+    listener: &TcpListener,
+    timeout: Duration,
+    stop: &StopRequest,
+) -> Result<(TcpStream, SocketAddr), AcceptError> {
+    let deadline = Instant::now() + timeout;
+    listener.set_nonblocking(true)?;
+    loop {
+        if let Some(signal) = stop.signal() {
+            return Err(AcceptError::Interrupted(signal));
+        }
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                stream.set_nonblocking(false)?;
+                listener.set_nonblocking(false)?;
+                return Ok((stream, peer));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+        if Instant::now() >= deadline {
+            return Err(AcceptError::Timeout {
+                waited: timeout,
+                addr: listener
+                    .local_addr()
+                    .map_or_else(|_| "?".to_string(), |a| a.to_string()),
+            });
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// A thread that shuts the connection down on the first SIGINT or
+/// SIGTERM, so a receiver blocked on it returns at once.
+struct SignalWatch {
+    done: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SignalWatch {
+    fn start(link: &Link, stop: &StopRequest) -> SignalWatch {
+        let done = Arc::new(AtomicBool::new(false));
+        let thread = link.try_clone().ok().map(|handle| {
+            let done = Arc::clone(&done);
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    if stop.signal().is_some() {
+                        handle.shutdown();
+                        return;
+                    }
+                    std::thread::sleep(POLL);
+                }
+            })
+        });
+        SignalWatch { done, thread }
+    }
+
+    fn finish(mut self) {
+        self.done.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 pub fn incoming(args: IncomingArgs) -> u8 {
     let stop = match StopRequest::install() {
         Ok(stop) => stop,
@@ -181,11 +276,11 @@ pub fn incoming(args: IncomingArgs) -> u8 {
             return EXIT_CONFIG;
         }
     }
-    let (stream, peer) = match listener.accept() {
+    let (stream, peer) = match accept_source(&listener, args.timeout, &stop) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("faultline: accepting a migration: {e}");
-            return EXIT_VM_ERROR;
+            eprintln!("faultline: {e}");
+            return e.exit_status();
         }
     };
     let mut link = match Link::new(stream, args.timeout) {
@@ -195,13 +290,25 @@ pub fn incoming(args: IncomingArgs) -> u8 {
             return EXIT_VM_ERROR;
         }
     };
+    // A signal while the VM comes in ends the wait: the connection is
+    // shut down under the receiver, which then stops.
+    let watch = SignalWatch::start(&link, &stop);
     let options = RestoreOptions {
         swap_path: args.swap.clone(),
         host_mem: args.host_mem.map(Some),
         lazy: false,
         swap_device: args.swap_device.map(super::device_model),
     };
-    let received = match receive(&mut link, &options) {
+    let received = receive(&mut link, &options);
+    watch.finish();
+    if let Some(signal) = stop.signal() {
+        eprintln!(
+            "faultline: incoming migration from {peer}: interrupted ({})",
+            signal.name()
+        );
+        return signal.exit_status();
+    }
+    let received = match received {
         Ok(received) => received,
         Err(e) => {
             eprintln!("faultline: incoming migration from {peer} failed: {e}");

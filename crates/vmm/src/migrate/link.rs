@@ -105,6 +105,8 @@ impl Kind {
 pub enum LinkError {
     #[error("connection: {0}")]
     Io(#[from] std::io::Error),
+    #[error("no answer within {}", crate::units::format_duration(*.0))]
+    Timeout(Duration),
     #[error("the peer closed the connection")]
     Closed,
     #[error("unknown message type {0}")]
@@ -141,6 +143,8 @@ impl LinkModel {
 pub struct Link {
     stream: TcpStream,
     pub sent: u64,
+    /// The read and write timeout (`None`: none).
+    timeout: Option<Duration>,
 }
 
 impl Link {
@@ -150,10 +154,13 @@ impl Link {
         Ok(Link {
             stream: self.stream.try_clone()?,
             sent: 0,
+            timeout: self.timeout,
         })
     }
 
     /// The connection's read timeout (`None`: wait as long as it takes).
+    /// (The timeout messages still name the first one: a reader with none
+    /// never times out.)
     pub fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
         self.stream.set_read_timeout(timeout)
     }
@@ -167,7 +174,11 @@ impl Link {
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
         stream.set_nodelay(true)?;
-        Ok(Link { stream, sent: 0 })
+        Ok(Link {
+            stream,
+            sent: 0,
+            timeout: Some(timeout),
+        })
     }
 
     /// Sends one frame; returns its bytes on the wire.
@@ -176,8 +187,10 @@ impl Link {
         header[..4].copy_from_slice(&(kind as u32).to_le_bytes());
         header[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
         header[8..].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
-        self.stream.write_all(&header)?;
-        self.stream.write_all(payload)?;
+        let timeout = self.timeout;
+        let timed = |e| timed_out(e, timeout);
+        self.stream.write_all(&header).map_err(timed)?;
+        self.stream.write_all(payload).map_err(timed)?;
         let bytes = FRAME_HEADER + payload.len() as u64;
         self.sent += bytes;
         Ok(bytes)
@@ -186,7 +199,7 @@ impl Link {
     /// Receives one frame, checked.
     pub fn recv(&mut self) -> Result<(Kind, Vec<u8>), LinkError> {
         let mut header = [0u8; FRAME_HEADER as usize];
-        read_exact_or_closed(&mut self.stream, &mut header)?;
+        read_exact_or_closed(&mut self.stream, &mut header, self.timeout)?;
         let raw = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
         let kind = Kind::from_u32(raw).ok_or(LinkError::UnknownType(raw))?;
         let len = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
@@ -199,7 +212,7 @@ impl Link {
             });
         }
         let mut payload = vec![0u8; len as usize];
-        read_exact_or_closed(&mut self.stream, &mut payload)?;
+        read_exact_or_closed(&mut self.stream, &mut payload, self.timeout)?;
         if crc32fast::hash(&payload) != crc {
             return Err(LinkError::Checksum(kind));
         }
@@ -207,14 +220,28 @@ impl Link {
     }
 }
 
-fn read_exact_or_closed(stream: &mut TcpStream, buf: &mut [u8]) -> Result<(), LinkError> {
+fn read_exact_or_closed(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    timeout: Option<Duration>,
+) -> Result<(), LinkError> {
     stream.read_exact(buf).map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             LinkError::Closed
         } else {
-            LinkError::Io(e)
+            timed_out(e, timeout)
         }
     })
+}
+
+/// An I/O error, or the timeout it stands for: a socket timeout shows as
+/// `WouldBlock` ("Resource temporarily unavailable") or `TimedOut`.
+pub fn timed_out(e: std::io::Error, timeout: Option<Duration>) -> LinkError {
+    use std::io::ErrorKind;
+    match (e.kind(), timeout) {
+        (ErrorKind::WouldBlock | ErrorKind::TimedOut, Some(t)) => LinkError::Timeout(t),
+        _ => LinkError::Io(e),
+    }
 }
 
 /// The `Hello` payload.

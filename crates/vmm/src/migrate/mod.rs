@@ -138,6 +138,57 @@ pub fn check_migrate_options(args: &RunArgs) -> Result<(), String> {
     check_snapshot_options(args).map_err(|e| e.replace("--snapshot-at", "--migrate-to"))
 }
 
+/// Why a `--migrate-to` address cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateAddressError {
+    #[error("--migrate-to {0}: no port; give ADDR:PORT (e.g. 127.0.0.1:4444)")]
+    NoPort(String),
+    #[error("--migrate-to {to}: `{port}` is not a port (1 to 65535)")]
+    BadPort { to: String, port: String },
+    #[error("--migrate-to {to}: cannot resolve `{host}`: {source}")]
+    Resolve {
+        to: String,
+        host: String,
+        source: std::io::Error,
+    },
+    #[error("--migrate-to {to}: `{host}` resolves to no address")]
+    NoAddress { to: String, host: String },
+}
+
+/// Checks a `--migrate-to` address before the VM boots: a host (name,
+/// IPv4 or `[IPv6]`) that resolves, and a port from 1 to 65535.
+pub fn check_migrate_address(to: &str) -> Result<std::net::SocketAddr, MigrateAddressError> {
+    use std::net::ToSocketAddrs;
+    let Some((host, port)) = to.rsplit_once(':') else {
+        return Err(MigrateAddressError::NoPort(to.to_string()));
+    };
+    // A bare IPv6 address (`::1`) has colons but no port.
+    if host.is_empty() || (host.contains(':') && !host.starts_with('[')) {
+        return Err(MigrateAddressError::NoPort(to.to_string()));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p != 0 => {}
+        _ => {
+            return Err(MigrateAddressError::BadPort {
+                to: to.to_string(),
+                port: port.to_string(),
+            })
+        }
+    }
+    let host = host.to_string();
+    let mut addrs = to
+        .to_socket_addrs()
+        .map_err(|source| MigrateAddressError::Resolve {
+            to: to.to_string(),
+            host: host.clone(),
+            source,
+        })?;
+    addrs.next().ok_or(MigrateAddressError::NoAddress {
+        to: to.to_string(),
+        host,
+    })
+}
+
 /// The `run` options a snapshot cannot carry yet, refused before the VM
 /// boots rather than at the snapshot.
 pub fn check_snapshot_options(args: &RunArgs) -> Result<(), String> {
@@ -239,6 +290,9 @@ pub fn restore(args: RestoreArgs) -> u8 {
         if let Some(swap) = &args.swap {
             crate::config::check_swap_path(swap).map_err(|e| e.to_string())?;
         }
+        if let Some(path) = &args.snapshot {
+            crate::config::check_output_path("--snapshot", path).map_err(|e| e.to_string())?;
+        }
         let bytes = read_snapshot(&args.file).map_err(|e| e.to_string())?;
         let options = RestoreOptions {
             swap_path: args.swap.clone(),
@@ -280,4 +334,28 @@ pub fn restore(args: RestoreArgs) -> u8 {
         postcopy: None,
     };
     run_vm(vm, &stop, &options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrate_addresses_are_checked_up_front() {
+        check_migrate_address("127.0.0.1:4444").unwrap();
+        check_migrate_address("[::1]:4444").unwrap();
+        check_migrate_address("localhost:4444").unwrap();
+        for (bad, says) in [
+            ("127.0.0.1", "no port"),
+            ("::1", "no port"),
+            (":4444", "no port"),
+            ("127.0.0.1:99999", "is not a port"),
+            ("127.0.0.1:0", "is not a port"),
+            ("127.0.0.1:x", "is not a port"),
+            ("no-such-host.invalid:4444", "cannot resolve"),
+        ] {
+            let e = check_migrate_address(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 }

@@ -532,6 +532,10 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
             String::from_utf8_lossy(&why)
         )),
         Ok((kind, _)) => Err(format!("the destination answered {kind:?}")),
+        Err(LinkError::Timeout(waited)) => Err(format!(
+            "no answer from the destination within {}",
+            crate::units::format_duration(waited)
+        )),
         Err(e) => Err(format!("waiting for the destination's answer: {e}")),
     };
     if let Err(why) = answer {

@@ -179,6 +179,15 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
             false,
             format!("the destination answered {kind:?}"),
         )),
+        Err(LinkError::Timeout(waited)) => Outcome::Failed(fail(
+            vm,
+            report,
+            false,
+            format!(
+                "no answer from the destination within {}",
+                crate::units::format_duration(waited)
+            ),
+        )),
         Err(e) => Outcome::Failed(fail(
             vm,
             report,
@@ -193,7 +202,8 @@ pub(super) fn connect(to: &str, timeout: Duration) -> Result<Link, LinkError> {
         .to_socket_addrs()?
         .next()
         .ok_or_else(|| LinkError::Protocol(format!("{to} resolves to no address")))?;
-    let stream = TcpStream::connect_timeout(&addr, timeout)?;
+    let stream = TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| link::timed_out(e, Some(timeout)))?;
     Ok(Link::new(stream, timeout)?)
 }
 

@@ -3,7 +3,8 @@
 // Each test file uses its own subset of these helpers.
 #![allow(dead_code)]
 
-use std::process::{Command, Output};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Output, Stdio};
 
 /// Runs `faultline ARGS...` to completion.
 pub fn faultline(args: &[&str]) -> Output {
@@ -38,3 +39,30 @@ pub const SMALL_OVERCOMMIT: [&str; 8] = [
 
 /// `pagetag` sized for [`SMALL_OVERCOMMIT`]: 16 MiB, 3 passes, 2 threads.
 pub const SMALL_PAGETAG: [&str; 7] = ["pagetag", "-m", "16M", "-p", "3", "-t", "2"];
+
+/// `faultline incoming --listen 127.0.0.1:0 EXTRA...`, once it listens:
+/// the process, the address it bound and the rest of its stderr, read as
+/// it comes so it never blocks.
+pub fn incoming(extra: &[&str]) -> (Child, String, std::thread::JoinHandle<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_faultline"))
+        .args(["incoming", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the destination");
+    let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    err.read_line(&mut line).expect("read stderr");
+    let addr = line
+        .trim()
+        .strip_prefix("faultline: listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line}"))
+        .to_string();
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    (child, addr, rest)
+}
