@@ -11,7 +11,8 @@
 # nothing of it enters this repository. Each test runs as x86/unittests.cfg
 # says: `file`, `smp` (--vcpus), `test_args` (the kernel command line),
 # `-m` in `qemu_params`/`extra_params` (--mem), `arch` (i386-only tests are
-# SKIP on an x86_64 build), `timeout` (capped by --timeout, default 90 s).
+# SKIP on an x86_64 build), `timeout` (capped by --timeout, default 90 s);
+# `accel = kvm` tests are SKIP on QEMU TCG, as the suite's runner has them.
 # Other QEMU options (-cpu models, devices) have no faultline equivalent:
 # faultline always offers its one CPU model. FAULTLINE-OPTIONS go to every
 # `faultline run` (e.g. `--mmu shadow`, `--engine interp`).
@@ -78,6 +79,8 @@ verdict() {
     local status=$1 log=$2 p f s
     read -r p f s < <(counts "$log")
     if [ "$status" = 124 ]; then echo TIMEOUT
+    # QEMU refusing its options (e.g. -cpu host without KVM) also exits 1.
+    elif [ "$p$s" = 00 ] && grep -q '^qemu-system-x86_64: ' "$log"; then echo ERROR
     elif [ "$status" = 77 ]; then echo SKIP
     elif [ "$status" = 1 ] && [ "$f" = 0 ]; then
         if [ "$p" = 0 ] && [ "$s" != 0 ]; then echo SKIP; else echo PASS; fi
@@ -86,10 +89,12 @@ verdict() {
     fi
 }
 
-# first_failure LOG STATUS -> the first line that explains a non-pass.
+# first_failure LOG STATUS -> the first line that explains a non-pass (for
+# a SKIP, the first SKIP line).
 first_failure() {
     local log=$1 status=$2 line
     line=$(grep -m1 -E '^(FAIL|XPASS): |Unhandled exception|^faultline: .*(error|outside|refused|not)|^stopped: *error' "$log")
+    [ -n "$line" ] || line=$(grep -m1 -E '^SKIP: ' "$log")
     if [ -z "$line" ] && [ "$status" = 124 ]; then
         line="(timeout) last line: $(grep -v '^$' "$log" | tail -n1)"
     fi
@@ -153,7 +158,7 @@ fi
 
 declare -A TOTAL
 row() {
-    local name=$1 file=$2 smp=${3:-1} args=$4 params=$5 arch=$6 timeout=$7
+    local name=$1 file=$2 smp=${3:-1} args=$4 params=$5 arch=$6 timeout=$7 accel=$8
     [ -n "$name" ] || return 0
     if [ -n "$ONLY" ] && ! [[ $name =~ $ONLY ]]; then return 0; fi
     local secs=${timeout:-90}
@@ -182,7 +187,11 @@ row() {
         [ "$QEMU" = 1 ] && q="SKIP 0 0 0"
     else
         fl=$(run_faultline "$name" "$file" "$smp" "$mem" "$secs" "${argv[@]}")
-        [ "$QEMU" = 1 ] && q=$(run_qemu "$name" "$file" "$smp" "$secs" "$params" "${argv[@]}")
+        if [ "$QEMU" = 1 ] && [ "$accel" = kvm ]; then
+            q="SKIP 0 0 0" # accel = kvm: the suite's runner skips it on TCG
+        elif [ "$QEMU" = 1 ]; then
+            q=$(run_qemu "$name" "$file" "$smp" "$secs" "$params" "${argv[@]}")
+        fi
     fi
     local v p f s un first qv qp qf qs
     read -r v p f s un first <<<"$fl"
@@ -196,12 +205,12 @@ row() {
     fi
 }
 
-name="" file="" smp="" args="" params="" arch="" tmo=""
+name="" file="" smp="" args="" params="" arch="" tmo="" accel=""
 while IFS= read -r line || [ -n "$line" ]; do
     if [[ $line =~ ^\[(.*)\]$ ]]; then
         next=${BASH_REMATCH[1]}
-        row "$name" "$file" "$smp" "$args" "$params" "$arch" "$tmo"
-        name=$next file="" smp="" args="" params="" arch="" tmo=""
+        row "$name" "$file" "$smp" "$args" "$params" "$arch" "$tmo" "$accel"
+        name=$next file="" smp="" args="" params="" arch="" tmo="" accel=""
     elif [[ $line =~ ^file\ *=\ *(.*)$ ]]; then file=${BASH_REMATCH[1]}
     elif [[ $line =~ ^smp\ *=\ *(.*)$ ]]; then smp=${BASH_REMATCH[1]}
     elif [[ $line =~ ^(test_args|extra_params)\ *=\ *(.*)$ ]]; then
@@ -216,9 +225,10 @@ while IFS= read -r line || [ -n "$line" ]; do
     elif [[ $line =~ ^qemu_params\ *=\ *(.*)$ ]]; then params="$params ${BASH_REMATCH[1]}"
     elif [[ $line =~ ^arch\ *=\ *(.*)$ ]]; then arch=${BASH_REMATCH[1]}
     elif [[ $line =~ ^timeout\ *=\ *(.*)$ ]]; then tmo=${BASH_REMATCH[1]}
+    elif [[ $line =~ ^accel\ *=\ *(.*)$ ]]; then accel=${BASH_REMATCH[1]}
     fi
 done <"$CFG"
-row "$name" "$file" "$smp" "$args" "$params" "$arch" "$tmo"
+row "$name" "$file" "$smp" "$args" "$params" "$arch" "$tmo" "$accel"
 
 summary="faultline:"
 for v in PASS FAIL SKIP TIMEOUT ERROR; do summary+=" $v ${TOTAL[f_$v]:-0}"; done
