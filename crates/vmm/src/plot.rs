@@ -145,7 +145,10 @@ pub fn bars(
         .pos(Pos::new(HPos::Center, VPos::Bottom));
     chart
         .draw_series(bars.iter().enumerate().map(|(i, b)| {
-            EmptyElement::at((SegmentValue::CenterOf(i as u32), b.value))
+            // Above the bar and its reference mark, so the mark never
+            // crosses the note.
+            let at = b.value.max(b.reference.unwrap_or(0.0));
+            EmptyElement::at((SegmentValue::CenterOf(i as u32), at))
                 + Text::new(
                     format!("{}  {}", si(b.value), b.note),
                     (0, -6),

@@ -322,7 +322,7 @@ impl ApfBench {
                     "pv_over_ideal": pv_over_ideal,
                 },
                 "seed": {"halt_over_off": SEED_000_NONPV, "pv_over_off": SEED_000_PV},
-                "plot": plot_path.display().to_string(),
+                "plot": output.plot_json(&plot_path),
             });
             return Ok(json_text(&out));
         }
@@ -406,7 +406,7 @@ impl ApfBench {
                 .collect();
             let out = json!({"benchmark": "apf-sweep-latency", "sweep": sweep,
                              "seed": {"pv_over_off": SEED_000_PV},
-                             "plot": plot_path.display().to_string()});
+                             "plot": output.plot_json(&plot_path)});
             return Ok(json_text(&out));
         }
         let mut s = String::new();

@@ -249,7 +249,7 @@ impl Bench for CtxswBench {
                 },
                 "seed": {"native_us": SEED_004_NATIVE_US, "shadow_us": SEED_004_SHADOW_US,
                          "cr3_cache_us": SEED_004_CR3_CACHE_US},
-                "plot": plot_path.display().to_string(),
+                "plot": output.plot_json(&plot_path),
             });
             return Ok(json_text(&out));
         }

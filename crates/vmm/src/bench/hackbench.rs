@@ -184,7 +184,7 @@ impl Bench for HackbenchBench {
                            "seed": self.args.common.seed},
                 "results": results,
                 "ratios": ratios,
-                "plot": plot_path.display().to_string(),
+                "plot": output.plot_json(&plot_path),
             });
             return Ok(json_text(&out));
         }

@@ -393,10 +393,11 @@ impl Bench for MemslotBench {
                 if let (Some(slow), Some(fast)) = (find("slow"), find("fast")) {
                     let _ = writeln!(
                         s,
-                        "{mmu} {}: longest vCPU stall slow/fast {:.1}x, op time slow/fast {:.2}x",
+                        "{mmu} {}: longest vCPU stall slow/fast {:.1}x, op time slow/fast {:.2}x (seed 003: {:.2}x)",
                         format_size(mem),
                         slow.run.max_stall_us() / fast.run.max_stall_us().max(1e-9),
-                        slow.run.op_ms() / fast.run.op_ms().max(1e-12)
+                        slow.run.op_ms() / fast.run.op_ms().max(1e-12),
+                        SEED_003_BEFORE_MS / SEED_003_AFTER_MS
                     );
                 }
             }

@@ -555,12 +555,32 @@ impl Output {
         }
     }
 
-    /// Writes a plot drawn by `draw` into `path`.
+    /// Whether a plot is drawn: always for a table, for `--json` only
+    /// when `--plot FILE` asked for one (a JSON run writes nothing
+    /// unasked into the current directory).
+    pub fn wants_plot(&self) -> bool {
+        !self.json || self.plot.is_some()
+    }
+
+    /// The `plot` field of a JSON result: the file, or null when none
+    /// was drawn.
+    pub fn plot_json(&self, path: &Path) -> serde_json::Value {
+        if self.wants_plot() {
+            json!(path.display().to_string())
+        } else {
+            serde_json::Value::Null
+        }
+    }
+
+    /// Writes a plot drawn by `draw` into `path` (if one is wanted).
     pub fn write_plot(
         &self,
         path: &Path,
         draw: impl FnOnce(&Path) -> Result<(), String>,
     ) -> Result<(), BenchError> {
+        if !self.wants_plot() {
+            return Ok(());
+        }
         let error = |reason: String| BenchError::Plot {
             path: path.to_path_buf(),
             reason,
@@ -1073,4 +1093,33 @@ fn available_note(vm: &hv::Vm) -> String {
 /// MiB in `bytes` (for the guest programs' `-m` options).
 fn mib(bytes: u64) -> u64 {
     bytes >> 20
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_json_run_draws_a_plot_only_when_asked() {
+        let drawn = |output: &Output| {
+            let mut called = false;
+            output
+                .write_plot(Path::new("/nonexistent/x.svg"), |_| {
+                    called = true;
+                    Ok(())
+                })
+                .unwrap();
+            (called, output.plot_json(Path::new("/nonexistent/x.svg")))
+        };
+        let asked = Output {
+            json: true,
+            plot: Some(PathBuf::from("/nonexistent/x.svg")),
+        };
+        assert_eq!(drawn(&asked), (true, json!("/nonexistent/x.svg")));
+        let unasked = Output {
+            json: true,
+            plot: None,
+        };
+        assert_eq!(drawn(&unasked), (false, serde_json::Value::Null));
+    }
 }

@@ -256,7 +256,7 @@ impl Bench for TlbflushBench {
                     "seed": self.args.common.seed,
                 },
                 "results": results,
-                "plot": plot_path.display().to_string(),
+                "plot": output.plot_json(&plot_path),
             });
             return Ok(json_text(&out));
         }

@@ -288,9 +288,12 @@ pub fn bench(args: MigrateBenchArgs) -> u8 {
             }
         }
     }
-    if let Err(e) = plot_precopy(&args, &rows) {
-        eprintln!("faultline: bench migrate: the plot: {e}");
-        return EXIT_VM_ERROR;
+    // A JSON run writes no plot unless --plot asked for one.
+    if !args.json || args.plot.is_some() {
+        if let Err(e) = plot_precopy(&args, &rows) {
+            eprintln!("faultline: bench migrate: the plot: {e}");
+            return EXIT_VM_ERROR;
+        }
     }
     if args.json {
         let doc = serde_json::json!({ "results": rows });

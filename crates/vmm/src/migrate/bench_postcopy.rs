@@ -214,9 +214,12 @@ impl PostcopyCase {
             on.during_instructions as f64,
             off.during_instructions as f64,
         );
-        if let Err(e) = self.plot(&rows) {
-            eprintln!("faultline: bench migrate --postcopy: the plot: {e}");
-            return crate::EXIT_VM_ERROR;
+        // A JSON run writes no plot unless --plot asked for one.
+        if !self.json || self.plot.is_some() {
+            if let Err(e) = self.plot(&rows) {
+                eprintln!("faultline: bench migrate --postcopy: the plot: {e}");
+                return crate::EXIT_VM_ERROR;
+            }
         }
         if self.json {
             let doc = serde_json::json!({
