@@ -64,7 +64,7 @@ __attribute__((interrupt)) static void uart_handler(struct interrupt_frame *f) {
 __attribute__((interrupt)) static void self_handler(struct interrupt_frame *f) {
     (void)f;
     self_irqs++;
-    wrmsr(0x80b, 0); /* EOI by x2APIC MSR */
+    mmio_write(XAPIC + 0xb0, 0); /* EOI through the page (xAPIC mode) */
 }
 
 static void set_gate(int v, void (*h)(struct interrupt_frame *)) {
@@ -124,7 +124,11 @@ __attribute__((section(".text.start"))) void _start(struct boot_info *bi) {
     line("fw_cfg_cpus", inb(0x511) | (inb(0x511) << 8));
     line("pic", inb(0x21));
 
-    /* The xAPIC page: id, version, a self-IPI through the ICR. */
+    /* The xAPIC page: id, version, a self-IPI through the ICR. It exists
+     * in xAPIC mode only (SDM Vol. 3A, "x2APIC State Transitions"): from
+     * x2APIC mode through disabled to xAPIC, this CPU staying the BSP. */
+    wrmsr(0x1b, 0xfee00000ull | 0x100);
+    wrmsr(0x1b, 0xfee00000ull | 0x100 | 0x800);
     map_mmio();
     for (int v = 0; v < 256; v++) idt[v] = (struct idt_entry){0};
     set_gate(UART_VECTOR, uart_handler);
