@@ -72,8 +72,11 @@ fn kernel_triple_fault_stops_the_vm_cleanly() {
 
 #[test]
 fn kernel_write_outside_memory_stops_the_vm_cleanly() {
+    // The stop is --strict-mmio's; by default such a write is dropped as
+    // unassigned MMIO.
     let out = faultline(&[
         "run",
+        "--strict-mmio",
         "--mem",
         "64M",
         "--option",
