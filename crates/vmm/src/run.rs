@@ -440,6 +440,15 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
             };
         }
     }
+    // A save point handles the vCPUs' parked exits first (`Vm::settle`):
+    // what the guest printed in them is the source's output too.
+    let serial = vm.take_serial();
+    if json {
+        console.extend_from_slice(&serial);
+    } else {
+        let _ = stdout.write_all(&serial);
+        let _ = stdout.flush();
+    }
     let mut status = exit_status(&ending);
     if migration_lost {
         status = EXIT_VM_ERROR;

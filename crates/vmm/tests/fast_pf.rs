@@ -8,8 +8,8 @@ mod common;
 use common::{faultline, stderr, stdout, SMALL_OVERCOMMIT, SMALL_PAGETAG};
 
 /// `pagetag` overcommitted (48 MiB of guest memory on 8 MiB of host
-/// memory) with the given switches; its JSON summary.
-fn pagetag(ept_ad: &str, fast_pf: &str) -> serde_json::Value {
+/// memory) with the given switches on `vcpus` vCPUs; its JSON summary.
+fn pagetag(ept_ad: &str, fast_pf: &str, vcpus: &str) -> serde_json::Value {
     let mut args = vec![
         "run",
         "--stats",
@@ -20,6 +20,8 @@ fn pagetag(ept_ad: &str, fast_pf: &str) -> serde_json::Value {
         fast_pf,
     ];
     args.extend_from_slice(&SMALL_OVERCOMMIT);
+    let at = args.iter().position(|&a| a == "--vcpus").expect("--vcpus") + 1;
+    args[at] = vcpus;
     args.push("--");
     args.extend_from_slice(&SMALL_PAGETAG);
     let out = faultline(&args);
@@ -43,9 +45,9 @@ fn count(v: &serde_json::Value, path: &[&str]) -> u64 {
 
 #[test]
 fn access_tracking_keeps_pages_and_eviction_quality_with_the_fast_path_on_and_off() {
-    let with_ad = pagetag("on", "on");
-    let tracked_fast = pagetag("off", "on");
-    let tracked_slow = pagetag("off", "off");
+    let with_ad = pagetag("on", "on", "2");
+    let tracked_fast = pagetag("off", "on", "2");
+    let tracked_slow = pagetag("off", "off", "2");
     // With A/D flags no fault is on a present spte (nothing write-protects
     // here), so the fast path never fixes anything.
     assert_eq!(count(&with_ad, &["fast_pf", "fixed"]), 0);
@@ -55,21 +57,24 @@ fn access_tracking_keeps_pages_and_eviction_quality_with_the_fast_path_on_and_of
     assert!(fixed > 1000, "{}", tracked_fast["fast_pf"]);
     assert_eq!(count(&tracked_slow, &["fast_pf", "fixed"]), 0);
     assert!(count(&tracked_slow, &["ept_faults"]) > count(&tracked_fast, &["ept_faults"]));
-    // The pager picks as well without accessed bits when aged pages come
-    // back through the slow path: swap-ins within 5 % of the A/D run's.
-    // The fast run's count is not compared: this cyclic, overcommitted
-    // sweep's swap-ins move by several percent with the exits' cost alone
-    // (docs/mmu.md, "Access tracking"); that the pager sees the fast
-    // path's restores is checked in the hv's pager tests.
-    let ratio = swap_ins(&tracked_slow) / swap_ins(&with_ad);
-    assert!(
-        (0.95..=1.05).contains(&ratio),
-        "slow: swap-ins {} vs {} with A/D",
-        swap_ins(&tracked_slow),
-        swap_ins(&with_ad)
-    );
+    // The pager picks as well without accessed bits: swap-ins within 5 %
+    // of the A/D run's. On one vCPU, where only the pager's picks differ:
+    // on two, the threads' sweeps interleave at the exits' cost, and that
+    // alone moves this cyclic, overcommitted sweep's swap-ins by up to
+    // 14 % (docs/mmu.md, "Access tracking").
+    let one_ad = pagetag("on", "on", "1");
+    for fast_pf in ["on", "off"] {
+        let tracked = pagetag("off", fast_pf, "1");
+        let ratio = swap_ins(&tracked) / swap_ins(&one_ad);
+        assert!(
+            (0.95..=1.05).contains(&ratio),
+            "fast PF {fast_pf}: swap-ins {} vs {} with A/D",
+            swap_ins(&tracked),
+            swap_ins(&one_ad)
+        );
+    }
     // The same command, the same numbers.
-    assert_eq!(pagetag("off", "on"), tracked_fast);
+    assert_eq!(pagetag("off", "on", "2"), tracked_fast);
 }
 
 /// `bench fastpf` at a small scale: it runs, its JSON has the issue's
@@ -155,16 +160,16 @@ fn bench_fastpf_fixes_indirect_leaves_only_with_the_seed_scheme() {
             .expect("a fast-PF-on row");
         (
             on["fast_fixes"].as_u64().unwrap(),
-            on["mmu_lock_wait_cycles"].as_f64().unwrap(),
+            on["mmu_lock_acquisitions"].as_u64().unwrap(),
         )
     };
-    let (slow, slow_wait) = fixes("slow");
-    let (seed, seed_wait) = fixes("seed");
+    let (slow, slow_holds) = fixes("slow");
+    let (seed, seed_holds) = fixes("seed");
     assert!(seed > 10 * slow.max(1), "seed {seed} vs slow {slow}");
-    // The fast path takes no lock: what is left per fault exit is the
-    // boot's and the first touches' waits.
+    // The fast path takes no lock: each further fast fix is a hold of
+    // mmu_lock fewer (the same frames write the same pages either way).
     assert!(
-        seed_wait < slow_wait / 2.0,
-        "mmu_lock wait per fault: seed {seed_wait} vs slow {slow_wait}"
+        seed_holds + (seed - slow) * 9 / 10 <= slow_holds,
+        "mmu_lock holds: seed {seed_holds} ({seed} fast fixes) vs slow {slow_holds} ({slow})"
     );
 }

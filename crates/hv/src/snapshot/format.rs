@@ -18,8 +18,9 @@ use super::SnapshotError;
 
 /// The first eight bytes of a snapshot.
 pub const MAGIC: [u8; 8] = *b"FLTSNAP\0";
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 2;
+/// The format version this build writes and reads (3: a CPU's pause and
+/// the per-vCPU lock counters joined the state section).
+pub const VERSION: u32 = 3;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 16;
 /// Bytes of a section header.

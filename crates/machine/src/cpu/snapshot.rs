@@ -37,6 +37,9 @@ pub struct CpuSnapshot {
     /// Guest mode: the VMX fields the hypervisor changes while the guest
     /// runs; `None` in bare mode.
     pub vmx: Option<VmxRuntime>,
+    /// Paused in guest mode at a cycle limit (see [`Cpu::run`]): the next
+    /// run resumes without a VM entry, as it would have without the save.
+    pub paused: bool,
 }
 
 /// The VM-execution controls a hypervisor changes at run time; the rest
@@ -106,6 +109,7 @@ impl Cpu {
                 cr0_read_shadow: v.cr0_read_shadow,
                 cr4_read_shadow: v.cr4_read_shadow,
             }),
+            paused: self.paused,
         })
     }
 
@@ -153,6 +157,7 @@ impl Cpu {
         self.chain_first = snapshot.chain_first;
         self.triple_fault = snapshot.triple_fault;
         self.stats = snapshot.stats;
+        self.paused = snapshot.paused && self.vmx.is_some();
         self.exit_len = 0;
         self.mmio = None;
         self.pending_ipi = None;

@@ -38,6 +38,9 @@ pub struct HarvestRun {
     pub fault_exit_cycles: u64,
     /// Cycles the vCPUs waited for `mmu_lock`.
     pub mmu_lock_wait_cycles: u64,
+    /// The vCPUs' timed holds of `mmu_lock`.
+    #[serde(default)]
+    pub mmu_lock_acquisitions: u64,
     /// Faults the fast page fault fixed.
     pub fast_fixes: u64,
 }
@@ -89,6 +92,7 @@ impl Harvester {
         self.run.fault_exit_cycles = totals.exit_cycles;
         let stats = vm.stats();
         self.run.mmu_lock_wait_cycles = stats.vcpus.iter().map(|v| v.mmu_lock_wait_cycles).sum();
+        self.run.mmu_lock_acquisitions = stats.vcpus.iter().map(|v| v.mmu_lock_acquisitions).sum();
         self.run.fast_fixes = stats.vcpus.iter().map(|v| v.fast_pf_fixed).sum();
         self.run
     }
@@ -113,6 +117,8 @@ struct JsonRow {
     exit_cycles_per_fault: f64,
     fault_exits: u64,
     fast_fixes: u64,
+    /// The vCPUs' holds of `mmu_lock` over the run (a fast fix takes none).
+    mmu_lock_acquisitions: u64,
     harvests: u64,
     pages_harvested: u64,
 }
@@ -174,6 +180,7 @@ impl FastpfBench {
             exit_cycles_per_fault: per(run.fault_exit_cycles, run.fault_exits),
             fault_exits: run.fault_exits,
             fast_fixes: run.fast_fixes,
+            mmu_lock_acquisitions: run.mmu_lock_acquisitions,
             harvests: run.harvests,
             pages_harvested: run.pages,
         })
