@@ -59,7 +59,7 @@ pub enum SnapshotError {
         needed: u64,
         have: u64,
     },
-    #[error("snapshot has {found} sections, version 2 has {expected}")]
+    #[error("snapshot has {found} sections, the format has {expected}")]
     SectionCount { found: u32, expected: u32 },
     #[error("unknown snapshot section kind {0}")]
     UnknownSection(u32),
@@ -885,6 +885,15 @@ impl Vm {
                         vcpu: index,
                         source,
                     })?;
+                // Paused in guest mode at the save, its EPTP was in the
+                // VMCS: load its root now (untimed, as at boot), so the
+                // first run resumes the pause as the unsaved run would.
+                let vcpu = &mut vm.vcpus[index];
+                if vcpu.cpu.is_paused() {
+                    vcpu.process_requests(&mut vm.shared).map_err(|e| {
+                        SnapshotError::Invalid(format!("vCPU {index}: loading its EPT root: {e}"))
+                    })?;
+                }
             } else {
                 // Shadow paging rebuilds its shadow pages and their write
                 // protection from nothing: no cached translation may

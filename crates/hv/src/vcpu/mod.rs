@@ -322,7 +322,7 @@ impl Vcpu {
         !self.requests.is_empty() || root_stale || self.nmi_deliverable()
     }
 
-    fn process_requests(&mut self, shared: &mut Shared) -> Result<(), RootError> {
+    pub(crate) fn process_requests(&mut self, shared: &mut Shared) -> Result<(), RootError> {
         if self.requests.is_empty() && self.root.is_some_and(|r| shared.host.mmu.is_current(&r)) {
             return Ok(());
         }
