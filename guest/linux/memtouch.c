@@ -5,9 +5,12 @@
  * from the hv's swap with the wrong contents shows), and the steal time
  * Linux accounted (/proc/stat's cpu lines: the sum, then each CPU's).
  * Under `--host-mem` below the buffer the hv swaps, and Linux's own async
- * page fault code sees it.
+ * page fault code sees it. With -s each thread write-protects its share
+ * after every pass and opens it again: Linux flushes the TLBs of the other
+ * CPUs that ran the process (a shootdown per pass and thread, which
+ * reaches preempted vCPUs through PV TLB flush).
  *
- *   memtouch [-m bytes] [-p passes] [-t threads]
+ *   memtouch [-m bytes] [-p passes] [-t threads] [-s]
  */
 #include "common.h"
 #include <pthread.h>
@@ -24,6 +27,7 @@
 static uint8_t *buffer;
 static size_t pages_per_thread;
 static int passes = 2;
+static int shootdowns;
 
 struct worker {
 	pthread_t thread;
@@ -47,6 +51,14 @@ static void *work(void *arg)
 				w->bad++;
 			*word = tag(page, pass);
 		}
+		if (shootdowns) {
+			uint8_t *share = buffer + w->first * PAGE;
+			if (mprotect(share, pages_per_thread * PAGE, PROT_READ) != 0 ||
+			    mprotect(share, pages_per_thread * PAGE, PROT_READ | PROT_WRITE) != 0) {
+				perror("mprotect");
+				exit(1);
+			}
+		}
 	}
 	return NULL;
 }
@@ -62,7 +74,7 @@ int main(int argc, char **argv)
 {
 	uint64_t bytes = 64ULL << 20, p = 0, t = 0;
 	int threads = 1, opt;
-	while ((opt = getopt(argc, argv, "m:p:t:")) != -1) {
+	while ((opt = getopt(argc, argv, "m:p:t:s")) != -1) {
 		int rc = -1;
 		switch (opt) {
 		case 'm': rc = opt_size("memtouch", opt, optarg, PAGE, 1ULL << 40, &bytes); break;
@@ -74,10 +86,14 @@ int main(int argc, char **argv)
 			rc = opt_size("memtouch", opt, optarg, 1, 64, &t);
 			threads = (int)t;
 			break;
+		case 's':
+			shootdowns = 1;
+			rc = 0;
+			break;
 		default: break;
 		}
 		if (rc != 0) {
-			fprintf(stderr, "usage: memtouch [-m bytes, K/M/G] [-p passes] [-t threads]\n");
+			fprintf(stderr, "usage: memtouch [-m bytes, K/M/G] [-p passes] [-t threads] [-s]\n");
 			return 2;
 		}
 	}

@@ -186,7 +186,9 @@ impl PanicWatch {
 pub struct Progress {
     bar: ProgressBar,
     started: Instant,
-    last: Instant,
+    /// When the state was last shown (`None`: not yet; the first update
+    /// shows it at once, however short the run).
+    last: Option<Instant>,
 }
 
 /// Whether progress is shown at all.
@@ -223,16 +225,19 @@ impl Progress {
         Progress {
             bar,
             started: now,
-            last: now,
+            last: None,
         }
     }
 
     /// Shows the VM's state (at most ten times a second).
     pub fn update(&mut self, label: &str, vm: &Vm) {
-        if self.bar.is_hidden() || self.last.elapsed() < Duration::from_millis(100) {
+        let shown_lately = self
+            .last
+            .is_some_and(|last| last.elapsed() < Duration::from_millis(100));
+        if self.bar.is_hidden() || shown_lately {
             return;
         }
-        self.last = Instant::now();
+        self.last = Some(Instant::now());
         let virtual_secs = cycles_to_secs(vm.time().0);
         let wall = self.started.elapsed().as_secs_f64().max(1e-9);
         let instructions = vm.stats().instructions();
