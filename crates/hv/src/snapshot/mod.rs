@@ -280,8 +280,8 @@ struct VmState {
     platform: PlatformSnapshot,
     reports: Vec<ReportState>,
     vcpus: Vec<VcpuState>,
-    /// Per vCPU: the end of the host-CPU slice it holds, first in line.
-    host_cpus: Option<(Vec<Option<u64>>, Vec<bool>)>,
+    /// The host scheduler's state (`--host-cpus`).
+    host_cpus: Option<crate::vm::sched::HostCpuState>,
     /// EPT: the RAM pages mapped at the save, `(gfn, leaf spte without
     /// its host address)`, gfns increasing. A restore maps them again
     /// (uncharged) so the guest does not pay refaults the saved VM never
@@ -578,9 +578,7 @@ impl Vm {
                 })
                 .collect(),
             vcpus,
-            host_cpus: self.sched.host_cpu_state().map(|(holding, boosted)| {
-                (holding.iter().map(|h| h.map(|c| c.0)).collect(), boosted)
-            }),
+            host_cpus: self.sched.host_cpu_state(),
             ept: self.ept_leaves(),
         };
         options()
@@ -911,13 +909,10 @@ impl Vm {
             }
         }
         match (&state.host_cpus, vm.sched.host_cpus()) {
-            (Some((holding, boosted)), Some(_)) => {
-                let holding: Vec<Option<Cycles>> = holding.iter().map(|h| h.map(Cycles)).collect();
+            (Some(host), Some(_)) => {
                 vm.sched
-                    .set_host_cpu_state(&holding, boosted)
+                    .set_host_cpu_state(host)
                     .map_err(SnapshotError::Invalid)?;
-                // The host scheduler ticks on from the saved time.
-                vm.sched.set_next_tick(vm.shared.time);
             }
             (None, None) => {}
             _ => {

@@ -1,26 +1,25 @@
-//! The deterministic vCPU scheduler.
-//!
-//! All vCPUs run on the calling thread. Time advances in rounds of one
-//! quantum of virtual cycles: in each round every vCPU, in index order,
-//! runs until its own cycle counter reaches the round's end (each vCPU has
-//! its own clock, as each core has its own TSC; the rounds keep them within
-//! about a quantum of each other). A halted vCPU is not interpreted: its
-//! clock jumps to its APIC timer deadline, or to the round's end. Halted
-//! vCPUs' deadlines sit in an event queue in virtual time (ordered by
-//! deadline then vCPU); when no vCPU can run, the VM jumps straight to the
-//! earliest event. After every exit the scheduler carries out the
-//! cross-vCPU requests the exit queued (IPIs, kicks, AP starts, remote TLB
-//! flushes). Nothing depends on host time or hash order, so the same
-//! configuration gives the same output and cycle counts.
+//! The deterministic vCPU scheduler: vCPUs, deliveries, the host
+//! scheduler's tick and the VMM's teardown act in one virtual-time order
+//! (a conservative discrete-event simulation; `docs/design.md`, "Virtual
+//! time and the order of events"). All vCPUs run on the calling thread.
+//! Each vCPU has its own clock, as each core has its own TSC; the earliest
+//! actor acts next (ties: deliveries, the tick, the teardown, then vCPUs
+//! by index). A vCPU runs guest code no further than its horizon, the
+//! earliest time another actor could reach it, and its exits are parked
+//! and handled only when it is the earliest actor, so every exit handler
+//! sees shared state in virtual-time order. Nothing depends on host time
+//! or hash order: the same configuration gives the same output and cycle
+//! counts.
 //!
 //! Host CPUs (`--host-cpus N`, [`HostCpus`]): with fewer host CPUs than
-//! vCPUs, at the start of each round the vCPUs that want to run (runnable,
-//! or halted with something due in the round) get the host CPUs: a vCPU
-//! keeps one for its slice (`--host-slice`) unless it blocks (halts or
-//! stalls); then the free ones go to the waiting vCPUs that have run least
-//! (their busy cycles; the lower index on a tie), as a fair host scheduler
-//! does. A vCPU that wants to run without a host CPU is preempted: its
-//! clock advances to the round's end as steal time, its steal-time area
+//! vCPUs, at each host tick (every quantum) the vCPUs that want to run
+//! (runnable, or halted with something due before the next tick) get the
+//! host CPUs: a vCPU keeps one for its slice (`--host-slice`) unless it
+//! blocks (halts or stalls); then the free ones go to the waiting vCPUs
+//! with the least virtual run time (busy cycles, a waking vCPU placed no
+//! further back than EEVDF's lag bound; the lower index on a tie), as the
+//! host's fair scheduler does. A vCPU that wants to run without a host CPU
+//! is preempted: its clock advances as steal time, its steal-time area
 //! says `KVM_VCPU_PREEMPTED`, and when it gets a host CPU again the hv
 //! records the steal and carries out a PV TLB flush asked meanwhile
 //! (`vcpu/steal.rs`). A halted vCPU holds no host CPU. KVM_HC_SCHED_YIELD
@@ -48,11 +47,23 @@ pub(crate) struct HostCpus {
     slice: Cycles,
     /// Per vCPU: the end of its slice while it holds a host CPU.
     holding: Vec<Option<Cycles>>,
-    /// Per vCPU: first in line at the next tick (kept for snapshots of
-    /// older versions; a directed yield now hands the CPU over at once).
-    boosted: Vec<bool>,
+    /// Per vCPU: cycles its wake-ups added to its run time, so that a
+    /// vCPU that slept is owed no more than [`HostCpus::sleeper_credit`]
+    /// (its virtual run time is its busy cycles plus these).
+    placed: Vec<u64>,
+    /// Per vCPU: whether it wanted a host CPU at the last tick.
+    wanted: Vec<bool>,
     /// When the host scheduler next decides who runs.
     next_tick: Cycles,
+}
+
+/// The host scheduler's state a snapshot keeps (see [`HostCpus`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct HostCpuState {
+    pub holding: Vec<Option<u64>>,
+    pub placed: Vec<u64>,
+    pub wanted: Vec<bool>,
+    pub next_tick: u64,
 }
 
 impl HostCpus {
@@ -61,9 +72,28 @@ impl HostCpus {
             count,
             slice,
             holding: vec![None; vcpus],
-            boosted: vec![false; vcpus],
+            placed: vec![0; vcpus],
+            wanted: vec![false; vcpus],
             next_tick: Cycles::ZERO,
         }
+    }
+
+    /// How far behind the others a waking vCPU may be placed: the bound
+    /// on a task's lag in Linux's EEVDF (kernel/sched/fair.c since 6.6,
+    /// `update_entity_lag`: `limit = calc_delta_fair(max_t(u64,
+    /// 2*se->slice, TICK_NSEC), se)`, for a nice-0 task 2 slices or a tick),
+    /// with the host slice (`--host-slice`, its base slice) and a tick at
+    /// Debian's `CONFIG_HZ=250`. Without the bound a vCPU that slept long
+    /// would keep its host CPU until its run time caught up with the
+    /// others', for hundreds of milliseconds, while they starve.
+    fn sleeper_credit(&self) -> u64 {
+        const TICK: u64 = crate::CYCLES_PER_SECOND / 250;
+        (2 * self.slice.0).max(TICK)
+    }
+
+    /// vCPU `index`'s run time as the host scheduler counts it.
+    fn vruntime(&self, index: usize, vcpu: &Vcpu) -> u64 {
+        vcpu.stats.busy_cycles + self.placed[index]
     }
 }
 
@@ -168,13 +198,6 @@ impl Scheduler {
         self.host.as_ref().map(|h| h.next_tick)
     }
 
-    /// The host scheduler's next tick is at `at` (a restored VM's time).
-    pub(crate) fn set_next_tick(&mut self, at: Cycles) {
-        if let Some(host) = self.host.as_mut() {
-            host.next_tick = at;
-        }
-    }
-
     /// `request` (an IPI or a kick) lands at `at`.
     fn queue_delivery(&mut self, at: Cycles, request: CrossRequest) {
         self.deliveries.insert((at, self.delivery_seq), request);
@@ -186,31 +209,33 @@ impl Scheduler {
         self.host.as_ref().map(|h| h.count)
     }
 
-    /// The host CPUs' assignment (per vCPU: the end of the slice it
-    /// holds, and whether it is first in line), for a snapshot.
-    pub(crate) fn host_cpu_state(&self) -> Option<(Vec<Option<Cycles>>, Vec<bool>)> {
-        self.host
-            .as_ref()
-            .map(|h| (h.holding.clone(), h.boosted.clone()))
+    /// The host scheduler's state, for a snapshot.
+    pub(crate) fn host_cpu_state(&self) -> Option<HostCpuState> {
+        self.host.as_ref().map(|h| HostCpuState {
+            holding: h.holding.iter().map(|e| e.map(|c| c.0)).collect(),
+            placed: h.placed.clone(),
+            wanted: h.wanted.clone(),
+            next_tick: h.next_tick.0,
+        })
     }
 
-    /// Restores a saved assignment: as many entries as vCPUs, no more
-    /// holders than host CPUs.
-    pub(crate) fn set_host_cpu_state(
-        &mut self,
-        holding: &[Option<Cycles>],
-        boosted: &[bool],
-    ) -> Result<(), String> {
+    /// Restores a saved host scheduler state: as many entries as vCPUs,
+    /// no more holders than host CPUs.
+    pub(crate) fn set_host_cpu_state(&mut self, state: &HostCpuState) -> Result<(), String> {
         let Some(host) = self.host.as_mut() else {
             return Err("host CPU state for a VM whose vCPUs each have one".into());
         };
-        if holding.len() != host.holding.len() || boosted.len() != host.boosted.len() {
+        let vcpus = host.holding.len();
+        if [state.holding.len(), state.placed.len(), state.wanted.len()]
+            .iter()
+            .any(|&n| n != vcpus)
+        {
             return Err(format!(
-                "host CPU state for {} vCPUs, the VM has {}",
-                holding.len(),
-                host.holding.len()
+                "host CPU state for {} vCPUs, the VM has {vcpus}",
+                state.holding.len()
             ));
         }
+        let holding: Vec<Option<Cycles>> = state.holding.iter().map(|e| e.map(Cycles)).collect();
         let holders = holding.iter().filter(|h| h.is_some()).count();
         if holders > host.count {
             return Err(format!(
@@ -218,8 +243,10 @@ impl Scheduler {
                 host.count
             ));
         }
-        host.holding = holding.to_vec();
-        host.boosted = boosted.to_vec();
+        host.holding = holding;
+        host.placed = state.placed.clone();
+        host.wanted = state.wanted.clone();
+        host.next_tick = Cycles(state.next_tick);
         Ok(())
     }
 
@@ -541,6 +568,27 @@ impl Vm {
             return Ok(());
         };
         let wants: Vec<bool> = vcpus.iter().map(|v| wants_host_cpu(v, next)).collect();
+        // A waking vCPU is placed as EEVDF places a task with its lag
+        // clamped (`HostCpus::sleeper_credit`): no further back than the
+        // others' least run time less the bound.
+        let credit = host.sleeper_credit();
+        for i in 0..vcpus.len() {
+            if !wants[i] || host.wanted[i] {
+                continue;
+            }
+            let least = (0..vcpus.len())
+                .filter(|&j| j != i && wants[j] && host.wanted[j])
+                .map(|j| host.vruntime(j, &vcpus[j]))
+                .min();
+            if let Some(least) = least {
+                let floor = least.saturating_sub(credit);
+                let mine = host.vruntime(i, &vcpus[i]);
+                if mine < floor {
+                    host.placed[i] += floor - mine;
+                }
+            }
+        }
+        host.wanted.clone_from(&wants);
         let held_before: Vec<bool> = host.holding.iter().map(Option::is_some).collect();
         let waiting = (0..vcpus.len())
             .filter(|&i| wants[i] && host.holding[i].is_none())
@@ -559,11 +607,10 @@ impl Vm {
         let mut queue: Vec<usize> = (0..vcpus.len())
             .filter(|&i| wants[i] && host.holding[i].is_none())
             .collect();
-        queue.sort_by_key(|&i| (vcpus[i].stats.busy_cycles, i));
+        queue.sort_by_key(|&i| (host.vruntime(i, &vcpus[i]), i));
         let free = host.count - host.holding.iter().filter(|h| h.is_some()).count();
         for &i in queue.iter().take(free) {
             host.holding[i] = Some(now + host.slice);
-            host.boosted[i] = false;
         }
         for (i, vcpu) in vcpus.iter_mut().enumerate() {
             let holds = host.holding[i].is_some();
