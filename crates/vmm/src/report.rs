@@ -85,6 +85,10 @@ pub struct MemorySummary {
     pub swap_writes: u64,
     pub mean_read_wait_cycles: u64,
     pub max_read_wait_cycles: u64,
+    /// Reads submitted at an earlier virtual time than one submitted
+    /// before them, so served after it (`docs/design.md`, "What is
+    /// approximate").
+    pub swap_read_inversions: u64,
 }
 
 /// Asynchronous page faults, summed over vCPUs.
@@ -333,6 +337,7 @@ impl Summary {
                 swap_writes: stats.device.writes,
                 mean_read_wait_cycles: stats.device.read_wait_cycles / stats.device.reads.max(1),
                 max_read_wait_cycles: stats.device.max_read_wait_cycles,
+                swap_read_inversions: stats.device.read_inversions,
             },
             apf: {
                 let a = stats.apf();
@@ -581,11 +586,12 @@ impl Summary {
         if m.swap_reads + m.swap_writes > 0 {
             let _ = writeln!(
                 s,
-                "swap device:  {}; {} reads (mean wait {} cycles, max {}), {} writes",
+                "swap device:  {}; {} reads (mean wait {} cycles, max {}, {} served after a later one), {} writes",
                 m.swap_device,
                 m.swap_reads,
                 m.mean_read_wait_cycles,
                 m.max_read_wait_cycles,
+                m.swap_read_inversions,
                 m.swap_writes
             );
         }
