@@ -38,7 +38,7 @@ pub use apf::{ApfMode, ApfProtocol, ApfState, ApfStats, EventConfig};
 pub use boot::{parse_kernel, KernelError, KernelImage, MAX_GUEST_MEM};
 pub use cost::HvCosts;
 pub use error::{ApfStateError, CreateError, GuestMemoryError, VmError};
-pub use machine::{CycleCosts, Engine, Gpa, NamedCosts};
+pub use machine::{CycleCosts, Engine, Gfn, Gpa, NamedCosts};
 pub use memslot::{MemslotError, SlotFlags, SlotId};
 pub use mmu::check::InvariantError;
 pub use mmu::dirty_log::{DirtyGfn, DirtyLogError, DirtyLogMode};

@@ -576,20 +576,21 @@ impl Pager {
     }
 
     /// Reads a swapped-out page synchronously (for the hv's own accesses,
-    /// which do not wait in virtual time) and returns its frame.
+    /// which do not wait in virtual time) and returns its frame and when
+    /// the read completes on the device.
     pub fn swap_in_now(
         &mut self,
         host: &mut Host,
         page: PageRef,
         slot: SwapSlot,
         now: Cycles,
-    ) -> Result<(Hfn, Work), PagerError> {
-        let (_, work) = self.start_page_in(host, page, slot, now)?;
+    ) -> Result<(Hfn, Work, Cycles), PagerError> {
+        let (read, work) = self.start_page_in(host, page, slot, now)?;
         self.stats.sync_swap_ins += 1;
         let (_, frame) = self
             .finish_page_in(&mut host.slots, slot)
             .expect("the read was just started");
-        Ok((frame, work))
+        Ok((frame, work, read.ready_at))
     }
 
     /// The hv is about to write resident `page`: its swap copy goes stale.
@@ -830,7 +831,7 @@ mod tests {
             panic!("gfn 3 evicted: {:?}", f.state(3));
         };
         assert_eq!(again, slot, "the same slot, dropped clean");
-        let (frame, _) = f
+        let (frame, _, _) = f
             .pager
             .swap_in_now(&mut f.host, page, again, ms(70))
             .unwrap();

@@ -530,6 +530,15 @@ impl Summary {
                     .map(|f| format!("; FAILED: {f} (the VM went on here)"))
                     .unwrap_or_default()
             );
+            if m.rounds > 0 {
+                let g = &m.guest_during_precopy;
+                let _ = writeln!(
+                    s,
+                    "pre-copy:     the guest ran {} instructions; its vCPUs were busy {:.3} ms, \
+                     stalled on page reads {:.3} ms, idle or preempted {:.3} ms",
+                    g.instructions, g.busy_ms, g.stalled_ms, g.idle_ms
+                );
+            }
             if let Some(p) = &m.postcopy {
                 let _ = writeln!(
                     s,

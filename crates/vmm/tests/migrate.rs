@@ -180,6 +180,51 @@ fn bm_migrates_over_several_rounds_and_repeats_its_figures() {
     assert_eq!(console(&first.source), console(&second.source));
 }
 
+/// Pre-copy reads the swapped-out half of an overcommitted guest through
+/// the swap device (hdd: one read at a time, 4-17 ms each), so its round
+/// lasts until the last read is done, and the guest's own page-ins queue
+/// behind those reads: the summary says how long the guest stalled during
+/// pre-copy beside the short downtime, and its vCPU time adds up.
+#[test]
+fn precopy_reports_the_guest_stalled_behind_its_swap_reads() {
+    let args = [
+        "--vcpus",
+        "2",
+        "--mem",
+        "48M",
+        "--host-mem",
+        "8M",
+        "--swap-device",
+        "hdd",
+    ];
+    let m = migrate(&args, "100ms", &[], &[], &SMALL_PAGETAG);
+    let report = &m.source["migration"];
+    let swap_reads = m.source["memory"]["swap_reads"].as_u64().unwrap();
+    let precopy_ms = report["precopy_ms"].as_f64().unwrap();
+    assert!(
+        swap_reads > 1000,
+        "pages came from swap: {}",
+        m.source["memory"]
+    );
+    // At least the device's shortest latency for each read, one at a time.
+    assert!(precopy_ms >= swap_reads as f64 * 4.0, "{report}");
+    assert!(report["downtime_ms"].as_f64().unwrap() < 1.0, "{report}");
+    let guest = &report["guest_during_precopy"];
+    let part = |key: &str| {
+        guest[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key}: {guest}"))
+    };
+    let vcpu_ms = 2.0 * precopy_ms;
+    let sum = part("busy_ms") + part("stalled_ms") + part("idle_ms");
+    assert!(
+        (sum - vcpu_ms).abs() <= vcpu_ms * 0.01,
+        "{sum} of {vcpu_ms}: {guest}"
+    );
+    assert!(part("stalled_ms") > 0.9 * vcpu_ms, "{guest}");
+    assert!(console(&m.destination).contains(" 0 bad pages"));
+}
+
 #[test]
 fn hello_output_continues_unbroken() {
     let whole = faultline(&["run", "--vcpus", "2", "--stats", "json", "--", "hello"]);

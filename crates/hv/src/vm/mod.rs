@@ -563,6 +563,49 @@ impl Vm {
         result
     }
 
+    /// Per vCPU: how far its clock is behind the VM's time (a blocked
+    /// vCPU's clock moves only when it wakes), and whether it waits on a
+    /// page read there (stalled on a page-in or halted by async PF).
+    pub fn vcpus_behind(&self) -> Vec<(Cycles, bool)> {
+        let now = self.shared.time;
+        self.vcpus
+            .iter()
+            .map(|v| {
+                let on_read = matches!(
+                    v.run,
+                    crate::vcpu::RunState::Stalled { .. } | crate::vcpu::RunState::ApfHalted
+                );
+                (now.saturating_sub(v.clock()), on_read)
+            })
+            .collect()
+    }
+
+    /// Reads guest page `gfn` as [`Vm::read_guest`] does, and returns when
+    /// its contents are there in virtual time: now, or for a page read
+    /// back from swap the read's completion on the swap device (a
+    /// migration cannot send it earlier).
+    pub fn read_guest_page(
+        &mut self,
+        gfn: Gfn,
+        page: &mut [u8; PAGE_SIZE as usize],
+    ) -> Result<Cycles, GuestMemoryError> {
+        let untouched = matches!(
+            self.shared.host.slots.lookup(gfn).map(|s| s.state(gfn)),
+            Some(crate::memslot::PageState::Untouched)
+        );
+        let ready = if untouched {
+            page.fill(0);
+            self.shared.time
+        } else {
+            let result = self.shared.backing_frame_ready(gfn);
+            self.carry_out_cross_requests();
+            let (frame, ready) = result?;
+            self.shared.host.mem.read_bytes(frame.addr(), page)?;
+            ready
+        };
+        Ok(ready)
+    }
+
     /// The leaf spte mapping `gpa` now, if any (see [`crate::spte`] for its
     /// bits): for tests and inspection.
     pub fn spte(&self, gpa: Gpa) -> Option<u64> {

@@ -182,6 +182,15 @@ impl Shared {
     /// The frame holding `gfn` for an access by the hv itself: allocated
     /// and zeroed on first touch, read back synchronously from swap.
     pub fn backing_frame(&mut self, gfn: Gfn) -> Result<Hfn, GuestMemoryError> {
+        self.backing_frame_ready(gfn).map(|(frame, _)| frame)
+    }
+
+    /// [`Shared::backing_frame`], and when its contents are there in
+    /// virtual time: now for a resident or new page, the read's
+    /// completion on the swap device for a swapped one (the hv does not
+    /// wait for it, but a VMM that sends the contents on cannot send them
+    /// earlier).
+    pub fn backing_frame_ready(&mut self, gfn: Gfn) -> Result<(Hfn, Cycles), GuestMemoryError> {
         let page = self.page_ref(gfn)?;
         let now = self.time;
         let state = self
@@ -190,24 +199,31 @@ impl Shared {
             .lookup(gfn)
             .ok_or(GuestMemoryError::Unmapped(gfn.addr()))?
             .state(gfn);
-        let (frame, work) = match state {
-            PageState::Resident(frame) => return Ok(frame),
-            PageState::Untouched => self.pager.first_touch(&mut self.host, page, gfn, now)?,
+        let (frame, work, ready) = match state {
+            PageState::Resident(frame) => return Ok((frame, now)),
+            PageState::Untouched => {
+                let (frame, work) = self.pager.first_touch(&mut self.host, page, gfn, now)?;
+                (frame, work, now)
+            }
             PageState::Swapped(slot) => match self.pager.in_flight(slot) {
                 // On its way in: the hv does not wait in virtual time.
-                Some(_) => {
+                Some(read) => {
                     let (_, frame) = self
                         .pager
                         .finish_page_in(&mut self.host.slots, slot)
                         .ok_or(GuestMemoryError::Unmapped(gfn.addr()))?;
-                    (frame, Work::default())
+                    (frame, Work::default(), read.ready_at.max(now))
                 }
-                None => self.pager.swap_in_now(&mut self.host, page, slot, now)?,
+                None => {
+                    let (frame, work, ready) =
+                        self.pager.swap_in_now(&mut self.host, page, slot, now)?;
+                    (frame, work, ready.max(now))
+                }
             },
         };
         if work.flush {
             self.cross.push(CrossRequest::FlushAll);
         }
-        Ok(frame)
+        Ok((frame, ready))
     }
 }

@@ -26,7 +26,9 @@
 //! the destination stops with an error rather than run without its pages.
 
 use super::link::{self, Kind, Link, LinkError, LinkModel};
-use super::precopy::{connect, ms, precopy_rounds, MigrateSpec, MigrationReport, Outcome, RunFor};
+use super::precopy::{
+    connect, ms, precopy_rounds, GuestCounters, MigrateSpec, MigrationReport, Outcome, RunFor,
+};
 use super::MigrateMode;
 use hv::{Cycles, Gpa, Vm, RAM_SLOT};
 use serde::Serialize;
@@ -479,7 +481,9 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
         report
     };
     let mut pending = if hybrid {
+        let before = GuestCounters::of(vm);
         let rounds = precopy_rounds(vm, spec, &mut link, &mut report, &mut logging, run_for);
+        report.guest_during_precopy = before.progress_to(GuestCounters::of(vm));
         match rounds {
             Ok(Ok(pages)) => pages,
             Ok(Err(ending)) => {

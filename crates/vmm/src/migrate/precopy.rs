@@ -13,7 +13,7 @@
 //! logging off, and reports the failure: nothing is lost.
 
 use super::link::{self, Kind, Link, LinkError, LinkModel};
-use hv::{Cycles, DirtyLogMode, Gpa, Vm, RAM_SLOT};
+use hv::{Cycles, DirtyLogMode, Gfn, Vm, RAM_SLOT};
 use serde::Serialize;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
@@ -52,6 +52,10 @@ pub struct MigrationReport {
     pub final_pages: u64,
     /// Collecting the dirty log, in all.
     pub dirty_log_get_ms: f64,
+    /// What the guest did while pre-copy ran (a guest whose pages the
+    /// rounds read from swap can stall there far longer than the
+    /// downtime).
+    pub guest_during_precopy: GuestProgress,
     /// Set when the migration failed (the VM went on at the source, or,
     /// after a post-copy switch-over, could not be completed).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -59,6 +63,68 @@ pub struct MigrationReport {
     /// Post-copy and hybrid: what went after the switch-over.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub postcopy: Option<super::postcopy::PostcopySent>,
+}
+
+/// The guest's progress over a stretch of a migration, summed over its
+/// vCPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct GuestProgress {
+    /// Instructions retired.
+    pub instructions: u64,
+    /// vCPU time running guest code or the hv's work for it.
+    pub busy_ms: f64,
+    /// vCPU time blocked on page reads: synchronous page-in stalls and
+    /// async-PF halts.
+    pub stalled_ms: f64,
+    /// vCPU time halted by the guest (idle) or preempted (steal).
+    pub idle_ms: f64,
+}
+
+/// The counters [`GuestProgress`] is the difference of.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct GuestCounters {
+    instructions: u64,
+    busy: u64,
+    stalled: u64,
+    idle: u64,
+}
+
+impl GuestCounters {
+    pub(super) fn of(vm: &Vm) -> Self {
+        let stats = vm.stats();
+        let apf = stats.apf();
+        let stalled = apf.stall_cycles + apf.halt_cycles;
+        let (busy, idle) = stats.vcpus.iter().fold((0, 0), |(b, i), v| {
+            (b + v.busy_cycles, i + v.idle_cycles + v.steal_cycles)
+        });
+        // A blocked vCPU's clock moves when it wakes: what it has waited
+        // since counts now.
+        let (mut behind_stalled, mut behind_idle) = (0, 0);
+        for (behind, on_read) in vm.vcpus_behind() {
+            if on_read {
+                behind_stalled += behind.0;
+            } else {
+                behind_idle += behind.0;
+            }
+        }
+        GuestCounters {
+            instructions: stats.instructions(),
+            busy,
+            stalled: stalled + behind_stalled,
+            // A stall or an APF halt is idle time to the scheduler.
+            idle: idle.saturating_sub(stalled) + behind_idle,
+        }
+    }
+
+    /// What happened between `self` and `later`.
+    pub(super) fn progress_to(self, later: GuestCounters) -> GuestProgress {
+        GuestProgress {
+            instructions: later.instructions - self.instructions,
+            busy_ms: ms(Cycles(later.busy - self.busy)),
+            stalled_ms: ms(Cycles(later.stalled.saturating_sub(self.stalled))),
+            idle_ms: ms(Cycles(later.idle.saturating_sub(self.idle))),
+        }
+    }
 }
 
 /// How a migration attempt ended.
@@ -84,21 +150,43 @@ pub(super) fn ms(c: Cycles) -> f64 {
 pub type RunFor<'a> = dyn FnMut(&mut Vm, Cycles) -> Option<crate::session::Ending> + 'a;
 
 /// Sends `gfns` in frames; returns the bytes on the wire.
-fn send_pages(vm: &mut Vm, link: &mut Link, gfns: &[u64]) -> Result<u64, String> {
-    let mut bytes = 0;
+/// Pages sent, and when the last of them was there to send.
+struct Sent {
+    bytes: u64,
+    /// The latest read completion among pages read back from swap
+    /// (`Vm::read_guest_page`); the VM's time if none was.
+    last_ready: Cycles,
+}
+
+impl Sent {
+    /// When the pages are across: the link's time for them from `from`,
+    /// or the last swap read's completion, whichever is later (the link
+    /// sends what has been read meanwhile).
+    fn across(&self, from: Cycles, link: &LinkModel) -> Cycles {
+        (from + link.transfer(self.bytes)).max(self.last_ready)
+    }
+}
+
+fn send_pages(vm: &mut Vm, link: &mut Link, gfns: &[u64]) -> Result<Sent, String> {
+    let mut sent = Sent {
+        bytes: 0,
+        last_ready: vm.time(),
+    };
     for chunk in gfns.chunks(link::PAGES_PER_FRAME) {
         let mut batch = Vec::with_capacity(chunk.len());
         for &gfn in chunk {
-            let mut page = vec![0u8; 4096];
-            vm.read_guest(Gpa(gfn * 4096), &mut page)
+            let mut page = [0u8; 4096];
+            let ready = vm
+                .read_guest_page(Gfn(gfn), &mut page)
                 .map_err(|e| format!("reading guest page {gfn:#x}: {e}"))?;
-            batch.push((gfn, page));
+            sent.last_ready = sent.last_ready.max(ready);
+            batch.push((gfn, page.to_vec()));
         }
-        bytes += link
+        sent.bytes += link
             .send(Kind::Pages, &link::pages(&batch))
             .map_err(|e| e.to_string())?;
     }
-    Ok(bytes)
+    Ok(sent)
 }
 
 /// Migrates `vm` (stopped at `spec.at`) by pre-copy, or as
@@ -113,6 +201,7 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
         ..MigrationReport::default()
     };
     let started = vm.time();
+    let before = GuestCounters::of(vm);
     let mut link = match connect(&spec.to, spec.timeout) {
         Ok(link) => link,
         Err(e) => {
@@ -132,6 +221,7 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
     report.bytes_sent = link.sent;
     report.precopy_ms = ms(vm.time() - started);
     report.total_ms = report.precopy_ms;
+    report.guest_during_precopy = before.progress_to(GuestCounters::of(vm));
     let final_pages = match result {
         Ok(Ok(pages)) => pages,
         Ok(Err(ending)) => {
@@ -145,20 +235,20 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
     if let Err(e) = vm.disable_dirty_log(RAM_SLOT) {
         return Outcome::Failed(fail(vm, report, false, format!("dirty log: {e}")));
     }
-    let downtime_bytes = (|| -> Result<u64, String> {
-        let mut bytes = send_pages(vm, &mut link, &final_pages)?;
+    let last = (|| -> Result<Sent, String> {
+        let mut sent = send_pages(vm, &mut link, &final_pages)?;
         let state = vm.snapshot_state().map_err(|e| e.to_string())?;
-        bytes += link.send(Kind::State, &state).map_err(|e| e.to_string())?;
-        Ok(bytes)
+        sent.bytes += link.send(Kind::State, &state).map_err(|e| e.to_string())?;
+        Ok(sent)
     })();
-    let downtime_bytes = match downtime_bytes {
-        Ok(b) => b,
+    let last = match last {
+        Ok(sent) => sent,
         Err(why) => return Outcome::Failed(fail(vm, report, false, why)),
     };
     report.final_pages = final_pages.len() as u64;
     report.pages_sent += final_pages.len() as u64;
     report.bytes_sent = link.sent;
-    let downtime = spec.link.transfer(downtime_bytes);
+    let downtime = last.across(stopped, &spec.link) - stopped;
     report.precopy_ms = ms(stopped - started);
     report.downtime_ms = ms(downtime);
     report.total_ms = ms(stopped - started + downtime);
@@ -227,10 +317,12 @@ pub(super) fn precopy_rounds(
     let mut pages = vm.touched_pages();
     loop {
         report.rounds += 1;
-        let bytes = send_pages(vm, link, &pages)?;
+        let sent = send_pages(vm, link, &pages)?;
         report.pages_sent += pages.len() as u64;
-        // The guest runs while the round's bytes cross the link.
-        let until = vm.time() + spec.link.transfer(bytes);
+        // The guest runs while the round's pages are read (those in swap
+        // queue on the swap device with the guest's own reads) and cross
+        // the link.
+        let until = sent.across(vm.time(), &spec.link);
         if let Some(ending) = run_for(vm, until) {
             return Ok(Err(ending));
         }
