@@ -1,15 +1,17 @@
 //! Fuzzer for "the interpreter never panics": random code and registers in
 //! ring 0 bare mode and ring 3 guest mode, for a given time.
 //!
-//! `fuzz --seconds N --seed S [--case K]`
+//! `fuzz --seconds N --seed S [--case K] [--engine both|interp|jit]`
 //!
 //! Prints every panic with the input that reproduces it (`--case K` replays
 //! one) and a summary; exits non-zero if anything panicked.
 
 use clap::Parser;
-use machine::difftest::fuzz::{run_fuzz_input, FuzzInput};
+use clap::ValueEnum;
+use machine::difftest::fuzz::{run_fuzz_input, run_fuzz_input_on, FuzzInput};
 use machine::difftest::panics;
 use machine::difftest::rng::Rng;
+use machine::Engine;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -26,6 +28,32 @@ struct Args {
     /// Replay only input K of the seed.
     #[arg(long)]
     case: Option<u64>,
+    /// Which engines run each input: both, compared (the default), or
+    /// one alone (about twice the cases per second, no comparison).
+    #[arg(long, value_enum, default_value_t = Engines::Both)]
+    engine: Engines,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Engines {
+    Both,
+    Interp,
+    Jit,
+}
+
+impl Engines {
+    /// Runs `input` on the chosen engines; the exits.
+    fn run(
+        self,
+        input: &FuzzInput,
+    ) -> Result<Vec<machine::vmx::VmExit>, machine::difftest::interp::SandboxError> {
+        let alone = |engine| run_fuzz_input_on(input, engine).map(|(exits, _)| exits);
+        match self {
+            Engines::Both => run_fuzz_input(input),
+            Engines::Interp => alone(Engine::Interp),
+            Engines::Jit => alone(Engine::Jit),
+        }
+    }
 }
 
 /// Stop after this many distinct panic messages.
@@ -53,7 +81,7 @@ fn main() {
             break;
         }
         let input = FuzzInput::generate(&mut Rng::for_item(args.seed, index));
-        match panics::catching(|| run_fuzz_input(&input)) {
+        match panics::catching(|| args.engine.run(&input)) {
             Ok(Ok(run)) => {
                 for exit in &run {
                     *exits.entry(exit.name()).or_default() += 1;
@@ -95,10 +123,12 @@ fn main() {
     }
     let summary: Vec<String> = exits.iter().map(|(k, v)| format!("{k}: {v}")).collect();
     println!("exits: {}", summary.join(", "));
+    let secs = start.elapsed().as_secs_f64();
     println!(
-        "fuzz: {cases} cases in {:.1} s (seed {}), {panicked} panics ({} distinct)",
-        start.elapsed().as_secs_f64(),
+        "fuzz: {cases} cases in {secs:.1} s ({:.0} a second, seed {}, engine {:?}), {panicked} panics ({} distinct)",
+        cases as f64 / secs.max(1e-9),
         args.seed,
+        args.engine,
         distinct.len()
     );
     if panicked > 0 {
