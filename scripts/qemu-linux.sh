@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# qemu-linux.sh [ROUNDS] [PROGRAM ARGS...]: Debian's cloud kernel with
+# faultline's initramfs (its /init and Linux programs) under QEMU's TCG and
+# under faultline, alternating, on 1 and 4 vCPUs; wall and CPU time (user +
+# system, all threads) from start to the process's exit, which is the
+# program's end (init powers the machine off). Each round prints both and
+# the ratios; the last lines are the medians. Default: 3 rounds of `hello`.
+#
+# A benchmark, not a test (nothing in scripts/test.sh calls it). Needs
+# qemu-system-x86_64, python3, the kernel (`bash scripts/fetch-linux.sh`)
+# and a release build (`cargo build --release --locked -p vmm`).
+#
+# Both boot the same bzImage and the same initramfs file: it is written
+# here from the programs the build compiled (crates/vmm's OUT_DIR/linux),
+# laid out as `faultline run --guest linux` lays out its own (directories,
+# /dev/console, /init, /bin/NAME), and passed to faultline with --initrd.
+# Both get 512 MiB and the same command line. QEMU: `-machine
+# q35,accel=tcg -cpu max`, its default TCG threading (MTTCG: one host
+# thread per vCPU).
+set -euo pipefail
+
+rounds=${1:-3}
+shift || true
+program=("$@")
+[ ${#program[@]} -gt 0 ] || program=(hello)
+case "$rounds" in
+    '' | *[!0-9]* | 0) echo "qemu-linux.sh: ROUNDS must be a positive number" >&2; exit 2 ;;
+esac
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+faultline=target/release/faultline
+[ -x "$faultline" ] || { echo "build first: cargo build --release --locked -p vmm" >&2; exit 2; }
+command -v qemu-system-x86_64 >/dev/null || { echo "qemu-system-x86_64 is missing (apt-get install qemu-system-x86)" >&2; exit 2; }
+kernel=$(bash scripts/fetch-linux.sh 2>/dev/null) || { echo "no kernel: bash scripts/fetch-linux.sh" >&2; exit 2; }
+progs=$(ls -td target/release/build/vmm-*/out/linux 2>/dev/null | head -1)
+[ -n "$progs" ] && [ -x "$progs/init" ] || { echo "no Linux programs under target/release/build/vmm-*/out/linux" >&2; exit 2; }
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+initrd="$tmp/initramfs.cpio"
+
+python3 - "$progs" "$initrd" "$faultline" "$kernel" "$rounds" "${program[@]}" <<'EOF'
+import os, resource, statistics, subprocess, sys, time
+
+progs, initrd, faultline, kernel, rounds = sys.argv[1:6]
+program = sys.argv[6:]
+rounds = int(rounds)
+
+def newc(entries):
+    """A cpio archive in the kernel's `newc` format."""
+    out = bytearray()
+    def pad():
+        out.extend(b"\0" * (-len(out) % 4))
+    for ino, (name, mode, data, rdev) in enumerate(entries + [("TRAILER!!!", 0, b"", (0, 0))], 1):
+        name_b = name.encode() + b"\0"
+        fields = [ino, mode, 0, 0, 1, 0, len(data), 0, 0, rdev[0], rdev[1], len(name_b), 0]
+        out.extend(b"070701" + b"".join(b"%08X" % f for f in fields))
+        out.extend(name_b)
+        pad()
+        out.extend(data)
+        pad()
+    return bytes(out)
+
+entries = [(d, 0o040755, b"", (0, 0)) for d in ["dev", "proc", "sys", "tmp", "bin"]]
+entries.append(("dev/console", 0o020600, b"", (5, 1)))
+entries.append(("init", 0o100755, open(os.path.join(progs, "init"), "rb").read(), (0, 0)))
+for name in sorted(os.listdir(progs)):
+    if name != "init":
+        entries.append(("bin/" + name, 0o100755, open(os.path.join(progs, name), "rb").read(), (0, 0)))
+with open(initrd, "wb") as f:
+    f.write(newc(entries))
+
+cmdline = "console=ttyS0 panic=-1 reboot=t -- " + " ".join(program)
+
+def timed(argv):
+    """Wall and CPU seconds of one run to its exit; its output."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    out = p.stdout.decode(errors="replace")
+    if p.returncode != 0:
+        sys.exit(f"qemu-linux.sh: {argv[0]} exited with {p.returncode}:\n{out[-2000:]}")
+    return wall, cpu, out
+
+def qemu(vcpus):
+    return ["qemu-system-x86_64", "-machine", "q35,accel=tcg", "-cpu", "max", "-m", "512M",
+            "-smp", str(vcpus), "-kernel", kernel, "-initrd", initrd, "-append", cmdline,
+            "-nographic", "-no-reboot", "-monitor", "none", "-serial", "stdio"]
+
+def ours(vcpus):
+    return [faultline, "run", "--guest", "linux", "--kernel-image", kernel, "--initrd", initrd,
+            "--vcpus", str(vcpus), "--mem", "512M", "--cmdline", cmdline.split(" -- ")[0],
+            "--"] + program
+
+print(f"qemu-linux.sh: {' '.join(program)}; kernel {os.path.basename(kernel)}; {rounds} rounds")
+for vcpus in (1, 4):
+    rows = []
+    for r in range(rounds):
+        qw, qc, qout = timed(qemu(vcpus))
+        fw, fc, fout = timed(ours(vcpus))
+        if program[0] not in qout or program[0] not in fout:
+            sys.exit(f"qemu-linux.sh: the program's output is missing:\n--- qemu\n{qout[-1500:]}\n--- faultline\n{fout[-1500:]}")
+        rows.append((qw, qc, fw, fc))
+        print(f"{vcpus} vCPU(s) round {r + 1}: qemu {qw:.2f} s wall {qc:.2f} s CPU; "
+              f"faultline {fw:.2f} s wall {fc:.2f} s CPU; faultline/qemu wall {fw / qw:.2f}x CPU {fc / qc:.2f}x")
+    med = [statistics.median(col) for col in zip(*rows)]
+    print(f"{vcpus} vCPU(s) median: qemu {med[0]:.2f} s wall {med[1]:.2f} s CPU; "
+          f"faultline {med[2]:.2f} s wall {med[3]:.2f} s CPU; faultline/qemu wall {med[2] / med[0]:.2f}x CPU {med[3] / med[1]:.2f}x")
+EOF
