@@ -16,6 +16,7 @@ mod bench;
 mod config;
 mod costs;
 mod linux;
+mod memslot_churn;
 mod migrate;
 mod plot;
 mod report;
@@ -113,7 +114,7 @@ pub enum BenchCommand {
     /// pre-copy to a second faultline process on loopback, fast page
     /// fault on and off: total time, downtime, rounds, pages, the cost of
     /// the dirty-logging write faults.
-    Migrate(migrate::bench::MigrateBenchArgs),
+    Migrate(MigrateBenchArgs),
     /// Merge the JSON results of the runs `--list-runs` printed into the
     /// benchmark's table (or JSON) and plot, as a direct run prints them.
     Merge(MergeArgs),
@@ -472,6 +473,54 @@ pub struct HackbenchBenchArgs {
     plot: Option<PathBuf>,
 }
 
+/// `faultline bench migrate`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MigrateBenchArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// vCPUs (default: 2; 1 with --postcopy, as the seed's guest).
+    #[arg(long)]
+    vcpus: Option<u32>,
+    /// Guest memory.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    mem: u64,
+    /// The writers' array.
+    #[arg(long, default_value = "16M", value_parser = parse_size)]
+    array: u64,
+    /// bm's run time (virtual).
+    #[arg(long, default_value = "0.2", value_parser = parse_positive_seconds)]
+    duration: Duration,
+    /// When the migration starts (default 20ms; 30ms with --postcopy,
+    /// when apfcalc's writer is sweeping its array).
+    #[arg(long, value_parser = parse_positive_duration)]
+    at: Option<Duration>,
+    /// The link's bandwidth, bytes per second.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    link_bandwidth: u64,
+    /// The downtime limit.
+    #[arg(long, default_value = "1ms", value_parser = parse_positive_duration)]
+    downtime_limit: Duration,
+    /// Pre-copy rounds at most.
+    #[arg(long, default_value_t = 5)]
+    max_rounds: u32,
+    /// Seed of the guest program.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seed 002's case instead: a loaded guest (`apfcalc -c` on the
+    /// `--array`) migrated by post-copy at `--at`, async PF off and on.
+    #[arg(long)]
+    postcopy: bool,
+    /// --postcopy: the writer's sweeps over the array.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    loops: u64,
+    /// Where the SVG plot goes (default:
+    /// faultline-results/bench-migrate.svg, or
+    /// faultline-results/bench-migrate-postcopy.svg with --postcopy).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+}
+
 #[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
 pub struct DirtyLogBenchArgs {
     #[command(flatten)]
@@ -528,6 +577,17 @@ pub enum DirtyModeArg {
     Manual,
     Ring,
     Pml,
+}
+
+impl From<DirtyModeArg> for hv::DirtyLogMode {
+    fn from(m: DirtyModeArg) -> Self {
+        match m {
+            DirtyModeArg::Bitmap => hv::DirtyLogMode::Bitmap,
+            DirtyModeArg::Manual => hv::DirtyLogMode::Manual,
+            DirtyModeArg::Ring => hv::DirtyLogMode::Ring,
+            DirtyModeArg::Pml => hv::DirtyLogMode::Pml,
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]

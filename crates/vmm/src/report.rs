@@ -235,7 +235,7 @@ pub struct Summary {
     pub reports: Vec<ReportLine>,
     /// Memslot changes made while the guest ran (`--memslot-period`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub memslot: Option<crate::bench::memslot::MemslotRun>,
+    pub memslot: Option<crate::memslot_churn::MemslotRun>,
     /// Dirty logging of guest RAM (`--dirty-log`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dirty_log: Option<DirtyLogSummary>,

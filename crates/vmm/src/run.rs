@@ -1,10 +1,10 @@
 //! `faultline run`: check the configuration, boot, drive the VM to its end
 //! and print the summary.
 
-use crate::bench::memslot::{ChurnTrigger, SlotChurn};
 use crate::config::{
     check_swap_path, read_capped, read_input_file, ConfigError, Kernel, CONSOLE_INPUT_CAP,
 };
+use crate::memslot_churn::{ChurnTrigger, SlotChurn};
 use crate::report::{DirtyLogSummary, NotReached, Summary};
 use crate::session::{drive, Ending, Limits, PanicWatch, Progress};
 use crate::signals::StopRequest;
@@ -591,7 +591,7 @@ fn cycles_ms(c: Cycles) -> f64 {
 
 impl DirtyLogger {
     fn install(vm: &mut Vm, mode: DirtyModeArg, period: Duration) -> Result<Self, String> {
-        let mode = crate::bench::dirty_log::mode_of(mode);
+        let mode = hv::DirtyLogMode::from(mode);
         vm.enable_dirty_log(RAM_SLOT, mode)
             .map_err(|e| e.to_string())?;
         let period = Cycles(duration_to_cycles(period).max(1));

@@ -230,15 +230,6 @@ fn pml_full_exits(vm: &Vm) -> u64 {
         .sum()
 }
 
-pub(crate) fn mode_of(arg: DirtyModeArg) -> DirtyLogMode {
-    match arg {
-        DirtyModeArg::Bitmap => DirtyLogMode::Bitmap,
-        DirtyModeArg::Manual => DirtyLogMode::Manual,
-        DirtyModeArg::Ring => DirtyLogMode::Ring,
-        DirtyModeArg::Pml => DirtyLogMode::Pml,
-    }
-}
-
 fn mmu_of(arg: MmuArg) -> MmuMode {
     match arg {
         MmuArg::Ept => MmuMode::Ept,
@@ -322,7 +313,7 @@ impl Bench for DirtyLogBench {
         for &mmu in &args.mmus {
             for &mode in &args.modes {
                 for &fast_pf in &args.common.fast_pf {
-                    let (mmu, mode) = (mmu_of(mmu), mode_of(mode));
+                    let (mmu, mode) = (mmu_of(mmu), DirtyLogMode::from(mode));
                     // PML is an EPT feature: no shadow row.
                     if mode == DirtyLogMode::Pml && mmu != MmuMode::Ept {
                         continue;

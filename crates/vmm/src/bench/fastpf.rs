@@ -86,7 +86,7 @@ impl Harvester {
 
     /// The record, with the run's fault counters.
     pub fn finish(mut self, vm: &Vm) -> HarvestRun {
-        let totals = super::memslot::fault_totals(vm);
+        let totals = crate::memslot_churn::fault_totals(vm);
         self.run.fault_exits = totals.count;
         self.run.fault_hv_cycles = totals.hv_cycles;
         self.run.fault_exit_cycles = totals.exit_cycles;

@@ -15,13 +15,16 @@
 mod apf;
 mod apf_calc;
 mod ctxsw;
-pub(crate) mod dirty_log;
+mod dirty_log;
 mod fastpf;
 mod hackbench;
-pub(crate) mod memslot;
+mod memslot;
+mod migrate;
+mod migrate_postcopy;
 mod tlbflush;
 
 use crate::config::{check_output_path, ConfigError, Kernel};
+use crate::memslot_churn::{ChurnTrigger, MemslotRun, SlotChurn};
 use crate::session::{drive, BenchProgress, Ending, Limits, PanicWatch};
 use crate::signals::{Signal, StopRequest};
 use crate::units::cycles_to_secs;
@@ -128,7 +131,7 @@ pub struct RunSpec {
     pub label: String,
     pub config: VmConfig,
     /// Memslot changes the VMM makes while the guest runs, and how many.
-    pub memslot: Option<(memslot::ChurnTrigger, u32)>,
+    pub memslot: Option<(ChurnTrigger, u32)>,
     /// A dirty-logging run: it boots the dirtywrite kernel instead of the
     /// guest kernel and the VMM drives its passes.
     pub dirty_log: Option<dirty_log::DirtyLogSpec>,
@@ -372,7 +375,7 @@ pub struct RunResult {
     pub reports: Vec<String>,
     /// The memslot changes made during the run, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memslot: Option<memslot::MemslotRun>,
+    pub memslot: Option<MemslotRun>,
     /// The dirty-logging run's record, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dirty_log: Option<dirty_log::DirtyLogRun>,
@@ -672,7 +675,7 @@ pub fn main(command: BenchCommand) -> u8 {
             };
             execute(hackbench::HackbenchBench::new(args), &output)
         }
-        BenchCommand::Migrate(args) => return crate::migrate::bench::bench(args),
+        BenchCommand::Migrate(args) => return migrate::bench(args),
         BenchCommand::Merge(args) => merge(&args),
     };
     match result {
@@ -952,13 +955,15 @@ fn run_one(
         return Ok(Outcome::Done(Box::new(result), started.elapsed()));
     }
     let mut churn = match spec.memslot {
-        Some((trigger, ops)) => Some(memslot::SlotChurn::install(&mut vm, trigger, ops).map_err(
-            |e| BenchError::VmStopped {
-                label: spec.label.clone(),
-                message: format!("adding the memslot to change: {e}"),
-                tail: String::new(),
-            },
-        )?),
+        Some((trigger, ops)) => {
+            Some(
+                SlotChurn::install(&mut vm, trigger, ops).map_err(|e| BenchError::VmStopped {
+                    label: spec.label.clone(),
+                    message: format!("adding the memslot to change: {e}"),
+                    tail: String::new(),
+                })?,
+            )
+        }
         None => None,
     };
     let mut harvester =

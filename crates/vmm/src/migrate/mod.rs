@@ -3,8 +3,6 @@
 //! `incoming --listen ADDR:PORT` waits for a VM that `run --migrate-to
 //! ADDR:PORT --migrate-at TIME` sends (`docs/migration.md`).
 
-pub mod bench;
-pub mod bench_postcopy;
 pub mod incoming;
 pub mod link;
 pub mod postcopy;

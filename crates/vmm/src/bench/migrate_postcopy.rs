@@ -14,7 +14,7 @@
 //!    run to its end: the instructions of the same window and the
 //!    writer's time and count without a migration, beside.
 
-use super::bench::{faultline, json_of, migrate_once};
+use super::migrate::{faultline, json_of, migrate_once};
 use crate::plot;
 use serde::Serialize;
 use std::time::Duration;
@@ -282,10 +282,10 @@ impl PostcopyCase {
 
     fn plot(&self, rows: &[PostcopyRow]) -> Result<(), String> {
         let path = self.plot.clone().unwrap_or_else(|| {
-            std::path::Path::new(crate::bench::RESULTS_DIR).join("bench-migrate-postcopy.svg")
+            std::path::Path::new(super::RESULTS_DIR).join("bench-migrate-postcopy.svg")
         });
         if self.plot.is_none() {
-            std::fs::create_dir_all(crate::bench::RESULTS_DIR).map_err(|e| e.to_string())?;
+            std::fs::create_dir_all(super::RESULTS_DIR).map_err(|e| e.to_string())?;
         }
         let bars: Vec<plot::Bar> = rows
             .iter()

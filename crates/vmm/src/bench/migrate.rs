@@ -8,60 +8,11 @@
 //! difference between the two sources' write faults is what dirty
 //! logging cost the guest's writes.
 
-use crate::units::{parse_positive_duration, parse_size};
-use crate::EXIT_VM_ERROR;
+use crate::{MigrateBenchArgs, EXIT_VM_ERROR};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-
-/// `faultline bench migrate`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct MigrateBenchArgs {
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    json: bool,
-    /// vCPUs (default: 2; 1 with --postcopy, as the seed's guest).
-    #[arg(long)]
-    vcpus: Option<u32>,
-    /// Guest memory.
-    #[arg(long, default_value = "64M", value_parser = parse_size)]
-    mem: u64,
-    /// The writers' array.
-    #[arg(long, default_value = "16M", value_parser = parse_size)]
-    array: u64,
-    /// bm's run time (virtual).
-    #[arg(long, default_value = "0.2", value_parser = crate::units::parse_positive_seconds)]
-    duration: Duration,
-    /// When the migration starts (default 20ms; 30ms with --postcopy,
-    /// when apfcalc's writer is sweeping its array).
-    #[arg(long, value_parser = parse_positive_duration)]
-    at: Option<Duration>,
-    /// The link's bandwidth, bytes per second.
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
-    link_bandwidth: u64,
-    /// The downtime limit.
-    #[arg(long, default_value = "1ms", value_parser = parse_positive_duration)]
-    downtime_limit: Duration,
-    /// Pre-copy rounds at most.
-    #[arg(long, default_value_t = 5)]
-    max_rounds: u32,
-    /// Seed of the guest program.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Seed 002's case instead: a loaded guest (`apfcalc -c` on the
-    /// `--array`) migrated by post-copy at `--at`, async PF off and on.
-    #[arg(long)]
-    postcopy: bool,
-    /// --postcopy: the writer's sweeps over the array.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1000))]
-    loops: u64,
-    /// Where the SVG plot goes (default:
-    /// faultline-results/bench-migrate.svg, or
-    /// faultline-results/bench-migrate-postcopy.svg with --postcopy).
-    #[arg(long, value_name = "FILE")]
-    plot: Option<std::path::PathBuf>,
-}
 
 /// One row.
 #[derive(Debug, Clone, Serialize)]
@@ -265,7 +216,7 @@ impl MigrateBenchArgs {
 /// Runs the benchmark; the exit status.
 pub fn bench(args: MigrateBenchArgs) -> u8 {
     if args.postcopy {
-        return super::bench_postcopy::PostcopyCase {
+        return super::migrate_postcopy::PostcopyCase {
             json: args.json,
             vcpus: args.vcpus(),
             mem: args.mem,
@@ -356,11 +307,12 @@ pub fn bench(args: MigrateBenchArgs) -> u8 {
 /// each noted with the migration's total and downtime (which the link
 /// model sets).
 fn plot_precopy(args: &MigrateBenchArgs, rows: &[MigrateRow]) -> Result<(), String> {
-    let path = args.plot.clone().unwrap_or_else(|| {
-        std::path::Path::new(crate::bench::RESULTS_DIR).join("bench-migrate.svg")
-    });
+    let path = args
+        .plot
+        .clone()
+        .unwrap_or_else(|| std::path::Path::new(super::RESULTS_DIR).join("bench-migrate.svg"));
     if args.plot.is_none() {
-        std::fs::create_dir_all(crate::bench::RESULTS_DIR).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(super::RESULTS_DIR).map_err(|e| e.to_string())?;
     }
     let bars: Vec<crate::plot::Bar> = rows
         .iter()
