@@ -8,6 +8,8 @@
 //! work each one does, not from host wall time.
 //!
 //! Figures are round numbers of the right order for KVM on a 3 GHz core.
+//! `docs/costs.md` lists every entry with the source read for it, or
+//! `faultline calibrate`'s measurement, or that it has neither.
 
 use machine::NamedCosts;
 
@@ -58,7 +60,10 @@ pub struct HvCosts {
     /// operations on such a line cost about the same (their CAS/FAI/SWAP
     /// rows); their ccbench tool's published sample run (the ccbench
     /// README, load from modified between two cores, Westmere-EX fence
-    /// settings) averages 111.5. 110. The same-die figure: the seed's
+    /// settings) averages 112.3 on the loading core (its 111.5 is the
+    /// other core's store). 110. Of these only the README was opened
+    /// (`docs/costs.md`); `faultline calibrate` measures the host's. The
+    /// same-die figure: the seed's
     /// x11perf host (an i5-2540M) is one die, and a 6-core X5690 die
     /// holds the 6 vCPUs of `bench dirty-log` (the table's cross-socket
     /// figures are far higher; `docs/mmu.md` shows how much the result

@@ -5,7 +5,9 @@
 //! same number of cycles, bit for bit, on any host. The figures are round
 //! numbers of the right order for a recent Intel core (Skylake-class, 3 GHz);
 //! what matters for the project's experiments is that mechanisms are compared
-//! by the work they do, all charged from this one table.
+//! by the work they do, all charged from this one table. `docs/costs.md`
+//! lists every entry with the source read for it, or `faultline
+//! calibrate`'s measurement, or that it has neither.
 
 /// Cycle costs of machine operations. See the field docs for the rationale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

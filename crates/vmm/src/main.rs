@@ -13,6 +13,7 @@
 //!   once with the same status).
 
 mod bench;
+mod calibrate;
 mod config;
 mod costs;
 mod linux;
@@ -68,6 +69,10 @@ enum Command {
     /// Wait for one VM migrated by `run --migrate-to`, then run it to its
     /// end as `run` would (its output continues the source's).
     Incoming(migrate::incoming::IncomingArgs),
+    /// Run host micro-benchmarks (cache-line transfer, locks, TLB-missing
+    /// loads, a system call, a context switch, ...) and print each beside
+    /// the cost-table entries it informs (`docs/costs.md`).
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -972,6 +977,7 @@ fn main() -> ExitCode {
         Command::Bench(command) => bench::main(command),
         Command::Restore(args) => migrate::restore(args),
         Command::Incoming(args) => migrate::incoming::incoming(args),
+        Command::Calibrate(args) => calibrate::calibrate(args),
     };
     ExitCode::from(status)
 }

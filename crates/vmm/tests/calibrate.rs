@@ -1,0 +1,131 @@
+//! `faultline calibrate --json`: the shape of its report, and every figure
+//! it measured positive and finite. No timing thresholds: the figures are
+//! whatever this (shared) host gives.
+
+mod common;
+use common::{faultline, stderr, stdout};
+use serde_json::Value;
+use std::sync::Mutex;
+
+/// One calibration at a time: two would share the two cores and the
+/// memory of the 1 GiB test.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Every test the command runs, in its order.
+const TESTS: [&str; 16] = [
+    "line_transfer",
+    "ticket_lock_handoff",
+    "ticket_lock_uncontended",
+    "mutex_uncontended",
+    "lock_add",
+    "lock_cmpxchg",
+    "lock_or",
+    "load_l1",
+    "load_l2",
+    "load_l2_tlb_miss",
+    "load_dram_tlb_miss",
+    "zero_4k",
+    "copy_4k",
+    "syscall",
+    "kvm_cpuid_exit",
+    "context_switch",
+];
+
+fn positive(v: &Value, what: &str) -> f64 {
+    let x = v
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what}: not a number: {v}"));
+    assert!(x.is_finite() && x > 0.0, "{what}: {x}");
+    x
+}
+
+#[test]
+fn calibrate_json_has_every_test_with_positive_finite_figures() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = faultline(&["calibrate", "--json", "--iterations", "3"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    let v: Value = serde_json::from_str(&text).expect("stdout is one JSON document");
+
+    assert_eq!(v["repetitions"], 3);
+    positive(&v["table_ghz"], "table_ghz");
+    let host = &v["host"];
+    let cpus = host["cpus"].as_u64().expect("host.cpus");
+    assert!(cpus >= 1);
+    assert!(
+        host["tsc"].is_string() && host["pinning"].is_string(),
+        "{host}"
+    );
+    assert!(host["virtualized"].is_boolean(), "{host}");
+    let tsc = &host["tsc_ghz"];
+    assert!(tsc.is_null() || positive(tsc, "tsc_ghz") > 0.0);
+
+    let tests = v["tests"].as_array().expect("tests");
+    let names: Vec<&str> = tests.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, TESTS);
+    for t in tests {
+        let name = t["name"].as_str().unwrap();
+        assert!(t["what"].as_str().is_some_and(|w| !w.is_empty()), "{t}");
+        assert_eq!(t["repetitions"], 3, "{name}");
+        assert!(t["ops_per_repetition"].as_u64().unwrap() > 0, "{name}");
+        for i in t["informs"].as_array().expect("informs") {
+            assert!(matches!(i["table"].as_str(), Some("machine" | "hv")), "{i}");
+            assert!(i["entry"].as_str().is_some_and(|e| !e.is_empty()), "{i}");
+            assert!(i["value"].as_u64().is_some(), "{i}");
+        }
+        match t["status"].as_str() {
+            Some("ok") => {
+                let median = positive(&t["median_ns"], name);
+                let lo = positive(&t["min_ns"], name);
+                let hi = positive(&t["max_ns"], name);
+                assert!(lo <= median && median <= hi, "{name}: {lo} {median} {hi}");
+                if tsc.is_null() {
+                    assert!(t["median_cycles"].is_null(), "{name}");
+                } else {
+                    positive(&t["median_cycles"], name);
+                }
+            }
+            Some("skipped") => {
+                // Only a host this test cannot run on skips it.
+                let reason = t["reason"].as_str().expect("a reason");
+                if name == "line_transfer" || name == "ticket_lock_handoff" {
+                    assert!(cpus < 2 && reason.contains("needs 2 CPUs"), "{t}");
+                } else if name == "kvm_cpuid_exit" {
+                    // A host without a usable /dev/kvm.
+                    assert!(!std::path::Path::new("/dev/kvm").exists() || !reason.is_empty());
+                } else {
+                    panic!("{name} skipped: {reason}");
+                }
+                assert!(t.get("median_ns").is_none(), "{t}");
+            }
+            other => panic!("{name}: status {other:?}: {t}"),
+        }
+    }
+    // The two-core tests inform line_transfer with its current value.
+    let lt = &tests[0]["informs"][0];
+    assert_eq!(lt["entry"], "line_transfer");
+    assert_eq!(lt["table"], "hv");
+    assert_eq!(lt["value"], 110);
+}
+
+#[test]
+fn calibrate_table_names_each_test_and_entry() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = faultline(&["calibrate", "--iterations", "1"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    for name in TESTS {
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("{name} "))),
+            "{name} missing:\n{text}"
+        );
+    }
+    assert!(text.contains("line_transfer=110"), "{text}");
+    assert!(text.contains("privilege_transition=40"), "{text}");
+}
+
+#[test]
+fn calibrate_refuses_zero_iterations() {
+    let out = faultline(&["calibrate", "--iterations", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
