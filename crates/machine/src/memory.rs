@@ -204,6 +204,48 @@ impl PhysMemory {
         }
     }
 
+    /// `count` stores of the low `size` bytes of `value`, element after
+    /// element from `hpa` up, as that many [`Self::write_noting_code`]
+    /// calls would make them, for a range in one frame that holds no
+    /// decoded code (`false`, nothing written, if it is not all RAM or
+    /// its frame holds code: the caller then stores one at a time).
+    pub(crate) fn store_repeated(&self, hpa: Hpa, count: u64, size: u8, value: u64) -> bool {
+        let len = count * size as u64;
+        if len == 0 || self.check(hpa, len).is_err() || self.is_code(hpa) {
+            return false;
+        }
+        debug_assert_eq!(hpa.0 / PAGE_SIZE, (hpa.0 + len - 1) / PAGE_SIZE);
+        for i in 0..count {
+            self.store_unchecked(Hpa(hpa.0 + i * size as u64), size, value);
+        }
+        true
+    }
+
+    /// `count` elements of `size` bytes copied from `src` up to `dst` up,
+    /// each read then written before the next (so overlapping ranges
+    /// behave as a forward string move), as that many [`Self::read`] and
+    /// [`Self::write_noting_code`] calls would; both ranges in one frame
+    /// each, `dst`'s holding no decoded code (`false`, nothing done,
+    /// otherwise).
+    pub(crate) fn copy_repeated(&self, src: Hpa, dst: Hpa, count: u64, size: u8) -> bool {
+        let len = count * size as u64;
+        if len == 0
+            || self.check(src, len).is_err()
+            || self.check(dst, len).is_err()
+            || self.is_code(dst)
+        {
+            return false;
+        }
+        for i in 0..count {
+            let offset = i * size as u64;
+            let Ok(v) = self.read(Hpa(src.0 + offset), size) else {
+                unreachable!("checked above")
+            };
+            self.store_unchecked(Hpa(dst.0 + offset), size, v);
+        }
+        true
+    }
+
     /// 8-byte read.
     #[inline]
     pub fn read_u64(&self, hpa: Hpa) -> Result<u64, MemError> {

@@ -383,7 +383,7 @@ impl Cpu {
     }
 
     #[inline]
-    fn user_access(&self) -> bool {
+    pub(crate) fn user_access(&self) -> bool {
         self.state.cpl() == 3
     }
 

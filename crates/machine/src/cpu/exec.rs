@@ -9,8 +9,10 @@
 use super::access::Place;
 use super::state::rflags;
 use super::{vector, Cpu, Fault};
+use crate::addr::Hpa;
 use crate::alu::{self, BinOp, BitOp, ShiftOp, Size};
 use crate::memory::PhysMemory;
+use crate::mmu::AccessKind;
 use iced_x86::{Code, Instruction, Mnemonic as M, OpKind};
 
 /// Longest run of `rep` iterations between event checks.
@@ -982,6 +984,20 @@ impl Cpu {
             }
             let rsi = self.linear(src_seg, self.state.gpr[6] & amask);
             let rdi = self.linear(es, self.state.gpr[7] & amask);
+            if rep && delta == step && amask == u64::MAX {
+                let left = (self.state.gpr[1]).min(REP_CHUNK - done);
+                let n = self.string_run(mem, op, rsi, rdi, size, left)?;
+                if n > 0 {
+                    let bytes = n * step;
+                    if op == StringOp::Movs {
+                        self.state.gpr[6] = self.state.gpr[6].wrapping_add(bytes);
+                    }
+                    self.state.gpr[7] = self.state.gpr[7].wrapping_add(bytes);
+                    self.state.gpr[1] -= n;
+                    done += n;
+                    continue;
+                }
+            }
             let mut zf_stop = false;
             match op {
                 StringOp::Movs => {
@@ -1035,6 +1051,65 @@ impl Cpu {
             self.cycles += extra;
         }
         Ok(())
+    }
+
+    /// A forward REP STOS or MOVS with 64-bit addresses: the elements of
+    /// the next `left` that lie whole in the current page of RDI (and of
+    /// RSI), done after one translation of each page, in the order and
+    /// with the effects that one element at a time would have: the first
+    /// element's translations fault as its own accesses would, the later
+    /// elements' would hit the first-level TLB (no side effects), and a
+    /// page that is not RAM fails at the first element's access. Returns
+    /// how many were done: 0 (nothing done) when fewer than two fit or for
+    /// other string instructions.
+    fn string_run(
+        &mut self,
+        mem: &PhysMemory,
+        op: StringOp,
+        rsi: u64,
+        rdi: u64,
+        size: Size,
+        left: u64,
+    ) -> Result<u64, Fault> {
+        let step = size.bytes() as u64;
+        let in_page = |la: u64| (0x1000 - (la & 0xfff)) / step;
+        let n = match op {
+            StringOp::Stos => left.min(in_page(rdi)),
+            StringOp::Movs => left.min(in_page(rdi)).min(in_page(rsi)),
+            _ => return Ok(0),
+        };
+        if n < 2 {
+            return Ok(0);
+        }
+        let user = self.user_access();
+        let at = |base: Hpa, i: u64| Hpa(base.0 + i * step);
+        match op {
+            StringOp::Stos => {
+                let dst = self.translate(mem, rdi, AccessKind::Write, user)?;
+                let value = self.state.gpr[0] & size.mask();
+                if !mem.store_repeated(dst, n, size.bytes(), value) {
+                    // Decoded code in the frame, or not RAM (the first
+                    // store fails): one store at a time.
+                    for i in 0..n {
+                        self.store(mem, at(dst, i), size, value)?;
+                    }
+                }
+            }
+            _ => {
+                let src = self.translate(mem, rsi, AccessKind::Read, user)?;
+                // Not RAM: the first element's read fails here, as its own
+                // would, before the destination is translated.
+                mem.read(src, size.bytes())?;
+                let dst = self.translate(mem, rdi, AccessKind::Write, user)?;
+                if !mem.copy_repeated(src, dst, n, size.bytes()) {
+                    for i in 0..n {
+                        let v = mem.read(at(src, i), size.bytes())?;
+                        self.store(mem, at(dst, i), size, v)?;
+                    }
+                }
+            }
+        }
+        Ok(n)
     }
 
     #[inline]
