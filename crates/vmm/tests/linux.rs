@@ -5,32 +5,7 @@
 //! the kernel first), where a missing kernel fails them.
 
 mod common;
-use common::{faultline, stderr, stdout};
-use std::path::PathBuf;
-
-/// The cached kernel image, or `None` (after saying so loudly) when there
-/// is none outside CI.
-fn linux_image() -> Option<PathBuf> {
-    let cache = match std::env::var_os("FAULTLINE_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/faultline")
-        }
-    };
-    let image = cache.join("linux/vmlinuz");
-    if image.is_file() {
-        return Some(image);
-    }
-    let message = format!(
-        "no Linux kernel at {}: run `bash scripts/fetch-linux.sh` first",
-        image.display()
-    );
-    if std::env::var_os("CI").is_some() {
-        panic!("{message} (CI is set: the Linux tests must run)");
-    }
-    eprintln!("\n*** SKIP: {message} ***\n");
-    None
-}
+use common::{faultline, linux_image, stderr, stdout};
 
 /// Boots Linux with `extra` options and `hello`; returns the JSON summary
 /// and the raw stdout.

@@ -8,8 +8,7 @@
 //! it they print a loud SKIP, unless `CI` is set, where they fail.
 
 mod common;
-use common::{faultline, stderr, stdout};
-use std::path::PathBuf;
+use common::{faultline, linux_image, stderr, stdout};
 
 /// Runs `faultline run ARGS` (ARGS ending with `-- PROGRAM ...`) with JSON
 /// statistics, expecting exit status 0; returns the summary.
@@ -37,30 +36,6 @@ fn report_value(v: &serde_json::Value, key: &str) -> u64 {
             })
         })
         .unwrap_or_else(|| panic!("no report {key}= in {}", v["reports"]))
-}
-
-/// The cached Linux kernel image, or `None` (after saying so loudly) when
-/// there is none outside CI.
-fn linux_image() -> Option<PathBuf> {
-    let cache = match std::env::var_os("FAULTLINE_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/faultline")
-        }
-    };
-    let image = cache.join("linux/vmlinuz");
-    if image.is_file() {
-        return Some(image);
-    }
-    let message = format!(
-        "no Linux kernel at {}: run `bash scripts/fetch-linux.sh` first",
-        image.display()
-    );
-    if std::env::var_os("CI").is_some() {
-        panic!("{message} (CI is set: the Linux tests must run)");
-    }
-    eprintln!("\n*** SKIP: {message} ***\n");
-    None
 }
 
 /// clockwarp's counts: (checks, warps, worst ns). Every thread checks every

@@ -153,12 +153,26 @@ impl Mmu {
     ) -> Result<ZapReport, ZapError> {
         let (mut report, obsolete) = self.zap_begin(mem, frames, costs, mode, at)?;
         if let Some(mut obsolete) = obsolete {
-            while !obsolete.is_done() {
-                let next = report.ended;
-                self.zap_batch(mem, frames, costs, &mut report, &mut obsolete, next)?;
-            }
+            self.zap_rest(mem, frames, costs, &mut report, &mut obsolete)?;
         }
         Ok(report)
+    }
+
+    /// The batches a fast zap has left, each asking for `mmu_lock` when
+    /// the one before ends (nothing else takes it meanwhile).
+    pub(crate) fn zap_rest(
+        &self,
+        mem: &PhysMemory,
+        frames: &mut FrameAllocator,
+        costs: &HvCosts,
+        report: &mut ZapReport,
+        obsolete: &mut Obsolete,
+    ) -> Result<(), ZapError> {
+        while !obsolete.is_done() {
+            let next = report.ended;
+            self.zap_batch(mem, frames, costs, report, obsolete, next)?;
+        }
+        Ok(())
     }
 
     /// A zap-all's first hold, asking for `mmu_lock` at `at`: the whole

@@ -379,17 +379,13 @@ impl Vm {
             };
         };
         let host = &mut self.shared.host;
-        while !teardown.obsolete.is_done() {
-            let at = teardown.report.ended;
-            host.mmu.zap_batch(
-                &host.mem,
-                &mut host.frames,
-                &host.costs,
-                &mut teardown.report,
-                &mut teardown.obsolete,
-                at,
-            )?;
-        }
+        host.mmu.zap_rest(
+            &host.mem,
+            &mut host.frames,
+            &host.costs,
+            &mut teardown.report,
+            &mut teardown.obsolete,
+        )?;
         Ok(teardown.report)
     }
 
@@ -427,17 +423,19 @@ impl Vm {
     /// calls. They are at or after the limit `run_until` stopped at.
     fn finish_tracked_writes(&mut self) {
         while self.sched.stopped.is_none() {
-            let pending = (0..self.vcpus.len())
-                .filter(|&i| {
-                    let v = &self.vcpus[i];
-                    v.parked_exit.is_some() && v.shadow.pending_write.is_some()
-                })
-                .min_by_key(|&i| (self.vcpus[i].clock(), i));
-            match pending {
+            match self.earliest_parked(|v| v.shadow.pending_write.is_some()) {
                 Some(index) => self.step_vcpu(index),
                 None => return,
             }
         }
+    }
+
+    /// The vCPU with a parked exit that `also` holds for, earliest first
+    /// (then by index).
+    fn earliest_parked(&self, also: impl Fn(&Vcpu) -> bool) -> Option<usize> {
+        (0..self.vcpus.len())
+            .filter(|&i| self.vcpus[i].parked_exit.is_some() && also(&self.vcpus[i]))
+            .min_by_key(|&i| (self.vcpus[i].clock(), i))
     }
 
     /// Runs to completion (harvesting and dropping dirty rings that fill:
@@ -807,10 +805,7 @@ impl Vm {
                 self.deliver_next();
                 continue;
             }
-            let parked = (0..self.vcpus.len())
-                .filter(|&i| self.vcpus[i].parked_exit.is_some())
-                .min_by_key(|&i| (self.vcpus[i].clock(), i));
-            match parked {
+            match self.earliest_parked(|_| true) {
                 Some(index) => self.step_vcpu(index),
                 None => return,
             }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
 /// Runs `faultline ARGS...` to completion.
@@ -65,4 +66,28 @@ pub fn incoming(extra: &[&str]) -> (Child, String, std::thread::JoinHandle<Strin
         s
     });
     (child, addr, rest)
+}
+
+/// The cached Linux kernel image, or `None` (after saying so loudly) when there
+/// is none outside CI.
+pub fn linux_image() -> Option<PathBuf> {
+    let cache = match std::env::var_os("FAULTLINE_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/faultline")
+        }
+    };
+    let image = cache.join("linux/vmlinuz");
+    if image.is_file() {
+        return Some(image);
+    }
+    let message = format!(
+        "no Linux kernel at {}: run `bash scripts/fetch-linux.sh` first",
+        image.display()
+    );
+    if std::env::var_os("CI").is_some() {
+        panic!("{message} (CI is set: the Linux tests must run)");
+    }
+    eprintln!("\n*** SKIP: {message} ***\n");
+    None
 }
