@@ -5,8 +5,11 @@ use crate::config::{
     check_swap_path, read_capped, read_input_file, ConfigError, Kernel, CONSOLE_INPUT_CAP,
 };
 use crate::memslot_churn::{ChurnTrigger, SlotChurn};
+use crate::migrate::Outcome;
 use crate::report::{DirtyLogSummary, NotReached, Summary};
-use crate::session::{drive, Ending, Limits, PanicWatch, Progress};
+use crate::session::{
+    drive, drive_to, Driven, Ending, Limits, PanicWatch, Progress, StopAt, StopPoint,
+};
 use crate::signals::StopRequest;
 use crate::units::duration_to_cycles;
 use crate::{
@@ -294,19 +297,21 @@ pub fn run(args: RunArgs) -> u8 {
 /// Drives `vm` to its end as `run` does (the guest's output on stdout,
 /// then the summary) and returns the exit status.
 pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
-    let snapshot_at = args
-        .snapshot
-        .as_ref()
-        .map(|(at, _)| *at)
-        .or(args.migrate.as_ref().map(|m| m.at));
     let limits = Limits {
-        time: match (args.time_limit, snapshot_at) {
-            (Some(limit), Some(at)) => Some(limit.min(at)),
-            (limit, at) => limit.or(at),
-        },
+        time: args.time_limit,
         wall: args.wall_limit,
         slice: None,
     };
+    // `--snapshot-at` or `--migrate-at` (never both: `check_migrate_options`).
+    let stop_at = match (&args.snapshot, &args.migrate) {
+        (Some((at, _)), _) => Some((*at, StopPoint::Snapshot)),
+        (None, Some(spec)) => Some((spec.at, StopPoint::Migrate)),
+        (None, None) => None,
+    }
+    .map(|(at, point)| StopAt {
+        at: Cycles(duration_to_cycles(at)),
+        point,
+    });
     let mut churn = match args.memslot_period {
         Some(period) => {
             let trigger = ChurnTrigger::Period(Cycles(duration_to_cycles(period)));
@@ -361,31 +366,53 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
         progress.update("", vm);
         panic.ending()
     };
-    let mut ending = drive(&mut vm, &limits, stop, &mut after_slice);
     let mut migration = None;
     let mut migration_lost = false;
     let mut migration_failed = false;
-    if let (Some(spec), Ending::TimeLimit(d)) = (&args.migrate, &ending) {
-        if *d == spec.at {
+    let mut ending = match drive_to(&mut vm, &limits, stop_at, stop, &mut after_slice) {
+        Driven::Ended(ending) => ending,
+        Driven::Reached(StopPoint::Snapshot) => {
+            let (at, path) = args
+                .snapshot
+                .as_ref()
+                .expect("a snapshot stop point comes from --snapshot-at");
+            match crate::migrate::save_snapshot(&mut vm, path) {
+                Ok(()) => Ending::Snapshot {
+                    path: path.clone(),
+                    at: *at,
+                },
+                Err(message) => {
+                    progress.suspend(|| eprintln!("faultline: {message}"));
+                    Ending::SnapshotFailed { message }
+                }
+            }
+        }
+        Driven::Reached(StopPoint::Migrate) => {
+            let spec = args
+                .migrate
+                .as_ref()
+                .expect("a migration stop point comes from --migrate-at");
+            // A stretch the migration asks for ends before `--time-limit`
+            // if that is the same. It ends at the first whole nanosecond
+            // at or after `until`, as before stop points were typed: the
+            // figures stay as they were until a change says otherwise.
             let mut run_for = |vm: &mut Vm, until: Cycles| -> Option<Ending> {
-                let until = cycles_to_duration(until);
-                let limit = Limits {
-                    time: Some(args.time_limit.map_or(until, |t| t.min(until))),
-                    wall: args.wall_limit,
-                    slice: None,
+                let stretch = StopAt {
+                    at: Cycles(duration_to_cycles(whole_ns_after(until))),
+                    point: StopPoint::Stretch,
                 };
-                match drive(vm, &limit, stop, &mut after_slice) {
-                    Ending::TimeLimit(d) if d == until => None,
-                    other => Some(other),
+                match drive_to(vm, &limits, Some(stretch), stop, &mut after_slice) {
+                    Driven::Reached(_) => None,
+                    Driven::Ended(ending) => Some(ending),
                 }
             };
-            use crate::migrate::precopy::{migrate, Outcome};
-            match migrate(&mut vm, spec, &mut run_for) {
+            match crate::migrate::migrate(&mut vm, spec, &mut run_for) {
                 Outcome::Migrated(report) => {
-                    ending = Ending::Migrated {
+                    let ending = Ending::Migrated {
                         to: report.to.clone(),
                     };
                     migration = Some(report);
+                    ending
                 }
                 Outcome::Lost(report) => {
                     eprintln!(
@@ -393,16 +420,17 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
                         report.to,
                         report.failed.as_deref().unwrap_or("?")
                     );
-                    ending = Ending::Migrated {
+                    let ending = Ending::Migrated {
                         to: report.to.clone(),
                     };
                     migration_lost = true;
                     migration = Some(report);
+                    ending
                 }
-                Outcome::Ended(report, end) => {
-                    ending = end;
+                Outcome::Ended(report, ending) => {
                     migration = Some(report);
                     migration_failed = true;
+                    ending
                 }
                 Outcome::Failed(report) => {
                     eprintln!(
@@ -412,34 +440,16 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
                     );
                     migration = Some(report);
                     migration_failed = true;
-                    let rest = Limits {
-                        time: args.time_limit,
-                        wall: args.wall_limit,
-                        slice: None,
-                    };
-                    ending = drive(&mut vm, &rest, stop, &mut after_slice);
+                    drive(&mut vm, &limits, stop, &mut after_slice)
                 }
             }
         }
-    }
+        Driven::Reached(StopPoint::Stretch) => unreachable!("no stretch was asked for"),
+    };
     progress.finish();
     let wall = started.elapsed();
     ending = panic.explain(ending);
 
-    if let (Some((at, path)), Ending::TimeLimit(d)) = (&args.snapshot, &ending) {
-        if d == at {
-            ending = match crate::migrate::save_snapshot(&mut vm, path) {
-                Ok(()) => Ending::Snapshot {
-                    path: path.clone(),
-                    at: *at,
-                },
-                Err(message) => {
-                    eprintln!("faultline: {message}");
-                    Ending::SnapshotFailed { message }
-                }
-            };
-        }
-    }
     // A save point handles the vCPUs' parked exits first (`Vm::settle`):
     // what the guest printed in them is the source's output too.
     let serial = vm.take_serial();
@@ -580,7 +590,8 @@ fn ring_full_count(vm: &Vm) -> u64 {
 
 /// A virtual time as a duration from boot, rounded up (so a limit of
 /// that duration is not reached before it).
-fn cycles_to_duration(c: Cycles) -> Duration {
+/// The first whole nanosecond at or after `c`.
+fn whole_ns_after(c: Cycles) -> Duration {
     let ns = (u128::from(c.0) * 1_000_000_000).div_ceil(u128::from(hv::CYCLES_PER_SECOND));
     Duration::from_nanos(ns as u64)
 }

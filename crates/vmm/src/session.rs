@@ -76,6 +76,35 @@ impl Ending {
     }
 }
 
+/// A point in virtual time where driving pauses for the VMM's own work,
+/// as opposed to a limit that ends the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopPoint {
+    /// `--snapshot-at`: save the VM.
+    Snapshot,
+    /// `--migrate-at`: start the migration.
+    Migrate,
+    /// The end of a stretch the VMM asked for (a pre-copy round).
+    Stretch,
+}
+
+/// Where [`drive_to`] pauses, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StopAt {
+    pub at: Cycles,
+    pub point: StopPoint,
+}
+
+/// What [`drive_to`] came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Driven {
+    /// The stop point, before any limit (one at the same time included):
+    /// the VM is intact and can be driven on.
+    Reached(StopPoint),
+    /// The run ended.
+    Ended(Ending),
+}
+
 /// Runs `vm` until it stops, a signal arrives or a limit is reached,
 /// calling `after_slice` after every slice (serial output, progress);
 /// an ending it returns ends the run.
@@ -83,33 +112,56 @@ pub fn drive(
     vm: &mut Vm,
     limits: &Limits,
     stop: &StopRequest,
-    mut after_slice: impl FnMut(&mut Vm) -> Option<Ending>,
+    after_slice: impl FnMut(&mut Vm) -> Option<Ending>,
 ) -> Ending {
+    match drive_to(vm, limits, None, stop, after_slice) {
+        Driven::Ended(ending) => ending,
+        Driven::Reached(point) => {
+            unreachable!("no stop point was given, yet {point:?} was reached")
+        }
+    }
+}
+
+/// [`drive`], pausing at `stop_at` if the run gets there: a stop point
+/// wins over a time limit at the same virtual time.
+pub fn drive_to(
+    vm: &mut Vm,
+    limits: &Limits,
+    stop_at: Option<StopAt>,
+    stop: &StopRequest,
+    mut after_slice: impl FnMut(&mut Vm) -> Option<Ending>,
+) -> Driven {
     let started = Instant::now();
     let time_limit = limits.time.map(|d| Cycles(duration_to_cycles(d)));
     loop {
         if let Some(signal) = stop.signal() {
-            return Ending::Interrupted(signal);
+            return Driven::Ended(Ending::Interrupted(signal));
         }
         if let Some(wall) = limits.wall {
             if started.elapsed() >= wall {
-                return Ending::WallLimit(wall);
+                return Driven::Ended(Ending::WallLimit(wall));
             }
         }
         let now = vm.time();
         let mut until = now.saturating_add(limits.slice.unwrap_or(Cycles(SLICE_CYCLES)));
+        if let Some(StopAt { at, point }) = stop_at {
+            if now >= at {
+                return Driven::Reached(point);
+            }
+            until = until.min(at);
+        }
         if let (Some(limit), Some(d)) = (time_limit, limits.time) {
             if now >= limit {
-                return Ending::TimeLimit(d);
+                return Driven::Ended(Ending::TimeLimit(d));
             }
             until = until.min(limit);
         }
         let status = vm.run_until(until);
         if let Some(ending) = after_slice(vm) {
-            return ending;
+            return Driven::Ended(ending);
         }
         if let RunStatus::Stopped(reason) = status {
-            return Ending::Vm(reason);
+            return Driven::Ended(Ending::Vm(reason));
         }
     }
 }

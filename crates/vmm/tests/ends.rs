@@ -227,6 +227,46 @@ fn a_stop_point_after_the_program_ends_is_reported_and_fails_the_run() {
     assert!(stderr(&out).contains("--migrate-at 10s was not reached"));
 }
 
+/// A stop point is not a time limit: at the same virtual time the save
+/// happens, and a limit before it ends the run without one.
+#[cfg(bundled_kernel)]
+#[test]
+fn a_stop_point_at_the_time_limit_is_reached_and_one_after_it_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |limit: &str, snap: &str| {
+        faultline(&[
+            "run",
+            "--stats",
+            "json",
+            "--time-limit",
+            limit,
+            "--snapshot-at",
+            "2ms",
+            "--snapshot",
+            snap,
+            "--",
+            "pagetag",
+            "-m",
+            "8M",
+            "-p",
+            "3",
+        ])
+    };
+    let at_limit = dir.path().join("at-limit");
+    let out = run("2ms", at_limit.to_str().unwrap());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["stop"]["reason"], "snapshot", "{v}");
+    assert!(at_limit.exists());
+
+    let after_limit = dir.path().join("after-limit");
+    let out = run("1ms", after_limit.to_str().unwrap());
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["stop"]["reason"], "time_limit", "{v}");
+    assert_eq!(v["not_reached"]["option"], "--snapshot-at", "{v}");
+    assert!(!after_limit.exists());
+}
+
 #[cfg(bundled_kernel)]
 #[test]
 fn a_destination_that_never_answers_is_said_so_and_fails_the_run() {

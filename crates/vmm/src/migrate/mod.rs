@@ -3,10 +3,13 @@
 //! `incoming --listen ADDR:PORT` waits for a VM that `run --migrate-to
 //! ADDR:PORT --migrate-at TIME` sends (`docs/migration.md`).
 
+mod error;
 pub mod incoming;
 pub mod link;
 pub mod postcopy;
 pub mod precopy;
+
+pub use precopy::{MigrateSpec, Outcome, RunFor};
 
 use crate::run::{run_vm, RunOptions};
 use crate::signals::StopRequest;
@@ -68,6 +71,15 @@ pub enum MigrateMode {
     Postcopy,
     /// Pre-copy rounds (`--max-rounds` at most), then post-copy.
     Hybrid,
+}
+
+/// Migrates `vm`, stopped at `spec.at`, as `--migrate-mode` says: the
+/// one place that picks the protocol.
+pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Outcome {
+    match spec.mode {
+        MigrateMode::Precopy => precopy::migrate(vm, spec, run_for),
+        MigrateMode::Postcopy | MigrateMode::Hybrid => postcopy::migrate(vm, spec, run_for),
+    }
 }
 
 /// `run`'s live-migration options.

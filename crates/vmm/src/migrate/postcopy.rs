@@ -25,9 +25,10 @@
 //! `migrate-recover`, done automatically). If nobody comes back in time,
 //! the destination stops with an error rather than run without its pages.
 
+use super::error::MigrateError;
 use super::link::{self, Kind, Link, LinkError, LinkModel};
 use super::precopy::{
-    connect, ms, precopy_rounds, GuestCounters, MigrateSpec, MigrationReport, Outcome, RunFor,
+    connect, fail, ms, precopy_rounds, GuestCounters, MigrateSpec, MigrationReport, Outcome, RunFor,
 };
 use super::MigrateMode;
 use hv::{Cycles, Gpa, Vm, RAM_SLOT};
@@ -245,7 +246,7 @@ impl Destination {
             .link
             .try_clone()
             .map_err(|e| format!("the return path: {e}"))?;
-        reader_blocks(&receiving.link)?;
+        reader_blocks(&receiving.link).map_err(|e| format!("the connection: {e}"))?;
         lock(&self.inbox).writer = Some(writer);
         let me = Arc::clone(self);
         let handle = std::thread::Builder::new()
@@ -376,7 +377,8 @@ impl Destination {
                 for gfn in inbox.requested.clone() {
                     link.send(Kind::Request, &gfn.to_le_bytes())?;
                 }
-                reader_blocks(&link).map_err(LinkError::Protocol)?;
+                reader_blocks(&link)
+                    .map_err(|e| LinkError::Protocol(format!("the connection: {e}")))?;
                 inbox.writer = Some(link.try_clone()?);
                 inbox.reconnects += 1;
                 Ok(link)
@@ -423,9 +425,10 @@ impl Destination {
 
 /// The reading side of a post-copy connection waits as long as it takes:
 /// a quiet peer is not a dead one (a broken connection ends the read).
-fn reader_blocks(link: &Link) -> Result<(), String> {
+/// Reads on `link` wait as long as it takes (a return path is quiet
+/// while no page is missing).
+fn reader_blocks(link: &Link) -> std::io::Result<()> {
     link.set_read_timeout(None)
-        .map_err(|e| format!("the connection: {e}"))
 }
 
 /// The pager's [`hv::PageSource`] at a post-copy destination.
@@ -466,20 +469,17 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
     let mut link = match connect(&spec.to, spec.timeout) {
         Ok(link) => link,
         Err(e) => {
-            report.failed = Some(format!("connecting to {}: {e}", spec.to));
+            let e = MigrateError::Connect {
+                to: spec.to.clone(),
+                source: e,
+            };
+            report.failed = Some(e.to_string());
             return Outcome::Failed(report);
         }
     };
     let vcpus = vm.vcpus().len() as u32;
     let hello = link::hello(vm.mem_size(), vcpus);
     let mut logging = false;
-    let fail = |vm: &mut Vm, mut report: MigrationReport, logging: bool, why: String| {
-        if logging {
-            let _ = vm.disable_dirty_log(RAM_SLOT);
-        }
-        report.failed = Some(why);
-        report
-    };
     let mut pending = if hybrid {
         let before = GuestCounters::of(vm);
         let rounds = precopy_rounds(vm, spec, &mut link, &mut report, &mut logging, run_for);
@@ -488,7 +488,7 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
             Ok(Ok(pages)) => pages,
             Ok(Err(ending)) => {
                 report.bytes_sent = link.sent;
-                let report = fail(vm, report, logging, "the run ended during pre-copy".into());
+                let report = fail(vm, report, logging, MigrateError::RunEnded);
                 return Outcome::Ended(report, ending);
             }
             Err(why) => {
@@ -498,7 +498,7 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
         }
     } else {
         if let Err(e) = link.send(Kind::Hello, &hello) {
-            return Outcome::Failed(fail(vm, report, false, e.to_string()));
+            return Outcome::Failed(fail(vm, report, false, e.into()));
         }
         vm.touched_pages()
     };
@@ -509,40 +509,23 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
     let stopped = vm.time();
     if logging {
         if let Err(e) = vm.disable_dirty_log(RAM_SLOT) {
-            return Outcome::Failed(fail(vm, report, false, format!("dirty log: {e}")));
+            return Outcome::Failed(fail(vm, report, false, e.into()));
         }
     }
-    let switch_bytes = (|| -> Result<u64, String> {
-        let mut bytes = link
-            .send(Kind::LinkModel, &link::link_model(&spec.link))
-            .map_err(|e| e.to_string())?;
+    let switch_bytes = (|| -> Result<u64, MigrateError> {
+        let mut bytes = link.send(Kind::LinkModel, &link::link_model(&spec.link))?;
         for chunk in pending.chunks(link::GFNS_PER_FRAME) {
-            bytes += link
-                .send(Kind::Pending, &link::gfn_list(chunk))
-                .map_err(|e| e.to_string())?;
+            bytes += link.send(Kind::Pending, &link::gfn_list(chunk))?;
         }
-        let state = vm.snapshot_state().map_err(|e| e.to_string())?;
-        bytes += link.send(Kind::State, &state).map_err(|e| e.to_string())?;
+        let state = vm.snapshot_state()?;
+        bytes += link.send(Kind::State, &state)?;
         Ok(bytes)
     })();
     let switch_bytes = match switch_bytes {
         Ok(b) => b,
         Err(why) => return Outcome::Failed(fail(vm, report, false, why)),
     };
-    let answer = match link.recv() {
-        Ok((Kind::Ack, _)) => Ok(()),
-        Ok((Kind::Nack, why)) => Err(format!(
-            "the destination refused the VM: {}",
-            String::from_utf8_lossy(&why)
-        )),
-        Ok((kind, _)) => Err(format!("the destination answered {kind:?}")),
-        Err(LinkError::Timeout(waited)) => Err(format!(
-            "no answer from the destination within {}",
-            crate::units::format_duration(waited)
-        )),
-        Err(e) => Err(format!("waiting for the destination's answer: {e}")),
-    };
-    if let Err(why) = answer {
+    if let Err(why) = MigrateError::from_answer(link.recv()) {
         // The destination did not take the VM: it goes on here.
         report.bytes_sent = link.sent;
         return Outcome::Failed(fail(vm, report, false, why));
@@ -571,7 +554,7 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
     match served {
         Ok(()) => Outcome::Migrated(report),
         Err(why) => {
-            report.failed = Some(why);
+            report.failed = Some(why.to_string());
             Outcome::Lost(report)
         }
     }
@@ -591,11 +574,9 @@ fn spawn_reader(
     generation: u32,
     npages: u64,
     tx: mpsc::Sender<(u32, Heard)>,
-) -> Result<(), String> {
-    let mut reader = link
-        .try_clone()
-        .map_err(|e| format!("the return path: {e}"))?;
-    reader_blocks(&reader)?;
+) -> Result<(), MigrateError> {
+    let mut reader = link.try_clone().map_err(MigrateError::ReturnPath)?;
+    reader_blocks(&reader).map_err(MigrateError::ReturnPathBlocking)?;
     std::thread::Builder::new()
         .name("postcopy-requests".into())
         .spawn(move || loop {
@@ -614,7 +595,7 @@ fn spawn_reader(
             }
         })
         .map(|_| ())
-        .map_err(|e| format!("starting the reader: {e}"))
+        .map_err(MigrateError::SpawnReader)
 }
 
 /// The source after the switch-over: pushes the pending pages in order,
@@ -627,7 +608,7 @@ fn serve(
     spec: &MigrateSpec,
     hello: &[u8],
     reconnects: &mut u32,
-) -> Result<(), String> {
+) -> Result<(), MigrateError> {
     let npages = vm.mem_size() / 4096;
     let mut to_send: BTreeSet<u64> = pending.into_iter().collect();
     let mut urgent: VecDeque<u64> = VecDeque::new();
@@ -661,7 +642,7 @@ fn serve(
             match next {
                 Some(gfn) => {
                     vm.read_guest(Gpa(gfn * 4096), &mut page)
-                        .map_err(|e| format!("reading guest page {gfn:#x}: {e}"))?;
+                        .map_err(|source| MigrateError::ReadPage { gfn, source })?;
                     if let Err(e) = link.send(Kind::Pages, &link::pages(&[(gfn, page.clone())])) {
                         to_send.insert(gfn);
                         broken = Some(e.to_string());
@@ -672,12 +653,7 @@ fn serve(
                     Ok((_, Heard::Request(_))) => {} // sent already
                     Ok((_, Heard::Done)) => return Ok(()),
                     Ok((_, Heard::Broken(why))) => broken = Some(why),
-                    Err(_) => {
-                        return Err(format!(
-                            "every page sent, but no word from the destination in {:?}",
-                            spec.timeout
-                        ))
-                    }
+                    Err(_) => return Err(MigrateError::Silent(spec.timeout)),
                 },
             }
         }
@@ -687,8 +663,11 @@ fn serve(
             "faultline: post-copy: the connection to {} broke ({why}); reconnecting for up to {:?}",
             spec.to, spec.reconnect_timeout
         );
-        let (again, need) = reconnect(spec, hello, npages)
-            .map_err(|e| format!("the connection broke ({why}); reconnecting: {e}"))?;
+        let (again, need) =
+            reconnect(spec, hello, npages).map_err(|e| MigrateError::Reconnect {
+                why,
+                source: Box::new(e),
+            })?;
         eprintln!(
             "faultline: post-copy: reconnected to {}; {} pages still to send",
             spec.to,
@@ -705,7 +684,11 @@ fn serve(
 
 /// Connects again to the destination for up to `--reconnect-timeout`;
 /// returns the link and the pages the destination still needs.
-fn reconnect(spec: &MigrateSpec, hello: &[u8], npages: u64) -> Result<(Link, Vec<u64>), String> {
+fn reconnect(
+    spec: &MigrateSpec,
+    hello: &[u8],
+    npages: u64,
+) -> Result<(Link, Vec<u64>), MigrateError> {
     let deadline = Instant::now() + spec.reconnect_timeout;
     let mut last = String::from("no attempt");
     while Instant::now() < deadline {
@@ -732,10 +715,10 @@ fn reconnect(spec: &MigrateSpec, hello: &[u8], npages: u64) -> Result<(Link, Vec
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    Err(format!(
-        "no destination within {:?} (last: {last})",
-        spec.reconnect_timeout
-    ))
+    Err(MigrateError::NoDestination {
+        within: spec.reconnect_timeout,
+        last,
+    })
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //! connection) and the source resumes the VM where it stopped, dirty
 //! logging off, and reports the failure: nothing is lost.
 
+use super::error::MigrateError;
 use super::link::{self, Kind, Link, LinkError, LinkModel};
 use hv::{Cycles, DirtyLogMode, Gfn, Vm, RAM_SLOT};
 use serde::Serialize;
@@ -167,7 +168,7 @@ impl Sent {
     }
 }
 
-fn send_pages(vm: &mut Vm, link: &mut Link, gfns: &[u64]) -> Result<Sent, String> {
+fn send_pages(vm: &mut Vm, link: &mut Link, gfns: &[u64]) -> Result<Sent, MigrateError> {
     let mut sent = Sent {
         bytes: 0,
         last_ready: vm.time(),
@@ -178,23 +179,17 @@ fn send_pages(vm: &mut Vm, link: &mut Link, gfns: &[u64]) -> Result<Sent, String
             let mut page = [0u8; 4096];
             let ready = vm
                 .read_guest_page(Gfn(gfn), &mut page)
-                .map_err(|e| format!("reading guest page {gfn:#x}: {e}"))?;
+                .map_err(|source| MigrateError::ReadPage { gfn, source })?;
             sent.last_ready = sent.last_ready.max(ready);
             batch.push((gfn, page.to_vec()));
         }
-        sent.bytes += link
-            .send(Kind::Pages, &link::pages(&batch))
-            .map_err(|e| e.to_string())?;
+        sent.bytes += link.send(Kind::Pages, &link::pages(&batch))?;
     }
     Ok(sent)
 }
 
-/// Migrates `vm` (stopped at `spec.at`) by pre-copy, or as
-/// `--migrate-mode` says.
+/// Migrates `vm` (stopped at `spec.at`) by pre-copy.
 pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Outcome {
-    if spec.mode != super::MigrateMode::Precopy {
-        return super::postcopy::migrate(vm, spec, run_for);
-    }
     let mut report = MigrationReport {
         mode: "precopy",
         to: spec.to.clone(),
@@ -205,19 +200,16 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
     let mut link = match connect(&spec.to, spec.timeout) {
         Ok(link) => link,
         Err(e) => {
-            report.failed = Some(format!("connecting to {}: {e}", spec.to));
+            let e = MigrateError::Connect {
+                to: spec.to.clone(),
+                source: e,
+            };
+            report.failed = Some(e.to_string());
             return Outcome::Failed(report);
         }
     };
     let mut logging = false;
     let result = precopy_rounds(vm, spec, &mut link, &mut report, &mut logging, run_for);
-    let fail = |vm: &mut Vm, mut report: MigrationReport, logging: bool, why: String| {
-        if logging {
-            let _ = vm.disable_dirty_log(RAM_SLOT);
-        }
-        report.failed = Some(why);
-        report
-    };
     report.bytes_sent = link.sent;
     report.precopy_ms = ms(vm.time() - started);
     report.total_ms = report.precopy_ms;
@@ -225,7 +217,7 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
     let final_pages = match result {
         Ok(Ok(pages)) => pages,
         Ok(Err(ending)) => {
-            let report = fail(vm, report, logging, "the run ended during pre-copy".into());
+            let report = fail(vm, report, logging, MigrateError::RunEnded);
             return Outcome::Ended(report, ending);
         }
         Err(why) => return Outcome::Failed(fail(vm, report, logging, why)),
@@ -233,12 +225,12 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
     // Stop and copy: the VM does not run from here on.
     let stopped = vm.time();
     if let Err(e) = vm.disable_dirty_log(RAM_SLOT) {
-        return Outcome::Failed(fail(vm, report, false, format!("dirty log: {e}")));
+        return Outcome::Failed(fail(vm, report, false, e.into()));
     }
-    let last = (|| -> Result<Sent, String> {
+    let last = (|| -> Result<Sent, MigrateError> {
         let mut sent = send_pages(vm, &mut link, &final_pages)?;
-        let state = vm.snapshot_state().map_err(|e| e.to_string())?;
-        sent.bytes += link.send(Kind::State, &state).map_err(|e| e.to_string())?;
+        let state = vm.snapshot_state()?;
+        sent.bytes += link.send(Kind::State, &state)?;
         Ok(sent)
     })();
     let last = match last {
@@ -252,39 +244,25 @@ pub fn migrate(vm: &mut Vm, spec: &MigrateSpec, run_for: &mut RunFor<'_>) -> Out
     report.precopy_ms = ms(stopped - started);
     report.downtime_ms = ms(downtime);
     report.total_ms = ms(stopped - started + downtime);
-    match link.recv() {
-        Ok((Kind::Ack, _)) => Outcome::Migrated(report),
-        Ok((Kind::Nack, why)) => Outcome::Failed(fail(
-            vm,
-            report,
-            false,
-            format!(
-                "the destination refused the VM: {}",
-                String::from_utf8_lossy(&why)
-            ),
-        )),
-        Ok((kind, _)) => Outcome::Failed(fail(
-            vm,
-            report,
-            false,
-            format!("the destination answered {kind:?}"),
-        )),
-        Err(LinkError::Timeout(waited)) => Outcome::Failed(fail(
-            vm,
-            report,
-            false,
-            format!(
-                "no answer from the destination within {}",
-                crate::units::format_duration(waited)
-            ),
-        )),
-        Err(e) => Outcome::Failed(fail(
-            vm,
-            report,
-            false,
-            format!("waiting for the destination's answer: {e}"),
-        )),
+    match MigrateError::from_answer(link.recv()) {
+        Ok(()) => Outcome::Migrated(report),
+        Err(e) => Outcome::Failed(fail(vm, report, false, e)),
     }
+}
+
+/// The report of a migration that failed with `why`; dirty logging off
+/// if it was on (`logging`).
+pub(super) fn fail(
+    vm: &mut Vm,
+    mut report: MigrationReport,
+    logging: bool,
+    why: MigrateError,
+) -> MigrationReport {
+    if logging {
+        let _ = vm.disable_dirty_log(RAM_SLOT);
+    }
+    report.failed = Some(why.to_string());
+    report
 }
 
 pub(super) fn connect(to: &str, timeout: Duration) -> Result<Link, LinkError> {
@@ -306,12 +284,10 @@ pub(super) fn precopy_rounds(
     report: &mut MigrationReport,
     logging: &mut bool,
     run_for: &mut RunFor<'_>,
-) -> Result<Result<Vec<u64>, crate::session::Ending>, String> {
+) -> Result<Result<Vec<u64>, crate::session::Ending>, MigrateError> {
     let vcpus = vm.vcpus().len() as u32;
-    link.send(Kind::Hello, &link::hello(vm.mem_size(), vcpus))
-        .map_err(|e| e.to_string())?;
-    vm.enable_dirty_log(RAM_SLOT, DirtyLogMode::Bitmap)
-        .map_err(|e| format!("dirty log: {e}"))?;
+    link.send(Kind::Hello, &link::hello(vm.mem_size(), vcpus))?;
+    vm.enable_dirty_log(RAM_SLOT, DirtyLogMode::Bitmap)?;
     *logging = true;
     let limit = Cycles(crate::units::duration_to_cycles(spec.downtime_limit));
     let mut pages = vm.touched_pages();
@@ -329,9 +305,7 @@ pub(super) fn precopy_rounds(
         // Exits still parked and IPIs in flight are handled now, so the
         // round's dirty log has what they write (`Vm::settle`).
         vm.settle();
-        let collected = vm
-            .collect_dirty_log(RAM_SLOT)
-            .map_err(|e| format!("dirty log: {e}"))?;
+        let collected = vm.collect_dirty_log(RAM_SLOT)?;
         report.dirty_log_get_ms += ms(collected.get.cycles + collected.clear.cycles);
         // RAM's memslot starts at gfn 0: its page indexes are gfns.
         pages = collected.pages;
