@@ -11,7 +11,7 @@ src=crates/vmm/src
 # A path into the experiments, their module declared, or a file of theirs
 # pulled in by #[path].
 pattern='crate::bench\b|\bbench::|\bmod bench\b|#\[path *= *"[^"]*bench'
-main_may_say='^(mod bench;|        Command::Bench\(command\) => bench::main\(command\),)$'
+main_may_say='^(mod bench;|        Command::Bench\(command\) => bench::main\(\*command\),)$'
 
 violations=()
 while IFS= read -r -d '' file; do

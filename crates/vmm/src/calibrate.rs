@@ -17,6 +17,7 @@
 //! wait checks, now and then, for SIGINT/SIGTERM and for a timeout, so a
 //! partner thread that never runs ends the test instead of hanging it.
 
+use crate::costs::{CostOverride, CostProfile};
 use crate::signals::{Signal, StopRequest};
 use crate::{EXIT_CONFIG, EXIT_VM_ERROR};
 use clap::Args;
@@ -37,7 +38,24 @@ pub struct CalibrateArgs {
     #[arg(long, default_value_t = 15,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     iterations: u32,
+    /// Also write this host's figures as a cost profile for
+    /// `--cost-profile` (the entries a test measures one for one; the
+    /// rest keep the default table's).
+    #[arg(long, value_name = "FILE")]
+    write_profile: Option<std::path::PathBuf>,
 }
+
+/// The entries a test measures one for one (the operation the entry
+/// prices, nothing more), and the test that measures each.
+const PROFILE_ENTRIES: &[(&str, &str)] = &[
+    ("line_transfer", "line_transfer"),
+    ("lock_acquire", "ticket_lock_uncontended"),
+    ("locked", "lock_add"),
+    ("spte_cmpxchg", "lock_cmpxchg"),
+    ("dirty_bit_set", "lock_or"),
+    ("zero_4k", "zero_4k"),
+    ("copy_4k", "copy_4k"),
+];
 
 /// Longest a spin wait may last before its test is given up.
 const WAIT_LIMIT: Duration = Duration::from_secs(5);
@@ -1288,6 +1306,12 @@ pub fn calibrate(args: CalibrateArgs) -> u8 {
             return EXIT_CONFIG;
         }
     };
+    if let Some(path) = &args.write_profile {
+        if let Err(e) = crate::config::check_output_path("--write-profile", path) {
+            eprintln!("faultline: {e}");
+            return EXIT_CONFIG;
+        }
+    }
     let cpus = allowed_cpus();
     let (tsc, tsc_text) = match tsc_hz() {
         Ok((hz, how)) => (Some(hz), how),
@@ -1344,11 +1368,60 @@ pub fn calibrate(args: CalibrateArgs) -> u8 {
     } else {
         print!("{}", table(&report));
     }
+    if let Some(path) = &args.write_profile {
+        let text = profile(&report);
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("faultline: --write-profile {}: {e}", path.display());
+            return EXIT_VM_ERROR;
+        }
+        eprintln!(
+            "faultline calibrate: wrote the cost profile {} (use it with --cost-profile)",
+            path.display()
+        );
+    }
     if report.tests.iter().any(|t| t.status == "failed") {
         EXIT_VM_ERROR
     } else {
         0
     }
+}
+
+/// A cost profile of `report`: each entry of [`PROFILE_ENTRIES`] whose
+/// test ran, its median in cycles of the tables' 3 GHz core.
+fn profile(report: &Report) -> String {
+    let header = vec![
+        "faultline cost profile: this host's figures from `faultline calibrate`".to_string(),
+        format!(
+            "host: {} CPUs{}; medians of {} repetitions; cycles of a {} GHz core (ns x {})",
+            report.host.cpus,
+            if report.host.virtualized {
+                ", itself a VM"
+            } else {
+                ""
+            },
+            report.repetitions,
+            report.table_ghz,
+            report.table_ghz
+        ),
+        "entries not listed keep the default table's figure (docs/costs.md)".to_string(),
+    ];
+    let entries: Vec<(CostOverride, String)> = PROFILE_ENTRIES
+        .iter()
+        .filter_map(|&(entry, test)| {
+            let result = report.tests.iter().find(|t| t.name == test)?;
+            let ns = result.median_ns.filter(|_| result.status == "ok")?;
+            let cycles = (ns * report.table_ghz).round() as u64;
+            let (_, default) = entry_value(entry)?;
+            Some((
+                CostOverride {
+                    name: entry.to_string(),
+                    cycles,
+                },
+                format!("{test}: {ns:.2} ns (default {default})"),
+            ))
+        })
+        .collect();
+    CostProfile::text(&header, &entries)
 }
 
 /// The tables' clock, in GHz.

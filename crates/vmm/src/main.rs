@@ -27,7 +27,7 @@ mod signals;
 mod units;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use costs::{parse_cost_override, CostOverride};
+use costs::{parse_cost_override, parse_cost_profile, CostOverride, CostProfile};
 use hv::VmConfig;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -61,7 +61,7 @@ enum Command {
     Run(Box<RunArgs>),
     /// Reproduce a seed experiment (several VM runs compared side by side).
     #[command(subcommand)]
-    Bench(BenchCommand),
+    Bench(Box<BenchCommand>),
     /// Resume a VM saved by `run --snapshot-at TIME --snapshot FILE` and
     /// run it to its end as `run` would (its output continues the saved
     /// run's).
@@ -214,6 +214,12 @@ pub struct BenchCommon {
     /// e.g. `exit_base=600`: every run of the benchmark uses it.
     #[arg(long = "cost", value_name = "NAME=CYCLES", value_parser = parse_cost_override)]
     costs: Vec<CostOverride>,
+    /// A whole cost table in a file, `NAME=CYCLES` per line (`faultline
+    /// calibrate --write-profile FILE` writes this host's), applied
+    /// before any `--cost`.
+    #[arg(long, value_name = "FILE", value_parser = parse_cost_profile)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cost_profile: Option<CostProfile>,
     /// What runs guest code: `interp` or `jit` (the translator). Results
     /// are the same either way, so it is not one of the recorded params.
     #[arg(long, default_value = "jit")]
@@ -255,7 +261,18 @@ impl BenchCommon {
             ept_ad: self.ept_ad,
             fast_pf_indirect: self.fast_pf_indirect,
             costs: self.costs.clone(),
+            cost_profile: self.cost_profile.clone(),
             engine: self.engine,
+        }
+    }
+
+    /// `--cost-profile`, then every `--cost`.
+    pub fn apply_costs(&self, config: &mut VmConfig) {
+        if let Some(profile) = &self.cost_profile {
+            profile.apply(config);
+        }
+        for cost in &self.costs {
+            cost.apply(config);
         }
     }
 
@@ -805,6 +822,11 @@ pub struct OvercommitArgs {
     /// e.g. `exit_base=600`, for a sensitivity study of a cited figure.
     #[arg(long = "cost", value_name = "NAME=CYCLES", value_parser = parse_cost_override)]
     costs: Vec<CostOverride>,
+    /// A whole cost table in a file, `NAME=CYCLES` per line (`faultline
+    /// calibrate --write-profile FILE` writes this host's), applied
+    /// before any `--cost`; entries it leaves out keep the default.
+    #[arg(long, value_name = "FILE", value_parser = parse_cost_profile)]
+    cost_profile: Option<CostProfile>,
     /// What runs guest code: `interp` (the interpreter) or `jit` (the
     /// translator); the same guest state and virtual time either way.
     #[arg(long, default_value = "jit")]
@@ -948,6 +970,9 @@ impl OvercommitArgs {
             ept_ad: self.ept_ad.on(),
             seed_indirect: self.fast_pf_indirect == FastPfIndirectArg::Seed,
         };
+        if let Some(profile) = &self.cost_profile {
+            profile.apply(config);
+        }
         for cost in &self.costs {
             cost.apply(config);
         }
@@ -974,7 +999,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let status = match cli.command {
         Command::Run(args) => run::run(*args),
-        Command::Bench(command) => bench::main(command),
+        Command::Bench(command) => bench::main(*command),
         Command::Restore(args) => migrate::restore(args),
         Command::Incoming(args) => migrate::incoming::incoming(args),
         Command::Calibrate(args) => calibrate::calibrate(args),

@@ -129,3 +129,43 @@ fn calibrate_refuses_zero_iterations() {
     let out = faultline(&["calibrate", "--iterations", "0"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+#[test]
+fn calibrate_writes_a_profile_of_the_entries_it_measures() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host.profile");
+    let out = faultline(&[
+        "calibrate",
+        "--iterations",
+        "1",
+        "--write-profile",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let entries: Vec<(&str, u64)> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| {
+            let (name, rest) = l.split_once('=').unwrap();
+            let cycles = rest.split_whitespace().next().unwrap().parse().unwrap();
+            (name, cycles)
+        })
+        .collect();
+    let names: Vec<&str> = entries.iter().map(|e| e.0).collect();
+    assert_eq!(
+        names,
+        [
+            "line_transfer",
+            "lock_acquire",
+            "locked",
+            "spte_cmpxchg",
+            "dirty_bit_set",
+            "zero_4k",
+            "copy_4k"
+        ],
+        "{text}"
+    );
+    assert!(entries.iter().all(|e| e.1 > 0), "{text}");
+}

@@ -141,3 +141,47 @@ fn missing_or_malformed_kernels_are_clear_errors() {
     let out = faultline(&["run", "--kernel", &kernel("hello")]);
     assert_ne!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
+
+/// `--cost-profile` sets its entries as `--cost` would, and a `--cost`
+/// after it wins.
+#[cfg(bundled_kernel)]
+#[test]
+fn a_cost_profile_is_the_same_as_its_cost_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("slow-zero.profile");
+    std::fs::write(
+        &path,
+        "# a slow page clear\nzero_4k=6000\nline_transfer=300 # far cores\n",
+    )
+    .unwrap();
+    let profile = path.to_str().unwrap();
+    let cycles = |extra: &[&str]| -> u64 {
+        let mut args = vec!["run", "--stats", "json"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "hello"]);
+        let out = faultline(&args);
+        assert_eq!(out.status.code(), Some(0));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["virtual_cycles"].as_u64().unwrap()
+    };
+    let default = cycles(&[]);
+    let with_profile = cycles(&["--cost-profile", profile]);
+    let with_costs = cycles(&["--cost", "zero_4k=6000", "--cost", "line_transfer=300"]);
+    assert_ne!(with_profile, default);
+    assert_eq!(with_profile, with_costs);
+    let overridden = cycles(&[
+        "--cost-profile",
+        profile,
+        "--cost",
+        "zero_4k=600",
+        "--cost",
+        "line_transfer=110",
+    ]);
+    assert_eq!(overridden, default);
+
+    std::fs::write(&path, "zero_4k=1\nzero_4k=2\n").unwrap();
+    let out = faultline(&["run", "--cost-profile", profile, "--", "hello"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2: `zero_4k` is set twice"), "{err}");
+}

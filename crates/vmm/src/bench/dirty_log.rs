@@ -286,11 +286,10 @@ impl DirtyLogBench {
             ),
             ..VmConfig::default()
         };
-        // `--cost NAME=CYCLES` (the other common options, overcommit,
-        // do not apply: this bench runs without a host memory limit).
-        for cost in &a.common.costs {
-            cost.apply(&mut config);
-        }
+        // `--cost-profile` and `--cost` (the other common options,
+        // overcommit, do not apply: this bench runs without a host memory
+        // limit).
+        a.common.apply_costs(&mut config);
         config
     }
 
