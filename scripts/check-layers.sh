@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The vmm's product code imports nothing from its experiments: the
-# benchmarks (crates/vmm/src/bench/) may use the product's modules, never
-# the other way round, so a bench can change or go without touching
-# `faultline run`. main.rs is the one exception: it declares the bench
-# module and hands `faultline bench` to it.
+# benchmarks (crates/vmm/src/bench/, in the binary) may use the product
+# (the `vmm` library), never the other way round, so a bench can change
+# or go without touching `faultline run`. The compiler already keeps the
+# library from naming the binary's modules; this also catches a product
+# file pulled into the binary by #[path]. main.rs is the one exception:
+# it declares the bench module and hands `faultline bench` to it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

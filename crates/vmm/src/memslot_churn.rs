@@ -102,7 +102,7 @@ const FAULT_EXITS: [&str; 2] = ["ept_violation", "exception"];
 
 /// Fault-exit totals over every vCPU.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct FaultTotals {
+pub struct FaultTotals {
     pub count: u64,
     /// The hv's handling.
     pub hv_cycles: u64,
@@ -116,7 +116,7 @@ impl FaultTotals {
     }
 }
 
-pub(crate) fn fault_totals(vm: &Vm) -> FaultTotals {
+pub fn fault_totals(vm: &Vm) -> FaultTotals {
     let mut totals = FaultTotals::default();
     for (vcpu, stats) in vm.vcpus().iter().zip(vm.stats().vcpus) {
         let costs = vcpu.cpu().costs();

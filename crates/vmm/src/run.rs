@@ -11,13 +11,147 @@ use crate::session::{
     drive, drive_to, Driven, Ending, Limits, PanicWatch, Progress, StopAt, StopPoint,
 };
 use crate::signals::StopRequest;
-use crate::units::duration_to_cycles;
+use crate::units::{duration_to_cycles, parse_positive_duration, parse_size};
 use crate::{
-    DirtyModeArg, GuestArg, RunArgs, StatsFormat, ZapArg, EXIT_CONFIG, EXIT_LIMIT, EXIT_VM_ERROR,
+    DirtyModeArg, GuestArg, OvercommitArgs, StatsFormat, ZapArg, EXIT_CONFIG, EXIT_LIMIT,
+    EXIT_VM_ERROR,
 };
 use hv::{Cycles, StopReason, Vm, VmConfig, RAM_SLOT};
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+/// `faultline run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Number of vCPUs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub vcpus: u32,
+    /// Guest RAM, e.g. 256M or 1G (a multiple of 2 MiB, at least what the
+    /// kernel image needs).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub mem: u64,
+    /// Format of the summary: text after the guest's output, or one JSON
+    /// document on stdout holding the guest's output as `console`.
+    #[arg(long, value_enum, default_value_t = StatsFormat::Text)]
+    pub stats: StatsFormat,
+    /// Seed handed to the guest as the boot option `seed=S` (its programs'
+    /// random streams) and to the swap device model.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Run this kernel instead of the bundled guest kernel: a long-mode ELF
+    /// (the `abi` boot protocol), or a multiboot v1 kernel (an image with a
+    /// multiboot header, started in 32-bit protected mode as QEMU's
+    /// `-kernel` does).
+    #[arg(long)]
+    pub kernel: Option<PathBuf>,
+    /// Which guest to boot: faultline's own kernel (or --kernel), or Linux
+    /// (Debian's cloud kernel from the cache `scripts/fetch-linux.sh`
+    /// fills, or --kernel-image) with the project's initramfs; with
+    /// `linux`, --cmdline gives the kernel options (default `console=ttyS0
+    /// earlyprintk=serial,ttyS0 panic=-1 reboot=t`) and `-- PROGRAM ARGS` is appended.
+    #[arg(long, value_enum, default_value_t = GuestArg::Faultline, conflicts_with = "kernel")]
+    pub guest: GuestArg,
+    /// The Linux bzImage for --guest linux (default: the cached one).
+    #[arg(long, value_name = "FILE")]
+    pub kernel_image: Option<PathBuf>,
+    /// An initramfs of your own for --guest linux (a cpio archive, as
+    /// QEMU's -initrd), instead of the one with the project's /init.
+    #[arg(long, value_name = "FILE")]
+    pub initrd: Option<PathBuf>,
+    /// A multiboot module (repeatable): `FILE [ARGS]`; the whole string is
+    /// the module's command line, as with QEMU.
+    #[arg(long = "module", value_name = "FILE [ARGS]", requires = "kernel")]
+    pub modules: Vec<String>,
+    /// The kernel's options: with the bundled kernel or Linux, `--` and
+    /// the program with its arguments are appended; with --kernel, the
+    /// whole command line, verbatim (default: the boot options, `--`, the
+    /// program and its arguments).
+    #[arg(long, value_name = "STR")]
+    pub cmdline: Option<String>,
+    /// What the guest console (COM1) reads: a file, or `-` for this
+    /// process's standard input (read to its end before the VM starts, so
+    /// the run repeats). Default: no input.
+    #[arg(long, value_name = "FILE|-")]
+    pub console_input: Option<PathBuf>,
+    /// Stop the VM at any access to unassigned MMIO (no RAM, no device),
+    /// for hunting guest bugs. Default: as on a PC, such reads give all
+    /// ones and writes are dropped (counted in the summary).
+    #[arg(long)]
+    pub strict_mmio: bool,
+    /// A guest boot option (repeatable), e.g. `--option crash=triple`.
+    #[arg(long = "option", value_name = "OPT")]
+    pub options: Vec<String>,
+    /// With --host-cpus below --vcpus: how often, in virtual cycles, the
+    /// host scheduler decides which vCPUs run. No effect otherwise.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1000..))]
+    pub quantum: u64,
+    /// How far, in virtual cycles, a vCPU may run guest code past the
+    /// earliest other vCPU (default and maximum: the shortest IPI flight
+    /// after an exit, 1,010 cycles at the default costs). Smaller values
+    /// change no IPI's or lock's timing, only how finely guest code
+    /// interleaves across vCPUs.
+    #[arg(long, value_name = "CYCLES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub lookahead: Option<u64>,
+    /// Host CPUs the vCPUs share (default: one per vCPU). Below --vcpus,
+    /// only this many vCPUs run at a time under a fair scheduler and the
+    /// others accumulate steal time.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub host_cpus: Option<u32>,
+    /// How long a vCPU keeps a host CPU while others wait (default 3ms,
+    /// Linux's EEVDF slice on an 8-CPU host).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub host_slice: Option<Duration>,
+    /// Stop the run after this much virtual time (`500ms`, `2s`, `1m`):
+    /// stop reason `time_limit`, exit status 124.
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub time_limit: Option<Duration>,
+    /// Stop the run after this much host (wall-clock) time: stop reason
+    /// `wall_limit`, exit status 124.
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub wall_limit: Option<Duration>,
+    #[command(flatten)]
+    pub overcommit: OvercommitArgs,
+    /// How memslot changes drop every mapping: one by one under one lock
+    /// hold (slow, KVM before seed 003) or by MMU generation with batched
+    /// teardown and lock breaks (fast).
+    #[arg(long, value_enum, default_value_t = ZapArg::Fast)]
+    pub zap: ZapArg,
+    /// Delete and re-add a 2 MiB memslot above guest RAM every DURATION of
+    /// virtual time while the guest runs (each drops every mapping).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub memslot_period: Option<Duration>,
+    /// Log guest RAM's dirty pages from boot in this mode (bitmap, manual,
+    /// ring, or pml: the machine's page-modification logging, EPT with
+    /// --ept-ad on only) and collect the log every --dirty-log-period.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub dirty_log: Option<DirtyModeArg>,
+    /// Virtual time between two collections of the dirty log.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        value_parser = parse_positive_duration,
+        default_value = "10ms",
+        requires = "dirty_log"
+    )]
+    pub dirty_log_period: Duration,
+    /// Stop at this virtual time and save the VM to --snapshot (`faultline
+    /// restore FILE` resumes it).
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration, requires = "snapshot")]
+    pub snapshot_at: Option<Duration>,
+    /// Where --snapshot-at saves the VM.
+    #[arg(long, value_name = "FILE", requires = "snapshot_at")]
+    pub snapshot: Option<PathBuf>,
+    #[command(flatten)]
+    pub migrate: crate::migrate::MigrateArgs,
+    /// The guest program and its arguments (the bundled kernel needs one).
+    #[arg(
+        last = true,
+        required_unless_present = "kernel",
+        value_name = "PROGRAM ARGS"
+    )]
+    pub program: Vec<String>,
+}
 
 /// The kernel command line: boot options, `--`, the program and its
 /// arguments (see `abi::BootInfo::cmdline`).
