@@ -526,13 +526,11 @@ pub fn run_vm(mut vm: Vm, stop: &StopRequest, args: &RunOptions) -> u8 {
                 .migrate
                 .as_ref()
                 .expect("a migration stop point comes from --migrate-at");
-            // A stretch the migration asks for ends before `--time-limit`
-            // if that is the same. It ends at the first whole nanosecond
-            // at or after `until`, as before stop points were typed: the
-            // figures stay as they were until a change says otherwise.
+            // A stretch the migration asks for ends at its time exactly,
+            // before `--time-limit` if that is the same.
             let mut run_for = |vm: &mut Vm, until: Cycles| -> Option<Ending> {
                 let stretch = StopAt {
-                    at: Cycles(duration_to_cycles(whole_ns_after(until))),
+                    at: until,
                     point: StopPoint::Stretch,
                 };
                 match drive_to(vm, &limits, Some(stretch), stop, &mut after_slice) {
@@ -724,12 +722,6 @@ fn ring_full_count(vm: &Vm) -> u64 {
 
 /// A virtual time as a duration from boot, rounded up (so a limit of
 /// that duration is not reached before it).
-/// The first whole nanosecond at or after `c`.
-fn whole_ns_after(c: Cycles) -> Duration {
-    let ns = (u128::from(c.0) * 1_000_000_000).div_ceil(u128::from(hv::CYCLES_PER_SECOND));
-    Duration::from_nanos(ns as u64)
-}
-
 fn cycles_ms(c: Cycles) -> f64 {
     c.0 as f64 / hv::CYCLES_PER_SECOND as f64 * 1e3
 }
