@@ -21,6 +21,7 @@ mod memslot_churn;
 mod migrate;
 mod plot;
 mod report;
+mod reproduce;
 mod run;
 mod session;
 mod signals;
@@ -73,6 +74,9 @@ enum Command {
     /// loads, a system call, a context switch, ...) and print each beside
     /// the cost-table entries it informs (`docs/costs.md`).
     Calibrate(calibrate::CalibrateArgs),
+    /// Run every seed's experiments and print one table per seed: the
+    /// seed's figure, faultline's, the ratio and whether it is met.
+    Reproduce(reproduce::ReproduceArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -978,6 +982,7 @@ fn main() -> ExitCode {
         Command::Restore(args) => migrate::restore(args),
         Command::Incoming(args) => migrate::incoming::incoming(args),
         Command::Calibrate(args) => calibrate::calibrate(args),
+        Command::Reproduce(args) => reproduce::reproduce(args),
     };
     ExitCode::from(status)
 }

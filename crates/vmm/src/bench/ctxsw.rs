@@ -28,6 +28,7 @@
 //! native row is the project guest's baseline: neither runs in Linux, and
 //! the output says so.
 
+use super::seeds::Comparison;
 use super::{json_text, result_for, Bench, BenchError, BenchGuest, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::plot::{self, Bar};
@@ -297,6 +298,31 @@ impl Bench for CtxswBench {
         }
         let _ = writeln!(s, "plot: {}", plot_path.display());
         Ok(s)
+    }
+
+    fn comparisons(&self, results: &[RunResult]) -> Result<Vec<Comparison>, BenchError> {
+        const SHADOW_OVER_CACHE: &str = "004.ctxsw.shadow_over_cache4";
+        const CACHE_OVER_NATIVE: &str = "004.ctxsw.cache4_over_native";
+        let setup = self.describe();
+        if self.guest.is_linux() {
+            return Ok([SHADOW_OVER_CACHE, CACHE_OVER_NATIVE]
+                .map(|key| Comparison::not_run(key, &setup, LINUX_ROWS_NOTE))
+                .to_vec());
+        }
+        let us = |name: &str| -> Result<f64, BenchError> {
+            Ok(result_for(results, name)?.require("ctxsw_switch_ns")? as f64 / 1000.0)
+        };
+        let (native, shadow, cache4) = (us("native")?, us("shadow")?, us("shadow-cr3-cache-4")?);
+        let seed_shadow_native = SEED_004_SHADOW_US / SEED_004_NATIVE_US;
+        Ok(vec![
+            Comparison::measured(SHADOW_OVER_CACHE, &setup, shadow / cache4).because(format!(
+                "the shadow row: shadow / native {:.2}x against the seed's {seed_shadow_native:.2}x (cache-4 / native {:.2}x against {:.2}x)",
+                shadow / native,
+                cache4 / native,
+                SEED_004_CR3_CACHE_US / SEED_004_NATIVE_US
+            )),
+            Comparison::measured(CACHE_OVER_NATIVE, &setup, cache4 / native),
+        ])
     }
 }
 
