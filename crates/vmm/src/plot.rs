@@ -17,7 +17,8 @@ const REFERENCE: RGBColor = RGBColor(0xc0, 0x20, 0x20);
 const GRID: RGBColor = RGBColor(0xdd, 0xdd, 0xdd);
 
 /// One bar: a value, an optional reference value drawn across it, and a
-/// note written above it.
+/// note written above it, after the value (a note that starts with a
+/// sign is the value itself, written instead of it).
 pub struct Bar {
     pub label: String,
     pub value: f64,
@@ -135,12 +136,15 @@ fn draw_bars<'a>(
     bars: &[Bar],
     label_size: u32,
 ) -> Result<(), String> {
-    let top = bars
-        .iter()
-        .flat_map(|b| [b.value, b.reference.unwrap_or(0.0)])
-        .fold(0.0, f64::max);
+    let values = || {
+        bars.iter()
+            .flat_map(|b| [b.value, b.reference.unwrap_or(0.0)])
+    };
+    let top = values().fold(0.0, f64::max);
     // Room above the tallest bar for its note and the legend.
     let top = if top > 0.0 { top * 1.3 } else { 1.0 };
+    // Negative values (a change that is a loss) below the axis.
+    let bottom = values().fold(0.0, f64::min) * 1.3;
     // A segmented 0..last has last + 1 segments, one per bar.
     let last = (bars.len() as u32).saturating_sub(1);
     let mut chart = ChartBuilder::on(area)
@@ -149,7 +153,7 @@ fn draw_bars<'a>(
         .margin_bottom(10)
         .x_label_area_size(40)
         .y_label_area_size(90)
-        .build_cartesian_2d((0u32..last).into_segmented(), 0f64..top)
+        .build_cartesian_2d((0u32..last).into_segmented(), bottom..top)
         .map_err(error)?;
     let labels: Vec<&str> = bars.iter().map(|b| b.label.as_str()).collect();
     // A sixth of each bar's slot on either side of it.
@@ -195,11 +199,14 @@ fn draw_bars<'a>(
             let at = b.value.max(b.reference.unwrap_or(0.0));
             let text = if b.note.is_empty() {
                 si(b.value)
+            } else if b.note.starts_with(['+', '-']) {
+                b.note.clone()
             } else {
                 format!("{}  {}", si(b.value), b.note)
             };
-            EmptyElement::at((SegmentValue::CenterOf(i as u32), at))
-                + Text::new(text, (0, -6), note_style.clone())
+            // Clear of the reference mark's stroke.
+            EmptyElement::at((SegmentValue::CenterOf(i as u32), at.max(0.0)))
+                + Text::new(text, (0, -10), note_style.clone())
         }))
         .map_err(error)?;
     let mut labelled = false;

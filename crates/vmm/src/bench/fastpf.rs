@@ -329,9 +329,9 @@ impl Bench for FastpfBench {
             .iter()
             .map(|&(mmu, change, seed)| plot::Bar {
                 label: mmu.to_string(),
-                value: change.max(0.0),
+                value: change,
                 reference: Some(seed),
-                note: format!("{change:+.1} %"),
+                note: format!("{change:+.2} %"),
             })
             .collect();
         output.write_plot(&plot_path, |path| {
