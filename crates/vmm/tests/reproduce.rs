@@ -48,8 +48,9 @@ fn quick_figures_match_docs_results() {
     assert!(
         moved.is_empty() && want.len() == got.len(),
         "figures moved ({} in docs/results.md, {} now):\n{}\nIf the change is meant, regenerate the block with \
-         `cargo run --release --bin faultline -- reproduce --quick --figures`, update the tables \
-         (`reproduce --quick` prints them) and give the reason in the commit message.",
+         `cargo run --release --bin faultline -- reproduce --quick --figures`, rerun the tables above \
+         it (`faultline reproduce --jobs 2`) if the full run moves too, and give the reason in the \
+         commit message.",
         want.len(),
         got.len(),
         moved.join("\n")
