@@ -14,6 +14,7 @@
 
 mod bench;
 mod plot;
+mod reproduce;
 
 // The product (run, restore, incoming, calibrate, the summary) is the
 // library; the benchmarks here use it, never the other way round.
@@ -59,6 +60,9 @@ enum Command {
     /// loads, a system call, a context switch, ...) and print each beside
     /// the cost-table entries it informs (`docs/costs.md`).
     Calibrate(calibrate::CalibrateArgs),
+    /// Run every seed's experiments and print one table per seed: the
+    /// seed's figure, faultline's, the ratio and whether it is met.
+    Reproduce(reproduce::ReproduceArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -570,6 +574,7 @@ fn main() -> ExitCode {
         Command::Restore(args) => migrate::restore(args),
         Command::Incoming(args) => migrate::incoming::incoming(args),
         Command::Calibrate(args) => calibrate::calibrate(args),
+        Command::Reproduce(args) => reproduce::reproduce(args),
     };
     ExitCode::from(status)
 }

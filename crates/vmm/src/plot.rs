@@ -17,7 +17,8 @@ const REFERENCE: RGBColor = RGBColor(0xc0, 0x20, 0x20);
 const GRID: RGBColor = RGBColor(0xdd, 0xdd, 0xdd);
 
 /// One bar: a value, an optional reference value drawn across it, and a
-/// note written above it.
+/// note written above it, after the value (a note that starts with a
+/// sign is the value itself, written instead of it).
 pub struct Bar {
     pub label: String,
     pub value: f64,
@@ -93,23 +94,71 @@ pub fn bars(
 ) -> Result<(), String> {
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     let body = titled(&root, title, subtitle)?;
-    let top = bars
-        .iter()
-        .flat_map(|b| [b.value, b.reference.unwrap_or(0.0)])
-        .fold(0.0, f64::max)
-        .max(1.0)
-        * 1.18;
+    draw_bars(&body, y_label, reference_label, bars, 15)?;
+    root.present().map_err(error)
+}
+
+/// Bar charts side by side, each under its own heading, each with its
+/// own y axis (as [`bars`]).
+pub fn bar_panels(
+    path: &Path,
+    title: &str,
+    subtitle: &str,
+    y_label: &str,
+    reference_label: &str,
+    panels: &[(String, Vec<Bar>)],
+) -> Result<(), String> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    let body = titled(&root, title, subtitle)?;
+    let areas = body.split_evenly((1, panels.len().max(1)));
+    for ((heading, bars), area) in panels.iter().zip(&areas) {
+        let (head, rest) = area.split_vertically(24);
+        let (w, _) = head.dim_in_pixel();
+        head.draw(&Text::new(
+            heading.as_str(),
+            (w as i32 / 2, 4),
+            ("sans-serif", 16)
+                .into_font()
+                .into_text_style(&head)
+                .pos(Pos::new(HPos::Center, VPos::Top)),
+        ))
+        .map_err(error)?;
+        draw_bars(&rest, y_label, reference_label, bars, 12)?;
+    }
+    root.present().map_err(error)
+}
+
+/// The bars into `area`, x labels at `label_size` pixels.
+fn draw_bars<'a>(
+    area: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
+    y_label: &str,
+    reference_label: &str,
+    bars: &[Bar],
+    label_size: u32,
+) -> Result<(), String> {
+    let values = || {
+        bars.iter()
+            .flat_map(|b| [b.value, b.reference.unwrap_or(0.0)])
+    };
+    let top = values().fold(0.0, f64::max);
+    // Room above the tallest bar for its note and the legend.
+    let top = if top > 0.0 { top * 1.3 } else { 1.0 };
+    // Negative values (a change that is a loss) below the axis.
+    let bottom = values().fold(0.0, f64::min) * 1.3;
     // A segmented 0..last has last + 1 segments, one per bar.
     let last = (bars.len() as u32).saturating_sub(1);
-    let mut chart = ChartBuilder::on(&body)
+    let mut chart = ChartBuilder::on(area)
         .margin_left(20)
         .margin_right(30)
         .margin_bottom(10)
         .x_label_area_size(40)
         .y_label_area_size(90)
-        .build_cartesian_2d((0u32..last).into_segmented(), 0f64..top)
+        .build_cartesian_2d((0u32..last).into_segmented(), bottom..top)
         .map_err(error)?;
     let labels: Vec<&str> = bars.iter().map(|b| b.label.as_str()).collect();
+    // A sixth of each bar's slot on either side of it.
+    let (width, _) = area.dim_in_pixel();
+    let gap = (width.saturating_sub(140) / bars.len().max(1) as u32 / 6).min(25);
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -121,7 +170,7 @@ pub fn bars(
             SegmentValue::CenterOf(i) => labels.get(*i as usize).unwrap_or(&"").to_string(),
             _ => String::new(),
         })
-        .x_label_style(("sans-serif", 15))
+        .x_label_style(("sans-serif", label_size))
         .axis_desc_style(("sans-serif", 14))
         .draw()
         .map_err(error)?;
@@ -135,25 +184,29 @@ pub fn bars(
                 ],
                 BAR.filled(),
             );
-            rect.set_margin(0, 0, 25, 25);
+            rect.set_margin(0, 0, gap, gap);
             rect
         }))
         .map_err(error)?;
     let note_style = ("sans-serif", 13)
         .into_font()
-        .into_text_style(&body)
+        .into_text_style(area)
         .pos(Pos::new(HPos::Center, VPos::Bottom));
     chart
         .draw_series(bars.iter().enumerate().map(|(i, b)| {
             // Above the bar and its reference mark, so the mark never
             // crosses the note.
             let at = b.value.max(b.reference.unwrap_or(0.0));
-            EmptyElement::at((SegmentValue::CenterOf(i as u32), at))
-                + Text::new(
-                    format!("{}  {}", si(b.value), b.note),
-                    (0, -6),
-                    note_style.clone(),
-                )
+            let text = if b.note.is_empty() {
+                si(b.value)
+            } else if b.note.starts_with(['+', '-']) {
+                b.note.clone()
+            } else {
+                format!("{}  {}", si(b.value), b.note)
+            };
+            // Clear of the reference mark's stroke.
+            EmptyElement::at((SegmentValue::CenterOf(i as u32), at.max(0.0)))
+                + Text::new(text, (0, -10), note_style.clone())
         }))
         .map_err(error)?;
     let mut labelled = false;
@@ -178,7 +231,7 @@ pub fn bars(
     if labelled {
         draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     }
-    root.present().map_err(error)
+    Ok(())
 }
 
 /// A line of `(seconds, value)` points over a logarithmic time axis, with
@@ -327,13 +380,20 @@ pub fn panels(
         } else {
             (0.1, 10.0)
         };
+        // Ticks at the data's x values (one size has one tick, at it).
+        let mut keys: Vec<f64> = points().map(|p| p.0).collect();
+        keys.sort_by(f64::total_cmp);
+        keys.dedup();
         let mut chart = ChartBuilder::on(area)
             .margin_left(10)
             .margin_right(20)
             .margin_bottom(10)
             .x_label_area_size(45)
             .y_label_area_size(70)
-            .build_cartesian_2d((x_min..x_max).log_scale(), (y_min..y_max).log_scale())
+            .build_cartesian_2d(
+                (x_min..x_max).log_scale().with_key_points(keys),
+                (y_min..y_max).log_scale(),
+            )
             .map_err(error)?;
         chart
             .configure_mesh()
@@ -341,13 +401,24 @@ pub fn panels(
             .light_line_style(TRANSPARENT)
             .x_desc(x_label)
             .y_desc(panel.y_label.as_str())
-            .x_label_formatter(&|v| si(*v))
+            // The data's own values (2048, not 2.05k).
+            .x_label_formatter(&|v| {
+                if v.fract() == 0.0 && v.abs() < 1e7 {
+                    format!("{v:.0}")
+                } else {
+                    si(*v)
+                }
+            })
             .y_label_formatter(&|v| si(*v))
             .axis_desc_style(("sans-serif", 14))
             .draw()
             .map_err(error)?;
+        let count = panel.series.len() as u32;
         for (i, series) in panel.series.iter().enumerate() {
             let color = SERIES[i % SERIES.len()];
+            // Earlier series wider and larger, so equal points show as
+            // rings rather than hiding each other.
+            let size = 3 + 2 * (count - 1 - i as u32);
             let positive: Vec<(f64, f64)> = series
                 .points
                 .iter()
@@ -355,14 +426,18 @@ pub fn panels(
                 .filter(|p| p.0 > 0.0 && p.1 > 0.0)
                 .collect();
             chart
-                .draw_series(LineSeries::new(positive.clone(), color.stroke_width(3)))
+                .draw_series(LineSeries::new(positive.clone(), color.stroke_width(size)))
                 .map_err(error)?
                 .label(series.label.as_str())
                 .legend(move |(x, y)| {
                     PathElement::new([(x, y), (x + 20, y)], color.stroke_width(3))
                 });
             chart
-                .draw_series(positive.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .draw_series(
+                    positive
+                        .iter()
+                        .map(|&p| Circle::new(p, size + 2, color.filled())),
+                )
                 .map_err(error)?;
         }
         if let Some((label, points)) = &panel.reference {

@@ -16,7 +16,16 @@ fn bench_json(args: &[&str]) -> Vec<Value> {
     assert!(out.status.success(), "{}", stderr(&out));
     let json: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
     let object = json.as_object().expect("an object");
-    assert_eq!(object.keys().collect::<Vec<_>>(), ["results"], "{json}");
+    assert_eq!(
+        object.keys().collect::<Vec<_>>(),
+        ["comparisons", "results"],
+        "{json}"
+    );
+    // One comparison with seed 003 per MMU and size, computed.
+    for c in json["comparisons"].as_array().expect("comparisons") {
+        assert_eq!(c["key"], "003.memslot.slow_over_fast", "{c}");
+        assert!(c["faultline"].as_f64().is_some_and(|v| v > 0.0), "{c}");
+    }
     json["results"].as_array().expect("results").clone()
 }
 

@@ -3,7 +3,10 @@
 //! `--guest linux` runs the seed's own bm (pthreads, `guest/linux/bm.c`)
 //! in Debian's kernel: Linux's scheduler and Linux's async-PF code.
 
-use super::{json_text, mib, Bench, BenchError, BenchGuest, Output, RunResult, RunSpec};
+use super::seeds::Comparison;
+use super::{
+    json_text, mib, result_for, Bench, BenchError, BenchGuest, Output, RunResult, RunSpec,
+};
 use crate::config::{ConfigError, Kernel};
 use crate::signals::StopRequest;
 use crate::units::{duration_to_cycles, format_duration, format_seconds, format_size};
@@ -192,6 +195,28 @@ impl Bench for ApfBench {
             Some(latencies) => self.render_sweep(latencies, results, output),
             None => self.render_modes(results, output),
         }
+    }
+
+    fn comparisons(&self, results: &[RunResult]) -> Result<Vec<Comparison>, BenchError> {
+        if self.args.sweep_latency.is_some() {
+            return Ok(Vec::new());
+        }
+        let total = |label: &str| -> Result<f64, BenchError> {
+            Ok(result_for(results, label)?.require("bm_total")? as f64)
+        };
+        let off = total("off")?;
+        let ideal_over_off = total("ideal")? / off;
+        let cause = format!(
+            "off loses {:.0} % of its work to swapping here (ideal / off {ideal_over_off:.2}, ideal: the array in host memory)",
+            (1.0 - 1.0 / ideal_over_off) * 100.0
+        );
+        let setup = self.describe();
+        Ok(vec![
+            Comparison::measured("000.apf.pv_over_off", &setup, total("pv")? / off)
+                .because(cause.clone()),
+            Comparison::measured("000.apf.halt_over_off", &setup, total("halt")? / off)
+                .because(cause),
+        ])
     }
 }
 

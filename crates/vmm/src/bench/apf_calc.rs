@@ -3,7 +3,10 @@
 //! as a Linux program with pthreads (`guest/linux/apfcalc.c`): Linux's
 //! scheduler and Linux's own async-PF code.
 
-use super::{json_text, mib, Bench, BenchError, BenchGuest, Output, RunResult, RunSpec};
+use super::seeds::{change_pct, Comparison};
+use super::{
+    json_text, mib, result_for, Bench, BenchError, BenchGuest, Output, RunResult, RunSpec,
+};
 use crate::config::{ConfigError, Kernel};
 use crate::{ApfCalcBenchArgs, BenchCommon, SwapDeviceArg};
 use hv::apf::ApfMode;
@@ -104,6 +107,25 @@ impl Bench for ApfCalcBench {
             }
         }
         specs
+    }
+
+    fn comparisons(&self, outcomes: &[RunResult]) -> Result<Vec<Comparison>, BenchError> {
+        let ns = |label: &str| -> Result<f64, BenchError> {
+            Ok(result_for(outcomes, label)?.require("apfcalc_ns")? as f64)
+        };
+        let setup = self.describe();
+        Ok(vec![
+            Comparison::measured(
+                "002.apf_calc.with_calc",
+                &setup,
+                change_pct(ns("calc+off")?, ns("calc+on")?),
+            ),
+            Comparison::measured(
+                "002.apf_calc.without_calc",
+                &setup,
+                change_pct(ns("off")?, ns("on")?),
+            ),
+        ])
     }
 
     fn render(&self, outcomes: &[RunResult], output: &Output) -> Result<String, BenchError> {

@@ -9,6 +9,7 @@
 //! get / clear / enable / disable times from the hv's cost of each
 //! operation (its `mmu_lock` holds, waits and flushes).
 
+use super::seeds::{change_pct, Comparison};
 use super::{json_text, Bench, BenchError, Output, RunResult, RunSpec};
 use crate::config::{ConfigError, Kernel};
 use crate::plot::{self, Bar};
@@ -95,6 +96,12 @@ fn spread_pct(values: &[f64]) -> f64 {
         .iter()
         .map(|v| (v - mean).abs() * 100.0 / mean)
         .fold(0.0, f64::max)
+}
+
+/// The mean dirty time of a run's iterations, in ms.
+fn mean_dirty_ms(r: &DirtyLogRun) -> f64 {
+    let n = r.iterations.len().max(1) as f64;
+    ms((r.iterations.iter().map(|i| i.dirty_cycles).sum::<u64>() as f64 / n) as u64)
 }
 
 /// Seed 001's change of the dirty-log resume time with the fast page
@@ -378,6 +385,55 @@ impl Bench for DirtyLogBench {
                 linux: None,
             })
             .collect()
+    }
+
+    fn comparisons(&self, results: &[RunResult]) -> Result<Vec<Comparison>, BenchError> {
+        let runs: Vec<(Combo, &DirtyLogRun)> = self
+            .combos
+            .iter()
+            .zip(results)
+            .filter_map(|(c, r)| r.dirty_log.as_ref().map(|run| (*c, run)))
+            .collect();
+        let mut out = Vec::new();
+        for (i, (c, _)) in runs.iter().enumerate() {
+            // One comparison per MMU and mode, at its first run.
+            if runs[..i]
+                .iter()
+                .any(|(o, _)| o.mmu == c.mmu && o.mode == c.mode)
+            {
+                continue;
+            }
+            let find = |fast: bool| {
+                runs.iter()
+                    .find(|(o, _)| o.mmu == c.mmu && o.mode == c.mode && o.fast_pf == fast)
+                    .map(|(_, r)| *r)
+            };
+            let a = &self.args;
+            let setup = format!(
+                "{} vCPUs x {}, {}, {}",
+                a.vcpus,
+                format_size(a.bytes),
+                c.mmu.name(),
+                c.mode.name()
+            );
+            let key = "001.dirty_log.resume";
+            match (find(true), find(false)) {
+                (Some(on), Some(off)) => out.push(
+                    Comparison::measured(key, setup, change_pct(mean_dirty_ms(off), mean_dirty_ms(on)))
+                        .because(format!(
+                            "mmu_lock wait {:.3} ms with fast PF on, {:.3} ms off (the slow path's waits the fast one skips)",
+                            ms(on.mmu_lock_wait_cycles),
+                            ms(off.mmu_lock_wait_cycles)
+                        )),
+                ),
+                _ => out.push(Comparison::not_run(
+                    key,
+                    setup,
+                    "fast PF on or off not run (give --fast-pf on,off)",
+                )),
+            }
+        }
+        Ok(out)
     }
 
     fn render(&self, results: &[RunResult], output: &Output) -> Result<String, BenchError> {

@@ -8,6 +8,7 @@
 //! difference between the two sources' write faults is what dirty
 //! logging cost the guest's writes.
 
+use super::seeds::{change_pct, Comparison};
 use crate::{MigrateBenchArgs, EXIT_VM_ERROR};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Read};
@@ -114,12 +115,31 @@ fn ept_violations(v: &serde_json::Value) -> (i64, i64) {
 }
 
 impl MigrateBenchArgs {
-    fn at(&self) -> Duration {
+    /// Seed 002's post-copy case with these options.
+    fn postcopy_case(
+        &self,
+        json: bool,
+        plot: Option<std::path::PathBuf>,
+    ) -> super::migrate_postcopy::PostcopyCase {
+        super::migrate_postcopy::PostcopyCase {
+            json,
+            vcpus: self.vcpus(),
+            mem: self.mem,
+            array: self.array,
+            loops: self.loops,
+            at: self.at(),
+            link_bandwidth: self.link_bandwidth,
+            seed: self.seed,
+            plot,
+        }
+    }
+
+    pub(super) fn at(&self) -> Duration {
         self.at
             .unwrap_or(Duration::from_millis(if self.postcopy { 30 } else { 20 }))
     }
 
-    fn vcpus(&self) -> u32 {
+    pub(super) fn vcpus(&self) -> u32 {
         self.vcpus.unwrap_or(if self.postcopy { 1 } else { 2 })
     }
 
@@ -216,29 +236,16 @@ impl MigrateBenchArgs {
 /// Runs the benchmark; the exit status.
 pub fn bench(args: MigrateBenchArgs) -> u8 {
     if args.postcopy {
-        return super::migrate_postcopy::PostcopyCase {
-            json: args.json,
-            vcpus: args.vcpus(),
-            mem: args.mem,
-            array: args.array,
-            loops: args.loops,
-            at: args.at(),
-            link_bandwidth: args.link_bandwidth,
-            seed: args.seed,
-            plot: args.plot.clone(),
-        }
-        .bench();
+        return args.postcopy_case(args.json, args.plot.clone()).bench();
     }
-    let mut rows = Vec::new();
-    for fast_pf in [true, false] {
-        match args.row(fast_pf) {
-            Ok(row) => rows.push(row),
-            Err(e) => {
-                eprintln!("faultline: bench migrate (fast PF {fast_pf}): {e}");
-                return EXIT_VM_ERROR;
-            }
+    let rows = match rows(&args) {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!("faultline: bench migrate: {e}");
+            return EXIT_VM_ERROR;
         }
-    }
+    };
+    let comparisons = comparisons(&args, &rows);
     // A JSON run writes no plot unless --plot asked for one.
     if !args.json || args.plot.is_some() {
         if let Err(e) = plot_precopy(&args, &rows) {
@@ -247,7 +254,10 @@ pub fn bench(args: MigrateBenchArgs) -> u8 {
         }
     }
     if args.json {
-        let doc = serde_json::json!({ "results": rows });
+        let doc = serde_json::json!({
+            "results": rows,
+            "comparisons": comparisons.iter().map(Comparison::to_json).collect::<Vec<_>>(),
+        });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return 0;
     }
@@ -299,7 +309,81 @@ pub fn bench(args: MigrateBenchArgs) -> u8 {
             change(on.cycles_per_fault, off.cycles_per_fault)
         );
     }
+    print!("{}", super::seeds::render_lines(&comparisons));
     0
+}
+
+/// Runs the case in-process for `faultline reproduce`, drawing its plot
+/// into `plot` if given.
+pub(super) fn reproduce(
+    mut args: MigrateBenchArgs,
+    plot: Option<std::path::PathBuf>,
+) -> Result<super::Reproduced, String> {
+    if args.postcopy {
+        let case = args.postcopy_case(true, plot.clone());
+        let rows = case.rows()?;
+        if plot.is_some() {
+            case.plot(&rows)?;
+        }
+        let comparisons = case.comparisons(&rows);
+        return Ok(super::Reproduced {
+            table: super::json_text(&rows),
+            comparisons,
+        });
+    }
+    let rows = rows(&args)?;
+    if plot.is_some() {
+        args.plot = plot;
+        plot_precopy(&args, &rows)?;
+    }
+    Ok(super::Reproduced {
+        table: super::json_text(&rows),
+        comparisons: comparisons(&args, &rows),
+    })
+}
+
+/// The rows, fast PF on then off.
+pub(super) fn rows(args: &MigrateBenchArgs) -> Result<Vec<MigrateRow>, String> {
+    [true, false]
+        .into_iter()
+        .map(|fast_pf| {
+            args.row(fast_pf)
+                .map_err(|e| format!("fast PF {}: {e}", if fast_pf { "on" } else { "off" }))
+        })
+        .collect()
+}
+
+/// Seed 001's migration totals beside the rows' (fast PF on, off).
+pub(super) fn comparisons(args: &MigrateBenchArgs, rows: &[MigrateRow]) -> Vec<Comparison> {
+    let setup = format!(
+        "pre-copy, bm -f {v} -w {v} on {} MiB, {v} vCPUs, EPT",
+        args.array >> 20,
+        v = args.vcpus()
+    );
+    let mut out = Vec::new();
+    if let [on, off] = rows {
+        // The vCPUs' time over the migration, in cycles.
+        let vcpu_cycles =
+            off.total_ms * 1e-3 * hv::CYCLES_PER_SECOND as f64 * f64::from(args.vcpus());
+        out.push(
+            Comparison::measured(
+                "001.migrate.total_ept",
+                &setup,
+                change_pct(off.total_ms, on.total_ms),
+            )
+            .because(format!(
+                "dirty-log write faults are {:.2} % of the vCPUs' time over it with fast PF off, and fast PF changes their cost by {:+.1} %",
+                off.dirty_log_fault_cycles as f64 * 100.0 / vcpu_cycles.max(1.0),
+                change_pct(off.cycles_per_fault, on.cycles_per_fault)
+            )),
+        );
+    }
+    out.push(Comparison::not_run(
+        "001.migrate.total_shadow",
+        setup.replace("EPT", "shadow"),
+        "bench migrate runs EPT only",
+    ));
+    out
 }
 
 /// Seed 001's case as bars: the hv cycles of a dirty-log write fault with

@@ -15,6 +15,7 @@
 //!    writer's time and count without a migration, beside.
 
 use super::migrate::{faultline, json_of, migrate_once};
+use super::seeds::{change_pct, Comparison};
 use crate::plot;
 use serde::Serialize;
 use std::time::Duration;
@@ -194,18 +195,53 @@ impl PostcopyCase {
         )
     }
 
+    /// The rows, async PF off then on.
+    pub fn rows(&self) -> Result<Vec<PostcopyRow>, String> {
+        ["off", "pv"]
+            .into_iter()
+            .map(|apf| self.row(apf).map_err(|e| format!("apf {apf}: {e}")))
+            .collect()
+    }
+
+    /// Seed 002's migration figures beside the rows' (APF off, on).
+    pub fn comparisons(&self, rows: &[PostcopyRow]) -> Vec<Comparison> {
+        let setup = format!("post-copy, {}", self.describe());
+        let mut out = Vec::new();
+        if let [off, on] = rows {
+            out.push(
+                Comparison::measured(
+                    "002.postcopy.with_load",
+                    &setup,
+                    change_pct(off.writer_ms, on.writer_ms),
+                )
+                .because(format!(
+                    "with APF on, guest instructions while pages came {:+.1} %, pages waited for {} -> {}, the post-copy phase {:.3} of the writer's {:.3} ms (APF off)",
+                    change_pct(off.during_instructions as f64, on.during_instructions as f64),
+                    off.waited,
+                    on.waited,
+                    off.postcopy_ms,
+                    off.writer_ms
+                )),
+            );
+        }
+        out.push(Comparison::not_run(
+            "002.postcopy.without_load",
+            setup,
+            "the case without the calculation thread is not run by bench migrate --postcopy",
+        ));
+        out
+    }
+
     /// Runs seed 002's case; the exit status.
     pub fn bench(&self) -> u8 {
-        let mut rows = Vec::new();
-        for apf in ["off", "pv"] {
-            match self.row(apf) {
-                Ok(row) => rows.push(row),
-                Err(e) => {
-                    eprintln!("faultline: bench migrate --postcopy (apf {apf}): {e}");
-                    return crate::EXIT_VM_ERROR;
-                }
+        let rows = match self.rows() {
+            Ok(rows) => rows,
+            Err(e) => {
+                eprintln!("faultline: bench migrate --postcopy: {e}");
+                return crate::EXIT_VM_ERROR;
             }
-        }
+        };
+        let comparisons = self.comparisons(&rows);
         let change = |on: f64, off: f64| (on - off) / off.max(1e-9) * 100.0;
         let (off, on) = (&rows[0], &rows[1]);
         let time_change = change(on.writer_ms, off.writer_ms);
@@ -231,6 +267,7 @@ impl PostcopyCase {
                     "during_instructions_pct": during_change,
                     "seed_002_time_pct": [SEED_002_TIME_PCT.0, SEED_002_TIME_PCT.1],
                 },
+                "comparisons": comparisons.iter().map(Comparison::to_json).collect::<Vec<_>>(),
             });
             println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
             return 0;
@@ -277,10 +314,11 @@ impl PostcopyCase {
             "APF on vs off, migrated: writer time {time_change:+.1} % (seed 002: {:+.1} % to {:+.1} %), calculation {calc_change:+.1} %, guest instructions while pages came {during_change:+.1} %",
             SEED_002_TIME_PCT.0, SEED_002_TIME_PCT.1
         );
+        print!("{}", super::seeds::render_lines(&comparisons));
         0
     }
 
-    fn plot(&self, rows: &[PostcopyRow]) -> Result<(), String> {
+    pub(super) fn plot(&self, rows: &[PostcopyRow]) -> Result<(), String> {
         let path = self.plot.clone().unwrap_or_else(|| {
             std::path::Path::new(super::RESULTS_DIR).join("bench-migrate-postcopy.svg")
         });

@@ -21,6 +21,7 @@ mod hackbench;
 mod memslot;
 mod migrate;
 mod migrate_postcopy;
+pub mod seeds;
 mod tlbflush;
 
 use crate::config::{check_output_path, ConfigError, Kernel};
@@ -615,6 +616,21 @@ pub trait Bench {
     }
     fn specs(&self) -> Vec<RunSpec>;
     fn render(&self, results: &[RunResult], output: &Output) -> Result<String, BenchError>;
+    /// faultline's figures beside the seed's (printed under the table,
+    /// and collected by `faultline reproduce`).
+    fn comparisons(&self, _results: &[RunResult]) -> Result<Vec<seeds::Comparison>, BenchError> {
+        Ok(Vec::new())
+    }
+    /// The table (or JSON) with its comparisons.
+    fn render_compared(
+        &self,
+        results: &[RunResult],
+        output: &Output,
+    ) -> Result<String, BenchError> {
+        let out = self.render(results, output)?;
+        let comparisons = self.comparisons(results)?;
+        Ok(seeds::attach(out, output.json, &comparisons))
+    }
 }
 
 pub fn main(command: BenchCommand) -> u8 {
@@ -691,6 +707,65 @@ pub fn main(command: BenchCommand) -> u8 {
     }
 }
 
+/// A bench run in-process by `faultline reproduce`.
+pub struct Reproduced {
+    /// The bench's table as it prints it (with a plot drawn), or its JSON.
+    pub table: String,
+    pub comparisons: Vec<seeds::Comparison>,
+}
+
+/// Runs `command` in-process for `faultline reproduce`, drawing its plot
+/// into `plot` if given (nothing is written otherwise).
+pub fn reproduce(
+    command: BenchCommand,
+    plot: Option<PathBuf>,
+    stop: &StopRequest,
+) -> Result<Reproduced, String> {
+    let result = match command {
+        BenchCommand::Apf(args) => reproduce_bench(apf::ApfBench::new(args), plot, stop),
+        BenchCommand::ApfCalc(args) => {
+            // No plot.
+            reproduce_bench(apf_calc::ApfCalcBench::new(args), None, stop)
+        }
+        BenchCommand::Memslot(args) => {
+            reproduce_bench(memslot::MemslotBench::new(args), plot, stop)
+        }
+        BenchCommand::DirtyLog(args) => {
+            reproduce_bench(dirty_log::DirtyLogBench::new(args), plot, stop)
+        }
+        BenchCommand::Fastpf(args) => reproduce_bench(fastpf::FastpfBench::new(args), plot, stop),
+        BenchCommand::Ctxsw(args) => reproduce_bench(ctxsw::CtxswBench::new(args), plot, stop),
+        BenchCommand::Tlbflush(args) => {
+            reproduce_bench(tlbflush::TlbflushBench::new(args), plot, stop)
+        }
+        BenchCommand::Hackbench(args) => {
+            reproduce_bench(hackbench::HackbenchBench::new(args), plot, stop)
+        }
+        BenchCommand::Migrate(args) => return migrate::reproduce(args, plot),
+        BenchCommand::Merge(_) => return Err("bench merge: not an experiment".into()),
+    };
+    result.map_err(|e| e.to_string())
+}
+
+fn reproduce_bench<B: Bench>(
+    mut bench: B,
+    plot: Option<PathBuf>,
+    stop: &StopRequest,
+) -> Result<Reproduced, BenchError> {
+    let kernel = Kernel::load(bench.common().kernel.as_deref())?;
+    bench.check(&kernel)?;
+    bench.prepare(&kernel, stop)?;
+    let results = run_all(bench.specs(), &kernel.bytes, bench.common().jobs(), stop)?;
+    let output = Output {
+        json: plot.is_none(),
+        plot,
+    };
+    Ok(Reproduced {
+        table: bench.render(&results, &output)?,
+        comparisons: bench.comparisons(&results)?,
+    })
+}
+
 /// Lists, runs one of, or runs all of `bench`'s runs.
 fn execute<B: Bench>(mut bench: B, output: &Output) -> Result<String, BenchError> {
     let common = bench.common();
@@ -730,7 +805,7 @@ fn execute<B: Bench>(mut bench: B, output: &Output) -> Result<String, BenchError
     }
     output.check()?;
     let results = run_all(specs, &kernel.bytes, common.jobs(), &stop)?;
-    bench.render(&results, output)
+    bench.render_compared(&results, output)
 }
 
 fn params_json<B: Bench>(bench: &B) -> serde_json::Value {
@@ -828,7 +903,7 @@ fn merge_into<B: Bench>(files: Vec<RunFile>, output: &Output) -> Result<String, 
             results.len()
         )));
     }
-    bench.render(&results, output)
+    bench.render_compared(&results, output)
 }
 
 /// How one run ended.
