@@ -13,11 +13,11 @@
 //! | 0x70000..0x80000 | boot stack of the bootstrap vCPU |
 //! | 0xe0000.. | ACPI tables, the RSDP first (`devices::acpi`) |
 
-use crate::error::CreateError;
 use crate::memslot::PageState;
 use crate::multiboot;
 use crate::pager::PageRef;
 use crate::vcpu::VcpuId;
+use crate::vm::CreateError;
 use crate::vm::{Vm, VmConfig};
 use machine::addr::PAGE_SIZE;
 use machine::elf::{self, ElfError, ElfImage};

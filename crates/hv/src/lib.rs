@@ -3,16 +3,36 @@
 //! The public face is small: [`Vm`] and its configuration, what a run
 //! returns, statistics, the async-PF and swap-device settings, and the
 //! errors. Everything else is crate-private; `docs/design.md` and
-//! `docs/mmu.md` describe the inside:
-//! - `vm/`: the VM (shared state, the scheduler) and its public API;
+//! `docs/mmu.md` describe the inside.
+//!
+//! The modules stand on floors; a module uses only its own floor and the
+//! ones below, and no two modules use each other
+//! (`crates/hv/tests/floors.rs` checks both, and lists the uses of a
+//! higher floor not removed yet):
+//!
+//! ```text
+//! 5  loaders, snapshots   boot  multiboot  linux  snapshot
+//! 4  the VM               vm (state, scheduler, public API)
+//! 3  vCPUs                vcpu (exit handlers)  devices  stats
+//! 2  async PF, errors     apf  error
+//! 1  memory               swap < memslot < mmu < host < pager < fault
+//! 0  vocabulary           ids  time  cost  frames  cpuid
+//! ```
+//!
+//! - `ids.rs`, `time.rs`, `cost.rs`, `frames.rs`, `cpuid.rs`: vCPU ids,
+//!   virtual time, the cost table, the host frame pool, CPUID leaves;
+//! - `swap/`, `memslot.rs` (with each slot's dirty bitmap), `mmu/` (roots,
+//!   page headers, the leaf install, shadow paging, the fast page fault,
+//!   the notifier API the pager uses, the TDP iterator, the invariant
+//!   checker), `host.rs` (the bundle of host memory, frames, memslots and
+//!   MMU), `pager.rs` (overcommit: eviction and page-in), `fault.rs` (the
+//!   EPT-violation path: pager, then MMU);
+//! - `apf/`: asynchronous page faults (state, policy, both protocols);
+//!   `error.rs`: why a running VM stops;
 //! - `vcpu/`: a vCPU, its requests and its exit handlers by concern;
-//! - `mmu/`: the EPT MMU (roots, page headers, the fault path, the notifier
-//!   API the pager uses, the TDP iterator, the invariant checker);
-//! - `apf/`: asynchronous page faults (state, policy, both protocols,
-//!   save/restore);
-//! - `pager.rs`, `swap/`: host memory overcommit;
-//! - `memslot.rs`, `frames.rs`, `host.rs`, `boot.rs`, `cpuid.rs`,
-//!   `cost.rs`, `time.rs`.
+//!   `devices/`: the platform; `stats.rs`: the counters;
+//! - `vm/`: the VM (shared state, the scheduler) and its public API;
+//! - `boot.rs`, `multiboot.rs`, `linux/`: kernel loaders; `snapshot/`.
 
 pub mod apf;
 pub(crate) mod boot;
@@ -20,8 +40,10 @@ pub mod cost;
 pub(crate) mod cpuid;
 pub mod devices;
 pub mod error;
+pub(crate) mod fault;
 pub(crate) mod frames;
 pub(crate) mod host;
+pub(crate) mod ids;
 pub mod linux;
 pub mod memslot;
 pub(crate) mod mmu;
@@ -37,7 +59,7 @@ pub mod vm;
 pub use apf::{ApfMode, ApfProtocol, ApfState, ApfStats, EventConfig};
 pub use boot::{parse_kernel, KernelError, KernelImage, MAX_GUEST_MEM};
 pub use cost::HvCosts;
-pub use error::{ApfStateError, CreateError, GuestMemoryError, VmError};
+pub use error::{ApfStateError, GuestMemoryError, VmError};
 pub use machine::{CycleCosts, Engine, Gfn, Gpa, NamedCosts};
 pub use memslot::{MemslotError, SlotFlags, SlotId};
 pub use mmu::check::InvariantError;
@@ -55,8 +77,8 @@ pub use vcpu::steal::cycles_to_ns as steal_cycles_to_ns;
 pub use vcpu::{Vcpu, VcpuId};
 pub use vm::dirty_log::{Collected, DirtyLogCost, DirtyPages, RingHarvest};
 pub use vm::{
-    max_lookahead, Report, RunStatus, StopReason, Vm, VmConfig, DEFAULT_HOST_SLICE, MIN_HOST_MEM,
-    RAM_SLOT,
+    max_lookahead, CreateError, Report, RunStatus, StopReason, Vm, VmConfig, DEFAULT_HOST_SLICE,
+    MIN_HOST_MEM, RAM_SLOT,
 };
 
 /// Virtual cycles per second of virtual time (the machine's 3 GHz clock).

@@ -1,6 +1,7 @@
 //! Counters per vCPU and per exit reason.
 
 use crate::apf::ApfStats;
+pub use crate::mmu::lock::MmuLockStats;
 use crate::pager::PagerStats;
 use crate::swap::DeviceStats;
 use std::collections::BTreeMap;
@@ -12,32 +13,6 @@ pub struct ExitStat {
     /// Cycles the hv charged handling these exits (beyond the machine's
     /// VM exit/entry transition costs).
     pub hv_cycles: u64,
-}
-
-/// `mmu_lock`'s own counters, over every core that took it (vCPUs and
-/// the VMM's thread): how often it was taken, how often a taker waited,
-/// how often its cache line came from another core, and how much of the
-/// waiting was the ticket lock's handoff (`mmu::lock`, `docs/mmu.md`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct MmuLockStats {
-    /// Timed acquisitions (hv work in virtual time).
-    pub acquisitions: u64,
-    /// Acquisitions that had to wait.
-    pub contended: u64,
-    /// Acquisitions that found the lock's line last written by another
-    /// core (the contended ones included).
-    pub line_transfers: u64,
-    /// Virtual cycles takers waited, in all.
-    pub waited_cycles: u64,
-    /// Of `waited_cycles`, the handoffs' share.
-    pub handoff_cycles: u64,
-    /// Holds that overlapped the one before (a broken order; always 0).
-    #[serde(default)]
-    pub overlaps: u64,
-    /// Requests made earlier in virtual time than one that reached the
-    /// lock before them (`mmu::lock`): served after it.
-    #[serde(default)]
-    pub inversions: u64,
 }
 
 /// Counters of one vCPU.

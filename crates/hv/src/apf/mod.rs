@@ -23,7 +23,6 @@
 
 pub(crate) mod event;
 pub(crate) mod policy;
-pub(crate) mod restore;
 pub(crate) mod x86;
 
 use crate::time::Cycles;
@@ -262,15 +261,7 @@ pub(crate) struct ApfWork {
     pub shadow: Option<ShadowPrefault>,
 }
 
-/// The access an async fault began with under shadow paging: the page is
-/// mapped for it when it arrives only if the guest's CR3 is still `cr3`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ShadowPrefault {
-    pub cr3: u64,
-    pub gva: machine::Gva,
-    pub write: bool,
-    pub user: bool,
-}
+pub(crate) use crate::mmu::shadow::cache::ShadowPrefault;
 
 /// The event protocol's per-vCPU configuration (from `HC_APF_ENABLE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

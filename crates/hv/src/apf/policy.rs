@@ -206,7 +206,7 @@ fn prefault(vcpu: &mut Vcpu, shared: &mut Shared, gfn: Gfn, now: Cycles) -> Resu
         vcpu: vcpu.id,
         gpa: gfn.addr(),
         rip: vcpu.rip(),
-        source,
+        source: source.into(),
     })?;
     // KVM's page-ready prefault is a whole fault: `hva_to_pfn` (GUP-fast
     // on the page that just arrived) before the hold.

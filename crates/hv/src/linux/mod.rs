@@ -26,8 +26,8 @@ pub mod bzimage;
 pub mod initramfs;
 
 use crate::boot::{self, KernelImage};
-use crate::error::CreateError;
 use crate::vcpu::VcpuId;
+use crate::vm::CreateError;
 use crate::vm::{Vm, VmConfig};
 use bzimage::{offset, BzImageError, SetupHeader};
 use machine::cpu::state::{rflags, seg_attr, DescriptorTable, Gpr};

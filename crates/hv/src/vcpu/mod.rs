@@ -50,15 +50,7 @@ use crate::vm::StopReason;
 use machine::vmx::{InveptKind, Ipi, IpiMode};
 use machine::{Cpu, VmExit};
 
-/// Identifier of a vCPU: its index in the VM (also its APIC id).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct VcpuId(pub usize);
-
-impl std::fmt::Display for VcpuId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
+pub use crate::ids::VcpuId;
 
 /// Work a vCPU must do before its next VM entry (KVM's `KVM_REQ_*`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

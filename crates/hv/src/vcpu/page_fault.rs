@@ -5,8 +5,8 @@
 use super::{Next, Vcpu};
 use crate::devices::Platform;
 use crate::error::VmError;
+use crate::fault::{page_fault, ExitClock, Fault, FaultError, FaultOutcome};
 use crate::mmu::fast_pf::protocol::{Access, FastFix};
-use crate::mmu::fault::{page_fault, ExitClock, Fault, FaultError, FaultOutcome};
 use crate::time::Cycles;
 use crate::vm::shared::{CrossRequest, Shared};
 use machine::vmx::ept_qual;

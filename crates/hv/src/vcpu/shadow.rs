@@ -10,7 +10,7 @@
 
 use super::{Next, Requests, Vcpu};
 use crate::error::VmError;
-use crate::mmu::fault::{faultin, ExitClock, FaultOutcome};
+use crate::fault::{faultin, ExitClock, FaultOutcome};
 use crate::mmu::lock::Timed;
 use crate::mmu::shadow::cache::{find_or_build_root, CachedRoot};
 use crate::mmu::shadow::fetch::{self, MapOutcome};

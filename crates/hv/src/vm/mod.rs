@@ -1,6 +1,8 @@
 //! The VM: the shared state ([`shared`]), the vCPUs (`crate::vcpu`) and
 //! the scheduler ([`sched`]), behind a small public API.
 
+mod apf_state;
+mod create_error;
 pub mod dirty_log;
 pub(crate) mod sched;
 pub(crate) mod shared;
@@ -8,7 +10,7 @@ pub(crate) mod shared;
 use crate::apf::{ApfConfig, ApfMode, ApfProtocol};
 use crate::boot::KernelImage;
 use crate::cost::HvCosts;
-use crate::error::{CreateError, GuestMemoryError, VmError};
+use crate::error::{GuestMemoryError, VmError};
 use crate::frames::FrameAllocator;
 use crate::host::Host;
 use crate::memslot::{MemslotError, Memslots, SlotFlags, SlotId};
@@ -24,6 +26,7 @@ use crate::time::Cycles;
 use crate::vcpu::kvmclock::WallClock;
 use crate::vcpu::msr::PASSTHROUGH_MSRS;
 use crate::vcpu::{Vcpu, VcpuId};
+pub use create_error::CreateError;
 use machine::addr::PAGE_SIZE;
 use machine::vmx::MsrExiting;
 use machine::{Cpu, CpuConfig, Gfn, Gpa, Hfn, PhysMemory, VmxControls};
@@ -245,6 +248,14 @@ fn base_controls(id: u32) -> VmxControls {
 }
 
 impl Vm {
+    /// `--strict-mmio`: an access to unassigned MMIO (no RAM and no device
+    /// there) stops the VM with an error, for hunting guest bugs. Off by
+    /// default: as on a PC, such a read gives all ones and a write is
+    /// dropped (each counted in `VcpuStats::unassigned_mmio`).
+    pub fn set_strict_mmio(&mut self, strict: bool) {
+        self.shared.platform.strict_mmio = strict;
+    }
+
     /// An empty VM: host memory, one RAM memslot of `mem_size` bytes at gpa
     /// 0 and `vcpus` vCPUs in guest mode, all waiting (no kernel loaded).
     pub fn new(config: &VmConfig) -> Result<Vm, CreateError> {
