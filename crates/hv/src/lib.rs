@@ -70,7 +70,7 @@ pub use mmu::spte;
 pub use mmu::zap::{ZapError, ZapMode, ZapReport, BATCH_ZAP_PAGES};
 pub use mmu::{shadow::ShadowError, shadow::ShadowStats, MmuMode};
 pub use pager::{PageSource, PagerError, PagerStats};
-pub use stats::{ExitStat, MmuLockStats, VcpuStats, VmStats};
+pub use stats::{ExitReason, ExitStat, ExitTable, MmuLockStats, VcpuStats, VmStats};
 pub use swap::{DeviceModel, DevicePreset, DeviceStats, LatencyRange};
 pub use time::Cycles;
 pub use vcpu::steal::cycles_to_ns as steal_cycles_to_ns;

@@ -42,7 +42,7 @@ use crate::mmu::lock::Timed;
 use crate::mmu::root::RootError;
 use crate::mmu::shadow::cache::ShadowVcpu;
 use crate::mmu::{LoadedRoot, MmuMode};
-use crate::stats::VcpuStats;
+use crate::stats::{ExitReason, VcpuStats};
 use crate::swap::SwapSlot;
 use crate::time::Cycles;
 use crate::vm::shared::{CrossRequest, Shared};
@@ -420,14 +420,14 @@ impl Vcpu {
 
     /// Handles one exit, charging the hv's work to the vCPU.
     pub(crate) fn handle_exit(&mut self, shared: &mut Shared, exit: VmExit) -> Next {
-        let name = exit.name();
+        let reason = ExitReason::of(&exit);
         let vectoring = self.cpu.idt_vectoring_info();
         let mut cycles = Cycles(shared.host.costs.exit_base);
         // The guest may have switched to a cached root without exiting.
         self.cr3_cache_resync(shared);
         // PML: the log goes into the dirty bitmaps at every exit (KVM's
         // `__vmx_handle_exit`), a PML-full exit included.
-        let drained = if name == "cycle_limit" {
+        let drained = if reason == ExitReason::CycleLimit {
             Ok(Cycles::ZERO)
         } else {
             self.drain_pml(&shared.host)
@@ -461,11 +461,9 @@ impl Vcpu {
                 cycles += Cycles(shared.host.costs.event_injection);
             }
         }
-        if name != "cycle_limit" {
+        if reason != ExitReason::CycleLimit {
             self.charge(cycles);
-            let stat = self.stats.exits.entry(name.to_string()).or_default();
-            stat.count += 1;
-            stat.hv_cycles += cycles.0;
+            self.stats.exits.record(reason, cycles.0);
         }
         next
     }
