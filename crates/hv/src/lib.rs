@@ -13,8 +13,8 @@
 //! ```text
 //! 5  loaders, snapshots   boot  multiboot  linux  snapshot
 //! 4  the VM               vm (state, scheduler, public API)
-//! 3  vCPUs                vcpu (exit handlers)  devices  stats
-//! 2  async PF, errors     apf  error
+//! 3  vCPUs                devices  stats < shared < vcpu
+//! 2  async PF, errors     error < apf
 //! 1  memory               swap < memslot < mmu < host < pager < fault
 //! 0  vocabulary           ids  time  cost  frames  cpuid
 //! ```
@@ -27,11 +27,13 @@
 //!   checker), `host.rs` (the bundle of host memory, frames, memslots and
 //!   MMU), `pager.rs` (overcommit: eviction and page-in), `fault.rs` (the
 //!   EPT-violation path: pager, then MMU);
-//! - `apf/`: asynchronous page faults (state, policy, both protocols);
-//!   `error.rs`: why a running VM stops;
-//! - `vcpu/`: a vCPU, its requests and its exit handlers by concern;
-//!   `devices/`: the platform; `stats.rs`: the counters;
-//! - `vm/`: the VM (shared state, the scheduler) and its public API;
+//! - `error.rs`: why a running VM stops; `apf/`: asynchronous page
+//!   faults' state and register rules;
+//! - `devices/`: the platform; `stats.rs`: the counters (exits in a table
+//!   indexed by `ExitReason`); `shared.rs`: the state every vCPU works on;
+//!   `vcpu/`: a vCPU, its requests and its exit handlers by concern
+//!   (`vcpu/async_pf/`: the async-PF policy and both guest protocols);
+//! - `vm/`: the VM, the scheduler and its public API;
 //! - `boot.rs`, `multiboot.rs`, `linux/`: kernel loaders; `snapshot/`.
 
 pub mod apf;
@@ -49,6 +51,7 @@ pub mod memslot;
 pub(crate) mod mmu;
 pub mod multiboot;
 pub mod pager;
+pub(crate) mod shared;
 pub mod snapshot;
 pub mod stats;
 pub mod swap;

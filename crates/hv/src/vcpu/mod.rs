@@ -11,18 +11,19 @@
 //! Exit handlers, by concern:
 //! - `cpuid`: CPUID;
 //! - `msr`: RDMSR/WRMSR through the MSR table (the async-PF MSRs are
-//!   `apf::x86`'s);
+//!   `async_pf::x86`'s);
 //! - `io`: port I/O (the platform's port bus, `crate::devices`);
 //! - `page_fault`'s MMIO part and `xapic`: accesses outside guest RAM
 //!   to the IOAPIC and the xAPIC page;
 //! - `hypercall`: VMCALL (the event protocol's hypercalls are
-//!   `apf::event`'s);
+//!   `async_pf::event`'s);
 //! - `page_fault`: EPT violations (the MMU's fault path, then the
 //!   async-PF policy);
 //! - `shadow`: under shadow paging, guest #PF, CR3/CR0/CR4 accesses,
 //!   INVLPG and the monitor-trap step of a tracked write;
 //! - IPIs and HLT here.
 
+pub(crate) mod async_pf;
 mod cpuid;
 pub(crate) mod cr3_cache;
 mod hypercall;
@@ -42,11 +43,11 @@ use crate::mmu::lock::Timed;
 use crate::mmu::root::RootError;
 use crate::mmu::shadow::cache::ShadowVcpu;
 use crate::mmu::{LoadedRoot, MmuMode};
+use crate::shared::StopReason;
+use crate::shared::{CrossRequest, Shared};
 use crate::stats::{ExitReason, VcpuStats};
 use crate::swap::SwapSlot;
 use crate::time::Cycles;
-use crate::vm::shared::{CrossRequest, Shared};
-use crate::vm::StopReason;
 use machine::vmx::{InveptKind, Ipi, IpiMode};
 use machine::{Cpu, VmExit};
 

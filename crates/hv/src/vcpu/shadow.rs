@@ -23,8 +23,8 @@ use crate::mmu::shadow::sync;
 use crate::mmu::shadow::ShadowError;
 use crate::mmu::walk::{self, GuestPtes, PagingContext as WalkContext, PteError, WalkError};
 use crate::mmu::LoadedRoot;
+use crate::shared::{CrossRequest, Shared};
 use crate::time::Cycles;
-use crate::vm::shared::{CrossRequest, Shared};
 use machine::cpu::state::{cr0, cr4, efer, rflags};
 use machine::mmu::{Access, AccessKind};
 use machine::vmx::{CrAccess, Eptp, EventInjection, EventKind, InvvpidKind, VmxControls};
@@ -325,7 +325,7 @@ impl Vcpu {
                     write: access.kind == AccessKind::Write,
                     user: access.user(),
                 });
-                let next = crate::apf::policy::wait_for_page(
+                let next = crate::vcpu::async_pf::policy::wait_for_page(
                     self, shared, gfn, swap_slot, ready_at, vectoring, cycles,
                 );
                 self.shadow.faulting = None;

@@ -1,7 +1,7 @@
 //! Saving and restoring a vCPU's guest-visible APF state (for migration).
 
 use super::Vm;
-use crate::apf::x86::{en_area, int_msr_valid, EN_REFUSED};
+use crate::apf::{en_area, int_msr_valid, EN_REFUSED};
 use crate::apf::{ApfState, AREA_ALIGN};
 use crate::error::ApfStateError;
 use crate::vcpu::RunState;

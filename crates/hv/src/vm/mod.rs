@@ -1,16 +1,19 @@
 //! The VM: the shared state ([`shared`]), the vCPUs (`crate::vcpu`) and
 //! the scheduler ([`sched`]), behind a small public API.
 
+#[cfg(test)]
+mod apf_policy_tests;
 mod apf_state;
 mod create_error;
 pub mod dirty_log;
+
+pub use crate::shared::{Report, StopReason};
 pub(crate) mod sched;
-pub(crate) mod shared;
 
 use crate::apf::{ApfConfig, ApfMode, ApfProtocol};
 use crate::boot::KernelImage;
 use crate::cost::HvCosts;
-use crate::error::{GuestMemoryError, VmError};
+use crate::error::GuestMemoryError;
 use crate::frames::FrameAllocator;
 use crate::host::Host;
 use crate::memslot::{MemslotError, Memslots, SlotFlags, SlotId};
@@ -20,10 +23,11 @@ use crate::mmu::fast_pf::MmuOptions;
 use crate::mmu::zap::{ZapError, ZapMode, ZapReport};
 use crate::mmu::{Mmu, MmuMode};
 use crate::pager::Pager;
+use crate::shared::WallClock;
+use crate::shared::{CrossRequest, DirectoryEntry, Shared};
 use crate::stats::VmStats;
 use crate::swap::DeviceModel;
 use crate::time::Cycles;
-use crate::vcpu::kvmclock::WallClock;
 use crate::vcpu::msr::PASSTHROUGH_MSRS;
 use crate::vcpu::{Vcpu, VcpuId};
 pub use create_error::CreateError;
@@ -31,7 +35,6 @@ use machine::addr::PAGE_SIZE;
 use machine::vmx::MsrExiting;
 use machine::{Cpu, CpuConfig, Gfn, Gpa, Hfn, PhysMemory, VmxControls};
 use sched::Scheduler;
-use shared::{CrossRequest, DirectoryEntry, Shared};
 use std::path::PathBuf;
 
 /// How a VM is built.
@@ -158,19 +161,6 @@ impl Default for VmConfig {
     }
 }
 
-/// Why the VM stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StopReason {
-    /// The guest wrote to the isa-debug-exit port: status `(v << 1) | 1`.
-    DebugExit { status: u32 },
-    /// The guest called HC_SHUTDOWN.
-    Shutdown { status: u64 },
-    /// The guest entered S5 through the FADT's sleep control register.
-    PowerOff,
-    /// An unsupported or fatal exit.
-    Error(VmError),
-}
-
 /// Whether `run_until` returned because of the time limit or a stop.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunStatus {
@@ -181,15 +171,6 @@ pub enum RunStatus {
     /// A vCPU's dirty ring is full (KVM_EXIT_DIRTY_RING_FULL): it runs
     /// again once the VMM has called [`Vm::harvest_dirty_rings`].
     DirtyRingFull,
-}
-
-/// A structured result line handed over by HC_REPORT.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Report {
-    pub vcpu: usize,
-    /// Virtual time of the report (the vCPU's cycle counter).
-    pub cycles: u64,
-    pub line: String,
 }
 
 /// The memslot of guest RAM.

@@ -25,13 +25,13 @@
 //! (`vcpu/steal.rs`). A halted vCPU holds no host CPU. KVM_HC_SCHED_YIELD
 //! to a preempted vCPU hands it the caller's host CPU.
 
-use super::shared::CrossRequest;
 use super::{RunStatus, StopReason, Vm};
-use crate::apf::policy;
 use crate::boot;
 use crate::error::VmError;
 use crate::mmu::zap::ZapError;
+use crate::shared::CrossRequest;
 use crate::time::Cycles;
+use crate::vcpu::async_pf::policy;
 use crate::vcpu::{Next, Requests, RunState, Vcpu, VcpuId};
 use machine::cpu::state::DescriptorTable;
 use machine::cpu::{Activity, Gpr};
