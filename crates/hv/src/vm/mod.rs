@@ -1,4 +1,4 @@
-//! The VM: the shared state ([`shared`]), the vCPUs (`crate::vcpu`) and
+//! The VM: the shared state (`crate::shared`), the vCPUs (`crate::vcpu`) and
 //! the scheduler ([`sched`]), behind a small public API.
 
 #[cfg(test)]
