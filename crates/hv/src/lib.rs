@@ -7,20 +7,21 @@
 //!
 //! The modules stand on floors; a module uses only its own floor and the
 //! ones below, and no two modules use each other
-//! (`crates/hv/tests/floors.rs` checks both, and lists the uses of a
-//! higher floor not removed yet):
+//! (`crates/hv/tests/floors.rs` checks both):
 //!
 //! ```text
-//! 5  loaders, snapshots   boot  multiboot  linux  snapshot
+//! 5  loaders, snapshots   boot  linux  snapshot
 //! 4  the VM               vm (state, scheduler, public API)
-//! 3  vCPUs                devices  stats < shared < vcpu
+//! 3  vCPUs                devices < multiboot  stats < shared < vcpu
 //! 2  async PF, errors     error < apf
 //! 1  memory               swap < memslot < mmu < host < pager < fault
-//! 0  vocabulary           ids  time  cost  frames  cpuid
+//! 0  vocabulary           ids  time  cost  frames  cpuid  image
 //! ```
 //!
 //! - `ids.rs`, `time.rs`, `cost.rs`, `frames.rs`, `cpuid.rs`: vCPU ids,
 //!   virtual time, the cost table, the host frame pool, CPUID leaves;
+//!   `image/`: the boot layout, a kernel image's place in RAM and why an
+//!   image cannot be booted (the bzImage header parser with it);
 //! - `swap/`, `memslot.rs` (with each slot's dirty bitmap), `mmu/` (roots,
 //!   page headers, the leaf install, shadow paging, the fast page fault,
 //!   the notifier API the pager uses, the TDP iterator, the invariant
@@ -29,12 +30,14 @@
 //!   EPT-violation path: pager, then MMU);
 //! - `error.rs`: why a running VM stops; `apf/`: asynchronous page
 //!   faults' state and register rules;
-//! - `devices/`: the platform; `stats.rs`: the counters (exits in a table
+//! - `devices/`: the platform; `multiboot.rs`: the multiboot image
+//!   parser; `stats.rs`: the counters (exits in a table
 //!   indexed by `ExitReason`); `shared.rs`: the state every vCPU works on;
 //!   `vcpu/`: a vCPU, its requests and its exit handlers by concern
 //!   (`vcpu/async_pf/`: the async-PF policy and both guest protocols);
 //! - `vm/`: the VM, the scheduler and its public API;
-//! - `boot.rs`, `multiboot.rs`, `linux/`: kernel loaders; `snapshot/`.
+//! - `boot.rs` (with `Vm::boot`), `linux/`: the kernel loaders;
+//!   `snapshot/`.
 
 pub mod apf;
 pub(crate) mod boot;
@@ -46,6 +49,7 @@ pub(crate) mod fault;
 pub(crate) mod frames;
 pub(crate) mod host;
 pub(crate) mod ids;
+pub mod image;
 pub mod linux;
 pub mod memslot;
 pub(crate) mod mmu;

@@ -1,8 +1,8 @@
 //! Why creating a VM failed: its configuration, host memory, or the
 //! kernel image it boots (the loaders' errors sit above the VM's own).
 
-use crate::boot::KernelError;
 use crate::error::GuestMemoryError;
+use crate::image::{KernelError, LinuxBootError, MAX_GUEST_MEM};
 use crate::memslot::MemslotError;
 use crate::mmu::root::RootError;
 use crate::swap::SwapError;
@@ -18,7 +18,7 @@ pub enum CreateError {
     BadHostCpus(u32),
     #[error("the host time slice must be above zero")]
     BadHostSlice,
-    #[error("guest memory must be a multiple of 2 MiB between 2 MiB and {max} bytes, not {0}", max = crate::boot::MAX_GUEST_MEM)]
+    #[error("guest memory must be a multiple of 2 MiB between 2 MiB and {max} bytes, not {0}", max = MAX_GUEST_MEM)]
     BadMemSize(u64),
     #[error("command line of {0} bytes is too long (at most {max})", max = abi::CMDLINE_LEN - 1)]
     CmdlineTooLong(usize),
@@ -29,7 +29,7 @@ pub enum CreateError {
     #[error("multiboot kernel: {0}")]
     Multiboot(#[from] crate::multiboot::MultibootError),
     #[error("Linux kernel: {0}")]
-    Linux(#[from] crate::linux::LinuxBootError),
+    Linux(#[from] LinuxBootError),
     #[error("building the EPT root: {0}")]
     Root(#[from] RootError),
     #[error("writing guest memory during boot: {0}")]

@@ -11,11 +11,11 @@ pub use crate::shared::{Report, StopReason};
 pub(crate) mod sched;
 
 use crate::apf::{ApfConfig, ApfMode, ApfProtocol};
-use crate::boot::KernelImage;
 use crate::cost::HvCosts;
 use crate::error::GuestMemoryError;
 use crate::frames::FrameAllocator;
 use crate::host::Host;
+use crate::image::KernelImage;
 use crate::memslot::{MemslotError, Memslots, SlotFlags, SlotId};
 use crate::mmu::check::InvariantError;
 use crate::mmu::dirty_log::DirtyRings;
@@ -252,7 +252,7 @@ impl Vm {
         let two_mib = 2 << 20;
         if config.mem_size == 0
             || config.mem_size % two_mib != 0
-            || config.mem_size > crate::boot::MAX_GUEST_MEM
+            || config.mem_size > crate::image::MAX_GUEST_MEM
         {
             return Err(CreateError::BadMemSize(config.mem_size));
         }
@@ -418,20 +418,6 @@ impl Vm {
             },
             teardown: None,
         })
-    }
-
-    /// A VM booted per `abi`: the kernel loaded, boot page tables, GDT,
-    /// BootInfo and stack built, the bootstrap vCPU ready at the entry point
-    /// (see `boot.rs`).
-    ///
-    /// An image with a multiboot header boots the multiboot way instead
-    /// (`crate::multiboot`): 32-bit protected mode, the information
-    /// structure in EBX, `config.modules` loaded after the kernel.
-    pub fn boot(config: &VmConfig, kernel: &[u8]) -> Result<Vm, CreateError> {
-        match crate::multiboot::find_header(kernel)? {
-            Some(header) => crate::boot::boot_multiboot(config, kernel, &header),
-            None => crate::boot::boot(config, kernel),
-        }
     }
 
     /// Starts vCPU `id` at `rip` (the bootstrap vCPU at boot).

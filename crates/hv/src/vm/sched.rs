@@ -26,8 +26,8 @@
 //! to a preempted vCPU hands it the caller's host CPU.
 
 use super::{RunStatus, StopReason, Vm};
-use crate::boot;
 use crate::error::VmError;
+use crate::image;
 use crate::mmu::zap::ZapError;
 use crate::shared::CrossRequest;
 use crate::time::Cycles;
@@ -232,11 +232,11 @@ impl Scheduler {
 /// Puts `vcpu` in the abi boot state at `rip` with `rsp` and `rdi`,
 /// runnable from virtual time `at`.
 pub(crate) fn start_vcpu(vcpu: &mut Vcpu, rip: u64, rsp: u64, rdi: u64, at: Cycles) {
-    vcpu.set_guest_cr3(boot::PML4_GPA);
+    vcpu.set_guest_cr3(image::PML4_GPA);
     let state = vcpu.cpu.state_mut();
     state.gdtr = DescriptorTable {
-        base: boot::GDT_GPA,
-        limit: (boot::GDT.len() * 8 - 1) as u16,
+        base: image::GDT_GPA,
+        limit: (image::GDT.len() * 8 - 1) as u16,
     };
     state.rip = rip;
     state.gpr[Gpr::Rsp as usize] = rsp;

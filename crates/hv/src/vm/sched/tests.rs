@@ -1,4 +1,5 @@
 use super::*;
+use crate::image as boot;
 use crate::vm::VmConfig;
 use machine::Gpa;
 
