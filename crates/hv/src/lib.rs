@@ -3,16 +3,41 @@
 //! The public face is small: [`Vm`] and its configuration, what a run
 //! returns, statistics, the async-PF and swap-device settings, and the
 //! errors. Everything else is crate-private; `docs/design.md` and
-//! `docs/mmu.md` describe the inside:
-//! - `vm/`: the VM (shared state, the scheduler) and its public API;
-//! - `vcpu/`: a vCPU, its requests and its exit handlers by concern;
-//! - `mmu/`: the EPT MMU (roots, page headers, the fault path, the notifier
-//!   API the pager uses, the TDP iterator, the invariant checker);
-//! - `apf/`: asynchronous page faults (state, policy, both protocols,
-//!   save/restore);
-//! - `pager.rs`, `swap/`: host memory overcommit;
-//! - `memslot.rs`, `frames.rs`, `host.rs`, `boot.rs`, `cpuid.rs`,
-//!   `cost.rs`, `time.rs`.
+//! `docs/mmu.md` describe the inside.
+//!
+//! The modules stand on floors; a module uses only its own floor and the
+//! ones below, and no two modules use each other
+//! (`crates/hv/tests/floors.rs` checks both):
+//!
+//! ```text
+//! 5  loaders, snapshots   boot  linux  snapshot
+//! 4  the VM               vm (state, scheduler, public API)
+//! 3  vCPUs                devices < multiboot  stats < shared < vcpu
+//! 2  async PF, errors     error < apf
+//! 1  memory               swap < memslot < mmu < host < pager < fault
+//! 0  vocabulary           ids  time  cost  frames  cpuid  image
+//! ```
+//!
+//! - `ids.rs`, `time.rs`, `cost.rs`, `frames.rs`, `cpuid.rs`: vCPU ids,
+//!   virtual time, the cost table, the host frame pool, CPUID leaves;
+//!   `image/`: the boot layout, a kernel image's place in RAM and why an
+//!   image cannot be booted (the bzImage header parser with it);
+//! - `swap/`, `memslot.rs` (with each slot's dirty bitmap), `mmu/` (roots,
+//!   page headers, the leaf install, shadow paging, the fast page fault,
+//!   the notifier API the pager uses, the TDP iterator, the invariant
+//!   checker), `host.rs` (the bundle of host memory, frames, memslots and
+//!   MMU), `pager.rs` (overcommit: eviction and page-in), `fault.rs` (the
+//!   EPT-violation path: pager, then MMU);
+//! - `error.rs`: why a running VM stops; `apf/`: asynchronous page
+//!   faults' state and register rules;
+//! - `devices/`: the platform; `multiboot.rs`: the multiboot image
+//!   parser; `stats.rs`: the counters (exits in a table
+//!   indexed by `ExitReason`); `shared.rs`: the state every vCPU works on;
+//!   `vcpu/`: a vCPU, its requests and its exit handlers by concern
+//!   (`vcpu/async_pf/`: the async-PF policy and both guest protocols);
+//! - `vm/`: the VM, the scheduler and its public API;
+//! - `boot.rs` (with `Vm::boot`), `linux/`: the kernel loaders;
+//!   `snapshot/`.
 
 pub mod apf;
 pub(crate) mod boot;
@@ -20,13 +45,17 @@ pub mod cost;
 pub(crate) mod cpuid;
 pub mod devices;
 pub mod error;
+pub(crate) mod fault;
 pub(crate) mod frames;
 pub(crate) mod host;
+pub(crate) mod ids;
+pub mod image;
 pub mod linux;
 pub mod memslot;
 pub(crate) mod mmu;
 pub mod multiboot;
 pub mod pager;
+pub(crate) mod shared;
 pub mod snapshot;
 pub mod stats;
 pub mod swap;
@@ -37,7 +66,7 @@ pub mod vm;
 pub use apf::{ApfMode, ApfProtocol, ApfState, ApfStats, EventConfig};
 pub use boot::{parse_kernel, KernelError, KernelImage, MAX_GUEST_MEM};
 pub use cost::HvCosts;
-pub use error::{ApfStateError, CreateError, GuestMemoryError, VmError};
+pub use error::{ApfStateError, GuestMemoryError, VmError};
 pub use machine::{CycleCosts, Engine, Gfn, Gpa, NamedCosts};
 pub use memslot::{MemslotError, SlotFlags, SlotId};
 pub use mmu::check::InvariantError;
@@ -48,15 +77,15 @@ pub use mmu::spte;
 pub use mmu::zap::{ZapError, ZapMode, ZapReport, BATCH_ZAP_PAGES};
 pub use mmu::{shadow::ShadowError, shadow::ShadowStats, MmuMode};
 pub use pager::{PageSource, PagerError, PagerStats};
-pub use stats::{ExitStat, MmuLockStats, VcpuStats, VmStats};
+pub use stats::{ExitReason, ExitStat, ExitTable, MmuLockStats, VcpuStats, VmStats};
 pub use swap::{DeviceModel, DevicePreset, DeviceStats, LatencyRange};
 pub use time::Cycles;
 pub use vcpu::steal::cycles_to_ns as steal_cycles_to_ns;
 pub use vcpu::{Vcpu, VcpuId};
 pub use vm::dirty_log::{Collected, DirtyLogCost, DirtyPages, RingHarvest};
 pub use vm::{
-    max_lookahead, Report, RunStatus, StopReason, Vm, VmConfig, DEFAULT_HOST_SLICE, MIN_HOST_MEM,
-    RAM_SLOT,
+    max_lookahead, CreateError, Report, RunStatus, StopReason, Vm, VmConfig, DEFAULT_HOST_SLICE,
+    MIN_HOST_MEM, RAM_SLOT,
 };
 
 /// Virtual cycles per second of virtual time (the machine's 3 GHz clock).

@@ -10,6 +10,8 @@
 //! set bumps its generation, so anything derived from slot contents (sptes
 //! now; cached lookups later) can tell it is stale.
 
+pub(crate) mod dirty_bitmap;
+
 use crate::swap::SwapSlot;
 use machine::{Gfn, Hfn};
 use std::collections::BTreeMap;
@@ -63,7 +65,7 @@ pub(crate) struct Memslot {
     /// a clean copy when resident); 0 for none.
     swap: Vec<u32>,
     /// The dirty log, while `flags.log_dirty_pages`.
-    pub dirty_log: Option<crate::mmu::dirty_log::SlotLog>,
+    pub dirty_log: Option<dirty_bitmap::SlotLog>,
     /// Every page is resident at the host frame of its own number (gpa =
     /// hpa), for ever: the RAM of a VM without memory virtualisation
     /// (`MmuMode::Native`). `backing` and `swap` stay unused; nothing
@@ -198,7 +200,7 @@ impl Memslot {
     /// bitmap (bitmap and manual modes: the invariant checkers' exactness
     /// rule; a ring's entries are not searched).
     pub fn writable_spte_logged(&self, gfn: Gfn) -> bool {
-        use crate::mmu::dirty_log::DirtyLogMode;
+        use dirty_bitmap::DirtyLogMode;
         match &self.dirty_log {
             Some(log) if matches!(log.mode, DirtyLogMode::Bitmap | DirtyLogMode::Manual) => {
                 log.bitmap.get(self.index_of(gfn))
@@ -224,8 +226,9 @@ pub enum MemslotError {
     BadRange { base: u64, npages: u64 },
     #[error("memslot at gfns {base:#x}..{end:#x} overlaps memslot {other}")]
     Overlap { base: u64, end: u64, other: SlotId },
-    #[error(transparent)]
-    Zap(#[from] crate::mmu::zap::ZapError),
+    /// Zapping the MMU's tables failed (`mmu::zap::ZapError`).
+    #[error("zapping MMU tables: host memory access failed: {0:?}")]
+    Zap(machine::MemError),
     #[error("memslots cannot change without memory virtualisation (--mmu none): guest-physical memory is host-physical memory")]
     Native,
 }
@@ -312,12 +315,10 @@ impl Memslots {
         self.check_free(base_gfn, npages, None)?;
         let backing = vec![0; npages as usize];
         let swap = vec![0; npages as usize];
-        let dirty_log = flags
-            .log_dirty_pages
-            .then(|| crate::mmu::dirty_log::SlotLog {
-                mode: crate::mmu::dirty_log::DirtyLogMode::Bitmap,
-                bitmap: crate::mmu::dirty_log::DirtyBitmap::new(npages),
-            });
+        let dirty_log = flags.log_dirty_pages.then(|| dirty_bitmap::SlotLog {
+            mode: dirty_bitmap::DirtyLogMode::Bitmap,
+            bitmap: dirty_bitmap::DirtyBitmap::new(npages),
+        });
         self.by_base.insert(
             base_gfn.0,
             Memslot {

@@ -1,8 +1,10 @@
 //! Counters per vCPU and per exit reason.
 
 use crate::apf::ApfStats;
+pub use crate::mmu::lock::MmuLockStats;
 use crate::pager::PagerStats;
 use crate::swap::DeviceStats;
+use machine::vmx::VmExit;
 use std::collections::BTreeMap;
 
 /// Count and hv cycles of one exit reason.
@@ -14,37 +16,216 @@ pub struct ExitStat {
     pub hv_cycles: u64,
 }
 
-/// `mmu_lock`'s own counters, over every core that took it (vCPUs and
-/// the VMM's thread): how often it was taken, how often a taker waited,
-/// how often its cache line came from another core, and how much of the
-/// waiting was the ticket lock's handoff (`mmu::lock`, `docs/mmu.md`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct MmuLockStats {
-    /// Timed acquisitions (hv work in virtual time).
-    pub acquisitions: u64,
-    /// Acquisitions that had to wait.
-    pub contended: u64,
-    /// Acquisitions that found the lock's line last written by another
-    /// core (the contended ones included).
-    pub line_transfers: u64,
-    /// Virtual cycles takers waited, in all.
-    pub waited_cycles: u64,
-    /// Of `waited_cycles`, the handoffs' share.
-    pub handoff_cycles: u64,
-    /// Holds that overlapped the one before (a broken order; always 0).
-    #[serde(default)]
-    pub overlaps: u64,
-    /// Requests made earlier in virtual time than one that reached the
-    /// lock before them (`mmu::lock`): served after it.
-    #[serde(default)]
-    pub inversions: u64,
+/// Why a vCPU exited, as the statistics count it: one per
+/// `machine::vmx::VmExit` variant, declared in the order of their names
+/// (the order every report lists them in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ExitReason {
+    Cpuid,
+    CrAccess,
+    CycleLimit,
+    EptMisconfig,
+    EptViolation,
+    Exception,
+    ExternalInterrupt,
+    Hlt,
+    InterruptWindow,
+    Invlpg,
+    Io,
+    Ipi,
+    MachineError,
+    MonitorTrap,
+    MsrRead,
+    MsrWrite,
+    NmiWindow,
+    PmlFull,
+    Rdtsc,
+    TripleFault,
+    Vmcall,
+}
+
+impl ExitReason {
+    /// Every reason, in name order.
+    pub const ALL: [ExitReason; 21] = [
+        ExitReason::Cpuid,
+        ExitReason::CrAccess,
+        ExitReason::CycleLimit,
+        ExitReason::EptMisconfig,
+        ExitReason::EptViolation,
+        ExitReason::Exception,
+        ExitReason::ExternalInterrupt,
+        ExitReason::Hlt,
+        ExitReason::InterruptWindow,
+        ExitReason::Invlpg,
+        ExitReason::Io,
+        ExitReason::Ipi,
+        ExitReason::MachineError,
+        ExitReason::MonitorTrap,
+        ExitReason::MsrRead,
+        ExitReason::MsrWrite,
+        ExitReason::NmiWindow,
+        ExitReason::PmlFull,
+        ExitReason::Rdtsc,
+        ExitReason::TripleFault,
+        ExitReason::Vmcall,
+    ];
+
+    /// The reason of `exit`.
+    pub fn of(exit: &VmExit) -> ExitReason {
+        match exit {
+            VmExit::Exception { .. } => ExitReason::Exception,
+            VmExit::ExternalInterrupt { .. } => ExitReason::ExternalInterrupt,
+            VmExit::InterruptWindow => ExitReason::InterruptWindow,
+            VmExit::NmiWindow => ExitReason::NmiWindow,
+            VmExit::MonitorTrap => ExitReason::MonitorTrap,
+            VmExit::TripleFault => ExitReason::TripleFault,
+            VmExit::Cpuid => ExitReason::Cpuid,
+            VmExit::Hlt => ExitReason::Hlt,
+            VmExit::Invlpg { .. } => ExitReason::Invlpg,
+            VmExit::Rdtsc { .. } => ExitReason::Rdtsc,
+            VmExit::Vmcall => ExitReason::Vmcall,
+            VmExit::CrAccess(_) => ExitReason::CrAccess,
+            VmExit::Io { .. } => ExitReason::Io,
+            VmExit::MsrRead { .. } => ExitReason::MsrRead,
+            VmExit::MsrWrite { .. } => ExitReason::MsrWrite,
+            VmExit::EptViolation { .. } => ExitReason::EptViolation,
+            VmExit::EptMisconfig { .. } => ExitReason::EptMisconfig,
+            VmExit::PmlFull => ExitReason::PmlFull,
+            VmExit::Ipi(_) => ExitReason::Ipi,
+            VmExit::CycleLimit => ExitReason::CycleLimit,
+            VmExit::MachineError(_) => ExitReason::MachineError,
+        }
+    }
+
+    /// The name in reports: `VmExit::name` of its exits.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExitReason::Cpuid => "cpuid",
+            ExitReason::CrAccess => "cr_access",
+            ExitReason::CycleLimit => "cycle_limit",
+            ExitReason::EptMisconfig => "ept_misconfig",
+            ExitReason::EptViolation => "ept_violation",
+            ExitReason::Exception => "exception",
+            ExitReason::ExternalInterrupt => "external_interrupt",
+            ExitReason::Hlt => "hlt",
+            ExitReason::InterruptWindow => "interrupt_window",
+            ExitReason::Invlpg => "invlpg",
+            ExitReason::Io => "io",
+            ExitReason::Ipi => "ipi",
+            ExitReason::MachineError => "machine_error",
+            ExitReason::MonitorTrap => "monitor_trap",
+            ExitReason::MsrRead => "msr_read",
+            ExitReason::MsrWrite => "msr_write",
+            ExitReason::NmiWindow => "nmi_window",
+            ExitReason::PmlFull => "pml_full",
+            ExitReason::Rdtsc => "rdtsc",
+            ExitReason::TripleFault => "triple_fault",
+            ExitReason::Vmcall => "vmcall",
+        }
+    }
+
+    /// The reason named `name`.
+    pub fn from_name(name: &str) -> Option<ExitReason> {
+        ExitReason::ALL.into_iter().find(|r| r.name() == name)
+    }
+}
+
+/// Exit counters by reason: a fixed table indexed by [`ExitReason`]
+/// (counting an exit allocates nothing). It reads like the map it stands
+/// for: the reasons seen (count above zero), in name order; saved and
+/// loaded as that map.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExitTable([ExitStat; ExitReason::ALL.len()]);
+
+impl ExitTable {
+    /// Counts one exit of `reason` that cost the hv `hv_cycles`.
+    pub fn record(&mut self, reason: ExitReason, hv_cycles: u64) {
+        let stat = &mut self.0[reason as usize];
+        stat.count += 1;
+        stat.hv_cycles += hv_cycles;
+    }
+
+    /// The counters of `reason`, if an exit of it was seen.
+    pub fn stat(&self, reason: ExitReason) -> Option<&ExitStat> {
+        Some(&self.0[reason as usize]).filter(|s| s.count > 0)
+    }
+
+    /// The counters of the reason named `name`, if an exit of it was seen.
+    pub fn get(&self, name: &str) -> Option<&ExitStat> {
+        self.stat(ExitReason::from_name(name)?)
+    }
+
+    /// Whether an exit of the reason named `name` was seen.
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// The reasons seen, in name order, with their counters.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &ExitStat)> + '_ {
+        ExitReason::ALL
+            .into_iter()
+            .filter_map(|r| self.stat(r).map(|s| (r.name(), s)))
+    }
+
+    /// The counters of the reasons seen, in name order.
+    pub fn values(&self) -> impl Iterator<Item = &ExitStat> + '_ {
+        self.iter().map(|(_, s)| s)
+    }
+
+    /// Adds `other`'s counters to these.
+    pub fn add(&mut self, other: &ExitTable) {
+        for (mine, theirs) in self.0.iter_mut().zip(&other.0) {
+            mine.count += theirs.count;
+            mine.hv_cycles += theirs.hv_cycles;
+        }
+    }
+}
+
+impl std::ops::Index<&str> for ExitTable {
+    type Output = ExitStat;
+
+    /// The counters of the reason named `name`; panics if none was seen
+    /// (as a map's index does).
+    fn index(&self, name: &str) -> &ExitStat {
+        self.get(name)
+            .unwrap_or_else(|| panic!("no {name:?} exit was counted"))
+    }
+}
+
+impl<'a> IntoIterator for &'a ExitTable {
+    type Item = (&'static str, &'a ExitStat);
+    type IntoIter = Box<dyn Iterator<Item = (&'static str, &'a ExitStat)> + 'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.iter())
+    }
+}
+
+impl serde::Serialize for ExitTable {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let seen: Vec<(&str, &ExitStat)> = self.iter().collect();
+        serializer.collect_map(seen)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ExitTable {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<String, ExitStat>::deserialize(deserializer)?;
+        let mut table = ExitTable::default();
+        for (name, stat) in map {
+            let reason = ExitReason::from_name(&name)
+                .ok_or_else(|| serde::de::Error::custom(format!("unknown exit reason {name:?}")))?;
+            table.0[reason as usize] = stat;
+        }
+        Ok(table)
+    }
 }
 
 /// Counters of one vCPU.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VcpuStats {
-    /// Exit reason (`VmExit::name`) -> counters, in name order.
-    pub exits: BTreeMap<String, ExitStat>,
+    /// Counters by exit reason (named as `VmExit::name`).
+    pub exits: ExitTable,
     /// EPT violations fixed.
     pub ept_faults: u64,
     /// EPT violations the fast page fault fixed without `mmu_lock`
@@ -195,14 +376,10 @@ pub struct VmStats {
 
 impl VmStats {
     /// Exits summed over vCPUs, by reason.
-    pub fn exits(&self) -> BTreeMap<String, ExitStat> {
-        let mut all: BTreeMap<String, ExitStat> = BTreeMap::new();
+    pub fn exits(&self) -> ExitTable {
+        let mut all = ExitTable::default();
         for v in &self.vcpus {
-            for (name, stat) in &v.exits {
-                let e = all.entry(name.clone()).or_default();
-                e.count += stat.count;
-                e.hv_cycles += stat.hv_cycles;
-            }
+            all.add(&v.exits);
         }
         all
     }
@@ -234,5 +411,61 @@ impl VmStats {
     /// EPT faults summed over vCPUs.
     pub fn ept_faults(&self) -> u64 {
         self.vcpus.iter().map(|v| v.ept_faults).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_in_name_order_and_named_as_the_machine_names_exits() {
+        let names: Vec<&str> = ExitReason::ALL.iter().map(|r| r.name()).collect();
+        assert!(names.windows(2).all(|w| w[0] < w[1]), "{names:?}");
+        for (i, r) in ExitReason::ALL.into_iter().enumerate() {
+            assert_eq!(r as usize, i);
+            assert_eq!(ExitReason::from_name(r.name()), Some(r));
+        }
+        for exit in [
+            VmExit::InterruptWindow,
+            VmExit::NmiWindow,
+            VmExit::MonitorTrap,
+            VmExit::TripleFault,
+            VmExit::Cpuid,
+            VmExit::Hlt,
+            VmExit::Vmcall,
+            VmExit::PmlFull,
+            VmExit::CycleLimit,
+        ] {
+            assert_eq!(ExitReason::of(&exit).name(), exit.name());
+        }
+    }
+
+    /// The table reads, and saves, as the map of the reasons seen.
+    #[test]
+    fn the_table_is_the_map_of_the_reasons_seen() {
+        let mut table = ExitTable::default();
+        let mut map: BTreeMap<String, ExitStat> = BTreeMap::new();
+        for (reason, cycles) in [
+            (ExitReason::Vmcall, 7),
+            (ExitReason::EptViolation, 100),
+            (ExitReason::Vmcall, 5),
+            (ExitReason::Cpuid, 0),
+        ] {
+            table.record(reason, cycles);
+            let stat = map.entry(reason.name().to_string()).or_default();
+            stat.count += 1;
+            stat.hv_cycles += cycles;
+        }
+        let listed: Vec<(String, ExitStat)> =
+            table.iter().map(|(n, s)| (n.to_string(), *s)).collect();
+        let expected: Vec<(String, ExitStat)> = map.clone().into_iter().collect();
+        assert_eq!(listed, expected);
+        assert_eq!(table.get("vmcall").map(|s| s.count), Some(2));
+        assert_eq!(table.get("hlt"), None);
+        assert_eq!(table.get("no_such_exit"), None);
+        let bytes = bincode::serialize(&table).unwrap();
+        assert_eq!(bytes, bincode::serialize(&map).unwrap());
+        assert_eq!(bincode::deserialize::<ExitTable>(&bytes).unwrap(), table);
     }
 }

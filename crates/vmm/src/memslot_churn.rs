@@ -120,7 +120,7 @@ pub fn fault_totals(vm: &Vm) -> FaultTotals {
     let mut totals = FaultTotals::default();
     for (vcpu, stats) in vm.vcpus().iter().zip(vm.stats().vcpus) {
         let costs = vcpu.cpu().costs();
-        for stat in FAULT_EXITS.iter().filter_map(|name| stats.exits.get(*name)) {
+        for stat in FAULT_EXITS.iter().filter_map(|name| stats.exits.get(name)) {
             totals.count += stat.count;
             totals.hv_cycles += stat.hv_cycles;
             totals.exit_cycles += stat.count * (costs.vm_exit + costs.vm_entry);

@@ -286,11 +286,12 @@ pub struct FastPfSummary {
     pub slow: u64,
 }
 
-fn exits(map: &BTreeMap<String, hv::stats::ExitStat>) -> BTreeMap<String, ExitSummary> {
-    map.iter()
+fn exits(table: &hv::stats::ExitTable) -> BTreeMap<String, ExitSummary> {
+    table
+        .iter()
         .map(|(k, v)| {
             (
-                k.clone(),
+                k.to_string(),
                 ExitSummary {
                     count: v.count,
                     hv_cycles: v.hv_cycles,

@@ -1,13 +1,12 @@
-//! Asynchronous page faults, as a module:
-//! - this file: the configuration and the per-vCPU host state;
-//! - [`policy`]: when a vCPU stalls, halts or tells the guest (consumes
-//!   the MMU fault path's `WaitForPage` outcome), and what happens when
-//!   a page arrives (prefault, page-ready);
-//! - [`x86`]: KVM's x86 protocol (CPUID bits, MSRs, #PF with the token in
-//!   CR2, page-ready as an interrupt);
-//! - [`event`]: the event protocol (hypercalls, both notifications as
-//!   interrupts);
-//! - [`restore`]: saving and restoring the guest-visible state.
+//! Asynchronous page faults: the configuration, the per-vCPU host state
+//! (outstanding faults, tokens, the gfn hash, counters) and the protocols'
+//! register rules. What a vCPU does with them is the vCPU's
+//! (`vcpu/async_pf/`): the policy (when a vCPU stalls, halts or tells the
+//! guest, consuming the fault path's `WaitForPage` outcome, and what
+//! happens when a page arrives), KVM's x86 protocol (MSRs, #PF with the
+//! token in CR2, page-ready as an interrupt) and the event protocol
+//! (hypercalls, both notifications as interrupts); the VM saves and
+//! restores the guest-visible state (`vm/apf_state.rs`).
 //!
 //! The shared areas are read and written at the offsets of the `abi`
 //! crate's structures ([`abi::KvmApfData`], [`abi::ApfEventArea`]).
@@ -20,11 +19,6 @@
 //! - page-ready notifications wait until the guest frees the token slot;
 //! - cancel everything when the guest disables delivery; wake every waiter
 //!   ([`abi::APF_WAKE_ALL`]) when it enables it or when state is restored.
-
-pub(crate) mod event;
-pub(crate) mod policy;
-pub(crate) mod restore;
-pub(crate) mod x86;
 
 use crate::time::Cycles;
 use machine::{Gfn, Gpa};
@@ -262,14 +256,20 @@ pub(crate) struct ApfWork {
     pub shadow: Option<ShadowPrefault>,
 }
 
-/// The access an async fault began with under shadow paging: the page is
-/// mapped for it when it arrives only if the guest's CR3 is still `cr3`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ShadowPrefault {
-    pub cr3: u64,
-    pub gva: machine::Gva,
-    pub write: bool,
-    pub user: bool,
+pub(crate) use crate::mmu::shadow::cache::ShadowPrefault;
+
+/// Bits of `MSR_KVM_ASYNC_PF_EN` KVM refuses with #GP.
+pub(crate) const EN_REFUSED: u64 =
+    abi::KVM_ASYNC_PF_RESERVED | abi::KVM_ASYNC_PF_DELIVERY_AS_PF_VMEXIT;
+
+/// Whether `MSR_KVM_ASYNC_PF_INT` accepts `value` (bits 63:8 reserved).
+pub(crate) fn int_msr_valid(value: u64) -> bool {
+    value >> 8 == 0
+}
+
+/// The area `MSR_KVM_ASYNC_PF_EN` points at.
+pub(crate) fn en_area(value: u64) -> Gpa {
+    Gpa(value & !(AREA_ALIGN - 1))
 }
 
 /// The event protocol's per-vCPU configuration (from `HC_APF_ENABLE`).

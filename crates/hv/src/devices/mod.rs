@@ -84,16 +84,6 @@ pub enum DeviceStop {
     PowerOff,
 }
 
-impl crate::vm::Vm {
-    /// `--strict-mmio`: an access to unassigned MMIO (no RAM and no device
-    /// there) stops the VM with an error, for hunting guest bugs. Off by
-    /// default: as on a PC, such a read gives all ones and a write is
-    /// dropped (each counted in `VcpuStats::unassigned_mmio`).
-    pub fn set_strict_mmio(&mut self, strict: bool) {
-        self.shared.platform.strict_mmio = strict;
-    }
-}
-
 /// How the platform is built.
 #[derive(Debug, Clone, Default)]
 pub struct PlatformConfig {

@@ -22,17 +22,17 @@
 //! The kernel goes at its `pref_address` (16 MiB for Debian's), the initrd
 //! at the top of RAM (below `initrd_addr_max`).
 
-pub mod bzimage;
+pub use crate::image::bzimage;
+pub use crate::image::LinuxBootError;
 pub mod initramfs;
 
 use crate::boot::{self, KernelImage};
-use crate::error::CreateError;
 use crate::vcpu::VcpuId;
+use crate::vm::CreateError;
 use crate::vm::{Vm, VmConfig};
-use bzimage::{offset, BzImageError, SetupHeader};
+use bzimage::{offset, SetupHeader};
 use machine::cpu::state::{rflags, seg_attr, DescriptorTable, Gpr};
 use machine::Gpa;
-use thiserror::Error;
 
 /// The zero page.
 pub const BOOT_PARAMS_GPA: u64 = 0x8_0000;
@@ -69,31 +69,6 @@ mod zero_page {
 pub mod e820 {
     pub const RAM: u32 = 1;
     pub const RESERVED: u32 = 2;
-}
-
-/// Why a Linux kernel cannot be booted.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum LinuxBootError {
-    #[error("{0}")]
-    BzImage(#[from] BzImageError),
-    #[error("command line of {len} bytes is too long: the kernel takes at most {max}")]
-    CmdlineTooLong { len: usize, max: usize },
-    #[error("the command line has a NUL byte")]
-    CmdlineNul,
-    #[error(
-        "guest RAM of {mem} MiB is too small for the kernel: it needs {need:#x}..{end:#x} (its init_size) below the initrd at {initrd:#x}",
-        mem = .mem >> 20
-    )]
-    NoRoomForKernel {
-        need: u64,
-        end: u64,
-        initrd: u64,
-        mem: u64,
-    },
-    #[error("the initrd of {len} bytes does not fit below {limit:#x}")]
-    InitrdTooBig { len: u64, limit: u64 },
-    #[error("Linux boot needs --mmu ept or shadow, not none")]
-    Native,
 }
 
 /// Where everything goes.

@@ -1,19 +1,6 @@
-//! The EPT-violation path: from a faulting gpa to an installed spte.
-//!
-//! 1. Look the gfn up in the memslots (outside guest memory, or a write to
-//!    a read-only slot, is an error).
-//! 2. Find the frame behind it (KVM's `kvm_faultin_pfn`): resident already;
-//!    allocated and zeroed on first touch; or on swap: the read is started
-//!    (or found in flight) and, if it completes later than now, the fault
-//!    ends with [`FaultOutcome::WaitForPage`] for the async-PF policy to
-//!    decide how the vCPU waits. The pager may evict to make room (its
-//!    holds of `mmu_lock` go through [`super::notifier`]).
-//! 3. Install a 4 KiB leaf under `mmu_lock` ([`map_gfn`]), in the root the
-//!    vCPU entered with, and record it in the rmap.
-//!
-//! The path never calls the policy and never flushes a TLB itself: it
-//! returns what happened, and whether a remote TLB flush is needed (the
-//! pager zapped or aged sptes), for the vCPU to request.
+//! Installing a leaf for a resolved fault (step 3 of the EPT-violation
+//! path, `crate::fault`): under `mmu_lock`, in the root the vCPU entered
+//! with, recorded in the rmap; and the write rights a leaf gets.
 //!
 //! No INVEPT is needed for the new spte: the fault replaced a not-present
 //! entry, and the CPU caches no translation for a not-present entry.
@@ -23,137 +10,24 @@ use super::lock::Timed;
 use super::root::RootId;
 use super::{spte, tdp, Mmu, MmuInner};
 use crate::cost::HvCosts;
-use crate::frames::{FrameAllocator, OutOfFrames};
-use crate::host::Host;
-use crate::memslot::PageState;
-use crate::pager::{PageRef, Pager, PagerError, Work};
-use crate::swap::SwapSlot;
+use crate::frames::FrameAllocator;
 use crate::time::Cycles;
-use machine::{Gfn, Gpa, Hfn, MemError, PhysMemory};
+use machine::{Gfn, Hfn, MemError, PhysMemory};
 use thiserror::Error;
 
-/// Why an EPT violation could not be fixed.
+/// Why installing a leaf failed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum FaultError {
-    #[error("guest access outside its memory at gpa {gpa}")]
-    OutsideMemory { gpa: Gpa },
-    #[error("guest write to read-only memory at gpa {gpa}")]
-    ReadOnly { gpa: Gpa },
-    #[error("backing guest memory: {0}")]
-    OutOfFrames(#[from] OutOfFrames),
+pub enum MapError {
     #[error("EPT tables: {0}")]
     Tdp(#[from] tdp::TdpError),
     #[error("host memory: {0:?}")]
     Memory(MemError),
-    #[error("paging in gpa {gpa}: {source}")]
-    Pager { gpa: Gpa, source: PagerError },
-    #[error("page-in of gpa {gpa} vanished (an hv bug)")]
-    PageInVanished { gpa: Gpa },
 }
 
-impl From<MemError> for FaultError {
+impl From<MemError> for MapError {
     fn from(e: MemError) -> Self {
-        FaultError::Memory(e)
+        MapError::Memory(e)
     }
-}
-
-/// How a fault ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FaultOutcome {
-    /// The spte is installed (or another vCPU had installed it): retry.
-    Mapped,
-    /// The page is on its way in from swap and arrives at `ready_at`: the
-    /// vCPU must wait for it (how is the async-PF policy's choice).
-    WaitForPage {
-        gfn: Gfn,
-        swap_slot: SwapSlot,
-        ready_at: Cycles,
-    },
-}
-
-/// What the fault did, for the vCPU to charge and count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Fault {
-    pub outcome: FaultOutcome,
-    /// A first touch allocated a frame.
-    pub frame_allocated: bool,
-    /// The page was already being read in (a repeated fault).
-    pub repeat: bool,
-    /// sptes were zapped or aged: every vCPU must flush its TLB before
-    /// running guest code again.
-    pub flush: bool,
-    /// Virtual cycles spent waiting for `mmu_lock`.
-    pub lock_wait: Cycles,
-    /// Of which behind a zap-all's teardown.
-    pub zap_wait: Cycles,
-}
-
-/// The clock of one exit: `now` stamps the pager's work (the vCPU's clock
-/// at the exit plus the exit's base charge) and `cycles` is what the exit
-/// has charged so far; the fault adds to it, and takes `mmu_lock` at
-/// `now + cycles`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ExitClock {
-    pub now: Cycles,
-    pub cycles: Cycles,
-}
-
-impl ExitClock {
-    /// The virtual time at which the next step happens.
-    pub fn at(&self) -> Cycles {
-        self.now + self.cycles
-    }
-}
-
-/// Handles an EPT violation at `gpa` (`write`: the access was a write) by a
-/// vCPU that entered with `root`.
-pub(crate) fn page_fault(
-    host: &mut Host,
-    pager: &mut Pager,
-    root: RootId,
-    gpa: Gpa,
-    write: bool,
-    clock: &mut ExitClock,
-) -> Result<Fault, FaultError> {
-    let (mut fault, resident) = faultin(host, pager, gpa, write, clock)?;
-    let Some(Resident {
-        gfn,
-        frame,
-        rights,
-        dirty_marked,
-    }) = resident
-    else {
-        return Ok(fault);
-    };
-    let mapped = host.mmu.map_gfn(
-        &host.mem,
-        &mut host.frames,
-        &host.costs,
-        root,
-        gfn,
-        frame,
-        rights,
-        write,
-        dirty_marked,
-        clock.at(),
-    );
-    clock.cycles += mapped.cycles;
-    fault.lock_wait = mapped.lock_wait;
-    fault.zap_wait = mapped.zap_wait;
-    mapped.result?;
-    Ok(fault)
-}
-
-/// The frame a fault found, to be mapped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Resident {
-    pub gfn: Gfn,
-    pub frame: Hfn,
-    /// The write rights the new leaf gets.
-    pub rights: LeafWrite,
-    /// A write fault marked the page in its slot's dirty log (the bitmap
-    /// bit or ring entry the hold charges, see [`locked_fault_work`]).
-    pub dirty_marked: bool,
 }
 
 /// What KVM's slow path does inside `mmu_lock` around the spte itself
@@ -217,107 +91,6 @@ impl LeafWrite {
     }
 }
 
-/// Steps 1 and 2 of a fault (KVM's `kvm_faultin_pfn`): the frame behind
-/// `gpa`, or the wait for it (`None`, with the outcome in the fault).
-pub(crate) fn faultin(
-    host: &mut Host,
-    pager: &mut Pager,
-    gpa: Gpa,
-    write: bool,
-    clock: &mut ExitClock,
-) -> Result<(Fault, Option<Resident>), FaultError> {
-    let costs = host.costs;
-    let now = clock.now;
-    let pager_error = |source| FaultError::Pager { gpa, source };
-    // The memslot lookup, then the host side of the frame lookup (KVM's
-    // `hva_to_pfn`: GUP-fast first, on every fault; a page that is not
-    // resident costs the pager's work on top, standing for GUP's slow
-    // path and the host's fault).
-    clock.cycles += Cycles(costs.memslot_lookup + costs.host_pfn_lookup);
-    let gfn = gpa.frame();
-    let slot = host
-        .slots
-        .lookup(gfn)
-        .ok_or(FaultError::OutsideMemory { gpa })?;
-    let rights = LeafWrite::for_slot(slot, write);
-    if write && !rights.host_writable() {
-        return Err(FaultError::ReadOnly { gpa });
-    }
-    let page = PageRef {
-        slot: slot.id,
-        index: slot.index_of(gfn),
-    };
-    let mut fault = Fault {
-        outcome: FaultOutcome::Mapped,
-        frame_allocated: false,
-        repeat: false,
-        flush: false,
-        lock_wait: Cycles::ZERO,
-        zap_wait: Cycles::ZERO,
-    };
-    // The pager's work is the vCPU's; sptes it zapped or aged need a
-    // remote flush (the INVEPT is charged here, issued before entry).
-    let mut charge = |fault: &mut Fault, work: Work| {
-        clock.cycles += work.cycles;
-        if work.flush {
-            fault.flush = true;
-            clock.cycles += Cycles(costs.invept);
-        }
-    };
-    let frame = match slot.state(gfn) {
-        PageState::Resident(frame) => frame,
-        PageState::Untouched => {
-            let (frame, work) = pager
-                .first_touch(host, page, gfn, now)
-                .map_err(pager_error)?;
-            charge(&mut fault, work);
-            fault.frame_allocated = true;
-            frame
-        }
-        PageState::Swapped(swap_slot) => {
-            let read = match pager.in_flight(swap_slot) {
-                Some(read) => {
-                    fault.repeat = true;
-                    read
-                }
-                None => {
-                    let (read, work) = pager
-                        .start_page_in(host, page, swap_slot, now)
-                        .map_err(pager_error)?;
-                    charge(&mut fault, work);
-                    read
-                }
-            };
-            if read.ready_at > clock.at() {
-                fault.outcome = FaultOutcome::WaitForPage {
-                    gfn,
-                    swap_slot,
-                    ready_at: read.ready_at,
-                };
-                return Ok((fault, None));
-            }
-            pager
-                .finish_page_in(&mut host.slots, swap_slot)
-                .map(|(_, frame)| frame)
-                .ok_or(FaultError::PageInVanished { gpa })?
-        }
-    };
-    // Logged before the leaf becomes writable: a write the log misses
-    // cannot happen (the page's bit or ring entry is there before the
-    // guest can store without faulting). Its cost is the hold's (KVM marks
-    // under `mmu_lock`, see `locked_fault_work`).
-    let dirty_marked = write && host.mark_page_dirty(gfn);
-    Ok((
-        fault,
-        Some(Resident {
-            gfn,
-            frame,
-            rights,
-            dirty_marked,
-        }),
-    ))
-}
-
 /// What installing a mapping did.
 #[derive(Debug)]
 pub(crate) struct Mapped {
@@ -329,7 +102,7 @@ pub(crate) struct Mapped {
     pub zap_wait: Cycles,
     /// Whether a new spte went in (false: another vCPU had installed it),
     /// or why not.
-    pub result: Result<bool, FaultError>,
+    pub result: Result<bool, MapError>,
 }
 
 impl Mmu {
@@ -394,7 +167,7 @@ fn install(
     frame: Hfn,
     rights: LeafWrite,
     access: Access,
-) -> Result<bool, FaultError> {
+) -> Result<bool, MapError> {
     let (walked, work) = {
         let MmuInner { roots, headers, .. } = &mut **guard;
         // A root zapped since the vCPU entered: nothing to install into;

@@ -461,6 +461,32 @@ impl Drop for MmuGuard<'_> {
     }
 }
 
+/// `mmu_lock`'s own counters, over every core that took it (vCPUs and
+/// the VMM's thread): how often it was taken, how often a taker waited,
+/// how often its cache line came from another core, and how much of the
+/// waiting was the ticket lock's handoff (`mmu::lock`, `docs/mmu.md`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MmuLockStats {
+    /// Timed acquisitions (hv work in virtual time).
+    pub acquisitions: u64,
+    /// Acquisitions that had to wait.
+    pub contended: u64,
+    /// Acquisitions that found the lock's line last written by another
+    /// core (the contended ones included).
+    pub line_transfers: u64,
+    /// Virtual cycles takers waited, in all.
+    pub waited_cycles: u64,
+    /// Of `waited_cycles`, the handoffs' share.
+    pub handoff_cycles: u64,
+    /// Holds that overlapped the one before (a broken order; always 0).
+    #[serde(default)]
+    pub overlaps: u64,
+    /// Requests made earlier in virtual time than one that reached the
+    /// lock before them (`mmu::lock`): served after it.
+    #[serde(default)]
+    pub inversions: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -257,10 +257,10 @@ impl Mmu {
     }
 
     /// `mmu_lock`'s counters so far.
-    pub fn lock_stats(&self, costs: &HvCosts) -> crate::stats::MmuLockStats {
+    pub fn lock_stats(&self, costs: &HvCosts) -> lock::MmuLockStats {
         let inner = self.hold(Timed::Untimed, costs);
         let t = &inner.timeline;
-        crate::stats::MmuLockStats {
+        lock::MmuLockStats {
             acquisitions: t.acquisitions,
             contended: t.contended,
             line_transfers: t.line_transfers,

@@ -78,6 +78,14 @@ impl From<MemError> for ZapError {
     }
 }
 
+impl From<ZapError> for crate::memslot::MemslotError {
+    fn from(e: ZapError) -> Self {
+        match e {
+            ZapError::Memory(e) => crate::memslot::MemslotError::Zap(e),
+        }
+    }
+}
+
 /// What a zap-all did, in the virtual time of the thread that asked.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ZapReport {

@@ -8,21 +8,12 @@ use super::{Requests, Vcpu};
 use crate::mmu::shadow::cache::CachedRoot;
 use crate::mmu::shadow::cr3_cache::{self, Cr3Cache, Cr3Entry};
 use crate::mmu::LoadedRoot;
+use crate::shared::Shared;
 use crate::time::Cycles;
-use crate::vm::shared::Shared;
 use abi::errno;
 use machine::mmu::paging::pte;
 use machine::vmx::Eptp;
 use machine::{Gpa, Hfn};
-
-/// What the sweep saw last: a change in either drops every entry.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct SweepMark {
-    /// The MMU generation (a fast zap obsoletes every root).
-    generation: u64,
-    /// Pages that ever went unsync.
-    unsynced: u64,
-}
 
 impl Vcpu {
     /// HC_CR3_CACHE_REGISTER: the guest's table at `gpa` (0: none).
@@ -225,18 +216,4 @@ fn read_wanted(shared: &mut Shared, table: Gpa) -> Option<u64> {
         .read_guest(table.add(cr3_cache::WANTED_OFFSET), &mut buf)
         .ok()?;
     Some(u64::from_le_bytes(buf))
-}
-
-impl SweepMark {
-    /// Whether the MMU changed in a way that drops cached roots since the
-    /// last look; remembers what it sees.
-    pub(crate) fn changed(&mut self, shared_host: &crate::host::Host) -> bool {
-        let now = SweepMark {
-            generation: shared_host.mmu.generation(),
-            unsynced: shared_host.mmu.shadow_unsynced_total(&shared_host.costs),
-        };
-        let changed = now != *self;
-        *self = now;
-        changed
-    }
 }

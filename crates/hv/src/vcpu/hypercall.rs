@@ -4,8 +4,8 @@
 
 use super::{Next, Vcpu};
 use crate::error::VmError;
-use crate::vm::shared::{CrossRequest, Shared};
-use crate::vm::{Report, StopReason};
+use crate::shared::{CrossRequest, Shared};
+use crate::shared::{Report, StopReason};
 use abi::errno;
 use machine::cpu::Gpr;
 use machine::vmx::{Ipi, IpiDest, IpiMode};
@@ -20,7 +20,7 @@ impl Vcpu {
         let result: i64 = if s.cpl() != 0 {
             -errno::EPERM
         } else if let Some(result) =
-            crate::apf::event::hypercall(self, shared, nr, [a0, a1, a2, a3])?
+            super::async_pf::event::hypercall(self, shared, nr, [a0, a1, a2, a3])?
         {
             result
         } else {

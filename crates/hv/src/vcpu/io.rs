@@ -4,8 +4,8 @@
 
 use super::{Next, Vcpu};
 use crate::devices::DeviceStop;
-use crate::vm::shared::{CrossRequest, Shared};
-use crate::vm::StopReason;
+use crate::shared::StopReason;
+use crate::shared::{CrossRequest, Shared};
 use machine::vmx::IoDirection;
 
 /// The sender of device interrupts in an IPI request: no APIC has this
@@ -34,7 +34,7 @@ impl Vcpu {
         };
         self.deliver_device_interrupts(shared);
         for line in shared.platform.take_reports() {
-            shared.reports.push(crate::vm::Report {
+            shared.reports.push(crate::shared::Report {
                 vcpu: self.id.0,
                 cycles: self.cpu.cycles(),
                 line,

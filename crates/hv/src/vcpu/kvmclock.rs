@@ -21,7 +21,8 @@
 
 use super::Vcpu;
 use crate::error::VmError;
-use crate::vm::shared::Shared;
+use crate::shared::Shared;
+pub(crate) use crate::shared::WallClock;
 use abi::{PvclockVcpuTimeInfo, PvclockWallClock};
 use machine::Gpa;
 
@@ -98,15 +99,6 @@ impl KvmClock {
     fn area(self) -> Gpa {
         Gpa(self.msr & !abi::KVM_SYSTEM_TIME_ENABLE)
     }
-}
-
-/// The VM-wide wall clock: the wall time (ns since the Unix epoch) at
-/// which kvmclock read zero, and `MSR_KVM_WALL_CLOCK_NEW` as last written.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct WallClock {
-    pub boot_ns: u64,
-    pub msr: u64,
-    pub version: u32,
 }
 
 /// RDMSR of a kvmclock MSR (`None`: not one).

@@ -11,18 +11,19 @@
 //! Exit handlers, by concern:
 //! - `cpuid`: CPUID;
 //! - `msr`: RDMSR/WRMSR through the MSR table (the async-PF MSRs are
-//!   `apf::x86`'s);
+//!   `async_pf::x86`'s);
 //! - `io`: port I/O (the platform's port bus, `crate::devices`);
 //! - `page_fault`'s MMIO part and `xapic`: accesses outside guest RAM
 //!   to the IOAPIC and the xAPIC page;
 //! - `hypercall`: VMCALL (the event protocol's hypercalls are
-//!   `apf::event`'s);
+//!   `async_pf::event`'s);
 //! - `page_fault`: EPT violations (the MMU's fault path, then the
 //!   async-PF policy);
 //! - `shadow`: under shadow paging, guest #PF, CR3/CR0/CR4 accesses,
 //!   INVLPG and the monitor-trap step of a tracked write;
 //! - IPIs and HLT here.
 
+pub(crate) mod async_pf;
 mod cpuid;
 pub(crate) mod cr3_cache;
 mod hypercall;
@@ -42,23 +43,15 @@ use crate::mmu::lock::Timed;
 use crate::mmu::root::RootError;
 use crate::mmu::shadow::cache::ShadowVcpu;
 use crate::mmu::{LoadedRoot, MmuMode};
-use crate::stats::VcpuStats;
+use crate::shared::StopReason;
+use crate::shared::{CrossRequest, Shared};
+use crate::stats::{ExitReason, VcpuStats};
 use crate::swap::SwapSlot;
 use crate::time::Cycles;
-use crate::vm::shared::{CrossRequest, Shared};
-use crate::vm::StopReason;
 use machine::vmx::{InveptKind, Ipi, IpiMode};
 use machine::{Cpu, VmExit};
 
-/// Identifier of a vCPU: its index in the VM (also its APIC id).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct VcpuId(pub usize);
-
-impl std::fmt::Display for VcpuId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
+pub use crate::ids::VcpuId;
 
 /// Work a vCPU must do before its next VM entry (KVM's `KVM_REQ_*`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -428,14 +421,14 @@ impl Vcpu {
 
     /// Handles one exit, charging the hv's work to the vCPU.
     pub(crate) fn handle_exit(&mut self, shared: &mut Shared, exit: VmExit) -> Next {
-        let name = exit.name();
+        let reason = ExitReason::of(&exit);
         let vectoring = self.cpu.idt_vectoring_info();
         let mut cycles = Cycles(shared.host.costs.exit_base);
         // The guest may have switched to a cached root without exiting.
         self.cr3_cache_resync(shared);
         // PML: the log goes into the dirty bitmaps at every exit (KVM's
         // `__vmx_handle_exit`), a PML-full exit included.
-        let drained = if name == "cycle_limit" {
+        let drained = if reason == ExitReason::CycleLimit {
             Ok(Cycles::ZERO)
         } else {
             self.drain_pml(&shared.host)
@@ -469,11 +462,9 @@ impl Vcpu {
                 cycles += Cycles(shared.host.costs.event_injection);
             }
         }
-        if name != "cycle_limit" {
+        if reason != ExitReason::CycleLimit {
             self.charge(cycles);
-            let stat = self.stats.exits.entry(name.to_string()).or_default();
-            stat.count += 1;
-            stat.hv_cycles += cycles.0;
+            self.stats.exits.record(reason, cycles.0);
         }
         next
     }

@@ -4,13 +4,13 @@
 //! [`PASSTHROUGH_MSRS`]; the others exit and are looked up in [`MSRS`]:
 //! each entry says how to read and how to write one MSR (a write that
 //! returns false is refused with #GP, as KVM refuses it). The async-PF
-//! MSRs exist only when offered and are `apf::x86`'s; kvmclock's are
+//! MSRs exist only when offered and are `async_pf::x86`'s; kvmclock's are
 //! `kvmclock`'s, steal time's `steal`'s; the machine-check registers are
 //! the CPU's (`machine::cpu::mce`). Anything else is #GP.
 
 use super::Vcpu;
 use crate::error::VmError;
-use crate::vm::shared::Shared;
+use crate::shared::Shared;
 use machine::cpu::state::{cr0, efer, msr};
 use machine::cpu::vector;
 use machine::vmx::InvvpidKind;
@@ -173,7 +173,7 @@ pub(crate) fn gp_fault() -> EventInjection {
 
 impl Vcpu {
     pub(super) fn handle_rdmsr(&mut self, shared: &Shared, index: u32) {
-        let value = crate::apf::x86::rdmsr(self, shared, index)
+        let value = super::async_pf::x86::rdmsr(self, shared, index)
             .or_else(|| super::kvmclock::rdmsr(self, shared, index))
             .or_else(|| super::steal::rdmsr(self, index))
             .or_else(|| super::pv_eoi::rdmsr(self, index))
@@ -191,7 +191,7 @@ impl Vcpu {
         index: u32,
         value: u64,
     ) -> Result<(), VmError> {
-        let ok = match crate::apf::x86::wrmsr(self, shared, index, value)? {
+        let ok = match super::async_pf::x86::wrmsr(self, shared, index, value)? {
             Some(ok) => ok,
             None => match super::kvmclock::wrmsr(self, shared, index, value)? {
                 Some(ok) => ok,

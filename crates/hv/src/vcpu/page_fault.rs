@@ -1,14 +1,14 @@
 //! The EPT-violation exit: the MMU's fault path (`mmu/fault.rs`), then,
 //! if the page is still on its way in from swap, the async-PF policy
-//! (`apf/policy.rs`) decides how the vCPU waits.
+//! (`vcpu/async_pf/policy.rs`) decides how the vCPU waits.
 
 use super::{Next, Vcpu};
 use crate::devices::Platform;
 use crate::error::VmError;
+use crate::fault::{page_fault, ExitClock, Fault, FaultError, FaultOutcome};
 use crate::mmu::fast_pf::protocol::{Access, FastFix};
-use crate::mmu::fault::{page_fault, ExitClock, Fault, FaultError, FaultOutcome};
+use crate::shared::{CrossRequest, Shared};
 use crate::time::Cycles;
-use crate::vm::shared::{CrossRequest, Shared};
 use machine::vmx::ept_qual;
 use machine::Gpa;
 
@@ -58,7 +58,7 @@ impl Vcpu {
                 gfn,
                 swap_slot,
                 ready_at,
-            } => crate::apf::policy::wait_for_page(
+            } => crate::vcpu::async_pf::policy::wait_for_page(
                 self, shared, gfn, swap_slot, ready_at, vectoring, cycles,
             ),
         }

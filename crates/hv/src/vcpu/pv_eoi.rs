@@ -28,8 +28,8 @@
 
 use super::Vcpu;
 use crate::error::VmError;
+use crate::shared::Shared;
 use crate::time::Cycles;
-use crate::vm::shared::Shared;
 use machine::Gpa;
 
 /// The x2APIC EOI register.

@@ -22,7 +22,7 @@
 
 use super::{Requests, Vcpu};
 use crate::error::VmError;
-use crate::vm::shared::Shared;
+use crate::shared::Shared;
 use machine::Gpa;
 
 /// Offsets in `struct kvm_steal_time`.

@@ -19,7 +19,7 @@
 
 use super::{Next, Vcpu};
 use crate::error::VmError;
-use crate::vm::shared::Shared;
+use crate::shared::Shared;
 use machine::apic::{ApicMode, ApicWrite, MSR_X2APIC_FIRST};
 
 /// Guest-physical base of the xAPIC page.

@@ -5,7 +5,6 @@
 //! go on the lock timeline, so vCPUs faulting meanwhile wait for them, and
 //! it returns what it cost.
 
-use super::shared::CrossRequest;
 use super::Vm;
 use crate::memslot::{Memslot, SlotId};
 use crate::mmu::dirty_log::{
@@ -13,6 +12,7 @@ use crate::mmu::dirty_log::{
 };
 use crate::mmu::lock::Timed;
 use crate::mmu::{spte, MmuMode};
+use crate::shared::CrossRequest;
 use crate::time::Cycles;
 use machine::Hfn;
 

@@ -1,16 +1,21 @@
-//! The VM: the shared state ([`shared`]), the vCPUs (`crate::vcpu`) and
+//! The VM: the shared state (`crate::shared`), the vCPUs (`crate::vcpu`) and
 //! the scheduler ([`sched`]), behind a small public API.
 
+#[cfg(test)]
+mod apf_policy_tests;
+mod apf_state;
+mod create_error;
 pub mod dirty_log;
+
+pub use crate::shared::{Report, StopReason};
 pub(crate) mod sched;
-pub(crate) mod shared;
 
 use crate::apf::{ApfConfig, ApfMode, ApfProtocol};
-use crate::boot::KernelImage;
 use crate::cost::HvCosts;
-use crate::error::{CreateError, GuestMemoryError, VmError};
+use crate::error::GuestMemoryError;
 use crate::frames::FrameAllocator;
 use crate::host::Host;
+use crate::image::KernelImage;
 use crate::memslot::{MemslotError, Memslots, SlotFlags, SlotId};
 use crate::mmu::check::InvariantError;
 use crate::mmu::dirty_log::DirtyRings;
@@ -18,17 +23,18 @@ use crate::mmu::fast_pf::MmuOptions;
 use crate::mmu::zap::{ZapError, ZapMode, ZapReport};
 use crate::mmu::{Mmu, MmuMode};
 use crate::pager::Pager;
+use crate::shared::WallClock;
+use crate::shared::{CrossRequest, DirectoryEntry, Shared};
 use crate::stats::VmStats;
 use crate::swap::DeviceModel;
 use crate::time::Cycles;
-use crate::vcpu::kvmclock::WallClock;
 use crate::vcpu::msr::PASSTHROUGH_MSRS;
 use crate::vcpu::{Vcpu, VcpuId};
+pub use create_error::CreateError;
 use machine::addr::PAGE_SIZE;
 use machine::vmx::MsrExiting;
 use machine::{Cpu, CpuConfig, Gfn, Gpa, Hfn, PhysMemory, VmxControls};
 use sched::Scheduler;
-use shared::{CrossRequest, DirectoryEntry, Shared};
 use std::path::PathBuf;
 
 /// How a VM is built.
@@ -155,19 +161,6 @@ impl Default for VmConfig {
     }
 }
 
-/// Why the VM stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StopReason {
-    /// The guest wrote to the isa-debug-exit port: status `(v << 1) | 1`.
-    DebugExit { status: u32 },
-    /// The guest called HC_SHUTDOWN.
-    Shutdown { status: u64 },
-    /// The guest entered S5 through the FADT's sleep control register.
-    PowerOff,
-    /// An unsupported or fatal exit.
-    Error(VmError),
-}
-
 /// Whether `run_until` returned because of the time limit or a stop.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunStatus {
@@ -178,15 +171,6 @@ pub enum RunStatus {
     /// A vCPU's dirty ring is full (KVM_EXIT_DIRTY_RING_FULL): it runs
     /// again once the VMM has called [`Vm::harvest_dirty_rings`].
     DirtyRingFull,
-}
-
-/// A structured result line handed over by HC_REPORT.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Report {
-    pub vcpu: usize,
-    /// Virtual time of the report (the vCPU's cycle counter).
-    pub cycles: u64,
-    pub line: String,
 }
 
 /// The memslot of guest RAM.
@@ -245,6 +229,14 @@ fn base_controls(id: u32) -> VmxControls {
 }
 
 impl Vm {
+    /// `--strict-mmio`: an access to unassigned MMIO (no RAM and no device
+    /// there) stops the VM with an error, for hunting guest bugs. Off by
+    /// default: as on a PC, such a read gives all ones and a write is
+    /// dropped (each counted in `VcpuStats::unassigned_mmio`).
+    pub fn set_strict_mmio(&mut self, strict: bool) {
+        self.shared.platform.strict_mmio = strict;
+    }
+
     /// An empty VM: host memory, one RAM memslot of `mem_size` bytes at gpa
     /// 0 and `vcpus` vCPUs in guest mode, all waiting (no kernel loaded).
     pub fn new(config: &VmConfig) -> Result<Vm, CreateError> {
@@ -260,7 +252,7 @@ impl Vm {
         let two_mib = 2 << 20;
         if config.mem_size == 0
             || config.mem_size % two_mib != 0
-            || config.mem_size > crate::boot::MAX_GUEST_MEM
+            || config.mem_size > crate::image::MAX_GUEST_MEM
         {
             return Err(CreateError::BadMemSize(config.mem_size));
         }
@@ -426,20 +418,6 @@ impl Vm {
             },
             teardown: None,
         })
-    }
-
-    /// A VM booted per `abi`: the kernel loaded, boot page tables, GDT,
-    /// BootInfo and stack built, the bootstrap vCPU ready at the entry point
-    /// (see `boot.rs`).
-    ///
-    /// An image with a multiboot header boots the multiboot way instead
-    /// (`crate::multiboot`): 32-bit protected mode, the information
-    /// structure in EBX, `config.modules` loaded after the kernel.
-    pub fn boot(config: &VmConfig, kernel: &[u8]) -> Result<Vm, CreateError> {
-        match crate::multiboot::find_header(kernel)? {
-            Some(header) => crate::boot::boot_multiboot(config, kernel, &header),
-            None => crate::boot::boot(config, kernel),
-        }
     }
 
     /// Starts vCPU `id` at `rip` (the bootstrap vCPU at boot).

@@ -88,7 +88,7 @@ pub(crate) struct ShadowVcpu {
     /// The guest cleared EFER.NXE (the machine keeps it set).
     pub guest_nxe_off: bool,
     /// The fault being handed to the async-PF policy.
-    pub faulting: Option<crate::apf::ShadowPrefault>,
+    pub faulting: Option<ShadowPrefault>,
     /// The paravirtual CR3 cache, once the guest registered one.
     pub cr3_cache: Option<super::cr3_cache::Cr3Cache>,
 }
@@ -123,4 +123,14 @@ impl ShadowVcpu {
             .position(|r| cr3_gfn(r.cr3) == gfn && r.context == context)?;
         self.prev_roots.remove(i)
     }
+}
+
+/// The access an async fault began with under shadow paging: the page is
+/// mapped for it when it arrives only if the guest's CR3 is still `cr3`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ShadowPrefault {
+    pub cr3: u64,
+    pub gva: machine::Gva,
+    pub write: bool,
+    pub user: bool,
 }

@@ -3,10 +3,10 @@
 //! vectors the guest chose, with the token in the shared area.
 
 use super::policy::{deliver_ready, set_guest_u32};
-use super::{ApfProtocol, EventConfig, AREA_ALIGN};
+use crate::apf::{ApfProtocol, EventConfig, AREA_ALIGN};
 use crate::error::VmError;
+use crate::shared::Shared;
 use crate::vcpu::Vcpu;
-use crate::vm::shared::Shared;
 use abi::errno;
 use machine::{EventInjection, EventKind, Gpa};
 

@@ -4,26 +4,12 @@
 //! ([`super::policy::deliver_ready`]).
 
 use super::policy::{deliver_ready, set_guest_u32};
-use super::{ApfProtocol, AREA_ALIGN};
+use crate::apf::{en_area, int_msr_valid, ApfProtocol, EN_REFUSED};
 use crate::error::VmError;
+use crate::shared::Shared;
 use crate::vcpu::Vcpu;
-use crate::vm::shared::Shared;
 use machine::cpu::vector;
-use machine::{EventInjection, EventKind, Gpa};
-
-/// Bits of `MSR_KVM_ASYNC_PF_EN` KVM refuses with #GP.
-pub(crate) const EN_REFUSED: u64 =
-    abi::KVM_ASYNC_PF_RESERVED | abi::KVM_ASYNC_PF_DELIVERY_AS_PF_VMEXIT;
-
-/// Whether `MSR_KVM_ASYNC_PF_INT` accepts `value` (bits 63:8 reserved).
-pub(crate) fn int_msr_valid(value: u64) -> bool {
-    value >> 8 == 0
-}
-
-/// The area `MSR_KVM_ASYNC_PF_EN` points at.
-pub(crate) fn en_area(value: u64) -> Gpa {
-    Gpa(value & !(AREA_ALIGN - 1))
-}
+use machine::{EventInjection, EventKind};
 
 /// RDMSR of an APF MSR; `None` if `index` is not one of them (or the
 /// protocol is not offered).

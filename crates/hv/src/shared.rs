@@ -1,18 +1,72 @@
-//! The state every vCPU works on: guest memory behind the MMU and the
+//! The state every vCPU works on (the VM owns it; exit handlers get it): guest memory behind the MMU and the
 //! pager, the APF configuration, the console, the reports, and the queue
 //! of cross-vCPU requests the scheduler carries out.
 
 use crate::apf::ApfConfig;
 use crate::error::GuestMemoryError;
+use crate::error::VmError;
 use crate::host::Host;
+use crate::ids::VcpuId;
 use crate::memslot::PageState;
 use crate::pager::{PageRef, Pager, Work};
 use crate::time::Cycles;
-use crate::vcpu::VcpuId;
-use crate::vm::Report;
 use machine::addr::PAGE_SIZE;
 use machine::vmx::Ipi;
 use machine::{Gfn, Gpa, Hfn};
+
+/// Why the VM stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// The guest wrote to the isa-debug-exit port: status `(v << 1) | 1`.
+    DebugExit { status: u32 },
+    /// The guest called HC_SHUTDOWN.
+    Shutdown { status: u64 },
+    /// The guest entered S5 through the FADT's sleep control register.
+    PowerOff,
+    /// An unsupported or fatal exit.
+    Error(VmError),
+}
+
+/// A structured result line handed over by HC_REPORT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub vcpu: usize,
+    /// Virtual time of the report (the vCPU's cycle counter).
+    pub cycles: u64,
+    pub line: String,
+}
+
+/// The VM-wide wall clock: the wall time (ns since the Unix epoch) at
+/// which kvmclock read zero, and `MSR_KVM_WALL_CLOCK_NEW` as last written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct WallClock {
+    pub boot_ns: u64,
+    pub msr: u64,
+    pub version: u32,
+}
+
+/// What the sweep saw last: a change in either drops every entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SweepMark {
+    /// The MMU generation (a fast zap obsoletes every root).
+    generation: u64,
+    /// Pages that ever went unsync.
+    unsynced: u64,
+}
+
+impl SweepMark {
+    /// Whether the MMU changed in a way that drops cached roots since the
+    /// last look; remembers what it sees.
+    pub(crate) fn changed(&mut self, shared_host: &Host) -> bool {
+        let now = SweepMark {
+            generation: shared_host.mmu.generation(),
+            unsynced: shared_host.mmu.shadow_unsynced_total(&shared_host.costs),
+        };
+        let changed = now != *self;
+        *self = now;
+        changed
+    }
+}
 
 /// Something a vCPU (or the hv) needs done to other vCPUs; the scheduler
 /// carries these out before any vCPU runs guest code again.
@@ -62,9 +116,9 @@ pub(crate) struct Shared {
     /// --cr3-cache on`).
     pub cr3_cache: Option<usize>,
     /// What the CR3 cache's sweep saw last.
-    pub cr3_sweep: crate::vcpu::cr3_cache::SweepMark,
+    pub cr3_sweep: SweepMark,
     /// kvmclock's wall clock.
-    pub wall_clock: crate::vcpu::kvmclock::WallClock,
+    pub wall_clock: WallClock,
     /// The devices (the console's output included).
     pub platform: crate::devices::Platform,
     pub reports: Vec<Report>,

@@ -1,10 +1,10 @@
 //! Saving and restoring a vCPU's guest-visible APF state (for migration).
 
-use super::x86::{en_area, int_msr_valid, EN_REFUSED};
-use super::{ApfState, AREA_ALIGN};
+use super::Vm;
+use crate::apf::{en_area, int_msr_valid, EN_REFUSED};
+use crate::apf::{ApfState, AREA_ALIGN};
 use crate::error::ApfStateError;
 use crate::vcpu::RunState;
-use crate::vm::Vm;
 use machine::Gpa;
 
 impl Vm {
