@@ -142,3 +142,48 @@ fn sysretl_enters_compatibility_mode_and_syscall_returns_through_cstar() {
     assert_eq!(r.gpr(14), 0x5ca11, "entered through CSTAR");
     assert_eq!(r.gpr(1), CODE + 0x102, "RCX: after the SYSCALL");
 }
+
+/// SYSRET that loads TF from R11 (TF clear before it) takes the
+/// single-step trap after itself, at the target in ring 3 (kvm-unit-tests'
+/// `syscall` "syscall TF handling"; the trap was lost when the block began
+/// with TF clear, and the 32-bit user code ran on past its SYSCALLs).
+#[test]
+fn sysret_that_sets_tf_traps_at_its_target() {
+    const USER_CS32: u64 = 0x18; // sysretl: CS = 0x1b, SS = 0x23
+    const USER_BASE64: u64 = 0x10; // sysretq: CS = 0x23, SS = 0x1b
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        for wide in [true, false] {
+            let mut r = rig(|a| {
+                a.mov(ecx, (CODE + 0x100) as u32).unwrap();
+                a.mov(r11d, 0x102).unwrap(); // TF
+                if wide {
+                    a.sysretq().unwrap();
+                } else {
+                    a.sysret().unwrap();
+                }
+            })
+            .with_engine(engine);
+            if !wide {
+                let code32 = 0xffff_u64 | (0xfb << 40) | (0xcf << 48);
+                let data = 0xffff_u64 | (0xf3 << 40) | (0xcf << 48);
+                r.mem.write_u64(Hpa(GDT + 0x18), code32).unwrap();
+                r.mem.write_u64(Hpa(GDT + 0x20), data).unwrap();
+            }
+            // Ring-3 code at the target: HLT (#GP at CPL 3 if no trap came).
+            r.mem.write_bytes(Hpa(CODE + 0x100), &[0xf4]).unwrap();
+            let s = r.cpu.state_mut();
+            s.efer |= efer::SCE;
+            let base = if wide { USER_BASE64 } else { USER_CS32 };
+            s.star = (base << 48) | (u64::from(KERNEL_CS) << 32);
+            let what = format!("{engine:?}, sysret{}", if wide { "q" } else { "l" });
+            assert_eq!(run(&mut r), Some(1), "{what}");
+            let stack = r.gpr(4);
+            let frame_rip = r.mem.read_u64(Hpa(stack)).unwrap();
+            let frame_cs = r.mem.read_u64(Hpa(stack + 8)).unwrap();
+            assert_eq!(frame_rip, CODE + 0x100, "{what}");
+            assert_eq!(frame_cs, if wide { 0x23 } else { 0x1b }, "{what}");
+            let status = r.cpu.state().debug.dr6;
+            assert_ne!(status & machine::cpu::debug_regs::DR6_BS, 0, "{what}");
+        }
+    }
+}

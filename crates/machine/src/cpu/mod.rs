@@ -849,7 +849,10 @@ impl Cpu {
         self.code_written = false;
         self.stats.instructions += executed;
         self.cycles += executed * self.costs.instruction;
-        if single || self.pending_ipi.is_some() {
+        // SYSCALL/SYSRET trap on the TF they leave, which a SYSRET may
+        // set in a block that began with TF clear.
+        let tf_set_by_insn = self.tf_after_only && self.state.rflags & rflags::TF != 0;
+        if single || self.pending_ipi.is_some() || tf_set_by_insn {
             step = self.after_single_or_ipi(mem, executed, step, mtf, tf, shadow);
         }
         step
