@@ -714,7 +714,7 @@ fn classify_inner(i: &Instruction) -> Option<Fast> {
                 Fast::JmpM { m: mo }
             }
         }
-        M::Nop | M::Pause | M::Endbr64 => Fast::Nop,
+        M::Nop | M::Pause | M::Endbr64 | M::Endbr32 | M::Reservednop => Fast::Nop,
         // (64-bit encodings only: SWAPGS and SYSRETQ exist only there, and
         // SYSCALL and RDTSC are left generic elsewhere.)
         M::Swapgs if i.code() == iced_x86::Code::Swapgs => Fast::System(SystemOp::Swapgs),
