@@ -1081,7 +1081,9 @@ impl Cpu {
             StringOp::Movs => left.min(in_page(rdi)).min(in_page(rsi)),
             _ => return Ok(0),
         };
-        if n < 2 {
+        // Under `emulate_mmio` each element goes the element's way, to
+        // reach the MMIO page's reads and writes.
+        if n < 2 || self.mmio_emu.is_some() {
             return Ok(0);
         }
         let user = self.user_access();

@@ -1260,7 +1260,7 @@ impl Cpu {
         if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
             let user = self.state.cpl() == 3;
             let hpa = self.translate(mem, la, crate::mmu::AccessKind::Write, user)?;
-            let a = mem.read(hpa, size.bytes())?;
+            let a = self.phys_read(mem, hpa, size.bytes())?;
             let (r, f) = self.alu_op(op, size, a, b);
             self.store(mem, hpa, size, r)?;
             self.apply_flags(f);
