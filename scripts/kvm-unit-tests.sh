@@ -113,7 +113,9 @@ run_faultline() {
     # asyncpf needs host memory smaller than the guest's (on KVM: a memory
     # cgroup around QEMU); faultline's is --host-mem.
     [ "$file" = asyncpf.flat ] && args+=(--host-mem 512M --apf pv)
-    [ $# -gt 0 ] && args+=("--cmdline=$*")
+    # The multiboot command line starts with the kernel's name, as QEMU
+    # (and GRUB) pass it: the suite's setup takes the first word as argv[0].
+    args+=("--cmdline=$KUT/x86/$file${*:+ $*}")
     timeout -k 5 $((secs + 10)) "$FAULTLINE" "${args[@]}" "${EXTRA[@]}" >"$log" 2>&1 </dev/null
     local status=$?
     # faultline's own wall limit ends the run like a timeout.
