@@ -1,7 +1,7 @@
 //! Multiboot v1 boot: the state a multiboot kernel starts in (the run
 //! itself needs the machine's 32-bit protected mode).
 
-use hv::{CreateError, Gpa, Vm, VmConfig};
+use hv::{CreateError, Gpa, MmuMode, Vm, VmConfig};
 
 const HEADER_MAGIC: u32 = 0x1bad_b002;
 const AOUT: u32 = 1 << 16;
@@ -120,17 +120,24 @@ fn running_kernel() -> Vec<u8> {
     aout_image(&code, 0)
 }
 
+/// Both MMUs: under shadow paging the kernel starts on the paging-off
+/// root (gva = gpa), as an AP after INIT/SIPI does.
+const MMUS: [MmuMode; 2] = [MmuMode::Ept, MmuMode::Shadow];
+
 #[test]
 fn a_multiboot_kernel_runs_in_32_bit_mode_and_powers_off() {
-    let config = VmConfig {
-        vcpus: 3,
-        ..config()
-    };
-    let mut vm = Vm::boot(&config, &running_kernel()).expect("boot");
-    let reason = vm.run();
-    let out = vm.take_serial();
-    assert_eq!(reason, hv::StopReason::PowerOff, "{out:?}");
-    assert_eq!(out, [b'M', b'B', 0x4d, b'3']);
+    for mmu in MMUS {
+        let config = VmConfig {
+            vcpus: 3,
+            mmu,
+            ..config()
+        };
+        let mut vm = Vm::boot(&config, &running_kernel()).expect("boot");
+        let reason = vm.run();
+        let out = vm.take_serial();
+        assert_eq!(reason, hv::StopReason::PowerOff, "{mmu:?} {out:?}");
+        assert_eq!(out, [b'M', b'B', 0x4d, b'3'], "{mmu:?}");
+    }
 }
 
 /// The acceptance kernel of issue 14 (`guests/mboot/`): a multiboot ELF
@@ -150,17 +157,24 @@ fn mboot_values(out: &str) -> std::collections::BTreeMap<String, String> {
 
 #[test]
 fn the_acceptance_kernel_brings_up_four_cpus_and_powers_off() {
+    for mmu in MMUS {
+        acceptance_kernel_on(mmu);
+    }
+}
+
+fn acceptance_kernel_on(mmu: MmuMode) {
     let config = VmConfig {
         vcpus: 4,
         mem_size: 16 << 20,
         cmdline: "console=ttyS0 quiet".to_string(),
         console_input: b"ping\n".to_vec(),
+        mmu,
         ..VmConfig::default()
     };
     let mut vm = Vm::boot(&config, MBOOT).expect("boot");
     let reason = vm.run();
     let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
-    assert_eq!(reason, hv::StopReason::PowerOff, "{out}");
+    assert_eq!(reason, hv::StopReason::PowerOff, "{mmu:?} {out}");
     let v = mboot_values(&out);
     let hex = |k: &str| {
         let s = v.get(k).unwrap_or_else(|| panic!("no {k} in {out}"));
@@ -215,28 +229,23 @@ fn any_instruction_reads_unassigned_mmio_as_all_ones_and_the_xapic_takes_an_or()
         &[0xf4],
     ]
     .concat();
-    let config = VmConfig {
-        vcpus: 1,
-        mem_size: 16 << 20,
-        mmu: hv::MmuMode::Ept,
-        ..VmConfig::default()
-    };
-    let mut vm = Vm::boot(&config, &aout_image(&code, 0x10_2000)).expect("boot");
-    let reason = vm.run();
-    assert_eq!(
-        reason,
-        hv::StopReason::DebugExit { status: 3 },
-        "{reason:?}"
-    );
-    let s = vm.vcpus()[0].cpu().state();
-    assert_eq!(s.gpr[3] & 0xffff_ffff, 4, "5 + 0xffffffff");
-    assert_eq!(s.gpr[1] & 0xffff_ffff, 0xffff_ffff, "XCHG read all ones");
-    assert_eq!(
-        s.gpr[2] & 0x1ff,
-        0x1ff,
-        "SVR: reset 0xff, OR 0x100 (APIC enabled)"
-    );
-    let stats = vm.stats();
-    // ADD's read, XCHG's read and its dropped write.
-    assert_eq!(stats.vcpus[0].unassigned_mmio, 3);
+    for mmu in MMUS {
+        let config = VmConfig {
+            vcpus: 1,
+            mem_size: 16 << 20,
+            mmu,
+            ..VmConfig::default()
+        };
+        let mut vm = Vm::boot(&config, &aout_image(&code, 0x10_2000)).expect("boot");
+        let reason = vm.run();
+        assert_eq!(reason, hv::StopReason::DebugExit { status: 3 }, "{mmu:?}");
+        let s = vm.vcpus()[0].cpu().state();
+        assert_eq!(s.gpr[3] & 0xffff_ffff, 4, "{mmu:?}: 5 + 0xffffffff");
+        assert_eq!(s.gpr[1] & 0xffff_ffff, 0xffff_ffff, "{mmu:?}: XCHG");
+        // SVR: reset 0xff, OR 0x100 (APIC enabled).
+        assert_eq!(s.gpr[2] & 0x1ff, 0x1ff, "{mmu:?}: SVR");
+        let stats = vm.stats();
+        // ADD's read, XCHG's read and its dropped write.
+        assert_eq!(stats.vcpus[0].unassigned_mmio, 3, "{mmu:?}");
+    }
 }
