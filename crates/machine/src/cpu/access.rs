@@ -540,7 +540,7 @@ impl Cpu {
         size: Size,
         value: u64,
     ) -> Result<(), Fault> {
-        if hpa.0 & super::mmio::MMIO_HPA != 0 {
+        if hpa.0 & super::mmio::MMIO_HPA != 0 && self.mmio_emu.is_some() {
             self.mmio_emu_write(hpa.0 & !super::mmio::MMIO_HPA, size.bytes(), value);
             return Ok(());
         }
@@ -804,7 +804,8 @@ impl Cpu {
     ) -> Result<u64, Fault> {
         match p {
             Place::Mem { hpa }
-                if hpa.0 % size.bytes() as u64 == 0 && hpa.0 & super::mmio::MMIO_HPA == 0 =>
+                if hpa.0 % size.bytes() as u64 == 0
+                    && (hpa.0 & super::mmio::MMIO_HPA == 0 || self.mmio_emu.is_none()) =>
             {
                 loop {
                     let old = mem.read(hpa, size.bytes())?;

@@ -261,7 +261,7 @@ impl Cpu {
         hpa: Hpa,
         bytes: u8,
     ) -> Result<u64, Fault> {
-        if hpa.0 & MMIO_HPA != 0 {
+        if hpa.0 & MMIO_HPA != 0 && self.mmio_emu.is_some() {
             return self.mmio_emu_read(hpa.0 & !MMIO_HPA, bytes);
         }
         Ok(mem.read(hpa, bytes)?)
