@@ -109,6 +109,38 @@ fn lldt_loads_an_ldt_and_ti_selectors_use_it() {
     assert_eq!(run(&mut r), Some(13));
 }
 
+/// LAR, LSL and VERW look LDT selectors (TI = 1) up in the LDT (Linux's
+/// segcheck: `lar` of a modify_ldt selector gave ZF = 0).
+#[test]
+fn lar_lsl_and_verw_read_ldt_selectors_from_the_ldt() {
+    let mut r = rig(|a| {
+        a.mov(eax, 0x38).unwrap();
+        a.lldt(ax).unwrap();
+        a.mov(ecx, 0x0c).unwrap(); // index 1, TI = 1
+        a.xor(ebx, ebx).unwrap();
+        a.lar(ebx, ecx).unwrap();
+        a.setz(dl).unwrap();
+        a.lsl(esi, ecx).unwrap();
+        a.setz(dh).unwrap();
+        a.verw(cx).unwrap();
+        a.setz(al).unwrap();
+        a.mov(ecx, 0x14).unwrap(); // index 2: beyond the LDT's limit
+        a.lar(edi, ecx).unwrap();
+        a.setz(ah).unwrap();
+        a.hlt().unwrap();
+    });
+    with_ldt(&mut r);
+    assert_eq!(run(&mut r), None);
+    assert_eq!(r.gpr(2) & 0xffff, 0x0101, "LAR and LSL set ZF");
+    assert_eq!(r.gpr(3), 0x00c0_9300, "LAR: the access rights");
+    assert_eq!(r.gpr(6), 0xffff_ffff, "LSL: the page-granular limit");
+    assert_eq!(
+        r.gpr(0) & 0xffff,
+        0x0001,
+        "VERW ZF = 1; past the limit ZF = 0"
+    );
+}
+
 /// SYSRETL goes to compatibility mode at STAR[63:48] | 3 with EIP = ECX;
 /// SYSCALL from there enters at CSTAR.
 #[test]
