@@ -113,7 +113,9 @@ run_faultline() {
     # asyncpf needs host memory smaller than the guest's (on KVM: a memory
     # cgroup around QEMU); faultline's is --host-mem.
     [ "$file" = asyncpf.flat ] && args+=(--host-mem 512M --apf pv)
-    [ $# -gt 0 ] && args+=("--cmdline=$*")
+    # The multiboot command line starts with the kernel's name, as QEMU
+    # (and GRUB) pass it: the suite's setup takes the first word as argv[0].
+    args+=("--cmdline=$KUT/x86/$file${*:+ $*}")
     timeout -k 5 $((secs + 10)) "$FAULTLINE" "${args[@]}" "${EXTRA[@]}" >"$log" 2>&1 </dev/null
     local status=$?
     # faultline's own wall limit ends the run like a timeout.
@@ -156,6 +158,9 @@ else
     echo "|---|---|---|---|---|"
 fi
 
+# kvmclock's wall clock at boot on faultline, in seconds (2026-01-01).
+FAULTLINE_WALL_CLOCK=1767225600
+
 declare -A TOTAL
 row() {
     local name=$1 file=$2 smp=${3:-1} args=$4 params=$5 arch=$6 timeout=$7 accel=$8
@@ -174,9 +179,15 @@ row() {
     fi
     # test_args as the shell would split them (the cfg is the suite's
     # own, and kvm-unit-tests' runner evaluates it the same way).
-    local argv=()
+    local argv=() fl_argv=()
     set -f
     eval "argv=($args)"
+    # faultline's guest wall clock starts at a fixed time so that runs
+    # repeat (hv::DEFAULT_WALL_CLOCK_AT_BOOT_NS): `date` in test_args
+    # (kvmclock_test's wall-clock check) gives that time on faultline's side.
+    date() { echo "$FAULTLINE_WALL_CLOCK"; }
+    eval "fl_argv=($args)"
+    unset -f date
     set +f
     local fl q=""
     if [ "$arch" = i386 ]; then
@@ -186,7 +197,7 @@ row() {
         fl="SKIP 0 0 0 0 $file not built"
         [ "$QEMU" = 1 ] && q="SKIP 0 0 0"
     else
-        fl=$(run_faultline "$name" "$file" "$smp" "$mem" "$secs" "${argv[@]}")
+        fl=$(run_faultline "$name" "$file" "$smp" "$mem" "$secs" "${fl_argv[@]}")
         if [ "$QEMU" = 1 ] && [ "$accel" = kvm ]; then
             q="SKIP 0 0 0" # accel = kvm: the suite's runner skips it on TCG
         elif [ "$QEMU" = 1 ]; then

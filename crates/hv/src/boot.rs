@@ -123,9 +123,6 @@ pub(crate) fn boot_multiboot(
     kernel: &[u8],
     header: &multiboot::Header,
 ) -> Result<Vm, CreateError> {
-    if config.mmu == crate::mmu::MmuMode::Shadow {
-        return Err(multiboot::MultibootError::ShadowPaging.into());
-    }
     let plan = multiboot::plan_kernel(kernel, header, config.mem_size)?;
     let lens: Vec<(u64, String)> = config
         .modules
@@ -162,6 +159,12 @@ pub(crate) fn boot_multiboot(
     }
     vm.start_vcpu(VcpuId(0), plan.entry, 0, 0);
     enter_multiboot_state(vm.vcpus[0].cpu.state_mut(), plan.entry, info_gpa);
+    if config.mmu == crate::mmu::MmuMode::Shadow {
+        // Paging off under shadow paging: the guest sees its CR0/CR4
+        // through the read shadows and runs on the gva = gpa root, as an
+        // AP after INIT/SIPI does.
+        vm.vcpus[0].reset_shadow_paging();
+    }
     Ok(vm)
 }
 

@@ -97,8 +97,6 @@ pub enum MultibootError {
         "modules do not fit in guest RAM after the kernel (need up to {need:#x}, have {mem:#x})"
     )]
     ModulesTooBig { need: u64, mem: u64 },
-    #[error("multiboot boot needs --mmu ept (shadow paging does not run paging-off guests yet)")]
-    ShadowPaging,
     #[error(
         "the information structure ({0} bytes with the command lines) does not fit below 0x10000"
     )]

@@ -1,14 +1,14 @@
 //! Multiboot v1 boot: the state a multiboot kernel starts in (the run
 //! itself needs the machine's 32-bit protected mode).
 
-use hv::{CreateError, Gpa, Vm, VmConfig};
+use hv::{CreateError, Gpa, MmuMode, Vm, VmConfig};
 
 const HEADER_MAGIC: u32 = 0x1bad_b002;
 const AOUT: u32 = 1 << 16;
 
 /// A flat binary loaded at 1 MiB by the a.out kludge: the header, then
-/// `cli; hlt` at 0x100020.
-fn aout_kernel() -> Vec<u8> {
+/// `code` at 0x100020, with bss up to `bss_end` (0: none).
+fn aout_image(code: &[u8], bss_end: u32) -> Vec<u8> {
     let flags = AOUT | 3;
     let checksum = 0u32.wrapping_sub(HEADER_MAGIC).wrapping_sub(flags);
     let words = [
@@ -18,12 +18,17 @@ fn aout_kernel() -> Vec<u8> {
         0x10_0000, // header_addr
         0x10_0000, // load_addr
         0,         // load_end_addr: the whole file
-        0x10_2000, // bss_end_addr
+        bss_end,   // bss_end_addr
         0x10_0020, // entry_addr
     ];
     let mut image: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    image.extend([0xfa, 0xf4]);
+    image.extend(code);
     image
+}
+
+/// `cli; hlt` at 0x100020, bss to 0x102000.
+fn aout_kernel() -> Vec<u8> {
+    aout_image(&[0xfa, 0xf4], 0x10_2000)
 }
 
 fn config() -> VmConfig {
@@ -90,19 +95,6 @@ fn malformed_multiboot_images_are_refused_cleanly() {
 /// prints `MB` and the low byte of the info flags to COM1, reads the CPU
 /// count from fw_cfg and prints it as a digit, then powers off.
 fn running_kernel() -> Vec<u8> {
-    let flags = AOUT | 3;
-    let checksum = 0u32.wrapping_sub(HEADER_MAGIC).wrapping_sub(flags);
-    let words = [
-        HEADER_MAGIC,
-        flags,
-        checksum,
-        0x10_0000,
-        0x10_0000,
-        0,
-        0,
-        0x10_0020,
-    ];
-    let mut image: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     #[rustfmt::skip]
     let code = [
         0x3d, 0x02, 0xb0, 0xad, 0x2b,   // cmp eax, 0x2badb002
@@ -125,21 +117,27 @@ fn running_kernel() -> Vec<u8> {
         0xee,                           // out dx, al
         0xf4,                           // fail: hlt
     ];
-    image.extend(code);
-    image
+    aout_image(&code, 0)
 }
+
+/// Both MMUs: under shadow paging the kernel starts on the paging-off
+/// root (gva = gpa), as an AP after INIT/SIPI does.
+const MMUS: [MmuMode; 2] = [MmuMode::Ept, MmuMode::Shadow];
 
 #[test]
 fn a_multiboot_kernel_runs_in_32_bit_mode_and_powers_off() {
-    let config = VmConfig {
-        vcpus: 3,
-        ..config()
-    };
-    let mut vm = Vm::boot(&config, &running_kernel()).expect("boot");
-    let reason = vm.run();
-    let out = vm.take_serial();
-    assert_eq!(reason, hv::StopReason::PowerOff, "{out:?}");
-    assert_eq!(out, [b'M', b'B', 0x4d, b'3']);
+    for mmu in MMUS {
+        let config = VmConfig {
+            vcpus: 3,
+            mmu,
+            ..config()
+        };
+        let mut vm = Vm::boot(&config, &running_kernel()).expect("boot");
+        let reason = vm.run();
+        let out = vm.take_serial();
+        assert_eq!(reason, hv::StopReason::PowerOff, "{mmu:?} {out:?}");
+        assert_eq!(out, [b'M', b'B', 0x4d, b'3'], "{mmu:?}");
+    }
 }
 
 /// The acceptance kernel of issue 14 (`guests/mboot/`): a multiboot ELF
@@ -159,17 +157,24 @@ fn mboot_values(out: &str) -> std::collections::BTreeMap<String, String> {
 
 #[test]
 fn the_acceptance_kernel_brings_up_four_cpus_and_powers_off() {
+    for mmu in MMUS {
+        acceptance_kernel_on(mmu);
+    }
+}
+
+fn acceptance_kernel_on(mmu: MmuMode) {
     let config = VmConfig {
         vcpus: 4,
         mem_size: 16 << 20,
         cmdline: "console=ttyS0 quiet".to_string(),
         console_input: b"ping\n".to_vec(),
+        mmu,
         ..VmConfig::default()
     };
     let mut vm = Vm::boot(&config, MBOOT).expect("boot");
     let reason = vm.run();
     let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
-    assert_eq!(reason, hv::StopReason::PowerOff, "{out}");
+    assert_eq!(reason, hv::StopReason::PowerOff, "{mmu:?} {out}");
     let v = mboot_values(&out);
     let hex = |k: &str| {
         let s = v.get(k).unwrap_or_else(|| panic!("no {k} in {out}"));
@@ -204,4 +209,43 @@ fn the_acceptance_kernel_brings_up_four_cpus_and_powers_off() {
             .all(|c| c.cpu().state().efer & (1 << 10) != 0),
         "all in long mode"
     );
+}
+
+/// MMIO by an instruction other than a plain `mov` (the machine emulates
+/// the whole instruction, `Cpu::emulate_mmio`; the hv answers its reads):
+/// unassigned MMIO reads all ones and drops writes whatever the
+/// instruction, and the xAPIC page takes a read-modify-write.
+#[test]
+fn any_instruction_reads_unassigned_mmio_as_all_ones_and_the_xapic_takes_an_or() {
+    let code = [
+        &[0xb8, 5, 0, 0, 0][..],                                       // mov eax, 5
+        &[0x03, 0x05, 0x00, 0x00, 0x00, 0xd0],                         // add eax, [0xd0000000]
+        &[0xb9, 0xcd, 0xab, 0, 0],                                     // mov ecx, 0xabcd
+        &[0x87, 0x0d, 0x08, 0x00, 0x00, 0xd0],                         // xchg [0xd0000008], ecx
+        &[0x89, 0xc3],                                                 // mov ebx, eax
+        &[0x81, 0x0d, 0xf0, 0x00, 0xe0, 0xfe, 0x00, 0x01, 0x00, 0x00], // or dword [0xfee000f0], 0x100
+        &[0x8b, 0x15, 0xf0, 0x00, 0xe0, 0xfe],                         // mov edx, [0xfee000f0]
+        &[0xb0, 0x01, 0xe6, 0xf4],                                     // mov al, 1; out 0xf4, al
+        &[0xf4],
+    ]
+    .concat();
+    for mmu in MMUS {
+        let config = VmConfig {
+            vcpus: 1,
+            mem_size: 16 << 20,
+            mmu,
+            ..VmConfig::default()
+        };
+        let mut vm = Vm::boot(&config, &aout_image(&code, 0x10_2000)).expect("boot");
+        let reason = vm.run();
+        assert_eq!(reason, hv::StopReason::DebugExit { status: 3 }, "{mmu:?}");
+        let s = vm.vcpus()[0].cpu().state();
+        assert_eq!(s.gpr[3] & 0xffff_ffff, 4, "{mmu:?}: 5 + 0xffffffff");
+        assert_eq!(s.gpr[1] & 0xffff_ffff, 0xffff_ffff, "{mmu:?}: XCHG");
+        // SVR: reset 0xff, OR 0x100 (APIC enabled).
+        assert_eq!(s.gpr[2] & 0x1ff, 0x1ff, "{mmu:?}: SVR");
+        let stats = vm.stats();
+        // ADD's read, XCHG's read and its dropped write.
+        assert_eq!(stats.vcpus[0].unassigned_mmio, 3, "{mmu:?}");
+    }
 }

@@ -109,6 +109,38 @@ fn lldt_loads_an_ldt_and_ti_selectors_use_it() {
     assert_eq!(run(&mut r), Some(13));
 }
 
+/// LAR, LSL and VERW look LDT selectors (TI = 1) up in the LDT (Linux's
+/// segcheck: `lar` of a modify_ldt selector gave ZF = 0).
+#[test]
+fn lar_lsl_and_verw_read_ldt_selectors_from_the_ldt() {
+    let mut r = rig(|a| {
+        a.mov(eax, 0x38).unwrap();
+        a.lldt(ax).unwrap();
+        a.mov(ecx, 0x0c).unwrap(); // index 1, TI = 1
+        a.xor(ebx, ebx).unwrap();
+        a.lar(ebx, ecx).unwrap();
+        a.setz(dl).unwrap();
+        a.lsl(esi, ecx).unwrap();
+        a.setz(dh).unwrap();
+        a.verw(cx).unwrap();
+        a.setz(al).unwrap();
+        a.mov(ecx, 0x14).unwrap(); // index 2: beyond the LDT's limit
+        a.lar(edi, ecx).unwrap();
+        a.setz(ah).unwrap();
+        a.hlt().unwrap();
+    });
+    with_ldt(&mut r);
+    assert_eq!(run(&mut r), None);
+    assert_eq!(r.gpr(2) & 0xffff, 0x0101, "LAR and LSL set ZF");
+    assert_eq!(r.gpr(3), 0x00c0_9300, "LAR: the access rights");
+    assert_eq!(r.gpr(6), 0xffff_ffff, "LSL: the page-granular limit");
+    assert_eq!(
+        r.gpr(0) & 0xffff,
+        0x0001,
+        "VERW ZF = 1; past the limit ZF = 0"
+    );
+}
+
 /// SYSRETL goes to compatibility mode at STAR[63:48] | 3 with EIP = ECX;
 /// SYSCALL from there enters at CSTAR.
 #[test]
@@ -141,4 +173,49 @@ fn sysretl_enters_compatibility_mode_and_syscall_returns_through_cstar() {
     assert_eq!(run(&mut r), None);
     assert_eq!(r.gpr(14), 0x5ca11, "entered through CSTAR");
     assert_eq!(r.gpr(1), CODE + 0x102, "RCX: after the SYSCALL");
+}
+
+/// SYSRET that loads TF from R11 (TF clear before it) takes the
+/// single-step trap after itself, at the target in ring 3 (kvm-unit-tests'
+/// `syscall` "syscall TF handling"; the trap was lost when the block began
+/// with TF clear, and the 32-bit user code ran on past its SYSCALLs).
+#[test]
+fn sysret_that_sets_tf_traps_at_its_target() {
+    const USER_CS32: u64 = 0x18; // sysretl: CS = 0x1b, SS = 0x23
+    const USER_BASE64: u64 = 0x10; // sysretq: CS = 0x23, SS = 0x1b
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        for wide in [true, false] {
+            let mut r = rig(|a| {
+                a.mov(ecx, (CODE + 0x100) as u32).unwrap();
+                a.mov(r11d, 0x102).unwrap(); // TF
+                if wide {
+                    a.sysretq().unwrap();
+                } else {
+                    a.sysret().unwrap();
+                }
+            })
+            .with_engine(engine);
+            if !wide {
+                let code32 = 0xffff_u64 | (0xfb << 40) | (0xcf << 48);
+                let data = 0xffff_u64 | (0xf3 << 40) | (0xcf << 48);
+                r.mem.write_u64(Hpa(GDT + 0x18), code32).unwrap();
+                r.mem.write_u64(Hpa(GDT + 0x20), data).unwrap();
+            }
+            // Ring-3 code at the target: HLT (#GP at CPL 3 if no trap came).
+            r.mem.write_bytes(Hpa(CODE + 0x100), &[0xf4]).unwrap();
+            let s = r.cpu.state_mut();
+            s.efer |= efer::SCE;
+            let base = if wide { USER_BASE64 } else { USER_CS32 };
+            s.star = (base << 48) | (u64::from(KERNEL_CS) << 32);
+            let what = format!("{engine:?}, sysret{}", if wide { "q" } else { "l" });
+            assert_eq!(run(&mut r), Some(1), "{what}");
+            let stack = r.gpr(4);
+            let frame_rip = r.mem.read_u64(Hpa(stack)).unwrap();
+            let frame_cs = r.mem.read_u64(Hpa(stack + 8)).unwrap();
+            assert_eq!(frame_rip, CODE + 0x100, "{what}");
+            assert_eq!(frame_cs, if wide { 0x23 } else { 0x1b }, "{what}");
+            let status = r.cpu.state().debug.dr6;
+            assert_ne!(status & machine::cpu::debug_regs::DR6_BS, 0, "{what}");
+        }
+    }
 }

@@ -50,6 +50,10 @@ const PROGRAMS: &[(&str, &[u8])] = &[
         "clockwarp",
         include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/clockwarp")),
     ),
+    (
+        "segcheck",
+        include_bytes!(concat!(env!("FAULTLINE_LINUX_PROGRAMS"), "/segcheck")),
+    ),
 ];
 #[cfg(not(linux_programs))]
 const PROGRAMS: &[(&str, &[u8])] = &[];

@@ -10,6 +10,17 @@ use common::{faultline, linux_image, stderr, stdout};
 /// Boots Linux with `extra` options and `hello`; returns the JSON summary
 /// and the raw stdout.
 fn boot_hello(image: &std::path::Path, extra: &[&str]) -> (serde_json::Value, Vec<u8>) {
+    boot_program(image, extra, &["hello", "from-the-test"])
+}
+
+/// Boots Linux with `extra` options and runs `program` (its name and
+/// arguments); asserts the run exits 0 and returns the JSON summary and
+/// the raw stdout.
+fn boot_program(
+    image: &std::path::Path,
+    extra: &[&str],
+    program: &[&str],
+) -> (serde_json::Value, Vec<u8>) {
     let image = image.to_str().unwrap();
     let mut args = vec![
         "run",
@@ -23,7 +34,8 @@ fn boot_hello(image: &std::path::Path, extra: &[&str]) -> (serde_json::Value, Ve
         "300s",
     ];
     args.extend_from_slice(extra);
-    args.extend_from_slice(&["--", "hello", "from-the-test"]);
+    args.push("--");
+    args.extend_from_slice(program);
     let out = faultline(&args);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
@@ -92,6 +104,40 @@ fn linux_boots_under_shadow_paging_on_four_vcpus() {
     let Some(image) = linux_image() else { return };
     let (v, _) = boot_hello(&image, &["--vcpus", "4", "--mmu", "shadow"]);
     check_boot(&v, 4);
+}
+
+/// `segcheck` (guest/linux/segcheck.c): modify_ldt and LDT selector
+/// loads, arch_prctl GS base and its replacement by a selector load, INT
+/// 0x80 from compatibility mode, single-step and INT3 SIGTRAPs at the
+/// right RIP, on every CPU, on 1 and 2 vCPUs under EPT and shadow
+/// paging; the kernel never oopses.
+#[test]
+fn linux_segment_and_debug_trap_checks_pass_on_one_and_two_vcpus_under_both_mmus() {
+    let Some(image) = linux_image() else { return };
+    for (vcpus, mmu) in [("1", "ept"), ("2", "ept"), ("1", "shadow"), ("2", "shadow")] {
+        let extra = ["--vcpus", vcpus, "--mmu", mmu];
+        let (v, _) = boot_program(&image, &extra, &["segcheck", "-n", "3"]);
+        let what = format!("{vcpus} vCPUs, {mmu}");
+        let console = v["console"].as_str().unwrap();
+        assert_eq!(v["stop"]["reason"], "power_off", "{what}: {console}");
+        assert!(
+            console.contains("faultline-init: segcheck exited with status 0"),
+            "{what}: {console}"
+        );
+        for bad in ["Oops", "BUG:", "general protection fault", "Call Trace"] {
+            assert!(!console.contains(bad), "{what}: {bad:?} in {console}");
+        }
+        let cpus: u64 = vcpus.parse().unwrap();
+        // 15 checks per CPU and round.
+        let want = format!(
+            "segcheck: {} checks on {cpus} CPUs, 0 failures",
+            15 * 3 * cpus
+        );
+        assert!(
+            console.contains(&want),
+            "{what}: missing {want:?} in {console}"
+        );
+    }
 }
 
 /// Needs no kernel: bad images and unknown programs are clear

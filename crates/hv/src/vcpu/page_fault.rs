@@ -9,8 +9,9 @@ use crate::fault::{page_fault, ExitClock, Fault, FaultError, FaultOutcome};
 use crate::mmu::fast_pf::protocol::{Access, FastFix};
 use crate::shared::{CrossRequest, Shared};
 use crate::time::Cycles;
+use machine::cpu::MmioEmulation;
 use machine::vmx::ept_qual;
-use machine::Gpa;
+use machine::{Gpa, VmExit};
 
 impl Vcpu {
     pub(super) fn ept_violation(
@@ -83,17 +84,9 @@ impl Vcpu {
         if xapic.is_none() && !device && shared.platform.strict_mmio {
             return Ok(None);
         }
-        let access = self
-            .cpu
-            .mmio_access()
-            .ok_or_else(|| VmError::UnsupportedExit {
-                vcpu: self.id,
-                rip: self.rip(),
-                exit: format!(
-                    "MMIO access at {:#x} by an instruction other than a mov between a register or immediate and memory",
-                    gpa.0
-                ),
-            })?;
+        let Some(access) = self.cpu.mmio_access() else {
+            return self.emulate_mmio_instruction(shared, gpa, cycles).map(Some);
+        };
         *cycles += Cycles(shared.host.costs.io_emulation);
         if xapic.is_some() || device {
             self.stats.mmio_accesses += 1;
@@ -126,6 +119,117 @@ impl Vcpu {
         };
         self.deliver_device_interrupts(shared);
         Ok(Some(next))
+    }
+
+    /// MMIO by any instruction but the plain `mov`s: the machine runs the
+    /// whole instruction (`Cpu::emulate_mmio`) and asks for each read of
+    /// the MMIO page as it comes; its stores are applied afterwards, in
+    /// order. A RAM page the instruction also touches and that is not
+    /// mapped yet is faulted in first (the emulation starts over, with
+    /// the reads already made).
+    fn emulate_mmio_instruction(
+        &mut self,
+        shared: &mut Shared,
+        gpa: Gpa,
+        cycles: &mut Cycles,
+    ) -> Result<Next, VmError> {
+        let mut reads = Vec::new();
+        // Each round makes one more device read or maps one more page; an
+        // instruction needs a few (a REP MOVS, one per element).
+        for _ in 0..4096 {
+            *cycles += Cycles(shared.host.costs.io_emulation);
+            match self.cpu.emulate_mmio(&shared.host.mem, gpa, &reads) {
+                MmioEmulation::NeedRead { gpa: at, size } => {
+                    reads.push(self.mmio_device_read(shared, at.0, size));
+                }
+                MmioEmulation::Exit(VmExit::EptViolation {
+                    gpa: other,
+                    qualification,
+                    ..
+                }) if other.frame() != gpa.frame()
+                    && shared.host.slots.lookup(other.frame()).is_some() =>
+                {
+                    match self.ept_violation(shared, other, qualification, false, cycles)? {
+                        Next::Continue => {}
+                        // Swapped out: wait for it, then the instruction
+                        // exits again and starts over.
+                        next => return Ok(next),
+                    }
+                }
+                MmioEmulation::Exit(exit) => {
+                    return Err(VmError::UnsupportedExit {
+                        vcpu: self.id,
+                        rip: self.rip(),
+                        exit: format!(
+                            "MMIO access at {:#x} by an instruction that also needs {exit:?}",
+                            gpa.0
+                        ),
+                    })
+                }
+                MmioEmulation::Done { writes, exit } => {
+                    let mut next = Next::Continue;
+                    for w in writes {
+                        if let Some(n) = self.mmio_device_write(shared, w.gpa.0, w.size, w.value)? {
+                            next = n;
+                        }
+                    }
+                    self.deliver_device_interrupts(shared);
+                    return match exit {
+                        None | Some(VmExit::MonitorTrap) => Ok(next),
+                        Some(exit) => Err(VmError::UnsupportedExit {
+                            vcpu: self.id,
+                            rip: self.rip(),
+                            exit: format!("{exit:?} after an emulated MMIO instruction"),
+                        }),
+                    };
+                }
+            }
+        }
+        Err(VmError::UnsupportedExit {
+            vcpu: self.id,
+            rip: self.rip(),
+            exit: format!("MMIO access at {:#x}: emulation did not finish", gpa.0),
+        })
+    }
+
+    /// A device read for [`Vcpu::emulate_mmio_instruction`]: the xAPIC
+    /// page, a device, or unassigned (all ones), counted.
+    fn mmio_device_read(&mut self, shared: &mut Shared, gpa: u64, size: u8) -> u64 {
+        if let Some(offset) = self.xapic_offset(gpa) {
+            self.stats.mmio_accesses += 1;
+            u64::from(self.xapic_read(offset))
+        } else if Platform::is_mmio(gpa) {
+            self.stats.mmio_accesses += 1;
+            shared.platform.mmio_read(gpa, size)
+        } else {
+            self.stats.unassigned_mmio += 1;
+            u64::MAX >> (64 - 8 * u32::from(size))
+        }
+    }
+
+    /// A device write for [`Vcpu::emulate_mmio_instruction`] (dropped when
+    /// unassigned); `Some` when the xAPIC asks for more than continuing.
+    fn mmio_device_write(
+        &mut self,
+        shared: &mut Shared,
+        gpa: u64,
+        size: u8,
+        value: u64,
+    ) -> Result<Option<Next>, VmError> {
+        if let Some(offset) = self.xapic_offset(gpa) {
+            self.stats.mmio_accesses += 1;
+            return match self.xapic_write(shared, offset, value as u32)? {
+                Next::Continue => Ok(None),
+                next => Ok(Some(next)),
+            };
+        }
+        if Platform::is_mmio(gpa) {
+            self.stats.mmio_accesses += 1;
+            shared.platform.mmio_write(gpa, size, value);
+        } else {
+            self.stats.unassigned_mmio += 1;
+        }
+        Ok(None)
     }
 
     /// The fast page fault (`mmu/fast_pf`): `Some` if it handled the

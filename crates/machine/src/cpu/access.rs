@@ -281,7 +281,15 @@ impl Cpu {
                 Keyed::Unkeyed => {}
             }
         }
-        self.translate_full(mem, la, kind, user, implicit, looked_up)
+        let r = self.translate_full(mem, la, kind, user, implicit, looked_up);
+        if let Err(f) = &r {
+            if self.mmio_emu.is_some() {
+                if let Some(hpa) = self.mmio_emu_translation(la, kind, f) {
+                    return Ok(hpa);
+                }
+            }
+        }
+        r
     }
 
     /// [`mmu::translate`] with the CPU's paging state, charging the walk's
@@ -426,7 +434,7 @@ impl Cpu {
     ) -> Result<u64, Fault> {
         if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
             let hpa = self.translate_as(mem, la, AccessKind::Read, user, implicit)?;
-            Ok(mem.read(hpa, size.bytes())?)
+            self.phys_read(mem, hpa, size.bytes())
         } else {
             self.read_split(mem, la, size, user, implicit)
         }
@@ -457,7 +465,7 @@ impl Cpu {
             )?;
         }
         for (i, h) in hpas.iter().enumerate().take(n) {
-            v |= mem.read(*h, 1)? << (8 * i);
+            v |= self.phys_read(mem, *h, 1)? << (8 * i);
         }
         Ok(v)
     }
@@ -532,6 +540,10 @@ impl Cpu {
         size: Size,
         value: u64,
     ) -> Result<(), Fault> {
+        if hpa.0 & super::mmio::MMIO_HPA != 0 && self.mmio_emu.is_some() {
+            self.mmio_emu_write(hpa.0 & !super::mmio::MMIO_HPA, size.bytes(), value);
+            return Ok(());
+        }
         if mem.write_noting_code(hpa, size.bytes(), value)? {
             self.code_written = true;
         }
@@ -755,7 +767,7 @@ impl Cpu {
                     v & size.mask()
                 })
             }
-            Place::Mem { hpa } => Ok(mem.read(hpa, size.bytes())?),
+            Place::Mem { hpa } => self.phys_read(mem, hpa, size.bytes()),
             Place::Split { la } => self.read_mem(mem, la, size),
         }
     }
@@ -791,22 +803,27 @@ impl Cpu {
         mut f: impl FnMut(u64) -> Option<u64>,
     ) -> Result<u64, Fault> {
         match p {
-            Place::Mem { hpa } if hpa.0 % size.bytes() as u64 == 0 => loop {
-                let old = mem.read(hpa, size.bytes())?;
-                match f(old) {
-                    None => return Ok(old),
-                    Some(new) => {
-                        let seen = mem.cmpxchg(hpa, size.bytes(), old, new)?;
-                        if seen == old {
-                            if mem.is_code(hpa) {
-                                self.code_written = true;
+            Place::Mem { hpa }
+                if hpa.0 % size.bytes() as u64 == 0
+                    && (hpa.0 & super::mmio::MMIO_HPA == 0 || self.mmio_emu.is_none()) =>
+            {
+                loop {
+                    let old = mem.read(hpa, size.bytes())?;
+                    match f(old) {
+                        None => return Ok(old),
+                        Some(new) => {
+                            let seen = mem.cmpxchg(hpa, size.bytes(), old, new)?;
+                            if seen == old {
+                                if mem.is_code(hpa) {
+                                    self.code_written = true;
+                                }
+                                self.cycles += self.costs.locked;
+                                return Ok(old);
                             }
-                            self.cycles += self.costs.locked;
-                            return Ok(old);
                         }
                     }
                 }
-            },
+            }
             _ => {
                 // Registers, and split or misaligned locks (which real CPUs
                 // execute with a bus lock): not atomic across host threads.

@@ -315,7 +315,10 @@ impl Cpu {
             M::Lodsb | M::Lodsw | M::Lodsd | M::Lodsq => self.exec_string(mem, i, StringOp::Lods),
             M::Cmpsb | M::Cmpsw | M::Cmpsd | M::Cmpsq => self.exec_string(mem, i, StringOp::Cmps),
             M::Scasb | M::Scasw | M::Scasd | M::Scasq => self.exec_string(mem, i, StringOp::Scas),
-            M::Nop | M::Pause | M::Endbr64 | M::Lfence | M::Mfence | M::Sfence => Ok(()),
+            M::Nop | M::Pause | M::Lfence | M::Mfence | M::Sfence => Ok(()),
+            // Hint NOPs; RDSSP leaves its register alone without CET
+            // shadow stacks (not in CPUID).
+            M::Endbr64 | M::Endbr32 | M::Reservednop | M::Rdsspd | M::Rdsspq => Ok(()),
             M::Prefetchnta | M::Prefetcht0 | M::Prefetcht1 | M::Prefetcht2 | M::Prefetchw => Ok(()),
             M::Clflush | M::Clflushopt => {
                 // No caches to flush, but the address must be valid.
@@ -1078,7 +1081,9 @@ impl Cpu {
             StringOp::Movs => left.min(in_page(rdi)).min(in_page(rsi)),
             _ => return Ok(0),
         };
-        if n < 2 {
+        // Under `emulate_mmio` each element goes the element's way, to
+        // reach the MMIO page's reads and writes.
+        if n < 2 || self.mmio_emu.is_some() {
             return Ok(0);
         }
         let user = self.user_access();

@@ -714,7 +714,7 @@ fn classify_inner(i: &Instruction) -> Option<Fast> {
                 Fast::JmpM { m: mo }
             }
         }
-        M::Nop | M::Pause | M::Endbr64 => Fast::Nop,
+        M::Nop | M::Pause | M::Endbr64 | M::Endbr32 | M::Reservednop => Fast::Nop,
         // (64-bit encodings only: SWAPGS and SYSRETQ exist only there, and
         // SYSCALL and RDTSC are left generic elsewhere.)
         M::Swapgs if i.code() == iced_x86::Code::Swapgs => Fast::System(SystemOp::Swapgs),
@@ -1260,7 +1260,7 @@ impl Cpu {
         if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
             let user = self.state.cpl() == 3;
             let hpa = self.translate(mem, la, crate::mmu::AccessKind::Write, user)?;
-            let a = mem.read(hpa, size.bytes())?;
+            let a = self.phys_read(mem, hpa, size.bytes())?;
             let (r, f) = self.alu_op(op, size, a, b);
             self.store(mem, hpa, size, r)?;
             self.apply_flags(f);

@@ -9,9 +9,12 @@
 //! the instruction decoded already, so it hands the result over.
 
 use super::access::gpr_info;
-use super::{Cpu, Fault, FaultKind};
+use super::{Cpu, Fault, FaultKind, Step};
 use crate::alu::Size;
+use crate::memory::PhysMemory;
+use crate::mmu::AccessKind;
 use crate::vmx::{MmioAccess, VmExit};
+use crate::{Gpa, Hpa};
 use iced_x86::{Instruction, Mnemonic, OpKind};
 
 /// Where a recorded MMIO load goes.
@@ -102,5 +105,200 @@ impl Cpu {
         }
         self.mmio = None;
         self.skip_instruction();
+    }
+}
+
+/// Where a translation that found an MMIO page points while
+/// [`Cpu::emulate_mmio`] runs: this bit set over the guest-physical
+/// address, never a host-physical address of the machine's memory.
+pub(crate) const MMIO_HPA: u64 = 1 << 62;
+
+/// One store of an emulated instruction to the MMIO page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmioWrite {
+    pub gpa: Gpa,
+    /// Bytes stored (1, 2, 4 or 8).
+    pub size: u8,
+    pub value: u64,
+}
+
+/// What [`Cpu::emulate_mmio`] came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MmioEmulation {
+    /// The instruction reads `size` bytes of the MMIO page at `gpa`: the
+    /// VMM reads its device and calls again with the value appended to
+    /// the reads it gave. Nothing of the instruction has happened.
+    NeedRead { gpa: Gpa, size: u8 },
+    /// The instruction ran (it retired, or raised an exception the guest
+    /// takes): the VMM applies `writes` to its device, in order, then
+    /// handles `exit` if the instruction ended in one (an exception the
+    /// exception bitmap intercepts, a single-step trap, the monitor trap).
+    Done {
+        writes: Vec<MmioWrite>,
+        exit: Option<VmExit>,
+    },
+    /// The instruction stopped at another exit before it retired (an EPT
+    /// violation on a RAM page not yet mapped, say): nothing of it has
+    /// happened; the VMM handles the exit and emulates again.
+    Exit(VmExit),
+}
+
+/// The state of one [`Cpu::emulate_mmio`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MmioEmu {
+    /// The MMIO page (guest-physical, 4 KiB aligned).
+    gpa_page: u64,
+    /// Under shadow paging: the linear page that maps it (the hv's page
+    /// tables never do).
+    la_page: Option<u64>,
+    reads: Vec<u64>,
+    next_read: usize,
+    writes: Vec<MmioWrite>,
+    need: Option<(u64, u8)>,
+}
+
+impl Cpu {
+    /// Emulates the instruction at RIP, which exited on an access to the
+    /// MMIO page holding `gpa` (an EPT violation, or a #PF exit under
+    /// shadow paging), whatever the instruction: every access it makes to
+    /// that page is a device access, the rest of it executes as usual on
+    /// the interpreter (flags, other operands, RIP, a single-step trap).
+    /// Reads return `reads` in order; the first read beyond them ends the
+    /// emulation with [`MmioEmulation::NeedRead`], with the CPU as it was,
+    /// so the VMM performs each device read once and in order. For the
+    /// plain `mov` forms [`Cpu::mmio_access`] is the cheaper way.
+    ///
+    /// An instruction whose accesses span two MMIO pages is not emulated:
+    /// the second page's access is an [`MmioEmulation::Exit`].
+    pub fn emulate_mmio(&mut self, mem: &PhysMemory, gpa: Gpa, reads: &[u64]) -> MmioEmulation {
+        let la_page = if self.vmx.as_ref().is_some_and(|v| v.ept.is_some()) {
+            None
+        } else {
+            self.fault_la.map(|la| la & !0xfff)
+        };
+        self.flush_flags();
+        let saved_state = self.state.clone();
+        let saved_cycles = self.cycles;
+        let saved_stats = self.stats;
+        self.mmio = None;
+        self.mmio_emu = Some(Box::new(MmioEmu {
+            gpa_page: gpa.0 & !0xfff,
+            la_page,
+            reads: reads.to_vec(),
+            ..MmioEmu::default()
+        }));
+        let step = self.run_block::<false>(mem, u64::MAX);
+        self.flush_flags();
+        let emu = self.mmio_emu.take().expect("set above");
+        let rolled_back = match (&step, emu.need) {
+            (_, Some((gpa, size))) => Some(MmioEmulation::NeedRead {
+                gpa: Gpa(gpa),
+                size,
+            }),
+            (
+                Step::Exit(
+                    exit @ (VmExit::EptViolation { .. }
+                    | VmExit::Exception {
+                        vector: super::vector::PF,
+                        ..
+                    }),
+                ),
+                _,
+            ) => Some(MmioEmulation::Exit(exit.clone())),
+            _ => None,
+        };
+        match rolled_back {
+            Some(result) => {
+                self.state = saved_state;
+                self.cycles = saved_cycles;
+                self.stats = saved_stats;
+                result
+            }
+            None => MmioEmulation::Done {
+                writes: emu.writes,
+                exit: match step {
+                    Step::Exit(exit) => Some(exit),
+                    Step::Continue => None,
+                },
+            },
+        }
+    }
+
+    /// Whether a failed translation of `la` for `kind` hit the page
+    /// [`Cpu::emulate_mmio`] routes to the VMM: its sentinel address.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn mmio_emu_translation(
+        &self,
+        la: u64,
+        kind: AccessKind,
+        fault: &Fault,
+    ) -> Option<Hpa> {
+        let emu = self.mmio_emu.as_ref()?;
+        if kind == AccessKind::Execute {
+            return None;
+        }
+        let gpa = match (fault.kind(), emu.la_page) {
+            (FaultKind::Exit(VmExit::EptViolation { gpa, .. }), _) => gpa.0,
+            (
+                FaultKind::Exception {
+                    vector: super::vector::PF,
+                    ..
+                },
+                Some(page),
+            ) if la & !0xfff == page => emu.gpa_page | (la & 0xfff),
+            _ => return None,
+        };
+        (gpa & !0xfff == emu.gpa_page).then_some(Hpa(MMIO_HPA | gpa))
+    }
+
+    /// A read of `bytes` at `hpa`, which may be [`Cpu::emulate_mmio`]'s
+    /// MMIO page.
+    #[inline]
+    pub(crate) fn phys_read(
+        &mut self,
+        mem: &PhysMemory,
+        hpa: Hpa,
+        bytes: u8,
+    ) -> Result<u64, Fault> {
+        if hpa.0 & MMIO_HPA != 0 && self.mmio_emu.is_some() {
+            return self.mmio_emu_read(hpa.0 & !MMIO_HPA, bytes);
+        }
+        Ok(mem.read(hpa, bytes)?)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn mmio_emu_read(&mut self, gpa: u64, bytes: u8) -> Result<u64, Fault> {
+        let emu = self
+            .mmio_emu
+            .as_mut()
+            .expect("an MMIO address outside emulate_mmio");
+        if let Some(&value) = emu.reads.get(emu.next_read) {
+            emu.next_read += 1;
+            return Ok(value & (u64::MAX >> (64 - 8 * u32::from(bytes))));
+        }
+        emu.need = Some((gpa, bytes));
+        // Ends the instruction; `emulate_mmio` undoes it.
+        Err(Fault::exit(VmExit::EptViolation {
+            gpa: Gpa(gpa),
+            gla: None,
+            qualification: crate::vmx::ept_qual::READ,
+        }))
+    }
+
+    /// [`Cpu::emulate_mmio`]'s store to the MMIO page.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn mmio_emu_write(&mut self, gpa: u64, bytes: u8, value: u64) {
+        let emu = self
+            .mmio_emu
+            .as_mut()
+            .expect("an MMIO address outside emulate_mmio");
+        emu.writes.push(MmioWrite {
+            gpa: Gpa(gpa),
+            size: bytes,
+            value: value & (u64::MAX >> (64 - 8 * u32::from(bytes))),
+        });
     }
 }

@@ -30,6 +30,7 @@ mod legacy;
 pub mod mce;
 mod mmio;
 pub use event::has_error_code;
+pub use mmio::{MmioEmulation, MmioWrite};
 pub use system::native_cpuid;
 mod exec;
 mod far;
@@ -219,6 +220,11 @@ pub struct Cpu {
     /// The MMIO access of the instruction that exited on an EPT
     /// violation (`mmio.rs`).
     mmio: Option<mmio::PendingMmio>,
+    /// The linear address of the last #PF or EPT violation's access (the
+    /// page [`Cpu::emulate_mmio`] routes to the VMM under shadow paging).
+    fault_la: Option<u64>,
+    /// Set only inside [`Cpu::emulate_mmio`] (`mmio.rs`).
+    mmio_emu: Option<Box<mmio::MmioEmu>>,
     stats: CpuStats,
     code: CodeCache,
     /// Target RIP of the instruction being executed (branches set it).
@@ -324,6 +330,8 @@ impl Cpu {
             paused: false,
             exit_len: 0,
             mmio: None,
+            fault_la: None,
+            mmio_emu: None,
             stats: CpuStats::default(),
             code: CodeCache::new(),
             next_rip: 0,
@@ -816,7 +824,8 @@ impl Cpu {
         let single = self.state.interruptibility != 0
             || mtf
             || self.state.rflags & (rflags::RF | rflags::TF) != 0
-            || breakpoints;
+            || breakpoints
+            || self.mmio_emu.is_some();
         self.rf_loaded = false;
         self.tf_after_only = false;
         let shadow = self.state.interruptibility;
@@ -849,7 +858,10 @@ impl Cpu {
         self.code_written = false;
         self.stats.instructions += executed;
         self.cycles += executed * self.costs.instruction;
-        if single || self.pending_ipi.is_some() {
+        // SYSCALL/SYSRET trap on the TF they leave, which a SYSRET may
+        // set in a block that began with TF clear.
+        let tf_set_by_insn = self.tf_after_only && self.state.rflags & rflags::TF != 0;
+        if single || self.pending_ipi.is_some() || tf_set_by_insn {
             step = self.after_single_or_ipi(mem, executed, step, mtf, tf, shadow);
         }
         step
@@ -959,6 +971,9 @@ impl Cpu {
                 error_code,
                 cr2,
             } => {
+                if vector == vector::PF && self.mmio_emu.is_none() {
+                    self.fault_la = cr2;
+                }
                 // A #PF that exits (shadow paging) may be an MMIO access the
                 // VMM emulates and skips (`Cpu::mmio_access`): it needs the
                 // instruction's length, as after an EPT violation.
@@ -968,6 +983,9 @@ impl Cpu {
                 self.raise_exception(mem, vector, error_code, cr2)
             }
             FaultKind::Exit(exit) => {
+                if let (VmExit::EptViolation { gla, .. }, None) = (&exit, &self.mmio_emu) {
+                    self.fault_la = gla.map(|g| g.0);
+                }
                 self.exit_len = insn_len;
                 Step::Exit(exit)
             }

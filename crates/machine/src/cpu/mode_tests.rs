@@ -335,3 +335,40 @@ fn string_instructions_with_16_bit_addresses_use_si_di_and_cx() {
     assert_eq!(s.gpr[7], 0x6666_0208);
     assert_ne!(s.rflags & rflags::ZF, 0, "the copy compares equal");
 }
+
+/// ENDBR32, ENDBR64 and the reserved hint NOPs (0F 19-0F 1F; RDSSP is one
+/// of them without CET) execute as NOPs in real mode, as on a CPU without
+/// CET enabled (kvm-unit-tests' `realmode`, built with `-fcf-protection`,
+/// opens each function with ENDBR32; it took #UD into a zero IVT).
+#[test]
+fn endbr_and_hint_nops_are_nops_in_real_mode() {
+    // endbr32, endbr64, nop dword [eax] (0F 1F /0), 0F 19 /0 (reserved
+    // NOP), 0F 1E /1 (rdsspd, a NOP without CET), then HLT.
+    let hints: &[&[u8]] = &[
+        &[0xf3, 0x0f, 0x1e, 0xfb],
+        &[0xf3, 0x0f, 0x1e, 0xfa],
+        &[0x0f, 0x1f, 0x00],
+        &[0x0f, 0x19, 0x00],
+        &[0xf3, 0x0f, 0x1e, 0xc8],
+    ];
+    for engine in [crate::jit::Engine::Interp, crate::jit::Engine::Jit] {
+        let config = CpuConfig {
+            engine,
+            ..CpuConfig::default()
+        };
+        for hint in hints {
+            let mut code = vec![0xb8, 0x34, 0x12]; // mov ax, 0x1234 (16-bit)
+            code.extend_from_slice(hint);
+            code.push(0xf4);
+            let mem = memory();
+            mem.write_bytes(Hpa(0x10000), &code).unwrap();
+            let mut cpu = Cpu::new(config.clone());
+            *cpu.state_mut() = CpuState::real_mode_at(0x1000, 0);
+            run_to_hlt(&mut cpu, &mem);
+            let s = cpu.state();
+            assert_eq!(s.gpr[0] & 0xffff, 0x1234, "{engine:?} {hint:x?}");
+            assert_eq!(s.cs.selector, 0x1000, "{engine:?} {hint:x?}: no #UD");
+            assert_eq!(s.gpr[4], 0, "{engine:?} {hint:x?}: nothing pushed");
+        }
+    }
+}

@@ -570,17 +570,28 @@ impl Cpu {
         }
     }
 
-    /// The GDT descriptor `selector` names, for the instructions that test
-    /// a selector without loading it (VERR, VERW, LAR, LSL): `None` for a
-    /// null selector, an LDT selector (the LDT is never used: LLDT accepts
-    /// only null) or one beyond the GDT's limit, which those instructions
-    /// report with ZF = 0 rather than a fault.
+    /// The descriptor `selector` names in the GDT, or with TI = 1 in the
+    /// LDT, for the instructions that test a selector without loading it
+    /// (VERR, VERW, LAR, LSL): `None` for a null selector, an LDT selector
+    /// with no LDT loaded, or one beyond its table's limit, which those
+    /// instructions report with ZF = 0 rather than a fault.
     fn probe_descriptor(&mut self, mem: &PhysMemory, selector: u16) -> Result<Option<u64>, Fault> {
         let index = u64::from(selector & !7);
-        if selector & !3 == 0 || selector & 4 != 0 || index + 7 > u64::from(self.state.gdtr.limit) {
+        let (base, limit) = if selector & 4 != 0 {
+            let ldtr = self.state.ldtr;
+            if ldtr.attr & seg_attr::UNUSABLE != 0 {
+                return Ok(None);
+            }
+            (ldtr.base, u64::from(ldtr.limit))
+        } else if selector & !3 == 0 {
+            return Ok(None);
+        } else {
+            (self.state.gdtr.base, u64::from(self.state.gdtr.limit))
+        };
+        if index + 7 > limit {
             return Ok(None);
         }
-        self.read_implicit(mem, self.state.gdtr.base.wrapping_add(index), Size::B8)
+        self.read_implicit(mem, base.wrapping_add(index), Size::B8)
             .map(Some)
     }
 
@@ -655,11 +666,11 @@ impl Cpu {
 
     /// VERR / VERW (SDM Vol. 2B): ZF says whether the segment `selector`
     /// names is readable (VERR) or writable (VERW) at the current CPL:
-    /// a code or data descriptor in the GDT within its limit, with
+    /// a code or data descriptor in the GDT (or LDT) within its limit, with
     /// DPL >= max(CPL, RPL) unless it is conforming code (VERR only).
     /// Nothing else changes; a null or out-of-range selector is ZF = 0, not
     /// a fault. (Linux runs VERW for its MDS buffer clearing.) #UD in real
-    /// mode; the LDT is never used (LLDT accepts only null).
+    /// mode.
     fn exec_verify_segment(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
         if self.real_mode() {
             return Err(ud());
@@ -700,8 +711,8 @@ impl Cpu {
         }
     }
 
-    /// Reads the GDT descriptor for `selector` (LDT selectors are not
-    /// supported). `ext` is the EXT bit of any resulting error code.
+    /// Reads the descriptor for `selector` from the GDT, or the LDT when
+    /// TI = 1. `ext` is the EXT bit of any resulting error code.
     pub(super) fn load_descriptor(
         &mut self,
         mem: &PhysMemory,

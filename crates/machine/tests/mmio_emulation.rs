@@ -1,0 +1,189 @@
+//! `Cpu::emulate_mmio`: any instruction that touches an MMIO page runs
+//! whole on the interpreter, its reads of the page supplied by the VMM one
+//! at a time, its stores handed back in order (kvm-unit-tests' `syscall`
+//! and `realmode` stopped on "MMIO access ... by an instruction other
+//! than a mov", and unassigned MMIO is meant to read all ones for any
+//! instruction).
+
+mod common;
+
+use common::*;
+use iced_x86::code_asm::*;
+use machine::cpu::{MmioEmulation, MmioWrite};
+use machine::mmu::ept::epte;
+use machine::vmx::Eptp;
+use machine::{Gpa, Hpa, VmExit};
+
+const EPT_BASE: u64 = 0x0200_0000;
+/// The fourth 2 MiB page: no EPT mapping (EPT), or no guest mapping
+/// (shadow): MMIO.
+const MMIO: u64 = 0x80_0000;
+
+/// What the device returns for a read at `gpa`.
+fn device(gpa: u64) -> u64 {
+    0x1111_2222_3300_0040 | (gpa & 0x3f)
+}
+
+/// Reads and writes, in the order the device saw them.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Read(u64, u8),
+    Write(MmioWrite),
+}
+
+/// Runs the rig as a VMM would: each exit on the MMIO page emulated
+/// through `emulate_mmio`, to the HLT. `page_of` gives the MMIO gpa an
+/// exit is about.
+fn run(r: &mut Rig, page_of: impl Fn(&VmExit) -> Option<u64>) -> Vec<Seen> {
+    let mut seen = Vec::new();
+    loop {
+        let exit = r.run();
+        if exit == VmExit::Hlt {
+            return seen;
+        }
+        let gpa = page_of(&exit).unwrap_or_else(|| panic!("unexpected exit {exit:?}"));
+        let mut reads = Vec::new();
+        loop {
+            let rip = r.cpu.state().rip;
+            match r.cpu.emulate_mmio(&r.mem, Gpa(gpa), &reads) {
+                MmioEmulation::NeedRead { gpa, size } => {
+                    assert_eq!(r.cpu.state().rip, rip, "nothing done before the read");
+                    seen.push(Seen::Read(gpa.0, size));
+                    reads.push(device(gpa.0));
+                }
+                MmioEmulation::Done { writes, exit } => {
+                    assert_eq!(exit, None);
+                    seen.extend(writes.into_iter().map(Seen::Write));
+                    break;
+                }
+                MmioEmulation::Exit(e) => panic!("emulation stopped at {e:?}"),
+            }
+        }
+    }
+}
+
+/// ADD from MMIO, XCHG with MMIO (a read, then a write), REP MOVSB from
+/// MMIO to RAM: 32-bit forms.
+fn program(a: &mut CodeAssembler) {
+    a.mov(eax, 5).unwrap();
+    a.mov(ecx, 0xabcd).unwrap();
+    a.add(eax, dword_ptr(MMIO)).unwrap();
+    a.xchg(dword_ptr(MMIO + 8), ecx).unwrap();
+    a.mov(rsi, MMIO + 0x10).unwrap();
+    a.mov(rdi, DATA).unwrap();
+    a.mov(edx, eax).unwrap();
+    a.mov(ecx, 3).unwrap();
+    a.rep().movsb().unwrap();
+    a.mov(ecx, 0x0102_0304).unwrap();
+    a.or(word_ptr(MMIO + 0x20), cx).unwrap();
+    a.hlt().unwrap();
+}
+
+fn check(r: &Rig, seen: &[Seen]) {
+    let write = |gpa: u64, size: u8, value: u64| {
+        Seen::Write(MmioWrite {
+            gpa: Gpa(gpa),
+            size,
+            value,
+        })
+    };
+    assert_eq!(
+        seen,
+        &[
+            Seen::Read(MMIO, 4),
+            Seen::Read(MMIO + 8, 4),
+            write(MMIO + 8, 4, 0xabcd),
+            Seen::Read(MMIO + 0x10, 1),
+            Seen::Read(MMIO + 0x11, 1),
+            Seen::Read(MMIO + 0x12, 1),
+            Seen::Read(MMIO + 0x20, 2),
+            write(MMIO + 0x20, 2, (device(MMIO + 0x20) & 0xffff) | 0x0304),
+        ]
+    );
+    assert_eq!(r.gpr(2), (5 + device(MMIO)) & 0xffff_ffff, "ADD");
+    assert_eq!(r.gpr(1), 0x0102_0304);
+    let mut copy = [0u8; 3];
+    r.mem.read_bytes(Hpa(DATA), &mut copy).unwrap();
+    assert_eq!(copy, [0x50, 0x51, 0x52], "REP MOVSB");
+    assert_eq!(r.gpr(6), MMIO + 0x13);
+    let zf = 1 << 6;
+    assert_eq!(r.cpu.state().rflags & zf, 0, "OR's flags");
+}
+
+#[test]
+fn any_instruction_on_an_ept_mmio_page_is_emulated_with_the_vmm_s_reads() {
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let r = rig(program).with_engine(engine);
+        let (pml4, pdpt, pd) = (EPT_BASE, EPT_BASE + 0x1000, EPT_BASE + 0x2000);
+        r.mem.write_u64(Hpa(pml4), pdpt | 7).unwrap();
+        r.mem.write_u64(Hpa(pdpt), pd | 7).unwrap();
+        for i in 0..(MEM >> 21) {
+            let perm = if i << 21 == MMIO { 0 } else { 7 };
+            r.mem
+                .write_u64(
+                    Hpa(pd + i * 8),
+                    (i << 21) | epte::HUGE | epte::MEMTYPE_WB | perm,
+                )
+                .unwrap();
+        }
+        let mut r = r.guest(machine::VmxControls {
+            ept: Some(Eptp::new(Hpa(pml4), true)),
+            ..controls()
+        });
+        let seen = run(&mut r, |e| match e {
+            VmExit::EptViolation { gpa, .. } => Some(gpa.0),
+            _ => None,
+        });
+        check(&r, &seen);
+    }
+}
+
+/// Under shadow paging the VMM's tables never map the MMIO page: the
+/// access exits as a #PF, and the page is the faulting linear page's.
+#[test]
+fn under_shadow_paging_the_faulting_linear_page_is_the_mmio_page() {
+    const DEVICE_GPA: u64 = 0xfec0_0000;
+    let r = rig(program);
+    // The linear page MMIO is not mapped (as a shadow MMU leaves it).
+    r.mem.write_u64(Hpa(PD + (MMIO >> 21) * 8), 0).unwrap();
+    let mut r = r.guest(machine::VmxControls {
+        exception_bitmap: 1 << 14,
+        ..controls()
+    });
+    let mut seen = Vec::new();
+    loop {
+        match r.run() {
+            VmExit::Hlt => break,
+            VmExit::Exception {
+                vector: 14,
+                qualification,
+                ..
+            } => {
+                assert_eq!(qualification & !0xfff, MMIO);
+                let mut reads = Vec::new();
+                loop {
+                    match r.cpu.emulate_mmio(&r.mem, Gpa(DEVICE_GPA), &reads) {
+                        MmioEmulation::NeedRead { gpa, size } => {
+                            let offset = gpa.0 - DEVICE_GPA;
+                            seen.push(Seen::Read(MMIO + offset, size));
+                            reads.push(device(MMIO + offset));
+                        }
+                        MmioEmulation::Done { writes, exit } => {
+                            assert_eq!(exit, None);
+                            seen.extend(writes.into_iter().map(|w| {
+                                Seen::Write(MmioWrite {
+                                    gpa: Gpa(w.gpa.0 - DEVICE_GPA + MMIO),
+                                    ..w
+                                })
+                            }));
+                            break;
+                        }
+                        MmioEmulation::Exit(e) => panic!("emulation stopped at {e:?}"),
+                    }
+                }
+            }
+            other => panic!("unexpected exit {other:?}"),
+        }
+    }
+    check(&r, &seen);
+}
