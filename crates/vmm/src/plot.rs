@@ -145,8 +145,9 @@ fn draw_bars<'a>(
     let top = if top > 0.0 { top * 1.3 } else { 1.0 };
     // Negative values (a change that is a loss) below the axis.
     let bottom = values().fold(0.0, f64::min) * 1.3;
-    // A segmented 0..last has last + 1 segments, one per bar.
-    let last = (bars.len() as u32).saturating_sub(1);
+    // A segmented 0..last has last + 1 segments, one per bar; a range of
+    // one value has no width, so a lone bar gets an empty slot beside it.
+    let last = (bars.len() as u32).saturating_sub(1).max(1);
     let mut chart = ChartBuilder::on(area)
         .margin_left(20)
         .margin_right(30)
