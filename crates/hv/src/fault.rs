@@ -9,7 +9,10 @@
 //!    decide how the vCPU waits. The pager may evict to make room (its
 //!    holds of `mmu_lock` go through `mmu::notifier`).
 //! 3. Install a 4 KiB leaf under `mmu_lock` (`Mmu::map_gfn`), in the root the
-//!    vCPU entered with, and record it in the rmap.
+//!    vCPU entered with, and record it in the rmap. A request that finds
+//!    the lock held installs nothing: it ends with
+//!    [`FaultOutcome::LockBusy`], and the vCPU replays the fault when its
+//!    turn comes, so the leaf goes in at the grant's virtual time.
 //!
 //! The path never calls the policy and never flushes a TLB itself: it
 //! returns what happened, and whether a remote TLB flush is needed (the
@@ -76,6 +79,10 @@ pub(crate) enum FaultOutcome {
         swap_slot: SwapSlot,
         ready_at: Cycles,
     },
+    /// `mmu_lock` is held past the request: nothing was installed; the
+    /// vCPU waits `wait` and replays the fault (see
+    /// [`crate::mmu::lock::Deferral`]).
+    LockBusy { wait: Cycles },
 }
 
 /// What the fault did, for the vCPU to charge and count.
@@ -101,6 +108,8 @@ pub(crate) struct Fault {
 /// `now + cycles`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ExitClock {
+    /// The vCPU's clock at the exit.
+    pub exit: Cycles,
     pub now: Cycles,
     pub cycles: Cycles,
 }
@@ -132,6 +141,14 @@ pub(crate) fn page_fault(
     else {
         return Ok(fault);
     };
+    if let Some(deferral) = host.mmu.defer_lock(clock.exit, clock.at(), &host.costs) {
+        fault.outcome = FaultOutcome::LockBusy {
+            wait: deferral.wait,
+        };
+        fault.lock_wait = deferral.wait;
+        fault.zap_wait = deferral.zap_wait;
+        return Ok(fault);
+    }
     let mapped = host.mmu.map_gfn(
         &host.mem,
         &mut host.frames,

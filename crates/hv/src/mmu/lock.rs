@@ -78,6 +78,37 @@ pub(crate) struct LockTimeline {
     /// Requests made at an earlier virtual time than one that reached
     /// the lock before them (see the type's comment): served after it.
     pub inversions: u64,
+    /// vCPUs whose fault waits for the lock deferred ([`MmuLock::defer`]),
+    /// in ticket order: each holds its place until its replay takes the
+    /// lock (or ends without it).
+    waiters: Vec<Waiter>,
+}
+
+/// A vCPU in the lock's queue (see [`LockTimeline::waiters`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Waiter {
+    vcpu: usize,
+    /// When it first asked: its place in the queue.
+    ticket: Cycles,
+    /// The vCPU's clock when it replays its fault.
+    replay: Cycles,
+    /// The waits it was deferred by, summed.
+    waited: Deferral,
+}
+
+/// A fault's request that found `mmu_lock` held: the vCPU waits for its
+/// grant without taking the lock, and replays the fault at the grant
+/// (`docs/design.md`, "Virtual time and the order of events"), so what
+/// it does under the lock happens at the grant's virtual time, not when
+/// the host happens to process it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Deferral {
+    /// From the request to the grant (the handoff included).
+    pub wait: Cycles,
+    /// Of `wait`, the handoff.
+    pub handoff: Cycles,
+    /// Of `wait`, behind zap-all teardown holds.
+    pub zap_wait: Cycles,
 }
 
 /// The core that runs hv code which takes `mmu_lock`.
@@ -177,6 +208,13 @@ impl LockTimeline {
                 spinning_beside.push(h.core);
             }
         }
+        // vCPUs whose requests wait deferred spin on the line too.
+        for w in &self.waiters {
+            let waiter = Core::Vcpu(w.vcpu);
+            if waiter != core && !spinning_beside.contains(&waiter) {
+                spinning_beside.push(waiter);
+            }
+        }
         let handoff = if last.core != core {
             Cycles(handoff_cycles(transfer, 1 + spinning_beside.len() as u64))
         } else {
@@ -187,6 +225,30 @@ impl LockTimeline {
             busy_from: self.free_at,
             zap_wait,
             handoff,
+        }
+    }
+
+    /// vCPU `v`'s place in the queue, if it waits.
+    fn waiter(&self, v: usize) -> Option<usize> {
+        self.waiters.iter().position(|w| w.vcpu == v)
+    }
+
+    /// Takes vCPU `v` out of the queue, with what it waited.
+    fn leave_queue(&mut self, v: usize) -> Option<Deferral> {
+        let at = self.waiter(v)?;
+        Some(self.waiters.remove(at).waited)
+    }
+
+    /// vCPU `v`'s replay ended without taking the lock (another vCPU's
+    /// work made its own unneeded): its wait still counts, as a wait.
+    fn end_deferral(&mut self, v: usize) {
+        if let Some(d) = self.leave_queue(v) {
+            self.waited += d.wait;
+            self.handoff += d.handoff;
+            self.contended += 1;
+            if let Some(per) = self.per_vcpu.get_mut(v) {
+                per.1 += 1;
+            }
         }
     }
 
@@ -213,7 +275,12 @@ impl LockTimeline {
             }
         }
         self.acquisitions += 1;
+        let mut waited = waited;
         if let Core::Vcpu(v) = hold.core {
+            if let Some(d) = self.leave_queue(v) {
+                waited += d.wait;
+                self.handoff += d.handoff;
+            }
             if self.per_vcpu.len() <= v {
                 self.per_vcpu.resize(v + 1, (0, 0));
             }
@@ -379,6 +446,93 @@ impl MmuLock {
 }
 
 impl MmuLock {
+    /// A vCPU's fault asks for the lock at `now`: if the request would
+    /// wait, it is not granted but deferred, and the wait is returned:
+    /// the vCPU waits that long and replays the fault, whose request then
+    /// finds the lock free (unless another took it meanwhile: it defers
+    /// again). Nothing is recorded but the deferral; `None`: the lock is
+    /// free at `now`, take it with [`MmuLock::hold`].
+    pub fn defer(&self, exit: Cycles, now: Cycles, costs: &HvCosts) -> Option<Deferral> {
+        let Core::Vcpu(v) = self.running() else {
+            return None;
+        };
+        let mut inner = self
+            .mutex
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let timeline = &mut inner.timeline;
+        let core = Core::Vcpu(v);
+        let transferred = timeline.line_owner().is_some_and(|c| c != core);
+        let acquire = if transferred {
+            costs.line_transfer
+        } else {
+            costs.lock_acquire
+        };
+        let requested = now + Cycles(acquire);
+        let place = timeline.waiter(v);
+        let ticket = place.map_or(requested, |p| timeline.waiters[p].ticket);
+        let grant = timeline.grant_for(requested, core, costs.line_transfer);
+        // A waiter ahead (an earlier ticket) takes the lock first; its
+        // hold's length is known only when it replays, so this one replays
+        // after it has (it then finds the hold on the timeline).
+        let ahead = timeline
+            .waiters
+            .iter()
+            .filter(|w| w.vcpu != v && (w.ticket, w.vcpu) < (ticket, v))
+            .map(|w| w.replay)
+            .max();
+        let mut until = grant.granted;
+        if let Some(ahead) = ahead {
+            until = until.max(requested + (ahead + Cycles(1)).saturating_sub(exit));
+        }
+        if until <= requested {
+            return None;
+        }
+        let wait = Deferral {
+            wait: until - requested,
+            handoff: if until == grant.granted {
+                grant.handoff
+            } else {
+                Cycles::ZERO
+            },
+            zap_wait: grant.zap_wait,
+        };
+        let replay = exit + wait.wait;
+        match place {
+            Some(p) => {
+                let w = &mut timeline.waiters[p];
+                w.replay = replay;
+                w.waited.wait += wait.wait;
+                w.waited.handoff += wait.handoff;
+                w.waited.zap_wait += wait.zap_wait;
+            }
+            None => {
+                let w = Waiter {
+                    vcpu: v,
+                    ticket,
+                    replay,
+                    waited: wait,
+                };
+                let at = timeline
+                    .waiters
+                    .iter()
+                    .position(|o| (o.ticket, o.vcpu) > (ticket, v))
+                    .unwrap_or(timeline.waiters.len());
+                timeline.waiters.insert(at, w);
+            }
+        }
+        Some(wait)
+    }
+
+    /// vCPU `v`'s replayed fault ended without taking the lock.
+    pub fn end_deferral(&self, v: usize) {
+        self.mutex
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .timeline
+            .end_deferral(v);
+    }
+
     /// Takes `mmu_lock` at `at` for a batch of a zap-all teardown: a timed
     /// hold kept on the timeline apart from the others.
     pub fn hold_for_zap(&self, at: Cycles, costs: &HvCosts) -> MmuGuard<'_> {

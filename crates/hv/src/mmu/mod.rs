@@ -194,6 +194,22 @@ impl Mmu {
         self.lock.hold(when, costs)
     }
 
+    /// Defers a fault's request for `mmu_lock` at `now` if it would wait
+    /// (see [`lock::MmuLock::defer`]).
+    pub(crate) fn defer_lock(
+        &self,
+        exit: Cycles,
+        now: Cycles,
+        costs: &HvCosts,
+    ) -> Option<lock::Deferral> {
+        self.lock.defer(exit, now, costs)
+    }
+
+    /// vCPU `vcpu`'s replayed fault ended without taking `mmu_lock`.
+    pub(crate) fn end_lock_deferral(&self, vcpu: usize) {
+        self.lock.end_deferral(vcpu);
+    }
+
     /// Timed holds of `mmu_lock` from now on are vCPU `vcpu`'s (`None`:
     /// the VMM thread's); the scheduler sets it around each vCPU's turn,
     /// so the lock's model knows when its cache line changes cores.

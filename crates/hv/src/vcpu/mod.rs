@@ -117,6 +117,12 @@ pub(crate) enum Next {
     /// KVM_HC_SCHED_YIELD: give this vCPU's host CPU to `target` if it is
     /// preempted (`--host-cpus`).
     YieldTo(VcpuId),
+    /// A fault found `mmu_lock` held and did nothing under it: the vCPU
+    /// spins `wait` cycles and handles the exit again (`handle_exit`
+    /// parks it again; the scheduler never sees this).
+    LockBusy {
+        wait: Cycles,
+    },
     Stop(StopReason),
 }
 
@@ -162,6 +168,10 @@ pub struct Vcpu {
     /// virtual-time order across vCPUs (`vm/sched.rs`), so one waits
     /// while another vCPU is still behind it.
     pub(crate) parked_exit: Option<VmExit>,
+    /// While its parked fault waits for `mmu_lock` (`Next::LockBusy`):
+    /// when it first asked. Of vCPUs due at the same time, the one that
+    /// asked first replays first, as a ticket lock serves them.
+    pub(crate) lock_deferred_since: Option<Cycles>,
 }
 
 impl Vcpu {
@@ -189,6 +199,7 @@ impl Vcpu {
             pml_page: None,
             xapic: xapic::XapicRegs::default(),
             parked_exit: None,
+            lock_deferred_since: None,
         }
     }
 
@@ -447,12 +458,32 @@ impl Vcpu {
         // whatever the exit (the monitor trap, or something the
         // instruction did first).
         let finished = self.finish_tracked_write(shared, &mut cycles);
+        // A fault may find `mmu_lock` held: it is then replayed at its
+        // grant, so what it does under the lock happens at that virtual
+        // time (`mmu::lock::Deferral`).
+        let replay = matches!(
+            exit,
+            VmExit::EptViolation { .. } | VmExit::Exception { vector: 14, .. }
+        )
+        .then(|| exit.clone());
         let next = match finished
             .and_then(|()| self.dispatch(shared, exit, vectoring.is_some(), &mut cycles))
         {
             Ok(next) => next,
             Err(error) => Next::Stop(StopReason::Error(error)),
         };
+        if let (Next::LockBusy { wait }, Some(exit)) = (&next, replay) {
+            // What the exit charged up to the request is charged again by
+            // the replay, which makes the request again at the grant: the
+            // vCPU's clock moves by the wait alone.
+            self.lock_deferred_since.get_or_insert(self.clock());
+            self.charge(*wait);
+            self.parked_exit = Some(exit);
+            return Next::Continue;
+        }
+        if self.lock_deferred_since.take().is_some() {
+            shared.host.mmu.end_lock_deferral(self.id.0);
+        }
         // An exit in the middle of delivering an event (e.g. an EPT
         // violation on the guest stack while pushing an interrupt frame)
         // loses the event unless the hv re-injects it, as on VMX.

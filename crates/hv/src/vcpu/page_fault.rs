@@ -35,6 +35,7 @@ impl Vcpu {
             }
         }
         let mut clock = ExitClock {
+            exit: self.clock(),
             now: self.clock() + *cycles,
             cycles: *cycles,
         };
@@ -50,11 +51,15 @@ impl Vcpu {
         *cycles = clock.cycles;
         let fault = result.map_err(|source| self.fault_error(gpa, source))?;
         self.note_fault(shared, &fault);
-        self.stats.ept_faults += 1;
         self.stats.mmu_lock_wait_cycles += fault.lock_wait.0;
         self.stats.note_zap_stall(fault.zap_wait);
+        if let FaultOutcome::LockBusy { wait } = fault.outcome {
+            // Counted when the replay ends it.
+            return Ok(Next::LockBusy { wait });
+        }
+        self.stats.ept_faults += 1;
         match fault.outcome {
-            FaultOutcome::Mapped => Ok(Next::Continue),
+            FaultOutcome::Mapped | FaultOutcome::LockBusy { .. } => Ok(Next::Continue),
             FaultOutcome::WaitForPage {
                 gfn,
                 swap_slot,

@@ -52,6 +52,8 @@ enum ShadowFault {
     Retry,
     /// The guest maps a gpa outside guest RAM: a device's MMIO (or none).
     Mmio { gpa: Gpa },
+    /// `mmu_lock` is held past the request: wait `wait`, then replay.
+    LockBusy { wait: Cycles },
 }
 
 /// #PF vector.
@@ -301,7 +303,10 @@ impl Vcpu {
         let state = self.cpu.state();
         let access =
             walk::Access::from_error_code(error_code, state.cpl(), state.rflags & rflags::AC != 0);
-        let end = self.shadow_fault(shared, gva, access, cycles)?;
+        let end = self.shadow_fault(shared, gva, access, true, cycles)?;
+        if let ShadowFault::LockBusy { wait } = end {
+            return Ok(Next::LockBusy { wait });
+        }
         if !matches!(end, ShadowFault::Guest { .. } | ShadowFault::Mmio { .. }) {
             // The hv's own fault (the summary's "EPT faults" line counts
             // these under shadow paging).
@@ -349,7 +354,9 @@ impl Vcpu {
                     rip: self.rip(),
                 }),
             },
-            ShadowFault::Done(..) | ShadowFault::Retry => Ok(Next::Continue),
+            ShadowFault::Done(..) | ShadowFault::Retry | ShadowFault::LockBusy { .. } => {
+                Ok(Next::Continue)
+            }
         }
     }
 
@@ -434,17 +441,21 @@ impl Vcpu {
             state.rflags & rflags::AC != 0,
         );
         let mut cycles = Cycles::ZERO;
-        let result = self.shadow_fault(shared, fault.gva, access, &mut cycles);
+        let result = self.shadow_fault(shared, fault.gva, access, false, &mut cycles);
         self.charge(cycles);
         result.map(|_| ())
     }
 
     /// The shadow fault path: guest walk, the frame, the shadow leaf.
+    /// `defer`: a request that finds `mmu_lock` held ends the fault with
+    /// [`ShadowFault::LockBusy`] (the exit's fault, replayed at the
+    /// grant); otherwise it waits in place (a prefault).
     fn shadow_fault(
         &mut self,
         shared: &mut Shared,
         gva: Gva,
         access: walk::Access,
+        defer: bool,
         cycles: &mut Cycles,
     ) -> Result<ShadowFault, VmError> {
         let rip = self.rip();
@@ -481,6 +492,7 @@ impl Vcpu {
             return Ok(ShadowFault::Mmio { gpa });
         }
         let mut clock = ExitClock {
+            exit: self.clock(),
             now: self.clock() + *cycles,
             cycles: *cycles,
         };
@@ -500,7 +512,7 @@ impl Vcpu {
                     swap_slot,
                     ready_at,
                 },
-                FaultOutcome::Mapped => {
+                FaultOutcome::Mapped | FaultOutcome::LockBusy { .. } => {
                     ShadowFault::Done(MapOutcome::Mapped, walk.gfn, machine::Hfn(0))
                 }
             });
@@ -513,6 +525,15 @@ impl Vcpu {
                 resident.frame,
             ));
         };
+        if defer {
+            if let Some(deferral) = shared.host.mmu.defer_lock(clock.exit, clock.at(), &costs) {
+                self.stats.mmu_lock_wait_cycles += deferral.wait.0;
+                self.stats.note_zap_stall(deferral.zap_wait);
+                return Ok(ShadowFault::LockBusy {
+                    wait: deferral.wait,
+                });
+            }
+        }
         let context = self.paging_context();
         let host = &mut shared.host;
         let locked_work = crate::mmu::fault::locked_fault_work(

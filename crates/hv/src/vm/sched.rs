@@ -437,9 +437,17 @@ impl Vm {
                 best = Some((at, Actor::Teardown));
             }
         }
-        for index in 0..self.vcpus.len() {
-            let at = self.vcpu_time(index);
-            if at != Cycles::MAX && best.is_none_or(|(b, _)| at < b) {
+        // Of vCPUs due at the same time, those replaying a fault that
+        // waited for `mmu_lock` go first, in the order they asked.
+        let earliest_vcpu = (0..self.vcpus.len())
+            .map(|index| {
+                let ticket = self.vcpus[index].lock_deferred_since.unwrap_or(Cycles::MAX);
+                (self.vcpu_time(index), ticket, index)
+            })
+            .filter(|&(at, _, _)| at != Cycles::MAX)
+            .min();
+        if let Some((at, _, index)) = earliest_vcpu {
+            if best.is_none_or(|(b, _)| at < b) {
                 best = Some((at, Actor::Vcpu(index)));
             }
         }
@@ -592,6 +600,8 @@ impl Vm {
                 self.carry_out_cross_requests();
             }
             Next::Stop(reason) => sched.stopped = Some(reason),
+            // `handle_exit` parked the exit again for its replay.
+            Next::LockBusy { .. } => {}
         }
         Ok(())
     }
