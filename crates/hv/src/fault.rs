@@ -102,13 +102,12 @@ pub(crate) struct Fault {
     pub zap_wait: Cycles,
 }
 
-/// The clock of one exit: `now` stamps the pager's work (the vCPU's clock
-/// at the exit plus the exit's base charge) and `cycles` is what the exit
-/// has charged so far; the fault adds to it, and takes `mmu_lock` at
-/// `now + cycles`.
+/// The clock of one exit: `exit` is the vCPU's clock at the exit, `now`
+/// stamps the pager's work (`exit` plus what the exit charged before the
+/// fault path began) and `cycles` is what the exit has charged so far;
+/// the fault adds to it, and takes `mmu_lock` at `exit + cycles`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ExitClock {
-    /// The vCPU's clock at the exit.
     pub exit: Cycles,
     pub now: Cycles,
     pub cycles: Cycles,
@@ -117,7 +116,7 @@ pub(crate) struct ExitClock {
 impl ExitClock {
     /// The virtual time at which the next step happens.
     pub fn at(&self) -> Cycles {
-        self.now + self.cycles
+        self.exit + self.cycles
     }
 }
 
