@@ -327,6 +327,10 @@ pub struct ApfCalcBenchArgs {
     guest: BenchGuestArgs,
 }
 
+fn default_memslot_zaps() -> Vec<ZapArg> {
+    vec![ZapArg::Slow, ZapArg::Fast]
+}
+
 #[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
 pub struct MemslotBenchArgs {
     #[command(flatten)]
@@ -337,10 +341,16 @@ pub struct MemslotBenchArgs {
     /// Guest memory (the seed: 2 GiB); the guest touches 7/8 of it.
     #[arg(long, default_value = "2G", value_parser = parse_size)]
     mem: u64,
-    /// The MMUs measured, each with slow and fast zap (this benchmark's
-    /// own list: `--mmu` is not used).
+    /// The MMUs measured, each with every zap of --zaps (this
+    /// benchmark's own list: `--mmu` is not used).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "ept,shadow")]
     mmus: Vec<MmuArg>,
+    /// The zap-all modes measured on each MMU: slow (KVM before seed
+    /// 003), fast (as merged), seed (the seed's v2: hash table and rmaps
+    /// reset wholesale).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "slow,fast")]
+    #[serde(default = "default_memslot_zaps")]
+    zaps: Vec<ZapArg>,
     /// Memslot deletes + re-adds per run (the seed: 10).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     ops: u32,

@@ -181,10 +181,14 @@ pub enum SwapDeviceArg {
     Net,
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ZapArg {
     Slow,
     Fast,
+    /// Seed 003's v2: roots zapped, hash table and rmaps reset wholesale,
+    /// the old pages freed after the lock.
+    Seed,
 }
 
 impl From<ZapArg> for hv::ZapMode {
@@ -192,6 +196,7 @@ impl From<ZapArg> for hv::ZapMode {
         match z {
             ZapArg::Slow => hv::ZapMode::Slow,
             ZapArg::Fast => hv::ZapMode::Fast,
+            ZapArg::Seed => hv::ZapMode::Seed,
         }
     }
 }

@@ -505,9 +505,15 @@ impl Vm {
     pub fn zap_all(&mut self) -> Result<ZapReport, ZapError> {
         let at = self.time();
         let host = &mut self.shared.host;
-        let (report, left) =
-            host.mmu
-                .zap_begin(&host.mem, &mut host.frames, &host.costs, self.zap, at)?;
+        let rmap_bytes = crate::mmu::zap::seed_rmap_bytes(&host.slots);
+        let (report, left) = host.mmu.zap_begin(
+            &host.mem,
+            &mut host.frames,
+            &host.costs,
+            self.zap,
+            rmap_bytes,
+            at,
+        )?;
         self.shared.cross.push(CrossRequest::ReloadRoots);
         self.carry_out_cross_requests();
         let Some(obsolete) = left else {

@@ -193,6 +193,15 @@ pub static FIGURES: &[SeedFigure] = &[
         source: "seed 003 file, Performance (6 vCPUs, 2048M): 46078825 ns -> 21558774 ns",
     },
     SeedFigure {
+        key: "003.memslot.slow_over_seed",
+        seed: "003",
+        what: "memslot delete + re-add time, slow zap / the seed's v2 zap (--zap seed)",
+        low: 46_078_825.0 / 21_558_774.0,
+        high: 46_078_825.0 / 21_558_774.0,
+        unit: Unit::Ratio,
+        source: "seed 003 file, Performance (6 vCPUs, 2048M): 46078825 ns -> 21558774 ns",
+    },
+    SeedFigure {
         key: "004.ctxsw.shadow_over_cache4",
         seed: "004",
         what: "2-task context switch, shadow / CR3 cache (4 targets)",
