@@ -211,6 +211,7 @@ impl BenchCommon {
             apf_protocol: self.apf_protocol,
             mmu: self.mmu,
             shadow_prev_roots: self.shadow_prev_roots,
+            shadow_unsync: OnOff::On,
             cr3_cache: OnOff::Off,
             cr3_targets: 4,
             fast_pf: if self.fast_pf.last() == Some(&false) {
@@ -401,6 +402,13 @@ pub struct CtxswBenchArgs {
     /// Round trips (two switches each).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(2..=10_000_000))]
     rounds: u64,
+    /// Also run seed 004's own 2007 configurations: KVM's trunk of
+    /// January 2007 (roots cached in the shadow page hash, guest page
+    /// tables write-protected, every write to one emulated: no unsync, no
+    /// prev_roots), without and with the CR3 cache of 4 targets.
+    #[arg(long)]
+    #[serde(default)]
+    kvm_2007: bool,
     #[command(flatten)]
     #[serde(flatten)]
     guest: BenchGuestArgs,

@@ -99,6 +99,12 @@ pub struct OvercommitArgs {
     /// prev_roots).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
     pub shadow_prev_roots: u64,
+    /// Shadow paging: let a written guest leaf table go unsync until the
+    /// next CR3 load (on, KVM since 2008); off, every write to a shadowed
+    /// guest table is emulated, as in KVM's trunk of January 2007 (seed
+    /// 004's baseline; with --shadow-prev-roots 0 that configuration).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub shadow_unsync: OnOff,
     /// Shadow paging: offer the guest the paravirtual CR3 cache (seed
     /// 004), so its context switches to a cached address space do not
     /// exit.
@@ -270,6 +276,7 @@ impl OvercommitArgs {
             MmuArg::Native => hv::MmuMode::Native,
         };
         config.shadow_prev_roots = self.shadow_prev_roots as usize;
+        config.shadow_unsync = self.shadow_unsync.on();
         config.cr3_cache = self.cr3_cache.on();
         config.cr3_targets = self.cr3_targets as usize;
         config.mmu_options = hv::MmuOptions {

@@ -211,6 +211,15 @@ pub static FIGURES: &[SeedFigure] = &[
         source: "seed 004 file: KVM trunk 6.36 us, trunk+paravirt/cr3 1.60 us",
     },
     SeedFigure {
+        key: "004.ctxsw.trunk2007_over_trunk2007_cache4",
+        seed: "004",
+        what: "2-task context switch, KVM trunk of 2007 / with the CR3 cache (4 targets), both without unsync (--kvm-2007)",
+        low: 6.36 / 1.60,
+        high: 6.36 / 1.60,
+        unit: Unit::Ratio,
+        source: "seed 004 file: KVM trunk 6.36 us, trunk+paravirt/cr3 1.60 us",
+    },
+    SeedFigure {
         key: "004.ctxsw.cache4_over_native",
         seed: "004",
         what: "2-task context switch, CR3 cache (4 targets) / native",
