@@ -463,6 +463,12 @@ pub struct HackbenchBenchArgs {
     /// Guest memory.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     mem: u64,
+    /// Also run seed 004's own 2007 configurations (`bench ctxsw
+    /// --kvm-2007`): KVM's trunk of January 2007 without and with the CR3
+    /// cache of 4 targets.
+    #[arg(long)]
+    #[serde(default)]
+    kvm_2007: bool,
     #[command(flatten)]
     #[serde(flatten)]
     guest: BenchGuestArgs,

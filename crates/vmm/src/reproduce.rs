@@ -102,7 +102,12 @@ const EXPERIMENTS: [(&str, Option<&str>, &str, &str); 11] = [
         "ctxsw --kvm-2007",
         "ctxsw --rounds 1000 --kvm-2007",
     ),
-    ("004", Some("hackbench.svg"), "hackbench", "hackbench --loops 10"),
+    (
+        "004",
+        Some("hackbench.svg"),
+        "hackbench --kvm-2007",
+        "hackbench --loops 10 --kvm-2007",
+    ),
 ];
 
 /// Every experiment, full size or `--quick`.

@@ -143,3 +143,54 @@ fn bench_ctxsw_kvm_2007_adds_the_like_for_like_pair_and_leaves_the_rest_alone() 
     );
     assert!(c["status"] == "met" || c["status"] == "not_met", "{c}");
 }
+
+#[test]
+fn bench_hackbench_kvm_2007_adds_the_2007_rows_and_their_comparison() {
+    let out = faultline(&[
+        "bench",
+        "hackbench",
+        "--loops",
+        "5",
+        "--groups",
+        "1",
+        "--kvm-2007",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    let configs: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["config"].as_str().unwrap())
+        .collect();
+    assert!(configs.ends_with(&["shadow-trunk-2007", "shadow-trunk-2007-cr3-cache-4"]));
+    let seconds = |config: &str| {
+        v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["config"] == config)
+            .unwrap()["seconds"]
+            .as_f64()
+            .unwrap()
+    };
+    let ratio = seconds("shadow-trunk-2007") / seconds("shadow-trunk-2007-cr3-cache-4");
+    let comparison = |key: &str| {
+        v["comparisons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["key"] == key)
+            .unwrap_or_else(|| panic!("no {key}: {v}"))
+            .clone()
+    };
+    let g1 = comparison("004.hackbench.g1_trunk2007_over_trunk2007_cache4");
+    assert!(
+        (g1["faultline"].as_f64().unwrap() - ratio).abs() < 1e-9,
+        "{g1}"
+    );
+    // 5 groups were not run: not comparable, with the reason.
+    let g5 = comparison("004.hackbench.g5_trunk2007_over_trunk2007_cache4");
+    assert_eq!(g5["status"], "not_comparable", "{g5}");
+}

@@ -161,16 +161,6 @@ pub(super) fn rows_with(guest: &BenchGuest, kvm_2007: bool) -> Vec<Row> {
         .collect()
 }
 
-/// [`rows_with`] without the 2007 rows.
-pub(super) fn rows(guest: &BenchGuest) -> Vec<Row> {
-    ROWS.iter()
-        .filter(|row| {
-            !guest.is_linux() || (row.cr3_targets.is_none() && row.mmu != MmuMode::Native)
-        })
-        .copied()
-        .collect()
-}
-
 /// What a Linux run of `bench ctxsw` or `bench hackbench` leaves out, and
 /// why (printed with the results).
 pub(super) const LINUX_ROWS_NOTE: &str = "Linux: no CR3 cache rows (the paravirtual CR3 cache needs a guest that speaks it: faultline's own) and no native row (the project guest's baseline)";
