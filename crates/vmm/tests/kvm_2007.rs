@@ -63,6 +63,26 @@ fn without_unsync_every_page_table_write_is_emulated_and_roots_come_from_the_has
     assert_eq!(s_trunk["prev_root_hits"], 0, "{s_trunk}");
 }
 
+/// The result row of `config` in a bench's JSON.
+fn row<'a>(v: &'a Value, config: &str) -> &'a Value {
+    v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["config"] == config)
+        .unwrap_or_else(|| panic!("no {config} row: {v}"))
+}
+
+/// The comparison `key` in a bench's JSON.
+fn comparison<'a>(v: &'a Value, key: &str) -> &'a Value {
+    v["comparisons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["key"] == key)
+        .unwrap_or_else(|| panic!("no {key}: {v}"))
+}
+
 /// `bench ctxsw --rounds 400 --json` with `extra` options: raw and parsed.
 fn bench_ctxsw(extra: &[&str]) -> (String, Value) {
     let mut args = vec!["bench", "ctxsw", "--rounds", "400", "--json"];
@@ -105,18 +125,9 @@ fn bench_ctxsw_kvm_2007_adds_the_like_for_like_pair_and_leaves_the_rest_alone() 
     {
         assert_eq!(a, b);
     }
-    let row = |config: &str| {
-        with["results"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["config"] == config)
-            .unwrap()
-            .clone()
-    };
     let (trunk, cache) = (
-        row("shadow-trunk-2007"),
-        row("shadow-trunk-2007-cr3-cache-4"),
+        row(&with, "shadow-trunk-2007"),
+        row(&with, "shadow-trunk-2007-cr3-cache-4"),
     );
     // The cache removes the CR3-load exits the trunk takes on every switch.
     assert!(trunk["cr3_exits"].as_u64().unwrap() >= 800, "{trunk}");
@@ -131,12 +142,7 @@ fn bench_ctxsw_kvm_2007_adds_the_like_for_like_pair_and_leaves_the_rest_alone() 
             < 1e-9,
         "{with}"
     );
-    let c = with["comparisons"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["key"] == "004.ctxsw.trunk2007_over_trunk2007_cache4")
-        .unwrap_or_else(|| panic!("no 2007 comparison: {with}"));
+    let c = comparison(&with, "004.ctxsw.trunk2007_over_trunk2007_cache4");
     assert!(
         (c["faultline"].as_f64().unwrap() - ratio).abs() < 1e-9,
         "{c}"
@@ -165,32 +171,14 @@ fn bench_hackbench_kvm_2007_adds_the_2007_rows_and_their_comparison() {
         .map(|r| r["config"].as_str().unwrap())
         .collect();
     assert!(configs.ends_with(&["shadow-trunk-2007", "shadow-trunk-2007-cr3-cache-4"]));
-    let seconds = |config: &str| {
-        v["results"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["config"] == config)
-            .unwrap()["seconds"]
-            .as_f64()
-            .unwrap()
-    };
+    let seconds = |config: &str| row(&v, config)["seconds"].as_f64().unwrap();
     let ratio = seconds("shadow-trunk-2007") / seconds("shadow-trunk-2007-cr3-cache-4");
-    let comparison = |key: &str| {
-        v["comparisons"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["key"] == key)
-            .unwrap_or_else(|| panic!("no {key}: {v}"))
-            .clone()
-    };
-    let g1 = comparison("004.hackbench.g1_trunk2007_over_trunk2007_cache4");
+    let g1 = comparison(&v, "004.hackbench.g1_trunk2007_over_trunk2007_cache4");
     assert!(
         (g1["faultline"].as_f64().unwrap() - ratio).abs() < 1e-9,
         "{g1}"
     );
     // 5 groups were not run: not comparable, with the reason.
-    let g5 = comparison("004.hackbench.g5_trunk2007_over_trunk2007_cache4");
+    let g5 = comparison(&v, "004.hackbench.g5_trunk2007_over_trunk2007_cache4");
     assert_eq!(g5["status"], "not_comparable", "{g5}");
 }
