@@ -74,7 +74,7 @@ pub use mmu::dirty_log::{DirtyGfn, DirtyLogError, DirtyLogMode};
 pub use mmu::fast_pf::MmuOptions;
 pub use mmu::shadow::cr3_cache::Cr3CacheStats;
 pub use mmu::spte;
-pub use mmu::zap::{ZapError, ZapMode, ZapReport, BATCH_ZAP_PAGES};
+pub use mmu::zap::{SeedWork, ZapError, ZapMode, ZapReport, BATCH_ZAP_PAGES, SEED_HASH_BYTES};
 pub use mmu::{shadow::ShadowError, shadow::ShadowStats, MmuMode};
 pub use pager::{PageSource, PagerError, PagerStats};
 pub use stats::{ExitReason, ExitStat, ExitTable, MmuLockStats, VcpuStats, VmStats};

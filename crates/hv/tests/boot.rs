@@ -281,9 +281,9 @@ fn memslot_delete_zaps_and_refaults() {
 }
 
 #[test]
-fn zap_all_slow_and_fast_drop_every_mapping_and_the_guest_ends_as_undisturbed() {
+fn zap_all_slow_fast_and_seed_drop_every_mapping_and_the_guest_ends_as_undisturbed() {
     let (_, undisturbed, out) = run(SMP, &config(2, ""));
-    for zap in [hv::ZapMode::Slow, hv::ZapMode::Fast] {
+    for zap in [hv::ZapMode::Slow, hv::ZapMode::Fast, hv::ZapMode::Seed] {
         let config = VmConfig {
             zap,
             ..config(2, "")
@@ -303,6 +303,13 @@ fn zap_all_slow_and_fast_drop_every_mapping_and_the_guest_ends_as_undisturbed() 
                 report.lock_breaks,
                 tables.div_ceil(hv::BATCH_ZAP_PAGES as u64) - 1
             ),
+            hv::ZapMode::Seed => {
+                assert_eq!(report.lock_breaks, 0);
+                let work = report.seed.expect("the seed's work");
+                assert_eq!(work.pages_freed, tables);
+                // Hash table and the rmaps of guest RAM, zeroed.
+                assert!(work.bytes_zeroed > hv::SEED_HASH_BYTES + (config.mem_size >> 12) * 8);
+            }
         }
         vm.check_mmu().unwrap();
         assert_eq!(vm.stats().ept_tables, 0);

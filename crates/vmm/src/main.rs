@@ -211,6 +211,7 @@ impl BenchCommon {
             apf_protocol: self.apf_protocol,
             mmu: self.mmu,
             shadow_prev_roots: self.shadow_prev_roots,
+            shadow_unsync: OnOff::On,
             cr3_cache: OnOff::Off,
             cr3_targets: 4,
             fast_pf: if self.fast_pf.last() == Some(&false) {
@@ -327,6 +328,10 @@ pub struct ApfCalcBenchArgs {
     guest: BenchGuestArgs,
 }
 
+fn default_memslot_zaps() -> Vec<ZapArg> {
+    vec![ZapArg::Slow, ZapArg::Fast]
+}
+
 #[derive(clap::Args, Debug, Clone, Serialize, Deserialize)]
 pub struct MemslotBenchArgs {
     #[command(flatten)]
@@ -337,10 +342,16 @@ pub struct MemslotBenchArgs {
     /// Guest memory (the seed: 2 GiB); the guest touches 7/8 of it.
     #[arg(long, default_value = "2G", value_parser = parse_size)]
     mem: u64,
-    /// The MMUs measured, each with slow and fast zap (this benchmark's
-    /// own list: `--mmu` is not used).
+    /// The MMUs measured, each with every zap of --zaps (this
+    /// benchmark's own list: `--mmu` is not used).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "ept,shadow")]
     mmus: Vec<MmuArg>,
+    /// The zap-all modes measured on each MMU: slow (KVM before seed
+    /// 003), fast (as merged), seed (the seed's v2: hash table and rmaps
+    /// reset wholesale).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "slow,fast")]
+    #[serde(default = "default_memslot_zaps")]
+    zaps: Vec<ZapArg>,
     /// Memslot deletes + re-adds per run (the seed: 10).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     ops: u32,
@@ -391,6 +402,13 @@ pub struct CtxswBenchArgs {
     /// Round trips (two switches each).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(2..=10_000_000))]
     rounds: u64,
+    /// Also run seed 004's own 2007 configurations: KVM's trunk of
+    /// January 2007 (roots cached in the shadow page hash, guest page
+    /// tables write-protected, every write to one emulated: no unsync, no
+    /// prev_roots), without and with the CR3 cache of 4 targets.
+    #[arg(long)]
+    #[serde(default)]
+    kvm_2007: bool,
     #[command(flatten)]
     #[serde(flatten)]
     guest: BenchGuestArgs,
@@ -445,6 +463,12 @@ pub struct HackbenchBenchArgs {
     /// Guest memory.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     mem: u64,
+    /// Also run seed 004's own 2007 configurations (`bench ctxsw
+    /// --kvm-2007`): KVM's trunk of January 2007 without and with the CR3
+    /// cache of 4 targets.
+    #[arg(long)]
+    #[serde(default)]
+    kvm_2007: bool,
     #[command(flatten)]
     #[serde(flatten)]
     guest: BenchGuestArgs,

@@ -47,6 +47,10 @@ pub struct MemslotOp {
     /// Their cost: the hv's handling plus the VM exit and entry, summed
     /// over vCPUs.
     pub refault_cycles: u64,
+    /// A seed zap (`--zap seed`): bytes of hash table and rmaps zeroed
+    /// under the lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed_bytes_zeroed: Option<u64>,
 }
 
 /// The memslot changes of one run.
@@ -86,6 +90,12 @@ impl MemslotRun {
     /// Pages zapped per op (the mean, rounded down).
     pub fn pages_zapped(&self) -> u64 {
         self.mean(|o| o.pages_zapped) as u64
+    }
+
+    /// Bytes a seed zap zeroed under the lock per op (the mean, rounded
+    /// down; 0 for the other modes).
+    pub fn seed_bytes_zeroed(&self) -> u64 {
+        self.mean(|o| o.seed_bytes_zeroed.unwrap_or(0)) as u64
     }
 
     /// Lock breaks per op (the mean, rounded down).
@@ -199,6 +209,7 @@ impl SlotChurn {
             lock_breaks: report.lock_breaks,
             refaults: 0,
             refault_cycles: 0,
+            seed_bytes_zeroed: report.seed.map(|w| w.bytes_zeroed),
         });
         Ok(())
     }

@@ -99,6 +99,12 @@ pub struct OvercommitArgs {
     /// prev_roots).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=64))]
     pub shadow_prev_roots: u64,
+    /// Shadow paging: let a written guest leaf table go unsync until the
+    /// next CR3 load (on, KVM since 2008); off, every write to a shadowed
+    /// guest table is emulated, as in KVM's trunk of January 2007 (seed
+    /// 004's baseline; with --shadow-prev-roots 0 that configuration).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub shadow_unsync: OnOff,
     /// Shadow paging: offer the guest the paravirtual CR3 cache (seed
     /// 004), so its context switches to a cached address space do not
     /// exit.
@@ -181,10 +187,14 @@ pub enum SwapDeviceArg {
     Net,
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ZapArg {
     Slow,
     Fast,
+    /// Seed 003's v2: roots zapped, hash table and rmaps reset wholesale,
+    /// the old pages freed after the lock.
+    Seed,
 }
 
 impl From<ZapArg> for hv::ZapMode {
@@ -192,6 +202,7 @@ impl From<ZapArg> for hv::ZapMode {
         match z {
             ZapArg::Slow => hv::ZapMode::Slow,
             ZapArg::Fast => hv::ZapMode::Fast,
+            ZapArg::Seed => hv::ZapMode::Seed,
         }
     }
 }
@@ -265,6 +276,7 @@ impl OvercommitArgs {
             MmuArg::Native => hv::MmuMode::Native,
         };
         config.shadow_prev_roots = self.shadow_prev_roots as usize;
+        config.shadow_unsync = self.shadow_unsync.on();
         config.cr3_cache = self.cr3_cache.on();
         config.cr3_targets = self.cr3_targets as usize;
         config.mmu_options = hv::MmuOptions {

@@ -90,9 +90,24 @@ const EXPERIMENTS: [(&str, Option<&str>, &str, &str); 11] = [
         "migrate --postcopy",
         "migrate --postcopy",
     ),
-    ("003", Some("memslot.svg"), "memslot", "memslot --mem 256M --ops 2"),
-    ("004", Some("ctxsw.svg"), "ctxsw", "ctxsw --rounds 1000"),
-    ("004", Some("hackbench.svg"), "hackbench", "hackbench --loops 10"),
+    (
+        "003",
+        Some("memslot.svg"),
+        "memslot --zaps slow,fast,seed",
+        "memslot --mem 256M --ops 2 --zaps slow,fast,seed",
+    ),
+    (
+        "004",
+        Some("ctxsw.svg"),
+        "ctxsw --kvm-2007",
+        "ctxsw --rounds 1000 --kvm-2007",
+    ),
+    (
+        "004",
+        Some("hackbench.svg"),
+        "hackbench --kvm-2007",
+        "hackbench --loops 10 --kvm-2007",
+    ),
 ];
 
 /// Every experiment, full size or `--quick`.

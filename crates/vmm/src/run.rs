@@ -113,8 +113,9 @@ pub struct RunArgs {
     #[command(flatten)]
     pub overcommit: OvercommitArgs,
     /// How memslot changes drop every mapping: one by one under one lock
-    /// hold (slow, KVM before seed 003) or by MMU generation with batched
-    /// teardown and lock breaks (fast).
+    /// hold (slow, KVM before seed 003), by MMU generation with batched
+    /// teardown and lock breaks (fast), or seed 003's v2 (seed: hash
+    /// table and rmaps reset wholesale, old pages freed after the lock).
     #[arg(long, value_enum, default_value_t = ZapArg::Fast)]
     pub zap: ZapArg,
     /// Delete and re-add a 2 MiB memslot above guest RAM every DURATION of

@@ -14,6 +14,14 @@
 //!   then torn down with the same per-page work, [`BATCH_ZAP_PAGES`] pages
 //!   per hold, the lock released between holds so faulting vCPUs get in
 //!   (lock breaks).
+//! - [`ZapMode::Seed`], seed 003's own v2 (the posting quoted in the seed:
+//!   "we can directly zap the mmu-cache and rmap so that vcpu will fault
+//!   on the new mmu-cache, after that, we can directly free the memory
+//!   used by old mmu-cache"): one hold of `mmu_lock` zaps the roots
+//!   (their entries cleared, the vCPUs reload), "memset zero"s the shadow
+//!   page hash table and the rmaps, and the old pages' memory is freed
+//!   after the lock is released, with no per-entry work. See
+//!   [`SeedWork`] for what each step is charged.
 //!
 //! The teardown is generic over roots and page headers: it frees whatever
 //! tables the headers list, whatever MMU made them, and forgets a root when
@@ -53,15 +61,78 @@ pub enum ZapMode {
     /// obsolete pages in batches with lock breaks (seed 003).
     #[default]
     Fast,
+    /// Seed 003's v2: zap the roots, reset the hash table and the rmaps
+    /// wholesale under one hold, free the old pages after it.
+    Seed,
 }
 
 impl ZapMode {
-    /// `slow` or `fast`.
+    /// `slow`, `fast` or `seed`.
     pub fn name(self) -> &'static str {
         match self {
             ZapMode::Slow => "slow",
             ZapMode::Fast => "fast",
+            ZapMode::Seed => "seed",
         }
+    }
+}
+
+/// Buckets of KVM's shadow page hash table (`KVM_NUM_MMU_PAGES`,
+/// `1 << KVM_MMU_HASH_SHIFT` with `KVM_MMU_HASH_SHIFT` 10 in
+/// `arch/x86/include/asm/kvm_host.h` of the seed's time), each an
+/// `hlist_head` of one pointer: the seed's v2 "memset zero"s them.
+pub const SEED_HASH_BYTES: u64 = 1024 * 8;
+
+/// Bytes of KVM's rmap arrays over `slots` that the seed's v2 resets:
+/// `kvm_arch_create_memslot` gives every slot, for each of the
+/// `KVM_NR_PAGE_SIZES` (3) page sizes, `gfn_to_index(base + npages - 1,
+/// base, level) + 1` entries of one `unsigned long` (8 bytes).
+pub(crate) fn seed_rmap_bytes(slots: &crate::memslot::Memslots) -> u64 {
+    slots
+        .iter()
+        .map(|slot| {
+            let (base, last) = (slot.base_gfn.0, slot.base_gfn.0 + slot.npages.max(1) - 1);
+            (0..3u32)
+                .map(|i| ((last >> (9 * i)) - (base >> (9 * i)) + 1) * 8)
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// What seed 003's v2 is charged (`ZapMode::Seed`), all from the cost
+/// table: under the lock, the roots' entries read (`spte_read` each) and
+/// the present ones cleared (`spte_write`), and the hash table and the
+/// rmaps zeroed, at `zero_4k` per 4 KiB (the table's figure for zeroing a
+/// page, about 10 cycles a cache line); after the lock, every old page
+/// returned to the allocator (`frame_free`). The frames' contents and the
+/// rmap's per-spte records are dropped in host time by the same code the
+/// other modes use, so the state after is theirs (and the dirty bits of
+/// dropped leaves stay with their frames, standing for the host page's
+/// own dirty state, which KVM does not need to walk for); none of that
+/// per-entry work is charged, since the seed does none of it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SeedWork {
+    /// Entries of root tables read.
+    pub root_entries_read: u64,
+    /// Present root entries cleared.
+    pub root_entries_cleared: u64,
+    /// Bytes zeroed under the lock (hash table and rmaps).
+    pub bytes_zeroed: u64,
+    /// Pages freed after the lock (the roots among them).
+    pub pages_freed: u64,
+}
+
+impl SeedWork {
+    /// The part under `mmu_lock`.
+    pub fn held_cycles(&self, costs: &HvCosts) -> u64 {
+        self.root_entries_read * costs.spte_read
+            + self.root_entries_cleared * costs.spte_write
+            + self.bytes_zeroed.div_ceil(4096) * costs.zero_4k
+    }
+
+    /// The part after the lock is released.
+    pub fn free_cycles(&self, costs: &HvCosts) -> u64 {
+        self.pages_freed * costs.frame_free
     }
 }
 
@@ -102,6 +173,8 @@ pub struct ZapReport {
     pub lock_holds: u64,
     /// Times the lock was released with work left (`lock_holds - 1`).
     pub lock_breaks: u64,
+    /// A seed zap's charged work.
+    pub seed: Option<SeedWork>,
 }
 
 impl ZapReport {
@@ -157,9 +230,10 @@ impl Mmu {
         frames: &mut FrameAllocator,
         costs: &HvCosts,
         mode: ZapMode,
+        rmap_bytes: u64,
         at: Cycles,
     ) -> Result<ZapReport, ZapError> {
-        let (mut report, obsolete) = self.zap_begin(mem, frames, costs, mode, at)?;
+        let (mut report, obsolete) = self.zap_begin(mem, frames, costs, mode, rmap_bytes, at)?;
         if let Some(mut obsolete) = obsolete {
             self.zap_rest(mem, frames, costs, &mut report, &mut obsolete)?;
         }
@@ -188,13 +262,16 @@ impl Mmu {
     /// (fast). Returns the report so far and, for a fast zap with pages
     /// left, what [`Mmu::zap_batch`] still has to free: the VMM thread
     /// asks for the lock again for each batch at the end of the one
-    /// before, and vCPUs that asked meanwhile get it first.
+    /// before, and vCPUs that asked meanwhile get it first. A seed zap
+    /// zeroes `rmap_bytes` of rmaps ([`seed_rmap_bytes`]) and ends after
+    /// freeing the old pages, outside the lock.
     pub(crate) fn zap_begin(
         &self,
         mem: &PhysMemory,
         frames: &mut FrameAllocator,
         costs: &HvCosts,
         mode: ZapMode,
+        rmap_bytes: u64,
         at: Cycles,
     ) -> Result<(ZapReport, Option<Obsolete>), ZapError> {
         let mut report = ZapReport {
@@ -217,6 +294,19 @@ impl Mmu {
                 let work = self.zap_obsolete_batch(mem, frames, &mut guard, &mut obsolete)?;
                 report.add_hold(&mut guard, work, costs);
                 (!obsolete.is_done()).then_some(obsolete)
+            }
+            ZapMode::Seed => {
+                let mut guard = self.lock.hold_for_zap(at, costs);
+                let seed = seed_reset(mem, frames, &mut guard, rmap_bytes)?;
+                guard.charge(seed.held_cycles(costs));
+                report.pages_zapped += seed.pages_freed;
+                report.sptes_zapped += seed.leaves;
+                report.lock_holds += 1;
+                report.seed = Some(seed.work);
+                // The old pages go back to the allocator after the lock
+                // is released, still in the ioctl's thread.
+                report.ended = guard.granted() + guard.held() + Cycles(seed.free_cycles(costs));
+                None
             }
         };
         report.lock_breaks = report.lock_holds.saturating_sub(1);
@@ -284,6 +374,49 @@ impl ZapReport {
         self.ended = guard.granted() + guard.held();
         self.ended
     }
+}
+
+/// A seed zap's work and, for the report, the leaves it dropped.
+struct SeedReset {
+    work: SeedWork,
+    leaves: u64,
+}
+
+impl std::ops::Deref for SeedReset {
+    type Target = SeedWork;
+    fn deref(&self) -> &SeedWork {
+        &self.work
+    }
+}
+
+/// Seed 003's v2 under `inner`'s hold: counts the work the seed charges
+/// ([`SeedWork`]) and drops every page (host-time bookkeeping, uncharged).
+fn seed_reset(
+    mem: &PhysMemory,
+    frames: &mut FrameAllocator,
+    inner: &mut MmuInner,
+    rmap_bytes: u64,
+) -> Result<SeedReset, MemError> {
+    let mut work = SeedWork {
+        bytes_zeroed: SEED_HASH_BYTES + rmap_bytes,
+        ..SeedWork::default()
+    };
+    let roots: Vec<Hfn> = inner.roots.iter().map(|r| r.pml4).collect();
+    for root in roots {
+        for i in 0..ENTRIES {
+            work.root_entries_read += 1;
+            if spte::is_present(read_spte(mem, entry_at(root.addr(), i))?) {
+                work.root_entries_cleared += 1;
+            }
+        }
+    }
+    let pages = inner.headers.all_top_down();
+    let dropped = zap_pages(mem, frames, inner, &pages)?;
+    work.pages_freed = dropped.pages;
+    Ok(SeedReset {
+        work,
+        leaves: dropped.leaves,
+    })
 }
 
 fn zap_pages(
@@ -449,7 +582,7 @@ mod tests {
             let (mmu, mem, mut frames, slots) = mapped(&GFNS);
             let tables = mmu.table_count(&costs);
             let report = mmu
-                .zap_all(&mem, &mut frames, &costs, mode, Cycles(10_000))
+                .zap_all(&mem, &mut frames, &costs, mode, 0, Cycles(10_000))
                 .unwrap();
             mmu.check(&mem, &slots, &costs).unwrap();
             assert_eq!(report.pages_zapped, tables);
@@ -477,7 +610,7 @@ mod tests {
         for mode in [ZapMode::Slow, ZapMode::Fast] {
             let (mmu, mem, mut frames, _) = mapped(&GFNS);
             let report = mmu
-                .zap_all(&mem, &mut frames, &costs, mode, Cycles(10_000))
+                .zap_all(&mem, &mut frames, &costs, mode, 0, Cycles(10_000))
                 .unwrap();
             // A vCPU asking for the lock just after the zap started.
             let guard = mmu.hold(
@@ -495,7 +628,93 @@ mod tests {
                     let per_batch = report.cycles().0 / report.lock_holds;
                     assert!(waited.0 > 0 && waited.0 <= 2 * per_batch, "{waited:?}");
                 }
+                ZapMode::Seed => unreachable!("not in this test's modes"),
             }
         }
+    }
+
+    #[test]
+    fn every_mode_leaves_the_mmu_empty_and_consistent() {
+        let costs = HvCosts::DEFAULT;
+        for mode in [ZapMode::Slow, ZapMode::Fast, ZapMode::Seed] {
+            let (mmu, mem, mut frames, slots) = mapped(&GFNS);
+            let tables = mmu.table_count(&costs);
+            let in_use = frames.in_use();
+            let report = mmu
+                .zap_all(&mem, &mut frames, &costs, mode, 0, Cycles(10_000))
+                .unwrap();
+            mmu.check(&mem, &slots, &costs).unwrap();
+            assert_eq!(report.pages_zapped, tables, "{mode:?}");
+            assert_eq!(report.sptes_zapped, GFNS.len() as u64, "{mode:?}");
+            assert_eq!(mmu.table_count(&costs), 0, "{mode:?}");
+            assert_eq!(frames.in_use(), in_use - tables, "{mode:?}: frames freed");
+            let inner = mmu.hold(super::super::lock::Timed::Untimed, &costs);
+            assert_eq!(inner.rmap.iter().count(), 0, "{mode:?}");
+            assert_eq!(inner.roots.iter().count(), 0, "{mode:?}");
+            assert_eq!(inner.headers.len(), 0, "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn a_seed_zap_takes_what_its_charges_add_up_to() {
+        let costs = HvCosts::DEFAULT;
+        let (mmu, mem, mut frames, slots) = mapped(&GFNS);
+        let tables = mmu.table_count(&costs);
+        // The fixture's one slot of 2^21 pages: rmap entries of 8 bytes
+        // for 4 KiB, 2 MiB and 1 GiB pages.
+        let rmap_bytes = seed_rmap_bytes(&slots);
+        assert_eq!(rmap_bytes, ((1 << 21) + (1 << 12) + (1 << 3)) * 8);
+        let report = mmu
+            .zap_all(
+                &mem,
+                &mut frames,
+                &costs,
+                ZapMode::Seed,
+                rmap_bytes,
+                Cycles(10_000),
+            )
+            .unwrap();
+        let work = report.seed.expect("a seed zap reports its work");
+        // One root, every gfn of the fixture under its first entry.
+        assert_eq!(work.root_entries_read, ENTRIES);
+        assert_eq!(work.root_entries_cleared, 1);
+        assert_eq!(work.bytes_zeroed, SEED_HASH_BYTES + rmap_bytes);
+        assert_eq!(work.pages_freed, tables);
+        assert_eq!((report.lock_holds, report.lock_breaks), (1, 0));
+        let zeroing = (SEED_HASH_BYTES + rmap_bytes).div_ceil(4096) * costs.zero_4k;
+        assert_eq!(
+            report.cycles().0,
+            costs.lock_acquire
+                + ENTRIES * costs.spte_read
+                + costs.spte_write
+                + zeroing
+                + tables * costs.frame_free
+        );
+        // A vCPU asking for the lock just after waits for the hold only,
+        // not the freeing after it.
+        let guard = mmu.hold(
+            super::super::lock::Timed::At(Cycles(10_000 + costs.lock_acquire)),
+            &costs,
+        );
+        assert_eq!(
+            guard.zap_waited() + Cycles(10_000 + 2 * costs.lock_acquire),
+            report.ended - Cycles(tables * costs.frame_free)
+        );
+    }
+
+    #[test]
+    fn the_seed_zap_skips_the_per_entry_teardown_slow_pays_for() {
+        let costs = HvCosts::DEFAULT;
+        let mut cycles = Vec::new();
+        for mode in [ZapMode::Slow, ZapMode::Seed] {
+            let (mmu, mem, mut frames, _) = mapped(&GFNS);
+            let report = mmu
+                .zap_all(&mem, &mut frames, &costs, mode, 0, Cycles(0))
+                .unwrap();
+            cycles.push(report.cycles().0);
+        }
+        // Slow reads every entry of every table; the seed reads the
+        // root's and zeroes 8 KiB of hash table.
+        assert!(cycles[1] < cycles[0], "{cycles:?}");
     }
 }

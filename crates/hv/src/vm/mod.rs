@@ -87,6 +87,13 @@ pub struct VmConfig {
     /// Shadow paging: roots each vCPU remembers for a CR3 switch back
     /// (KVM's `prev_roots`, 3).
     pub shadow_prev_roots: usize,
+    /// Shadow paging: let a written guest leaf table go unsync until the
+    /// next CR3 load or flush (KVM since 2008). Off, every shadowed guest
+    /// table stays write-protected and each write to one is emulated, as
+    /// in KVM's trunk of January 2007 (the "Cache shadow page tables"
+    /// series), seed 004's baseline: a CR3 load then finds the root in
+    /// the shadow page hash, with nothing to sync.
+    pub shadow_unsync: bool,
     /// Shadow paging: offer the paravirtual CR3 cache (seed 004).
     pub cr3_cache: bool,
     /// The CPU's CR3-target count (IA32_VMX_MISC; 4 on Intel CPUs), 1 to
@@ -149,6 +156,7 @@ impl Default for VmConfig {
             seed: 1,
             mmu: MmuMode::Ept,
             shadow_prev_roots: 3,
+            shadow_unsync: true,
             cr3_cache: false,
             cr3_targets: machine::vmx::MAX_CR3_TARGETS,
             wall_clock_at_boot_ns: DEFAULT_WALL_CLOCK_AT_BOOT_NS,
@@ -315,6 +323,7 @@ impl Vm {
         let cr3_cache =
             (config.cr3_cache && config.mmu == MmuMode::Shadow).then_some(config.cr3_targets);
         let mmu = Mmu::with_options(&mem, &mut frames, config.mmu, config.mmu_options)?;
+        mmu.set_shadow_unsync(config.shadow_unsync);
         let mut slots = Memslots::default();
         slots.add(
             RAM_SLOT,
@@ -505,9 +514,15 @@ impl Vm {
     pub fn zap_all(&mut self) -> Result<ZapReport, ZapError> {
         let at = self.time();
         let host = &mut self.shared.host;
-        let (report, left) =
-            host.mmu
-                .zap_begin(&host.mem, &mut host.frames, &host.costs, self.zap, at)?;
+        let rmap_bytes = crate::mmu::zap::seed_rmap_bytes(&host.slots);
+        let (report, left) = host.mmu.zap_begin(
+            &host.mem,
+            &mut host.frames,
+            &host.costs,
+            self.zap,
+            rmap_bytes,
+            at,
+        )?;
         self.shared.cross.push(CrossRequest::ReloadRoots);
         self.carry_out_cross_requests();
         let Some(obsolete) = left else {

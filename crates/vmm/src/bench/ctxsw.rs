@@ -50,6 +50,9 @@ pub(super) struct Row {
     pub name: &'static str,
     pub mmu: MmuMode,
     pub prev_roots: usize,
+    /// Written guest leaf tables may go unsync (off: KVM's trunk of
+    /// January 2007, every write to a shadowed guest table emulated).
+    pub unsync: bool,
     /// CR3 targets of the CR3 cache; `None`: no cache.
     pub cr3_targets: Option<usize>,
     /// The seed's figure for the comparable configuration.
@@ -61,6 +64,7 @@ impl Row {
     pub fn apply(&self, config: &mut VmConfig) {
         config.mmu = self.mmu;
         config.shadow_prev_roots = self.prev_roots;
+        config.shadow_unsync = self.unsync;
         config.cr3_cache = self.cr3_targets.is_some();
         config.cr3_targets = self.cr3_targets.unwrap_or(VmConfig::default().cr3_targets);
     }
@@ -71,6 +75,7 @@ pub(super) const ROWS: [Row; 6] = [
         name: "native",
         mmu: MmuMode::Native,
         prev_roots: 0,
+        unsync: true,
         cr3_targets: None,
         seed_us: Some(SEED_004_NATIVE_US),
     },
@@ -78,6 +83,7 @@ pub(super) const ROWS: [Row; 6] = [
         name: "ept",
         mmu: MmuMode::Ept,
         prev_roots: 0,
+        unsync: true,
         cr3_targets: None,
         seed_us: None,
     },
@@ -85,6 +91,7 @@ pub(super) const ROWS: [Row; 6] = [
         name: "shadow",
         mmu: MmuMode::Shadow,
         prev_roots: 0,
+        unsync: true,
         cr3_targets: None,
         seed_us: Some(SEED_004_SHADOW_US),
     },
@@ -92,6 +99,7 @@ pub(super) const ROWS: [Row; 6] = [
         name: "shadow-prev-roots",
         mmu: MmuMode::Shadow,
         prev_roots: 3,
+        unsync: true,
         cr3_targets: None,
         seed_us: None,
     },
@@ -99,6 +107,7 @@ pub(super) const ROWS: [Row; 6] = [
         name: "shadow-cr3-cache-4",
         mmu: MmuMode::Shadow,
         prev_roots: 0,
+        unsync: true,
         cr3_targets: Some(4),
         seed_us: Some(SEED_004_CR3_CACHE_US),
     },
@@ -106,16 +115,45 @@ pub(super) const ROWS: [Row; 6] = [
         name: "shadow-cr3-cache-16",
         mmu: MmuMode::Shadow,
         prev_roots: 0,
+        unsync: true,
         cr3_targets: Some(16),
         seed_us: None,
     },
 ];
 
+/// Seed 004's own 2007 configurations (`--kvm-2007`): KVM's trunk of
+/// January 2007, which the seed compares against (the "Cache shadow page
+/// tables" series: a CR3 load exits and finds the root in the shadow page
+/// hash, guest page tables stay write-protected and every write to one
+/// is emulated: no unsync pages, no `prev_roots`), without and with the
+/// CR3 cache of 4 targets.
+pub(super) const ROWS_2007: [Row; 2] = [
+    Row {
+        name: "shadow-trunk-2007",
+        mmu: MmuMode::Shadow,
+        prev_roots: 0,
+        unsync: false,
+        cr3_targets: None,
+        seed_us: Some(SEED_004_SHADOW_US),
+    },
+    Row {
+        name: "shadow-trunk-2007-cr3-cache-4",
+        mmu: MmuMode::Shadow,
+        prev_roots: 0,
+        unsync: false,
+        cr3_targets: Some(4),
+        seed_us: Some(SEED_004_CR3_CACHE_US),
+    },
+];
+
 /// The rows a guest runs: all of them in the project's guest; in Linux
 /// those that need nothing of the guest (EPT, shadow, shadow with
-/// `prev_roots`).
-pub(super) fn rows(guest: &BenchGuest) -> Vec<Row> {
+/// `prev_roots`, the 2007 trunk without the cache). `kvm_2007` adds
+/// [`ROWS_2007`].
+pub(super) fn rows_with(guest: &BenchGuest, kvm_2007: bool) -> Vec<Row> {
+    let extra: &[Row] = if kvm_2007 { &ROWS_2007 } else { &[] };
     ROWS.iter()
+        .chain(extra)
         .filter(|row| {
             !guest.is_linux() || (row.cr3_targets.is_none() && row.mmu != MmuMode::Native)
         })
@@ -164,14 +202,14 @@ impl Bench for CtxswBench {
     }
 
     fn specs(&self) -> Vec<RunSpec> {
-        rows(&self.guest)
+        rows_with(&self.guest, self.args.kvm_2007)
             .iter()
             .map(|row| self.guest.spec(row.name, self.config(row)))
             .collect()
     }
 
     fn render(&self, results: &[RunResult], output: &Output) -> Result<String, BenchError> {
-        let rows = rows(&self.guest)
+        let rows = rows_with(&self.guest, self.args.kvm_2007)
             .iter()
             .map(|row| {
                 let run = result_for(results, row.name)?;
@@ -194,6 +232,7 @@ impl Bench for CtxswBench {
             us("shadow-cr3-cache-4"),
             us("shadow-prev-roots"),
         );
+        let (trunk, trunk_cache4) = (us("shadow-trunk-2007"), us("shadow-trunk-2007-cr3-cache-4"));
         let plot_path = output.plot_path("bench-ctxsw.svg");
         // Each row's time over the native row's (in Linux, which has no
         // native row: over EPT's), the seed's ratio to native as a mark:
@@ -244,7 +283,7 @@ impl Bench for CtxswBench {
                     })
                 })
                 .collect();
-            let out = json!({
+            let mut out = json!({
                 "benchmark": "ctxsw",
                 "config": {"guest": self.guest.name(), "linux_version": self.guest.linux_version(), "rounds": self.args.rounds, "seed": self.args.common.seed},
                 "not_run": self.guest.is_linux().then_some(LINUX_ROWS_NOTE),
@@ -264,19 +303,30 @@ impl Bench for CtxswBench {
                          "cr3_cache_us": SEED_004_CR3_CACHE_US},
                 "plot": output.plot_json(&plot_path),
             });
+            if self.args.kvm_2007 && !self.guest.is_linux() {
+                let ratios = out["ratios"].as_object_mut().expect("an object");
+                ratios.insert(
+                    "trunk2007_vs_trunk2007_cache4".into(),
+                    json!(trunk / trunk_cache4),
+                );
+                ratios.insert("trunk2007_vs_native".into(), json!(trunk / native));
+                ratios.insert("trunk2007_vs_shadow".into(), json!(trunk / shadow));
+            }
             return Ok(json_text(&out));
         }
         let mut s = String::new();
         let _ = writeln!(s, "bench ctxsw (seed 004): {}", self.describe());
+        // The 2007 rows' names are longer than the column the others fit.
+        let w = if self.args.kvm_2007 { 29 } else { 20 };
         let _ = writeln!(
             s,
-            "{:<20} {:>12} {:>10} {:>11} {:>11} {:>11} {:>10}",
+            "{:<w$} {:>12} {:>10} {:>11} {:>11} {:>11} {:>10}",
             "", "us/switch", "CR3 exits", "roots built", "TLB misses", "walk refs", "seed (us)"
         );
         for m in &rows {
             let _ = writeln!(
                 s,
-                "{:<20} {:>12.3} {:>10} {:>11} {:>11} {:>11} {:>10}",
+                "{:<w$} {:>12.3} {:>10} {:>11} {:>11} {:>11} {:>10}",
                 m.row.name,
                 m.switch_ns as f64 / 1000.0,
                 m.run.mmu.cr3_load_exits,
@@ -307,6 +357,17 @@ impl Bench for CtxswBench {
                 seed_cache_ratio,
                 ept / native
             );
+            if self.args.kvm_2007 {
+                let _ = writeln!(
+                    s,
+                    "2007 trunk / 2007 trunk + cache-4 {:.2}x (seed 004: {SEED_004_SHADOW_US} -> {SEED_004_CR3_CACHE_US} us, {:.2}x); 2007 trunk / native {:.2}x (seed {:.1}x); 2007 trunk / shadow {:.2}x",
+                    trunk / trunk_cache4,
+                    SEED_004_SHADOW_US / SEED_004_CR3_CACHE_US,
+                    trunk / native,
+                    seed_shadow_ratio,
+                    trunk / shadow
+                );
+            }
         }
         let _ = writeln!(s, "plot: {}", plot_path.display());
         Ok(s)
@@ -315,6 +376,7 @@ impl Bench for CtxswBench {
     fn comparisons(&self, results: &[RunResult]) -> Result<Vec<Comparison>, BenchError> {
         const SHADOW_OVER_CACHE: &str = "004.ctxsw.shadow_over_cache4";
         const CACHE_OVER_NATIVE: &str = "004.ctxsw.cache4_over_native";
+        const TRUNK_OVER_CACHE: &str = "004.ctxsw.trunk2007_over_trunk2007_cache4";
         let setup = self.describe();
         if self.guest.is_linux() {
             return Ok([SHADOW_OVER_CACHE, CACHE_OVER_NATIVE]
@@ -326,7 +388,7 @@ impl Bench for CtxswBench {
         };
         let (native, shadow, cache4) = (us("native")?, us("shadow")?, us("shadow-cr3-cache-4")?);
         let seed_shadow_native = SEED_004_SHADOW_US / SEED_004_NATIVE_US;
-        Ok(vec![
+        let mut out = vec![
             Comparison::measured(SHADOW_OVER_CACHE, &setup, shadow / cache4).because(format!(
                 "the shadow row: shadow / native {:.2}x against the seed's {seed_shadow_native:.2}x (cache-4 / native {:.2}x against {:.2}x)",
                 shadow / native,
@@ -334,7 +396,26 @@ impl Bench for CtxswBench {
                 SEED_004_CR3_CACHE_US / SEED_004_NATIVE_US
             )),
             Comparison::measured(CACHE_OVER_NATIVE, &setup, cache4 / native),
-        ])
+        ];
+        if self.args.kvm_2007 {
+            let (trunk, trunk_cache4) = (
+                us("shadow-trunk-2007")?,
+                us("shadow-trunk-2007-cr3-cache-4")?,
+            );
+            let run = result_for(results, "shadow-trunk-2007")?;
+            let (exits, built) = (run.mmu.cr3_load_exits, run.mmu.roots_built);
+            out.push(
+                Comparison::measured(TRUNK_OVER_CACHE, &setup, trunk / trunk_cache4).because(
+                    format!(
+                        "the 2007 trunk row: {trunk:.3} us per switch, {:.2}x native against the seed's {seed_shadow_native:.2}x ({exits} CR3-load exits, {built} roots built); with the cache {trunk_cache4:.3} us, {:.2}x native against {:.2}x",
+                        trunk / native,
+                        trunk_cache4 / native,
+                        SEED_004_CR3_CACHE_US / SEED_004_NATIVE_US
+                    ),
+                ),
+            );
+        }
+        Ok(out)
     }
 }
 

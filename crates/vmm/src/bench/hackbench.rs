@@ -11,7 +11,8 @@
 //!
 //! `--guest linux` runs the Linux build (`guest/linux/hackbench.c`: forked
 //! processes, the same loops) in Debian's kernel under the rows Linux can
-//! run (`ctxsw::rows`: EPT, shadow, shadow with `prev_roots`).
+//! run (`ctxsw::rows_with`: EPT, shadow, shadow with `prev_roots`; with
+//! `--kvm-2007`, the 2007 trunk without the cache).
 
 use super::ctxsw::{self, Row, LINUX_ROWS_NOTE};
 use super::seeds::Comparison;
@@ -33,6 +34,12 @@ fn seed_seconds(row: &str, groups: u32) -> Option<f64> {
         ("shadow", 5) => Some(2.8),
         ("shadow-cr3-cache-4", 1) => Some(0.36),
         ("shadow-cr3-cache-4", 5) => Some(2.2),
+        // The seed's "KVM trunk" and "paravirt/cr3" rows are these
+        // (`--kvm-2007`), like for like.
+        ("shadow-trunk-2007", 1) => Some(0.55),
+        ("shadow-trunk-2007", 5) => Some(2.8),
+        ("shadow-trunk-2007-cr3-cache-4", 1) => Some(0.36),
+        ("shadow-trunk-2007-cr3-cache-4", 5) => Some(2.2),
         _ => None,
     }
 }
@@ -85,7 +92,7 @@ impl Bench for HackbenchBench {
     fn specs(&self) -> Vec<RunSpec> {
         let mut specs = Vec::new();
         for &groups in &self.args.groups {
-            for row in &ctxsw::rows(&self.guest) {
+            for row in &ctxsw::rows_with(&self.guest, self.args.kvm_2007) {
                 let mut config = self.base.clone();
                 config.seed = self.args.common.seed;
                 row.apply(&mut config);
@@ -105,7 +112,7 @@ impl Bench for HackbenchBench {
     fn render(&self, results: &[RunResult], output: &Output) -> Result<String, BenchError> {
         let mut rows = Vec::new();
         for &groups in &self.args.groups {
-            for row in &ctxsw::rows(&self.guest) {
+            for row in &ctxsw::rows_with(&self.guest, self.args.kvm_2007) {
                 let name = label(row, groups);
                 let run = result_for(results, &name)?;
                 rows.push(Measured {
@@ -190,7 +197,7 @@ impl Bench for HackbenchBench {
                 .groups
                 .iter()
                 .map(|&g| {
-                    json!({
+                    let mut ratios = json!({
                         "groups": g,
                         "shadow_vs_native": seconds("shadow", g) / seconds("native", g),
                         "cache4_vs_native": seconds("shadow-cr3-cache-4", g) / seconds("native", g),
@@ -199,7 +206,14 @@ impl Bench for HackbenchBench {
                         "cache4_vs_cache16": seconds("shadow-cr3-cache-4", g) / seconds("shadow-cr3-cache-16", g),
                         "shadow_vs_ept": seconds("shadow", g) / seconds("ept", g),
                         "prev_roots_vs_shadow": seconds("shadow-prev-roots", g) / seconds("shadow", g),
-                    })
+                    });
+                    if self.args.kvm_2007 && !self.guest.is_linux() {
+                        ratios["trunk2007_vs_trunk2007_cache4"] = json!(
+                            seconds("shadow-trunk-2007", g)
+                                / seconds("shadow-trunk-2007-cr3-cache-4", g)
+                        );
+                    }
+                    ratios
                 })
                 .collect();
             let out = json!({
@@ -216,9 +230,11 @@ impl Bench for HackbenchBench {
         }
         let mut s = String::new();
         let _ = writeln!(s, "bench hackbench (seed 004): {}", self.describe());
+        // The 2007 rows' names are longer than the column the others fit.
+        let w = if self.args.kvm_2007 { 29 } else { 20 };
         let _ = writeln!(
             s,
-            "{:<20} {:>6} {:>10} {:>10} {:>11} {:>12} {:>12} {:>13} {:>9}",
+            "{:<w$} {:>6} {:>10} {:>10} {:>11} {:>12} {:>12} {:>13} {:>9}",
             "",
             "groups",
             "seconds",
@@ -239,7 +255,7 @@ impl Bench for HackbenchBench {
             };
             let _ = writeln!(
                 s,
-                "{:<20} {:>6} {:>10.4} {:>10} {:>11} {:>12} {:>12} {:>13} {:>9}",
+                "{:<w$} {:>6} {:>10.4} {:>10} {:>11} {:>12} {:>12} {:>13} {:>9}",
                 m.row.name,
                 m.groups,
                 m.seconds,
@@ -287,6 +303,21 @@ impl Bench for HackbenchBench {
                         _ => String::new(),
                     }
                 );
+                if self.args.kvm_2007 {
+                    let _ = writeln!(
+                        s,
+                        "{g} group(s): 2007 trunk / 2007 trunk + cache-4 {:.2}x{}",
+                        seconds("shadow-trunk-2007", g)
+                            / seconds("shadow-trunk-2007-cr3-cache-4", g),
+                        match (
+                            seed_seconds("shadow", g),
+                            seed_seconds("shadow-cr3-cache-4", g)
+                        ) {
+                            (Some(sh), Some(c)) => format!(" (seed {:.2}x)", sh / c),
+                            _ => String::new(),
+                        }
+                    );
+                }
             }
         }
         let _ = writeln!(s, "plot: {}", plot_path.display());
@@ -295,10 +326,37 @@ impl Bench for HackbenchBench {
 
     fn comparisons(&self, results: &[RunResult]) -> Result<Vec<Comparison>, BenchError> {
         let mut out = Vec::new();
-        for (groups, key) in [
-            (1, "004.hackbench.g1_shadow_over_cache4"),
-            (5, "004.hackbench.g5_shadow_over_cache4"),
-        ] {
+        let mut pairs = vec![
+            (
+                1,
+                "004.hackbench.g1_shadow_over_cache4",
+                "shadow",
+                "shadow-cr3-cache-4",
+            ),
+            (
+                5,
+                "004.hackbench.g5_shadow_over_cache4",
+                "shadow",
+                "shadow-cr3-cache-4",
+            ),
+        ];
+        if self.args.kvm_2007 {
+            pairs.extend([
+                (
+                    1,
+                    "004.hackbench.g1_trunk2007_over_trunk2007_cache4",
+                    "shadow-trunk-2007",
+                    "shadow-trunk-2007-cr3-cache-4",
+                ),
+                (
+                    5,
+                    "004.hackbench.g5_trunk2007_over_trunk2007_cache4",
+                    "shadow-trunk-2007",
+                    "shadow-trunk-2007-cr3-cache-4",
+                ),
+            ]);
+        }
+        for (groups, key, without, with) in pairs {
             let setup = format!("{}, {groups} group(s)", self.describe());
             if self.guest.is_linux() {
                 out.push(Comparison::not_run(key, setup, LINUX_ROWS_NOTE));
@@ -316,7 +374,7 @@ impl Bench for HackbenchBench {
             let seconds = |name: &str| -> Result<f64, BenchError> {
                 Ok(run(name)?.require("hackbench_ns")? as f64)
             };
-            let cache = run("shadow-cr3-cache-4")?;
+            let cache = run(with)?;
             let (hits, misses) = (
                 cache.value("cr3_cache_hits").unwrap_or(0),
                 cache.value("cr3_cache_misses").unwrap_or(0),
@@ -325,13 +383,15 @@ impl Bench for HackbenchBench {
                 Comparison::measured(
                     key,
                     setup,
-                    seconds("shadow")? / seconds("shadow-cr3-cache-4")?,
+                    seconds(without)? / seconds(with)?,
                 )
                 .because(format!(
-                    "the CR3 cache of 4 hits {:.1} % of CR3 loads ({hits} of {}); CR3-load exits: shadow {}, cache-4 {}; the cost an exit removes is not measured apart",
+                    "the CR3 cache of 4 hits {:.1} % of CR3 loads ({hits} of {}); CR3-load exits: {} {}, {} {}; the cost an exit removes is not measured apart",
                     hits as f64 * 100.0 / (hits + misses).max(1) as f64,
                     hits + misses,
-                    run("shadow")?.mmu.cr3_load_exits,
+                    without.trim_start_matches("shadow-"),
+                    run(without)?.mmu.cr3_load_exits,
+                    with.trim_start_matches("shadow-").replace("cr3-cache-", "cache-"),
                     cache.mmu.cr3_load_exits
                 )),
             );
@@ -344,6 +404,7 @@ impl Bench for HackbenchBench {
 fn ctxsw_row(name: &str) -> Row {
     ctxsw::ROWS
         .iter()
+        .chain(&ctxsw::ROWS_2007)
         .find(|r| r.name == name)
         .copied()
         .unwrap_or(ctxsw::ROWS[0])

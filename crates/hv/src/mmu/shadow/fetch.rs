@@ -211,6 +211,9 @@ fn child(
 /// Lets `gfn`'s shadow pages go unsync if every one is a leaf table
 /// (KVM's `mmu_try_to_unsync_pages`).
 fn try_unsync(t: &mut Tables<'_>, stats: &mut ShadowStats, gfn: Gfn) -> bool {
+    if t.pages.never_unsync {
+        return false;
+    }
     let pages: Vec<Hfn> = t.pages.of_gfn(gfn).to_vec();
     let all_leaf = pages.iter().all(|&f| {
         t.pages

@@ -197,6 +197,13 @@ impl super::Mmu {
             .unsynced
     }
 
+    /// Whether written guest leaf tables may go unsync
+    /// (`VmConfig::shadow_unsync`); set once, before any vCPU runs.
+    pub(crate) fn set_shadow_unsync(&self, unsync: bool) {
+        let mut inner = self.hold(super::lock::Timed::Untimed, &HvCosts::DEFAULT);
+        inner.shadow.pages.never_unsync = !unsync;
+    }
+
     /// Adds vCPU-side counts (injected #PFs, prev-root hits).
     pub(crate) fn shadow_count(&self, costs: &HvCosts, f: impl FnOnce(&mut ShadowStats)) {
         f(&mut self.hold(super::lock::Timed::Untimed, costs).shadow.stats);

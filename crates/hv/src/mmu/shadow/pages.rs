@@ -99,6 +99,9 @@ pub(crate) struct ShadowPages {
     /// seed_indirect`): the page tracker's write-protect path runs
     /// `protocol::seed_write_protect` with the gfn's flag.
     pub seed_indirect: bool,
+    /// No page goes unsync (`VmConfig::shadow_unsync` off): a write to a
+    /// shadowed guest table is always emulated.
+    pub never_unsync: bool,
     /// The seed's per-gfn write-protect flag (its `PTE_LIST_WRITE_PROTECT`
     /// in the rmap head), set by the page tracker's write-protect path and
     /// read by the fast path without `mmu_lock`. Once set it stays set (a
