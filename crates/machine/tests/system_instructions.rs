@@ -1,5 +1,5 @@
 //! System instructions kvm-unit-tests found missing or wrong: SMSW (and
-//! UMIP), RDPMC without counters, 32-bit SYSRET, LLDT of a real LDT and
+//! UMIP), LMSW, RDPMC without counters, 32-bit SYSRET, LLDT of a real LDT and
 //! segment loads through it, SYSCALL from compatibility mode.
 
 mod common;
@@ -44,6 +44,34 @@ fn smsw_reads_cr0_and_faults_under_umip_above_ring_0() {
     r.enter_user_mode();
     assert_eq!(run(&mut r), Some(13));
     assert_eq!(r.gpr(0), r.cpu.state().cr0 & 0xffff_ffff);
+}
+
+#[test]
+fn lmsw_loads_cr0_low_bits_but_never_clears_pe() {
+    let mut r = rig(|a| {
+        a.smsw(eax).unwrap();
+        a.mov(ebx, eax).unwrap();
+        // Set TS and MP, try to clear PE.
+        a.and(eax, !0xfi32).unwrap();
+        a.or(eax, 0xa).unwrap();
+        a.lmsw(ax).unwrap();
+        a.mov(word_ptr(DATA), 0).unwrap();
+        a.lmsw(word_ptr(DATA)).unwrap();
+        a.hlt().unwrap();
+    });
+    let before = r.cpu.state().cr0;
+    assert_eq!(run(&mut r), None);
+    let after = r.cpu.state().cr0;
+    assert_eq!(after & cr0::PE, cr0::PE, "PE stays set");
+    assert_eq!(after & 0xe, 0, "the memory form cleared MP, EM, TS");
+    assert_eq!(after & !0xf, before & !0xf, "bits above 3 untouched");
+    // Ring 3: #GP.
+    let mut r = rig(|a| {
+        a.lmsw(ax).unwrap();
+        a.hlt().unwrap();
+    });
+    r.enter_user_mode();
+    assert_eq!(run(&mut r), Some(13));
 }
 
 #[test]
