@@ -203,6 +203,54 @@ fn sysretl_enters_compatibility_mode_and_syscall_returns_through_cstar() {
     assert_eq!(r.gpr(1), CODE + 0x102, "RCX: after the SYSCALL");
 }
 
+/// A SYSCALL from compatibility mode with CSTAR = LSTAR whose FMASK
+/// clears RFLAGS.AC under SMAP: the kernel's first access to a user page
+/// after it faults, though the same access before (AC set) was allowed
+/// and is in the first-level TLB. (The mode epoch must move for the AC
+/// change; a compatibility-mode SYSCALL changes nothing else of the
+/// first-level TLB's key context: CS and the privilege are not in it.)
+#[test]
+fn compat_syscall_with_cstar_equal_to_lstar_keeps_smap_exact() {
+    const USER_CS32: u64 = 0x18;
+    const AC: u64 = 1 << 18;
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let mut r = rig(|a| {
+            a.stac().unwrap();
+            a.mov(rax, qword_ptr(DATA)).unwrap(); // allowed: AC set
+            a.mov(ecx, (DATA + 0x1000) as u32).unwrap();
+            a.mov(r11d, (0x2 | AC) as u32).unwrap();
+            a.sysret().unwrap(); // sysretl: compatibility mode, AC set
+        })
+        .with_engine(engine);
+        let code32 = 0xffff_u64 | (0xfb << 40) | (0xcf << 48);
+        let data = 0xffff_u64 | (0xf3 << 40) | (0xcf << 48);
+        r.mem.write_u64(Hpa(GDT + 0x18), code32).unwrap();
+        r.mem.write_u64(Hpa(GDT + 0x20), data).unwrap();
+        // The first 2 MiB (code, tables, stacks) supervisor-only, so that
+        // SMAP allows the CPU's implicit accesses; the user code next to
+        // DATA.
+        r.mem.write_u64(Hpa(PD), 0x83).unwrap();
+        let user = DATA + 0x1000;
+        r.mem.write_bytes(Hpa(user), &[0x0f, 0x05]).unwrap();
+        let mut handler = CodeAssembler::new(64).unwrap();
+        handler.mov(r14d, 0x5ca11u32).unwrap();
+        handler.mov(rax, qword_ptr(DATA)).unwrap(); // AC clear: #PF
+        handler.hlt().unwrap();
+        let bytes = handler.assemble(CODE + 0x200).unwrap();
+        r.mem.write_bytes(Hpa(CODE + 0x200), &bytes).unwrap();
+        let s = r.cpu.state_mut();
+        s.cr4 |= cr4::SMAP;
+        s.efer |= efer::SCE;
+        s.star = (USER_CS32 << 48) | (u64::from(KERNEL_CS) << 32);
+        s.cstar = CODE + 0x200;
+        s.lstar = CODE + 0x200;
+        s.fmask = AC;
+        assert_eq!(run(&mut r), Some(14), "{engine:?}");
+        assert_eq!(r.gpr(14), 0x5ca11, "{engine:?}: entered through CSTAR");
+        assert_eq!(r.cpu.state().rflags & AC, 0, "{engine:?}");
+    }
+}
+
 /// SYSRET that loads TF from R11 (TF clear before it) takes the
 /// single-step trap after itself, at the target in ring 3 (kvm-unit-tests'
 /// `syscall` "syscall TF handling"; the trap was lost when the block began

@@ -1260,9 +1260,11 @@ impl Cpu {
             attr: seg_attr::DATA_KERNEL,
         };
         self.next_rip = target;
-        if !self.state.in_64bit_mode() || target != self.state.lstar {
-            self.mode_epoch += 1;
-        }
+        // The mode epoch moved before the instruction if the first-level
+        // TLB's key context may change (`system_moves_mode`: RFLAGS.AC
+        // under SMAP); CS, the code size and the privilege are not in it,
+        // so a SYSCALL from compatibility mode needs no more.
+        // (`compat_syscall_with_cstar_equal_to_lstar_keeps_smap_exact`.)
         // No event check: RFLAGS.IF can only be cleared here (FMASK), so
         // nothing becomes deliverable that was not before (as POPF, which
         // asks for one only when IF changes; a timer coming due is the
