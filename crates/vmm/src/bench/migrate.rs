@@ -142,8 +142,18 @@ impl MigrateBenchArgs {
             at: self.at(),
             link_bandwidth: self.link_bandwidth,
             seed: self.seed,
+            costs: self.cost_args(),
             plot,
         }
+    }
+
+    /// `--cost NAME=CYCLES` for each of the bench's `--cost`s: the runs
+    /// take them (the destination gets them with the VM's state).
+    pub(super) fn cost_args(&self) -> Vec<String> {
+        self.costs
+            .iter()
+            .flat_map(|c| ["--cost".to_string(), format!("{}={}", c.name, c.cycles)])
+            .collect()
     }
 
     pub(super) fn at(&self) -> Duration {
@@ -180,6 +190,7 @@ impl MigrateBenchArgs {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        args.extend(self.cost_args());
         args.push("--".into());
         args.extend(program.split(' ').map(String::from));
         args

@@ -44,6 +44,8 @@ pub struct PostcopyCase {
     pub at: Duration,
     pub link_bandwidth: u64,
     pub seed: u64,
+    /// `--cost NAME=CYCLES` options for every run.
+    pub costs: Vec<String>,
     pub plot: Option<std::path::PathBuf>,
 }
 
@@ -119,6 +121,7 @@ impl PostcopyCase {
         if let Some(limit) = limit {
             args.extend(["--time-limit".to_string(), ns_arg(limit)]);
         }
+        args.extend(self.costs.iter().cloned());
         args.extend(
             format!("-- apfcalc -m {}M -l {}", self.array >> 20, self.loops)
                 .split(' ')
