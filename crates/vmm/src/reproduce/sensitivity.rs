@@ -108,7 +108,7 @@ impl EntrySweep {
                 .find(|w| (w[0].1 - target).signum() != (w[1].1 - target).signum())
             {
                 return format!(
-                    "no factor run meets it; it passes the seed's between {} and {} ({}..{} cycles)",
+                    "no factor run meets it; it crosses the seed's between {} and {} ({}..{} cycles): run that range finer",
                     factor_text(w[0].0.factor),
                     factor_text(w[1].0.factor),
                     w[0].0.cycles,
@@ -166,12 +166,19 @@ impl EntrySweep {
 }
 
 impl RowSweep {
-    /// Whether some entry's value in the range meets the figure (or the
-    /// figure passes the seed's between two factors).
+    /// Whether some entry's value run meets the figure.
     pub fn constants_can_meet(&self) -> bool {
         self.entries
             .iter()
-            .any(|e| !e.verdict(&self.comparison).starts_with("no value"))
+            .any(|e| !e.met(&self.comparison).is_empty())
+    }
+
+    /// Whether, with none meeting it, some entry's figure crosses the
+    /// seed's between two factors run.
+    pub fn crosses(&self) -> bool {
+        self.entries
+            .iter()
+            .any(|e| e.verdict(&self.comparison).contains("crosses"))
     }
 
     pub fn to_json(&self) -> serde_json::Value {
@@ -180,6 +187,7 @@ impl RowSweep {
             "setup": self.comparison.setup,
             "entries": self.entries.iter().map(|e| e.to_json(&self.comparison)).collect::<Vec<_>>(),
             "constants_can_meet": self.constants_can_meet(),
+            "crosses": self.crosses(),
         })
     }
 }
@@ -321,6 +329,8 @@ pub fn markdown(sweeps: &[&RowSweep]) -> String {
             c.setup,
             if row.constants_can_meet() {
                 "a swept entry's value in x1/8..x8 meets it (see above): the gap is within the constants' reach"
+            } else if row.crosses() {
+                "no factor run meets it, but a swept entry's figure crosses the seed's between two factors (see above): not settled at this grid"
             } else {
                 "no swept entry's value in x1/8..x8 meets it: the gap is a mechanism (or an entry not swept), not these constants"
             }
