@@ -157,6 +157,11 @@ pub(crate) fn boot_multiboot(
         let id = vcpu.cpu.apic().id();
         *vcpu.cpu.apic_mut() = machine::apic::Lapic::at_reset(id);
     }
+    // The suite's test device and the PIC, which the bootstrap
+    // processor's APIC passes on in virtual-wire mode, as a PC BIOS
+    // leaves it (`devices::pic`).
+    vm.shared.platform.attach_test_devices();
+    vm.vcpus[0].cpu.apic_mut().enter_virtual_wire_mode();
     vm.start_vcpu(VcpuId(0), plan.entry, 0, 0);
     enter_multiboot_state(vm.vcpus[0].cpu.state_mut(), plan.entry, info_gpa);
     if config.mmu == crate::mmu::MmuMode::Shadow {

@@ -31,8 +31,10 @@ pub struct HvCosts {
     /// `--cost exit_base=N` runs any benchmark with another figure.
     pub exit_base: u64,
     /// Looking up the memslot of a gfn (binary search over the slots).
+    /// Measured: `faultline calibrate`'s `memslot_lookup` (`docs/costs.md`).
     pub memslot_lookup: u64,
-    /// Taking a frame from the frame allocator.
+    /// Taking a frame from the frame allocator. Measured with
+    /// `frame_free`: `faultline calibrate`'s `frame_alloc_free`.
     pub frame_alloc: u64,
     /// Returning a frame to the frame allocator (a zapped MMU page; as
     /// freeing a page to the buddy allocator costs about what taking one
@@ -42,7 +44,8 @@ pub struct HvCosts {
     pub zero_4k: u64,
     /// Copying 4 KiB.
     pub copy_4k: u64,
-    /// Writing one spte (an atomic store plus the rmap update).
+    /// Writing one spte (an atomic store plus the rmap update). Measured:
+    /// `faultline calibrate`'s `spte_write_rmap`.
     pub spte_write: u64,
     /// Reading one paging-structure entry of the EPT tables in software.
     pub spte_read: u64,
@@ -76,11 +79,16 @@ pub struct HvCosts {
     /// (Agner Fog, "Instruction tables", LOCK CMPXCHG on Skylake: 18-20
     /// cycles), the same order as `lock_acquire`'s atomic RMW.
     pub spte_cmpxchg: u64,
-    /// Handling a hypercall beyond `exit_base` (argument decoding).
+    /// Handling a hypercall beyond `exit_base` (argument decoding). No
+    /// source read; `faultline calibrate`'s `kvm_vmcall_exit` measures a
+    /// whole in-kernel hypercall exit where the host's KVM completes it.
     pub hypercall: u64,
-    /// Emulating a port I/O access to a device model.
+    /// Emulating a port I/O access to a device model. `faultline
+    /// calibrate`'s `kvm_pio_exit` bounds it from above (a whole exit to
+    /// user space and back).
     pub io_emulation: u64,
-    /// Emulating CPUID or an MSR access.
+    /// Emulating CPUID or an MSR access. Inside `faultline calibrate`'s
+    /// `kvm_cpuid_exit` and `kvm_rdmsr_exit` (whole exits, not separable).
     pub cpuid_msr: u64,
     /// Injecting an event (filling the entry interruption field).
     pub event_injection: u64,
@@ -98,6 +106,8 @@ pub struct HvCosts {
     /// `exit_base`).
     pub invvpid: u64,
     /// Submitting a swap I/O request (building and queueing it).
+    /// `faultline calibrate`'s `host_read_4k` measures a synchronous 4 KiB
+    /// read from the page cache, its upper bound.
     pub io_submit: u64,
     /// The host side of a fault's frame lookup on a resident page (KVM's
     /// `hva_to_pfn` → `hva_to_pfn_fast` → GUP-fast,

@@ -24,6 +24,7 @@ pub enum ExitReason {
     Cpuid,
     CrAccess,
     CycleLimit,
+    EoiBroadcast,
     EptMisconfig,
     EptViolation,
     Exception,
@@ -46,10 +47,11 @@ pub enum ExitReason {
 
 impl ExitReason {
     /// Every reason, in name order.
-    pub const ALL: [ExitReason; 21] = [
+    pub const ALL: [ExitReason; 22] = [
         ExitReason::Cpuid,
         ExitReason::CrAccess,
         ExitReason::CycleLimit,
+        ExitReason::EoiBroadcast,
         ExitReason::EptMisconfig,
         ExitReason::EptViolation,
         ExitReason::Exception,
@@ -92,6 +94,7 @@ impl ExitReason {
             VmExit::EptMisconfig { .. } => ExitReason::EptMisconfig,
             VmExit::PmlFull => ExitReason::PmlFull,
             VmExit::Ipi(_) => ExitReason::Ipi,
+            VmExit::EoiBroadcast { .. } => ExitReason::EoiBroadcast,
             VmExit::CycleLimit => ExitReason::CycleLimit,
             VmExit::MachineError(_) => ExitReason::MachineError,
         }
@@ -103,6 +106,7 @@ impl ExitReason {
             ExitReason::Cpuid => "cpuid",
             ExitReason::CrAccess => "cr_access",
             ExitReason::CycleLimit => "cycle_limit",
+            ExitReason::EoiBroadcast => "eoi_broadcast",
             ExitReason::EptMisconfig => "ept_misconfig",
             ExitReason::EptViolation => "ept_violation",
             ExitReason::Exception => "exception",

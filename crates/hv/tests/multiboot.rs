@@ -9,17 +9,22 @@ const AOUT: u32 = 1 << 16;
 /// A flat binary loaded at 1 MiB by the a.out kludge: the header, then
 /// `code` at 0x100020, with bss up to `bss_end` (0: none).
 fn aout_image(code: &[u8], bss_end: u32) -> Vec<u8> {
+    aout_image_at(0x10_0000, code, bss_end)
+}
+
+/// [`aout_image`] loaded at `load` (the code at `load + 0x20`).
+fn aout_image_at(load: u32, code: &[u8], bss_end: u32) -> Vec<u8> {
     let flags = AOUT | 3;
     let checksum = 0u32.wrapping_sub(HEADER_MAGIC).wrapping_sub(flags);
     let words = [
         HEADER_MAGIC,
         flags,
         checksum,
-        0x10_0000, // header_addr
-        0x10_0000, // load_addr
-        0,         // load_end_addr: the whole file
-        bss_end,   // bss_end_addr
-        0x10_0020, // entry_addr
+        load,        // header_addr
+        load,        // load_addr
+        0,           // load_end_addr: the whole file
+        bss_end,     // bss_end_addr
+        load + 0x20, // entry_addr
     ];
     let mut image: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     image.extend(code);
@@ -118,6 +123,17 @@ fn running_kernel() -> Vec<u8> {
         0xf4,                           // fail: hlt
     ];
     aout_image(&code, 0)
+}
+
+/// `image` booted on one vCPU with 16 MiB under `mmu`.
+fn one_vcpu_vm(mmu: MmuMode, image: &[u8]) -> Vm {
+    let config = VmConfig {
+        vcpus: 1,
+        mem_size: 16 << 20,
+        mmu,
+        ..VmConfig::default()
+    };
+    Vm::boot(&config, image).expect("boot")
 }
 
 /// Both MMUs: under shadow paging the kernel starts on the paging-off
@@ -230,13 +246,7 @@ fn any_instruction_reads_unassigned_mmio_as_all_ones_and_the_xapic_takes_an_or()
     ]
     .concat();
     for mmu in MMUS {
-        let config = VmConfig {
-            vcpus: 1,
-            mem_size: 16 << 20,
-            mmu,
-            ..VmConfig::default()
-        };
-        let mut vm = Vm::boot(&config, &aout_image(&code, 0x10_2000)).expect("boot");
+        let mut vm = one_vcpu_vm(mmu, &aout_image(&code, 0x10_2000));
         let reason = vm.run();
         assert_eq!(reason, hv::StopReason::DebugExit { status: 3 }, "{mmu:?}");
         let s = vm.vcpus()[0].cpu().state();
@@ -248,4 +258,66 @@ fn any_instruction_reads_unassigned_mmio_as_all_ones_and_the_xapic_takes_an_or()
         // ADD's read, XCHG's read and its dropped write.
         assert_eq!(stats.vcpus[0].unassigned_mmio, 3, "{mmu:?}");
     }
+}
+
+/// A multiboot kernel drives the suite's test device: a store to its I/O
+/// RAM at 0xff000000 reads back, and IRQ 11 raised and lowered through
+/// its IRQ-line port (a 32-bit `out` to 0x200b) in real mode, as the
+/// suite's `realmode` does, reaches the CPU through the PIC (vector 0x73,
+/// slave base 0x70) and LINT0 in virtual-wire mode, waking the HLT after
+/// STI. The handler reports the vector through isa-debug-exit.
+#[test]
+fn the_test_device_irq_line_reaches_the_cpu_through_the_pic() {
+    // Loaded at 64 KiB, so that real mode reaches it.
+    let image = aout_image_at(0x1_0000, &pic_kernel_code(), 0);
+    for mmu in MMUS {
+        let mut vm = one_vcpu_vm(mmu, &image);
+        let reason = vm.run();
+        assert_eq!(
+            reason,
+            hv::StopReason::DebugExit {
+                status: (0x73 << 1) | 1
+            },
+            "{mmu:?}"
+        );
+        let s = vm.vcpus()[0].cpu().state();
+        assert_eq!(s.gpr[3] & 0xffff_ffff, 0x1234_5678, "{mmu:?}: I/O RAM");
+        assert_eq!(vm.stats().vcpus[0].unassigned_mmio, 0, "{mmu:?}");
+    }
+}
+
+/// The code of [`the_test_device_irq_line_reaches_the_cpu_through_the_pic`]
+/// at 0x10020 (offsets below are from 0x10000).
+#[rustfmt::skip]
+fn pic_kernel_code() -> Vec<u8> {
+    [
+        // 32-bit protected mode.
+        &[0xc7, 0x05, 0x10, 0x00, 0x00, 0xff, 0x78, 0x56, 0x34, 0x12][..], // mov dword [0xff000010], 0x12345678
+        &[0x8b, 0x1d, 0x10, 0x00, 0x00, 0xff],             // mov ebx, [0xff000010]
+        &[0x0f, 0x01, 0x15, 0x93, 0x00, 0x01, 0x00],       // lgdt [0x10093]
+        &[0x0f, 0x01, 0x1d, 0x99, 0x00, 0x01, 0x00],       // lidt [0x10099]: the IVT
+        &[0xea, 0x45, 0x00, 0x00, 0x00, 0x08, 0x00],       // jmp 0x08:0x45 (16-bit, base 0x10000)
+        // 0x45: 16-bit protected mode: leave it.
+        &[0x0f, 0x20, 0xc0, 0x24, 0xfe, 0x0f, 0x22, 0xc0], // mov eax, cr0; and al, 0xfe; mov cr0, eax
+        &[0xea, 0x52, 0x00, 0x00, 0x10],                   // jmp 0x1000:0x52
+        // 0x52: real mode.
+        &[0x31, 0xc0, 0x8e, 0xd8, 0x8e, 0xd0],             // xor ax, ax; mov ds, ax; mov ss, ax
+        &[0xbc, 0x00, 0x80],                               // mov sp, 0x8000
+        &[0xc7, 0x06, 0xcc, 0x01, 0x7e, 0x00],             // IVT[0x73].offset = 0x7e
+        &[0xc7, 0x06, 0xce, 0x01, 0x00, 0x10],             // IVT[0x73].segment = 0x1000
+        &[0xba, 0x0b, 0x20],                               // mov dx, 0x200b
+        &[0x66, 0xb8, 0x01, 0x00, 0x00, 0x00, 0x66, 0xef], // mov eax, 1; out dx, eax
+        &[0x66, 0x31, 0xc0, 0x66, 0xef],                   // xor eax, eax; out dx, eax
+        &[0xfb, 0xf4],                                     // sti; hlt
+        &[0xb0, 0x01, 0xe6, 0xf4, 0xf4],                   // not woken by it: exit 3
+        // 0x7e: the handler.
+        &[0xb0, 0x73, 0xe6, 0xf4, 0xf4],                   // mov al, 0x73; out 0xf4, al; hlt
+        // 0x83: the GDT: null, 16-bit code at base 0x10000.
+        &[0; 8],
+        &[0xff, 0xff, 0x00, 0x00, 0x01, 0x9a, 0x00, 0x00],
+        // 0x93: its pointer; 0x99: the IVT's.
+        &[0x0f, 0x00, 0x83, 0x00, 0x01, 0x00],
+        &[0xff, 0x03, 0x00, 0x00, 0x00, 0x00],
+    ]
+    .concat()
 }

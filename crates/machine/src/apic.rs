@@ -13,8 +13,12 @@
 //!   (delivery status, remote IRR) ignore writes and read 0. Reserved
 //!   encodings of the ICR delivery mode (011b, 111b) and of the LVT timer
 //!   mode (11b) raise #GP as well.
-//! - All interrupts are edge-triggered (there is no I/O APIC), so the TMR
-//!   reads 0 and EOI broadcasts nothing.
+//! - A fixed interrupt accepted with trigger mode level (from an IOAPIC's
+//!   level-triggered pin, or an ICR with bit 15 set) sets its TMR bit,
+//!   an edge-triggered one clears it (SDM Vol. 3A, "Trigger Mode
+//!   Register"). The EOI of an in-service vector whose TMR bit is set is
+//!   broadcast to the IOAPICs ([`ApicWrite::EoiBroadcast`]); EOI-broadcast
+//!   suppression is not offered.
 //! - IA32_APIC_BASE selects the mode (SDM Vol. 3A, "x2APIC State
 //!   Transitions"): disabled (EN=0, EXTD=0), xAPIC (EN=1, EXTD=0) or x2APIC
 //!   (EN=1, EXTD=1). EN=0 with EXTD=1 is invalid, and so are x2APIC ->
@@ -84,6 +88,9 @@ pub enum ApicWrite {
     /// other delivery mode, including lowest priority, is left entirely to
     /// the caller, self included.
     SendIpi(Ipi),
+    /// The EOI of a level-triggered vector (its TMR bit set): the IOAPICs
+    /// must see it. The ISR bit is already cleared.
+    EoiBroadcast(u8),
 }
 
 /// The version register: version 0x15, highest LVT entry index 6 in bits
@@ -121,6 +128,10 @@ const LVT_VECTOR: u32 = 0xff;
 const LVT_DELIVERY_MODE: u32 = 0b111 << 8;
 /// LVT bit 12: delivery status (read-only, always idle here).
 const LVT_DELIVERY_STATUS: u32 = 1 << 12;
+/// LVT delivery mode NMI (100b).
+const LVT_DELIVERY_NMI: u32 = 0b100 << 8;
+/// LVT delivery mode ExtINT (111b).
+const LVT_DELIVERY_EXTINT: u32 = 0b111 << 8;
 /// LINT bit 13: input pin polarity.
 const LVT_PIN_POLARITY: u32 = 1 << 13;
 /// LINT bit 14: remote IRR (read-only, 0: no level-triggered inputs).
@@ -285,6 +296,9 @@ pub struct Lapic {
     svr: u32,
     irr: VectorSet,
     isr: VectorSet,
+    /// The trigger mode of each accepted vector (1: level).
+    #[serde(default)]
+    tmr: VectorSet,
     /// The ESR as software reads it (latched by the last ESR write).
     esr: u32,
     /// Errors detected since the last ESR write.
@@ -322,6 +336,7 @@ impl Lapic {
             svr: SVR_RESET,
             irr: VectorSet::default(),
             isr: VectorSet::default(),
+            tmr: VectorSet::default(),
             esr: 0,
             esr_pending: 0,
             lvt: [LVT_MASKED; LVT_ENTRIES],
@@ -473,6 +488,12 @@ impl Lapic {
     /// (0-15) is not accepted either; it sets the ESR's receive-illegal-
     /// vector bit.
     pub fn accept_interrupt(&mut self, vector: u8) {
+        self.accept_interrupt_triggered(vector, false);
+    }
+
+    /// [`Lapic::accept_interrupt`] with the message's trigger mode, which
+    /// the TMR records (`level`: set, edge: clear).
+    pub fn accept_interrupt_triggered(&mut self, vector: u8, level: bool) {
         if !self.software_enabled() {
             return;
         }
@@ -481,6 +502,35 @@ impl Lapic {
             return;
         }
         self.irr.insert(vector);
+        if level {
+            self.tmr.insert(vector);
+        } else {
+            self.tmr.remove(vector);
+        }
+    }
+
+    /// Whether the 8259 PIC's INTR output reaches the processor: with the
+    /// APIC globally disabled, or through LINT0 unmasked in ExtINT
+    /// delivery mode (virtual-wire mode). Such an interrupt bypasses the
+    /// IRR and ISR: the processor takes its vector from the PIC.
+    pub fn accepts_pic_interrupts(&self) -> bool {
+        let lint0 = self.lvt[LvtEntry::Lint0.index()];
+        self.mode() == ApicMode::Disabled
+            || (lint0 & LVT_MASKED == 0 && lint0 & LVT_DELIVERY_MODE == LVT_DELIVERY_EXTINT)
+    }
+
+    /// What a PC BIOS leaves the APIC in (MP specification, virtual-wire
+    /// mode): software-enabled (SVR 0x1ff), LINT0 unmasked ExtINT (the
+    /// PIC's output), LINT1 unmasked NMI.
+    pub fn enter_virtual_wire_mode(&mut self) {
+        self.write_svr(SVR_SOFTWARE_ENABLE | 0xff);
+        self.lvt[LvtEntry::Lint0.index()] = LVT_DELIVERY_EXTINT;
+        self.lvt[LvtEntry::Lint1.index()] = LVT_DELIVERY_NMI;
+    }
+
+    /// TMR0..TMR7 (vectors 0-31 first), for debugging.
+    pub fn tmr(&self) -> [u32; 8] {
+        self.tmr.registers()
     }
 
     /// The highest-priority pending vector that the processor priority
@@ -559,7 +609,7 @@ impl Lapic {
             Register::Svr => self.svr,
             Register::Isr(index) => self.isr.register(index),
             // Everything is edge-triggered.
-            Register::Tmr(_) => 0,
+            Register::Tmr(index) => self.tmr.register(index),
             Register::Irr(index) => self.irr.register(index),
             Register::Esr => self.esr,
             Register::Lvt(entry) => self.read_lvt(entry),
@@ -591,7 +641,9 @@ impl Lapic {
             Register::Tpr => self.tpr = checked(0xff)? as u8,
             Register::Eoi => {
                 checked(0)?;
-                self.end_of_interrupt();
+                if let Some(vector) = self.end_of_interrupt() {
+                    return Ok(ApicWrite::EoiBroadcast(vector));
+                }
             }
             Register::Svr => self.write_svr(checked(SVR_WRITABLE)?),
             Register::Esr => {
@@ -692,12 +744,12 @@ impl Lapic {
         Ok(())
     }
 
-    /// EOI: the highest in-service vector is done. (No EOI broadcast: all
-    /// interrupts are edge-triggered.)
-    fn end_of_interrupt(&mut self) {
-        if let Some(vector) = self.isr.highest() {
-            self.isr.remove(vector);
-        }
+    /// EOI: the highest in-service vector is done; `Some(vector)` when
+    /// it was level-triggered (its TMR bit set), for the EOI broadcast.
+    fn end_of_interrupt(&mut self) -> Option<u8> {
+        let vector = self.isr.highest()?;
+        self.isr.remove(vector);
+        self.tmr.contains(vector).then_some(vector)
     }
 
     /// The SELF IPI register: a fixed, edge-triggered IPI to this APIC.
@@ -732,19 +784,20 @@ impl Lapic {
             0b10 => IpiDest::AllIncludingSelf,
             _ => IpiDest::AllExcludingSelf,
         };
-        // The trigger mode only matters for INIT de-assert, which the
-        // receiver recognises by `level_assert == false`.
+        // INIT de-assert is recognised by `level_assert == false`; a fixed
+        // IPI's trigger mode goes to the receivers' TMR.
         let ipi = Ipi {
             dest,
             vector: (value & ICR_VECTOR) as u8,
             mode,
             level_assert: value & ICR_LEVEL_ASSERT != 0,
+            trigger_level: value & ICR_TRIGGER_LEVEL != 0,
         };
         self.icr = value & !ICR_DELIVERY_STATUS;
 
         let carries_vector = matches!(mode, IpiMode::Fixed | IpiMode::LowestPriority);
         if mode == IpiMode::Fixed && self.is_destination(dest, self.id) {
-            self.accept_interrupt(ipi.vector);
+            self.accept_interrupt_triggered(ipi.vector, ipi.trigger_level);
         }
         if carries_vector && ipi.vector < FIRST_LEGAL_VECTOR {
             // The message is not sent.

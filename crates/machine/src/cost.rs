@@ -18,7 +18,10 @@ pub struct CycleCosts {
     pub multiply: u64,
     /// Extra for a divide (latency 20-90; 26 is the 32-bit figure).
     pub divide: u64,
-    /// Extra per iteration of a `rep` string instruction.
+    /// Extra per iteration of a `rep` string instruction. AMD's Software
+    /// Optimization Guide (25112 rev. 3.06, Table 6) gives one cycle an
+    /// iteration ("rep movs ... 15 + (1 * c)"); `faultline calibrate`'s
+    /// `rep_movsb` and `rep_stosb` measure this host's (`docs/costs.md`).
     pub string_iteration: u64,
     /// Extra for a locked read-modify-write (~18 cycles uncontended).
     pub locked: u64,
@@ -26,7 +29,8 @@ pub struct CycleCosts {
     /// paging-structure cache hit is ~L1/L2 latency; a 2-D walk makes up to
     /// 24 of them, which is why TLB misses under EPT are expensive.
     pub page_walk_ref: u64,
-    /// Delivering an exception or interrupt through the IDT.
+    /// Delivering an exception or interrupt through the IDT. No source
+    /// read and no measurement (`docs/costs.md`).
     pub event_delivery: u64,
     /// `iretq`, `sysret`, `syscall`: privilege transitions.
     pub privilege_transition: u64,

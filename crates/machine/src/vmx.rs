@@ -296,6 +296,10 @@ pub struct Ipi {
     pub mode: IpiMode,
     /// Level-triggered assert/deassert (matters for INIT deassert only).
     pub level_assert: bool,
+    /// Trigger mode level (ICR bit 15, an IOAPIC entry's bit 15): a
+    /// fixed interrupt so accepted sets its TMR bit, and its EOI is
+    /// broadcast to the IOAPICs ([`VmExit::EoiBroadcast`]).
+    pub trigger_level: bool,
 }
 
 /// Why the CPU stopped running: a VM exit in guest mode, or in bare mode
@@ -365,6 +369,11 @@ pub enum VmExit {
     /// The local APIC sent an IPI that the outside world must route (any
     /// destination other than this CPU alone). The ICR write has completed.
     Ipi(Ipi),
+    /// An EOI for a vector whose TMR bit was set (a level-triggered
+    /// interrupt): the local APIC broadcasts it to the IOAPICs, which the
+    /// outside world models (VMX's EOI-induced exit). The EOI write has
+    /// completed.
+    EoiBroadcast { vector: u8 },
     /// The cycle limit given to `Cpu::run` was reached (the VMX-preemption
     /// timer, in effect).
     CycleLimit,
@@ -397,6 +406,7 @@ impl VmExit {
             VmExit::EptMisconfig { .. } => "ept_misconfig",
             VmExit::PmlFull => "pml_full",
             VmExit::Ipi(_) => "ipi",
+            VmExit::EoiBroadcast { .. } => "eoi_broadcast",
             VmExit::CycleLimit => "cycle_limit",
             VmExit::MachineError(_) => "machine_error",
         }

@@ -1,5 +1,5 @@
 //! System instructions kvm-unit-tests found missing or wrong: SMSW (and
-//! UMIP), RDPMC without counters, 32-bit SYSRET, LLDT of a real LDT and
+//! UMIP), LMSW, RDPMC without counters, 32-bit SYSRET, LLDT of a real LDT and
 //! segment loads through it, SYSCALL from compatibility mode.
 
 mod common;
@@ -44,6 +44,34 @@ fn smsw_reads_cr0_and_faults_under_umip_above_ring_0() {
     r.enter_user_mode();
     assert_eq!(run(&mut r), Some(13));
     assert_eq!(r.gpr(0), r.cpu.state().cr0 & 0xffff_ffff);
+}
+
+#[test]
+fn lmsw_loads_cr0_low_bits_but_never_clears_pe() {
+    let mut r = rig(|a| {
+        a.smsw(eax).unwrap();
+        a.mov(ebx, eax).unwrap();
+        // Set TS and MP, try to clear PE.
+        a.and(eax, !0xfi32).unwrap();
+        a.or(eax, 0xa).unwrap();
+        a.lmsw(ax).unwrap();
+        a.mov(word_ptr(DATA), 0).unwrap();
+        a.lmsw(word_ptr(DATA)).unwrap();
+        a.hlt().unwrap();
+    });
+    let before = r.cpu.state().cr0;
+    assert_eq!(run(&mut r), None);
+    let after = r.cpu.state().cr0;
+    assert_eq!(after & cr0::PE, cr0::PE, "PE stays set");
+    assert_eq!(after & 0xe, 0, "the memory form cleared MP, EM, TS");
+    assert_eq!(after & !0xf, before & !0xf, "bits above 3 untouched");
+    // Ring 3: #GP.
+    let mut r = rig(|a| {
+        a.lmsw(ax).unwrap();
+        a.hlt().unwrap();
+    });
+    r.enter_user_mode();
+    assert_eq!(run(&mut r), Some(13));
 }
 
 #[test]
@@ -173,6 +201,54 @@ fn sysretl_enters_compatibility_mode_and_syscall_returns_through_cstar() {
     assert_eq!(run(&mut r), None);
     assert_eq!(r.gpr(14), 0x5ca11, "entered through CSTAR");
     assert_eq!(r.gpr(1), CODE + 0x102, "RCX: after the SYSCALL");
+}
+
+/// A SYSCALL from compatibility mode with CSTAR = LSTAR whose FMASK
+/// clears RFLAGS.AC under SMAP: the kernel's first access to a user page
+/// after it faults, though the same access before (AC set) was allowed
+/// and is in the first-level TLB. (The mode epoch must move for the AC
+/// change; a compatibility-mode SYSCALL changes nothing else of the
+/// first-level TLB's key context: CS and the privilege are not in it.)
+#[test]
+fn compat_syscall_with_cstar_equal_to_lstar_keeps_smap_exact() {
+    const USER_CS32: u64 = 0x18;
+    const AC: u64 = 1 << 18;
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let mut r = rig(|a| {
+            a.stac().unwrap();
+            a.mov(rax, qword_ptr(DATA)).unwrap(); // allowed: AC set
+            a.mov(ecx, (DATA + 0x1000) as u32).unwrap();
+            a.mov(r11d, (0x2 | AC) as u32).unwrap();
+            a.sysret().unwrap(); // sysretl: compatibility mode, AC set
+        })
+        .with_engine(engine);
+        let code32 = 0xffff_u64 | (0xfb << 40) | (0xcf << 48);
+        let data = 0xffff_u64 | (0xf3 << 40) | (0xcf << 48);
+        r.mem.write_u64(Hpa(GDT + 0x18), code32).unwrap();
+        r.mem.write_u64(Hpa(GDT + 0x20), data).unwrap();
+        // The first 2 MiB (code, tables, stacks) supervisor-only, so that
+        // SMAP allows the CPU's implicit accesses; the user code next to
+        // DATA.
+        r.mem.write_u64(Hpa(PD), 0x83).unwrap();
+        let user = DATA + 0x1000;
+        r.mem.write_bytes(Hpa(user), &[0x0f, 0x05]).unwrap();
+        let mut handler = CodeAssembler::new(64).unwrap();
+        handler.mov(r14d, 0x5ca11u32).unwrap();
+        handler.mov(rax, qword_ptr(DATA)).unwrap(); // AC clear: #PF
+        handler.hlt().unwrap();
+        let bytes = handler.assemble(CODE + 0x200).unwrap();
+        r.mem.write_bytes(Hpa(CODE + 0x200), &bytes).unwrap();
+        let s = r.cpu.state_mut();
+        s.cr4 |= cr4::SMAP;
+        s.efer |= efer::SCE;
+        s.star = (USER_CS32 << 48) | (u64::from(KERNEL_CS) << 32);
+        s.cstar = CODE + 0x200;
+        s.lstar = CODE + 0x200;
+        s.fmask = AC;
+        assert_eq!(run(&mut r), Some(14), "{engine:?}");
+        assert_eq!(r.gpr(14), 0x5ca11, "{engine:?}: entered through CSTAR");
+        assert_eq!(r.cpu.state().rflags & AC, 0, "{engine:?}");
+    }
 }
 
 /// SYSRET that loads TF from R11 (TF clear before it) takes the

@@ -451,9 +451,10 @@ struct KvmRegion {
 }
 
 /// A VM with one vCPU running, in real mode from the reset vector:
-/// `mov esi, N; 1: xor eax, eax; cpuid; dec esi; jnz 1b; out 0x10, al;
-/// jmp` back to the `mov`. Every CPUID exits to KVM, which emulates it in
-/// the kernel; the OUT ends each KVM_RUN.
+/// `mov esi, N; 1: BODY; dec esi; jnz 1b; out 0x10, al; jmp` back to the
+/// `mov`. With `xor eax, eax; cpuid` as the body every CPUID exits to KVM,
+/// which emulates it in the kernel (as a VMCALL or an RDMSR of the APIC
+/// base are); the OUT ends each KVM_RUN, an exit to user space.
 struct KvmGuest {
     _sys: std::fs::File,
     _vm: std::os::fd::OwnedFd,
@@ -476,7 +477,7 @@ fn kvm_ioctl(fd: std::os::fd::RawFd, request: u64, arg: u64) -> std::io::Result<
 }
 
 impl KvmGuest {
-    fn new(cpuids: u32) -> Result<KvmGuest, String> {
+    fn new(body: &[u8], loops: u32) -> Result<KvmGuest, String> {
         use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
         let sys = std::fs::OpenOptions::new()
             .read(true)
@@ -494,16 +495,20 @@ impl KvmGuest {
         // else.
         let vm = unsafe { OwnedFd::from_raw_fd(vm) };
         let mem = Mapping::new(0x1_0000)?;
+        // 0xff00: mov esi, loops
         let mut code = vec![0x66, 0xbe];
-        code.extend_from_slice(&cpuids.to_le_bytes());
+        code.extend_from_slice(&loops.to_le_bytes());
+        // 0xff06: the body
+        code.extend_from_slice(body);
+        let back = i8::try_from(-(body.len() as i64 + 4)).map_err(|_| "body too long")?;
         code.extend_from_slice(&[
-            0x66, 0x31, 0xc0, // 0xff06: xor eax, eax
-            0x0f, 0xa2, // 0xff09: cpuid
-            0x66, 0x4e, // 0xff0b: dec esi
-            0x75, 0xf7, // 0xff0d: jnz 0xff06
-            0xe6, 0x10, // 0xff0f: out 0x10, al
-            0xeb, 0xed, // 0xff11: jmp 0xff00
+            0x66, 0x4e, // dec esi
+            0x75, back as u8, // jnz 0xff06
+            0xe6, 0x10, // out 0x10, al
+            0xeb, // jmp 0xff00
         ]);
+        let to_start = i8::try_from(-(code.len() as i64 + 1)).map_err(|_| "body too long")?;
+        code.push(to_start as u8);
         let reset = [0xe9, 0x0d, 0xff]; // 0xfff0: jmp 0xff00
                                         // SAFETY: both ranges are inside the 64 KiB mapping just made,
                                         // which nothing else refers to yet.
@@ -649,6 +654,45 @@ impl TicketLock {
 // ---------------------------------------------------------------------
 // The tests.
 
+/// The loop bodies of the KVM exit tests: `xor eax, eax; cpuid`; `xor
+/// eax, eax; vmcall` (hypercall 0, which KVM answers -KVM_ENOSYS in the
+/// kernel); `mov ecx, 0x1b; rdmsr` (IA32_APIC_BASE, emulated in the
+/// kernel).
+const CPUID_BODY: [u8; 5] = [0x66, 0x31, 0xc0, 0x0f, 0xa2];
+const VMCALL_BODY: [u8; 6] = [0x66, 0x31, 0xc0, 0x0f, 0x01, 0xc1];
+const RDMSR_BODY: [u8; 8] = [0x66, 0xb9, 0x1b, 0x00, 0x00, 0x00, 0x0f, 0x32];
+/// memslot_lookup: slots in the map (x86 KVM's VMs have a handful to a
+/// few dozen: RAM split around holes, ROMs, device BARs).
+const MEMSLOTS: usize = 32;
+/// spte_write_rmap: sptes in the table (2 MiB of sptes and of rmap heads).
+const SPTE_TABLE: usize = 256 * 1024;
+/// frame_alloc_free: frames in the pool.
+const FRAME_POOL: usize = 64 * 1024;
+/// host_read_4k: the file's size.
+const READ_FILE: usize = 16 << 20;
+
+/// `rep stosb` of PAGE zero bytes at `dst`, or `rep movsb` of PAGE bytes
+/// from `src` to `dst`.
+///
+/// # Safety
+/// `dst` (and, for movsb, `src`) must be valid for PAGE bytes and not
+/// overlap.
+unsafe fn rep_string(stos: bool, src: *const u8, dst: *mut u8) {
+    if stos {
+        // SAFETY: the caller's; RCX bytes at RDI are written.
+        unsafe {
+            std::arch::asm!("rep stosb", inout("rcx") PAGE => _, inout("rdi") dst => _,
+                in("al") 0u8, options(nostack, preserves_flags))
+        };
+    } else {
+        // SAFETY: the caller's; RCX bytes are copied from RSI to RDI.
+        unsafe {
+            std::arch::asm!("rep movsb", inout("rcx") PAGE => _, inout("rsi") src => _,
+                inout("rdi") dst => _, options(nostack, preserves_flags))
+        };
+    }
+}
+
 /// One test: what it measures, what it informs, how it runs.
 struct Test {
     name: &'static str,
@@ -790,6 +834,78 @@ const TESTS: &[Test] = &[
         ops: 2_000,
         two_cpus: false,
     },
+    Test {
+        name: "rep_movsb",
+        what: "REP MOVSB of 4 KiB between two 1 MiB pools in cache, per byte",
+        informs: &["string_iteration"],
+        note: "the machine charges string_iteration per iteration (a byte for MOVSB); fast-string hardware moves many bytes a cycle",
+        ops: 256,
+        two_cpus: false,
+    },
+    Test {
+        name: "rep_stosb",
+        what: "REP STOSB of 4 KiB into a 1 MiB pool in cache, per byte",
+        informs: &["string_iteration"],
+        note: "as rep_movsb",
+        ops: 256,
+        two_cpus: false,
+    },
+    Test {
+        name: "memslot_lookup",
+        what: "memslot lookup: a gfn's slot among 32 in a BTreeMap keyed by base gfn (the hv's structure, hv::memslot::Memslots), random gfns inside the slots",
+        informs: &["memslot_lookup"],
+        note: "the same range query as the hv's lookup, on this host; KVM's is a binary search or an rbtree walk of the same depth",
+        ops: 200_000,
+        two_cpus: false,
+    },
+    Test {
+        name: "frame_alloc_free",
+        what: "a host frame allocated from and freed to a free list (a Vec, as the hv's FrameAllocator), per alloc + free pair",
+        informs: &["frame_alloc", "frame_free"],
+        note: "the hv's allocator is a free list with counters; Linux's page allocator (per-CPU lists, zone locks) costs more",
+        ops: 200_000,
+        two_cpus: false,
+    },
+    Test {
+        name: "spte_write_rmap",
+        what: "an spte written (atomic store) and its gfn's rmap head set, random gfns over 256 Ki sptes",
+        informs: &["spte_write"],
+        note: "a one-entry rmap head holds the spte's address (KVM's pte_list_add); many-entry rmaps cost more",
+        ops: 200_000,
+        two_cpus: false,
+    },
+    Test {
+        name: "host_read_4k",
+        what: "a host read of 4 KiB from a 16 MiB file in the page cache: pread(2) at random page offsets",
+        informs: &["io_submit"],
+        note: "a synchronous read served from the page cache (submission, copy and completion), not an asynchronous submission to a device",
+        ops: 2_000,
+        two_cpus: false,
+    },
+    Test {
+        name: "kvm_vmcall_exit",
+        what: "a hypercall handled in the host kernel: a KVM guest (real mode) runs VMCALL (nr 0, -KVM_ENOSYS) in a loop, per exit and entry",
+        informs: &["hypercall", "exit_base", "vm_exit", "vm_entry"],
+        note: "the model's figure for the same is vm_exit + vm_entry + exit_base + hypercall = 1,600; nested on a host that is a VM",
+        ops: 1_000,
+        two_cpus: false,
+    },
+    Test {
+        name: "kvm_rdmsr_exit",
+        what: "an MSR read emulated in the host kernel: a KVM guest (real mode) runs RDMSR of IA32_APIC_BASE in a loop, per exit and entry",
+        informs: &["cpuid_msr", "exit_base", "vm_exit", "vm_entry"],
+        note: "the model's figure for the same is vm_exit + vm_entry + exit_base + cpuid_msr = 1,600; nested on a host that is a VM",
+        ops: 1_000,
+        two_cpus: false,
+    },
+    Test {
+        name: "kvm_pio_exit",
+        what: "a port write emulated in user space: a KVM guest's OUT exits to this process (KVM_EXIT_IO) and KVM_RUN enters again, per round trip",
+        informs: &["io_emulation", "exit_base", "vm_exit", "vm_entry"],
+        note: "includes the ioctl's return to user space and entry, which the hv's in-process devices do not take; nested on a host that is a VM",
+        ops: 1_000,
+        two_cpus: false,
+    },
 ];
 
 /// The current value of entry `name` and its table.
@@ -812,6 +928,15 @@ struct Buffers {
     pool: Option<Mapping>,
     pool2: Option<Mapping>,
     kvm: Option<KvmGuest>,
+    /// Pseudo-random gfns or offsets, in the order a test visits them.
+    order: Vec<u64>,
+    /// memslot_lookup: slots keyed by base gfn (base, pages).
+    slots: std::collections::BTreeMap<u64, (u64, u64)>,
+    /// spte_write_rmap: the sptes and each gfn's rmap head.
+    sptes: Vec<AtomicU64>,
+    rmap: Vec<u64>,
+    /// host_read_4k: an unlinked file in the page cache.
+    file: Option<std::fs::File>,
 }
 
 /// Times `ops` operations once; ns per operation.
@@ -835,6 +960,14 @@ fn prepare(name: &str, b: &mut Buffers, rng: &mut Rng) -> Result<(), String> {
             unsafe { std::ptr::write_bytes(pool.ptr, 1, pool.len) };
             b.pool = Some(pool);
         }
+        "rep_movsb" | "rep_stosb" => {
+            for slot in [&mut b.pool, &mut b.pool2] {
+                let pool = Mapping::new(1 << 20)?;
+                // SAFETY: the whole mapping, just made.
+                unsafe { std::ptr::write_bytes(pool.ptr, 1, pool.len) };
+                *slot = Some(pool);
+            }
+        }
         "copy_4k" => {
             for slot in [&mut b.pool, &mut b.pool2] {
                 let pool = Mapping::new(32 << 20)?;
@@ -843,7 +976,60 @@ fn prepare(name: &str, b: &mut Buffers, rng: &mut Rng) -> Result<(), String> {
                 *slot = Some(pool);
             }
         }
-        "kvm_cpuid_exit" => b.kvm = Some(KvmGuest::new(LOOP_CPUIDS)?),
+        "kvm_cpuid_exit" => b.kvm = Some(KvmGuest::new(&CPUID_BODY, LOOP_CPUIDS)?),
+        "kvm_vmcall_exit" => b.kvm = Some(KvmGuest::new(&VMCALL_BODY, LOOP_CPUIDS)?),
+        "kvm_rdmsr_exit" => b.kvm = Some(KvmGuest::new(&RDMSR_BODY, LOOP_CPUIDS)?),
+        // One pass of an empty loop: each KVM_RUN is the OUT's exit to
+        // user space and the entry back.
+        "kvm_pio_exit" => b.kvm = Some(KvmGuest::new(&[], 1)?),
+        "memslot_lookup" => {
+            // MEMSLOTS slots of 1 to 64 Ki pages with gaps between them.
+            let mut base = 0u64;
+            for _ in 0..MEMSLOTS {
+                let pages = 1 + rng.below(64 * 1024) as u64;
+                b.slots.insert(base, (base, pages));
+                base += pages + rng.below(1024) as u64;
+            }
+            // Lookups of gfns inside the slots.
+            let slots: Vec<(u64, u64)> = b.slots.values().copied().collect();
+            b.order = (0..4096)
+                .map(|_| {
+                    let (base, pages) = slots[rng.below(slots.len())];
+                    base + rng.below(pages as usize) as u64
+                })
+                .collect();
+        }
+        "spte_write_rmap" => {
+            b.sptes = (0..SPTE_TABLE).map(|_| AtomicU64::new(0)).collect();
+            b.rmap = vec![0; SPTE_TABLE];
+            b.order = (0..SPTE_TABLE)
+                .map(|_| rng.below(SPTE_TABLE) as u64)
+                .collect();
+        }
+        "frame_alloc_free" => {
+            // A free list as the hv's (a Vec of frames), half full.
+            b.rmap = (0..FRAME_POOL as u64 / 2).collect();
+            b.order = (0..FRAME_POOL).map(|_| rng.below(2) as u64).collect();
+        }
+        "host_read_4k" => {
+            use std::io::Write as _;
+            let path =
+                std::env::temp_dir().join(format!("faultline-calibrate-{}", std::process::id()));
+            let mut file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let _ = std::fs::remove_file(&path);
+            file.write_all(&vec![1u8; READ_FILE])
+                .map_err(|e| format!("writing the file: {e}"))?;
+            b.file = Some(file);
+            b.order = (0..4096)
+                .map(|_| rng.below(READ_FILE / PAGE) as u64)
+                .collect();
+            b.pool = Some(Mapping::new(PAGE)?);
+        }
         _ => {}
     }
     Ok(())
@@ -961,7 +1147,112 @@ fn repetition(t: &Test, ctx: &Ctx, b: &mut Buffers, rep: u64) -> Timed {
             }
         })),
         "context_switch" => context_switch(ctx, ops),
-        "kvm_cpuid_exit" => {
+        "rep_movsb" | "rep_stosb" => {
+            let (src, dst) = (
+                b.pool.as_ref().expect("prepared"),
+                b.pool2.as_ref().expect("prepared"),
+            );
+            let stos = t.name == "rep_stosb";
+            Ok(per_op(ops * PAGE as u64, || {
+                for i in 0..ops as usize {
+                    let frame = i % (src.len / PAGE);
+                    // SAFETY: `frame` is inside both 1 MiB pools, distinct
+                    // mappings; the string instruction writes PAGE bytes
+                    // at `dst + frame * PAGE` (and reads as many at `src`),
+                    // with the direction flag clear (the ABI's default).
+                    unsafe {
+                        rep_string(stos, src.ptr.add(frame * PAGE), dst.ptr.add(frame * PAGE))
+                    };
+                }
+            }))
+        }
+        "memslot_lookup" => {
+            let (slots, order) = (&b.slots, &b.order);
+            Ok(per_op(ops, || {
+                for i in 0..ops as usize {
+                    let gfn = black_box(order[i % order.len()]);
+                    let hit = slots
+                        .range(..=gfn)
+                        .next_back()
+                        .filter(|(_, (base, pages))| gfn < base + pages);
+                    black_box(hit);
+                }
+            }))
+        }
+        "spte_write_rmap" => {
+            let (sptes, rmap, order) = (&b.sptes, &mut b.rmap, &b.order);
+            Ok(per_op(ops, || {
+                for i in 0..ops as usize {
+                    let gfn = order[i % order.len()] as usize;
+                    let spte = (gfn as u64) << 12 | 0x7;
+                    black_box(&sptes[gfn]).store(spte, Ordering::Release);
+                    // The rmap head of a gfn with one mapping holds the
+                    // spte's address itself (KVM's pte_list_add).
+                    rmap[gfn] = &sptes[gfn] as *const AtomicU64 as u64;
+                }
+                black_box(&*rmap);
+            }))
+        }
+        "frame_alloc_free" => {
+            let (free, order) = (&mut b.rmap, &b.order);
+            let (mut next, mut in_use, mut peak) = (FRAME_POOL as u64, 0u64, 0u64);
+            Ok(per_op(ops, || {
+                for i in 0..ops as usize {
+                    // An allocation (from the free list, else a new frame)
+                    // and the free of a frame, in a pseudo-random order of
+                    // which comes first.
+                    let alloc = |free: &mut Vec<u64>, next: &mut u64| {
+                        free.pop().unwrap_or_else(|| {
+                            *next += 1;
+                            *next - 1
+                        })
+                    };
+                    let frame = if order[i % order.len()] == 0 {
+                        let f = alloc(free, &mut next);
+                        free.push(black_box(f));
+                        f
+                    } else {
+                        let f = alloc(free, &mut next);
+                        free.push(black_box(f ^ 1));
+                        f
+                    };
+                    in_use += 1;
+                    peak = peak.max(in_use);
+                    in_use -= 1;
+                    black_box(frame);
+                }
+                black_box((peak, free.len()));
+            }))
+        }
+        "host_read_4k" => {
+            use std::os::unix::fs::FileExt as _;
+            let (file, order, buf) = (
+                b.file.as_ref().expect("prepared"),
+                &b.order,
+                b.pool.as_ref().expect("prepared"),
+            );
+            // SAFETY: the one-page mapping, which nothing else refers to.
+            let buf = unsafe { std::slice::from_raw_parts_mut(buf.ptr, PAGE) };
+            let t0 = Instant::now();
+            for i in 0..ops as usize {
+                let at = order[i % order.len()] * PAGE as u64;
+                file.read_exact_at(buf, at)
+                    .map_err(|e| Abort::Os(format!("pread: {e}")))?;
+            }
+            Ok(t0.elapsed().as_nanos() as f64 / ops as f64)
+        }
+        "kvm_pio_exit" => {
+            let kvm = b.kvm.as_ref().expect("prepared");
+            if rep == 0 {
+                kvm.run(ctx)?;
+            }
+            let t0 = Instant::now();
+            for _ in 0..ops {
+                kvm.run(ctx)?;
+            }
+            Ok(t0.elapsed().as_nanos() as f64 / ops as f64)
+        }
+        "kvm_cpuid_exit" | "kvm_vmcall_exit" | "kvm_rdmsr_exit" => {
             let kvm = b.kvm.as_ref().expect("prepared");
             if rep == 0 {
                 kvm.run(ctx)?;
@@ -1269,6 +1560,15 @@ fn run_tests(
                     ));
                     break;
                 }
+                Err(Abort::Os(e)) if rep == 0 && t.name.starts_with("kvm_") => {
+                    // The host's KVM does not run this guest as KVM does
+                    // (a software or nested hypervisor's quirk).
+                    result.status = "skipped";
+                    result.reason = Some(format!(
+                        "this host's /dev/kvm does not complete the loop in the kernel: {e}"
+                    ));
+                    break;
+                }
                 Err(Abort::Os(e)) => {
                     failure = Some(e);
                     break;
@@ -1282,7 +1582,7 @@ fn run_tests(
         if let Some(reason) = failure {
             result.status = "failed";
             result.reason = Some(reason);
-        } else {
+        } else if result.status != "skipped" {
             let m = median(&mut samples);
             result.median_ns = Some(m);
             result.min_ns = samples.first().copied();

@@ -33,6 +33,17 @@ pub fn cost_names() -> Vec<&'static str> {
     names
 }
 
+/// The default table's figure for entry `name`.
+pub fn default_cycles(name: &str) -> Option<u64> {
+    let (mut cpu, mut hv) = (CycleCosts::DEFAULT, HvCosts::DEFAULT);
+    let mut entries = cpu.entries_mut();
+    entries.extend(hv.entries_mut());
+    entries
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, cycles)| *cycles)
+}
+
 /// Parses `NAME=CYCLES`.
 pub fn parse_cost_override(s: &str) -> Result<CostOverride, String> {
     let (name, cycles) = s

@@ -520,6 +520,10 @@ pub struct MigrateBenchArgs {
     /// --postcopy: the writer's sweeps over the array.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1000))]
     loops: u64,
+    /// Set one entry of the machine's or the hv's cost table (repeatable),
+    /// e.g. `exit_base=600`: every run of the benchmark uses it.
+    #[arg(long = "cost", value_name = "NAME=CYCLES", value_parser = parse_cost_override)]
+    costs: Vec<CostOverride>,
     /// Where the SVG plot goes (default:
     /// faultline-results/bench-migrate.svg, or
     /// faultline-results/bench-migrate-postcopy.svg with --postcopy).

@@ -6,6 +6,8 @@
 //! prints them (with `--json`) for a batch system, and `--from FILE...`
 //! builds the tables from their JSON outputs, as the direct run does.
 
+mod sensitivity;
+
 use crate::bench::seeds::{self, Comparison, Status};
 use crate::signals::StopRequest;
 use crate::{BenchCommand, EXIT_CONFIG, EXIT_VM_ERROR};
@@ -49,6 +51,11 @@ pub struct ReproduceArgs {
     /// commands (one file each, in the listed order).
     #[arg(long, num_args = 1..)]
     from: Vec<PathBuf>,
+    /// For each figure not met: the cost entries its experiment charges,
+    /// each swept over x1/8 .. x8 of its value (the experiments at the
+    /// `--quick` sizes), and the factors at which the figure is met.
+    #[arg(long, conflicts_with = "list_runs")]
+    sensitivity: bool,
 }
 
 /// One experiment: a bench command line for a seed.
@@ -139,6 +146,8 @@ struct Done {
     seed: &'static str,
     command: String,
     comparisons: Vec<Comparison>,
+    /// `--sensitivity`: the sweeps of the figures not met.
+    sweeps: Vec<sensitivity::RowSweep>,
 }
 
 pub fn reproduce(args: ReproduceArgs) -> u8 {
@@ -198,6 +207,7 @@ fn run(args: &ReproduceArgs) -> Result<String, (u8, String)> {
             .map_err(|e| config(format!("--out {}: {e}", dir.display())))?;
     }
     let mut done = Vec::new();
+    let stop = StopRequest::install().map_err(|e| config(e.to_string()))?;
     if !args.from.is_empty() {
         if args.from.len() != list.len() {
             return Err(config(format!(
@@ -211,10 +221,10 @@ fn run(args: &ReproduceArgs) -> Result<String, (u8, String)> {
                 seed: e.seed,
                 command: shown(e),
                 comparisons: read_comparisons(path).map_err(config)?,
+                sweeps: Vec::new(),
             });
         }
     } else {
-        let stop = StopRequest::install().map_err(|e| config(e.to_string()))?;
         for (i, e) in list.iter().enumerate() {
             let words = command(e);
             let line = shell_words::join(&words);
@@ -253,8 +263,12 @@ fn run(args: &ReproduceArgs) -> Result<String, (u8, String)> {
                 seed: e.seed,
                 command: shown(e),
                 comparisons: result.comparisons,
+                sweeps: Vec::new(),
             });
         }
+    }
+    if args.sensitivity {
+        sweep_not_met(args, &mut done, &stop)?;
     }
     let markdown = markdown(&done, args.quick);
     let json = json_of(&done, args.quick);
@@ -369,6 +383,12 @@ fn markdown(done: &[Done], quick: bool) -> String {
             }
         }
         s.push('\n');
+        let sweeps: Vec<&sensitivity::RowSweep> = done
+            .iter()
+            .filter(|d| d.seed == seed)
+            .flat_map(|d| &d.sweeps)
+            .collect();
+        s.push_str(&sensitivity::markdown(&sweeps));
     }
     let _ = writeln!(
         s,
@@ -386,6 +406,7 @@ fn json_of(done: &[Done], quick: bool) -> String {
                 "seed": d.seed,
                 "command": format!("faultline {}", d.command),
                 "comparisons": d.comparisons.iter().map(Comparison::to_json).collect::<Vec<_>>(),
+                "sensitivity": d.sweeps.iter().map(sensitivity::RowSweep::to_json).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -394,4 +415,71 @@ fn json_of(done: &[Done], quick: bool) -> String {
         "tolerance": seeds::TOLERANCE,
         "experiments": experiments,
     }))
+}
+
+/// `--sensitivity`: sweeps the cost entries of every experiment with a
+/// figure not met, at the `--quick` sizes (the same experiments, in the
+/// same order, so comparison `i` of a quick run is comparison `i` of the
+/// table's).
+fn sweep_not_met(
+    args: &ReproduceArgs,
+    done: &mut [Done],
+    stop: &StopRequest,
+) -> Result<(), (u8, String)> {
+    let mut quick = experiments(true, !args.no_linux);
+    quick.retain(|e| args.seeds.is_empty() || args.seeds.iter().any(|s| s == e.seed));
+    let todo: Vec<usize> = (0..done.len())
+        .filter(|&i| !sensitivity::not_met(&done[i].comparisons).is_empty())
+        .collect();
+    eprintln!(
+        "faultline reproduce --sensitivity: {} experiments with figures not met, each entry at x1/8 .. x8, at the --quick sizes",
+        todo.len()
+    );
+    for (n, &i) in todo.iter().enumerate() {
+        let e = &quick[i];
+        let mut base = vec!["bench".to_string()];
+        base.extend(e.args.iter().cloned());
+        if let Some(jobs) = args.jobs {
+            if e.args[0] != "migrate" {
+                base.extend(["--jobs".into(), jobs.to_string()]);
+            }
+        }
+        let run = |extra: &[String]| -> Result<Vec<Comparison>, String> {
+            let mut words = base.clone();
+            words.extend(extra.iter().cloned());
+            let line = shell_words::join(&words);
+            let parsed =
+                BenchLine::try_parse_from(&words).map_err(|err| format!("{line}: {err}"))?;
+            let result = crate::bench::reproduce(parsed.command, None, stop);
+            if let Some(signal) = stop.signal() {
+                return Err(format!("interrupted by {}", signal.name()));
+            }
+            result
+                .map(|r| r.comparisons)
+                .map_err(|err| format!("{line}: {err}"))
+        };
+        let baseline = if args.quick {
+            done[i].comparisons.clone()
+        } else {
+            run(&[]).map_err(|m| (EXIT_VM_ERROR, m))?
+        };
+        let label = shell_words::join(&e.args);
+        let progress = |what: &str| {
+            eprintln!(
+                "faultline reproduce --sensitivity: [{}/{}] seed {}: {label} --cost {what}",
+                n + 1,
+                todo.len(),
+                e.seed
+            )
+        };
+        done[i].sweeps = sensitivity::sweep_experiment(
+            &sensitivity::not_met(&done[i].comparisons),
+            sensitivity::candidates(&e.args),
+            &baseline,
+            run,
+            progress,
+        )
+        .map_err(|m| (EXIT_VM_ERROR, m))?;
+    }
+    Ok(())
 }

@@ -462,16 +462,38 @@ fn bench_migrate_repeats_and_measures_the_fast_page_fault() {
     ];
     let v = bench_json_twice(&args);
     let rows = v["results"].as_array().expect("results");
-    assert_eq!(rows.len(), 2);
-    let (on, off) = (&rows[0], &rows[1]);
-    assert_eq!(on["fast_pf"], true);
-    assert_eq!(on["rounds"], 2);
-    assert!(on["dirty_log_faults"].as_i64().unwrap() > 0, "{on}");
-    assert!(on["fast_pf_fixed"].as_u64().unwrap() > 0, "{on}");
-    assert_eq!(off["fast_pf_fixed"], 0, "{off}");
-    assert!(on["guest_total"].as_u64().unwrap() > 0, "{on}");
+    // EPT and shadow paging (seed 001's two autotest cases), fast PF on
+    // then off for each.
+    assert_eq!(rows.len(), 4);
+    for (pair, mmu) in rows.chunks(2).zip(["ept", "shadow"]) {
+        let (on, off) = (&pair[0], &pair[1]);
+        assert_eq!(on["mmu"], mmu, "{on}");
+        assert_eq!(off["mmu"], mmu, "{off}");
+        assert_eq!(on["fast_pf"], true);
+        assert_eq!(off["fast_pf"], false);
+        assert_eq!(on["rounds"], 2, "{on}");
+        for r in pair {
+            assert!(r["dirty_log_faults"].as_i64().unwrap() > 0, "{r}");
+            assert!(r["guest_total"].as_u64().unwrap() > 0, "{r}");
+        }
+        assert_eq!(off["fast_pf_fixed"], 0, "{off}");
+    }
+    assert!(
+        rows[0]["fast_pf_fixed"].as_u64().unwrap() > 0,
+        "{}",
+        rows[0]
+    );
+    // Both totals are compared with the seed's.
+    let keys: Vec<&str> = v["comparisons"]
+        .as_array()
+        .expect("comparisons")
+        .iter()
+        .filter(|c| c["faultline"].is_f64())
+        .map(|c| c["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["001.migrate.total_ept", "001.migrate.total_shadow"]);
     let svg = take_plot(&plot);
-    assert!(svg.contains("fast PF on"), "a bar per row");
+    assert!(svg.contains("shadow, fast PF on"), "a bar per row");
 }
 
 #[test]
@@ -863,22 +885,37 @@ fn bench_migrate_postcopy_repeats_and_measures_seed_002s_case() {
     ];
     let v = bench_json_twice(&args);
     let rows = v["results"].as_array().expect("results");
-    assert_eq!(rows.len(), 2);
-    let (off, pv) = (&rows[0], &rows[1]);
-    assert_eq!(off["apf"], "off");
-    assert_eq!(pv["apf"], "pv");
-    for r in rows {
+    // With the calculation thread, then without (seed 002's no-load
+    // case), async PF off then on for each.
+    assert_eq!(rows.len(), 4);
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r["load"], i < 2, "{r}");
+        assert_eq!(r["apf"], if i % 2 == 0 { "off" } else { "pv" }, "{r}");
         assert!(r["pages"].as_u64().unwrap() > 0, "{r}");
         assert!(r["waited"].as_u64().unwrap() > 0, "{r}");
-        assert!(r["calc"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(r["calc"].as_u64().unwrap() > 0, i < 2, "{r}");
         assert!(
             r["during_instructions_unmigrated"].as_u64().unwrap() > 0,
             "{r}"
         );
     }
+    // The writer alone ends sooner: it migrates earlier, at the same
+    // point of its run.
+    let at = |r: &serde_json::Value| r["at_ms"].as_f64().unwrap();
+    assert_eq!(at(&rows[0]), 25.0);
+    assert!(at(&rows[2]) > 0.0 && at(&rows[2]) < 25.0, "{}", rows[2]);
     // Only with async PF does the guest get page-not-present
     // notifications to run its calculation while pages come.
+    let (off, pv) = (&rows[0], &rows[1]);
     assert_eq!(off["not_present"], 0, "{off}");
     assert!(pv["not_present"].as_u64().unwrap() > 0, "{pv}");
+    // Both of the seed's figures have faultline's beside them.
+    let measured = v["comparisons"]
+        .as_array()
+        .expect("comparisons")
+        .iter()
+        .filter(|c| c["faultline"].is_f64())
+        .count();
+    assert_eq!(measured, 2, "{}", v["comparisons"]);
     take_plot(&plot);
 }

@@ -4,11 +4,12 @@
 //! interrupt message to the local APICs it names.
 //!
 //! Level-triggered pins set Remote IRR on delivery and fire again only
-//! after an EOI for their vector: version 0x20 has the directed-EOI
-//! register at 0x40 for that. (EOIs the local APIC broadcasts are not
-//! routed here: the machine's APIC handles EOI writes itself.) The
-//! platform's only interrupt source, the UART, is an edge-triggered ISA
-//! line.
+//! after an EOI for their vector: the local APICs broadcast the EOI of a
+//! level-triggered vector (`Platform::eoi_broadcast`), and version 0x20
+//! also has the directed-EOI register at 0x40. Its messages carry the
+//! pin's trigger mode, which the receiving local APIC records in its TMR.
+//! The UART pulses its ISA line (IRQ 4); the test device of multiboot
+//! kernels (`testdev`) sets line levels ([`IoApic::set_line`]).
 
 use machine::vmx::{Ipi, IpiDest, IpiMode};
 
@@ -52,7 +53,7 @@ pub struct IoApic {
     select: u32,
     id: u32,
     redirection: [u64; IOAPIC_PINS],
-    /// Line levels of the level-triggered pins.
+    /// Line levels (a pulse leaves its line low).
     asserted: [bool; IOAPIC_PINS],
 }
 
@@ -167,6 +168,18 @@ impl IoApic {
         Some(Self::message(e))
     }
 
+    /// Sets the level of `pin`'s input line: an edge-triggered pin fires
+    /// on a rising edge (if unmasked then; an edge while masked is lost),
+    /// a level-triggered one while the line is up, once per EOI.
+    pub fn set_line(&mut self, pin: usize, level: bool) -> Option<Ipi> {
+        let was = std::mem::replace(self.asserted.get_mut(pin)?, level);
+        let e = self.redirection[pin];
+        if e & entry::LEVEL != 0 {
+            return self.service_level(pin);
+        }
+        (level && !was && e & entry::MASKED == 0).then(|| Self::message(e))
+    }
+
     /// Sets the line level of a level-triggered `pin`.
     pub fn set_level(&mut self, pin: usize, asserted: bool) -> Option<Ipi> {
         *self.asserted.get_mut(pin)? = asserted;
@@ -215,6 +228,7 @@ impl IoApic {
                 _ => IpiMode::Fixed,
             },
             level_assert: true,
+            trigger_level: e & entry::LEVEL != 0,
         }
     }
 }
@@ -256,6 +270,25 @@ mod tests {
         // Remote IRR is read-only.
         ioapic.write(IOREGSEL, REG_REDIRECTION + 8);
         assert_eq!(ioapic.read(IOWIN), 0x34);
+    }
+
+    #[test]
+    fn edge_pins_fire_on_rising_edges_of_their_line() {
+        let mut ioapic = IoApic::default();
+        program(&mut ioapic, 14, 0x76, 0);
+        let ipi = ioapic.set_line(14, true).unwrap();
+        assert_eq!((ipi.vector, ipi.trigger_level), (0x76, false));
+        assert!(ioapic.set_line(14, true).is_none(), "no edge: still high");
+        assert!(ioapic.set_line(14, false).is_none());
+        assert!(ioapic.set_line(14, true).is_some());
+        // A level pin whose line stays up fires again after each EOI.
+        ioapic.set_line(14, false);
+        program(&mut ioapic, 14, 0x77 | entry::LEVEL as u32, 0);
+        assert!(ioapic.set_line(14, true).unwrap().trigger_level);
+        assert!(ioapic.set_line(14, true).is_none(), "Remote IRR set");
+        assert_eq!(ioapic.eoi(0x77).len(), 1);
+        ioapic.set_line(14, false);
+        assert!(ioapic.eoi(0x77).is_empty());
     }
 
     #[test]

@@ -13,20 +13,34 @@
 //! | guest report lines (faultline's own) | port 0x607 |
 //! | IOAPIC (`ioapic`) | MMIO 0xfec00000..0xfec01000 |
 //!
+//! Multiboot kernels (the kvm-unit-tests suite's) also get QEMU's test
+//! device and the legacy PIC ([`Platform::attach_test_devices`]):
+//!
+//! | device | where |
+//! |---|---|
+//! | pc-testdev (`testdev`) | ports 0xe0..0xec, 0x2000..0x2018 (IRQ lines), MMIO 0xff000000..0xff010000 |
+//! | 8259A pair (`pic`) | ports 0x20, 0x21, 0xa0, 0xa1 |
+//!
 //! (The xAPIC page at 0xfee00000 is the vCPU's own local APIC:
 //! `crate::vcpu::xapic`.) Nothing else is attached: other ports read as
-//! all ones (so the legacy PIC and PIT are cleanly absent, as the MADT
-//! says) and writes to them are ignored. Devices raise interrupts by ISA
-//! IRQ, routed through the IOAPIC to local APICs as interrupt messages.
+//! all ones (so the PIT, and for other kernels the legacy PIC, are
+//! cleanly absent, as the MADT says) and writes to them are ignored.
+//! Devices raise interrupts by ISA IRQ, routed through the IOAPIC to
+//! local APICs as interrupt messages, and through the PIC (when
+//! attached) to LINT0.
 
 pub mod acpi;
 pub mod fw_cfg;
 pub mod ioapic;
+pub mod pic;
 pub mod serial;
+pub mod testdev;
 
 use ioapic::{IoApic, IOAPIC_BASE, IOAPIC_SIZE};
 use machine::vmx::Ipi;
+use pic::Pic;
 use serial::{Uart, COM1_IRQ, UART_PORTS};
+use testdev::TestDev;
 
 /// A port-I/O device, by what it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +125,10 @@ pub struct Platform {
     /// Whether an access to unassigned MMIO stops the VM
     /// (`--strict-mmio`) instead of reading all ones and dropping writes.
     pub strict_mmio: bool,
+    /// QEMU's pc-testdev (multiboot kernels only).
+    testdev: Option<TestDev>,
+    /// The 8259A pair (multiboot kernels only).
+    pic: Option<Pic>,
 }
 
 /// The devices' state in a snapshot (the ACPI tables and fw_cfg items
@@ -123,6 +141,10 @@ pub struct PlatformSnapshot {
     /// A report line written halfway.
     #[serde(default)]
     pub report_line: Vec<u8>,
+    #[serde(default)]
+    pub testdev: Option<TestDev>,
+    #[serde(default)]
+    pub pic: Option<Pic>,
 }
 
 impl Platform {
@@ -135,6 +157,8 @@ impl Platform {
             ioapic: self.ioapic.clone(),
             fw_cfg_cursor: self.fw_cfg.cursor(),
             report_line: self.report_line.clone(),
+            testdev: self.testdev.clone(),
+            pic: self.pic.clone(),
         })
     }
 
@@ -147,6 +171,8 @@ impl Platform {
         self.ioapic = saved.ioapic.clone();
         self.report_line = saved.report_line.clone();
         self.report_line.truncate(abi::REPORT_MAX as usize);
+        self.testdev = saved.testdev.clone();
+        self.pic = saved.pic.clone();
         self.pending.clear();
         Ok(())
     }
@@ -163,11 +189,90 @@ impl Platform {
             reports: Vec::new(),
             pending: Vec::new(),
             strict_mmio: false,
+            testdev: None,
+            pic: None,
         }
+    }
+
+    /// Attaches QEMU's pc-testdev and the 8259A pair, which the
+    /// kvm-unit-tests suite drives (multiboot kernels get them): the
+    /// PIC as a PC BIOS initializes it (`pic`).
+    pub fn attach_test_devices(&mut self) {
+        self.testdev = Some(TestDev::default());
+        self.pic = Some(Pic::default());
+    }
+
+    /// A port of the test devices: its value for an `in`, or `None`.
+    fn test_pio_read(&mut self, port: u16, size: u8) -> Option<u32> {
+        if let Some(pic) = self.pic.as_ref().filter(|_| Pic::owns(port)) {
+            return Some(u32::from(pic.read(port)));
+        }
+        let testdev = self.testdev.as_ref()?;
+        match port {
+            testdev::DATA_PORT..=0xe3 => Some(testdev.data_read(port - testdev::DATA_PORT, size)),
+            testdev::DATA_BYTE_PORT..=0xeb => {
+                Some(testdev.data_read(port - testdev::DATA_BYTE_PORT, size))
+            }
+            _ => None,
+        }
+    }
+
+    /// An `out` to a port of the test devices; `false` if none has it.
+    fn test_pio_write(&mut self, port: u16, size: u8, value: u32) -> bool {
+        if let Some(pic) = self.pic.as_mut().filter(|_| Pic::owns(port)) {
+            pic.write(port, value as u8);
+            return true;
+        }
+        let Some(testdev) = self.testdev.as_mut() else {
+            return false;
+        };
+        match port {
+            testdev::DATA_PORT..=0xe3 => testdev.data_write(port - testdev::DATA_PORT, size, value),
+            testdev::DATA_BYTE_PORT..=0xeb => {
+                testdev.data_write(port - testdev::DATA_BYTE_PORT, size, value)
+            }
+            testdev::FLUSH_PORT..=0xe7 => {}
+            p if (testdev::IRQ_PORT..testdev::IRQ_PORT + testdev::IRQ_LINES).contains(&p) => {
+                for (line, level) in TestDev::irq_lines(p - testdev::IRQ_PORT, size, value) {
+                    self.set_irq_line(line, level);
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Sets ISA IRQ / GSI `line`'s level: the IOAPIC pin, and the PIC
+    /// input for the ISA lines (0..16) when the PIC is attached.
+    fn set_irq_line(&mut self, line: usize, level: bool) {
+        self.pending.extend(self.ioapic.set_line(line, level));
+        if let Some(pic) = self.pic.as_mut() {
+            pic.set_line(line, level);
+        }
+    }
+
+    /// Whether the PIC (if attached) requests an interrupt.
+    pub fn pic_output(&self) -> bool {
+        self.pic.as_ref().is_some_and(Pic::output)
+    }
+
+    /// The PIC's INTA cycle: the vector it delivers (`None` without a
+    /// PIC).
+    pub fn pic_acknowledge(&mut self) -> Option<u8> {
+        self.pic.as_mut().map(Pic::acknowledge)
+    }
+
+    /// A local APIC broadcast the EOI of a level-triggered `vector`.
+    pub fn eoi_broadcast(&mut self, vector: u8) {
+        let messages = self.ioapic.eoi(vector);
+        self.pending.extend(messages);
     }
 
     /// An `in` of `size` bytes from `port`.
     pub fn pio_read(&mut self, port: u16, size: u8) -> u32 {
+        if let Some(value) = self.test_pio_read(port, size) {
+            return value & size_mask(size);
+        }
         let value = match pio_device(port) {
             Some((PioDevice::Com1, offset)) => u32::from(self.uart.read(offset as u8)),
             Some((PioDevice::FwCfgData, _)) => u32::from(self.fw_cfg.read_byte()),
@@ -183,6 +288,9 @@ impl Platform {
     /// An `out` of `size` bytes of `value` to `port`.
     pub fn pio_write(&mut self, port: u16, size: u8, value: u32) -> Option<DeviceStop> {
         let value = value & size_mask(size);
+        if self.test_pio_write(port, size, value) {
+            return None;
+        }
         let stop = match pio_device(port) {
             Some((PioDevice::Com1, offset)) => {
                 self.uart.write(offset as u8, value as u8);
@@ -232,18 +340,26 @@ impl Platform {
     }
 
     /// Whether `gpa` is a device's MMIO (the xAPIC page aside).
-    pub fn is_mmio(gpa: u64) -> bool {
+    pub fn is_mmio(&self, gpa: u64) -> bool {
         (IOAPIC_BASE..IOAPIC_BASE + IOAPIC_SIZE).contains(&gpa)
+            || (self.testdev.is_some() && TestDev::is_iomem(gpa))
     }
 
     /// An MMIO read of `size` bytes at `gpa` ([`Platform::is_mmio`]).
     pub fn mmio_read(&mut self, gpa: u64, size: u8) -> u64 {
+        if let Some(testdev) = self.testdev.as_ref().filter(|_| TestDev::is_iomem(gpa)) {
+            return testdev.iomem_read(gpa, size);
+        }
         let value = u64::from(self.ioapic.read(gpa - IOAPIC_BASE));
         value & u64::from(size_mask(size))
     }
 
     /// An MMIO write at `gpa` ([`Platform::is_mmio`]).
-    pub fn mmio_write(&mut self, gpa: u64, _size: u8, value: u64) {
+    pub fn mmio_write(&mut self, gpa: u64, size: u8, value: u64) {
+        if let Some(testdev) = self.testdev.as_mut().filter(|_| TestDev::is_iomem(gpa)) {
+            testdev.iomem_write(gpa, size, value);
+            return;
+        }
         let messages = self.ioapic.write(gpa - IOAPIC_BASE, value as u32);
         self.pending.extend(messages);
     }
@@ -253,6 +369,10 @@ impl Platform {
         if self.uart.take_interrupt() {
             self.pending
                 .extend(self.ioapic.pulse(usize::from(COM1_IRQ)));
+            if let Some(pic) = self.pic.as_mut() {
+                pic.set_line(usize::from(COM1_IRQ), true);
+                pic.set_line(usize::from(COM1_IRQ), false);
+            }
         }
     }
 
@@ -347,6 +467,33 @@ mod tests {
             p.pio_write(abi::DEBUG_EXIT_PORT, 1, 0x1_03),
             Some(DeviceStop::DebugExit { status: 7 })
         );
+    }
+
+    #[test]
+    fn test_device_lines_drive_level_ioapic_pins_until_the_eoi_broadcast() {
+        let mut p = Platform::new(&PlatformConfig::default());
+        assert_eq!(p.pio_read(testdev::DATA_PORT, 4), u32::MAX, "not attached");
+        p.attach_test_devices();
+        // Pin 14 level-triggered, vector 0x79, APIC 0.
+        p.mmio_write(IOAPIC_BASE, 4, 0x10 + 2 * 14);
+        p.mmio_write(IOAPIC_BASE + 0x10, 4, 0x79 | (1 << 15));
+        p.pio_write(testdev::IRQ_PORT + 14, 1, 1);
+        let ipis = p.take_interrupts();
+        assert_eq!(ipis.len(), 1);
+        assert!(ipis[0].trigger_level);
+        p.eoi_broadcast(0x79);
+        assert_eq!(p.take_interrupts().len(), 1, "still up: again");
+        p.pio_write(testdev::IRQ_PORT + 14, 1, 0);
+        p.eoi_broadcast(0x79);
+        assert!(p.take_interrupts().is_empty());
+        // The data register and the I/O RAM.
+        p.pio_write(testdev::DATA_PORT, 4, 0xdead_beef);
+        assert_eq!(p.pio_read(testdev::DATA_BYTE_PORT + 1, 1), 0xbe);
+        assert!(p.is_mmio(testdev::IOMEM_BASE));
+        p.mmio_write(testdev::IOMEM_BASE + 4, 4, 0x1234_5678);
+        assert_eq!(p.mmio_read(testdev::IOMEM_BASE + 6, 2), 0x1234);
+        // The PIC answers its ports now.
+        assert_eq!(p.pio_read(0x21, 1), 0x10);
     }
 
     #[test]

@@ -139,6 +139,7 @@ impl Vcpu {
                         vector: (icr & VECTOR) as u8,
                         mode,
                         level_assert: true,
+                        trigger_level: false,
                     },
                     at,
                 });

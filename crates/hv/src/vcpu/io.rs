@@ -47,9 +47,18 @@ impl Vcpu {
         }
     }
 
+    /// The local APIC broadcast the EOI of a level-triggered `vector`:
+    /// the IOAPIC clears Remote IRR of its pins with that vector and
+    /// delivers again those whose line is still up.
+    pub(super) fn eoi_broadcast(&mut self, shared: &mut Shared, vector: u8) {
+        shared.platform.eoi_broadcast(vector);
+        self.deliver_device_interrupts(shared);
+    }
+
     /// Queues the interrupt messages the devices raised, stamped with this
     /// vCPU's clock (the access that raised them).
     pub(super) fn deliver_device_interrupts(&mut self, shared: &mut Shared) {
+        self.pic_pending = shared.platform.pic_output() && self.cpu.apic().accepts_pic_interrupts();
         let at = self.clock();
         for ipi in shared.platform.take_interrupts() {
             shared.cross.push(CrossRequest::Ipi {

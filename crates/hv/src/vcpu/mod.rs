@@ -137,6 +137,10 @@ pub struct Vcpu {
     /// An NMI IPI arrived and waits for injection (one latched, as the
     /// CPU's NMI pin latches one).
     pub(crate) nmi_pending: bool,
+    /// The PIC requests an interrupt this vCPU's APIC passes on (LINT0
+    /// ExtINT), as of this vCPU's last device access or entry: it wakes
+    /// the vCPU from HLT when interrupts are on.
+    pub(crate) pic_pending: bool,
     /// Earliest virtual time at which a wake-up sent by another vCPU can be
     /// seen (the sender's clock).
     pub(crate) wake_not_before: Cycles,
@@ -184,6 +188,7 @@ impl Vcpu {
             run: RunState::WaitingForStart,
             kicked: false,
             nmi_pending: false,
+            pic_pending: false,
             wake_not_before: Cycles::ZERO,
             wake_event: None,
             apf: ApfVcpu::default(),
@@ -297,6 +302,7 @@ impl Vcpu {
             MmuMode::Native => self.process_native_requests(),
         }
         self.inject_pending_nmi();
+        self.inject_pic_interrupt(shared);
         let limit = pv_eoi::before_entry(self, shared, limit)?;
         // A write let through to a tracked guest page table runs one
         // instruction to its monitor-trap exit: no pause in between, so
@@ -511,7 +517,10 @@ impl Vcpu {
         let vcpu = self.id;
         let costs = shared.host.costs;
         match exit {
-            VmExit::CycleLimit | VmExit::MonitorTrap | VmExit::NmiWindow => Ok(Next::Continue),
+            VmExit::CycleLimit
+            | VmExit::MonitorTrap
+            | VmExit::NmiWindow
+            | VmExit::InterruptWindow => Ok(Next::Continue),
             // The log was drained above: the instruction runs again.
             VmExit::PmlFull => Ok(Next::Continue),
             VmExit::Exception {
@@ -584,6 +593,10 @@ impl Vcpu {
                 self.handle_hypercall(shared)
             }
             VmExit::Ipi(ipi) => self.send_ipi(shared, ipi),
+            VmExit::EoiBroadcast { vector } => {
+                self.eoi_broadcast(shared, vector);
+                Ok(Next::Continue)
+            }
             other => Err(VmError::UnsupportedExit {
                 vcpu,
                 rip,
@@ -632,6 +645,7 @@ impl Vcpu {
     pub(crate) fn can_wake(&self) -> bool {
         (self.kicked && self.run == RunState::Halted)
             || self.nmi_deliverable()
+            || (self.pic_pending && self.cpu.state().rflags & machine::cpu::state::rflags::IF != 0)
             || self.cpu.halted_can_wake()
     }
 
@@ -663,6 +677,34 @@ impl Vcpu {
                 instruction_len: 0,
             });
         }
+    }
+
+    /// Before an entry: the PIC's interrupt, if this vCPU's APIC passes it
+    /// on (`Lapic::accepts_pic_interrupts`), is injected as an external
+    /// interrupt (the INTA cycle gives the vector) when the guest can take
+    /// one: IF set, no STI or MOV SS shadow, no other event being
+    /// injected. Otherwise an interrupt-window exit is asked for, as KVM
+    /// does for its PIC.
+    fn inject_pic_interrupt(&mut self, shared: &mut Shared) {
+        let wants = shared.platform.pic_output() && self.cpu.apic().accepts_pic_interrupts();
+        let state = self.cpu.state();
+        let open = state.rflags & machine::cpu::state::rflags::IF != 0
+            && state.interruptibility == 0
+            && self.cpu.pending_injection().is_none();
+        if let Some(v) = self.cpu.vmx_mut() {
+            v.interrupt_window_exiting = wants && !open;
+        }
+        if wants && open {
+            if let Some(vector) = shared.platform.pic_acknowledge() {
+                self.cpu.inject_event(machine::vmx::EventInjection {
+                    kind: machine::vmx::EventKind::ExternalInterrupt,
+                    vector,
+                    error_code: None,
+                    instruction_len: 0,
+                });
+            }
+        }
+        self.pic_pending = shared.platform.pic_output() && self.cpu.apic().accepts_pic_interrupts();
     }
 
     /// The timer deadline that would wake the halted vCPU (the machine's

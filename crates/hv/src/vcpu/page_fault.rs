@@ -3,7 +3,6 @@
 //! (`vcpu/async_pf/policy.rs`) decides how the vCPU waits.
 
 use super::{Next, Vcpu};
-use crate::devices::Platform;
 use crate::error::VmError;
 use crate::fault::{page_fault, ExitClock, Fault, FaultError, FaultOutcome};
 use crate::mmu::fast_pf::protocol::{Access, FastFix};
@@ -85,7 +84,7 @@ impl Vcpu {
         cycles: &mut Cycles,
     ) -> Result<Option<Next>, VmError> {
         let xapic = self.xapic_offset(gpa.0);
-        let device = Platform::is_mmio(gpa.0);
+        let device = shared.platform.is_mmio(gpa.0);
         if xapic.is_none() && !device && shared.platform.strict_mmio {
             return Ok(None);
         }
@@ -203,7 +202,7 @@ impl Vcpu {
         if let Some(offset) = self.xapic_offset(gpa) {
             self.stats.mmio_accesses += 1;
             u64::from(self.xapic_read(offset))
-        } else if Platform::is_mmio(gpa) {
+        } else if shared.platform.is_mmio(gpa) {
             self.stats.mmio_accesses += 1;
             shared.platform.mmio_read(gpa, size)
         } else {
@@ -228,7 +227,7 @@ impl Vcpu {
                 next => Ok(Some(next)),
             };
         }
-        if Platform::is_mmio(gpa) {
+        if shared.platform.is_mmio(gpa) {
             self.stats.mmio_accesses += 1;
             shared.platform.mmio_write(gpa, size, value);
         } else {

@@ -20,8 +20,9 @@
 //! skipped EOI. A self-IPI of the in-service vector's class or lower sent
 //! while the bit is consumed waits for the next exit (at most the
 //! scheduling quantum); IPIs from other vCPUs arrive between runs only.
-//! Every interrupt here is edge-triggered (no level-triggered vector needs
-//! its EOI broadcast, KVM's `kvm_ioapic_handles_vector`).
+//! The flag is not offered while the vector in service is level-triggered
+//! (its TMR bit set): its EOI must reach the IOAPIC (KVM's
+//! `kvm_ioapic_handles_vector`).
 //!
 //! The flag is written as one byte, as KVM writes it. Nothing about PV EOI
 //! is pending between two runs: a snapshot holds the MSR value.
@@ -97,6 +98,15 @@ pub(super) fn before_entry(
     }
     let in_service: u32 = vcpu.cpu.apic().isr().iter().map(|r| r.count_ones()).sum();
     if in_service != 1 {
+        return Ok(limit);
+    }
+    let apic = vcpu.cpu.apic();
+    let level = apic
+        .isr()
+        .iter()
+        .zip(apic.tmr())
+        .any(|(isr, tmr)| isr & tmr != 0);
+    if level {
         return Ok(limit);
     }
     // A timer already due fires first (it is then pending): the deadline

@@ -122,6 +122,10 @@ impl Vcpu {
             .write_xapic(MSR_X2APIC_FIRST + reg, x2apic_value, tsc)
         {
             Ok(ApicWrite::SendIpi(ipi)) => self.send_ipi(shared, ipi),
+            Ok(ApicWrite::EoiBroadcast(vector)) => {
+                self.eoi_broadcast(shared, vector);
+                Ok(Next::Continue)
+            }
             // Done, or a write the x2APIC refuses (reserved bits, a
             // read-only register): an xAPIC drops it.
             Ok(ApicWrite::Done) | Err(_) => Ok(Next::Continue),

@@ -730,6 +730,7 @@ fn ipi(dest: IpiDest, vector: u8, mode: IpiMode, level_assert: bool) -> ApicWrit
         vector,
         mode,
         level_assert,
+        trigger_level: false,
     })
 }
 
@@ -829,9 +830,13 @@ fn icr_delivery_modes() {
         ),
     ];
     for (icr, vector, mode, level) in cases {
+        let mut expected = ipi(IpiDest::Physical(7), vector, mode, level);
+        if let ApicWrite::SendIpi(e) = &mut expected {
+            e.trigger_level = icr & TRIGGER_LEVEL != 0;
+        }
         assert_eq!(
             write(&mut apic, ICR, dest | icr, 0),
-            ipi(IpiDest::Physical(7), vector, mode, level),
+            expected,
             "icr {icr:#x}"
         );
     }
@@ -1111,4 +1116,50 @@ mod reference {
             }
         }
     }
+}
+
+#[test]
+fn level_triggered_vectors_set_the_tmr_and_their_eoi_is_broadcast() {
+    let mut apic = enabled(0);
+    apic.accept_interrupt_triggered(0x79, true);
+    apic.accept_interrupt_triggered(0x41, false);
+    assert_eq!(
+        read(&apic, TMR0 + 3, 0),
+        1 << (0x79 - 0x60),
+        "TMR3: vector 0x79"
+    );
+    assert_eq!(read(&apic, TMR0 + 2, 0), 0, "edge: clear");
+    // 0x79 is taken first; then 0x41, as if 0x79's handler had lowered
+    // the priority (the ISR order is what matters).
+    apic.start_delivery(0x41);
+    apic.start_delivery(0x79);
+    // The EOI of 0x79 (the highest in service) is broadcast, 0x41's not.
+    assert_eq!(write(&mut apic, EOI, 0, 0), ApicWrite::EoiBroadcast(0x79));
+    assert_eq!(write(&mut apic, EOI, 0, 0), ApicWrite::Done);
+    // The same vector arriving edge-triggered clears its TMR bit.
+    apic.accept_interrupt_triggered(0x79, false);
+    assert_eq!(read(&apic, TMR0 + 3, 0), 0);
+    // An ICR with trigger mode level to self sets it too.
+    write(&mut apic, ICR, 0x79 | (1 << 14) | (1 << 15) | (1 << 18), 0);
+    assert_eq!(read(&apic, TMR0 + 3, 0), 1 << (0x79 - 0x60));
+}
+
+#[test]
+fn virtual_wire_mode_passes_pic_interrupts_through_lint0() {
+    let mut apic = Lapic::at_reset(0);
+    assert!(!apic.accepts_pic_interrupts(), "LINT0 masked at reset");
+    apic.enter_virtual_wire_mode();
+    assert!(apic.accepts_pic_interrupts());
+    assert_eq!(read_x(&apic, LVT_LINT0), 0x700);
+    assert_eq!(read_x(&apic, LVT_LINT1), 0x400);
+    assert_eq!(read_x(&apic, SVR) & 0x1ff, 0x1ff);
+    // Masking LINT0 stops them; a globally disabled APIC passes them.
+    apic.write_xapic(LVT_LINT0, 0x1_0700, 0).unwrap();
+    assert!(!apic.accepts_pic_interrupts());
+    apic.write_msr(MSR_APIC_BASE, 0, 0).unwrap();
+    assert!(apic.accepts_pic_interrupts());
+}
+
+fn read_x(apic: &Lapic, msr: u32) -> u64 {
+    apic.read_xapic(msr, 0).unwrap()
 }

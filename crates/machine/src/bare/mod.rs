@@ -483,6 +483,8 @@ impl BareMachine {
                 VmExit::MachineError(error) => return Err(BareError::MachineError { rip, error }),
                 VmExit::CycleLimit => return Err(BareError::CycleLimit { limit, rip }),
                 VmExit::Ipi(ipi) => return Err(BareError::Ipi { ipi, rip }),
+                // No IOAPIC hears it.
+                VmExit::EoiBroadcast { .. } => {}
                 other => return Err(BareError::UnexpectedExit { exit: other, rip }),
             }
         }

@@ -1118,7 +1118,7 @@ impl Cpu {
     }
 
     #[inline]
-    fn advance_index(&mut self, reg: usize, delta: u64, amask: u64) {
+    pub(super) fn advance_index(&mut self, reg: usize, delta: u64, amask: u64) {
         let r = &mut self.state.gpr[reg];
         // A 16-bit index merges into its register; a 32-bit one
         // zero-extends.

@@ -234,8 +234,17 @@ pub struct Cpu {
     check_events: bool,
     /// Set when a store hit a page holding cached code.
     code_written: bool,
-    /// An IPI the APIC produced during the last instruction.
-    pending_ipi: Option<crate::vmx::Ipi>,
+    /// An IPI or EOI broadcast the APIC produced during the last
+    /// instruction: the exit it becomes once the instruction completes.
+    pending_apic_exit: Option<VmExit>,
+    /// The I/O exit being made is one element of a REP INS/OUTS with more
+    /// to go: RIP stays at the instruction (exit length 0).
+    string_io_resume: bool,
+    /// The I/O exit being made is an INS: `complete_io_in` keeps its
+    /// value for the instruction, which runs again and stores it.
+    string_in_exit: bool,
+    /// The value an INS read from its port, to store at ES:RDI.
+    pending_string_in: Option<u32>,
     /// The instruction being run alone loaded RFLAGS.RF (an IRET): RF
     /// stays set for the next instruction instead of being cleared.
     rf_loaded: bool,
@@ -337,7 +346,10 @@ impl Cpu {
             next_rip: 0,
             check_events: true,
             code_written: false,
-            pending_ipi: None,
+            pending_apic_exit: None,
+            string_io_resume: false,
+            string_in_exit: false,
+            pending_string_in: None,
             rf_loaded: false,
             tf_after_only: false,
             l1: l1tlb::L1Tlb::new(),
@@ -493,6 +505,13 @@ impl Cpu {
     /// Completes an `in` that exited: writes AL/AX/EAX with `value` and
     /// skips the instruction. (A 32-bit `in` zero-extends into RAX.)
     pub fn complete_io_in(&mut self, size: u8, value: u32) {
+        if std::mem::take(&mut self.string_in_exit) {
+            // An INS: the instruction runs again and stores the value.
+            self.pending_string_in = Some(value);
+            self.exit_len = 0;
+            self.check_events = true;
+            return;
+        }
         let rax = &mut self.state.gpr[0];
         *rax = match size {
             1 => (*rax & !0xff) | (value as u64 & 0xff),
@@ -861,7 +880,7 @@ impl Cpu {
         // SYSCALL/SYSRET trap on the TF they leave, which a SYSRET may
         // set in a block that began with TF clear.
         let tf_set_by_insn = self.tf_after_only && self.state.rflags & rflags::TF != 0;
-        if single || self.pending_ipi.is_some() || tf_set_by_insn {
+        if single || self.pending_apic_exit.is_some() || tf_set_by_insn {
             step = self.after_single_or_ipi(mem, executed, step, mtf, tf, shadow);
         }
         step
@@ -902,9 +921,9 @@ impl Cpu {
                 self.state.rflags &= !rflags::RF;
             }
         }
-        if let Some(ipi) = self.pending_ipi.take() {
+        if let Some(exit) = self.pending_apic_exit.take() {
             if matches!(step, Step::Continue) {
-                step = Step::Exit(VmExit::Ipi(ipi));
+                step = Step::Exit(exit);
             }
         }
         if single_step && matches!(step, Step::Continue) {
@@ -986,7 +1005,11 @@ impl Cpu {
                 if let (VmExit::EptViolation { gla, .. }, None) = (&exit, &self.mmio_emu) {
                     self.fault_la = gla.map(|g| g.0);
                 }
-                self.exit_len = insn_len;
+                self.exit_len = if std::mem::take(&mut self.string_io_resume) {
+                    0
+                } else {
+                    insn_len
+                };
                 Step::Exit(exit)
             }
         }

@@ -88,8 +88,11 @@ impl Cpu {
         // `mmio` is not checked: it describes the data access of the last
         // exit (any EPT violation by a `mov`) for the handler of that
         // exit, and the next exit replaces it; nothing reads it between.
-        if self.pending_ipi.is_some() {
-            return Err(CpuSnapshotError::MidExit("an IPI"));
+        if self.pending_string_in.is_some() || self.string_in_exit {
+            return Err(CpuSnapshotError::MidExit("an INS"));
+        }
+        if self.pending_apic_exit.is_some() {
+            return Err(CpuSnapshotError::MidExit("an IPI or EOI broadcast"));
         }
         self.flush_flags();
         Ok(CpuSnapshot {
@@ -160,7 +163,7 @@ impl Cpu {
         self.paused = snapshot.paused && self.vmx.is_some();
         self.exit_len = 0;
         self.mmio = None;
-        self.pending_ipi = None;
+        self.pending_apic_exit = None;
         self.lazy = super::fast::LazyFlags::NONE;
         self.next_rip = self.state.rip;
         self.tlb.flush_all();

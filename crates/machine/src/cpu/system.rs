@@ -138,6 +138,9 @@ impl Cpu {
                 Ok(())
             }
             M::In | M::Out => self.exec_io(mem, i),
+            M::Insb | M::Insw | M::Insd | M::Outsb | M::Outsw | M::Outsd => {
+                self.exec_string_io(mem, i)
+            }
             M::Cpuid => {
                 self.cycles += self.costs.serializing;
                 if self.vmx.is_some() {
@@ -282,6 +285,17 @@ impl Cpu {
                     Self::op_size(i, 0)
                 };
                 self.write_op(mem, i, 0, size, cr0)
+            }
+            // LMSW (SDM Vol. 2A): CR0 bits 3:0 (PE, MP, EM, TS) from the
+            // 16-bit source; PE can be set but not cleared. As a MOV to
+            // CR0 of the value that makes (so the hypervisor's guest/host
+            // mask applies, and a CR access exit carries the value).
+            M::Lmsw => {
+                self.require_cpl0()?;
+                let source = self.read_op(mem, i, 0, Size::B2)?;
+                let visible = self.guest_visible_cr0();
+                let value = (visible & !0xf) | (source & 0xf) | (visible & cr0::PE);
+                self.mov_to_cr(0, 0, value)
             }
             // RDPMC: the machine has no performance-monitoring counters
             // (CPUID leaf 0xA reports none), so every counter index is
@@ -938,6 +952,105 @@ impl Cpu {
         Ok(())
     }
 
+    /// INS and OUTS (SDM Vol. 2A), with or without REP: one element per
+    /// I/O exit. OUTS reads DS:RSI (or its override), advances RSI (and
+    /// counts RCX down under REP) and exits with the value; while elements
+    /// remain, the exit leaves RIP at the instruction, which continues
+    /// when it runs again. INS exits first; the value the handler gives
+    /// `complete_io_in` is stored at ES:RDI when the instruction runs
+    /// again (a fault there keeps it for the retry), then RDI advances.
+    /// The address size picks SI/ESI/RSI, DI/EDI/RDI and CX/ECX/RCX; the
+    /// port is DX, checked against the I/O bitmap above IOPL.
+    fn exec_string_io(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        let (size, input) = match i.mnemonic() {
+            M::Insb => (Size::B1, true),
+            M::Insw => (Size::B2, true),
+            M::Insd => (Size::B4, true),
+            M::Outsb => (Size::B1, false),
+            M::Outsw => (Size::B2, false),
+            _ => (Size::B4, false),
+        };
+        let amask = match if input { i.op0_kind() } else { i.op1_kind() } {
+            OpKind::MemoryESEDI | OpKind::MemorySegESI => 0xffff_ffffu64,
+            OpKind::MemoryESDI | OpKind::MemorySegSI => 0xffff,
+            _ => u64::MAX,
+        };
+        let rep = i.has_rep_prefix() || i.has_repe_prefix() || i.has_repne_prefix();
+        if rep && self.state.gpr[1] & amask == 0 {
+            return Ok(());
+        }
+        let port = self.state.gpr[2] as u16;
+        let bytes = size.bytes();
+        if self.state.cpl() > self.iopl() {
+            self.check_io_bitmap(mem, port, bytes)?;
+        }
+        let exits = match self.vmx.as_deref() {
+            None => true,
+            Some(v) => v
+                .io_exiting
+                .as_ref()
+                .is_none_or(|ports| ports.contains(&port)),
+        };
+        let step = u64::from(bytes);
+        let delta = if self.state.rflags & rflags::DF != 0 {
+            step.wrapping_neg()
+        } else {
+            step
+        };
+        let mut out_value = None;
+        if input {
+            let value = match self.pending_string_in.take() {
+                Some(v) => u64::from(v),
+                None if exits => {
+                    self.string_in_exit = true;
+                    self.string_io_resume = true;
+                    return Err(Fault::exit(VmExit::Io {
+                        port,
+                        size: bytes,
+                        direction: IoDirection::In,
+                        value: 0,
+                    }));
+                }
+                // Nothing attached: the bus floats high.
+                None => size.mask(),
+            };
+            let rdi = self.linear(Register::ES, self.state.gpr[7] & amask);
+            if let Err(fault) = self.write_mem(mem, rdi, size, value & size.mask()) {
+                if exits {
+                    self.pending_string_in = Some(value as u32);
+                }
+                return Err(fault);
+            }
+            self.advance_index(7, delta, amask);
+        } else {
+            let rsi = self.linear(i.memory_segment(), self.state.gpr[6] & amask);
+            out_value = Some(self.read_mem(mem, rsi, size)? as u32);
+            self.advance_index(6, delta, amask);
+        }
+        let more = rep && {
+            let count = (self.state.gpr[1] & amask).wrapping_sub(1) & amask;
+            let keep = if amask == 0xffff { !amask } else { 0 };
+            self.state.gpr[1] = (self.state.gpr[1] & keep) | count;
+            count != 0
+        };
+        if more {
+            // The next element: this instruction again.
+            self.next_rip = self.state.rip;
+        }
+        match out_value {
+            Some(value) if exits => {
+                self.string_io_resume = more;
+                Err(Fault::exit(VmExit::Io {
+                    port,
+                    size: bytes,
+                    direction: IoDirection::Out,
+                    value,
+                }))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The I/O permission bitmap check of an access with CPL > IOPL (SDM
     /// Vol. 1 19.5.2): the TSS must be a loaded 32/64-bit TSS; the bitmap
     /// starts at the 16-bit offset at TSS + 0x66; the processor reads the
@@ -1076,7 +1189,10 @@ impl Cpu {
                 let now = self.tsc();
                 match self.apic.write_msr(index, v, now).map_err(|_| gp(0))? {
                     ApicWrite::Done => {}
-                    ApicWrite::SendIpi(ipi) => self.pending_ipi = Some(ipi),
+                    ApicWrite::SendIpi(ipi) => self.pending_apic_exit = Some(VmExit::Ipi(ipi)),
+                    ApicWrite::EoiBroadcast(vector) => {
+                        self.pending_apic_exit = Some(VmExit::EoiBroadcast { vector })
+                    }
                 }
                 self.check_events = true;
             }
@@ -1144,9 +1260,11 @@ impl Cpu {
             attr: seg_attr::DATA_KERNEL,
         };
         self.next_rip = target;
-        if !self.state.in_64bit_mode() || target != self.state.lstar {
-            self.mode_epoch += 1;
-        }
+        // The mode epoch moved before the instruction if the first-level
+        // TLB's key context may change (`system_moves_mode`: RFLAGS.AC
+        // under SMAP); CS, the code size and the privilege are not in it,
+        // so a SYSCALL from compatibility mode needs no more.
+        // (`compat_syscall_with_cstar_equal_to_lstar_keeps_smap_exact`.)
         // No event check: RFLAGS.IF can only be cleared here (FMASK), so
         // nothing becomes deliverable that was not before (as POPF, which
         // asks for one only when IF changes; a timer coming due is the

@@ -267,7 +267,7 @@ impl Cpu {
         if self.jit_fetched
             || mtf
             || self.code_written
-            || self.pending_ipi.is_some()
+            || self.pending_apic_exit.is_some()
             || self.state.interruptibility != 0
             || self.state.activity != super::Activity::Active
             || self.state.code_bits() != 64
@@ -476,7 +476,7 @@ impl Cpu {
         if self.state.interruptibility != 0
             || self.state.activity != super::Activity::Active
             || self.code_written
-            || self.pending_ipi.is_some()
+            || self.pending_apic_exit.is_some()
         {
             self.jit_deadline = 0;
         } else if self.check_events || privilege != (self.state.cpl(), self.state.code_bits()) {

@@ -6,7 +6,9 @@
 //! --migrate-to`), and the same source command without the migration,
 //! stopped at the virtual time the migrating source stopped: the
 //! difference between the two sources' write faults is what dirty
-//! logging cost the guest's writes.
+//! logging cost the guest's writes. The four rows are EPT and shadow
+//! paging (the seed's two autotest cases), each with the fast page fault
+//! on and off.
 
 use super::seeds::{change_pct, Comparison};
 use crate::{MigrateBenchArgs, EXIT_VM_ERROR};
@@ -18,6 +20,8 @@ use std::time::Duration;
 /// One row.
 #[derive(Debug, Clone, Serialize)]
 pub struct MigrateRow {
+    /// `ept` or `shadow` (`run --mmu`).
+    pub mmu: &'static str,
     pub fast_pf: bool,
     pub rounds: u64,
     pub pages_sent: u64,
@@ -25,8 +29,10 @@ pub struct MigrateRow {
     pub precopy_ms: f64,
     pub downtime_ms: f64,
     pub total_ms: f64,
-    /// EPT violations the migrating source took beyond the same run
-    /// without a migration (the dirty-logging write faults).
+    /// Write-fault exits the migrating source took beyond the same run
+    /// without a migration (the dirty-logging write faults): EPT
+    /// violations under EPT, intercepted #PF exceptions under shadow
+    /// paging.
     pub dirty_log_faults: i64,
     /// hv cycles those extra faults cost (exit handling, beyond the
     /// machine's exit/entry transitions), and per fault.
@@ -106,12 +112,18 @@ pub(super) fn json_of(out: &[u8], what: &str) -> Result<serde_json::Value, Strin
     })
 }
 
-fn ept_violations(v: &serde_json::Value) -> (i64, i64) {
-    let e = &v["exits"]["ept_violation"];
-    (
-        e["count"].as_i64().unwrap_or(0),
-        e["hv_cycles"].as_i64().unwrap_or(0),
-    )
+/// The page-fault exits of a run and their hv cycles: EPT violations and
+/// (under shadow paging) intercepted #PF exceptions.
+fn fault_exits(v: &serde_json::Value) -> (i64, i64) {
+    ["ept_violation", "exception"]
+        .iter()
+        .map(|kind| &v["exits"][kind])
+        .fold((0, 0), |(n, c), e| {
+            (
+                n + e["count"].as_i64().unwrap_or(0),
+                c + e["hv_cycles"].as_i64().unwrap_or(0),
+            )
+        })
 }
 
 impl MigrateBenchArgs {
@@ -130,8 +142,18 @@ impl MigrateBenchArgs {
             at: self.at(),
             link_bandwidth: self.link_bandwidth,
             seed: self.seed,
+            costs: self.cost_args(),
             plot,
         }
+    }
+
+    /// `--cost NAME=CYCLES` for each of the bench's `--cost`s: the runs
+    /// take them (the destination gets them with the VM's state).
+    pub(super) fn cost_args(&self) -> Vec<String> {
+        self.costs
+            .iter()
+            .flat_map(|c| ["--cost".to_string(), format!("{}={}", c.name, c.cycles)])
+            .collect()
     }
 
     pub(super) fn at(&self) -> Duration {
@@ -143,7 +165,7 @@ impl MigrateBenchArgs {
         self.vcpus.unwrap_or(if self.postcopy { 1 } else { 2 })
     }
 
-    fn source_args(&self, fast_pf: bool) -> Vec<String> {
+    fn source_args(&self, mmu: &str, fast_pf: bool) -> Vec<String> {
         let program = format!(
             "bm -f {v} -w {v} -m {}M -t {}",
             self.array >> 20,
@@ -160,21 +182,24 @@ impl MigrateBenchArgs {
             &self.mem.to_string(),
             "--seed",
             &self.seed.to_string(),
+            "--mmu",
+            mmu,
             "--fast-pf",
             if fast_pf { "on" } else { "off" },
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
+        args.extend(self.cost_args());
         args.push("--".into());
         args.extend(program.split(' ').map(String::from));
         args
     }
 
-    fn row(&self, fast_pf: bool) -> Result<MigrateRow, String> {
+    fn row(&self, mmu: &'static str, fast_pf: bool) -> Result<MigrateRow, String> {
         let mut dest = faultline();
         dest.args(["incoming", "--listen", "127.0.0.1:0", "--stats", "json"]);
-        let (src, dst) = migrate_once(dest, self.source_args(fast_pf), |addr| {
+        let (src, dst) = migrate_once(dest, self.source_args(mmu, fast_pf), |addr| {
             vec![
                 "--migrate-to".to_string(),
                 addr,
@@ -192,7 +217,7 @@ impl MigrateBenchArgs {
         // The same run, no migration, to the source's stop.
         let stop_ns = (src["virtual_cycles"].as_u64().unwrap_or(0) as u128 * 1_000_000_000)
             .div_ceil(u128::from(hv::CYCLES_PER_SECOND));
-        let mut base_args = self.source_args(fast_pf);
+        let mut base_args = self.source_args(mmu, fast_pf);
         let split = base_args
             .iter()
             .position(|a| a == "--")
@@ -206,8 +231,8 @@ impl MigrateBenchArgs {
             .output()
             .map_err(|e| format!("baseline: {e}"))?;
         let base = json_of(&base.stdout, "baseline")?;
-        let (faults, cycles) = ept_violations(&src);
-        let (base_faults, base_cycles) = ept_violations(&base);
+        let (faults, cycles) = fault_exits(&src);
+        let (base_faults, base_cycles) = fault_exits(&base);
         let dirty_log_faults = faults - base_faults;
         let dirty_log_fault_cycles = cycles - base_cycles;
         let total = dst["console"]
@@ -216,6 +241,7 @@ impl MigrateBenchArgs {
             .and_then(|t| t.trim().parse().ok())
             .unwrap_or(0);
         Ok(MigrateRow {
+            mmu,
             fast_pf,
             rounds: report["rounds"].as_u64().unwrap_or(0),
             pages_sent: report["pages_sent"].as_u64().unwrap_or(0),
@@ -272,7 +298,8 @@ pub fn bench(args: MigrateBenchArgs) -> u8 {
         v = args.vcpus()
     );
     println!(
-        "{:<8} {:>6} {:>8} {:>11} {:>11} {:>11} {:>10} {:>12} {:>12} {:>10} {:>12}",
+        "{:<6} {:<8} {:>6} {:>8} {:>11} {:>11} {:>11} {:>10} {:>12} {:>12} {:>10} {:>12}",
+        "mmu",
         "fast PF",
         "rounds",
         "pages",
@@ -287,7 +314,8 @@ pub fn bench(args: MigrateBenchArgs) -> u8 {
     );
     for r in &rows {
         println!(
-            "{:<8} {:>6} {:>8} {:>11} {:>11.3} {:>11.3} {:>10.3} {:>12} {:>12.0} {:>10} {:>12}",
+            "{:<6} {:<8} {:>6} {:>8} {:>11} {:>11.3} {:>11.3} {:>10.3} {:>12} {:>12.0} {:>10} {:>12}",
+            r.mmu,
             if r.fast_pf { "on" } else { "off" },
             r.rounds,
             r.pages_sent,
@@ -301,13 +329,16 @@ pub fn bench(args: MigrateBenchArgs) -> u8 {
             r.guest_total
         );
     }
-    if let [on, off] = rows.as_slice() {
-        let change = |a: f64, b: f64| (a - b) / b.max(1e-9) * 100.0;
-        println!(
-            "fast PF on vs off: migration total {:+.1} %, cycles per dirty-log write fault {:+.1} % (seed 001: total -4 % to -13 %, dirty-log resume -47 % to -53 %)",
-            change(on.total_ms, off.total_ms),
-            change(on.cycles_per_fault, off.cycles_per_fault)
-        );
+    for pair in rows.chunks(2) {
+        if let [on, off] = pair {
+            let change = |a: f64, b: f64| (a - b) / b.max(1e-9) * 100.0;
+            println!(
+                "{}: fast PF on vs off: migration total {:+.1} %, cycles per dirty-log write fault {:+.1} % (seed 001: total -4 % to -13 %, dirty-log resume -47 % to -53 %)",
+                on.mmu,
+                change(on.total_ms, off.total_ms),
+                change(on.cycles_per_fault, off.cycles_per_fault)
+            );
+        }
     }
     print!("{}", super::seeds::render_lines(&comparisons));
     0
@@ -342,32 +373,39 @@ pub(super) fn reproduce(
     })
 }
 
-/// The rows, fast PF on then off.
+/// The rows: EPT then shadow paging, each fast PF on then off.
 pub(super) fn rows(args: &MigrateBenchArgs) -> Result<Vec<MigrateRow>, String> {
-    [true, false]
+    ["ept", "shadow"]
         .into_iter()
-        .map(|fast_pf| {
-            args.row(fast_pf)
-                .map_err(|e| format!("fast PF {}: {e}", if fast_pf { "on" } else { "off" }))
+        .flat_map(|mmu| [(mmu, true), (mmu, false)])
+        .map(|(mmu, fast_pf)| {
+            args.row(mmu, fast_pf)
+                .map_err(|e| format!("{mmu}, fast PF {}: {e}", if fast_pf { "on" } else { "off" }))
         })
         .collect()
 }
 
-/// Seed 001's migration totals beside the rows' (fast PF on, off).
+/// Seed 001's migration totals beside the rows' (per MMU: fast PF on,
+/// off).
 pub(super) fn comparisons(args: &MigrateBenchArgs, rows: &[MigrateRow]) -> Vec<Comparison> {
-    let setup = format!(
-        "pre-copy, bm -f {v} -w {v} on {} MiB, {v} vCPUs, EPT",
-        args.array >> 20,
-        v = args.vcpus()
-    );
     let mut out = Vec::new();
-    if let [on, off] = rows {
+    for pair in rows.chunks(2) {
+        let [on, off] = pair else { continue };
+        let (key, name) = match on.mmu {
+            "ept" => ("001.migrate.total_ept", "EPT"),
+            _ => ("001.migrate.total_shadow", "shadow"),
+        };
+        let setup = format!(
+            "pre-copy, bm -f {v} -w {v} on {} MiB, {v} vCPUs, {name}",
+            args.array >> 20,
+            v = args.vcpus()
+        );
         // The vCPUs' time over the migration, in cycles.
         let vcpu_cycles =
             off.total_ms * 1e-3 * hv::CYCLES_PER_SECOND as f64 * f64::from(args.vcpus());
         out.push(
             Comparison::measured(
-                "001.migrate.total_ept",
+                key,
                 &setup,
                 change_pct(off.total_ms, on.total_ms),
             )
@@ -378,11 +416,6 @@ pub(super) fn comparisons(args: &MigrateBenchArgs, rows: &[MigrateRow]) -> Vec<C
             )),
         );
     }
-    out.push(Comparison::not_run(
-        "001.migrate.total_shadow",
-        setup.replace("EPT", "shadow"),
-        "bench migrate runs EPT only",
-    ));
     out
 }
 
@@ -401,7 +434,11 @@ fn plot_precopy(args: &MigrateBenchArgs, rows: &[MigrateRow]) -> Result<(), Stri
     let bars: Vec<crate::plot::Bar> = rows
         .iter()
         .map(|r| crate::plot::Bar {
-            label: format!("fast PF {}", if r.fast_pf { "on" } else { "off" }),
+            label: format!(
+                "{}, fast PF {}",
+                r.mmu,
+                if r.fast_pf { "on" } else { "off" }
+            ),
             value: r.cycles_per_fault,
             reference: None,
             note: format!(
@@ -412,7 +449,7 @@ fn plot_precopy(args: &MigrateBenchArgs, rows: &[MigrateRow]) -> Result<(), Stri
         .collect();
     crate::plot::bars(
         &path,
-        "Seed 001: pre-copy live migration, fast page fault on and off",
+        "Seed 001: pre-copy live migration, EPT and shadow, fast page fault on and off",
         &format!(
             "bm -f {v} -w {v} on {} MiB, {v} vCPUs, migrated at {:?}, link {} B/s (seed: total -4 % to -13 %, dirty-log resume -47 % to -53 %)",
             args.array >> 20,

@@ -13,6 +13,14 @@
 //! 3. the same guest without a migration, stopped at that same time, and
 //!    run to its end: the instructions of the same window and the
 //!    writer's time and count without a migration, beside.
+//!
+//! The seed measured its scenario (b) twice: with the calculation
+//! thread (the loaded guest) and without it (`apfcalc` without `-c`: the
+//! writer alone, which the seed found +13.6 % to +14.7 % slower with
+//! async PF). The rows are both, each with async PF off and on. The
+//! writer alone ends sooner, so the case without it migrates at the same
+//! point of its run: `--at` scaled by the two guests' run times without a
+//! migration (async PF off), to the microsecond.
 
 use super::migrate::{faultline, json_of, migrate_once};
 use super::seeds::{change_pct, Comparison};
@@ -36,13 +44,19 @@ pub struct PostcopyCase {
     pub at: Duration,
     pub link_bandwidth: u64,
     pub seed: u64,
+    /// `--cost NAME=CYCLES` options for every run.
+    pub costs: Vec<String>,
     pub plot: Option<std::path::PathBuf>,
 }
 
-/// One row: one async-PF mode.
+/// One row: with or without the calculation thread, one async-PF mode.
 #[derive(Debug, Clone, Serialize)]
 pub struct PostcopyRow {
+    /// The calculation thread runs (`apfcalc -c`).
+    pub load: bool,
     pub apf: &'static str,
+    /// When the migration started (virtual ms).
+    pub at_ms: f64,
     /// Pages still at the source at the switch-over.
     pub pages: u64,
     pub requested: u64,
@@ -87,7 +101,7 @@ fn ns_arg(d: Duration) -> String {
 }
 
 impl PostcopyCase {
-    fn run_args(&self, apf: &str, limit: Option<Duration>) -> Vec<String> {
+    fn run_args(&self, load: bool, apf: &str, limit: Option<Duration>) -> Vec<String> {
         let mut args: Vec<String> = [
             "run",
             "--stats",
@@ -107,11 +121,15 @@ impl PostcopyCase {
         if let Some(limit) = limit {
             args.extend(["--time-limit".to_string(), ns_arg(limit)]);
         }
+        args.extend(self.costs.iter().cloned());
         args.extend(
-            format!("-- apfcalc -m {}M -l {} -c", self.array >> 20, self.loops)
+            format!("-- apfcalc -m {}M -l {}", self.array >> 20, self.loops)
                 .split(' ')
                 .map(String::from),
         );
+        if load {
+            args.push("-c".into());
+        }
         args
     }
 
@@ -119,7 +137,9 @@ impl PostcopyCase {
     /// if given. Returns (source, destination) summaries.
     fn migrate(
         &self,
+        load: bool,
         apf: &str,
+        at: Duration,
         dest_limit: Option<Duration>,
     ) -> Result<(serde_json::Value, serde_json::Value), String> {
         let mut dest = faultline();
@@ -127,12 +147,12 @@ impl PostcopyCase {
         if let Some(limit) = dest_limit {
             dest.args(["--time-limit".to_string(), ns_arg(limit)]);
         }
-        migrate_once(dest, self.run_args(apf, None), |addr| {
+        migrate_once(dest, self.run_args(load, apf, None), |addr| {
             vec![
                 "--migrate-to".to_string(),
                 addr,
                 "--migrate-at".into(),
-                ns_arg(self.at),
+                ns_arg(at),
                 "--migrate-mode".into(),
                 "postcopy".into(),
                 "--link-bandwidth".into(),
@@ -141,16 +161,21 @@ impl PostcopyCase {
         })
     }
 
-    fn plain(&self, apf: &str, limit: Option<Duration>) -> Result<serde_json::Value, String> {
+    fn plain(
+        &self,
+        load: bool,
+        apf: &str,
+        limit: Option<Duration>,
+    ) -> Result<serde_json::Value, String> {
         let out = faultline()
-            .args(self.run_args(apf, limit))
+            .args(self.run_args(load, apf, limit))
             .output()
             .map_err(|e| format!("run: {e}"))?;
         json_of(&out.stdout, "run without migration")
     }
 
-    fn row(&self, apf: &'static str) -> Result<PostcopyRow, String> {
-        let (src, dst) = self.migrate(apf, None)?;
+    fn row(&self, load: bool, apf: &'static str, at: Duration) -> Result<PostcopyRow, String> {
+        let (src, dst) = self.migrate(load, apf, at, None)?;
         let post = &dst["postcopy"];
         let postcopy_ms = post["complete_ms"].as_f64().unwrap_or(0.0);
         let switch_cycles = u(&src["virtual_cycles"]);
@@ -160,12 +185,14 @@ impl PostcopyCase {
                 as u64)
                 + (postcopy_ms * 1e6).ceil() as u64,
         );
-        let (_, during) = self.migrate(apf, Some(window_end))?;
-        let at_switch = self.plain(apf, Some(self.at))?;
-        let unmigrated_during = self.plain(apf, Some(window_end))?;
-        let unmigrated = self.plain(apf, None)?;
+        let (_, during) = self.migrate(load, apf, at, Some(window_end))?;
+        let at_switch = self.plain(load, apf, Some(at))?;
+        let unmigrated_during = self.plain(load, apf, Some(window_end))?;
+        let unmigrated = self.plain(load, apf, None)?;
         Ok(PostcopyRow {
+            load,
             apf,
+            at_ms: at.as_secs_f64() * 1e3,
             pages: u(&post["pages"]),
             requested: u(&post["requested"]),
             waited: u(&post["waited"]),
@@ -184,33 +211,79 @@ impl PostcopyCase {
     }
 
     fn describe(&self) -> String {
+        self.describe_case("[-c]", self.at)
+    }
+
+    /// The setup with `calc` (`-c`, `[-c]` or nothing) after apfcalc's
+    /// options and the migration at `at`.
+    fn describe_case(&self, calc: &str, at: Duration) -> String {
+        let calc = if calc.is_empty() {
+            String::new()
+        } else {
+            format!(" {calc}")
+        };
         format!(
-            "apfcalc -m {}M -l {} -c, {} vCPU(s), {} MiB guest, post-copy at {:?} over {} B/s",
+            "apfcalc -m {}M -l {}{calc}, {} vCPU(s), {} MiB guest, post-copy at {:?} over {} B/s",
             self.array >> 20,
             self.loops,
             self.vcpus,
             self.mem >> 20,
-            self.at,
+            at,
             self.link_bandwidth
         )
     }
 
-    /// The rows, async PF off then on.
+    /// When the case without the calculation thread migrates: `--at`
+    /// scaled by the run times of the two guests without a migration
+    /// (async PF off), so both migrate at the same point of their runs.
+    fn at_without_load(&self) -> Result<Duration, String> {
+        let seconds = |load| -> Result<f64, String> {
+            let v = self.plain(load, "off", None)?;
+            v["virtual_seconds"]
+                .as_f64()
+                .filter(|s| *s > 0.0)
+                .ok_or_else(|| format!("no run time in {v}"))
+        };
+        let scaled = self.at.as_secs_f64() * seconds(false)? / seconds(true)?;
+        Ok(Duration::from_micros(
+            ((scaled * 1e6).round() as u64).max(1),
+        ))
+    }
+
+    /// The rows: with the calculation thread, then without; each async
+    /// PF off then on.
     pub fn rows(&self) -> Result<Vec<PostcopyRow>, String> {
-        ["off", "pv"]
+        let quiet_at = self.at_without_load()?;
+        [true, false]
             .into_iter()
-            .map(|apf| self.row(apf).map_err(|e| format!("apf {apf}: {e}")))
+            .flat_map(|load| [(load, "off"), (load, "pv")])
+            .map(|(load, apf)| {
+                let at = if load { self.at } else { quiet_at };
+                self.row(load, apf, at).map_err(|e| {
+                    format!(
+                        "{} load, apf {apf}: {e}",
+                        if load { "with" } else { "without" }
+                    )
+                })
+            })
             .collect()
     }
 
     /// Seed 002's migration figures beside the rows' (APF off, on).
     pub fn comparisons(&self, rows: &[PostcopyRow]) -> Vec<Comparison> {
-        let setup = format!("post-copy, {}", self.describe());
         let mut out = Vec::new();
-        if let [off, on] = rows {
+        for pair in rows.chunks(2) {
+            let [off, on] = pair else { continue };
+            let (key, calc) = if off.load {
+                ("002.postcopy.with_load", "-c")
+            } else {
+                ("002.postcopy.without_load", "")
+            };
+            let at = Duration::from_nanos((off.at_ms * 1e6).round() as u64);
+            let setup = format!("post-copy, {}", self.describe_case(calc, at));
             out.push(
                 Comparison::measured(
-                    "002.postcopy.with_load",
+                    key,
                     &setup,
                     change_pct(off.writer_ms, on.writer_ms),
                 )
@@ -224,11 +297,6 @@ impl PostcopyCase {
                 )),
             );
         }
-        out.push(Comparison::not_run(
-            "002.postcopy.without_load",
-            setup,
-            "the case without the calculation thread is not run by bench migrate --postcopy",
-        ));
         out
     }
 
@@ -259,7 +327,7 @@ impl PostcopyCase {
         }
         if self.json {
             let doc = serde_json::json!({
-                "case": "seed 002: post-copy of a loaded guest",
+                "case": "seed 002: post-copy of a guest with and without load",
                 "results": rows,
                 "apf_on_vs_off": {
                     "writer_time_pct": time_change,
@@ -273,11 +341,12 @@ impl PostcopyCase {
             return 0;
         }
         println!(
-            "seed 002: post-copy migration of a loaded guest, {}",
+            "seed 002: post-copy migration of a guest with and without the calculation thread, {}",
             self.describe()
         );
         println!(
-            "{:<4} {:>6} {:>9} {:>7} {:>8} {:>10} {:>9} {:>14} {:>14} {:>10} {:>11} {:>12} {:>11}",
+            "{:<5} {:<4} {:>6} {:>9} {:>7} {:>8} {:>10} {:>9} {:>14} {:>14} {:>10} {:>11} {:>12} {:>11}",
+            "calc.",
             "apf",
             "pages",
             "requested",
@@ -294,7 +363,8 @@ impl PostcopyCase {
         );
         for r in &rows {
             println!(
-                "{:<4} {:>6} {:>9} {:>7} {:>8.3} {:>10.3} {:>9.3} {:>14} {:>14} {:>10.3} {:>11.3} {:>12} {:>11}",
+                "{:<5} {:<4} {:>6} {:>9} {:>7} {:>8.3} {:>10.3} {:>9.3} {:>14} {:>14} {:>10.3} {:>11.3} {:>12} {:>11}",
+                if r.load { "on" } else { "off" },
                 r.apf,
                 r.pages,
                 r.requested,
@@ -311,9 +381,15 @@ impl PostcopyCase {
             );
         }
         println!(
-            "APF on vs off, migrated: writer time {time_change:+.1} % (seed 002: {:+.1} % to {:+.1} %), calculation {calc_change:+.1} %, guest instructions while pages came {during_change:+.1} %",
+            "with load, APF on vs off, migrated: writer time {time_change:+.1} % (seed 002: {:+.1} % to {:+.1} %), calculation {calc_change:+.1} %, guest instructions while pages came {during_change:+.1} %",
             SEED_002_TIME_PCT.0, SEED_002_TIME_PCT.1
         );
+        if let [.., off, on] = rows.as_slice() {
+            println!(
+                "without load, APF on vs off, migrated: writer time {:+.1} % (seed 002: +13.6 % to +14.7 %)",
+                change(on.writer_ms, off.writer_ms)
+            );
+        }
         print!("{}", super::seeds::render_lines(&comparisons));
         0
     }
@@ -328,7 +404,7 @@ impl PostcopyCase {
         let bars: Vec<plot::Bar> = rows
             .iter()
             .map(|r| plot::Bar {
-                label: format!("apf {}", r.apf),
+                label: format!("{} load, apf {}", if r.load { "with" } else { "no" }, r.apf),
                 value: r.during_instructions as f64,
                 reference: Some(r.during_instructions_unmigrated as f64),
                 note: format!(

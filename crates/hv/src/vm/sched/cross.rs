@@ -113,7 +113,10 @@ impl Vm {
                             if sched.is_preempted(i, target.run) {
                                 target.stats.ipis_received_preempted += 1;
                             }
-                            target.cpu.apic_mut().accept_interrupt(ipi.vector);
+                            target
+                                .cpu
+                                .apic_mut()
+                                .accept_interrupt_triggered(ipi.vector, ipi.trigger_level);
                             wake(target, at);
                         }
                     }

@@ -211,6 +211,7 @@ fn an_nmi_ipi_wakes_a_vcpu_halted_with_interrupts_off() {
             vector: 0,
             mode: IpiMode::Nmi,
             level_assert: true,
+            trigger_level: false,
         },
         at: Cycles(20_000),
     };
@@ -354,6 +355,7 @@ fn pv_send_ipi_sends_one_ipi_per_bit_to_existing_apic_ids() {
         vector: 0x30,
         mode: IpiMode::Fixed,
         level_assert: true,
+        trigger_level: false,
     };
     // Bits 1 and 2 (APIC ids 1, 2), bit 40 (no such id), and bit 0 of
     // the high word (id 64: none).
