@@ -381,6 +381,16 @@ fn bench_apf_calc_prints_the_issue_json_shape() {
             assert!(v[case][key].is_number(), "{case}.{key}: {v}");
         }
     }
+    // Each comparison with seed 002 carries the cause the bench measured.
+    let comparisons = v["comparisons"].as_array().expect("comparisons");
+    assert_eq!(comparisons.len(), 2, "{v}");
+    for c in comparisons {
+        let cause = c["cause"].as_str().unwrap_or_default();
+        assert!(
+            cause.contains("stalled on page-ins") || cause.contains("per swap-in"),
+            "{c}"
+        );
+    }
 }
 
 /// Issue 10's acceptance: page integrity under shadow paging with 4 vCPUs
