@@ -65,11 +65,11 @@ fn list_runs_prints_one_bench_command_per_experiment() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
     assert!(
-        lines[0].contains("bench ctxsw --rounds 1000 --json"),
+        lines[0].contains("bench ctxsw --rounds 1000 --kvm-2007 --json"),
         "{text}"
     );
     assert!(
-        lines[1].contains("bench hackbench --loops 10 --json"),
+        lines[1].contains("bench hackbench --loops 10 --kvm-2007 --json"),
         "{text}"
     );
 }
