@@ -83,6 +83,12 @@ pub(crate) enum FaultOutcome {
     /// vCPU waits `wait` and replays the fault (see
     /// [`crate::mmu::lock::Deferral`]).
     LockBusy { wait: Cycles },
+    /// Its next request for `mmu_lock`, at `at`, is past the order bound
+    /// ([`Host::order_bound`]): another actor could still ask earlier.
+    /// Nothing more was done (a suspended eviction batch keeps its
+    /// place); the vCPU replays the fault when the others have passed
+    /// `at`, without a charge: the replay asks at `at` again.
+    NotYet { at: Cycles },
 }
 
 /// What the fault did, for the vCPU to charge and count.
@@ -111,12 +117,31 @@ pub(crate) struct ExitClock {
     pub exit: Cycles,
     pub now: Cycles,
     pub cycles: Cycles,
+    /// A replayed fault's promise (`Next::NotYet`): it makes no request
+    /// before this time, which the other actors have run up to. A replay
+    /// that takes a shorter path than the first attempt waits for it.
+    pub floor: Cycles,
 }
 
 impl ExitClock {
     /// The virtual time at which the next step happens.
     pub fn at(&self) -> Cycles {
         self.exit + self.cycles
+    }
+
+    /// The time of a request for a shared resource: the next step, no
+    /// earlier than the floor (the difference is waited for).
+    pub fn request_at(&mut self) -> Cycles {
+        if self.at() < self.floor {
+            self.cycles = self.floor - self.exit;
+        }
+        self.at()
+    }
+
+    /// When the pager's work for this fault happens: `now`, no earlier
+    /// than the floor.
+    pub fn pager_now(&self) -> Cycles {
+        self.now.max(self.floor)
     }
 }
 
@@ -140,6 +165,11 @@ pub(crate) fn page_fault(
     else {
         return Ok(fault);
     };
+    let at = clock.request_at();
+    if host.not_yet(at) {
+        fault.outcome = FaultOutcome::NotYet { at };
+        return Ok(fault);
+    }
     if let Some(deferral) = host.mmu.defer_lock(clock.exit, clock.at(), &host.costs) {
         fault.outcome = FaultOutcome::LockBusy {
             wait: deferral.wait,
@@ -189,13 +219,30 @@ pub(crate) fn faultin(
     clock: &mut ExitClock,
 ) -> Result<(Fault, Option<Resident>), FaultError> {
     let costs = host.costs;
-    let now = clock.now;
+    let now = clock.pager_now();
     let pager_error = |source| FaultError::Pager { gpa, source };
+    let not_yet = |at| {
+        let fault = Fault {
+            outcome: FaultOutcome::NotYet { at },
+            frame_allocated: false,
+            repeat: false,
+            flush: false,
+            lock_wait: Cycles::ZERO,
+            zap_wait: Cycles::ZERO,
+        };
+        Ok((fault, None))
+    };
     // The memslot lookup, then the host side of the frame lookup (KVM's
     // `hva_to_pfn`: GUP-fast first, on every fault; a page that is not
     // resident costs the pager's work on top, standing for GUP's slow
     // path and the host's fault).
     clock.cycles += Cycles(costs.memslot_lookup + costs.host_pfn_lookup);
+    // An eviction batch this fault suspended at the order bound goes on
+    // first, whatever the page's state is now.
+    let resumed = match pager.resume_batch(host) {
+        Err(PagerError::NotYet { at }) => return not_yet(at),
+        result => result.map_err(pager_error)?,
+    };
     let gfn = gpa.frame();
     let slot = host
         .slots
@@ -226,12 +273,14 @@ pub(crate) fn faultin(
             clock.cycles += Cycles(costs.invept);
         }
     };
+    charge(&mut fault, resumed);
     let frame = match slot.state(gfn) {
         PageState::Resident(frame) => frame,
         PageState::Untouched => {
-            let (frame, work) = pager
-                .first_touch(host, page, gfn, now)
-                .map_err(pager_error)?;
+            let (frame, work) = match pager.first_touch(host, page, gfn, now) {
+                Err(PagerError::NotYet { at }) => return not_yet(at),
+                result => result.map_err(pager_error)?,
+            };
             charge(&mut fault, work);
             fault.frame_allocated = true;
             frame
@@ -242,10 +291,14 @@ pub(crate) fn faultin(
                     fault.repeat = true;
                     read
                 }
+                // The read goes to the device at `now`: in order, or not
+                // yet.
+                None if host.not_yet(now) => return not_yet(now),
                 None => {
-                    let (read, work) = pager
-                        .start_page_in(host, page, swap_slot, now)
-                        .map_err(pager_error)?;
+                    let (read, work) = match pager.start_page_in(host, page, swap_slot, now) {
+                        Err(PagerError::NotYet { at }) => return not_yet(at),
+                        result => result.map_err(pager_error)?,
+                    };
                     charge(&mut fault, work);
                     read
                 }

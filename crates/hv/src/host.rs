@@ -24,9 +24,22 @@ pub(crate) struct Host {
     /// The vCPUs' dirty rings (empty of entries unless a slot logs in ring
     /// mode).
     pub dirty_rings: DirtyRings,
+    /// While the scheduler handles a fault that can be replayed: the
+    /// latest virtual time at which it may ask for `mmu_lock` before
+    /// another actor could ask earlier (`vm/sched.rs`, `order_bound`).
+    /// A request past it ends the fault as [`crate::fault::FaultOutcome::NotYet`].
+    /// `None`: no bound (the fault waits in place, as prefaults and the
+    /// VMM's work do).
+    pub order_bound: Option<crate::time::Cycles>,
 }
 
 impl Host {
+    /// Whether a request for `mmu_lock` at `at` must wait for the other
+    /// actors to pass it first (see [`Host::order_bound`]).
+    pub fn not_yet(&self, at: crate::time::Cycles) -> bool {
+        self.order_bound.is_some_and(|bound| at > bound)
+    }
+
     /// Marks `gfn` dirty in its slot's log if the slot logs (see
     /// [`crate::mmu::dirty_log::mark_page_dirty`]); lock-free, callable
     /// from the fast page fault.

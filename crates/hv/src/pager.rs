@@ -40,7 +40,7 @@
 use crate::frames::OutOfFrames;
 use crate::host::Host;
 use crate::memslot::{Memslots, PageState, SlotId};
-use crate::mmu::lock::Timed;
+use crate::mmu::lock::{Core, Timed};
 use crate::swap::{Device, DeviceModel, DeviceStats, SwapError, SwapFile, SwapSlot};
 use crate::time::Cycles;
 use machine::addr::PAGE_SIZE;
@@ -88,6 +88,12 @@ pub enum PagerError {
     /// the source is gone for good).
     #[error("page {index:#x} not received from the migration source: {why}")]
     Remote { index: u64, why: String },
+    /// The eviction batch's next `mmu_lock` request, at `at`, is past
+    /// the order bound ([`Host::order_bound`]): the batch is suspended,
+    /// and the fault that runs it is replayed once the other actors have
+    /// passed `at` (it then goes on where it stopped).
+    #[error("eviction batch suspended until {at:?}")]
+    NotYet { at: Cycles },
 }
 
 /// Where a post-copy destination's pages not yet received come from (the
@@ -170,6 +176,22 @@ pub(crate) struct Pager {
     /// (post-copy): their contents come from `source`, not the file.
     remote: BTreeMap<SwapSlot, PageRef>,
     source: Option<Box<dyn PageSource>>,
+    /// Eviction batches suspended at the order bound, by the core that
+    /// runs them ([`PagerError::NotYet`]).
+    suspended: BTreeMap<Core, Batch>,
+}
+
+/// An eviction batch in progress (see [`Pager::evict_batch`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Batch {
+    /// When it started: what WSClock ages pages against.
+    now: Cycles,
+    evicted: usize,
+    looked: usize,
+    work: Work,
+    /// A page found old enough whose eviction was suspended: it goes
+    /// first when the batch goes on.
+    victim: Option<ClockEntry>,
 }
 
 /// What obtaining a frame did.
@@ -205,6 +227,7 @@ impl Pager {
             stats: PagerStats::default(),
             remote: BTreeMap::new(),
             source: None,
+            suspended: BTreeMap::new(),
         }
     }
 
@@ -296,6 +319,18 @@ impl Pager {
         self.in_flight.get(&slot).copied()
     }
 
+    /// Goes on with the eviction batch the running core suspended at the
+    /// order bound, if any ([`PagerError::NotYet`]), and returns its work.
+    pub fn resume_batch(&mut self, host: &mut Host) -> Result<Work, PagerError> {
+        match self.suspended.get(&host.mmu.running()) {
+            Some(batch) => {
+                let now = batch.now;
+                self.evict_batch(host, now)
+            }
+            None => Ok(Work::default()),
+        }
+    }
+
     /// A frame for a new resident page, evicting a batch first if the pool
     /// is full. The frame's contents are stale: the caller fills it.
     pub fn alloc_frame(&mut self, host: &mut Host, now: Cycles) -> Result<(Hfn, Work), PagerError> {
@@ -374,13 +409,30 @@ impl Pager {
     /// Evicts up to [`EVICT_BATCH`] pages. `now` is when the batch starts
     /// (what WSClock ages pages against); each `mmu_lock` hold is taken at
     /// `now` plus the work done so far, so the batch's own holds follow one
-    /// another instead of waiting for each other.
+    /// another instead of waiting for each other. A hold past the order
+    /// bound suspends the batch ([`PagerError::NotYet`]); the next call by
+    /// the same core goes on with it and returns the whole batch's work.
     fn evict_batch(&mut self, host: &mut Host, now: Cycles) -> Result<Work, PagerError> {
-        let mut work = Work::default();
-        let mut evicted = 0;
-        let mut looked = 0;
-        while evicted < EVICT_BATCH {
-            if looked >= self.clock.len() {
+        let core = host.mmu.running();
+        let mut batch = self.suspended.remove(&core).unwrap_or(Batch {
+            now,
+            ..Batch::default()
+        });
+        let now = batch.now;
+        if let Some(entry) = batch.victim.take() {
+            if let Some(frame) = Self::resident_frame(&host.slots, &entry) {
+                let at = now + batch.work.cycles;
+                batch.work.add(self.evict(host, entry.page, frame, at)?);
+                batch.evicted += 1;
+            }
+        }
+        while batch.evicted < EVICT_BATCH {
+            let at = now + batch.work.cycles;
+            if host.not_yet(at) {
+                self.suspended.insert(core, batch);
+                return Err(PagerError::NotYet { at });
+            }
+            if batch.looked >= self.clock.len() {
                 // A whole turn and no page outside the working set: the
                 // one idle the longest goes (rare enough for a search).
                 let oldest = (0..self.clock.len()).min_by_key(|&i| {
@@ -391,9 +443,9 @@ impl Pager {
                     break;
                 };
                 if let Some(frame) = Self::resident_frame(&host.slots, &entry) {
-                    work.add(self.evict(host, entry.page, frame, now, now + work.cycles)?);
+                    batch.work.add(self.evict(host, entry.page, frame, at)?);
                     self.stats.oldest_evictions += 1;
-                    evicted += 1;
+                    batch.evicted += 1;
                 }
                 continue;
             }
@@ -403,34 +455,37 @@ impl Pager {
             let Some(frame) = Self::resident_frame(&host.slots, &entry) else {
                 continue; // stale: evicted, freed or its memslot gone
             };
-            looked += 1;
-            let (young, cycles) = host.mmu.test_and_clear_young(
-                &host.mem,
-                &host.costs,
-                frame,
-                Timed::At(now + work.cycles),
-            )?;
-            work.cycles += cycles;
+            batch.looked += 1;
+            let (young, cycles) =
+                host.mmu
+                    .test_and_clear_young(&host.mem, &host.costs, frame, Timed::At(at))?;
+            batch.work.cycles += cycles;
             if young {
                 self.stats.second_chances += 1;
                 entry.last_used = now;
-                work.flush = true;
+                batch.work.flush = true;
                 self.clock.push_back(entry);
             } else if now.saturating_sub(entry.last_used) >= WORKING_SET_AGE {
-                work.add(self.evict(host, entry.page, frame, now, now + work.cycles)?);
-                evicted += 1;
+                let at = now + batch.work.cycles;
+                if host.not_yet(at) {
+                    batch.victim = Some(entry);
+                    self.suspended.insert(core, batch);
+                    return Err(PagerError::NotYet { at });
+                }
+                batch.work.add(self.evict(host, entry.page, frame, at)?);
+                batch.evicted += 1;
             } else {
                 self.clock.push_back(entry);
             }
         }
-        if evicted == 0 {
+        if batch.evicted == 0 {
             return Err(PagerError::NothingToEvict {
                 limit: self.limit,
                 in_flight: self.in_flight.len() as u64,
             });
         }
         self.stats.batches += 1;
-        Ok(work)
+        Ok(batch.work)
     }
 
     fn evict(
@@ -438,7 +493,6 @@ impl Pager {
         host: &mut Host,
         page: PageRef,
         frame: Hfn,
-        now: Cycles,
         lock_at: Cycles,
     ) -> Result<Work, PagerError> {
         let costs = host.costs;
@@ -469,7 +523,10 @@ impl Pager {
                 };
                 host.mem.read_bytes(frame.addr(), &mut self.buf[..])?;
                 swap.write(target, &self.buf)?;
-                self.device.submit_write(now.0);
+                // Queued when the eviction starts (the zap's request, which
+                // the order bound admitted), not the batch: a batch can be
+                // suspended and go on later.
+                self.device.submit_write(lock_at.0);
                 self.stats.swap_outs += 1;
                 work.cycles += Cycles(costs.copy_4k + costs.io_submit);
                 target

@@ -245,6 +245,15 @@ impl Shared {
     /// wait for it, but a VMM that sends the contents on cannot send them
     /// earlier).
     pub fn backing_frame_ready(&mut self, gfn: Gfn) -> Result<(Hfn, Cycles), GuestMemoryError> {
+        // The hv's own access cannot be replayed: its eviction work, if
+        // any, waits in place even under a fault's order bound.
+        let bound = self.host.order_bound.take();
+        let result = self.backing_frame_unbounded(gfn);
+        self.host.order_bound = bound;
+        result
+    }
+
+    fn backing_frame_unbounded(&mut self, gfn: Gfn) -> Result<(Hfn, Cycles), GuestMemoryError> {
         let page = self.page_ref(gfn)?;
         let now = self.time;
         let state = self

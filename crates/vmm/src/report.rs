@@ -85,10 +85,12 @@ pub struct MemorySummary {
     pub swap_writes: u64,
     pub mean_read_wait_cycles: u64,
     pub max_read_wait_cycles: u64,
-    /// Reads submitted at an earlier virtual time than one submitted
-    /// before them, so served after it (`docs/design.md`, "What is
-    /// approximate").
+    /// Reads the device served after a read submitted later than
+    /// themselves (`docs/design.md`, "Virtual time and the order of
+    /// events"; 0 when the order holds).
     pub swap_read_inversions: u64,
+    /// The same for writes.
+    pub swap_write_inversions: u64,
 }
 
 /// Asynchronous page faults, summed over vCPUs.
@@ -339,6 +341,7 @@ impl Summary {
                 mean_read_wait_cycles: stats.device.read_wait_cycles / stats.device.reads.max(1),
                 max_read_wait_cycles: stats.device.max_read_wait_cycles,
                 swap_read_inversions: stats.device.read_inversions,
+                swap_write_inversions: stats.device.write_inversions,
             },
             apf: {
                 let a = stats.apf();
@@ -596,13 +599,14 @@ impl Summary {
         if m.swap_reads + m.swap_writes > 0 {
             let _ = writeln!(
                 s,
-                "swap device:  {}; {} reads (mean wait {} cycles, max {}, {} served after a later one), {} writes",
+                "swap device:  {}; {} reads (mean wait {} cycles, max {}, {} served after a later one), {} writes ({} served after a later one)",
                 m.swap_device,
                 m.swap_reads,
                 m.mean_read_wait_cycles,
                 m.max_read_wait_cycles,
                 m.swap_read_inversions,
-                m.swap_writes
+                m.swap_writes,
+                m.swap_write_inversions
             );
         }
         let a = &self.apf;

@@ -218,6 +218,11 @@ impl Mmu {
             .set_running(vcpu.map_or(lock::Core::Vmm, lock::Core::Vcpu));
     }
 
+    /// The core running hv code now (see [`Mmu::set_running`]).
+    pub(crate) fn running(&self) -> lock::Core {
+        self.lock.running()
+    }
+
     /// The MMU generation.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)

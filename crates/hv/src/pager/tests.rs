@@ -42,6 +42,7 @@ fn fixture_with(limit: u64, options: crate::mmu::fast_pf::MmuOptions) -> Fixture
             mmu,
             costs: HvCosts::DEFAULT,
             dirty_rings: crate::mmu::dirty_log::DirtyRings::new(1, 0),
+            order_bound: None,
         },
         pager: Pager::new(limit, None, model, 1),
     }

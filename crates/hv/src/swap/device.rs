@@ -226,10 +226,13 @@ pub struct DeviceStats {
     /// Sum over reads of time spent queued behind other reads.
     pub read_queue_cycles: u64,
     pub max_read_wait_cycles: u64,
-    /// Reads submitted at an earlier virtual time than one submitted
-    /// before them (exits are handled in time order, but a handler's work
-    /// before it submits varies): served after it.
+    /// Reads that started service after a read submitted later than
+    /// themselves: served out of first-come order (always 0; with the
+    /// `order-checks` feature, a panic).
     pub read_inversions: u64,
+    /// Writes that started after a write submitted later than themselves
+    /// (as `read_inversions`).
+    pub write_inversions: u64,
 }
 
 /// A device in use: its servers' busy-until times and its generator.
@@ -240,8 +243,12 @@ pub struct Device {
     write_busy_until: u64,
     rng: u64,
     stats: DeviceStats,
-    /// The latest read submission time seen.
-    last_read_submit: u64,
+    /// The last reads' (submission, start of service), for the order
+    /// check: a read served before an earlier one breaks first come,
+    /// first served.
+    recent_reads: std::collections::VecDeque<(u64, u64)>,
+    /// The same for writes.
+    recent_writes: std::collections::VecDeque<(u64, u64)>,
 }
 
 impl Device {
@@ -254,7 +261,8 @@ impl Device {
             // xorshift needs a non-zero state.
             rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             stats: DeviceStats::default(),
-            last_read_submit: 0,
+            recent_reads: std::collections::VecDeque::new(),
+            recent_writes: std::collections::VecDeque::new(),
             model,
         }
     }
@@ -290,10 +298,6 @@ impl Device {
     /// Submits a page read at virtual time `now`; returns when it
     /// completes.
     pub fn submit_read(&mut self, now: u64) -> u64 {
-        if now < self.last_read_submit {
-            self.stats.read_inversions += 1;
-        }
-        self.last_read_submit = self.last_read_submit.max(now);
         let latency = self.draw(self.model.read_latency);
         let service = latency + self.model.transfer_cycles();
         // The earliest-free server; ties go to the lowest index, so the
@@ -305,6 +309,7 @@ impl Device {
             .min_by_key(|&(i, &t)| (t, i))
             .expect("a device has at least one server");
         let start = now.max(free_at);
+        self.check_read_order(now, start);
         let done = start + service;
         self.read_servers[server] = done;
         self.stats.reads += 1;
@@ -314,14 +319,50 @@ impl Device {
         done
     }
 
+    /// Requests remembered for the order check: more than can be in
+    /// flight.
+    const RECENT: usize = 256;
+
+    /// Checks that a read submitted at `now` and served from `start` is
+    /// not served after one submitted later (a reordered submission that
+    /// still finds a server free at `now` is served in order).
+    fn check_read_order(&mut self, now: u64, start: u64) {
+        if served_late(&mut self.recent_reads, now, start) {
+            self.stats.read_inversions += 1;
+            if cfg!(feature = "order-checks") {
+                panic!("swap device: a read submitted at {now} is served after a later one");
+            }
+        }
+    }
+
     /// Submits a page write at `now`; returns when it completes.
     pub fn submit_write(&mut self, now: u64) -> u64 {
         let start = now.max(self.write_busy_until);
+        if served_late(&mut self.recent_writes, now, start) {
+            self.stats.write_inversions += 1;
+            if cfg!(feature = "order-checks") {
+                panic!("swap device: a write submitted at {now} is served after a later one");
+            }
+        }
         let done = start + self.model.write_latency + self.model.transfer_cycles();
         self.write_busy_until = done;
         self.stats.writes += 1;
         done
     }
+}
+
+/// Whether a request submitted at `now` and served from `start` starts
+/// after one of the `recent` (submission, start) pairs that was submitted
+/// later; it joins them.
+fn served_late(recent: &mut std::collections::VecDeque<(u64, u64)>, now: u64, start: u64) -> bool {
+    let late = recent
+        .iter()
+        .any(|&(submitted, started)| submitted > now && started < start);
+    if recent.len() == Device::RECENT {
+        recent.pop_front();
+    }
+    recent.push_back((now, start));
+    late
 }
 
 #[cfg(test)]
@@ -371,6 +412,30 @@ mod tests {
             assert!(service >= range.min && service <= range.max + hdd.model().transfer_cycles());
             t = done;
         }
+    }
+
+    #[test]
+    #[cfg_attr(
+        feature = "order-checks",
+        should_panic(expected = "served after a later one")
+    )]
+    fn the_checker_counts_a_read_served_after_a_later_one() {
+        let model = DeviceModel {
+            queue: 2,
+            read_latency: LatencyRange::fixed(1000),
+            bandwidth: CYCLES_PER_SECOND * 4096 / 100,
+            ..DevicePreset::Hdd.model()
+        };
+        let mut d = Device::new(model, 1);
+        d.submit_read(5000);
+        // Submitted earlier, processed later, a server free: in order.
+        assert_eq!(d.submit_read(0), 1100);
+        d.submit_read(5000);
+        assert_eq!(d.stats().read_inversions, 0);
+        // Both servers busy at 4000 with reads submitted at 5000: this
+        // read waits behind later ones.
+        d.submit_read(4000);
+        assert_eq!(d.stats().read_inversions, 1);
     }
 
     #[test]

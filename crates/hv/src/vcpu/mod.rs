@@ -123,6 +123,13 @@ pub(crate) enum Next {
     LockBusy {
         wait: Cycles,
     },
+    /// A fault's next `mmu_lock` request, at `at`, is past the order
+    /// bound: the exit is parked again, with no charge, and handled again
+    /// when no other actor can ask before `at` (`handle_exit` parks it;
+    /// the scheduler sees it as [`Vcpu::retry_at`]).
+    NotYet {
+        at: Cycles,
+    },
     Stop(StopReason),
 }
 
@@ -176,6 +183,11 @@ pub struct Vcpu {
     /// when it first asked. Of vCPUs due at the same time, the one that
     /// asked first replays first, as a ticket lock serves them.
     pub(crate) lock_deferred_since: Option<Cycles>,
+    /// Its parked fault asks for `mmu_lock` (or the swap device) at this
+    /// time, past the order bound when it was handled (`Next::NotYet`):
+    /// it acts again no earlier, and its replay makes no request earlier
+    /// (`ExitClock::floor`).
+    pub(crate) retry_at: Option<Cycles>,
 }
 
 impl Vcpu {
@@ -205,6 +217,7 @@ impl Vcpu {
             xapic: xapic::XapicRegs::default(),
             parked_exit: None,
             lock_deferred_since: None,
+            retry_at: None,
         }
     }
 
@@ -478,7 +491,7 @@ impl Vcpu {
             Ok(next) => next,
             Err(error) => Next::Stop(StopReason::Error(error)),
         };
-        if let (Next::LockBusy { wait }, Some(exit)) = (&next, replay) {
+        if let (Next::LockBusy { wait }, Some(exit)) = (&next, replay.clone()) {
             // What the exit charged up to the request is charged again by
             // the replay, which makes the request again at the grant: the
             // vCPU's clock moves by the wait alone.
@@ -487,6 +500,15 @@ impl Vcpu {
             self.parked_exit = Some(exit);
             return Next::Continue;
         }
+        if let (Next::NotYet { at }, Some(exit)) = (&next, replay) {
+            // Nothing was charged: the replay makes the request at `at`
+            // again, once the others have passed it.
+            self.retry_at = Some(*at);
+            self.parked_exit = Some(exit);
+            return Next::Continue;
+        }
+        // Its promise is kept (`ExitClock::floor`).
+        self.retry_at = None;
         if self.lock_deferred_since.take().is_some() {
             shared.host.mmu.end_lock_deferral(self.id.0);
         }

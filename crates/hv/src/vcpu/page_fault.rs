@@ -37,6 +37,7 @@ impl Vcpu {
             exit: self.clock(),
             now: self.clock() + *cycles,
             cycles: *cycles,
+            floor: self.retry_at.unwrap_or(Cycles::ZERO),
         };
         let root = root.id;
         let result = page_fault(
@@ -52,13 +53,17 @@ impl Vcpu {
         self.note_fault(shared, &fault);
         self.stats.mmu_lock_wait_cycles += fault.lock_wait.0;
         self.stats.note_zap_stall(fault.zap_wait);
-        if let FaultOutcome::LockBusy { wait } = fault.outcome {
+        match fault.outcome {
             // Counted when the replay ends it.
-            return Ok(Next::LockBusy { wait });
+            FaultOutcome::LockBusy { wait } => return Ok(Next::LockBusy { wait }),
+            FaultOutcome::NotYet { at } => return Ok(Next::NotYet { at }),
+            _ => {}
         }
         self.stats.ept_faults += 1;
         match fault.outcome {
-            FaultOutcome::Mapped | FaultOutcome::LockBusy { .. } => Ok(Next::Continue),
+            FaultOutcome::Mapped | FaultOutcome::LockBusy { .. } | FaultOutcome::NotYet { .. } => {
+                Ok(Next::Continue)
+            }
             FaultOutcome::WaitForPage {
                 gfn,
                 swap_slot,

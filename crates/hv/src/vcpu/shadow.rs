@@ -54,6 +54,9 @@ enum ShadowFault {
     Mmio { gpa: Gpa },
     /// `mmu_lock` is held past the request: wait `wait`, then replay.
     LockBusy { wait: Cycles },
+    /// Its next `mmu_lock` request is past the order bound: replayed
+    /// when the others have passed `at` (`FaultOutcome::NotYet`).
+    NotYet { at: Cycles },
 }
 
 /// #PF vector.
@@ -304,8 +307,10 @@ impl Vcpu {
         let access =
             walk::Access::from_error_code(error_code, state.cpl(), state.rflags & rflags::AC != 0);
         let end = self.shadow_fault(shared, gva, access, true, cycles)?;
-        if let ShadowFault::LockBusy { wait } = end {
-            return Ok(Next::LockBusy { wait });
+        match end {
+            ShadowFault::LockBusy { wait } => return Ok(Next::LockBusy { wait }),
+            ShadowFault::NotYet { at } => return Ok(Next::NotYet { at }),
+            _ => {}
         }
         if !matches!(end, ShadowFault::Guest { .. } | ShadowFault::Mmio { .. }) {
             // The hv's own fault (the summary's "EPT faults" line counts
@@ -354,9 +359,10 @@ impl Vcpu {
                     rip: self.rip(),
                 }),
             },
-            ShadowFault::Done(..) | ShadowFault::Retry | ShadowFault::LockBusy { .. } => {
-                Ok(Next::Continue)
-            }
+            ShadowFault::Done(..)
+            | ShadowFault::Retry
+            | ShadowFault::LockBusy { .. }
+            | ShadowFault::NotYet { .. } => Ok(Next::Continue),
         }
     }
 
@@ -495,6 +501,7 @@ impl Vcpu {
             exit: self.clock(),
             now: self.clock() + *cycles,
             cycles: *cycles,
+            floor: self.retry_at.unwrap_or(Cycles::ZERO),
         };
         let write = access.kind == AccessKind::Write;
         let result = faultin(&mut shared.host, &mut shared.pager, gpa, write, &mut clock);
@@ -512,6 +519,7 @@ impl Vcpu {
                     swap_slot,
                     ready_at,
                 },
+                FaultOutcome::NotYet { at } => ShadowFault::NotYet { at },
                 FaultOutcome::Mapped | FaultOutcome::LockBusy { .. } => {
                     ShadowFault::Done(MapOutcome::Mapped, walk.gfn, machine::Hfn(0))
                 }
@@ -526,6 +534,11 @@ impl Vcpu {
             ));
         };
         if defer {
+            let at = clock.request_at();
+            *cycles = clock.cycles;
+            if shared.host.not_yet(at) {
+                return Ok(ShadowFault::NotYet { at });
+            }
             if let Some(deferral) = shared.host.mmu.defer_lock(clock.exit, clock.at(), &costs) {
                 self.stats.mmu_lock_wait_cycles += deferral.wait.0;
                 self.stats.note_zap_stall(deferral.zap_wait);

@@ -377,6 +377,7 @@ impl Vm {
                     mmu,
                     costs: config.costs,
                     dirty_rings: DirtyRings::new(config.vcpus as usize, config.dirty_ring_size),
+                    order_bound: None,
                 },
                 pager,
                 apf,

@@ -96,6 +96,11 @@ pub(crate) struct Scheduler {
     /// halted or stalled vCPUs (timers, page arrivals), earliest first.
     events: BTreeSet<(Cycles, usize)>,
     pub stopped: Option<StopReason>,
+    /// The time `run_until` runs to: the VMM's work comes at it.
+    limit: Cycles,
+    /// Parked exits are handled out of the time order (a save point, or
+    /// tracked writes finished before `run_until` returns): no bound.
+    settling: bool,
     /// A vCPU's dirty ring is (soft) full: `run_until` returns for the
     /// VMM to harvest.
     pub ring_full: bool,
@@ -114,6 +119,8 @@ impl Scheduler {
             host: None,
             events: BTreeSet::new(),
             stopped: None,
+            limit: Cycles::MAX,
+            settling: false,
             ring_full: false,
         }
     }
@@ -282,6 +289,7 @@ impl Vm {
             self.shared.time = self.shared.time.max(time_limit);
             return false;
         }
+        self.sched.limit = time_limit;
         self.shared.time = self.shared.time.max(at);
         match actor {
             Actor::Delivery => self.deliver_next(),
@@ -354,12 +362,14 @@ impl Vm {
     /// VMM never sees such a table writable between two `run_until`
     /// calls. They are at or after the limit `run_until` stopped at.
     fn finish_tracked_writes(&mut self) {
+        self.sched.settling = true;
         while self.sched.stopped.is_none() {
             match self.earliest_parked(|v| v.shadow.pending_write.is_some()) {
                 Some(index) => self.step_vcpu(index),
-                None => return,
+                None => break,
             }
         }
+        self.sched.settling = false;
     }
 
     /// The vCPU with a parked exit that `also` holds for, earliest first
@@ -390,7 +400,12 @@ impl Vm {
         let vcpu = &self.vcpus[index];
         let clock = vcpu.clock();
         match vcpu.run {
-            RunState::Runnable => clock,
+            // A fault replayed past the order bound acts again at its
+            // request (`Next::NotYet`).
+            RunState::Runnable => match (vcpu.parked_exit.is_some(), vcpu.retry_at) {
+                (true, Some(at)) => clock.max(at),
+                _ => clock,
+            },
             RunState::Halted | RunState::ApfHalted => {
                 if vcpu.can_wake() {
                     clock.max(vcpu.wake_not_before)
@@ -494,6 +509,20 @@ impl Vm {
     }
 
     fn step_vcpu_inner(&mut self, index: usize) -> Result<(), VmError> {
+        // A blocked vCPU acts at its time (a wake-up, a page arrival, a
+        // stall's end): it idled until then, and what it completes now
+        // (a prefault under `mmu_lock`) happens then, not at the clock it
+        // blocked at, which the others have run past.
+        let clock_before = self.vcpus[index].clock();
+        if !matches!(
+            self.vcpus[index].run,
+            RunState::Runnable | RunState::WaitingForStart
+        ) {
+            let at = self.vcpu_time(index);
+            if at != Cycles::MAX {
+                self.vcpus[index].idle_until(at);
+            }
+        }
         self.complete_io(index)?;
         let horizon = self
             .horizon(index)
@@ -523,7 +552,7 @@ impl Vm {
                     if sched.stuck.len() <= index {
                         sched.stuck.resize(index + 1, 0);
                     }
-                    if deadline <= vcpu.clock() {
+                    if deadline <= clock_before {
                         sched.stuck[index] += 1;
                         if sched.stuck[index] > 2 {
                             // Nothing moves (a timer interrupt of too low
@@ -551,10 +580,8 @@ impl Vm {
                 Ok(())
             }
             RunState::Runnable => {
-                if let Some(exit) = vcpu.parked_exit.take() {
-                    let next = vcpu.handle_exit(shared, exit);
-                    self.carry_out_cross_requests();
-                    return self.after_exit(index, next);
+                if vcpu.parked_exit.is_some() {
+                    return self.handle_parked_exit(index);
                 }
                 if shared.host.dirty_rings.is_soft_full(vcpu.id) {
                     // KVM_EXIT_DIRTY_RING_FULL: no entry until the VMM
@@ -579,6 +606,81 @@ impl Vm {
         }
     }
 
+    /// Handles vCPU `index`'s parked exit (it is the earliest actor). A
+    /// fault, which can be replayed, runs under the order bound: its
+    /// requests for `mmu_lock` and the swap device come no later than any
+    /// other actor could make one, or it ends as `Next::NotYet` and is
+    /// parked again until the others have passed its request.
+    fn handle_parked_exit(&mut self, index: usize) -> Result<(), VmError> {
+        let Some(exit) = self.vcpus[index].parked_exit.take() else {
+            return Ok(());
+        };
+        let bounded = matches!(
+            exit,
+            VmExit::EptViolation { .. } | VmExit::Exception { vector: 14, .. }
+        );
+        if bounded && !self.sched.settling {
+            self.shared.host.order_bound = Some(self.order_bound(index));
+        }
+        let next = self.vcpus[index].handle_exit(&mut self.shared, exit);
+        self.shared.host.order_bound = None;
+        self.carry_out_cross_requests();
+        self.after_exit(index, next)
+    }
+
+    /// The latest virtual time at which vCPU `index`, the earliest actor,
+    /// may ask for a shared resource knowing that nobody else can ask
+    /// earlier: the earliest request each other vCPU could still make,
+    /// the next delivery, host tick and teardown batch, and the time the
+    /// VMM's own work comes at (`run_until`'s limit).
+    ///
+    /// A vCPU running guest code must exit first (`vm_exit`); one with a
+    /// parked exit, work due on its clock (a page that arrived) or a
+    /// fault to replay can ask at its own time (the hv's own accesses to
+    /// guest memory are stamped with it). A blocked vCPU can be woken by a
+    /// delivery before its own deadline: by one pending, or one a third
+    /// vCPU could still send. Deliveries this handler sends are not
+    /// waited for (it cannot wait for itself): a vCPU they wake asks
+    /// after the handler's requests in the order of service, which the
+    /// checkers count if it is earlier in virtual time.
+    fn order_bound(&self, index: usize) -> Cycles {
+        let times: Vec<Cycles> = (0..self.vcpus.len()).map(|o| self.vcpu_time(o)).collect();
+        let next_delivery = self.sched.deliveries.keys().next().map(|&(at, _)| at);
+        let mut bound = self.sched.limit;
+        for other in (0..self.vcpus.len()).filter(|&o| o != index) {
+            let vcpu = &self.vcpus[other];
+            let busy = vcpu.parked_exit.is_some()
+                || !vcpu.apf.works.is_empty()
+                || !vcpu.apf.ready_queue.is_empty();
+            let earliest = match vcpu.run {
+                RunState::Runnable if !busy => {
+                    times[other].saturating_add(Cycles(vcpu.cpu.costs().vm_exit))
+                }
+                RunState::Runnable | RunState::WaitingForStart => times[other],
+                RunState::Halted | RunState::ApfHalted | RunState::Stalled { .. } => {
+                    let woken = (0..self.vcpus.len())
+                        .filter(|&x| x != other && x != index && times[x] != Cycles::MAX)
+                        .map(|x| self.earliest_delivery_from(x, times[x]))
+                        .chain(next_delivery)
+                        .min()
+                        .unwrap_or(Cycles::MAX);
+                    times[other].min(woken)
+                }
+            };
+            bound = bound.min(earliest);
+        }
+        if let Some(at) = next_delivery {
+            bound = bound.min(at);
+        }
+        if let Some(tick) = self.sched.next_tick() {
+            bound = bound.min(tick);
+        }
+        if let Some(teardown) = &self.teardown {
+            bound = bound.min(teardown.report.ended);
+        }
+        bound
+    }
+
     /// Carries out what the handler of vCPU `index`'s exit asked of the
     /// scheduler.
     fn after_exit(&mut self, index: usize, next: Next) -> Result<(), VmError> {
@@ -601,7 +703,7 @@ impl Vm {
             }
             Next::Stop(reason) => sched.stopped = Some(reason),
             // `handle_exit` parked the exit again for its replay.
-            Next::LockBusy { .. } => {}
+            Next::LockBusy { .. } | Next::NotYet { .. } => {}
         }
         Ok(())
     }
@@ -612,9 +714,10 @@ impl Vm {
     /// It changes where the VM's events fall against the caller's own
     /// work, so only the VMM's save points call it.
     pub fn settle(&mut self) {
+        self.sched.settling = true;
         loop {
             if self.sched.stopped.is_some() {
-                return;
+                break;
             }
             if !self.sched.deliveries.is_empty() {
                 self.deliver_next();
@@ -622,9 +725,10 @@ impl Vm {
             }
             match self.earliest_parked(|_| true) {
                 Some(index) => self.step_vcpu(index),
-                None => return,
+                None => break,
             }
         }
+        self.sched.settling = false;
     }
 
     /// Completes what is due on vCPU `index`'s clock: the read it stalls

@@ -61,6 +61,9 @@ pub struct Schedule {
     arrival: HashMap<u64, Cycles>,
     origin: Cycles,
     stats: PostcopyStats,
+    /// The last requests' (first touch, start on the wire), for the order
+    /// check: the source serves requests first come, first served.
+    recent_requests: std::collections::VecDeque<(Cycles, Cycles)>,
 }
 
 /// The destination's post-copy figures, all from [`Schedule`] (virtual
@@ -82,6 +85,9 @@ pub struct PostcopyStats {
     pub complete_ms: f64,
     /// The pages' bytes on the link (one frame per page).
     pub bytes: u64,
+    /// Requests put on the wire after a request made later than
+    /// themselves (always 0; with the `order-checks` feature, a panic).
+    pub out_of_order: u64,
     /// Connections made again after a break (host-side).
     pub reconnects: u32,
 }
@@ -100,6 +106,7 @@ impl Schedule {
             record,
             request_delay: model.transfer(link::REQUEST_FRAME) + latency,
             arrival: HashMap::new(),
+            recent_requests: std::collections::VecDeque::new(),
             origin,
             stats: PostcopyStats {
                 pages,
@@ -141,7 +148,9 @@ impl Schedule {
                 match self.arrival.get(&gfn) {
                     Some(&t) => t,
                     None => {
-                        let end = self.wire_end.max(reaches_source) + self.record;
+                        let start = self.wire_end.max(reaches_source);
+                        self.check_request_order(now, start);
+                        let end = start + self.record;
                         self.wire_end = end;
                         self.arrival.insert(gfn, end);
                         self.stats.requested += 1;
@@ -157,6 +166,31 @@ impl Schedule {
             self.stats.wait_ms += ms(arrival - now);
         }
         arrival
+    }
+
+    /// Requests remembered for the order check: more than vCPUs.
+    const RECENT: usize = 256;
+
+    /// Checks that a request for a page first touched at `now`, put on
+    /// the wire at `start`, does not go after one touched later.
+    fn check_request_order(&mut self, now: Cycles, start: Cycles) {
+        let late = self
+            .recent_requests
+            .iter()
+            .any(|&(touched, started)| touched > now && started < start);
+        if late {
+            self.stats.out_of_order += 1;
+            if cfg!(feature = "order-checks") {
+                panic!(
+                    "post-copy link: a request at {} is served after a later one",
+                    now.0
+                );
+            }
+        }
+        if self.recent_requests.len() == Self::RECENT {
+            self.recent_requests.pop_front();
+        }
+        self.recent_requests.push_back((now, start));
     }
 
     /// Virtual time the last page arrives.
@@ -767,6 +801,22 @@ mod tests {
         assert_eq!(s.fetch_time(1, Cycles(0)), Cycles(3 * record));
         assert_eq!(s.fetch_time(8, Cycles(10 * record)), Cycles(10 * record));
         assert_eq!(s.complete_at(), Cycles(10 * record));
+    }
+
+    #[test]
+    #[cfg_attr(
+        feature = "order-checks",
+        should_panic(expected = "served after a later one")
+    )]
+    fn the_checker_counts_a_request_served_after_a_later_one() {
+        let mut s = Schedule::new(&model(), (0..10).collect(), Cycles(0));
+        let record = link::ONE_PAGE_FRAME;
+        s.fetch_time(9, Cycles(0));
+        assert_eq!(s.stats.out_of_order, 0);
+        // Touched after the next request but reaching the schedule first.
+        s.fetch_time(8, Cycles(record / 2));
+        s.fetch_time(7, Cycles(record / 4));
+        assert_eq!(s.stats.out_of_order, 1);
     }
 
     #[test]
