@@ -988,6 +988,14 @@ const TESTS: &[Test] = &[
         ops: GUEST_LOOPS as u64,
         two_cpus: false,
     },
+    Test {
+        name: "int80_syscall",
+        what: "a system call through an IDT gate: getppid by INT 0x80 (the 32-bit entry, left with IRET), entry and return",
+        informs: &["event_delivery", "privilege_transition"],
+        note: "minus syscall: a gate's delivery and an IRET against SYSCALL and SYSRET (the machine's event_delivery - privilege_transition = 20), plus the two entry paths' own differences; on a host whose kernel runs deprivileged under a software hypervisor (a PVM guest) the IDT is virtual and the figure is that hypervisor's",
+        ops: 20_000,
+        two_cpus: false,
+    },
 ];
 
 /// The current value of entry `name` and its table.
@@ -1065,6 +1073,7 @@ fn prepare(name: &str, b: &mut Buffers, rng: &mut Rng) -> Result<(), String> {
         // user space and the entry back.
         "kvm_pio_exit" => b.kvm = Some(KvmGuest::new(&[], 1)?),
         "kvm_guest_loop" => b.kvm = Some(KvmGuest::new(&[], GUEST_LOOPS)?),
+        "int80_syscall" => int80_works()?,
         "kvm_int_iret" => b.kvm = Some(KvmGuest::with_vectors(&INT_BODY, GUEST_LOOPS)?),
         "memslot_lookup" => {
             // MEMSLOTS slots of 1 to 64 Ki pages with gaps between them.
@@ -1228,6 +1237,13 @@ fn repetition(t: &Test, ctx: &Ctx, b: &mut Buffers, rep: u64) -> Timed {
             for _ in 0..ops {
                 // SAFETY: getppid has no arguments and cannot fail.
                 black_box(unsafe { libc::getppid() });
+            }
+        })),
+        "int80_syscall" => Ok(per_op(ops, || {
+            for _ in 0..ops {
+                // SAFETY: prepare checked, in a child process, that this
+                // kernel has the 32-bit entry.
+                black_box(unsafe { int80_getppid() });
             }
         })),
         "context_switch" => context_switch(ctx, ops),
@@ -1577,6 +1593,57 @@ fn context_switch(ctx: &Ctx, rounds: u64) -> Timed {
 }
 
 /// Runs every test; `None` when a signal stopped the run.
+/// getppid through INT 0x80: the 32-bit system call entry (getppid is 64
+/// in its table), an interrupt gate of the IDT, left with IRET.
+///
+/// # Safety
+/// The kernel must have the 32-bit entry (IA32 emulation): without it
+/// INT 0x80 raises #GP and the process gets SIGSEGV. [`int80_works`]
+/// checks in a child process.
+unsafe fn int80_getppid() -> u32 {
+    let mut eax: u32 = 64;
+    // SAFETY: the caller's; the entry may clear R8-R11 (older kernels did),
+    // and changes nothing else of this process.
+    unsafe {
+        std::arch::asm!("int 0x80", inout("eax") eax, out("r8") _, out("r9") _,
+            out("r10") _, out("r11") _)
+    };
+    eax
+}
+
+/// Whether INT 0x80 works here: a child process makes the call once and
+/// compares it with getppid(2)'s answer.
+fn int80_works() -> Result<(), String> {
+    // SAFETY: the child only makes two system calls and `_exit`s, all
+    // async-signal-safe, so forking a process with other threads is sound.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        // SAFETY: in the child; if the entry is missing, the SIGSEGV ends
+        // the child alone.
+        let same = unsafe { int80_getppid() } as i32 == unsafe { libc::getppid() };
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(if same { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked, writing its status.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } != pid {
+        return Err(format!("waitpid: {}", std::io::Error::last_os_error()));
+    }
+    if libc::WIFSIGNALED(status) {
+        Err(format!(
+            "INT 0x80 ended a test process by signal {}: this kernel has no 32-bit system call entry",
+            libc::WTERMSIG(status)
+        ))
+    } else if libc::WEXITSTATUS(status) != 0 {
+        Err("INT 0x80 getppid did not give getppid(2)'s answer".to_string())
+    } else {
+        Ok(())
+    }
+}
+
 /// How this host's KVM runs a guest: the median of three runs of an empty
 /// guest loop, ns per iteration (as `kvm_guest_loop`), or why no guest
 /// ran.
