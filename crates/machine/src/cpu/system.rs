@@ -928,6 +928,7 @@ impl Cpu {
         if self.state.cpl() > self.iopl() {
             self.check_io_bitmap(mem, port, size)?;
         }
+        self.note_io_access(port, size);
         let exits = match self.vmx.as_deref() {
             None => true,
             Some(v) => match &v.io_exiting {
@@ -984,6 +985,7 @@ impl Cpu {
         if self.state.cpl() > self.iopl() {
             self.check_io_bitmap(mem, port, bytes)?;
         }
+        self.note_io_access(port, bytes);
         let exits = match self.vmx.as_deref() {
             None => true,
             Some(v) => v
