@@ -13,7 +13,9 @@ impl Vcpu {
         let s = self.cpu.state();
         let leaf = s.gpr[Gpr::Rax as usize] as u32;
         let subleaf = s.gpr[Gpr::Rcx as usize] as u32;
-        let mut r = guest_cpuid(leaf, subleaf, self.cpu.apic().id(), kvm_features);
+        let cr4 = s.cr4;
+        let r = guest_cpuid(leaf, subleaf, self.cpu.apic().id(), kvm_features);
+        let mut r = machine::cpu::with_osxsave(leaf, r, cr4);
         if leaf == 1 && self.cpu.apic().mode() == ApicMode::Disabled {
             // CPUID.1:EDX.APIC follows IA32_APIC_BASE.EN (SDM Vol. 3A,
             // "Enabling or Disabling the Local APIC").

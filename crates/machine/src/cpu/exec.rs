@@ -356,6 +356,7 @@ impl Cpu {
             m if super::legacy::is_legacy(m) => self.exec_legacy(mem, i),
             m if super::sse::is_simd(m) => self.exec_simd(mem, i),
             m if super::x87::is_x87(m) => self.exec_x87(mem, i),
+            m if super::xsave::is_xsave(m) => self.exec_xsave(mem, i),
             _ => self.exec_system(mem, i),
         }
     }

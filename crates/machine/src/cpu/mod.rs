@@ -31,7 +31,7 @@ pub mod mce;
 mod mmio;
 pub use event::has_error_code;
 pub use mmio::{MmioEmulation, MmioWrite};
-pub use system::native_cpuid;
+pub use system::{native_cpuid, with_osxsave};
 mod exec;
 mod far;
 pub mod fpu_state;
@@ -48,6 +48,7 @@ mod tests;
 mod translated;
 pub mod triple_fault;
 mod x87;
+pub mod xsave;
 
 use crate::apic::Lapic;
 use crate::cost::CycleCosts;

@@ -39,12 +39,13 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
     // and the like follow Intel).
     const VENDOR: [u32; 3] = [0x756e_6547, 0x4965_6e69, 0x6c65_746e];
     match leaf {
-        0 => [0xb, VENDOR[0], VENDOR[2], VENDOR[1]],
+        0 => [0xd, VENDOR[0], VENDOR[2], VENDOR[1]],
         1 => {
             let eax = 0x0005_0654; // family 6, model 0x55, stepping 4
             let ebx = (apic_id << 24) | (1 << 16) | (8 << 8);
-            // x2APIC, POPCNT, TSC-deadline.
-            let ecx = (1 << 21) | (1 << 23) | (1 << 24);
+            // x2APIC, POPCNT, TSC-deadline, XSAVE. (OSXSAVE, bit 27,
+            // follows CR4: `with_osxsave`.)
+            let ecx = (1 << 21) | (1 << 23) | (1 << 24) | (1 << 26);
             // FPU, TSC, MSR, PAE, MCE, CX8, APIC, MCA, PGE, CMOV, PAT,
             // CLFSH, FXSR, SSE, SSE2. (No MMX.)
             let edx = 1
@@ -73,6 +74,7 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
             (subleaf & 0xff) | if subleaf == 0 { 1 << 8 } else { 0 },
             apic_id,
         ],
+        0xd => super::xsave::cpuid_leaf_d(subleaf),
         0x8000_0000 => [0x8000_0008, 0, 0, 0],
         // LAHF/SAHF, LZCNT; SYSCALL, NX, 1 GiB pages, RDTSCP, long mode.
         0x8000_0001 => [
@@ -84,6 +86,15 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
         0x8000_0008 => [crate::mmu::paging::MAX_PHYS_ADDR_BITS | (48 << 8), 0, 0, 0],
         _ => [0; 4],
     }
+}
+
+/// CPUID result `r` of `leaf` with CPUID.1:ECX.OSXSAVE (bit 27) set as
+/// CR4.OSXSAVE is (`cr4`).
+pub fn with_osxsave(leaf: u32, mut r: [u32; 4], cr4: u64) -> [u32; 4] {
+    if leaf == 1 && cr4 & cr4::OSXSAVE != 0 {
+        r[2] |= 1 << 27;
+    }
+    r
 }
 
 impl Cpu {
@@ -146,11 +157,9 @@ impl Cpu {
                 if self.vmx.is_some() {
                     return Err(Fault::exit(VmExit::Cpuid));
                 }
-                let r = native_cpuid(
-                    self.state.gpr[0] as u32,
-                    self.state.gpr[1] as u32,
-                    self.apic.id(),
-                );
+                let leaf = self.state.gpr[0] as u32;
+                let r = native_cpuid(leaf, self.state.gpr[1] as u32, self.apic.id());
+                let r = with_osxsave(leaf, r, self.state.cr4);
                 for (reg, v) in [0usize, 3, 1, 2].into_iter().zip(r) {
                     self.state.gpr[reg] = v as u64;
                 }
