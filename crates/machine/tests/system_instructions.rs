@@ -295,3 +295,119 @@ fn sysret_that_sets_tf_traps_at_its_target() {
         }
     }
 }
+
+/// CR4.PCIDE: set only with CR3[11:0] = 0 (in IA-32e mode); then CR3
+/// holds a PCID in bits 11:0 and bit 63 of a load is not stored; paging
+/// cannot be turned off while it is set.
+#[test]
+fn pcide_takes_a_pcid_in_cr3_and_pins_paging() {
+    let set_pcide = |a: &mut CodeAssembler| {
+        a.mov(rax, cr4).unwrap();
+        a.or(eax, cr4::PCIDE as u32).unwrap();
+        a.mov(cr4, rax).unwrap();
+    };
+    // CR3[11:0] != 0: #GP.
+    let mut r = rig(|a| {
+        a.mov(rax, cr3).unwrap();
+        a.or(eax, 1).unwrap();
+        a.mov(cr3, rax).unwrap();
+        set_pcide(a);
+        a.hlt().unwrap();
+    });
+    assert_eq!(run(&mut r), Some(13));
+    let mut r = rig(|a| {
+        set_pcide(a);
+        a.mov(rax, cr3).unwrap();
+        a.mov(rbx, (1u64 << 63) | 5).unwrap();
+        a.or(rax, rbx).unwrap();
+        a.mov(cr3, rax).unwrap();
+        a.mov(rcx, cr3).unwrap();
+        a.mov(rax, cr0).unwrap();
+        a.btr(eax, 31).unwrap();
+        a.mov(cr0, rax).unwrap(); // #GP: PG with PCIDE
+        a.hlt().unwrap();
+    });
+    assert_eq!(run(&mut r), Some(13));
+    assert_ne!(r.cpu.state().cr4 & cr4::PCIDE, 0);
+    assert_eq!(r.gpr(1), PML4 | 5, "PCID kept, bit 63 dropped");
+    // Without PCIDE, bit 63 of CR3 is reserved.
+    let mut r = rig(|a| {
+        a.mov(rax, cr3).unwrap();
+        a.bts(rax, 63).unwrap();
+        a.mov(cr3, rax).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(run(&mut r), Some(13));
+}
+
+/// INVPCID `kind` with the descriptor (PCID, address) at DATA, after
+/// `before`; then reads the qword at `probe` into RDX.
+fn invpcid_rig(
+    kind: u64,
+    pcid: u64,
+    address: u64,
+    probe: u64,
+    before: impl FnOnce(&mut CodeAssembler),
+) -> Rig {
+    let r = rig(|a| {
+        before(a);
+        a.mov(rax, probe).unwrap();
+        a.mov(rdx, qword_ptr(rax)).unwrap(); // cached in the TLB
+        a.mov(rbx, PD + 8 * (probe >> 21)).unwrap();
+        a.add(qword_ptr(rbx), 0x20_0000).unwrap(); // remap: the next 2 MiB
+        a.mov(rcx, kind).unwrap();
+        a.mov(rsi, DATA).unwrap();
+        a.invpcid(rcx, xmmword_ptr(rsi)).unwrap();
+        a.mov(rax, probe).unwrap();
+        a.mov(rdx, qword_ptr(rax)).unwrap();
+        a.hlt().unwrap();
+    });
+    r.mem.write_u64(Hpa(DATA), pcid).unwrap();
+    r.mem.write_u64(Hpa(DATA + 8), address).unwrap();
+    r
+}
+
+/// INVPCID types 0-3 remove the translation (the TLB is not tagged by
+/// PCID, so every type removes at least what it must); #GP for type 4,
+/// reserved descriptor bits, a non-canonical type-0 address, a PCID for
+/// types 0 and 1 without CR4.PCIDE, and above ring 0; #UD in a guest
+/// without the "enable INVPCID" control.
+#[test]
+fn invpcid_invalidates_and_checks_its_operands() {
+    let probe = 0x80_0000u64;
+    let marker = 0x5eed_u64;
+    for kind in 0..4 {
+        let mut r = invpcid_rig(kind, 0, probe, probe, |_| {});
+        r.mem.write_u64(Hpa(probe), 1).unwrap();
+        r.mem.write_u64(Hpa(probe + 0x20_0000), marker).unwrap();
+        assert_eq!(run(&mut r), None, "type {kind}");
+        assert_eq!(r.gpr(2), marker, "type {kind}: the new mapping");
+    }
+    for (kind, pcid, address) in [
+        (4, 0, probe),
+        (0, 1 << 12, probe),
+        (0, 0, 1u64 << 63),
+        (0, 1, probe),
+        (1, 1, probe),
+    ] {
+        let mut r = invpcid_rig(kind, pcid, address, probe, |_| {});
+        assert_eq!(run(&mut r), Some(13), "type {kind} pcid {pcid:#x}");
+    }
+    // A PCID with CR4.PCIDE set is fine.
+    let mut r = invpcid_rig(1, 7, probe, probe, |a| {
+        a.mov(rax, cr4).unwrap();
+        a.or(eax, cr4::PCIDE as u32).unwrap();
+        a.mov(cr4, rax).unwrap();
+    });
+    assert_eq!(run(&mut r), None);
+    let mut r = invpcid_rig(2, 0, probe, probe, |_| {});
+    r.enter_user_mode();
+    assert_eq!(run(&mut r), Some(13), "ring 3");
+    let mut r = invpcid_rig(2, 0, probe, probe, |_| {}).guest(controls());
+    assert_eq!(run(&mut r), Some(6), "no enable-INVPCID control: #UD");
+    let mut r = invpcid_rig(2, 0, probe, probe, |_| {}).guest(machine::VmxControls {
+        enable_invpcid: true,
+        ..controls()
+    });
+    assert_eq!(run(&mut r), None);
+}

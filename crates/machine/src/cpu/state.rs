@@ -78,6 +78,7 @@ pub mod cr4 {
         | OSXMMEXCPT
         | UMIP
         | FSGSBASE
+        | PCIDE
         | OSXSAVE
         | SMEP
         | SMAP;
