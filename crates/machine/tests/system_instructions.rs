@@ -411,3 +411,75 @@ fn invpcid_invalidates_and_checks_its_operands() {
     });
     assert_eq!(run(&mut r), None);
 }
+
+/// MOVD/MOVQ through the MMX registers (kvm-unit-tests' `emulator`
+/// "movq (mmx, read/write)"): MMi is bits 63:0 of x87 register Ri with
+/// bits 79:64 set; an MMX move sets TOP to 0 and tags every register
+/// valid, EMMS empties them; #UD with CR0.EM, #NM with CR0.TS, #MF with an
+/// unmasked x87 exception pending.
+#[test]
+fn mmx_moves_alias_the_x87_registers() {
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let mut r = rig(|a| {
+            a.fninit().unwrap();
+            a.fld1().unwrap(); // TOP = 7
+            a.mov(rax, 0x0102_0304_0506_0708u64).unwrap();
+            a.movq(mm0, rax).unwrap();
+            a.movq(qword_ptr(DATA), mm0).unwrap();
+            a.movd(mm1, dword_ptr(DATA + 4)).unwrap();
+            a.movq(mm2, mm1).unwrap();
+            a.movq(rbx, mm2).unwrap();
+            a.movd(ecx, mm0).unwrap();
+            a.hlt().unwrap();
+        })
+        .with_engine(engine);
+        assert_eq!(run(&mut r), None, "{engine:?}");
+        assert_eq!(r.mem.read_u64(Hpa(DATA)).unwrap(), 0x0102_0304_0506_0708);
+        assert_eq!(r.gpr(3), 0x0102_0304, "{engine:?}: MOVD zero-extends");
+        assert_eq!(r.gpr(1), 0x0506_0708);
+        let fpu = r.cpu.state().fpu;
+        assert_eq!(fpu.st[0], 0xffff_u128 << 64 | 0x0102_0304_0506_0708);
+        assert_eq!((fpu.fsw >> 11) & 7, 0, "TOP");
+        assert_eq!(fpu.ftw, 0xff, "all valid");
+    }
+    let mut r = rig(|a| {
+        a.movq(mm0, rax).unwrap();
+        a.emms().unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(run(&mut r), None);
+    assert_eq!(r.cpu.state().fpu.ftw, 0, "EMMS: all empty");
+    for (cr0_bits, fsw_es, want) in [(cr0::EM, false, 6), (cr0::TS, false, 7), (0, true, 16)] {
+        let mut r = rig(|a| {
+            a.movq(mm0, rax).unwrap();
+            a.hlt().unwrap();
+        });
+        r.cpu.state_mut().cr0 |= cr0_bits;
+        if fsw_es {
+            let fpu = &mut r.cpu.state_mut().fpu;
+            fpu.fcw &= !1; // IM clear
+            fpu.fsw |= 1 | 0x80; // IE, ES
+        }
+        assert_eq!(run(&mut r), Some(want));
+    }
+}
+
+/// A non-canonical memory operand through SS (based on RSP or RBP) is
+/// #SS(0); through another segment #GP(0) (kvm-unit-tests' `emulator`
+/// "non-canonical rsp-based access").
+#[test]
+fn non_canonical_stack_operands_are_ss_faults() {
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        for (base, want) in [(rsp, 12), (rbp, 12), (rdx, 13)] {
+            let mut r = rig(|a| {
+                a.mov(rbp, STACK_TOP).unwrap();
+                a.mov(rdx, STACK_TOP).unwrap();
+                a.mov(rax, 0x8000_0000_0000_0000u64).unwrap();
+                a.or(qword_ptr(base + rax), 0).unwrap();
+                a.hlt().unwrap();
+            })
+            .with_engine(engine);
+            assert_eq!(run(&mut r), Some(want), "{engine:?}");
+        }
+    }
+}

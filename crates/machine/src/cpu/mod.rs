@@ -37,6 +37,7 @@ mod far;
 pub mod fpu_state;
 mod hostfp;
 mod hostx87;
+mod mmx;
 #[cfg(test)]
 mod mode_tests;
 pub mod snapshot;
@@ -1002,7 +1003,25 @@ impl Cpu {
             self.state.rip = op.insn.ip();
         }
         self.note_mmio(&op.insn, &f);
+        let f = self.stack_segment_fault(&op.insn, f);
         self.handle_fault(mem, f, op.insn.len() as u8)
+    }
+
+    /// A memory operand through SS (based on RSP or RBP, or with an SS
+    /// override) at a non-canonical address faults #SS(0), not #GP(0)
+    /// (SDM Vol. 3A 6.15, "Interrupt 12"; kvm-unit-tests' `emulator`
+    /// "non-canonical rsp-based access").
+    fn stack_segment_fault(&self, insn: &iced_x86::Instruction, f: Fault) -> Fault {
+        let through_ss = (0..insn.op_count()).any(|n| insn.op_kind(n) == iced_x86::OpKind::Memory)
+            && insn.memory_segment() == iced_x86::Register::SS;
+        if through_ss
+            && self.state.in_64bit_mode()
+            && !crate::addr::is_canonical(self.effective_address(insn))
+        {
+            access::stack_fault(f)
+        } else {
+            f
+        }
     }
 
     /// Turns a fault of the current instruction into an exception delivery
