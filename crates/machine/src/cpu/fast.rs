@@ -1257,6 +1257,9 @@ impl Cpu {
             self.apply_flags(f);
             return Ok(());
         }
+        if self.state.debug.dr7 & super::debug_regs::DR7_ENABLES != 0 {
+            self.note_data_access(la, size.bytes() as u64, true);
+        }
         if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
             let user = self.state.cpl() == 3;
             let hpa = self.translate(mem, la, crate::mmu::AccessKind::Write, user)?;
