@@ -495,6 +495,99 @@ fn divides_and_one_operand_multiplies_agree() {
 }
 
 #[test]
+fn setcc_not_and_neg_agree() {
+    // SETcc of byte registers (every condition, REX-only registers, the
+    // low byte with the bits above kept) after flags from CMP, NEG and
+    // ADD; NOT (no flags touched: the CMP's reach the SETcc after it) and
+    // NEG of 32- and 64-bit registers, of 0 (CF clear) and of the most
+    // negative value (OF set), their flags consumed natively and through
+    // PUSHFQ. SETcc of AH is a call-out.
+    let iterations = 200u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(r15, iterations).unwrap();
+        a.mov(r8, 0x9e37_79b9_7f4a_7c15u64).unwrap();
+        a.mov(rbx, -1i64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.imul_3(r8, r8, 0x2545_f491).unwrap();
+        a.add(r8, r15).unwrap();
+        a.mov(rax, r8).unwrap();
+        a.mov(rcx, r8).unwrap();
+        a.shr(rcx, 17).unwrap();
+        a.cmp(rax, rcx).unwrap();
+        a.not(rcx).unwrap();
+        a.seto(al).unwrap();
+        a.setno(bl).unwrap();
+        a.setb(sil).unwrap();
+        a.setae(dil).unwrap();
+        a.sete(bpl).unwrap();
+        a.setne(r9b).unwrap();
+        a.setbe(r10b).unwrap();
+        a.seta(r11b).unwrap();
+        a.add(r12, rax).unwrap();
+        a.add(r12, rbx).unwrap();
+        a.add(r12, rcx).unwrap();
+        a.add(r12, rsi).unwrap();
+        a.add(r12, rdi).unwrap();
+        a.add(r13, r9).unwrap();
+        a.add(r13, r10).unwrap();
+        a.add(r13, r11).unwrap();
+        a.add(r13, rbp).unwrap();
+        a.cmp(ecx, eax).unwrap();
+        a.sets(al).unwrap();
+        a.setns(bl).unwrap();
+        a.setp(r9b).unwrap();
+        a.setnp(r10b).unwrap();
+        a.setl(r11b).unwrap();
+        a.setge(bpl).unwrap();
+        a.setle(dl).unwrap();
+        a.setg(ah).unwrap();
+        a.add(r14, rax).unwrap();
+        a.add(r14, rbx).unwrap();
+        a.add(r14, rdx).unwrap();
+        a.add(r14, r9).unwrap();
+        a.add(r14, r10).unwrap();
+        a.add(r14, r11).unwrap();
+        a.add(r14, rbp).unwrap();
+        // NEG: of a varying value, of 0 and of the most negative value,
+        // 64 and 32 bits; its flags into ADC, CMOVcc, SETcc, PUSHFQ.
+        a.mov(rdx, r8).unwrap();
+        a.neg(rdx).unwrap();
+        a.adc(r12, rdx).unwrap();
+        a.mov(ecx, r8d).unwrap();
+        a.and(ecx, 3).unwrap();
+        a.neg(ecx).unwrap();
+        a.setb(al).unwrap();
+        a.cmovo(r12, rcx).unwrap();
+        a.add(r12, rax).unwrap();
+        a.xor(edx, edx).unwrap();
+        a.neg(rdx).unwrap();
+        a.setb(bl).unwrap();
+        a.sete(dl).unwrap();
+        a.add(r13, rbx).unwrap();
+        a.mov(rdx, 0x8000_0000_0000_0000u64).unwrap();
+        a.neg(rdx).unwrap();
+        a.seto(al).unwrap();
+        a.add(r13, rax).unwrap();
+        a.mov(edx, 0x8000_0000u32).unwrap();
+        a.neg(edx).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rdi).unwrap();
+        a.add(r14, rdi).unwrap();
+        a.not(edx).unwrap();
+        a.add(r13, rdx).unwrap();
+        a.dec(r15).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Per iteration: SETcc of AH and the PUSHFQ.
+    let bound = iterations * 2 + 10;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+#[test]
 fn indirect_calls_and_jumps_agree() {
     // CALL/JMP through a register and through memory (a table indexed by
     // a register, and an RSP-relative slot read before the push), natively

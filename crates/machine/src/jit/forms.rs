@@ -525,6 +525,14 @@ pub(crate) enum Extra {
     /// access is aligned (the interpreter's atomic path, with the `locked`
     /// cost) and the first-level TLB serves it.
     XchgMR { reg: u8, size: Size, m: MemOp },
+    /// SETcc of a byte register other than AH/CH/DH/BH (`code`, one of
+    /// the `Set*_rm8` codes): the host instruction on the register's low
+    /// byte in the `Cpu`, with the guest flags in the host flags.
+    Setcc { code: Code, dst: u8 },
+    /// NOT (`neg` false) or NEG of a 32- or 64-bit register: the host
+    /// instruction. NOT touches no flag; NEG writes all six as SUB from 0
+    /// does (`alu::neg`), which the host's are.
+    Unary { neg: bool, size: Size, dst: u8 },
 }
 
 /// A full-width register operand (32 or 64 bits): its index.
@@ -622,6 +630,29 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
             }
             _ => None,
         },
+        // SETcc of a register: the one form with a condition and a
+        // single register operand (Jcc's and LOOPcc's is a branch target,
+        // CMOVcc has two).
+        _ if i.condition_code() != iced_x86::ConditionCode::None
+            && i.op_count() == 1
+            && i.op0_kind() == OpKind::Register =>
+        {
+            match crate::cpu::fast::gpr(i.op0_register())? {
+                (dst, Size::B1) => Some(Extra::Setcc {
+                    code: i.code(),
+                    dst,
+                }),
+                _ => None,
+            }
+        }
+        M::Not | M::Neg if i.op0_kind() == OpKind::Register => {
+            let (dst, size) = wide_gpr(i.op0_register())?;
+            Some(Extra::Unary {
+                neg: m == M::Neg,
+                size,
+                dst,
+            })
+        }
         M::Cbw | M::Cwde | M::Cdqe | M::Cwd | M::Cdq | M::Cqo => Some(Extra::Convert {
             code: i.code(),
             to_rdx: matches!(m, M::Cwd | M::Cdq | M::Cqo),
@@ -656,6 +687,26 @@ impl Emitter {
                 self.store_from(SEC, a, size)
             }
             Extra::XchgMR { reg, size, m } => self.xchg_mem(k, ip, reg, size, &m),
+            Extra::Setcc { code, dst } => {
+                self.need_flags()?;
+                let g = self.g(dst);
+                self.add(Instruction::with1(code, g))
+            }
+            Extra::Unary { neg, size, dst } => {
+                let code = match (neg, size) {
+                    (false, Size::B4) => Code::Not_rm32,
+                    (false, _) => Code::Not_rm64,
+                    (true, Size::B4) => Code::Neg_rm32,
+                    (true, _) => Code::Neg_rm64,
+                };
+                self.load(ACC, dst, size)?;
+                self.add(Instruction::with1(code, ACC[si(size)]))?;
+                self.store_acc(dst, size)?;
+                if neg {
+                    self.wrote_flags(false);
+                }
+                Ok(())
+            }
             Extra::Convert { code, to_rdx } => {
                 // No flags are touched: they may stay in the host.
                 self.load(ACC, 0, Size::B8)?;
