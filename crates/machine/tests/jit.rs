@@ -588,6 +588,59 @@ fn setcc_not_and_neg_agree() {
 }
 
 #[test]
+fn memory_inc_dec_and_immediate_pushes_agree() {
+    // INC/DEC of 32- and 64-bit memory, GS-relative too (Linux's per-CPU
+    // counters), wrapping through 0 and the sign boundary; CF kept across
+    // them (consumed by ADC) and the rest of their flags by SETcc, CMOVcc
+    // and PUSHFQ; PUSH of 8- and 32-bit immediates, negative ones too.
+    let iterations = 200u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        gs_bases(a, DATA + 0x1000);
+        a.mov(rsi, DATA).unwrap();
+        a.mov(rcx, iterations).unwrap();
+        a.mov(dword_ptr(rsi + 0x200), 0x7fff_fff0).unwrap();
+        a.mov(qword_ptr(rsi + 0x208), 3).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(rax, rcx).unwrap();
+        a.and(eax, 7).unwrap();
+        a.cmp(eax, 4).unwrap();
+        a.inc(dword_ptr(rsi + 0x200)).unwrap();
+        a.adc(r8, 0).unwrap();
+        a.seto(r9b).unwrap();
+        a.add(r10, r9).unwrap();
+        a.cmp(eax, 2).unwrap();
+        a.dec(qword_ptr(rsi + 0x208)).unwrap();
+        a.adc(r8, 0).unwrap();
+        a.cmovs(r11, rcx).unwrap();
+        a.cmovz(r12, rax).unwrap();
+        a.inc(dword_ptr(0x10u64).gs()).unwrap();
+        a.dec(qword_ptr(0x18u64).gs()).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rdi).unwrap();
+        a.add(r13, rdi).unwrap();
+        a.push(0x1234_5678).unwrap();
+        a.push(-5).unwrap();
+        a.pop(rbx).unwrap();
+        a.pop(rdx).unwrap();
+        a.add(r14, rbx).unwrap();
+        a.add(r14, rdx).unwrap();
+        a.dec(rcx).unwrap();
+        a.jnz(top).unwrap();
+        a.mov(r15, qword_ptr(0x18u64).gs()).unwrap();
+        a.mov(ebp, dword_ptr(0x10u64).gs()).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[5], iterations, "GS-relative INC");
+    assert_eq!(o.gpr[15], iterations.wrapping_neg(), "GS-relative DEC");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Per iteration: the PUSHFQ only.
+    let bound = iterations + 30;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+#[test]
 fn indirect_calls_and_jumps_agree() {
     // CALL/JMP through a register and through memory (a table indexed by
     // a register, and an RSP-relative slot read before the push), natively

@@ -474,6 +474,17 @@ impl Emitter {
         Ok((self.a.create_label(), self.a.create_label()))
     }
 
+    /// [`Self::begin_inline`] for a form whose first-level misses are
+    /// filled (`filled_slow`): also the miss label and the retry point.
+    fn begin_filled(
+        &mut self,
+    ) -> Result<(CodeLabel, CodeLabel, CodeLabel, CodeLabel), NotTranslated> {
+        let (full, cont) = self.begin_inline()?;
+        let miss = self.a.create_label();
+        let retry = self.retry_point()?;
+        Ok((full, cont, miss, retry))
+    }
+
     /// The end of the fast path of instruction `k`'s inline form: its slow
     /// path (the instruction through the interpreter) comes back to here,
     /// with the guest flags loaded into the host's if `flags_in_host`.
@@ -533,6 +544,13 @@ pub(crate) enum Extra {
     /// instruction. NOT touches no flag; NEG writes all six as SUB from 0
     /// does (`alu::neg`), which the host's are.
     Unary { neg: bool, size: Size, dst: u8 },
+    /// INC or DEC of a 32- or 64-bit memory operand (Linux's per-CPU
+    /// counters, `incl %gs:...`), through the inline access for writing
+    /// as ADD to memory is.
+    IncDecM { dec: bool, size: Size, m: MemOp },
+    /// PUSH of an immediate (sign-extended to 64 bits), the push through
+    /// the inline access as PUSH of a register is.
+    PushI { imm: u64 },
 }
 
 /// A full-width register operand (32 or 64 bits): its index.
@@ -545,6 +563,15 @@ fn wide_gpr(r: Register) -> Option<(u8, Size)> {
         return None;
     };
     Some(((r.number() & 15) as u8, size))
+}
+
+/// The size of a 32- or 64-bit memory operand.
+fn wide_memory(i: &iced_x86::Instruction) -> Option<Size> {
+    match i.memory_size().size() {
+        4 => Some(Size::B4),
+        8 => Some(Size::B8),
+        _ => None,
+    }
 }
 
 /// The translator's own native form of a generic instruction, if any.
@@ -573,19 +600,12 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
                 Extra::Mul { signed, size, src }
             })
         }
-        M::Div | M::Idiv if i.op0_kind() == OpKind::Memory => {
-            let size = match i.memory_size().size() {
-                4 => Size::B4,
-                8 => Size::B8,
-                _ => return None,
-            };
-            Some(Extra::Div {
-                signed: m == M::Idiv,
-                size,
-                src: 0,
-                m: Some(crate::cpu::fast::mem_operand(i)?),
-            })
-        }
+        M::Div | M::Idiv if i.op0_kind() == OpKind::Memory => Some(Extra::Div {
+            signed: m == M::Idiv,
+            size: wide_memory(i)?,
+            src: 0,
+            m: Some(crate::cpu::fast::mem_operand(i)?),
+        }),
         M::Push
             if i.op0_kind() == OpKind::Memory
                 && i.stack_pointer_increment() == -8
@@ -645,6 +665,21 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
                 _ => None,
             }
         }
+        M::Inc | M::Dec if i.op0_kind() == OpKind::Memory => Some(Extra::IncDecM {
+            dec: m == M::Dec,
+            size: wide_memory(i)?,
+            m: crate::cpu::fast::mem_operand(i)?,
+        }),
+        M::Push
+            if matches!(
+                i.op0_kind(),
+                OpKind::Immediate8to64 | OpKind::Immediate32to64
+            ) && i.stack_pointer_increment() == -8 =>
+        {
+            Some(Extra::PushI {
+                imm: i.immediate(0),
+            })
+        }
         M::Not | M::Neg if i.op0_kind() == OpKind::Register => {
             let (dst, size) = wide_gpr(i.op0_register())?;
             Some(Extra::Unary {
@@ -687,6 +722,8 @@ impl Emitter {
                 self.store_from(SEC, a, size)
             }
             Extra::XchgMR { reg, size, m } => self.xchg_mem(k, ip, reg, size, &m),
+            Extra::IncDecM { dec, size, m } => self.inc_dec_mem(k, ip, dec, size, &m),
+            Extra::PushI { imm } => self.push_imm(k, ip, imm),
             Extra::Setcc { code, dst } => {
                 self.need_flags()?;
                 let g = self.g(dst);
@@ -753,9 +790,7 @@ impl Emitter {
         size: Size,
         m: &MemOp,
     ) -> Result<(), NotTranslated> {
-        let (full, mut cont) = self.begin_inline()?;
-        let miss = self.a.create_label();
-        let retry = self.retry_point()?;
+        let (full, mut cont, miss, retry) = self.begin_filled()?;
         let n = size.bytes();
         self.lea(m)?;
         if n > 1 {
@@ -859,6 +894,51 @@ impl Emitter {
         self.a.set_label(&mut cont)?;
         self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::Host);
         self.wrote_flags(true);
+        Ok(())
+    }
+
+    /// INC/DEC of memory: the access for writing through the first-level
+    /// TLB (a miss filled as the interpreter's translation, anything else
+    /// the instruction through the interpreter), then the host's INC/DEC
+    /// on it with the guest flags in the host's (CF kept).
+    fn inc_dec_mem(
+        &mut self,
+        k: usize,
+        ip: u64,
+        dec: bool,
+        size: Size,
+        m: &MemOp,
+    ) -> Result<(), NotTranslated> {
+        let (full, mut cont, miss, retry) = self.begin_filled()?;
+        self.lea(m)?;
+        self.fast_access(true, size, miss)?;
+        // (Loads the flags through rax and rcx: rdx, the host address,
+        // stays.)
+        self.need_flags()?;
+        let code = match (dec, size) {
+            (false, Size::B4) => Code::Inc_rm32,
+            (false, _) => Code::Inc_rm64,
+            (true, Size::B4) => Code::Dec_rm32,
+            (true, _) => Code::Dec_rm64,
+        };
+        self.add(Instruction::with1(
+            code,
+            MemoryOperand::with_base(Register::RDX),
+        ))?;
+        self.a.set_label(&mut cont)?;
+        self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::Host);
+        self.wrote_flags(false);
+        Ok(())
+    }
+
+    /// PUSH of an immediate: the push through the first-level TLB as
+    /// PUSH of a register's (anything else the instruction through the
+    /// interpreter). Flags are not touched.
+    fn push_imm(&mut self, k: usize, ip: u64, imm: u64) -> Result<(), NotTranslated> {
+        let (full, mut cont, miss, retry) = self.begin_filled()?;
+        self.push_value(imm, miss)?;
+        self.a.set_label(&mut cont)?;
+        self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::State);
         Ok(())
     }
 
