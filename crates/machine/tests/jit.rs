@@ -501,7 +501,8 @@ fn setcc_not_and_neg_agree() {
     // ADD; NOT (no flags touched: the CMP's reach the SETcc after it) and
     // NEG of 32- and 64-bit registers, of 0 (CF clear) and of the most
     // negative value (OF set), their flags consumed natively and through
-    // PUSHFQ. SETcc of AH is a call-out.
+    // PUSHFQ; TEST and ALU operations on AH..BH with immediates. SETcc of
+    // AH is a call-out.
     let iterations = 200u64;
     let (o, stats) = both(|a| {
         let mut top = a.create_label();
@@ -576,6 +577,29 @@ fn setcc_not_and_neg_agree() {
         a.add(r14, rdi).unwrap();
         a.not(edx).unwrap();
         a.add(r13, rdx).unwrap();
+        // TEST and the ALU group on AH, CH, DH, BH with immediates.
+        a.mov(rax, r8).unwrap();
+        a.mov(rcx, r8).unwrap();
+        a.shr(rcx, 9).unwrap();
+        a.mov(rdx, rcx).unwrap();
+        a.shr(rdx, 13).unwrap();
+        a.test(ah, 0x40).unwrap();
+        a.cmovz(r12, rcx).unwrap();
+        a.and(bh, 0xf0u32 as i32).unwrap();
+        a.setp(r9b).unwrap();
+        a.add(ch, 0x93u32 as i32).unwrap();
+        a.adc(dh, 5).unwrap();
+        a.sbb(ah, 1).unwrap();
+        a.cmp(dh, 0x70).unwrap();
+        a.cmovb(r13, rax).unwrap();
+        a.xor(ah, 0x5a).unwrap();
+        a.or(ch, 1).unwrap();
+        a.sub(bh, 0x11).unwrap();
+        a.add(r14, rax).unwrap();
+        a.add(r14, rbx).unwrap();
+        a.add(r14, rcx).unwrap();
+        a.add(r14, rdx).unwrap();
+        a.add(r14, r9).unwrap();
         a.dec(r15).unwrap();
         a.jnz(top).unwrap();
         a.hlt().unwrap();

@@ -551,6 +551,10 @@ pub(crate) enum Extra {
     /// PUSH of an immediate (sign-extended to 64 bits), the push through
     /// the inline access as PUSH of a register is.
     PushI { imm: u64 },
+    /// TEST (`op` None) or an ALU operation of AH, CH, DH or BH (byte 1
+    /// of register `idx`, 0 to 3) with an immediate: the host
+    /// instruction on that byte of the register in the `Cpu`.
+    HighByteI { op: Option<BinOp>, idx: u8, imm: u8 },
 }
 
 /// A full-width register operand (32 or 64 bits): its index.
@@ -680,6 +684,22 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
                 imm: i.immediate(0),
             })
         }
+        M::Test | M::Add | M::Or | M::Adc | M::Sbb | M::And | M::Sub | M::Xor | M::Cmp
+            if i.op0_kind() == OpKind::Register && i.op1_kind() == OpKind::Immediate8 =>
+        {
+            let idx = match i.op0_register() {
+                Register::AH => 0,
+                Register::CH => 1,
+                Register::DH => 2,
+                Register::BH => 3,
+                _ => return None,
+            };
+            Some(Extra::HighByteI {
+                op: crate::cpu::fast::alu_op(m),
+                idx,
+                imm: i.immediate(1) as u8,
+            })
+        }
         M::Not | M::Neg if i.op0_kind() == OpKind::Register => {
             let (dst, size) = wide_gpr(i.op0_register())?;
             Some(Extra::Unary {
@@ -724,6 +744,26 @@ impl Emitter {
             Extra::XchgMR { reg, size, m } => self.xchg_mem(k, ip, reg, size, &m),
             Extra::IncDecM { dec, size, m } => self.inc_dec_mem(k, ip, dec, size, &m),
             Extra::PushI { imm } => self.push_imm(k, ip, imm),
+            Extra::HighByteI { op, idx, imm } => {
+                let byte = MemoryOperand::with_base_displ(
+                    Register::RBX,
+                    (self.o.gpr + 8 * idx as i32 + 1) as i64,
+                );
+                match op {
+                    None => {
+                        self.add(Instruction::with2(Code::Test_rm8_imm8, byte, imm as u32))?;
+                        self.wrote_flags(true);
+                    }
+                    Some(op) => {
+                        self.need_flags_for(op)?;
+                        let (_, _, rm_imm) = alu_codes(op);
+                        self.add(Instruction::with2(rm_imm[0], byte, imm as u32))?;
+                        self.forget_reg(idx);
+                        self.wrote_flags(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
+                    }
+                }
+                Ok(())
+            }
             Extra::Setcc { code, dst } => {
                 self.need_flags()?;
                 let g = self.g(dst);
