@@ -548,9 +548,10 @@ pub(crate) enum Extra {
     /// counters, `incl %gs:...`), through the inline access for writing
     /// as ADD to memory is.
     IncDecM { dec: bool, size: Size, m: MemOp },
-    /// PUSH of an immediate (sign-extended to 64 bits), the push through
-    /// the inline access as PUSH of a register is.
-    PushI { imm: u64 },
+    /// PUSH of an immediate (sign-extended to 64 bits; `None`: PUSHFQ,
+    /// RFLAGS with VM and RF clear), the push through the inline access
+    /// as PUSH of a register is.
+    PushI { imm: Option<u64> },
     /// TEST (`op` None) or an ALU operation of AH, CH, DH or BH (byte 1
     /// of register `idx`, 0 to 3) with an immediate: the host
     /// instruction on that byte of the register in the `Cpu`.
@@ -681,9 +682,10 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
             ) && i.stack_pointer_increment() == -8 =>
         {
             Some(Extra::PushI {
-                imm: i.immediate(0),
+                imm: Some(i.immediate(0)),
             })
         }
+        M::Pushfq if i.stack_pointer_increment() == -8 => Some(Extra::PushI { imm: None }),
         M::Test | M::Add | M::Or | M::Adc | M::Sbb | M::And | M::Sub | M::Xor | M::Cmp
             if i.op0_kind() == OpKind::Register && i.op1_kind() == OpKind::Immediate8 =>
         {
@@ -971,10 +973,11 @@ impl Emitter {
         Ok(())
     }
 
-    /// PUSH of an immediate: the push through the first-level TLB as
-    /// PUSH of a register's (anything else the instruction through the
+    /// PUSH of an immediate or PUSHFQ (`imm` None; the flags written back
+    /// first): the push through the first-level TLB as PUSH of a
+    /// register's (anything else the instruction through the
     /// interpreter). Flags are not touched.
-    fn push_imm(&mut self, k: usize, ip: u64, imm: u64) -> Result<(), NotTranslated> {
+    fn push_imm(&mut self, k: usize, ip: u64, imm: Option<u64>) -> Result<(), NotTranslated> {
         let (full, mut cont, miss, retry) = self.begin_filled()?;
         self.push_value(imm, miss)?;
         self.a.set_label(&mut cont)?;
