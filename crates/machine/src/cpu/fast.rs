@@ -493,7 +493,7 @@ pub(crate) fn is_cmovcc(m: M) -> bool {
     )
 }
 
-fn alu_op(m: M) -> Option<BinOp> {
+pub(crate) fn alu_op(m: M) -> Option<BinOp> {
     Some(match m {
         M::Add => BinOp::Add,
         M::Or => BinOp::Or,
