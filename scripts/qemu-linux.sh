@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
-# qemu-linux.sh [ROUNDS] [PROGRAM ARGS...]: Debian's cloud kernel with
+# qemu-linux.sh [ROUNDS] [PROGRAM ARGS...]
+# qemu-linux.sh --seeds [ROUNDS]
+#
+# Debian's cloud kernel with
 # faultline's initramfs (its /init and Linux programs) under QEMU's TCG and
 # under faultline, alternating, on 1 and 4 vCPUs; wall and CPU time (user +
 # system, all threads) from start to the process's exit, which is the
 # program's end (init powers the machine off). Each round prints both and
 # the ratios; the last lines are the medians. Default: 3 rounds of `hello`.
+#
+# --seeds: the seed programs as Linux workloads on 1 vCPU, each with a
+# fixed amount of work (sized so QEMU's TCG takes a few seconds on it):
+# ctxsw, hackbench, bm (-n: fixed iterations) and apfcalc, alternating
+# QEMU and faultline per program. Besides the whole run, each times the
+# program's part: host wall time from the kernel's "Run /init as init
+# process" line to init's "PROGRAM exited" line, both read from the
+# console as it streams (so boot is left out). The throughput ratio is
+# QEMU's part over faultline's (same work: above 1 is faultline faster).
 #
 # A benchmark, not a test (nothing in scripts/test.sh calls it). Needs
 # qemu-system-x86_64, python3, the kernel (`bash scripts/fetch-linux.sh`)
@@ -19,9 +31,15 @@
 # thread per vCPU).
 set -euo pipefail
 
+seeds=0
+if [ "${1:-}" = --seeds ]; then
+    seeds=1
+    shift
+fi
 rounds=${1:-3}
 shift || true
 program=("$@")
+[ $seeds = 0 ] || [ ${#program[@]} = 0 ] || { echo "qemu-linux.sh: --seeds takes only ROUNDS" >&2; exit 2; }
 [ ${#program[@]} -gt 0 ] || program=(hello)
 case "$rounds" in
     '' | *[!0-9]* | 0) echo "qemu-linux.sh: ROUNDS must be a positive number" >&2; exit 2 ;;
@@ -40,12 +58,21 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 initrd="$tmp/initramfs.cpio"
 
-python3 - "$progs" "$initrd" "$faultline" "$kernel" "$rounds" "${program[@]}" <<'EOF'
+python3 - "$progs" "$initrd" "$faultline" "$kernel" "$rounds" "$seeds" "${program[@]}" <<'EOF'
 import os, resource, statistics, subprocess, sys, time
 
-progs, initrd, faultline, kernel, rounds = sys.argv[1:6]
-program = sys.argv[6:]
+progs, initrd, faultline, kernel, rounds, seeds = sys.argv[1:7]
+program = sys.argv[7:]
 rounds = int(rounds)
+seeds = seeds == "1"
+
+# The seed programs with a fixed amount of work each (--seeds).
+SEEDS = [
+    ["ctxsw", "-n", "20000"],
+    ["hackbench", "1", "-l", "300"],
+    ["bm", "-f", "1", "-w", "1", "-m", "64M", "-n", "6000000"],
+    ["apfcalc", "-m", "160M", "-l", "20"],
+]
 
 def newc(entries):
     """A cpio archive in the kernel's `newc` format."""
@@ -71,39 +98,81 @@ for name in sorted(os.listdir(progs)):
 with open(initrd, "wb") as f:
     f.write(newc(entries))
 
-cmdline = "console=ttyS0 panic=-1 reboot=t -- " + " ".join(program)
+OPTIONS = "console=ttyS0 panic=-1 reboot=t"
 
-def timed(argv):
-    """Wall and CPU seconds of one run to its exit; its output."""
+def timed(argv, name):
+    """Wall and CPU seconds of one run to its exit, the wall seconds from
+    init's start to `name`'s end (None if either line is missing), its
+    output."""
+    start_line, end_line = b"Run /init as init process", f"faultline-init: {name} exited".encode()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    out, t_init, t_end = [], None, None
+    for line in p.stdout:
+        if t_init is None and start_line in line:
+            t_init = time.monotonic()
+        if t_end is None and end_line in line:
+            t_end = time.monotonic()
+        out.append(line)
+    p.wait()
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    out = p.stdout.decode(errors="replace")
+    out = b"".join(out).decode(errors="replace")
     if p.returncode != 0:
         sys.exit(f"qemu-linux.sh: {argv[0]} exited with {p.returncode}:\n{out[-2000:]}")
-    return wall, cpu, out
+    part = t_end - t_init if t_init is not None and t_end is not None else None
+    return wall, cpu, part, out
 
-def qemu(vcpus):
+def qemu(vcpus, program):
+    cmdline = OPTIONS + " -- " + " ".join(program)
     return ["qemu-system-x86_64", "-machine", "q35,accel=tcg", "-cpu", "max", "-m", "512M",
             "-smp", str(vcpus), "-kernel", kernel, "-initrd", initrd, "-append", cmdline,
             "-nographic", "-no-reboot", "-monitor", "none", "-serial", "stdio"]
 
-def ours(vcpus):
+def ours(vcpus, program):
     return [faultline, "run", "--guest", "linux", "--kernel-image", kernel, "--initrd", initrd,
-            "--vcpus", str(vcpus), "--mem", "512M", "--cmdline", cmdline.split(" -- ")[0],
-            "--"] + program
+            "--vcpus", str(vcpus), "--mem", "512M", "--cmdline", OPTIONS, "--"] + program
+
+def both(vcpus, program):
+    """One alternating round: QEMU's then faultline's (wall, CPU, part)."""
+    qw, qc, qp, qout = timed(qemu(vcpus, program), program[0])
+    fw, fc, fp, fout = timed(ours(vcpus, program), program[0])
+    end = f"faultline-init: {program[0]} exited with status 0"
+    if end not in qout or end not in fout or qp is None or fp is None:
+        sys.exit(f"qemu-linux.sh: {program[0]} did not end with status 0 after init's start:\n"
+                 f"--- qemu\n{qout[-1500:]}\n--- faultline\n{fout[-1500:]}")
+    return (qw, qc, qp), (fw, fc, fp)
+
+loadavg = lambda: " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+if seeds:
+    print(f"qemu-linux.sh --seeds: 1 vCPU; kernel {os.path.basename(kernel)}; {rounds} rounds; "
+          f"load average {loadavg()}")
+    medians = []
+    for program in SEEDS:
+        name = " ".join(program)
+        rows = []
+        for r in range(rounds):
+            (qw, qc, qp), (fw, fc, fp) = both(1, program)
+            rows.append((qw, qp, fw, fp))
+            print(f"{name} round {r + 1}: qemu {qw:.2f} s wall, program {qp:.2f} s; "
+                  f"faultline {fw:.2f} s wall, program {fp:.2f} s; "
+                  f"faultline/qemu wall {fw / qw:.2f}x; throughput (qemu/faultline program) {qp / fp:.2f}x")
+        medians.append((name, [statistics.median(col) for col in zip(*rows)]))
+    print(f"load average {loadavg()}")
+    for name, (qw, qp, fw, fp) in medians:
+        print(f"{name} median: qemu {qw:.2f} s wall, program {qp:.2f} s; "
+              f"faultline {fw:.2f} s wall, program {fp:.2f} s; "
+              f"faultline/qemu wall {fw / qw:.2f}x; throughput (qemu/faultline program) {qp / fp:.2f}x")
+    sys.exit(0)
 
 print(f"qemu-linux.sh: {' '.join(program)}; kernel {os.path.basename(kernel)}; {rounds} rounds")
 for vcpus in (1, 4):
     rows = []
     for r in range(rounds):
-        qw, qc, qout = timed(qemu(vcpus))
-        fw, fc, fout = timed(ours(vcpus))
-        if program[0] not in qout or program[0] not in fout:
-            sys.exit(f"qemu-linux.sh: the program's output is missing:\n--- qemu\n{qout[-1500:]}\n--- faultline\n{fout[-1500:]}")
+        (qw, qc, _), (fw, fc, _) = both(vcpus, program)
         rows.append((qw, qc, fw, fc))
         print(f"{vcpus} vCPU(s) round {r + 1}: qemu {qw:.2f} s wall {qc:.2f} s CPU; "
               f"faultline {fw:.2f} s wall {fc:.2f} s CPU; faultline/qemu wall {fw / qw:.2f}x CPU {fc / qc:.2f}x")

@@ -33,6 +33,10 @@
  * also goes to the hv as a report line (report.h), with the timed part's
  * length as main saw it (from the start barrier to the end one: stop = 1
  * comes late when main's CPU or main itself waits for a page).
+ * Added (ADDED): -n N, a fixed amount of work instead of -t: every fault
+ * thread writes N pages and every work thread counts to N, then each
+ * stops on its own (a workload timed on other machines, e.g.
+ * scripts/qemu-linux.sh --seeds); the loops without -n are the seed's.
  */
 #include "common.h"		/* CHANGED: option parsing */
 #include <stdlib.h>
@@ -52,6 +56,7 @@ pthread_barrier_t barrier;
 pthread_barrier_t end_barrier;	/* CHANGED: the end's own barrier */
 volatile int stop;
 size_t pages;
+unsigned long limit;		/* ADDED: -n, 0 for the seed's -t */
 int ft = 1, wt = 1;		/* RESTORED */
 
 void *fault_thread(void* p)
@@ -60,8 +65,13 @@ void *fault_thread(void* p)
 
 	pthread_barrier_wait(&barrier);	/* RESTORED */
 
-	while (!stop)
-		mem[(random() % pages) << 12] = 10;
+	if (limit) {		/* ADDED: -n */
+		for (unsigned long n = 0; n < limit; n++)
+			mem[(random() % pages) << 12] = 10;
+	} else {
+		while (!stop)
+			mem[(random() % pages) << 12] = 10;
+	}
 
 	pthread_barrier_wait(&end_barrier);	/* RESTORED; CHANGED: end_barrier */
 
@@ -74,8 +84,14 @@ void *work_thread(void* p)
 
 	pthread_barrier_wait(&barrier);	/* RESTORED */
 
-	while (!stop)
-		(*i)++;		/* RESTORED */
+	if (limit) {		/* ADDED: -n; volatile, one load and store each, as the seed's loop */
+		volatile unsigned long *v = i;
+		while (*v < limit)
+			(*v)++;
+	} else {
+		while (!stop)
+			(*i)++;		/* RESTORED */
+	}
 
 	pthread_barrier_wait(&end_barrier);	/* RESTORED; CHANGED: end_barrier */
 
@@ -84,7 +100,7 @@ void *work_thread(void* p)
 
 static void usage(const char *prog)	/* CHANGED: exit 2, as every program's */
 {
-	fprintf(stderr, "Usage %s [-f num] [-w num] [-m bytes, K/M/G] [-t secs]\n", prog);
+	fprintf(stderr, "Usage %s [-f num] [-w num] [-m bytes, K/M/G] [-t secs | -n iterations]\n", prog);
 	exit(2);
 }
 
@@ -98,7 +114,7 @@ int main(int argc, char **argv)
 	pthread_attr_t pattr;
 	unsigned long *res, sum = 0;
 
-	while((opt = getopt(argc, argv, "f:w:m:t:v")) != -1) {
+	while((opt = getopt(argc, argv, "f:w:m:t:n:v")) != -1) {
 		uint64_t v = 0;	/* CHANGED: checked values */
 		int rc = 0;
 		switch (opt) {
@@ -116,7 +132,13 @@ int main(int argc, char **argv)
 			break;	/* RESTORED */
 		case 't':
 			rc = opt_seconds("bm", opt, optarg, 1e6, &timeout);	/* CHANGED: atoi */
+			limit = 0;	/* ADDED: the last of -t and -n counts */
 			break;	/* RESTORED */
+		case 'n':	/* ADDED */
+			rc = opt_size("bm", opt, optarg, 1, UINT32_MAX, &v);
+			limit = (unsigned long)v;
+			timeout = 0;
+			break;
 		case 'v':
 			verbose = 1;	/* RESTORED */
 			break;	/* RESTORED */
@@ -163,7 +185,7 @@ int main(int argc, char **argv)
 	 * the threads could still be inside its first wait (a woken waiter
 	 * reads the barrier on its way out): with more than one CPU they
 	 * then all slept in the end barrier for good. The end has its own. */
-	{			/* CHANGED: sleep(timeout), in fractions */
+	if (!limit) {		/* CHANGED: sleep(timeout), in fractions; ADDED: not with -n */
 		struct timespec ts = { (time_t)timeout,
 				       (long)((timeout - (time_t)timeout) * 1e9) };
 		while (nanosleep(&ts, &ts) != 0)
@@ -181,9 +203,9 @@ int main(int argc, char **argv)
 	printf("total: %lu\n", sum);
 	/* CHANGED: the figures for faultline's bench, through init. */
 	report("bm_total=%lu bm_fault_threads=%d bm_work_threads=%d bm_array_bytes=%lu bm_timeout_ns=%lu "
-	       "bm_elapsed_ns=%lu",
+	       "bm_elapsed_ns=%lu bm_iterations=%lu",
 	       sum, ft, wt, (unsigned long)mem, (unsigned long)(timeout * 1e9),
-	       (unsigned long)((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec)));
+	       (unsigned long)((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec)), limit);
 
 	return 0;
 }

@@ -24,8 +24,12 @@ pub struct HvCosts {
     /// with the TSC) puts all of KVM's software around one VMRUN at 576 +
     /// 576 = 1,152 cycles, including the ioctl entry and the return to
     /// user space that an exit handled in the kernel does not take. 300
-    /// is an estimate inside [0, 1,152]; `bench ctxsw`'s acceptance ratios,
-    /// which rest on it, hold at both ends (`docs/mmu.md`, "How much the
+    /// is an estimate inside [0, 1,152]. Whole in-kernel round trips (Linux
+    /// commit b7ffc44d5b2e: "cpuid 1291", "vmcall 1181", "outl_to_kernel
+    /// 1391" cycles) leave under 200 for dispatch and handler together
+    /// beside two 600-cycle transitions, where this table has 400
+    /// (`docs/costs.md`). `bench ctxsw`'s acceptance ratios,
+    /// which rest on it, hold at 0 and at 1,152 (`docs/mmu.md`, "How much the
     /// ratios rest on the estimates"; the test
     /// `bench_ctxsw_acceptance_holds_across_the_exit_cost_range`), and
     /// `--cost exit_base=N` runs any benchmark with another figure.
@@ -79,27 +83,40 @@ pub struct HvCosts {
     /// (Agner Fog, "Instruction tables", LOCK CMPXCHG on Skylake: 18-20
     /// cycles), the same order as `lock_acquire`'s atomic RMW.
     pub spte_cmpxchg: u64,
-    /// Handling a hypercall beyond `exit_base` (argument decoding). No
-    /// source read; `faultline calibrate`'s `kvm_vmcall_exit` measures a
-    /// whole in-kernel hypercall exit where the host's KVM completes it.
+    /// Handling a hypercall beyond `exit_base` (argument decoding). Only
+    /// the whole round trip has a source: Linux commit b7ffc44d5b2e
+    /// ("x86/kvm/vmx: Defer TR reload after VM exit") prints
+    /// kvm-unit-tests' "vmcall 1181" cycles for an exit, KVM's handling
+    /// and the entry, where this table's sum is 1,600 (`docs/costs.md`);
+    /// `faultline calibrate`'s `kvm_vmcall_exit` measures the same where
+    /// the host's KVM runs the guest on the CPU.
     pub hypercall: u64,
-    /// Emulating a port I/O access to a device model. `faultline
-    /// calibrate`'s `kvm_pio_exit` bounds it from above (a whole exit to
-    /// user space and back).
+    /// Emulating a port I/O access to a device model. Inside a whole round
+    /// trip: the same commit's "outl_to_kernel 1391" (a device in the
+    /// kernel), `faultline calibrate`'s `kvm_pio_exit` (an exit to user
+    /// space and back).
     pub io_emulation: u64,
-    /// Emulating CPUID or an MSR access. Inside `faultline calibrate`'s
-    /// `kvm_cpuid_exit` and `kvm_rdmsr_exit` (whole exits, not separable).
+    /// Emulating CPUID or an MSR access. Inside a whole round trip: the
+    /// same commit's "cpuid 1291", `faultline calibrate`'s `kvm_cpuid_exit`
+    /// and `kvm_rdmsr_exit` (not separable).
     pub cpuid_msr: u64,
-    /// Injecting an event (filling the entry interruption field).
+    /// Injecting an event (filling the entry interruption field): KVM's
+    /// `vmx_inject_irq` does it with one VMWRITE of
+    /// VM_ENTRY_INTR_INFO_FIELD (and one of VM_ENTRY_INSTRUCTION_LEN for a
+    /// software interrupt), and Linux commit 5a8781607e67 ("KVM: nVMX:
+    /// Cache host_rsp on a per-VMCS basis") prices "two VMWRITEs (~55
+    /// cycles)". 50 is the two-VMWRITE figure.
     pub event_injection: u64,
-    /// Issuing an INVEPT.
+    /// Issuing an INVEPT. No source and no measurement: see `invvpid`.
     pub invept: u64,
     /// Issuing an INVVPID: priced as INVEPT (both drop one context's
     /// cached translations). Under shadow paging every CR3 load that exits
     /// ends in one (KVM's `vmx_flush_tlb_current` after `kvm_mmu_new_pgd`):
     /// the flush the guest's non-PCID MOV to CR3 asks for. No published
     /// latency of INVVPID or INVEPT was found (Agner Fog's tables do not
-    /// list VMX instructions): an estimate of the order of a serializing
+    /// list VMX instructions), and neither can be measured where the
+    /// project runs (VMX root only; its host has no VMX, `docs/costs.md`):
+    /// an estimate of the order of a serializing
     /// instruction plus the TLB invalidation; the refill that follows is
     /// charged by the machine's page walks, not here. `bench ctxsw`'s
     /// ratios hold from 0 to 1,000 (five times the estimate; see

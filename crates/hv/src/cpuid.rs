@@ -1,6 +1,7 @@
 //! The guest's CPUID: the machine's own processor (`machine::cpu::native_cpuid`:
 //! x2APIC, TSC-deadline, POPCNT, SMEP/SMAP, NX, SYSCALL, 1 GiB pages, RDTSCP,
-//! long mode, FPU, FXSR, SSE, SSE2) plus the
+//! long mode, FPU, FXSR, SSE, SSE2, XSAVE with x87/SSE, PCID/INVPCID, which
+//! the CPUID exit hides under shadow paging, `vcpu::cpuid`) plus the
 //! hypervisor bit, KVM's paravirtual leaves, and what a guest needs to know
 //! about time without calibrating: the TSC frequency (leaves 0x15 and 0x16,
 //! as Intel reports it) and an always-running APIC timer (ARAT). The TSC

@@ -29,8 +29,10 @@ pub struct CycleCosts {
     /// paging-structure cache hit is ~L1/L2 latency; a 2-D walk makes up to
     /// 24 of them, which is why TLB misses under EPT are expensive.
     pub page_walk_ref: u64,
-    /// Delivering an exception or interrupt through the IDT. No source
-    /// read and no measurement (`docs/costs.md`).
+    /// Delivering an exception or interrupt through the IDT (or the
+    /// real-mode vector table). No source read; `faultline calibrate`'s
+    /// `kvm_int_iret` measures it with its IRET inside a KVM guest where
+    /// the host's KVM runs the guest on the CPU (`docs/costs.md`).
     pub event_delivery: u64,
     /// `iretq`, `sysret`, `syscall`: privilege transitions.
     pub privilege_transition: u64,

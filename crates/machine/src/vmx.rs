@@ -110,6 +110,11 @@ pub struct VmxControls {
     pub hlt_exiting: bool,
     /// INVLPG exits.
     pub invlpg_exiting: bool,
+    /// The "enable INVPCID" secondary control: when clear, INVPCID is #UD
+    /// in the guest (SDM Vol. 3C 26.3). INVPCID never exits (the
+    /// INVLPG-exiting control would make it exit; no hypervisor here
+    /// sets both).
+    pub enable_invpcid: bool,
     /// RDTSC/RDTSCP exit.
     pub rdtsc_exiting: bool,
     /// I/O instructions exit. `None`: all of them; `Some(ports)`: only
@@ -181,6 +186,7 @@ impl Default for VmxControls {
             cr8_exiting: false,
             hlt_exiting: true,
             invlpg_exiting: false,
+            enable_invpcid: false,
             rdtsc_exiting: false,
             io_exiting: None,
             msr_exiting: MsrExiting::All,

@@ -226,16 +226,24 @@ fn tf_single_step_traps_after_the_next_instruction() {
     }
 }
 
+/// Breakpoint register `dr` at `at`, then DR7 `dr7_value` (through RAX).
+fn arm(a: &mut CodeAssembler, dr: AsmRegisterDr, at: u64, dr7_value: u32) {
+    a.mov(rax, at).unwrap();
+    a.mov(dr, rax).unwrap();
+    a.mov(eax, dr7_value).unwrap();
+    a.mov(dr7, rax).unwrap();
+}
+
+/// An instruction breakpoint (R/W0 = 00) at `at` with DR7 `dr7_value`.
+fn arm_dr0_execute(a: &mut CodeAssembler, at: u64, dr7_value: u32) {
+    arm(a, dr0, at, dr7_value);
+}
+
 /// DR0 with DR7.L0 and R/W0 = 00: a #DB fault before the instruction at
 /// the address, DR6.B0 set.
 #[test]
 fn instruction_breakpoint_faults_before_the_instruction() {
-    let setup = |a: &mut CodeAssembler, at: u64| {
-        a.mov(rax, at).unwrap();
-        a.mov(dr0, rax).unwrap();
-        a.mov(eax, 1).unwrap();
-        a.mov(dr7, rax).unwrap();
-    };
+    let setup = |a: &mut CodeAssembler, at: u64| arm_dr0_execute(a, at, 1);
     let nop = {
         let mut probe = CodeAssembler::new(64).unwrap();
         setup(&mut probe, CODE);
@@ -336,5 +344,172 @@ fn mov_ss_holds_single_step_back_and_icebp_traps_after_itself() {
             clear_tf(a); // AND 19..25, PUSH 25, POPF 26
         });
         assert_eq!(rips, vec![19, 25, 26, 27], "{engine:?}");
+    }
+}
+
+/// The length of the code `f` assembles.
+fn code_len(f: impl FnOnce(&mut CodeAssembler)) -> i64 {
+    let mut probe = CodeAssembler::new(64).unwrap();
+    f(&mut probe);
+    probe.assemble(CODE).unwrap().len() as i64
+}
+
+/// Runs `r` to its final HLT, checks it took exactly one #DB and returns
+/// that #DB's frame RIP as an offset from CODE.
+fn the_one_debug_trap(r: &mut Rig) -> i64 {
+    count_debug_exceptions(r);
+    assert_eq!(run(r), None);
+    assert_eq!(r.gpr(14), 1, "one #DB");
+    r.mem.read_u64(machine::Hpa(DATA + 8)).unwrap() as i64 - CODE as i64
+}
+
+/// DR6 `dr6_value`, then DR1 at DATA + 0x100 with DR7 `dr7_value`.
+fn arm_dr1(a: &mut CodeAssembler, dr7_value: u32, dr6_value: u32) {
+    a.mov(eax, dr6_value).unwrap();
+    a.mov(dr6, rax).unwrap();
+    arm(a, dr1, DATA + 0x100, dr7_value);
+}
+
+/// kvm-unit-tests' `debug` "hw watchpoint": a 4-byte write breakpoint
+/// (DR7 R/W1 = 01, LEN1 = 11) traps after a store that overlaps it from
+/// below, with DR6.B1 and a BS that software left set; reads, and stores
+/// beside it, do not trap.
+#[test]
+fn write_watchpoint_traps_after_an_overlapping_store() {
+    let store = |a: &mut CodeAssembler| {
+        arm_dr1(a, 0x00d0_040a, 0x4000);
+        a.mov(rcx, DATA + 0xfc).unwrap();
+        a.mov(qword_ptr(rcx), rbx).unwrap(); // bytes 0xfc..0x104
+    };
+    let after_store = code_len(store);
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let mut r = rig(|a| {
+            store(a);
+            a.mov(rdx, qword_ptr(rcx + 4)).unwrap(); // a read: no trap
+            a.mov(dword_ptr(rcx + 8), edx).unwrap(); // 0x104..0x108: none
+            a.hlt().unwrap();
+        })
+        .with_engine(engine);
+        let rip = the_one_debug_trap(&mut r);
+        assert_eq!(rip, after_store, "{engine:?}: a trap after the store");
+        assert_eq!(r.cpu.state().debug.dr6, DR6_FIXED_1 | 0x4000 | 2);
+    }
+}
+
+/// Stores the kernel data selector at DATA + 0x100, puts a 4-byte
+/// read/write watchpoint there (DR1) and loads SS from it.
+fn mov_ss_from_a_watched_word(a: &mut CodeAssembler) {
+    a.mov(ecx, u32::from(KERNEL_DS)).unwrap();
+    a.mov(rdx, DATA + 0x100).unwrap();
+    a.mov(qword_ptr(rdx), rcx).unwrap();
+    arm_dr1(a, 0x00f0_040a, 0);
+    a.mov(ss, word_ptr(rdx)).unwrap();
+}
+
+/// A read/write watchpoint met by MOV SS waits one more instruction (SDM
+/// Vol. 3A 6.8.3): after a NOP its #DB follows the NOP; an ICEBP there
+/// raises one #DB for both (kvm-unit-tests' "MOV SS + watchpoint + ICEBP").
+#[test]
+fn mov_ss_holds_a_watchpoint_trap_for_one_instruction() {
+    let load = mov_ss_from_a_watched_word;
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        for icebp in [false, true] {
+            let after = code_len(|a| {
+                load(a);
+                a.nop().unwrap();
+            });
+            let mut r = rig(|a| {
+                load(a);
+                if icebp {
+                    a.db(&[0xf1]).unwrap();
+                } else {
+                    a.nop().unwrap();
+                }
+                a.mov(rax, 0x400u64).unwrap();
+                a.mov(dr7, rax).unwrap();
+                a.hlt().unwrap();
+            })
+            .with_engine(engine);
+            let rip = the_one_debug_trap(&mut r);
+            assert_eq!(rip, after, "{engine:?} icebp {icebp}");
+            assert_eq!(r.cpu.state().debug.dr6 & 0xf, 2, "{engine:?} B1");
+        }
+    }
+}
+
+/// After MOV SS and INT3 the held watchpoint #DB is delivered at the #BP
+/// handler's first instruction (kvm-unit-tests' "MOV SS + watchpoint +
+/// INT3": the #DB handler runs, then the #BP handler).
+#[test]
+fn a_watchpoint_held_over_int3_traps_at_the_bp_handler() {
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let mut r = rig(|a| {
+            mov_ss_from_a_watched_word(a);
+            a.int3().unwrap();
+            a.hlt().unwrap();
+        })
+        .with_engine(engine);
+        count_debug_exceptions(&mut r);
+        assert_eq!(run(&mut r), Some(3), "{engine:?}: the #BP handler ran");
+        assert_eq!(r.gpr(14), 1, "{engine:?}: one #DB");
+        let rip = r.mem.read_u64(machine::Hpa(DATA + 8)).unwrap();
+        assert_eq!(rip, HANDLERS + 3 * 16, "{engine:?}: at the #BP handler");
+    }
+}
+
+/// An I/O breakpoint (R/W0 = 10, CR4.DE set) on port 0x80: the OUT exits
+/// and skipping it queues a #DB with DR6.B0; without CR4.DE, R/W = 10
+/// does not match and only the exit happens.
+#[test]
+fn io_breakpoint_traps_after_the_out_with_cr4_de() {
+    for de in [false, true] {
+        let mut r = rig(|a| {
+            a.mov(eax, 0x80).unwrap();
+            a.mov(dr0, rax).unwrap();
+            a.mov(eax, 0x0002_0401).unwrap();
+            a.mov(dr7, rax).unwrap();
+            a.out(0x80, al).unwrap();
+            a.hlt().unwrap();
+        });
+        if de {
+            r.cpu.state_mut().cr4 |= cr4::DE;
+        }
+        assert!(matches!(r.run(), VmExit::Io { port: 0x80, .. }));
+        r.cpu.skip_instruction();
+        let injected = r.cpu.pending_injection();
+        if de {
+            assert_eq!(injected.map(|e| e.vector), Some(1));
+            assert_eq!(r.cpu.state().debug.dr6 & 0xf, 1);
+            assert_eq!(run(&mut r), Some(1));
+        } else {
+            assert_eq!(injected, None);
+            assert_eq!(run(&mut r), None);
+        }
+    }
+}
+
+/// An instruction breakpoint on the instruction after MOV SS does not
+/// fire (Intel; kvm-unit-tests' emulator "#DB suppressed after MOV SS");
+/// one on the instruction after that does.
+#[test]
+fn instruction_breakpoints_are_inhibited_after_mov_ss() {
+    let setup = |a: &mut CodeAssembler, at: u64| {
+        arm_dr0_execute(a, at, 0x401);
+        a.mov(ecx, u32::from(KERNEL_DS)).unwrap();
+        a.mov(ss, cx).unwrap();
+    };
+    let after_mov_ss = code_len(|a| setup(a, CODE)) as u64;
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        for (at, fires) in [(after_mov_ss, false), (after_mov_ss + 1, true)] {
+            let mut r = rig(|a| {
+                setup(a, CODE + at);
+                a.nop().unwrap();
+                a.nop().unwrap();
+                a.hlt().unwrap();
+            })
+            .with_engine(engine);
+            let want = fires.then_some(1);
+            assert_eq!(run(&mut r), want, "{engine:?} breakpoint at +{at}");
+        }
     }
 }

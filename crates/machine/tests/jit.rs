@@ -495,6 +495,177 @@ fn divides_and_one_operand_multiplies_agree() {
 }
 
 #[test]
+fn setcc_not_and_neg_agree() {
+    // SETcc of byte registers (every condition, REX-only registers, the
+    // low byte with the bits above kept) after flags from CMP, NEG and
+    // ADD; NOT (no flags touched: the CMP's reach the SETcc after it) and
+    // NEG of 32- and 64-bit registers, of 0 (CF clear) and of the most
+    // negative value (OF set), their flags consumed natively and through
+    // PUSHFQ; TEST and ALU operations on AH..BH with immediates. SETcc of
+    // AH is a call-out.
+    let iterations = 200u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(r15, iterations).unwrap();
+        a.mov(r8, 0x9e37_79b9_7f4a_7c15u64).unwrap();
+        a.mov(rbx, -1i64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.imul_3(r8, r8, 0x2545_f491).unwrap();
+        a.add(r8, r15).unwrap();
+        a.mov(rax, r8).unwrap();
+        a.mov(rcx, r8).unwrap();
+        a.shr(rcx, 17).unwrap();
+        a.cmp(rax, rcx).unwrap();
+        a.not(rcx).unwrap();
+        a.seto(al).unwrap();
+        a.setno(bl).unwrap();
+        a.setb(sil).unwrap();
+        a.setae(dil).unwrap();
+        a.sete(bpl).unwrap();
+        a.setne(r9b).unwrap();
+        a.setbe(r10b).unwrap();
+        a.seta(r11b).unwrap();
+        a.add(r12, rax).unwrap();
+        a.add(r12, rbx).unwrap();
+        a.add(r12, rcx).unwrap();
+        a.add(r12, rsi).unwrap();
+        a.add(r12, rdi).unwrap();
+        a.add(r13, r9).unwrap();
+        a.add(r13, r10).unwrap();
+        a.add(r13, r11).unwrap();
+        a.add(r13, rbp).unwrap();
+        a.cmp(ecx, eax).unwrap();
+        a.sets(al).unwrap();
+        a.setns(bl).unwrap();
+        a.setp(r9b).unwrap();
+        a.setnp(r10b).unwrap();
+        a.setl(r11b).unwrap();
+        a.setge(bpl).unwrap();
+        a.setle(dl).unwrap();
+        a.setg(ah).unwrap();
+        a.add(r14, rax).unwrap();
+        a.add(r14, rbx).unwrap();
+        a.add(r14, rdx).unwrap();
+        a.add(r14, r9).unwrap();
+        a.add(r14, r10).unwrap();
+        a.add(r14, r11).unwrap();
+        a.add(r14, rbp).unwrap();
+        // NEG: of a varying value, of 0 and of the most negative value,
+        // 64 and 32 bits; its flags into ADC, CMOVcc, SETcc, PUSHFQ.
+        a.mov(rdx, r8).unwrap();
+        a.neg(rdx).unwrap();
+        a.adc(r12, rdx).unwrap();
+        a.mov(ecx, r8d).unwrap();
+        a.and(ecx, 3).unwrap();
+        a.neg(ecx).unwrap();
+        a.setb(al).unwrap();
+        a.cmovo(r12, rcx).unwrap();
+        a.add(r12, rax).unwrap();
+        a.xor(edx, edx).unwrap();
+        a.neg(rdx).unwrap();
+        a.setb(bl).unwrap();
+        a.sete(dl).unwrap();
+        a.add(r13, rbx).unwrap();
+        a.mov(rdx, 0x8000_0000_0000_0000u64).unwrap();
+        a.neg(rdx).unwrap();
+        a.seto(al).unwrap();
+        a.add(r13, rax).unwrap();
+        a.mov(edx, 0x8000_0000u32).unwrap();
+        a.neg(edx).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rdi).unwrap();
+        a.add(r14, rdi).unwrap();
+        a.not(edx).unwrap();
+        a.add(r13, rdx).unwrap();
+        // TEST and the ALU group on AH, CH, DH, BH with immediates.
+        a.mov(rax, r8).unwrap();
+        a.mov(rcx, r8).unwrap();
+        a.shr(rcx, 9).unwrap();
+        a.mov(rdx, rcx).unwrap();
+        a.shr(rdx, 13).unwrap();
+        a.test(ah, 0x40).unwrap();
+        a.cmovz(r12, rcx).unwrap();
+        a.and(bh, 0xf0u32 as i32).unwrap();
+        a.setp(r9b).unwrap();
+        a.add(ch, 0x93u32 as i32).unwrap();
+        a.adc(dh, 5).unwrap();
+        a.sbb(ah, 1).unwrap();
+        a.cmp(dh, 0x70).unwrap();
+        a.cmovb(r13, rax).unwrap();
+        a.xor(ah, 0x5a).unwrap();
+        a.or(ch, 1).unwrap();
+        a.sub(bh, 0x11).unwrap();
+        a.add(r14, rax).unwrap();
+        a.add(r14, rbx).unwrap();
+        a.add(r14, rcx).unwrap();
+        a.add(r14, rdx).unwrap();
+        a.add(r14, r9).unwrap();
+        a.dec(r15).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Per iteration: SETcc of AH and the PUSHFQ.
+    let bound = iterations * 2 + 10;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+#[test]
+fn memory_inc_dec_and_immediate_pushes_agree() {
+    // INC/DEC of 32- and 64-bit memory, GS-relative too (Linux's per-CPU
+    // counters), wrapping through 0 and the sign boundary; CF kept across
+    // them (consumed by ADC) and the rest of their flags by SETcc, CMOVcc
+    // and PUSHFQ (itself native); PUSH of 8- and 32-bit immediates,
+    // negative ones too.
+    let iterations = 200u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        gs_bases(a, DATA + 0x1000);
+        a.mov(rsi, DATA).unwrap();
+        a.mov(rcx, iterations).unwrap();
+        a.mov(dword_ptr(rsi + 0x200), 0x7fff_fff0).unwrap();
+        a.mov(qword_ptr(rsi + 0x208), 3).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(rax, rcx).unwrap();
+        a.and(eax, 7).unwrap();
+        a.cmp(eax, 4).unwrap();
+        a.inc(dword_ptr(rsi + 0x200)).unwrap();
+        a.adc(r8, 0).unwrap();
+        a.seto(r9b).unwrap();
+        a.add(r10, r9).unwrap();
+        a.cmp(eax, 2).unwrap();
+        a.dec(qword_ptr(rsi + 0x208)).unwrap();
+        a.adc(r8, 0).unwrap();
+        a.cmovs(r11, rcx).unwrap();
+        a.cmovz(r12, rax).unwrap();
+        a.inc(dword_ptr(0x10u64).gs()).unwrap();
+        a.dec(qword_ptr(0x18u64).gs()).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rdi).unwrap();
+        a.add(r13, rdi).unwrap();
+        a.push(0x1234_5678).unwrap();
+        a.push(-5).unwrap();
+        a.pop(rbx).unwrap();
+        a.pop(rdx).unwrap();
+        a.add(r14, rbx).unwrap();
+        a.add(r14, rdx).unwrap();
+        a.dec(rcx).unwrap();
+        a.jnz(top).unwrap();
+        a.mov(r15, qword_ptr(0x18u64).gs()).unwrap();
+        a.mov(ebp, dword_ptr(0x10u64).gs()).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[5], iterations, "GS-relative INC");
+    assert_eq!(o.gpr[15], iterations.wrapping_neg(), "GS-relative DEC");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // None per iteration (PUSHFQ is native too): the first runs only.
+    let bound = 30;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+#[test]
 fn indirect_calls_and_jumps_agree() {
     // CALL/JMP through a register and through memory (a table indexed by
     // a register, and an RSP-relative slot read before the push), natively

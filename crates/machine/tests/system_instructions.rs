@@ -295,3 +295,191 @@ fn sysret_that_sets_tf_traps_at_its_target() {
         }
     }
 }
+
+/// CR4.PCIDE: set only with CR3[11:0] = 0 (in IA-32e mode); then CR3
+/// holds a PCID in bits 11:0 and bit 63 of a load is not stored; paging
+/// cannot be turned off while it is set.
+#[test]
+fn pcide_takes_a_pcid_in_cr3_and_pins_paging() {
+    let set_pcide = |a: &mut CodeAssembler| {
+        a.mov(rax, cr4).unwrap();
+        a.or(eax, cr4::PCIDE as u32).unwrap();
+        a.mov(cr4, rax).unwrap();
+    };
+    // CR3[11:0] != 0: #GP.
+    let mut r = rig(|a| {
+        a.mov(rax, cr3).unwrap();
+        a.or(eax, 1).unwrap();
+        a.mov(cr3, rax).unwrap();
+        set_pcide(a);
+        a.hlt().unwrap();
+    });
+    assert_eq!(run(&mut r), Some(13));
+    let mut r = rig(|a| {
+        set_pcide(a);
+        a.mov(rax, cr3).unwrap();
+        a.mov(rbx, (1u64 << 63) | 5).unwrap();
+        a.or(rax, rbx).unwrap();
+        a.mov(cr3, rax).unwrap();
+        a.mov(rcx, cr3).unwrap();
+        a.mov(rax, cr0).unwrap();
+        a.btr(eax, 31).unwrap();
+        a.mov(cr0, rax).unwrap(); // #GP: PG with PCIDE
+        a.hlt().unwrap();
+    });
+    assert_eq!(run(&mut r), Some(13));
+    assert_ne!(r.cpu.state().cr4 & cr4::PCIDE, 0);
+    assert_eq!(r.gpr(1), PML4 | 5, "PCID kept, bit 63 dropped");
+    // Without PCIDE, bit 63 of CR3 is reserved.
+    let mut r = rig(|a| {
+        a.mov(rax, cr3).unwrap();
+        a.bts(rax, 63).unwrap();
+        a.mov(cr3, rax).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(run(&mut r), Some(13));
+}
+
+/// INVPCID `kind` with the descriptor (PCID, address) at DATA, after
+/// `before`; then reads the qword at `probe` into RDX.
+fn invpcid_rig(
+    kind: u64,
+    pcid: u64,
+    address: u64,
+    probe: u64,
+    before: impl FnOnce(&mut CodeAssembler),
+) -> Rig {
+    let r = rig(|a| {
+        before(a);
+        a.mov(rax, probe).unwrap();
+        a.mov(rdx, qword_ptr(rax)).unwrap(); // cached in the TLB
+        a.mov(rbx, PD + 8 * (probe >> 21)).unwrap();
+        a.add(qword_ptr(rbx), 0x20_0000).unwrap(); // remap: the next 2 MiB
+        a.mov(rcx, kind).unwrap();
+        a.mov(rsi, DATA).unwrap();
+        a.invpcid(rcx, xmmword_ptr(rsi)).unwrap();
+        a.mov(rax, probe).unwrap();
+        a.mov(rdx, qword_ptr(rax)).unwrap();
+        a.hlt().unwrap();
+    });
+    r.mem.write_u64(Hpa(DATA), pcid).unwrap();
+    r.mem.write_u64(Hpa(DATA + 8), address).unwrap();
+    r
+}
+
+/// INVPCID types 0-3 remove the translation (the TLB is not tagged by
+/// PCID, so every type removes at least what it must); #GP for type 4,
+/// reserved descriptor bits, a non-canonical type-0 address, a PCID for
+/// types 0 and 1 without CR4.PCIDE, and above ring 0; #UD in a guest
+/// without the "enable INVPCID" control.
+#[test]
+fn invpcid_invalidates_and_checks_its_operands() {
+    let probe = 0x80_0000u64;
+    let marker = 0x5eed_u64;
+    for kind in 0..4 {
+        let mut r = invpcid_rig(kind, 0, probe, probe, |_| {});
+        r.mem.write_u64(Hpa(probe), 1).unwrap();
+        r.mem.write_u64(Hpa(probe + 0x20_0000), marker).unwrap();
+        assert_eq!(run(&mut r), None, "type {kind}");
+        assert_eq!(r.gpr(2), marker, "type {kind}: the new mapping");
+    }
+    for (kind, pcid, address) in [
+        (4, 0, probe),
+        (0, 1 << 12, probe),
+        (0, 0, 1u64 << 63),
+        (0, 1, probe),
+        (1, 1, probe),
+    ] {
+        let mut r = invpcid_rig(kind, pcid, address, probe, |_| {});
+        assert_eq!(run(&mut r), Some(13), "type {kind} pcid {pcid:#x}");
+    }
+    // A PCID with CR4.PCIDE set is fine.
+    let mut r = invpcid_rig(1, 7, probe, probe, |a| {
+        a.mov(rax, cr4).unwrap();
+        a.or(eax, cr4::PCIDE as u32).unwrap();
+        a.mov(cr4, rax).unwrap();
+    });
+    assert_eq!(run(&mut r), None);
+    let mut r = invpcid_rig(2, 0, probe, probe, |_| {});
+    r.enter_user_mode();
+    assert_eq!(run(&mut r), Some(13), "ring 3");
+    let mut r = invpcid_rig(2, 0, probe, probe, |_| {}).guest(controls());
+    assert_eq!(run(&mut r), Some(6), "no enable-INVPCID control: #UD");
+    let mut r = invpcid_rig(2, 0, probe, probe, |_| {}).guest(machine::VmxControls {
+        enable_invpcid: true,
+        ..controls()
+    });
+    assert_eq!(run(&mut r), None);
+}
+
+/// MOVD/MOVQ through the MMX registers (kvm-unit-tests' `emulator`
+/// "movq (mmx, read/write)"): MMi is bits 63:0 of x87 register Ri with
+/// bits 79:64 set; an MMX move sets TOP to 0 and tags every register
+/// valid, EMMS empties them; #UD with CR0.EM, #NM with CR0.TS, #MF with an
+/// unmasked x87 exception pending.
+#[test]
+fn mmx_moves_alias_the_x87_registers() {
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        let mut r = rig(|a| {
+            a.fninit().unwrap();
+            a.fld1().unwrap(); // TOP = 7
+            a.mov(rax, 0x0102_0304_0506_0708u64).unwrap();
+            a.movq(mm0, rax).unwrap();
+            a.movq(qword_ptr(DATA), mm0).unwrap();
+            a.movd(mm1, dword_ptr(DATA + 4)).unwrap();
+            a.movq(mm2, mm1).unwrap();
+            a.movq(rbx, mm2).unwrap();
+            a.movd(ecx, mm0).unwrap();
+            a.hlt().unwrap();
+        })
+        .with_engine(engine);
+        assert_eq!(run(&mut r), None, "{engine:?}");
+        assert_eq!(r.mem.read_u64(Hpa(DATA)).unwrap(), 0x0102_0304_0506_0708);
+        assert_eq!(r.gpr(3), 0x0102_0304, "{engine:?}: MOVD zero-extends");
+        assert_eq!(r.gpr(1), 0x0506_0708);
+        let fpu = r.cpu.state().fpu;
+        assert_eq!(fpu.st[0], 0xffff_u128 << 64 | 0x0102_0304_0506_0708);
+        assert_eq!((fpu.fsw >> 11) & 7, 0, "TOP");
+        assert_eq!(fpu.ftw, 0xff, "all valid");
+    }
+    let mut r = rig(|a| {
+        a.movq(mm0, rax).unwrap();
+        a.emms().unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(run(&mut r), None);
+    assert_eq!(r.cpu.state().fpu.ftw, 0, "EMMS: all empty");
+    for (cr0_bits, fsw_es, want) in [(cr0::EM, false, 6), (cr0::TS, false, 7), (0, true, 16)] {
+        let mut r = rig(|a| {
+            a.movq(mm0, rax).unwrap();
+            a.hlt().unwrap();
+        });
+        r.cpu.state_mut().cr0 |= cr0_bits;
+        if fsw_es {
+            let fpu = &mut r.cpu.state_mut().fpu;
+            fpu.fcw &= !1; // IM clear
+            fpu.fsw |= 1 | 0x80; // IE, ES
+        }
+        assert_eq!(run(&mut r), Some(want));
+    }
+}
+
+/// A non-canonical memory operand through SS (based on RSP or RBP) is
+/// #SS(0); through another segment #GP(0) (kvm-unit-tests' `emulator`
+/// "non-canonical rsp-based access").
+#[test]
+fn non_canonical_stack_operands_are_ss_faults() {
+    for engine in [machine::Engine::Interp, machine::Engine::Jit] {
+        for (base, want) in [(rsp, 12), (rbp, 12), (rdx, 13)] {
+            let mut r = rig(|a| {
+                a.mov(rbp, STACK_TOP).unwrap();
+                a.mov(rdx, STACK_TOP).unwrap();
+                a.mov(rax, 0x8000_0000_0000_0000u64).unwrap();
+                a.or(qword_ptr(base + rax), 0).unwrap();
+                a.hlt().unwrap();
+            })
+            .with_engine(engine);
+            assert_eq!(run(&mut r), Some(want), "{engine:?}");
+        }
+    }
+}

@@ -118,6 +118,9 @@ struct Host {
     /// Whether this host is itself a virtual machine (/proc/cpuinfo lists
     /// the `hypervisor` flag): its VM exits are then nested ones.
     virtualized: bool,
+    /// How this host's /dev/kvm runs a guest: `native` or `emulated` with
+    /// the empty guest loop's figure, or why no guest ran.
+    kvm: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -455,13 +458,27 @@ struct KvmRegion {
 /// `mov`. With `xor eax, eax; cpuid` as the body every CPUID exits to KVM,
 /// which emulates it in the kernel (as a VMCALL or an RDMSR of the APIC
 /// base are); the OUT ends each KVM_RUN, an exit to user space.
+///
+/// With a vector table ([`KvmGuest::with_vectors`]), guest-physical 0 to
+/// 64 KiB is RAM holding the real-mode interrupt vector table (every
+/// vector to F000:IRET_AT, an IRET) and the stack (SS:SP = 0:0 from
+/// reset, so the first push is at 0xfffe), and the code's 64 KiB is also
+/// mapped at 0xf0000: an IRET reloads CS as F000 with base 0xf0000, the
+/// same bytes the reset's CS (base 0xffff0000) runs.
 struct KvmGuest {
     _sys: std::fs::File,
     _vm: std::os::fd::OwnedFd,
     vcpu: std::os::fd::OwnedFd,
     run: Mapping,
     _mem: Mapping,
+    _low: Option<Mapping>,
 }
+
+/// Where the guest with a vector table has its handler, an IRET (offset
+/// in the code's segment, below the loop at 0xff00).
+const IRET_AT: u16 = 0xfe00;
+/// The real-mode segment whose base maps the code a second time.
+const CODE_ALIAS: u64 = 0xf_0000;
 
 /// An ioctl taking an integer argument (or none).
 fn kvm_ioctl(fd: std::os::fd::RawFd, request: u64, arg: u64) -> std::io::Result<i32> {
@@ -478,6 +495,16 @@ fn kvm_ioctl(fd: std::os::fd::RawFd, request: u64, arg: u64) -> std::io::Result<
 
 impl KvmGuest {
     fn new(body: &[u8], loops: u32) -> Result<KvmGuest, String> {
+        KvmGuest::build(body, loops, false)
+    }
+
+    /// As [`KvmGuest::new`], with the real-mode vector table and stack of
+    /// the type's description, so the body may raise interrupts.
+    fn with_vectors(body: &[u8], loops: u32) -> Result<KvmGuest, String> {
+        KvmGuest::build(body, loops, true)
+    }
+
+    fn build(body: &[u8], loops: u32, vectors: bool) -> Result<KvmGuest, String> {
         use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
         let sys = std::fs::OpenOptions::new()
             .read(true)
@@ -516,30 +543,53 @@ impl KvmGuest {
             std::ptr::copy_nonoverlapping(code.as_ptr(), mem.ptr.add(0xff00), code.len());
             std::ptr::copy_nonoverlapping(reset.as_ptr(), mem.ptr.add(0xfff0), reset.len());
         }
-        let region = KvmRegion {
-            slot: 0,
-            flags: 0,
-            guest_phys_addr: GUEST_BASE,
-            memory_size: mem.len as u64,
-            userspace_addr: mem.ptr as u64,
+        let mut regions = vec![(GUEST_BASE, &mem)];
+        let low = if vectors {
+            let low = Mapping::new(0x1_0000)?;
+            let entry = (0xf000u32 << 16) | u32::from(IRET_AT);
+            // SAFETY: both inside the mappings just made, which nothing
+            // else refers to yet: 256 four-byte vectors at 0, the IRET in
+            // the code's 64 KiB.
+            unsafe {
+                for v in 0..256 {
+                    low.ptr.add(v * 4).cast::<u32>().write_unaligned(entry);
+                }
+                mem.ptr.add(usize::from(IRET_AT)).write(0xcf);
+            }
+            regions.push((CODE_ALIAS, &mem));
+            Some(low)
+        } else {
+            None
         };
-        // SAFETY: the request takes a pointer to a
-        // kvm_userspace_memory_region, which `region` is (repr(C), the
-        // kernel's layout), read during the call. The memory it names is
-        // `_mem`, the last field of the KvmGuest to drop, after every
-        // descriptor and mapping that keeps the VM alive.
-        let r = unsafe {
-            libc::ioctl(
-                vm.as_raw_fd(),
-                KVM_SET_USER_MEMORY_REGION as _,
-                &region as *const KvmRegion,
-            )
-        };
-        if r < 0 {
-            return Err(format!(
-                "KVM_SET_USER_MEMORY_REGION: {}",
-                std::io::Error::last_os_error()
-            ));
+        if let Some(low) = &low {
+            regions.push((0, low));
+        }
+        for (slot, (gpa, map)) in regions.into_iter().enumerate() {
+            let region = KvmRegion {
+                slot: slot as u32,
+                flags: 0,
+                guest_phys_addr: gpa,
+                memory_size: map.len as u64,
+                userspace_addr: map.ptr as u64,
+            };
+            // SAFETY: the request takes a pointer to a
+            // kvm_userspace_memory_region, which `region` is (repr(C), the
+            // kernel's layout), read during the call. The memory it names
+            // is `_mem` or `_low`, the last fields of the KvmGuest to drop,
+            // after every descriptor and mapping that keeps the VM alive.
+            let r = unsafe {
+                libc::ioctl(
+                    vm.as_raw_fd(),
+                    KVM_SET_USER_MEMORY_REGION as _,
+                    &region as *const KvmRegion,
+                )
+            };
+            if r < 0 {
+                return Err(format!(
+                    "KVM_SET_USER_MEMORY_REGION: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
         }
         // Needed for real mode on Intel hosts without unrestricted guest;
         // three pages below the slot. A host that needs none may refuse.
@@ -577,6 +627,7 @@ impl KvmGuest {
                 len: size,
             },
             _mem: mem,
+            _low: low,
         })
     }
 
@@ -661,6 +712,21 @@ impl TicketLock {
 const CPUID_BODY: [u8; 5] = [0x66, 0x31, 0xc0, 0x0f, 0xa2];
 const VMCALL_BODY: [u8; 6] = [0x66, 0x31, 0xc0, 0x0f, 0x01, 0xc1];
 const RDMSR_BODY: [u8; 8] = [0x66, 0xb9, 0x1b, 0x00, 0x00, 0x00, 0x0f, 0x32];
+/// The body of `kvm_int_iret`: `int 0x40`, through the real-mode vector
+/// table to an IRET.
+const INT_BODY: [u8; 2] = [0xcd, 0x40];
+/// Iterations of `kvm_guest_loop` and `kvm_int_iret` per KVM_RUN: enough
+/// that the one exit to user space a run ends with is under 1 % of the
+/// time where the guest runs on the CPU.
+const GUEST_LOOPS: u32 = 100_000;
+/// An empty guest loop iteration (`dec esi; jnz`) slower than this means
+/// the host's KVM emulates the guest's instructions instead of running
+/// them: on the CPU the iteration is a cycle or two (under 2 ns at 1 GHz
+/// and more), the run's exit to user space adds well under 1 ns an
+/// iteration, and KVM's instruction emulator takes hundreds of ns an
+/// instruction. The kvm_* exit tests then time the emulator, not exits,
+/// and are skipped.
+const EMULATED_LOOP_NS: f64 = 100.0;
 /// memslot_lookup: slots in the map (x86 KVM's VMs have a handful to a
 /// few dozen: RAM split around holes, ROMs, device BARs).
 const MEMSLOTS: usize = 32;
@@ -906,6 +972,30 @@ const TESTS: &[Test] = &[
         ops: 1_000,
         two_cpus: false,
     },
+    Test {
+        name: "kvm_guest_loop",
+        what: "an empty loop iteration (dec esi; jnz) inside a KVM guest (real mode), per iteration: whether the host's KVM runs the guest on the CPU",
+        informs: &["instruction"],
+        note: "a cycle or two where KVM runs the guest on the CPU (the machine charges instruction per instruction); hundreds of ns where it emulates the guest's instructions, and the kvm_* exit tests are then skipped",
+        ops: GUEST_LOOPS as u64,
+        two_cpus: false,
+    },
+    Test {
+        name: "kvm_int_iret",
+        what: "an interrupt delivered and returned from inside a KVM guest (real mode): INT 0x40 through the vector table to an IRET, with the loop's dec and jnz, per iteration",
+        informs: &["event_delivery", "privilege_transition"],
+        note: "minus kvm_guest_loop: the model's figure for the same is event_delivery + privilege_transition (the IRET) + instruction = 101; no VM exit (the guest's own IDT delivery)",
+        ops: GUEST_LOOPS as u64,
+        two_cpus: false,
+    },
+    Test {
+        name: "int80_syscall",
+        what: "a system call through an IDT gate: getppid by INT 0x80 (the 32-bit entry, left with IRET), entry and return",
+        informs: &["event_delivery", "privilege_transition"],
+        note: "minus syscall: a gate's delivery and an IRET against SYSCALL and SYSRET (the machine's event_delivery - privilege_transition = 20), plus the two entry paths' own differences; on a host whose kernel runs deprivileged under a software hypervisor (a PVM guest) the IDT is virtual and the figure is that hypervisor's",
+        ops: 20_000,
+        two_cpus: false,
+    },
 ];
 
 /// The current value of entry `name` and its table.
@@ -982,6 +1072,9 @@ fn prepare(name: &str, b: &mut Buffers, rng: &mut Rng) -> Result<(), String> {
         // One pass of an empty loop: each KVM_RUN is the OUT's exit to
         // user space and the entry back.
         "kvm_pio_exit" => b.kvm = Some(KvmGuest::new(&[], 1)?),
+        "kvm_guest_loop" => b.kvm = Some(KvmGuest::new(&[], GUEST_LOOPS)?),
+        "int80_syscall" => int80_works()?,
+        "kvm_int_iret" => b.kvm = Some(KvmGuest::with_vectors(&INT_BODY, GUEST_LOOPS)?),
         "memslot_lookup" => {
             // MEMSLOTS slots of 1 to 64 Ki pages with gaps between them.
             let mut base = 0u64;
@@ -1146,6 +1239,13 @@ fn repetition(t: &Test, ctx: &Ctx, b: &mut Buffers, rep: u64) -> Timed {
                 black_box(unsafe { libc::getppid() });
             }
         })),
+        "int80_syscall" => Ok(per_op(ops, || {
+            for _ in 0..ops {
+                // SAFETY: prepare checked, in a child process, that this
+                // kernel has the 32-bit entry.
+                black_box(unsafe { int80_getppid() });
+            }
+        })),
         "context_switch" => context_switch(ctx, ops),
         "rep_movsb" | "rep_stosb" => {
             let (src, dst) = (
@@ -1252,14 +1352,21 @@ fn repetition(t: &Test, ctx: &Ctx, b: &mut Buffers, rep: u64) -> Timed {
             }
             Ok(t0.elapsed().as_nanos() as f64 / ops as f64)
         }
-        "kvm_cpuid_exit" | "kvm_vmcall_exit" | "kvm_rdmsr_exit" => {
+        "kvm_cpuid_exit" | "kvm_vmcall_exit" | "kvm_rdmsr_exit" | "kvm_guest_loop"
+        | "kvm_int_iret" => {
+            // One KVM_RUN is one pass of the guest's loop.
+            let loops = if t.name.starts_with("kvm_guest") || t.name == "kvm_int_iret" {
+                GUEST_LOOPS
+            } else {
+                LOOP_CPUIDS
+            };
             let kvm = b.kvm.as_ref().expect("prepared");
             if rep == 0 {
                 kvm.run(ctx)?;
             }
             let t0 = Instant::now();
             kvm.run(ctx)?;
-            Ok(t0.elapsed().as_nanos() as f64 / f64::from(LOOP_CPUIDS))
+            Ok(t0.elapsed().as_nanos() as f64 / f64::from(loops))
         }
         other => unreachable!("no test {other}"),
     }
@@ -1486,11 +1593,101 @@ fn context_switch(ctx: &Ctx, rounds: u64) -> Timed {
 }
 
 /// Runs every test; `None` when a signal stopped the run.
+/// getppid through INT 0x80: the 32-bit system call entry (getppid is 64
+/// in its table), an interrupt gate of the IDT, left with IRET.
+///
+/// # Safety
+/// The kernel must have the 32-bit entry (IA32 emulation): without it
+/// INT 0x80 raises #GP and the process gets SIGSEGV. [`int80_works`]
+/// checks in a child process.
+unsafe fn int80_getppid() -> u32 {
+    let mut eax: u32 = 64;
+    // SAFETY: the caller's; the entry may clear R8-R11 (older kernels did),
+    // and changes nothing else of this process.
+    unsafe {
+        std::arch::asm!("int 0x80", inout("eax") eax, out("r8") _, out("r9") _,
+            out("r10") _, out("r11") _)
+    };
+    eax
+}
+
+/// Whether INT 0x80 works here: a child process makes the call once and
+/// compares it with getppid(2)'s answer.
+fn int80_works() -> Result<(), String> {
+    // SAFETY: the child only makes two system calls and `_exit`s, all
+    // async-signal-safe, so forking a process with other threads is sound.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        // SAFETY: in the child; if the entry is missing, the SIGSEGV ends
+        // the child alone.
+        let same = unsafe { int80_getppid() } as i32 == unsafe { libc::getppid() };
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(if same { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked, writing its status.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } != pid {
+        return Err(format!("waitpid: {}", std::io::Error::last_os_error()));
+    }
+    if libc::WIFSIGNALED(status) {
+        Err(format!(
+            "INT 0x80 ended a test process by signal {}: this kernel has no 32-bit system call entry",
+            libc::WTERMSIG(status)
+        ))
+    } else if libc::WEXITSTATUS(status) != 0 {
+        Err("INT 0x80 getppid did not give getppid(2)'s answer".to_string())
+    } else {
+        Ok(())
+    }
+}
+
+/// How this host's KVM runs a guest: the median of three runs of an empty
+/// guest loop, ns per iteration (as `kvm_guest_loop`), or why no guest
+/// ran.
+fn kvm_guest_check(ctx: &Ctx) -> Result<f64, String> {
+    let kvm = KvmGuest::new(&[], GUEST_LOOPS)?;
+    let pinned = pin(ctx.cpus[0]).is_ok();
+    let mut samples = Vec::new();
+    let mut result = kvm.run(ctx);
+    for _ in 0..3 {
+        if result.is_err() {
+            break;
+        }
+        let t0 = Instant::now();
+        result = kvm.run(ctx);
+        samples.push(t0.elapsed().as_nanos() as f64 / f64::from(GUEST_LOOPS));
+    }
+    if pinned {
+        unpin(&ctx.cpus);
+    }
+    match result {
+        Ok(()) => Ok(median(&mut samples)),
+        Err(Abort::Os(e)) => Err(e),
+        Err(Abort::Signal(signal)) => Err(format!("stopped by {}", signal.name())),
+        Err(Abort::Timeout(what)) => Err(format!("timed out waiting for {what}")),
+    }
+}
+
+/// `Host::kvm` for the result of [`kvm_guest_check`].
+fn kvm_text(check: &Result<f64, String>) -> String {
+    match check {
+        Ok(ns) if *ns > EMULATED_LOOP_NS => format!(
+            "emulated: an empty guest loop iteration takes {ns:.0} ns (KVM's instruction emulator runs the guest; the kvm_* exit tests are skipped)"
+        ),
+        Ok(ns) => format!("native: an empty guest loop iteration takes {ns:.2} ns"),
+        Err(e) => format!("no guest ran: {e}"),
+    }
+}
+
 fn run_tests(
     args: &CalibrateArgs,
     ctx: &Ctx,
     tsc: Option<f64>,
     progress: bool,
+    kvm_check: &Result<f64, String>,
 ) -> Result<Vec<TestResult>, Signal> {
     let mut results = Vec::new();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -1535,6 +1732,16 @@ fn run_tests(
             ));
             results.push(result);
             continue;
+        }
+        if let Ok(ns) = kvm_check {
+            if *ns > EMULATED_LOOP_NS && t.name.starts_with("kvm_") && t.name != "kvm_guest_loop" {
+                result.status = "skipped";
+                result.reason = Some(format!(
+                    "this host's /dev/kvm emulates the guest's instructions (an empty guest loop iteration takes {ns:.0} ns, see kvm_guest_loop): the figure would be its instruction emulator's"
+                ));
+                results.push(result);
+                continue;
+            }
         }
         let mut buffers = Buffers::default();
         if let Err(e) = prepare(t.name, &mut buffers, &mut rng) {
@@ -1638,7 +1845,8 @@ pub fn calibrate(args: CalibrateArgs) -> u8 {
         abort: AtomicBool::new(false),
     };
     let progress = !args.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let tests = match run_tests(&args, &ctx, tsc, progress) {
+    let kvm_check = kvm_guest_check(&ctx);
+    let tests = match run_tests(&args, &ctx, tsc, progress, &kvm_check) {
         Ok(tests) => tests,
         Err(signal) => {
             eprintln!("\nfaultline calibrate: stopped by {}", signal.name());
@@ -1652,6 +1860,7 @@ pub fn calibrate(args: CalibrateArgs) -> u8 {
             tsc: tsc_text,
             pinning,
             virtualized: cpu_flag("hypervisor"),
+            kvm: kvm_text(&kvm_check),
         },
         table_ghz: machine_ghz(),
         repetitions: args.iterations,
@@ -1756,6 +1965,7 @@ fn table(r: &Report) -> String {
             let _ = writeln!(s, "TSC: {}", r.host.tsc);
         }
     }
+    let _ = writeln!(s, "KVM: {}", r.host.kvm);
     let _ = writeln!(
         s,
         "table values are cycles of a {:.0} GHz core; `cycles` below are this host's TSC cycles\n",
@@ -1828,6 +2038,31 @@ mod tests {
         for t in TESTS {
             for &entry in t.informs {
                 assert!(entry_value(entry).is_some(), "{}: {entry}", t.name);
+            }
+        }
+    }
+
+    #[test]
+    fn the_interrupt_guest_runs_its_loop_to_the_out() {
+        // Where /dev/kvm runs guests at all (on the CPU or in KVM's
+        // emulator, which the timing tests skip), the guest with a vector
+        // table takes each INT 0x40 to its IRET and back, and each run
+        // ends at the loop's OUT, not at another exit.
+        let guest = match KvmGuest::with_vectors(&INT_BODY, 10) {
+            Ok(guest) => guest,
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+        };
+        let ctx = Ctx {
+            stop: StopRequest::default(),
+            cpus: allowed_cpus(),
+            abort: AtomicBool::new(false),
+        };
+        for run in 0..3 {
+            if let Err(Abort::Os(e)) = guest.run(&ctx) {
+                panic!("run {run}: {e}");
             }
         }
     }

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Every test the command runs, in its order.
-const TESTS: [&str; 25] = [
+const TESTS: [&str; 28] = [
     "line_transfer",
     "ticket_lock_handoff",
     "ticket_lock_uncontended",
@@ -38,6 +38,9 @@ const TESTS: [&str; 25] = [
     "kvm_vmcall_exit",
     "kvm_rdmsr_exit",
     "kvm_pio_exit",
+    "kvm_guest_loop",
+    "kvm_int_iret",
+    "int80_syscall",
 ];
 
 fn positive(v: &Value, what: &str) -> f64 {
@@ -99,6 +102,9 @@ fn calibrate_json_has_every_test_with_positive_finite_figures() {
                 let reason = t["reason"].as_str().expect("a reason");
                 if name == "line_transfer" || name == "ticket_lock_handoff" {
                     assert!(cpus < 2 && reason.contains("needs 2 CPUs"), "{t}");
+                } else if name == "int80_syscall" {
+                    // A kernel without the 32-bit entry.
+                    assert!(reason.contains("INT 0x80"), "{t}");
                 } else if name.starts_with("kvm_") {
                     // A host without a usable /dev/kvm, or whose KVM does
                     // not complete the loop in the kernel.
@@ -110,6 +116,37 @@ fn calibrate_json_has_every_test_with_positive_finite_figures() {
             }
             other => panic!("{name}: status {other:?}: {t}"),
         }
+    }
+    // An empty guest loop, timed before the tests, decides whether the
+    // KVM tests run: where KVM emulates the guest's instructions (an
+    // iteration over 100 ns) the others are skipped, saying so; where it
+    // runs them, they are not skipped for that reason.
+    let kvm = host["kvm"].as_str().expect("host.kvm");
+    let by_name = |n: &str| tests.iter().find(|t| t["name"] == n).unwrap();
+    let guest_loop = by_name("kvm_guest_loop");
+    let emulated = "emulates the guest's instructions";
+    let others = TESTS
+        .iter()
+        .filter(|n| n.starts_with("kvm_") && **n != "kvm_guest_loop");
+    if kvm.starts_with("emulated: ") {
+        assert_eq!(guest_loop["status"], "ok", "{guest_loop}");
+        for n in others {
+            let t = by_name(n);
+            assert_eq!(t["status"], "skipped", "{t}");
+            assert!(t["reason"].as_str().unwrap().contains(emulated), "{t}");
+        }
+    } else if kvm.starts_with("native: ") {
+        assert_eq!(guest_loop["status"], "ok", "{guest_loop}");
+        for n in others {
+            let t = by_name(n);
+            assert!(
+                !t["reason"].as_str().unwrap_or("").contains(emulated),
+                "{t}"
+            );
+        }
+    } else {
+        assert!(kvm.starts_with("no guest ran: "), "{kvm}");
+        assert_eq!(guest_loop["status"], "skipped", "{guest_loop}");
     }
     // The two-core tests inform line_transfer with its current value.
     let lt = &tests[0]["informs"][0];

@@ -76,6 +76,9 @@ pub(crate) fn shadow_controls(base: VmxControls) -> VmxControls {
         cr3_load_exiting: true,
         cr3_store_exiting: true,
         invlpg_exiting: true,
+        // No PCIDs under shadow paging (CR4.PCIDE is refused, and CPUID
+        // does not offer PCID or INVPCID: `handle_cpuid`).
+        enable_invpcid: false,
         cr0_guest_host_mask: CR0_HOST_OWNED,
         cr0_read_shadow: boot.cr0 & CR0_HOST_OWNED,
         cr4_guest_host_mask: CR4_HOST_OWNED,

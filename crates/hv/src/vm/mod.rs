@@ -230,6 +230,7 @@ fn base_controls(id: u32) -> VmxControls {
         },
         virtualize_x2apic: true,
         external_interrupt_exiting: false,
+        enable_invpcid: true,
         ept: None,
         vpid: id as u16 + 1,
         ..VmxControls::default()

@@ -7,6 +7,7 @@
 //! [`Fault`]s: #PF, #GP/#SS for non-canonical addresses, or a VM exit for
 //! EPT violations and misconfigurations.
 
+use super::debug_regs::DR7_ENABLES;
 use super::l1tlb::KeyContext;
 use super::state::{cr4, rflags};
 use super::{vector, Cpu, Fault, FaultKind};
@@ -432,6 +433,9 @@ impl Cpu {
         user: bool,
         implicit: bool,
     ) -> Result<u64, Fault> {
+        if self.state.debug.dr7 & DR7_ENABLES != 0 && !implicit {
+            self.note_data_access(la, size.bytes() as u64, false);
+        }
         if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
             let hpa = self.translate_as(mem, la, AccessKind::Read, user, implicit)?;
             self.phys_read(mem, hpa, size.bytes())
@@ -493,6 +497,9 @@ impl Cpu {
         user: bool,
         implicit: bool,
     ) -> Result<(), Fault> {
+        if self.state.debug.dr7 & DR7_ENABLES != 0 && !implicit {
+            self.note_data_access(la, size.bytes() as u64, true);
+        }
         if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
             let hpa = self.translate_as(mem, la, AccessKind::Write, user, implicit)?;
             self.store(mem, hpa, size, value)
@@ -729,6 +736,10 @@ impl Cpu {
             }
             OpKind::Memory => {
                 let la = self.effective_address(i);
+                if self.state.debug.dr7 & DR7_ENABLES != 0 {
+                    // A read-modify-write: a write for the breakpoints.
+                    self.note_data_access(la, size.bytes() as u64, true);
+                }
                 if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
                     let user = self.user_access();
                     let hpa = self.translate(mem, la, AccessKind::Write, user)?;

@@ -12,8 +12,22 @@
 //! Reserved low bits read back as their fixed values (DR6 0xffff0ff0, DR7
 //! bit 10). Instruction breakpoints (R/W = 00) fire as #DB faults before
 //! the instruction at DRn's linear address unless RFLAGS.RF is set, and
-//! RFLAGS.TF single-steps with DR6.BS (`Cpu::run_block`). Data and I/O
-//! breakpoints (R/W = 01, 10, 11) are not modelled: they never fire.
+//! RFLAGS.TF single-steps with DR6.BS (`Cpu::run_block`).
+//!
+//! Data breakpoints (R/W = 01 writes, 11 reads or writes) and I/O
+//! breakpoints (R/W = 10 with CR4.DE) are traps (SDM Vol. 3B 18.2.4,
+//! 18.3.1.2): an access of the running instruction that overlaps the
+//! DRn-aligned range of LEN bytes (1, 2, 8 or 4 for LEN 00, 01, 10, 11)
+//! notes the breakpoint (`Cpu::note_data_access`), and the #DB follows the
+//! instruction with DR6.Bn set (and BS too when single-stepping). Implicit
+//! supervisor accesses (descriptor tables, interrupt frames) do not match.
+//! After a MOV SS or POP SS the trap waits one more instruction (SDM Vol.
+//! 3A 6.8.3): then a #DB that instruction raises (ICEBP) carries it, and
+//! after an INT n or INT3 it is delivered at the handler's first
+//! instruction. Instruction breakpoints on the instruction after MOV SS
+//! are inhibited, as on Intel. While any breakpoint is enabled in DR7 the
+//! CPU runs one instruction at a time through the interpreter, whose
+//! accesses are the only ones checked.
 
 use super::access::gpr_info;
 use super::state::cr4;
@@ -39,6 +53,24 @@ pub const DR6_HITS: u64 = 0xf;
 pub const DR7_ENABLES: u64 = 0xff;
 /// DR7.GD: general detect, #DB on any debug-register move.
 pub const DR7_GD: u64 = 1 << 13;
+
+/// The bytes breakpoint `n` of `dr7` covers: (aligned start, length).
+fn breakpoint_range(dr: u64, dr7: u64, n: usize) -> (u64, u64) {
+    let len = match dr7 >> (18 + 4 * n) & 3 {
+        0 => 1,
+        1 => 2,
+        2 => 8,
+        _ => 4,
+    };
+    (dr & !(len - 1), len)
+}
+
+/// Whether `[a, a + alen)` and `[b, b + blen)` share a byte (modulo
+/// 2^64 for the address space, 2^16 for ports: callers pass a mask).
+fn overlaps(a: u64, alen: u64, b: u64, blen: u64, mask: u64) -> bool {
+    // `a` lies in `[b, b + blen)`, or `b` in `[a, a + alen)`.
+    a.wrapping_sub(b) & mask < blen || b.wrapping_sub(a) & mask < alen
+}
 
 /// The debug registers' architectural state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -83,6 +115,59 @@ impl Cpu {
         (hits != 0).then_some(hits)
     }
 
+    /// DR6 bits B0-B3 of the enabled data breakpoints (R/W = 01 when
+    /// `write`, 11 either way) that an access of `size` bytes at linear
+    /// address `la` meets.
+    pub(super) fn data_breakpoint_hits(&self, la: u64, size: u64, write: bool) -> u64 {
+        let d = &self.state.debug;
+        (0..4).fold(0, |hits, n| {
+            let enabled = d.dr7 >> (2 * n) & 3 != 0;
+            let rw = d.dr7 >> (16 + 4 * n) & 3;
+            let kind = rw == 3 || (rw == 1 && write);
+            let (start, len) = breakpoint_range(d.dr[n], d.dr7, n);
+            if enabled && kind && overlaps(la, size, start, len, u64::MAX) {
+                hits | 1 << n
+            } else {
+                hits
+            }
+        })
+    }
+
+    /// DR6 bits B0-B3 of the enabled I/O breakpoints (R/W = 10, which
+    /// needs CR4.DE) that an access of `size` bytes at `port` meets.
+    pub(super) fn io_breakpoint_hits(&self, port: u16, size: u8) -> u64 {
+        let d = &self.state.debug;
+        if self.state.cr4 & cr4::DE == 0 {
+            return 0;
+        }
+        (0..4).fold(0, |hits, n| {
+            let enabled = d.dr7 >> (2 * n) & 3 != 0;
+            let io = d.dr7 >> (16 + 4 * n) & 3 == 2;
+            let (start, len) = breakpoint_range(d.dr[n] & 0xffff, d.dr7, n);
+            if enabled && io && overlaps(u64::from(port), u64::from(size), start, len, 0xffff) {
+                hits | 1 << n
+            } else {
+                hits
+            }
+        })
+    }
+
+    /// Notes the data breakpoints an access of the running instruction
+    /// meets (called only while DR7 enables a breakpoint): their #DB trap
+    /// follows the instruction.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn note_data_access(&mut self, la: u64, size: u64, write: bool) {
+        self.db_pending |= self.data_breakpoint_hits(la, size, write);
+    }
+
+    /// Notes the I/O breakpoints an IN, OUT, INS or OUTS meets.
+    pub(super) fn note_io_access(&mut self, port: u16, size: u8) {
+        if self.state.debug.dr7 & DR7_ENABLES != 0 {
+            self.db_pending |= self.io_breakpoint_hits(port, size);
+        }
+    }
+
     /// Raises #DB with the DR6 conditions `bits` (B0-B3 replaced, as KVM
     /// delivers a #DB payload; BS, BD, BT kept).
     pub(super) fn debug_exception(
@@ -93,6 +178,14 @@ impl Cpu {
         let d = &mut self.state.debug;
         d.dr6 = (d.dr6 & !DR6_HITS) | bits | DR6_FIXED_1;
         self.raise_exception(mem, vector::DB, None, None)
+    }
+
+    /// Takes the data and I/O breakpoint hits held for the #DB being
+    /// delivered (one #DB carries them all: an ICEBP after a MOV SS that
+    /// met a watchpoint raises one).
+    pub(super) fn merge_pending_breakpoints(&mut self) {
+        let hits = std::mem::take(&mut self.db_pending);
+        self.state.debug.dr6 |= hits;
     }
 
     /// `mov drN, r64` (`to`) or `mov r64, drN`; `dr` is the iced register

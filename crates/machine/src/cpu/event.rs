@@ -60,6 +60,9 @@ impl Cpu {
         cr2: Option<u64>,
     ) -> Step {
         self.stats.exceptions += 1;
+        if vector == vector::DB && self.db_pending != 0 {
+            self.merge_pending_breakpoints();
+        }
         let ev = EventInjection {
             kind: EventKind::HardwareException,
             vector,

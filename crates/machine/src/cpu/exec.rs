@@ -356,6 +356,7 @@ impl Cpu {
             m if super::legacy::is_legacy(m) => self.exec_legacy(mem, i),
             m if super::sse::is_simd(m) => self.exec_simd(mem, i),
             m if super::x87::is_x87(m) => self.exec_x87(mem, i),
+            m if super::xsave::is_xsave(m) => self.exec_xsave(mem, i),
             _ => self.exec_system(mem, i),
         }
     }
@@ -629,6 +630,9 @@ impl Cpu {
     /// A memory place at an explicit linear address (write-checked).
     fn place_at(&mut self, mem: &PhysMemory, la: u64, size: Size) -> Result<Place, Fault> {
         let user = self.state.cpl() == 3;
+        if self.state.debug.dr7 & super::debug_regs::DR7_ENABLES != 0 {
+            self.note_data_access(la, size.bytes() as u64, true);
+        }
         if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
             let hpa = self.translate(mem, la, crate::mmu::AccessKind::Write, user)?;
             Ok(Place::Mem { hpa })
@@ -1083,7 +1087,12 @@ impl Cpu {
         };
         // Under `emulate_mmio` each element goes the element's way, to
         // reach the MMIO page's reads and writes.
-        if n < 2 || self.mmio_emu.is_some() {
+        // So does each element while DR7 enables breakpoints (each
+        // access is checked against the data breakpoints).
+        if n < 2
+            || self.mmio_emu.is_some()
+            || self.state.debug.dr7 & super::debug_regs::DR7_ENABLES != 0
+        {
             return Ok(0);
         }
         let user = self.user_access();

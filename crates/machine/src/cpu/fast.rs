@@ -493,7 +493,7 @@ pub(crate) fn is_cmovcc(m: M) -> bool {
     )
 }
 
-fn alu_op(m: M) -> Option<BinOp> {
+pub(crate) fn alu_op(m: M) -> Option<BinOp> {
     Some(match m {
         M::Add => BinOp::Add,
         M::Or => BinOp::Or,
@@ -1256,6 +1256,9 @@ impl Cpu {
             let (_, f) = self.alu_op(op, size, a, b);
             self.apply_flags(f);
             return Ok(());
+        }
+        if self.state.debug.dr7 & super::debug_regs::DR7_ENABLES != 0 {
+            self.note_data_access(la, size.bytes() as u64, true);
         }
         if (la & 0xfff) + size.bytes() as u64 <= 0x1000 {
             let user = self.state.cpl() == 3;

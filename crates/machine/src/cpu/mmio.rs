@@ -52,6 +52,17 @@ impl Cpu {
         if i.mnemonic() != Mnemonic::Mov || i.op_count() != 2 {
             return None;
         }
+        // Under EPT an access that crosses into the next page is two
+        // accesses, one per page (a device sees each page's bytes at its
+        // own address): not one to describe; `emulate_mmio` runs it byte
+        // by byte. (Under shadow paging `emulate_mmio` reaches one linear
+        // page only: the access is described as one.)
+        let mem_op = if i.op_kind(0) == OpKind::Memory { 0 } else { 1 };
+        let bytes = u64::from(Cpu::op_size(i, mem_op).bytes());
+        let ept = self.vmx.as_ref().is_some_and(|v| v.ept.is_some());
+        if ept && (self.effective_address(i) & 0xfff) + bytes > 0x1000 {
+            return None;
+        }
         let gpr = |n: u32| i.op_kind(n) == OpKind::Register && i.op_register(n).is_gpr();
         if i.op_kind(0) == OpKind::Memory {
             let size = Cpu::op_size(i, 0);
@@ -168,8 +179,12 @@ impl Cpu {
     /// so the VMM performs each device read once and in order. For the
     /// plain `mov` forms [`Cpu::mmio_access`] is the cheaper way.
     ///
-    /// An instruction whose accesses span two MMIO pages is not emulated:
-    /// the second page's access is an [`MmioEmulation::Exit`].
+    /// An access that crosses a page boundary reaches the device one byte
+    /// at a time, each at its own page's address; under EPT both pages
+    /// may be virtual pages mapping this one MMIO page (kvm-unit-tests'
+    /// `emulator` "cross-page mmio"). An instruction whose accesses reach
+    /// a second MMIO page (or, under shadow paging, a second linear page)
+    /// is not emulated: that access is an [`MmioEmulation::Exit`].
     pub fn emulate_mmio(&mut self, mem: &PhysMemory, gpa: Gpa, reads: &[u64]) -> MmioEmulation {
         let la_page = if self.vmx.as_ref().is_some_and(|v| v.ept.is_some()) {
             None

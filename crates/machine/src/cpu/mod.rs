@@ -31,12 +31,13 @@ pub mod mce;
 mod mmio;
 pub use event::has_error_code;
 pub use mmio::{MmioEmulation, MmioWrite};
-pub use system::native_cpuid;
+pub use system::{native_cpuid, with_osxsave};
 mod exec;
 mod far;
 pub mod fpu_state;
 mod hostfp;
 mod hostx87;
+mod mmx;
 #[cfg(test)]
 mod mode_tests;
 pub mod snapshot;
@@ -48,6 +49,7 @@ mod tests;
 mod translated;
 pub mod triple_fault;
 mod x87;
+pub mod xsave;
 
 use crate::apic::Lapic;
 use crate::cost::CycleCosts;
@@ -251,6 +253,9 @@ pub struct Cpu {
     /// The instruction being run alone was SYSCALL or SYSRET: its
     /// single-step trap depends on TF after it only.
     pub(super) tf_after_only: bool,
+    /// DR6.B0-B3 of the data and I/O breakpoints the running instruction
+    /// met (or a MOV SS before it held back): its #DB trap is due.
+    db_pending: u64,
     /// First-level TLB in front of `tlb` (see [`l1tlb`]).
     l1: l1tlb::L1Tlb,
     /// Bumped whenever the first-level TLB's lookup-key context
@@ -352,6 +357,7 @@ impl Cpu {
             pending_string_in: None,
             rf_loaded: false,
             tf_after_only: false,
+            db_pending: 0,
             l1: l1tlb::L1Tlb::new(),
             mode_epoch: 1,
             next_timer_cycle: 0,
@@ -490,9 +496,13 @@ impl Cpu {
         self.state.rflags &= !rflags::RF;
         self.exit_len = 0;
         self.check_events = true;
-        if self.state.rflags & rflags::TF != 0 && self.injection.is_none() {
+        // I/O breakpoints the instruction met (`exec_io`).
+        let hits = std::mem::take(&mut self.db_pending);
+        let tf = self.state.rflags & rflags::TF != 0;
+        if (tf || hits != 0) && self.injection.is_none() {
+            let bs = if tf { debug_regs::DR6_BS } else { 0 };
             let d = &mut self.state.debug;
-            d.dr6 = (d.dr6 & !debug_regs::DR6_HITS) | debug_regs::DR6_BS | debug_regs::DR6_FIXED_1;
+            d.dr6 = (d.dr6 & !debug_regs::DR6_HITS) | hits | bs | debug_regs::DR6_FIXED_1;
             self.inject_event(EventInjection {
                 kind: EventKind::HardwareException,
                 vector: vector::DB,
@@ -848,7 +858,13 @@ impl Cpu {
         self.rf_loaded = false;
         self.tf_after_only = false;
         let shadow = self.state.interruptibility;
-        if breakpoints && self.state.rflags & rflags::RF == 0 {
+        // Instruction breakpoints are inhibited on the instruction after a
+        // MOV SS or POP SS (Intel; kvm-unit-tests' emulator "#DB
+        // suppressed after MOV SS").
+        if breakpoints
+            && self.state.rflags & rflags::RF == 0
+            && shadow & interruptibility::MOV_SS == 0
+        {
             if let Some(hits) = self.instruction_breakpoint_hits() {
                 return self.debug_exception(mem, hits);
             }
@@ -926,8 +942,18 @@ impl Cpu {
                 step = Step::Exit(exit);
             }
         }
-        if single_step && matches!(step, Step::Continue) {
-            step = self.debug_exception(mem, debug_regs::DR6_BS);
+        // Data and I/O breakpoint traps: held over a MOV SS with the
+        // single-step trap; dropped when the instruction faulted; kept
+        // for `skip_instruction` when it exits (an I/O port).
+        let hits = std::mem::take(&mut self.db_pending);
+        match step {
+            Step::Continue if executed > 0 && mov_ss => self.db_pending = hits,
+            Step::Continue if executed > 0 && (hits != 0 || single_step) => {
+                let bs = if single_step { debug_regs::DR6_BS } else { 0 };
+                step = self.debug_exception(mem, hits | bs);
+            }
+            Step::Exit(_) => self.db_pending = hits,
+            _ => {}
         }
         if mtf && matches!(step, Step::Continue) {
             step = Step::Exit(VmExit::MonitorTrap);
@@ -977,7 +1003,25 @@ impl Cpu {
             self.state.rip = op.insn.ip();
         }
         self.note_mmio(&op.insn, &f);
+        let f = self.stack_segment_fault(&op.insn, f);
         self.handle_fault(mem, f, op.insn.len() as u8)
+    }
+
+    /// A memory operand through SS (based on RSP or RBP, or with an SS
+    /// override) at a non-canonical address faults #SS(0), not #GP(0)
+    /// (SDM Vol. 3A 6.15, "Interrupt 12"; kvm-unit-tests' `emulator`
+    /// "non-canonical rsp-based access").
+    fn stack_segment_fault(&self, insn: &iced_x86::Instruction, f: Fault) -> Fault {
+        let through_ss = (0..insn.op_count()).any(|n| insn.op_kind(n) == iced_x86::OpKind::Memory)
+            && insn.memory_segment() == iced_x86::Register::SS;
+        if through_ss
+            && self.state.in_64bit_mode()
+            && !crate::addr::is_canonical(self.effective_address(insn))
+        {
+            access::stack_fault(f)
+        } else {
+            f
+        }
     }
 
     /// Turns a fault of the current instruction into an exception delivery

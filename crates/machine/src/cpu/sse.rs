@@ -29,6 +29,7 @@ pub(super) fn is_simd(m: M) -> bool {
         || matches!(
             m,
             M::Movnti
+                | M::Emms
                 | M::Movd
                 | M::Movq
                 | M::Movss
@@ -536,6 +537,9 @@ impl Cpu {
 
     /// Executes an SSE/SSE2 instruction ([`is_simd`]).
     pub(super) fn exec_simd(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        if super::mmx::is_mmx_move(i) {
+            return self.exec_mmx_move(mem, i);
+        }
         let m = i.mnemonic();
         // Later extensions reuse these mnemonics (SSE4.1 PEXTRW to memory,
         // AVX forms): only SSE, SSE2 and FXSR are implemented.

@@ -78,6 +78,8 @@ pub mod cr4 {
         | OSXMMEXCPT
         | UMIP
         | FSGSBASE
+        | PCIDE
+        | OSXSAVE
         | SMEP
         | SMAP;
     /// Changing these flushes the TLB (SDM 4.10.4.1).
@@ -292,6 +294,9 @@ pub struct CpuState {
     /// The machine-check registers (`mce`).
     #[serde(default)]
     pub mce: super::mce::MceRegs,
+    /// XCR0, the XSAVE feature mask (`xsave`): bit 0 (x87) always set.
+    #[serde(default = "super::xsave::xcr0_at_reset")]
+    pub xcr0: u64,
 }
 
 impl Default for CpuState {
@@ -356,6 +361,7 @@ impl Default for CpuState {
             activity: Activity::Active,
             fpu: super::fpu_state::FpuState::default(),
             mce: super::mce::MceRegs::default(),
+            xcr0: super::xsave::xcr0_at_reset(),
         }
     }
 }

@@ -39,12 +39,13 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
     // and the like follow Intel).
     const VENDOR: [u32; 3] = [0x756e_6547, 0x4965_6e69, 0x6c65_746e];
     match leaf {
-        0 => [0xb, VENDOR[0], VENDOR[2], VENDOR[1]],
+        0 => [0xd, VENDOR[0], VENDOR[2], VENDOR[1]],
         1 => {
             let eax = 0x0005_0654; // family 6, model 0x55, stepping 4
             let ebx = (apic_id << 24) | (1 << 16) | (8 << 8);
-            // x2APIC, POPCNT, TSC-deadline.
-            let ecx = (1 << 21) | (1 << 23) | (1 << 24);
+            // PCID, x2APIC, POPCNT, TSC-deadline, XSAVE. (OSXSAVE, bit
+            // 27, follows CR4: `with_osxsave`.)
+            let ecx = (1 << 17) | (1 << 21) | (1 << 23) | (1 << 24) | (1 << 26);
             // FPU, TSC, MSR, PAE, MCE, CX8, APIC, MCA, PGE, CMOV, PAT,
             // CLFSH, FXSR, SSE, SSE2. (No MMX.)
             let edx = 1
@@ -64,15 +65,16 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
                 | (1 << 26);
             [eax, ebx, ecx, edx]
         }
-        // SMEP, SMAP; UMIP (ECX bit 2: SGDT, SIDT, SLDT, STR and SMSW
-        // #GP above ring 0 under CR4.UMIP).
-        7 if subleaf == 0 => [0, (1 << 7) | (1 << 20), 1 << 2, 0],
+        // SMEP, INVPCID, SMAP; UMIP (ECX bit 2: SGDT, SIDT, SLDT, STR and
+        // SMSW #GP above ring 0 under CR4.UMIP).
+        7 if subleaf == 0 => [0, (1 << 7) | (1 << 10) | (1 << 20), 1 << 2, 0],
         0xb => [
             0,
             1,
             (subleaf & 0xff) | if subleaf == 0 { 1 << 8 } else { 0 },
             apic_id,
         ],
+        0xd => super::xsave::cpuid_leaf_d(subleaf),
         0x8000_0000 => [0x8000_0008, 0, 0, 0],
         // LAHF/SAHF, LZCNT; SYSCALL, NX, 1 GiB pages, RDTSCP, long mode.
         0x8000_0001 => [
@@ -84,6 +86,15 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
         0x8000_0008 => [crate::mmu::paging::MAX_PHYS_ADDR_BITS | (48 << 8), 0, 0, 0],
         _ => [0; 4],
     }
+}
+
+/// CPUID result `r` of `leaf` with CPUID.1:ECX.OSXSAVE (bit 27) set as
+/// CR4.OSXSAVE is (`cr4`).
+pub fn with_osxsave(leaf: u32, mut r: [u32; 4], cr4: u64) -> [u32; 4] {
+    if leaf == 1 && cr4 & cr4::OSXSAVE != 0 {
+        r[2] |= 1 << 27;
+    }
+    r
 }
 
 impl Cpu {
@@ -146,11 +157,9 @@ impl Cpu {
                 if self.vmx.is_some() {
                     return Err(Fault::exit(VmExit::Cpuid));
                 }
-                let r = native_cpuid(
-                    self.state.gpr[0] as u32,
-                    self.state.gpr[1] as u32,
-                    self.apic.id(),
-                );
+                let leaf = self.state.gpr[0] as u32;
+                let r = native_cpuid(leaf, self.state.gpr[1] as u32, self.apic.id());
+                let r = with_osxsave(leaf, r, self.state.cr4);
                 for (reg, v) in [0usize, 3, 1, 2].into_iter().zip(r) {
                     self.state.gpr[reg] = v as u64;
                 }
@@ -191,6 +200,7 @@ impl Cpu {
                 self.tlb.invlpg(vpid, crate::Gva(la));
                 Ok(())
             }
+            M::Invpcid => self.exec_invpcid(mem, i),
             M::Lgdt | M::Lidt => {
                 self.require_cpl0()?;
                 let (offset, seg) = (self.operand_offset(i), i.memory_segment());
@@ -490,8 +500,8 @@ impl Cpu {
                 }
                 if paging_off {
                     // Leaving IA-32e mode is allowed from compatibility
-                    // mode only.
-                    if self.state.in_64bit_mode() {
+                    // mode only, and not with CR4.PCIDE set.
+                    if self.state.in_64bit_mode() || self.state.cr4 & cr4::PCIDE != 0 {
                         return Err(gp(0));
                     }
                     self.state.efer &= !efer::LMA;
@@ -518,6 +528,15 @@ impl Cpu {
                         return Err(exit());
                     }
                 }
+                // With CR4.PCIDE, bits 11:0 are the PCID and bit 63 asks
+                // to keep the PCID's translations (it is not stored). The
+                // TLB is not tagged by PCID: every load flushes the
+                // non-global translations, which keeping them allows.
+                let value = if self.state.cr4 & cr4::PCIDE != 0 {
+                    value & !(1 << 63)
+                } else {
+                    value
+                };
                 if value >> crate::mmu::paging::MAX_PHYS_ADDR_BITS != 0 {
                     return Err(gp(0));
                 }
@@ -536,8 +555,11 @@ impl Cpu {
                 }
                 let host_owned = self.vmx.as_deref().map_or(0, |v| v.cr4_guest_host_mask);
                 let ia32e = self.state.efer & efer::LMA != 0;
+                // PCIDE may be set only in IA-32e mode with CR3[11:0] = 0.
+                let pcide_on = new & !self.state.cr4 & cr4::PCIDE != 0;
                 if new & !(cr4::SUPPORTED | (host_owned & cr4::VMXE)) != 0
                     || (ia32e && new & cr4::PAE == 0)
+                    || (pcide_on && (!ia32e || self.state.cr3 & 0xfff != 0))
                 {
                     return Err(gp(0));
                 }
@@ -561,6 +583,42 @@ impl Cpu {
             }
             _ => Err(ud()),
         }
+    }
+
+    /// INVPCID (SDM Vol. 2A): the type in the register operand, a 16-byte
+    /// descriptor (PCID in bits 11:0, then a linear address) in memory.
+    /// Type 0 invalidates one address, 1 and 3 the non-global
+    /// translations, 2 everything: the TLB is not tagged by PCID, so each
+    /// removes at least what it must. #UD in a guest without the "enable
+    /// INVPCID" control; #GP(0) above ring 0, for a type above 3, reserved
+    /// descriptor bits, a non-canonical type-0 address, or a non-zero
+    /// PCID for types 0 and 1 while CR4.PCIDE is clear.
+    fn exec_invpcid(&mut self, mem: &PhysMemory, i: &Instruction) -> Result<(), Fault> {
+        if self.vmx.as_ref().is_some_and(|v| !v.enable_invpcid) {
+            return Err(ud());
+        }
+        self.require_cpl0()?;
+        self.cycles += self.costs.serializing;
+        let kind = self.reg(i.op0_register());
+        let la = self.effective_address(i);
+        let pcid_word = self.read_mem(mem, la, Size::B8)?;
+        let address = self.read_mem(mem, la.wrapping_add(8), Size::B8)?;
+        let pcid = pcid_word & 0xfff;
+        let pcide = self.state.cr4 & cr4::PCIDE != 0;
+        if kind > 3
+            || pcid_word >> 12 != 0
+            || (kind == 0 && !is_canonical(address))
+            || (kind <= 1 && !pcide && pcid != 0)
+        {
+            return Err(gp(0));
+        }
+        let vpid = self.vpid();
+        match kind {
+            0 => self.tlb.invlpg(vpid, crate::Gva(address)),
+            2 => self.tlb.flush_vpid(vpid),
+            _ => self.tlb.flush_non_global(vpid),
+        }
+        Ok(())
     }
 
     fn mov_from_cr(&mut self, cr: u8, gpr: u8) -> Result<u64, Fault> {
@@ -928,6 +986,7 @@ impl Cpu {
         if self.state.cpl() > self.iopl() {
             self.check_io_bitmap(mem, port, size)?;
         }
+        self.note_io_access(port, size);
         let exits = match self.vmx.as_deref() {
             None => true,
             Some(v) => match &v.io_exiting {
@@ -984,6 +1043,7 @@ impl Cpu {
         if self.state.cpl() > self.iopl() {
             self.check_io_bitmap(mem, port, bytes)?;
         }
+        self.note_io_access(port, bytes);
         let exits = match self.vmx.as_deref() {
             None => true,
             Some(v) => v

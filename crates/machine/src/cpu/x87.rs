@@ -160,7 +160,7 @@ impl Cpu {
 
     /// An unmasked exception waits for delivery: FSW.ES, or a flag whose
     /// mask is clear (after FLDENV, FRSTOR or FXRSTOR loaded one).
-    fn x87_exception_pending(&self) -> bool {
+    pub(super) fn x87_exception_pending(&self) -> bool {
         let f = &self.state.fpu;
         f.fsw & fsw::ES != 0 || f.fsw & !f.fcw & fsw::EXCEPTIONS != 0
     }

@@ -474,6 +474,17 @@ impl Emitter {
         Ok((self.a.create_label(), self.a.create_label()))
     }
 
+    /// [`Self::begin_inline`] for a form whose first-level misses are
+    /// filled (`filled_slow`): also the miss label and the retry point.
+    fn begin_filled(
+        &mut self,
+    ) -> Result<(CodeLabel, CodeLabel, CodeLabel, CodeLabel), NotTranslated> {
+        let (full, cont) = self.begin_inline()?;
+        let miss = self.a.create_label();
+        let retry = self.retry_point()?;
+        Ok((full, cont, miss, retry))
+    }
+
     /// The end of the fast path of instruction `k`'s inline form: its slow
     /// path (the instruction through the interpreter) comes back to here,
     /// with the guest flags loaded into the host's if `flags_in_host`.
@@ -525,6 +536,26 @@ pub(crate) enum Extra {
     /// access is aligned (the interpreter's atomic path, with the `locked`
     /// cost) and the first-level TLB serves it.
     XchgMR { reg: u8, size: Size, m: MemOp },
+    /// SETcc of a byte register other than AH/CH/DH/BH (`code`, one of
+    /// the `Set*_rm8` codes): the host instruction on the register's low
+    /// byte in the `Cpu`, with the guest flags in the host flags.
+    Setcc { code: Code, dst: u8 },
+    /// NOT (`neg` false) or NEG of a 32- or 64-bit register: the host
+    /// instruction. NOT touches no flag; NEG writes all six as SUB from 0
+    /// does (`alu::neg`), which the host's are.
+    Unary { neg: bool, size: Size, dst: u8 },
+    /// INC or DEC of a 32- or 64-bit memory operand (Linux's per-CPU
+    /// counters, `incl %gs:...`), through the inline access for writing
+    /// as ADD to memory is.
+    IncDecM { dec: bool, size: Size, m: MemOp },
+    /// PUSH of an immediate (sign-extended to 64 bits; `None`: PUSHFQ,
+    /// RFLAGS with VM and RF clear), the push through the inline access
+    /// as PUSH of a register is.
+    PushI { imm: Option<u64> },
+    /// TEST (`op` None) or an ALU operation of AH, CH, DH or BH (byte 1
+    /// of register `idx`, 0 to 3) with an immediate: the host
+    /// instruction on that byte of the register in the `Cpu`.
+    HighByteI { op: Option<BinOp>, idx: u8, imm: u8 },
 }
 
 /// A full-width register operand (32 or 64 bits): its index.
@@ -537,6 +568,15 @@ fn wide_gpr(r: Register) -> Option<(u8, Size)> {
         return None;
     };
     Some(((r.number() & 15) as u8, size))
+}
+
+/// The size of a 32- or 64-bit memory operand.
+fn wide_memory(i: &iced_x86::Instruction) -> Option<Size> {
+    match i.memory_size().size() {
+        4 => Some(Size::B4),
+        8 => Some(Size::B8),
+        _ => None,
+    }
 }
 
 /// The translator's own native form of a generic instruction, if any.
@@ -565,19 +605,12 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
                 Extra::Mul { signed, size, src }
             })
         }
-        M::Div | M::Idiv if i.op0_kind() == OpKind::Memory => {
-            let size = match i.memory_size().size() {
-                4 => Size::B4,
-                8 => Size::B8,
-                _ => return None,
-            };
-            Some(Extra::Div {
-                signed: m == M::Idiv,
-                size,
-                src: 0,
-                m: Some(crate::cpu::fast::mem_operand(i)?),
-            })
-        }
+        M::Div | M::Idiv if i.op0_kind() == OpKind::Memory => Some(Extra::Div {
+            signed: m == M::Idiv,
+            size: wide_memory(i)?,
+            src: 0,
+            m: Some(crate::cpu::fast::mem_operand(i)?),
+        }),
         M::Push
             if i.op0_kind() == OpKind::Memory
                 && i.stack_pointer_increment() == -8
@@ -622,6 +655,61 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
             }
             _ => None,
         },
+        // SETcc of a register: the one form with a condition and a
+        // single register operand (Jcc's and LOOPcc's is a branch target,
+        // CMOVcc has two).
+        _ if i.condition_code() != iced_x86::ConditionCode::None
+            && i.op_count() == 1
+            && i.op0_kind() == OpKind::Register =>
+        {
+            match crate::cpu::fast::gpr(i.op0_register())? {
+                (dst, Size::B1) => Some(Extra::Setcc {
+                    code: i.code(),
+                    dst,
+                }),
+                _ => None,
+            }
+        }
+        M::Inc | M::Dec if i.op0_kind() == OpKind::Memory => Some(Extra::IncDecM {
+            dec: m == M::Dec,
+            size: wide_memory(i)?,
+            m: crate::cpu::fast::mem_operand(i)?,
+        }),
+        M::Push
+            if matches!(
+                i.op0_kind(),
+                OpKind::Immediate8to64 | OpKind::Immediate32to64
+            ) && i.stack_pointer_increment() == -8 =>
+        {
+            Some(Extra::PushI {
+                imm: Some(i.immediate(0)),
+            })
+        }
+        M::Pushfq if i.stack_pointer_increment() == -8 => Some(Extra::PushI { imm: None }),
+        M::Test | M::Add | M::Or | M::Adc | M::Sbb | M::And | M::Sub | M::Xor | M::Cmp
+            if i.op0_kind() == OpKind::Register && i.op1_kind() == OpKind::Immediate8 =>
+        {
+            let idx = match i.op0_register() {
+                Register::AH => 0,
+                Register::CH => 1,
+                Register::DH => 2,
+                Register::BH => 3,
+                _ => return None,
+            };
+            Some(Extra::HighByteI {
+                op: crate::cpu::fast::alu_op(m),
+                idx,
+                imm: i.immediate(1) as u8,
+            })
+        }
+        M::Not | M::Neg if i.op0_kind() == OpKind::Register => {
+            let (dst, size) = wide_gpr(i.op0_register())?;
+            Some(Extra::Unary {
+                neg: m == M::Neg,
+                size,
+                dst,
+            })
+        }
         M::Cbw | M::Cwde | M::Cdqe | M::Cwd | M::Cdq | M::Cqo => Some(Extra::Convert {
             code: i.code(),
             to_rdx: matches!(m, M::Cwd | M::Cdq | M::Cqo),
@@ -656,6 +744,48 @@ impl Emitter {
                 self.store_from(SEC, a, size)
             }
             Extra::XchgMR { reg, size, m } => self.xchg_mem(k, ip, reg, size, &m),
+            Extra::IncDecM { dec, size, m } => self.inc_dec_mem(k, ip, dec, size, &m),
+            Extra::PushI { imm } => self.push_imm(k, ip, imm),
+            Extra::HighByteI { op, idx, imm } => {
+                let byte = MemoryOperand::with_base_displ(
+                    Register::RBX,
+                    (self.o.gpr + 8 * idx as i32 + 1) as i64,
+                );
+                match op {
+                    None => {
+                        self.add(Instruction::with2(Code::Test_rm8_imm8, byte, imm as u32))?;
+                        self.wrote_flags(true);
+                    }
+                    Some(op) => {
+                        self.need_flags_for(op)?;
+                        let (_, _, rm_imm) = alu_codes(op);
+                        self.add(Instruction::with2(rm_imm[0], byte, imm as u32))?;
+                        self.forget_reg(idx);
+                        self.wrote_flags(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
+                    }
+                }
+                Ok(())
+            }
+            Extra::Setcc { code, dst } => {
+                self.need_flags()?;
+                let g = self.g(dst);
+                self.add(Instruction::with1(code, g))
+            }
+            Extra::Unary { neg, size, dst } => {
+                let code = match (neg, size) {
+                    (false, Size::B4) => Code::Not_rm32,
+                    (false, _) => Code::Not_rm64,
+                    (true, Size::B4) => Code::Neg_rm32,
+                    (true, _) => Code::Neg_rm64,
+                };
+                self.load(ACC, dst, size)?;
+                self.add(Instruction::with1(code, ACC[si(size)]))?;
+                self.store_acc(dst, size)?;
+                if neg {
+                    self.wrote_flags(false);
+                }
+                Ok(())
+            }
             Extra::Convert { code, to_rdx } => {
                 // No flags are touched: they may stay in the host.
                 self.load(ACC, 0, Size::B8)?;
@@ -702,9 +832,7 @@ impl Emitter {
         size: Size,
         m: &MemOp,
     ) -> Result<(), NotTranslated> {
-        let (full, mut cont) = self.begin_inline()?;
-        let miss = self.a.create_label();
-        let retry = self.retry_point()?;
+        let (full, mut cont, miss, retry) = self.begin_filled()?;
         let n = size.bytes();
         self.lea(m)?;
         if n > 1 {
@@ -808,6 +936,52 @@ impl Emitter {
         self.a.set_label(&mut cont)?;
         self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::Host);
         self.wrote_flags(true);
+        Ok(())
+    }
+
+    /// INC/DEC of memory: the access for writing through the first-level
+    /// TLB (a miss filled as the interpreter's translation, anything else
+    /// the instruction through the interpreter), then the host's INC/DEC
+    /// on it with the guest flags in the host's (CF kept).
+    fn inc_dec_mem(
+        &mut self,
+        k: usize,
+        ip: u64,
+        dec: bool,
+        size: Size,
+        m: &MemOp,
+    ) -> Result<(), NotTranslated> {
+        let (full, mut cont, miss, retry) = self.begin_filled()?;
+        self.lea(m)?;
+        self.fast_access(true, size, miss)?;
+        // (Loads the flags through rax and rcx: rdx, the host address,
+        // stays.)
+        self.need_flags()?;
+        let code = match (dec, size) {
+            (false, Size::B4) => Code::Inc_rm32,
+            (false, _) => Code::Inc_rm64,
+            (true, Size::B4) => Code::Dec_rm32,
+            (true, _) => Code::Dec_rm64,
+        };
+        self.add(Instruction::with1(
+            code,
+            MemoryOperand::with_base(Register::RDX),
+        ))?;
+        self.a.set_label(&mut cont)?;
+        self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::Host);
+        self.wrote_flags(false);
+        Ok(())
+    }
+
+    /// PUSH of an immediate or PUSHFQ (`imm` None; the flags written back
+    /// first): the push through the first-level TLB as PUSH of a
+    /// register's (anything else the instruction through the
+    /// interpreter). Flags are not touched.
+    fn push_imm(&mut self, k: usize, ip: u64, imm: Option<u64>) -> Result<(), NotTranslated> {
+        let (full, mut cont, miss, retry) = self.begin_filled()?;
+        self.push_value(imm, miss)?;
+        self.a.set_label(&mut cont)?;
+        self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::State);
         Ok(())
     }
 

@@ -241,6 +241,33 @@ impl Emitter {
         self.add(Instruction::with2(MOV_R_RM[si(size)], reg[si(size)], m))
     }
 
+    /// The push of `value` (`None`: RFLAGS from the state as PUSHFQ
+    /// pushes it, VM and RF clear) through the first-level TLB (to
+    /// `miss` if it cannot serve it), RSP updated (clobbers rax, rcx, rdx
+    /// and the host flags).
+    pub(super) fn push_value(
+        &mut self,
+        value: Option<u64>,
+        miss: CodeLabel,
+    ) -> Result<(), NotTranslated> {
+        self.load(ACC, 4, Size::B8)?;
+        self.a.lea(rax, qword_ptr(rax - 8))?;
+        self.fast_access(true, Size::B8, miss)?;
+        match value {
+            Some(v) => self.a.mov(rcx, v)?,
+            None => {
+                let fl = self.field(self.o.rflags);
+                self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, fl))?;
+                self.a.and(
+                    rcx,
+                    !(crate::cpu::state::rflags::VM | crate::cpu::state::rflags::RF) as i32,
+                )?;
+            }
+        }
+        self.a.mov(qword_ptr(rdx), rcx)?;
+        self.store_acc(4, Size::B8)
+    }
+
     /// A memory form with an inline access (see [`is_inline_memory`]);
     /// instruction `k` through the interpreter when the fast path cannot
     /// serve it.
@@ -365,14 +392,7 @@ impl Emitter {
                 self.add(Instruction::with2(Code::Mov_rm64_r64, g, Register::RCX))?;
                 self.forget_reg(dst);
             }
-            Fast::Call { .. } => {
-                self.load(ACC, 4, Size::B8)?;
-                self.a.lea(rax, qword_ptr(rax - 8))?;
-                self.fast_access(true, Size::B8, slow)?;
-                self.a.mov(rcx, next_ip)?;
-                self.a.mov(qword_ptr(rdx), rcx)?;
-                self.store_acc(4, Size::B8)?;
-            }
+            Fast::Call { .. } => self.push_value(Some(next_ip), slow)?,
             Fast::Ret => {
                 self.load(ACC, 4, Size::B8)?;
                 self.fast_access(false, Size::B8, slow)?;

@@ -31,8 +31,9 @@
 //!
 //! Scope: with CR0.PG set, paging is always IA-32e 4-level paging (the
 //! machine runs 64-bit guests); 32-bit and PAE paging are not modelled.
-//! PCIDs are not supported (CR4.PCIDE is not a supported CR4 bit), so CR3
-//! bits 11:0 are ignored and TLB entries are tagged by VPID only.
+//! TLB entries are tagged by VPID only, not by PCID: with CR4.PCIDE the
+//! CPU flushes on every CR3 load as without it (`cpu::system`), so CR3
+//! bits 11:0 are ignored here.
 //! Protection keys are not modelled.
 
 pub mod ept;

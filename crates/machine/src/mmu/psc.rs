@@ -5,8 +5,8 @@
 //! - the **PML4E, PDPTE and PDE caches**: for the upper bits of a linear
 //!   address, the guest-physical address of the next paging structure and
 //!   the R/W, U/S and XD rights combined over the levels above it, so a
-//!   walk can start at the PDPT, the PD or the PT. Tagged by VPID (there
-//!   are no PCIDs), and, as the combined mappings they feed, by EPTP; they
+//!   walk can start at the PDPT, the PD or the PT. Tagged by VPID (not by
+//!   PCID), and, as the combined mappings they feed, by EPTP; they
 //!   are also tagged with CR3 and EFER.NXE, which is never wrong (a narrower
 //!   match only misses).
 //! - **guest-physical mappings**: the EPT translation of a 4 KiB
@@ -27,7 +27,8 @@
 //!   the global type) and the guest-physical mappings of that EP4TA (all);
 //! - a full flush (snapshot restore): everything.
 //!
-//! INVPCID does not exist on this machine (CR4.PCIDE is not supported).
+//! INVPCID invalidates as INVLPG (type 0), a CR3 load (types 1 and 3) or
+//! a CR4.PGE toggle (type 2) does, whatever the PCID.
 //!
 //! A guest-physical mapping allows an access only as the walk would without
 //! setting a flag: its rights must allow the kind, and a write (guest

@@ -1605,8 +1605,8 @@ fn odd_geometries_and_deterministic_replacement() {
 /// whose hints are wiped before every lookup and whose misses always probe
 /// the sets gives the same results, walk references, counters, entries and
 /// replacement state over a long mixed run (4 KiB and 2 MiB pages, user and
-/// supervisor, reads, writes and fetches, permission changes, INVLPG and
-/// CR3-load flushes, evictions in a small TLB).
+/// supervisor, global and not, reads, writes and fetches, permission
+/// changes, INVLPG and CR3-load flushes, evictions in a small TLB).
 #[test]
 fn hints_never_change_what_the_tlb_answers() {
     const PAGES: u64 = 24;
@@ -1619,7 +1619,8 @@ fn hints_never_change_what_the_tlb_answers() {
             let flags = P
                 | if i % 3 != 0 { W } else { 0 }
                 | if i % 2 == 0 { U } else { 0 }
-                | if i % 5 == 4 { pte::NX } else { 0 };
+                | if i % 5 == 4 { pte::NX } else { 0 }
+                | if i % 7 == 3 { pte::GLOBAL } else { 0 };
             m.map(
                 root,
                 small_va(i),

@@ -220,6 +220,11 @@ impl Entry {
         self.linear_size() > self.size()
     }
     /// First linear address (bits 47:0) the entry maps.
+    /// Made with guest paging on and not global: a CR3 load without PCID
+    /// drops it.
+    fn non_global(&self) -> bool {
+        self.tag & tag::PAGING != 0 && self.data & data::GLOBAL == 0
+    }
     fn linear_base(&self) -> u64 {
         (self.tag & tag::VPN) << self.size().shift()
     }
@@ -533,6 +538,18 @@ pub struct Tlb {
     valid: Vec<u64>,
     /// Bit s % 64 of word s / 64 set = set s has a valid entry.
     nonempty: Vec<u64>,
+    /// Per set: bit w set = way w holds a valid non-global entry made
+    /// with paging on (a subset of `valid`), and bit s % 64 of word s / 64
+    /// of `non_global_sets` set = set s has one: a CR3 load's flush visits
+    /// only these, not the global (kernel) entries it keeps (host-side
+    /// bookkeeping).
+    non_global: Vec<u64>,
+    non_global_sets: Vec<u64>,
+    /// Per set: bit w set = way w holds a valid splintered entry (a subset
+    /// of `valid`), so that a CR3 load's flush, which does not visit the
+    /// entries it keeps, still recomputes `may_hold_splinters` (host-side
+    /// bookkeeping).
+    splintered: Vec<u64>,
     ways: usize,
     /// `sets - 1` (sets is a power of two).
     set_mask: usize,
@@ -590,6 +607,9 @@ impl Tlb {
             large: vec![0; sets],
             may_hold_large: false,
             nonempty: vec![0; sets.div_ceil(64)],
+            non_global: vec![0; sets],
+            non_global_sets: vec![0; sets.div_ceil(64)],
+            splintered: vec![0; sets],
             ways: config.ways,
             set_mask: sets - 1,
             full_set_mask: if config.ways == 64 {
@@ -625,14 +645,23 @@ impl Tlb {
         (set, set * self.ways..(set + 1) * self.ways)
     }
 
-    /// Way `way` of `set` now holds a valid entry, of a page larger than
-    /// 4 KiB if `large`.
+    /// Way `way` of `set` now holds the valid entry `e`.
     #[inline]
-    fn mark_valid(&mut self, set: usize, way: usize, large: bool) {
+    fn mark_valid(&mut self, set: usize, way: usize, e: &Entry) {
+        let (large, non_global) = (e.size() != PageSize::Size4K, e.non_global());
+        self.splintered[set] =
+            (self.splintered[set] & !(1 << way)) | (u64::from(e.splintered()) << way);
         self.valid[set] |= 1 << way;
         self.large[set] = (self.large[set] & !(1 << way)) | (u64::from(large) << way);
         self.may_hold_large |= large;
         self.nonempty[set / 64] |= 1 << (set % 64);
+        self.non_global[set] =
+            (self.non_global[set] & !(1 << way)) | (u64::from(non_global) << way);
+        if self.non_global[set] == 0 {
+            self.non_global_sets[set / 64] &= !(1 << (set % 64));
+        } else {
+            self.non_global_sets[set / 64] |= 1 << (set % 64);
+        }
     }
 
     #[inline]
@@ -658,6 +687,11 @@ impl Tlb {
         if self.valid[set] == 0 {
             self.nonempty[set / 64] &= !(1 << (set % 64));
         }
+        self.non_global[set] &= !ways;
+        if self.non_global[set] == 0 {
+            self.non_global_sets[set / 64] &= !(1 << (set % 64));
+        }
+        self.splintered[set] &= !ways;
     }
 
     /// Drops every hint (for tests: a TLB without them answers the same).
@@ -677,8 +711,12 @@ impl Tlb {
                     .fold(0u64, |b, w| b | 1 << w)
             };
             let bits = ways(&|e| e.valid());
+            let non_global = ways(&|e| e.valid() && e.non_global());
             bits == self.valid[set]
                 && ways(&|e| e.valid() && e.size() != PageSize::Size4K) == self.large[set]
+                && non_global == self.non_global[set]
+                && ways(&|e| e.valid() && e.splintered()) == self.splintered[set]
+                && (self.non_global_sets[set / 64] >> (set % 64)) & 1 == u64::from(non_global != 0)
                 && (self.may_hold_large || self.large[set] == 0)
                 && (self.nonempty[set / 64] >> (set % 64)) & 1 == u64::from(bits != 0)
         })
@@ -874,14 +912,14 @@ impl Tlb {
                 | ept_flags
                 | (size_code(linear_size) << data::LINEAR_SIZE_SHIFT),
         };
-        self.place(entry, size, linear_size > size);
+        self.place(entry, linear_size > size);
     }
 
-    /// Puts `entry` (of a page of `size`, `splintered` if a piece of a
+    /// Puts `entry` (`splintered` if a piece of a
     /// larger guest page) in its set: over the entry with its tag and
     /// EPTP, else in the first invalid way, else over the PLRU victim.
     #[inline(always)]
-    fn place(&mut self, entry: Entry, size: PageSize, splintered: bool) {
+    fn place(&mut self, entry: Entry, splintered: bool) {
         let set = ((entry.tag & tag::VPN) as usize) & self.set_mask;
         let valid = self.valid[set];
         // The first invalid way is the lowest clear bit of the set's
@@ -905,67 +943,66 @@ impl Tlb {
             self.removals.note(&self.entries[index]);
         }
         self.entries[index] = entry;
-        self.mark_valid(set, way, size != PageSize::Size4K);
+        self.mark_valid(set, way, &entry);
         self.epoch += 1;
         self.touch(set, way);
         self.may_hold_splinters |= splintered;
     }
 
     /// Drops every entry for which `drop` is true, and recomputes the
-    /// splintered and large-entry summaries. Counts one flush. Visits only
-    /// the valid entries (through the `nonempty` and `valid` bitmaps), so a
-    /// flush costs in proportion to what the TLB holds, not to its size;
-    /// the bitmaps are read and written through slices taken once, and the
-    /// `nonempty` word once per 64 sets (a CR3 load's flush finds about one
-    /// entry in each set it visits).
-    fn drop_where(&mut self, mut drop: impl FnMut(&Entry) -> bool) {
+    /// splintered and large-entry summaries. Counts one flush.
+    fn drop_where(&mut self, drop: impl FnMut(&Entry) -> bool) {
+        self.drop_visiting(false, drop);
+    }
+
+    /// [`Self::drop_where`] visiting only the valid entries (through the
+    /// `nonempty` and `valid` bitmaps), or only the non-global ones made
+    /// with paging on (`non_global_sets` and `non_global`) if
+    /// `non_global_only` and `drop` keeps every other entry; so a flush
+    /// costs in proportion to what it may drop, not to the TLB's size (a
+    /// CR3 load's flush finds about one entry in each set it visits).
+    fn drop_visiting(&mut self, non_global_only: bool, mut drop: impl FnMut(&Entry) -> bool) {
         self.stats.flushes += 1;
         self.epoch += 1;
-        let ways_per_set = self.ways;
-        let track_large = self.may_hold_large;
-        let mut splinters = false;
-        let mut large = 0;
         let mut any_dropped = false;
-        let (entries, valid, large_ways) = (
-            &mut self.entries[..],
-            &mut self.valid[..],
-            &mut self.large[..],
-        );
-        for (word, nonempty) in self.nonempty.iter_mut().enumerate() {
-            let mut sets = *nonempty;
-            let mut emptied = 0u64;
+        for word in 0..self.nonempty.len() {
+            let mut sets = if non_global_only {
+                self.non_global_sets[word]
+            } else {
+                self.nonempty[word]
+            };
             while sets != 0 {
                 let bit = sets.trailing_zeros() as usize;
                 sets &= sets - 1;
                 let set = word * 64 + bit;
-                let base = set * ways_per_set;
-                let mut ways = valid[set];
+                let base = set * self.ways;
+                let mut ways = if non_global_only {
+                    self.non_global[set]
+                } else {
+                    self.valid[set]
+                };
                 let mut dropped = 0;
                 while ways != 0 {
                     let way = ways.trailing_zeros() as usize;
                     ways &= ways - 1;
-                    let e = &mut entries[base + way];
+                    let e = &mut self.entries[base + way];
                     if drop(e) {
                         *e = Entry::INVALID;
                         dropped |= 1 << way;
-                    } else {
-                        splinters |= e.splintered();
                     }
                 }
                 if dropped != 0 {
-                    valid[set] &= !dropped;
-                    large_ways[set] &= !dropped;
-                    emptied |= u64::from(valid[set] == 0) << bit;
+                    self.mark_invalid_ways(set, dropped);
                     any_dropped = true;
                 }
-                if track_large {
-                    large |= large_ways[set];
-                }
             }
-            *nonempty &= !emptied;
         }
-        self.may_hold_splinters = splinters;
-        self.may_hold_large &= large != 0;
+        if self.may_hold_splinters {
+            self.may_hold_splinters = self.splintered.iter().any(|&w| w != 0);
+        }
+        if self.may_hold_large {
+            self.may_hold_large = self.large.iter().any(|&w| w != 0);
+        }
         if any_dropped {
             self.removals.note_many();
         }
@@ -1016,10 +1053,14 @@ impl Tlb {
     /// MOV to CR3 (without PCID): drop the non-global entries of `vpid`.
     /// Guest-physical mappings (made with paging off) do not depend on CR3
     /// and are kept. All paging-structure-cache entries of `vpid` go.
+    ///
+    /// Visits only the non-global entries (`non_global`): with Linux's
+    /// kernel mapped global (page-table isolation without PCID), most of
+    /// the TLB survives every system call's two CR3 loads.
     pub fn flush_non_global(&mut self, vpid: u16) {
         self.psc.flush_vpid(vpid);
         let paging_of_vpid = ((vpid as u64) << tag::VPID_SHIFT) | tag::PAGING;
-        self.drop_where(|e| {
+        self.drop_visiting(true, |e| {
             e.tag & (tag::VPID | tag::PAGING) == paging_of_vpid && e.data & data::GLOBAL == 0
         });
     }
@@ -1140,11 +1181,7 @@ impl Tlb {
             }
             self.may_hold_splinters |= e.splintered();
             self.entries[index] = e;
-            self.mark_valid(
-                index / self.ways,
-                index % self.ways,
-                e.size() != PageSize::Size4K,
-            );
+            self.mark_valid(index / self.ways, index % self.ways, &e);
         }
         self.recently_used.copy_from_slice(&image.recently_used);
         self.epoch += 1;

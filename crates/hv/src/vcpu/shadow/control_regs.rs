@@ -141,7 +141,9 @@ impl Vcpu {
                 // PAE may be clear only while the guest's paging is off
                 // (IA-32e paging is the only paging modelled).
                 let paging = self.guest_cr0() & cr0::PG != 0;
-                if value & !cr4::SUPPORTED != 0 || (paging && value & cr4::PAE == 0) {
+                // No PCIDs under shadow paging (`shadow_controls`).
+                let supported = cr4::SUPPORTED & !cr4::PCIDE;
+                if value & !supported != 0 || (paging && value & cr4::PAE == 0) {
                     self.cpu.inject_event(gp());
                     return Ok(Next::Continue);
                 }
