@@ -25,62 +25,71 @@ pub(crate) fn wait_for_page(
     vectoring: bool,
     cycles: &mut Cycles,
 ) -> Result<Next, VmError> {
-    let stall = Next::Stall {
-        until: ready_at,
-        slot,
-    };
-    if shared.apf.mode == ApfMode::Off {
-        return Ok(stall);
-    }
-    // kvm_can_do_async_pf: with interrupts off, or an event to re-inject,
-    // not even the halt can be used.
-    let interrupts_allowed = vcpu.cpu.state().rflags & rflags::IF != 0
-        && vcpu.cpu.pending_injection().is_none()
-        && !vectoring;
-    if !interrupts_allowed {
-        return Ok(stall);
-    }
-    if vcpu.apf.gfns.contains(gfn) {
-        // Already outstanding (the guest retried, or another task of it
-        // touched the page): halt until it arrives.
-        return Ok(Next::ApfHalt);
-    }
-    if vcpu.apf.works.len() as u64 >= abi::APF_MAX_OUTSTANDING {
-        return Ok(stall);
-    }
-    let slots = &shared.host.slots;
-    let Some(memslot) = slots.lookup(gfn) else {
-        return Ok(stall);
-    };
-    let page = PageRef {
-        slot: memslot.id,
-        index: memslot.index_of(gfn),
-    };
-    let apic_id = vcpu.cpu.apic().id();
-    let apf = &mut vcpu.apf;
-    let token = apf.new_token(apic_id);
-    apf.gfns.add(gfn);
-    apf.works.push(ApfWork {
-        token,
-        gfn,
-        page,
-        generation: slots.generation(),
-        swap_slot: slot,
-        ready_at,
-        notified: false,
-        shadow: vcpu.shadow.faulting,
-    });
-    apf.stats.peak_outstanding = apf.stats.peak_outstanding.max(apf.works.len() as u64);
-    if shared.apf.mode == ApfMode::Pv && notify_not_present(vcpu, shared, token)? {
-        *cycles += Cycles(shared.host.costs.event_injection);
-        let apf = &mut vcpu.apf;
-        if let Some(work) = apf.works.last_mut() {
-            work.notified = true;
+    // The hv's accesses to guest memory here (the APF area, the token)
+    // come after the fault's own requests: stamped with the handler's
+    // time, not the exit's (a page they page in queues in that order).
+    let exit_time = shared.time;
+    shared.time = shared.time.max(vcpu.clock() + *cycles);
+    let next = (|| -> Result<Next, VmError> {
+        let stall = Next::Stall {
+            until: ready_at,
+            slot,
+        };
+        if shared.apf.mode == ApfMode::Off {
+            return Ok(stall);
         }
-        apf.stats.not_present += 1;
-        return Ok(Next::Continue);
-    }
-    Ok(Next::ApfHalt)
+        // kvm_can_do_async_pf: with interrupts off, or an event to re-inject,
+        // not even the halt can be used.
+        let interrupts_allowed = vcpu.cpu.state().rflags & rflags::IF != 0
+            && vcpu.cpu.pending_injection().is_none()
+            && !vectoring;
+        if !interrupts_allowed {
+            return Ok(stall);
+        }
+        if vcpu.apf.gfns.contains(gfn) {
+            // Already outstanding (the guest retried, or another task of it
+            // touched the page): halt until it arrives.
+            return Ok(Next::ApfHalt);
+        }
+        if vcpu.apf.works.len() as u64 >= abi::APF_MAX_OUTSTANDING {
+            return Ok(stall);
+        }
+        let slots = &shared.host.slots;
+        let Some(memslot) = slots.lookup(gfn) else {
+            return Ok(stall);
+        };
+        let page = PageRef {
+            slot: memslot.id,
+            index: memslot.index_of(gfn),
+        };
+        let apic_id = vcpu.cpu.apic().id();
+        let apf = &mut vcpu.apf;
+        let token = apf.new_token(apic_id);
+        apf.gfns.add(gfn);
+        apf.works.push(ApfWork {
+            token,
+            gfn,
+            page,
+            generation: slots.generation(),
+            swap_slot: slot,
+            ready_at,
+            notified: false,
+            shadow: vcpu.shadow.faulting,
+        });
+        apf.stats.peak_outstanding = apf.stats.peak_outstanding.max(apf.works.len() as u64);
+        if shared.apf.mode == ApfMode::Pv && notify_not_present(vcpu, shared, token)? {
+            *cycles += Cycles(shared.host.costs.event_injection);
+            let apf = &mut vcpu.apf;
+            if let Some(work) = apf.works.last_mut() {
+                work.notified = true;
+            }
+            apf.stats.not_present += 1;
+            return Ok(Next::Continue);
+        }
+        Ok(Next::ApfHalt)
+    })();
+    shared.time = exit_time;
+    next
 }
 
 /// Delivers page-not-present for `token` if the guest can take it now
