@@ -246,3 +246,76 @@ fn pml_stays_on_while_a_slot_logs_in_pml_mode() {
     vm.delete_memslot(extra).expect("delete");
     assert!(pml_on(&vm).iter().all(|on| !on), "no PML slot left");
 }
+
+/// The VMM's operations take virtual time one after another, and a ring
+/// reset holds `mmu_lock` once per run of at most 64 pages, as KVM's
+/// `kvm_reset_dirty_gfn` does per coalesced mask: a vCPU faulting during a
+/// reset waits for one mask, not for the whole reset.
+#[test]
+fn a_ring_reset_holds_the_lock_per_64_pages_and_vmm_operations_follow_each_other() {
+    use dirty_log_common::read_u64;
+    let mut config = config_with(MmuMode::Ept, false, PAGES, 100, 0);
+    // Rings that never fill in a pass: the harvest below gets every page.
+    config.dirty_ring_size = 4096;
+    let mut vm = Vm::boot(&config, ELF).expect("boot");
+    let run_to_done = |vm: &mut Vm, pass: u64| {
+        vm.write_guest(
+            hv::Gpa(abi::dirtywrite::CTRL_GPA + abi::dirtywrite::GO),
+            &pass.to_le_bytes(),
+        )
+        .expect("go");
+        while !(0..VCPUS)
+            .all(|cpu| read_u64(vm, abi::dirtywrite::CTRL_GPA + abi::dirtywrite::done(cpu)) >= pass)
+        {
+            let status = vm.run_until(vm.time() + Cycles(200_000));
+            assert!(matches!(status, hv::RunStatus::Running), "{status:?}");
+        }
+    };
+    run_to_done(&mut vm, 1);
+    vm.enable_dirty_log(RAM_SLOT, DirtyLogMode::Ring)
+        .expect("enable");
+    // The VMM is busy until the enable returns; let the vCPUs run to then.
+    let until = vm.vmm_now();
+    assert!(until > vm.time(), "the enable took no time");
+    vm.run_until(until);
+    run_to_done(&mut vm, 2);
+    let (start, locks_before) = (vm.vmm_now(), vm.stats().mmu_lock.acquisitions);
+    let harvest = vm.harvest_dirty_rings().expect("harvest");
+    let holds = vm.stats().mmu_lock.acquisitions - locks_before;
+    let mut pages: Vec<u64> = harvest
+        .entries
+        .iter()
+        .filter(|e| e.slot == RAM_SLOT)
+        .map(|e| e.offset)
+        .collect();
+    pages.sort_unstable();
+    pages.dedup();
+    assert!(pages.len() as u64 >= VCPUS * PAGES, "{} pages", pages.len());
+    let mut masks = 0;
+    let mut rest = &pages[..];
+    while let Some(&first) = rest.first() {
+        rest = &rest[rest.partition_point(|&p| p < first + 64)..];
+        masks += 1;
+    }
+    assert_eq!(holds, masks, "one hold per 64-page mask");
+    assert_eq!(
+        vm.vmm_now(),
+        start + harvest.get.cycles + harvest.clear.cycles,
+        "the reset follows the harvest's read of the rings"
+    );
+}
+
+/// Manual protect: the clear starts when the get returned.
+#[test]
+fn a_manual_clear_starts_when_the_get_returned() {
+    let mut vm = Vm::boot(&config(MmuMode::Ept, false), ELF).expect("boot");
+    vm.enable_dirty_log(RAM_SLOT, DirtyLogMode::Manual)
+        .expect("enable");
+    let start = vm.vmm_now();
+    let collected = vm.collect_dirty_log(RAM_SLOT).expect("collect");
+    assert!(collected.get.cycles > Cycles::ZERO && collected.clear.cycles > Cycles::ZERO);
+    assert_eq!(
+        vm.vmm_now(),
+        start + collected.get.cycles + collected.clear.cycles
+    );
+}

@@ -1,9 +1,10 @@
 //! The VMM's side of dirty logging ([`crate::mmu::dirty_log`]): turning it
 //! on and off per memslot while the guest runs, and the four ways of
 //! collecting (bitmap, manual protect, ring, PML). Each operation runs as the
-//! VMM thread at the VM's current virtual time: its holds of `mmu_lock`
-//! go on the lock timeline, so vCPUs faulting meanwhile wait for them, and
-//! it returns what it cost.
+//! VMM thread at [`Vm::vmm_now`]: the VM's current virtual time, or the end
+//! of the VMM's previous operation if that is later (an ioctl returns when
+//! its work is done). Its holds of `mmu_lock` go on the lock timeline, so
+//! vCPUs faulting meanwhile wait for them, and it returns what it cost.
 
 use super::Vm;
 use crate::memslot::{Memslot, SlotId};
@@ -65,6 +66,20 @@ pub struct Collected {
 }
 
 impl Vm {
+    /// The VMM thread's time: the VM's, or the end of the VMM's last
+    /// dirty-log operation if that is later. A VMM that acts after an
+    /// operation returned (starts the guest's next pass, sends the pages
+    /// it collected) acts at this time, as KVM's `dirty_log_perf_test`
+    /// starts the next iteration only after its get and clear returned.
+    pub fn vmm_now(&self) -> Cycles {
+        self.time().max(self.sched.vmm_busy_until)
+    }
+
+    /// The VMM thread works for `cycles` from [`Vm::vmm_now`].
+    fn vmm_spend(&mut self, cycles: Cycles) {
+        self.sched.vmm_busy_until = self.vmm_now() + cycles;
+    }
+
     fn logging_slot(&self, id: SlotId) -> Result<&Memslot, DirtyLogError> {
         let slot = self
             .shared
@@ -218,6 +233,7 @@ impl Vm {
             cycles: drained + Cycles(bitmap_copy_cycles(slot.npages)),
             ..DirtyLogCost::default()
         };
+        self.vmm_spend(get.cycles);
         let clear = self.clean(id, &pages)?;
         Ok(Collected { pages, get, clear })
     }
@@ -295,6 +311,7 @@ impl Vm {
                     cycles: Cycles(bitmap_copy_cycles(slot.npages)),
                     ..DirtyLogCost::default()
                 };
+                self.vmm_spend(cost.cycles);
                 Ok(DirtyPages { pages, cost })
             }
             DirtyLogMode::Pml => {
@@ -387,6 +404,7 @@ impl Vm {
             cycles: Cycles(entries.len() as u64 * self.shared.host.costs.spte_read),
             ..DirtyLogCost::default()
         };
+        self.vmm_spend(get.cycles);
         let mut clear = DirtyLogCost::default();
         for &id in &ring_slots {
             let mut pages: Vec<u64> = entries
@@ -396,15 +414,17 @@ impl Vm {
                 .collect();
             pages.sort_unstable();
             pages.dedup();
-            let c = self.protect(id, &pages)?;
+            let c = self.reset_ring_pages(id, &pages)?;
             clear.cycles += c.cycles;
             clear.lock_wait += c.lock_wait;
             clear.sptes += c.sptes;
         }
-        let now = self.time();
+        // The reset returns at the harvest's end.
+        let now = self.vmm_now();
         for vcpu in &mut self.vcpus {
             if vcpu.ring_full {
-                // It was in the VMM (the exit to user space) until now.
+                // It was in the VMM (the exit to user space) until the
+                // harvest returned.
                 vcpu.ring_full = false;
                 vcpu.idle_until(now);
             }
@@ -482,6 +502,54 @@ impl Vm {
         self.clear_spte_bits(id, indexes, spte::DIRTY)
     }
 
+    /// KVM_RESET_DIRTY_RINGS for slot `id`'s harvested `pages`
+    /// (ascending): write-protects them in one `mmu_lock` hold per run of
+    /// at most 64 pages (KVM's `kvm_reset_dirty_gfn` takes the lock once
+    /// per coalesced 64-page mask, `virt/kvm/dirty_ring.c`), so vCPUs
+    /// faulting meanwhile wait for one mask, not the whole reset; one
+    /// remote flush at the end, as `kvm_vm_ioctl_reset_dirty_pages` does.
+    fn reset_ring_pages(
+        &mut self,
+        id: SlotId,
+        pages: &[u64],
+    ) -> Result<DirtyLogCost, DirtyLogError> {
+        let mut cost = DirtyLogCost::default();
+        let mut flush = false;
+        let mut rest = pages;
+        while let Some(&first) = rest.first() {
+            let n = rest.partition_point(|&p| p < first + 64);
+            let (mask, tail) = rest.split_at(n);
+            rest = tail;
+            let host = &self.shared.host;
+            let slot = host.slots.get(id).ok_or(DirtyLogError::NoSuchSlot(id))?;
+            let frames = resident_frames(slot, mask);
+            let start = self.vmm_now();
+            let done: Protected = host
+                .mmu
+                .clear_leaf_bits(
+                    &host.mem,
+                    &host.costs,
+                    &frames,
+                    spte::WRITE,
+                    Timed::At(start),
+                )
+                .map_err(|e| DirtyLogError::Tdp(crate::mmu::tdp::TdpError::Memory(e)))?;
+            self.sched.vmm_busy_until = start + done.cycles;
+            cost.cycles += done.cycles;
+            cost.lock_wait += done.lock_wait;
+            cost.sptes += done.sptes;
+            flush |= done.flush;
+        }
+        if flush {
+            let invept = Cycles(self.shared.host.costs.invept);
+            cost.cycles += invept;
+            self.vmm_spend(invept);
+            self.shared.cross.push(CrossRequest::FlushAll);
+            self.carry_out_cross_requests();
+        }
+        Ok(cost)
+    }
+
     fn clear_spte_bits(
         &mut self,
         id: SlotId,
@@ -490,14 +558,9 @@ impl Vm {
     ) -> Result<DirtyLogCost, DirtyLogError> {
         let host = &self.shared.host;
         let slot = host.slots.get(id).ok_or(DirtyLogError::NoSuchSlot(id))?;
-        let frames: Vec<Hfn> = indexes
-            .iter()
-            .filter_map(|&i| match slot.state_at(i) {
-                crate::memslot::PageState::Resident(frame) => Some(frame),
-                _ => None,
-            })
-            .collect();
-        let at = Timed::At(self.time());
+        let frames = resident_frames(slot, indexes);
+        let start = self.vmm_now();
+        let at = Timed::At(start);
         let done: Protected = host
             .mmu
             .clear_leaf_bits(&host.mem, &host.costs, &frames, bits, at)
@@ -508,12 +571,24 @@ impl Vm {
             self.shared.cross.push(CrossRequest::FlushAll);
             self.carry_out_cross_requests();
         }
+        self.sched.vmm_busy_until = start + cycles;
         Ok(DirtyLogCost {
             cycles,
             lock_wait: done.lock_wait,
             sptes: done.sptes,
         })
     }
+}
+
+/// The host frames of the resident pages `indexes` of `slot`.
+fn resident_frames(slot: &Memslot, indexes: &[u64]) -> Vec<Hfn> {
+    indexes
+        .iter()
+        .filter_map(|&i| match slot.state_at(i) {
+            crate::memslot::PageState::Resident(frame) => Some(frame),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Copying a slot's bitmap to or from the VMM: one word per 64 pages.

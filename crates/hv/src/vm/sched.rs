@@ -104,6 +104,9 @@ pub(crate) struct Scheduler {
     /// A vCPU's dirty ring is (soft) full: `run_until` returns for the
     /// VMM to harvest.
     pub ring_full: bool,
+    /// The VMM thread's last operation (a dirty-log get, clear or
+    /// harvest) ends then: its next one starts no earlier ([`Vm::vmm_now`]).
+    pub vmm_busy_until: Cycles,
 }
 
 impl Scheduler {
@@ -122,6 +125,7 @@ impl Scheduler {
             limit: Cycles::MAX,
             settling: false,
             ring_full: false,
+            vmm_busy_until: Cycles::ZERO,
         }
     }
 

@@ -64,14 +64,17 @@ pub struct DirtyLogRun {
     /// `mmu_lock`'s counters over the whole run (every core).
     #[serde(default)]
     pub mmu_lock: hv::MmuLockStats,
-    /// Per vCPU over the whole run: its timed holds of `mmu_lock`, the
+    /// Per vCPU over the logged passes (from the VMM's start of each pass
+    /// to its last vCPU's end; not the populating pass, nor the time
+    /// between passes, when KVM's test has its vCPUs out of the guest):
+    /// its timed holds of `mmu_lock`, the
     /// contended ones and its wait.
     #[serde(default)]
     pub lock_per_vcpu: Vec<VcpuLock>,
 }
 
 /// One vCPU's use of `mmu_lock` over a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VcpuLock {
     pub acquisitions: u64,
     pub contended: u64,
@@ -85,17 +88,28 @@ impl VcpuLock {
     }
 }
 
-/// The largest distance of `values` from their mean, in percent of it (0
-/// for a zero mean).
-fn spread_pct(values: &[f64]) -> f64 {
+/// The largest distance of `values` from their mean, in percent of it, or
+/// `None` when the mean is under `floor` (a spread of a few cycles or of
+/// one or two contended acquisitions says nothing).
+fn spread_pct(values: &[f64], floor: f64) -> Option<f64> {
     let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
-    if mean == 0.0 {
-        return 0.0;
+    if mean < floor || mean == 0.0 {
+        return None;
     }
-    values
-        .iter()
-        .map(|v| (v - mean).abs() * 100.0 / mean)
-        .fold(0.0, f64::max)
+    Some(
+        values
+            .iter()
+            .map(|v| (v - mean).abs() * 100.0 / mean)
+            .fold(0.0, f64::max),
+    )
+}
+
+/// A spread for the per-vCPU line.
+fn spread_text(spread: Option<f64>, floor: &str) -> String {
+    match spread {
+        Some(p) => format!("spread {p:.1} %"),
+        None => format!("spread -: mean under {floor}"),
+    }
 }
 
 /// The mean dirty time of a run's iterations, in ms.
@@ -129,8 +143,30 @@ struct Harvests {
     exits: u64,
 }
 
-/// Lets the vCPUs run pass `pass` and waits for all of them; returns the
-/// pass's dirty time (latest end minus earliest start, guest rdtsc).
+/// Lets the VM run (the vCPUs spin on `go`) until the VMM's last
+/// operation has returned: `dirty_log_perf_test` starts an iteration only
+/// after its get and clear returned, so no pass meets the collection's
+/// `mmu_lock` hold.
+fn wait_for_vmm(vm: &mut Vm, stop: &StopRequest) -> Result<(), String> {
+    while vm.time() < vm.vmm_now() {
+        if let Some(signal) = stop.signal() {
+            return Err(format!("interrupted by {}", signal.name()));
+        }
+        match vm.run_until(vm.vmm_now()) {
+            RunStatus::Running | RunStatus::Stopped(StopReason::DebugExit { status: 1 }) => {}
+            RunStatus::DirtyRingFull => {
+                return Err("a dirty ring filled between passes".to_string())
+            }
+            RunStatus::Stopped(other) => return Err(format!("the VM stopped: {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// Lets the vCPUs run pass `pass` (once the VMM's last operation has
+/// returned) and waits for all of them; returns the pass's dirty time
+/// (latest end minus earliest start, guest rdtsc) and each vCPU's use of
+/// `mmu_lock` from the start to the end of the pass.
 fn run_pass(
     vm: &mut Vm,
     spec: &DirtyLogSpec,
@@ -138,7 +174,9 @@ fn run_pass(
     slice: Cycles,
     stop: &StopRequest,
     harvests: &mut Harvests,
-) -> Result<u64, String> {
+) -> Result<(u64, Vec<VcpuLock>), String> {
+    wait_for_vmm(vm, stop)?;
+    let lock_before = lock_per_vcpu(vm);
     vm.write_guest(hv::Gpa(CTRL_GPA + dirtywrite::GO), &pass.to_le_bytes())
         .map_err(|e| format!("starting pass {pass}: {e}"))?;
     loop {
@@ -169,7 +207,16 @@ fn run_pass(
         start = start.min(read_u64(vm, CTRL_GPA + dirtywrite::tsc_start(cpu))?);
         end = end.max(read_u64(vm, CTRL_GPA + dirtywrite::tsc_end(cpu))?);
     }
-    Ok(end.saturating_sub(start))
+    let lock = lock_per_vcpu(vm)
+        .iter()
+        .zip(&lock_before)
+        .map(|(now, before)| VcpuLock {
+            acquisitions: now.acquisitions - before.acquisitions,
+            contended: now.contended - before.contended,
+            wait_cycles: now.wait_cycles - before.wait_cycles,
+        })
+        .collect();
+    Ok((end.saturating_sub(start), lock))
 }
 
 /// Drives one run: populate, enable, the iterations, disable.
@@ -180,8 +227,9 @@ pub fn drive(
     stop: &StopRequest,
 ) -> Result<DirtyLogRun, String> {
     let mut harvests = Harvests::default();
-    let populate_cycles = run_pass(vm, spec, 1, slice, stop, &mut harvests)?;
+    let (populate_cycles, _) = run_pass(vm, spec, 1, slice, stop, &mut harvests)?;
     let pml_full_before = pml_full_exits(vm);
+    let mut lock_in_passes = vec![VcpuLock::default(); spec.vcpus as usize];
     let enable = vm
         .enable_dirty_log(RAM_SLOT, spec.mode)
         .map_err(|e| format!("enabling dirty logging: {e}"))?;
@@ -191,7 +239,12 @@ pub fn drive(
             exits: harvests.exits,
             ..Harvests::default()
         };
-        let dirty_cycles = run_pass(vm, spec, i + 1, slice, stop, &mut harvests)?;
+        let (dirty_cycles, lock) = run_pass(vm, spec, i + 1, slice, stop, &mut harvests)?;
+        for (sum, pass) in lock_in_passes.iter_mut().zip(lock) {
+            sum.acquisitions += pass.acquisitions;
+            sum.contended += pass.contended;
+            sum.wait_cycles += pass.wait_cycles;
+        }
         let collected = vm
             .collect_dirty_log(RAM_SLOT)
             .map_err(|e| format!("collecting the log: {e}"))?;
@@ -215,16 +268,21 @@ pub fn drive(
         ring_full_exits: harvests.exits,
         pml_full_exits: pml_full_exits(vm) - pml_full_before,
         mmu_lock: stats.mmu_lock,
-        lock_per_vcpu: stats
-            .vcpus
-            .iter()
-            .map(|v| VcpuLock {
-                acquisitions: v.mmu_lock_acquisitions,
-                contended: v.mmu_lock_contended,
-                wait_cycles: v.mmu_lock_wait_cycles,
-            })
-            .collect(),
+        lock_per_vcpu: lock_in_passes,
     })
+}
+
+/// Each vCPU's use of `mmu_lock` so far.
+fn lock_per_vcpu(vm: &Vm) -> Vec<VcpuLock> {
+    vm.stats()
+        .vcpus
+        .iter()
+        .map(|v| VcpuLock {
+            acquisitions: v.mmu_lock_acquisitions,
+            contended: v.mmu_lock_contended,
+            wait_cycles: v.mmu_lock_wait_cycles,
+        })
+        .collect()
 }
 
 /// PML-full exits so far, summed over the vCPUs.
@@ -541,7 +599,7 @@ impl Bench for DirtyLogBench {
         );
         let _ = writeln!(
             s,
-            "mmu_lock per vCPU (whole run: contended share of its acquisitions, its wait; spread: the largest distance from the mean):"
+            "mmu_lock per vCPU (logged passes: its acquisitions, their contended share, its wait; spread: the largest distance from the mean):"
         );
         for (c, r) in &rows {
             if r.lock_per_vcpu.is_empty() {
@@ -553,6 +611,11 @@ impl Bench for DirtyLogBench {
                 .map(VcpuLock::contended_pct)
                 .collect();
             let waits: Vec<f64> = r.lock_per_vcpu.iter().map(|v| ms(v.wait_cycles)).collect();
+            let contended: Vec<f64> = r.lock_per_vcpu.iter().map(|v| v.contended as f64).collect();
+            // Shares of fewer than 10 contended acquisitions per vCPU, or
+            // waits under a microsecond, are too few to compare.
+            let share_spread = spread_pct(&contended, 10.0).and_then(|_| spread_pct(&shares, 0.0));
+            let wait_spread = spread_pct(&waits, 0.001);
             let list = |v: &[f64], digits: usize| {
                 v.iter()
                     .map(|x| format!("{x:.digits$}"))
@@ -561,14 +624,19 @@ impl Bench for DirtyLogBench {
             };
             let _ = writeln!(
                 s,
-                "  {} {} fast pf {}: contended % {} (spread {:.1} %); wait ms {} (spread {:.1} %)",
+                "  {} {} fast pf {}: acquisitions {}; contended % {} ({}); wait ms {} ({})",
                 c.mmu.name(),
                 c.mode.name(),
                 if c.fast_pf { "on" } else { "off" },
+                r.lock_per_vcpu
+                    .iter()
+                    .map(|v| v.acquisitions.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" "),
                 list(&shares, 1),
-                spread_pct(&shares),
+                spread_text(share_spread, "10 contended"),
                 list(&waits, 3),
-                spread_pct(&waits)
+                spread_text(wait_spread, "1 us")
             );
         }
         let _ = writeln!(s, "plot: {}", plot_path.display());

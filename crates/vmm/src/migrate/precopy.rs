@@ -298,7 +298,8 @@ pub(super) fn precopy_rounds(
         // The guest runs while the round's pages are read (those in swap
         // queue on the swap device with the guest's own reads) and cross
         // the link.
-        let until = sent.across(vm.time(), &spec.link);
+        // The VMM sends once its last collection returned.
+        let until = sent.across(vm.vmm_now(), &spec.link);
         if let Some(ending) = run_for(vm, until) {
             return Ok(Err(ending));
         }
