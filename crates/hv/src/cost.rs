@@ -28,7 +28,12 @@ pub struct HvCosts {
     /// commit b7ffc44d5b2e: "cpuid 1291", "vmcall 1181", "outl_to_kernel
     /// 1391" cycles) leave under 200 for dispatch and handler together
     /// beside two 600-cycle transitions, where this table has 400
-    /// (`docs/costs.md`). `bench ctxsw`'s acceptance ratios,
+    /// (`docs/costs.md`). Single steps of KVM's exit path print their own
+    /// cost (a CR2 reload, Linux commit d3edefc00356: "Shaves 70 cycles
+    /// off the vmexit latency"; the FPU's save and restore, 7807fa6ca5af:
+    /// "~100 cycles"). No guest-timed test can split it from the
+    /// transitions: every exit a guest times is a round trip of both.
+    /// `bench ctxsw`'s acceptance ratios,
     /// which rest on it, hold at 0 and at 1,152 (`docs/mmu.md`, "How much the
     /// ratios rest on the estimates"; the test
     /// `bench_ctxsw_acceptance_holds_across_the_exit_cost_range`), and
@@ -87,18 +92,26 @@ pub struct HvCosts {
     /// the whole round trip has a source: Linux commit b7ffc44d5b2e
     /// ("x86/kvm/vmx: Defer TR reload after VM exit") prints
     /// kvm-unit-tests' "vmcall 1181" cycles for an exit, KVM's handling
-    /// and the entry, where this table's sum is 1,600 (`docs/costs.md`);
-    /// `faultline calibrate`'s `kvm_vmcall_exit` measures the same where
-    /// the host's KVM runs the guest on the CPU.
+    /// (of hypercall 0, the least a handler does) and the entry, where
+    /// this table's sum is 1,600 (`docs/costs.md`); `faultline
+    /// calibrate`'s `kvm_vmcall_exit` measures the same where the host's
+    /// KVM runs the guest on the CPU. The baseline of `io_emulation`'s and
+    /// `cpuid_msr`'s sourced differences.
     pub hypercall: u64,
     /// Emulating a port I/O access to a device model. Inside a whole round
     /// trip: the same commit's "outl_to_kernel 1391" (a device in the
-    /// kernel), `faultline calibrate`'s `kvm_pio_exit` (an exit to user
-    /// space and back).
+    /// kernel), 210 cycles above its "vmcall 1181", where this table has
+    /// `io_emulation` 100 above `hypercall` (`docs/costs.md`: the sourced
+    /// difference gives 310). `faultline calibrate`'s `kvm_pio_kernel_exit`
+    /// measures the in-kernel write (minus `kvm_vmcall_exit`: the
+    /// difference), `kvm_pio_exit` an exit to user space and back.
     pub io_emulation: u64,
     /// Emulating CPUID or an MSR access. Inside a whole round trip: the
-    /// same commit's "cpuid 1291", `faultline calibrate`'s `kvm_cpuid_exit`
-    /// and `kvm_rdmsr_exit` (not separable).
+    /// same commit's "cpuid 1291", 110 cycles above its "vmcall 1181",
+    /// where this table has `cpuid_msr` equal to `hypercall`
+    /// (`docs/costs.md`: the sourced difference gives 210); `faultline
+    /// calibrate`'s `kvm_cpuid_exit` and `kvm_rdmsr_exit` (minus
+    /// `kvm_vmcall_exit`: the difference).
     pub cpuid_msr: u64,
     /// Injecting an event (filling the entry interruption field): KVM's
     /// `vmx_inject_irq` does it with one VMWRITE of
@@ -113,10 +126,11 @@ pub struct HvCosts {
     /// cached translations). Under shadow paging every CR3 load that exits
     /// ends in one (KVM's `vmx_flush_tlb_current` after `kvm_mmu_new_pgd`):
     /// the flush the guest's non-PCID MOV to CR3 asks for. No published
-    /// latency of INVVPID or INVEPT was found (Agner Fog's tables do not
-    /// list VMX instructions), and neither can be measured where the
-    /// project runs (VMX root only; its host has no VMX, `docs/costs.md`):
-    /// an estimate of the order of a serializing
+    /// latency of INVVPID or INVEPT was found (`docs/costs.md` lists what
+    /// was searched), and neither can be measured by `faultline
+    /// calibrate` on any host: they execute in VMX root only (the host
+    /// kernel), and a guest's exits to KVM. A kernel module on a VMX host
+    /// could time them. An estimate of the order of a serializing
     /// instruction plus the TLB invalidation; the refill that follows is
     /// charged by the machine's page walks, not here. `bench ctxsw`'s
     /// ratios hold from 0 to 1,000 (five times the estimate; see

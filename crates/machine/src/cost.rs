@@ -30,9 +30,13 @@ pub struct CycleCosts {
     /// 24 of them, which is why TLB misses under EPT are expensive.
     pub page_walk_ref: u64,
     /// Delivering an exception or interrupt through the IDT (or the
-    /// real-mode vector table). No source read; `faultline calibrate`'s
-    /// `kvm_int_iret` measures it with its IRET inside a KVM guest where
-    /// the host's KVM runs the guest on the CPU (`docs/costs.md`).
+    /// real-mode vector table). No source read for the delivery itself;
+    /// the nearest figure read is a far call and its RETF, 220 cycles on
+    /// Skylake, which does less (`docs/costs.md`). `faultline
+    /// calibrate`'s `kvm_int_iret` measures it with its IRET inside a KVM
+    /// guest where the host's KVM runs the guest on the CPU, and
+    /// `int80_syscall` against `syscall` on a host whose kernel the CPU
+    /// delivers events to.
     pub event_delivery: u64,
     /// `iretq`, `sysret`, `syscall`: privilege transitions.
     pub privilege_transition: u64,
@@ -51,11 +55,13 @@ pub struct CycleCosts {
     /// trip: KVM's SVM run loop timed with the TSC in a Dec 2020 LKML
     /// thread on saving host state around VMRUN
     /// (<https://lkml.iu.edu/hypermail/linux/kernel/2012.2/00527.html>):
-    /// VMRUN to #VMEXIT 1,344-1,376 cycles on an AMD host; and the
-    /// per-generation decline of Intel's VM exit/entry latency in Agesen,
-    /// Mattson, Rugina, Sheldon, "Software Techniques for Avoiding Hardware
-    /// Virtualization Exits" (USENIX ATC 2012), Figure 1. Not tuned to any
-    /// benchmark's figure.
+    /// VMRUN to #VMEXIT 1,344-1,376 cycles on an AMD host; a Linux commit
+    /// (5a8781607e67) putting "the extra VMX transition" at "600+ cycles".
+    /// Agesen, Mattson, Rugina, Sheldon, "Software Techniques for Avoiding
+    /// Hardware Virtualization Exits" (USENIX ATC 2012), Figure 1, plots
+    /// the per-generation decline of Intel's round trip; its figures were
+    /// not reached (`docs/costs.md`). Not tuned to any benchmark's
+    /// figure.
     pub vm_exit: u64,
     /// VM entry: the other half of the round trip (see `vm_exit`).
     pub vm_entry: u64,

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Every test the command runs, in its order.
-const TESTS: [&str; 28] = [
+const TESTS: [&str; 29] = [
     "line_transfer",
     "ticket_lock_handoff",
     "ticket_lock_uncontended",
@@ -41,6 +41,7 @@ const TESTS: [&str; 28] = [
     "kvm_guest_loop",
     "kvm_int_iret",
     "int80_syscall",
+    "kvm_pio_kernel_exit",
 ];
 
 fn positive(v: &Value, what: &str) -> f64 {
