@@ -450,6 +450,20 @@ impl Vcpu {
     }
 
     /// Handles one exit, charging the hv's work to the vCPU.
+    /// Whether handling `exit` can end before its first request for a
+    /// shared resource and be handled again later (`Next::NotYet`,
+    /// `Next::LockBusy`): faults, and under shadow paging a MOV to CR3
+    /// (its root load asks for `mmu_lock`; nothing changes before).
+    pub(crate) fn replayable(&self, exit: &VmExit) -> bool {
+        match exit {
+            VmExit::EptViolation { .. } | VmExit::Exception { vector: 14, .. } => true,
+            VmExit::CrAccess(machine::vmx::CrAccess::MovTo { cr: 3, .. }) => {
+                self.mmu_mode == MmuMode::Shadow
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn handle_exit(&mut self, shared: &mut Shared, exit: VmExit) -> Next {
         let reason = ExitReason::of(&exit);
         let vectoring = self.cpu.idt_vectoring_info();
@@ -480,11 +494,7 @@ impl Vcpu {
         // A fault may find `mmu_lock` held: it is then replayed at its
         // grant, so what it does under the lock happens at that virtual
         // time (`mmu::lock::Deferral`).
-        let replay = matches!(
-            exit,
-            VmExit::EptViolation { .. } | VmExit::Exception { vector: 14, .. }
-        )
-        .then(|| exit.clone());
+        let replay = self.replayable(&exit).then(|| exit.clone());
         let next = match finished
             .and_then(|()| self.dispatch(shared, exit, vectoring.is_some(), &mut cycles))
         {

@@ -611,7 +611,8 @@ impl Vm {
     }
 
     /// Handles vCPU `index`'s parked exit (it is the earliest actor). A
-    /// fault, which can be replayed, runs under the order bound: its
+    /// fault or a shadow CR3 load, which can be replayed, runs under the
+    /// order bound: its
     /// requests for `mmu_lock` and the swap device come no later than any
     /// other actor could make one, or it ends as `Next::NotYet` and is
     /// parked again until the others have passed its request.
@@ -619,10 +620,7 @@ impl Vm {
         let Some(exit) = self.vcpus[index].parked_exit.take() else {
             return Ok(());
         };
-        let bounded = matches!(
-            exit,
-            VmExit::EptViolation { .. } | VmExit::Exception { vector: 14, .. }
-        );
+        let bounded = self.vcpus[index].replayable(&exit);
         if bounded && !self.sched.settling {
             self.shared.host.order_bound = Some(self.order_bound(index));
         }

@@ -83,14 +83,19 @@ impl Vcpu {
                 self.cpu.state_mut().gpr[gpr as usize] = cr3;
             }
             CrAccess::MovTo { cr: 3, value, .. } => {
+                // The root load asks for `mmu_lock` now: past the order
+                // bound, nothing is done yet and the load is replayed.
+                let at = self.clock() + *cycles;
+                if shared.host.not_yet(at) {
+                    return Ok(Next::NotYet { at });
+                }
                 let value = self.cr3_cache_guest_value(shared, value);
                 if value >> machine::mmu::paging::MAX_PHYS_ADDR_BITS != 0 {
                     self.cpu.inject_event(gp());
                     return Ok(Next::Continue);
                 }
                 self.shadow.guest_cr3 = value;
-                let at = Timed::At(self.clock() + *cycles);
-                *cycles += self.load_shadow_root(shared, true, at)?.0;
+                *cycles += self.load_shadow_root(shared, true, Timed::At(at))?.0;
                 // Every page is in sync now: the root may be cached (not
                 // the paging-off root, which no CR3 value names).
                 if self.paging_context().paging {
