@@ -78,6 +78,9 @@ pub(crate) fn boot(config: &VmConfig, kernel: &[u8]) -> Result<Vm, CreateError> 
     if config.cmdline.len() >= abi::CMDLINE_LEN {
         return Err(CreateError::CmdlineTooLong(config.cmdline.len()));
     }
+    if config.mem_size > crate::vm::PCI_HOLE_START {
+        return Err(CreateError::RamBeyondHole(config.mem_size));
+    }
     let (elf, image) = parse_kernel(kernel, config.mem_size)?;
     let mut vm = Vm::new(config)?;
     load_kernel(&mut vm, &elf)?;

@@ -84,8 +84,8 @@ pub use vcpu::steal::cycles_to_ns as steal_cycles_to_ns;
 pub use vcpu::{Vcpu, VcpuId};
 pub use vm::dirty_log::{Collected, DirtyLogCost, DirtyPages, RingHarvest};
 pub use vm::{
-    max_lookahead, CreateError, Report, RunStatus, StopReason, Vm, VmConfig, DEFAULT_HOST_SLICE,
-    MIN_HOST_MEM, RAM_SLOT,
+    max_lookahead, ram_ranges, CreateError, Report, RunStatus, StopReason, Vm, VmConfig,
+    DEFAULT_HOST_SLICE, HIGH_RAM_SLOT, HIGH_RAM_START, MIN_HOST_MEM, PCI_HOLE_START, RAM_SLOT,
 };
 
 /// Virtual cycles per second of virtual time (the machine's 3 GHz clock).

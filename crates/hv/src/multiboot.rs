@@ -183,12 +183,13 @@ pub struct KernelPlan {
 
 /// Plans the kernel's load: by the a.out kludge addresses if the header
 /// has them, else by its ELF program headers (32- or 64-bit ELF), into
-/// `[LOAD_LOW, mem_size)`.
+/// `[LOAD_LOW, end of the RAM below the PCI hole)`.
 pub fn plan_kernel(
     image: &[u8],
     header: &Header,
     mem_size: u64,
 ) -> Result<KernelPlan, MultibootError> {
+    let mem_size = crate::vm::low_ram_end(mem_size);
     let (chunks, entry) = match header.aout {
         Some(addresses) => aout_chunks(image, header.offset, addresses)?,
         None => elf_chunks(image)?,
@@ -359,6 +360,8 @@ pub fn place_modules(
     modules: &[(u64, String)],
     mem_size: u64,
 ) -> Result<Vec<ModulePlacement>, MultibootError> {
+    // Below the PCI hole (a 32-bit kernel reaches them there).
+    let mem_size = crate::vm::low_ram_end(mem_size);
     let mut at = kernel_end.max(LOAD_LOW).next_multiple_of(4096);
     let mut placed = Vec::new();
     for (len, cmdline) in modules {
@@ -380,9 +383,12 @@ pub fn place_modules(
 }
 
 /// The memory map: conventional memory, the EBDA/BIOS hole, the ACPI
-/// tables' area (reclaimable), the rest of RAM.
+/// tables' area (reclaimable), the rest of RAM below the PCI hole, and
+/// RAM from 4 GiB up if there is more.
 pub fn memory_map(mem_size: u64) -> Vec<(u64, u64, u32)> {
-    vec![
+    let ranges = crate::vm::ram_ranges(mem_size);
+    let low = ranges[0].1;
+    let mut map = vec![
         (0, 0x9_fc00, mmap_type::AVAILABLE),
         (0x9_fc00, 0xe_0000 - 0x9_fc00, mmap_type::RESERVED),
         (
@@ -390,8 +396,14 @@ pub fn memory_map(mem_size: u64) -> Vec<(u64, u64, u32)> {
             crate::devices::acpi::ACPI_END - crate::devices::acpi::ACPI_BASE,
             mmap_type::ACPI_RECLAIMABLE,
         ),
-        (LOAD_LOW, mem_size - LOAD_LOW, mmap_type::AVAILABLE),
-    ]
+        (LOAD_LOW, low - LOAD_LOW, mmap_type::AVAILABLE),
+    ];
+    map.extend(
+        ranges[1..]
+            .iter()
+            .map(|&(start, len)| (start, len, mmap_type::AVAILABLE)),
+    );
+    map
 }
 
 /// Where the information structure goes: [`INFO_GPA`], or, if a kernel
@@ -452,7 +464,8 @@ pub fn build_info(
         put32(&mut area, entry + 4, (m.start + m.len) as u32);
         put32(&mut area, entry + 8, string);
     }
-    let limit = if at == INFO_GPA { INFO_END } else { mem_size };
+    let low = crate::vm::low_ram_end(mem_size);
+    let limit = if at == INFO_GPA { INFO_END } else { low };
     if at + area.len() as u64 > limit {
         return Err(MultibootError::InfoTooBig(area.len()));
     }
@@ -466,8 +479,8 @@ pub fn build_info(
     put32(
         &mut area,
         8,
-        ((mem_size - LOAD_LOW) / 1024).min(u64::from(u32::MAX)) as u32,
-    ); // mem_upper
+        ((low - LOAD_LOW) / 1024).min(u64::from(u32::MAX)) as u32,
+    ); // mem_upper: from 1 MiB to the first hole
     put32(&mut area, 16, cmdline_addr);
     put32(&mut area, 20, modules.len() as u32);
     put32(&mut area, 24, mods_addr as u32);

@@ -321,3 +321,97 @@ fn pic_kernel_code() -> Vec<u8> {
     ]
     .concat()
 }
+
+/// With 4 GiB of RAM the layout is a PC's: RAM up to the PCI hole at
+/// 0xc0000000 and the rest from 4 GiB, in the multiboot memory map too.
+/// The kernel enters IA-32e compatibility mode (tables the test writes)
+/// with 0x40000000 mapped to 4 GiB and the xAPIC page identity-mapped: a store to high RAM reads
+/// back, and the xAPIC version register answers (before, RAM ran straight
+/// through 0xfee00000 and ended at 4 GiB).
+#[test]
+fn with_4_gib_ram_skips_the_pci_hole_and_the_xapic_answers() {
+    const GIB: u64 = 1 << 30;
+    #[rustfmt::skip]
+    let code = [
+        &[0xb9, 0x80, 0x00, 0x00, 0xc0][..],                         // mov ecx, EFER
+        &[0x0f, 0x32, 0x0d, 0x00, 0x01, 0x00, 0x00, 0x0f, 0x30],     // rdmsr; or eax, LME; wrmsr
+        &[0xb8, 0x00, 0x00, 0x20, 0x00],                             // mov eax, 0x200000
+        &[0x0f, 0x22, 0xd8],                                         // mov cr3, eax
+        &[0x0f, 0x20, 0xe0, 0x83, 0xc8, 0x20, 0x0f, 0x22, 0xe0],     // cr4 |= PAE
+        &[0x0f, 0x20, 0xc0, 0x0d, 0x00, 0x00, 0x00, 0x80],           // mov eax, cr0; or eax, PG
+        &[0x0f, 0x22, 0xc0],                                         // mov cr0, eax
+        &[0xc7, 0x05, 0x10, 0x00, 0x00, 0x40, 0xa5, 0xa5, 0x5a, 0x5a], // mov dword [0x40000010], 0x5a5aa5a5
+        &[0x8b, 0x1d, 0x10, 0x00, 0x00, 0x40],                       // mov ebx, [0x40000010]
+        &[0x8b, 0x35, 0x30, 0x00, 0xe0, 0xfe],                       // mov esi, [0xfee00030]
+        &[0xb0, 0x01, 0xe6, 0xf4, 0xf4],                             // mov al, 1; out 0xf4, al; hlt
+    ]
+    .concat();
+    let image = aout_image(&code, 0x10_2000);
+    for mmu in MMUS {
+        let config = VmConfig {
+            vcpus: 1,
+            mem_size: 4 * GIB,
+            mmu,
+            ..VmConfig::default()
+        };
+        let mut vm = Vm::boot(&config, &image).expect("boot");
+        // PML4 at 0x200000; PD0 identity-maps the first 4 MiB, PD1 maps
+        // 0x40000000 to 4 GiB, PD3 the xAPIC page.
+        let (pml4, pdpt, pd0, pd1, pd3) =
+            (0x20_0000u64, 0x20_4000, 0x20_1000, 0x20_2000, 0x20_3000);
+        let mut put = |gpa: u64, v: u64| vm.write_guest(Gpa(gpa), &v.to_le_bytes()).unwrap();
+        put(pml4, pdpt | 3);
+        put(pdpt, pd0 | 3);
+        put(pdpt + 8, pd1 | 3);
+        put(pdpt + 24, pd3 | 3);
+        put(pd0, 0x83);
+        put(pd0 + 8, 0x20_0000 | 0x83);
+        put(pd1, (4 * GIB) | 0x83);
+        put(
+            pd3 + 8 * ((0xfee0_0000 - 3 * GIB) >> 21),
+            0xfee0_0000 | 0x83,
+        );
+        // The memory map of the information structure at EBX.
+        let ebx = u64::from(vm.vcpus()[0].cpu().state().gpr[3] as u32);
+        let mut info = [0u8; 52];
+        vm.read_guest(Gpa(ebx), &mut info).unwrap();
+        let word = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        assert_eq!(
+            word(&info, 8),
+            ((3 * GIB - (1 << 20)) / 1024) as u32,
+            "mem_upper"
+        );
+        let mut mmap = vec![0u8; word(&info, 44) as usize];
+        vm.read_guest(Gpa(u64::from(word(&info, 48))), &mut mmap)
+            .unwrap();
+        let ram: Vec<(u64, u64)> = mmap
+            .chunks(24)
+            .filter(|e| word(e, 20) == 1)
+            .map(|e| {
+                let base = u64::from_le_bytes(e[4..12].try_into().unwrap());
+                (
+                    base,
+                    base + u64::from_le_bytes(e[12..20].try_into().unwrap()),
+                )
+            })
+            .collect();
+        assert_eq!(ram.last(), Some(&(4 * GIB, 5 * GIB)), "{mmu:?}: {ram:x?}");
+        assert!(
+            ram.iter().all(|&(s, e)| e <= 3 * GIB || s >= 4 * GIB),
+            "{ram:x?}"
+        );
+        let reason = vm.run();
+        assert_eq!(reason, hv::StopReason::DebugExit { status: 3 }, "{mmu:?}");
+        let s = vm.vcpus()[0].cpu().state();
+        assert_eq!(s.gpr[3] & 0xffff_ffff, 0x5a5a_a5a5, "{mmu:?}: high RAM");
+        assert_eq!(
+            s.gpr[6] & 0xffff_ffff,
+            0x0006_0015,
+            "{mmu:?}: xAPIC version"
+        );
+        let mut back = [0u8; 4];
+        vm.read_guest(Gpa(4 * GIB + 0x10), &mut back).unwrap();
+        assert_eq!(u32::from_le_bytes(back), 0x5a5a_a5a5, "{mmu:?}");
+        assert_eq!(vm.stats().vcpus[0].unassigned_mmio, 0, "{mmu:?}");
+    }
+}

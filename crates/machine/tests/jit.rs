@@ -1700,3 +1700,66 @@ fn self_loops_keep_registers_and_live_flags_in_host_registers() {
         assert_eq!(stats.blocks_failed, 0, "{stats:?}");
     }
 }
+
+#[test]
+fn a_sysret_that_sets_tf_traps_at_its_target_in_translated_code() {
+    // SYSRET loading TF from R11 (TF clear before it) traps at its target
+    // before the target's first instruction, as on hardware (Linux's
+    // opportunistic SYSRET avoids TF for that reason). Translated code
+    // went on through its chaining fetch at the target instead: with the
+    // target unmapped it took the fetch's #PF, with a HLT there its #GP
+    // at CPL 3 (`fuzz --seed 3107 --case 51308` and `--case 127612`).
+    for mapped in [true, false] {
+        let (o, stats) = both(|a| {
+            let mut entry = a.create_label();
+            let mut user = a.create_label();
+            syscall_msrs(a, entry, 0);
+            if mapped {
+                a.lea(rcx, ptr(user)).unwrap();
+            } else {
+                // The rig maps the first 64 MiB.
+                a.mov(rcx, MEM + 0x5000).unwrap();
+            }
+            a.mov(r11d, 0x102).unwrap(); // TF
+            a.sysretq().unwrap();
+            a.set_label(&mut entry).unwrap();
+            a.hlt().unwrap();
+            // Ring 3: HLT (#GP at CPL 3).
+            a.set_label(&mut user).unwrap();
+            a.hlt().unwrap();
+        });
+        assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+        assert_eq!(o.exit, VmExit::Hlt);
+        assert_eq!(o.gpr[15], HANDLER_MARK + 1, "#DB, target mapped: {mapped}");
+    }
+}
+
+#[test]
+fn a_popf_that_sets_tf_stops_chaining_into_translated_blocks() {
+    // POPF sets TF: the instruction after it runs, then the single-step
+    // trap. Translated code chained from the POPF's block into the
+    // (already translated) next block and ran it whole without a trap
+    // (`fuzz --seed 3103 --case 30843`: POPF, then LOOPNE back).
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        let mut body = a.create_label();
+        a.xor(ebx, ebx).unwrap();
+        a.mov(r12d, 2).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.cmp(r12d, 1).unwrap();
+        a.jne(body).unwrap();
+        a.pushfq().unwrap();
+        a.or(qword_ptr(rsp), 0x100).unwrap();
+        a.popfq().unwrap();
+        a.set_label(&mut body).unwrap();
+        a.inc(ebx).unwrap();
+        a.inc(ebx).unwrap();
+        a.dec(r12d).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[15], HANDLER_MARK + 1, "single-step #DB");
+    assert_eq!(o.gpr[3], 3, "one instruction after the POPF");
+}

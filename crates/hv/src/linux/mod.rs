@@ -86,9 +86,12 @@ pub struct LinuxPlan {
     pub zero_page: Vec<u8>,
 }
 
-/// The e820 map for `mem_size` bytes of RAM: (start, length, type).
+/// The e820 map for `mem_size` bytes of RAM: (start, length, type); RAM
+/// beyond the PCI hole is listed from 4 GiB.
 pub fn e820_map(mem_size: u64) -> Vec<(u64, u64, u32)> {
-    vec![
+    let ranges = crate::vm::ram_ranges(mem_size);
+    let low = ranges[0].1;
+    let mut map = vec![
         (0, LOW_RAM_END, e820::RAM),
         (LOW_RAM_END, 0xa_0000 - LOW_RAM_END, e820::RESERVED),
         (
@@ -96,8 +99,14 @@ pub fn e820_map(mem_size: u64) -> Vec<(u64, u64, u32)> {
             0x10_0000 - crate::devices::acpi::ACPI_BASE,
             e820::RESERVED,
         ),
-        (0x10_0000, mem_size - 0x10_0000, e820::RAM),
-    ]
+        (0x10_0000, low - 0x10_0000, e820::RAM),
+    ];
+    map.extend(
+        ranges[1..]
+            .iter()
+            .map(|&(start, len)| (start, len, e820::RAM)),
+    );
+    map
 }
 
 /// Plans a Linux boot (pure: bytes in, plan out).
@@ -118,8 +127,9 @@ pub fn plan(
     if cmdline.as_bytes().contains(&0) {
         return Err(LinuxBootError::CmdlineNul);
     }
-    // The initrd at the top of RAM (below its limit), page-aligned.
-    let top = mem_size.min(header.initrd_addr_max);
+    // The initrd at the top of RAM below the PCI hole (and its limit),
+    // page-aligned.
+    let top = crate::vm::low_ram_end(mem_size).min(header.initrd_addr_max);
     let initrd = if initrd_len == 0 {
         top
     } else {
@@ -331,5 +341,26 @@ mod tests {
         for w in map.windows(2) {
             assert!(w[0].0 + w[0].1 <= w[1].0);
         }
+    }
+
+    #[test]
+    fn ram_beyond_the_pci_hole_is_listed_from_4_gib_and_the_initrd_stays_below() {
+        let mem = 6u64 << 30;
+        let map = e820_map(mem);
+        let ram: Vec<(u64, u64)> = map
+            .iter()
+            .filter(|e| e.2 == e820::RAM)
+            .map(|e| (e.0, e.0 + e.1))
+            .collect();
+        assert_eq!(ram[1], (0x10_0000, crate::vm::PCI_HOLE_START));
+        assert_eq!(
+            ram[2],
+            (1 << 32, (1 << 32) + mem - crate::vm::PCI_HOLE_START)
+        );
+        let total: u64 = ram.iter().map(|r| r.1 - r.0).sum();
+        assert_eq!(total, mem - 0x10_0000 + LOW_RAM_END);
+        let image = fake_bzimage(0x1000);
+        let p = plan(&image, "", 4 << 20, mem).unwrap();
+        assert!(p.initrd + (4 << 20) <= crate::vm::PCI_HOLE_START);
     }
 }

@@ -22,6 +22,8 @@ pub enum CreateError {
     BadMemSize(u64),
     #[error("command line of {0} bytes is too long (at most {max})", max = abi::CMDLINE_LEN - 1)]
     CmdlineTooLong(usize),
+    #[error("the own guest's BootInfo describes one RAM range from 0: at most {max:#x} bytes (below the PCI hole), not {0:#x}", max = crate::vm::PCI_HOLE_START)]
+    RamBeyondHole(u64),
     #[error("allocating host memory: {0}")]
     HostMemory(#[from] MemCreateError),
     #[error("kernel image: {0}")]

@@ -181,8 +181,43 @@ pub enum RunStatus {
     DirtyRingFull,
 }
 
-/// The memslot of guest RAM.
+/// The memslot of guest RAM (below the PCI hole).
 pub const RAM_SLOT: SlotId = SlotId(0);
+
+/// The memslot of guest RAM above 4 GiB, when RAM reaches the PCI hole.
+pub const HIGH_RAM_SLOT: SlotId = SlotId(1);
+
+/// Where the PCI hole below 4 GiB begins: as on a PC (QEMU's `pc` machine
+/// with 3.5 GiB of RAM or more), RAM stops here and the rest of it starts
+/// at [`HIGH_RAM_START`], so that the xAPIC (0xfee00000), IOAPIC
+/// (0xfec00000) and other device pages below 4 GiB are never RAM.
+pub const PCI_HOLE_START: u64 = 0xc000_0000;
+
+/// Where RAM beyond the PCI hole starts.
+pub const HIGH_RAM_START: u64 = 1 << 32;
+
+/// Guest RAM of `mem_size` bytes as guest-physical (start, length) ranges:
+/// up to [`PCI_HOLE_START`], and the rest from [`HIGH_RAM_START`].
+pub fn ram_ranges(mem_size: u64) -> Vec<(u64, u64)> {
+    let low = low_ram_end(mem_size);
+    let mut ranges = vec![(0, low)];
+    if mem_size > low {
+        ranges.push((HIGH_RAM_START, mem_size - low));
+    }
+    ranges
+}
+
+/// The end of the RAM below the PCI hole (`mem_size` when all of it is).
+pub fn low_ram_end(mem_size: u64) -> u64 {
+    mem_size.min(PCI_HOLE_START)
+}
+
+/// One past the highest guest-physical RAM address.
+pub fn ram_top(mem_size: u64) -> u64 {
+    ram_ranges(mem_size)
+        .last()
+        .map_or(0, |&(start, len)| start + len)
+}
 
 /// The smallest host memory pool: room for every page one instruction can
 /// need at once (code, data, stack, four levels of guest page tables, an
@@ -246,8 +281,9 @@ impl Vm {
         self.shared.platform.strict_mmio = strict;
     }
 
-    /// An empty VM: host memory, one RAM memslot of `mem_size` bytes at gpa
-    /// 0 and `vcpus` vCPUs in guest mode, all waiting (no kernel loaded).
+    /// An empty VM: host memory, RAM memslots of `mem_size` bytes in all
+    /// ([`ram_ranges`]: from gpa 0, and from 4 GiB for what does not fit
+    /// below the PCI hole) and `vcpus` vCPUs in guest mode, all waiting (no kernel loaded).
     pub fn new(config: &VmConfig) -> Result<Vm, CreateError> {
         if config.vcpus == 0 || config.vcpus as usize > abi::MAX_CPUS {
             return Err(CreateError::BadVcpuCount(config.vcpus));
@@ -292,6 +328,11 @@ impl Vm {
             .unwrap_or(config.mem_size)
             .min(config.mem_size);
         if native {
+            if config.mem_size > PCI_HOLE_START {
+                return Err(CreateError::Native(
+                    "RAM beyond the PCI hole (--mem above 3 GiB): it would start at 4 GiB, and guest RAM is host-physical memory from 0",
+                ));
+            }
             if limit < config.mem_size {
                 return Err(CreateError::Native(
                     "host memory overcommit (--host-mem below --mem): guest RAM is host-physical memory itself, nothing can be paged out",
@@ -326,12 +367,17 @@ impl Vm {
         let mmu = Mmu::with_options(&mem, &mut frames, config.mmu, config.mmu_options)?;
         mmu.set_shadow_unsync(config.shadow_unsync);
         let mut slots = Memslots::default();
-        slots.add(
-            RAM_SLOT,
-            Gfn(0),
-            config.mem_size / PAGE_SIZE,
-            SlotFlags::default(),
-        )?;
+        for ((start, len), id) in ram_ranges(config.mem_size)
+            .into_iter()
+            .zip([RAM_SLOT, HIGH_RAM_SLOT])
+        {
+            slots.add(
+                id,
+                Gfn(start / PAGE_SIZE),
+                len / PAGE_SIZE,
+                SlotFlags::default(),
+            )?;
+        }
         if native {
             slots.pin_identity(RAM_SLOT)?;
         }

@@ -30,7 +30,8 @@ struct Args {
     /// Print mismatches as JSON objects, one per line.
     #[arg(long)]
     json: bool,
-    /// Comma-separated instruction groups to draw cases from (int, sse, x87, c32);
+    /// Comma-separated instruction groups to draw cases from (int, sse, x87, c32,
+    /// xsave);
     /// all by default.
     #[arg(long, value_delimiter = ',')]
     groups: Vec<String>,

@@ -35,6 +35,10 @@ pub const FCW_DEFAULT: u16 = 0x037f;
 /// Size of an FXSAVE image.
 pub const FXSAVE_SIZE: usize = 512;
 
+/// The bytes of the image FXSAVE writes: x87, MXCSR and the XMM registers
+/// (416-463 are reserved, 464-511 left to software).
+pub const FXSAVE_WRITTEN: usize = 416;
+
 /// Size of an FNSTENV image and of an FNSAVE image (32-bit formats), and
 /// of the 16-bit environment (an operand-size prefix).
 pub const ENV_SIZE: usize = 28;
@@ -165,8 +169,10 @@ impl FpuState {
             return Err(FxrstorError::ReservedMxcsr(new_mxcsr));
         }
         self.mxcsr = new_mxcsr;
-        self.fcw = u16_at(0);
-        self.fsw = u16_at(2);
+        // As FLDENV: the control word's reserved bits fixed, the status
+        // word's ES and B derived (the host CPU's FXRSTOR, in difftest).
+        self.set_fcw(u16_at(0));
+        self.set_fsw(u16_at(2));
         self.ftw = m[4];
         self.fop = u16_at(6) & 0x7ff;
         if wide {
@@ -330,6 +336,19 @@ impl FpuState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fxrstor_fixes_the_control_word_and_derives_the_error_summary() {
+        let mut img = FpuState::default().fxsave_image(true);
+        // Reserved FCW bits 13-15 set, bit 6 clear; DE and ZE unmasked
+        // and pending in FSW, whose ES and B bits are clear.
+        img[0..2].copy_from_slice(&0xf938u16.to_le_bytes());
+        img[2..4].copy_from_slice(&0x581eu16.to_le_bytes());
+        let mut s = FpuState::default();
+        s.fxrstor_image(&img, true).unwrap();
+        assert_eq!(s.fcw, 0x1978);
+        assert_eq!(s.fsw, 0xd89e);
+    }
 
     #[test]
     fn fxsave_image_round_trips_and_has_the_sdm_layout() {

@@ -852,8 +852,7 @@ impl Cpu {
         let breakpoints = self.state.debug.dr7 & debug_regs::DR7_ENABLES != 0;
         let single = self.state.interruptibility != 0
             || mtf
-            || self.state.rflags & (rflags::RF | rflags::TF) != 0
-            || breakpoints
+            || self.debug_steps()
             || self.mmio_emu.is_some();
         self.rf_loaded = false;
         self.tf_after_only = false;
@@ -900,6 +899,16 @@ impl Cpu {
             step = self.after_single_or_ipi(mem, executed, step, mtf, tf, shadow);
         }
         step
+    }
+
+    /// RFLAGS.TF or RF set, or a DR0-DR3 breakpoint enabled: the run loop
+    /// takes one instruction at a time, checked before and after it. An
+    /// instruction that turns one of them on (POPF, SYSRET, IRET, MOV to
+    /// DR7) ends translated code's run of blocks.
+    #[inline(always)]
+    pub(super) fn debug_steps(&self) -> bool {
+        self.state.rflags & (rflags::RF | rflags::TF) != 0
+            || self.state.debug.dr7 & debug_regs::DR7_ENABLES != 0
     }
 
     /// The end of [`Cpu::run_block`] when it ran a single instruction (for

@@ -13,7 +13,7 @@
 //! faults (#GP(0) for a misaligned 16-byte operand of an aligned form),
 //! then numeric exceptions.
 
-use super::fpu_state::{mxcsr, FXSAVE_SIZE};
+use super::fpu_state::{mxcsr, FXSAVE_SIZE, FXSAVE_WRITTEN};
 use super::state::{cr0, cr4, rflags};
 use super::{hostfp, vector, Cpu, Fault};
 use crate::alu::Size;
@@ -802,8 +802,9 @@ impl Cpu {
                 AccessKind::Write,
                 user,
             )?;
-            // Bytes 464-511 are left to software: FXSAVE does not write them.
-            for (k, chunk) in image[..464].chunks_exact(8).enumerate() {
+            // Bytes 416-463 are reserved and 464-511 left to software:
+            // FXSAVE writes neither (as the host CPU, in difftest).
+            for (k, chunk) in image[..FXSAVE_WRITTEN].chunks_exact(8).enumerate() {
                 let mut b = [0u8; 8];
                 b.copy_from_slice(chunk);
                 self.write_mem(

@@ -271,6 +271,7 @@ impl Cpu {
             || self.state.interruptibility != 0
             || self.state.activity != super::Activity::Active
             || self.state.code_bits() != 64
+            || self.debug_steps()
             || self.cycles + instructions * self.costs.instruction >= self.jit_deadline
         {
             return NONE;
@@ -477,6 +478,7 @@ impl Cpu {
             || self.state.activity != super::Activity::Active
             || self.code_written
             || self.pending_apic_exit.is_some()
+            || self.debug_steps()
         {
             self.jit_deadline = 0;
         } else if self.check_events || privilege != (self.state.cpl(), self.state.code_bits()) {

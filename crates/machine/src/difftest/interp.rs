@@ -10,7 +10,7 @@
 
 use super::layout::*;
 use super::{FaultKind, FinalState, InitialState, Stop, COMPARED_FLAGS};
-use crate::cpu::state::{cr0, rflags, seg_attr, CpuState, Segment};
+use crate::cpu::state::{cr0, cr4, rflags, seg_attr, CpuState, Segment};
 use crate::jit::Engine;
 use crate::memory::{MemCreateError, MemError, PhysMemory};
 use crate::mmu::paging::pte;
@@ -168,6 +168,11 @@ impl Sandbox {
         s.rip = CODE_ADDR;
         s.rflags = (flags & COMPARED_FLAGS) | rflags::FIXED1 | rflags::IF;
         s.cr3 = PML4_ADDR;
+        // XSAVE enabled with x87 and SSE, as a host OS enables it (the
+        // host's XCR0 may have more, which the snippets keep out of the
+        // comparison).
+        s.cr4 |= cr4::OSXSAVE;
+        s.xcr0 = crate::cpu::xsave::XCR0_SUPPORTED;
         s.gdtr.base = GDT_ADDR;
         s.gdtr.limit = TSS_SELECTOR + 15;
         s.idtr.base = IDT_ADDR;
