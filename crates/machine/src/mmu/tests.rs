@@ -1370,7 +1370,14 @@ fn pcid_tags_translations_and_flushes_only_its_own() {
     let plain0 = m.ctx(regs(root_a), None, 3);
     assert_eq!(tr(&mut tlb, &plain, va, READ).1, 4);
     assert_eq!(tr(&mut tlb, &plain0, va, READ).1, 0);
-    // A snapshot image keeps the tags.
+    // A snapshot image keeps the tags (the PCID in `data`'s bits 63:52,
+    // the EPTP field plain).
+    let image = tlb.image();
+    assert!(image
+        .entries
+        .iter()
+        .any(|e| e.data >> 52 == 2 && e.eptp == 0));
+    assert!(image.entries.iter().all(|e| e.hpa().0 < MEM_SIZE));
     let mut copy = new_tlb();
     copy.load_image(&tlb.image(), |_| true).unwrap();
     assert_eq!(copy.image(), tlb.image());

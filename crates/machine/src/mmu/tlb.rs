@@ -395,31 +395,31 @@ enum Found {
 
 /// One valid entry of a [`TlbImage`]: its place (`set * ways + way`) and
 /// its words. The host address in `data` and the EPTP are the saving
-/// host's; a restore re-points them ([`Tlb::load_image`]).
+/// host's; a restore re-points them ([`Tlb::load_image`]). `eptp` is the
+/// plain EPTP (0 without EPT); the entry's PCID and "any PCID" flag ride
+/// in `data` at the bits they take in the entry's second word
+/// (`ctx_word`), which `data` leaves free, so images of entries with
+/// PCID 0 are what they were before PCIDs were tagged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TlbImageEntry {
     pub index: u32,
     pub tag: u64,
-    /// The raw EPTP (0 without EPT).
     pub eptp: u64,
     pub data: u64,
-    /// The PCID (bits 11:0), or [`TlbImageEntry::ANY_PCID`] for a global
-    /// entry that serves every PCID.
-    #[serde(default)]
-    pub pcid: u16,
 }
 
-impl TlbImageEntry {
-    /// [`TlbImageEntry::pcid`] of a global entry made with CR4.PCIDE.
-    pub const ANY_PCID: u16 = 0x1000;
+// The PCID bits of an entry's second word are free in its `data`.
+const _: () = assert!(
+    (data::HPA | ((1 << 11) - 1)) & ctx_word::NOT_EPTP == 0 && data::LINEAR_SIZE_SHIFT + 2 <= 11
+);
 
-    fn word(&self) -> u64 {
-        let pcid = if self.pcid & Self::ANY_PCID != 0 {
-            ctx_word::ANY_PCID
-        } else {
-            u64::from(self.pcid & 0xfff) << ctx_word::PCID_SHIFT
-        };
-        (self.eptp & !ctx_word::NOT_EPTP) | pcid
+impl TlbImageEntry {
+    /// The entry's (second word, data) from the image's fields.
+    fn words(&self) -> (u64, u64) {
+        (
+            (self.eptp & !ctx_word::NOT_EPTP) | (self.data & ctx_word::NOT_EPTP),
+            self.data & !ctx_word::NOT_EPTP,
+        )
     }
 
     /// Whether the entry was made with EPT on (its EPTP means something).
@@ -1228,12 +1228,7 @@ impl Tlb {
                     index: index as u32,
                     tag: e.tag,
                     eptp: e.eptp & !ctx_word::NOT_EPTP,
-                    data: e.data,
-                    pcid: if e.eptp & ctx_word::ANY_PCID != 0 {
-                        TlbImageEntry::ANY_PCID
-                    } else {
-                        (e.eptp >> ctx_word::PCID_SHIFT) as u16
-                    },
+                    data: e.data | (e.eptp & ctx_word::NOT_EPTP),
                 })
                 .collect(),
             recently_used: self.recently_used.clone(),
@@ -1276,10 +1271,11 @@ impl Tlb {
             if !repoint(&mut entry) {
                 continue;
             }
+            let (word, data) = entry.words();
             let e = Entry {
                 tag: entry.tag,
-                eptp: entry.word(),
-                data: entry.data,
+                eptp: word,
+                data,
             };
             // An entry must sit in the set its page number selects.
             let (_, range) = self.set_range(e.tag & tag::VPN);
@@ -1355,7 +1351,6 @@ mod image_tests {
             tag: tag::VALID | vpn,
             eptp: 0,
             data: 0x5000 | data::EPT_READ,
-            pcid: 0,
         }
     }
 
