@@ -9,7 +9,7 @@
 
 use super::debug_regs::DR7_ENABLES;
 use super::l1tlb::KeyContext;
-use super::state::{cr4, rflags};
+use super::state::{cr0, cr4, rflags};
 use super::{vector, Cpu, Fault, FaultKind};
 use crate::addr::{Gva, Hpa};
 use crate::alu::Size;
@@ -146,6 +146,11 @@ impl Cpu {
             rflags_ac: regs.rflags_ac && regs.cr4 & cr4::SMAP != 0,
             vpid: self.vpid(),
             eptp: self.vmx.as_deref().and_then(|v| v.ept).map(|e| e.0),
+            pcid: if regs.cr4 & cr4::PCIDE != 0 && regs.cr0 & cr0::PG != 0 {
+                regs.cr3 & 0xfff
+            } else {
+                0
+            },
         }
     }
 

@@ -1490,7 +1490,7 @@ mod tests {
         // mode epoch stays, the lookup-key context must be the same (the
         // first-level TLB and its cached keys are kept on that promise).
         use super::super::code_cache::decode_one;
-        use super::super::state::{cr0, cr4};
+        use super::super::state::{cr0, cr4, efer};
         use crate::vmx::VmxControls;
         use iced_x86::code_asm::{self as asm, rax, CodeAssembler};
         let mem = PhysMemory::new(1 << 20).unwrap();
@@ -1528,10 +1528,16 @@ mod tests {
                 if case & 4 != 0 {
                     st.rflags |= rflags::AC;
                 }
+                if case & 8 != 0 {
+                    // Long mode with PCIDs: CR3 bits 11:0 are in the context.
+                    st.cr0 |= cr0::PE | cr0::PG;
+                    st.efer |= efer::LME | efer::LMA;
+                    st.cr4 |= cr4::PAE | cr4::PCIDE;
+                }
                 let flips = [cr0::WP, 0, cr4::SMAP | cr4::SMEP, 0, cr4::TSD, cr4::PGE];
                 st.gpr[0] = match n {
                     0 => st.cr0 ^ flips[(r % 2) as usize],
-                    1 => r & 0xff_ffff_f000,
+                    1 => r & 0xff_ffff_ffff,
                     2 => st.cr4 ^ flips[2 + (r % 4) as usize],
                     3 => r & 0xf,
                     _ => 0,

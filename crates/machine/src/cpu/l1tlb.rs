@@ -6,12 +6,13 @@
 //! It is inclusive and never more permissive than the TLB behind it: a slot
 //! is good while the TLB entry it was filled from is in the TLB and the
 //! lookup-key context ([`KeyContext`]: CR0, CR4, EFER, RFLAGS.AC while
-//! CR4.SMAP is on, the VPID and the EPTP) is the one it was filled under.
+//! CR4.SMAP is on, the VPID, the EPTP and the PCID) is the one it was filled under.
 //! So it loses:
 //! - the slots of a page whose 4 KiB entry leaves the TLB (evicted by a
 //!   fill, replaced, or invalidated alone: INVLPG);
-//! - all its slots when more leaves the TLB (a flush, a CR3 load without
-//!   PCID, INVLPG of a larger page) or the key context changes.
+//! - all its slots when more leaves the TLB (a flush, a CR3 load that
+//!   drops non-global entries, INVLPG of a larger page) or the key context
+//!   changes (a CR3 load to another PCID among them).
 //!
 //! A fill into a free way, a privilege change (the slots are per privilege
 //! class), a CR3 load that finds no non-global entry, SWAPGS, RDTSC, and
@@ -133,6 +134,8 @@ pub(crate) struct KeyContext {
     pub rflags_ac: bool,
     pub vpid: u16,
     pub eptp: Option<u64>,
+    /// CR3's PCID while CR4.PCIDE is on (the keys carry it), else 0.
+    pub pcid: u64,
 }
 
 /// The data-access classes (read and write, supervisor and user): the
@@ -387,6 +390,7 @@ mod tests {
         rflags_ac: false,
         vpid: 1,
         eptp: None,
+        pcid: 0,
     };
 
     /// `count` removals from the TLB, the last not of one 4 KiB page.
@@ -567,6 +571,7 @@ mod tests {
                 eptp: Some(0x1e),
                 ..CTX
             },
+            KeyContext { pcid: 3, ..CTX },
         ] {
             l1.sync(r(2), 2, || CTX);
             l1.set_key(2, key(7));

@@ -101,7 +101,7 @@ impl Cpu {
     /// Whether system instruction `m` must move the mode epoch (before it
     /// runs): whether it may change the first-level TLB's lookup-key
     /// context (`Cpu::key_context`: CR0, CR4, EFER, RFLAGS.AC under
-    /// CR4.SMAP, the VPID, the EPTP). SWAPGS and RDTSC/RDTSCP change none
+    /// CR4.SMAP, the VPID, the EPTP, the PCID). SWAPGS and RDTSC/RDTSCP change none
     /// of it (nor does a VM exit they take: the hypervisor's changes move
     /// the epoch themselves). SYSCALL and SYSRET change the privilege
     /// (the first-level TLB keeps a class per privilege), CS, SS and
@@ -409,10 +409,14 @@ impl Cpu {
             i.op1_register()
         };
         // Of what these move, the lookup-key context (`Cpu::key_context`)
-        // holds CR0 and CR4 only: CR3 is not in it (a CR3 load's flush
-        // empties the first-level TLB through the TLB's removals), nor are
-        // CR2, CR8, the debug and the segment registers.
-        if to && matches!(sys, Register::CR0 | Register::CR4) {
+        // holds CR0 and CR4, and CR3's PCID while CR4.PCIDE is on (without
+        // it a CR3 load's flush empties the first-level TLB through the
+        // TLB's removals); not CR2, CR8, the debug and the segment
+        // registers.
+        if to
+            && (matches!(sys, Register::CR0 | Register::CR4)
+                || (sys == Register::CR3 && self.state.cr4 & cr4::PCIDE != 0))
+        {
             self.mode_epoch += 1;
         }
         if sys.is_dr() {
@@ -529,19 +533,22 @@ impl Cpu {
                     }
                 }
                 // With CR4.PCIDE, bits 11:0 are the PCID and bit 63 asks
-                // to keep the PCID's translations (it is not stored). The
-                // TLB is not tagged by PCID: every load flushes the
-                // non-global translations, which keeping them allows.
-                let value = if self.state.cr4 & cr4::PCIDE != 0 {
-                    value & !(1 << 63)
-                } else {
-                    value
-                };
+                // to keep the PCID's translations (it is not stored); the
+                // TLB is tagged by PCID, so a load flushes (without bit
+                // 63) only the new PCID's non-global translations (SDM
+                // Vol. 3A 4.10.4.1). Without PCIDE, all non-global ones.
+                let pcide = self.state.cr4 & cr4::PCIDE != 0;
+                let keep = pcide && value >> 63 != 0;
+                let value = if pcide { value & !(1 << 63) } else { value };
                 if value >> crate::mmu::paging::MAX_PHYS_ADDR_BITS != 0 {
                     return Err(gp(0));
                 }
                 self.state.cr3 = value;
-                self.tlb.flush_non_global(vpid);
+                if !pcide {
+                    self.tlb.flush_non_global(vpid);
+                } else if !keep {
+                    self.tlb.flush_pcid(vpid, value & 0xfff);
+                }
                 Ok(())
             }
             4 => {
@@ -587,9 +594,9 @@ impl Cpu {
 
     /// INVPCID (SDM Vol. 2A): the type in the register operand, a 16-byte
     /// descriptor (PCID in bits 11:0, then a linear address) in memory.
-    /// Type 0 invalidates one address, 1 and 3 the non-global
-    /// translations, 2 everything: the TLB is not tagged by PCID, so each
-    /// removes at least what it must. #UD in a guest without the "enable
+    /// Type 0 invalidates one address (every PCID's), 1 the non-global
+    /// translations of the PCID, 3 those of every PCID, 2 everything:
+    /// each removes at least what it must. #UD in a guest without the "enable
     /// INVPCID" control; #GP(0) above ring 0, for a type above 3, reserved
     /// descriptor bits, a non-canonical type-0 address, or a non-zero
     /// PCID for types 0 and 1 while CR4.PCIDE is clear.
@@ -615,6 +622,7 @@ impl Cpu {
         let vpid = self.vpid();
         match kind {
             0 => self.tlb.invlpg(vpid, crate::Gva(address)),
+            1 => self.tlb.flush_pcid(vpid, pcid),
             2 => self.tlb.flush_vpid(vpid),
             _ => self.tlb.flush_non_global(vpid),
         }

@@ -31,9 +31,8 @@
 //!
 //! Scope: with CR0.PG set, paging is always IA-32e 4-level paging (the
 //! machine runs 64-bit guests); 32-bit and PAE paging are not modelled.
-//! TLB entries are tagged by VPID only, not by PCID: with CR4.PCIDE the
-//! CPU flushes on every CR3 load as without it (`cpu::system`), so CR3
-//! bits 11:0 are ignored here.
+//! TLB entries are tagged by VPID and, with CR4.PCIDE, by PCID (CR3 bits
+//! 11:0; [`tlb`]); the paging-structure caches by VPID and CR3.
 //! Protection keys are not modelled.
 
 pub mod ept;

@@ -20,7 +20,8 @@
 //! names, even if memory changed meanwhile: a stale entry is what hardware
 //! may use too. Invalidation (through the [`Tlb`](super::tlb::Tlb) methods,
 //! which every architectural event already calls):
-//! - MOV to CR3, INVLPG (whatever the address: SDM 4.10.4.1), CR0/CR4
+//! - MOV to CR3 (but one that keeps its PCID's translations), INVLPG
+//!   (whatever the address: SDM 4.10.4.1), CR0/CR4
 //!   paging-bit and EFER changes, VPID flushes and every INVVPID: all PSC
 //!   entries of the VPID;
 //! - INVEPT: the PSC entries made under that EP4TA (all made under EPT for
@@ -28,7 +29,9 @@
 //! - a full flush (snapshot restore): everything.
 //!
 //! INVPCID invalidates as INVLPG (type 0), a CR3 load (types 1 and 3) or
-//! a CR4.PGE toggle (type 2) does, whatever the PCID.
+//! a CR4.PGE toggle (type 2) does, whatever the PCID. A CR3 load with
+//! CR4.PCIDE and bit 63 set invalidates nothing (the entries are tagged
+//! with CR3, PCID included).
 //!
 //! A guest-physical mapping allows an access only as the walk would without
 //! setting a flag: its rights must allow the kind, and a write (guest

@@ -1309,6 +1309,83 @@ fn cr3_load_keeps_global_entries() {
     assert_eq!(tr(&mut tlb, &ctx, 0x1000, READ).1, 4);
 }
 
+/// SDM Vol. 3A 4.10.1 and 4.10.4.1: with CR4.PCIDE, translations belong
+/// to the PCID (CR3 bits 11:0) they were made under; a lookup uses its
+/// own PCID's and global ones; a CR3 load without bit 63 drops only the
+/// new PCID's non-global translations (`Tlb::flush_pcid`), INVPCID type 3
+/// every PCID's.
+#[test]
+fn pcid_tags_translations_and_flushes_only_its_own() {
+    let mut m = TestMachine::new();
+    let va = 0x40_0000;
+    let gva = 0x80_0000;
+    let root_a = one_page(&mut m, va, 0x5000, P | W);
+    let root_b = one_page(&mut m, va, 0x6000, P | W);
+    for root in [root_a, root_b] {
+        m.map(
+            root,
+            gva,
+            0x7000,
+            PageSize::Size4K,
+            P | W | pte::GLOBAL,
+            GUEST_TABLE,
+        );
+    }
+    let pcid = |root: u64, pcid: u64| {
+        let mut r = regs(root | pcid);
+        r.cr4 |= cr4::PCIDE;
+        r
+    };
+    let a = m.ctx(pcid(root_a, 1), None, 1);
+    let b = m.ctx(pcid(root_b, 2), None, 1);
+    let mut tlb = new_tlb();
+    assert_eq!(tr(&mut tlb, &a, va, READ), (Ok(Hpa(0x5000)), 4));
+    assert_eq!(tr(&mut tlb, &a, gva, READ), (Ok(Hpa(0x7000)), 4));
+    // Another PCID misses the first one's entry, hits its global one.
+    assert_eq!(tr(&mut tlb, &b, va, READ), (Ok(Hpa(0x6000)), 4));
+    assert_eq!(tr(&mut tlb, &b, gva, READ), (Ok(Hpa(0x7000)), 0));
+    // Both stay: switching back and forth walks nothing.
+    assert_eq!(tr(&mut tlb, &a, va, READ), (Ok(Hpa(0x5000)), 0));
+    assert_eq!(tr(&mut tlb, &b, va, READ), (Ok(Hpa(0x6000)), 0));
+    // A flush of PCID 2 (a CR3 load without bit 63) leaves PCID 1's and
+    // the global entry.
+    tlb.flush_pcid(1, 2);
+    assert_eq!(tr(&mut tlb, &b, va, READ), (Ok(Hpa(0x6000)), 4));
+    assert_eq!(tr(&mut tlb, &a, va, READ), (Ok(Hpa(0x5000)), 0));
+    assert_eq!(tr(&mut tlb, &a, gva, READ), (Ok(Hpa(0x7000)), 0));
+    // Another VPID's flush of the PCID leaves them.
+    tlb.flush_pcid(2, 1);
+    assert_eq!(tr(&mut tlb, &a, va, READ).1, 0);
+    // INVLPG drops the address for every PCID.
+    tlb.invlpg(1, Gva(va));
+    assert_eq!(tr(&mut tlb, &a, va, READ).1, 4);
+    assert_eq!(tr(&mut tlb, &b, va, READ).1, 4);
+    // Every PCID's non-global entries (INVPCID type 3), not the global one.
+    tlb.flush_non_global(1);
+    assert_eq!(tr(&mut tlb, &a, va, READ).1, 4);
+    assert_eq!(tr(&mut tlb, &b, va, READ).1, 4);
+    assert_eq!(tr(&mut tlb, &b, gva, READ).1, 0);
+    // Without CR4.PCIDE, CR3 bits 11:0 tag nothing.
+    let plain = m.ctx(regs(root_a | 1), None, 3);
+    let plain0 = m.ctx(regs(root_a), None, 3);
+    assert_eq!(tr(&mut tlb, &plain, va, READ).1, 4);
+    assert_eq!(tr(&mut tlb, &plain0, va, READ).1, 0);
+    // A snapshot image keeps the tags (the PCID in `data`'s bits 63:52,
+    // the EPTP field plain).
+    let image = tlb.image();
+    assert!(image
+        .entries
+        .iter()
+        .any(|e| e.data >> 52 == 2 && e.eptp == 0));
+    assert!(image.entries.iter().all(|e| e.hpa().0 < MEM_SIZE));
+    let mut copy = new_tlb();
+    copy.load_image(&tlb.image(), |_| true).unwrap();
+    assert_eq!(copy.image(), tlb.image());
+    assert_eq!(tr(&mut copy, &a, va, READ).1, 0);
+    assert_eq!(tr(&mut copy, &b, gva, READ).1, 0);
+    assert!(tlb.valid_bits_consistent());
+}
+
 #[test]
 fn vpid_isolation() {
     let mut m = TestMachine::new();
@@ -1606,7 +1683,8 @@ fn odd_geometries_and_deterministic_replacement() {
 /// the sets gives the same results, walk references, counters, entries and
 /// replacement state over a long mixed run (4 KiB and 2 MiB pages, user and
 /// supervisor, global and not, reads, writes and fetches, permission
-/// changes, INVLPG and CR3-load flushes, evictions in a small TLB).
+/// changes, INVLPG and CR3-load flushes, evictions in a small TLB; in its
+/// second half under CR4.PCIDE with three PCIDs and their flushes).
 #[test]
 fn hints_never_change_what_the_tlb_answers() {
     const PAGES: u64 = 24;
@@ -1677,6 +1755,10 @@ fn hints_never_change_what_the_tlb_answers() {
                 hinted.flush_non_global(0);
                 plain.flush_non_global(0);
             }
+            3 => {
+                hinted.flush_pcid(0, (r >> 44) % 3);
+                plain.flush_pcid(0, (r >> 44) % 3);
+            }
             2 => {
                 // Flip W of a 4 KiB leaf: cached entries go stale.
                 let i = (r >> 40) % PAGES;
@@ -1692,9 +1774,14 @@ fn hints_never_change_what_the_tlb_answers() {
                     kind,
                     user: (r >> 28) & 1 == 1,
                 };
-                let a = tr(&mut hinted, &hinted_m.ctx(regs(root), None, 0), va, access);
+                let mut regs = regs(root);
+                if step >= 10_000 {
+                    regs.cr4 |= cr4::PCIDE;
+                    regs.cr3 |= (r >> 44) % 3;
+                }
+                let a = tr(&mut hinted, &hinted_m.ctx(regs, None, 0), va, access);
                 plain.forget_hints();
-                let b = tr(&mut plain, &plain_m.ctx(regs(root), None, 0), va, access);
+                let b = tr(&mut plain, &plain_m.ctx(regs, None, 0), va, access);
                 assert_eq!(a, b, "step {step}: {access:?} at {va:#x}");
                 hits += u64::from(a.0.is_ok() && a.1 == 0);
             }

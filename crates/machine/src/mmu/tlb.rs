@@ -8,9 +8,16 @@
 //! depend on CR0.WP, CR4.SMEP/SMAP, RFLAGS.AC and the CPL are evaluated on
 //! every hit, so changing them needs no flush.
 //!
-//! Entries are tagged with the VPID, the EPTP (when EPT is on), whether
-//! guest paging was on (entries made with CR0.PG clear are guest-physical
-//! mappings: linear = guest-physical, through EPT), and the page size.
+//! Entries are tagged with the VPID, the EPTP (when EPT is on), the PCID
+//! (with CR4.PCIDE set), whether guest paging was on (entries made with
+//! CR0.PG clear are guest-physical mappings: linear = guest-physical,
+//! through EPT), and the page size. A global translation made with
+//! CR4.PCIDE set is tagged "any PCID" and serves every PCID (SDM Vol. 3A
+//! 4.10.2.4); made with CR4.PCIDE clear it carries PCID 0 like the rest,
+//! and serves the others too. A lookup prefers an entry of its own PCID.
+//! A CR3 load keeps the translations of other PCIDs ([`Tlb::flush_pcid`]),
+//! so an address-space switch by PCID (Linux's page-table isolation:
+//! two loads per system call, with bit 63 set) keeps them all.
 //!
 //! Page sizes: an entry maps a page of the *effective* size, the smaller of
 //! the guest page and the EPT page (a guest 2 MiB page on 4 KiB EPT pages is
@@ -169,6 +176,44 @@ const _: () = {
 /// Linear-address bits a 4-level translation uses.
 const VA_MASK: u64 = (1 << 48) - 1;
 
+/// Bits of an entry's second word ([`Entry::eptp`]) and of a lookup key's
+/// besides the EPTP: the PCID in bits 63:52 (reserved in an EPTP, as
+/// bits 51:46 past the physical-address width) and the "any PCID" flag of
+/// a global entry in bit 11 (reserved in an EPTP). The EPTP part keeps
+/// its other bits.
+pub(crate) mod ctx_word {
+    pub const PCID_SHIFT: u32 = 52;
+    pub const PCID: u64 = 0xfff << PCID_SHIFT;
+    pub const ANY_PCID: u64 = 1 << 11;
+    /// What is not the EPTP.
+    pub const NOT_EPTP: u64 = PCID | ANY_PCID;
+}
+
+/// The PCID translations are made and looked up under: CR3 bits 11:0 with
+/// CR4.PCIDE and paging on, else 0.
+#[inline]
+fn current_pcid(regs: &super::PagingRegs) -> u64 {
+    use crate::cpu::state::cr4;
+    if regs.cr4 & cr4::PCIDE != 0 && regs.cr0 & cr0::PG != 0 {
+        regs.cr3 & 0xfff
+    } else {
+        0
+    }
+}
+
+/// The second word of a key or entry: the EPTP (0 without EPT) and `pcid`.
+#[inline]
+fn context_word(ept: Option<crate::vmx::Eptp>, pcid: u64) -> u64 {
+    (ept.map_or(0, |e| e.0) & !ctx_word::NOT_EPTP) | (pcid << ctx_word::PCID_SHIFT)
+}
+
+/// The second word of a global entry that serves every PCID, for a key's
+/// second word `word`.
+#[inline(always)]
+fn any_pcid_word(word: u64) -> u64 {
+    (word & !ctx_word::PCID) | ctx_word::ANY_PCID
+}
+
 const fn size_code(size: PageSize) -> u64 {
     match size {
         PageSize::Size4K => 0,
@@ -191,7 +236,8 @@ const fn size_from_code(code: u64) -> PageSize {
 #[repr(C)]
 struct Entry {
     tag: u64,
-    /// Raw EPTP the entry was made under (0 without EPT).
+    /// Raw EPTP the entry was made under (0 without EPT), with the PCID
+    /// ([`ctx_word`]).
     eptp: u64,
     data: u64,
 }
@@ -284,7 +330,7 @@ impl LookupKey {
         let (need, forbid) = permit_masks(access, regs, paging);
         LookupKey {
             context: context_tag(vpid, paging, ept.is_some()),
-            eptp: ept.map_or(0, |e| e.0),
+            eptp: context_word(ept, current_pcid(regs)),
             need,
             forbid,
         }
@@ -349,7 +395,11 @@ enum Found {
 
 /// One valid entry of a [`TlbImage`]: its place (`set * ways + way`) and
 /// its words. The host address in `data` and the EPTP are the saving
-/// host's; a restore re-points them ([`Tlb::load_image`]).
+/// host's; a restore re-points them ([`Tlb::load_image`]). `eptp` is the
+/// plain EPTP (0 without EPT); the entry's PCID and "any PCID" flag ride
+/// in `data` at the bits they take in the entry's second word
+/// (`ctx_word`), which `data` leaves free, so images of entries with
+/// PCID 0 are what they were before PCIDs were tagged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TlbImageEntry {
     pub index: u32,
@@ -358,7 +408,20 @@ pub struct TlbImageEntry {
     pub data: u64,
 }
 
+// The PCID bits of an entry's second word are free in its `data`.
+const _: () = assert!(
+    (data::HPA | ((1 << 11) - 1)) & ctx_word::NOT_EPTP == 0 && data::LINEAR_SIZE_SHIFT + 2 <= 11
+);
+
 impl TlbImageEntry {
+    /// The entry's (second word, data) from the image's fields.
+    fn words(&self) -> (u64, u64) {
+        (
+            (self.eptp & !ctx_word::NOT_EPTP) | (self.data & ctx_word::NOT_EPTP),
+            self.data & !ctx_word::NOT_EPTP,
+        )
+    }
+
     /// Whether the entry was made with EPT on (its EPTP means something).
     pub fn under_ept(&self) -> bool {
         self.tag & tag::EPT != 0
@@ -739,6 +802,30 @@ impl Tlb {
         None
     }
 
+    /// The way of `set` among `ways` holding the entry a lookup with tag
+    /// `tag` and second word `word` uses: one of the key's own PCID, else
+    /// a global one of any PCID. Also whether it is the first kind.
+    #[inline(always)]
+    fn way_of_key(&self, set: usize, mut ways: u64, tag: u64, word: u64) -> Option<(usize, bool)> {
+        let base = set * self.ways;
+        let any = any_pcid_word(word);
+        let mut global = None;
+        while ways != 0 {
+            let way = ways.trailing_zeros() as usize;
+            let e = &self.entries[base + way];
+            if e.tag == tag {
+                if e.eptp == word {
+                    return Some((way, true));
+                }
+                if e.eptp == any && global.is_none() {
+                    global = Some(way);
+                }
+            }
+            ways &= ways - 1;
+        }
+        global.map(|way| (way, false))
+    }
+
     #[inline]
     fn touch(&mut self, set: usize, way: usize) {
         let bits = &mut self.recently_used[set];
@@ -851,7 +938,7 @@ impl Tlb {
             } else {
                 self.large[set]
             };
-            let Some(way) = self.way_of(set, ways, wanted, key.eptp) else {
+            let Some((way, own_pcid)) = self.way_of_key(set, ways, wanted, key.eptp) else {
                 continue;
             };
             let entry_data = self.entries[set * self.ways + way].data;
@@ -866,7 +953,9 @@ impl Tlb {
                 epoch: self.epoch,
                 set: set as u32,
                 way: way as u16,
-                small: size == PageSize::Size4K,
+                // A global entry of any PCID: checked by the epoch, as an
+                // entry of the key's own PCID filled since would win.
+                small: size == PageSize::Size4K && own_pcid,
             };
             return Found::Usable(Hpa((entry_data & data::HPA) | (va & (size.bytes() - 1))));
         }
@@ -902,11 +991,18 @@ impl Tlb {
             None => data::EPT_READ | data::EPT_WRITE | data::EPT_EXEC | data::EPT_DIRTY,
         };
         let vpn = (gva.0 & VA_MASK) >> size.shift();
+        let pcid = current_pcid(&ctx.regs);
+        let pcide = ctx.regs.cr4 & crate::cpu::state::cr4::PCIDE != 0;
+        let word = context_word(ctx.ept, pcid);
         let entry = Entry {
             tag: context_tag(ctx.vpid, fill.guest.is_some(), ctx.ept.is_some())
                 | (size_code(size) << tag::SIZE_SHIFT)
                 | vpn,
-            eptp: ctx.ept.map_or(0, |e| e.0),
+            eptp: if pcide && fill.guest.is_some_and(|g| g.global) {
+                any_pcid_word(word)
+            } else {
+                word
+            },
             data: (fill.hpa.0 & data::HPA & !(size.bytes() - 1))
                 | guest_flags
                 | ept_flags
@@ -1050,9 +1146,10 @@ impl Tlb {
         }
     }
 
-    /// MOV to CR3 (without PCID): drop the non-global entries of `vpid`.
-    /// Guest-physical mappings (made with paging off) do not depend on CR3
-    /// and are kept. All paging-structure-cache entries of `vpid` go.
+    /// MOV to CR3 without CR4.PCIDE, INVPCID type 3, INVVPID type 3: drop
+    /// the non-global entries of `vpid`, every PCID's. Guest-physical
+    /// mappings (made with paging off) do not depend on CR3 and are kept.
+    /// All paging-structure-cache entries of `vpid` go.
     ///
     /// Visits only the non-global entries (`non_global`): with Linux's
     /// kernel mapped global (page-table isolation without PCID), most of
@@ -1066,6 +1163,21 @@ impl Tlb {
     }
 
     /// Drop all entries of `vpid` (e.g. CR4.PGE toggled).
+    /// MOV to CR3 with CR4.PCIDE and bit 63 clear, and INVPCID type 1
+    /// (SDM Vol. 3A 4.10.4.1): drop the non-global entries of `vpid` made
+    /// under `pcid`, and the paging-structure caches of `vpid` (all its
+    /// PCIDs: wider than needed). Other PCIDs' translations stay.
+    pub fn flush_pcid(&mut self, vpid: u16, pcid: u64) {
+        self.psc.flush_vpid(vpid);
+        let paging_of_vpid = ((vpid as u64) << tag::VPID_SHIFT) | tag::PAGING;
+        let pcid_bits = (pcid & 0xfff) << ctx_word::PCID_SHIFT;
+        self.drop_visiting(true, |e| {
+            e.tag & (tag::VPID | tag::PAGING) == paging_of_vpid
+                && e.data & data::GLOBAL == 0
+                && e.eptp & ctx_word::NOT_EPTP == pcid_bits
+        });
+    }
+
     pub fn flush_vpid(&mut self, vpid: u16) {
         self.psc.flush_vpid(vpid);
         self.drop_where(|e| e.vpid() == vpid);
@@ -1115,8 +1227,8 @@ impl Tlb {
                 .map(|(index, e)| TlbImageEntry {
                     index: index as u32,
                     tag: e.tag,
-                    eptp: e.eptp,
-                    data: e.data,
+                    eptp: e.eptp & !ctx_word::NOT_EPTP,
+                    data: e.data | (e.eptp & ctx_word::NOT_EPTP),
                 })
                 .collect(),
             recently_used: self.recently_used.clone(),
@@ -1159,10 +1271,11 @@ impl Tlb {
             if !repoint(&mut entry) {
                 continue;
             }
+            let (word, data) = entry.words();
             let e = Entry {
                 tag: entry.tag,
-                eptp: entry.eptp,
-                data: entry.data,
+                eptp: word,
+                data,
             };
             // An entry must sit in the set its page number selects.
             let (_, range) = self.set_range(e.tag & tag::VPN);
