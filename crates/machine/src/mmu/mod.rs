@@ -5,7 +5,7 @@
 //!   R/W, A/D, CR0.WP, SMEP/SMAP), producing #PF error codes.
 //! - [`ept`]: the EPT walker (4 levels, A/D, violation qualification,
 //!   misconfiguration), applied to every guest-physical reference.
-//! - [`tlb`]: a set-associative, VPID-tagged TLB of combined translations
+//! - [`tlb`]: a set-associative, VPID- and PCID-tagged TLB of combined translations
 //!   with the x86 flush rules.
 //! - [`psc`]: the paging-structure caches (PML4E/PDPTE/PDE) and cached
 //!   guest-physical mappings, owned and invalidated with the TLB; they save

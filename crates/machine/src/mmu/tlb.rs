@@ -582,7 +582,7 @@ thread_local! {
     pub(crate) static EMPTY_SET_MISSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// A VPID-tagged translation lookaside buffer.
+/// A VPID- and PCID-tagged translation lookaside buffer.
 #[derive(Clone)]
 pub struct Tlb {
     /// Lookup accelerator (see [`Hint`]).
