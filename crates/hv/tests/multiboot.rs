@@ -125,6 +125,15 @@ fn running_kernel() -> Vec<u8> {
     aout_image(&code, 0)
 }
 
+/// `code` booted at 0x100020 on one vCPU with 16 MiB under `mmu`, run to
+/// its `out 0xf4` of 1.
+fn run_to_debug_exit_3(mmu: MmuMode, code: &[u8]) -> Vm {
+    let mut vm = one_vcpu_vm(mmu, &aout_image(code, 0x10_2000));
+    let reason = vm.run();
+    assert_eq!(reason, hv::StopReason::DebugExit { status: 3 }, "{mmu:?}");
+    vm
+}
+
 /// `image` booted on one vCPU with 16 MiB under `mmu`.
 fn one_vcpu_vm(mmu: MmuMode, image: &[u8]) -> Vm {
     let config = VmConfig {
@@ -246,9 +255,7 @@ fn any_instruction_reads_unassigned_mmio_as_all_ones_and_the_xapic_takes_an_or()
     ]
     .concat();
     for mmu in MMUS {
-        let mut vm = one_vcpu_vm(mmu, &aout_image(&code, 0x10_2000));
-        let reason = vm.run();
-        assert_eq!(reason, hv::StopReason::DebugExit { status: 3 }, "{mmu:?}");
+        let vm = run_to_debug_exit_3(mmu, &code);
         let s = vm.vcpus()[0].cpu().state();
         assert_eq!(s.gpr[3] & 0xffff_ffff, 4, "{mmu:?}: 5 + 0xffffffff");
         assert_eq!(s.gpr[1] & 0xffff_ffff, 0xffff_ffff, "{mmu:?}: XCHG");
@@ -413,5 +420,29 @@ fn with_4_gib_ram_skips_the_pci_hole_and_the_xapic_answers() {
         vm.read_guest(Gpa(4 * GIB + 0x10), &mut back).unwrap();
         assert_eq!(u32::from_le_bytes(back), 0x5a5a_a5a5, "{mmu:?}");
         assert_eq!(vm.stats().vcpus[0].unassigned_mmio, 0, "{mmu:?}");
+    }
+}
+
+/// An instruction that reads MMIO and writes a RAM page the MMU has not
+/// mapped yet (a MOVS from unassigned MMIO to untouched RAM): the RAM
+/// page is faulted in and the emulation retried, under EPT (an EPT
+/// violation) and under shadow paging (a #PF exit, which stopped the VM).
+#[test]
+fn an_mmio_instruction_that_also_writes_unmapped_ram_completes() {
+    #[rustfmt::skip]
+    let code = [
+        &[0xbe, 0x00, 0x00, 0x00, 0xd0][..], // mov esi, 0xd0000000
+        &[0xbf, 0x00, 0x00, 0x30, 0x00],     // mov edi, 0x300000
+        &[0xa5],                             // movsd
+        &[0x8b, 0x1d, 0x00, 0x00, 0x30, 0x00], // mov ebx, [0x300000]
+        &[0xb0, 0x01, 0xe6, 0xf4, 0xf4],     // mov al, 1; out 0xf4, al; hlt
+    ]
+    .concat();
+    for mmu in MMUS {
+        let vm = run_to_debug_exit_3(mmu, &code);
+        let s = vm.vcpus()[0].cpu().state();
+        assert_eq!(s.gpr[3] & 0xffff_ffff, 0xffff_ffff, "{mmu:?}");
+        assert_eq!(s.gpr[7] & 0xffff_ffff, 0x30_0004, "{mmu:?}: EDI");
+        assert_eq!(vm.stats().vcpus[0].unassigned_mmio, 1, "{mmu:?}");
     }
 }

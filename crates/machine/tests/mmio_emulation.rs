@@ -42,22 +42,40 @@ fn run(r: &mut Rig, page_of: impl Fn(&VmExit) -> Option<u64>) -> Vec<Seen> {
             return seen;
         }
         let gpa = page_of(&exit).unwrap_or_else(|| panic!("unexpected exit {exit:?}"));
-        let mut reads = Vec::new();
-        loop {
-            let rip = r.cpu.state().rip;
-            match r.cpu.emulate_mmio(&r.mem, Gpa(gpa), &reads) {
-                MmioEmulation::NeedRead { gpa, size } => {
-                    assert_eq!(r.cpu.state().rip, rip, "nothing done before the read");
-                    seen.push(Seen::Read(gpa.0, size));
-                    reads.push(device(gpa.0));
-                }
-                MmioEmulation::Done { writes, exit } => {
-                    assert_eq!(exit, None);
-                    seen.extend(writes.into_iter().map(Seen::Write));
-                    break;
-                }
-                MmioEmulation::Exit(e) => panic!("emulation stopped at {e:?}"),
+        emulate(r, gpa, &mut seen, None);
+    }
+}
+
+/// One instruction emulated to its end at the MMIO page `gpa`, the
+/// device accesses appended to `seen`; `next_page`: the (linear page,
+/// MMIO page) a #PF exit of the emulation may stop at once (under shadow
+/// paging). The number of attempts.
+fn emulate(r: &mut Rig, gpa: u64, seen: &mut Vec<Seen>, next_page: Option<(u64, u64)>) -> u32 {
+    let mut reads = Vec::new();
+    let mut linear = Vec::new();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let rip = r.cpu.state().rip;
+        match r.cpu.emulate_mmio_paged(&r.mem, Gpa(gpa), &reads, &linear) {
+            MmioEmulation::NeedRead { gpa, size } => {
+                assert_eq!(r.cpu.state().rip, rip, "nothing done before the read");
+                seen.push(Seen::Read(gpa.0, size));
+                reads.push(device(gpa.0));
             }
+            MmioEmulation::Done { writes, exit } => {
+                assert_eq!(exit, None);
+                seen.extend(writes.into_iter().map(Seen::Write));
+                return attempts;
+            }
+            MmioEmulation::Exit(VmExit::Exception {
+                vector: 14,
+                qualification,
+                ..
+            }) if next_page.is_some_and(|p| p.0 == qualification & !0xfff) && linear.is_empty() => {
+                linear.extend(next_page);
+            }
+            MmioEmulation::Exit(e) => panic!("emulation stopped at {e:?}"),
         }
     }
 }
@@ -98,6 +116,39 @@ fn ept_guest(r: Rig) -> Rig {
         ept: Some(Eptp::new(Hpa(pml4), true)),
         ..controls()
     })
+}
+
+/// The rig in guest mode without EPT, #PF intercepted: as under a shadow
+/// MMU, which sees MMIO as #PF exits.
+fn shadow_guest(r: Rig) -> Rig {
+    r.guest(machine::VmxControls {
+        exception_bitmap: 1 << 14,
+        ..controls()
+    })
+}
+
+/// Runs the rig as a VMM with a shadow MMU would, to the HLT: each #PF
+/// exit on the linear page MMIO emulated at `device_gpa`; an emulation
+/// that stops at the #PF of the next linear page is given that page as
+/// `device_gpa` too (`emulate_mmio_paged`). The device accesses and the
+/// number of emulation attempts.
+fn run_shadow(r: &mut Rig, device_gpa: u64) -> (Vec<Seen>, u32) {
+    let mut seen = Vec::new();
+    let mut attempts = 0;
+    loop {
+        let exit = r.run();
+        let la = match exit {
+            VmExit::Hlt => return (seen, attempts),
+            VmExit::Exception {
+                vector: 14,
+                qualification,
+                ..
+            } => qualification,
+            other => panic!("unexpected exit {other:?}"),
+        };
+        assert_eq!(la & !0xfff, MMIO);
+        attempts += emulate(r, device_gpa, &mut seen, Some((MMIO + 0x1000, device_gpa)));
+    }
 }
 
 /// The MMIO gpa of an EPT violation.
@@ -156,45 +207,19 @@ fn under_shadow_paging_the_faulting_linear_page_is_the_mmio_page() {
     let r = rig(program);
     // The linear page MMIO is not mapped (as a shadow MMU leaves it).
     r.mem.write_u64(Hpa(PD + (MMIO >> 21) * 8), 0).unwrap();
-    let mut r = r.guest(machine::VmxControls {
-        exception_bitmap: 1 << 14,
-        ..controls()
-    });
-    let mut seen = Vec::new();
-    loop {
-        match r.run() {
-            VmExit::Hlt => break,
-            VmExit::Exception {
-                vector: 14,
-                qualification,
-                ..
-            } => {
-                assert_eq!(qualification & !0xfff, MMIO);
-                let mut reads = Vec::new();
-                loop {
-                    match r.cpu.emulate_mmio(&r.mem, Gpa(DEVICE_GPA), &reads) {
-                        MmioEmulation::NeedRead { gpa, size } => {
-                            let offset = gpa.0 - DEVICE_GPA;
-                            seen.push(Seen::Read(MMIO + offset, size));
-                            reads.push(device(MMIO + offset));
-                        }
-                        MmioEmulation::Done { writes, exit } => {
-                            assert_eq!(exit, None);
-                            seen.extend(writes.into_iter().map(|w| {
-                                Seen::Write(MmioWrite {
-                                    gpa: Gpa(w.gpa.0 - DEVICE_GPA + MMIO),
-                                    ..w
-                                })
-                            }));
-                            break;
-                        }
-                        MmioEmulation::Exit(e) => panic!("emulation stopped at {e:?}"),
-                    }
-                }
-            }
-            other => panic!("unexpected exit {other:?}"),
-        }
-    }
+    let mut r = shadow_guest(r);
+    let (seen, _) = run_shadow(&mut r, DEVICE_GPA);
+    let at_mmio = |gpa: u64| gpa - DEVICE_GPA + MMIO;
+    let seen: Vec<Seen> = seen
+        .into_iter()
+        .map(|x| match x {
+            Seen::Read(gpa, size) => Seen::Read(at_mmio(gpa), size),
+            Seen::Write(w) => Seen::Write(MmioWrite {
+                gpa: Gpa(at_mmio(w.gpa.0)),
+                ..w
+            }),
+        })
+        .collect();
     check(&r, &seen);
 }
 
@@ -221,6 +246,14 @@ fn a_mov_crossing_two_linear_pages_reaches_the_device_per_page() {
     r.mem.write_u64(Hpa(PT + 8), MMIO | 7).unwrap();
     let mut r = ept_guest(r);
     let seen = run(&mut r, ept_page);
+    assert_crossing_word(&r, &seen[..4], MMIO);
+    assert_eq!(seen[4..], [Seen::Read(MMIO + 0xffe, 2)]);
+}
+
+/// The device accesses of `mov ax, [0xfff]; mov [0xfff], cx` (CX =
+/// 0x88aa) through two linear pages of the MMIO page at `page`, one byte
+/// per page, and AX made of the two bytes read.
+fn assert_crossing_word(r: &Rig, seen: &[Seen], page: u64) {
     let write = |gpa: u64, value: u64| {
         Seen::Write(MmioWrite {
             gpa: Gpa(gpa),
@@ -231,15 +264,14 @@ fn a_mov_crossing_two_linear_pages_reaches_the_device_per_page() {
     assert_eq!(
         seen,
         [
-            Seen::Read(MMIO + 0xfff, 1),
-            Seen::Read(MMIO, 1),
-            write(MMIO + 0xfff, 0xaa),
-            write(MMIO, 0x88),
-            Seen::Read(MMIO + 0xffe, 2),
+            Seen::Read(page + 0xfff, 1),
+            Seen::Read(page, 1),
+            write(page + 0xfff, 0xaa),
+            write(page, 0x88),
         ]
     );
     let byte = |gpa: u64| device(gpa) & 0xff;
-    assert_eq!(r.gpr(0) & 0xffff, byte(MMIO + 0xfff) | byte(MMIO) << 8);
+    assert_eq!(r.gpr(0) & 0xffff, byte(page + 0xfff) | byte(page) << 8);
 }
 
 /// `mmio_access` describes a plain `mov` within one page and not one that
@@ -255,4 +287,30 @@ fn only_a_mov_within_one_page_is_described_as_one_access() {
         assert!(matches!(r.run(), VmExit::EptViolation { .. }));
         assert_eq!(r.cpu.mmio_access().is_some(), describes, "at +{offset:#x}");
     }
+}
+
+/// Under shadow paging a `mov` crossing from one linear page of MMIO into
+/// the next: the VMM's tables map neither, the first attempt stops at the
+/// #PF of the second page (`MmioEmulation::Exit`), and the VMM, having
+/// found that page to map MMIO too, gives it to the next attempt
+/// (`emulate_mmio_paged`): each byte reaches the device at its own page's
+/// address, as under EPT (kvm-unit-tests' `emulator` "cross-page mmio"
+/// under `--mmu shadow`, which saw the 2-byte access at 0xfff).
+#[test]
+fn under_shadow_paging_a_crossing_mov_reaches_both_linear_pages() {
+    const DEVICE_GPA: u64 = 0xff00_0000;
+    const PT: u64 = 0x4000;
+    let r = rig(|a| {
+        a.mov(ecx, 0x88aa).unwrap();
+        a.mov(ax, word_ptr(MMIO + 0xfff)).unwrap();
+        a.mov(word_ptr(MMIO + 0xfff), cx).unwrap();
+        a.hlt().unwrap();
+    });
+    // 4 KiB pages, MMIO and MMIO + 0x1000 not present (a shadow MMU never
+    // maps MMIO).
+    r.mem.write_u64(Hpa(PD + (MMIO >> 21) * 8), PT | 7).unwrap();
+    let mut r = shadow_guest(r);
+    let (seen, attempts) = run_shadow(&mut r, DEVICE_GPA);
+    assert_crossing_word(&r, &seen, DEVICE_GPA);
+    assert!(attempts >= 6, "{attempts}");
 }

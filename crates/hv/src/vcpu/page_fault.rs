@@ -135,7 +135,12 @@ impl Vcpu {
     /// the MMIO page as it comes; its stores are applied afterwards, in
     /// order. A RAM page the instruction also touches and that is not
     /// mapped yet is faulted in first (the emulation starts over, with
-    /// the reads already made).
+    /// the reads already made). Under shadow paging such a page is a #PF
+    /// exit: the guest's walk tells RAM (the shadow fault path maps it, or
+    /// injects the guest's own #PF, and the instruction has not happened)
+    /// from another linear page of MMIO (given to the next attempt,
+    /// `Cpu::emulate_mmio_paged`: a cross-page access through two linear
+    /// pages of the same MMIO page).
     fn emulate_mmio_instruction(
         &mut self,
         shared: &mut Shared,
@@ -143,11 +148,15 @@ impl Vcpu {
         cycles: &mut Cycles,
     ) -> Result<Next, VmError> {
         let mut reads = Vec::new();
+        let mut linear: Vec<(u64, u64)> = Vec::new();
         // Each round makes one more device read or maps one more page; an
         // instruction needs a few (a REP MOVS, one per element).
         for _ in 0..4096 {
             *cycles += Cycles(shared.host.costs.io_emulation);
-            match self.cpu.emulate_mmio(&shared.host.mem, gpa, &reads) {
+            match self
+                .cpu
+                .emulate_mmio_paged(&shared.host.mem, gpa, &reads, &linear)
+            {
                 MmioEmulation::NeedRead { gpa: at, size } => {
                     reads.push(self.mmio_device_read(shared, at.0, size));
                 }
@@ -163,6 +172,51 @@ impl Vcpu {
                         // Swapped out: wait for it, then the instruction
                         // exits again and starts over.
                         next => return Ok(next),
+                    }
+                }
+                MmioEmulation::Exit(VmExit::Exception {
+                    vector: 14,
+                    error_code,
+                    qualification,
+                }) if self.mmu_mode == crate::MmuMode::Shadow => {
+                    let gva = machine::Gva(qualification);
+                    let error_code = error_code.unwrap_or(0);
+                    let state = self.cpu.state();
+                    let access = crate::mmu::walk::Access::from_error_code(
+                        error_code,
+                        state.cpl(),
+                        state.rflags & machine::cpu::state::rflags::AC != 0,
+                    );
+                    let page = qualification & !0xfff;
+                    match self.shadow_fault(shared, gva, access, true, cycles)? {
+                        super::shadow::ShadowFault::Mmio { gpa: other }
+                            if !linear.iter().any(|p| p.0 == page) =>
+                        {
+                            linear.push((page, other.0 & !0xfff));
+                        }
+                        super::shadow::ShadowFault::Mmio { .. } => {
+                            return Err(VmError::UnsupportedExit {
+                                vcpu: self.id,
+                                rip: self.rip(),
+                                exit: format!(
+                                    "MMIO access at {:#x}: linear page {page:#x} faulted again",
+                                    gpa.0
+                                ),
+                            })
+                        }
+                        _ => {
+                            // RAM (mapped now, or on its way in) or the
+                            // guest's own fault: as the #PF exit's path
+                            // takes it.
+                            let injected = self.cpu.pending_injection();
+                            let next =
+                                self.shadow_page_fault(shared, gva, error_code, false, cycles)?;
+                            if !matches!(next, Next::Continue)
+                                || self.cpu.pending_injection() != injected
+                            {
+                                return Ok(next);
+                            }
+                        }
                     }
                 }
                 MmioEmulation::Exit(exit) => {

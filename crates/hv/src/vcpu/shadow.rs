@@ -35,7 +35,7 @@ const CR0_HOST_OWNED: u64 = cr0::PG | cr0::WP;
 /// CR4 bits the hv owns (they change the translation or the TLB).
 const CR4_HOST_OWNED: u64 = cr4::PGE | cr4::PSE | cr4::PAE | cr4::SMEP | cr4::SMAP | cr4::PCIDE;
 /// How the shadow fault path ended.
-enum ShadowFault {
+pub(super) enum ShadowFault {
     /// The guest's own tables fault: inject this #PF.
     Guest { error_code: u32 },
     /// The page is on its way in from swap.
@@ -459,7 +459,7 @@ impl Vcpu {
     /// `defer`: a request that finds `mmu_lock` held ends the fault with
     /// [`ShadowFault::LockBusy`] (the exit's fault, replayed at the
     /// grant); otherwise it waits in place (a prefault).
-    fn shadow_fault(
+    pub(super) fn shadow_fault(
         &mut self,
         shared: &mut Shared,
         gva: Gva,

@@ -52,15 +52,14 @@ impl Cpu {
         if i.mnemonic() != Mnemonic::Mov || i.op_count() != 2 {
             return None;
         }
-        // Under EPT an access that crosses into the next page is two
-        // accesses, one per page (a device sees each page's bytes at its
-        // own address): not one to describe; `emulate_mmio` runs it byte
-        // by byte. (Under shadow paging `emulate_mmio` reaches one linear
-        // page only: the access is described as one.)
+        // An access that crosses into the next page is two accesses, one
+        // per page (a device sees each page's bytes at its own address):
+        // not one to describe; `emulate_mmio` runs it byte by byte (under
+        // shadow paging with the second linear page from the VMM,
+        // `emulate_mmio_paged`).
         let mem_op = if i.op_kind(0) == OpKind::Memory { 0 } else { 1 };
         let bytes = u64::from(Cpu::op_size(i, mem_op).bytes());
-        let ept = self.vmx.as_ref().is_some_and(|v| v.ept.is_some());
-        if ept && (self.effective_address(i) & 0xfff) + bytes > 0x1000 {
+        if (self.effective_address(i) & 0xfff) + bytes > 0x1000 {
             return None;
         }
         let gpr = |n: u32| i.op_kind(n) == OpKind::Register && i.op_register(n).is_gpr();
@@ -162,6 +161,10 @@ pub(crate) struct MmioEmu {
     /// Under shadow paging: the linear page that maps it (the hv's page
     /// tables never do).
     la_page: Option<u64>,
+    /// Under shadow paging: more (linear page, MMIO page) pairs the VMM
+    /// found the instruction reaching (a second linear page of the same
+    /// access, say).
+    linear: Vec<(u64, u64)>,
     reads: Vec<u64>,
     next_read: usize,
     writes: Vec<MmioWrite>,
@@ -183,9 +186,27 @@ impl Cpu {
     /// at a time, each at its own page's address; under EPT both pages
     /// may be virtual pages mapping this one MMIO page (kvm-unit-tests'
     /// `emulator` "cross-page mmio"). An instruction whose accesses reach
-    /// a second MMIO page (or, under shadow paging, a second linear page)
-    /// is not emulated: that access is an [`MmioEmulation::Exit`].
+    /// a second MMIO page (or, under shadow paging, a second linear page
+    /// not given to [`Cpu::emulate_mmio_paged`]) is not emulated: that
+    /// access is an [`MmioEmulation::Exit`].
     pub fn emulate_mmio(&mut self, mem: &PhysMemory, gpa: Gpa, reads: &[u64]) -> MmioEmulation {
+        self.emulate_mmio_paged(mem, gpa, reads, &[])
+    }
+
+    /// [`Cpu::emulate_mmio`] under shadow paging, with `linear`: more
+    /// (linear page, guest-physical MMIO page) pairs, 4 KiB aligned, that
+    /// the VMM's walk of the guest's page tables found behind the #PF
+    /// exits of earlier attempts ([`MmioEmulation::Exit`]). Their
+    /// accesses go to the device as the first page's do: an access
+    /// crossing from one linear page of MMIO into the next reaches each
+    /// page's device at its own address.
+    pub fn emulate_mmio_paged(
+        &mut self,
+        mem: &PhysMemory,
+        gpa: Gpa,
+        reads: &[u64],
+        linear: &[(u64, u64)],
+    ) -> MmioEmulation {
         let la_page = if self.vmx.as_ref().is_some_and(|v| v.ept.is_some()) {
             None
         } else {
@@ -199,6 +220,7 @@ impl Cpu {
         self.mmio_emu = Some(Box::new(MmioEmu {
             gpa_page: gpa.0 & !0xfff,
             la_page,
+            linear: linear.to_vec(),
             reads: reads.to_vec(),
             ..MmioEmu::default()
         }));
@@ -262,6 +284,17 @@ impl Cpu {
                 },
                 Some(page),
             ) if la & !0xfff == page => emu.gpa_page | (la & 0xfff),
+            (
+                FaultKind::Exception {
+                    vector: super::vector::PF,
+                    ..
+                },
+                Some(_),
+            ) => {
+                // A page the VMM added: whichever MMIO page it maps.
+                let &(_, gpa_page) = emu.linear.iter().find(|p| p.0 == la & !0xfff)?;
+                return Some(Hpa(MMIO_HPA | gpa_page | (la & 0xfff)));
+            }
             _ => return None,
         };
         (gpa & !0xfff == emu.gpa_page).then_some(Hpa(MMIO_HPA | gpa))
