@@ -376,6 +376,46 @@ impl Memslots {
     }
 }
 
+// The guest RAM layout: which memslots hold RAM, and where.
+
+/// The memslot of guest RAM (below the PCI hole).
+pub const RAM_SLOT: SlotId = SlotId(0);
+
+/// The memslot of guest RAM above 4 GiB, when RAM reaches the PCI hole.
+pub const HIGH_RAM_SLOT: SlotId = SlotId(1);
+
+/// Where the PCI hole below 4 GiB begins: as on a PC (QEMU's `pc` machine
+/// with 3.5 GiB of RAM or more), RAM stops here and the rest of it starts
+/// at [`HIGH_RAM_START`], so that the xAPIC (0xfee00000), IOAPIC
+/// (0xfec00000) and other device pages below 4 GiB are never RAM.
+pub const PCI_HOLE_START: u64 = 0xc000_0000;
+
+/// Where RAM beyond the PCI hole starts.
+pub const HIGH_RAM_START: u64 = 1 << 32;
+
+/// Guest RAM of `mem_size` bytes as guest-physical (start, length) ranges:
+/// up to [`PCI_HOLE_START`], and the rest from [`HIGH_RAM_START`].
+pub fn ram_ranges(mem_size: u64) -> Vec<(u64, u64)> {
+    let low = low_ram_end(mem_size);
+    let mut ranges = vec![(0, low)];
+    if mem_size > low {
+        ranges.push((HIGH_RAM_START, mem_size - low));
+    }
+    ranges
+}
+
+/// The end of the RAM below the PCI hole (`mem_size` when all of it is).
+pub fn low_ram_end(mem_size: u64) -> u64 {
+    mem_size.min(PCI_HOLE_START)
+}
+
+/// One past the highest guest-physical RAM address.
+pub fn ram_top(mem_size: u64) -> u64 {
+    ram_ranges(mem_size)
+        .last()
+        .map_or(0, |&(start, len)| start + len)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

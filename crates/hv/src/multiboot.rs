@@ -189,7 +189,7 @@ pub fn plan_kernel(
     header: &Header,
     mem_size: u64,
 ) -> Result<KernelPlan, MultibootError> {
-    let mem_size = crate::vm::low_ram_end(mem_size);
+    let mem_size = crate::memslot::low_ram_end(mem_size);
     let (chunks, entry) = match header.aout {
         Some(addresses) => aout_chunks(image, header.offset, addresses)?,
         None => elf_chunks(image)?,
@@ -361,7 +361,7 @@ pub fn place_modules(
     mem_size: u64,
 ) -> Result<Vec<ModulePlacement>, MultibootError> {
     // Below the PCI hole (a 32-bit kernel reaches them there).
-    let mem_size = crate::vm::low_ram_end(mem_size);
+    let mem_size = crate::memslot::low_ram_end(mem_size);
     let mut at = kernel_end.max(LOAD_LOW).next_multiple_of(4096);
     let mut placed = Vec::new();
     for (len, cmdline) in modules {
@@ -386,7 +386,7 @@ pub fn place_modules(
 /// tables' area (reclaimable), the rest of RAM below the PCI hole, and
 /// RAM from 4 GiB up if there is more.
 pub fn memory_map(mem_size: u64) -> Vec<(u64, u64, u32)> {
-    let ranges = crate::vm::ram_ranges(mem_size);
+    let ranges = crate::memslot::ram_ranges(mem_size);
     let low = ranges[0].1;
     let mut map = vec![
         (0, 0x9_fc00, mmap_type::AVAILABLE),
@@ -464,7 +464,7 @@ pub fn build_info(
         put32(&mut area, entry + 4, (m.start + m.len) as u32);
         put32(&mut area, entry + 8, string);
     }
-    let low = crate::vm::low_ram_end(mem_size);
+    let low = crate::memslot::low_ram_end(mem_size);
     let limit = if at == INFO_GPA { INFO_END } else { low };
     if at + area.len() as u64 > limit {
         return Err(MultibootError::InfoTooBig(area.len()));
