@@ -1,6 +1,7 @@
 //! The guest's CPUID: the machine's own processor (`machine::cpu::native_cpuid`:
 //! x2APIC, TSC-deadline, POPCNT, SMEP/SMAP, NX, SYSCALL, 1 GiB pages, RDTSCP,
-//! long mode, FPU, FXSR, SSE, SSE2, XSAVE with x87/SSE, PCID/INVPCID, which
+//! long mode, FPU, FXSR, SSE, SSE2, XSAVE with x87/SSE, IA32_ARCH_CAPABILITIES
+//! with every "not susceptible" bit, PCID/INVPCID, which
 //! the CPUID exit hides under shadow paging, `vcpu::cpuid`) plus the
 //! hypervisor bit, KVM's paravirtual leaves, and what a guest needs to know
 //! about time without calibrating: the TSC frequency (leaves 0x15 and 0x16,

@@ -243,3 +243,28 @@ fn runs_are_deterministic() {
     let b = BareMachine::run_elf(BareConfig::default(), programs::STRINGOPS).unwrap();
     assert_eq!(a, b);
 }
+
+/// CPUID.7.0:EDX[29] enumerates IA32_ARCH_CAPABILITIES, and RDMSR 0x10a
+/// reads its "not susceptible" bits (`state::arch_capabilities`): here
+/// RDCL_NO | MDS_NO, what Linux reads to run without page-table
+/// isolation and without VERW on each return to user mode.
+#[test]
+fn arch_capabilities_are_enumerated_and_say_not_susceptible() {
+    // The exit value: the CPUID bit in bit 8, the MSR's bits 0 and 5.
+    let code = [
+        0xb8, 7, 0, 0, 0, // mov $7, %eax
+        0x31, 0xc9, // xor %ecx, %ecx
+        0x0f, 0xa2, // cpuid
+        0xc1, 0xea, 29, // shr $29, %edx
+        0x83, 0xe2, 1, // and $1, %edx
+        0x89, 0xd3, // mov %edx, %ebx
+        0xc1, 0xe3, 8, // shl $8, %ebx
+        0xb9, 0x0a, 0x01, 0, 0, // mov $0x10a, %ecx
+        0x0f, 0x32, // rdmsr
+        0x83, 0xe0, 0x21, // and $0x21, %eax
+        0x09, 0xd8, // or %ebx, %eax
+        0xe7, 0xf4, // out %eax, $0xf4
+    ];
+    let out = run_code(&code, BareConfig::default()).unwrap();
+    assert_eq!(out.exit.value, 0x121);
+}

@@ -11,7 +11,7 @@
 use super::Vcpu;
 use crate::error::VmError;
 use crate::shared::Shared;
-use machine::cpu::state::{cr0, efer, msr};
+use machine::cpu::state::{arch_capabilities, cr0, efer, msr};
 use machine::cpu::vector;
 use machine::vmx::InvvpidKind;
 use machine::{Cpu, EventInjection, EventKind};
@@ -128,6 +128,14 @@ pub(crate) const MSRS: &[MsrEntry] = &[
         index: MSR_IA32_UCODE_REV,
         read: |_| Some(GUEST_MICROCODE_VERSION),
         write: |_, _| true,
+    },
+    // The machine's "not susceptible" bits (`arch_capabilities`): the
+    // guest runs on a CPU that does not speculate, as KVM tells a guest
+    // on an unaffected host. Read-only: a write is #GP, as on hardware.
+    MsrEntry {
+        index: msr::ARCH_CAPABILITIES,
+        read: |_| Some(arch_capabilities::VALUE),
+        write: |_, _| false,
     },
     MsrEntry {
         index: msr::TSC_DEADLINE,
@@ -277,6 +285,24 @@ mod tests {
         for m in PASSTHROUGH_MSRS {
             assert!(msr_entry(m).is_none(), "{m:#x} never exits");
         }
+    }
+
+    #[test]
+    fn arch_capabilities_says_not_susceptible_and_refuses_writes() {
+        let mut cpu = cpu();
+        let e = msr_entry(msr::ARCH_CAPABILITIES).unwrap();
+        let v = (e.read)(&cpu).unwrap();
+        // Linux's cpu_set_bug_bits: RDCL_NO turns off page-table
+        // isolation, MDS_NO the VERW on every return to user mode.
+        assert_ne!(v & arch_capabilities::RDCL_NO, 0);
+        assert_ne!(v & arch_capabilities::MDS_NO, 0);
+        // IBRS_ALL (bit 1) and RSBA (bit 2) describe predictors the
+        // machine does not have: never set.
+        assert_eq!(v & 0b110, 0);
+        assert!(!(e.write)(&mut cpu, v));
+        // Enumerated in CPUID.7.0:EDX[29], which Linux checks first.
+        let [_, _, _, edx] = crate::cpuid::guest_cpuid(7, 0, 0, 0);
+        assert_ne!(edx & (1 << 29), 0);
     }
 
     #[test]

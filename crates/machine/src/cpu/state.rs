@@ -116,6 +116,64 @@ pub mod msr {
     pub const GS_BASE: u32 = 0xc000_0101;
     pub const KERNEL_GS_BASE: u32 = 0xc000_0102;
     pub const TSC_AUX: u32 = 0xc000_0103;
+    /// IA32_ARCH_CAPABILITIES (read-only; enumerated by CPUID.7.0:EDX[29]).
+    pub const ARCH_CAPABILITIES: u32 = 0x10a;
+}
+
+/// IA32_ARCH_CAPABILITIES as the machine reports it: every "not
+/// susceptible" bit, since the machine executes nothing speculatively
+/// (no transient loads, no fill or store buffers, no branch predictors).
+/// KVM synthesizes the same bits for a guest on a host that is not
+/// affected (`kvm_get_arch_capabilities` in `arch/x86/kvm/x86.c`); bit
+/// numbers as in Linux's `arch/x86/include/asm/msr-index.h` and the SDM
+/// Vol. 4, Table 2-2. Linux reads them in `cpu_set_bug_bits`: with
+/// RDCL_NO it runs without page-table isolation, with MDS_NO it does not
+/// VERW on every return to user mode.
+pub mod arch_capabilities {
+    /// Not susceptible to Rogue Data Cache Load (Meltdown).
+    pub const RDCL_NO: u64 = 1 << 0;
+    /// No L1D flush needed on VM entry (nested guests).
+    pub const SKIP_L1DFL_VMENTRY: u64 = 1 << 3;
+    /// Not susceptible to Speculative Store Bypass.
+    pub const SSB_NO: u64 = 1 << 4;
+    /// Not susceptible to Microarchitectural Data Sampling.
+    pub const MDS_NO: u64 = 1 << 5;
+    /// No machine check on a page-size change without TLB invalidation.
+    pub const PSCHANGE_MC_NO: u64 = 1 << 6;
+    /// Not susceptible to TSX Asynchronous Abort.
+    pub const TAA_NO: u64 = 1 << 8;
+    /// Not susceptible to the SBDR/SSDP MMIO stale-data variants.
+    pub const SBDR_SSDP_NO: u64 = 1 << 13;
+    /// Not susceptible to the FBSDP MMIO stale-data variant.
+    pub const FBSDP_NO: u64 = 1 << 14;
+    /// Not susceptible to the PSDP MMIO stale-data variant.
+    pub const PSDP_NO: u64 = 1 << 15;
+    /// Not susceptible to Branch History Injection.
+    pub const BHI_NO: u64 = 1 << 20;
+    /// Not susceptible to Post-Barrier RSB predictions.
+    pub const PBRSB_NO: u64 = 1 << 24;
+    /// Not susceptible to Gather Data Sampling.
+    pub const GDS_NO: u64 = 1 << 26;
+    /// Not susceptible to Register File Data Sampling.
+    pub const RFDS_NO: u64 = 1 << 27;
+    /// Not susceptible to Indirect Target Selection (a bit VMMs
+    /// synthesize; hardware does not set it).
+    pub const ITS_NO: u64 = 1 << 62;
+    /// The value RDMSR returns.
+    pub const VALUE: u64 = RDCL_NO
+        | SKIP_L1DFL_VMENTRY
+        | SSB_NO
+        | MDS_NO
+        | PSCHANGE_MC_NO
+        | TAA_NO
+        | SBDR_SSDP_NO
+        | FBSDP_NO
+        | PSDP_NO
+        | BHI_NO
+        | PBRSB_NO
+        | GDS_NO
+        | RFDS_NO
+        | ITS_NO;
 }
 
 /// General-purpose registers in encoding order.

@@ -6,7 +6,9 @@
 //! otherwise it executes natively on the CPU's own state.
 
 use super::access::gpr_info;
-use super::state::{cr0, cr4, efer, interruptibility, msr, rflags, seg_attr, Activity, Segment};
+use super::state::{
+    arch_capabilities, cr0, cr4, efer, interruptibility, msr, rflags, seg_attr, Activity, Segment,
+};
 use super::{vector, Cpu, Fault};
 use crate::addr::is_canonical;
 use crate::alu::Size;
@@ -66,8 +68,9 @@ pub fn native_cpuid(leaf: u32, subleaf: u32, apic_id: u32) -> [u32; 4] {
             [eax, ebx, ecx, edx]
         }
         // SMEP, INVPCID, SMAP; UMIP (ECX bit 2: SGDT, SIDT, SLDT, STR and
-        // SMSW #GP above ring 0 under CR4.UMIP).
-        7 if subleaf == 0 => [0, (1 << 7) | (1 << 10) | (1 << 20), 1 << 2, 0],
+        // SMSW #GP above ring 0 under CR4.UMIP); IA32_ARCH_CAPABILITIES
+        // (EDX bit 29: `state::arch_capabilities`).
+        7 if subleaf == 0 => [0, (1 << 7) | (1 << 10) | (1 << 20), 1 << 2, 1 << 29],
         0xb => [
             0,
             1,
@@ -1192,6 +1195,7 @@ impl Cpu {
             msr::TSC => self.tsc(),
             // MTRRcap: no variable or fixed ranges.
             0xfe => 0,
+            msr::ARCH_CAPABILITIES => arch_capabilities::VALUE,
             msr::APIC_BASE | msr::TSC_DEADLINE | apic::MSR_X2APIC_FIRST..=apic::MSR_X2APIC_LAST => {
                 let now = self.tsc();
                 self.apic.read_msr(index, now).map_err(|_| gp(0))?
