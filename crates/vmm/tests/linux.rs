@@ -615,6 +615,34 @@ fn bench_apf_calc_in_linux_runs_the_seeds_four_cases() {
     }
 }
 
+/// `bench apf-calc --guest linux` sizes the writer by what Linux leaves
+/// to programs, as `bench apf` sizes bm's array: a given `--array` that
+/// does not fit is refused with the figures after one probe boot, before
+/// the four runs (which would each end with Linux's OOM killer).
+#[test]
+fn bench_apf_calc_in_linux_refuses_a_writer_that_does_not_fit() {
+    let Some(image) = linux_image() else { return };
+    let out = faultline(&[
+        "bench",
+        "apf-calc",
+        "--guest",
+        "linux",
+        "--kernel-image",
+        image.to_str().unwrap(),
+        "--host-mem",
+        "48M",
+        "--mem",
+        "128M",
+        "--array",
+        "100M",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--array 100M: does not fit"), "{err}");
+    assert!(err.contains("MemAvailable"), "{err}");
+    assert!(!err.contains("OOM"), "refused before the runs: {err}");
+}
+
 /// One `USER_HZ` tick of /proc/stat in nanoseconds (x86's `USER_HZ` is 100).
 const USER_HZ_TICK_NS: u64 = 10_000_000;
 

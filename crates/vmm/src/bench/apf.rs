@@ -25,6 +25,67 @@ use std::time::Duration;
 /// to come.
 pub const LINUX_HEADROOM: u64 = 16 << 20;
 
+/// What fits of a program's array in what Linux leaves to programs
+/// (`bench apf`'s bm, `bench apf-calc`'s writer): MemAvailable, read by
+/// one boot of `hello` at the bench's guest size, less
+/// [`LINUX_HEADROOM`].
+pub(super) struct LinuxFit {
+    /// MemAvailable, bytes.
+    pub available: u64,
+    /// Guest memory, bytes.
+    pub guest_mem: u64,
+    /// Who needs what, for the figures: "bm needs its array".
+    pub needs: &'static str,
+}
+
+impl LinuxFit {
+    /// The largest array that fits, in whole MiB.
+    fn fits(&self) -> u64 {
+        self.available.saturating_sub(LINUX_HEADROOM) & !((1 << 20) - 1)
+    }
+
+    /// The figures behind a refusal or a shrunk default.
+    pub fn figures(&self) -> String {
+        format!(
+            "Linux reports {} MiB available to programs (MemAvailable) in a guest of {} MiB; \
+             {} and {} MiB more",
+            self.available >> 20,
+            mib(self.guest_mem),
+            self.needs,
+            mib(LINUX_HEADROOM)
+        )
+    }
+
+    /// A `requested` --array that fits, or the `default` shrunk to fit;
+    /// a requested one that does not fit is refused with the figures.
+    pub fn size(&self, requested: Option<u64>, default: u64) -> Result<u64, ConfigError> {
+        match requested {
+            Some(array) if array > self.fits() => Err(ConfigError::Invalid(format!(
+                "--array {}: does not fit: {}; give a larger --mem or a smaller --array",
+                format_size(array),
+                self.figures()
+            ))),
+            Some(array) => Ok(array),
+            None => Ok(default.min(self.fits())),
+        }
+    }
+
+    /// Refuses an array that fits only within host memory (nothing would
+    /// swap).
+    pub fn must_swap(&self, array: u64, host_mem: u64) -> Result<(), ConfigError> {
+        if array <= host_mem {
+            return Err(ConfigError::Invalid(format!(
+                "the array that fits ({}) is no larger than --host-mem {}: nothing would swap; {}; \
+                 give a larger --mem",
+                format_size(array),
+                format_size(host_mem),
+                self.figures()
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The seed's ratios (total work against master).
 pub const SEED_000_PV: f64 = 1.91;
 pub const SEED_000_NONPV: f64 = 1.13;
@@ -118,42 +179,17 @@ impl Bench for ApfBench {
         }
         let config = self.bm_config(ApfMode::Pv, None);
         let available = self.guest.probe_available(kernel, &config, stop)?;
-        let fits = available.saturating_sub(LINUX_HEADROOM) & !((1 << 20) - 1);
-        let figures = || {
-            format!(
-                "Linux reports {} MiB available to programs (MemAvailable) in a guest of {} MiB; \
-                 bm needs its array and {} MiB more",
-                available >> 20,
-                mib(self.mem),
-                mib(LINUX_HEADROOM)
-            )
+        let fit = LinuxFit {
+            available,
+            guest_mem: self.mem,
+            needs: "bm needs its array",
         };
-        let array = match self.args.array {
-            Some(array) if array > fits => {
-                return Err(ConfigError::Invalid(format!(
-                    "--array {}: does not fit: {}; give a larger --mem or a smaller --array",
-                    format_size(array),
-                    figures()
-                ))
-                .into())
-            }
-            Some(array) => array,
-            None => self.array.min(fits),
-        };
-        if array <= self.args.host_mem {
-            return Err(ConfigError::Invalid(format!(
-                "the array that fits ({}) is no larger than --host-mem {}: nothing would swap; {}; \
-                 give a larger --mem",
-                format_size(array),
-                format_size(self.args.host_mem),
-                figures()
-            ))
-            .into());
-        }
+        let array = fit.size(self.args.array, self.array)?;
+        fit.must_swap(array, self.args.host_mem)?;
         if array != self.array {
             eprintln!(
                 "faultline bench apf: {}: bm's array is {} (at most 2x --host-mem, and what fits)",
-                figures(),
+                fit.figures(),
                 format_size(array)
             );
         }

@@ -3,11 +3,14 @@
 //! as a Linux program with pthreads (`guest/linux/apfcalc.c`): Linux's
 //! scheduler and Linux's own async-PF code.
 
+use super::apf::LinuxFit;
 use super::seeds::{change_pct, Comparison};
 use super::{
     json_text, mib, result_for, Bench, BenchError, BenchGuest, Output, RunResult, RunSpec,
 };
 use crate::config::{ConfigError, Kernel};
+use crate::signals::StopRequest;
+use crate::units::format_size;
 use crate::{ApfCalcBenchArgs, BenchCommon, SwapDeviceArg};
 use hv::apf::ApfMode;
 use hv::VmConfig;
@@ -89,6 +92,40 @@ impl Bench for ApfCalcBench {
                 mib(self.mem)
             )));
         }
+        Ok(())
+    }
+
+    /// `--guest linux`: the writer must fit in what Linux leaves to
+    /// programs, not in guest memory (as bm in `bench apf`): one boot of
+    /// `hello` at the bench's guest size reads MemAvailable, and the
+    /// writer is at most that less [`super::apf::LINUX_HEADROOM`]
+    /// (apfcalc, like bm, is a few threads beside its array). The default
+    /// shrinks to fit; a given --array that does not fit is refused, and
+    /// so is a writer that fits only within host memory (nothing would
+    /// swap), each with the figures, before the four runs.
+    fn prepare(&mut self, kernel: &Kernel, stop: &StopRequest) -> Result<(), BenchError> {
+        if !self.guest.is_linux() {
+            return Ok(());
+        }
+        let config = self.config(ApfMode::Pv, true);
+        let available = self.guest.probe_available(kernel, &config, stop)?;
+        let fit = LinuxFit {
+            available,
+            guest_mem: self.mem,
+            needs: "apfcalc needs its writer's memory",
+        };
+        let array = fit.size(self.args.array, self.array)?;
+        if self.args.array.is_none() {
+            fit.must_swap(array, self.host_mem)?;
+        }
+        if array != self.array {
+            eprintln!(
+                "faultline bench apf-calc: {}: the writer's memory is {} (at most 4/3 of --host-mem, and what fits)",
+                fit.figures(),
+                format_size(array)
+            );
+        }
+        self.array = array;
         Ok(())
     }
 
