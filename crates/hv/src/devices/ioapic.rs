@@ -360,4 +360,37 @@ mod tests {
         assert!(ioapic.write(EOI, 0x41).is_empty());
         assert!(ioapic.set_level(9, true).is_some());
     }
+
+    #[test]
+    fn remappable_entries_go_to_the_iommu_only_when_one_is_attached() {
+        // Index 0x8005: bits 63:49 hold 5, bit 11 index bit 15.
+        let low = 0xed | entry::INDEX_15 as u32;
+        let high = ((entry::REMAPPABLE | (5 << entry::INDEX_SHIFT)) >> 32) as u32;
+        let mut plain = IoApic::default();
+        plain.write(IOREGSEL, REG_REDIRECTION + 2 * 16 + 1);
+        plain.write(IOWIN, high);
+        plain.write(IOREGSEL, REG_REDIRECTION + 2 * 16);
+        plain.write(IOWIN, low);
+        assert!(
+            plain.set_line(16, true).is_some(),
+            "no IOMMU: bit 48 is ignored"
+        );
+        assert!(!plain.has_remap_requests());
+        let mut ioapic = IoApic::default();
+        ioapic.set_remappable(true);
+        ioapic.write(IOREGSEL, REG_REDIRECTION + 2 * 16 + 1);
+        ioapic.write(IOWIN, high);
+        ioapic.write(IOREGSEL, REG_REDIRECTION + 2 * 16);
+        ioapic.write(IOWIN, low);
+        assert_eq!(ioapic.set_line(16, true), None);
+        assert_eq!(
+            ioapic.take_remap_requests(),
+            vec![IoApicRequest {
+                index: 0x8005,
+                vector: 0xed,
+                level: false
+            }]
+        );
+        assert!(!ioapic.has_remap_requests());
+    }
 }

@@ -839,4 +839,105 @@ mod chipset_tests {
         assert!(p.is_mmio(u64::from(edu::EDU_BAR0)));
         assert!(!p.is_mmio(vtd::VTD_BASE), "no IOMMU asked for");
     }
+
+    /// The VT-d unit's tables in `mem`: bus 0's root entry, the edu's
+    /// context entry, IOVA 0 → `page`; the IRT at 0x20000 with IRTE 1
+    /// (vector 0xed) and IRTE 2 (vector 0xee), both for APIC 0.
+    fn iommu_tables(mem: &mut vtd::tests::TestMemory, page: u64) {
+        let sid = u64::from(edu::EDU_DEVFN);
+        mem.put(0x10_000, 0x11_000 | 1);
+        mem.put(0x11_000 + sid * 16, 0x12_000 | 1 | 2);
+        mem.put(0x11_000 + sid * 16 + 8, 1 | (sid << 8));
+        mem.put(0x12_000, 0x13_000 | 3);
+        mem.put(0x13_000, 0x14_000 | 3);
+        mem.put(0x14_000, page | 3);
+        for (index, vector) in [(1u64, 0xedu64), (2, 0xee)] {
+            mem.put(0x20_000 + index * 16, 1 | (vector << 16));
+            mem.put(0x20_000 + index * 16 + 8, sid | (1 << 18));
+        }
+    }
+
+    fn service(p: &mut Platform, mem: &mut vtd::tests::TestMemory) {
+        while p.device_work_pending() {
+            let mut chipset = p.chipset.take().unwrap();
+            let requests = p.take_ioapic_requests();
+            let messages = chipset.service(mem, requests);
+            p.chipset = Some(chipset);
+            p.after_service(messages);
+        }
+    }
+
+    #[test]
+    fn edu_dma_through_the_iommu_and_remapped_interrupts() {
+        let mut p = platform(true, true);
+        let mut mem = vtd::tests::TestMemory::new();
+        let page = 0x30_0000u64;
+        iommu_tables(&mut mem, page);
+        mem.put(page, 0x1234_5678);
+        let v = |r: u64| vtd::VTD_BASE + r;
+        p.mmio_write(v(vtd::reg::RTADDR), 8, 0x10_000);
+        p.mmio_write(v(vtd::reg::GCMD), 4, u64::from(vtd::gcmd::SRTP));
+        p.mmio_write(v(vtd::reg::IRTA), 8, 0x20_000 | 0xf);
+        p.mmio_write(v(vtd::reg::GCMD), 4, u64::from(vtd::gcmd::SIRTP));
+        let on = vtd::gcmd::TE | vtd::gcmd::IRE;
+        p.mmio_write(v(vtd::reg::GCMD), 4, u64::from(on));
+        // Bus mastering on; DMA 4 bytes from IOVA 0 into the buffer, then
+        // back out to IOVA 4.
+        p.pio_write(
+            pci::CONFIG_ADDRESS,
+            4,
+            (1 << 31) | (u32::from(edu::EDU_DEVFN) << 8) | 4,
+        );
+        p.pio_write(pci::CONFIG_DATA, 2, 0x6);
+        let bar = u64::from(edu::EDU_BAR0);
+        let dma = |p: &mut Platform, mem: &mut vtd::tests::TestMemory, src, dst, cmd| {
+            p.mmio_write(bar + 0x80, 8, src);
+            p.mmio_write(bar + 0x88, 8, dst);
+            p.mmio_write(bar + 0x90, 8, 4);
+            p.mmio_write(bar + 0x98, 4, cmd);
+            assert!(p.device_work_pending());
+            service(p, mem);
+            assert_eq!(p.mmio_read(bar + 0x98, 4) & 1, 0, "done");
+        };
+        dma(&mut p, &mut mem, 0, edu::DMA_START, 1);
+        dma(&mut p, &mut mem, edu::DMA_START, 4, 3);
+        assert_eq!(
+            &mem.0[page as usize + 4..page as usize + 8],
+            &0x1234_5678u32.to_le_bytes()
+        );
+        // An IOVA with no mapping: nothing moves, and (FPD set) nothing
+        // is recorded.
+        dma(&mut p, &mut mem, edu::DMA_START, 0x1000, 3);
+        assert_eq!(p.mmio_read(v(vtd::reg::FSTS), 4), 0);
+        // INTx through a remappable IOAPIC entry (pin 16, index 1).
+        p.mmio_write(IOAPIC_BASE, 4, 0x10 + 2 * 16 + 1);
+        p.mmio_write(
+            IOAPIC_BASE + 0x10,
+            4,
+            ((1u64 << 48 | 1 << 49) >> 32) as u32 as u64,
+        );
+        p.mmio_write(IOAPIC_BASE, 4, 0x10 + 2 * 16);
+        p.mmio_write(IOAPIC_BASE + 0x10, 4, 0xed);
+        p.mmio_write(bar + 0x60, 4, 1);
+        assert!(p.take_interrupts().is_empty(), "waits for the IOMMU");
+        service(&mut p, &mut mem);
+        let ipis = p.take_interrupts();
+        assert_eq!(ipis.iter().map(|i| i.vector).collect::<Vec<_>>(), [0xed]);
+        p.mmio_write(bar + 0x64, 4, 1);
+        // MSI in remappable format, handle 2.
+        let cap = edu::MSI_CAP as u32;
+        let devfn = u32::from(edu::EDU_DEVFN) << 8;
+        for (reg, value) in [(cap + 4, 0xfee0_0050u32), (cap + 8, 0), (cap + 12, 0)] {
+            p.pio_write(pci::CONFIG_ADDRESS, 4, (1 << 31) | devfn | reg);
+            p.pio_write(pci::CONFIG_DATA, 4, value);
+        }
+        p.pio_write(pci::CONFIG_ADDRESS, 4, (1 << 31) | devfn | cap);
+        p.pio_write(pci::CONFIG_DATA + 2, 2, 1);
+        p.mmio_write(bar + 0x60, 4, 1);
+        service(&mut p, &mut mem);
+        let ipis = p.take_interrupts();
+        assert_eq!(ipis.iter().map(|i| i.vector).collect::<Vec<_>>(), [0xee]);
+        // The PCI devices refuse snapshots.
+        assert!(p.snapshot().unwrap_err().contains("--device edu"));
+    }
 }

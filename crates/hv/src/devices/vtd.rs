@@ -820,3 +820,356 @@ pub fn msi_message(address: u32, data: u32) -> Option<Ipi> {
         trigger_level: data & (1 << 15) != 0,
     })
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Guest memory for the tests: 4 MiB from gpa 0.
+    pub(crate) struct TestMemory(pub Vec<u8>);
+
+    impl TestMemory {
+        pub(crate) fn new() -> Self {
+            TestMemory(vec![0; 4 << 20])
+        }
+
+        pub(crate) fn put(&mut self, gpa: u64, value: u64) {
+            self.write(gpa, &value.to_le_bytes());
+        }
+    }
+
+    impl GuestMemory for TestMemory {
+        fn read(&mut self, gpa: u64, buf: &mut [u8]) -> bool {
+            let at = gpa as usize;
+            match self.0.get(at..at + buf.len()) {
+                Some(src) => {
+                    buf.copy_from_slice(src);
+                    true
+                }
+                None => false,
+            }
+        }
+
+        fn write(&mut self, gpa: u64, bytes: &[u8]) -> bool {
+            let at = gpa as usize;
+            match self.0.get_mut(at..at + bytes.len()) {
+                Some(dst) => {
+                    dst.copy_from_slice(bytes);
+                    true
+                }
+                None => false,
+            }
+        }
+    }
+
+    const ROOT: u64 = 0x10_000;
+    const CONTEXT: u64 = 0x11_000;
+    const L3: u64 = 0x12_000;
+    const L2: u64 = 0x13_000;
+    const L1: u64 = 0x14_000;
+    const IRT: u64 = 0x20_000;
+    const SID: u16 = 0x0018;
+
+    /// A unit with the root table at ROOT and translation on.
+    fn enabled() -> Vtd {
+        let mut vtd = Vtd::new();
+        vtd.write(reg::RTADDR, 8, ROOT);
+        vtd.write(reg::GCMD, 4, u64::from(gcmd::SRTP));
+        assert_ne!(vtd.read(reg::GSTS, 4) as u32 & gcmd::SRTP, 0, "RTPS");
+        let status = vtd.read(reg::GSTS, 4);
+        vtd.write(reg::GCMD, 4, status | u64::from(gcmd::TE));
+        assert_ne!(vtd.status() & gcmd::TE, 0);
+        vtd
+    }
+
+    /// Bus 0's root entry, SID's context entry (fault reporting on iff
+    /// `report`), and IOVA 0x5000 → 0x30_0000 read/write.
+    fn tables(mem: &mut TestMemory, report: bool) {
+        mem.put(ROOT, CONTEXT | 1);
+        mem.put(
+            CONTEXT + u64::from(SID) * 16,
+            L3 | 1 | (u64::from(!report) << 1),
+        );
+        mem.put(CONTEXT + u64::from(SID) * 16 + 8, 1 | (7 << 8));
+        mem.put(L3, L2 | 3);
+        mem.put(L2, L1 | 3);
+        mem.put(L1 + 5 * 8, 0x30_0000 | 3);
+    }
+
+    #[test]
+    fn registers_read_as_the_capabilities_say() {
+        let vtd = Vtd::new();
+        assert_eq!(vtd.read(reg::VER, 4), 0x10);
+        let cap = vtd.read(reg::CAP, 8);
+        assert_eq!(cap & (0x1f << 8), 1 << 9, "SAGAW: 39-bit only");
+        assert_eq!((cap >> 34) & 3, 3, "SLLPS: 2 MiB and 1 GiB");
+        assert_eq!((cap >> 16) & 0x3f, 38, "MGAW");
+        assert_eq!(((cap >> 24) & 0x3ff) * 16, reg::FRCD_LO, "FRO");
+        assert_eq!(vtd.read(reg::CAP + 4, 4), cap >> 32, "high half");
+        let ecap = vtd.read(reg::ECAP, 8);
+        assert_eq!(ecap & 0b1010, 0b1010, "QI, IR");
+        assert_eq!(((ecap >> 8) & 0x3ff) * 16, reg::IVA, "IRO");
+        assert_eq!(vtd.read(reg::FSTS, 4), 0);
+        assert_eq!(
+            vtd.read(reg::FECTL, 4),
+            u64::from(CTL_IM),
+            "masked at reset"
+        );
+        assert_eq!(vtd.read(reg::GCMD, 4), 0, "write-only");
+    }
+
+    #[test]
+    fn gcmd_sets_and_clears_status_and_one_shots_latch_their_pointers() {
+        let mut vtd = Vtd::new();
+        vtd.write(reg::GCMD, 4, u64::from(gcmd::QIE));
+        assert_eq!(vtd.status(), gcmd::QIE);
+        // IRE without a table pointer does not take.
+        vtd.write(reg::GCMD, 4, u64::from(gcmd::QIE | gcmd::IRE));
+        assert_eq!(vtd.status(), gcmd::QIE);
+        vtd.write(reg::IRTA, 8, IRT | 0xf);
+        vtd.write(reg::GCMD, 4, u64::from(gcmd::QIE | gcmd::SIRTP));
+        vtd.write(reg::GCMD, 4, u64::from(vtd.status() | gcmd::IRE));
+        assert_eq!(vtd.status(), gcmd::QIE | gcmd::SIRTP | gcmd::IRE);
+        // Written as two halves, a 64-bit register holds both.
+        vtd.write(reg::RTADDR, 4, 0x1234_5000);
+        vtd.write(reg::RTADDR + 4, 4, 0x1);
+        assert_eq!(vtd.read(reg::RTADDR, 8), 0x1_1234_5000);
+        vtd.write(reg::GCMD, 4, 0);
+        assert_eq!(vtd.status(), gcmd::SIRTP, "the pointer-set status stays");
+        // Context-cache and IOTLB invalidations complete at once.
+        vtd.write(reg::CCMD, 8, (1 << 63) | (1 << 61));
+        assert_eq!(
+            vtd.read(reg::CCMD, 8),
+            (1 << 61) | (1 << 59),
+            "ICC clear, CIRG kept, CAIG global"
+        );
+        vtd.write(reg::IOTLB, 8, (1 << 63) | (1 << 60));
+        assert_eq!(
+            vtd.read(reg::IOTLB, 8),
+            (1 << 60) | (1 << 57),
+            "IVT clear, IIRG kept, IAIG global"
+        );
+    }
+
+    #[test]
+    fn dma_translates_through_root_context_and_three_levels() {
+        let mut mem = TestMemory::new();
+        let mut vtd = Vtd::new();
+        // Translation off: identity.
+        assert_eq!(vtd.translate(&mut mem, SID, 0x5123, true), Ok(0x5123));
+        let mut vtd2 = enabled();
+        tables(&mut mem, true);
+        assert_eq!(vtd2.translate(&mut mem, SID, 0x5123, true), Ok(0x30_0123));
+        assert_eq!(vtd2.translate(&mut mem, SID, 0x5ff8, false), Ok(0x30_0ff8));
+        // A 2 MiB leaf at level 2 and a pass-through context.
+        mem.put(L2 + 8, 0x20_0000 | 3 | (1 << 7));
+        assert_eq!(
+            vtd2.translate(&mut mem, SID, 0x2f_1234, true),
+            Ok(0x2f_1234)
+        );
+        mem.put(CONTEXT + 0x20 * 16, 1 | (2 << 2));
+        assert_eq!(
+            vtd2.translate(&mut mem, 0x20, 0xabc_d000, true),
+            Ok(0xabc_d000)
+        );
+        assert_eq!(vtd2.fault(), None, "no fault so far");
+        vtd = vtd2;
+        // Read-only page: a write fails.
+        mem.put(L1 + 6 * 8, 0x31_0000 | 1);
+        assert_eq!(vtd.translate(&mut mem, SID, 0x6000, false), Ok(0x31_0000));
+        assert_eq!(
+            vtd.translate(&mut mem, SID, 0x6000, true),
+            Err(FaultReason::WriteDenied)
+        );
+    }
+
+    #[test]
+    fn non_present_entries_fault_and_the_fault_is_recorded_unless_disabled() {
+        let mut mem = TestMemory::new();
+        let mut vtd = enabled();
+        // No root entry for bus 1: not reported through any context entry,
+        // so it is recorded.
+        assert_eq!(
+            vtd.translate(&mut mem, 0x0100, 0x1000, false),
+            Err(FaultReason::RootNotPresent)
+        );
+        assert_eq!(
+            vtd.fault(),
+            Some(FaultRecord {
+                source_id: 0x0100,
+                reason: FaultReason::RootNotPresent,
+                info: 0x1000,
+                read: true
+            })
+        );
+        assert_eq!(vtd.read(reg::FSTS, 4) as u32 & fsts::PPF, fsts::PPF);
+        assert_eq!(
+            vtd.read(reg::FECTL, 4) as u32 & CTL_IP,
+            CTL_IP,
+            "masked: pending"
+        );
+        // A second fault while the register is full: PFO.
+        tables(&mut mem, true);
+        assert_eq!(
+            vtd.translate(&mut mem, 0x0019, 0x1000, true),
+            Err(FaultReason::ContextNotPresent)
+        );
+        assert_eq!(vtd.read(reg::FSTS, 4) as u32 & fsts::PFO, fsts::PFO);
+        assert_eq!(vtd.fault().unwrap().reason, FaultReason::RootNotPresent);
+        // Clearing F and PFO; then unmasking sends the event on the next.
+        vtd.write(reg::FRCD_HI + 4, 4, 1 << 31);
+        vtd.write(reg::FSTS, 4, u64::from(fsts::PFO));
+        assert_eq!(vtd.read(reg::FSTS, 4), 0);
+        vtd.write(reg::FEDATA, 4, 0x55);
+        vtd.write(reg::FEADDR, 4, 0xfee0_1000);
+        vtd.write(reg::FECTL, 4, 0);
+        assert_eq!(vtd.take_events().len(), 1, "the pending event on unmask");
+        assert_eq!(
+            vtd.translate(&mut mem, SID, 0x9000, false),
+            Err(FaultReason::ReadDenied),
+            "no level-1 entry for 0x9000"
+        );
+        let events = vtd.take_events();
+        assert_eq!(events.len(), 1);
+        assert_eq!(
+            (events[0].vector, events[0].dest),
+            (0x55, IpiDest::Physical(1))
+        );
+        assert_eq!(vtd.fault().unwrap().reason, FaultReason::ReadDenied);
+        // Beyond 39 bits.
+        vtd.write(reg::FRCD_HI + 4, 4, 1 << 31);
+        assert_eq!(
+            vtd.translate(&mut mem, SID, 1 << 39, false),
+            Err(FaultReason::AddressBeyondWidth)
+        );
+        // FPD set in the context entry: the failure is not recorded.
+        vtd.write(reg::FRCD_HI + 4, 4, 1 << 31);
+        tables(&mut mem, false);
+        assert!(vtd.translate(&mut mem, SID, 0x9000, true).is_err());
+        assert_eq!(vtd.fault(), None);
+        assert_eq!(vtd.read(reg::FSTS, 4), 0);
+    }
+
+    /// An IRTE: present, physical destination `dest`, `vector`, edge,
+    /// fixed, SVT 1 with `sid`.
+    fn irte(mem: &mut TestMemory, index: u64, vector: u8, dest: u8, sid: u16) {
+        let lo = 1 | (u64::from(vector) << 16) | (u64::from(dest) << 40);
+        mem.put(IRT + index * 16, lo);
+        mem.put(IRT + index * 16 + 8, u64::from(sid) | (1 << 18));
+    }
+
+    fn remapping() -> Vtd {
+        let mut vtd = Vtd::new();
+        vtd.write(reg::IRTA, 8, IRT | 3); // 16 entries
+        vtd.write(reg::GCMD, 4, u64::from(gcmd::SIRTP));
+        vtd.write(reg::GCMD, 4, u64::from(gcmd::SIRTP | gcmd::IRE));
+        vtd
+    }
+
+    #[test]
+    fn remappable_msis_are_looked_up_in_the_irte_table() {
+        let mut mem = TestMemory::new();
+        let mut vtd = remapping();
+        irte(&mut mem, 2, 0xee, 3, SID);
+        // Handle 2 in address bits 19:5, format bit 4.
+        let address = 0xfee0_0000 | (2 << 5) | (1 << 4);
+        let ipi = vtd.remap(&mut mem, Some(SID), address, 0).unwrap().unwrap();
+        assert_eq!(
+            (ipi.vector, ipi.dest, ipi.mode),
+            (0xee, IpiDest::Physical(3), IpiMode::Fixed)
+        );
+        assert!(!ipi.trigger_level);
+        // SHV: the subhandle in the data is added.
+        irte(&mut mem, 5, 0xef, 0, SID);
+        let shv = 0xfee0_0000 | (2 << 5) | (1 << 4) | (1 << 3);
+        assert_eq!(
+            vtd.remap(&mut mem, Some(SID), shv, 3)
+                .unwrap()
+                .unwrap()
+                .vector,
+            0xef
+        );
+        // Another requester: the source id does not verify.
+        assert_eq!(
+            vtd.remap(&mut mem, Some(0x0020), address, 0),
+            Err(FaultReason::SourceIdMismatch)
+        );
+        assert_eq!(vtd.fault().unwrap().reason, FaultReason::SourceIdMismatch);
+        vtd.write(reg::FRCD_HI + 4, 4, 1 << 31);
+        // Not present; beyond the table (16 entries).
+        assert_eq!(
+            vtd.remap(&mut mem, Some(SID), 0xfee0_0000 | (7 << 5) | (1 << 4), 0),
+            Err(FaultReason::IrteNotPresent)
+        );
+        vtd.write(reg::FRCD_HI + 4, 4, 1 << 31);
+        assert_eq!(
+            vtd.remap(&mut mem, Some(SID), 0xfee0_0000 | (16 << 5) | (1 << 4), 0),
+            Err(FaultReason::InterruptIndexBeyondTable)
+        );
+        // Compatibility format: blocked unless CFI.
+        vtd.write(reg::FRCD_HI + 4, 4, 1 << 31);
+        assert_eq!(
+            vtd.remap(&mut mem, Some(SID), 0xfee0_1000, 0x41),
+            Err(FaultReason::CompatibilityBlocked)
+        );
+        vtd.write(reg::GCMD, 4, u64::from(vtd.status() | gcmd::CFI));
+        let compat = vtd
+            .remap(&mut mem, Some(SID), 0xfee0_1000, 0x41)
+            .unwrap()
+            .unwrap();
+        assert_eq!((compat.vector, compat.dest), (0x41, IpiDest::Physical(1)));
+    }
+
+    #[test]
+    fn ioapic_requests_are_remapped_without_source_id_checks() {
+        let mut mem = TestMemory::new();
+        let mut vtd = remapping();
+        // The IRTE names another requester: IOAPIC requests carry none.
+        irte(&mut mem, 1, 0xed, 0, SID);
+        let request = IoApicRequest {
+            index: 1,
+            vector: 0xed,
+            level: false,
+        };
+        let ipi = vtd.remap_ioapic(&mut mem, request).unwrap().unwrap();
+        assert_eq!((ipi.vector, ipi.dest), (0xed, IpiDest::Physical(0)));
+        // Level-triggered IRTE.
+        mem.put(IRT + 16, 1 | (0xed << 16) | (1 << 4));
+        assert!(
+            vtd.remap_ioapic(&mut mem, request)
+                .unwrap()
+                .unwrap()
+                .trigger_level
+        );
+        // Remapping off: the message is the compatibility reading of the
+        // remappable one (index bits as the destination).
+        let mut off = Vtd::new();
+        let ipi = off.remap_ioapic(&mut mem, request).unwrap().unwrap();
+        assert_eq!((ipi.vector, ipi.dest), (0xed, IpiDest::Physical(0)));
+    }
+
+    #[test]
+    fn the_invalidation_queue_runs_wait_descriptors_and_stops_at_bad_ones() {
+        let mut mem = TestMemory::new();
+        let mut vtd = Vtd::new();
+        const QUEUE: u64 = 0x40_000;
+        vtd.write(reg::IQA, 8, QUEUE);
+        vtd.write(reg::GCMD, 4, u64::from(gcmd::QIE));
+        // An IOTLB invalidation, then a wait with status write and IF.
+        mem.put(QUEUE, 2 | (3 << 4));
+        mem.put(QUEUE + 16, 5 | (1 << 5) | (1 << 4) | (0xabcd << 32));
+        mem.put(QUEUE + 24, 0x50_000);
+        vtd.write(reg::IQT, 8, 32);
+        assert!(vtd.queue_pending());
+        vtd.run_queue(&mut mem);
+        assert_eq!(vtd.read(reg::IQH, 8), 32);
+        assert_eq!(&mem.0[0x50_000..0x50_004], &0xabcdu32.to_le_bytes());
+        assert_eq!(vtd.read(reg::ICS, 4), 1, "IWC");
+        assert_eq!(vtd.read(reg::IECTL, 4) as u32, CTL_IM | CTL_IP);
+        // Type 0 is invalid: IQE, the head stays on it.
+        vtd.write(reg::IQT, 8, 48);
+        vtd.run_queue(&mut mem);
+        assert_eq!(vtd.read(reg::IQH, 8), 32);
+        assert_eq!(vtd.read(reg::FSTS, 4) as u32 & fsts::IQE, fsts::IQE);
+    }
+}
