@@ -78,3 +78,10 @@ fn runs_repeat_exactly() {
     };
     assert_eq!(cycles(0), cycles(1));
 }
+
+#[test]
+fn a_vm_with_the_pci_devices_refuses_snapshots() {
+    let mut vm = Vm::boot(&config(MmuMode::Ept), IOMMU).expect("boot");
+    let err = vm.snapshot_state().expect_err("refused").to_string();
+    assert!(err.contains("--device edu"), "{err}");
+}
