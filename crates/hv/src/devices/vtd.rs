@@ -68,7 +68,7 @@ pub mod reg {
     pub const IEADDR: u64 = 0xa8;
     pub const IEUADDR: u64 = 0xac;
     pub const IRTA: u64 = 0xb8;
-    /// IOTLB registers (CAP... ECAP.IRO = 0x20: at 0x200).
+    /// The IOTLB registers (ECAP.IRO = 0x20: at 0x200).
     pub const IVA: u64 = 0x200;
     pub const IOTLB: u64 = 0x208;
     /// The fault-recording register (CAP.FRO = 0x22: at 0x220), 128 bits.
@@ -211,7 +211,7 @@ impl Vtd {
     /// The register containing `offset`: (its offset, its width).
     fn register(offset: u64) -> Option<(u64, u8)> {
         use reg::*;
-        const REGS: [(u64, u8); 28] = [
+        const REGS: [(u64, u8); 27] = [
             (VER, 4),
             (CAP, 8),
             (ECAP, 8),
@@ -239,7 +239,6 @@ impl Vtd {
             (IOTLB, 8),
             (FRCD_LO, 8),
             (FRCD_HI, 8),
-            (0x30, 4), // reserved between CCMD and FSTS
         ];
         REGS.iter()
             .copied()
