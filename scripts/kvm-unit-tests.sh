@@ -13,9 +13,14 @@
 # `-m` in `qemu_params`/`extra_params` (--mem), `arch` (i386-only tests are
 # SKIP on an x86_64 build), `timeout` (capped by --timeout, default 90 s);
 # `accel = kvm` tests are SKIP on QEMU TCG, as the suite's runner has them.
-# Other QEMU options (-cpu models, devices) have no faultline equivalent:
-# faultline always offers its one CPU model. FAULTLINE-OPTIONS go to every
-# `faultline run` (e.g. `--mmu shadow`, `--engine interp`).
+# `-device edu` and `-device intel-iommu,...` in the QEMU options become
+# `--device edu` and `--iommu intel`. A `check = PATH=VALUE ...` line (a KVM
+# module parameter or host setting the test needs) is answered for
+# faultline by faultline_param below; a check that fails is SKIP on
+# faultline's side, as the suite's runner skips it on a host that fails it.
+# Other QEMU options (-cpu models, other devices) have no faultline
+# equivalent: faultline always offers its one CPU model. FAULTLINE-OPTIONS go
+# to every `faultline run` (e.g. `--mmu shadow`, `--engine interp`).
 #
 # Verdicts: PASS (the test exited with success and printed no FAIL line),
 # FAIL, SKIP (the test's "skipped" exit, status 77 as kvm-unit-tests' own
@@ -104,12 +109,66 @@ first_failure() {
     printf '%s' "$line" | tr '|' '/' | cut -c1-140
 }
 
+# faultline_param PATH -> what faultline answers for a cfg `check` path:
+# the value the KVM module parameter (or host setting) would have on a KVM
+# host that offers what faultline offers. Empty: no such parameter (the
+# check fails, as the suite's runner fails it for a missing file).
+# docs/conformance.md gives the reasons.
+faultline_param() {
+    case "$1" in
+        # No VMware backdoor I/O ports (0x5658/0x5659) or their #GP bypass.
+        /sys/module/kvm/parameters/enable_vmware_backdoor) echo N ;;
+        # No architectural PMU (CPUID leaf 0xA reports version 0).
+        /sys/module/kvm/parameters/enable_pmu) echo N ;;
+        # Unknown MSRs #GP; they are never silently ignored.
+        /sys/module/kvm/parameters/ignore_msrs) echo N ;;
+        # One CPU model with one MAXPHYADDR: no guest MAXPHYADDR smaller
+        # than the machine's can be configured.
+        /sys/module/kvm_intel/parameters/allow_smaller_maxphyaddr) echo N ;;
+        # No host NMI watchdog shares counters with the guest.
+        /proc/sys/kernel/nmi_watchdog) echo 0 ;;
+        # Guest time comes from the virtual TSC (kvmclock is built on it).
+        /sys/devices/system/clocksource/clocksource0/current_clocksource) echo tsc ;;
+        *) echo "" ;;
+    esac
+}
+
+# failed_check "PATH=VALUE ..." -> the first check faultline fails, as
+# "PATH=VALUE (faultline: ANSWER)"; nothing if all hold.
+failed_check() {
+    local c path want have
+    for c in $1; do
+        path=${c%%=*} want=${c#*=}
+        have=$(faultline_param "$path")
+        if [ -z "$have" ] || [ "$have" != "$want" ]; then
+            echo "$path=$want (faultline: ${have:-absent})"
+            return
+        fi
+    done
+}
+
+# faultline_devices QEMU-PARAMS -> the faultline options for the devices
+# the cfg asks QEMU for (one per line).
+faultline_devices() {
+    local q
+    read -r -a q <<<"$1"
+    for ((i = 0; i + 1 < ${#q[@]}; i++)); do
+        [ "${q[i]}" = -device ] || continue
+        case "${q[i + 1]}" in
+            edu | edu,*) printf '%s\n' --device edu ;;
+            intel-iommu | intel-iommu,*) printf '%s\n' --iommu intel ;;
+        esac
+    done
+}
+
 # Runs one test on faultline; prints "VERDICT P F S UNASSIGNED FIRST".
+# DEVICE_OPTS holds the device options for the test.
 run_faultline() {
     local name=$1 file=$2 smp=$3 mem=$4 secs=$5 log=$OUT/$name.faultline
     shift 5
     local args=(run --kernel "$KUT/x86/$file" --vcpus "$smp" --wall-limit "${secs}s")
     [ -n "$mem" ] && args+=(--mem "$mem")
+    args+=("${DEVICE_OPTS[@]}")
     # asyncpf needs host memory smaller than the guest's (on KVM: a memory
     # cgroup around QEMU); faultline's is --host-mem.
     [ "$file" = asyncpf.flat ] && args+=(--host-mem 512M --apf pv)
@@ -163,7 +222,7 @@ FAULTLINE_WALL_CLOCK=1767225600
 
 declare -A TOTAL
 row() {
-    local name=$1 file=$2 smp=${3:-1} args=$4 params=$5 arch=$6 timeout=$7 accel=$8
+    local name=$1 file=$2 smp=${3:-1} args=$4 params=$5 arch=$6 timeout=$7 accel=$8 check=$9
     [ -n "$name" ] || return 0
     if [ -n "$ONLY" ] && ! [[ $name =~ $ONLY ]]; then return 0; fi
     local secs=${timeout:-90}
@@ -189,7 +248,9 @@ row() {
     eval "fl_argv=($args)"
     unset -f date
     set +f
-    local fl q=""
+    local fl q="" failed
+    mapfile -t DEVICE_OPTS < <(faultline_devices "$params")
+    failed=$(failed_check "$check")
     if [ "$arch" = i386 ]; then
         fl="SKIP 0 0 0 0 i386-only test (x86_64 build)"
         [ "$QEMU" = 1 ] && q="SKIP 0 0 0"
@@ -197,7 +258,11 @@ row() {
         fl="SKIP 0 0 0 0 $file not built"
         [ "$QEMU" = 1 ] && q="SKIP 0 0 0"
     else
-        fl=$(run_faultline "$name" "$file" "$smp" "$mem" "$secs" "${fl_argv[@]}")
+        if [ -n "$failed" ]; then
+            fl="SKIP 0 0 0 0 check: $failed"
+        else
+            fl=$(run_faultline "$name" "$file" "$smp" "$mem" "$secs" "${fl_argv[@]}")
+        fi
         if [ "$QEMU" = 1 ] && [ "$accel" = kvm ]; then
             q="SKIP 0 0 0" # accel = kvm: the suite's runner skips it on TCG
         elif [ "$QEMU" = 1 ]; then
@@ -216,12 +281,12 @@ row() {
     fi
 }
 
-name="" file="" smp="" args="" params="" arch="" tmo="" accel=""
+name="" file="" smp="" args="" params="" arch="" tmo="" accel="" check=""
 while IFS= read -r line || [ -n "$line" ]; do
     if [[ $line =~ ^\[(.*)\]$ ]]; then
         next=${BASH_REMATCH[1]}
-        row "$name" "$file" "$smp" "$args" "$params" "$arch" "$tmo" "$accel"
-        name=$next file="" smp="" args="" params="" arch="" tmo="" accel=""
+        row "$name" "$file" "$smp" "$args" "$params" "$arch" "$tmo" "$accel" "$check"
+        name=$next file="" smp="" args="" params="" arch="" tmo="" accel="" check=""
     elif [[ $line =~ ^file\ *=\ *(.*)$ ]]; then file=${BASH_REMATCH[1]}
     elif [[ $line =~ ^smp\ *=\ *(.*)$ ]]; then smp=${BASH_REMATCH[1]}
     elif [[ $line =~ ^(test_args|extra_params)\ *=\ *(.*)$ ]]; then
@@ -237,9 +302,10 @@ while IFS= read -r line || [ -n "$line" ]; do
     elif [[ $line =~ ^arch\ *=\ *(.*)$ ]]; then arch=${BASH_REMATCH[1]}
     elif [[ $line =~ ^timeout\ *=\ *(.*)$ ]]; then tmo=${BASH_REMATCH[1]}
     elif [[ $line =~ ^accel\ *=\ *(.*)$ ]]; then accel=${BASH_REMATCH[1]}
+    elif [[ $line =~ ^check\ *=\ *(.*)$ ]]; then check=${BASH_REMATCH[1]}
     fi
 done <"$CFG"
-row "$name" "$file" "$smp" "$args" "$params" "$arch" "$tmo" "$accel"
+row "$name" "$file" "$smp" "$args" "$params" "$arch" "$tmo" "$accel" "$check"
 
 summary="faultline:"
 for v in PASS FAIL SKIP TIMEOUT ERROR; do summary+=" $v ${TOTAL[f_$v]:-0}"; done

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const KERNELS: [&str; 11] = [
+const KERNELS: [&str; 12] = [
     "hello",
     "smp",
     "triple",
@@ -16,6 +16,7 @@ const KERNELS: [&str; 11] = [
     "steal",
     "pveoi",
     "nmi",
+    "iommu",
 ];
 /// The hostile-guest suite (tests/guests/hostile/NAME.c -> hostile-NAME.elf);
 /// `exits` is the guest of the exit-handler fuzz target (fuzz/).

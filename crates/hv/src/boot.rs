@@ -231,7 +231,8 @@ pub(crate) fn load_flat_segments(
 /// Writes the ACPI tables at their place in the reserved low megabyte
 /// (`devices::acpi`).
 pub(crate) fn write_acpi_tables(vm: &mut Vm, vcpus: u32) -> Result<(), CreateError> {
-    let tables = crate::devices::acpi::build_tables(vcpus);
+    let iommu = vm.shared.platform.has_intel_iommu();
+    let tables = crate::devices::acpi::build_tables(vcpus, iommu);
     vm.write_guest(Gpa(crate::devices::acpi::ACPI_BASE), &tables)?;
     Ok(())
 }

@@ -66,6 +66,7 @@ pub mod vm;
 pub use apf::{ApfMode, ApfProtocol, ApfState, ApfStats, EventConfig};
 pub use boot::{parse_kernel, KernelError, KernelImage, MAX_GUEST_MEM};
 pub use cost::HvCosts;
+pub use devices::DeviceSet;
 pub use error::{ApfStateError, GuestMemoryError, VmError};
 pub use machine::{CycleCosts, Engine, Gfn, Gpa, NamedCosts};
 pub use memslot::{MemslotError, SlotFlags, SlotId};

@@ -207,6 +207,27 @@ impl Shared {
         Ok(())
     }
 
+    /// Carries out the devices' work that reaches guest memory (the
+    /// edu's DMA, interrupt remapping, the IOMMU's invalidation queue:
+    /// `devices::Chipset::service`) until none is left; what it raises
+    /// joins the platform's interrupt messages.
+    pub fn service_devices(&mut self) {
+        // A DMA completion can raise INTx, whose remappable IOAPIC entry
+        // is more work: a few rounds settle any chain the devices make.
+        for _ in 0..4 {
+            if !self.platform.device_work_pending() {
+                return;
+            }
+            let Some(mut chipset) = self.platform.chipset.take() else {
+                return;
+            };
+            let requests = self.platform.take_ioapic_requests();
+            let messages = chipset.service(self, requests);
+            self.platform.chipset = Some(chipset);
+            self.platform.after_service(messages);
+        }
+    }
+
     /// Reads a little-endian u32 of guest memory.
     pub fn read_u32(&mut self, gpa: Gpa) -> Result<u32, GuestMemoryError> {
         let mut buf = [0u8; 4];
@@ -288,5 +309,17 @@ impl Shared {
             self.cross.push(CrossRequest::FlushAll);
         }
         Ok((frame, ready))
+    }
+}
+
+/// Devices reach guest memory as the hv's own accesses do: pages fault in
+/// (from swap too), and written pages are marked dirty for dirty logging.
+impl crate::devices::GuestMemory for Shared {
+    fn read(&mut self, gpa: u64, buf: &mut [u8]) -> bool {
+        self.read_guest(Gpa(gpa), buf).is_ok()
+    }
+
+    fn write(&mut self, gpa: u64, bytes: &[u8]) -> bool {
+        self.write_guest(Gpa(gpa), bytes).is_ok()
     }
 }

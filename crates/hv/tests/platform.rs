@@ -3,7 +3,9 @@
 //! IOAPIC, and power-off through the FADT's sleep control register.
 
 use hv::{StopReason, Vm, VmConfig};
-use std::collections::BTreeMap;
+
+mod kv_lines;
+use kv_lines::values;
 
 const PLATFORM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/platform.elf"));
 
@@ -12,18 +14,6 @@ fn run(config: &VmConfig) -> (Vm, StopReason, String) {
     let reason = vm.run();
     let out = String::from_utf8_lossy(&vm.take_serial()).into_owned();
     (vm, reason, out)
-}
-
-fn values(out: &str) -> BTreeMap<String, u64> {
-    out.lines()
-        .filter_map(|l| {
-            let (k, v) = l.split_once('=')?;
-            Some((
-                k.to_string(),
-                u64::from_str_radix(v.trim_start_matches("0x"), 16).ok()?,
-            ))
-        })
-        .collect()
 }
 
 fn config() -> VmConfig {

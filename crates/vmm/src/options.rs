@@ -164,6 +164,22 @@ pub enum MmuArg {
     Native,
 }
 
+/// `--device`: an optional device the platform attaches (with a PCI bus).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceArg {
+    /// QEMU's educational PCI device (ids 1234:11e8): registers, a DMA
+    /// engine, INTx and MSI.
+    Edu,
+}
+
+/// `--iommu`: an IOMMU the platform attaches (with a PCI bus).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IommuArg {
+    /// An Intel VT-d remapping unit with interrupt remapping, named by an
+    /// ACPI DMAR table.
+    Intel,
+}
+
 /// A switch on the command line.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

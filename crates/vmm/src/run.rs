@@ -79,6 +79,15 @@ pub struct RunArgs {
     /// ones and writes are dropped (counted in the summary).
     #[arg(long)]
     pub strict_mmio: bool,
+    /// Attach a PCI device (repeatable; `edu`: QEMU's educational
+    /// device), on a PCI bus at ports 0xcf8/0xcfc. Default: none, and no
+    /// PCI bus. A VM with PCI devices refuses snapshots and migration.
+    #[arg(long = "device", value_enum, value_name = "DEVICE")]
+    pub devices: Vec<crate::DeviceArg>,
+    /// Attach an IOMMU (`intel`: a VT-d unit at 0xfed90000 with DMA and
+    /// interrupt remapping, and an ACPI DMAR table). Default: none.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub iommu: Option<crate::IommuArg>,
     /// A guest boot option (repeatable), e.g. `--option crash=triple`.
     #[arg(long = "option", value_name = "OPT")]
     pub options: Vec<String>,
@@ -246,6 +255,12 @@ fn check_options(args: &RunArgs) -> Result<(), ConfigError> {
             "--cr3-cache on: the CR3 cache holds shadow roots: it needs --mmu shadow".into(),
         ));
     }
+    let pci = !args.devices.is_empty() || args.iommu.is_some();
+    if pci && (args.snapshot_at.is_some() || args.migrate.migrate_to.is_some()) {
+        return Err(ConfigError::Invalid(
+            "--device/--iommu: the PCI devices' state is not saved, so such a VM cannot be snapshotted or migrated".into(),
+        ));
+    }
     if args.guest == GuestArg::Linux && !args.options.is_empty() {
         return Err(ConfigError::Invalid(
             "--option: boot options of faultline's own kernel; Linux takes its options from --cmdline".into(),
@@ -289,6 +304,10 @@ fn vm_config(args: &RunArgs, cmdline: String) -> Result<VmConfig, ConfigError> {
             .map_or(hv::DEFAULT_HOST_SLICE, crate::units::duration_to_cycles),
         seed: args.seed.unwrap_or(1),
         zap: args.zap.into(),
+        devices: hv::DeviceSet {
+            edu: args.devices.contains(&crate::DeviceArg::Edu),
+            intel_iommu: args.iommu == Some(crate::IommuArg::Intel),
+        },
         ..VmConfig::default()
     };
     args.overcommit.apply(&mut config);

@@ -12,6 +12,11 @@
 //! - MADT: the local APIC address, *no* PCAT_COMPAT flag (there is no
 //!   8259 PIC), a local x2APIC entry per vCPU, the IOAPIC, and interrupt
 //!   source overrides IRQ0 → GSI 2 and COM1's IRQ 4 (edge, active high);
+//! - DMAR (with `--iommu intel` only): the VT-d unit at
+//!   [`super::vtd::VTD_BASE`] for every PCI device of segment 0
+//!   (INCLUDE_PCI_ALL), host address width 39, interrupt remapping
+//!   offered, x2APIC opt-out (no extended interrupt mode), and the IOAPIC
+//!   in its device scope as 0xff:00.0, as QEMU's q35 names it;
 //! - DSDT: just `Name (_S5_, Package () { 5, 0, 0, 0 })`, from which an
 //!   OS learns the SLP_TYP of soft-off.
 
@@ -68,7 +73,8 @@ pub fn sleep_control_write(value: u8) -> SleepRequest {
 
 /// The tables for `vcpus` vCPUs (APIC ids 0..vcpus), as the bytes to
 /// place at [`ACPI_BASE`].
-pub fn build_tables(vcpus: u32) -> Vec<u8> {
+/// With `intel_iommu`, a DMAR table too.
+pub fn build_tables(vcpus: u32, intel_iommu: bool) -> Vec<u8> {
     let mut image = Image::default();
     let rsdp_at = image.reserve(Rsdp::len());
     let dsdt = image.place(&dsdt());
@@ -77,6 +83,9 @@ pub fn build_tables(vcpus: u32) -> Vec<u8> {
     let mut xsdt = XSDT::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     xsdt.add_entry(fadt);
     xsdt.add_entry(madt);
+    if intel_iommu {
+        xsdt.add_entry(image.place(&dmar()));
+    }
     let xsdt = image.place(&aml_bytes(&xsdt));
     image.write(rsdp_at, &aml_bytes(&Rsdp::new(OEM_ID, xsdt)));
     image.bytes
@@ -204,6 +213,42 @@ fn madt(vcpus: u32) -> Vec<u8> {
     madt.as_slice().to_vec()
 }
 
+/// The IOAPIC's source id in the DMAR's device scope: bus 0xff,
+/// device 0, function 0 (QEMU's q35 pseudo-bus for platform devices).
+pub const IOAPIC_SOURCE_ID: u16 = 0xff00;
+
+/// The DMA Remapping table (VT-d spec, 8.1-8.3).
+fn dmar() -> Vec<u8> {
+    const INTR_REMAP: u8 = 1 << 0;
+    const X2APIC_OPT_OUT: u8 = 1 << 1;
+    const DRHD: u16 = 0;
+    const INCLUDE_PCI_ALL: u8 = 1;
+    const SCOPE_IOAPIC: u8 = 3;
+    let mut dmar = Sdt::new(*b"DMAR", 48, 1, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    // Host address width - 1, flags; 10 reserved bytes follow.
+    dmar.write_u8(36, 38);
+    dmar.write_u8(37, INTR_REMAP | X2APIC_OPT_OUT);
+    let scope = [
+        SCOPE_IOAPIC,
+        8,
+        0,
+        0,
+        IOAPIC_ID,
+        (IOAPIC_SOURCE_ID >> 8) as u8,
+        ((IOAPIC_SOURCE_ID >> 3) & 0x1f) as u8,
+        (IOAPIC_SOURCE_ID & 7) as u8,
+    ];
+    let mut drhd = Vec::new();
+    drhd.extend(DRHD.to_le_bytes());
+    drhd.extend(((16 + scope.len()) as u16).to_le_bytes());
+    drhd.extend([INCLUDE_PCI_ALL, 0]);
+    drhd.extend(0u16.to_le_bytes()); // segment
+    drhd.extend(super::vtd::VTD_BASE.to_le_bytes());
+    drhd.extend(scope);
+    dmar.append_slice(&drhd);
+    dmar.as_slice().to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,7 +282,7 @@ mod tests {
 
     #[test]
     fn tables_parse_back_with_valid_checksums() {
-        let image = build_tables(4);
+        let image = build_tables(4, false);
         assert!(ACPI_BASE + image.len() as u64 <= ACPI_END);
         // RSDP: signature, both checksums, revision 2.
         assert_eq!(&image[..8], b"RSD PTR ");
@@ -309,6 +354,29 @@ mod tests {
     }
 
     #[test]
+    fn the_dmar_table_names_the_vtd_unit_only_with_the_iommu() {
+        let image = build_tables(2, true);
+        let xsdt = table(&image, u64_at(&image, 24), b"XSDT");
+        assert_eq!(xsdt.len(), 36 + 3 * 8);
+        let dmar = table(&image, u64_at(&xsdt, 36 + 16), b"DMAR");
+        assert_eq!(
+            (dmar[36], dmar[37]),
+            (38, 0b11),
+            "width 39, INTR_REMAP, x2APIC opt-out"
+        );
+        let drhd = &dmar[48..];
+        assert_eq!(u16::from_le_bytes([drhd[0], drhd[1]]), 0, "DRHD");
+        assert_eq!(u16::from_le_bytes([drhd[2], drhd[3]]) as usize, drhd.len());
+        assert_eq!(drhd[4] & 1, 1, "INCLUDE_PCI_ALL");
+        assert_eq!(u64_at(drhd, 8), crate::devices::vtd::VTD_BASE);
+        // The IOAPIC's scope: type 3, id 0, bus 0xff, path 00.0.
+        assert_eq!(&drhd[16..], &[3, 8, 0, 0, IOAPIC_ID, 0xff, 0, 0]);
+        let plain = build_tables(2, false);
+        let xsdt = table(&plain, u64_at(&plain, 24), b"XSDT");
+        assert_eq!(xsdt.len(), 36 + 2 * 8, "no DMAR without the IOMMU");
+    }
+
+    #[test]
     fn only_s5_with_slp_en_powers_off() {
         assert_eq!(
             sleep_control_write((5 << 2) | (1 << 5)),
@@ -320,6 +388,6 @@ mod tests {
 
     #[test]
     fn tables_are_deterministic() {
-        assert_eq!(build_tables(2), build_tables(2));
+        assert_eq!(build_tables(2, false), build_tables(2, false));
     }
 }

@@ -8,9 +8,17 @@
 //! level-triggered vector (`Platform::eoi_broadcast`), and version 0x20
 //! also has the directed-EOI register at 0x40. Its messages carry the
 //! pin's trigger mode, which the receiving local APIC records in its TMR.
+//! With an Intel IOMMU attached ([`IoApic::set_remappable`]), an entry
+//! with bit 48 set is in remappable format (VT-d spec 5.1.5.1): bits
+//! 63:49 and 11 hold an interrupt index, and the pin's message goes to the
+//! IOMMU's interrupt remapping ([`IoApic::take_remap_requests`]) instead
+//! of straight to the local APICs. The entry's vector still names the
+//! pin for EOI matching, as the spec asks software to keep it equal to
+//! the IRTE's.
 //! The UART pulses its ISA line (IRQ 4); the test device of multiboot
 //! kernels (`testdev`) sets line levels ([`IoApic::set_line`]).
 
+use super::vtd::IoApicRequest;
 use machine::vmx::{Ipi, IpiDest, IpiMode};
 
 /// Guest-physical base of the IOAPIC's registers.
@@ -42,6 +50,10 @@ mod entry {
     pub const LEVEL: u64 = 1 << 15;
     pub const MASKED: u64 = 1 << 16;
     pub const DEST_SHIFT: u32 = 56;
+    /// Interrupt format: remappable (with an IOMMU).
+    pub const REMAPPABLE: u64 = 1 << 48;
+    pub const INDEX_SHIFT: u32 = 49;
+    pub const INDEX_15: u64 = 1 << 11;
     /// Bits the guest can write (delivery status and Remote IRR are
     /// read-only).
     pub const WRITABLE: u64 = !(DELIVERY_STATUS | REMOTE_IRR);
@@ -55,6 +67,14 @@ pub struct IoApic {
     redirection: [u64; IOAPIC_PINS],
     /// Line levels (a pulse leaves its line low).
     asserted: [bool; IOAPIC_PINS],
+    /// Whether bit 48 selects the remappable format (an IOMMU with
+    /// interrupt remapping is attached).
+    #[serde(default)]
+    remappable: bool,
+    /// Remappable-format messages waiting for the IOMMU (taken before any
+    /// vCPU runs again, so never saved).
+    #[serde(skip)]
+    remap_requests: Vec<IoApicRequest>,
 }
 
 impl Default for IoApic {
@@ -65,6 +85,8 @@ impl Default for IoApic {
             // Every pin masked at reset.
             redirection: [entry::MASKED; IOAPIC_PINS],
             asserted: [false; IOAPIC_PINS],
+            remappable: false,
+            remap_requests: Vec::new(),
         }
     }
 }
@@ -85,6 +107,21 @@ impl IoApic {
 }
 
 impl IoApic {
+    /// Honour remappable-format entries (an IOMMU is attached).
+    pub fn set_remappable(&mut self, remappable: bool) {
+        self.remappable = remappable;
+    }
+
+    /// Whether remappable-format messages wait for the IOMMU.
+    pub fn has_remap_requests(&self) -> bool {
+        !self.remap_requests.is_empty()
+    }
+
+    /// The remappable-format messages sent since the last call.
+    pub fn take_remap_requests(&mut self) -> Vec<IoApicRequest> {
+        std::mem::take(&mut self.remap_requests)
+    }
+
     /// A 32-bit read at `offset` in the MMIO window (other sizes read the
     /// same register, truncated by the caller).
     pub fn read(&self, offset: u64) -> u32 {
@@ -165,7 +202,7 @@ impl IoApic {
             self.asserted[pin] = false;
             return message;
         }
-        Some(Self::message(e))
+        self.message(e)
     }
 
     /// Sets the level of `pin`'s input line: an edge-triggered pin fires
@@ -177,7 +214,10 @@ impl IoApic {
         if e & entry::LEVEL != 0 {
             return self.service_level(pin);
         }
-        (level && !was && e & entry::MASKED == 0).then(|| Self::message(e))
+        if level && !was && e & entry::MASKED == 0 {
+            return self.message(e);
+        }
+        None
     }
 
     /// Sets the line level of a level-triggered `pin`.
@@ -195,7 +235,7 @@ impl IoApic {
             return None;
         }
         self.redirection[pin] |= entry::REMOTE_IRR;
-        Some(Self::message(e))
+        self.message(e)
     }
 
     /// An EOI for `vector`: clears Remote IRR of the level pins using it
@@ -212,7 +252,23 @@ impl IoApic {
         messages
     }
 
-    fn message(e: u64) -> Ipi {
+    /// The message entry `e` sends: to the local APICs, or (remappable
+    /// format) queued for the IOMMU.
+    fn message(&mut self, e: u64) -> Option<Ipi> {
+        if self.remappable && e & entry::REMAPPABLE != 0 {
+            let index = ((e >> entry::INDEX_SHIFT) & 0x7fff) as u16
+                | (u16::from(e & entry::INDEX_15 != 0) << 15);
+            self.remap_requests.push(IoApicRequest {
+                index,
+                vector: (e & entry::VECTOR) as u8,
+                level: e & entry::LEVEL != 0,
+            });
+            return None;
+        }
+        Some(Self::compatibility_message(e))
+    }
+
+    fn compatibility_message(e: u64) -> Ipi {
         let dest = (e >> entry::DEST_SHIFT) as u32;
         Ipi {
             dest: if e & entry::DEST_LOGICAL != 0 {
@@ -303,5 +359,38 @@ mod tests {
         ioapic.set_level(9, false);
         assert!(ioapic.write(EOI, 0x41).is_empty());
         assert!(ioapic.set_level(9, true).is_some());
+    }
+
+    #[test]
+    fn remappable_entries_go_to_the_iommu_only_when_one_is_attached() {
+        // Index 0x8005: bits 63:49 hold 5, bit 11 index bit 15.
+        let low = 0xed | entry::INDEX_15 as u32;
+        let high = ((entry::REMAPPABLE | (5 << entry::INDEX_SHIFT)) >> 32) as u32;
+        let mut plain = IoApic::default();
+        plain.write(IOREGSEL, REG_REDIRECTION + 2 * 16 + 1);
+        plain.write(IOWIN, high);
+        plain.write(IOREGSEL, REG_REDIRECTION + 2 * 16);
+        plain.write(IOWIN, low);
+        assert!(
+            plain.set_line(16, true).is_some(),
+            "no IOMMU: bit 48 is ignored"
+        );
+        assert!(!plain.has_remap_requests());
+        let mut ioapic = IoApic::default();
+        ioapic.set_remappable(true);
+        ioapic.write(IOREGSEL, REG_REDIRECTION + 2 * 16 + 1);
+        ioapic.write(IOWIN, high);
+        ioapic.write(IOREGSEL, REG_REDIRECTION + 2 * 16);
+        ioapic.write(IOWIN, low);
+        assert_eq!(ioapic.set_line(16, true), None);
+        assert_eq!(
+            ioapic.take_remap_requests(),
+            vec![IoApicRequest {
+                index: 0x8005,
+                vector: 0xed,
+                level: false
+            }]
+        );
+        assert!(!ioapic.has_remap_requests());
     }
 }

@@ -21,6 +21,20 @@
 //! | pc-testdev (`testdev`) | ports 0xe0..0xec, 0x2000..0x2018 (IRQ lines), MMIO 0xff000000..0xff010000 |
 //! | 8259A pair (`pic`) | ports 0x20, 0x21, 0xa0, 0xa1 |
 //!
+//! With `--device edu` or `--iommu intel` ([`DeviceSet`]) the platform
+//! also has a PCI bus and what was asked for:
+//!
+//! | device | where |
+//! |---|---|
+//! | PCI configuration mechanism #1 (`pci`): host bridge 00:00.0 | ports 0xcf8 (address, 32-bit), 0xcfc..0xd00 (data) |
+//! | QEMU's `edu` (`edu`), 00:03.0 | BAR0: MMIO 0xfe000000..0xfe100000, INTx A on GSI 16, MSI |
+//! | Intel VT-d remapping unit (`vtd`) | MMIO 0xfed90000..0xfed91000; the ACPI DMAR table names it |
+//!
+//! Their work that reaches guest memory (the edu's DMA, interrupt
+//! remapping table lookups, the invalidation queue) is done by
+//! [`Chipset::service`] after the access that started it, before any
+//! vCPU runs again, through [`GuestMemory`].
+//!
 //! (The xAPIC page at 0xfee00000 is the vCPU's own local APIC:
 //! `crate::vcpu::xapic`.) Nothing else is attached: other ports read as
 //! all ones (so the PIT, and for other kernels the legacy PIC, are
@@ -30,11 +44,14 @@
 //! attached) to LINT0.
 
 pub mod acpi;
+pub mod edu;
 pub mod fw_cfg;
 pub mod ioapic;
+pub mod pci;
 pub mod pic;
 pub mod serial;
 pub mod testdev;
+pub mod vtd;
 
 use ioapic::{IoApic, IOAPIC_BASE, IOAPIC_SIZE};
 use machine::vmx::Ipi;
@@ -106,6 +123,160 @@ pub struct PlatformConfig {
     pub cmdline: String,
     /// Bytes the console (COM1) offers the guest to read.
     pub console_input: Vec<u8>,
+    /// The optional devices.
+    pub devices: DeviceSet,
+}
+
+/// The optional devices (off by default); either brings the PCI bus.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceSet {
+    /// QEMU's `edu` PCI device (`--device edu`).
+    pub edu: bool,
+    /// An Intel VT-d remapping unit (`--iommu intel`), with interrupt
+    /// remapping; the IOAPIC then honours remappable-format entries.
+    pub intel_iommu: bool,
+}
+
+/// Guest-physical memory as a device reaches it (DMA, table walks): the
+/// VM's own path, which faults swapped pages back in and marks written
+/// pages dirty (`Shared`'s implementation).
+pub trait GuestMemory {
+    /// Reads `buf.len()` bytes at `gpa`; `false` if some are not RAM.
+    fn read(&mut self, gpa: u64, buf: &mut [u8]) -> bool;
+    /// Writes `bytes` at `gpa`; `false` if some are not RAM (those are
+    /// dropped).
+    fn write(&mut self, gpa: u64, bytes: &[u8]) -> bool;
+}
+
+/// The PCI bus, its devices and the IOMMU.
+#[derive(Debug, Clone)]
+pub struct Chipset {
+    /// The configuration address register (port 0xcf8).
+    address: u32,
+    host_bridge: pci::ConfigSpace,
+    pub edu: Option<edu::Edu>,
+    pub vtd: Option<vtd::Vtd>,
+    /// The level the edu's INTx line was last driven to.
+    intx: bool,
+}
+
+impl Chipset {
+    pub fn new(devices: DeviceSet) -> Chipset {
+        Chipset {
+            address: 0,
+            host_bridge: pci::host_bridge(),
+            edu: devices.edu.then(edu::Edu::new),
+            vtd: devices.intel_iommu.then(vtd::Vtd::new),
+            intx: false,
+        }
+    }
+
+    /// Whether [`Chipset::service`] has something to do.
+    pub fn work_pending(&self) -> bool {
+        self.edu.as_ref().is_some_and(edu::Edu::has_work)
+            || self.vtd.as_ref().is_some_and(vtd::Vtd::has_work)
+    }
+
+    fn config_read(&self, port: u16, size: u8) -> u32 {
+        let Some((bus, devfn, reg)) = pci::decode_address(self.address) else {
+            return u32::MAX;
+        };
+        let at = reg | usize::from(port - pci::CONFIG_DATA);
+        match (bus, devfn) {
+            (0, 0) => self.host_bridge.read(at, size),
+            (0, edu::EDU_DEVFN) if self.edu.is_some() => self
+                .edu
+                .as_ref()
+                .map_or(u32::MAX, |e| e.config_read(at, size)),
+            _ => u32::MAX,
+        }
+    }
+
+    fn config_write(&mut self, port: u16, size: u8, value: u32) {
+        let Some((bus, devfn, reg)) = pci::decode_address(self.address) else {
+            return;
+        };
+        let at = reg | usize::from(port - pci::CONFIG_DATA);
+        match (bus, devfn) {
+            (0, 0) => self.host_bridge.write(at, size, value),
+            (0, edu::EDU_DEVFN) => {
+                if let Some(e) = self.edu.as_mut() {
+                    e.config_write(at, size, value);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The work that reaches guest memory, in order: the invalidation
+    /// queue, the edu's DMA (through the IOMMU's translation when one is
+    /// attached; a page that does not translate is not transferred, and
+    /// the fault is recorded), the MSIs the edu raised and the IOAPIC's
+    /// remappable-format requests (through interrupt remapping), and the
+    /// IOMMU's own events. Returns the interrupt messages to deliver.
+    pub fn service(
+        &mut self,
+        mem: &mut dyn GuestMemory,
+        ioapic_requests: Vec<vtd::IoApicRequest>,
+    ) -> Vec<Ipi> {
+        let mut out = Vec::new();
+        if let Some(vtd) = self.vtd.as_mut() {
+            if vtd.queue_pending() {
+                vtd.run_queue(mem);
+            }
+        }
+        let sid = u16::from(edu::EDU_DEVFN);
+        if let Some(edu) = self.edu.as_mut() {
+            if let Some(request) = edu.take_dma() {
+                dma(edu, self.vtd.as_mut(), mem, sid, request);
+                edu.dma_done();
+            }
+            for (address, data) in edu.take_msis() {
+                let message = match self.vtd.as_mut() {
+                    Some(vtd) => vtd.remap(mem, Some(sid), address, data).ok().flatten(),
+                    None => vtd::msi_message(address as u32, data),
+                };
+                out.extend(message);
+            }
+        }
+        if let Some(vtd) = self.vtd.as_mut() {
+            for request in ioapic_requests {
+                out.extend(vtd.remap_ioapic(mem, request).ok().flatten());
+            }
+            out.extend(vtd.take_events());
+        }
+        out
+    }
+}
+
+/// One edu transfer, page by page through the IOMMU (if any).
+fn dma(
+    edu: &mut edu::Edu,
+    mut vtd: Option<&mut vtd::Vtd>,
+    mem: &mut dyn GuestMemory,
+    sid: u16,
+    request: edu::DmaRequest,
+) {
+    let mut done = 0usize;
+    while done < request.len {
+        let bus_address = request.ram + done as u64;
+        let chunk = ((0x1000 - (bus_address & 0xfff)) as usize).min(request.len - done);
+        let gpa = match vtd.as_deref_mut() {
+            Some(vtd) => vtd.translate(mem, sid, bus_address, request.to_ram),
+            None => Ok(bus_address),
+        };
+        if let Ok(gpa) = gpa {
+            let at = request.buffer + done;
+            let buffer = &mut edu.buffer_mut()[at..at + chunk];
+            if request.to_ram {
+                mem.write(gpa, buffer);
+            } else if !mem.read(gpa, buffer) {
+                // Outside RAM: the read completes with all ones.
+                buffer.fill(0xff);
+            }
+        }
+        done += chunk;
+    }
 }
 
 /// Every device of the VM.
@@ -129,6 +300,8 @@ pub struct Platform {
     testdev: Option<TestDev>,
     /// The 8259A pair (multiboot kernels only).
     pic: Option<Pic>,
+    /// The PCI bus, the edu and the IOMMU, when asked for.
+    pub chipset: Option<Box<Chipset>>,
 }
 
 /// The devices' state in a snapshot (the ACPI tables and fw_cfg items
@@ -148,11 +321,20 @@ pub struct PlatformSnapshot {
 }
 
 impl Platform {
-    /// The state to save; `None` while interrupt messages wait for
+    /// The state to save; an error while interrupt messages wait for
     /// delivery (between two exits; they are delivered before any vCPU
-    /// runs again).
-    pub fn snapshot(&self) -> Option<PlatformSnapshot> {
-        self.pending.is_empty().then(|| PlatformSnapshot {
+    /// runs again), and with the PCI devices or the IOMMU attached (their
+    /// state is not saved: such a VM refuses snapshots and migration).
+    pub fn snapshot(&self) -> Result<PlatformSnapshot, String> {
+        if self.chipset.is_some() {
+            return Err(
+                "the PCI devices (--device edu, --iommu intel) are not saved in snapshots".into(),
+            );
+        }
+        if !self.pending.is_empty() {
+            return Err("device interrupts wait for delivery".into());
+        }
+        Ok(PlatformSnapshot {
             uart: self.uart.snapshot(),
             ioapic: self.ioapic.clone(),
             fw_cfg_cursor: self.fw_cfg.cursor(),
@@ -180,9 +362,12 @@ impl Platform {
 
 impl Platform {
     pub fn new(config: &PlatformConfig) -> Self {
+        let devices = config.devices;
+        let mut ioapic = IoApic::default();
+        ioapic.set_remappable(devices.intel_iommu);
         Platform {
             uart: Uart::new(&config.console_input),
-            ioapic: IoApic::default(),
+            ioapic,
             fw_cfg: fw_cfg::FwCfg::new(config.ram_size, config.vcpus, &config.cmdline),
             guest_status: None,
             report_line: Vec::new(),
@@ -191,7 +376,72 @@ impl Platform {
             strict_mmio: false,
             testdev: None,
             pic: None,
+            chipset: (devices != DeviceSet::default()).then(|| Box::new(Chipset::new(devices))),
         }
+    }
+
+    /// Whether an Intel IOMMU is attached (the ACPI tables then have a
+    /// DMAR table).
+    pub fn has_intel_iommu(&self) -> bool {
+        self.chipset.as_ref().is_some_and(|c| c.vtd.is_some())
+    }
+
+    /// Whether device work waits for [`Chipset::service`].
+    pub fn device_work_pending(&self) -> bool {
+        self.ioapic.has_remap_requests() || self.chipset.as_ref().is_some_and(|c| c.work_pending())
+    }
+
+    /// Drives the edu's INTx line to its level (GSI 16, IOAPIC only).
+    fn sync_intx(&mut self) {
+        let Some(chipset) = self.chipset.as_mut() else {
+            return;
+        };
+        let level = chipset.edu.as_ref().is_some_and(edu::Edu::intx_level);
+        if level != chipset.intx {
+            chipset.intx = level;
+            self.pending
+                .extend(self.ioapic.set_line(usize::from(edu::EDU_GSI), level));
+        }
+    }
+
+    /// What a [`Chipset::service`] produced: its messages queued, the
+    /// INTx line brought up to date.
+    pub fn after_service(&mut self, messages: Vec<Ipi>) {
+        self.pending.extend(messages);
+        self.sync_intx();
+    }
+
+    /// The IOAPIC's remappable-format requests, for the IOMMU.
+    pub fn take_ioapic_requests(&mut self) -> Vec<vtd::IoApicRequest> {
+        self.ioapic.take_remap_requests()
+    }
+
+    /// The PCI configuration ports: the value of an `in`, or `None` if
+    /// no PCI bus or not those ports.
+    fn pci_pio_read(&mut self, port: u16, size: u8) -> Option<u32> {
+        let chipset = self.chipset.as_ref()?;
+        match port {
+            pci::CONFIG_ADDRESS if size == 4 => Some(chipset.address),
+            p if (pci::CONFIG_DATA..pci::CONFIG_DATA + 4).contains(&p) => {
+                Some(chipset.config_read(p, size))
+            }
+            _ => None,
+        }
+    }
+
+    fn pci_pio_write(&mut self, port: u16, size: u8, value: u32) -> bool {
+        let Some(chipset) = self.chipset.as_mut() else {
+            return false;
+        };
+        match port {
+            pci::CONFIG_ADDRESS if size == 4 => chipset.address = value & 0x80ff_ffff,
+            p if (pci::CONFIG_DATA..pci::CONFIG_DATA + 4).contains(&p) => {
+                chipset.config_write(p, size, value);
+            }
+            _ => return false,
+        }
+        self.sync_intx();
+        true
     }
 
     /// Attaches QEMU's pc-testdev and the 8259A pair, which the
@@ -270,6 +520,9 @@ impl Platform {
 
     /// An `in` of `size` bytes from `port`.
     pub fn pio_read(&mut self, port: u16, size: u8) -> u32 {
+        if let Some(value) = self.pci_pio_read(port, size) {
+            return value & size_mask(size);
+        }
         if let Some(value) = self.test_pio_read(port, size) {
             return value & size_mask(size);
         }
@@ -288,7 +541,7 @@ impl Platform {
     /// An `out` of `size` bytes of `value` to `port`.
     pub fn pio_write(&mut self, port: u16, size: u8, value: u32) -> Option<DeviceStop> {
         let value = value & size_mask(size);
-        if self.test_pio_write(port, size, value) {
+        if self.pci_pio_write(port, size, value) || self.test_pio_write(port, size, value) {
             return None;
         }
         let stop = match pio_device(port) {
@@ -343,10 +596,34 @@ impl Platform {
     pub fn is_mmio(&self, gpa: u64) -> bool {
         (IOAPIC_BASE..IOAPIC_BASE + IOAPIC_SIZE).contains(&gpa)
             || (self.testdev.is_some() && TestDev::is_iomem(gpa))
+            || self.chipset_mmio(gpa).is_some()
+    }
+
+    /// Which chipset device decodes `gpa`.
+    fn chipset_mmio(&self, gpa: u64) -> Option<ChipsetMmio> {
+        let chipset = self.chipset.as_ref()?;
+        if chipset.vtd.is_some() && (vtd::VTD_BASE..vtd::VTD_BASE + vtd::VTD_SIZE).contains(&gpa) {
+            return Some(ChipsetMmio::Vtd);
+        }
+        chipset
+            .edu
+            .as_ref()
+            .is_some_and(|e| e.owns(gpa))
+            .then_some(ChipsetMmio::Edu)
     }
 
     /// An MMIO read of `size` bytes at `gpa` ([`Platform::is_mmio`]).
     pub fn mmio_read(&mut self, gpa: u64, size: u8) -> u64 {
+        if let Some(device) = self.chipset_mmio(gpa) {
+            let chipset = self.chipset.as_ref().expect("decoded");
+            return match device {
+                ChipsetMmio::Vtd => chipset
+                    .vtd
+                    .as_ref()
+                    .map_or(0, |v| v.read(gpa - vtd::VTD_BASE, size)),
+                ChipsetMmio::Edu => chipset.edu.as_ref().map_or(0, |e| e.mmio_read(gpa, size)),
+            };
+        }
         if let Some(testdev) = self.testdev.as_ref().filter(|_| TestDev::is_iomem(gpa)) {
             return testdev.iomem_read(gpa, size);
         }
@@ -356,6 +633,23 @@ impl Platform {
 
     /// An MMIO write at `gpa` ([`Platform::is_mmio`]).
     pub fn mmio_write(&mut self, gpa: u64, size: u8, value: u64) {
+        if let Some(device) = self.chipset_mmio(gpa) {
+            let chipset = self.chipset.as_mut().expect("decoded");
+            match device {
+                ChipsetMmio::Vtd => {
+                    if let Some(v) = chipset.vtd.as_mut() {
+                        v.write(gpa - vtd::VTD_BASE, size, value);
+                    }
+                }
+                ChipsetMmio::Edu => {
+                    if let Some(e) = chipset.edu.as_mut() {
+                        e.mmio_write(gpa, size, value);
+                    }
+                }
+            }
+            self.sync_intx();
+            return;
+        }
         if let Some(testdev) = self.testdev.as_mut().filter(|_| TestDev::is_iomem(gpa)) {
             testdev.iomem_write(gpa, size, value);
             return;
@@ -380,6 +674,13 @@ impl Platform {
     pub fn take_interrupts(&mut self) -> Vec<Ipi> {
         std::mem::take(&mut self.pending)
     }
+}
+
+/// A chipset device's MMIO window.
+#[derive(Debug, Clone, Copy)]
+enum ChipsetMmio {
+    Vtd,
+    Edu,
 }
 
 fn size_mask(size: u8) -> u32 {
@@ -503,5 +804,140 @@ mod tests {
         assert_eq!(p.pio_write(GUEST_STATUS_PORT, 1, 0x1_07), None);
         assert_eq!(p.pio_write(GUEST_STATUS_PORT, 1, 3), None);
         assert_eq!(p.guest_status, Some(3));
+    }
+}
+
+#[cfg(test)]
+mod chipset_tests {
+    use super::*;
+
+    fn platform(edu: bool, intel_iommu: bool) -> Platform {
+        Platform::new(&PlatformConfig {
+            devices: DeviceSet { edu, intel_iommu },
+            ..PlatformConfig::default()
+        })
+    }
+
+    fn config_read(p: &mut Platform, devfn: u32, reg: u32, size: u8) -> u32 {
+        p.pio_write(
+            pci::CONFIG_ADDRESS,
+            4,
+            (1 << 31) | (devfn << 8) | (reg & !3),
+        );
+        p.pio_read(pci::CONFIG_DATA + (reg & 3) as u16, size)
+    }
+
+    #[test]
+    fn the_pci_bus_is_there_only_with_its_devices() {
+        let mut p = platform(false, false);
+        assert_eq!(p.pio_read(pci::CONFIG_DATA, 4), u32::MAX);
+        let mut p = platform(true, false);
+        assert_eq!(config_read(&mut p, 0, 0, 4), 0x29c0_8086, "host bridge");
+        assert_eq!(config_read(&mut p, u32::from(edu::EDU_DEVFN), 0, 2), 0x1234);
+        assert_eq!(config_read(&mut p, u32::from(edu::EDU_DEVFN), 2, 2), 0x11e8);
+        assert_eq!(config_read(&mut p, 0x20, 0, 2), 0xffff, "no function");
+        assert!(p.is_mmio(u64::from(edu::EDU_BAR0)));
+        assert!(!p.is_mmio(vtd::VTD_BASE), "no IOMMU asked for");
+    }
+
+    /// The VT-d unit's tables in `mem`: bus 0's root entry, the edu's
+    /// context entry, IOVA 0 → `page`; the IRT at 0x20000 with IRTE 1
+    /// (vector 0xed) and IRTE 2 (vector 0xee), both for APIC 0.
+    fn iommu_tables(mem: &mut vtd::tests::TestMemory, page: u64) {
+        let sid = u64::from(edu::EDU_DEVFN);
+        mem.put(0x10_000, 0x11_000 | 1);
+        mem.put(0x11_000 + sid * 16, 0x12_000 | 1 | 2);
+        mem.put(0x11_000 + sid * 16 + 8, 1 | (sid << 8));
+        mem.put(0x12_000, 0x13_000 | 3);
+        mem.put(0x13_000, 0x14_000 | 3);
+        mem.put(0x14_000, page | 3);
+        for (index, vector) in [(1u64, 0xedu64), (2, 0xee)] {
+            mem.put(0x20_000 + index * 16, 1 | (vector << 16));
+            mem.put(0x20_000 + index * 16 + 8, sid | (1 << 18));
+        }
+    }
+
+    fn service(p: &mut Platform, mem: &mut vtd::tests::TestMemory) {
+        while p.device_work_pending() {
+            let mut chipset = p.chipset.take().unwrap();
+            let requests = p.take_ioapic_requests();
+            let messages = chipset.service(mem, requests);
+            p.chipset = Some(chipset);
+            p.after_service(messages);
+        }
+    }
+
+    #[test]
+    fn edu_dma_through_the_iommu_and_remapped_interrupts() {
+        let mut p = platform(true, true);
+        let mut mem = vtd::tests::TestMemory::new();
+        let page = 0x30_0000u64;
+        iommu_tables(&mut mem, page);
+        mem.put(page, 0x1234_5678);
+        let v = |r: u64| vtd::VTD_BASE + r;
+        p.mmio_write(v(vtd::reg::RTADDR), 8, 0x10_000);
+        p.mmio_write(v(vtd::reg::GCMD), 4, u64::from(vtd::gcmd::SRTP));
+        p.mmio_write(v(vtd::reg::IRTA), 8, 0x20_000 | 0xf);
+        p.mmio_write(v(vtd::reg::GCMD), 4, u64::from(vtd::gcmd::SIRTP));
+        let on = vtd::gcmd::TE | vtd::gcmd::IRE;
+        p.mmio_write(v(vtd::reg::GCMD), 4, u64::from(on));
+        // Bus mastering on; DMA 4 bytes from IOVA 0 into the buffer, then
+        // back out to IOVA 4.
+        p.pio_write(
+            pci::CONFIG_ADDRESS,
+            4,
+            (1 << 31) | (u32::from(edu::EDU_DEVFN) << 8) | 4,
+        );
+        p.pio_write(pci::CONFIG_DATA, 2, 0x6);
+        let bar = u64::from(edu::EDU_BAR0);
+        let dma = |p: &mut Platform, mem: &mut vtd::tests::TestMemory, src, dst, cmd| {
+            p.mmio_write(bar + 0x80, 8, src);
+            p.mmio_write(bar + 0x88, 8, dst);
+            p.mmio_write(bar + 0x90, 8, 4);
+            p.mmio_write(bar + 0x98, 4, cmd);
+            assert!(p.device_work_pending());
+            service(p, mem);
+            assert_eq!(p.mmio_read(bar + 0x98, 4) & 1, 0, "done");
+        };
+        dma(&mut p, &mut mem, 0, edu::DMA_START, 1);
+        dma(&mut p, &mut mem, edu::DMA_START, 4, 3);
+        assert_eq!(
+            &mem.0[page as usize + 4..page as usize + 8],
+            &0x1234_5678u32.to_le_bytes()
+        );
+        // An IOVA with no mapping: nothing moves, and (FPD set) nothing
+        // is recorded.
+        dma(&mut p, &mut mem, edu::DMA_START, 0x1000, 3);
+        assert_eq!(p.mmio_read(v(vtd::reg::FSTS), 4), 0);
+        // INTx through a remappable IOAPIC entry (pin 16, index 1).
+        p.mmio_write(IOAPIC_BASE, 4, 0x10 + 2 * 16 + 1);
+        p.mmio_write(
+            IOAPIC_BASE + 0x10,
+            4,
+            ((1u64 << 48 | 1 << 49) >> 32) as u32 as u64,
+        );
+        p.mmio_write(IOAPIC_BASE, 4, 0x10 + 2 * 16);
+        p.mmio_write(IOAPIC_BASE + 0x10, 4, 0xed);
+        p.mmio_write(bar + 0x60, 4, 1);
+        assert!(p.take_interrupts().is_empty(), "waits for the IOMMU");
+        service(&mut p, &mut mem);
+        let ipis = p.take_interrupts();
+        assert_eq!(ipis.iter().map(|i| i.vector).collect::<Vec<_>>(), [0xed]);
+        p.mmio_write(bar + 0x64, 4, 1);
+        // MSI in remappable format, handle 2.
+        let cap = edu::MSI_CAP as u32;
+        let devfn = u32::from(edu::EDU_DEVFN) << 8;
+        for (reg, value) in [(cap + 4, 0xfee0_0050u32), (cap + 8, 0), (cap + 12, 0)] {
+            p.pio_write(pci::CONFIG_ADDRESS, 4, (1 << 31) | devfn | reg);
+            p.pio_write(pci::CONFIG_DATA, 4, value);
+        }
+        p.pio_write(pci::CONFIG_ADDRESS, 4, (1 << 31) | devfn | cap);
+        p.pio_write(pci::CONFIG_DATA + 2, 2, 1);
+        p.mmio_write(bar + 0x60, 4, 1);
+        service(&mut p, &mut mem);
+        let ipis = p.take_interrupts();
+        assert_eq!(ipis.iter().map(|i| i.vector).collect::<Vec<_>>(), [0xee]);
+        // The PCI devices refuse snapshots.
+        assert!(p.snapshot().unwrap_err().contains("--device edu"));
     }
 }

@@ -71,9 +71,11 @@ impl Vm {
     pub fn snapshot_state(&mut self) -> Result<Vec<u8>, SnapshotError> {
         self.settle();
         self.check_snapshottable()?;
-        let platform = self.shared.platform.snapshot().ok_or_else(|| {
-            SnapshotError::Unsupported("device interrupts wait for delivery".into())
-        })?;
+        let platform = self
+            .shared
+            .platform
+            .snapshot()
+            .map_err(SnapshotError::Unsupported)?;
         let gfn_of = self.gfn_of_frame();
         let mut vcpus = Vec::with_capacity(self.vcpus.len());
         for (index, vcpu) in self.vcpus.iter_mut().enumerate() {

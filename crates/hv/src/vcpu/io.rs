@@ -58,6 +58,7 @@ impl Vcpu {
     /// Queues the interrupt messages the devices raised, stamped with this
     /// vCPU's clock (the access that raised them).
     pub(super) fn deliver_device_interrupts(&mut self, shared: &mut Shared) {
+        shared.service_devices();
         self.pic_pending = shared.platform.pic_output() && self.cpu.apic().accepts_pic_interrupts();
         let at = self.clock();
         for ipi in shared.platform.take_interrupts() {

@@ -115,6 +115,8 @@ pub struct VmConfig {
     /// Multiboot modules (contents, command line), for a kernel with a
     /// multiboot header.
     pub modules: Vec<(Vec<u8>, String)>,
+    /// The optional devices (`--device edu`, `--iommu intel`).
+    pub devices: crate::devices::DeviceSet,
 }
 
 /// The default host time slice: 3 ms, Linux's EEVDF base slice (0.75 ms,
@@ -165,6 +167,7 @@ impl Default for VmConfig {
             dirty_ring_size: 4096,
             console_input: Vec::new(),
             modules: Vec::new(),
+            devices: Default::default(),
         }
     }
 }
@@ -417,6 +420,7 @@ impl Vm {
                     vcpus: config.vcpus as u16,
                     cmdline: config.cmdline.clone(),
                     console_input: config.console_input.clone(),
+                    devices: config.devices,
                 }),
                 reports: Vec::new(),
                 directory: vcpus
