@@ -146,6 +146,11 @@ pub(crate) fn boot_multiboot(
     for (placed, (bytes, _)) in modules.iter().zip(&config.modules) {
         vm.write_guest(Gpa(placed.start), bytes)?;
     }
+    // The suite's test device, the PIC, the RTC and the PM1 registers
+    // (the ACPI tables describe the last two).
+    vm.shared
+        .platform
+        .attach_test_devices(config.wall_clock_at_boot_ns);
     write_acpi_tables(&mut vm, config.vcpus)?;
     vm.write_guest(Gpa(info_gpa), &info)?;
     vm.kernel = Some(KernelImage {
@@ -160,10 +165,8 @@ pub(crate) fn boot_multiboot(
         let id = vcpu.cpu.apic().id();
         *vcpu.cpu.apic_mut() = machine::apic::Lapic::at_reset(id);
     }
-    // The suite's test device and the PIC, which the bootstrap
-    // processor's APIC passes on in virtual-wire mode, as a PC BIOS
-    // leaves it (`devices::pic`).
-    vm.shared.platform.attach_test_devices();
+    // The PIC, which the bootstrap processor's APIC passes on in
+    // virtual-wire mode, as a PC BIOS leaves it (`devices::pic`).
     vm.vcpus[0].cpu.apic_mut().enter_virtual_wire_mode();
     vm.start_vcpu(VcpuId(0), plan.entry, 0, 0);
     enter_multiboot_state(vm.vcpus[0].cpu.state_mut(), plan.entry, info_gpa);
@@ -231,8 +234,11 @@ pub(crate) fn load_flat_segments(
 /// Writes the ACPI tables at their place in the reserved low megabyte
 /// (`devices::acpi`).
 pub(crate) fn write_acpi_tables(vm: &mut Vm, vcpus: u32) -> Result<(), CreateError> {
-    let iommu = vm.shared.platform.has_intel_iommu();
-    let tables = crate::devices::acpi::build_tables(vcpus, iommu);
+    let set = crate::devices::acpi::TableSet {
+        intel_iommu: vm.shared.platform.has_intel_iommu(),
+        legacy_pm: vm.shared.platform.legacy_pm(),
+    };
+    let tables = crate::devices::acpi::build_tables(vcpus, set);
     vm.write_guest(Gpa(crate::devices::acpi::ACPI_BASE), &tables)?;
     Ok(())
 }

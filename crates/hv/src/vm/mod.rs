@@ -9,6 +9,7 @@ pub mod dirty_log;
 
 pub use crate::shared::{Report, StopReason};
 pub(crate) mod sched;
+mod sleep;
 
 use crate::apf::{ApfConfig, ApfMode, ApfProtocol};
 use crate::cost::HvCosts;
