@@ -737,3 +737,19 @@ impl Vm {
         }
     }
 }
+
+/// A VM with the boot page tables and GDT written and no kernel (unit
+/// tests put their code in it and start vCPUs there).
+#[cfg(test)]
+pub(crate) fn bare_vm(config: &VmConfig) -> Vm {
+    let mut vm = Vm::new(config).unwrap();
+    let gdt: Vec<u8> = crate::image::GDT
+        .iter()
+        .flat_map(|d| d.to_le_bytes())
+        .collect();
+    vm.write_guest(Gpa(crate::image::GDT_GPA), &gdt).unwrap();
+    for (gpa, entry) in crate::image::identity_map_entries(vm.mem_size()) {
+        vm.write_guest(Gpa(gpa), &entry.to_le_bytes()).unwrap();
+    }
+    vm
+}

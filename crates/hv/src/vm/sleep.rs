@@ -74,3 +74,89 @@ impl Vm {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::{acpi, rtc};
+    use crate::image as boot;
+    use crate::shared::StopReason;
+    use crate::vcpu::VcpuId;
+    use crate::vm::VmConfig;
+
+    const CODE: u64 = 0x10_0000;
+    const SECOND: u64 = crate::CYCLES_PER_SECOND;
+
+    /// A VM with the multiboot platform's devices whose vCPU 0 writes
+    /// SLP_EN with S3 to PM1a_CNT, then halts; the RTC alarm set to every
+    /// second with AIE, RTC_EN as `rtc_en` says; the FACS's waking vector
+    /// 0x8004, where real-mode code exits with status 11.
+    fn sleeping_vm(vcpus: u32, rtc_en: bool) -> Vm {
+        let mut vm = crate::vm::bare_vm(&VmConfig {
+            vcpus,
+            mem_size: 4 << 20,
+            ..VmConfig::default()
+        });
+        // mov $0x2400, %ax; mov $0x614, %dx; out %ax, %dx; 1: hlt; jmp 1b
+        let code = [
+            0x66, 0xb8, 0x00, 0x24, 0x66, 0xba, 0x14, 0x06, 0x66, 0xef, 0xf4, 0xeb, 0xfd,
+        ];
+        vm.write_guest(Gpa(CODE), &code).unwrap();
+        // mov $5, %al; out %al, $0xf4; hlt
+        vm.write_guest(Gpa(0x8004), &[0xb0, 0x05, 0xe6, 0xf4, 0xf4])
+            .unwrap();
+        vm.write_guest(Gpa(FACS_GPA + FACS_WAKING_VECTOR), &0x8004u32.to_le_bytes())
+            .unwrap();
+        let platform = &mut vm.shared.platform;
+        platform.attach_test_devices(crate::vm::DEFAULT_WALL_CLOCK_AT_BOOT_NS);
+        for alarm in [1, 3, 5] {
+            platform.pio_write(rtc::INDEX_PORT, 1, alarm);
+            platform.pio_write(rtc::DATA_PORT, 1, u32::from(rtc::DONT_CARE));
+        }
+        platform.pio_write(rtc::INDEX_PORT, 1, u32::from(rtc::reg::B));
+        platform.pio_write(rtc::DATA_PORT, 1, u32::from(rtc::b::HOUR_24 | rtc::b::AIE));
+        if rtc_en {
+            platform.pio_write(acpi::PM1A_EVT_PORT + 2, 2, u32::from(acpi::pm1::RTC));
+        }
+        vm.start_vcpu(VcpuId(0), CODE, boot::BOOT_STACK_TOP, 0);
+        vm
+    }
+
+    #[test]
+    fn the_rtc_alarm_wakes_the_boot_vcpu_at_the_waking_vector() {
+        let mut vm = sleeping_vm(2, true);
+        assert_eq!(vm.run(), StopReason::DebugExit { status: 11 });
+        let bsp = vm.vcpus[0].cpu.state();
+        assert_eq!((bsp.cs.selector, bsp.cs.base), (0x800, 0x8000));
+        assert!((SECOND..SECOND + SECOND / 1000).contains(&vm.time().0));
+        assert_eq!(vm.vcpus[1].run, RunState::WaitingForStart);
+    }
+
+    #[test]
+    fn without_an_enabled_wake_event_the_machine_sleeps_for_good() {
+        let mut vm = sleeping_vm(1, false);
+        let reason = vm.run();
+        assert!(
+            matches!(
+                reason,
+                StopReason::Error(crate::error::VmError::AllHalted { .. })
+            ),
+            "{reason:?}"
+        );
+        assert_eq!(vm.vcpus[0].run, RunState::WaitingForStart);
+    }
+
+    #[test]
+    fn s3_is_refused_while_a_vcpu_waits_for_a_page_in() {
+        let mut vm = sleeping_vm(2, true);
+        vm.vcpus[1].run = RunState::Stalled {
+            until: Cycles(10 * SECOND),
+            slot: crate::swap::SwapSlot(0),
+        };
+        // The write does nothing: vCPU 0 halts in its loop, the other
+        // vCPU stays stalled until its (never finished) read.
+        vm.run_until(Cycles(SECOND / 10));
+        assert_eq!(vm.vcpus[0].run, RunState::Halted);
+        assert_eq!(vm.vcpus[0].cpu.state().rip, CODE + 11);
+    }
+}
