@@ -204,32 +204,9 @@ fn enter_multiboot_state(state: &mut machine::cpu::state::CpuState, entry: u64, 
     state.gpr[Gpr::Rbx as usize] = info_gpa;
 }
 
-/// Loads CS with the flat 4 GiB segment (`selector`, `attr`) of `code`
-/// and DS, ES, SS, FS, GS with the flat kernel data segment of
-/// `data_selector`: what a boot protocol hands the kernel.
-pub(crate) fn load_flat_segments(
-    state: &mut machine::cpu::state::CpuState,
-    code: (u16, u32),
-    data_selector: u16,
-) {
-    use machine::cpu::state::{seg_attr, Segment};
-    let flat = |selector: u16, attr: u32| Segment {
-        selector,
-        base: 0,
-        limit: u32::MAX,
-        attr,
-    };
-    state.cs = flat(code.0, code.1);
-    for seg in [
-        &mut state.ds,
-        &mut state.es,
-        &mut state.ss,
-        &mut state.fs,
-        &mut state.gs,
-    ] {
-        *seg = flat(data_selector, seg_attr::DATA_KERNEL);
-    }
-}
+/// (The flat segments a boot protocol hands over: also firmware's resume
+/// path, `vm::sleep`.)
+pub(crate) use crate::vm::load_flat_segments;
 
 /// Writes the ACPI tables at their place in the reserved low megabyte
 /// (`devices::acpi`).

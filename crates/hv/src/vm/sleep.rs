@@ -5,9 +5,12 @@
 //! the CPU state is lost, as power to the package is). When the enabled
 //! wake event comes (the RTC alarm with RTC_EN:
 //! `devices::Platform::suspend`), the boot vCPU resumes as firmware's
-//! resume path hands over: in real mode at the FACS's firmware waking
-//! vector (CS = vector >> 4, IP = vector & 0xf), WAK_STS set; the others
-//! wait for INIT/SIPI. With no enabled wake event the machine sleeps for
+//! resume path hands over (ACPI 6.5, 5.2.10): at the FACS's
+//! X_Firmware_Waking_Vector if the OS wrote one, in 32-bit protected mode
+//! (flat 4 GiB segments, paging and interrupts off: the FACS offers no
+//! 64-bit wake), else in real mode at its Firmware_Waking_Vector (CS =
+//! vector >> 4, IP = vector & 0xf); WAK_STS is set. The others wait for
+//! INIT/SIPI. With no enabled wake event the machine sleeps for
 //! good and the run ends as every vCPU halted.
 //!
 //! S3 is refused (the write does nothing, as on a machine that cannot
@@ -18,7 +21,7 @@
 //! nothing more than the devices' state.
 
 use super::Vm;
-use crate::devices::acpi::{FACS_GPA, FACS_WAKING_VECTOR};
+use crate::devices::acpi::{FACS_GPA, FACS_WAKING_VECTOR, FACS_X_WAKING_VECTOR};
 use crate::mmu::MmuMode;
 use crate::time::Cycles;
 use crate::vcpu::RunState;
@@ -53,18 +56,24 @@ impl Vm {
         let Some(wake) = wake else {
             return true;
         };
-        // A guest that cannot be read here (no RAM at the FACS) resumes
-        // at 0, as firmware reading zeros would.
-        let vector = self
-            .shared
-            .read_u32(Gpa(FACS_GPA + FACS_WAKING_VECTOR))
-            .unwrap_or(0);
+        // A FACS that cannot be read (no RAM there) reads as zeros, as
+        // firmware would find them.
+        let mut facs = [0u8; 32];
+        let _ = self.shared.read_guest(Gpa(FACS_GPA), &mut facs);
+        let vector_at = FACS_WAKING_VECTOR as usize;
+        let x_at = FACS_X_WAKING_VECTOR as usize;
+        let vector = u32::from_le_bytes(facs[vector_at..vector_at + 4].try_into().expect("4"));
+        let x_vector = u64::from_le_bytes(facs[x_at..x_at + 8].try_into().expect("8"));
         let bsp = &mut self.vcpus[0];
         bsp.cpu.receive_startup(0);
         let state = bsp.cpu.state_mut();
-        state.cs.selector = (vector >> 4) as u16;
-        state.cs.base = u64::from(vector >> 4) << 4;
-        state.rip = u64::from(vector & 0xf);
+        if x_vector != 0 {
+            enter_protected_mode(state, x_vector);
+        } else {
+            state.cs.selector = (vector >> 4) as u16;
+            state.cs.base = u64::from(vector >> 4) << 4;
+            state.rip = u64::from(vector & 0xf);
+        }
         if bsp.mmu_mode == MmuMode::Shadow {
             bsp.reset_shadow_paging();
         }
@@ -73,6 +82,22 @@ impl Vm {
         bsp.run = RunState::Runnable;
         true
     }
+}
+
+/// 32-bit protected mode at `rip` with flat 4 GiB segments (code 0x08,
+/// data 0x10), paging and interrupts off: the X_Firmware_Waking_Vector's
+/// hand-over without 64BIT_WAKE_F.
+fn enter_protected_mode(state: &mut machine::cpu::state::CpuState, rip: u64) {
+    use machine::cpu::state::seg_attr;
+    const CR0_PE: u64 = 1;
+    state.cr0 |= CR0_PE;
+    let code32 = seg_attr::TYPE_CODE_RX_ACCESSED
+        | seg_attr::S
+        | seg_attr::PRESENT
+        | seg_attr::DB
+        | seg_attr::GRANULARITY;
+    super::load_flat_segments(state, (0x08, code32), 0x10);
+    state.rip = rip;
 }
 
 #[cfg(test)]
@@ -130,6 +155,25 @@ mod tests {
         assert_eq!((bsp.cs.selector, bsp.cs.base), (0x800, 0x8000));
         assert!((SECOND..SECOND + SECOND / 1000).contains(&vm.time().0));
         assert_eq!(vm.vcpus[1].run, RunState::WaitingForStart);
+    }
+
+    #[test]
+    fn a_64_bit_waking_vector_resumes_in_32_bit_protected_mode() {
+        let mut vm = sleeping_vm(1, true);
+        // The same code at 0x20_0000 (it runs in either mode).
+        vm.write_guest(Gpa(0x20_0000), &[0xb0, 0x05, 0xe6, 0xf4, 0xf4])
+            .unwrap();
+        vm.write_guest(
+            Gpa(FACS_GPA + FACS_X_WAKING_VECTOR),
+            &0x20_0000u64.to_le_bytes(),
+        )
+        .unwrap();
+        assert_eq!(vm.run(), StopReason::DebugExit { status: 11 });
+        let bsp = vm.vcpus[0].cpu.state();
+        assert_eq!(bsp.cr0 & 0x8000_0001, 1, "PE, no paging");
+        assert_eq!((bsp.cs.base, bsp.cs.limit), (0, u32::MAX));
+        assert_ne!(bsp.cs.attr & machine::cpu::state::seg_attr::DB, 0);
+        assert_eq!(bsp.rip, 0x20_0000 + 4, "after the out");
     }
 
     #[test]
