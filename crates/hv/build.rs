@@ -45,8 +45,13 @@ const MMU: [(&str, &str, &[&str]); 8] = [
 
 /// Kernels built from several sources with a link script of their own
 /// (tests/guests/DIR/{*.S,*.c} with DIR/link.ld -> NAME.elf): the multiboot
-/// acceptance kernel, which starts in 32-bit mode at 1 MiB.
-const MULTI_SOURCE: [(&str, &str, &[&str]); 1] = [("mboot", "mboot", &["boot.S", "main.c"])];
+/// acceptance kernel, which starts in 32-bit mode at 1 MiB, and the S3
+/// kernel.
+const MULTI_SOURCE: [(&str, &str, &[&str]); 2] = [
+    ("mboot", "mboot", &["boot.S", "main.c"]),
+    // ACPI S3 and resume (32-bit, no C).
+    ("s3", "s3", &["boot.S"]),
+];
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));

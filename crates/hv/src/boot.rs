@@ -146,6 +146,11 @@ pub(crate) fn boot_multiboot(
     for (placed, (bytes, _)) in modules.iter().zip(&config.modules) {
         vm.write_guest(Gpa(placed.start), bytes)?;
     }
+    // The suite's test device, the PIC, the RTC and the PM1 registers
+    // (the ACPI tables describe the last two).
+    vm.shared
+        .platform
+        .attach_test_devices(config.wall_clock_at_boot_ns);
     write_acpi_tables(&mut vm, config.vcpus)?;
     vm.write_guest(Gpa(info_gpa), &info)?;
     vm.kernel = Some(KernelImage {
@@ -160,10 +165,8 @@ pub(crate) fn boot_multiboot(
         let id = vcpu.cpu.apic().id();
         *vcpu.cpu.apic_mut() = machine::apic::Lapic::at_reset(id);
     }
-    // The suite's test device and the PIC, which the bootstrap
-    // processor's APIC passes on in virtual-wire mode, as a PC BIOS
-    // leaves it (`devices::pic`).
-    vm.shared.platform.attach_test_devices();
+    // The PIC, which the bootstrap processor's APIC passes on in
+    // virtual-wire mode, as a PC BIOS leaves it (`devices::pic`).
     vm.vcpus[0].cpu.apic_mut().enter_virtual_wire_mode();
     vm.start_vcpu(VcpuId(0), plan.entry, 0, 0);
     enter_multiboot_state(vm.vcpus[0].cpu.state_mut(), plan.entry, info_gpa);
@@ -201,38 +204,18 @@ fn enter_multiboot_state(state: &mut machine::cpu::state::CpuState, entry: u64, 
     state.gpr[Gpr::Rbx as usize] = info_gpa;
 }
 
-/// Loads CS with the flat 4 GiB segment (`selector`, `attr`) of `code`
-/// and DS, ES, SS, FS, GS with the flat kernel data segment of
-/// `data_selector`: what a boot protocol hands the kernel.
-pub(crate) fn load_flat_segments(
-    state: &mut machine::cpu::state::CpuState,
-    code: (u16, u32),
-    data_selector: u16,
-) {
-    use machine::cpu::state::{seg_attr, Segment};
-    let flat = |selector: u16, attr: u32| Segment {
-        selector,
-        base: 0,
-        limit: u32::MAX,
-        attr,
-    };
-    state.cs = flat(code.0, code.1);
-    for seg in [
-        &mut state.ds,
-        &mut state.es,
-        &mut state.ss,
-        &mut state.fs,
-        &mut state.gs,
-    ] {
-        *seg = flat(data_selector, seg_attr::DATA_KERNEL);
-    }
-}
+/// (The flat segments a boot protocol hands over: also firmware's resume
+/// path, `vm::sleep`.)
+pub(crate) use crate::vm::load_flat_segments;
 
 /// Writes the ACPI tables at their place in the reserved low megabyte
 /// (`devices::acpi`).
 pub(crate) fn write_acpi_tables(vm: &mut Vm, vcpus: u32) -> Result<(), CreateError> {
-    let iommu = vm.shared.platform.has_intel_iommu();
-    let tables = crate::devices::acpi::build_tables(vcpus, iommu);
+    let set = crate::devices::acpi::TableSet {
+        intel_iommu: vm.shared.platform.has_intel_iommu(),
+        legacy_pm: vm.shared.platform.legacy_pm(),
+    };
+    let tables = crate::devices::acpi::build_tables(vcpus, set);
     vm.write_guest(Gpa(crate::devices::acpi::ACPI_BASE), &tables)?;
     Ok(())
 }

@@ -14,12 +14,20 @@
 //! | IOAPIC (`ioapic`) | MMIO 0xfec00000..0xfec01000 |
 //!
 //! Multiboot kernels (the kvm-unit-tests suite's) also get QEMU's test
-//! device and the legacy PIC ([`Platform::attach_test_devices`]):
+//! device, the legacy PIC, the CMOS RTC and fixed-hardware ACPI's PM1
+//! registers with S3 ([`Platform::attach_test_devices`]):
 //!
 //! | device | where |
 //! |---|---|
 //! | pc-testdev (`testdev`) | ports 0xe0..0xec, 0x2000..0x2018 (IRQ lines), MMIO 0xff000000..0xff010000 |
 //! | 8259A pair (`pic`) | ports 0x20, 0x21, 0xa0, 0xa1 |
+//! | MC146818 RTC and CMOS RAM (`rtc`) | ports 0x70 (index), 0x71 (data) |
+//! | ACPI PM1a event block, control block (`acpi::Pm1`) | ports 0x610..0x614, 0x614..0x616 |
+//!
+//! A write of SLP_EN with S3's SLP_TYP to PM1a_CNT puts the machine in
+//! S3: the VM (`vm::sleep`) stops every vCPU, keeps memory, and wakes the
+//! boot vCPU at the FACS's waking vector when an enabled wake event (the
+//! RTC alarm with RTC_EN) comes ([`Platform::suspend`]).
 //!
 //! With `--device edu` or `--iommu intel` ([`DeviceSet`]) the platform
 //! also has a PCI bus and what was asked for:
@@ -49,6 +57,7 @@ pub mod fw_cfg;
 pub mod ioapic;
 pub mod pci;
 pub mod pic;
+pub mod rtc;
 pub mod serial;
 pub mod testdev;
 pub mod vtd;
@@ -302,6 +311,24 @@ pub struct Platform {
     pic: Option<Pic>,
     /// The PCI bus, the edu and the IOMMU, when asked for.
     pub chipset: Option<Box<Chipset>>,
+    /// The CMOS RTC (multiboot kernels only).
+    rtc: Option<rtc::Rtc>,
+    /// Fixed-hardware ACPI's PM1a registers (multiboot kernels only).
+    pm1: Option<acpi::Pm1>,
+    /// Virtual time (ns) of the access being handled ([`Platform::set_clock`]).
+    now_ns: u64,
+    /// The guest asked for S3 ([`Platform::take_suspend_request`]).
+    suspend_requested: bool,
+}
+
+/// Virtual time in ns of `cycles` at the TSC rate.
+fn cycles_to_ns(cycles: u64) -> u64 {
+    (u128::from(cycles) * 1_000_000_000 / u128::from(machine::cost::CYCLES_PER_SECOND)) as u64
+}
+
+/// The first cycle at or after `ns`.
+fn ns_to_cycles(ns: u64) -> u64 {
+    (u128::from(ns) * u128::from(machine::cost::CYCLES_PER_SECOND)).div_ceil(1_000_000_000) as u64
 }
 
 /// The devices' state in a snapshot (the ACPI tables and fw_cfg items
@@ -318,6 +345,10 @@ pub struct PlatformSnapshot {
     pub testdev: Option<TestDev>,
     #[serde(default)]
     pub pic: Option<Pic>,
+    #[serde(default)]
+    pub rtc: Option<rtc::Rtc>,
+    #[serde(default)]
+    pub pm1: Option<acpi::Pm1>,
 }
 
 impl Platform {
@@ -341,6 +372,8 @@ impl Platform {
             report_line: self.report_line.clone(),
             testdev: self.testdev.clone(),
             pic: self.pic.clone(),
+            rtc: self.rtc.clone(),
+            pm1: self.pm1.clone(),
         })
     }
 
@@ -355,6 +388,9 @@ impl Platform {
         self.report_line.truncate(abi::REPORT_MAX as usize);
         self.testdev = saved.testdev.clone();
         self.pic = saved.pic.clone();
+        self.rtc = saved.rtc.clone();
+        self.pm1 = saved.pm1.clone();
+        self.suspend_requested = false;
         self.pending.clear();
         Ok(())
     }
@@ -377,6 +413,10 @@ impl Platform {
             testdev: None,
             pic: None,
             chipset: (devices != DeviceSet::default()).then(|| Box::new(Chipset::new(devices))),
+            rtc: None,
+            pm1: None,
+            now_ns: 0,
+            suspend_requested: false,
         }
     }
 
@@ -444,18 +484,101 @@ impl Platform {
         true
     }
 
-    /// Attaches QEMU's pc-testdev and the 8259A pair, which the
-    /// kvm-unit-tests suite drives (multiboot kernels get them): the
-    /// PIC as a PC BIOS initializes it (`pic`).
-    pub fn attach_test_devices(&mut self) {
+    /// Attaches QEMU's pc-testdev, the 8259A pair, the CMOS RTC (reading
+    /// `wall_clock_at_boot_ns` at virtual time 0) and the PM1a registers,
+    /// which the kvm-unit-tests suite drives (multiboot kernels get them):
+    /// the PIC as a PC BIOS initializes it (`pic`). The ACPI tables then
+    /// describe fixed-hardware ACPI ([`Platform::legacy_pm`]).
+    pub fn attach_test_devices(&mut self, wall_clock_at_boot_ns: u64) {
         self.testdev = Some(TestDev::default());
         self.pic = Some(Pic::default());
+        self.rtc = Some(rtc::Rtc::new(wall_clock_at_boot_ns));
+        self.pm1 = Some(acpi::Pm1::default());
+    }
+
+    /// Whether the platform has the PM1 registers, the RTC and S3 (the
+    /// ACPI tables must then say so: `acpi::TableSet::legacy_pm`).
+    pub fn legacy_pm(&self) -> bool {
+        self.pm1.is_some()
+    }
+
+    /// The virtual time (the accessing vCPU's clock, in cycles) of the
+    /// port accesses that follow: the RTC's time.
+    pub fn set_clock(&mut self, cycles: u64) {
+        self.now_ns = cycles_to_ns(cycles);
+    }
+
+    /// Whether the guest asked for S3 since the last call.
+    pub fn take_suspend_request(&mut self) -> bool {
+        std::mem::take(&mut self.suspend_requested)
+    }
+
+    /// The machine enters S3 at `cycles`: returns when (in cycles) an
+    /// enabled wake event ends it, and sets what the OS finds on resume
+    /// (WAK_STS; RTC_STS and register C's AF follow from the alarm's
+    /// time). `None`: no enabled wake event ever comes (the RTC alarm
+    /// needs AIE in register B and RTC_EN in PM1_EN).
+    pub fn suspend(&mut self, cycles: u64) -> Option<u64> {
+        let now = cycles_to_ns(cycles);
+        let pm1 = self.pm1.as_mut()?;
+        if pm1.enable & acpi::pm1::RTC == 0 {
+            return None;
+        }
+        let wake = self.rtc.as_ref()?.next_alarm(now)?;
+        pm1.status |= acpi::pm1::WAK_STS;
+        Some(ns_to_cycles(wake))
+    }
+
+    /// The RTC's and PM1's ports: the value of an `in`, or `None`.
+    fn pm_pio_read(&mut self, port: u16, size: u8) -> Option<u32> {
+        let now = self.now_ns;
+        if let Some(rtc) = self.rtc.as_mut() {
+            if port == rtc::INDEX_PORT || port == rtc::DATA_PORT {
+                return Some(u32::from(rtc.read(port, now)));
+            }
+        }
+        let (control, offset) = pm1_register(port)?;
+        if !control {
+            self.sync_rtc_status();
+        }
+        self.pm1.as_ref().map(|pm| pm.read(control, offset, size))
+    }
+
+    /// An `out` to the RTC's or PM1's ports: the sleep state it asks
+    /// for, or `None` if neither has the port.
+    fn pm_pio_write(&mut self, port: u16, size: u8, value: u32) -> Option<acpi::SleepRequest> {
+        let now = self.now_ns;
+        if let Some(rtc) = self.rtc.as_mut() {
+            if port == rtc::INDEX_PORT || port == rtc::DATA_PORT {
+                rtc.write(port, value as u8, now);
+                return Some(acpi::SleepRequest::None);
+            }
+        }
+        let (control, offset) = pm1_register(port)?;
+        if !control {
+            self.sync_rtc_status();
+        }
+        let pm = self.pm1.as_mut()?;
+        Some(pm.write(control, offset, size, value))
+    }
+
+    /// RTC_STS: set when the RTC's alarm interrupt happened.
+    fn sync_rtc_status(&mut self) {
+        let now = self.now_ns;
+        if let (Some(rtc), Some(pm)) = (self.rtc.as_mut(), self.pm1.as_mut()) {
+            if rtc.take_alarm_event(now) {
+                pm.status |= acpi::pm1::RTC;
+            }
+        }
     }
 
     /// A port of the test devices: its value for an `in`, or `None`.
     fn test_pio_read(&mut self, port: u16, size: u8) -> Option<u32> {
         if let Some(pic) = self.pic.as_ref().filter(|_| Pic::owns(port)) {
             return Some(u32::from(pic.read(port)));
+        }
+        if let Some(value) = self.pm_pio_read(port, size) {
+            return Some(value);
         }
         let testdev = self.testdev.as_ref()?;
         match port {
@@ -473,6 +596,7 @@ impl Platform {
             pic.write(port, value as u8);
             return true;
         }
+
         let Some(testdev) = self.testdev.as_mut() else {
             return false;
         };
@@ -541,6 +665,15 @@ impl Platform {
     /// An `out` of `size` bytes of `value` to `port`.
     pub fn pio_write(&mut self, port: u16, size: u8, value: u32) -> Option<DeviceStop> {
         let value = value & size_mask(size);
+        match self.pm_pio_write(port, size, value) {
+            Some(acpi::SleepRequest::PowerOff) => return Some(DeviceStop::PowerOff),
+            Some(acpi::SleepRequest::Suspend) => {
+                self.suspend_requested = true;
+                return None;
+            }
+            Some(acpi::SleepRequest::None) => return None,
+            None => {}
+        }
         if self.pci_pio_write(port, size, value) || self.test_pio_write(port, size, value) {
             return None;
         }
@@ -568,7 +701,8 @@ impl Platform {
             }
             Some((PioDevice::SleepControl, _)) => match acpi::sleep_control_write(value as u8) {
                 acpi::SleepRequest::PowerOff => Some(DeviceStop::PowerOff),
-                acpi::SleepRequest::None => None,
+                // (The hardware-reduced register offers S5 only.)
+                acpi::SleepRequest::Suspend | acpi::SleepRequest::None => None,
             },
             _ => None,
         };
@@ -676,6 +810,18 @@ impl Platform {
     }
 }
 
+/// The PM1a register at `port`: (control block, offset in it).
+fn pm1_register(port: u16) -> Option<(bool, u16)> {
+    use acpi::{PM1A_CNT_PORT, PM1A_EVT_PORT, PM1_CNT_LEN, PM1_EVT_LEN};
+    if (PM1A_EVT_PORT..PM1A_EVT_PORT + PM1_EVT_LEN).contains(&port) {
+        Some((false, port - PM1A_EVT_PORT))
+    } else if (PM1A_CNT_PORT..PM1A_CNT_PORT + PM1_CNT_LEN).contains(&port) {
+        Some((true, port - PM1A_CNT_PORT))
+    } else {
+        None
+    }
+}
+
 /// A chipset device's MMIO window.
 #[derive(Debug, Clone, Copy)]
 enum ChipsetMmio {
@@ -774,7 +920,7 @@ mod tests {
     fn test_device_lines_drive_level_ioapic_pins_until_the_eoi_broadcast() {
         let mut p = Platform::new(&PlatformConfig::default());
         assert_eq!(p.pio_read(testdev::DATA_PORT, 4), u32::MAX, "not attached");
-        p.attach_test_devices();
+        p.attach_test_devices(0);
         // Pin 14 level-triggered, vector 0x79, APIC 0.
         p.mmio_write(IOAPIC_BASE, 4, 0x10 + 2 * 14);
         p.mmio_write(IOAPIC_BASE + 0x10, 4, 0x79 | (1 << 15));
@@ -795,6 +941,58 @@ mod tests {
         assert_eq!(p.mmio_read(testdev::IOMEM_BASE + 6, 2), 0x1234);
         // The PIC answers its ports now.
         assert_eq!(p.pio_read(0x21, 1), 0x10);
+    }
+
+    #[test]
+    fn s3_wakes_at_the_rtc_alarm_only_with_rtc_en_and_aie() {
+        use acpi::{pm1, PM1A_CNT_PORT, PM1A_EVT_PORT};
+        let second = machine::cost::CYCLES_PER_SECOND;
+        let mut p = Platform::new(&PlatformConfig::default());
+        // Nothing at the RTC's and PM1's ports without the test devices.
+        assert_eq!(p.pio_read(rtc::DATA_PORT, 1), 0xff);
+        assert_eq!(p.pio_read(PM1A_EVT_PORT, 2), 0xffff);
+        assert_eq!(p.pio_write(PM1A_CNT_PORT, 2, 0x2400), None);
+        assert!(!p.take_suspend_request());
+        p.attach_test_devices(1_767_225_600 * 1_000_000_000);
+        assert!(p.legacy_pm());
+        p.set_clock(second / 2);
+        // 2026-01-01 00:00:00, BCD.
+        p.pio_write(rtc::INDEX_PORT, 1, u32::from(rtc::reg::YEAR));
+        assert_eq!(p.pio_read(rtc::DATA_PORT, 1), 0x26);
+        // Alarm: don't care everywhere, AIE.
+        for alarm in [1, 3, 5] {
+            p.pio_write(rtc::INDEX_PORT, 1, alarm);
+            p.pio_write(rtc::DATA_PORT, 1, u32::from(rtc::DONT_CARE));
+        }
+        p.pio_write(rtc::INDEX_PORT, 1, u32::from(rtc::reg::B));
+        p.pio_write(rtc::DATA_PORT, 1, u32::from(rtc::b::HOUR_24 | rtc::b::AIE));
+        assert_eq!(p.suspend(second / 2), None, "RTC_EN clear: no wake");
+        p.pio_write(PM1A_EVT_PORT + 2, 2, u32::from(pm1::RTC));
+        assert_eq!(p.pio_write(PM1A_CNT_PORT, 2, 0x2400), None);
+        assert!(p.take_suspend_request());
+        assert_eq!(p.suspend(second / 2), Some(second));
+        // Resumed at 1 s: WAK_STS and RTC_STS, cleared by writing ones.
+        p.set_clock(second + 1000);
+        let sts = p.pio_read(PM1A_EVT_PORT, 2) as u16;
+        assert_eq!(sts, pm1::WAK_STS | pm1::RTC);
+        p.pio_write(PM1A_EVT_PORT, 2, u32::from(sts));
+        assert_eq!(p.pio_read(PM1A_EVT_PORT, 2), 0);
+        // S5 through PM1a_CNT powers off.
+        assert_eq!(
+            p.pio_write(PM1A_CNT_PORT, 2, 0x3400),
+            Some(DeviceStop::PowerOff)
+        );
+        // The RTC and PM1 state is in snapshots.
+        let saved = p.snapshot().unwrap();
+        let mut q = Platform::new(&PlatformConfig::default());
+        q.restore(&saved).unwrap();
+        q.set_clock(second + 1000);
+        assert_eq!(q.pio_read(PM1A_EVT_PORT + 2, 2), u32::from(pm1::RTC));
+        q.pio_write(rtc::INDEX_PORT, 1, u32::from(rtc::reg::B));
+        assert_eq!(
+            q.pio_read(rtc::DATA_PORT, 1),
+            u32::from(rtc::b::HOUR_24 | rtc::b::AIE)
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod dirty_log;
 
 pub use crate::shared::{Report, StopReason};
 pub(crate) mod sched;
+mod sleep;
 
 use crate::apf::{ApfConfig, ApfMode, ApfProtocol};
 use crate::cost::HvCosts;
@@ -735,4 +736,47 @@ impl Vm {
             mmu_lock: host.mmu.lock_stats(&host.costs),
         }
     }
+}
+
+/// Loads CS with the flat 4 GiB segment (`selector`, `attr`) of `code`
+/// and DS, ES, SS, FS, GS with the flat kernel data segment of
+/// `data_selector`: what a boot protocol hands the kernel.
+pub(crate) fn load_flat_segments(
+    state: &mut machine::cpu::state::CpuState,
+    code: (u16, u32),
+    data_selector: u16,
+) {
+    use machine::cpu::state::{seg_attr, Segment};
+    let flat = |selector: u16, attr: u32| Segment {
+        selector,
+        base: 0,
+        limit: u32::MAX,
+        attr,
+    };
+    state.cs = flat(code.0, code.1);
+    for seg in [
+        &mut state.ds,
+        &mut state.es,
+        &mut state.ss,
+        &mut state.fs,
+        &mut state.gs,
+    ] {
+        *seg = flat(data_selector, seg_attr::DATA_KERNEL);
+    }
+}
+
+/// A VM with the boot page tables and GDT written and no kernel (unit
+/// tests put their code in it and start vCPUs there).
+#[cfg(test)]
+pub(crate) fn bare_vm(config: &VmConfig) -> Vm {
+    let mut vm = Vm::new(config).unwrap();
+    let gdt: Vec<u8> = crate::image::GDT
+        .iter()
+        .flat_map(|d| d.to_le_bytes())
+        .collect();
+    vm.write_guest(Gpa(crate::image::GDT_GPA), &gdt).unwrap();
+    for (gpa, entry) in crate::image::identity_map_entries(vm.mem_size()) {
+        vm.write_guest(Gpa(gpa), &entry.to_le_bytes()).unwrap();
+    }
+    vm
 }

@@ -624,9 +624,14 @@ impl Vm {
         if bounded && !self.sched.settling {
             self.shared.host.order_bound = Some(self.order_bound(index));
         }
+        // The devices' time (the RTC's) is the exiting vCPU's clock.
+        self.shared.platform.set_clock(self.vcpus[index].clock().0);
         let next = self.vcpus[index].handle_exit(&mut self.shared, exit);
         self.shared.host.order_bound = None;
         self.carry_out_cross_requests();
+        if self.shared.platform.take_suspend_request() && self.suspend(index) {
+            return Ok(());
+        }
         self.after_exit(index, next)
     }
 

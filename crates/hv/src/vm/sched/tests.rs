@@ -12,18 +12,12 @@ fn halting_vm(vcpus: u32) -> Vm {
 }
 
 fn halting_vm_with(vcpus: u32, mmu: crate::mmu::MmuMode) -> Vm {
-    let mut vm = Vm::new(&VmConfig {
+    let mut vm = crate::vm::bare_vm(&VmConfig {
         vcpus,
         mem_size: 4 << 20,
         mmu,
         ..VmConfig::default()
-    })
-    .unwrap();
-    let gdt: Vec<u8> = boot::GDT.iter().flat_map(|d| d.to_le_bytes()).collect();
-    vm.write_guest(Gpa(boot::GDT_GPA), &gdt).unwrap();
-    for (gpa, entry) in boot::identity_map_entries(vm.mem_size()) {
-        vm.write_guest(Gpa(gpa), &entry.to_le_bytes()).unwrap();
-    }
+    });
     vm.write_guest(Gpa(CODE), &[0xfa, 0xf4, 0xeb, 0xfd])
         .unwrap();
     vm.start_vcpu(VcpuId(0), CODE, boot::BOOT_STACK_TOP, 0);
@@ -33,19 +27,13 @@ fn halting_vm_with(vcpus: u32, mmu: crate::mmu::MmuMode) -> Vm {
 /// A VM whose `vcpus` vCPUs all spin (`jmp .`) on `host_cpus` host
 /// CPUs with 1 ms slices.
 fn spinning_vm(vcpus: u32, host_cpus: u32) -> Vm {
-    let mut vm = Vm::new(&VmConfig {
+    let mut vm = crate::vm::bare_vm(&VmConfig {
         vcpus,
         mem_size: 4 << 20,
         host_cpus: Some(host_cpus),
         host_slice: 3_000_000,
         ..VmConfig::default()
-    })
-    .unwrap();
-    let gdt: Vec<u8> = boot::GDT.iter().flat_map(|d| d.to_le_bytes()).collect();
-    vm.write_guest(Gpa(boot::GDT_GPA), &gdt).unwrap();
-    for (gpa, entry) in boot::identity_map_entries(vm.mem_size()) {
-        vm.write_guest(Gpa(gpa), &entry.to_le_bytes()).unwrap();
-    }
+    });
     vm.write_guest(Gpa(CODE), &[0xeb, 0xfe]).unwrap();
     for i in 0..vcpus as usize {
         vm.start_vcpu(VcpuId(i), CODE, boot::BOOT_STACK_TOP, 0);
