@@ -95,7 +95,7 @@ impl Cpu {
                 }
                 t
             }
-            Err(jit::NotTranslated::NothingNative) => {
+            Err(jit::NotTranslated::Not64Bit) => {
                 self.jit_stats.blocks_interpreted += 1;
                 None
             }
