@@ -215,10 +215,48 @@ impl PhysMemory {
             return false;
         }
         debug_assert_eq!(hpa.0 / PAGE_SIZE, (hpa.0 + len - 1) / PAGE_SIZE);
-        for i in 0..count {
-            self.store_unchecked(Hpa(hpa.0 + i * size as u64), size, value);
+        // The bytes repeat every `size` bytes, so every 8 (the sizes
+        // divide 8): byte k of `period` is byte k of the range modulo 8.
+        let size = size as u32;
+        let mut period = 0u64;
+        for k in 0..8 {
+            period |= ((value >> (8 * (k % size))) & 0xff) << (8 * k);
         }
+        self.fill_periodic(hpa, len, period);
         true
+    }
+
+    /// Stores `len` bytes from `hpa` (a range already checked), the byte
+    /// at offset k being byte `k % 8` of `period`: 8-byte aligned words
+    /// where they fit, single bytes at the ends. (The memory ends up as
+    /// element-by-element stores leave it; the vCPUs run on one host
+    /// thread, so nothing sees the order.)
+    #[inline]
+    fn fill_periodic(&self, hpa: Hpa, len: u64, period: u64) {
+        let p = self.ptr(hpa);
+        let len = len as usize;
+        let head = ((8 - (hpa.0 & 7)) & 7).min(len as u64) as usize;
+        for i in 0..head {
+            // SAFETY: inside the checked range.
+            unsafe {
+                (*(p.add(i) as *const AtomicU8))
+                    .store((period >> (8 * (i & 7))) as u8, Ordering::Relaxed)
+            };
+        }
+        // Every aligned word starts `head` bytes (mod 8) into the period.
+        let word = period.rotate_right(8 * head as u32);
+        let words = (len - head) / 8;
+        for w in 0..words {
+            // SAFETY: inside the checked range and 8-byte aligned.
+            unsafe { (*(p.add(head + 8 * w) as *const AtomicU64)).store(word, Ordering::Relaxed) };
+        }
+        for i in head + 8 * words..len {
+            // SAFETY: inside the checked range.
+            unsafe {
+                (*(p.add(i) as *const AtomicU8))
+                    .store((period >> (8 * (i & 7))) as u8, Ordering::Relaxed)
+            };
+        }
     }
 
     /// `count` elements of `size` bytes copied from `src` up to `dst` up,
@@ -236,6 +274,15 @@ impl PhysMemory {
         {
             return false;
         }
+        // Element by element forward reads each byte after the bytes
+        // before it were written; so does a forward copy by aligned words
+        // when no byte read lies past a byte written earlier (the
+        // destination below the source, or the ranges apart), with the two
+        // ranges equally aligned.
+        if (src.0 ^ dst.0) & 7 == 0 && (dst.0 <= src.0 || dst.0 >= src.0 + len) {
+            self.copy_forward(src, dst, len);
+            return true;
+        }
         for i in 0..count {
             let offset = i * size as u64;
             let Ok(v) = self.read(Hpa(src.0 + offset), size) else {
@@ -244,6 +291,34 @@ impl PhysMemory {
             self.store_unchecked(Hpa(dst.0 + offset), size, v);
         }
         true
+    }
+
+    /// `len` bytes copied forward from `src` to `dst` (ranges checked,
+    /// equally aligned modulo 8): 8-byte aligned words where they fit,
+    /// single bytes at the ends.
+    #[inline]
+    fn copy_forward(&self, src: Hpa, dst: Hpa, len: u64) {
+        let (s, d) = (self.ptr(src), self.ptr(dst));
+        let len = len as usize;
+        let head = ((8 - (dst.0 & 7)) & 7).min(len as u64) as usize;
+        let byte = |i: usize| {
+            // SAFETY: inside both checked ranges.
+            unsafe {
+                let b = (*(s.add(i) as *const AtomicU8)).load(Ordering::Relaxed);
+                (*(d.add(i) as *const AtomicU8)).store(b, Ordering::Relaxed);
+            }
+        };
+        (0..head).for_each(byte);
+        let words = (len - head) / 8;
+        for w in 0..words {
+            let i = head + 8 * w;
+            // SAFETY: inside both checked ranges, both 8-byte aligned.
+            unsafe {
+                let v = (*(s.add(i) as *const AtomicU64)).load(Ordering::Relaxed);
+                (*(d.add(i) as *const AtomicU64)).store(v, Ordering::Relaxed);
+            }
+        }
+        (head + 8 * words..len).for_each(byte);
     }
 
     /// 8-byte read.
@@ -401,22 +476,7 @@ impl PhysMemory {
             return Ok(());
         }
         self.note_store(hpa, len);
-        let p = self.ptr(hpa);
-        let mut off = 0usize;
-        let len = len as usize;
-        while off < len {
-            let a = hpa.0 as usize + off;
-            if a & 7 == 0 && len - off >= 8 {
-                // SAFETY: `[hpa, hpa+len)` is inside the mapping (checked
-                // above) and this word is 8-byte aligned within it.
-                unsafe { (*(p.add(off) as *const AtomicU64)).store(0, Ordering::Relaxed) };
-                off += 8;
-            } else {
-                // SAFETY: this byte is inside the checked range.
-                unsafe { (*(p.add(off) as *const AtomicU8)).store(0, Ordering::Relaxed) };
-                off += 1;
-            }
-        }
+        self.fill_periodic(hpa, len, 0);
         Ok(())
     }
 }
@@ -453,6 +513,61 @@ mod tests {
         );
         assert_eq!(m.read_u64(Hpa(8)).unwrap(), 5);
         assert!(PhysMemory::new(123).is_err());
+    }
+
+    /// The bytes of `[0, len)`.
+    fn bytes(m: &PhysMemory, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        m.read_bytes(Hpa(0), &mut v).unwrap();
+        v
+    }
+
+    /// A memory of one page with a different byte at each offset.
+    fn patterned() -> PhysMemory {
+        let m = PhysMemory::new(PAGE_SIZE).unwrap();
+        let init: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7 + 3) as u8).collect();
+        m.write_bytes(Hpa(0), &init).unwrap();
+        m
+    }
+
+    #[test]
+    fn repeated_stores_and_copies_match_element_by_element() {
+        let value = 0x8877_6655_4433_2211u64;
+        for size in [1u8, 2, 4, 8] {
+            for start in 0..17u64 {
+                for count in [0u64, 1, 2, 3, 5, 9, 17, 40] {
+                    // STOS: the reference stores one element at a time.
+                    let (m, r) = (patterned(), patterned());
+                    if m.store_repeated(Hpa(start), count, size, value) {
+                        for i in 0..count {
+                            r.write(Hpa(start + i * size as u64), size, value).unwrap();
+                        }
+                    }
+                    assert_eq!(
+                        bytes(&m, 128),
+                        bytes(&r, 128),
+                        "stos size {size} at {start} x{count}"
+                    );
+                    // MOVS, with sources on both sides of the destination,
+                    // overlapping and apart.
+                    for src in [0u64, 1, 3, 8, 16, 24, 29, 64, 100] {
+                        let (m, r) = (patterned(), patterned());
+                        let done = m.copy_repeated(Hpa(src), Hpa(start), count, size);
+                        assert_eq!(done, count > 0);
+                        for i in 0..count {
+                            let at = i * size as u64;
+                            let v = r.read(Hpa(src + at), size).unwrap();
+                            r.write(Hpa(start + at), size, v).unwrap();
+                        }
+                        assert_eq!(
+                            bytes(&m, 512),
+                            bytes(&r, 512),
+                            "movs size {size} from {src} to {start} x{count}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
