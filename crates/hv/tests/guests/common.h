@@ -6,6 +6,9 @@
 
 static inline void outb(uint16_t port, uint8_t v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(port)); }
 static inline uint8_t inb(uint16_t port) { uint8_t v; __asm__ volatile("inb %1, %0" : "=a"(v) : "Nd"(port)); return v; }
+static inline void outw(uint16_t port, uint16_t v) { __asm__ volatile("outw %0, %1" ::"a"(v), "Nd"(port)); }
+static inline void outl(uint16_t port, uint32_t v) { __asm__ volatile("outl %0, %1" ::"a"(v), "Nd"(port)); }
+static inline uint32_t inl(uint16_t port) { uint32_t v; __asm__ volatile("inl %1, %0" : "=a"(v) : "Nd"(port)); return v; }
 static inline uint64_t rdmsr(uint32_t msr) { uint32_t lo, hi; __asm__ volatile("rdmsr" : "=a"(lo), "=d"(hi) : "c"(msr)); return ((uint64_t)hi << 32) | lo; }
 static inline void wrmsr(uint32_t msr, uint64_t v) { __asm__ volatile("wrmsr" ::"c"(msr), "a"((uint32_t)v), "d"((uint32_t)(v >> 32))); }
 static inline uint64_t rdtsc(void) { uint32_t lo, hi; __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi)); return ((uint64_t)hi << 32) | lo; }
@@ -24,6 +27,13 @@ static inline void putu(uint64_t v) {
 static inline void puthex(uint64_t v) {
     puts_serial("0x");
     for (int i = 60; i >= 0; i -= 4) putc_serial("0123456789abcdef"[(v >> i) & 0xf]);
+}
+/* One "name=0x..." line on the serial port, for the test to parse. */
+static inline void line_hex(const char *name, uint64_t v) {
+    puts_serial(name);
+    putc_serial('=');
+    puthex(v);
+    putc_serial('\n');
 }
 static inline unsigned long slen(const char *s) { unsigned long n = 0; while (s[n]) n++; return n; }
 static inline __attribute__((noreturn)) void debug_exit(uint8_t v) {

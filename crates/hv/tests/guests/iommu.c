@@ -16,15 +16,6 @@
 #define MSI_VECTOR 0x51
 #define IOAPIC_VECTOR 0x52
 
-static inline void line(const char *name, uint64_t v) {
-    puts_serial(name);
-    putc_serial('=');
-    puthex(v);
-    putc_serial('\n');
-}
-static inline void outl(uint16_t port, uint32_t v) { __asm__ volatile("outl %0, %1" ::"a"(v), "Nd"(port)); }
-static inline uint32_t inl(uint16_t port) { uint32_t v; __asm__ volatile("inl %1, %0" : "=a"(v) : "Nd"(port)); return v; }
-static inline void outw(uint16_t port, uint16_t v) { __asm__ volatile("outw %0, %1" ::"a"(v), "Nd"(port)); }
 
 static inline uint32_t mmio_read(uint64_t a) { return *(volatile uint32_t *)a; }
 static inline void mmio_write(uint64_t a, uint32_t v) { *(volatile uint32_t *)a = v; }
@@ -127,18 +118,18 @@ __attribute__((section(".text.start"))) void _start(struct boot_info *bi) {
     mmio_write(XAPIC + 0xf0, 0x1ff);
 
     /* PCI: the host bridge and the edu, its BAR and line. */
-    line("host_bridge", cfg_read(0, 0));
-    line("edu_ids", cfg_read(EDU_DEVFN, 0));
+    line_hex("host_bridge", cfg_read(0, 0));
+    line_hex("edu_ids", cfg_read(EDU_DEVFN, 0));
     bar = cfg_read(EDU_DEVFN, 0x10) & ~0xfull;
-    line("edu_bar", bar);
+    line_hex("edu_bar", bar);
     uint32_t intx_line = cfg_read(EDU_DEVFN, 0x3c) & 0xff;
-    line("edu_line", intx_line);
+    line_hex("edu_line", intx_line);
     cfg_write(EDU_DEVFN, 0x04, cfg_read(EDU_DEVFN, 0x04) | 0x6); /* memory, bus master */
-    line("edu_id", mmio_read(bar));
+    line_hex("edu_id", mmio_read(bar));
 
     /* VT-d: IOVA 0x7000 -> source, 0x8000 -> target; nothing at 0x9000.
      * The context entry leaves fault reporting on. */
-    line("vtd_version", mmio_read(VTD));
+    line_hex("vtd_version", mmio_read(VTD));
     root[0] = (uint64_t)context | 1;
     context[2 * EDU_DEVFN] = (uint64_t)sl3 | 1;
     context[2 * EDU_DEVFN + 1] = 1 | ((uint64_t)EDU_DEVFN << 8);
@@ -152,20 +143,20 @@ __attribute__((section(".text.start"))) void _start(struct boot_info *bi) {
     gcmd(1u << 24); /* SIRTP */
     gcmd(1u << 31); /* TE */
     gcmd(1u << 25); /* IRE */
-    line("vtd_status", mmio_read(VTD + 0x1c));
+    line_hex("vtd_status", mmio_read(VTD + 0x1c));
 
     /* DMA: source[0] into the device's buffer, back out to target[1]. */
     source[0] = 0x12345678;
     edu_dma(0x7000, 0x40000, 1);
     edu_dma(0x40000, 0x8004, 3);
-    line("dma_word", target[1]);
-    line("target_page", (uint64_t)target);
-    line("fsts_before", mmio_read(VTD + 0x34));
+    line_hex("dma_word", target[1]);
+    line_hex("target_page", (uint64_t)target);
+    line_hex("fsts_before", mmio_read(VTD + 0x34));
     /* To an unmapped IOVA: a write fault, recorded. */
     edu_dma(0x40000, 0x9010, 3);
-    line("fsts", mmio_read(VTD + 0x34));
-    line("fault_info", mmio_read64(VTD + 0x220));
-    line("fault_hi", mmio_read64(VTD + 0x228));
+    line_hex("fsts", mmio_read(VTD + 0x34));
+    line_hex("fault_info", mmio_read64(VTD + 0x220));
+    line_hex("fault_hi", mmio_read64(VTD + 0x228));
 
     /* A remapped MSI: handle 2 in the address, remappable format. */
     set_irte(2, MSI_VECTOR);
@@ -175,7 +166,7 @@ __attribute__((section(".text.start"))) void _start(struct boot_info *bi) {
     cfg_write(EDU_DEVFN, 0x40, cfg_read(EDU_DEVFN, 0x40) | (1 << 16)); /* MSI enable */
     mmio_write(bar + 0x60, 1);
     wait_for(&msi_irqs);
-    line("msi_irqs", msi_irqs);
+    line_hex("msi_irqs", msi_irqs);
 
     /* INTx through a remappable IOAPIC entry: index 1 in bits 63:49. */
     cfg_write(EDU_DEVFN, 0x40, cfg_read(EDU_DEVFN, 0x40) & ~(1u << 16));
@@ -186,8 +177,8 @@ __attribute__((section(".text.start"))) void _start(struct boot_info *bi) {
     mmio_write(IOAPIC + 0x10, IOAPIC_VECTOR);
     mmio_write(bar + 0x60, 1);
     wait_for(&ioapic_irqs);
-    line("ioapic_irqs", ioapic_irqs);
-    line("msi_irqs_after", msi_irqs);
+    line_hex("ioapic_irqs", ioapic_irqs);
+    line_hex("msi_irqs_after", msi_irqs);
 
     puts_serial("bye\n");
     debug_exit(0);

@@ -10,13 +10,6 @@
 #define UART_VECTOR 0x40
 #define SELF_VECTOR 0x41
 
-static inline void line(const char *name, uint64_t v) {
-    puts_serial(name);
-    putc_serial('=');
-    puthex(v);
-    putc_serial('\n');
-}
-static inline void outw(uint16_t port, uint16_t v) { __asm__ volatile("outw %0, %1" ::"a"(v), "Nd"(port)); }
 
 static uint64_t pd_high[512] __attribute__((aligned(4096)));
 
@@ -93,15 +86,15 @@ __attribute__((section(".text.start"))) void _start(struct boot_info *bi) {
     (void)bi;
     /* ACPI: RSDP -> XSDT -> FADT (sleep control port) and MADT (CPUs). */
     const uint8_t *rsdp = find_rsdp();
-    line("rsdp", (uint64_t)rsdp);
+    line_hex("rsdp", (uint64_t)rsdp);
     const uint8_t *xsdt = (const uint8_t *)u64_at(rsdp + 24);
-    line("xsdt_ok", sum(xsdt, u32_at(xsdt + 4)) == 0);
+    line_hex("xsdt_ok", sum(xsdt, u32_at(xsdt + 4)) == 0);
     uint16_t sleep_port = 0;
     uint64_t madt_cpus = 0, madt_flags = ~0ull;
     for (uint32_t off = 36; off < u32_at(xsdt + 4); off += 8) {
         const uint8_t *t = (const uint8_t *)u64_at(xsdt + off);
         if (sum(t, u32_at(t + 4)) != 0)
-            line("bad_checksum", u32_at(t));
+            line_hex("bad_checksum", u32_at(t));
         if (u32_at(t) == 0x50434146 /* FACP */)
             sleep_port = (uint16_t)u64_at(t + 244 + 4);
         if (u32_at(t) == 0x43495041 /* APIC */) {
@@ -111,18 +104,18 @@ __attribute__((section(".text.start"))) void _start(struct boot_info *bi) {
                     madt_cpus++;
         }
     }
-    line("sleep_port", sleep_port);
-    line("madt_cpus", madt_cpus);
-    line("madt_flags", madt_flags);
+    line_hex("sleep_port", sleep_port);
+    line_hex("madt_cpus", madt_cpus);
+    line_hex("madt_flags", madt_flags);
 
     /* fw_cfg: signature and CPU count. */
     outw(0x510, 0x0000);
     uint32_t sig = 0;
     for (int i = 0; i < 4; i++) sig |= (uint32_t)inb(0x511) << (8 * i);
-    line("fw_cfg_sig", sig);
+    line_hex("fw_cfg_sig", sig);
     outw(0x510, 0x0005);
-    line("fw_cfg_cpus", inb(0x511) | (inb(0x511) << 8));
-    line("pic", inb(0x21));
+    line_hex("fw_cfg_cpus", inb(0x511) | (inb(0x511) << 8));
+    line_hex("pic", inb(0x21));
 
     /* The xAPIC page: id, version, a self-IPI through the ICR. It exists
      * in xAPIC mode only (SDM Vol. 3A, "x2APIC State Transitions"): from
@@ -136,24 +129,24 @@ __attribute__((section(".text.start"))) void _start(struct boot_info *bi) {
     struct __attribute__((packed)) { uint16_t limit; uint64_t base; } idtr = {sizeof(idt) - 1, (uint64_t)idt};
     __asm__ volatile("lidt %0" ::"m"(idtr));
     mmio_write(XAPIC + 0xf0, 0x1ff); /* SVR: enabled */
-    line("xapic_id", mmio_read(XAPIC + 0x20));
-    line("xapic_version", mmio_read(XAPIC + 0x30) & 0xff);
-    line("xapic_svr", mmio_read(XAPIC + 0xf0));
+    line_hex("xapic_id", mmio_read(XAPIC + 0x20));
+    line_hex("xapic_version", mmio_read(XAPIC + 0x30) & 0xff);
+    line_hex("xapic_svr", mmio_read(XAPIC + 0xf0));
     mmio_write(XAPIC + 0x310, 0);
     mmio_write(XAPIC + 0x300, (1 << 18) | SELF_VECTOR); /* shorthand self */
     __asm__ volatile("sti; nop; cli");
-    line("self_irqs", self_irqs);
+    line_hex("self_irqs", self_irqs);
 
     /* The IOAPIC: version, then COM1's IRQ 4 to this CPU. */
-    line("ioapic_version", ioapic_read(1));
+    line_hex("ioapic_version", ioapic_read(1));
     ioapic_write(0x10 + 2 * 4 + 1, 0);
     ioapic_write(0x10 + 2 * 4, UART_VECTOR);
-    line("ioapic_entry4", ioapic_read(0x10 + 2 * 4));
+    line_hex("ioapic_entry4", ioapic_read(0x10 + 2 * 4));
     outb(COM1_PORT + 1, 1); /* IER: received data available */
     while (received < 4) __asm__ volatile("sti; hlt; cli");
-    line("uart_irqs", uart_irqs);
-    line("received", received);
-    line("input", input[0] | input[1] << 8 | input[2] << 16 | (uint64_t)input[3] << 24);
+    line_hex("uart_irqs", uart_irqs);
+    line_hex("received", received);
+    line_hex("input", input[0] | input[1] << 8 | input[2] << 16 | (uint64_t)input[3] << 24);
 
     /* S5: SLP_TYP 5 | SLP_EN. */
     puts_serial("bye\n");

@@ -60,7 +60,6 @@ static __attribute__((noreturn)) void fail(const char *why) {
     debug_exit(1);
 }
 
-static inline void outw(uint16_t port, uint16_t v) { __asm__ volatile("outw %0, %1" ::"a"(v), "Nd"(port)); }
 static inline uint32_t mmio_read(uint64_t a) { return *(volatile uint32_t *)a; }
 static inline void mmio_write(uint64_t a, uint32_t v) { *(volatile uint32_t *)a = v; }
 
