@@ -444,6 +444,15 @@ impl Cpu {
             gs_base: off(&self.state.gs.base as *const u64 as usize),
             kernel_gs_base: off(&self.state.kernel_gs_base as *const u64 as usize),
             cs_selector: off(&self.state.cs.selector as *const u16 as usize),
+            selectors: [
+                &self.state.es,
+                &self.state.cs,
+                &self.state.ss,
+                &self.state.ds,
+                &self.state.fs,
+                &self.state.gs,
+            ]
+            .map(|s| off(&s.selector as *const u16 as usize)),
             check_events: off(&self.check_events as *const bool as usize),
         }
     }

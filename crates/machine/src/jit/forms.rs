@@ -1,6 +1,7 @@
 //! Register forms that run as host instructions.
 
 use super::*;
+use crate::alu::BitOp;
 
 impl Emitter {
     pub(super) fn native(&mut self, k: usize, f: &Fast) -> Result<(), NotTranslated> {
@@ -556,6 +557,46 @@ pub(crate) enum Extra {
     /// of register `idx`, 0 to 3) with an immediate: the host
     /// instruction on that byte of the register in the `Cpu`.
     HighByteI { op: Option<BinOp>, idx: u8, imm: u8 },
+    /// PREFETCHh: no architectural effect (the interpreter does nothing,
+    /// not even a translation), so no code.
+    NoEffect,
+    /// BSWAP of a 32- or 64-bit register (no flags).
+    Bswap { dst: u8, size: Size },
+    /// MOV of segment register `seg` (iced's order: ES CS SS DS FS GS)
+    /// to a 32- or 64-bit register: the selector, zero-extended.
+    MovFromSegment { dst: u8, seg: u8 },
+    /// SETcc of a byte of memory: the condition from the guest flags,
+    /// stored through the inline access for writing.
+    SetccM { code: Code, m: MemOp },
+    /// CLI: IF cleared where CPL is 0 (always allowed there); at any
+    /// other CPL the instruction through the interpreter (IOPL check).
+    Cli,
+    /// CMPXCHG of a 32- or 64-bit memory operand with `reg` (and
+    /// rax/eax), locked or not, through the inline access for writing.
+    CmpxchgM {
+        reg: u8,
+        size: Size,
+        m: MemOp,
+        locked: bool,
+    },
+    /// BT, BTS, BTR or BTC of a 32- or 64-bit register (`dst`) or, not
+    /// locked, of memory (`m`) with an immediate bit index: only CF
+    /// changes.
+    BitTestI {
+        op: BitOp,
+        size: Size,
+        dst: u8,
+        m: Option<MemOp>,
+        bit: u8,
+    },
+    /// XADD of `reg` to a 32- or 64-bit memory operand, locked or not,
+    /// through the inline access for writing.
+    XaddM {
+        reg: u8,
+        size: Size,
+        m: MemOp,
+        locked: bool,
+    },
 }
 
 /// A full-width register operand (32 or 64 bits): its index.
@@ -579,16 +620,98 @@ fn wide_memory(i: &iced_x86::Instruction) -> Option<Size> {
     }
 }
 
+/// CMPXCHG or XADD of a 32- or 64-bit memory operand with a register,
+/// with or without LOCK (nothing else with LOCK has a form).
+fn locked_form(i: &iced_x86::Instruction) -> Option<Extra> {
+    use iced_x86::{Mnemonic as M, OpKind};
+    if i.op0_kind() != OpKind::Memory || i.op1_kind() != OpKind::Register {
+        return None;
+    }
+    let (reg, _) = wide_gpr(i.op1_register())?;
+    let size = wide_memory(i)?;
+    let m = crate::cpu::fast::mem_operand(i)?;
+    let locked = i.has_lock_prefix();
+    match i.mnemonic() {
+        M::Cmpxchg => Some(Extra::CmpxchgM {
+            reg,
+            size,
+            m,
+            locked,
+        }),
+        M::Xadd => Some(Extra::XaddM {
+            reg,
+            size,
+            m,
+            locked,
+        }),
+        _ => None,
+    }
+}
+
 /// The translator's own native form of a generic instruction, if any.
 pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
     use iced_x86::{Mnemonic as M, OpKind};
     let i = &op.insn;
-    if op.fast != Fast::Generic || i.has_lock_prefix() || i.has_rep_prefix() || i.has_repne_prefix()
-    {
+    if op.fast != Fast::Generic || i.has_rep_prefix() || i.has_repne_prefix() {
         return None;
     }
     let m = i.mnemonic();
+    if i.has_lock_prefix() {
+        return locked_form(i);
+    }
     match m {
+        M::Cmpxchg | M::Xadd => locked_form(i),
+        M::Prefetchnta | M::Prefetcht0 | M::Prefetcht1 | M::Prefetcht2 | M::Prefetchw => {
+            Some(Extra::NoEffect)
+        }
+        M::Bswap => {
+            let (dst, size) = wide_gpr(i.op0_register())?;
+            Some(Extra::Bswap { dst, size })
+        }
+        M::Mov
+            if i.op0_kind() == OpKind::Register
+                && i.op1_kind() == OpKind::Register
+                && i.op1_register().is_segment_register() =>
+        {
+            let (dst, _) = wide_gpr(i.op0_register())?;
+            let seg = i.op1_register() as u8 - Register::ES as u8;
+            (seg < 6).then_some(Extra::MovFromSegment { dst, seg })
+        }
+        M::Cli => Some(Extra::Cli),
+        M::Bt | M::Bts | M::Btr | M::Btc if i.op1_kind() == OpKind::Immediate8 => {
+            let op = match m {
+                M::Bt => BitOp::Bt,
+                M::Bts => BitOp::Bts,
+                M::Btr => BitOp::Btr,
+                _ => BitOp::Btc,
+            };
+            let (dst, size, m) = match i.op0_kind() {
+                OpKind::Register => {
+                    let (dst, size) = wide_gpr(i.op0_register())?;
+                    (dst, size, None)
+                }
+                OpKind::Memory => (0, wide_memory(i)?, Some(crate::cpu::fast::mem_operand(i)?)),
+                _ => return None,
+            };
+            Some(Extra::BitTestI {
+                op,
+                size,
+                dst,
+                m,
+                bit: i.immediate8() & (size.bits() as u8 - 1),
+            })
+        }
+        // SETcc of memory (of a register: below).
+        _ if i.condition_code() != iced_x86::ConditionCode::None
+            && i.op_count() == 1
+            && i.op0_kind() == OpKind::Memory
+            && i.memory_size().size() == 1 =>
+        {
+            Some(Extra::SetccM {
+                code: i.code(),
+                m: crate::cpu::fast::mem_operand(i)?,
+            })
+        }
         M::Div | M::Idiv | M::Mul | M::Imul
             if i.op_count() == 1 && i.op0_kind() == OpKind::Register =>
         {
@@ -786,6 +909,48 @@ impl Emitter {
                 }
                 Ok(())
             }
+            Extra::NoEffect => Ok(()),
+            Extra::Bswap { dst, size } => {
+                // No flags are touched.
+                self.load(ACC, dst, size)?;
+                let code = if size == Size::B8 {
+                    Code::Bswap_r64
+                } else {
+                    Code::Bswap_r32
+                };
+                self.add(Instruction::with1(code, ACC[si(size)]))?;
+                self.store_acc(dst, size)
+            }
+            Extra::MovFromSegment { dst, seg } => {
+                // movzx does not touch the flags.
+                let sel = MemoryOperand::with_base_displ(
+                    Register::RBX,
+                    self.o.selectors[seg as usize] as i64,
+                );
+                self.add(Instruction::with2(Code::Movzx_r32_rm16, Register::EAX, sel))?;
+                self.store_acc(dst, Size::B8)
+            }
+            Extra::SetccM { code, m } => self.setcc_mem(k, ip, code, &m),
+            Extra::Cli => self.cli(k),
+            Extra::BitTestI {
+                op,
+                size,
+                dst,
+                m,
+                bit,
+            } => self.bit_test_imm(k, ip, op, size, dst, m, bit),
+            Extra::CmpxchgM {
+                reg,
+                size,
+                m,
+                locked,
+            } => self.cmpxchg_mem(k, ip, reg, size, &m, locked),
+            Extra::XaddM {
+                reg,
+                size,
+                m,
+                locked,
+            } => self.xadd_mem(k, ip, reg, size, &m, locked),
             Extra::Convert { code, to_rdx } => {
                 // No flags are touched: they may stay in the host.
                 self.load(ACC, 0, Size::B8)?;
@@ -982,6 +1147,216 @@ impl Emitter {
         self.push_value(imm, miss)?;
         self.a.set_label(&mut cont)?;
         self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::State);
+        Ok(())
+    }
+
+    /// SETcc of a byte of memory: the guest flags written back and loaded
+    /// into the host's, the condition into r15b (callee-saved: it
+    /// survives a fill, after which the retry computes it again), then
+    /// the store through the first-level TLB for writing (a miss filled
+    /// as the interpreter's translation, anything else the instruction
+    /// through the interpreter). The flags stay exact in the state.
+    fn setcc_mem(&mut self, k: usize, ip: u64, code: Code, m: &MemOp) -> Result<(), NotTranslated> {
+        let (full, mut cont, miss, retry) = self.begin_filled()?;
+        self.need_flags()?;
+        self.add(Instruction::with1(code, Register::R15L))?;
+        // The probe clobbers the host flags; the state has them.
+        self.host_valid = false;
+        self.lea(m)?;
+        self.fast_access(true, Size::B1, miss)?;
+        self.a.mov(byte_ptr(rdx), iced_x86::code_asm::r15b)?;
+        self.a.set_label(&mut cont)?;
+        self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::State);
+        Ok(())
+    }
+
+    /// CLI at CPL 0 (64-bit code: the CS selector's low bits) clears IF
+    /// in the state, as the interpreter does where CPL <= IOPL always
+    /// holds; at another CPL the interpreter runs it (a #GP or the same
+    /// clear). The guest flags are written back first (the test and the
+    /// AND clobber the host's).
+    fn cli(&mut self, k: usize) -> Result<(), NotTranslated> {
+        let (full, mut cont) = self.begin_inline()?;
+        let cs = MemoryOperand::with_base_displ(Register::RBX, self.o.cs_selector as i64);
+        self.add(Instruction::with2(Code::Test_rm8_imm8, cs, 3u32))?;
+        self.a.jne(full)?;
+        let fl = self.field(self.o.rflags);
+        self.add(Instruction::with2(
+            Code::And_rm32_imm32,
+            fl,
+            !(crate::cpu::state::rflags::IF as u32),
+        ))?;
+        self.end_inline(k, full, &mut cont, false)
+    }
+
+    /// The start of a CMPXCHG or XADD of memory: the flags written back,
+    /// the address of `m`, a locked misaligned operand to `full` (the
+    /// interpreter), then the access for writing (rdx its host address).
+    /// Returns (`full`, `cont`, `miss`, `retry`) as `begin_filled`.
+    fn begin_read_modify_write(
+        &mut self,
+        size: Size,
+        m: &MemOp,
+        locked: bool,
+    ) -> Result<(CodeLabel, CodeLabel, CodeLabel, CodeLabel), NotTranslated> {
+        let (full, cont, miss, retry) = self.begin_filled()?;
+        self.lea(m)?;
+        if locked {
+            self.a.test(eax, size.bytes() as i32 - 1)?;
+            self.a.jne(full)?;
+        }
+        self.fast_access(true, size, miss)?;
+        Ok((full, cont, miss, retry))
+    }
+
+    /// The host's `code [rdx], ecx/rcx` (`size`), with LOCK if `locked`.
+    fn read_modify_write_with_rcx(
+        &mut self,
+        code: Code,
+        size: Size,
+        locked: bool,
+    ) -> Result<(), NotTranslated> {
+        let at_rdx = MemoryOperand::with_base(Register::RDX);
+        let mut insn = Instruction::with2(code, at_rdx, SEC[si(size)])?;
+        insn.set_has_lock_prefix(locked);
+        self.add(Ok(insn))
+    }
+
+    /// BT/BTS/BTR/BTC with an immediate bit index, of a register or (not
+    /// locked) of memory through the access for writing (reading for
+    /// BT). The host's instruction sets CF as the interpreter does but
+    /// leaves OF SF AF PF undefined, which the interpreter keeps: so the
+    /// guest flags are written back first and only CF (from SETC) is
+    /// merged into `state.rflags`, where the flags stay.
+    #[allow(clippy::too_many_arguments)]
+    fn bit_test_imm(
+        &mut self,
+        k: usize,
+        ip: u64,
+        op: BitOp,
+        size: Size,
+        dst: u8,
+        m: Option<MemOp>,
+        bit: u8,
+    ) -> Result<(), NotTranslated> {
+        let code = match (op, size == Size::B8) {
+            (BitOp::Bt, false) => Code::Bt_rm32_imm8,
+            (BitOp::Bt, true) => Code::Bt_rm64_imm8,
+            (BitOp::Bts, false) => Code::Bts_rm32_imm8,
+            (BitOp::Bts, true) => Code::Bts_rm64_imm8,
+            (BitOp::Btr, false) => Code::Btr_rm32_imm8,
+            (BitOp::Btr, true) => Code::Btr_rm64_imm8,
+            (BitOp::Btc, false) => Code::Btc_rm32_imm8,
+            (BitOp::Btc, true) => Code::Btc_rm64_imm8,
+        };
+        let bit = u32::from(bit);
+        let merge_cf = |e: &mut Self| -> Result<(), NotTranslated> {
+            e.a.setc(iced_x86::code_asm::cl)?;
+            e.a.movzx(ecx, iced_x86::code_asm::cl)?;
+            let fl = e.field(e.o.rflags);
+            e.add(Instruction::with2(Code::And_rm32_imm32, fl, !1u32))?;
+            e.add(Instruction::with2(Code::Or_rm32_r32, fl, Register::ECX))
+        };
+        let Some(m) = m else {
+            self.capture_if_dirty()?;
+            self.host_valid = false;
+            self.load(ACC, dst, size)?;
+            self.add(Instruction::with2(code, ACC[si(size)], bit))?;
+            merge_cf(self)?;
+            return if op == BitOp::Bt {
+                Ok(())
+            } else {
+                self.store_acc(dst, size)
+            };
+        };
+        let (full, mut cont, miss, retry) = self.begin_filled()?;
+        self.lea(&m)?;
+        self.fast_access(op != BitOp::Bt, size, miss)?;
+        self.add(Instruction::with2(
+            code,
+            MemoryOperand::with_base(Register::RDX),
+            bit,
+        ))?;
+        merge_cf(self)?;
+        self.a.set_label(&mut cont)?;
+        self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::State);
+        Ok(())
+    }
+
+    /// `cycles += cost` without touching the host flags.
+    fn add_cycles_keeping_flags(&mut self, cost: u64) -> Result<(), NotTranslated> {
+        let cost = i32::try_from(cost)
+            .map_err(|_| NotTranslated::Unsupported("a locked cost above 2^31 cycles"))?;
+        self.a.mov(rcx, qword_ptr(rbx + self.o.cycles))?;
+        self.a.lea(rcx, qword_ptr(rcx + cost))?;
+        self.a.mov(qword_ptr(rbx + self.o.cycles), rcx)?;
+        Ok(())
+    }
+
+    /// CMPXCHG of memory with `gpr[reg]` and rax/eax: the host's CMPXCHG
+    /// on the host address of an access for writing, which compares,
+    /// stores (the new value, or the old one back on a mismatch, as the
+    /// interpreter's unlocked path and the locked write cycle do) and
+    /// sets the six flags as CMP, as `alu::binop(Cmp)` does. On a
+    /// mismatch rax/eax gets the old value (32 bits zero-extend, as the
+    /// host's). LOCK: the host's locked instruction, with the `locked`
+    /// cost only when it stored (the interpreter's `atomic_update`), and
+    /// a misaligned operand through the interpreter (its path is not
+    /// atomic and costs no lock).
+    fn cmpxchg_mem(
+        &mut self,
+        k: usize,
+        ip: u64,
+        reg: u8,
+        size: Size,
+        m: &MemOp,
+        locked: bool,
+    ) -> Result<(), NotTranslated> {
+        let (full, mut cont, miss, retry) = self.begin_read_modify_write(size, m, locked)?;
+        self.load(SEC, reg, size)?;
+        self.load(ACC, 0, Size::B8)?;
+        let code = [Code::Cmpxchg_rm32_r32, Code::Cmpxchg_rm64_r64][(size == Size::B8) as usize];
+        self.read_modify_write_with_rcx(code, size, locked)?;
+        let mut mismatch = self.a.create_label();
+        self.a.jne(mismatch)?;
+        if locked {
+            self.add_cycles_keeping_flags(self.o.locked_cost)?;
+        }
+        self.a.jmp(cont)?;
+        self.a.set_label(&mut mismatch)?;
+        let acc = self.g(0);
+        self.add(Instruction::with2(Code::Mov_rm64_r64, acc, Register::RAX))?;
+        self.a.set_label(&mut cont)?;
+        self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::Host);
+        self.wrote_flags(false);
+        Ok(())
+    }
+
+    /// XADD of `gpr[reg]` to memory: the host's XADD on the host address
+    /// of an access for writing (flags as ADD, `gpr[reg]` the old
+    /// value). LOCK: the host's locked XADD with the `locked` cost
+    /// (`atomic_update` always stores), a misaligned operand through the
+    /// interpreter.
+    fn xadd_mem(
+        &mut self,
+        k: usize,
+        ip: u64,
+        reg: u8,
+        size: Size,
+        m: &MemOp,
+        locked: bool,
+    ) -> Result<(), NotTranslated> {
+        let (full, mut cont, miss, retry) = self.begin_read_modify_write(size, m, locked)?;
+        if locked {
+            self.add_cycles(self.o.locked_cost)?;
+        }
+        self.load(SEC, reg, size)?;
+        let code = [Code::Xadd_rm32_r32, Code::Xadd_rm64_r64][(size == Size::B8) as usize];
+        self.read_modify_write_with_rcx(code, size, locked)?;
+        self.store_from(SEC, reg, size)?;
+        self.a.set_label(&mut cont)?;
+        self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::Host);
+        self.wrote_flags(false);
         Ok(())
     }
 

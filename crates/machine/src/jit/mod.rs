@@ -198,6 +198,9 @@ pub(crate) struct Offsets {
     pub kernel_gs_base: i32,
     /// The CS selector (its low two bits are the CPL in 64-bit code).
     pub cs_selector: i32,
+    /// The selectors of ES, CS, SS, DS, FS and GS (in iced's order of
+    /// the segment registers), for MOV from a segment register.
+    pub selectors: [i32; 6],
     /// `Cpu::check_events` (a `bool`): set, the interpreter leaves the
     /// block after a system instruction.
     pub check_events: i32,
