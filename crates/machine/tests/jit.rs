@@ -1768,7 +1768,8 @@ fn a_popf_that_sets_tf_stops_chaining_into_translated_blocks() {
 fn atomics_setcc_bswap_segment_reads_prefetch_and_cli_run_natively() {
     // CMPXCHG and XADD of memory (locked and not, matching and not; the
     // 32-bit forms with junk in rax's upper half), SETcc of memory,
-    // BT/BTS/BTR/BTC with an immediate, BSWAP, MOV from SS and CS, PREFETCH and CLI at CPL 0: translated
+    // BT/BTS/BTR/BTC with an immediate or a register offset, LEAVE,
+    // the fences, BSWAP, MOV from SS and CS, PREFETCH and CLI at CPL 0: translated
     // code runs them itself, with the flags they set live after them. A
     // misaligned locked CMPXCHG goes through the interpreter (not atomic
     // there, no locked cost).
@@ -1817,9 +1818,24 @@ fn atomics_setcc_bswap_segment_reads_prefetch_and_cli_run_natively() {
         a.btr(qword_ptr(rsi + rbx * 8 + 0x600), 63).unwrap();
         a.btc(dword_ptr(rsi + rbx * 4 + 0xa00), 33).unwrap();
         a.bt(qword_ptr(rsi + rbx * 8), 2).unwrap();
+        // With a register offset, positive and negative, beyond the
+        // operand.
+        a.mov(rdx, rcx).unwrap();
+        a.sub(rdx, 150).unwrap();
+        a.bt(qword_ptr(rsi + 0x800), rdx).unwrap();
+        a.bts(dword_ptr(rsi + 0x900), edx).unwrap();
+        a.btr(qword_ptr(rsi + 0x900), rcx).unwrap();
         a.cmovo(r14, r15).unwrap();
         a.cmovs(r13, r12).unwrap();
         a.adc(r15, rbx).unwrap();
+        // A frame: LEAVE restores RSP and RBP; fences do nothing.
+        a.push(rbp).unwrap();
+        a.mov(rbp, rsp).unwrap();
+        a.sub(rsp, 0x20).unwrap();
+        a.mov(qword_ptr(rbp - 8), rcx).unwrap();
+        a.lfence().unwrap();
+        a.mfence().unwrap();
+        a.leave().unwrap();
         a.cli().unwrap();
         a.adc(r15, r8).unwrap();
         a.dec(rcx).unwrap();

@@ -557,9 +557,13 @@ pub(crate) enum Extra {
     /// of register `idx`, 0 to 3) with an immediate: the host
     /// instruction on that byte of the register in the `Cpu`.
     HighByteI { op: Option<BinOp>, idx: u8, imm: u8 },
-    /// PREFETCHh: no architectural effect (the interpreter does nothing,
-    /// not even a translation), so no code.
+    /// PREFETCHh, LFENCE, MFENCE, SFENCE: no architectural effect here
+    /// (the interpreter does nothing, not even a translation; the machine
+    /// runs one access at a time in program order), so no code.
     NoEffect,
+    /// LEAVE (64-bit): RSP = RBP, then RBP popped, the pop's read through
+    /// the inline access.
+    Leave,
     /// BSWAP of a 32- or 64-bit register (no flags).
     Bswap { dst: u8, size: Size },
     /// MOV of segment register `seg` (iced's order: ES CS SS DS FS GS)
@@ -589,6 +593,15 @@ pub(crate) enum Extra {
         m: Option<MemOp>,
         bit: u8,
     },
+    /// BT, BTS, BTR or BTC, not locked, of a 32- or 64-bit memory operand
+    /// with the bit offset in register `src`: signed, it can address
+    /// beyond the operand.
+    BitTestMR {
+        op: BitOp,
+        size: Size,
+        m: MemOp,
+        src: u8,
+    },
     /// XADD of `reg` to a 32- or 64-bit memory operand, locked or not,
     /// through the inline access for writing.
     XaddM {
@@ -617,6 +630,17 @@ fn wide_memory(i: &iced_x86::Instruction) -> Option<Size> {
         4 => Some(Size::B4),
         8 => Some(Size::B8),
         _ => None,
+    }
+}
+
+/// BT, BTS, BTR or BTC by mnemonic.
+fn bit_op(m: iced_x86::Mnemonic) -> BitOp {
+    use iced_x86::Mnemonic as M;
+    match m {
+        M::Bts => BitOp::Bts,
+        M::Btr => BitOp::Btr,
+        M::Btc => BitOp::Btc,
+        _ => BitOp::Bt,
     }
 }
 
@@ -661,9 +685,15 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
     }
     match m {
         M::Cmpxchg | M::Xadd => locked_form(i),
-        M::Prefetchnta | M::Prefetcht0 | M::Prefetcht1 | M::Prefetcht2 | M::Prefetchw => {
-            Some(Extra::NoEffect)
-        }
+        M::Prefetchnta
+        | M::Prefetcht0
+        | M::Prefetcht1
+        | M::Prefetcht2
+        | M::Prefetchw
+        | M::Lfence
+        | M::Mfence
+        | M::Sfence => Some(Extra::NoEffect),
+        M::Leave if i.code() == Code::Leaveq => Some(Extra::Leave),
         M::Bswap => {
             let (dst, size) = wide_gpr(i.op0_register())?;
             Some(Extra::Bswap { dst, size })
@@ -678,13 +708,22 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
             (seg < 6).then_some(Extra::MovFromSegment { dst, seg })
         }
         M::Cli => Some(Extra::Cli),
+        M::Bt | M::Bts | M::Btr | M::Btc
+            if i.op0_kind() == OpKind::Memory && i.op1_kind() == OpKind::Register =>
+        {
+            let m_op = crate::cpu::fast::mem_operand(i)?;
+            // (With 32-bit addressing the interpreter adds the bit
+            // offset's displacement after truncating: not done here.)
+            (!m_op.addr32).then_some(())?;
+            Some(Extra::BitTestMR {
+                op: bit_op(m),
+                size: wide_memory(i)?,
+                m: m_op,
+                src: wide_gpr(i.op1_register())?.0,
+            })
+        }
         M::Bt | M::Bts | M::Btr | M::Btc if i.op1_kind() == OpKind::Immediate8 => {
-            let op = match m {
-                M::Bt => BitOp::Bt,
-                M::Bts => BitOp::Bts,
-                M::Btr => BitOp::Btr,
-                _ => BitOp::Btc,
-            };
+            let op = bit_op(m);
             let (dst, size, m) = match i.op0_kind() {
                 OpKind::Register => {
                     let (dst, size) = wide_gpr(i.op0_register())?;
@@ -932,6 +971,8 @@ impl Emitter {
             }
             Extra::SetccM { code, m } => self.setcc_mem(k, ip, code, &m),
             Extra::Cli => self.cli(k),
+            Extra::Leave => self.leave(k, ip),
+            Extra::BitTestMR { op, size, m, src } => self.bit_test_reg(k, ip, op, size, &m, src),
             Extra::BitTestI {
                 op,
                 size,
@@ -1239,45 +1280,120 @@ impl Emitter {
         m: Option<MemOp>,
         bit: u8,
     ) -> Result<(), NotTranslated> {
-        let code = match (op, size == Size::B8) {
-            (BitOp::Bt, false) => Code::Bt_rm32_imm8,
-            (BitOp::Bt, true) => Code::Bt_rm64_imm8,
-            (BitOp::Bts, false) => Code::Bts_rm32_imm8,
-            (BitOp::Bts, true) => Code::Bts_rm64_imm8,
-            (BitOp::Btr, false) => Code::Btr_rm32_imm8,
-            (BitOp::Btr, true) => Code::Btr_rm64_imm8,
-            (BitOp::Btc, false) => Code::Btc_rm32_imm8,
-            (BitOp::Btc, true) => Code::Btc_rm64_imm8,
-        };
+        let wide = (size == Size::B8) as usize;
+        let code = match op {
+            BitOp::Bt => [Code::Bt_rm32_imm8, Code::Bt_rm64_imm8],
+            BitOp::Bts => [Code::Bts_rm32_imm8, Code::Bts_rm64_imm8],
+            BitOp::Btr => [Code::Btr_rm32_imm8, Code::Btr_rm64_imm8],
+            BitOp::Btc => [Code::Btc_rm32_imm8, Code::Btc_rm64_imm8],
+        }[wide];
         let bit = u32::from(bit);
-        let merge_cf = |e: &mut Self| -> Result<(), NotTranslated> {
-            e.a.setc(iced_x86::code_asm::cl)?;
-            e.a.movzx(ecx, iced_x86::code_asm::cl)?;
-            let fl = e.field(e.o.rflags);
-            e.add(Instruction::with2(Code::And_rm32_imm32, fl, !1u32))?;
-            e.add(Instruction::with2(Code::Or_rm32_r32, fl, Register::ECX))
-        };
         let Some(m) = m else {
             self.capture_if_dirty()?;
             self.host_valid = false;
             self.load(ACC, dst, size)?;
             self.add(Instruction::with2(code, ACC[si(size)], bit))?;
-            merge_cf(self)?;
+            self.merge_carry()?;
             return if op == BitOp::Bt {
                 Ok(())
             } else {
                 self.store_acc(dst, size)
             };
         };
-        let (full, mut cont, miss, retry) = self.begin_filled()?;
+        let labels = self.begin_filled()?;
         self.lea(&m)?;
-        self.fast_access(op != BitOp::Bt, size, miss)?;
-        self.add(Instruction::with2(
-            code,
-            MemoryOperand::with_base(Register::RDX),
-            bit,
-        ))?;
-        merge_cf(self)?;
+        let insn = Instruction::with2(code, MemoryOperand::with_base(Register::RDX), bit);
+        self.bit_test_at(k, ip, op != BitOp::Bt, size, insn, labels)
+    }
+
+    /// The host's CF (a bit test's) into `state.rflags`, every other bit
+    /// kept (clobbers rcx and the host flags).
+    fn merge_carry(&mut self) -> Result<(), NotTranslated> {
+        self.a.setc(iced_x86::code_asm::cl)?;
+        self.a.movzx(ecx, iced_x86::code_asm::cl)?;
+        let fl = self.field(self.o.rflags);
+        self.add(Instruction::with2(Code::And_rm32_imm32, fl, !1u32))?;
+        self.add(Instruction::with2(Code::Or_rm32_r32, fl, Register::ECX))
+    }
+
+    /// BT/BTS/BTR/BTC of memory with a register bit offset, as the
+    /// interpreter's `exec_bit`: the operand at the effective address
+    /// plus the offset (sign-extended from the operand size) shifted
+    /// right by log2 of the operand's bits, times its bytes; the bit the
+    /// offset modulo the operand's bits (kept in r15, which a fill
+    /// leaves; the retry computes everything again). Through the access
+    /// for writing (reading for BT); only CF merged, as for the
+    /// immediate forms.
+    fn bit_test_reg(
+        &mut self,
+        k: usize,
+        ip: u64,
+        op: BitOp,
+        size: Size,
+        m: &MemOp,
+        src: u8,
+    ) -> Result<(), NotTranslated> {
+        let wide = (size == Size::B8) as usize;
+        let code = match op {
+            BitOp::Bt => [Code::Bt_rm32_r32, Code::Bt_rm64_r64],
+            BitOp::Bts => [Code::Bts_rm32_r32, Code::Bts_rm64_r64],
+            BitOp::Btr => [Code::Btr_rm32_r32, Code::Btr_rm64_r64],
+            BitOp::Btc => [Code::Btc_rm32_r32, Code::Btc_rm64_r64],
+        }[wide];
+        let labels = self.begin_filled()?;
+        self.lea(m)?;
+        if size == Size::B8 {
+            self.load(SEC, src, Size::B8)?;
+        } else {
+            self.a
+                .movsxd(rcx, qword_ptr(rbx + self.o.gpr + 8 * i32::from(src & 15)))?;
+        }
+        self.a.mov(r15, rcx)?;
+        self.a.and(r15d, size.bits() as i32 - 1)?;
+        let shift = size.bits().trailing_zeros();
+        self.a.sar(rcx, shift)?;
+        self.a
+            .lea(rax, qword_ptr(rax + rcx * size.bytes() as u32))?;
+        let bit = [Register::R15D, Register::R15][wide];
+        let insn = Instruction::with2(code, MemoryOperand::with_base(Register::RDX), bit);
+        self.bit_test_at(k, ip, op != BitOp::Bt, size, insn, labels)
+    }
+
+    /// The end of a bit test of memory at the address in rax: the access
+    /// (for writing unless BT) of `size`, `insn` (the host's bit test on
+    /// [rdx]), CF merged into the state; the slow path the instruction
+    /// through the interpreter (`labels`: `begin_filled`'s).
+    fn bit_test_at(
+        &mut self,
+        k: usize,
+        ip: u64,
+        write: bool,
+        size: Size,
+        insn: Result<Instruction, IcedError>,
+        labels: (CodeLabel, CodeLabel, CodeLabel, CodeLabel),
+    ) -> Result<(), NotTranslated> {
+        let (full, mut cont, miss, retry) = labels;
+        self.fast_access(write, size, miss)?;
+        self.add(insn)?;
+        self.merge_carry()?;
+        self.a.set_label(&mut cont)?;
+        self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::State);
+        Ok(())
+    }
+
+    /// LEAVE: the quadword at RBP read through the first-level TLB
+    /// (nothing changed before it: a miss is filled as the
+    /// interpreter's stack read, anything else the instruction through
+    /// the interpreter), then RSP = RBP + 8 and RBP = that quadword.
+    /// Flags are not touched.
+    fn leave(&mut self, k: usize, ip: u64) -> Result<(), NotTranslated> {
+        let (full, mut cont, miss, retry) = self.begin_filled()?;
+        self.load(ACC, 5, Size::B8)?;
+        self.fast_access(false, Size::B8, miss)?;
+        self.a.mov(rcx, qword_ptr(rdx))?;
+        self.a.lea(rax, qword_ptr(rax + 8))?;
+        self.store_acc(4, Size::B8)?;
+        self.store_from(SEC, 5, Size::B8)?;
         self.a.set_label(&mut cont)?;
         self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::State);
         Ok(())
