@@ -132,6 +132,67 @@ fn register_forms_flags_and_branches_agree() {
 }
 
 #[test]
+fn register_forms_in_place_in_host_registers_agree() {
+    // 32- and 64-bit register forms run on the host registers that hold
+    // guest registers (`jit/regs.rs`): more live guest registers than
+    // host ones (evictions), a move or product into a register not held
+    // yet from itself, zeroing idioms, TEST, CMOVcc, shifts whose flags
+    // an inline access and PUSHFQ observe, IMUL with live flags, and an
+    // MPI-style multiply-accumulate loop.
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(r15, 200u64).unwrap();
+        a.mov(rsi, DATA).unwrap();
+        a.mov(rax, 0x0123_4567_89ab_cdefu64).unwrap();
+        a.mov(rdx, 0xfedc_ba98_7654_3210u64).unwrap();
+        a.mov(r9, 0x1_0000_0000u64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(rcx, rcx).unwrap();
+        a.mov(r8d, r8d).unwrap();
+        a.imul_3(r10, r10, 7).unwrap();
+        a.mov(rcx, rax).unwrap();
+        a.mov(ecx, ecx).unwrap();
+        a.mov(rdi, rdx).unwrap();
+        a.shr(rdi, 32).unwrap();
+        a.imul_2(rcx, r9).unwrap();
+        a.imul_2(rdi, rdx).unwrap();
+        a.imul_3(r11d, edi, -3).unwrap();
+        a.add(rcx, rdi).unwrap();
+        a.adc(r12, r11).unwrap();
+        a.cmp(rcx, rdi).unwrap();
+        a.cmovae(r13, rdx).unwrap();
+        a.cmovb(r14d, ecx).unwrap();
+        a.add(rax, r12).unwrap();
+        a.setb(bl).unwrap();
+        a.movzx(ebx, bl).unwrap();
+        a.shl(r13, 17).unwrap();
+        a.mov(qword_ptr(rsi + 8), r13).unwrap();
+        a.sar(r14d, 3).unwrap();
+        a.add(rdx, qword_ptr(rsi + 8)).unwrap();
+        a.adc(rbx, rcx).unwrap();
+        a.test(rbx, r8).unwrap();
+        a.test(r9d, eax).unwrap();
+        a.rol(rbp, 9).unwrap();
+        a.xor(r8d, r8d).unwrap();
+        a.sub(rbp, rbp).unwrap();
+        a.or(r8, rdx).unwrap();
+        a.and(r10d, 0x7fff_ffff).unwrap();
+        a.xor(r10, 0x1234_5678_9abc_def0u64 as i64 as i32).unwrap();
+        a.inc(r11).unwrap();
+        a.dec(r12d).unwrap();
+        a.imul_2(rax, rdx).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rdi).unwrap();
+        a.dec(r15).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert!(stats.blocks_translated >= 2, "{stats:?}");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+}
+
+#[test]
 fn rotates_by_immediates_agree() {
     // ROL/ROR by immediates, natively translated: every operand size,
     // counts of 0, 1, at and above the width (CF from the result, OF the

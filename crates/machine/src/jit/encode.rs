@@ -899,6 +899,32 @@ pub(super) fn verify_encoding() -> bool {
     }
 }
 
+/// With `FAULTLINE_JIT_DISASM` set to a guest RIP in hex (or to `all`),
+/// prints the translation of the block there to stderr, one host
+/// instruction a line, from `entry` (the chained entry) marked: a
+/// developer's view of what the emitter makes of a block. Host side only.
+pub(super) fn disassemble_if_asked(rip: u64, code: &[u8], entry: usize) {
+    let Some(want) = std::env::var_os("FAULTLINE_JIT_DISASM") else {
+        return;
+    };
+    let want = want.to_string_lossy();
+    let hex = want.trim_start_matches("0x");
+    if want != "all" && u64::from_str_radix(hex, 16).ok() != Some(rip) {
+        return;
+    }
+    use iced_x86::{Formatter, IntelFormatter};
+    let mut text = format!("jit: block {rip:#x}: {} bytes\n", code.len());
+    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    let mut formatter = IntelFormatter::new();
+    for insn in &mut decoder {
+        let mark = if insn.ip() == entry as u64 { '>' } else { ' ' };
+        text.push_str(&format!("{mark}{:5x}  ", insn.ip()));
+        formatter.format(&insn, &mut text);
+        text.push('\n');
+    }
+    eprint!("{text}");
+}
+
 /// Checks `e` (from [`encode`]) against iced's `BlockEncoder` on the same
 /// instructions: both decode to the same sequence of instructions, the
 /// bytes of every instruction but the direct branches are the same, and

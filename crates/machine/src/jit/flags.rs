@@ -148,6 +148,13 @@ impl Emitter {
     /// (see [`flags_live_after`]).
     pub(super) fn flags_clobbered(&mut self) {
         debug_assert!(self.flags_dead);
+        self.flags_overwritten();
+    }
+
+    /// Before code that replaces every arithmetic flag in `state.rflags`
+    /// (a shift's merge): flags not yet written back need not be, nor
+    /// kept anywhere.
+    pub(super) fn flags_overwritten(&mut self) {
         self.host_valid = false;
         self.dirty = false;
         self.saved = false;

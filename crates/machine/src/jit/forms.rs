@@ -8,6 +8,21 @@ impl Emitter {
         match *f {
             Fast::Nop => {}
             Fast::MovRR { dst, src, size } => {
+                // (The source looked up before the destination is
+                // claimed: for `mov rsi, rsi` with rsi in no host register
+                // the claim maps one that holds no value yet.)
+                let from = self.cached_reg(src, size);
+                if let Some(h) = self.wide_claim(dst, size) {
+                    let code = MOV_R_RM[si(size)];
+                    match from {
+                        Some(r) => self.add(Instruction::with2(code, h[si(size)], r))?,
+                        None => {
+                            let m = self.g(src);
+                            self.add(Instruction::with2(code, h[si(size)], m))?;
+                        }
+                    }
+                    return self.store_held(dst, h);
+                }
                 self.load(ACC, src, size)?;
                 self.store_acc(dst, size)?;
             }
@@ -39,6 +54,25 @@ impl Emitter {
             }
             Fast::AluRR { op, dst, src, size } => {
                 self.need_flags_for(op)?;
+                if matches!(size, Size::B4 | Size::B8) {
+                    // In place in the guest register's host register; XOR
+                    // or SUB of a register with itself does not read it.
+                    let zeroing = dst == src && matches!(op, BinOp::Xor | BinOp::Sub);
+                    let h = if zeroing {
+                        self.claim_reg(dst)
+                    } else {
+                        self.hold_reg(dst)?
+                    };
+                    if let Some(h) = h {
+                        let (_, r_rm, _) = alu_codes(op);
+                        self.with_gpr(r_rm[si(size)], h[si(size)], src, size)?;
+                        if op != BinOp::Cmp {
+                            self.store_held(dst, h)?;
+                        }
+                        self.wrote_flags(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
+                        return Ok(());
+                    }
+                }
                 self.load(SEC, src, size)?;
                 self.alu_gpr(op, dst, size, SEC)?;
                 self.wrote_flags(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
@@ -47,6 +81,23 @@ impl Emitter {
                 self.need_flags_for(op)?;
                 let (rm_r, _, rm_imm) = alu_codes(op);
                 let m = self.g(dst);
+                if let Some(h) = self.wide_hold(dst, size)? {
+                    // In place in the guest register's host register.
+                    if size == Size::B8 && imm as i64 != imm as i32 as i64 {
+                        // mov rcx, imm64 does not touch the flags.
+                        self.a.mov(rcx, imm)?;
+                        self.add(Instruction::with2(rm_r[3], h[3], Register::RCX))?;
+                    } else if size == Size::B8 {
+                        self.add(Instruction::with2(rm_imm[3], h[3], imm as i32))?;
+                    } else {
+                        self.add(Instruction::with2(rm_imm[2], h[2], imm as u32))?;
+                    }
+                    if op != BinOp::Cmp {
+                        self.store_held(dst, h)?;
+                    }
+                    self.wrote_flags(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
+                    return Ok(());
+                }
                 // 32 and 64 bits in rax (the value stays in a host register,
                 // `jit/regs.rs`); 8 and 16 bits on the slot.
                 match size {
@@ -75,6 +126,22 @@ impl Emitter {
                 self.wrote_flags(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
             }
             Fast::TestRR { a, b, size } => {
+                // (TEST is commutative: a register held in a host register
+                // tests the other where it is.)
+                let code = TEST_RM_R[si(size)];
+                let (ha, hb) = (self.cached_reg(a, size), self.cached_reg(b, size));
+                if let Some(h) = hb.or(ha) {
+                    let other = if hb.is_some() { a } else { b };
+                    match self.cached_reg(other, size) {
+                        Some(o) => self.add(Instruction::with2(code, o, h))?,
+                        None => {
+                            let m = self.g(other);
+                            self.add(Instruction::with2(code, m, h))?;
+                        }
+                    }
+                    self.wrote_flags(true);
+                    return Ok(());
+                }
                 self.load(SEC, b, size)?;
                 let m = self.g(a);
                 self.add(Instruction::with2(TEST_RM_R[si(size)], m, SEC[si(size)]))?;
@@ -119,7 +186,10 @@ impl Emitter {
                         Code::Inc_rm64,
                     ]
                 };
-                if matches!(size, Size::B4 | Size::B8) {
+                if let Some(h) = self.wide_hold(dst, size)? {
+                    self.add(Instruction::with1(codes[si(size)], h[si(size)]))?;
+                    self.store_held(dst, h)?;
+                } else if matches!(size, Size::B4 | Size::B8) {
                     self.load(ACC, dst, size)?;
                     self.add(Instruction::with1(codes[si(size)], ACC[si(size)]))?;
                     self.store_acc(dst, size)?;
@@ -134,6 +204,11 @@ impl Emitter {
                 self.need_flags()?;
                 let code =
                     cmov_code(cc, size).ok_or(NotTranslated::Unsupported("CMOVcc of this size"))?;
+                if let Some(h) = self.wide_hold(dst, size)? {
+                    // (A 32-bit CMOVcc zero-extends whether it moves or not.)
+                    self.with_gpr(code, h[si(size)], src, size)?;
+                    return self.store_held(dst, h);
+                }
                 self.load(ACC, dst, size)?;
                 let m = self.g(src);
                 self.add(Instruction::with2(code, ACC[si(size)], m))?;
@@ -166,16 +241,25 @@ impl Emitter {
                 self.a
                     .add(qword_ptr(rbx + self.o.cycles), self.o.multiply_cost as i32)?;
                 let g = self.g(src);
+                // The product in the destination's host register where
+                // one holds it (32 and 64 bits), else in rax.
+                let held;
                 match imm {
                     None => {
-                        self.load(ACC, dst, size)?;
+                        held = self.wide_hold(dst, size)?;
                         let code = [
                             Code::Imul_r16_rm16,
                             Code::Imul_r16_rm16,
                             Code::Imul_r32_rm32,
                             Code::Imul_r64_rm64,
                         ][si(size)];
-                        self.add(Instruction::with2(code, ACC[si(size)], g))?;
+                        match held {
+                            Some(h) => self.with_gpr(code, h[si(size)], src, size)?,
+                            None => {
+                                self.load(ACC, dst, size)?;
+                                self.add(Instruction::with2(code, ACC[si(size)], g))?;
+                            }
+                        }
                     }
                     Some(imm) => {
                         let (code, v) = match size {
@@ -191,16 +275,28 @@ impl Emitter {
                         if size == Size::B1 {
                             return Err(NotTranslated::Unsupported("8-bit IMUL"));
                         }
-                        self.add(Instruction::with3(code, ACC[si(size)], g, v))?;
+                        // (The source looked up before the claim, see
+                        // `Emitter::claim_reg`.)
+                        let from = self.cached_reg(src, size);
+                        held = self.wide_claim(dst, size);
+                        let to = held.unwrap_or(ACC)[si(size)];
+                        match from {
+                            Some(r) => self.add(Instruction::with3(code, to, r, v))?,
+                            None => self.add(Instruction::with3(code, to, g, v))?,
+                        }
                     }
                 }
+                let store = |e: &mut Self| match held {
+                    Some(h) => e.store_held(dst, h),
+                    None => e.store_acc(dst, size),
+                };
                 if dead {
-                    self.store_acc(dst, size)?;
+                    store(self)?;
                     self.flags_clobbered();
                     return Ok(());
                 }
                 self.a.pushfq()?;
-                self.store_acc(dst, size)?;
+                store(self)?;
                 self.a.pop(rcx)?;
                 self.a.and(ecx, 0x801)?;
                 let fl = self.field(self.o.rflags);
@@ -313,17 +409,35 @@ impl Emitter {
         if self.flags_dead {
             return self.shift_flags_dead(op, dst, size, n);
         }
-        self.capture_if_dirty()?;
         let rotate = matches!(op, ShiftOp::Rol | ShiftOp::Ror);
-        let code = shift_code(op, size, false).ok_or(NotTranslated::Unsupported("RCL/RCR"))?;
-        self.load(ACC, dst, size)?;
-        self.add(Instruction::with2(code, ACC[si(size)], n as u32))?;
         if rotate {
-            self.rotate_flags(op, size)?;
+            self.capture_if_dirty()?;
         } else {
-            self.shift_flags(op, size)?;
+            // All six are replaced in the state below: the ones not yet
+            // written back never will be.
+            self.flags_overwritten();
         }
-        self.store_acc(dst, size)
+        let code = shift_code(op, size, false).ok_or(NotTranslated::Unsupported("RCL/RCR"))?;
+        // In the destination's host register where one holds it (32 and
+        // 64 bits), else in rax.
+        let held = self.wide_hold(dst, size)?;
+        let r = match held {
+            Some(h) => h,
+            None => {
+                self.load(ACC, dst, size)?;
+                ACC
+            }
+        };
+        self.add(Instruction::with2(code, r[si(size)], n as u32))?;
+        if rotate {
+            self.rotate_flags(op, size, r[3])?;
+        } else {
+            self.shift_flags(op, size, r[3])?;
+        }
+        match held {
+            Some(h) => self.store_held(dst, h),
+            None => self.store_acc(dst, size),
+        }
     }
 
     /// SHL/SAL/SHR/SAR/ROL/ROR of a 32- or 64-bit register by CL (an 8-
@@ -353,9 +467,9 @@ impl Emitter {
         self.a.je(zero)?;
         self.add(Instruction::with2(code, ACC[si(size)], Register::CL))?;
         if matches!(op, ShiftOp::Rol | ShiftOp::Ror) {
-            self.rotate_flags(op, size)?;
+            self.rotate_flags(op, size, Register::RAX)?;
         } else {
-            self.shift_flags(op, size)?;
+            self.shift_flags(op, size, Register::RAX)?;
         }
         self.a.set_label(&mut zero)?;
         self.store_acc(dst, size)?;
@@ -364,12 +478,17 @@ impl Emitter {
     }
 
     /// After a host SHL/SAL/SHR/SAR by a masked, nonzero count with the
-    /// result in rax: the host gives CF, SF, ZF and PF, and the flags the
+    /// result in `result` (a 64-bit register other than rcx and rdx): the host gives CF, SF, ZF and PF, and the flags the
     /// SDM leaves undefined are set as the interpreter's `alu` sets them:
     /// AF set, OF = MSB(result) XOR CF (SHL), bit `bits - 2` of the result
     /// (SHR), clear (SAR), whatever the count. Written into
-    /// `state.rflags` (clobbers rcx, rdx; rax kept).
-    fn shift_flags(&mut self, op: ShiftOp, size: Size) -> Result<(), NotTranslated> {
+    /// `state.rflags` (clobbers rcx, rdx).
+    fn shift_flags(
+        &mut self,
+        op: ShiftOp,
+        size: Size,
+        result: Register,
+    ) -> Result<(), NotTranslated> {
         // rcx = host flags with AF set and OF clear.
         self.a.pushfq()?;
         self.a.pop(rcx)?;
@@ -379,7 +498,11 @@ impl Emitter {
         match op {
             ShiftOp::Shl | ShiftOp::Sal => {
                 // OF = MSB(result) ^ CF.
-                self.a.mov(rdx, rax)?;
+                self.add(Instruction::with2(
+                    Code::Mov_r64_rm64,
+                    Register::RDX,
+                    result,
+                ))?;
                 self.a.shr(rdx, bits - 1)?;
                 self.a.xor(rdx, rcx)?;
                 self.a.and(edx, 1)?;
@@ -387,7 +510,11 @@ impl Emitter {
                 self.a.or(rcx, rdx)?;
             }
             ShiftOp::Shr => {
-                self.a.mov(rdx, rax)?;
+                self.add(Instruction::with2(
+                    Code::Mov_r64_rm64,
+                    Register::RDX,
+                    result,
+                ))?;
                 self.a.shr(rdx, bits - 2)?;
                 self.a.and(edx, 1)?;
                 self.a.shl(edx, 11)?;
@@ -425,16 +552,30 @@ impl Emitter {
 
     /// After a host ROL/ROR by a masked, nonzero count (the host rotates
     /// by the count modulo the width, as `alu::rol`/`ror` do) with the
-    /// result in rax: CF and OF are computed from the result as the
+    /// result in `result` (a 64-bit register other than rcx and rdx): CF
+    /// and OF are computed from the result as the
     /// interpreter's `alu` computes them (ROL: CF = bit 0, OF = MSB XOR CF;
     /// ROR: CF = MSB, OF = MSB XOR the bit below it), not taken from the
     /// host, whose OF is undefined for counts above 1; SF ZF AF PF are
-    /// kept. Written into `state.rflags` (clobbers rcx, rdx; rax kept).
-    fn rotate_flags(&mut self, op: ShiftOp, size: Size) -> Result<(), NotTranslated> {
+    /// kept. Written into `state.rflags` (clobbers rcx, rdx).
+    fn rotate_flags(
+        &mut self,
+        op: ShiftOp,
+        size: Size,
+        result: Register,
+    ) -> Result<(), NotTranslated> {
         let bits = size.bits();
         // rcx = CF (bit 0), rdx = the other bit OF compares it with.
-        self.a.mov(rcx, rax)?;
-        self.a.mov(rdx, rax)?;
+        self.add(Instruction::with2(
+            Code::Mov_r64_rm64,
+            Register::RCX,
+            result,
+        ))?;
+        self.add(Instruction::with2(
+            Code::Mov_r64_rm64,
+            Register::RDX,
+            result,
+        ))?;
         if op == ShiftOp::Rol {
             self.a.shr(rdx, bits - 1)?;
         } else {

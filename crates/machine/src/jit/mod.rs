@@ -432,14 +432,12 @@ pub(crate) fn translate(
     // registers host registers hold where the first translation loops
     // back are loaded at the second's entry and kept across its loop
     // (`jit/regs.rs`).
-    let (code, entry, seen) = translate_with(block, o, helpers, user, None)?;
-    match seen {
-        Some(at) if !at.is_empty() => {
-            let (code, entry, _) = translate_with(block, o, helpers, user, Some(at))?;
-            Ok((code, entry))
-        }
-        _ => Ok((code, entry)),
+    let (mut code, mut entry, seen) = translate_with(block, o, helpers, user, None)?;
+    if let Some(at) = seen.filter(|at| !at.is_empty()) {
+        (code, entry, _) = translate_with(block, o, helpers, user, Some(at))?;
     }
+    encode::disassemble_if_asked(block.rip, &code, entry);
+    Ok((code, entry))
 }
 
 /// [`translate`], with `preload` the guest registers held in host

@@ -7,7 +7,12 @@
 //! [`Emitter::store_acc`], one of the caller-saved host registers the
 //! block body does not otherwise use ([`POOL`]) holds the whole 64-bit
 //! value, and later reads of that guest register in the block take it
-//! from there instead of loading it back from the `Cpu`. That takes the
+//! from there instead of loading it back from the `Cpu`. The 32- and
+//! 64-bit register forms (MOV, the ALU group, TEST, INC/DEC, CMOVcc,
+//! IMUL, shifts and rotates by an immediate) run on those host registers
+//! themselves ([`Emitter::hold_reg`], [`Emitter::claim_reg`]), the result
+//! then stored to the `Cpu` ([`Emitter::store_held`]): no round trip
+//! through rax and rcx. That takes the
 //! store-to-load forwarding of the `Cpu` slot off a chain of dependent
 //! guest instructions (`mov rax, rbx; shl rax, 13; xor rax, rbx` was a
 //! chain of read-modify-writes of one memory slot).
@@ -96,6 +101,25 @@ impl Regs {
     pub(super) fn is_empty(&self) -> bool {
         self.held.iter().all(Option::is_none)
     }
+
+    /// The pool register that will hold guest register `idx`: the one
+    /// holding it already, else a free one, else the next in turn (its
+    /// guest register dropped: the `Cpu` has it).
+    fn take(&mut self, idx: u8) -> usize {
+        let p = match self.find(idx) {
+            Some(p) => p,
+            None => match self.held.iter().position(Option::is_none) {
+                Some(p) => p,
+                None => {
+                    let p = self.next as usize;
+                    self.next = ((p + 1) % POOL.len()) as u8;
+                    p
+                }
+            },
+        };
+        self.held[p] = Some(idx);
+        p
+    }
 }
 
 impl Emitter {
@@ -116,18 +140,7 @@ impl Emitter {
             self.forget_reg(idx);
             return Ok(());
         }
-        let p = match self.regs.find(idx) {
-            Some(p) => p,
-            None => match self.regs.held.iter().position(Option::is_none) {
-                Some(p) => p,
-                None => {
-                    let p = self.regs.next as usize;
-                    self.regs.next = ((p + 1) % POOL.len()) as u8;
-                    p
-                }
-            },
-        };
-        self.regs.held[p] = Some(idx);
+        let p = self.regs.take(idx);
         self.add(Instruction::with2(
             Code::Mov_r64_rm64,
             POOL[p][3],
@@ -135,6 +148,83 @@ impl Emitter {
         ))?;
         self.regs.acc = Some((idx, self.a.instructions().len()));
         Ok(())
+    }
+
+    /// The pool register (by width) holding guest register `idx`, loaded
+    /// from the `Cpu` if none did: for an instruction that reads and
+    /// writes it in place. `None` with the cache off.
+    pub(super) fn hold_reg(&mut self, idx: u8) -> Result<Option<[Register; 4]>, NotTranslated> {
+        if !self.regs.on {
+            return Ok(None);
+        }
+        let idx = idx & 15;
+        if let Some(p) = self.regs.find(idx) {
+            return Ok(Some(POOL[p]));
+        }
+        let p = self.regs.take(idx);
+        let m = self.g(idx);
+        self.add(Instruction::with2(Code::Mov_r64_rm64, POOL[p][3], m))?;
+        Ok(Some(POOL[p]))
+    }
+
+    /// A pool register (by width) to hold guest register `idx`, its value
+    /// not loaded: for an instruction that only writes it. Its operands
+    /// are to be looked up before: the claim maps `idx` to a register
+    /// holding no value yet (a source it evicts still has its value there
+    /// when the instruction reads it).
+    pub(super) fn claim_reg(&mut self, idx: u8) -> Option<[Register; 4]> {
+        if !self.regs.on {
+            return None;
+        }
+        Some(POOL[self.regs.take(idx & 15)])
+    }
+
+    /// [`Self::hold_reg`] for a 32- or 64-bit instruction (`None` for the
+    /// others, which write part of the register).
+    pub(super) fn wide_hold(
+        &mut self,
+        idx: u8,
+        size: Size,
+    ) -> Result<Option<[Register; 4]>, NotTranslated> {
+        match size {
+            Size::B4 | Size::B8 => self.hold_reg(idx),
+            _ => Ok(None),
+        }
+    }
+
+    /// [`Self::claim_reg`] for a 32- or 64-bit instruction.
+    pub(super) fn wide_claim(&mut self, idx: u8, size: Size) -> Option<[Register; 4]> {
+        match size {
+            Size::B4 | Size::B8 => self.claim_reg(idx),
+            _ => None,
+        }
+    }
+
+    /// `gpr[idx] = host` (the whole 64-bit pool register [`Self::hold_reg`]
+    /// or [`Self::claim_reg`] gave for `idx`, written by the instruction
+    /// just emitted: a 32-bit result already zero-extended).
+    pub(super) fn store_held(&mut self, idx: u8, host: [Register; 4]) -> Result<(), NotTranslated> {
+        debug_assert_eq!(self.cached_reg(idx, Size::B8), Some(host[3]));
+        let m = self.g(idx);
+        self.add(Instruction::with2(Code::Mov_rm64_r64, m, host[3]))
+    }
+
+    /// `code dst, gpr[src]` at `size`, the operand from its pool register
+    /// if one holds it, else from the `Cpu`.
+    pub(super) fn with_gpr(
+        &mut self,
+        code: Code,
+        dst: Register,
+        src: u8,
+        size: Size,
+    ) -> Result<(), NotTranslated> {
+        match self.cached_reg(src, size) {
+            Some(h) => self.add(Instruction::with2(code, dst, h)),
+            None => {
+                let m = self.g(src);
+                self.add(Instruction::with2(code, dst, m))
+            }
+        }
     }
 
     /// Whether rax still holds guest register `idx` whole: nothing was
