@@ -81,7 +81,6 @@ pub use pager::{PageSource, PagerError, PagerStats};
 pub use stats::{ExitReason, ExitStat, ExitTable, MmuLockStats, VcpuStats, VmStats};
 pub use swap::{DeviceModel, DevicePreset, DeviceStats, LatencyRange};
 pub use time::Cycles;
-pub use vcpu::steal::cycles_to_ns as steal_cycles_to_ns;
 pub use vcpu::{Vcpu, VcpuId};
 pub use vm::dirty_log::{Collected, DirtyLogCost, DirtyPages, RingHarvest};
 pub use vm::{

@@ -25,6 +25,18 @@ impl Cycles {
     pub const fn saturating_add(self, other: Cycles) -> Cycles {
         Cycles(self.0.saturating_add(other.0))
     }
+
+    /// Whole nanoseconds of the virtual clock in `self` (rounded down).
+    pub const fn as_ns(self) -> u64 {
+        (self.0 as u128 * 1_000_000_000 / machine::cost::CYCLES_PER_SECOND as u128) as u64
+    }
+
+    /// The first cycle at or after `ns` nanoseconds.
+    pub const fn from_ns_ceil(ns: u64) -> Cycles {
+        Cycles(
+            (ns as u128 * machine::cost::CYCLES_PER_SECOND as u128).div_ceil(1_000_000_000) as u64,
+        )
+    }
 }
 
 impl Add for Cycles {
@@ -68,5 +80,25 @@ impl From<Cycles> for u64 {
 impl fmt::Display for Cycles {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} cycles", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nanoseconds_round_down_and_back_up() {
+        assert_eq!(Cycles(0).as_ns(), 0);
+        assert_eq!(Cycles(2).as_ns(), 0);
+        assert_eq!(Cycles(3).as_ns(), 1);
+        assert_eq!(Cycles(3_000_000_000).as_ns(), 1_000_000_000);
+        assert_eq!(Cycles(u64::MAX).as_ns(), u64::MAX / 3);
+        assert_eq!(Cycles::from_ns_ceil(0), Cycles(0));
+        assert_eq!(Cycles::from_ns_ceil(1), Cycles(3));
+        assert_eq!(Cycles::from_ns_ceil(1_000_000_000), Cycles(3_000_000_000));
+        for ns in [1, 7, 999, 123_456_789] {
+            assert_eq!(Cycles::from_ns_ceil(ns).as_ns(), ns);
+        }
     }
 }

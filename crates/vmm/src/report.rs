@@ -381,7 +381,7 @@ impl Summary {
                     cr3: v.cr3_cache,
                     steal: StealSummary {
                         steal_cycles: v.steal_cycles,
-                        steal_ns: hv::steal_cycles_to_ns(v.steal_cycles),
+                        steal_ns: hv::Cycles(v.steal_cycles).as_ns(),
                         reported_ns: v.steal_reported_ns,
                         preemptions: v.preemptions,
                         pv_tlb_flushes: v.pv_tlb_flushes,

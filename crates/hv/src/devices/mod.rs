@@ -62,6 +62,7 @@ pub mod serial;
 pub mod testdev;
 pub mod vtd;
 
+use crate::time::Cycles;
 use ioapic::{IoApic, IOAPIC_BASE, IOAPIC_SIZE};
 use machine::vmx::Ipi;
 use pic::Pic;
@@ -321,16 +322,6 @@ pub struct Platform {
     suspend_requested: bool,
 }
 
-/// Virtual time in ns of `cycles` at the TSC rate.
-fn cycles_to_ns(cycles: u64) -> u64 {
-    (u128::from(cycles) * 1_000_000_000 / u128::from(machine::cost::CYCLES_PER_SECOND)) as u64
-}
-
-/// The first cycle at or after `ns`.
-fn ns_to_cycles(ns: u64) -> u64 {
-    (u128::from(ns) * u128::from(machine::cost::CYCLES_PER_SECOND)).div_ceil(1_000_000_000) as u64
-}
-
 /// The devices' state in a snapshot (the ACPI tables and fw_cfg items
 /// are rebuilt from the configuration).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -505,7 +496,7 @@ impl Platform {
     /// The virtual time (the accessing vCPU's clock, in cycles) of the
     /// port accesses that follow: the RTC's time.
     pub fn set_clock(&mut self, cycles: u64) {
-        self.now_ns = cycles_to_ns(cycles);
+        self.now_ns = Cycles(cycles).as_ns();
     }
 
     /// Whether the guest asked for S3 since the last call.
@@ -519,14 +510,14 @@ impl Platform {
     /// time). `None`: no enabled wake event ever comes (the RTC alarm
     /// needs AIE in register B and RTC_EN in PM1_EN).
     pub fn suspend(&mut self, cycles: u64) -> Option<u64> {
-        let now = cycles_to_ns(cycles);
+        let now = Cycles(cycles).as_ns();
         let pm1 = self.pm1.as_mut()?;
         if pm1.enable & acpi::pm1::RTC == 0 {
             return None;
         }
         let wake = self.rtc.as_ref()?.next_alarm(now)?;
         pm1.status |= acpi::pm1::WAK_STS;
-        Some(ns_to_cycles(wake))
+        Some(Cycles::from_ns_ceil(wake).0)
     }
 
     /// The RTC's and PM1's ports: the value of an `in`, or `None`.

@@ -23,6 +23,7 @@
 use super::{Requests, Vcpu};
 use crate::error::VmError;
 use crate::shared::Shared;
+use crate::time::Cycles;
 use machine::Gpa;
 
 /// Offsets in `struct kvm_steal_time`.
@@ -52,11 +53,6 @@ impl StealTime {
     }
 }
 
-/// Virtual cycles as nanoseconds (the unit of `steal`).
-pub fn cycles_to_ns(cycles: u64) -> u64 {
-    (u128::from(cycles) * 1_000_000_000 / u128::from(crate::CYCLES_PER_SECOND)) as u64
-}
-
 /// RDMSR of `MSR_KVM_STEAL_TIME` (`None`: another MSR).
 pub(super) fn rdmsr(vcpu: &Vcpu, index: u32) -> Option<u64> {
     (index == abi::MSR_KVM_STEAL_TIME).then_some(vcpu.steal.msr)
@@ -84,7 +80,7 @@ pub(super) fn wrmsr(
         if !was_enabled {
             // Steal counts from registration (the guest's baseline is the
             // area's `steal` then).
-            vcpu.steal.reported_ns = cycles_to_ns(vcpu.stats.steal_cycles);
+            vcpu.steal.reported_ns = Cycles(vcpu.stats.steal_cycles).as_ns();
         }
         vcpu.steal.preempted = false;
         record(vcpu, shared)?;
@@ -143,7 +139,7 @@ pub(crate) fn record(vcpu: &mut Vcpu, shared: &mut Shared) -> Result<(), VmError
     shared
         .read_guest(area.add(STEAL), &mut steal)
         .map_err(|e| error(vcpu, e))?;
-    let now_ns = cycles_to_ns(vcpu.stats.steal_cycles);
+    let now_ns = Cycles(vcpu.stats.steal_cycles).as_ns();
     let delta = now_ns - vcpu.steal.reported_ns;
     let steal = u64::from_le_bytes(steal).wrapping_add(delta);
     vcpu.steal.reported_ns = now_ns;
@@ -186,13 +182,8 @@ fn in_ram(shared: &Shared, gpa: Gpa) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
-    fn steal_is_reported_in_nanoseconds_of_the_3_ghz_clock() {
-        assert_eq!(cycles_to_ns(0), 0);
-        assert_eq!(cycles_to_ns(3), 1);
-        assert_eq!(cycles_to_ns(3_000_000_000), 1_000_000_000);
+    fn reserved_bits_are_outside_the_valid_ones() {
         assert_eq!(abi::KVM_STEAL_VALID_BITS & abi::KVM_STEAL_RESERVED_MASK, 0);
     }
 }

@@ -147,7 +147,7 @@ impl Measured {
             yields_directed: run.steal.sched_yields_directed,
             halts: sum(run, "tlb_halts"),
             kicks: sum(run, "pv_kicks"),
-            steal_ms: hv::steal_cycles_to_ns(run.steal.steal_cycles) as f64 / 1e6,
+            steal_ms: hv::Cycles(run.steal.steal_cycles).as_ns() as f64 / 1e6,
             run_ms: run.virtual_seconds() * 1e3,
             stale: run.require("tlbflush_stale_local")? + run.require("tlbflush_stale_remote")?,
         })

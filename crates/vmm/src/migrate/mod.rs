@@ -243,7 +243,7 @@ pub fn save_snapshot(vm: &mut Vm, path: &Path) -> Result<(), String> {
         "faultline: snapshot of {} bytes saved to {} at {}",
         bytes.len(),
         path.display(),
-        format_duration(Duration::from_nanos(hv::steal_cycles_to_ns(vm.time().0)))
+        format_duration(Duration::from_nanos(vm.time().as_ns()))
     );
     Ok(())
 }
@@ -329,7 +329,7 @@ pub fn restore(args: RestoreArgs) -> u8 {
     eprintln!(
         "faultline: restored {} at {}",
         args.file.display(),
-        format_duration(Duration::from_nanos(hv::steal_cycles_to_ns(vm.time().0)))
+        format_duration(Duration::from_nanos(vm.time().as_ns()))
     );
     let options = RunOptions {
         stats: args.stats,
