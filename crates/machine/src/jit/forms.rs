@@ -1352,22 +1352,15 @@ impl Emitter {
         Ok(())
     }
 
-    /// CLI at CPL 0 (64-bit code: the CS selector's low bits) clears IF
-    /// in the state, as the interpreter does where CPL <= IOPL always
-    /// holds; at another CPL the interpreter runs it (a #GP or the same
-    /// clear). The guest flags are written back first (the test and the
-    /// AND clobber the host's).
+    /// CLI at CPL 0 clears IF in the state, as the interpreter does where
+    /// CPL <= IOPL always holds; at another CPL, or with events to check,
+    /// the interpreter runs it (as SWAPGS). The guest flags are written
+    /// back first (the checks and the AND clobber the host's).
     fn cli(&mut self, k: usize) -> Result<(), NotTranslated> {
         let (full, mut cont) = self.begin_inline()?;
-        let cs = MemoryOperand::with_base_displ(Register::RBX, self.o.cs_selector as i64);
-        self.add(Instruction::with2(Code::Test_rm8_imm8, cs, 3u32))?;
-        self.a.jne(full)?;
-        let fl = self.field(self.o.rflags);
-        self.add(Instruction::with2(
-            Code::And_rm32_imm32,
-            fl,
-            !(crate::cpu::state::rflags::IF as u32),
-        ))?;
+        self.unless_cpl0_without_events(full)?;
+        let not_if = !(crate::cpu::state::rflags::IF as u32) as i32;
+        self.a.and(dword_ptr(rbx + self.o.rflags), not_if)?;
         self.end_inline(k, full, &mut cont, false)
     }
 
@@ -1715,16 +1708,26 @@ impl Emitter {
     pub(super) fn swapgs(&mut self, k: usize) -> Result<(), NotTranslated> {
         let o = self.o;
         let (slow, mut cont) = self.begin_inline()?;
-        // 64-bit code runs in protected mode: the CPL is CS.RPL.
-        self.a.test(word_ptr(rbx + o.cs_selector), 3)?;
-        self.a.jne(slow)?;
-        self.a.cmp(byte_ptr(rbx + o.check_events), 0)?;
-        self.a.jne(slow)?;
+        self.unless_cpl0_without_events(slow)?;
         self.a.mov(rax, qword_ptr(rbx + o.gs_base))?;
         self.a.mov(rcx, qword_ptr(rbx + o.kernel_gs_base))?;
         self.a.mov(qword_ptr(rbx + o.gs_base), rcx)?;
         self.a.mov(qword_ptr(rbx + o.kernel_gs_base), rax)?;
         self.end_inline(k, slow, &mut cont, false)
+    }
+
+    /// To `slow` (the instruction through the interpreter) unless the
+    /// CPL is 0 and `check_events` is clear: the case where a system
+    /// instruction the interpreter allows at CPL 0 only changes its
+    /// state (at another CPL it checks privilege; with events to check
+    /// it leaves the block after the instruction). Clobbers the host
+    /// flags.
+    fn unless_cpl0_without_events(&mut self, slow: CodeLabel) -> Result<(), NotTranslated> {
+        // 64-bit code runs in protected mode: the CPL is CS.RPL.
+        self.a.test(word_ptr(rbx + self.o.cs_selector), 3)?;
+        self.a.jne(slow)?;
+        self.a.cmp(byte_ptr(rbx + self.o.check_events), 0)?;
+        Ok(self.a.jne(slow)?)
     }
 
     /// One-operand MUL/IMUL by a register: rdx:rax = rax * src, CF and OF
