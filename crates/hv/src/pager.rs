@@ -339,6 +339,7 @@ impl Pager {
             work.add(self.evict_batch(host, now)?);
         }
         let frame = host.frames.alloc()?;
+        host.mem.use_ahead(frame.addr());
         work.cycles += Cycles(host.costs.frame_alloc);
         self.resident += 1;
         self.stats.peak_resident = self.stats.peak_resident.max(self.resident);

@@ -37,6 +37,7 @@ pub mod elf;
 pub mod jit;
 pub mod memory;
 pub mod mmu;
+mod prefault;
 #[cfg(any(test, feature = "tools"))]
 pub mod programs;
 pub mod vmx;
