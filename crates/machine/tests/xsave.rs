@@ -218,3 +218,48 @@ fn cpuid_reports_xsave_and_follows_cr4_osxsave() {
         assert_eq!(r.gpr(0) & 0xf, 1, "XSAVEOPT only");
     }
 }
+
+/// XSAVE then XRSTOR with the area across a 4 KiB boundary take every
+/// way of the area's accesses to the same bytes and registers: a page at
+/// a time, byte by byte while DR7 enables a breakpoint (elsewhere), and
+/// byte by byte into a frame holding decoded code (here, the code's own).
+#[test]
+fn xsave_across_a_page_boundary_is_the_same_every_way() {
+    let run_at = |area: u64, breakpoint: bool| {
+        let mut r = xrig(true, |a| {
+            enable_and_point_at(a, area, 3);
+            a.xsave64(ptr(rbx)).unwrap();
+            a.pxor(xmm7, xmm7).unwrap();
+            a.fninit().unwrap();
+            a.xrstor64(ptr(rbx)).unwrap();
+            a.hlt().unwrap();
+        });
+        {
+            let s = r.cpu.state_mut();
+            s.fpu.xmm[7] = 0x1111_2222_3333_4444_5555_6666_7777_8888;
+            s.fpu.xmm[15] = u128::MAX - 5;
+            s.fpu.fcw = 0x027f;
+            if breakpoint {
+                // An instruction breakpoint at 0, never reached.
+                s.debug.dr7 |= 1;
+            }
+        }
+        assert_eq!(run(&mut r), None);
+        let fpu = &r.cpu.state().fpu;
+        assert_eq!(fpu.xmm[7], 0x1111_2222_3333_4444_5555_6666_7777_8888);
+        assert_eq!(fpu.fcw, 0x027f);
+        let mut bytes = vec![0u8; 576];
+        r.mem.read_bytes(Hpa(area), &mut bytes).unwrap();
+        bytes
+    };
+    let data = DATA + 0x1000 - 0xc0;
+    let reference = run_at(data, true);
+    assert_eq!(reference[512..520], 3u64.to_le_bytes());
+    assert_eq!(
+        reference[160 + 16 * 15..160 + 16 * 16],
+        (u128::MAX - 5).to_le_bytes()
+    );
+    assert_eq!(run_at(data, false), reference);
+    // In the code's frame, past the code.
+    assert_eq!(run_at(CODE + 0x1000 - 0xc0, false), reference);
+}

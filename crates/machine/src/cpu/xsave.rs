@@ -13,11 +13,13 @@
 //! Compaction (XSAVEC, XRSTOR's compacted form), XSAVES and XGETBV with
 //! ECX = 1 are not offered.
 
+use super::debug_regs::DR7_ENABLES;
 use super::fpu_state::FXSAVE_SIZE;
 use super::state::{cr0, cr4};
 use super::{vector, Cpu, Fault};
 use crate::alu::Size;
 use crate::memory::PhysMemory;
+use crate::mmu::AccessKind;
 use iced_x86::{Instruction, Mnemonic as M};
 
 /// XCR0 bit 0: x87 state.
@@ -134,12 +136,7 @@ impl Cpu {
     fn xsave(&mut self, mem: &PhysMemory, la: u64, rfbm: u64, wide: bool) -> Result<(), Fault> {
         let user = self.state.cpl() == 3;
         for end in [0, u64::from(XSAVE_AREA_SIZE) - 1] {
-            self.translate(
-                mem,
-                la.wrapping_add(end),
-                crate::mmu::AccessKind::Write,
-                user,
-            )?;
+            self.translate(mem, la.wrapping_add(end), AccessKind::Write, user)?;
         }
         let image = self.state.fpu.fxsave_image(wide);
         let mut ranges: Vec<std::ops::Range<usize>> = Vec::with_capacity(4);
@@ -152,10 +149,7 @@ impl Cpu {
             ranges.push(MXCSR_BYTES);
         }
         for r in ranges {
-            for (k, b) in image[r.clone()].iter().enumerate() {
-                let at = la.wrapping_add((r.start + k) as u64);
-                self.write_mem(mem, at, Size::B1, u64::from(*b))?;
-            }
+            self.write_bytes_linear(mem, la.wrapping_add(r.start as u64), &image[r])?;
         }
         // XSTATE_BV: the requested components are in use; others keep
         // what the area held.
@@ -176,26 +170,24 @@ impl Cpu {
             return Err(gp0());
         }
         let mut image = self.state.fpu.fxsave_image(wide);
-        let mut load = |cpu: &mut Cpu, r: std::ops::Range<usize>| -> Result<(), Fault> {
-            for k in r {
-                image[k] = cpu.read_mem(mem, la.wrapping_add(k as u64), Size::B1)? as u8;
-            }
-            Ok(())
-        };
         for c in 0..2 {
             if rfbm >> c & 1 == 0 {
                 continue;
             }
             for r in component_bytes(c) {
                 if bv >> c & 1 != 0 {
-                    load(self, r)?;
+                    self.read_bytes_linear(mem, la.wrapping_add(r.start as u64), &mut image[r])?;
                 }
             }
         }
         // The standard form loads MXCSR whenever SSE is requested,
         // whatever XSTATE_BV says (SDM Vol. 1 13.8.1).
         if rfbm & XCR0_SSE != 0 {
-            load(self, MXCSR_BYTES)?;
+            self.read_bytes_linear(
+                mem,
+                la.wrapping_add(MXCSR_BYTES.start as u64),
+                &mut image[MXCSR_BYTES],
+            )?;
         }
         // Components requested but not in XSTATE_BV: their initial
         // configuration (x87 as after FNINIT, XMM registers zero).
@@ -219,4 +211,85 @@ impl Cpu {
         self.state.fpu = fpu;
         Ok(())
     }
+    /// Byte-wise data accesses ([`Self::write_mem`] and [`Self::read_mem`]
+    /// of one byte each, from `la` up) take the page's translation once:
+    /// after the first byte's translation, which has all its effects, the
+    /// page's later bytes hit the first-level TLB, which has none (a fill
+    /// always follows a translation with no MMIO emulation). So each run
+    /// of bytes within a page is one translation and one copy. Each byte
+    /// goes its own way where its access does more: under MMIO emulation,
+    /// while DR7 enables breakpoints (each access is checked), into a
+    /// frame holding decoded code (each store bumps its generation), or
+    /// outside RAM (the failing byte ends the access).
+    fn bytewise(&self) -> bool {
+        self.mmio_emu.is_some() || self.state.debug.dr7 & DR7_ENABLES != 0
+    }
+
+    /// `bytes` stored from `la` up, as one [`Self::write_mem`] of a byte
+    /// each (see [`Self::bytewise`]).
+    fn write_bytes_linear(&mut self, mem: &PhysMemory, la: u64, bytes: &[u8]) -> Result<(), Fault> {
+        let bytewise = self.bytewise();
+        let user = self.user_access();
+        let mut k = 0;
+        while k < bytes.len() {
+            let at = la.wrapping_add(k as u64);
+            let run = page_run(at, bytes.len() - k);
+            let (first, rest) = bytes[k..k + run].split_at(1);
+            if bytewise {
+                self.write_mem(mem, at, Size::B1, u64::from(first[0]))?;
+            } else {
+                let hpa = self.translate(mem, at, AccessKind::Write, user)?;
+                if mem.check(hpa, run as u64).is_ok() && !mem.is_code(hpa) {
+                    mem.write_bytes(hpa, &bytes[k..k + run])?;
+                    k += run;
+                    continue;
+                }
+                self.store(mem, hpa, Size::B1, u64::from(first[0]))?;
+            }
+            for (j, b) in rest.iter().enumerate() {
+                self.write_mem(mem, at.wrapping_add(1 + j as u64), Size::B1, u64::from(*b))?;
+            }
+            k += run;
+        }
+        Ok(())
+    }
+
+    /// `buf` loaded from `la` up, as one [`Self::read_mem`] of a byte each
+    /// (see [`Self::bytewise`]).
+    fn read_bytes_linear(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        buf: &mut [u8],
+    ) -> Result<(), Fault> {
+        let bytewise = self.bytewise();
+        let user = self.user_access();
+        let mut k = 0;
+        while k < buf.len() {
+            let at = la.wrapping_add(k as u64);
+            let run = page_run(at, buf.len() - k);
+            let (first, rest) = buf[k..k + run].split_at_mut(1);
+            if bytewise {
+                first[0] = self.read_mem(mem, at, Size::B1)? as u8;
+            } else {
+                let hpa = self.translate(mem, at, AccessKind::Read, user)?;
+                if mem.check(hpa, run as u64).is_ok() {
+                    mem.read_bytes(hpa, &mut buf[k..k + run])?;
+                    k += run;
+                    continue;
+                }
+                first[0] = self.phys_read(mem, hpa, 1)? as u8;
+            }
+            for (j, b) in rest.iter_mut().enumerate() {
+                *b = self.read_mem(mem, at.wrapping_add(1 + j as u64), Size::B1)? as u8;
+            }
+            k += run;
+        }
+        Ok(())
+    }
+}
+
+/// How many of `len` bytes from `la` up lie in `la`'s page.
+fn page_run(la: u64, len: usize) -> usize {
+    len.min((0x1000 - (la & 0xfff)) as usize)
 }

@@ -751,6 +751,46 @@ pub(crate) enum Extra {
         m: MemOp,
         locked: bool,
     },
+    /// MOVAPS, MOVAPD, MOVDQA (`aligned`), MOVUPS, MOVUPD or MOVDQU (legacy
+    /// SSE encodings) of a whole XMM register: to another, or to or from
+    /// 16 bytes of memory through the inline access.
+    XmmMove {
+        dst: XmmPlace,
+        src: XmmPlace,
+        aligned: bool,
+    },
+}
+
+/// An operand of [`Extra::XmmMove`]: an XMM register (0-15) or memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum XmmPlace {
+    Reg(u8),
+    Mem(MemOp),
+}
+
+/// [`Extra::XmmMove`] of instruction `i` (a full XMM move mnemonic).
+fn xmm_move(i: &iced_x86::Instruction) -> Option<Extra> {
+    use iced_x86::{EncodingKind, Mnemonic as M, OpKind};
+    if i.encoding() != EncodingKind::Legacy {
+        return None;
+    }
+    let place = |n: u32| match i.op_kind(n) {
+        OpKind::Register => {
+            let r = i.op_register(n);
+            let x = (r as usize).wrapping_sub(Register::XMM0 as usize);
+            (r.is_xmm() && x < 16).then_some(XmmPlace::Reg(x as u8))
+        }
+        OpKind::Memory if i.memory_size().size() == 16 => {
+            crate::cpu::fast::mem_operand(i).map(XmmPlace::Mem)
+        }
+        _ => None,
+    };
+    let (dst, src) = (place(0)?, place(1)?);
+    if matches!((dst, src), (XmmPlace::Mem(_), XmmPlace::Mem(_))) {
+        return None;
+    }
+    let aligned = matches!(i.mnemonic(), M::Movaps | M::Movapd | M::Movdqa);
+    Some(Extra::XmmMove { dst, src, aligned })
 }
 
 /// A full-width register operand (32 or 64 bits): its index.
@@ -1013,6 +1053,7 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
                 dst,
             })
         }
+        M::Movaps | M::Movapd | M::Movdqa | M::Movups | M::Movupd | M::Movdqu => xmm_move(i),
         M::Cbw | M::Cwde | M::Cdqe | M::Cwd | M::Cdq | M::Cqo => Some(Extra::Convert {
             code: i.code(),
             to_rdx: matches!(m, M::Cwd | M::Cdq | M::Cqo),
@@ -1133,6 +1174,7 @@ impl Emitter {
                 m,
                 locked,
             } => self.xadd_mem(k, ip, reg, size, &m, locked),
+            Extra::XmmMove { dst, src, aligned } => self.xmm_move(k, ip, dst, src, aligned),
             Extra::Convert { code, to_rdx } => {
                 // No flags are touched: they may stay in the host.
                 self.load(ACC, 0, Size::B8)?;
@@ -1350,6 +1392,76 @@ impl Emitter {
         self.a.set_label(&mut cont)?;
         self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::State);
         Ok(())
+    }
+
+    /// A whole XMM register moved as the interpreter's `exec_simd` moves
+    /// it, which checks, in this order: CR0.EM set or CR4.OSFXSR clear
+    /// (#UD), CR0.TS set (#NM), a misaligned operand of an aligned form
+    /// (#GP(0)), then the access: the first byte's translation (its
+    /// fault), a page-crossing access's second page, a frame outside
+    /// memory or holding code for a store; the 16 bytes as two 8-byte
+    /// accesses, which hit the first-level TLB after the first byte's.
+    /// Inline when none of that stops it (a first-level miss filled as
+    /// that translation); anything else is the instruction through the
+    /// interpreter. No flag is touched.
+    fn xmm_move(
+        &mut self,
+        k: usize,
+        ip: u64,
+        dst: XmmPlace,
+        src: XmmPlace,
+        aligned: bool,
+    ) -> Result<(), NotTranslated> {
+        let o = self.o;
+        let xmm = |x: u8| o.xmm + 16 * x as i32;
+        if let (XmmPlace::Reg(d), XmmPlace::Reg(s)) = (dst, src) {
+            let (full, mut cont) = self.begin_inline()?;
+            self.unless_sse_usable(full)?;
+            for half in [0, 8] {
+                self.a.mov(rcx, qword_ptr(rbx + xmm(s) + half))?;
+                self.a.mov(qword_ptr(rbx + xmm(d) + half), rcx)?;
+            }
+            return self.end_inline(k, full, &mut cont, false);
+        }
+        let (full, mut cont, miss, retry) = self.begin_filled()?;
+        self.unless_sse_usable(full)?;
+        match (dst, src) {
+            (XmmPlace::Reg(d), XmmPlace::Mem(m)) | (XmmPlace::Mem(m), XmmPlace::Reg(d)) => {
+                let store = matches!(dst, XmmPlace::Mem(_));
+                self.lea(&m)?;
+                if aligned {
+                    self.a.test(eax, 15)?;
+                    self.a.jne(full)?;
+                }
+                self.fast_access_bytes(store, 16, miss)?;
+                for half in [0, 8] {
+                    if store {
+                        self.a.mov(rcx, qword_ptr(rbx + xmm(d) + half))?;
+                        self.a.mov(qword_ptr(rdx + half), rcx)?;
+                    } else {
+                        self.a.mov(rcx, qword_ptr(rdx + half))?;
+                        self.a.mov(qword_ptr(rbx + xmm(d) + half), rcx)?;
+                    }
+                }
+            }
+            _ => return Err(NotTranslated::Unsupported("an XMM move without a register")),
+        }
+        self.a.set_label(&mut cont)?;
+        self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::State);
+        Ok(())
+    }
+
+    /// To `full` (the instruction through the interpreter, which raises
+    /// #UD or #NM) unless SSE instructions may run: CR0.EM and CR0.TS
+    /// clear, CR4.OSFXSR set. Clobbers the host flags.
+    fn unless_sse_usable(&mut self, full: CodeLabel) -> Result<(), NotTranslated> {
+        use crate::cpu::state::{cr0, cr4};
+        let o = self.o;
+        self.a
+            .test(dword_ptr(rbx + o.cr0), (cr0::EM | cr0::TS) as i32)?;
+        self.a.jne(full)?;
+        self.a.test(dword_ptr(rbx + o.cr4), cr4::OSFXSR as i32)?;
+        Ok(self.a.je(full)?)
     }
 
     /// CLI at CPL 0 clears IF in the state, as the interpreter does where

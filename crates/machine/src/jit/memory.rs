@@ -149,9 +149,19 @@ impl Emitter {
         size: Size,
         slow: CodeLabel,
     ) -> Result<(), NotTranslated> {
-        let last = size.bytes() as i32 - 1;
+        self.fast_access_bytes(write, size.bytes() as u32, slow)
+    }
+
+    /// [`Self::fast_access`] of `bytes` bytes (up to 16: an XMM move).
+    pub(super) fn fast_access_bytes(
+        &mut self,
+        write: bool,
+        bytes: u32,
+        slow: CodeLabel,
+    ) -> Result<(), NotTranslated> {
+        let last = bytes as i32 - 1;
         let class = (write as usize) * 2 + self.user as usize;
-        self.access = (class as u32, size.bytes() as u32);
+        self.access = (class as u32, bytes);
         let c = (class * SLOTS * SLOT_BYTES) as i32;
         // rdx = the last byte's page; rcx = the slot offset of the first
         // byte's page (slots are indexed by page + 1).

@@ -204,6 +204,11 @@ pub(crate) struct Offsets {
     /// `Cpu::check_events` (a `bool`): set, the interpreter leaves the
     /// block after a system instruction.
     pub check_events: i32,
+    /// CR0 and CR4 (whether SSE instructions may run) and the XMM
+    /// registers, for the XMM moves (`forms::Extra::XmmMove`).
+    pub cr0: i32,
+    pub cr4: i32,
+    pub xmm: i32,
 }
 
 /// Slots of the chaining table (3 MiB of entries per CPU). A chaining
