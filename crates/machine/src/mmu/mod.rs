@@ -265,18 +265,18 @@ pub(crate) fn translate_miss(
                 None => None,
                 Some(eptp) => match tlb.psc.gpa_peek(eptp, w.guest.gpa, access.kind) {
                     Some(t) => Some(t),
-                    None => return translate_miss_walk(tlb, ctx, gva, access, walk_refs),
+                    None => {
+                        return translate_miss_final_ept(
+                            tlb, ctx, gva, access, walk_refs, &w, &fills, eptp,
+                        )
+                    }
                 },
             };
             #[cfg(test)]
             CACHED_MISSES.with(|n| n.set(n.get() + 1));
             // What the general walk would have counted, charged and cached.
             let final_refs = final_ept.map_or(0, |t| psc::ept_walk_refs(t.page_size));
-            tlb.psc
-                .count_hits(w.upper_hit, w.gpa_hits + u64::from(final_ept.is_some()));
-            if w.fill_count != 0 {
-                tlb.psc.fill_upper(ctx, gva.0, &fills[..w.fill_count]);
-            }
+            commit_cached_walk(tlb, ctx, gva, &w, &fills, final_ept.is_some());
             *walk_refs += w.refs + final_refs;
             let hpa = final_ept.map_or(Hpa(w.guest.gpa.0), |t| t.hpa);
             tlb.insert(
@@ -294,11 +294,85 @@ pub(crate) fn translate_miss(
     translate_miss_walk(tlb, ctx, gva, access, walk_refs)
 }
 
+/// Counts and caches what the general walk's guest part would have for
+/// the straight walk `w` (its non-leaf entries are the first
+/// `w.fill_count` of `fills`); `final_gpa_hit`: the final guest-physical
+/// address was translated by a cached mapping too.
+#[inline(always)]
+fn commit_cached_walk(
+    tlb: &mut Tlb,
+    ctx: &TranslateCtx<'_>,
+    gva: Gva,
+    w: &paging::CachedWalk,
+    fills: &[psc::UpperFill; 3],
+    final_gpa_hit: bool,
+) {
+    tlb.psc
+        .count_hits(w.upper_hit, w.gpa_hits + u64::from(final_gpa_hit));
+    if w.fill_count != 0 {
+        tlb.psc.fill_upper(ctx, gva.0, &fills[..w.fill_count]);
+    }
+}
+
+/// [`translate_miss`] after the straight guest walk `w` succeeded and the
+/// final guest-physical address has no cached mapping that allows the
+/// access: the EPT walk of that address, as the general walk makes it
+/// after the same guest walk (whose effects this commits first), so the
+/// guest walk is not made twice. A fault there is handled as the general
+/// way handles it: with EPT, the guest walk always used a cached mapping.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn translate_miss_final_ept(
+    tlb: &mut Tlb,
+    ctx: &TranslateCtx<'_>,
+    gva: Gva,
+    access: Access,
+    walk_refs: &mut u64,
+    w: &paging::CachedWalk,
+    fills: &[psc::UpperFill; 3],
+    eptp: Eptp,
+) -> Result<Hpa, TranslateError> {
+    #[cfg(test)]
+    FINAL_EPT_WALKS.with(|n| n.set(n.get() + 1));
+    debug_assert!(w.gpa_hits != 0, "under EPT every structure read is mapped");
+    commit_cached_walk(tlb, ctx, gva, w, fills, false);
+    let gpa = w.guest.gpa;
+    let mut refs = w.refs;
+    match ept::ept_translate(
+        ctx.mem,
+        eptp,
+        ctx.pml,
+        gpa,
+        access.kind,
+        Some((gva, true)),
+        &mut refs,
+    ) {
+        Ok(t) => {
+            *walk_refs += refs;
+            tlb.psc.gpa_fill(eptp, gpa, &t);
+            tlb.insert(
+                ctx,
+                gva,
+                TlbFill {
+                    hpa: t.hpa,
+                    guest: Some(w.guest),
+                    ept: Some(t),
+                },
+            );
+            Ok(t.hpa)
+        }
+        Err(e) => rewalk_after_fault(tlb, ctx, gva, access, walk_refs, e),
+    }
+}
+
 #[cfg(test)]
 thread_local! {
     /// Misses [`translate_miss`] took the straight way for, on this
     /// thread (for tests: that they exercise it).
     pub(crate) static CACHED_MISSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Straight misses that walked the EPT for their final
+    /// guest-physical address ([`translate_miss_final_ept`]).
+    pub(crate) static FINAL_EPT_WALKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// [`translate`] with its misses always taken the general way (for tests:
@@ -339,15 +413,7 @@ pub(crate) fn translate_miss_walk(
                 *walk_refs += refs;
                 fill
             }
-            Err(e) if used_cache => {
-                let ept_gpa = match e {
-                    TranslateError::EptViolation { gpa, .. }
-                    | TranslateError::EptMisconfig { gpa } => Some(gpa),
-                    _ => None,
-                };
-                tlb.psc.fault(ctx, gva.0, ept_gpa);
-                walk(None, ctx, gva, access, walk_refs, &mut false)?
-            }
+            Err(e) if used_cache => return rewalk_after_fault(tlb, ctx, gva, access, walk_refs, e),
             Err(e) => {
                 *walk_refs += refs;
                 return Err(e);
@@ -356,6 +422,32 @@ pub(crate) fn translate_miss_walk(
     } else {
         walk(None, ctx, gva, access, walk_refs, &mut false)?
     };
+    let hpa = fill.hpa;
+    tlb.insert(ctx, gva, fill);
+    Ok(hpa)
+}
+
+/// After a walk that used the caches faulted with `e`: drops the caches'
+/// entries for `gva` (and the mapping of the page EPT faulted on), walks
+/// again from memory alone, and fills the TLB if that succeeds.
+#[cold]
+#[inline(never)]
+fn rewalk_after_fault(
+    tlb: &mut Tlb,
+    ctx: &TranslateCtx<'_>,
+    gva: Gva,
+    access: Access,
+    walk_refs: &mut u64,
+    e: TranslateError,
+) -> Result<Hpa, TranslateError> {
+    let ept_gpa = match e {
+        TranslateError::EptViolation { gpa, .. } | TranslateError::EptMisconfig { gpa } => {
+            Some(gpa)
+        }
+        _ => None,
+    };
+    tlb.psc.fault(ctx, gva.0, ept_gpa);
+    let fill = walk(None, ctx, gva, access, walk_refs, &mut false)?;
     let hpa = fill.hpa;
     tlb.insert(ctx, gva, fill);
     Ok(hpa)

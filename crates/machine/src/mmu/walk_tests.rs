@@ -207,6 +207,7 @@ fn run(seed: u64, ept: Option<bool>, pml: bool) {
     let mut vpid = 1;
     let before = CACHED_MISSES.with(Cell::get);
     let memo_before = super::psc::STRUCTURE_MEMO_HITS.with(Cell::get);
+    let final_ept_before = FINAL_EPT_WALKS.with(Cell::get);
     let mut walks = 0;
     for step in 0..12_000 {
         let r = rand();
@@ -351,6 +352,13 @@ fn run(seed: u64, ept: Option<bool>, pml: bool) {
     assert!(
         ept.is_none() || memo_hits > 100,
         "the structure memo must be used: {memo_hits}"
+    );
+    // Under EPT the straight way also walks the EPT for a final
+    // guest-physical address with no cached mapping.
+    let final_ept_walks = FINAL_EPT_WALKS.with(Cell::get) - final_ept_before;
+    assert!(
+        ept.is_none() || final_ept_walks > 100,
+        "the straight way's final EPT walk must be used: {final_ept_walks}"
     );
 }
 
