@@ -1954,3 +1954,67 @@ fn xmm_moves_run_natively() {
     let bound = 20;
     assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
 }
+
+/// Guest registers written back (`jit/regs.rs`): written by register
+/// forms, they are only in host registers until the `Cpu` must be
+/// exact. Here the interpreter reads them in the middle of a block: a
+/// call-out (RCL, no host code) of a register written just before, a
+/// page-crossing store (the interpreter's path from an inline access's
+/// slow path) and a store into the code page (likewise), each of a
+/// register written just before; more live registers than host ones
+/// (dirty ones evicted); and a #PF of the load that walks past the
+/// mapped memory, taken with the registers as the block left them.
+#[test]
+fn written_back_registers_are_exact_where_the_interpreter_looks() {
+    let prog = |a: &mut CodeAssembler| {
+        let mut top = a.create_label();
+        let mut code_slot = a.create_label();
+        let mut odd = a.create_label();
+        a.mov(ecx, 300u32).unwrap();
+        a.mov(rsi, MEM - 250 * 0x1000 + 0xffc).unwrap();
+        a.mov(rdx, 0x9e37_79b9_7f4a_7c15u64).unwrap();
+        a.lea(rbp, ptr(code_slot)).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.add(rax, rcx).unwrap();
+        a.imul_2(rdx, rax).unwrap();
+        a.test(cl, 1).unwrap();
+        a.jz(odd).unwrap();
+        a.imul_3(r8, rdx, 7).unwrap();
+        a.imul_2(r8, rax).unwrap();
+        a.set_label(&mut odd).unwrap();
+        a.xor(r8, rcx).unwrap();
+        a.mov(r9, r8).unwrap();
+        a.shl(r9, 7).unwrap();
+        a.add(r10, r9).unwrap();
+        a.mov(r11d, r10d).unwrap();
+        a.sub(r12, r11).unwrap();
+        a.lea(r13, qword_ptr(r12 + r8 * 2)).unwrap();
+        a.rcl(r13, 1).unwrap();
+        a.add(r14, r13).unwrap();
+        a.add(rdi, qword_ptr(rsi + 0x1010)).unwrap();
+        a.mov(qword_ptr(rsi), r14).unwrap();
+        a.xor(rbx, r14).unwrap();
+        a.mov(qword_ptr(rbp), rbx).unwrap();
+        a.add(rsi, 0x1000).unwrap();
+        a.dec(ecx).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+        a.set_label(&mut code_slot).unwrap();
+        a.dq(&[0]).unwrap();
+    };
+    let (o, stats) = both(prog);
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[15], 0x1000 + 14, "the #PF handler ran");
+    assert!(
+        o.gpr[1] > 0 && o.gpr[1] < 300,
+        "the loop stopped at the fault"
+    );
+    assert!(stats.blocks_translated >= 1, "{stats:?}");
+    assert!(stats.call_outs >= 3 * 200, "{stats:?}");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    for step in [97, 263] {
+        let (interp, _) = run_stepped(Engine::Interp, 1, step, prog);
+        let (jit, _) = run_stepped(Engine::Jit, 1, step, prog);
+        assert_eq!(interp, jit, "interp vs jit, step {step}");
+    }
+}

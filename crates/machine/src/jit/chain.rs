@@ -25,6 +25,8 @@ impl Emitter {
     /// (its first-level iTLB slot and chaining-table slot computed now);
     /// a loop to the block's own start goes to the block's self-loop exit.
     pub(super) fn leave_to(&mut self, k: usize, target: u64) -> Result<(), NotTranslated> {
+        // Whatever comes next looks at the `Cpu` (`jit/regs.rs`).
+        self.flush_regs()?;
         if self.is_self_loop(target) {
             return self.self_loop_exit(k, None);
         }
@@ -67,6 +69,7 @@ impl Emitter {
     /// (`flags::flags_live_at_entry`): there they are kept in r15 and only
     /// written back on the ways that leave (see [`Self::self_loop_exit`]).
     pub(super) fn exit_to(&mut self, k: usize, target: u64) -> Result<(), NotTranslated> {
+        self.flush_regs()?;
         if self.loop_live && self.is_self_loop(target) {
             // The loop top takes the flags in r15 (AF made exact there).
             let af_clear = if !self.dirty {
@@ -254,7 +257,7 @@ impl Emitter {
         // back, so no inline access saves them there).
         match *f {
             Fast::JmpR { src } | Fast::CallR { src } => {
-                let g = self.g(src);
+                let g = self.g(src)?;
                 self.add(Instruction::with2(Code::Mov_r64_rm64, Register::R15, g))?;
             }
             Fast::JmpM { m } | Fast::CallM { m } => {

@@ -12,12 +12,12 @@ impl Emitter {
                 // claimed: for `mov rsi, rsi` with rsi in no host register
                 // the claim maps one that holds no value yet.)
                 let from = self.cached_reg(src, size);
-                if let Some(h) = self.wide_claim(dst, size) {
+                if let Some(h) = self.wide_claim(dst, size)? {
                     let code = MOV_R_RM[si(size)];
                     match from {
                         Some(r) => self.add(Instruction::with2(code, h[si(size)], r))?,
                         None => {
-                            let m = self.g(src);
+                            let m = self.g(src)?;
                             self.add(Instruction::with2(code, h[si(size)], m))?;
                         }
                     }
@@ -49,8 +49,19 @@ impl Emitter {
                 ssize,
                 signed,
             } => {
-                let m = self.g(src);
-                self.extend(dst, dsize, m, ssize, signed)?;
+                // The source where a host register holds it (a dirty one
+                // is not stored for this).
+                match self.cached_reg(src, ssize) {
+                    Some(h) => {
+                        let (code, r) = extend_code(ssize, signed);
+                        self.add(Instruction::with2(code, r, h))?;
+                        self.extended(dst, dsize)?;
+                    }
+                    None => {
+                        let m = self.slot(src);
+                        self.extend(dst, dsize, m, ssize, signed)?;
+                    }
+                }
             }
             Fast::AluRR { op, dst, src, size } => {
                 self.need_flags_for(op)?;
@@ -59,7 +70,7 @@ impl Emitter {
                     // or SUB of a register with itself does not read it.
                     let zeroing = dst == src && matches!(op, BinOp::Xor | BinOp::Sub);
                     let h = if zeroing {
-                        self.claim_reg(dst)
+                        self.claim_reg(dst)?
                     } else {
                         self.hold_reg(dst)?
                     };
@@ -80,7 +91,6 @@ impl Emitter {
             Fast::AluRI { op, dst, size, imm } => {
                 self.need_flags_for(op)?;
                 let (rm_r, _, rm_imm) = alu_codes(op);
-                let m = self.g(dst);
                 if let Some(h) = self.wide_hold(dst, size)? {
                     // In place in the guest register's host register.
                     if size == Size::B8 && imm as i64 != imm as i32 as i64 {
@@ -116,6 +126,7 @@ impl Emitter {
                         self.add(Instruction::with2(rm_imm[3], Register::RAX, imm as i32))?;
                     }
                     s => {
+                        let m = self.g(dst)?;
                         self.add(Instruction::with2(rm_imm[si(s)], m, imm as u32))?;
                         self.forget_reg(dst);
                     }
@@ -135,7 +146,7 @@ impl Emitter {
                     match self.cached_reg(other, size) {
                         Some(o) => self.add(Instruction::with2(code, o, h))?,
                         None => {
-                            let m = self.g(other);
+                            let m = self.g(other)?;
                             self.add(Instruction::with2(code, m, h))?;
                         }
                     }
@@ -143,29 +154,38 @@ impl Emitter {
                     return Ok(());
                 }
                 self.load(SEC, b, size)?;
-                let m = self.g(a);
+                let m = self.g(a)?;
                 self.add(Instruction::with2(TEST_RM_R[si(size)], m, SEC[si(size)]))?;
                 self.wrote_flags(true);
             }
             Fast::TestRI { a, size, imm } => {
-                let m = self.g(a);
-                match size {
-                    Size::B8 if imm as i64 != imm as i32 as i64 => {
+                // The register where a host register holds it, else its
+                // slot (exact: in no host register).
+                let held = self.cached_reg(a, size);
+                let m = self.slot(a);
+                let i = match (size, held) {
+                    (Size::B8, _) if imm as i64 != imm as i32 as i64 => {
                         self.a.mov(rcx, imm)?;
-                        self.add(Instruction::with2(Code::Test_rm64_r64, m, Register::RCX))?;
+                        match held {
+                            Some(h) => Instruction::with2(Code::Test_rm64_r64, h, Register::RCX),
+                            None => Instruction::with2(Code::Test_rm64_r64, m, Register::RCX),
+                        }
                     }
-                    Size::B8 => {
-                        self.add(Instruction::with2(Code::Test_rm64_imm32, m, imm as i32))?
-                    }
-                    s => {
+                    (Size::B8, Some(h)) => Instruction::with2(Code::Test_rm64_imm32, h, imm as i32),
+                    (Size::B8, None) => Instruction::with2(Code::Test_rm64_imm32, m, imm as i32),
+                    (s, held) => {
                         let code = [
                             Code::Test_rm8_imm8,
                             Code::Test_rm16_imm16,
                             Code::Test_rm32_imm32,
                         ][si(s)];
-                        self.add(Instruction::with2(code, m, imm as u32))?;
+                        match held {
+                            Some(h) => Instruction::with2(code, h, imm as u32),
+                            None => Instruction::with2(code, m, imm as u32),
+                        }
                     }
-                }
+                };
+                self.add(i)?;
                 self.wrote_flags(true);
             }
             Fast::IncDec { dst, size, dec } => {
@@ -194,7 +214,7 @@ impl Emitter {
                     self.add(Instruction::with1(codes[si(size)], ACC[si(size)]))?;
                     self.store_acc(dst, size)?;
                 } else {
-                    let m = self.g(dst);
+                    let m = self.g(dst)?;
                     self.add(Instruction::with1(codes[si(size)], m))?;
                     self.forget_reg(dst);
                 }
@@ -210,7 +230,7 @@ impl Emitter {
                     return self.store_held(dst, h);
                 }
                 self.load(ACC, dst, size)?;
-                let m = self.g(src);
+                let m = self.g(src)?;
                 self.add(Instruction::with2(code, ACC[si(size)], m))?;
                 self.store_acc(dst, size)?;
             }
@@ -240,7 +260,9 @@ impl Emitter {
                 }
                 self.a
                     .add(qword_ptr(rbx + self.o.cycles), self.o.multiply_cost as i32)?;
-                let g = self.g(src);
+                // (The source's slot is read only where no host register
+                // holds it: exact there.)
+                let g = self.slot(src);
                 // The product in the destination's host register where
                 // one holds it (32 and 64 bits), else in rax.
                 let held;
@@ -278,7 +300,7 @@ impl Emitter {
                         // (The source looked up before the claim, see
                         // `Emitter::claim_reg`.)
                         let from = self.cached_reg(src, size);
-                        held = self.wide_claim(dst, size);
+                        held = self.wide_claim(dst, size)?;
                         let to = held.unwrap_or(ACC)[si(size)];
                         match from {
                             Some(r) => self.add(Instruction::with3(code, to, r, v))?,
@@ -336,21 +358,13 @@ impl Emitter {
         ssize: Size,
         signed: bool,
     ) -> Result<(), NotTranslated> {
-        let code = match (ssize, signed) {
-            (Size::B1, true) => Code::Movsx_r64_rm8,
-            (Size::B2, true) => Code::Movsx_r64_rm16,
-            (Size::B4, true) => Code::Movsxd_r64_rm32,
-            (Size::B1, false) => Code::Movzx_r64_rm8,
-            (Size::B2, false) => Code::Movzx_r64_rm16,
-            (Size::B4, false) => Code::Mov_r32_rm32,
-            (Size::B8, _) => Code::Mov_r64_rm64,
-        };
-        let r = if code == Code::Mov_r32_rm32 {
-            Register::EAX
-        } else {
-            Register::RAX
-        };
+        let (code, r) = extend_code(ssize, signed);
         self.add(Instruction::with2(code, r, src))?;
+        self.extended(dst, dsize)
+    }
+
+    /// `gpr[dst]` = the extended value in rax, at `dsize`.
+    fn extended(&mut self, dst: u8, dsize: Size) -> Result<(), NotTranslated> {
         if dsize == Size::B4 {
             self.a.mov(eax, eax)?;
         }
@@ -381,7 +395,7 @@ impl Emitter {
             }
             Ok(())
         } else {
-            let g = self.g(dst);
+            let g = self.g(dst)?;
             self.add(Instruction::with2(rm_r[si(size)], g, src[si(size)]))?;
             self.forget_reg(dst);
             Ok(())
@@ -543,7 +557,7 @@ impl Emitter {
             self.add(Instruction::with2(code, ACC[si(size)], n as u32))?;
             self.store_acc(dst, size)
         } else {
-            let g = self.g(dst);
+            let g = self.g(dst)?;
             self.add(Instruction::with2(code, g, n as u32))?;
             self.forget_reg(dst);
             Ok(())
@@ -794,6 +808,21 @@ fn xmm_move(i: &iced_x86::Instruction) -> Option<Extra> {
 }
 
 /// A full-width register operand (32 or 64 bits): its index.
+/// The host instruction of an extension from `ssize` (MOVZX, MOVSX,
+/// MOVSXD, or a plain move), and the register it writes (32-bit moves
+/// zero-extend).
+fn extend_code(ssize: Size, signed: bool) -> (Code, Register) {
+    match (ssize, signed) {
+        (Size::B1, true) => (Code::Movsx_r64_rm8, Register::RAX),
+        (Size::B2, true) => (Code::Movsx_r64_rm16, Register::RAX),
+        (Size::B4, true) => (Code::Movsxd_r64_rm32, Register::RAX),
+        (Size::B1, false) => (Code::Movzx_r64_rm8, Register::RAX),
+        (Size::B2, false) => (Code::Movzx_r64_rm16, Register::RAX),
+        (Size::B4, false) => (Code::Mov_r32_rm32, Register::EAX),
+        (Size::B8, _) => (Code::Mov_r64_rm64, Register::RAX),
+    }
+}
+
 fn wide_gpr(r: Register) -> Option<(u8, Size)> {
     let size = if r.is_gpr64() {
         Size::B8
@@ -1112,7 +1141,7 @@ impl Emitter {
             }
             Extra::Setcc { code, dst } => {
                 self.need_flags()?;
-                let g = self.g(dst);
+                let g = self.g(dst)?;
                 self.add(Instruction::with1(code, g))
             }
             Extra::Unary { neg, size, dst } => {
@@ -1187,7 +1216,7 @@ impl Emitter {
                 } else {
                     (0, Register::RAX)
                 };
-                let g = self.g(idx);
+                let g = self.g(idx)?;
                 self.add(Instruction::with2(Code::Mov_rm64_r64, g, r))
             }
         }
@@ -1196,7 +1225,7 @@ impl Emitter {
     /// `gpr[idx] = reg` at `size` with the partial-register rule (a
     /// 32-bit value must already be zero-extended in the 64-bit register).
     fn store_from(&mut self, reg: [Register; 4], idx: u8, size: Size) -> Result<(), NotTranslated> {
-        let g = self.g(idx);
+        let g = self.g(idx)?;
         match size {
             Size::B4 | Size::B8 => self.add(Instruction::with2(Code::Mov_rm64_r64, g, reg[3])),
             s => self.add(Instruction::with2(MOV_RM_R[si(s)], g, reg[si(s)])),
@@ -1686,7 +1715,7 @@ impl Emitter {
         }
         self.a.jmp(cont)?;
         self.a.set_label(&mut mismatch)?;
-        let acc = self.g(0);
+        let acc = self.g(0)?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, acc, Register::RAX))?;
         self.a.set_label(&mut cont)?;
         self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::Host);
@@ -1802,8 +1831,8 @@ impl Emitter {
         };
         self.add(Instruction::with1(code, SEC[s]))?;
         // 32-bit results are zero-extended in rax and rdx.
-        let g0 = self.g(0);
-        let g2 = self.g(2);
+        let g0 = self.g(0)?;
+        let g2 = self.g(2)?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, g0, Register::RAX))?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, g2, Register::RDX))?;
         self.end_inline(k, slow, &mut cont, false)
@@ -1857,11 +1886,11 @@ impl Emitter {
             (true, Size::B8) => Code::Imul_rm64,
             _ => return Err(NotTranslated::Unsupported("8/16-bit one-operand multiply")),
         };
-        let g = self.g(src);
+        let g = self.g(src)?;
         self.add(Instruction::with1(code, g))?;
         self.a.pushfq()?;
-        let g0 = self.g(0);
-        let g2 = self.g(2);
+        let g0 = self.g(0)?;
+        let g2 = self.g(2)?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, g0, Register::RAX))?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, g2, Register::RDX))?;
         self.a.pop(rcx)?;

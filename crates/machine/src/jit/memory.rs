@@ -398,7 +398,7 @@ impl Emitter {
                 self.a.mov(rcx, qword_ptr(rdx))?;
                 self.a.lea(rax, qword_ptr(rax + 8))?;
                 self.store_acc(4, Size::B8)?;
-                let g = self.g(dst);
+                let g = self.g(dst)?;
                 self.add(Instruction::with2(Code::Mov_rm64_r64, g, Register::RCX))?;
                 self.forget_reg(dst);
             }
@@ -508,7 +508,7 @@ impl Emitter {
                 }
                 Fast::Pop { dst } => {
                     self.a.mov(rcx, qword_ptr(rdx + 8 * i as i32))?;
-                    let g = self.g(dst);
+                    let g = self.g(dst)?;
                     self.add(Instruction::with2(Code::Mov_rm64_r64, g, Register::RCX))?;
                     self.forget_reg(dst);
                 }
@@ -519,6 +519,9 @@ impl Emitter {
             self.a.lea(rax, qword_ptr(rax + span))?;
         }
         self.store_acc(4, Size::B8)?;
+        // Both ways meet with no guest register in a host register: what
+        // is dirty is stored on each.
+        self.flush_regs()?;
         self.a.jmp(done)?;
         // One by one, from the state the run started in.
         self.a.set_label(&mut fallback)?;
@@ -527,10 +530,12 @@ impl Emitter {
         for (i, op) in ops.iter().enumerate() {
             self.inline_memory(k + i, &op.fast, op.next_ip, call_exit)?;
         }
+        self.flush_regs()?;
         debug_assert_eq!(self.flags_state(), flags_state);
         self.a.set_label(&mut done)?;
         self.a.zero_bytes()?;
-        // (Write-through: forgetting what host registers hold is exact.)
+        // (Everything stored: forgetting what host registers hold is
+        // exact.)
         self.regs_on();
         Ok(())
     }

@@ -568,7 +568,7 @@ fn translate_with(
             f => is_native(&f) || is_inline_memory(&f),
         };
         if !cached {
-            e.regs_off();
+            e.regs_off()?;
         }
         let run = memory::stack_run(&block.insns[k..]);
         if run > 0 {
@@ -622,7 +622,7 @@ fn translate_with(
     // with what differs in ecx, then go back to probe again or on with the
     // flags where the fast path leaves them.
     // (Out of line: no guest register is taken from a host register.)
-    e.regs_off();
+    e.regs_off()?;
     let slow = std::mem::take(&mut e.slow);
     let mut shared: [Option<CodeLabel>; 3] = [None; 3];
     for mut x in slow {
@@ -642,6 +642,9 @@ fn translate_with(
             arg |= slow_arg::LOAD_SAVED;
         }
         e.a.set_label(&mut x.label)?;
+        // Before the call: the guest registers the fast path had dirty
+        // where it branched here, stored (the callee looks at the `Cpu`,
+        // `jit/regs.rs`).
         match x.access {
             Some((class, bytes)) => {
                 // The miss; `full`, the instruction through the
@@ -653,6 +656,7 @@ fn translate_with(
                 e.a.mov(ecx, arg)?;
                 let mut call = e.a.create_label();
                 e.a.set_label(&mut call)?;
+                e.store_dirty(&x.retry_regs)?;
                 e.a.call(target)?;
                 e.a.test(eax, eax)?;
                 if x.retry_regs.is_empty() {
@@ -671,6 +675,7 @@ fn translate_with(
                 e.a.jmp(call)?;
             }
             None => {
+                e.store_dirty(&x.retry_regs)?;
                 e.a.mov(ecx, arg | slow_arg::FULL)?;
                 e.a.call(target)?;
                 e.reload_regs(&x.cont_regs)?;
@@ -697,7 +702,7 @@ fn translate_with(
         e.regs = x.regs;
         e.exit_to(x.k, x.target)?;
     }
-    e.regs_off();
+    e.regs_off()?;
     e.a.set_label(&mut chain_try)?;
     e.chain_try(epilogue)?;
     e.fetch_miss_exit(epilogue)?;
@@ -872,11 +877,6 @@ impl Emitter {
         Ok(self.a.add_instruction(i?)?)
     }
 
-    /// Guest register `idx` in the `Cpu`.
-    fn g(&self, idx: u8) -> MemoryOperand {
-        MemoryOperand::with_base_displ(Register::RBX, (self.o.gpr + 8 * (idx as i32 & 15)) as i64)
-    }
-
     fn field(&self, off: i32) -> MemoryOperand {
         MemoryOperand::with_base_displ(Register::RBX, off as i64)
     }
@@ -890,15 +890,20 @@ impl Emitter {
         if let Some(h) = self.cached_reg(idx, size) {
             return self.add(Instruction::with2(MOV_R_RM[si(size)], reg[si(size)], h));
         }
-        let m = self.g(idx);
+        // (In no host register: the slot is exact.)
+        let m = self.slot(idx);
         self.add(Instruction::with2(MOV_R_RM[si(size)], reg[si(size)], m))
     }
 
     /// `gpr[idx] = acc` with the interpreter's partial-register rule: 8-
     /// and 16-bit writes keep the bits above, a 32-bit write zero-extends
-    /// (the 32-bit value is already zero-extended in rax).
+    /// (the 32-bit value is already zero-extended in rax). With the cache
+    /// on, a 32- or 64-bit write goes to a pool register (`jit/regs.rs`).
     fn store_acc(&mut self, idx: u8, size: Size) -> Result<(), NotTranslated> {
-        let m = self.g(idx);
+        if self.remember_acc(idx, size)? {
+            return Ok(());
+        }
+        let m = self.g(idx)?;
         let r = match size {
             Size::B4 | Size::B8 => Register::RAX,
             s => ACC[si(s)],
@@ -908,7 +913,8 @@ impl Emitter {
             s => MOV_RM_R[si(s)],
         };
         self.add(Instruction::with2(code, m, r))?;
-        self.remember_acc(idx, size)
+        self.forget_reg(idx);
+        Ok(())
     }
 
     /// `state.rip = ip` (clobbers rcx).

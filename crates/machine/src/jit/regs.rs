@@ -1,39 +1,54 @@
-//! Guest registers in host registers, write-through.
+//! Guest registers in host registers, written back.
 //!
-//! The `Cpu` stays the only home of the guest registers: every write
-//! still stores the value there, so exits, call-outs, faults and the
-//! interpreter find the state exact without anything to copy back. What
-//! the cache adds is a copy: after a 32- or 64-bit write through
-//! [`Emitter::store_acc`], one of the caller-saved host registers the
-//! block body does not otherwise use ([`POOL`]) holds the whole 64-bit
-//! value, and later reads of that guest register in the block take it
-//! from there instead of loading it back from the `Cpu`. The 32- and
-//! 64-bit register forms (MOV, the ALU group, TEST, INC/DEC, CMOVcc,
-//! IMUL, shifts and rotates by an immediate) run on those host registers
-//! themselves ([`Emitter::hold_reg`], [`Emitter::claim_reg`]), the result
-//! then stored to the `Cpu` ([`Emitter::store_held`]): no round trip
-//! through rax and rcx. That takes the
-//! store-to-load forwarding of the `Cpu` slot off a chain of dependent
-//! guest instructions (`mov rax, rbx; shl rax, 13; xor rax, rbx` was a
-//! chain of read-modify-writes of one memory slot).
+//! The `Cpu` is the home of the guest registers wherever anything but
+//! the block's own register code can look at them; between those points
+//! one of the caller-saved host registers the block body does not
+//! otherwise use ([`POOL`]) may hold a guest register's whole 64-bit
+//! value, and be the only place its newest value is (*dirty*). A 32- or
+//! 64-bit write ([`Emitter::store_acc`], [`Emitter::store_held`]) goes to
+//! the pool register and marks it dirty, without a store; later reads of
+//! that guest register in the block take it from there. The 32- and
+//! 64-bit register forms (MOV, the ALU group, TEST, INC/DEC, CMOVcc, IMUL,
+//! shifts and rotates by an immediate) run on those host registers
+//! themselves ([`Emitter::hold_reg`], [`Emitter::claim_reg`]): no round
+//! trip through rax and rcx, and no store per instruction. That takes
+//! the `Cpu` slot off a chain of dependent guest instructions (`mov rax,
+//! rbx; shl rax, 13; xor rax, rbx` was a chain of read-modify-writes of
+//! one memory slot, later of stores to it).
 //!
-//! Where the copy could go stale or the host register be clobbered, the
-//! mapping is dropped (nothing is ever written back):
+//! Dirty registers are stored to the `Cpu` ([`Emitter::flush_regs`])
+//! wherever it must be exact:
 //!
-//! - a write of the guest register that does not go through
-//!   `store_acc` (an 8- or 16-bit read-modify-write of its slot, POP's
-//!   store) forgets that register ([`Emitter::forget_reg`]);
-//! - an instruction the cache does not follow (a call-out, an `Extra`
-//!   form, RET and the indirect branches, which use some of these host
-//!   registers or call into Rust) runs with the cache off and empty
-//!   ([`Emitter::regs_off`]);
+//! - before anything that addresses the guest register's slot itself
+//!   ([`Emitter::g`] stores that one register first: an 8- or 16-bit
+//!   write, POP's store, an operand read from the slot);
+//! - before a dirty pool register is given to another guest register;
+//! - before an instruction the cache does not follow (a call-out, an
+//!   `Extra` form, RET and the indirect branches, which use some of these
+//!   host registers or call into Rust): [`Emitter::regs_off`] stores
+//!   them, then runs that instruction with the cache off and empty;
+//! - on every way out of the block (`Emitter::exit_to` and
+//!   `Emitter::leave_to`, which also serve a taken branch, a chained exit
+//!   with its cycle check and the loop back to the block's own start);
+//! - on an inline access's slow path, before its calls into Rust (the
+//!   fill, whose fault leaves the block, and the interpreter): the
+//!   registers dirty where the fast path branched there
+//!   ([`Emitter::store_dirty`] of [`Slow`]'s `retry_regs`), stored before
+//!   the call, not after, so a fault sees them exact.
+//!
+//! Where the mapping is dropped, it is stored first:
+//!
+//! - a write of the guest register that does not go through the pool
+//!   forgets that register ([`Emitter::forget_reg`], after `g` stored
+//!   it);
 //! - the block's entry (also that of chained blocks and of a block's loop
-//!   to itself) starts empty;
-//! - an inline access's slow path calls into Rust (the fill, the
-//!   interpreter), which clobbers these registers: before it goes back to
-//!   probe again or on after the instruction it reloads, from the `Cpu`,
-//!   every register the fast path holds at that point (recorded in
-//!   [`Slow`]), so both ways meet with the same mapping.
+//!   to itself) starts with no register dirty;
+//! - an inline access's slow path calls into Rust, which clobbers these
+//!   registers: before it goes back to probe again or on after the
+//!   instruction it reloads, from the `Cpu`, every register the fast path
+//!   holds at that point (recorded in [`Slow`]), so both ways meet with
+//!   the same mapping (a register the fast path has dirty there is then
+//!   merely stored again later: the `Cpu` already has its value).
 
 use super::*;
 
@@ -66,6 +81,9 @@ const POOL: [[Register; 4]; 6] = [
 pub(super) struct Regs {
     /// For each pool register, the guest register it holds.
     held: [Option<u8>; POOL.len()],
+    /// For each pool register, whether its value is newer than the
+    /// `Cpu`'s (to be stored there).
+    dirty: [bool; POOL.len()],
     /// The pool register the next allocation takes when none is free.
     next: u8,
     /// Whether the instruction being translated uses the cache.
@@ -79,6 +97,7 @@ impl Default for Regs {
     fn default() -> Self {
         Regs {
             held: [None; POOL.len()],
+            dirty: [false; POOL.len()],
             next: 0,
             on: true,
             acc: None,
@@ -102,11 +121,16 @@ impl Regs {
         self.held.iter().all(Option::is_none)
     }
 
+    /// No pool register is dirty.
+    pub(super) fn is_clean(&self) -> bool {
+        !self.dirty.contains(&true)
+    }
+
     /// The pool register that will hold guest register `idx`: the one
-    /// holding it already, else a free one, else the next in turn (its
-    /// guest register dropped: the `Cpu` has it).
-    fn take(&mut self, idx: u8) -> usize {
-        let p = match self.find(idx) {
+    /// holding it already, else a free one, else the next in turn (whose
+    /// guest register is to be stored first if dirty).
+    fn choose(&mut self, idx: u8) -> usize {
+        match self.find(idx) {
             Some(p) => p,
             None => match self.held.iter().position(Option::is_none) {
                 Some(p) => p,
@@ -116,13 +140,79 @@ impl Regs {
                     p
                 }
             },
-        };
-        self.held[p] = Some(idx);
-        p
+        }
     }
 }
 
 impl Emitter {
+    /// Guest register `idx` in the `Cpu`, as it is there (what a dirty
+    /// pool register holds is newer: see [`Self::g`]).
+    pub(super) fn slot(&self, idx: u8) -> MemoryOperand {
+        MemoryOperand::with_base_displ(Register::RBX, (self.o.gpr + 8 * (idx as i32 & 15)) as i64)
+    }
+
+    /// Guest register `idx` in the `Cpu`, for code that reads or writes
+    /// that slot itself: a dirty pool register holding it is stored there
+    /// first (and stays mapped; a write to the slot then forgets it).
+    pub(super) fn g(&mut self, idx: u8) -> Result<MemoryOperand, NotTranslated> {
+        if let Some(p) = self.regs.find(idx & 15) {
+            if self.regs.dirty[p] {
+                self.store_pool(p)?;
+            }
+        }
+        Ok(self.slot(idx))
+    }
+
+    /// Stores pool register `p` to the slot of the guest register it
+    /// holds; it is clean then. (A MOV: the host flags are untouched.)
+    fn store_pool(&mut self, p: usize) -> Result<(), NotTranslated> {
+        if let Some(idx) = self.regs.held[p] {
+            let m = self.slot(idx);
+            self.add(Instruction::with2(Code::Mov_rm64_r64, m, POOL[p][3]))?;
+        }
+        self.regs.dirty[p] = false;
+        Ok(())
+    }
+
+    /// Stores every dirty pool register to the `Cpu` (the mapping stays):
+    /// for a point where the `Cpu` must be exact.
+    pub(super) fn flush_regs(&mut self) -> Result<(), NotTranslated> {
+        for p in 0..POOL.len() {
+            if self.regs.dirty[p] {
+                self.store_pool(p)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores the pool registers `at` has dirty, with the pool registers
+    /// holding what `at` says (a slow path, before it calls into Rust);
+    /// the emitter's own mapping is not changed.
+    pub(super) fn store_dirty(&mut self, at: &Regs) -> Result<(), NotTranslated> {
+        for (p, h) in at.held.iter().enumerate() {
+            if let (Some(idx), true) = (*h, at.dirty[p]) {
+                let m = self.slot(idx);
+                self.add(Instruction::with2(Code::Mov_rm64_r64, m, POOL[p][3]))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Maps guest register `idx` to a pool register ([`Regs::choose`]),
+    /// storing the dirty guest register it evicts; a newly mapped register
+    /// is clean (its value loaded, or about to be written and marked).
+    fn take(&mut self, idx: u8) -> Result<usize, NotTranslated> {
+        let p = self.regs.choose(idx);
+        if self.regs.held[p] != Some(idx) {
+            if self.regs.dirty[p] {
+                self.store_pool(p)?;
+            }
+            self.regs.held[p] = Some(idx);
+            self.regs.dirty[p] = false;
+        }
+        Ok(p)
+    }
+
     /// Guest register `idx` at `size` in a host register, if one holds it.
     pub(super) fn cached_reg(&self, idx: u8, size: Size) -> Option<Register> {
         if !self.regs.on {
@@ -131,23 +221,23 @@ impl Emitter {
         self.regs.find(idx & 15).map(|p| POOL[p][si(size)])
     }
 
-    /// After `gpr[idx]` was written at `size` from rax (the whole 64-bit
-    /// value in rax for 32 and 64 bits): a pool register holds it too, or
-    /// (8 and 16 bits) none does.
-    pub(super) fn remember_acc(&mut self, idx: u8, size: Size) -> Result<(), NotTranslated> {
+    /// `gpr[idx] = rax` for a 32- or 64-bit write (the whole 64-bit value
+    /// in rax) with the cache on: into a pool register, dirty, no store.
+    /// `false` (nothing done) otherwise.
+    pub(super) fn remember_acc(&mut self, idx: u8, size: Size) -> Result<bool, NotTranslated> {
         let idx = idx & 15;
         if !self.regs.on || !matches!(size, Size::B4 | Size::B8) {
-            self.forget_reg(idx);
-            return Ok(());
+            return Ok(false);
         }
-        let p = self.regs.take(idx);
+        let p = self.take(idx)?;
         self.add(Instruction::with2(
             Code::Mov_r64_rm64,
             POOL[p][3],
             Register::RAX,
         ))?;
+        self.regs.dirty[p] = true;
         self.regs.acc = Some((idx, self.a.instructions().len()));
-        Ok(())
+        Ok(true)
     }
 
     /// The pool register (by width) holding guest register `idx`, loaded
@@ -161,8 +251,8 @@ impl Emitter {
         if let Some(p) = self.regs.find(idx) {
             return Ok(Some(POOL[p]));
         }
-        let p = self.regs.take(idx);
-        let m = self.g(idx);
+        let p = self.take(idx)?;
+        let m = self.slot(idx);
         self.add(Instruction::with2(Code::Mov_r64_rm64, POOL[p][3], m))?;
         Ok(Some(POOL[p]))
     }
@@ -171,12 +261,12 @@ impl Emitter {
     /// not loaded: for an instruction that only writes it. Its operands
     /// are to be looked up before: the claim maps `idx` to a register
     /// holding no value yet (a source it evicts still has its value there
-    /// when the instruction reads it).
-    pub(super) fn claim_reg(&mut self, idx: u8) -> Option<[Register; 4]> {
+    /// when the instruction reads it, and in the `Cpu` if it was dirty).
+    pub(super) fn claim_reg(&mut self, idx: u8) -> Result<Option<[Register; 4]>, NotTranslated> {
         if !self.regs.on {
-            return None;
+            return Ok(None);
         }
-        Some(POOL[self.regs.take(idx & 15)])
+        Ok(Some(POOL[self.take(idx & 15)?]))
     }
 
     /// [`Self::hold_reg`] for a 32- or 64-bit instruction (`None` for the
@@ -193,20 +283,26 @@ impl Emitter {
     }
 
     /// [`Self::claim_reg`] for a 32- or 64-bit instruction.
-    pub(super) fn wide_claim(&mut self, idx: u8, size: Size) -> Option<[Register; 4]> {
+    pub(super) fn wide_claim(
+        &mut self,
+        idx: u8,
+        size: Size,
+    ) -> Result<Option<[Register; 4]>, NotTranslated> {
         match size {
             Size::B4 | Size::B8 => self.claim_reg(idx),
-            _ => None,
+            _ => Ok(None),
         }
     }
 
     /// `gpr[idx] = host` (the whole 64-bit pool register [`Self::hold_reg`]
     /// or [`Self::claim_reg`] gave for `idx`, written by the instruction
-    /// just emitted: a 32-bit result already zero-extended).
+    /// just emitted: a 32-bit result already zero-extended): it is dirty.
     pub(super) fn store_held(&mut self, idx: u8, host: [Register; 4]) -> Result<(), NotTranslated> {
         debug_assert_eq!(self.cached_reg(idx, Size::B8), Some(host[3]));
-        let m = self.g(idx);
-        self.add(Instruction::with2(Code::Mov_rm64_r64, m, host[3]))
+        if let Some(p) = self.regs.find(idx & 15) {
+            self.regs.dirty[p] = true;
+        }
+        Ok(())
     }
 
     /// `code dst, gpr[src]` at `size`, the operand from its pool register
@@ -221,7 +317,7 @@ impl Emitter {
         match self.cached_reg(src, size) {
             Some(h) => self.add(Instruction::with2(code, dst, h)),
             None => {
-                let m = self.g(src);
+                let m = self.slot(src);
                 self.add(Instruction::with2(code, dst, m))
             }
         }
@@ -235,37 +331,47 @@ impl Emitter {
         self.regs.on && self.regs.acc == Some((idx & 15, self.a.instructions().len()))
     }
 
-    /// `gpr[idx]` was written other than through [`Self::store_acc`]: no
-    /// host register holds it any more.
+    /// `gpr[idx]` was written in its slot (through [`Self::g`], which
+    /// stored a dirty copy first): no host register holds it any more.
     pub(super) fn forget_reg(&mut self, idx: u8) {
         let idx = idx & 15;
-        for h in self.regs.held.iter_mut() {
+        for (p, h) in self.regs.held.iter_mut().enumerate() {
             if *h == Some(idx) {
+                debug_assert!(!self.regs.dirty[p]);
                 *h = None;
+                self.regs.dirty[p] = false;
             }
         }
     }
 
-    /// The cache empty and off: for an instruction it does not follow, and
-    /// for the code emitted after the block body.
-    pub(super) fn regs_off(&mut self) {
+    /// The cache empty and off, the dirty registers stored first: for an
+    /// instruction it does not follow, and for the code emitted after the
+    /// block body (where every way out already stored them: nothing is
+    /// emitted there).
+    pub(super) fn regs_off(&mut self) -> Result<(), NotTranslated> {
+        self.flush_regs()?;
         self.regs = Regs {
             on: false,
             ..Regs::default()
         };
+        Ok(())
     }
 
-    /// The cache on again, empty (after [`Self::regs_off`]).
+    /// The cache on again, empty (after [`Self::regs_off`], or where both
+    /// ways of a branch meet with every register stored).
     pub(super) fn regs_on(&mut self) {
+        debug_assert!(self.regs.is_clean());
         self.regs = Regs::default();
     }
 
-    /// Before a loop back to the loop top: the host registers hold the
-    /// guest registers the top expects (`Emitter::preload`), reloaded
-    /// from the `Cpu` where they are not already there or were
-    /// `clobbered` since. Notes the first mapping found at a loop back
-    /// (what the second translation preloads).
+    /// Before a loop back to the loop top (every dirty register stored
+    /// already): the host registers hold the guest registers the top
+    /// expects (`Emitter::preload`), reloaded from the `Cpu` where they
+    /// are not already there or were `clobbered` since. Notes the first
+    /// mapping found at a loop back (what the second translation
+    /// preloads).
     pub(super) fn loop_back_regs(&mut self, clobbered: &[Register]) -> Result<(), NotTranslated> {
+        debug_assert!(self.regs.is_clean());
         let now = if self.regs.on {
             self.regs
         } else {
@@ -285,7 +391,7 @@ impl Emitter {
         for (p, h) in want.held.iter().enumerate() {
             if let Some(idx) = *h {
                 if now.held[p] != Some(idx) || clobbered.contains(&POOL[p][3]) {
-                    let m = self.g(idx);
+                    let m = self.slot(idx);
                     self.add(Instruction::with2(Code::Mov_r64_rm64, POOL[p][3], m))?;
                 }
             }
@@ -298,7 +404,7 @@ impl Emitter {
     pub(super) fn reload_regs(&mut self, at: &Regs) -> Result<(), NotTranslated> {
         for (p, h) in at.held.iter().enumerate() {
             if let Some(idx) = *h {
-                let m = self.g(idx);
+                let m = self.slot(idx);
                 self.add(Instruction::with2(Code::Mov_r64_rm64, POOL[p][3], m))?;
             }
         }
