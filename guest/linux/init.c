@@ -2,7 +2,11 @@
  * faultline's /init for Linux guests (the initramfs the vmm writes).
  *
  * The kernel passes what follows "--" on its command line to init as its
- * arguments: argv[1] is the program (in /bin), the rest its arguments.
+ * arguments: the program (in /bin), then its arguments. Before them it
+ * passes the words of the command line it does not know itself (such as
+ * nokaslr, which only the boot code reads), so the vmm also says how many
+ * of the arguments are the program's: faultline_argc=N, which the kernel
+ * puts in init's environment (without it, argv[1] is the program).
  * init mounts what the programs need, runs the program with the console
  * (which the kernel opened as fds 0-2) as its standard streams and the
  * write end of a pipe as fd 3 (report.h: the results channel), forwards
@@ -154,12 +158,30 @@ static void power_off(int status)
 		pause();
 }
 
+/* Where the program and its arguments start in init's arguments. */
+static int program_index(int argc)
+{
+	const char *count = getenv("faultline_argc");
+	char *end;
+	long n;
+
+	if (!count)
+		return 1;
+	n = strtol(count, &end, 10);
+	if (*end || n < 1 || n >= argc) {
+		fprintf(stderr, "faultline-init: faultline_argc=%s does not fit %d arguments\n", count, argc - 1);
+		power_off(2);
+	}
+	return argc - (int)n;
+}
+
 int main(int argc, char **argv)
 {
 	char path[256];
 	pid_t pid;
 	int wstatus, status;
 	int reports[2];
+	char **program;
 
 	mount_or_warn("proc", "/proc", "proc");
 	mount_or_warn("sysfs", "/sys", "sysfs");
@@ -171,10 +193,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "faultline-init: no program named on the kernel command line (... -- PROGRAM ARGS)\n");
 		power_off(2);
 	}
-	if (strchr(argv[1], '/'))
-		snprintf(path, sizeof(path), "%s", argv[1]);
+	program = argv + program_index(argc);
+	if (strchr(program[0], '/'))
+		snprintf(path, sizeof(path), "%s", program[0]);
 	else
-		snprintf(path, sizeof(path), "/bin/%s", argv[1]);
+		snprintf(path, sizeof(path), "/bin/%s", program[0]);
 
 	/* The ports: the status and report ports are next to each other. */
 	have_ports = ioperm(FAULTLINE_STATUS_PORT, 2, 1) == 0;
@@ -196,7 +219,7 @@ int main(int argc, char **argv)
 			dup2(reports[1], FAULTLINE_REPORT_FD);
 			close(reports[1]);
 		}
-		execv(path, argv + 1);
+		execv(path, program);
 		fprintf(stderr, "faultline-init: cannot run %s: %s\n", path, strerror(errno));
 		_exit(127);
 	}
@@ -211,10 +234,10 @@ int main(int argc, char **argv)
 	report_hyp_interrupts();
 	if (WIFEXITED(wstatus)) {
 		status = WEXITSTATUS(wstatus);
-		printf("faultline-init: %s exited with status %d\n", argv[1], status);
+		printf("faultline-init: %s exited with status %d\n", program[0], status);
 	} else {
 		status = 128 + WTERMSIG(wstatus);
-		printf("faultline-init: %s killed by signal %d\n", argv[1], WTERMSIG(wstatus));
+		printf("faultline-init: %s killed by signal %d\n", program[0], WTERMSIG(wstatus));
 	}
 	power_off(status);
 	return 0;

@@ -1262,10 +1262,12 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
     // deadline compare), where RFLAGS must be the interpreter's: after
     // SHR (AF as the interpreter leaves it) and after TEST (AF clear).
     // The RDTSC loop runs with CR4.SMAP on and sets and clears RFLAGS.AC
-    // every iteration (STAC, CLAC: under SMAP the lookup-key context
-    // changes, which empties the first-level TLB; without SMAP AC is not
-    // part of it), so its back edge's iTLB probe misses and the fetch is
-    // made from the exit with the flags written back first. A loop whose
+    // every iteration (STAC, CLAC: call-outs that keep the first-level
+    // TLB, as SMAP revokes nothing of it here), and sets and clears CR0.TS
+    // (LMSW, CLTS: a change of the lookup-key context, which empties the
+    // first-level TLB without ending the block), so its back edge's iTLB
+    // probe misses and the fetch is made from the exit with the flags
+    // written back first. A loop whose
     // flags are live at entry (ADC first) takes the back edge that writes
     // them back.
     let prog = |a: &mut CodeAssembler| {
@@ -1292,10 +1294,10 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
         a.sub(rbx, 1).unwrap();
         a.test(rbx, rbx).unwrap();
         a.jnz(l2).unwrap();
-        // RDTSC, STAC and CLAC: call-outs; under SMAP the last two empty
-        // the first-level TLB (and do not end the block, as INVLPG would).
-        // The loop makes no data access (the pages are user pages, which
-        // SMAP forbids to supervisor accesses with AC clear).
+        // RDTSC, STAC, CLAC, LMSW and CLTS: call-outs; the last two empty
+        // the first-level TLB (and do not end the block, as a MOV to CR0
+        // would). The loop makes no data access (the pages are user pages,
+        // which SMAP forbids to supervisor accesses with AC clear).
         a.mov(r14, cr4).unwrap();
         a.bts(r14, 21).unwrap();
         a.mov(cr4, r14).unwrap();
@@ -1305,6 +1307,10 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
         a.rdtsc().unwrap();
         a.stac().unwrap();
         a.clac().unwrap();
+        // CR0.PE and TS (LMSW keeps PE set).
+        a.mov(r15d, 9u32).unwrap();
+        a.lmsw(r15w).unwrap();
+        a.clts().unwrap();
         a.add(r9, rax).unwrap();
         a.add(r10, r8).unwrap();
         a.dec(ebx).unwrap();

@@ -160,9 +160,22 @@ pub fn check_program(program: &[String]) -> Result<(), LinuxSetupError> {
 }
 
 /// The kernel command line: the options, then `--` and the program with
-/// its arguments, which the kernel hands to /init as its arguments.
+/// its arguments, which the kernel hands to /init as its arguments. It
+/// hands init the option words without `=` that it does not know itself
+/// first (`nokaslr`, which only the boot code reads, is one); with such
+/// words among the options, `faultline_argc`, which the kernel puts in
+/// init's environment, says how many of init's arguments are the
+/// program's. (Without them the line stays as it was, byte for byte.)
 pub fn cmdline(options: &str, program: &[String]) -> String {
-    format!("{options} -- {}", program.join(" "))
+    let program_words = program.join(" ");
+    if options.split_whitespace().any(|w| !w.contains('=')) {
+        format!(
+            "{options} faultline_argc={} -- {program_words}",
+            program.len()
+        )
+    } else {
+        format!("{options} -- {program_words}")
+    }
 }
 
 /// The initramfs: the directories init mounts on, /dev/console (the
@@ -194,6 +207,10 @@ mod tests {
         assert_eq!(
             cmdline(DEFAULT_OPTIONS, &program),
             "console=ttyS0 earlyprintk=serial,ttyS0 panic=-1 reboot=t -- hello a"
+        );
+        assert_eq!(
+            cmdline("console=ttyS0 nokaslr", &program),
+            "console=ttyS0 nokaslr faultline_argc=2 -- hello a"
         );
     }
 

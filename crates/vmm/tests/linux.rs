@@ -82,11 +82,16 @@ fn linux_boots_to_init_and_runs_hello_on_one_vcpu_and_runs_repeat() {
     assert!(stdout == again, "the same boot repeats byte for byte");
 }
 
+/// Also with a command line of the user's that has a word the kernel
+/// hands to /init (`nokaslr`): the program still runs with its arguments.
 #[test]
 fn linux_boots_on_four_vcpus_under_ept() {
     let Some(image) = linux_image() else { return };
-    let (v, _) = boot_hello(&image, &["--vcpus", "4"]);
+    let cmdline = format!("{} nokaslr", vmm::linux::DEFAULT_OPTIONS);
+    let (v, _) = boot_hello(&image, &["--vcpus", "4", "--cmdline", &cmdline]);
     check_boot(&v, 4);
+    let console = v["console"].as_str().unwrap();
+    assert!(console.contains("KASLR disabled"), "{console}");
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //! EPT violations and misconfigurations.
 
 use super::debug_regs::DR7_ENABLES;
-use super::l1tlb::KeyContext;
+use super::l1tlb::{self, KeyContext};
 use super::state::{cr0, cr4, rflags};
 use super::{vector, Cpu, Fault, FaultKind};
 use crate::addr::{Gva, Hpa};
@@ -220,11 +220,34 @@ impl Cpu {
                 // A hit removes nothing: the slots stay in sync.
                 debug_assert!(self.l1_in_sync());
                 self.l1.use_memory(mem.jit_view().0, mem.size());
-                self.l1.fill(class, la, hpa);
+                self.fill_l1(class, la, hpa);
                 Keyed::Hit(hpa)
             }
             None => Keyed::Missed,
         }
+    }
+
+    /// The first-level fill of a translation the TLB just gave (the slots
+    /// synced), with a supervisor data fill noted while the first-level
+    /// TLB notes them (RFLAGS.AC set under SMAP, `l1tlb`).
+    #[inline(always)]
+    fn fill_l1(&mut self, class: usize, la: u64, hpa: Hpa) {
+        self.l1.fill(class, la, hpa);
+        if self.l1.notes_user_pages() && l1tlb::is_supervisor_data(class) {
+            let user_page = self.maps_user_page(class, la);
+            self.l1.note_user_page(class, la, user_page);
+        }
+    }
+
+    /// Whether the translation of `la` for class `class` maps a user-mode
+    /// page: the U flag of the TLB entry it comes from (none without
+    /// paging and EPT: no user-mode page). Should the TLB hold no entry,
+    /// it is taken for one, which AC's clearing revokes.
+    #[inline(never)]
+    fn maps_user_page(&self, class: usize, la: u64) -> bool {
+        self.l1
+            .key(class)
+            .is_some_and(|key| self.tlb.maps_user_page(key, Gva(la)) != Some(false))
     }
 
     /// Computes and caches the TLB lookup key of class `class` (`kind`,
@@ -360,7 +383,7 @@ impl Cpu {
             self.l1.use_memory(mem.jit_view().0, mem.size());
             // The walk's fill may have evicted an entry (its slots go).
             self.sync_l1();
-            self.l1.fill(class, la, hpa);
+            self.fill_l1(class, la, hpa);
         }
         Ok(hpa)
     }
@@ -971,5 +994,146 @@ pub(crate) fn translate_fault(e: TranslateError) -> Fault {
         TranslateError::EptMisconfig { gpa } => Fault::exit(VmExit::EptMisconfig { gpa }),
         TranslateError::PmlFull => Fault::exit(VmExit::PmlFull),
         TranslateError::Memory(e) => Fault::exit(VmExit::MachineError(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::CpuConfig;
+    use crate::jit::Engine;
+    use crate::mmu::paging::pte;
+    use crate::vmx::VmxControls;
+
+    /// Identity-mapped 4 KiB pages below 2 MiB, supervisor-only but the
+    /// ones at `USER_PAGES`; a supervisor 2 MiB page above for the stack.
+    const USER_PAGES: [u64; 2] = [0x30000, 0x31000];
+    const USER_PAGE: u64 = USER_PAGES[0];
+    const KERNEL_PAGE: u64 = 0x20000;
+
+    fn smap_machine(engine: Engine) -> (PhysMemory, Cpu) {
+        let mem = PhysMemory::new(4 << 20).unwrap();
+        let table = pte::PRESENT | pte::WRITABLE | pte::USER;
+        mem.write_u64(Hpa(0x1000), 0x2000 | table).unwrap();
+        mem.write_u64(Hpa(0x2000), 0x3000 | table).unwrap();
+        mem.write_u64(Hpa(0x3000), 0x4000 | table).unwrap();
+        mem.write_u64(
+            Hpa(0x3008),
+            (1 << 21) | pte::PRESENT | pte::WRITABLE | pte::HUGE,
+        )
+        .unwrap();
+        for page in 0..512u64 {
+            let user = if USER_PAGES.contains(&(page << 12)) {
+                pte::USER
+            } else {
+                0
+            };
+            mem.write_u64(
+                Hpa(0x4000 + page * 8),
+                page << 12 | pte::PRESENT | pte::WRITABLE | user,
+            )
+            .unwrap();
+        }
+        let mut cpu = Cpu::new(CpuConfig {
+            engine,
+            ..CpuConfig::default()
+        });
+        cpu.set_jit_threshold(1);
+        // Exceptions leave `run` as exits.
+        cpu.set_vmx(Some(VmxControls {
+            exception_bitmap: !0,
+            hlt_exiting: true,
+            ..Default::default()
+        }));
+        let s = cpu.state_mut();
+        s.cr3 = 0x1000;
+        s.cr4 |= cr4::SMAP;
+        s.gpr[4] = 0x3f_f000;
+        (mem, cpu)
+    }
+
+    fn run_at(cpu: &mut Cpu, mem: &PhysMemory, rip: u64) -> VmExit {
+        let s = cpu.state_mut();
+        s.rip = rip;
+        s.activity = super::super::Activity::Active;
+        let limit = cpu.cycles() + 1_000_000;
+        cpu.run(mem, limit)
+    }
+
+    /// Under SMAP, STAC and CLAC flush no TLB (SDM Vol. 3A 4.6: SMAP is
+    /// checked on each access): after a CLAC the first-level slots of
+    /// instruction fetches, of user-mode accesses and of supervisor
+    /// accesses to supervisor pages are still there; the supervisor data
+    /// slot of the user page read under STAC is not, and reading it again
+    /// faults. The same in both engines, the translated code's fill
+    /// included (the loop runs the blocks translated).
+    #[test]
+    fn clac_under_smap_drops_only_the_supervisor_slots_of_user_pages() {
+        use iced_x86::code_asm::{ptr, rax, rbx, rcx, rdx, CodeAssembler};
+        let (code, clac_page, faulting) = (0x10000u64, 0x11000u64, 0x12000u64);
+        let assemble = |at: u64, f: &dyn Fn(&mut CodeAssembler)| {
+            let mut a = CodeAssembler::new(64).unwrap();
+            f(&mut a);
+            a.assemble(at).unwrap()
+        };
+        let first = assemble(code, &|a| {
+            a.stac().unwrap();
+            a.mov(rax, ptr(KERNEL_PAGE)).unwrap();
+            a.mov(rbx, ptr(USER_PAGES[0])).unwrap();
+            a.mov(rdx, ptr(USER_PAGES[1])).unwrap();
+            a.hlt().unwrap();
+        });
+        let second = assemble(clac_page, &|a| {
+            a.clac().unwrap();
+            a.hlt().unwrap();
+        });
+        let read = assemble(faulting, &|a| {
+            a.mov(rcx, ptr(USER_PAGE)).unwrap();
+            a.hlt().unwrap();
+        });
+        for engine in Engine::ALL {
+            let (mem, mut cpu) = smap_machine(engine);
+            for (at, bytes) in [(code, &first), (clac_page, &second), (faulting, &read)] {
+                mem.write_bytes(Hpa(at), bytes).unwrap();
+            }
+            let user_read = AccessKind::Read as usize * 2 + 1;
+            let supervisor_read = AccessKind::Read as usize * 2;
+            let supervisor_fetch = AccessKind::Execute as usize * 2;
+            for round in 0..3 {
+                // A user-mode read of the user page (allowed whatever AC).
+                cpu.translate(&mem, USER_PAGE, AccessKind::Read, true)
+                    .unwrap();
+                assert_eq!(run_at(&mut cpu, &mem, code), VmExit::Hlt);
+                let what = format!("{engine:?}, round {round}");
+                // The supervisor read slots of the user pages are noted
+                // as such (the second one's by the translated code's
+                // fill after the first round), the kernel page's is not.
+                cpu.sync_l1();
+                let slot = |la: u64| 1u64 << (((la >> 12) + 1) as usize % l1tlb::SLOTS);
+                let users = slot(USER_PAGES[0]) | slot(USER_PAGES[1]);
+                let noted = cpu.l1.user_pages(supervisor_read) & (users | slot(KERNEL_PAGE));
+                assert_eq!(noted, users, "{what}");
+                assert_eq!(run_at(&mut cpu, &mem, clac_page), VmExit::Hlt);
+                assert_eq!(cpu.state().rflags & rflags::AC, 0);
+                cpu.sync_l1();
+                assert!(cpu.l1.consistent(), "{what}");
+                assert!(!cpu.l1.peek(supervisor_read, USER_PAGES[0]), "{what}");
+                assert!(!cpu.l1.peek(supervisor_read, USER_PAGES[1]), "{what}");
+                assert!(cpu.l1.peek(supervisor_read, KERNEL_PAGE), "{what}");
+                assert!(cpu.l1.peek(user_read, USER_PAGE), "{what}");
+                assert!(cpu.l1.peek(supervisor_fetch, code), "{what}");
+            }
+            let exit = run_at(&mut cpu, &mem, faulting);
+            assert!(
+                matches!(
+                    exit,
+                    VmExit::Exception {
+                        vector: vector::PF,
+                        ..
+                    }
+                ),
+                "{engine:?}: {exit:?}"
+            );
+        }
     }
 }

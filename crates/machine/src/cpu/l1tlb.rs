@@ -12,12 +12,20 @@
 //!   fill, replaced, or invalidated alone: INVLPG);
 //! - all its slots when more leaves the TLB (a flush, a CR3 load that
 //!   drops non-global entries, INVLPG of a larger page) or the key context
-//!   changes (a CR3 load to another PCID among them).
+//!   changes (a CR3 load to another PCID among them), except:
+//! - when only RFLAGS.AC changes under CR4.SMAP (STAC, CLAC, POPF, IRET,
+//!   SYSCALL's FMASK, an interrupt), the supervisor data slots of
+//!   user-mode pages if AC cleared, and nothing if it set. SMAP is a
+//!   permission check on each access (SDM Vol. 3A 4.6: a supervisor-mode
+//!   data access to a user-mode page is allowed only while AC is set), not
+//!   a flush; AC does not bear on fetches nor on user-mode accesses. The
+//!   supervisor data slots holding a user-mode page are a bitmap per class
+//!   (`Book::user_pages`), set from the TLB entry's U flag by both fills.
 //!
 //! A fill into a free way, a privilege change (the slots are per privilege
-//! class), a CR3 load that finds no non-global entry, SWAPGS, RDTSC, and
-//! STAC/CLAC without SMAP leave it as it was, as they leave a hardware L1
-//! TLB. (SWAPGS, RDTSC, and SYSCALL/SYSRET without SMAP do not even move
+//! class), a CR3 load that finds no non-global entry, SWAPGS, RDTSC,
+//! STAC/CLAC without SMAP and STAC with it leave it as it was, as they
+//! leave a hardware L1 TLB. (SWAPGS, RDTSC, and SYSCALL/SYSRET without SMAP do not even move
 //! the mode epoch: `Cpu::system_moves_mode`.) Hits here do not update
 //! the replacement state of the TLB, exactly as L1 hits do not reach the
 //! STLB on hardware. (Until session 13 it was emptied on every TLB fill
@@ -35,10 +43,13 @@
 //! before every lookup and fill of its own (`Cpu::sync_l1`).
 //!
 //! The TLB lookup keys cached per class (see [`Book`]) depend on the same
-//! context: they are dropped with the slots when it changes.
+//! context: they are dropped with the slots when it changes; an AC change
+//! under SMAP drops only the supervisor data classes' (the others do not
+//! read AC: `mmu::tlb::permit_masks`).
 
 use crate::addr::Hpa;
 use crate::mmu::tlb::{LookupKey, Removals, PAGE_NUMBER_BITS};
+use crate::mmu::AccessKind;
 
 pub(crate) const SLOTS: usize = 64;
 /// Size of one slot (see [`Slot`]).
@@ -107,13 +118,25 @@ pub(crate) struct L1Tlb {
 pub(crate) struct Book {
     /// The TLB lookup key of each class under the current mode, once
     /// computed: it depends only on what the mode epoch covers (paging
-    /// registers, RFLAGS.AC under SMAP, VPID, EPTP), so it is dropped when that epoch
-    /// moves. Translated code's first-level fill reads the data classes'
+    /// registers, RFLAGS.AC under SMAP, VPID, EPTP), so it is dropped when
+    /// that context changes (only the supervisor data classes' when AC
+    /// alone does). Translated code's first-level fill reads the data classes'
     /// (the first [`DATA_CLASSES`]); the interpreter's misses and fetches
     /// use all.
     keys: [KeySlot; CLASSES],
     /// Per class, bit i: slot i is in `filled`.
     listed: [u64; CLASSES],
+    /// Per class, bit i: slot i holds a user-mode page (the TLB entry's
+    /// guest U flag); kept for the supervisor data classes only
+    /// ([`SUPERVISOR_DATA_CLASSES`], 0 in the others) and while `smap_ac`
+    /// (all 0 otherwise), a subset of `listed`. Those are the slots SMAP
+    /// revokes when RFLAGS.AC clears.
+    user_pages: [u64; CLASSES],
+    /// Non-zero while the key context has RFLAGS.AC set under CR4.SMAP
+    /// (`KeyContext::rflags_ac`): only then can a supervisor data slot
+    /// that AC's clearing revokes be filled, so only then are fills noted
+    /// in `user_pages` (they cost a TLB look, the Rust fill's).
+    smap_ac: u64,
     /// How many of `filled` are in use.
     filled_len: u64,
     /// Slots filled since the last clear (class * SLOTS + index), each once
@@ -142,6 +165,24 @@ pub(crate) struct KeyContext {
 /// ones translated code's first-level fill serves.
 pub(crate) const DATA_CLASSES: usize = 4;
 
+/// The supervisor data-access classes (a class is access kind * 2 +
+/// user): the only ones whose rights RFLAGS.AC changes (SMAP).
+pub(crate) const SUPERVISOR_DATA_CLASSES: [usize; 2] = [
+    AccessKind::Read as usize * 2,
+    AccessKind::Write as usize * 2,
+];
+
+/// Whether class `class` is a supervisor data class (its slots' user-mode
+/// pages are noted, `Book::user_pages`).
+#[inline(always)]
+pub(crate) fn is_supervisor_data(class: usize) -> bool {
+    class < DATA_CLASSES && class % 2 == 0
+}
+const _: () =
+    assert!(SUPERVISOR_DATA_CLASSES[0] < DATA_CLASSES && SUPERVISOR_DATA_CLASSES[0] % 2 == 0);
+const _: () =
+    assert!(SUPERVISOR_DATA_CLASSES[1] < DATA_CLASSES && SUPERVISOR_DATA_CLASSES[1] % 2 == 0);
+
 /// A cached lookup key.
 #[derive(Debug, Clone, Copy)]
 #[repr(C)]
@@ -167,7 +208,9 @@ pub(crate) mod book {
     pub const KEY_SLOT_VALID: i32 = 0;
     pub const KEY_SLOT_KEY: i32 = 8;
     pub const LISTED: i32 = KEYS + CLASSES as i32 * KEY_SLOT_BYTES;
-    pub const FILLED_LEN: i32 = LISTED + 8 * CLASSES as i32;
+    pub const USER_PAGES: i32 = LISTED + 8 * CLASSES as i32;
+    pub const SMAP_AC: i32 = USER_PAGES + 8 * CLASSES as i32;
+    pub const FILLED_LEN: i32 = SMAP_AC + 8;
     pub const FILLED: i32 = FILLED_LEN + 8;
     /// Entries in `filled`.
     pub const FILLED_CAPACITY: u32 = (SLOTS * CLASSES) as u32;
@@ -176,9 +219,11 @@ pub(crate) mod book {
     const _: () = assert!(offset_of!(KeySlot, key) == KEY_SLOT_KEY as usize);
     const _: () = assert!(offset_of!(Book, keys) == KEYS as usize);
     const _: () = assert!(offset_of!(Book, listed) == LISTED as usize);
+    const _: () = assert!(offset_of!(Book, user_pages) == USER_PAGES as usize);
+    const _: () = assert!(offset_of!(Book, smap_ac) == SMAP_AC as usize);
     const _: () = assert!(offset_of!(Book, filled_len) == FILLED_LEN as usize);
     const _: () = assert!(offset_of!(Book, filled) == FILLED as usize);
-    // `listed` is one u64 bitmap per class.
+    // `listed` and `user_pages` are one u64 bitmap per class.
     const _: () = assert!(SLOTS == 64);
 }
 
@@ -193,6 +238,8 @@ impl L1Tlb {
             book: Box::new(Book {
                 keys: [KeySlot::NONE; CLASSES],
                 listed: [0; CLASSES],
+                user_pages: [0; CLASSES],
+                smap_ac: 0,
                 filled_len: 0,
                 filled: [0; SLOTS * CLASSES],
             }),
@@ -216,6 +263,7 @@ impl L1Tlb {
         }
         book.filled_len = 0;
         book.listed = [0; CLASSES];
+        book.user_pages = [0; CLASSES];
     }
 
     /// Whether the slots are in sync with the TLB's removal count and
@@ -234,7 +282,8 @@ impl L1Tlb {
     /// Brings the slots up to the TLB's `removals` and the mode epoch
     /// (they are out of sync, [`Self::in_sync`]). `context` is the current
     /// [`KeyContext`], given when the mode epoch moved: under another
-    /// context than the slots', the slots and the cached lookup keys go.
+    /// context than the slots', the slots and the cached lookup keys go,
+    /// except when only RFLAGS.AC differs ([`Self::smap_ac_changed`]).
     /// Then, if entries left the TLB: one 4 KiB page since the last sync
     /// drops that page's slots, anything else all of them.
     #[inline]
@@ -244,10 +293,26 @@ impl L1Tlb {
         mode_epoch: u64,
         context: Option<KeyContext>,
     ) {
-        if mode_epoch != self.mode_epoch && (context.is_none() || context != self.keys_for) {
-            self.book.keys = [KeySlot::NONE; CLASSES];
-            self.keys_for = context;
-            self.clear();
+        if mode_epoch != self.mode_epoch {
+            match (context, self.keys_for) {
+                (Some(now), Some(was)) if now == was => {}
+                (Some(now), Some(was))
+                    if now
+                        == (KeyContext {
+                            rflags_ac: now.rflags_ac,
+                            ..was
+                        }) =>
+                {
+                    self.smap_ac_changed(now.rflags_ac);
+                    self.keys_for = context;
+                }
+                _ => {
+                    self.book.keys = [KeySlot::NONE; CLASSES];
+                    self.keys_for = context;
+                    self.clear();
+                }
+            }
+            self.book.smap_ac = u64::from(self.keys_for.is_some_and(|c| c.rflags_ac));
         }
         if removals.count != self.removals {
             match removals.last_page {
@@ -257,6 +322,39 @@ impl L1Tlb {
         }
         self.removals = removals.count;
         self.mode_epoch = mode_epoch;
+    }
+
+    /// Whether fills are noted in `Book::user_pages` now (`Book::smap_ac`):
+    /// the caller of [`Self::fill`] finds out whether a supervisor data
+    /// fill maps a user-mode page only then, and notes it
+    /// ([`Self::note_user_page`]).
+    #[inline(always)]
+    pub(crate) fn notes_user_pages(&self) -> bool {
+        self.book.smap_ac != 0
+    }
+
+    /// RFLAGS.AC changed under CR4.SMAP, and nothing else of the key
+    /// context. SMAP is a check made on each access (SDM Vol. 3A 4.6): a
+    /// supervisor-mode data access to a user-mode page is allowed only
+    /// while AC is set; AC does not bear on instruction fetches nor on
+    /// user-mode accesses, and no TLB is flushed. So the slots stay but
+    /// for the supervisor data slots of user-mode pages when AC clears
+    /// (those accesses are SMAP violations now); the supervisor data
+    /// classes' lookup keys, which forbid user-mode pages only while AC is
+    /// clear, are made again.
+    fn smap_ac_changed(&mut self, ac: bool) {
+        for class in SUPERVISOR_DATA_CLASSES {
+            self.book.keys[class] = KeySlot::NONE;
+            if !ac {
+                let mut revoked = std::mem::take(&mut self.book.user_pages[class]);
+                while revoked != 0 {
+                    let s = &mut self.slots[class][revoked.trailing_zeros() as usize];
+                    s.page = Slot::EMPTY.page;
+                    s.jit_page = Slot::EMPTY.jit_page;
+                    revoked &= revoked - 1;
+                }
+            }
+        }
     }
 
     /// Empties the slots of linear 4 KiB page number `vpn` (its low 36
@@ -351,7 +449,57 @@ impl L1Tlb {
         (s.jit_page == la.wrapping_add(bytes - 1) >> 12).then_some(Hpa(s.hpa))
     }
 
+    /// Whether the bookkeeping matches the slots (for tests): `filled`
+    /// lists each slot once, exactly the slots `listed` marks, every
+    /// non-empty slot among them; `user_pages` marks listed slots of the
+    /// supervisor data classes only, and only while `smap_ac`.
+    #[cfg(test)]
+    pub(crate) fn consistent(&self) -> bool {
+        let book = &*self.book;
+        let Some(filled) = book.filled.get(..book.filled_len as usize) else {
+            return false;
+        };
+        let mut listed = [0u64; CLASSES];
+        for &i in filled {
+            let (class, index) = (i as usize / SLOTS, i as usize % SLOTS);
+            if class >= CLASSES || listed[class] & (1 << index) != 0 {
+                return false;
+            }
+            listed[class] |= 1 << index;
+        }
+        listed == book.listed
+            && (0..CLASSES).all(|class| {
+                let nonempty = (0..SLOTS)
+                    .filter(|&i| self.slots[class][i].page != 0)
+                    .fold(0u64, |b, i| b | 1 << i);
+                let user_pages = book.user_pages[class];
+                nonempty & !listed[class] == 0
+                    && user_pages & !listed[class] == 0
+                    && ((is_supervisor_data(class) && book.smap_ac != 0) || user_pages == 0)
+            })
+    }
+
+    /// Notes whether the slot of `la` just filled in supervisor data class
+    /// `class` holds a user-mode page (`Book::user_pages`), while
+    /// [`Self::notes_user_pages`].
+    #[inline]
+    pub(crate) fn note_user_page(&mut self, class: usize, la: u64, user_page: bool) {
+        debug_assert!(is_supervisor_data(class) && self.notes_user_pages());
+        let index = ((la >> 12) as usize + 1) & (SLOTS - 1);
+        let bits = &mut self.book.user_pages[class];
+        *bits = (*bits & !(1 << index)) | (u64::from(user_page) << index);
+    }
+
+    /// The slots of class `class` noted as holding a user-mode page (for
+    /// tests).
+    #[cfg(test)]
+    pub(crate) fn user_pages(&self, class: usize) -> u64 {
+        self.book.user_pages[class]
+    }
+
     /// Records a translation the TLB just gave. The slots must be synced.
+    /// While [`Self::notes_user_pages`], a supervisor data fill is then
+    /// noted ([`Self::note_user_page`]).
     #[inline(always)]
     pub(crate) fn fill(&mut self, class: usize, la: u64, hpa: Hpa) {
         let page = (la >> 12) + 1;
@@ -405,6 +553,7 @@ mod tests {
     fn fill(l1: &mut L1Tlb, class: usize, la: u64, hpa: Hpa, tlb: u64, mode: u64) {
         l1.sync(r(tlb), mode, || CTX);
         l1.fill(class, la, hpa);
+        assert!(l1.consistent());
     }
     fn lookup(l1: &mut L1Tlb, class: usize, la: u64, tlb: u64, mode: u64) -> Option<Hpa> {
         l1.sync(r(tlb), mode, || CTX);
@@ -529,6 +678,7 @@ mod tests {
         l1.sync(r(2), 1, || CTX);
         assert_eq!(l1.book.filled_len, 0);
         assert_eq!(l1.book.listed, [0; CLASSES]);
+        assert!(l1.consistent());
         assert!(l1
             .slots
             .iter()
@@ -584,6 +734,98 @@ mod tests {
             assert_eq!(l1.key(2), Some(&key(8)));
             l1.sync(r(2), mode + 2, || CTX);
         }
+    }
+
+    /// Under SMAP, an RFLAGS.AC change keeps every slot that stays
+    /// permitted: all fetch and user slots, and the supervisor data slots
+    /// but those of user-mode pages when AC clears. Only the supervisor
+    /// data classes' keys are made again.
+    #[test]
+    fn an_ac_change_under_smap_drops_only_what_smap_revokes() {
+        use crate::cpu::state::cr4;
+        let mut l1 = L1Tlb::new();
+        let mut mem = [0u8; 0x8000];
+        l1.use_memory(mem.as_mut_ptr(), 0x8000);
+        let ac_set = KeyContext {
+            cr4: CTX.cr4 | cr4::SMAP,
+            rflags_ac: true,
+            ..CTX
+        };
+        let ac_clear = KeyContext {
+            rflags_ac: false,
+            ..ac_set
+        };
+        let (user_page, kernel_page) = (0x7000_1000u64, 0xffff_8000_0000_2000u64);
+        let key = |n: u16| {
+            let access = crate::mmu::Access {
+                kind: crate::mmu::AccessKind::Read,
+                user: false,
+            };
+            LookupKey::new(n, &crate::mmu::PagingRegs::default(), None, access)
+        };
+        let mut mode = 1;
+        l1.sync(r(1), mode, || ac_set);
+        assert!(l1.notes_user_pages());
+        // Each class holds the user page and the kernel page (the user
+        // classes too: no rights are checked here), the supervisor data
+        // slots of the user page noted as such.
+        for class in 0..CLASSES {
+            l1.fill(class, user_page, Hpa(0x1000));
+            l1.fill(class, kernel_page, Hpa(0x2000));
+            if is_supervisor_data(class) {
+                l1.note_user_page(class, user_page, true);
+                l1.note_user_page(class, kernel_page, false);
+            }
+            l1.set_key(class, key(class as u16));
+        }
+        assert!(l1.consistent());
+        let all = |l1: &L1Tlb, la| (0..CLASSES).all(|c| l1.lookup(c, la).is_some());
+        // AC clears: the supervisor data slots of the user page go, with
+        // the supervisor data keys; nothing else.
+        mode += 1;
+        l1.sync(r(1), mode, || ac_clear);
+        assert!(l1.consistent() && !l1.notes_user_pages());
+        for class in 0..CLASSES {
+            let revoked = SUPERVISOR_DATA_CLASSES.contains(&class);
+            assert_eq!(l1.lookup(class, user_page).is_none(), revoked, "{class}");
+            assert_eq!(l1.jit_slot(class, user_page, 1).is_none(), revoked);
+            assert_eq!(l1.key(class).is_none(), revoked, "{class}");
+        }
+        assert!(all(&l1, kernel_page));
+        assert_eq!(l1.book.user_pages, [0; CLASSES]);
+        // AC sets again: nothing is revoked, the supervisor data keys are
+        // made again.
+        for class in SUPERVISOR_DATA_CLASSES {
+            l1.set_key(class, key(9));
+        }
+        mode += 1;
+        l1.sync(r(1), mode, || ac_set);
+        assert!(all(&l1, kernel_page));
+        assert!((0..CLASSES).all(|c| l1.key(c).is_none() == SUPERVISOR_DATA_CLASSES.contains(&c)));
+        for class in SUPERVISOR_DATA_CLASSES {
+            l1.fill(class, user_page, Hpa(0x1000));
+            l1.note_user_page(class, user_page, true);
+        }
+        assert!(all(&l1, user_page));
+        // A kernel page refilled over a user page's slot is not revoked.
+        let same_slot = user_page + (SLOTS as u64) * 0x1000;
+        l1.fill(2, user_page, Hpa(0x1000));
+        l1.note_user_page(2, user_page, true);
+        l1.fill(2, same_slot, Hpa(0x3000));
+        l1.note_user_page(2, same_slot, false);
+        mode += 1;
+        l1.sync(r(1), mode, || ac_clear);
+        assert!(l1.lookup(2, same_slot).is_some());
+        assert!(l1.consistent());
+        // Any other change of the context, with or without AC's, empties all.
+        mode += 1;
+        l1.sync(r(1), mode, || KeyContext {
+            rflags_ac: true,
+            pcid: 1,
+            ..ac_clear
+        });
+        assert!(l1.slots.iter().flatten().all(|s| s.page == 0));
+        assert!((0..CLASSES).all(|c| l1.key(c).is_none()));
     }
 
     /// [`KeyContext`] leaves CR3 out: keys must not depend on it.

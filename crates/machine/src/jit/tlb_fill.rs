@@ -9,7 +9,8 @@
 //! step when it hits), allowed under the lookup key the first-level TLB caches for the
 //! mode, counted as a hit and marked recently used as the TLB does, then
 //! the first-level slot filled as [`L1Tlb::fill`](crate::cpu::l1tlb)
-//! fills it. Anything else (a page-crossing or non-canonical address, no
+//! fills it (with the entry's U flag noted for a supervisor data class
+//! while RFLAGS.AC is set under SMAP). Anything else (a page-crossing or non-canonical address, no
 //! cached key, no hint, a hint to a larger entry, an entry that does not
 //! allow the access, a slot the interpreter's lookup would hit) goes,
 //! before any effect, to the Rust fill (`native::fill_out`), which does
@@ -45,6 +46,7 @@ use iced_x86::IcedError;
 const _: () = assert!(SLOTS.is_power_of_two() && SLOT_BYTES.is_power_of_two());
 const _: () = assert!((tv::HINT_BYTES as u32).is_power_of_two());
 const _: () = assert!(tv::ENTRY_BYTES == 24);
+const _: () = assert!(tv::DATA_GUEST_USER <= i32::MAX as u64);
 // The key slot's fields are addressed from the key (`KEY_SLOT_KEY` in).
 const _: () = assert!(book::KEY_SLOT_KEY == 8 && book::KEY_SLOT_VALID == 0);
 const _: () = assert!(book::KEY_SLOT_BYTES == 40);
@@ -57,6 +59,7 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     let mut outside = a.create_label();
     let mut viewed = a.create_label();
     let mut listed = a.create_label();
+    let mut noted = a.create_label();
     let mut full = a.create_label();
     let mut retry = a.create_label();
     let slot_shift = SLOT_BYTES.trailing_zeros();
@@ -156,7 +159,10 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.cmp(r10, qword_ptr(r14 + ENV_TLB_FULL_SET))?;
     a.cmove(r10, rdx)?;
     a.mov(qword_ptr(rcx + r8 * 8), r10)?;
-    // rax = host-physical page.
+    // r10 = the entry's guest U flag (the way is no longer needed); rax =
+    // host-physical page.
+    a.mov(r10d, eax)?;
+    a.and(r10d, tv::DATA_GUEST_USER as i32)?;
     a.mov(rcx, tv::DATA_HPA)?;
     a.and(rax, rcx)?;
     // The first-level slot: page, host page, the translated-code view
@@ -181,6 +187,21 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.mov(rsi, qword_ptr(r14 + ENV_L1_BOOK))?;
     a.mov(r8d, r9d)?;
     a.shr(r8d, class_shift)?;
+    // While AC is set under SMAP, in a supervisor data class (an even
+    // one: `l1tlb::is_supervisor_data`), the slot's bit of the class's
+    // `user_pages` is the entry's U flag.
+    a.cmp(qword_ptr(rsi + book::SMAP_AC), 0)?;
+    a.je(noted)?;
+    a.test(r8d, 1)?;
+    a.jne(noted)?;
+    a.mov(r11, qword_ptr(rsi + r8 * 8 + book::USER_PAGES))?;
+    a.btr(r11, rdi)?;
+    a.mov(rcx, r11)?;
+    a.bts(rcx, rdi)?;
+    a.test(r10d, r10d)?;
+    a.cmovne(r11, rcx)?;
+    a.mov(qword_ptr(rsi + r8 * 8 + book::USER_PAGES), r11)?;
+    a.set_label(&mut noted)?;
     a.mov(r11, qword_ptr(rsi + r8 * 8 + book::LISTED))?;
     a.bts(r11, rdi)?;
     a.jb(listed)?;

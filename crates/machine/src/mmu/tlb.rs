@@ -383,6 +383,15 @@ fn permit_masks(access: Access, regs: &super::PagingRegs, paging: bool) -> (u64,
     (need, forbid)
 }
 
+/// Where [`Tlb::locate`] found an entry: its size, set and way, and
+/// whether it is of the lookup's own PCID.
+struct Located {
+    size: PageSize,
+    set: usize,
+    way: usize,
+    own_pcid: bool,
+}
+
 /// What [`Tlb::find`] found.
 enum Found {
     /// An entry that allows the access (counted as a hit, marked used).
@@ -514,6 +523,8 @@ pub(crate) mod jit_view {
     pub const ENTRY_DATA: i32 = 16;
     /// The host-physical page of an entry's `data`.
     pub const DATA_HPA: u64 = data::HPA;
+    /// An entry's guest U flag (see [`super::Tlb::maps_user_page`]).
+    pub const DATA_GUEST_USER: u64 = data::GUEST_USER;
     /// Linear-address bits a lookup uses.
     pub const VA_BITS: u32 = 48;
     const _: () = assert!(size_of::<Hint>() == HINT_BYTES as usize);
@@ -924,9 +935,40 @@ impl Tlb {
     fn probe(&mut self, key: &LookupKey, va: u64) -> Found {
         let hint_key = key.context | (va >> 12);
         let hint_slot = ((va >> 12) as usize) & (HINTS - 1);
-        // The valid ways of the 4 KiB set, then the large ways of the
-        // 2 MiB and 1 GiB sets (the only ways a tag of that size can be in;
-        // none when the TLB holds no large entry).
+        let Some(Located {
+            size,
+            set,
+            way,
+            own_pcid,
+        }) = self.locate(key, va)
+        else {
+            return Found::Absent;
+        };
+        let entry_data = self.entries[set * self.ways + way].data;
+        if !key.permits(entry_data) {
+            return Found::Forbidden(set, way);
+        }
+        self.stats.hits += 1;
+        self.touch(set, way);
+        self.hints[hint_slot] = Hint {
+            key: hint_key,
+            eptp: key.eptp,
+            epoch: self.epoch,
+            set: set as u32,
+            way: way as u16,
+            // A global entry of any PCID: checked by the epoch, as an
+            // entry of the key's own PCID filled since would win.
+            small: size == PageSize::Size4K && own_pcid,
+        };
+        Found::Usable(Hpa((entry_data & data::HPA) | (va & (size.bytes() - 1))))
+    }
+
+    /// Where the entry for `va` under `key` is, in the set of each page
+    /// size that may hold it: the valid ways of the 4 KiB set, then the
+    /// large ways of the 2 MiB and 1 GiB sets (the only ways a tag of that
+    /// size can be in; none when the TLB holds no large entry).
+    #[inline(always)]
+    fn locate(&self, key: &LookupKey, va: u64) -> Option<Located> {
         let sizes = if self.may_hold_large { 3 } else { 1 };
         for size in &PageSize::ALL[..sizes] {
             let size = *size;
@@ -938,28 +980,28 @@ impl Tlb {
             } else {
                 self.large[set]
             };
-            let Some((way, own_pcid)) = self.way_of_key(set, ways, wanted, key.eptp) else {
-                continue;
-            };
-            let entry_data = self.entries[set * self.ways + way].data;
-            if !key.permits(entry_data) {
-                return Found::Forbidden(set, way);
+            if let Some((way, own_pcid)) = self.way_of_key(set, ways, wanted, key.eptp) {
+                return Some(Located {
+                    size,
+                    set,
+                    way,
+                    own_pcid,
+                });
             }
-            self.stats.hits += 1;
-            self.touch(set, way);
-            self.hints[hint_slot] = Hint {
-                key: hint_key,
-                eptp: key.eptp,
-                epoch: self.epoch,
-                set: set as u32,
-                way: way as u16,
-                // A global entry of any PCID: checked by the epoch, as an
-                // entry of the key's own PCID filled since would win.
-                small: size == PageSize::Size4K && own_pcid,
-            };
-            return Found::Usable(Hpa((entry_data & data::HPA) | (va & (size.bytes() - 1))));
         }
-        Found::Absent
+        None
+    }
+
+    /// Whether the entry a lookup of `gva` under `key` finds now maps a
+    /// user-mode page (its guest U flag, which entries made without guest
+    /// paging carry too); `None` when there is no entry. Changes nothing
+    /// (nothing counted, marked used or hinted): the first-level TLB asks
+    /// it for the supervisor data slots it fills, which SMAP revokes when
+    /// RFLAGS.AC clears.
+    pub(crate) fn maps_user_page(&self, key: &LookupKey, gva: Gva) -> Option<bool> {
+        let found = self.locate(key, gva.0 & VA_MASK)?;
+        let entry_data = self.entries[found.set * self.ways + found.way].data;
+        Some(entry_data & data::GUEST_USER != 0)
     }
 
     /// Caches the translation of `gva` a walk just made under `ctx`.
