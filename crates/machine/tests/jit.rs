@@ -2024,3 +2024,106 @@ fn written_back_registers_are_exact_where_the_interpreter_looks() {
         assert_eq!(interp, jit, "interp vs jit, step {step}");
     }
 }
+
+#[test]
+fn rdtsc_rdtscp_and_narrow_cmpxchg_run_natively() {
+    // Linux's TSC synchronisation check at a CPU's bring-up: a
+    // paravirtual spinlock's locked byte CMPXCHG and RDTSCP per
+    // iteration. Translated code reads the TSC itself (cycles plus the
+    // TSC offset in guest mode, IA32_TSC_AUX into ECX, upper halves
+    // cleared) and makes 8- and 16-bit CMPXCHG (locked and not, matching
+    // and not) natively; CR4.TSD and RDTSC exiting go through the
+    // interpreter, which #GPs or exits as it would.
+    let iterations = 300u64;
+    let prog = |a: &mut CodeAssembler| {
+        let mut top = a.create_label();
+        a.mov(rsi, DATA).unwrap();
+        a.mov(rdi, iterations).unwrap();
+        a.mov(r8, 0x0123_4567_89ab_cd01u64).unwrap();
+        a.mov(r9, 0x1111_2222_3333_4444u64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(rdx, u64::MAX).unwrap();
+        a.rdtsc().unwrap();
+        a.add(r13, rax).unwrap();
+        a.add(r14, rdx).unwrap();
+        a.mov(rcx, u64::MAX).unwrap();
+        a.rdtscp().unwrap();
+        a.xor(r15, rcx).unwrap();
+        a.sub(r13, rax).unwrap();
+        a.add(r10, rax).unwrap();
+        a.mov(ebx, edi).unwrap();
+        a.and(ebx, 0x3f).unwrap();
+        // al is memory's value (0, then 1 after a store) or not.
+        a.mov(rax, 0xdead_beef_0000_0000u64).unwrap();
+        a.test(dil, 4).unwrap();
+        a.setz(al).unwrap();
+        a.lock().cmpxchg(byte_ptr(rsi + rbx), r8b).unwrap();
+        a.adc(r12, rax).unwrap();
+        a.mov(rax, rdi).unwrap();
+        a.and(eax, 1).unwrap();
+        a.cmpxchg(word_ptr(rsi + rbx * 2 + 0x400), r9w).unwrap();
+        a.adc(r12, rax).unwrap();
+        a.lock().cmpxchg(byte_ptr(rsi + rbx + 0x800), sil).unwrap();
+        a.adc(r11, rax).unwrap();
+        a.dec(rdi).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    };
+    let aux = 0xabcd_0000_0000_0007;
+    for (name, vmx, tsd) in [
+        ("bare", None, false),
+        (
+            "guest mode with a TSC offset",
+            Some(machine::VmxControls {
+                tsc_offset: -0x1234_5678_9abc,
+                ..controls()
+            }),
+            false,
+        ),
+        (
+            "RDTSC exiting",
+            Some(machine::VmxControls {
+                rdtsc_exiting: true,
+                ..controls()
+            }),
+            false,
+        ),
+        ("CR4.TSD at CPL 0", None, true),
+    ] {
+        let make = || {
+            let mut r = rig(prog);
+            let st = r.cpu.state_mut();
+            st.tsc_aux = aux;
+            if tsd {
+                st.cr4 |= machine::cpu::state::cr4::TSD;
+            }
+            match vmx.clone() {
+                Some(c) => r.guest(c),
+                None => r,
+            }
+        };
+        let (interp, _) = run_rig(Engine::Interp, 1, make());
+        let (jit, stats) = run_rig(Engine::Jit, 1, make());
+        assert_eq!(interp, jit, "{name}");
+        assert_eq!(stats.blocks_failed, 0, "{name}: {stats:?}");
+        if vmx.as_ref().is_some_and(|c| c.rdtsc_exiting) {
+            assert_eq!(jit.exit, VmExit::Rdtsc { rdtscp: false }, "{name}");
+            continue;
+        }
+        assert_eq!(jit.exit, VmExit::Hlt, "{name}");
+        assert_eq!(jit.gpr[1], aux & 0xffff_ffff, "{name}");
+        assert_eq!(jit.gpr[2] >> 32, 0, "{name}");
+        if tsd {
+            // Both TSC reads of every iteration through the interpreter.
+            assert!(stats.call_outs >= 2 * iterations, "{name}: {stats:?}");
+        } else {
+            // First-level TLB misses only.
+            let bound = 40;
+            assert!(
+                stats.call_outs <= bound,
+                "{name}: {} > {bound}",
+                stats.call_outs
+            );
+        }
+    }
+}

@@ -730,8 +730,10 @@ pub(crate) enum Extra {
     /// CLI: IF cleared where CPL is 0 (always allowed there); at any
     /// other CPL the instruction through the interpreter (IOPL check).
     Cli,
-    /// CMPXCHG of a 32- or 64-bit memory operand with `reg` (and
-    /// rax/eax), locked or not, through the inline access for writing.
+    /// CMPXCHG of a memory operand with `reg` (and the accumulator of
+    /// its size; `reg` not AH, CH, DH or BH), locked or not, through the
+    /// inline access for writing. (Linux's paravirtual spinlocks release
+    /// a lock with a locked byte CMPXCHG.)
     CmpxchgM {
         reg: u8,
         size: Size,
@@ -765,6 +767,12 @@ pub(crate) enum Extra {
         m: MemOp,
         locked: bool,
     },
+    /// RDTSC, or RDTSCP (`aux`): the time-stamp counter from the cycle
+    /// count and the TSC offset, as the interpreter reads it; with
+    /// CR4.TSD set, RDTSC exiting on or events pending, the instruction
+    /// through the interpreter. (Linux's TSC synchronisation check at each CPU's
+    /// bring-up reads it in a loop, once per iteration.)
+    Rdtsc { aux: bool },
     /// MOVAPS, MOVAPD, MOVDQA (`aligned`), MOVUPS, MOVUPD or MOVDQU (legacy
     /// SSE encodings) of a whole XMM register: to another, or to or from
     /// 16 bytes of memory through the inline access.
@@ -854,15 +862,15 @@ fn bit_op(m: iced_x86::Mnemonic) -> BitOp {
     }
 }
 
-/// CMPXCHG or XADD of a 32- or 64-bit memory operand with a register,
-/// with or without LOCK (nothing else with LOCK has a form).
+/// CMPXCHG (of any size) or XADD (32 or 64 bits) of a memory operand
+/// with a register, with or without LOCK (nothing else with LOCK has a
+/// form).
 fn locked_form(i: &iced_x86::Instruction) -> Option<Extra> {
     use iced_x86::{Mnemonic as M, OpKind};
     if i.op0_kind() != OpKind::Memory || i.op1_kind() != OpKind::Register {
         return None;
     }
-    let (reg, _) = wide_gpr(i.op1_register())?;
-    let size = wide_memory(i)?;
+    let (reg, size) = crate::cpu::fast::gpr(i.op1_register())?;
     let m = crate::cpu::fast::mem_operand(i)?;
     let locked = i.has_lock_prefix();
     match i.mnemonic() {
@@ -872,7 +880,7 @@ fn locked_form(i: &iced_x86::Instruction) -> Option<Extra> {
             m,
             locked,
         }),
-        M::Xadd => Some(Extra::XaddM {
+        M::Xadd if matches!(size, Size::B4 | Size::B8) => Some(Extra::XaddM {
             reg,
             size,
             m,
@@ -886,6 +894,9 @@ fn locked_form(i: &iced_x86::Instruction) -> Option<Extra> {
 pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
     use iced_x86::{Mnemonic as M, OpKind};
     let i = &op.insn;
+    if op.fast == Fast::System(SystemOp::Rdtsc) {
+        return Some(Extra::Rdtsc { aux: false });
+    }
     if op.fast != Fast::Generic || i.has_rep_prefix() || i.has_repne_prefix() {
         return None;
     }
@@ -918,6 +929,7 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
             (seg < 6).then_some(Extra::MovFromSegment { dst, seg })
         }
         M::Cli => Some(Extra::Cli),
+        M::Rdtscp => Some(Extra::Rdtsc { aux: true }),
         M::Bt | M::Bts | M::Btr | M::Btc
             if i.op0_kind() == OpKind::Memory && i.op1_kind() == OpKind::Register =>
         {
@@ -1182,6 +1194,7 @@ impl Emitter {
             }
             Extra::SetccM { code, m } => self.setcc_mem(k, ip, code, &m),
             Extra::Cli => self.cli(k),
+            Extra::Rdtsc { aux } => self.rdtsc(k, aux),
             Extra::Leave => self.leave(k, ip),
             Extra::BitTestMR { op, size, m, src } => self.bit_test_reg(k, ip, op, size, &m, src),
             Extra::BitTestI {
@@ -1493,6 +1506,53 @@ impl Emitter {
         Ok(self.a.je(full)?)
     }
 
+    /// RDTSC, or RDTSCP (`aux`), as `Cpu::exec_rdtsc`: CR4.TSD set (a
+    /// #GP outside ring 0), RDTSC exiting on or events pending (the
+    /// interpreter leaves the block after it) goes to the interpreter;
+    /// else the TSC, `cycles` plus the TSC offset (none outside guest
+    /// mode), goes to EDX:EAX, and for RDTSCP IA32_TSC_AUX to ECX (each
+    /// a 32-bit write, zero-extended). No flag changes.
+    fn rdtsc(&mut self, k: usize, aux: bool) -> Result<(), NotTranslated> {
+        use crate::vmx::VmxControls;
+        let (full, mut cont) = self.begin_inline()?;
+        self.a.test(
+            dword_ptr(rbx + self.o.cr4),
+            crate::cpu::state::cr4::TSD as i32,
+        )?;
+        self.a.jne(full)?;
+        self.a.cmp(byte_ptr(rbx + self.o.check_events), 0)?;
+        self.a.jne(full)?;
+        let mut outside_guest_mode = self.a.create_label();
+        self.a.xor(eax, eax)?;
+        self.a.mov(rcx, qword_ptr(rbx + self.o.vmx))?;
+        self.a.test(rcx, rcx)?;
+        self.a.je(outside_guest_mode)?;
+        let exiting = std::mem::offset_of!(VmxControls, rdtsc_exiting) as i32;
+        self.a.cmp(byte_ptr(rcx + exiting), 0)?;
+        self.a.jne(full)?;
+        let offset = std::mem::offset_of!(VmxControls, tsc_offset) as i32;
+        self.a.mov(rax, qword_ptr(rcx + offset))?;
+        self.a.set_label(&mut outside_guest_mode)?;
+        self.a.add(rax, qword_ptr(rbx + self.o.cycles))?;
+        self.a.mov(rcx, rax)?;
+        self.a.shr(rcx, 32)?;
+        self.a.mov(eax, eax)?;
+        let low = self.g(0)?;
+        self.add(Instruction::with2(Code::Mov_rm64_r64, low, Register::RAX))?;
+        let high = self.g(2)?;
+        self.add(Instruction::with2(Code::Mov_rm64_r64, high, Register::RCX))?;
+        if aux {
+            self.a.mov(eax, dword_ptr(rbx + self.o.tsc_aux))?;
+            let aux_slot = self.g(1)?;
+            self.add(Instruction::with2(
+                Code::Mov_rm64_r64,
+                aux_slot,
+                Register::RAX,
+            ))?;
+        }
+        self.end_inline(k, full, &mut cont, false)
+    }
+
     /// CLI at CPL 0 clears IF in the state, as the interpreter does where
     /// CPL <= IOPL always holds; at another CPL, or with events to check,
     /// the interpreter runs it (as SWAPGS). The guest flags are written
@@ -1517,7 +1577,7 @@ impl Emitter {
     ) -> Result<(CodeLabel, CodeLabel, CodeLabel, CodeLabel), NotTranslated> {
         let (full, cont, miss, retry) = self.begin_filled()?;
         self.lea(m)?;
-        if locked {
+        if locked && size != Size::B1 {
             self.a.test(eax, size.bytes() as i32 - 1)?;
             self.a.jne(full)?;
         }
@@ -1706,7 +1766,12 @@ impl Emitter {
         let (full, mut cont, miss, retry) = self.begin_read_modify_write(size, m, locked)?;
         self.load(SEC, reg, size)?;
         self.load(ACC, 0, Size::B8)?;
-        let code = [Code::Cmpxchg_rm32_r32, Code::Cmpxchg_rm64_r64][(size == Size::B8) as usize];
+        let code = [
+            Code::Cmpxchg_rm8_r8,
+            Code::Cmpxchg_rm16_r16,
+            Code::Cmpxchg_rm32_r32,
+            Code::Cmpxchg_rm64_r64,
+        ][si(size)];
         self.read_modify_write_with_rcx(code, size, locked)?;
         let mut mismatch = self.a.create_label();
         self.a.jne(mismatch)?;

@@ -209,6 +209,12 @@ pub(crate) struct Offsets {
     pub cr0: i32,
     pub cr4: i32,
     pub xmm: i32,
+    /// `state.tsc_aux` (IA32_TSC_AUX, what RDTSCP puts in ECX) and
+    /// `Cpu::vmx`, an `Option<Box<VmxControls>>`: a pointer, null when
+    /// `None` (Rust guarantees that layout), for RDTSC and RDTSCP
+    /// (`forms::Extra::Rdtsc`).
+    pub tsc_aux: i32,
+    pub vmx: i32,
 }
 
 /// Slots of the chaining table (3 MiB of entries per CPU). A chaining
