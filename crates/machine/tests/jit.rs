@@ -1836,7 +1836,7 @@ fn atomics_setcc_bswap_segment_reads_prefetch_and_cli_run_natively() {
     // CMPXCHG and XADD of memory (locked and not, matching and not; the
     // 32-bit forms with junk in rax's upper half), SETcc of memory,
     // BT/BTS/BTR/BTC with an immediate or a register offset, LEAVE,
-    // the fences, BSWAP, MOV from SS and CS, PREFETCH and CLI at CPL 0: translated
+    // the fences, BSWAP, MOV from SS, CS and DS (to 16-bit registers too), PREFETCH and CLI at CPL 0: translated
     // code runs them itself, with the flags they set live after them. A
     // misaligned locked CMPXCHG goes through the interpreter (not atomic
     // there, no locked cost).
@@ -1876,6 +1876,10 @@ fn atomics_setcc_bswap_segment_reads_prefetch_and_cli_run_natively() {
         a.mov(eax, ss).unwrap();
         a.add(r15, rax).unwrap();
         a.mov(rdx, cs).unwrap();
+        a.add(r15, rdx).unwrap();
+        // 16-bit: the upper 48 bits kept.
+        a.mov(r9w, ds).unwrap();
+        a.mov(dx, ss).unwrap();
         a.add(r15, rdx).unwrap();
         a.prefetcht0(byte_ptr(rsi + rbx * 64)).unwrap();
         // Bit tests with an immediate: CF only, the other flags kept.

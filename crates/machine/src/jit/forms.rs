@@ -722,8 +722,10 @@ pub(crate) enum Extra {
     /// BSWAP of a 32- or 64-bit register (no flags).
     Bswap { dst: u8, size: Size },
     /// MOV of segment register `seg` (iced's order: ES CS SS DS FS GS)
-    /// to a 32- or 64-bit register: the selector, zero-extended.
-    MovFromSegment { dst: u8, seg: u8 },
+    /// to a register: the selector, zero-extended to 32 or 64 bits, or
+    /// in the low 16 bits (`size` B2; Linux saves DS, ES, FS and GS so
+    /// at each context switch).
+    MovFromSegment { dst: u8, seg: u8, size: Size },
     /// SETcc of a byte of memory: the condition from the guest flags,
     /// stored through the inline access for writing.
     SetccM { code: Code, m: MemOp },
@@ -924,9 +926,9 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
                 && i.op1_kind() == OpKind::Register
                 && i.op1_register().is_segment_register() =>
         {
-            let (dst, _) = wide_gpr(i.op0_register())?;
+            let (dst, size) = crate::cpu::fast::gpr(i.op0_register())?;
             let seg = i.op1_register() as u8 - Register::ES as u8;
-            (seg < 6).then_some(Extra::MovFromSegment { dst, seg })
+            (seg < 6 && size != Size::B1).then_some(Extra::MovFromSegment { dst, seg, size })
         }
         M::Cli => Some(Extra::Cli),
         M::Rdtscp => Some(Extra::Rdtsc { aux: true }),
@@ -1183,14 +1185,14 @@ impl Emitter {
                 self.add(Instruction::with1(code, ACC[si(size)]))?;
                 self.store_acc(dst, size)
             }
-            Extra::MovFromSegment { dst, seg } => {
+            Extra::MovFromSegment { dst, seg, size } => {
                 // movzx does not touch the flags.
                 let sel = MemoryOperand::with_base_displ(
                     Register::RBX,
                     self.o.selectors[seg as usize] as i64,
                 );
                 self.add(Instruction::with2(Code::Movzx_r32_rm16, Register::EAX, sel))?;
-                self.store_acc(dst, Size::B8)
+                self.store_acc(dst, if size == Size::B2 { size } else { Size::B8 })
             }
             Extra::SetccM { code, m } => self.setcc_mem(k, ip, code, &m),
             Extra::Cli => self.cli(k),
