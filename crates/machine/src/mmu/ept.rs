@@ -268,6 +268,8 @@ fn ept_walk_once(
     let mut used = [(Hpa(0), 0u64); 4];
     let mut used_count = 0;
     let mut perm_bits = epte::READ | epte::WRITE | epte::EXEC;
+    // The AND of the entries: whether all have their accessed flag set.
+    let mut and_bits = !0u64;
     let mut table = eptp.pml4();
     let mut level = 3u32;
     let size = loop {
@@ -278,6 +280,7 @@ fn ept_walk_once(
 
         let entry_perms = entry & (epte::READ | epte::WRITE | epte::EXEC);
         perm_bits &= entry_perms;
+        and_bits &= entry;
         if entry_perms == 0 {
             return Err(violation(gpa, kind, EptPerms::NONE, gla));
         }
@@ -300,7 +303,12 @@ fn ept_walk_once(
 
     let leaf_index = used_count - 1;
     let mut leaf = used[leaf_index].1;
-    if eptp.ad_enabled() {
+    // Every flag the walk would set is set already (the usual case): the
+    // A/D pass below would change nothing, log nothing, and not look at
+    // the PML index.
+    let flags_set =
+        and_bits & epte::ACCESSED != 0 && (kind != AccessKind::Write || leaf & epte::DIRTY != 0);
+    if eptp.ad_enabled() && !flags_set {
         let wanted = |i: usize, value: u64| {
             let dirty = if i == leaf_index && kind == AccessKind::Write {
                 epte::DIRTY

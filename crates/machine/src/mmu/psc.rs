@@ -222,6 +222,26 @@ impl<T: Copy> Sets<T> {
                 .all(|(i, slot)| slot.is_some() == ((self.occupied[i / 64] >> (i % 64)) & 1 != 0))
     }
 
+    /// Empties the slots of `key`'s set whose entry `drop` picks (an entry
+    /// lives only in the set of the key it was inserted with).
+    fn remove_in_set(&mut self, key: u64, drop: impl Fn(&T) -> bool) {
+        if self.used == 0 {
+            return;
+        }
+        let set = self.set_of(key);
+        let mut ways = self.occupied_ways(set);
+        while ways != 0 {
+            let way = ways.trailing_zeros() as usize;
+            ways &= ways - 1;
+            let slot = set * PscConfig::WAYS + way;
+            if self.slots[slot].as_ref().is_some_and(&drop) {
+                self.slots[slot] = None;
+                self.used -= 1;
+                self.occupied[slot / 64] &= !(1 << (slot % 64));
+            }
+        }
+    }
+
     /// Empties every slot whose entry `keep` rejects, visiting only the
     /// occupied slots.
     fn retain(&mut self, keep: impl Fn(&T) -> bool) {
@@ -609,12 +629,13 @@ impl Psc {
         self.stats.rewalks += 1;
         for level in 1..=3u32 {
             let tag = Self::upper_tag(ctx, gva, level);
-            self.upper[level as usize - 1].retain(|e| e.tag != tag);
+            self.upper[level as usize - 1].remove_in_set(tag.prefix, |e| e.tag == tag);
         }
         if let (Some(gpa), Some(eptp)) = (ept_gpa, ctx.ept) {
             let gfn = gpa.0 >> PageSize::Size4K.shift();
             self.memo.generation += 1;
-            self.gpa.retain(|m| !(m.gfn == gfn && m.eptp == eptp.0));
+            self.gpa
+                .remove_in_set(gfn, |m| m.gfn == gfn && m.eptp == eptp.0);
         }
     }
 

@@ -475,3 +475,69 @@ fn the_structure_memo_answers_as_a_probe() {
         "{memo_answers} {changes}"
     );
 }
+
+/// A fault drops the PSC entries of its linear address and the
+/// guest-physical mapping of its EPT page, and nothing else: with sets
+/// shared by many addresses, after each fault every other address still
+/// starts its walk and translates as before, and the bookkeeping matches
+/// the slots.
+#[test]
+fn a_fault_drops_exactly_the_entries_of_its_address() {
+    use super::ept::{EptPerms, EptTranslation};
+    use super::psc::{Psc, UpperFill};
+    use crate::vmx::Eptp;
+    let mut psc = Psc::new(PscConfig {
+        entries: 16,
+        gpa_entries: 16,
+    });
+    let m = TestMachine::new();
+    let eptp = Eptp::new(Hpa(0x10_0000), true);
+    let ctx = m.ctx(regs(0x1000), Some(eptp), VPID);
+    // Linear addresses one PML4E apart (a PDE, PDPTE and PML4E entry
+    // each), and guest-physical pages, more of both than the sets hold
+    // apart.
+    let gvas: Vec<u64> = (0..12u64).map(|i| i << 39).collect();
+    let gpas: Vec<Gpa> = (0..12u64).map(|i| Gpa(i * 0x2000)).collect();
+    let fill = |psc: &mut Psc| {
+        for &gva in &gvas {
+            let fills = [3u32, 2, 1].map(|level| UpperFill {
+                level,
+                next: Gpa(0x3000 * u64::from(level)),
+                perms: super::paging::GuestPerms::ALL,
+                refs: u64::from(4 - level) * 5,
+            });
+            psc.fill_upper(&ctx, gva, &fills);
+        }
+        for (i, &gpa) in gpas.iter().enumerate() {
+            let t = EptTranslation {
+                hpa: Hpa(0x40_0000 + i as u64 * 0x1000),
+                perms: EptPerms::ALL,
+                page_size: PageSize::Size4K,
+                dirty_recorded: true,
+            };
+            psc.gpa_fill(eptp, gpa, &t);
+        }
+    };
+    let starts = |psc: &Psc| -> Vec<Option<u32>> {
+        gvas.iter()
+            .map(|&gva| psc.peek_start(&ctx, gva).map(|s| s.level))
+            .collect()
+    };
+    let mappings = |psc: &Psc| -> Vec<Option<Hpa>> {
+        gpas.iter()
+            .map(|&gpa| psc.gpa_peek(eptp, gpa, AccessKind::Read).map(|t| t.hpa))
+            .collect()
+    };
+    for victim in 0..gvas.len() {
+        fill(&mut psc);
+        let (mut want_starts, mut want_maps) = (starts(&psc), mappings(&psc));
+        assert!(want_starts.iter().filter(|s| s.is_some()).count() >= 4);
+        assert!(want_maps.iter().filter(|s| s.is_some()).count() >= 8);
+        psc.fault(&ctx, gvas[victim], Some(gpas[victim]));
+        want_starts[victim] = None;
+        want_maps[victim] = None;
+        assert_eq!(starts(&psc), want_starts, "fault at {victim}");
+        assert_eq!(mappings(&psc), want_maps, "fault at {victim}");
+        assert!(psc.consistent());
+    }
+}
