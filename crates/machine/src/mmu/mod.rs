@@ -279,7 +279,6 @@ pub(crate) fn translate_miss(
             commit_cached_walk(tlb, ctx, gva, &w, &fills, final_ept.is_some());
             *walk_refs += w.refs + final_refs;
             let hpa = final_ept.map_or(Hpa(w.guest.gpa.0), |t| t.hpa);
-            prefetch_access(ctx.mem, hpa, access.kind);
             tlb.insert(
                 ctx,
                 gva,
@@ -293,31 +292,6 @@ pub(crate) fn translate_miss(
         }
     }
     translate_miss_walk(tlb, ctx, gva, access, walk_refs)
-}
-
-/// Starts loading the host cache lines the access of `kind` at `hpa`, just
-/// translated by a walk, is about to touch: the byte itself and, for a
-/// write, its frame's code mark (which the store checks). A TLB miss is
-/// usually a host cache miss on its data too, and the bookkeeping between
-/// the walk and the access (caching the translation, filling the TLB and
-/// the first-level TLB) hides part of its latency. A hint only: nothing in
-/// the model changes.
-#[inline(always)]
-fn prefetch_access(mem: &PhysMemory, hpa: Hpa, kind: AccessKind) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let (base, code_frames, _) = mem.jit_view();
-        let data = base.wrapping_add(hpa.0 as usize);
-        // SAFETY: a prefetch neither faults nor writes, whatever the address
-        // (`wrapping_add` forms it without dereferencing).
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(data.cast_const().cast()) };
-        if kind == AccessKind::Write {
-            let mark = code_frames.wrapping_add((hpa.0 >> 12) as usize);
-            // SAFETY: as above.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(mark.cast()) };
-        }
-    }
 }
 
 /// Counts and caches what the general walk's guest part would have for
@@ -374,7 +348,6 @@ fn translate_miss_final_ept(
         &mut refs,
     ) {
         Ok(t) => {
-            prefetch_access(ctx.mem, t.hpa, access.kind);
             *walk_refs += refs;
             tlb.psc.gpa_fill(eptp, gpa, &t);
             tlb.insert(
