@@ -2131,3 +2131,68 @@ fn rdtsc_rdtscp_and_narrow_cmpxchg_run_natively() {
         }
     }
 }
+
+/// Self-loops whose back edge keeps written guest registers dirty in host
+/// registers (not stored per iteration; `jit/regs.rs`): wherever the loop
+/// is interrupted — a cycle limit reached at the back edge's check, a
+/// first-level miss of its load (the fill's slow path), the #PF of the
+/// load past the mapped memory — the registers must be the
+/// interpreter's. One loop fits the host registers (flags live at entry:
+/// ADC first), the other writes more guest registers than there are host
+/// ones (evictions inside the loop, flags dead at entry).
+#[test]
+fn self_loops_keeping_dirty_registers_store_them_on_every_way_out() {
+    let prog = |a: &mut CodeAssembler| {
+        let mut l1 = a.create_label();
+        let mut l2 = a.create_label();
+        a.mov(ecx, 3000u32).unwrap();
+        a.mov(rdx, 0x9e37_79b9_7f4a_7c15u64).unwrap();
+        a.set_label(&mut l1).unwrap();
+        a.adc(rax, rdx).unwrap();
+        a.imul_2(rdx, rax).unwrap();
+        a.lea(r8, qword_ptr(rax + rdx * 4 + 3)).unwrap();
+        a.xor(r9d, r8d).unwrap();
+        a.dec(ecx).unwrap();
+        a.jnz(l1).unwrap();
+        // 8-byte slots 0x808 apart: a new page every other iteration, the
+        // load of the 400th iteration past the end of memory.
+        a.mov(ecx, 450u32).unwrap();
+        a.mov(rsi, MEM - 200 * 0x1010).unwrap();
+        a.set_label(&mut l2).unwrap();
+        a.mov(r10, qword_ptr(rsi)).unwrap();
+        a.add(r10, rcx).unwrap();
+        a.mov(r11, r10).unwrap();
+        a.shr(r11, 3).unwrap();
+        a.imul_2(r12, r11).unwrap();
+        a.add(r12, 1).unwrap();
+        a.mov(r13, r12).unwrap();
+        a.shl(r13, 5).unwrap();
+        a.add(r14, r13).unwrap();
+        a.xor(rbx, r14).unwrap();
+        a.add(rdi, rbx).unwrap();
+        a.mov(qword_ptr(rsi), rdi).unwrap();
+        a.lea(rsi, qword_ptr(rsi + 0x808)).unwrap();
+        a.sub(ecx, 1).unwrap();
+        a.jnz(l2).unwrap();
+        a.hlt().unwrap();
+    };
+    let (o, stats) = both(prog);
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[15], 0x1000 + 14, "the #PF handler ran");
+    assert!(
+        o.gpr[1] > 0 && o.gpr[1] < 100,
+        "the loop stopped at the fault"
+    );
+    assert!(stats.blocks_translated >= 2, "{stats:?}");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    for step in [101, 331, 1013] {
+        let (interp, _) = run_stepped(Engine::Interp, 1, step, prog);
+        let (jit, stats) = run_stepped(Engine::Jit, 1, step, prog);
+        assert_eq!(interp.last().unwrap().0, VmExit::Hlt, "step {step}");
+        assert!(interp.len() > 10, "step {step}");
+        assert_eq!(interp, jit, "interp vs jit, step {step}");
+        let (jit2, _) = run_stepped(Engine::Jit, 2, step, prog);
+        assert_eq!(interp, jit2, "interp vs jit (second run), step {step}");
+        assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    }
+}

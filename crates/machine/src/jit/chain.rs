@@ -25,11 +25,11 @@ impl Emitter {
     /// (its first-level iTLB slot and chaining-table slot computed now);
     /// a loop to the block's own start goes to the block's self-loop exit.
     pub(super) fn leave_to(&mut self, k: usize, target: u64) -> Result<(), NotTranslated> {
-        // Whatever comes next looks at the `Cpu` (`jit/regs.rs`).
-        self.flush_regs()?;
         if self.is_self_loop(target) {
             return self.self_loop_exit(k, None);
         }
+        // Whatever comes next looks at the `Cpu` (`jit/regs.rs`).
+        self.flush_regs()?;
         self.a.mov(rax, target)?;
         let o = self.o;
         let n = k as u32 + 1;
@@ -69,7 +69,6 @@ impl Emitter {
     /// (`flags::flags_live_at_entry`): there they are kept in r15 and only
     /// written back on the ways that leave (see [`Self::self_loop_exit`]).
     pub(super) fn exit_to(&mut self, k: usize, target: u64) -> Result<(), NotTranslated> {
-        self.flush_regs()?;
         if self.loop_live && self.is_self_loop(target) {
             // The loop top takes the flags in r15 (AF made exact there).
             let af_clear = if !self.dirty {
@@ -142,6 +141,8 @@ impl Emitter {
         let out = self.a.create_label();
         let miss = self.a.create_label();
         let n = k as u32 + 1;
+        // r9 is the cycle count below.
+        let kept = self.loop_back_keep(&[Register::R9])?;
         self.a.mov(r9, n as u64 * o.instruction_cost)?;
         self.a.add(r9, qword_ptr(rbx + o.cycles))?;
         self.a.cmp(r9, qword_ptr(rbx + o.jit_deadline))?;
@@ -173,9 +174,11 @@ impl Emitter {
         // was the cycle count).
         self.loop_back_regs(&[Register::R9])?;
         self.a.jmp(self.loop_top)?;
-        // The ways out: the flags written back, rax the target.
+        // The ways out: the guest registers kept dirty stored, the flags
+        // written back, rax the target.
         for (mut l, to_miss) in [(miss, true), (out, false)] {
             self.a.set_label(&mut l)?;
+            self.store_dirty(&kept)?;
             if let Some(af_clear) = saved {
                 self.capture_saved(af_clear)?;
             }

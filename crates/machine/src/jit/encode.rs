@@ -31,6 +31,7 @@
 //! runs it when [`set_verify_encoding`] or `FAULTLINE_JIT_VERIFY` asks.
 
 use super::NotTranslated;
+use crate::cpu::code_cache::Block;
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, ConditionCode, Decoder, DecoderOptions, Encoder,
     Instruction, InstructionBlock, OpKind, Register,
@@ -903,7 +904,8 @@ pub(super) fn verify_encoding() -> bool {
 /// prints the translation of the block there to stderr, one host
 /// instruction a line, from `entry` (the chained entry) marked: a
 /// developer's view of what the emitter makes of a block. Host side only.
-pub(super) fn disassemble_if_asked(rip: u64, code: &[u8], entry: usize) {
+pub(super) fn disassemble_if_asked(block: &Block, code: &[u8], entry: usize) {
+    let rip = block.rip;
     let Some(want) = std::env::var_os("FAULTLINE_JIT_DISASM") else {
         return;
     };
@@ -914,8 +916,13 @@ pub(super) fn disassemble_if_asked(rip: u64, code: &[u8], entry: usize) {
     }
     use iced_x86::{Formatter, IntelFormatter};
     let mut text = format!("jit: block {rip:#x}: {} bytes\n", code.len());
-    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
     let mut formatter = IntelFormatter::new();
+    for op in &block.insns {
+        text.push_str(&format!("  guest {:x}  ", op.insn.ip()));
+        formatter.format(&op.insn, &mut text);
+        text.push('\n');
+    }
+    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
     for insn in &mut decoder {
         let mark = if insn.ip() == entry as u64 { '>' } else { ' ' };
         text.push_str(&format!("{mark}{:5x}  ", insn.ip()));

@@ -278,8 +278,10 @@ impl Emitter {
                         match held {
                             Some(h) => self.with_gpr(code, h[si(size)], src, size)?,
                             None => {
+                                // (16 bits: the source may be in a host
+                                // register, dirty.)
                                 self.load(ACC, dst, size)?;
-                                self.add(Instruction::with2(code, ACC[si(size)], g))?;
+                                self.with_gpr(code, ACC[si(size)], src, size)?;
                             }
                         }
                     }

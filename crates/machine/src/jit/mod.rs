@@ -447,7 +447,7 @@ pub(crate) fn translate(
     if let Some(at) = seen.filter(|at| !at.is_empty()) {
         (code, entry, _) = translate_with(block, o, helpers, user, Some(at))?;
     }
-    encode::disassemble_if_asked(block.rip, &code, entry);
+    encode::disassemble_if_asked(block, &code, entry);
     Ok((code, entry))
 }
 

@@ -28,8 +28,11 @@
 //!   host registers or call into Rust): [`Emitter::regs_off`] stores
 //!   them, then runs that instruction with the cache off and empty;
 //! - on every way out of the block (`Emitter::exit_to` and
-//!   `Emitter::leave_to`, which also serve a taken branch, a chained exit
-//!   with its cycle check and the loop back to the block's own start);
+//!   `Emitter::leave_to`, which also serve a taken branch and a chained
+//!   exit with its cycle check); the loop back to the block's own start
+//!   is no way out: the registers its loop top takes dirty in the same
+//!   host registers stay there, and only the ways out of its checks
+//!   store them ([`Emitter::loop_back_keep`]);
 //! - on an inline access's slow path, before its calls into Rust (the
 //!   fill, whose fault leaves the block, and the interpreter): the
 //!   registers dirty where the fast path branched there
@@ -41,8 +44,9 @@
 //! - a write of the guest register that does not go through the pool
 //!   forgets that register ([`Emitter::forget_reg`], after `g` stored
 //!   it);
-//! - the block's entry (also that of chained blocks and of a block's loop
-//!   to itself) starts with no register dirty;
+//! - the block's entry (also that of chained blocks) starts with no
+//!   register newer than the `Cpu`: those a self-loop's top holds are
+//!   loaded there (marked dirty when the back edge keeps them so);
 //! - an inline access's slow path calls into Rust, which clobbers these
 //!   registers: before it goes back to probe again or on after the
 //!   instruction it reloads, from the `Cpu`, every register the fast path
@@ -364,38 +368,62 @@ impl Emitter {
         self.regs = Regs::default();
     }
 
-    /// Before a loop back to the loop top (every dirty register stored
-    /// already): the host registers hold the guest registers the top
-    /// expects (`Emitter::preload`), reloaded from the `Cpu` where they
-    /// are not already there or were `clobbered` since. Notes the first
-    /// mapping found at a loop back (what the second translation
-    /// preloads).
-    pub(super) fn loop_back_regs(&mut self, clobbered: &[Register]) -> Result<(), NotTranslated> {
-        debug_assert!(self.regs.is_clean());
-        let now = if self.regs.on {
-            self.regs
-        } else {
-            Regs::default()
-        };
+    /// At a loop back to the loop top, before its checks (which clobber
+    /// `clobbered`): stores every dirty register the loop top does not
+    /// take dirty in the same host register (`Emitter::preload`); those
+    /// it does stay dirty across the back edge, and the ways out of the
+    /// checks store them (the answer: what they are to store, see
+    /// [`Self::store_dirty`]). Notes the first mapping found at a loop
+    /// back (what the second translation preloads).
+    pub(super) fn loop_back_keep(&mut self, clobbered: &[Register]) -> Result<Regs, NotTranslated> {
+        if !self.regs.on {
+            debug_assert!(self.regs.is_clean());
+            self.regs = Regs::default();
+        }
         if self.loop_seen.is_none() {
-            let mut seen = now;
+            let mut seen = self.regs;
             seen.acc = None;
             for (p, h) in seen.held.iter_mut().enumerate() {
                 if clobbered.contains(&POOL[p][3]) {
                     *h = None;
+                    seen.dirty[p] = false;
                 }
             }
             self.loop_seen = Some(seen);
         }
         let want = self.preload;
+        for (p, host) in POOL.iter().enumerate() {
+            let kept = self.regs.held[p].is_some()
+                && want.held[p] == self.regs.held[p]
+                && want.dirty[p]
+                && !clobbered.contains(&host[3]);
+            if self.regs.dirty[p] && !kept {
+                self.store_pool(p)?;
+            }
+        }
+        Ok(self.regs)
+    }
+
+    /// After [`Self::loop_back_keep`] and the checks, before the jump to
+    /// the loop top: the host registers hold the guest registers the top
+    /// expects, reloaded from the `Cpu` where they are not already there
+    /// or were `clobbered` since (the `Cpu` is exact for them: every
+    /// dirty register not kept in place was stored). The jump follows:
+    /// no code after it has this mapping (the ways out of the checks store
+    /// what `loop_back_keep` answered), so nothing is left dirty.
+    pub(super) fn loop_back_regs(&mut self, clobbered: &[Register]) -> Result<(), NotTranslated> {
+        let now = self.regs;
+        let want = self.preload;
         for (p, h) in want.held.iter().enumerate() {
             if let Some(idx) = *h {
                 if now.held[p] != Some(idx) || clobbered.contains(&POOL[p][3]) {
+                    debug_assert!(!now.dirty[p]);
                     let m = self.slot(idx);
                     self.add(Instruction::with2(Code::Mov_r64_rm64, POOL[p][3], m))?;
                 }
             }
         }
+        self.regs.dirty = [false; POOL.len()];
         Ok(())
     }
 
