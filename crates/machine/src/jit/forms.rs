@@ -819,7 +819,6 @@ fn xmm_move(i: &iced_x86::Instruction) -> Option<Extra> {
     Some(Extra::XmmMove { dst, src, aligned })
 }
 
-/// A full-width register operand (32 or 64 bits): its index.
 /// The host instruction of an extension from `ssize` (MOVZX, MOVSX,
 /// MOVSXD, or a plain move), and the register it writes (32-bit moves
 /// zero-extend).
@@ -835,6 +834,7 @@ fn extend_code(ssize: Size, signed: bool) -> (Code, Register) {
     }
 }
 
+/// A full-width register operand (32 or 64 bits): its index.
 fn wide_gpr(r: Register) -> Option<(u8, Size)> {
     let size = if r.is_gpr64() {
         Size::B8
@@ -1541,18 +1541,11 @@ impl Emitter {
         self.a.mov(rcx, rax)?;
         self.a.shr(rcx, 32)?;
         self.a.mov(eax, eax)?;
-        let low = self.g(0)?;
-        self.add(Instruction::with2(Code::Mov_rm64_r64, low, Register::RAX))?;
-        let high = self.g(2)?;
-        self.add(Instruction::with2(Code::Mov_rm64_r64, high, Register::RCX))?;
+        self.store_from(ACC, 0, Size::B4)?;
+        self.store_from(SEC, 2, Size::B4)?;
         if aux {
             self.a.mov(eax, dword_ptr(rbx + self.o.tsc_aux))?;
-            let aux_slot = self.g(1)?;
-            self.add(Instruction::with2(
-                Code::Mov_rm64_r64,
-                aux_slot,
-                Register::RAX,
-            ))?;
+            self.store_from(ACC, 1, Size::B4)?;
         }
         self.end_inline(k, full, &mut cont, false)
     }
@@ -1784,8 +1777,7 @@ impl Emitter {
         }
         self.a.jmp(cont)?;
         self.a.set_label(&mut mismatch)?;
-        let acc = self.g(0)?;
-        self.add(Instruction::with2(Code::Mov_rm64_r64, acc, Register::RAX))?;
+        self.store_from(ACC, 0, Size::B8)?;
         self.a.set_label(&mut cont)?;
         self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::Host);
         self.wrote_flags(false);

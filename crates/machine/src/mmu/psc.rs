@@ -235,11 +235,17 @@ impl<T: Copy> Sets<T> {
             ways &= ways - 1;
             let slot = set * PscConfig::WAYS + way;
             if self.slots[slot].as_ref().is_some_and(&drop) {
-                self.slots[slot] = None;
-                self.used -= 1;
-                self.occupied[slot / 64] &= !(1 << (slot % 64));
+                self.vacate(slot);
             }
         }
+    }
+
+    /// Empties occupied `slot`, keeping `used` and `occupied` with it.
+    #[inline(always)]
+    fn vacate(&mut self, slot: usize) {
+        self.slots[slot] = None;
+        self.used -= 1;
+        self.occupied[slot / 64] &= !(1 << (slot % 64));
     }
 
     /// Empties every slot whose entry `keep` rejects, visiting only the
@@ -255,9 +261,7 @@ impl<T: Copy> Sets<T> {
                 bits &= bits - 1;
                 let slot = word * 64 + bit;
                 if self.slots[slot].as_ref().is_some_and(|v| !keep(v)) {
-                    self.slots[slot] = None;
-                    self.used -= 1;
-                    self.occupied[word] &= !(1 << bit);
+                    self.vacate(slot);
                 }
             }
         }
