@@ -319,10 +319,13 @@ impl Emitter {
                     self.flags_clobbered();
                     return Ok(());
                 }
-                self.a.pushfq()?;
+                // The store is MOVs only: the host flags survive it. CF
+                // and OF are equal after IMUL: rcx = OF ? 0x801 : 0
+                // (SETO, not PUSHFQ, which the host runs far slower).
                 store(self)?;
-                self.a.pop(rcx)?;
-                self.a.and(ecx, 0x801)?;
+                self.a.seto(cl)?;
+                self.a.movzx(ecx, cl)?;
+                self.a.imul_3(ecx, ecx, 0x801)?;
                 let fl = self.field(self.o.rflags);
                 self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RDX, fl))?;
                 self.a.and(rdx, !0x801i32)?;
@@ -505,9 +508,13 @@ impl Emitter {
         size: Size,
         result: Register,
     ) -> Result<(), NotTranslated> {
-        // rcx = host flags with AF set and OF clear.
-        self.a.pushfq()?;
-        self.a.pop(rcx)?;
+        // rcx = host flags with AF set and OF clear. LAHF, not PUSHFQ
+        // (which stalls far longer on the host), with rax kept in rdx:
+        // MOV and MOVZX leave the flags alone.
+        self.a.mov(rdx, rax)?;
+        self.a.lahf()?;
+        self.a.movzx(ecx, ah)?;
+        self.a.mov(rax, rdx)?;
         self.a.and(ecx, (ARITH & !0x800) as i32)?;
         self.a.or(ecx, AF as i32)?;
         let bits = size.bits();
@@ -1949,13 +1956,14 @@ impl Emitter {
         };
         let g = self.g(src)?;
         self.add(Instruction::with1(code, g))?;
-        self.a.pushfq()?;
+        // CF and OF are equal after MUL/IMUL: rcx = OF ? CF | OF : 0.
+        self.a.seto(cl)?;
+        self.a.movzx(ecx, cl)?;
+        self.a.imul_3(ecx, ecx, (CF | OF) as i32)?;
         let g0 = self.g(0)?;
         let g2 = self.g(2)?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, g0, Register::RAX))?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, g2, Register::RDX))?;
-        self.a.pop(rcx)?;
-        self.a.and(ecx, (CF | OF) as i32)?;
         self.merge_rflags(CF | OF)
     }
 }

@@ -54,8 +54,8 @@ use crate::cpu::fast::{Fast, MemOp, Op, SystemOp, NONE_REG};
 use crate::cpu::l1tlb::{SLOTS, SLOT_BYTES, SLOT_HOST_DELTA, SLOT_HPA, SLOT_JIT_PAGE};
 use forms::extra_form;
 use iced_x86::code_asm::{
-    al, byte_ptr, dword_ptr, eax, ecx, edx, qword_ptr, r10, r10d, r11, r12, r13, r14, r15, r15d,
-    r8, r8d, r9, rax, rbp, rbx, rcx, rdi, rdx, rsi, rsp, word_ptr, CodeAssembler, CodeLabel,
+    ah, al, byte_ptr, cl, dword_ptr, eax, ecx, edx, qword_ptr, r10, r10d, r11, r12, r13, r14, r15,
+    r15d, r8, r8d, r9, rax, rbp, rbx, rcx, rdi, rdx, rsi, rsp, word_ptr, CodeAssembler, CodeLabel,
 };
 use iced_x86::{Code, IcedError, Instruction, MemoryOperand, Register};
 use std::fmt;
