@@ -158,6 +158,7 @@ impl Cpu {
             tlb_hits: tlb.hits,
             tlb_ways: tlb.ways,
             tlb_full_set_mask: tlb.full_set_mask,
+            tlb_epoch: tlb.epoch,
         };
         // What the run loop checks between blocks, as one deadline (events
         // are not pending: a block runs translated only when they are not).
@@ -532,6 +533,7 @@ impl Cpu {
     /// makes this one translation first).
     pub(crate) fn jit_fill(&mut self, mem: &PhysMemory, la: u64, class: usize, bytes: u64) -> u64 {
         use crate::mmu::AccessKind;
+        self.jit_stats.rust_fills += 1;
         let kind = match class / 2 {
             0 => AccessKind::Read,
             1 => AccessKind::Write,

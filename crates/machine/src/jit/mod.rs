@@ -125,6 +125,9 @@ pub struct JitStats {
     /// Fetches made by chaining exits whose first-level iTLB probe missed
     /// (`Cpu::jit_chain_fetch`), instead of returning to the run loop.
     pub chain_fetches: u64,
+    /// First-level TLB misses of inline accesses that the fill thunk
+    /// (`jit/tlb_fill.rs`) left to the Rust fill (`Cpu::jit_fill`).
+    pub rust_fills: u64,
 }
 
 /// How a translated block stopped, in the low byte of its return value;
@@ -303,6 +306,7 @@ const ENV_TLB_RECENTLY_USED: i32 = 88;
 const ENV_TLB_HITS: i32 = 96;
 const ENV_TLB_WAYS: i32 = 104;
 const ENV_TLB_FULL_SET: i32 = 112;
+const ENV_TLB_EPOCH: i32 = 120;
 const _: () = {
     use native::Env;
     use std::mem::offset_of;
@@ -321,6 +325,7 @@ const _: () = {
     assert!(offset_of!(Env, tlb_hits) == ENV_TLB_HITS as usize);
     assert!(offset_of!(Env, tlb_ways) == ENV_TLB_WAYS as usize);
     assert!(offset_of!(Env, tlb_full_set_mask) == ENV_TLB_FULL_SET as usize);
+    assert!(offset_of!(Env, tlb_epoch) == ENV_TLB_EPOCH as usize);
 };
 
 /// The arithmetic flags (CF PF AF ZF SF OF).

@@ -204,6 +204,7 @@ pub(crate) struct Env {
     pub tlb_hits: u64,
     pub tlb_ways: u64,
     pub tlb_full_set_mask: u64,
+    pub tlb_epoch: u64,
 }
 
 /// The signature of generated code: (cpu, memory, block, env) -> status.

@@ -4,14 +4,19 @@
 //! (`Helpers::fill`). Most misses are TLB hits: the first-level TLB is
 //! small and direct-mapped, and every flush or lookup-key context change
 //! empties it, so most of its misses hit the TLB. This thunk takes
-//! exactly those: a 4 KiB TLB entry found through its hint
+//! exactly those: a TLB entry found through the page's hint
 //! ([`Tlb::lookup_keyed`](crate::mmu::tlb::Tlb::lookup_keyed)'s first
-//! step when it hits), allowed under the lookup key the first-level TLB caches for the
+//! step when it hits: a hint to a 4 KiB entry checked against the entry,
+//! one to a 2 MiB or 1 GiB entry good while the TLB's epoch has not
+//! moved), allowed under the lookup key the first-level TLB caches for the
 //! mode, counted as a hit and marked recently used as the TLB does, then
 //! the first-level slot filled as [`L1Tlb::fill`](crate::cpu::l1tlb)
-//! fills it (with the entry's U flag noted for a supervisor data class
-//! while RFLAGS.AC is set under SMAP). Anything else (a page-crossing or non-canonical address, no
-//! cached key, no hint, a hint to a larger entry, an entry that does not
+//! fills it, with the 4 KiB piece of a larger entry's page (and the
+//! entry's U flag noted for a supervisor data class while RFLAGS.AC is
+//! set under SMAP). Linux maps its direct map and its text with 2 MiB
+//! pages, so most of a Linux guest's first-level misses are hits on
+//! those. Anything else (a page-crossing or non-canonical address, no
+//! cached key, no hint, a stale hint, an entry that does not
 //! allow the access, a slot the interpreter's lookup would hit) goes,
 //! before any effect, to the Rust fill (`native::fill_out`), which does
 //! the same and everything else. So the thunk is a faster way to the same
@@ -34,7 +39,7 @@
 use super::fill;
 use super::{ENV_CODE_FRAMES, ENV_L1_BOOK, ENV_MEM_BASE, ENV_MEM_SIZE};
 use super::{ENV_TLB_ENTRIES, ENV_TLB_FULL_SET, ENV_TLB_HINTS, ENV_TLB_HITS};
-use super::{ENV_TLB_RECENTLY_USED, ENV_TLB_WAYS};
+use super::{ENV_TLB_EPOCH, ENV_TLB_RECENTLY_USED, ENV_TLB_WAYS};
 use crate::cpu::l1tlb::{book, SLOTS, SLOT_BYTES, SLOT_HOST_DELTA, SLOT_HPA, SLOT_JIT_PAGE};
 use crate::mmu::tlb::jit_view as tv;
 use iced_x86::code_asm::{
@@ -62,6 +67,9 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     let mut noted = a.create_label();
     let mut full = a.create_label();
     let mut retry = a.create_label();
+    let mut large = a.create_label();
+    let mut sized = a.create_label();
+    let mut data_loaded = a.create_label();
     let slot_shift = SLOT_BYTES.trailing_zeros();
     let class_shift = SLOTS.trailing_zeros();
     // Data classes only.
@@ -105,24 +113,22 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.mov(rsi, qword_ptr(r9 + tv::KEY_EPTP))?;
     a.cmp(qword_ptr(rax + tv::HINT_EPTP), rsi)?;
     a.jne(slow)?;
-    a.cmp(byte_ptr(rax + tv::HINT_SMALL), 0)?;
-    a.je(slow)?;
-    // r8 = set, r10 = way; rax = the entry.
+    // r8 = set, r10 = way.
     a.mov(r8d, dword_ptr(rax + tv::HINT_SET))?;
     a.movzx(r10d, word_ptr(rax + tv::HINT_WAY))?;
-    a.mov(rax, r8)?;
-    a.imul_2(rax, qword_ptr(r14 + ENV_TLB_WAYS))?;
-    a.add(rax, r10)?;
-    a.lea(rax, qword_ptr(rax + rax * 2))?;
-    a.mov(r11, qword_ptr(r14 + ENV_TLB_ENTRIES))?;
-    a.lea(rax, qword_ptr(r11 + rax * 8))?;
+    a.cmp(byte_ptr(rax + tv::HINT_SMALL), 0)?;
+    a.je(large)?;
+    // rax = the entry.
+    entry_address(&mut a)?;
     // Still the hint's entry (tag = hint key for a 4 KiB entry).
     a.cmp(qword_ptr(rax + tv::ENTRY_TAG), rdi)?;
     a.jne(slow)?;
     a.cmp(qword_ptr(rax + tv::ENTRY_EPTP), rsi)?;
     a.jne(slow)?;
-    // rax = its data; allowed: every `need` bit set, no `forbid` bit.
+    // rax = its data.
     a.mov(rax, qword_ptr(rax + tv::ENTRY_DATA))?;
+    // Allowed: every `need` bit set, no `forbid` bit.
+    a.set_label(&mut data_loaded)?;
     a.mov(rdi, qword_ptr(r9 + tv::KEY_NEED))?;
     a.mov(rsi, rax)?;
     a.and(rsi, rdi)?;
@@ -234,6 +240,35 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.set_label(&mut outside)?;
     a.mov(rdx, -1i64)?;
     a.jmp(viewed)?;
+    // A hint to a larger entry (or to a global 4 KiB entry of another
+    // PCID): good while nothing changed in the TLB (its epoch), as
+    // `Tlb::lookup_keyed` takes it. rax = the entry; its data with the
+    // offset of la's 4 KiB page in the entry's page ORed into the
+    // host-physical page bits (aligned to the entry's size, so this is
+    // the page's host-physical address; the flag bits are untouched).
+    a.set_label(&mut large)?;
+    a.mov(r11, qword_ptr(r14 + ENV_TLB_EPOCH))?;
+    a.mov(r11, qword_ptr(r11))?;
+    a.cmp(qword_ptr(rax + tv::HINT_EPOCH), r11)?;
+    a.jne(slow)?;
+    entry_address(&mut a)?;
+    a.mov(rsi, qword_ptr(rax + tv::ENTRY_TAG))?;
+    a.shr(rsi, tv::TAG_SIZE_SHIFT)?;
+    a.and(esi, 3)?;
+    // rdi = the offset mask of the entry's size (4 KiB: none).
+    a.xor(edi, edi)?;
+    a.cmp(esi, 1)?;
+    a.jb(sized)?;
+    a.mov(edi, 0x1f_f000)?;
+    a.je(sized)?;
+    a.mov(edi, 0x3fff_f000)?;
+    a.cmp(esi, 2)?;
+    a.jne(slow)?;
+    a.set_label(&mut sized)?;
+    a.and(rdi, rdx)?;
+    a.mov(rax, qword_ptr(rax + tv::ENTRY_DATA))?;
+    a.or(rax, rdi)?;
+    a.jmp(data_loaded)?;
     // Nothing done: the Rust fill, with the arguments as they came (rdx
     // and rcx untouched; rdi and rsi as the generated code passes them).
     a.set_label(&mut slow)?;
@@ -242,4 +277,15 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.mov(rax, fallback)?;
     a.jmp(rax)?;
     a.assemble(0)
+}
+
+/// rax = the address of the TLB entry at set r8, way r10 (clobbers r11).
+fn entry_address(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.mov(rax, r8)?;
+    a.imul_2(rax, qword_ptr(r14 + ENV_TLB_WAYS))?;
+    a.add(rax, r10)?;
+    a.lea(rax, qword_ptr(rax + rax * 2))?;
+    a.mov(r11, qword_ptr(r14 + ENV_TLB_ENTRIES))?;
+    a.lea(rax, qword_ptr(r11 + rax * 8))?;
+    Ok(())
 }

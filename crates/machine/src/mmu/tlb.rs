@@ -493,7 +493,7 @@ struct Hint {
 const HINTS: usize = 1024;
 
 /// What the translator's first-level TLB fill (`jit::tlb_fill`) reads and
-/// writes of a TLB to take a usable hit through a 4 KiB hint, exactly as
+/// writes of a TLB to take a usable hit through a hint, exactly as
 /// [`Tlb::lookup_keyed`] takes it: where things are, and the layout of hints
 /// and entries (checked at compile time).
 pub(crate) mod jit_view {
@@ -513,6 +513,7 @@ pub(crate) mod jit_view {
     pub const HINT_BYTES: i32 = 32;
     pub const HINT_KEY: i32 = 0;
     pub const HINT_EPTP: i32 = 8;
+    pub const HINT_EPOCH: i32 = 16;
     pub const HINT_SET: i32 = 24;
     pub const HINT_WAY: i32 = 28;
     pub const HINT_SMALL: i32 = 30;
@@ -525,11 +526,17 @@ pub(crate) mod jit_view {
     pub const DATA_HPA: u64 = data::HPA;
     /// An entry's guest U flag (see [`super::Tlb::maps_user_page`]).
     pub const DATA_GUEST_USER: u64 = data::GUEST_USER;
+    /// Where an entry's tag holds its page size code (2 bits: 1 for
+    /// 2 MiB, 2 for 1 GiB).
+    pub const TAG_SIZE_SHIFT: u32 = tag::SIZE_SHIFT;
+    const _: () = assert!(super::size_code(super::PageSize::Size2M) == 1);
+    const _: () = assert!(super::size_code(super::PageSize::Size1G) == 2);
     /// Linear-address bits a lookup uses.
     pub const VA_BITS: u32 = 48;
     const _: () = assert!(size_of::<Hint>() == HINT_BYTES as usize);
     const _: () = assert!(offset_of!(Hint, key) == HINT_KEY as usize);
     const _: () = assert!(offset_of!(Hint, eptp) == HINT_EPTP as usize);
+    const _: () = assert!(offset_of!(Hint, epoch) == HINT_EPOCH as usize);
     const _: () = assert!(offset_of!(Hint, set) == HINT_SET as usize);
     const _: () = assert!(offset_of!(Hint, way) == HINT_WAY as usize);
     const _: () = assert!(offset_of!(Hint, small) == HINT_SMALL as usize);
@@ -551,6 +558,8 @@ pub(crate) mod jit_view {
         pub hits: u64,
         pub ways: u64,
         pub full_set_mask: u64,
+        /// The epoch a hint to a larger entry is good in (`Tlb::epoch`).
+        pub epoch: u64,
     }
 }
 
@@ -1353,6 +1362,7 @@ impl Tlb {
             hits: std::ptr::addr_of_mut!(self.stats.hits) as u64,
             ways: self.ways as u64,
             full_set_mask: self.full_set_mask,
+            epoch: std::ptr::addr_of!(self.epoch) as u64,
         }
     }
 
