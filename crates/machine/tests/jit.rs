@@ -2259,3 +2259,96 @@ fn self_loops_keeping_dirty_registers_store_them_on_every_way_out() {
         assert_eq!(stats.blocks_failed, 0, "{stats:?}");
     }
 }
+
+#[test]
+fn multiply_costs_are_charged_before_anything_looks_at_cycles() {
+    // Translated code charges IMUL's multiply cost with the next form
+    // that is not a register form: RDTSC (which reads the cycles), a
+    // store, SETcc, the loop's Jcc and the block's exit must each see
+    // every multiply before them charged, as the interpreter charges it.
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(rsi, DATA).unwrap();
+        a.mov(rdi, 200u64).unwrap();
+        a.mov(r8, 0x9e37_79b9_7f4a_7c15u64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.imul_3(r8, r8, 0x2545_f491).unwrap();
+        a.imul_2(r9, r8).unwrap();
+        a.rdtsc().unwrap();
+        a.add(r10, rax).unwrap();
+        a.imul_3(r11, r10, 3).unwrap();
+        a.mov(ebx, edi).unwrap();
+        a.and(ebx, 0xff).unwrap();
+        a.mov(qword_ptr(rsi + rbx * 8), r11).unwrap();
+        a.imul_2(r12, r11).unwrap();
+        a.cmp(r12, r8).unwrap();
+        a.setb(cl).unwrap();
+        a.imul_2(r13, r12).unwrap();
+        a.rdtsc().unwrap();
+        a.add(r14, rax).unwrap();
+        a.imul_2(r13, r14).unwrap();
+        a.dec(rdi).unwrap();
+        a.jnz(top).unwrap();
+        a.imul_3(r15, r13, 5).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    assert!(stats.blocks_translated >= 2, "{stats:?}");
+}
+
+#[test]
+fn shift_flags_kept_in_r15_agree() {
+    // Shifts by immediates leave their flags in r15 (AF set, OF from the
+    // result as the interpreter's `alu` makes it, CF SF ZF PF from the
+    // host) until something looks: PUSHFQ at once, after an inline
+    // access, SETcc and ADC, at 8 to 64 bits.
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(rsi, DATA).unwrap();
+        a.mov(r15, 300u64).unwrap();
+        a.mov(r8, 0x9e37_79b9_7f4a_7c15u64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.imul_3(r8, r8, 0x2545_f491).unwrap();
+        a.add(r8, r15).unwrap();
+        a.mov(rax, r8).unwrap();
+        a.shr(rax, 1).unwrap();
+        a.pushfq().unwrap();
+        a.pop(r9).unwrap();
+        a.add(r10, r9).unwrap();
+        a.mov(rcx, r8).unwrap();
+        a.shl(rcx, 3).unwrap();
+        a.mov(ebx, r15d).unwrap();
+        a.and(ebx, 0xff).unwrap();
+        a.mov(qword_ptr(rsi + rbx * 8), rcx).unwrap();
+        a.pushfq().unwrap();
+        a.pop(r9).unwrap();
+        a.add(r11, r9).unwrap();
+        a.mov(edx, r8d).unwrap();
+        a.shr(edx, 5).unwrap();
+        a.seto(bl).unwrap();
+        a.adc(r12, rbx).unwrap();
+        a.mov(rdi, r8).unwrap();
+        a.sar(rdi, 7).unwrap();
+        a.pushfq().unwrap();
+        a.pop(r9).unwrap();
+        a.xor(r13, r9).unwrap();
+        a.mov(rdx, r8).unwrap();
+        a.shl(dx, 3).unwrap();
+        a.pushfq().unwrap();
+        a.pop(r9).unwrap();
+        a.add(r13, r9).unwrap();
+        a.mov(rax, r8).unwrap();
+        a.shr(al, 2).unwrap();
+        a.seto(cl).unwrap();
+        a.add(r14, rcx).unwrap();
+        a.shl(eax, 9).unwrap();
+        a.adc(r14, rax).unwrap();
+        a.dec(r15).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    assert!(stats.blocks_translated >= 2, "{stats:?}");
+}

@@ -230,7 +230,7 @@ impl Emitter {
         self.a.test(rcx, rcx)?;
         self.a.je(out)?;
         self.count_chained(false, None)?;
-        self.a.mov(r13, rdx)?;
+        self.a.mov(qword_ptr(rsp), rdx)?;
         self.a.jmp(rcx)?;
         Ok(())
     }
@@ -389,7 +389,7 @@ impl Emitter {
         self.a.mov(rax, rdx)?;
         self.a.jmp(epilogue)?;
         self.a.set_label(&mut go)?;
-        self.a.mov(r13, rdx)?;
+        self.a.mov(qword_ptr(rsp), rdx)?;
         self.a.jmp(rcx)?;
         Ok(())
     }
@@ -502,7 +502,8 @@ impl Emitter {
         self.a.cmp(rcx, qword_ptr(r10 + s + 16))?;
         self.a.jne(out)?;
         self.count_chained(true, known.map(|(_, n)| n))?;
-        self.a.mov(r13, qword_ptr(r10 + s + 32))?;
+        self.a.mov(rcx, qword_ptr(r10 + s + 32))?;
+        self.a.mov(qword_ptr(rsp), rcx)?;
         self.a.jmp(qword_ptr(r10 + s + 24))?;
         Ok(())
     }

@@ -258,8 +258,9 @@ impl Emitter {
                 if !dead {
                     self.capture_if_dirty()?;
                 }
-                self.a
-                    .add(qword_ptr(rbx + self.o.cycles), self.o.multiply_cost as i32)?;
+                // The multiply cost, charged before the next instruction
+                // that is not a register form (`Emitter::charge_pending`).
+                self.pending_cycles += self.o.multiply_cost;
                 // (The source's slot is read only where no host register
                 // holds it: exact there.)
                 let g = self.slot(src);
@@ -451,7 +452,7 @@ impl Emitter {
         if rotate {
             self.rotate_flags(op, size, r[3])?;
         } else {
-            self.shift_flags(op, size, r[3])?;
+            self.shift_flags_saved(op, size, r[3])?;
         }
         match held {
             Some(h) => self.store_held(dst, h),
@@ -517,35 +518,79 @@ impl Emitter {
         self.a.mov(rax, rdx)?;
         self.a.and(ecx, (ARITH & !0x800) as i32)?;
         self.a.or(ecx, AF as i32)?;
-        let bits = size.bits();
-        match op {
-            ShiftOp::Shl | ShiftOp::Sal => {
-                // OF = MSB(result) ^ CF.
-                self.add(Instruction::with2(
-                    Code::Mov_r64_rm64,
-                    Register::RDX,
-                    result,
-                ))?;
-                self.a.shr(rdx, bits - 1)?;
-                self.a.xor(rdx, rcx)?;
-                self.a.and(edx, 1)?;
-                self.a.shl(edx, 11)?;
-                self.a.or(rcx, rdx)?;
-            }
-            ShiftOp::Shr => {
-                self.add(Instruction::with2(
-                    Code::Mov_r64_rm64,
-                    Register::RDX,
-                    result,
-                ))?;
-                self.a.shr(rdx, bits - 2)?;
-                self.a.and(edx, 1)?;
-                self.a.shl(edx, 11)?;
-                self.a.or(rcx, rdx)?;
-            }
-            _ => {}
+        if self.shift_of(op, size, result, Register::CL)? {
+            self.a.shl(edx, 11)?;
+            self.a.or(rcx, rdx)?;
         }
         self.merge_rflags(ARITH)
+    }
+
+    /// rdx = the OF a shift by a nonzero count leaves for the interpreter
+    /// (`alu::shift`), `result` the shifted register and bit 0 of `cf` the
+    /// CF: MSB(result) XOR CF for SHL, bit `bits - 2` of the result for
+    /// SHR. `false` (nothing emitted) for SAR, whose OF is clear.
+    fn shift_of(
+        &mut self,
+        op: ShiftOp,
+        size: Size,
+        result: Register,
+        cf: Register,
+    ) -> Result<bool, NotTranslated> {
+        let bits = size.bits();
+        let shl = match op {
+            ShiftOp::Shl | ShiftOp::Sal => true,
+            ShiftOp::Shr => false,
+            _ => return Ok(false),
+        };
+        self.add(Instruction::with2(
+            Code::Mov_r64_rm64,
+            Register::RDX,
+            result,
+        ))?;
+        self.a.shr(rdx, if shl { bits - 1 } else { bits - 2 })?;
+        if shl {
+            self.add(Instruction::with2(Code::Xor_r8_rm8, Register::DL, cf))?;
+        }
+        self.a.and(edx, 1)?;
+        Ok(true)
+    }
+
+    /// [`Self::shift_flags`]' flags, saved in r15 in `save_flags`' form
+    /// (AH = SF ZF AF PF CF, AL = OF) instead of merged into
+    /// `state.rflags`: written back only where something looks at them,
+    /// and not at all when the next writer replaces them first. Keeps
+    /// rax; clobbers rcx, rdx.
+    fn shift_flags_saved(
+        &mut self,
+        op: ShiftOp,
+        size: Size,
+        result: Register,
+    ) -> Result<(), NotTranslated> {
+        self.a.mov(rcx, rax)?;
+        self.a.lahf()?;
+        // (LAHF clobbered AH: a result in rax is in rcx now.)
+        let result = if result == Register::RAX {
+            Register::RCX
+        } else {
+            result
+        };
+        if !self.shift_of(op, size, result, Register::AH)? {
+            self.a.xor(edx, edx)?;
+        }
+        // AF set (the host's is undefined).
+        self.a.or(ah, AF as i32)?;
+        self.add(Instruction::with2(
+            Code::Mov_r8_rm8,
+            Register::AL,
+            Register::DL,
+        ))?;
+        self.a.mov(r15d, eax)?;
+        self.a.mov(rax, rcx)?;
+        self.host_valid = false;
+        self.dirty = true;
+        self.saved = true;
+        self.af_clear = false;
+        Ok(())
     }
 
     /// A shift or rotate by a masked, nonzero immediate whose flags are
@@ -1736,6 +1781,20 @@ impl Emitter {
         self.a.set_label(&mut cont)?;
         self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::State);
         Ok(())
+    }
+
+    /// Charges the cycles register forms left pending
+    /// ([`Emitter::pending_cycles`]), without touching the host flags
+    /// where they hold the guest's.
+    pub(super) fn charge_pending(&mut self) -> Result<(), NotTranslated> {
+        let cost = std::mem::take(&mut self.pending_cycles);
+        if cost == 0 {
+            Ok(())
+        } else if self.host_valid {
+            self.add_cycles_keeping_flags(cost)
+        } else {
+            self.add_cycles(cost)
+        }
     }
 
     /// `cycles += cost` without touching the host flags.

@@ -496,6 +496,7 @@ fn translate_with(
         loop_live: false,
         preload: preload.unwrap_or_default(),
         loop_seen: None,
+        pending_cycles: 0,
     };
     let mut epilogue = e.a.create_label();
     // Where a call-out that did not just go on returns to: chaining on
@@ -508,9 +509,10 @@ fn translate_with(
     let mut chained_entry = e.a.create_label();
     e.chained_entry = chained_entry;
     e.epilogue = epilogue;
-    // Prologue: rbx = cpu, r12 = memory, r13 = block, r14 = env. Six
-    // pushes and 8 bytes after the return address leave rsp 16-byte
-    // aligned for the call-outs.
+    // Prologue: rbx = cpu, r12 = memory, r14 = env, the block at [rsp]
+    // (r13 is a pool register, `jit/regs.rs`). Six pushes and that slot
+    // after the return address leave rsp 16-byte aligned for the
+    // call-outs.
     e.a.push(rbx)?;
     e.a.push(rbp)?;
     e.a.push(r12)?;
@@ -520,10 +522,10 @@ fn translate_with(
     e.a.sub(rsp, 8)?;
     e.a.mov(rbx, rdi)?;
     e.a.mov(r12, rsi)?;
-    e.a.mov(r13, rdx)?;
+    e.a.mov(qword_ptr(rsp), rdx)?;
     e.a.mov(r14, rcx)?;
     e.a.mov(rbp, qword_ptr(r14 + ENV_L1))?;
-    // Chained blocks enter here, with rbx, rbp, r12, r14 as above, r13
+    // Chained blocks enter here, with rbx, rbp, r12, r14 as above, [rsp]
     // their block, and the flags in `state.rflags`.
     // (A zero-length instruction carries the label and gives the offset:
     // the entry is the first instruction of the body, no `nop` run on
@@ -570,6 +572,12 @@ fn translate_with(
             continue;
         }
         e.flags_dead = !live[k];
+        // The cycles register forms left pending are charged before
+        // anything that may look at `cycles` or leave the block: a register
+        // form (no Jcc, JMP) does neither, so the charge may wait.
+        if matches!(op.fast, Fast::Jcc { .. } | Fast::Jmp { .. }) || !is_native(&op.fast) {
+            e.charge_pending()?;
+        }
         // Guest registers in host registers (`jit/regs.rs`) for the forms
         // that keep the cache exact; the others run with it empty and off.
         let cached = match op.fast {
@@ -626,8 +634,10 @@ fn translate_with(
         }
     }
     if !ended {
+        e.charge_pending()?;
         e.exit_to(last, block.insns[last].next_ip)?;
     }
+    debug_assert_eq!(e.pending_cycles, 0);
     // Slow paths of inline accesses: a few instructions per access that
     // call one of the block's shared slow paths (`Emitter::slow_shared`)
     // with what differs in ecx, then go back to probe again or on with the
@@ -881,6 +891,11 @@ struct Emitter {
     loop_live: bool,
     preload: regs::Regs,
     loop_seen: Option<regs::Regs>,
+    /// Extra cycles of the register forms emitted since the last charge
+    /// (IMUL's multiply cost), not yet added to `cycles`: nothing between
+    /// them looks at it, and one add replaces a chain of read-modify-writes
+    /// of it ([`Emitter::charge_pending`]).
+    pending_cycles: u64,
 }
 
 impl Emitter {
@@ -1031,7 +1046,8 @@ impl Emitter {
         self.a.set_label(&mut run)?;
         self.a.mov(rdi, rbx)?;
         self.a.mov(rsi, r12)?;
-        self.a.mov(rdx, r13)?;
+        // The block: above the argument and the return address.
+        self.a.mov(rdx, qword_ptr(rsp + 16))?;
         self.a.mov(ecx, dword_ptr(rsp))?;
         self.a.shr(ecx, slow_arg::K_SHIFT)?;
         self.a.mov(rax, self.helpers.call_out)?;
@@ -1057,7 +1073,7 @@ impl Emitter {
     fn emit_call(&mut self, k: usize, epilogue: CodeLabel) -> Result<(), NotTranslated> {
         self.a.mov(rdi, rbx)?;
         self.a.mov(rsi, r12)?;
-        self.a.mov(rdx, r13)?;
+        self.a.mov(rdx, qword_ptr(rsp))?;
         self.a.mov(ecx, k as u32)?;
         self.a.mov(rax, self.helpers.call_out)?;
         self.a.call(rax)?;
