@@ -282,6 +282,24 @@ fn flag(set: bool, mask: u64) -> u64 {
     u64::from(set) * mask
 }
 
+/// A byte of `tag` for [`Tlb::candidate_ways`]: the top byte of a
+/// multiplicative hash, so every tag bit bears on it (tags in one set
+/// share their low page-number bits).
+#[inline(always)]
+fn fingerprint(tag: u64) -> u8 {
+    (tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8
+}
+
+/// Bit i set = byte i of `x` is zero (exactly: no carries between bytes).
+#[inline(always)]
+fn zero_byte_bits(x: u64) -> u64 {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    let nonzero = ((x & LOW7) + LOW7) | x;
+    let zero_high_bits = !nonzero & !LOW7;
+    // Gathers bit 8i to bit 56 + i (the products land on distinct bits).
+    (zero_high_bits >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56
+}
+
 /// The tag bits that come from the translation context.
 #[inline]
 fn context_tag(vpid: u16, paging: bool, ept: bool) -> u64 {
@@ -595,6 +613,33 @@ impl Removals {
     }
 }
 
+/// Which ways of one TLB set hold what, as bitmaps (bit w = way w), and
+/// their fingerprints, kept together so that a fill or a probe reads and
+/// writes one host cache line of them (host-side bookkeeping, mirroring the entries).
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(align(64))]
+struct SetBits {
+    /// Valid entries. With `Tlb::nonempty`, lets flushes visit only the
+    /// valid entries.
+    valid: u64,
+    /// Valid entries larger than 4 KiB, so that lookups and INVLPG probe
+    /// the 2 MiB and 1 GiB sets only where such an entry is.
+    large: u64,
+    /// Valid non-global entries made with paging on: a CR3 load's flush
+    /// visits only these, not the global (kernel) entries it keeps.
+    non_global: u64,
+    /// Valid splintered entries, so that a CR3 load's flush, which does
+    /// not visit the entries it keeps, still recomputes
+    /// `Tlb::may_hold_splinters`.
+    splintered: u64,
+    /// Byte w: the [`fingerprint`] of way w's tag while the way is valid
+    /// (ways 0 to 7; a TLB of more ways has none). A search of a set with
+    /// more than two valid ways compares them all at once and reads only
+    /// the entries whose byte matches: this line, not the set's entries'
+    /// three.
+    fingerprints: u64,
+}
+
 #[cfg(test)]
 thread_local! {
     /// Misses [`Tlb::lookup_probe`] answered without probing, on this
@@ -616,32 +661,20 @@ pub struct Tlb {
     entries: Vec<Entry>,
     /// Per set: bit w set = way w recently used.
     recently_used: Vec<u64>,
-    /// Per set: bit w set = way w holds a valid entry. With `nonempty`,
-    /// lets flushes visit only the valid entries (host-side bookkeeping).
-    valid: Vec<u64>,
+    /// Per set, which ways hold what (host-side bookkeeping, see
+    /// [`SetBits`]).
+    sets: Vec<SetBits>,
     /// Bit s % 64 of word s / 64 set = set s has a valid entry.
     nonempty: Vec<u64>,
-    /// Per set: bit w set = way w holds a valid non-global entry made
-    /// with paging on (a subset of `valid`), and bit s % 64 of word s / 64
-    /// of `non_global_sets` set = set s has one: a CR3 load's flush visits
-    /// only these, not the global (kernel) entries it keeps (host-side
-    /// bookkeeping).
-    non_global: Vec<u64>,
+    /// Bit s % 64 of word s / 64 set = set s has a valid non-global
+    /// entry made with paging on (`SetBits::non_global`): a CR3 load's
+    /// flush visits only these sets.
     non_global_sets: Vec<u64>,
-    /// Per set: bit w set = way w holds a valid splintered entry (a subset
-    /// of `valid`), so that a CR3 load's flush, which does not visit the
-    /// entries it keeps, still recomputes `may_hold_splinters` (host-side
-    /// bookkeeping).
-    splintered: Vec<u64>,
     ways: usize,
     /// `sets - 1` (sets is a power of two).
     set_mask: usize,
     /// All ways' bits.
     full_set_mask: u64,
-    /// Per set: bit w set = way w holds a valid entry larger than 4 KiB
-    /// (a subset of `valid`), so that lookups and INVLPG probe the 2 MiB
-    /// and 1 GiB sets only where such an entry is (host-side bookkeeping).
-    large: Vec<u64>,
     /// A larger-than-4 KiB entry may be present (set by fills, recomputed
     /// by full scans): without, lookups skip the 2 MiB and 1 GiB sets
     /// (host-side bookkeeping).
@@ -686,13 +719,10 @@ impl Tlb {
             removals: Removals::default(),
             entries: vec![Entry::INVALID; config.entries],
             recently_used: vec![0; sets],
-            valid: vec![0; sets],
-            large: vec![0; sets],
+            sets: vec![SetBits::default(); sets],
             may_hold_large: false,
             nonempty: vec![0; sets.div_ceil(64)],
-            non_global: vec![0; sets],
             non_global_sets: vec![0; sets.div_ceil(64)],
-            splintered: vec![0; sets],
             ways: config.ways,
             set_mask: sets - 1,
             full_set_mask: if config.ways == 64 {
@@ -732,15 +762,21 @@ impl Tlb {
     #[inline]
     fn mark_valid(&mut self, set: usize, way: usize, e: &Entry) {
         let (large, non_global) = (e.size() != PageSize::Size4K, e.non_global());
-        self.splintered[set] =
-            (self.splintered[set] & !(1 << way)) | (u64::from(e.splintered()) << way);
-        self.valid[set] |= 1 << way;
-        self.large[set] = (self.large[set] & !(1 << way)) | (u64::from(large) << way);
+        let bits = &mut self.sets[set];
+        let others = !(1 << way);
+        if way < 8 {
+            let shift = way * 8;
+            bits.fingerprints =
+                (bits.fingerprints & !(0xff << shift)) | u64::from(fingerprint(e.tag)) << shift;
+        }
+        bits.splintered = (bits.splintered & others) | (u64::from(e.splintered()) << way);
+        bits.valid |= 1 << way;
+        bits.large = (bits.large & others) | (u64::from(large) << way);
+        bits.non_global = (bits.non_global & others) | (u64::from(non_global) << way);
+        let any_non_global = bits.non_global != 0;
         self.may_hold_large |= large;
         self.nonempty[set / 64] |= 1 << (set % 64);
-        self.non_global[set] =
-            (self.non_global[set] & !(1 << way)) | (u64::from(non_global) << way);
-        if self.non_global[set] == 0 {
+        if !any_non_global {
             self.non_global_sets[set / 64] &= !(1 << (set % 64));
         } else {
             self.non_global_sets[set / 64] |= 1 << (set % 64);
@@ -765,16 +801,18 @@ impl Tlb {
     /// The ways of `set` in the bitmap `ways` no longer hold entries.
     #[inline]
     fn mark_invalid_ways(&mut self, set: usize, ways: u64) {
-        self.valid[set] &= !ways;
-        self.large[set] &= !ways;
-        if self.valid[set] == 0 {
+        let bits = &mut self.sets[set];
+        bits.valid &= !ways;
+        bits.large &= !ways;
+        bits.non_global &= !ways;
+        bits.splintered &= !ways;
+        let (any_valid, any_non_global) = (bits.valid != 0, bits.non_global != 0);
+        if !any_valid {
             self.nonempty[set / 64] &= !(1 << (set % 64));
         }
-        self.non_global[set] &= !ways;
-        if self.non_global[set] == 0 {
+        if !any_non_global {
             self.non_global_sets[set / 64] &= !(1 << (set % 64));
         }
-        self.splintered[set] &= !ways;
     }
 
     /// Drops every hint (for tests: a TLB without them answers the same).
@@ -787,7 +825,7 @@ impl Tlb {
     /// (for tests).
     #[cfg(test)]
     pub(crate) fn valid_bits_consistent(&self) -> bool {
-        (0..self.valid.len()).all(|set| {
+        (0..self.sets.len()).all(|set| {
             let ways = |keep: &dyn Fn(&Entry) -> bool| {
                 (0..self.ways)
                     .filter(|&w| keep(&self.entries[set * self.ways + w]))
@@ -795,21 +833,42 @@ impl Tlb {
             };
             let bits = ways(&|e| e.valid());
             let non_global = ways(&|e| e.valid() && e.non_global());
-            bits == self.valid[set]
-                && ways(&|e| e.valid() && e.size() != PageSize::Size4K) == self.large[set]
-                && non_global == self.non_global[set]
-                && ways(&|e| e.valid() && e.splintered()) == self.splintered[set]
+            bits == self.sets[set].valid
+                && ways(&|e| e.valid() && e.size() != PageSize::Size4K) == self.sets[set].large
+                && non_global == self.sets[set].non_global
+                && ways(&|e| e.valid() && e.splintered()) == self.sets[set].splintered
+                && (0..self.ways.min(8)).all(|w| {
+                    let e = &self.entries[set * self.ways + w];
+                    let fingerprints = self.sets[set].fingerprints;
+                    !e.valid() || (fingerprints >> (w * 8)) as u8 == fingerprint(e.tag)
+                })
                 && (self.non_global_sets[set / 64] >> (set % 64)) & 1 == u64::from(non_global != 0)
-                && (self.may_hold_large || self.large[set] == 0)
+                && (self.may_hold_large || self.sets[set].large == 0)
                 && (self.nonempty[set / 64] >> (set % 64)) & 1 == u64::from(bits != 0)
         })
+    }
+
+    /// `ways` (valid ways of `set`) narrowed to those that may hold `tag`
+    /// by their fingerprints, when there are more than two to look at
+    /// (fewer are read faster) and the set has at most 8 ways (the
+    /// fingerprints of one word).
+    #[inline(always)]
+    fn candidate_ways(&self, set: usize, ways: u64, tag: u64) -> u64 {
+        let beyond_one = ways & ways.wrapping_sub(1);
+        if beyond_one & beyond_one.wrapping_sub(1) == 0 || self.ways > 8 {
+            ways
+        } else {
+            let pattern = u64::from(fingerprint(tag)) * 0x0101_0101_0101_0101;
+            ways & zero_byte_bits(self.sets[set].fingerprints ^ pattern)
+        }
     }
 
     /// The way of `set` among `ways` (a bitmap) holding an entry with
     /// `tag` and `eptp`. There is at most one: a fill replaces an entry
     /// with the same tag and EPTP.
     #[inline(always)]
-    fn way_of(&self, set: usize, mut ways: u64, tag: u64, eptp: u64) -> Option<usize> {
+    fn way_of(&self, set: usize, ways: u64, tag: u64, eptp: u64) -> Option<usize> {
+        let mut ways = self.candidate_ways(set, ways, tag);
         let base = set * self.ways;
         while ways != 0 {
             let way = ways.trailing_zeros() as usize;
@@ -826,7 +885,8 @@ impl Tlb {
     /// `tag` and second word `word` uses: one of the key's own PCID, else
     /// a global one of any PCID. Also whether it is the first kind.
     #[inline(always)]
-    fn way_of_key(&self, set: usize, mut ways: u64, tag: u64, word: u64) -> Option<(usize, bool)> {
+    fn way_of_key(&self, set: usize, ways: u64, tag: u64, word: u64) -> Option<(usize, bool)> {
+        let mut ways = self.candidate_ways(set, ways, tag);
         let base = set * self.ways;
         let any = any_pcid_word(word);
         let mut global = None;
@@ -913,7 +973,7 @@ impl Tlb {
         let shortcut = !self.full_probes;
         #[cfg(not(test))]
         let shortcut = true;
-        if shortcut && !self.may_hold_large && self.valid[set] == 0 {
+        if shortcut && !self.may_hold_large && self.sets[set].valid == 0 {
             #[cfg(test)]
             EMPTY_SET_MISSES.with(|n| n.set(n.get() + 1));
             self.stats.misses += 1;
@@ -985,9 +1045,9 @@ impl Tlb {
             let wanted = key.context | (size_code(size) << tag::SIZE_SHIFT) | vpn;
             let set = (vpn as usize) & self.set_mask;
             let ways = if size == PageSize::Size4K {
-                self.valid[set]
+                self.sets[set].valid
             } else {
-                self.large[set]
+                self.sets[set].large
             };
             if let Some((way, own_pcid)) = self.way_of_key(set, ways, wanted, key.eptp) {
                 return Some(Located {
@@ -1068,7 +1128,7 @@ impl Tlb {
     #[inline(always)]
     fn place(&mut self, entry: Entry, splintered: bool) {
         let set = ((entry.tag & tag::VPN) as usize) & self.set_mask;
-        let valid = self.valid[set];
+        let valid = self.sets[set].valid;
         // The first invalid way is the lowest clear bit of the set's
         // valid bitmap (which mirrors the entries).
         let invalid = !valid & self.full_set_mask;
@@ -1124,9 +1184,9 @@ impl Tlb {
                 let set = word * 64 + bit;
                 let base = set * self.ways;
                 let mut ways = if non_global_only {
-                    self.non_global[set]
+                    self.sets[set].non_global
                 } else {
-                    self.valid[set]
+                    self.sets[set].valid
                 };
                 let mut dropped = 0;
                 while ways != 0 {
@@ -1145,10 +1205,10 @@ impl Tlb {
             }
         }
         if self.may_hold_splinters {
-            self.may_hold_splinters = self.splintered.iter().any(|&w| w != 0);
+            self.may_hold_splinters = self.sets.iter().any(|b| b.splintered != 0);
         }
         if self.may_hold_large {
-            self.may_hold_large = self.large.iter().any(|&w| w != 0);
+            self.may_hold_large = self.sets.iter().any(|b| b.large != 0);
         }
         if any_dropped {
             self.removals.note_many();
@@ -1170,9 +1230,9 @@ impl Tlb {
             let set = (vpn as usize) & self.set_mask;
             // Entries of a size larger than 4 KiB are only in large ways.
             let mut ways = if size == PageSize::Size4K {
-                self.valid[set]
+                self.sets[set].valid
             } else {
-                self.large[set]
+                self.sets[set].large
             };
             while ways != 0 {
                 let way = ways.trailing_zeros() as usize;
@@ -1514,6 +1574,59 @@ mod permit_tests {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod fingerprint_tests {
+    use super::*;
+
+    /// `zero_byte_bits` marks exactly the zero bytes, and a set's
+    /// fingerprint search finds every way of the tag, whatever the other
+    /// ways hold.
+    #[test]
+    fn fingerprint_search_finds_exactly_the_matching_bytes() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..100_000 {
+            // Bytes mostly 0, 0x80, 0x01 or 0xff: the carry-prone ones.
+            let r = next();
+            let x = (0..8).fold(0u64, |x, i| {
+                let byte = match (r >> (i * 3)) & 7 {
+                    0..=2 => 0,
+                    3 => 0x80,
+                    4 => 0x01,
+                    5 => 0xff,
+                    _ => (r >> (24 + i * 5)) & 0xff,
+                };
+                x | byte << (i * 8)
+            });
+            let naive = (0..8).fold(0, |b, i| b | u64::from((x >> (i * 8)) & 0xff == 0) << i);
+            assert_eq!(zero_byte_bits(x), naive, "{x:#018x}");
+        }
+        let mut tlb = Tlb::new(TlbConfig {
+            entries: 16,
+            ways: 8,
+        });
+        for _ in 0..1000 {
+            let tags: Vec<u64> = (0..8).map(|_| next() % 5).collect();
+            tlb.sets[1].fingerprints = 0;
+            for (w, &t) in tags.iter().enumerate() {
+                tlb.sets[1].fingerprints |= u64::from(fingerprint(t)) << (w * 8);
+            }
+            for t in 0..5 {
+                let expected = tags
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |b, (w, &u)| b | u64::from(u == t) << w);
+                assert_eq!(tlb.candidate_ways(1, 0xff, t), expected, "{tags:?} {t}");
             }
         }
     }
