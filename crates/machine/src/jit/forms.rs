@@ -320,20 +320,9 @@ impl Emitter {
                     self.flags_clobbered();
                     return Ok(());
                 }
-                // The store is MOVs only: the host flags survive it. CF
-                // and OF are equal after IMUL: rcx = OF ? 0x801 : 0
-                // (SETO, not PUSHFQ, which the host runs far slower).
+                // The store is MOVs only: the host flags survive it.
                 store(self)?;
-                self.a.seto(cl)?;
-                self.a.movzx(ecx, cl)?;
-                self.a.imul_3(ecx, ecx, 0x801)?;
-                let fl = self.field(self.o.rflags);
-                self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RDX, fl))?;
-                self.a.and(rdx, !0x801i32)?;
-                self.a.or(rdx, rcx)?;
-                self.add(Instruction::with2(Code::Mov_rm64_r64, fl, Register::RDX))?;
-                self.host_valid = false;
-                self.dirty = false;
+                self.merge_multiply_flags()?;
             }
             Fast::Jcc { cc, target } => {
                 self.need_flags()?;
@@ -655,6 +644,16 @@ impl Emitter {
         self.a.and(edx, 1)?;
         self.a.shl(edx, 11)?;
         self.a.or(rcx, rdx)?;
+        self.merge_rflags(CF | OF)
+    }
+
+    /// After a host MUL or IMUL, which set CF and OF alike: those two into
+    /// `state.rflags` (rcx = OF ? CF | OF : 0, by SETO, not PUSHFQ, which
+    /// the host runs far slower), the other flags kept. Clobbers rcx, rdx.
+    fn merge_multiply_flags(&mut self) -> Result<(), NotTranslated> {
+        self.a.seto(cl)?;
+        self.a.movzx(ecx, cl)?;
+        self.a.imul_3(ecx, ecx, (CF | OF) as i32)?;
         self.merge_rflags(CF | OF)
     }
 
@@ -2015,14 +2014,11 @@ impl Emitter {
         };
         let g = self.g(src)?;
         self.add(Instruction::with1(code, g))?;
-        // CF and OF are equal after MUL/IMUL: rcx = OF ? CF | OF : 0.
-        self.a.seto(cl)?;
-        self.a.movzx(ecx, cl)?;
-        self.a.imul_3(ecx, ecx, (CF | OF) as i32)?;
+        // (MOVs only: the host flags survive them.)
         let g0 = self.g(0)?;
         let g2 = self.g(2)?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, g0, Register::RAX))?;
         self.add(Instruction::with2(Code::Mov_rm64_r64, g2, Register::RDX))?;
-        self.merge_rflags(CF | OF)
+        self.merge_multiply_flags()
     }
 }
