@@ -1133,6 +1133,43 @@ fn first_level_fills_from_2m_and_1g_tlb_entries_agree() {
 }
 
 #[test]
+fn chaining_exits_refill_the_first_level_itlb_through_the_thunk() {
+    // A loop whose two blocks are 64 pages apart: their pages share a
+    // first-level iTLB slot (64 slots, by page number), so each exit's
+    // fetch misses the first level and hits the TLB (a 2 MiB entry
+    // through its hint). The chaining exits take those fills through the
+    // fill thunk and chain on; `Cpu::jit_chain_fetch` (counted in
+    // `chain_fetches`) sees only the first rounds. The engines must end
+    // identical (TLB hits, recently-used bits, cycles).
+    let rounds = 2000u32;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        let mut far = a.create_label();
+        a.mov(ecx, rounds).unwrap();
+        a.set_label(&mut top).unwrap();
+        // 4 bytes, then a 5-byte JMP: `far` is 0x40000 after `top`.
+        a.add(rax, 1).unwrap();
+        a.jmp(far).unwrap();
+        a.db(&vec![0x90; 0x40000 - 9]).unwrap();
+        a.set_label(&mut far).unwrap();
+        a.add(rbx, rax).unwrap();
+        a.dec(ecx).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[0], rounds as u64);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // Two fetches a round, all hits but the first.
+    assert!(o.tlb.hits + 1 >= 2 * rounds as u64, "{:?}", o.tlb);
+    assert!(
+        stats.chain_fetches < rounds as u64 / 10,
+        "{} chaining-exit fetches through Rust",
+        stats.chain_fetches
+    );
+}
+
+#[test]
 fn chaining_exits_fetch_after_mode_changes_and_privilege_switches() {
     // SYSCALL/SYSRET round trips between ring 3 and ring 0, with SWAPGS
     // and RDTSC (system instructions that change nothing the first-level

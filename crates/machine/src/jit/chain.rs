@@ -367,10 +367,38 @@ impl Emitter {
     /// loop would after adding this block's counts and gives the chained
     /// entry and block to jump to (it reports the block itself), or a
     /// status for the run loop (`FETCHED`, `FETCH_FAULT`).
+    ///
+    /// First, most such misses being TLB hits, the fill thunk
+    /// (`jit::tlb_fill`) gets the fetch's first-level fill: where it can
+    /// (the fetch a usable TLB hit through the page's hint), it makes the
+    /// run loop's fetch with exactly its effects, and the exit is tried
+    /// again from the start (the probe now hits); where it cannot, it
+    /// changes nothing and `Cpu::jit_chain_fetch` is asked. Filling before
+    /// the counts are added changes nothing they depend on, and the
+    /// deadline compare that led here says the run loop would fetch there
+    /// next (as for a chaining exit whose probe hits).
     pub(super) fn fetch_miss_exit(&mut self, epilogue: CodeLabel) -> Result<(), NotTranslated> {
         let mut miss = self.fetch_miss;
         self.a.set_label(&mut miss)?;
         // Two slots keep rsp 16-byte aligned for the call.
+        self.a.push(rax)?;
+        self.a.push(r8)?;
+        self.a.mov(rdx, rax)?;
+        let class = 2 * 2 + self.user as u32;
+        self.a.mov(ecx, class | 1 << 8)?;
+        self.a.mov(rax, self.helpers.fill)?;
+        self.a.call(rax)?;
+        self.a.mov(ecx, eax)?;
+        self.a.pop(r8)?;
+        self.a.pop(rax)?;
+        const _: () = assert!(fill::RETRY == 0);
+        self.a.test(ecx, ecx)?;
+        self.a.jne(self.fetch_rust)?;
+        // The exit again, as from instruction r8 - 1.
+        self.a.lea(ecx, qword_ptr(r8 - 1))?;
+        self.a.jmp(self.chain)?;
+        let mut rust = self.fetch_rust;
+        self.a.set_label(&mut rust)?;
         self.a.push(rax)?;
         self.a.push(r8)?;
         self.a.mov(rdi, rbx)?;
@@ -420,7 +448,8 @@ impl Emitter {
         self.a.shr(r8, 8)?;
         self.a.add(r8, 1)?;
         self.a.mov(rax, qword_ptr(rbx + self.o.next_rip))?;
-        self.a.jmp(self.fetch_miss)?;
+        // (Not through the fill thunk: the privilege may have changed.)
+        self.a.jmp(self.fetch_rust)?;
         Ok(())
     }
 

@@ -486,6 +486,7 @@ fn translate_with(
         chain: CodeLabel::default(),
         chain_out: CodeLabel::default(),
         fetch_miss: CodeLabel::default(),
+        fetch_rust: CodeLabel::default(),
         own: (block.rip, block.hpa, u64::from(block.generation)),
         chained_entry: CodeLabel::default(),
         epilogue: CodeLabel::default(),
@@ -506,6 +507,7 @@ fn translate_with(
     e.chain = chain_try;
     e.chain_out = e.a.create_label();
     e.fetch_miss = e.a.create_label();
+    e.fetch_rust = e.a.create_label();
     let mut chained_entry = e.a.create_label();
     e.chained_entry = chained_entry;
     e.epilogue = epilogue;
@@ -870,6 +872,9 @@ struct Emitter {
     /// Where a chaining exit goes when the next block's fetch misses the
     /// first-level iTLB (see [`Emitter::fetch_miss_exit`]).
     fetch_miss: CodeLabel,
+    /// Its way to `Cpu::jit_chain_fetch` (also that of a call-out that
+    /// asks for the fetch, `Emitter::call_exit`).
+    fetch_rust: CodeLabel,
     /// This block's RIP, host-physical address and code-write generation.
     own: (u64, u64, u64),
     /// Where chained blocks enter (a loop to the block's own start jumps

@@ -23,6 +23,13 @@
 //! state, never a different one; the `jit` tests and difftest compare
 //! the engines.
 //!
+//! A chaining exit whose next block's fetch misses the first-level iTLB
+//! calls it too, with the fetch class (`Emitter::fetch_miss_exit`): the
+//! same TLB hit and fill, and where the thunk cannot finish it answers
+//! `FULL` (the exit then asks `Cpu::jit_chain_fetch`, which makes the
+//! fetch the run loop's way) instead of going on to the Rust fill, which
+//! takes data accesses only.
+//!
 //! Calling convention: that of `fill_out` (sysv64: rdi = cpu, rsi =
 //! memory, rdx = linear address, ecx = class | bytes << 8; returns a
 //! [`super::fill`] code in rax), called from generated code, so r14 holds
@@ -72,8 +79,9 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     let mut data_loaded = a.create_label();
     let slot_shift = SLOT_BYTES.trailing_zeros();
     let class_shift = SLOTS.trailing_zeros();
-    // Data classes only.
-    a.cmp(cl, crate::cpu::l1tlb::DATA_CLASSES as i32 - 1)?;
+    // Data and fetch classes (a fetch's fill is a chaining exit's: see
+    // `Emitter::fetch_miss_exit`).
+    a.cmp(cl, crate::cpu::l1tlb::CLASSES as i32 - 1)?;
     a.ja(slow)?;
     // Within one page: the last byte (la + bytes - 1) on la's page.
     a.mov(eax, ecx)?;
@@ -200,6 +208,8 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.je(noted)?;
     a.test(r8d, 1)?;
     a.jne(noted)?;
+    a.cmp(r8d, crate::cpu::l1tlb::DATA_CLASSES as i32)?;
+    a.jae(noted)?;
     a.mov(r11, qword_ptr(rsi + r8 * 8 + book::USER_PAGES))?;
     a.btr(r11, rdi)?;
     a.mov(rcx, r11)?;
@@ -221,11 +231,14 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.mov(qword_ptr(rsi + book::FILLED_LEN), r10)?;
     a.set_label(&mut listed)?;
     // Translated code may use the slot only inside memory, and stores not
-    // into a frame holding code (r8 = class: writes are 2 and 3).
+    // into a frame holding code (r8 = class: writes are 2 and 3, fetches
+    // 4 and 5).
     a.cmp(rdx, -1)?;
     a.je(full)?;
     a.cmp(r8d, 2)?;
     a.jb(retry)?;
+    a.cmp(r8d, crate::cpu::l1tlb::DATA_CLASSES as i32)?;
+    a.jae(retry)?;
     a.shr(rax, 12)?;
     a.add(rax, qword_ptr(r14 + ENV_CODE_FRAMES))?;
     a.cmp(byte_ptr(rax), 0)?;
@@ -270,8 +283,11 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.or(rax, rdi)?;
     a.jmp(data_loaded)?;
     // Nothing done: the Rust fill, with the arguments as they came (rdx
-    // and rcx untouched; rdi and rsi as the generated code passes them).
+    // and rcx untouched; rdi and rsi as the generated code passes them);
+    // for a fetch, `FULL` (its caller goes to `Cpu::jit_chain_fetch`).
     a.set_label(&mut slow)?;
+    a.cmp(cl, crate::cpu::l1tlb::DATA_CLASSES as i32 - 1)?;
+    a.ja(full)?;
     a.mov(rdi, rbx)?;
     a.mov(rsi, r12)?;
     a.mov(rax, fallback)?;
