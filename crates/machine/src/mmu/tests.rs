@@ -1677,6 +1677,101 @@ fn odd_geometries_and_deterministic_replacement() {
     }
 }
 
+/// A hint to a 2 MiB entry, or to a global entry found under another
+/// PCID, is checked only by the TLB's epoch: it must go when its entry
+/// leaves (evicted by a 4 KiB fill, or dropped by a CR3 load's flush),
+/// or a lookup of its page would read whatever the way holds then. Each
+/// lookup against a TLB whose hints are wiped first (same results,
+/// references, counters, entries and replacement state).
+#[test]
+fn hints_checked_by_the_epoch_go_with_their_entry() {
+    let large = 0x4000_0000u64;
+    let global = 0x80_9000u64;
+    let small = |i: u64| 0x40_0000 + i * 0x1000;
+    let mut m = TestMachine::new();
+    let root = m.frame();
+    m.map(root, large, 0, PageSize::Size2M, P | W, GUEST_TABLE);
+    m.map(
+        root,
+        global,
+        0x20_0000,
+        PageSize::Size4K,
+        P | W | pte::GLOBAL,
+        GUEST_TABLE,
+    );
+    for i in 0..4 {
+        m.map(
+            root,
+            small(i),
+            0x30_0000 + i * 0x1000,
+            PageSize::Size4K,
+            P | W,
+            GUEST_TABLE,
+        );
+    }
+    // One set of four ways: every fill competes with every entry. (The
+    // pages looked up through hints have hint slots of their own: 7, 5
+    // and 9 against the small pages' 0 to 3.)
+    let config = TlbConfig {
+        entries: 4,
+        ways: 4,
+    };
+    let mut hinted = Tlb::new(config);
+    let mut plain = Tlb::new(config);
+    let mut step = 0;
+    // `op` on both TLBs, which must answer and end the same.
+    let mut both = |pcid: Option<u64>, op: &dyn Fn(&mut Tlb, &TranslateCtx<'_>) -> String| {
+        let mut r = regs(root);
+        if let Some(pcid) = pcid {
+            r.cr4 |= cr4::PCIDE;
+            r.cr3 |= pcid;
+        }
+        let ctx = m.ctx(r, None, 0);
+        let a = op(&mut hinted, &ctx);
+        plain.forget_hints();
+        let b = op(&mut plain, &ctx);
+        assert_eq!(a, b, "step {step}");
+        assert_eq!(hinted.stats(), plain.stats(), "step {step}");
+        assert_eq!(hinted.image(), plain.image(), "step {step}");
+        step += 1;
+    };
+    let look =
+        |va: u64| move |t: &mut Tlb, ctx: &TranslateCtx<'_>| format!("{:?}", tr(t, ctx, va, READ));
+    // The 2 MiB entry, hinted for one page, then evicted by four fills.
+    for _ in 0..2 {
+        both(None, &look(large + 0x7000));
+    }
+    for i in 0..4 {
+        both(None, &look(small(i)));
+    }
+    both(None, &look(large + 0x7000));
+    // Again, then dropped by a CR3 load's flush; four fills take the
+    // ways it left.
+    let flush = |t: &mut Tlb, _: &TranslateCtx<'_>| {
+        t.flush_non_global(0);
+        String::new()
+    };
+    both(None, &look(large + 0x5000));
+    both(None, &look(large + 0x5000));
+    both(None, &flush);
+    for i in 0..4 {
+        both(None, &look(small(i)));
+    }
+    both(None, &look(large + 0x5000));
+    // A global 4 KiB entry filled under PCID 1 (after a flush, so that
+    // nothing else moves the epoch), found (and hinted) under PCID 2,
+    // then evicted by PCID 2's fills.
+    both(None, &flush);
+    both(Some(1), &look(global));
+    for _ in 0..2 {
+        both(Some(2), &look(global));
+    }
+    for i in 0..4 {
+        both(Some(2), &look(small(i)));
+    }
+    both(Some(2), &look(global));
+}
+
 /// Host-side hints (and the hint every 4 KiB fill leaves) and the
 /// empty-set shortcut of a miss never change what the TLB answers: a TLB
 /// whose hints are wiped before every lookup and whose misses always probe

@@ -265,6 +265,12 @@ impl Entry {
     fn splintered(&self) -> bool {
         self.linear_size() > self.size()
     }
+    /// A hint to this entry is checked by the epoch, not against the
+    /// entry: one larger than 4 KiB, or a global one (of any PCID; see
+    /// [`Hint`]).
+    fn hinted_by_epoch(&self) -> bool {
+        self.size() != PageSize::Size4K || self.eptp & ctx_word::ANY_PCID != 0
+    }
     /// First linear address (bits 47:0) the entry maps.
     /// Made with guest paging on and not global: a CR3 load without PCID
     /// drops it.
@@ -489,9 +495,11 @@ pub struct TlbImage {
 /// holds two entries with one tag and EPTP: `insert` replaces). So it is
 /// checked against the entry itself, and survives other fills (the
 /// first-level TLB's misses, which come in runs after each fill, mostly
-/// hit here). A hint to a larger entry is good only while nothing changed
-/// in the TLB (`Tlb::epoch`): a 4 KiB entry filled since would take
-/// precedence in the search.
+/// hit here). A hint to a larger entry, or to a global entry found under
+/// another PCID, is good while the TLB's epoch (`Tlb::epoch`) stays: it
+/// moves when such an entry leaves or a larger one comes, and a 4 KiB
+/// entry filled since, which would take precedence in the search for its
+/// own page, clears that page's hint instead (`Tlb::place`).
 /// `repr(C)`: the translator's first-level fill reads hints ([`jit_view`]).
 #[derive(Debug, Clone, Copy, Default)]
 #[repr(C)]
@@ -652,7 +660,7 @@ thread_local! {
 pub struct Tlb {
     /// Lookup accelerator (see [`Hint`]).
     hints: Box<[Hint; HINTS]>,
-    /// Bumped on every change to `entries`.
+    /// Bumped when a hint checked by it may have gone stale (see [`Hint`]).
     epoch: u64,
     /// Bumped whenever valid entries leave the TLB (evicted, replaced,
     /// invalidated, flushed); see [`Removals`].
@@ -1145,13 +1153,23 @@ impl Tlb {
             }
         };
         let index = set * self.ways + way;
-        if valid & (1 << way) != 0 {
+        let replaced = valid & (1 << way) != 0;
+        if replaced {
             // An eviction, or the page's entry remade.
             self.removals.note(&self.entries[index]);
         }
+        // The hints checked by the epoch go when the entry one may point
+        // to leaves, or when a larger entry comes (it may take precedence
+        // over a 1 GiB one). A new 4 KiB entry takes precedence only in
+        // lookups of its own page: that page's hint goes (hints to 4 KiB
+        // entries of the key's PCID are checked against the entry).
+        if entry.size() != PageSize::Size4K || (replaced && self.entries[index].hinted_by_epoch()) {
+            self.epoch += 1;
+        } else {
+            self.hints[((entry.tag & tag::VPN) as usize) & (HINTS - 1)] = Hint::default();
+        }
         self.entries[index] = entry;
         self.mark_valid(set, way, &entry);
-        self.epoch += 1;
         self.touch(set, way);
         self.may_hold_splinters |= splintered;
     }
@@ -1170,8 +1188,10 @@ impl Tlb {
     /// CR3 load's flush finds about one entry in each set it visits).
     fn drop_visiting(&mut self, non_global_only: bool, mut drop: impl FnMut(&Entry) -> bool) {
         self.stats.flushes += 1;
-        self.epoch += 1;
         let mut any_dropped = false;
+        // Hints to 4 KiB entries of their PCID are checked against the
+        // entry; the others go if their entry may have (`place`).
+        let mut epoch_hinted = false;
         for word in 0..self.nonempty.len() {
             let mut sets = if non_global_only {
                 self.non_global_sets[word]
@@ -1194,6 +1214,7 @@ impl Tlb {
                     ways &= ways - 1;
                     let e = &mut self.entries[base + way];
                     if drop(e) {
+                        epoch_hinted |= e.hinted_by_epoch();
                         *e = Entry::INVALID;
                         dropped |= 1 << way;
                     }
@@ -1212,6 +1233,9 @@ impl Tlb {
         }
         if any_dropped {
             self.removals.note_many();
+        }
+        if epoch_hinted {
+            self.epoch += 1;
         }
     }
 
