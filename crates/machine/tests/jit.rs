@@ -1071,6 +1071,17 @@ fn first_level_fills_from_4k_tlb_entries_agree() {
 
 #[test]
 fn first_level_fills_from_2m_and_1g_tlb_entries_agree() {
+    large_page_fills(None);
+}
+
+#[test]
+fn first_level_fills_under_a_pcid_agree() {
+    // The same under CR4.PCIDE with PCID 5: the thunk finds the hints in
+    // the slots the TLB keeps them in under that PCID.
+    large_page_fills(Some(5));
+}
+
+fn large_page_fills(pcid: Option<u64>) {
     // Four rounds over the 512 4 KiB pages of a 2 MiB page (read, add,
     // write) and, through a 1 GiB page mapping linear 1..2 GiB to
     // physical 0..1 GiB, over 512 pages of other physical memory (read
@@ -1109,11 +1120,16 @@ fn first_level_fills_from_2m_and_1g_tlb_entries_agree() {
         a.hlt().unwrap();
     };
     let run = |engine| {
-        let r = rig(prog);
+        let mut r = rig(prog);
         // PDPT[1]: a 1 GiB user+writable page at physical 0.
         r.mem
             .write_bytes(Hpa(PDPT + 8), &0x87u64.to_le_bytes())
             .unwrap();
+        if let Some(pcid) = pcid {
+            let s = r.cpu.state_mut();
+            s.cr4 |= 1 << 17;
+            s.cr3 |= pcid;
+        }
         run_rig(engine, 1, r)
     };
     let (interp, _) = run(Engine::Interp);

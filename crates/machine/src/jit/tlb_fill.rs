@@ -109,16 +109,19 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     )?;
     a.cmp(qword_ptr(r9 - book::KEY_SLOT_KEY + book::KEY_SLOT_VALID), 0)?;
     a.je(slow)?;
-    // rax = the hint of that page; rdi = the hint key.
-    a.mov(eax, edi)?;
+    // rsi = the key's second word (EPTP and PCID); rax = the hint of
+    // that page under that PCID (`tlb::hint_slot`); rdi = the hint key.
+    a.mov(rsi, qword_ptr(r9 + tv::KEY_EPTP))?;
+    a.mov(rax, rsi)?;
+    a.shr(rax, tv::HINT_PCID_SHIFT)?;
+    a.imul_3(eax, eax, tv::HINT_PCID_MIX)?;
+    a.xor(eax, edi)?;
     a.and(eax, tv::HINT_MASK as i32)?;
     a.shl(eax, (tv::HINT_BYTES as u32).trailing_zeros())?;
     a.add(rax, qword_ptr(r14 + ENV_TLB_HINTS))?;
     a.or(rdi, qword_ptr(r9 + tv::KEY_CONTEXT))?;
     a.cmp(qword_ptr(rax + tv::HINT_KEY), rdi)?;
     a.jne(slow)?;
-    // rsi = the key's EPTP.
-    a.mov(rsi, qword_ptr(r9 + tv::KEY_EPTP))?;
     a.cmp(qword_ptr(rax + tv::HINT_EPTP), rsi)?;
     a.jne(slow)?;
     // r8 = set, r10 = way.

@@ -515,8 +515,24 @@ struct Hint {
     small: bool,
 }
 
-/// Number of hints (direct-mapped by 4 KiB page number).
+/// Number of hints (direct-mapped by 4 KiB page number and PCID, see
+/// [`hint_slot`]).
 const HINTS: usize = 1024;
+
+/// What a PCID moves a page's hint slot by (times the PCID, XORed in):
+/// processes forked from one another use the same linear pages under
+/// different PCIDs, and a context switch would otherwise find every hint
+/// of the other process in the slots it needs (the kernel's global pages
+/// are hinted under the PCID they were looked up in).
+const HINT_PCID_MIX: u32 = 0x2d3;
+
+/// The hint slot of 4 KiB page `page` looked up under the second key word
+/// `word` (its PCID).
+#[inline(always)]
+fn hint_slot(page: u64, word: u64) -> usize {
+    let pcid = (word >> ctx_word::PCID_SHIFT) as u32;
+    ((page as u32) ^ pcid.wrapping_mul(HINT_PCID_MIX)) as usize & (HINTS - 1)
+}
 
 /// What the translator's first-level TLB fill (`jit::tlb_fill`) reads and
 /// writes of a TLB to take a usable hit through a hint, exactly as
@@ -544,6 +560,10 @@ pub(crate) mod jit_view {
     pub const HINT_WAY: i32 = 28;
     pub const HINT_SMALL: i32 = 30;
     pub const HINT_MASK: u32 = HINTS as u32 - 1;
+    /// A hint's slot: the page number XOR the PCID (a key's second word
+    /// shifted right by this) times [`HINT_PCID_MIX`], masked.
+    pub const HINT_PCID_SHIFT: u32 = super::ctx_word::PCID_SHIFT;
+    pub const HINT_PCID_MIX: i32 = super::HINT_PCID_MIX as i32;
     pub const ENTRY_BYTES: i32 = 24;
     pub const ENTRY_TAG: i32 = 0;
     pub const ENTRY_EPTP: i32 = 8;
@@ -948,7 +968,7 @@ impl Tlb {
     pub(crate) fn lookup_keyed(&mut self, key: &LookupKey, gva: Gva) -> Option<Hpa> {
         let va = gva.0 & VA_MASK;
         let hint_key = key.context | (va >> 12);
-        let h = &self.hints[((va >> 12) as usize) & (HINTS - 1)];
+        let h = &self.hints[hint_slot(va >> 12, key.eptp)];
         if h.key == hint_key && h.eptp == key.eptp {
             let (set, way) = (h.set as usize, h.way as usize);
             let e = self.entries[set * self.ways + way];
@@ -1011,7 +1031,7 @@ impl Tlb {
     #[inline(always)]
     fn probe(&mut self, key: &LookupKey, va: u64) -> Found {
         let hint_key = key.context | (va >> 12);
-        let hint_slot = ((va >> 12) as usize) & (HINTS - 1);
+        let hint_slot = hint_slot(va >> 12, key.eptp);
         let Some(Located {
             size,
             set,
@@ -1159,14 +1179,16 @@ impl Tlb {
             self.removals.note(&self.entries[index]);
         }
         // The hints checked by the epoch go when the entry one may point
-        // to leaves, or when a larger entry comes (it may take precedence
-        // over a 1 GiB one). A new 4 KiB entry takes precedence only in
-        // lookups of its own page: that page's hint goes (hints to 4 KiB
-        // entries of the key's PCID are checked against the entry).
-        if entry.size() != PageSize::Size4K || (replaced && self.entries[index].hinted_by_epoch()) {
+        // to leaves, or when a larger or a global entry comes (it may take
+        // precedence in lookups under any PCID, whose hints are in other
+        // slots). A new 4 KiB entry of one PCID takes precedence only in
+        // lookups of its own page under that PCID: that one hint goes
+        // (hints to 4 KiB entries of the key's PCID are checked against the
+        // entry).
+        if entry.hinted_by_epoch() || (replaced && self.entries[index].hinted_by_epoch()) {
             self.epoch += 1;
         } else {
-            self.hints[((entry.tag & tag::VPN) as usize) & (HINTS - 1)] = Hint::default();
+            self.hints[hint_slot(entry.tag & tag::VPN, entry.eptp)] = Hint::default();
         }
         self.entries[index] = entry;
         self.mark_valid(set, way, &entry);
