@@ -2405,3 +2405,220 @@ fn shift_flags_kept_in_r15_agree() {
     assert_eq!(stats.blocks_failed, 0, "{stats:?}");
     assert!(stats.blocks_translated >= 2, "{stats:?}");
 }
+
+/// The loop of the STI tests: `iterations` of CLI, work, STI (IF clear:
+/// the STI shadow), one instruction, more work; a flag live across each.
+fn sti_loop(a: &mut CodeAssembler, iterations: u64) {
+    let mut top = a.create_label();
+    a.mov(rcx, iterations).unwrap();
+    a.mov(r8, 0x9e37_79b9_7f4a_7c15u64).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.cli().unwrap();
+    a.add(r8, rcx).unwrap();
+    a.sti().unwrap();
+    // The shadowed instruction: no interrupt before it.
+    a.adc(r9, r8).unwrap();
+    a.add(r10, r9).unwrap();
+    a.sti().unwrap();
+    // IF already set: no shadow.
+    a.add(r11, r10).unwrap();
+    a.dec(rcx).unwrap();
+    a.jnz(top).unwrap();
+}
+
+#[test]
+fn sti_runs_natively_and_keeps_its_interrupt_shadow() {
+    // STI at CPL 0 sets IF (and the shadow when IF was clear) in
+    // translated code, no call-out; the block ends there and the run loop
+    // checks events as after the interpreter's STI.
+    let iterations = 300u64;
+    let (o, stats) = both(|a| {
+        sti_loop(a, iterations);
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // First-level TLB misses only: no STI goes to the interpreter.
+    let bound = 40;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+    // An external interrupt posted at a cycle limit somewhere in the loop
+    // is delivered where the interpreter delivers it: after the
+    // instruction the STI that set IF shadows (the handler halts).
+    for stop in [500u64, 1234, 2999, 4321] {
+        let run = |engine| {
+            let mut r = rig(|a| {
+                sti_loop(a, 3 * iterations);
+                a.hlt().unwrap();
+            });
+            r.cpu.set_engine(engine);
+            r.cpu.set_jit_threshold(1);
+            let first = r.cpu.run(&r.mem, stop);
+            r.cpu.post_external_interrupt(0x30);
+            let exit = r.run();
+            (
+                (
+                    first,
+                    exit,
+                    r.cpu.cycles(),
+                    r.cpu.stats().instructions,
+                    r.cpu.state_digest(),
+                    r.cpu.state().gpr,
+                ),
+                r.cpu.jit_stats().blocks_translated,
+            )
+        };
+        let interp = run(Engine::Interp);
+        let jit = run(Engine::Jit);
+        assert_eq!(interp.0 .0, VmExit::CycleLimit, "stop at {stop}");
+        assert_eq!(interp.0 .1, VmExit::Hlt, "stop at {stop}");
+        assert_eq!(interp.0 .5[15], HANDLER_MARK + 0x30, "stop at {stop}");
+        assert_eq!(interp.0, jit.0, "stop at {stop}");
+        assert!(jit.1 >= 2, "stop at {stop}: {:?}", jit.1);
+    }
+}
+
+#[test]
+fn stac_and_clac_run_natively_with_smap() {
+    // STAC and CLAC at CPL 0 change RFLAGS.AC in translated code, no
+    // call-out, with what the first-level TLB does when the key context's
+    // AC changes under CR4.SMAP: after CLAC the supervisor data slots of
+    // user-mode pages are gone, so the access after the loop (AC clear,
+    // to a user page) takes the SMAP #PF on both engines. Without SMAP it
+    // does not fault.
+    let iterations = 300u64;
+    let prog = |a: &mut CodeAssembler| {
+        let mut top = a.create_label();
+        a.mov(rsi, DATA).unwrap();
+        a.mov(rcx, iterations).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.stac().unwrap();
+        a.mov(ebx, ecx).unwrap();
+        a.and(ebx, 0x3f).unwrap();
+        a.add(qword_ptr(rsi + rbx * 8), rcx).unwrap();
+        a.mov(rax, qword_ptr(rsi + rbx * 8 + 0x800)).unwrap();
+        a.add(r9, rax).unwrap();
+        a.stac().unwrap();
+        a.clac().unwrap();
+        a.add(r10, r9).unwrap();
+        a.clac().unwrap();
+        // Supervisor-page accesses with AC clear: lookup keys made under
+        // it, which the next STAC must drop.
+        a.mov(qword_ptr(rsp - 16), r10).unwrap();
+        a.add(r12, qword_ptr(rsp - 16)).unwrap();
+        a.dec(rcx).unwrap();
+        a.jnz(top).unwrap();
+        a.mov(rax, qword_ptr(rsi + 0x10)).unwrap();
+        a.mov(r11d, 7u32).unwrap();
+        a.hlt().unwrap();
+    };
+    for smap in [true, false] {
+        let make = || {
+            let mut r = rig(prog);
+            // The first 2 MiB (code, stack, tables) supervisor-only; DATA
+            // stays a user-mode page.
+            r.mem.write_u64(Hpa(PD), 0x83).unwrap();
+            if smap {
+                r.cpu.state_mut().cr4 |= machine::cpu::state::cr4::SMAP;
+            }
+            r
+        };
+        let (interp, _) = run_rig(Engine::Interp, 1, make());
+        let (jit, stats) = run_rig(Engine::Jit, 1, make());
+        assert_eq!(interp, jit, "smap: {smap}");
+        assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+        assert_eq!(jit.exit, VmExit::Hlt);
+        if smap {
+            assert_eq!(jit.gpr[15], HANDLER_MARK + 14, "the SMAP #PF");
+            assert_eq!(jit.gpr[11], 0);
+        } else {
+            assert_eq!(jit.gpr[15], 0);
+            assert_eq!(jit.gpr[11], 7);
+        }
+        // First-level TLB misses only.
+        let bound = 40;
+        assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+    }
+}
+
+#[test]
+fn double_shifts_and_memory_multiplies_run_natively() {
+    // SHLD and SHRD of 32- and 64-bit registers by immediates (0, 1, the
+    // width - 1 and between; a 16-bit one and by CL through the
+    // interpreter), their flags (OF and AF as the interpreter defines
+    // them) live after them through PUSHFQ and ADC; IMUL of a register by
+    // memory (32 and 64 bits, overflowing and not), its cost and CF/OF
+    // as the interpreter's. A page-crossing IMUL operand goes through the
+    // interpreter.
+    let iterations = 200u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(rsi, DATA).unwrap();
+        a.mov(rdi, iterations).unwrap();
+        a.mov(r8, 0x9e37_79b9_7f4a_7c15u64).unwrap();
+        a.mov(r9, 0x0123_4567_89ab_cdefu64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.imul_3(r8, r8, 0x2545_f491).unwrap();
+        a.add(r8, rdi).unwrap();
+        a.mov(ebx, edi).unwrap();
+        a.and(ebx, 0xff).unwrap();
+        a.mov(qword_ptr(rsi + rbx * 8), r8).unwrap();
+        a.mov(rax, r9).unwrap();
+        a.shrd(rax, r8, 13).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rcx).unwrap();
+        a.add(r10, rcx).unwrap();
+        a.xor(r10, rax).unwrap();
+        a.mov(rdx, r8).unwrap();
+        a.shld(rdx, r9, 1).unwrap();
+        a.adc(r11, rdx).unwrap();
+        a.shrd(edx, r8d, 31).unwrap();
+        a.seto(cl).unwrap();
+        a.add(r11b, cl).unwrap();
+        a.shld(eax, r9d, 7).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rcx).unwrap();
+        a.add(r12, rcx).unwrap();
+        a.shrd(r9, r8, 63).unwrap();
+        a.shld(r13, r8, 33).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rcx).unwrap();
+        a.add(r12, rcx).unwrap();
+        a.shrd(r13, rdx, 1).unwrap();
+        a.adc(r12, r13).unwrap();
+        // A count of 0: no flag changes, a 32-bit destination still
+        // zero-extended.
+        a.cmp(r12, r13).unwrap();
+        a.shrd(eax, edx, 0).unwrap();
+        a.shld(r14, rdx, 64).unwrap();
+        a.adc(r14, rax).unwrap();
+        // Through the interpreter.
+        a.shrd(r9w, r8w, 5).unwrap();
+        a.mov(ecx, edi).unwrap();
+        a.shld(r14, r8, cl).unwrap();
+        // IMUL by memory; CF/OF live after it, SF ZF kept.
+        a.cmp(r14, r9).unwrap();
+        a.imul_2(r15, qword_ptr(rsi + rbx * 8)).unwrap();
+        a.pushfq().unwrap();
+        a.pop(rcx).unwrap();
+        a.add(r12, rcx).unwrap();
+        a.mov(r15, rdi).unwrap();
+        a.imul_2(r15, qword_ptr(rsi + rbx * 8)).unwrap();
+        a.adc(r12, r15).unwrap();
+        a.mov(eax, edi).unwrap();
+        a.imul_2(eax, dword_ptr(rsi + rbx * 4 + 0x800)).unwrap();
+        a.seto(cl).unwrap();
+        a.add(r12b, cl).unwrap();
+        a.add(r13, rax).unwrap();
+        a.dec(rdi).unwrap();
+        a.jnz(top).unwrap();
+        a.mov(rax, 3u64).unwrap();
+        a.imul_2(rax, qword_ptr(rsi + 0xffd)).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // The 16-bit SHRD and the SHLD by CL per iteration, the crossing
+    // IMUL, first-level TLB misses.
+    let bound = 2 * iterations + 40;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}

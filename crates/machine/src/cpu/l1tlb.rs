@@ -58,9 +58,11 @@ const _: () = assert!(std::mem::size_of::<Slot>() == SLOT_BYTES);
 /// Access-kind classes: (read, write, execute) x (supervisor, user).
 pub(crate) const CLASSES: usize = 6;
 /// Byte offsets in a [`Slot`] that translated code reads.
+pub(crate) const SLOT_PAGE: usize = 0;
 pub(crate) const SLOT_JIT_PAGE: usize = 16;
 pub(crate) const SLOT_HOST_DELTA: usize = 24;
 pub(crate) const SLOT_HPA: usize = 8;
+const _: () = assert!(std::mem::offset_of!(Slot, page) == SLOT_PAGE);
 const _: () = assert!(std::mem::offset_of!(Slot, jit_page) == SLOT_JIT_PAGE);
 const _: () = assert!(std::mem::offset_of!(Slot, host_delta) == SLOT_HOST_DELTA);
 const _: () = assert!(std::mem::offset_of!(Slot, hpa) == SLOT_HPA);
@@ -69,23 +71,24 @@ const _: () = assert!(std::mem::offset_of!(Slot, hpa) == SLOT_HPA);
 /// [`SLOT_BYTES`] per slot, [`SLOTS`] slots per class.
 #[derive(Debug, Clone, Copy)]
 #[repr(C)]
-struct Slot {
+pub(crate) struct Slot {
     /// Linear page number + 1 (0 = empty).
-    page: u64,
+    pub(crate) page: u64,
     /// Host-physical page base.
     hpa: u64,
     /// The linear page number (without the + 1) when the frame lies
     /// inside the memory the slot was filled for (translated code may then
     /// access it through `host_delta`), else `u64::MAX`, which no page
     /// number equals.
-    jit_page: u64,
+    pub(crate) jit_page: u64,
     /// Host address of the page minus its linear address (wrapping): the
     /// host address of a byte is its linear address plus this.
     host_delta: u64,
 }
 
 impl Slot {
-    const EMPTY: Slot = Slot {
+    /// (Translated code's CLAC empties slots too: `jit::forms`.)
+    pub(crate) const EMPTY: Slot = Slot {
         page: 0,
         hpa: 0,
         jit_page: u64::MAX,
@@ -103,7 +106,9 @@ pub(crate) struct L1Tlb {
     /// The memory (host base, size) the slots' `jit_page`/`host_delta`
     /// were computed for.
     memory: (usize, u64),
-    /// What the cached lookup keys were computed under (`None`: none yet).
+    /// What the cached lookup keys were computed under (`None`: none yet),
+    /// but for `rflags_ac`, which is `Book::smap_ac` (see
+    /// [`Self::keys_for`]).
     keys_for: Option<KeyContext>,
     /// What a fill updates besides the slot (boxed: translated code's
     /// first-level fill writes it at a fixed address, `book_address`).
@@ -294,7 +299,7 @@ impl L1Tlb {
         context: Option<KeyContext>,
     ) {
         if mode_epoch != self.mode_epoch {
-            match (context, self.keys_for) {
+            match (context, self.keys_for()) {
                 (Some(now), Some(was)) if now == was => {}
                 (Some(now), Some(was))
                     if now
@@ -312,7 +317,7 @@ impl L1Tlb {
                     self.clear();
                 }
             }
-            self.book.smap_ac = u64::from(self.keys_for.is_some_and(|c| c.rflags_ac));
+            self.book.smap_ac = u64::from(context.is_some_and(|c| c.rflags_ac));
         }
         if removals.count != self.removals {
             match removals.last_page {
@@ -322,6 +327,17 @@ impl L1Tlb {
         }
         self.removals = removals.count;
         self.mode_epoch = mode_epoch;
+    }
+
+    /// The context the cached lookup keys were computed under. Its
+    /// RFLAGS.AC is `Book::smap_ac`: translated code's STAC and CLAC
+    /// change it there, doing what [`Self::smap_ac_changed`] does
+    /// (`jit::forms`), without a resync.
+    fn keys_for(&self) -> Option<KeyContext> {
+        self.keys_for.map(|c| KeyContext {
+            rflags_ac: self.book.smap_ac != 0,
+            ..c
+        })
     }
 
     /// Whether fills are noted in `Book::user_pages` now (`Book::smap_ac`):

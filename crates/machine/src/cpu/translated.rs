@@ -455,6 +455,7 @@ impl Cpu {
             ]
             .map(|s| off(&s.selector as *const u16 as usize)),
             check_events: off(&self.check_events as *const bool as usize),
+            interruptibility: off(&self.state.interruptibility as *const u8 as usize),
             cr0: off(&self.state.cr0 as *const u64 as usize),
             cr4: off(&self.state.cr4 as *const u64 as usize),
             xmm: off(self.state.fpu.xmm.as_ptr() as usize),

@@ -555,6 +555,18 @@ impl Emitter {
         size: Size,
         result: Register,
     ) -> Result<(), NotTranslated> {
+        self.shift_flags_saved_as(op, false, size, result)
+    }
+
+    /// [`Self::shift_flags_saved`], or with `shrd` (`op` SHR) SHRD's OF:
+    /// the XOR of the result's two top bits.
+    fn shift_flags_saved_as(
+        &mut self,
+        op: ShiftOp,
+        shrd: bool,
+        size: Size,
+        result: Register,
+    ) -> Result<(), NotTranslated> {
         self.a.mov(rcx, rax)?;
         self.a.lahf()?;
         // (LAHF clobbered AH: a result in rax is in rcx now.)
@@ -563,7 +575,18 @@ impl Emitter {
         } else {
             result
         };
-        if !self.shift_of(op, size, result, Register::AH)? {
+        if shrd {
+            // The two top bits as bits 1:0 of dl: their XOR is the
+            // inverse of the parity TEST leaves in PF.
+            self.add(Instruction::with2(
+                Code::Mov_r64_rm64,
+                Register::RDX,
+                result,
+            ))?;
+            self.a.shr(rdx, size.bits() - 2)?;
+            self.a.test(iced_x86::code_asm::dl, 3)?;
+            self.a.setnp(iced_x86::code_asm::dl)?;
+        } else if !self.shift_of(op, size, result, Register::AH)? {
             self.a.xor(edx, edx)?;
         }
         // AF set (the host's is undefined).
@@ -785,6 +808,25 @@ pub(crate) enum Extra {
     /// CLI: IF cleared where CPL is 0 (always allowed there); at any
     /// other CPL the instruction through the interpreter (IOPL check).
     Cli,
+    /// STI where CPL is 0, as CLI; always the last instruction of its
+    /// block (`code_cache::is_serializing`).
+    Sti,
+    /// SHLD (`left`) or SHRD of a 32- or 64-bit register with a register
+    /// by an immediate (`count`, masked as the interpreter masks it).
+    DoubleShift {
+        left: bool,
+        dst: u8,
+        src: u8,
+        size: Size,
+        count: u8,
+    },
+    /// Two-operand IMUL of a 32- or 64-bit register by memory, the read
+    /// inline (a first-level miss runs the instruction through the
+    /// interpreter, as for `Div`).
+    ImulM { dst: u8, size: Size, m: MemOp },
+    /// STAC (`set`) or CLAC where CPL is 0 (#UD elsewhere: the
+    /// interpreter), with the first-level TLB's SMAP bookkeeping.
+    Ac { set: bool },
     /// CMPXCHG of a memory operand with `reg` (and the accumulator of
     /// its size; `reg` not AH, CH, DH or BH), locked or not, through the
     /// inline access for writing. (Linux's paravirtual spinlocks release
@@ -984,6 +1026,9 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
             (seg < 6 && size != Size::B1).then_some(Extra::MovFromSegment { dst, seg, size })
         }
         M::Cli => Some(Extra::Cli),
+        M::Sti => Some(Extra::Sti),
+        M::Stac => Some(Extra::Ac { set: true }),
+        M::Clac => Some(Extra::Ac { set: false }),
         M::Rdtscp => Some(Extra::Rdtsc { aux: true }),
         M::Bt | M::Bts | M::Btr | M::Btc
             if i.op0_kind() == OpKind::Memory && i.op1_kind() == OpKind::Register =>
@@ -1044,6 +1089,26 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
                 Extra::Mul { signed, size, src }
             })
         }
+        M::Shld | M::Shrd
+            if i.op0_kind() == OpKind::Register
+                && i.op1_kind() == OpKind::Register
+                && i.op2_kind() == OpKind::Immediate8 =>
+        {
+            let (dst, size) = wide_gpr(i.op0_register())?;
+            let count = i.immediate8() & if size == Size::B8 { 0x3f } else { 0x1f };
+            Some(Extra::DoubleShift {
+                left: m == M::Shld,
+                dst,
+                src: wide_gpr(i.op1_register())?.0,
+                size,
+                count,
+            })
+        }
+        M::Imul if i.op_count() == 2 && i.op1_kind() == OpKind::Memory => Some(Extra::ImulM {
+            dst: wide_gpr(i.op0_register())?.0,
+            size: wide_memory(i)?,
+            m: crate::cpu::fast::mem_operand(i)?,
+        }),
         M::Div | M::Idiv if i.op0_kind() == OpKind::Memory => Some(Extra::Div {
             signed: m == M::Idiv,
             size: wide_memory(i)?,
@@ -1249,6 +1314,16 @@ impl Emitter {
             }
             Extra::SetccM { code, m } => self.setcc_mem(k, ip, code, &m),
             Extra::Cli => self.cli(k),
+            Extra::Sti => self.sti(k),
+            Extra::Ac { set } => self.stac_clac(k, set),
+            Extra::DoubleShift {
+                left,
+                dst,
+                src,
+                size,
+                count,
+            } => self.double_shift(left, dst, src, size, count),
+            Extra::ImulM { dst, size, m } => self.imul_mem(k, dst, size, &m),
             Extra::Rdtsc { aux } => self.rdtsc(k, aux),
             Extra::Leave => self.leave(k, ip),
             Extra::BitTestMR { op, size, m, src } => self.bit_test_reg(k, ip, op, size, &m, src),
@@ -1610,6 +1685,113 @@ impl Emitter {
         self.unless_cpl0_without_events(full)?;
         let not_if = !(crate::cpu::state::rflags::IF as u32) as i32;
         self.a.and(dword_ptr(rbx + self.o.rflags), not_if)?;
+        self.end_inline(k, full, &mut cont, false)
+    }
+
+    /// STI at CPL 0, as `Cpu::exec_system` runs it there: the STI
+    /// interrupt shadow if IF was clear, IF set, and an event check asked
+    /// for (`check_events`); then, as `Cpu::jit_call_out` after such a
+    /// call-out, the deadline at 0 so that the block's exit returns to
+    /// the run loop, which makes that check (and runs the shadowed
+    /// instruction alone) exactly as after the interpreter's STI. (The
+    /// interpreter also moves the mode epoch, as for every system
+    /// instruction; IF is not in the first-level TLB's key context, so
+    /// its resync would change nothing: CLI's native form does not move
+    /// it either.) Elsewhere (CPL above 0: the IOPL check; events to
+    /// check) the interpreter runs it.
+    fn sti(&mut self, k: usize) -> Result<(), NotTranslated> {
+        use crate::cpu::state::{interruptibility, rflags};
+        let (full, mut cont) = self.begin_inline()?;
+        self.unless_cpl0_without_events(full)?;
+        let mut was_set = self.a.create_label();
+        self.a
+            .test(dword_ptr(rbx + self.o.rflags), rflags::IF as i32)?;
+        self.a.jne(was_set)?;
+        self.a.or(
+            byte_ptr(rbx + self.o.interruptibility),
+            interruptibility::STI as i32,
+        )?;
+        self.a
+            .or(dword_ptr(rbx + self.o.rflags), rflags::IF as i32)?;
+        self.a.set_label(&mut was_set)?;
+        self.a.mov(byte_ptr(rbx + self.o.check_events), 1)?;
+        self.a.mov(qword_ptr(rbx + self.o.jit_deadline), 0)?;
+        self.end_inline(k, full, &mut cont, false)
+    }
+
+    /// STAC (`set`) or CLAC at CPL 0: RFLAGS.AC set or cleared, and what
+    /// the interpreter's path does to the first-level TLB through the mode
+    /// epoch it moves (`Cpu::exec_system`, then the call-out's
+    /// `Cpu::sync_l1`): nothing unless the key context's AC
+    /// (`KeyContext::rflags_ac`: AC under CR4.SMAP, which `Book::smap_ac`
+    /// holds for the context the slots were synced to) changes; if it does,
+    /// as `L1Tlb::smap_ac_changed`: the supervisor data classes' lookup
+    /// keys dropped and, AC clearing, their slots noted as holding
+    /// user-mode pages emptied (and no longer noted), then `smap_ac` set to
+    /// the new AC. (The mode epoch is not moved: the slots are then what
+    /// the resync would have made them, `L1Tlb::keys_for`.) With events to
+    /// check (the interpreter leaves the block after a system
+    /// instruction) the interpreter runs it.
+    fn stac_clac(&mut self, k: usize, set: bool) -> Result<(), NotTranslated> {
+        use crate::cpu::l1tlb::{book, Slot, SLOT_PAGE, SUPERVISOR_DATA_CLASSES};
+        use crate::cpu::state::{cr4, rflags};
+        let (full, mut cont) = self.begin_inline()?;
+        self.unless_cpl0_without_events(full)?;
+        let mut done = self.a.create_label();
+        if set {
+            self.a
+                .or(dword_ptr(rbx + self.o.rflags), rflags::AC as i32)?;
+            // The context's AC becomes set only under SMAP, and only if
+            // it was clear.
+            self.a.test(dword_ptr(rbx + self.o.cr4), cr4::SMAP as i32)?;
+            self.a.je(done)?;
+            self.a.mov(rcx, qword_ptr(r14 + ENV_L1_BOOK))?;
+            self.a.cmp(qword_ptr(rcx + book::SMAP_AC), 0)?;
+            self.a.jne(done)?;
+        } else {
+            self.a
+                .and(dword_ptr(rbx + self.o.rflags), !(rflags::AC as u32) as i32)?;
+            // The context's AC was set (under SMAP) or stays clear.
+            self.a.mov(rcx, qword_ptr(r14 + ENV_L1_BOOK))?;
+            self.a.cmp(qword_ptr(rcx + book::SMAP_AC), 0)?;
+            self.a.je(done)?;
+        }
+        self.a.mov(qword_ptr(rcx + book::SMAP_AC), set as i32)?;
+        for class in SUPERVISOR_DATA_CLASSES {
+            let key = book::KEYS + class as i32 * book::KEY_SLOT_BYTES + book::KEY_SLOT_VALID;
+            self.a.mov(qword_ptr(rcx + key), 0)?;
+            if set {
+                continue;
+            }
+            // Each slot noted: rdx the bits left, rax the slot's index.
+            let user_pages = book::USER_PAGES + 8 * class as i32;
+            let (mut again, mut none) = (self.a.create_label(), self.a.create_label());
+            self.a.mov(rdx, qword_ptr(rcx + user_pages))?;
+            self.a.mov(qword_ptr(rcx + user_pages), 0)?;
+            self.a.test(rdx, rdx)?;
+            self.a.je(none)?;
+            self.a.set_label(&mut again)?;
+            self.a.bsf(rax, rdx)?;
+            self.a.shl(eax, SLOT_BYTES.trailing_zeros())?;
+            let base = (class * SLOTS * SLOT_BYTES) as i32;
+            self.a.mov(
+                qword_ptr(rbp + rax + base + SLOT_PAGE as i32),
+                Slot::EMPTY.page as i32,
+            )?;
+            self.a.mov(
+                qword_ptr(rbp + rax + base + SLOT_JIT_PAGE as i32),
+                Slot::EMPTY.jit_page as i64 as i32,
+            )?;
+            // The lowest bit off.
+            self.a.lea(rax, qword_ptr(rdx - 1))?;
+            self.a.and(rdx, rax)?;
+            self.a.jne(again)?;
+            self.a.set_label(&mut none)?;
+            // (Each label on an instruction of its own.)
+            self.a.zero_bytes()?;
+        }
+        self.a.set_label(&mut done)?;
+        self.a.zero_bytes()?;
         self.end_inline(k, full, &mut cont, false)
     }
 
@@ -1995,6 +2177,73 @@ impl Emitter {
         self.a.jne(slow)?;
         self.a.cmp(byte_ptr(rbx + self.o.check_events), 0)?;
         Ok(self.a.jne(slow)?)
+    }
+
+    /// SHLD (`left`) or SHRD of `dst` with `src` by a masked count `n`, as
+    /// `alu::shld`/`alu::shrd` for 32 and 64 bits (counts below the
+    /// width): a count of 0 changes no flag (a 32-bit destination is still
+    /// zero-extended, as the interpreter writes it); otherwise the host
+    /// instruction gives the result, CF, SF, ZF and PF, and the undefined
+    /// flags are the interpreter's: AF set, OF = MSB(result) XOR CF
+    /// (SHLD) or the XOR of the result's two top bits (SHRD), in r15 as a
+    /// shift's ([`Self::shift_flags_saved`]).
+    fn double_shift(
+        &mut self,
+        left: bool,
+        dst: u8,
+        src: u8,
+        size: Size,
+        n: u8,
+    ) -> Result<(), NotTranslated> {
+        if n == 0 {
+            if size == Size::B4 {
+                self.load(ACC, dst, size)?;
+                self.store_acc(dst, size)?;
+            }
+            return Ok(());
+        }
+        let code = match (left, size) {
+            (true, Size::B4) => Code::Shld_rm32_r32_imm8,
+            (true, Size::B8) => Code::Shld_rm64_r64_imm8,
+            (false, Size::B4) => Code::Shrd_rm32_r32_imm8,
+            (false, Size::B8) => Code::Shrd_rm64_r64_imm8,
+            _ => return Err(NotTranslated::Unsupported("8/16-bit double shift")),
+        };
+        // All six are replaced below (or never observed).
+        self.flags_overwritten();
+        self.load(ACC, dst, size)?;
+        self.load(SEC, src, size)?;
+        self.add(Instruction::with3(
+            code,
+            ACC[si(size)],
+            SEC[si(size)],
+            n as u32,
+        ))?;
+        if !self.flags_dead {
+            let op = if left { ShiftOp::Shl } else { ShiftOp::Shr };
+            self.shift_flags_saved_as(op, !left, size, Register::RAX)?;
+        }
+        self.store_acc(dst, size)
+    }
+
+    /// Two-operand IMUL of `gpr[dst]` by a 32- or 64-bit memory operand:
+    /// as `Cpu::exec_mul`, the multiply cost charged (before the read:
+    /// a first-level miss, which the interpreter's read may fill or fault
+    /// on, runs the whole instruction through the interpreter, as for a
+    /// memory DIV), CF and OF from the host, SF ZF AF PF kept.
+    fn imul_mem(&mut self, k: usize, dst: u8, size: Size, m: &MemOp) -> Result<(), NotTranslated> {
+        let (slow, mut cont) = self.begin_inline()?;
+        self.lea(m)?;
+        self.fast_access(false, size, slow)?;
+        self.load_host(SEC, size)?;
+        self.add_cycles(self.o.multiply_cost)?;
+        self.load(ACC, dst, size)?;
+        let code = [Code::Imul_r32_rm32, Code::Imul_r64_rm64][(size == Size::B8) as usize];
+        self.add(Instruction::with2(code, ACC[si(size)], SEC[si(size)]))?;
+        // (MOVs only: the host flags survive the store.)
+        self.store_acc(dst, size)?;
+        self.merge_multiply_flags()?;
+        self.end_inline(k, slow, &mut cont, false)
     }
 
     /// One-operand MUL/IMUL by a register: rdx:rax = rax * src, CF and OF

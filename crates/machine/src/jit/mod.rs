@@ -207,6 +207,9 @@ pub(crate) struct Offsets {
     /// `Cpu::check_events` (a `bool`): set, the interpreter leaves the
     /// block after a system instruction.
     pub check_events: i32,
+    /// `state.interruptibility` (a `u8`: STI and MOV SS blocking), which
+    /// STI sets.
+    pub interruptibility: i32,
     /// CR0 and CR4 (whether SSE instructions may run) and the XMM
     /// registers, for the XMM moves (`forms::Extra::XmmMove`).
     pub cr0: i32,
