@@ -263,11 +263,11 @@ pub(crate) fn translate_miss(
         if let Some(w) = paging::walk_cached(ctx, &tlb.psc, gva, access, &mut fills) {
             let final_ept = match ctx.ept {
                 None => None,
-                Some(eptp) => match tlb.psc.gpa_peek(eptp, w.guest.gpa, access.kind) {
-                    Some(t) => Some(t),
-                    None => {
+                Some(eptp) => match tlb.psc.gpa_peek_cached(eptp, w.guest.gpa, access.kind) {
+                    (Some(t), _) => Some(t),
+                    (None, cached) => {
                         return translate_miss_final_ept(
-                            tlb, ctx, gva, access, walk_refs, &w, &fills, eptp,
+                            tlb, ctx, gva, access, walk_refs, &w, &fills, eptp, cached,
                         )
                     }
                 },
@@ -320,6 +320,9 @@ fn commit_cached_walk(
 /// after the same guest walk (whose effects this commits first), so the
 /// guest walk is not made twice. A fault there is handled as the general
 /// way handles it: with EPT, the guest walk always used a cached mapping.
+/// `cached`: a mapping of that address's page is cached (one that does
+/// not allow the access); else there is none, which the fill need not
+/// look for again.
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn translate_miss_final_ept(
@@ -331,6 +334,7 @@ fn translate_miss_final_ept(
     w: &paging::CachedWalk,
     fills: &[psc::UpperFill; 3],
     eptp: Eptp,
+    cached: bool,
 ) -> Result<Hpa, TranslateError> {
     #[cfg(test)]
     FINAL_EPT_WALKS.with(|n| n.set(n.get() + 1));
@@ -349,7 +353,9 @@ fn translate_miss_final_ept(
     ) {
         Ok(t) => {
             *walk_refs += refs;
-            tlb.psc.gpa_fill(eptp, gpa, &t);
+            // The mappings are as the peek saw them: the commit above
+            // changed only the upper-level caches.
+            tlb.psc.gpa_fill_known(eptp, gpa, &t, cached);
             tlb.insert(
                 ctx,
                 gva,

@@ -188,10 +188,24 @@ impl<T: Copy> Sets<T> {
     /// Puts `value` in the set of `key`: over the slot `same` picks, else
     /// the first free way, else the round-robin victim.
     fn insert(&mut self, key: u64, value: T, same: impl Fn(&T) -> bool) {
+        self.insert_known(key, value, same, false);
+    }
+
+    /// [`Self::insert`]; `absent`: the caller knows no entry of the set
+    /// is one `same` picks (it probed the set, unchanged since), so the
+    /// search is skipped.
+    #[inline(always)]
+    fn insert_known(&mut self, key: u64, value: T, same: impl Fn(&T) -> bool, absent: bool) {
         let set = self.set_of(key);
         let occupied = self.occupied_ways(set);
         let free = !occupied & ((1 << PscConfig::WAYS) - 1);
-        let way = match self.find_way(set, occupied, same) {
+        debug_assert!(!absent || self.find_way(set, occupied, &same).is_none());
+        let found = if absent {
+            None
+        } else {
+            self.find_way(set, occupied, same)
+        };
+        let way = match found {
             Some(w) => w,
             None if free != 0 => free.trailing_zeros() as usize,
             None => {
@@ -603,15 +617,44 @@ impl Psc {
         })
     }
 
+    /// [`Self::gpa_peek`], also telling whether a mapping of `gpa`'s page
+    /// under `eptp` is cached at all (usable or not), for
+    /// [`Self::gpa_fill_known`].
+    #[inline(always)]
+    pub(crate) fn gpa_peek_cached(
+        &self,
+        eptp: Eptp,
+        gpa: Gpa,
+        kind: super::AccessKind,
+    ) -> (Option<EptTranslation>, bool) {
+        match self.mapping(eptp, gpa.0 >> PageSize::Size4K.shift()) {
+            Some(m) => (Self::mapping_translation(m, gpa, kind), true),
+            None => (None, false),
+        }
+    }
+
     /// Caches an EPT translation of `gpa` a walk just made.
     pub(crate) fn gpa_fill(&mut self, eptp: Eptp, gpa: Gpa, t: &EptTranslation) {
+        self.gpa_fill_known(eptp, gpa, t, true);
+    }
+
+    /// [`Self::gpa_fill`]; `cached` false: [`Self::gpa_peek_cached`] found
+    /// no mapping of the page, and the mappings have not changed since.
+    #[inline]
+    pub(crate) fn gpa_fill_known(
+        &mut self,
+        eptp: Eptp,
+        gpa: Gpa,
+        t: &EptTranslation,
+        cached: bool,
+    ) {
         if !self.gpa.enabled() {
             return;
         }
         let gfn = gpa.0 >> PageSize::Size4K.shift();
         let eptp = eptp.0;
         self.memo.generation += 1;
-        self.gpa.insert(
+        self.gpa.insert_known(
             gfn,
             GpaMapping {
                 gfn,
@@ -622,6 +665,7 @@ impl Psc {
                 dirty_recorded: t.dirty_recorded,
             },
             |m| m.gfn == gfn && m.eptp == eptp,
+            !cached,
         );
     }
 

@@ -787,7 +787,7 @@ impl Tlb {
     }
 
     /// Way `way` of `set` now holds the valid entry `e`.
-    #[inline]
+    #[inline(always)]
     fn mark_valid(&mut self, set: usize, way: usize, e: &Entry) {
         let (large, non_global) = (e.size() != PageSize::Size4K, e.non_global());
         let bits = &mut self.sets[set];
