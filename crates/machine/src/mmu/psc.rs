@@ -558,8 +558,7 @@ impl Psc {
         gpa: Gpa,
         kind: super::AccessKind,
     ) -> Option<EptTranslation> {
-        let m = self.mapping(eptp, gpa.0 >> PageSize::Size4K.shift())?;
-        Self::mapping_translation(m, gpa, kind)
+        self.gpa_peek_cached(eptp, gpa, kind).0
     }
 
     /// The cached mapping of guest-physical page `gfn` under `eptp`.

@@ -497,9 +497,10 @@ pub struct TlbImage {
 /// first-level TLB's misses, which come in runs after each fill, mostly
 /// hit here). A hint to a larger entry, or to a global entry found under
 /// another PCID, is good while the TLB's epoch (`Tlb::epoch`) stays: it
-/// moves when such an entry leaves or a larger one comes, and a 4 KiB
-/// entry filled since, which would take precedence in the search for its
-/// own page, clears that page's hint instead (`Tlb::place`).
+/// moves when such an entry leaves or a larger or global one comes, and a
+/// 4 KiB entry of one PCID filled since, which would take precedence in
+/// the search for its own page, clears that page's hint instead
+/// (`Tlb::place`).
 /// `repr(C)`: the translator's first-level fill reads hints ([`jit_view`]).
 #[derive(Debug, Clone, Copy, Default)]
 #[repr(C)]
@@ -1188,7 +1189,8 @@ impl Tlb {
         if entry.hinted_by_epoch() || (replaced && self.entries[index].hinted_by_epoch()) {
             self.epoch += 1;
         } else {
-            self.hints[hint_slot(entry.tag & tag::VPN, entry.eptp)] = Hint::default();
+            // (A hint whose key is 0 is empty.)
+            self.hints[hint_slot(entry.tag & tag::VPN, entry.eptp)].key = 0;
         }
         self.entries[index] = entry;
         self.mark_valid(set, way, &entry);
