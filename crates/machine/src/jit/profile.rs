@@ -2,7 +2,8 @@
 //! for (the interpreter runs them), by mnemonic and operand shape: what to
 //! make native next. Off unless the environment variable
 //! `FAULTLINE_JIT_CALLOUTS` is set when the CPU is made; each CPU prints
-//! its histogram to stderr when it is dropped. Nothing here is guest
+//! its histogram to stderr when it is dropped. Set to `sites`, it counts
+//! by guest address too (`... @ffffffff81234567`): which code to look at. Nothing here is guest
 //! state: guest state, memory and virtual time do not depend on it.
 
 use crate::cpu::fast::Op;
@@ -19,17 +20,27 @@ const TOP: usize = 40;
 #[derive(Debug, Default)]
 pub(crate) struct CallOutProfile {
     counts: HashMap<String, u64>,
+    /// Count each instruction address apart (`FAULTLINE_JIT_CALLOUTS=sites`).
+    by_site: bool,
 }
 
 impl CallOutProfile {
     /// A profile if the environment asks for one.
     pub(crate) fn from_env() -> Option<Box<CallOutProfile>> {
-        std::env::var_os(ENV).map(|_| Box::default())
+        std::env::var_os(ENV).map(|v| {
+            Box::new(CallOutProfile {
+                counts: HashMap::new(),
+                by_site: v == "sites",
+            })
+        })
     }
 
     /// Counts one call-out of `op`.
     pub(crate) fn count(&mut self, op: &Op) {
-        let key = shape(op);
+        let mut key = shape(op);
+        if self.by_site {
+            key.push_str(&format!(" @{:x}", op.insn.ip()));
+        }
         *self.counts.entry(key).or_insert(0) += 1;
     }
 
@@ -131,6 +142,10 @@ mod tests {
             p.sorted(),
             vec![("xchg m32,r32", 2), ("shr r64,cl  [Shift]", 1)]
         );
+        p.counts.clear();
+        p.by_site = true;
+        p.count(&op(&[0x87, 0x03]));
+        assert_eq!(p.sorted(), vec![("xchg m32,r32 @1000", 1)]);
         p.counts.clear();
     }
 }
