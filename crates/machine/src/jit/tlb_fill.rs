@@ -6,16 +6,15 @@
 //! empties it, so most of its misses hit the TLB. This thunk takes
 //! exactly those: a TLB entry found through the page's hint
 //! ([`Tlb::lookup_keyed`](crate::mmu::tlb::Tlb::lookup_keyed)'s first
-//! step when it hits: a hint to a 4 KiB entry checked against the entry,
-//! one to a 2 MiB or 1 GiB entry good while the TLB's epoch has not
-//! moved), allowed under the lookup key the first-level TLB caches for the
+//! step when it hits: a hint to a 4 KiB entry, of the key's PCID or
+//! global, checked against the entry, one to a 2 MiB or 1 GiB entry good
+//! while the TLB's epoch has not moved), allowed under the lookup key the first-level TLB caches for the
 //! mode, counted as a hit and marked recently used as the TLB does, then
 //! the first-level slot filled as [`L1Tlb::fill`](crate::cpu::l1tlb)
 //! fills it, with the 4 KiB piece of a larger entry's page (and the
 //! entry's U flag noted for a supervisor data class while RFLAGS.AC is
-//! set under SMAP). Linux maps its direct map and its text with 2 MiB
-//! pages, so most of a Linux guest's first-level misses are hits on
-//! those. Anything else (a page-crossing or non-canonical address, no
+//! set under SMAP). Most of a Linux guest's first-level misses are hits
+//! on the kernel's global pages. Anything else (a page-crossing or non-canonical address, no
 //! cached key, no hint, a stale hint, an entry that does not
 //! allow the access, a slot the interpreter's lookup would hit) goes,
 //! before any effect, to the Rust fill (`native::fill_out`), which does
@@ -77,6 +76,7 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     let mut large = a.create_label();
     let mut sized = a.create_label();
     let mut data_loaded = a.create_label();
+    let mut own_pcid = a.create_label();
     let slot_shift = SLOT_BYTES.trailing_zeros();
     let class_shift = SLOTS.trailing_zeros();
     // Data and fetch classes (a fetch's fill is a chaining exit's: see
@@ -131,11 +131,20 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.je(large)?;
     // rax = the entry.
     entry_address(&mut a)?;
-    // Still the hint's entry (tag = hint key for a 4 KiB entry).
+    // Still the hint's entry (tag = hint key for a 4 KiB entry), of the
+    // key's PCID or global (the key's second word with its PCID cleared
+    // and "any PCID" set).
     a.cmp(qword_ptr(rax + tv::ENTRY_TAG), rdi)?;
     a.jne(slow)?;
     a.cmp(qword_ptr(rax + tv::ENTRY_EPTP), rsi)?;
+    a.je(own_pcid)?;
+    a.mov(r11, rsi)?;
+    a.shl(r11, tv::PCID_BITS)?;
+    a.shr(r11, tv::PCID_BITS)?;
+    a.or(r11, tv::ANY_PCID)?;
+    a.cmp(qword_ptr(rax + tv::ENTRY_EPTP), r11)?;
     a.jne(slow)?;
+    a.set_label(&mut own_pcid)?;
     // rax = its data.
     a.mov(rax, qword_ptr(rax + tv::ENTRY_DATA))?;
     // Allowed: every `need` bit set, no `forbid` bit.
@@ -256,8 +265,8 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.set_label(&mut outside)?;
     a.mov(rdx, -1i64)?;
     a.jmp(viewed)?;
-    // A hint to a larger entry (or to a global 4 KiB entry of another
-    // PCID): good while nothing changed in the TLB (its epoch), as
+    // A hint to a larger entry: good while nothing changed in the TLB
+    // (its epoch), as
     // `Tlb::lookup_keyed` takes it. rax = the entry; its data with the
     // offset of la's 4 KiB page in the entry's page ORed into the
     // host-physical page bits (aligned to the entry's size, so this is

@@ -1687,7 +1687,7 @@ fn odd_geometries_and_deterministic_replacement() {
 fn hints_checked_by_the_epoch_go_with_their_entry() {
     let large = 0x4000_0000u64;
     let global = 0x80_9000u64;
-    let small = |i: u64| 0x40_0000 + i * 0x1000;
+    let small = small_page;
     let mut m = TestMachine::new();
     let root = m.frame();
     m.map(root, large, 0, PageSize::Size2M, P | W, GUEST_TABLE);
@@ -1699,41 +1699,17 @@ fn hints_checked_by_the_epoch_go_with_their_entry() {
         P | W | pte::GLOBAL,
         GUEST_TABLE,
     );
-    for i in 0..4 {
-        m.map(
-            root,
-            small(i),
-            0x30_0000 + i * 0x1000,
-            PageSize::Size4K,
-            P | W,
-            GUEST_TABLE,
-        );
-    }
-    // One set of four ways: every fill competes with every entry. (The
-    // pages looked up through hints have hint slots of their own: 7, 5
-    // and 9 against the small pages' 0 to 3.)
-    let config = TlbConfig {
-        entries: 4,
-        ways: 4,
-    };
-    let mut hinted = Tlb::new(config);
-    let mut plain = Tlb::new(config);
-    let mut step = 0;
-    // `op` on both TLBs, which must answer and end the same.
+    map_four_small_pages(&mut m, root);
+    // (The pages looked up through hints have hint slots of their own:
+    // 7, 5 and 9 against the small pages' 0 to 3.)
+    let mut tlbs = HintedAndPlain::one_set();
     let mut both = |pcid: Option<u64>, op: &dyn Fn(&mut Tlb, &TranslateCtx<'_>) -> String| {
         let mut r = regs(root);
         if let Some(pcid) = pcid {
             r.cr4 |= cr4::PCIDE;
             r.cr3 |= pcid;
         }
-        let ctx = m.ctx(r, None, 0);
-        let a = op(&mut hinted, &ctx);
-        plain.forget_hints();
-        let b = op(&mut plain, &ctx);
-        assert_eq!(a, b, "step {step}");
-        assert_eq!(hinted.stats(), plain.stats(), "step {step}");
-        assert_eq!(hinted.image(), plain.image(), "step {step}");
-        step += 1;
+        tlbs.both(&m.ctx(r, None, 0), op);
     };
     let look =
         |va: u64| move |t: &mut Tlb, ctx: &TranslateCtx<'_>| format!("{:?}", tr(t, ctx, va, READ));
@@ -1770,6 +1746,166 @@ fn hints_checked_by_the_epoch_go_with_their_entry() {
         both(Some(2), &look(small(i)));
     }
     both(Some(2), &look(global));
+}
+
+/// Small page `i` of the hint tests (0 to 3).
+fn small_page(i: u64) -> u64 {
+    0x40_0000 + i * 0x1000
+}
+
+/// Maps the four small pages under `root`, writable, not global.
+fn map_four_small_pages(m: &mut TestMachine, root: u64) {
+    for i in 0..4 {
+        m.map(
+            root,
+            small_page(i),
+            0x30_0000 + i * 0x1000,
+            PageSize::Size4K,
+            P | W,
+            GUEST_TABLE,
+        );
+    }
+}
+
+/// A TLB with hints and one whose hints are wiped before every lookup:
+/// one set of four ways (every fill competes with every entry).
+struct HintedAndPlain {
+    hinted: Tlb,
+    plain: Tlb,
+    step: u32,
+}
+
+impl HintedAndPlain {
+    fn one_set() -> HintedAndPlain {
+        let config = TlbConfig {
+            entries: 4,
+            ways: 4,
+        };
+        HintedAndPlain {
+            hinted: Tlb::new(config),
+            plain: Tlb::new(config),
+            step: 0,
+        }
+    }
+
+    /// `op` on both, which must answer and end the same; the answer.
+    fn both(
+        &mut self,
+        ctx: &TranslateCtx<'_>,
+        op: &dyn Fn(&mut Tlb, &TranslateCtx<'_>) -> String,
+    ) -> String {
+        let step = self.step;
+        let a = op(&mut self.hinted, ctx);
+        self.plain.forget_hints();
+        let b = op(&mut self.plain, ctx);
+        assert_eq!(a, b, "step {step}");
+        assert_eq!(self.hinted.stats(), self.plain.stats(), "step {step}");
+        assert_eq!(self.hinted.image(), self.plain.image(), "step {step}");
+        self.step += 1;
+        a
+    }
+}
+
+/// Hints to global 4 KiB entries found under another PCID are checked
+/// against the entry, as those to the key's own: they survive other
+/// global fills, and give way where the search would answer otherwise.
+/// Each PCID has its own page tables here, so one linear page can be a
+/// global 4 KiB page under one and not under another:
+/// - a global entry hinted under PCID 3 stays hinted (a hit through the
+///   hint, with no set search) across fills of other global pages;
+/// - evicted, and its way taken by PCID 2's own entry for the page, the
+///   hint does not answer for PCID 3 (that entry is not PCID 3's);
+/// - a global 4 KiB entry filled while PCID 1's 2 MiB entry for the page
+///   is hinted takes precedence there: the hint to the larger entry goes.
+#[test]
+fn global_hints_are_checked_against_their_entry() {
+    let page = 0x4000_3000u64;
+    let other_globals = |i: u64| 0x80_0000 + i * 0x1000;
+    let small = small_page;
+    let mut m = TestMachine::new();
+    // PCID 1: the 2 MiB page holding `page`, not global. PCID 2: `page`
+    // as a 4 KiB page, not global. PCID 3: `page` and the other globals
+    // as global 4 KiB pages. Every root: four small pages.
+    let roots = [m.frame(), m.frame(), m.frame()];
+    m.map(
+        roots[0],
+        page & !0x1f_ffff,
+        0,
+        PageSize::Size2M,
+        P | W,
+        GUEST_TABLE,
+    );
+    m.map(
+        roots[1],
+        page,
+        0x50_0000,
+        PageSize::Size4K,
+        P | W,
+        GUEST_TABLE,
+    );
+    let global = P | W | pte::GLOBAL;
+    m.map(
+        roots[2],
+        page,
+        0x60_0000,
+        PageSize::Size4K,
+        global,
+        GUEST_TABLE,
+    );
+    for i in 0..4 {
+        m.map(
+            roots[2],
+            other_globals(i),
+            0x70_0000 + i * 0x1000,
+            PageSize::Size4K,
+            global,
+            GUEST_TABLE,
+        );
+    }
+    for &root in &roots {
+        map_four_small_pages(&mut m, root);
+    }
+    let mut tlbs = HintedAndPlain::one_set();
+    let mut both = |pcid: u64, op: &dyn Fn(&mut Tlb, &TranslateCtx<'_>) -> String| -> String {
+        let mut r = regs(roots[pcid as usize - 1]);
+        r.cr4 |= cr4::PCIDE;
+        r.cr3 |= pcid;
+        tlbs.both(&m.ctx(r, None, 0), op)
+    };
+    let look =
+        |va: u64| move |t: &mut Tlb, ctx: &TranslateCtx<'_>| format!("{:?}", tr(t, ctx, va, READ));
+    let flush = |t: &mut Tlb, _: &TranslateCtx<'_>| {
+        t.flush_all();
+        String::new()
+    };
+    // The global entry, filled and hinted under PCID 3, then other global
+    // fills (which change nothing the hint depends on): the hint still
+    // answers, without a set search.
+    both(3, &look(page));
+    both(3, &look(page));
+    for i in 0..2 {
+        both(3, &look(other_globals(i)));
+    }
+    let probes = || super::tlb::SET_PROBES.with(std::cell::Cell::get);
+    let before = probes();
+    both(3, &look(page));
+    // (The plain TLB probed once.)
+    assert_eq!(probes() - before, 1, "the hint answers");
+    // Evicted by four fills under PCID 2; then PCID 2's own entry for the
+    // page (not global) fills a way, and PCID 3 looks the page up again.
+    for i in 0..4 {
+        both(2, &look(small(i)));
+    }
+    both(2, &look(page));
+    both(3, &look(page));
+    // PCID 1's 2 MiB entry, hinted for the page; PCID 3's global 4 KiB
+    // entry for it comes, and wins under PCID 1 too.
+    both(1, &flush);
+    both(1, &look(page));
+    both(1, &look(page));
+    both(3, &look(page));
+    let found = both(1, &look(page));
+    assert!(found.contains("60"), "the global entry answers: {found}");
 }
 
 /// Host-side hints (and the hint every 4 KiB fill leaves) and the

@@ -266,10 +266,13 @@ impl Entry {
         self.linear_size() > self.size()
     }
     /// A hint to this entry is checked by the epoch, not against the
-    /// entry: one larger than 4 KiB, or a global one (of any PCID; see
-    /// [`Hint`]).
+    /// entry: one larger than 4 KiB (see [`Hint`]).
     fn hinted_by_epoch(&self) -> bool {
-        self.size() != PageSize::Size4K || self.eptp & ctx_word::ANY_PCID != 0
+        self.size() != PageSize::Size4K
+    }
+    /// A global entry, serving lookups under every PCID.
+    fn any_pcid(&self) -> bool {
+        self.eptp & ctx_word::ANY_PCID != 0
     }
     /// First linear address (bits 47:0) the entry maps.
     /// Made with guest paging on and not global: a CR3 load without PCID
@@ -407,13 +410,11 @@ fn permit_masks(access: Access, regs: &super::PagingRegs, paging: bool) -> (u64,
     (need, forbid)
 }
 
-/// Where [`Tlb::locate`] found an entry: its size, set and way, and
-/// whether it is of the lookup's own PCID.
+/// Where [`Tlb::locate`] found an entry: its size, set and way.
 struct Located {
     size: PageSize,
     set: usize,
     way: usize,
-    own_pcid: bool,
 }
 
 /// What [`Tlb::find`] found.
@@ -495,12 +496,17 @@ pub struct TlbImage {
 /// holds two entries with one tag and EPTP: `insert` replaces). So it is
 /// checked against the entry itself, and survives other fills (the
 /// first-level TLB's misses, which come in runs after each fill, mostly
-/// hit here). A hint to a larger entry, or to a global entry found under
-/// another PCID, is good while the TLB's epoch (`Tlb::epoch`) stays: it
-/// moves when such an entry leaves or a larger or global one comes, and a
-/// 4 KiB entry of one PCID filled since, which would take precedence in
-/// the search for its own page, clears that page's hint instead
-/// (`Tlb::place`).
+/// hit here). That holds for a global 4 KiB entry found under another
+/// PCID too (the entry's second word is then the key's with "any PCID"):
+/// the search prefers an entry of the key's own PCID, and a 4 KiB entry
+/// of one PCID filled since, which would take precedence in the search
+/// for its own page, clears that page's hint (`Tlb::place`); a global
+/// entry for the page filled since replaces the one hinted, in its way.
+/// A hint to a larger entry is good while the TLB's epoch (`Tlb::epoch`)
+/// stays: it moves when such an entry leaves or comes, and when a global
+/// 4 KiB entry comes while larger ones may be present (it takes
+/// precedence over them under every PCID, whose hints are in other
+/// slots).
 /// `repr(C)`: the translator's first-level fill reads hints ([`jit_view`]).
 #[derive(Debug, Clone, Copy, Default)]
 #[repr(C)]
@@ -565,6 +571,12 @@ pub(crate) mod jit_view {
     /// shifted right by this) times [`HINT_PCID_MIX`], masked.
     pub const HINT_PCID_SHIFT: u32 = super::ctx_word::PCID_SHIFT;
     pub const HINT_PCID_MIX: i32 = super::HINT_PCID_MIX as i32;
+    /// A key's or entry's second word: the PCID is its top bits, and a
+    /// global entry's has this "any PCID" flag instead.
+    pub const PCID_BITS: u32 = 64 - super::ctx_word::PCID_SHIFT;
+    pub const ANY_PCID: i32 = super::ctx_word::ANY_PCID as i32;
+    const _: () = assert!(super::ctx_word::PCID == u64::MAX << super::ctx_word::PCID_SHIFT);
+    const _: () = assert!(super::ctx_word::ANY_PCID <= i32::MAX as u64);
     pub const ENTRY_BYTES: i32 = 24;
     pub const ENTRY_TAG: i32 = 0;
     pub const ENTRY_EPTP: i32 = 8;
@@ -674,6 +686,8 @@ thread_local! {
     /// Misses [`Tlb::lookup_probe`] answered without probing, on this
     /// thread (for tests: that they exercise the shortcut).
     pub(crate) static EMPTY_SET_MISSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Lookups the hints did not answer (sets probed), on this thread.
+    pub(crate) static SET_PROBES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// A VPID- and PCID-tagged translation lookaside buffer.
@@ -912,9 +926,9 @@ impl Tlb {
 
     /// The way of `set` among `ways` holding the entry a lookup with tag
     /// `tag` and second word `word` uses: one of the key's own PCID, else
-    /// a global one of any PCID. Also whether it is the first kind.
+    /// a global one of any PCID.
     #[inline(always)]
-    fn way_of_key(&self, set: usize, ways: u64, tag: u64, word: u64) -> Option<(usize, bool)> {
+    fn way_of_key(&self, set: usize, ways: u64, tag: u64, word: u64) -> Option<usize> {
         let mut ways = self.candidate_ways(set, ways, tag);
         let base = set * self.ways;
         let any = any_pcid_word(word);
@@ -924,7 +938,7 @@ impl Tlb {
             let e = &self.entries[base + way];
             if e.tag == tag {
                 if e.eptp == word {
-                    return Some((way, true));
+                    return Some(way);
                 }
                 if e.eptp == any && global.is_none() {
                     global = Some(way);
@@ -932,7 +946,7 @@ impl Tlb {
             }
             ways &= ways - 1;
         }
-        global.map(|way| (way, false))
+        global
     }
 
     #[inline]
@@ -973,9 +987,10 @@ impl Tlb {
         if h.key == hint_key && h.eptp == key.eptp {
             let (set, way) = (h.set as usize, h.way as usize);
             let e = self.entries[set * self.ways + way];
-            // A 4 KiB hint: still that entry; a larger one: nothing moved.
+            // A 4 KiB hint: still that entry (of the key's PCID, or global);
+            // a larger one: nothing moved.
             let good = if h.small {
-                e.tag == hint_key && e.eptp == key.eptp
+                e.tag == hint_key && (e.eptp == key.eptp || e.eptp == any_pcid_word(key.eptp))
             } else {
                 h.epoch == self.epoch
             };
@@ -1014,6 +1029,8 @@ impl Tlb {
     /// [`Self::lookup_probe`] with the sets probed.
     #[inline(never)]
     fn lookup_probe_sets(&mut self, key: &LookupKey, va: u64) -> Option<Hpa> {
+        #[cfg(test)]
+        SET_PROBES.with(|n| n.set(n.get() + 1));
         match self.probe(key, va) {
             Found::Usable(hpa) => return Some(hpa),
             Found::Forbidden(set, way) => {
@@ -1033,13 +1050,7 @@ impl Tlb {
     fn probe(&mut self, key: &LookupKey, va: u64) -> Found {
         let hint_key = key.context | (va >> 12);
         let hint_slot = hint_slot(va >> 12, key.eptp);
-        let Some(Located {
-            size,
-            set,
-            way,
-            own_pcid,
-        }) = self.locate(key, va)
-        else {
+        let Some(Located { size, set, way, .. }) = self.locate(key, va) else {
             return Found::Absent;
         };
         let entry_data = self.entries[set * self.ways + way].data;
@@ -1054,9 +1065,7 @@ impl Tlb {
             epoch: self.epoch,
             set: set as u32,
             way: way as u16,
-            // A global entry of any PCID: checked by the epoch, as an
-            // entry of the key's own PCID filled since would win.
-            small: size == PageSize::Size4K && own_pcid,
+            small: size == PageSize::Size4K,
         };
         Found::Usable(Hpa((entry_data & data::HPA) | (va & (size.bytes() - 1))))
     }
@@ -1078,13 +1087,8 @@ impl Tlb {
             } else {
                 self.sets[set].large
             };
-            if let Some((way, own_pcid)) = self.way_of_key(set, ways, wanted, key.eptp) {
-                return Some(Located {
-                    size,
-                    set,
-                    way,
-                    own_pcid,
-                });
+            if let Some(way) = self.way_of_key(set, ways, wanted, key.eptp) {
+                return Some(Located { size, set, way });
             }
         }
         None
@@ -1179,14 +1183,18 @@ impl Tlb {
             // An eviction, or the page's entry remade.
             self.removals.note(&self.entries[index]);
         }
-        // The hints checked by the epoch go when the entry one may point
-        // to leaves, or when a larger or a global entry comes (it may take
-        // precedence in lookups under any PCID, whose hints are in other
-        // slots). A new 4 KiB entry of one PCID takes precedence only in
-        // lookups of its own page under that PCID: that one hint goes
-        // (hints to 4 KiB entries of the key's PCID are checked against the
-        // entry).
-        if entry.hinted_by_epoch() || (replaced && self.entries[index].hinted_by_epoch()) {
+        // The hints checked by the epoch (to larger entries) go when the
+        // entry one may point to leaves, or when a larger entry comes, or
+        // a global 4 KiB one while larger ones may be present (it takes
+        // precedence over them in lookups of its page under any PCID,
+        // whose hints are in other slots). A new 4 KiB entry of one PCID
+        // takes precedence only in lookups of its own page under that
+        // PCID: that one hint goes (hints to 4 KiB entries are checked
+        // against the entry).
+        if entry.hinted_by_epoch()
+            || (entry.any_pcid() && self.may_hold_large)
+            || (replaced && self.entries[index].hinted_by_epoch())
+        {
             self.epoch += 1;
         } else {
             // (A hint whose key is 0 is empty.)
