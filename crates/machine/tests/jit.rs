@@ -2622,3 +2622,94 @@ fn double_shifts_and_memory_multiplies_run_natively() {
     let bound = 2 * iterations + 40;
     assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
 }
+
+#[test]
+fn first_level_fills_take_only_the_pcids_own_or_global_entries() {
+    // Two address spaces under CR4.PCIDE: PCID 1 (the rig's tables) and
+    // PCID 2 (a copy) map linear page D to different frames, and page G
+    // (global) to one frame. Each round PCID 1 reads D, then again after
+    // another page took D's first-level slot (a set search that leaves a
+    // hint), INVLPG drops D's entry, PCID 2 reads D (its entry takes the
+    // way PCID 1's had: same tag, another PCID) and G, PCID 1 reads D and
+    // G again, and INVLPG drops both PCIDs' entries for D. The hint PCID 1 left for D now points at PCID 2's entry:
+    // the fill thunk must not take it (it would read PCID 2's frame),
+    // while G's entry, global, serves both PCIDs through their hints.
+    const D: u64 = 0x80_0000;
+    const G: u64 = D + 0x1000;
+    const PT_A: u64 = 0x8000;
+    const PML4_B: u64 = 0x9000;
+    const PDPT_B: u64 = 0xa000;
+    const PD_B: u64 = 0xb000;
+    const PT_B: u64 = 0xc000;
+    const NO_FLUSH: u64 = 1 << 63;
+    let rounds = 300u64;
+    let prog = |a: &mut CodeAssembler| {
+        let mut top = a.create_label();
+        a.mov(r9, rounds).unwrap();
+        a.xor(esi, esi).unwrap();
+        a.mov(rdi, D).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.add(rsi, qword_ptr(rdi)).unwrap();
+        a.mov(rax, qword_ptr(rdi + 0x40000)).unwrap();
+        a.add(rsi, qword_ptr(rdi)).unwrap();
+        a.invlpg(ptr(rdi)).unwrap();
+        a.mov(rcx, PML4_B | 2 | NO_FLUSH).unwrap();
+        a.mov(cr3, rcx).unwrap();
+        a.mov(rax, qword_ptr(rdi + 0x2000)).unwrap();
+        a.add(rsi, qword_ptr(rdi)).unwrap();
+        a.add(rsi, qword_ptr(rdi + (G - D) as i32)).unwrap();
+        a.mov(rcx, PML4 | 1 | NO_FLUSH).unwrap();
+        a.mov(cr3, rcx).unwrap();
+        // (The first read after a CR3 load caches the lookup key the
+        // thunk needs: through the Rust fill.)
+        a.mov(rax, qword_ptr(rdi + 0x2000)).unwrap();
+        a.add(rsi, qword_ptr(rdi)).unwrap();
+        a.add(rsi, qword_ptr(rdi + (G - D) as i32)).unwrap();
+        // Both PCIDs' entries for D go, so that each round starts alike.
+        a.invlpg(ptr(rdi)).unwrap();
+        a.dec(r9).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    };
+    let run = |engine| {
+        let r = rig(prog);
+        let w = |a: u64, v: u64| r.mem.write_u64(Hpa(a), v).unwrap();
+        // PCID 2's tables: a copy of the rig's 2 MiB identity map.
+        w(PML4_B, PDPT_B | 0x7);
+        w(PDPT_B, PD_B | 0x7);
+        for i in 0..(MEM >> 21) {
+            w(PD_B + i * 8, (i << 21) | 0x87);
+        }
+        // D's 2 MiB region through a page table in each: identity, but
+        // D to 0x90_0000 (PCID 1) or 0x91_0000 (PCID 2), and G global.
+        for (pd, pt, frame) in [(PD, PT_A, 0x90_0000u64), (PD_B, PT_B, 0x91_0000)] {
+            w(pd + (D >> 21) * 8, pt | 0x7);
+            for i in 0..512u64 {
+                w(pt + i * 8, (D + (i << 12)) | 0x3);
+            }
+            w(pt, frame | 0x3);
+            w(pt + ((G - D) >> 12) * 8, 0x92_0000 | 0x103);
+        }
+        w(0x90_0000, 1);
+        w(0x91_0000, 1000);
+        w(0x92_0000, 7);
+        let mut r = r;
+        let s = r.cpu.state_mut();
+        // CR4.PCIDE and CR4.PGE (G's entry global).
+        s.cr4 |= 1 << 17 | 1 << 7;
+        s.cr3 = PML4 | 1;
+        run_rig(engine, 1, r)
+    };
+    let (interp, _) = run(Engine::Interp);
+    let (jit, stats) = run(Engine::Jit);
+    assert!(interp == jit, "the engines differ:\n{interp:?}\n{jit:?}");
+    assert_eq!(interp.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    assert_eq!(interp.gpr[6], rounds * (1 + 1 + 1000 + 7 + 1 + 7));
+    // The Rust fill takes six a round (D's first miss, the set search
+    // leaving D's hint, each PCID's miss of D after the INVLPG, the reads
+    // that cache the key after each CR3 load) and G's first reads; the
+    // thunk G's other reads (one a round under each PCID) and PCID 1's
+    // read of D through the hint that must not be taken.
+    assert!(stats.rust_fills <= 6 * rounds + 8, "{stats:?}");
+}
