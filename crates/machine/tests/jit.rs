@@ -2713,3 +2713,98 @@ fn first_level_fills_take_only_the_pcids_own_or_global_entries() {
     // read of D through the hint that must not be taken.
     assert!(stats.rust_fills <= 6 * rounds + 8, "{stats:?}");
 }
+
+#[test]
+fn bit_counts_direction_and_cr2_reads_run_natively() {
+    // Each round: BSF/BSR/TZCNT/LZCNT/POPCNT of 32 and 64 bits over
+    // values that include 0 (BSF/BSR then keep the whole destination),
+    // with the flags before each one set differently and every result's
+    // flags folded in (PUSHFQ); STD and CLD around a flag-setting ADD;
+    // MOV from CR2.
+    let rounds = 200u64;
+    let prog = |a: &mut CodeAssembler| {
+        let mut top = a.create_label();
+        a.mov(rdi, rounds).unwrap();
+        a.mov(r8, 0x8000_0000_0000_0001u64).unwrap();
+        a.xor(r13d, r13d).unwrap();
+        a.set_label(&mut top).unwrap();
+        // r9 = a value with runs of zeros, 0 every fourth round.
+        a.mov(r9, r8).unwrap();
+        a.test(dil, 3).unwrap();
+        a.cmovz(r9, r13).unwrap();
+        a.mov(r10, 0x1234_5678_9abc_def0u64).unwrap();
+        a.mov(r11, r10).unwrap();
+        for (k, size64) in [(0, true), (1, false)] {
+            let src = if size64 { r9 } else { r8 };
+            // Flags before: OF and CF set, or all clear.
+            if k == 0 {
+                a.mov(eax, 0x7fff_ffff).unwrap();
+                a.add(eax, 1).unwrap();
+            } else {
+                a.xor(eax, eax).unwrap();
+            }
+            if size64 {
+                a.bsf(r10, src).unwrap();
+                a.pushfq().unwrap();
+                a.bsr(r11, src).unwrap();
+                a.pushfq().unwrap();
+                a.tzcnt(r12, src).unwrap();
+                a.pushfq().unwrap();
+                a.lzcnt(r14, src).unwrap();
+                a.pushfq().unwrap();
+                a.popcnt(r15, src).unwrap();
+                a.pushfq().unwrap();
+            } else {
+                a.bsf(r10d, r9d).unwrap();
+                a.pushfq().unwrap();
+                a.bsr(r11d, r9d).unwrap();
+                a.pushfq().unwrap();
+                a.tzcnt(r12d, r9d).unwrap();
+                a.pushfq().unwrap();
+                a.lzcnt(r14d, r9d).unwrap();
+                a.pushfq().unwrap();
+                a.popcnt(r15d, r9d).unwrap();
+                a.pushfq().unwrap();
+            }
+            for r in [r10, r11, r12, r14, r15] {
+                a.rol(r13, 7).unwrap();
+                a.xor(r13, r).unwrap();
+            }
+            for _ in 0..5 {
+                a.pop(rax).unwrap();
+                a.rol(r13, 3).unwrap();
+                a.xor(r13, rax).unwrap();
+            }
+        }
+        // STD, a flag-setting ADD, the flags, CLD.
+        a.std().unwrap();
+        a.add(r13, r8).unwrap();
+        a.pushfq().unwrap();
+        a.cld().unwrap();
+        a.pushfq().unwrap();
+        a.pop(rax).unwrap();
+        a.add(r13, rax).unwrap();
+        a.pop(rax).unwrap();
+        a.add(r13, rax).unwrap();
+        a.mov(rax, cr2).unwrap();
+        a.add(r13, rax).unwrap();
+        a.rol(r8, 5).unwrap();
+        a.dec(rdi).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    };
+    let run = |engine, threshold| {
+        let mut r = rig(prog);
+        r.cpu.state_mut().cr2 = 0xdead_b000;
+        run_rig(engine, threshold, r)
+    };
+    let (interp, _) = run(Engine::Interp, 1);
+    for threshold in [1, 2] {
+        let (jit, stats) = run(Engine::Jit, threshold);
+        assert!(interp == jit, "the engines differ:\n{interp:?}\n{jit:?}");
+        assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+        // (The first run of the loop, translating at the second.)
+        assert!(stats.call_outs <= 10, "{stats:?}");
+    }
+    assert_eq!(interp.exit, VmExit::Hlt);
+}

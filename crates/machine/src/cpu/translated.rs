@@ -441,6 +441,7 @@ impl Cpu {
             multiply_cost: self.costs.multiply,
             divide_cost: self.costs.divide,
             locked_cost: self.costs.locked,
+            serializing_cost: self.costs.serializing,
             fs_base: off(&self.state.fs.base as *const u64 as usize),
             gs_base: off(&self.state.gs.base as *const u64 as usize),
             kernel_gs_base: off(&self.state.kernel_gs_base as *const u64 as usize),
@@ -459,6 +460,7 @@ impl Cpu {
             cr0: off(&self.state.cr0 as *const u64 as usize),
             cr4: off(&self.state.cr4 as *const u64 as usize),
             xmm: off(self.state.fpu.xmm.as_ptr() as usize),
+            cr2: off(&self.state.cr2 as *const u64 as usize),
             tsc_aux: off(&self.state.tsc_aux as *const u64 as usize),
             vmx: off(&self.vmx as *const Option<Box<crate::vmx::VmxControls>> as usize),
         }

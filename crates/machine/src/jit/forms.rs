@@ -683,7 +683,7 @@ impl Emitter {
     /// `state.rflags = state.rflags & !mask | rcx` (rcx holds only bits
     /// of `mask`); the guest flags are then exact there and not in the
     /// host's. Clobbers rdx.
-    fn merge_rflags(&mut self, mask: u32) -> Result<(), NotTranslated> {
+    pub(super) fn merge_rflags(&mut self, mask: u32) -> Result<(), NotTranslated> {
         let fl = self.field(self.o.rflags);
         self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RDX, fl))?;
         self.a.and(rdx, !(mask as i32))?;
@@ -700,7 +700,7 @@ impl Emitter {
     /// (its slow path needs them exact in `state.rflags`, and the checks
     /// clobber the host flags); labels for the slow path and for where the
     /// fast path ends.
-    fn begin_inline(&mut self) -> Result<(CodeLabel, CodeLabel), NotTranslated> {
+    pub(super) fn begin_inline(&mut self) -> Result<(CodeLabel, CodeLabel), NotTranslated> {
         self.capture_if_dirty()?;
         self.host_valid = false;
         Ok((self.a.create_label(), self.a.create_label()))
@@ -720,7 +720,7 @@ impl Emitter {
     /// The end of the fast path of instruction `k`'s inline form: its slow
     /// path (the instruction through the interpreter) comes back to here,
     /// with the guest flags loaded into the host's if `flags_in_host`.
-    fn end_inline(
+    pub(super) fn end_inline(
         &mut self,
         k: usize,
         slow: CodeLabel,
@@ -878,6 +878,18 @@ pub(crate) enum Extra {
         src: XmmPlace,
         aligned: bool,
     },
+    /// CLD (`set` false) or STD (`scalar.rs`).
+    Direction { set: bool },
+    /// MOV of CR2 to a 64-bit register, at CPL 0 (`scalar.rs`).
+    MovFromCr2 { dst: u8 },
+    /// BSF, BSR, TZCNT, LZCNT or POPCNT of a 32- or 64-bit register
+    /// (`scalar.rs`).
+    BitCount {
+        op: super::scalar::BitCount,
+        dst: u8,
+        src: u8,
+        size: Size,
+    },
 }
 
 /// An operand of [`Extra::XmmMove`]: an XMM register (0-15) or memory.
@@ -1027,6 +1039,17 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
         }
         M::Cli => Some(Extra::Cli),
         M::Sti => Some(Extra::Sti),
+        M::Cld => Some(Extra::Direction { set: false }),
+        M::Std => Some(Extra::Direction { set: true }),
+        M::Mov
+            if i.op0_kind() == OpKind::Register
+                && i.op1_kind() == OpKind::Register
+                && i.op1_register() == Register::CR2 =>
+        {
+            let (dst, size) = wide_gpr(i.op0_register())?;
+            (size == Size::B8).then_some(Extra::MovFromCr2 { dst })
+        }
+        M::Bsf | M::Bsr | M::Tzcnt | M::Lzcnt | M::Popcnt => super::scalar::bit_count_form(i),
         M::Stac => Some(Extra::Ac { set: true }),
         M::Clac => Some(Extra::Ac { set: false }),
         M::Rdtscp => Some(Extra::Rdtsc { aux: true }),
@@ -1314,6 +1337,9 @@ impl Emitter {
             }
             Extra::SetccM { code, m } => self.setcc_mem(k, ip, code, &m),
             Extra::Cli => self.cli(k),
+            Extra::Direction { set } => self.direction(set),
+            Extra::MovFromCr2 { dst } => self.mov_from_cr2(k, dst),
+            Extra::BitCount { op, dst, src, size } => self.bit_count(op, dst, src, size),
             Extra::Sti => self.sti(k),
             Extra::Ac { set } => self.stac_clac(k, set),
             Extra::DoubleShift {
@@ -1367,7 +1393,12 @@ impl Emitter {
 
     /// `gpr[idx] = reg` at `size` with the partial-register rule (a
     /// 32-bit value must already be zero-extended in the 64-bit register).
-    fn store_from(&mut self, reg: [Register; 4], idx: u8, size: Size) -> Result<(), NotTranslated> {
+    pub(super) fn store_from(
+        &mut self,
+        reg: [Register; 4],
+        idx: u8,
+        size: Size,
+    ) -> Result<(), NotTranslated> {
         let g = self.g(idx)?;
         match size {
             Size::B4 | Size::B8 => self.add(Instruction::with2(Code::Mov_rm64_r64, g, reg[3])),
@@ -2061,7 +2092,7 @@ impl Emitter {
 
     /// `cycles += cost` (the interpreter's extra cost of an instruction,
     /// charged whether or not it faults; the fast paths here cannot).
-    fn add_cycles(&mut self, cost: u64) -> Result<(), NotTranslated> {
+    pub(super) fn add_cycles(&mut self, cost: u64) -> Result<(), NotTranslated> {
         if cost <= i32::MAX as u64 {
             self.a.add(qword_ptr(rbx + self.o.cycles), cost as i32)?;
         } else {
@@ -2171,7 +2202,10 @@ impl Emitter {
     /// state (at another CPL it checks privilege; with events to check
     /// it leaves the block after the instruction). Clobbers the host
     /// flags.
-    fn unless_cpl0_without_events(&mut self, slow: CodeLabel) -> Result<(), NotTranslated> {
+    pub(super) fn unless_cpl0_without_events(
+        &mut self,
+        slow: CodeLabel,
+    ) -> Result<(), NotTranslated> {
         // 64-bit code runs in protected mode: the CPL is CS.RPL.
         self.a.test(word_ptr(rbx + self.o.cs_selector), 3)?;
         self.a.jne(slow)?;

@@ -42,6 +42,7 @@ pub(crate) mod native;
 pub(crate) mod perf_map;
 pub(crate) mod profile;
 mod regs;
+mod scalar;
 pub(crate) mod tlb_fill;
 
 pub use encode::set_verify_encoding;
@@ -194,6 +195,8 @@ pub(crate) struct Offsets {
     pub divide_cost: u64,
     /// `CycleCosts::locked`: an aligned locked read-modify-write.
     pub locked_cost: u64,
+    /// `CycleCosts::serializing` (a move from a control register).
+    pub serializing_cost: u64,
     /// The FS and GS bases (IA32_FS_BASE, IA32_GS_BASE).
     pub fs_base: i32,
     pub gs_base: i32,
@@ -215,6 +218,8 @@ pub(crate) struct Offsets {
     pub cr0: i32,
     pub cr4: i32,
     pub xmm: i32,
+    /// CR2, for MOV from CR2 (`forms::Extra::MovFromCr2`).
+    pub cr2: i32,
     /// `state.tsc_aux` (IA32_TSC_AUX, what RDTSCP puts in ECX) and
     /// `Cpu::vmx`, an `Option<Box<VmxControls>>`: a pointer, null when
     /// `None` (Rust guarantees that layout), for RDTSC and RDTSCP
