@@ -42,6 +42,7 @@ pub(crate) mod native;
 pub(crate) mod perf_map;
 pub(crate) mod profile;
 mod regs;
+mod string;
 pub(crate) mod tlb_fill;
 
 pub use encode::set_verify_encoding;
@@ -194,6 +195,9 @@ pub(crate) struct Offsets {
     pub divide_cost: u64,
     /// `CycleCosts::locked`: an aligned locked read-modify-write.
     pub locked_cost: u64,
+    /// `CycleCosts::string_iteration`: what each element of a REP string
+    /// instruction after the first adds to `instruction`.
+    pub string_iteration_cost: u64,
     /// The FS and GS bases (IA32_FS_BASE, IA32_GS_BASE).
     pub fs_base: i32,
     pub gs_base: i32,
