@@ -2808,3 +2808,331 @@ fn bit_counts_direction_and_cr2_reads_run_natively() {
     }
     assert_eq!(interp.exit, VmExit::Hlt);
 }
+
+#[test]
+fn rep_stos_and_movs_within_a_page_run_natively() {
+    // REP STOS and REP MOVS of every element size, each run inside one
+    // page of each operand (aligned and not, whole pages, one element,
+    // counts moving with the iteration): translated code runs them
+    // itself, with the interpreter's memory, registers, cycles (each
+    // element after the first costs extra) and TLB counters.
+    let iterations = 100u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(r9, iterations).unwrap();
+        a.mov(rbx, 0x0123_4567_89ab_cdefu64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.lea(rax, qword_ptr(rbx + r9)).unwrap();
+        // Whole pages, as Linux's clear_page and copy_page.
+        a.mov(rdi, DATA + 0x4000).unwrap();
+        a.mov(ecx, 512).unwrap();
+        a.rep().stosq().unwrap();
+        a.mov(rsi, DATA + 0x4000).unwrap();
+        a.mov(rdi, DATA + 0x5000).unwrap();
+        a.mov(ecx, 512).unwrap();
+        a.rep().movsq().unwrap();
+        // Misaligned runs whose length moves with r9, up to a page's end.
+        a.mov(rdi, DATA + 0x1003).unwrap();
+        a.lea(rcx, qword_ptr(r9 + 5)).unwrap();
+        a.rep().stosb().unwrap();
+        a.mov(rdi, DATA + 0x1ffe).unwrap();
+        a.sub(rdi, r9).unwrap();
+        a.sub(rdi, r9).unwrap();
+        a.mov(rcx, r9).unwrap();
+        a.rep().stosw().unwrap();
+        a.mov(rdi, DATA + 0x1802).unwrap();
+        a.mov(ecx, 37).unwrap();
+        a.rep().stosd().unwrap();
+        a.mov(rsi, DATA + 0x1001).unwrap();
+        a.lea(rdi, qword_ptr(r9 + DATA as i32 + 0x2007)).unwrap();
+        a.lea(rcx, qword_ptr(r9 * 2 + 3)).unwrap();
+        a.rep().movsb().unwrap();
+        a.mov(rsi, DATA + 0x1800).unwrap();
+        a.mov(rdi, DATA + 0x3002).unwrap();
+        a.mov(ecx, 33).unwrap();
+        a.rep().movsw().unwrap();
+        a.lea(rsi, qword_ptr(r9 * 4 + DATA as i32 + 0x4000))
+            .unwrap();
+        a.mov(rdi, DATA + 0x3404).unwrap();
+        a.mov(ecx, 100).unwrap();
+        a.rep().movsd().unwrap();
+        // One element.
+        a.mov(rdi, DATA + 0x3ff8).unwrap();
+        a.mov(ecx, 1).unwrap();
+        a.rep().stosq().unwrap();
+        a.mov(rdi, DATA + 0x3ff0).unwrap();
+        a.mov(ecx, 1).unwrap();
+        a.rep().movsq().unwrap();
+        a.add(r10, rdi).unwrap();
+        a.add(r11, rsi).unwrap();
+        a.add(r12, rcx).unwrap();
+        a.dec(r9).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    assert_eq!(o.gpr[1], 0);
+    // Ten string instructions per iteration; none calls out.
+    let bound = 20;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+#[test]
+fn rep_strings_the_fast_path_leaves_to_the_interpreter_agree() {
+    // Runs crossing a page (either operand), DF set, RCX = 0 (nothing at
+    // all), forward copies whose ranges overlap (the destination a byte
+    // or an element above the source: each element reads what the one
+    // before wrote), an FS-relative source, 32-bit addressing, a MOVS
+    // destination that misses the first level, and STOS/MOVS after a CR3
+    // reload (the first access misses the first level: filled, then the
+    // fast path).
+    let iterations = 60u64;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(r9, iterations).unwrap();
+        a.mov(rbx, 0x1111_2222_3333_4444u64).unwrap();
+        // FS base for the FS-relative source.
+        a.mov(ecx, 0xc000_0100u32).unwrap();
+        a.mov(eax, (DATA + 0x6000) as u32).unwrap();
+        a.xor(edx, edx).unwrap();
+        a.wrmsr().unwrap();
+        a.set_label(&mut top).unwrap();
+        a.lea(rax, qword_ptr(rbx + r9)).unwrap();
+        // Crossing: STOS, MOVS's destination, MOVS's source.
+        a.mov(rdi, DATA + 0x0ff0).unwrap();
+        a.mov(ecx, 5).unwrap();
+        a.rep().stosq().unwrap();
+        a.mov(rsi, DATA + 0x1000).unwrap();
+        a.mov(rdi, DATA + 0x1ffd).unwrap();
+        a.mov(ecx, 9).unwrap();
+        a.rep().movsb().unwrap();
+        a.mov(rsi, DATA + 0x2ffc).unwrap();
+        a.mov(rdi, DATA + 0x3000).unwrap();
+        a.mov(ecx, 4).unwrap();
+        a.rep().movsw().unwrap();
+        // DF set: backwards.
+        a.std().unwrap();
+        a.mov(rsi, DATA + 0x1010).unwrap();
+        a.mov(rdi, DATA + 0x3100).unwrap();
+        a.lea(rcx, qword_ptr(r9 + 2)).unwrap();
+        a.rep().movsb().unwrap();
+        a.mov(rdi, DATA + 0x3200).unwrap();
+        a.mov(ecx, 3).unwrap();
+        a.rep().stosd().unwrap();
+        a.cld().unwrap();
+        // RCX = 0.
+        a.xor(ecx, ecx).unwrap();
+        a.mov(rdi, DATA + 0x3300).unwrap();
+        a.rep().stosq().unwrap();
+        a.mov(rsi, DATA + 0x3400).unwrap();
+        a.rep().movsb().unwrap();
+        a.add(r10, rdi).unwrap();
+        a.add(r10, rsi).unwrap();
+        // Overlapping forward copies: a byte smeared over 40, an element
+        // over 6.
+        a.mov(rsi, DATA + 0x3500).unwrap();
+        a.mov(byte_ptr(rsi), r9b).unwrap();
+        a.lea(rdi, qword_ptr(rsi + 1)).unwrap();
+        a.mov(ecx, 40).unwrap();
+        a.rep().movsb().unwrap();
+        a.mov(rsi, DATA + 0x3600).unwrap();
+        a.mov(qword_ptr(rsi), rax).unwrap();
+        a.lea(rdi, qword_ptr(rsi + 8)).unwrap();
+        a.mov(ecx, 6).unwrap();
+        a.rep().movsq().unwrap();
+        a.mov(r13, qword_ptr(DATA + 0x3520)).unwrap();
+        a.mov(r14, qword_ptr(DATA + 0x3630)).unwrap();
+        // FS-relative source; 32-bit addressing.
+        a.mov(esi, 0x40).unwrap();
+        a.mov(rdi, DATA + 0x3700).unwrap();
+        a.mov(ecx, 8).unwrap();
+        a.db(&[0x64, 0xf3, 0xa4]).unwrap(); // rep movsb (fs:rsi)
+        a.mov(edi, (DATA + 0x3800) as u32).unwrap();
+        a.mov(ecx, 8).unwrap();
+        a.db(&[0x67, 0xf3, 0x48, 0xab]).unwrap(); // rep stos qword [edi]
+                                                  // The first level emptied: the next STOS and MOVS source miss
+                                                  // (filled); after the MOVS's source a destination page not used
+                                                  // since misses (the interpreter).
+        a.mov(rdx, cr3).unwrap();
+        a.mov(cr3, rdx).unwrap();
+        a.mov(rdi, DATA + 0x5000).unwrap();
+        a.mov(ecx, 64).unwrap();
+        a.rep().stosq().unwrap();
+        a.mov(rsi, DATA + 0x5000).unwrap();
+        a.mov(rdi, DATA + 0x7000).unwrap();
+        a.mov(ecx, 64).unwrap();
+        a.rep().movsq().unwrap();
+        a.add(r11, rdi).unwrap();
+        a.add(r12, rsi).unwrap();
+        a.dec(r9).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // The byte smeared (r9 was 1 in the last iteration) and the element.
+    assert_eq!(o.gpr[13], 0x0101_0101_0101_0101);
+    assert_eq!(o.gpr[14], 0x1111_2222_3333_4445);
+    // Per iteration: the three crossing runs, STD, CLD and the two runs
+    // between them, the FS-relative and 32-bit ones, the CR3 moves and
+    // the MOVS whose destination missed. The runs in one page (RCX = 0,
+    // the overlapping copies, those after their first access's fill) do
+    // not call out.
+    let bound = 12 * iterations + 10;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+#[test]
+fn rep_stos_and_movs_into_code_run_the_new_bytes() {
+    // REP STOS and REP MOVS over the immediate of a `mov eax, imm32` the
+    // next iteration runs (its frame holds decoded code: the
+    // interpreter's element-by-element way, which retires the block).
+    let iterations = 200u32;
+    let (o, stats) = both(|a| {
+        let mut patch = a.create_label();
+        let mut patch2 = a.create_label();
+        a.mov(r9d, iterations).unwrap();
+        a.xor(ebx, ebx).unwrap();
+        a.set_label(&mut patch).unwrap();
+        a.mov(eax, 0x1234_5678u32).unwrap();
+        a.add(rbx, rax).unwrap();
+        a.set_label(&mut patch2).unwrap();
+        a.mov(edx, 0x9abc_def0u32).unwrap();
+        a.add(rbx, rdx).unwrap();
+        a.lea(rdi, ptr(patch)).unwrap();
+        a.add(rdi, 1).unwrap();
+        a.mov(eax, r9d).unwrap();
+        a.mov(ecx, 2).unwrap();
+        a.rep().stosb().unwrap();
+        a.mov(qword_ptr(DATA), r9).unwrap();
+        a.mov(rsi, DATA).unwrap();
+        a.lea(rdi, ptr(patch2)).unwrap();
+        a.add(rdi, 2).unwrap();
+        a.mov(ecx, 2).unwrap();
+        a.rep().movsb().unwrap();
+        a.dec(r9d).unwrap();
+        a.jnz(patch).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    let mut imm = 0x1234_5678u64;
+    let mut imm2 = 0x9abc_def0u64;
+    let mut sum = 0u64;
+    for c in (1..=iterations as u64).rev() {
+        sum += imm + imm2;
+        imm = (imm & 0xffff_0000) | ((c & 0xff) * 0x101);
+        imm2 = (imm2 & 0xff00_00ff) | (c & 0xffff) << 8;
+    }
+    assert_eq!(o.gpr[3], sum);
+}
+
+#[test]
+fn rep_strings_fault_precisely_after_a_fill() {
+    // REP STOS and REP MOVS on pages walking up to the end of the mapped
+    // memory (each new page misses the first level): the fourth
+    // iteration's first access is on an unmapped page, and the fill's
+    // walk takes the #PF, delivered at the instruction with nothing of it
+    // done.
+    type Form = fn(&mut CodeAssembler);
+    let forms: [(&str, Form); 3] = [
+        ("rep stosq", |a| {
+            a.mov(rdi, rsi).unwrap();
+            a.mov(ecx, 16).unwrap();
+            a.rep().stosq().unwrap();
+        }),
+        ("rep movsb from", |a| {
+            a.mov(rdi, DATA + 0x10).unwrap();
+            a.mov(ecx, 16).unwrap();
+            a.rep().movsb().unwrap();
+            a.sub(rsi, 16).unwrap();
+        }),
+        ("rep movsq to", |a| {
+            a.mov(rdi, rsi).unwrap();
+            a.mov(rsi, DATA).unwrap();
+            a.mov(ecx, 4).unwrap();
+            a.rep().movsq().unwrap();
+            a.lea(rsi, qword_ptr(rdi - 32)).unwrap();
+        }),
+    ];
+    for (name, form) in forms {
+        let (o, stats) = both(|a| {
+            let mut top = a.create_label();
+            a.mov(rsp, DATA + 0x7000).unwrap();
+            a.mov(rsi, MEM - 0x3000).unwrap();
+            a.mov(r8d, 10).unwrap();
+            a.xor(ebx, ebx).unwrap();
+            a.mov(rax, 0x5555_6666_7777_8888u64).unwrap();
+            a.set_label(&mut top).unwrap();
+            a.add(r11, r8).unwrap();
+            a.swapgs().unwrap();
+            form(a);
+            a.add(rsi, 0x1000).unwrap();
+            a.inc(rbx).unwrap();
+            a.dec(r8d).unwrap();
+            a.jnz(top).unwrap();
+            a.hlt().unwrap();
+        });
+        assert_eq!(o.exit, VmExit::Hlt, "{name}");
+        assert_eq!(o.gpr[15], HANDLER_MARK + 14, "{name}: #PF delivered");
+        assert_eq!(o.gpr[3], 3, "{name}: three iterations completed");
+        assert_ne!(o.gpr[1], 0, "{name}: RCX untouched by the faulting run");
+        assert_eq!(stats.blocks_failed, 0, "{name}: {stats:?}");
+    }
+}
+
+#[test]
+fn rep_strings_crossing_into_a_page_mapped_elsewhere_agree() {
+    // 4 KiB pages with DATA + 0x1000 and DATA + 0x2000 swapped: runs that
+    // cross from DATA's page into the next (either operand) continue in
+    // another frame, through a translation of their own (the
+    // interpreter's way), next to runs inside one page.
+    let prog = |a: &mut CodeAssembler| {
+        let mut top = a.create_label();
+        a.mov(r9, 50u64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.lea(rax, qword_ptr(r9 * 8 + 0x77)).unwrap();
+        a.mov(rdi, DATA + 0x0ff0).unwrap();
+        a.mov(ecx, 5).unwrap();
+        a.rep().stosq().unwrap();
+        a.mov(rsi, CODE).unwrap();
+        a.lea(rdi, qword_ptr(r9 + DATA as i32 + 0x1fd0)).unwrap();
+        a.mov(ecx, 99).unwrap();
+        a.rep().movsb().unwrap();
+        a.mov(rsi, DATA + 0x0ffc).unwrap();
+        a.mov(rdi, DATA + 0x3000).unwrap();
+        a.mov(ecx, 4).unwrap();
+        a.rep().movsw().unwrap();
+        a.mov(rsi, DATA + 0x1000).unwrap();
+        a.mov(rdi, DATA + 0x3100).unwrap();
+        a.mov(ecx, 32).unwrap();
+        a.rep().movsq().unwrap();
+        a.dec(r9).unwrap();
+        a.jnz(top).unwrap();
+        a.mov(r10, qword_ptr(DATA + 0x1000)).unwrap();
+        a.mov(r11, qword_ptr(DATA + 0x2000)).unwrap();
+        a.mov(r12, qword_ptr(DATA + 0x3000)).unwrap();
+        a.hlt().unwrap();
+    };
+    let swapped = |engine, threshold| {
+        let r = rig(prog);
+        remap_4k(&r, 0x9000, 2);
+        let pte = |la: u64| Hpa(0x9000 + ((la - 0x20_0000) >> 12) * 8);
+        let (a, b) = (DATA + 0x1000, DATA + 0x2000);
+        r.mem.write_u64(pte(a), b | 0x7).unwrap();
+        r.mem.write_u64(pte(b), a | 0x7).unwrap();
+        run_rig(engine, threshold, r)
+    };
+    let (interp, _) = swapped(Engine::Interp, 1);
+    assert_eq!(interp.exit, VmExit::Hlt);
+    assert_eq!(interp.gpr[10], 8 + 0x77, "the STOS's last run, across");
+    assert_ne!(interp.gpr[11], 0, "the MOVSB's last run, across");
+    assert_eq!(interp.gpr[12], (8 + 0x77) << 32, "the MOVSW's, from across");
+    for threshold in [1, 2] {
+        let (jit, stats) = swapped(Engine::Jit, threshold);
+        assert!(interp == jit, "threshold {threshold}:\n{interp:?}\n{jit:?}");
+        assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+        assert!(stats.blocks_translated >= 1, "{stats:?}");
+    }
+}

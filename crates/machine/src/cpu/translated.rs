@@ -442,6 +442,7 @@ impl Cpu {
             divide_cost: self.costs.divide,
             locked_cost: self.costs.locked,
             serializing_cost: self.costs.serializing,
+            string_iteration_cost: self.costs.string_iteration,
             fs_base: off(&self.state.fs.base as *const u64 as usize),
             gs_base: off(&self.state.gs.base as *const u64 as usize),
             kernel_gs_base: off(&self.state.kernel_gs_base as *const u64 as usize),

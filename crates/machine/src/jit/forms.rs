@@ -708,7 +708,7 @@ impl Emitter {
 
     /// [`Self::begin_inline`] for a form whose first-level misses are
     /// filled (`filled_slow`): also the miss label and the retry point.
-    fn begin_filled(
+    pub(super) fn begin_filled(
         &mut self,
     ) -> Result<(CodeLabel, CodeLabel, CodeLabel, CodeLabel), NotTranslated> {
         let (full, cont) = self.begin_inline()?;
@@ -890,6 +890,9 @@ pub(crate) enum Extra {
         src: u8,
         size: Size,
     },
+    /// REP STOS or (`movs`) REP MOVS of `size` elements with 64-bit
+    /// addresses (`jit/string.rs`).
+    RepString { movs: bool, size: Size },
 }
 
 /// An operand of [`Extra::XmmMove`]: an XMM register (0-15) or memory.
@@ -1006,7 +1009,10 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
     if op.fast == Fast::System(SystemOp::Rdtsc) {
         return Some(Extra::Rdtsc { aux: false });
     }
-    if op.fast != Fast::Generic || i.has_rep_prefix() || i.has_repne_prefix() {
+    if op.fast == Fast::Generic && (i.has_rep_prefix() || i.has_repne_prefix()) {
+        return super::string::rep_string_form(i);
+    }
+    if op.fast != Fast::Generic {
         return None;
     }
     let m = i.mnemonic();
@@ -1373,6 +1379,7 @@ impl Emitter {
                 locked,
             } => self.xadd_mem(k, ip, reg, size, &m, locked),
             Extra::XmmMove { dst, src, aligned } => self.xmm_move(k, ip, dst, src, aligned),
+            Extra::RepString { movs, size } => self.rep_string(k, ip, movs, size),
             Extra::Convert { code, to_rdx } => {
                 // No flags are touched: they may stay in the host.
                 self.load(ACC, 0, Size::B8)?;

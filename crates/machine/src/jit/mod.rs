@@ -43,6 +43,7 @@ pub(crate) mod perf_map;
 pub(crate) mod profile;
 mod regs;
 mod scalar;
+mod string;
 pub(crate) mod tlb_fill;
 
 pub use encode::set_verify_encoding;
@@ -197,6 +198,9 @@ pub(crate) struct Offsets {
     pub locked_cost: u64,
     /// `CycleCosts::serializing` (a move from a control register).
     pub serializing_cost: u64,
+    /// `CycleCosts::string_iteration`: what each element of a REP string
+    /// instruction after the first adds to `instruction`.
+    pub string_iteration_cost: u64,
     /// The FS and GS bases (IA32_FS_BASE, IA32_GS_BASE).
     pub fs_base: i32,
     pub gs_base: i32,
