@@ -461,6 +461,8 @@ impl Cpu {
             xmm: off(self.state.fpu.xmm.as_ptr() as usize),
             tsc_aux: off(&self.state.tsc_aux as *const u64 as usize),
             vmx: off(&self.vmx as *const Option<Box<crate::vmx::VmxControls>> as usize),
+            state: off(&self.state as *const super::state::CpuState as usize),
+            privilege_transition: self.costs.privilege_transition,
         }
     }
 

@@ -700,7 +700,7 @@ impl Emitter {
     /// (its slow path needs them exact in `state.rflags`, and the checks
     /// clobber the host flags); labels for the slow path and for where the
     /// fast path ends.
-    fn begin_inline(&mut self) -> Result<(CodeLabel, CodeLabel), NotTranslated> {
+    pub(super) fn begin_inline(&mut self) -> Result<(CodeLabel, CodeLabel), NotTranslated> {
         self.capture_if_dirty()?;
         self.host_valid = false;
         Ok((self.a.create_label(), self.a.create_label()))
@@ -708,7 +708,7 @@ impl Emitter {
 
     /// [`Self::begin_inline`] for a form whose first-level misses are
     /// filled (`filled_slow`): also the miss label and the retry point.
-    fn begin_filled(
+    pub(super) fn begin_filled(
         &mut self,
     ) -> Result<(CodeLabel, CodeLabel, CodeLabel, CodeLabel), NotTranslated> {
         let (full, cont) = self.begin_inline()?;
@@ -720,7 +720,7 @@ impl Emitter {
     /// The end of the fast path of instruction `k`'s inline form: its slow
     /// path (the instruction through the interpreter) comes back to here,
     /// with the guest flags loaded into the host's if `flags_in_host`.
-    fn end_inline(
+    pub(super) fn end_inline(
         &mut self,
         k: usize,
         slow: CodeLabel,
@@ -878,6 +878,12 @@ pub(crate) enum Extra {
         src: XmmPlace,
         aligned: bool,
     },
+    /// POPFQ at CPL 0 (`jit::privileged`; `next_ip` the address after it).
+    Popf { next_ip: u64 },
+    /// SYSCALL (`jit::privileged`).
+    Syscall { next_ip: u64 },
+    /// SYSRETQ (`jit::privileged`).
+    Sysret,
 }
 
 /// An operand of [`Extra::XmmMove`]: an XMM register (0-15) or memory.
@@ -993,6 +999,9 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
     let i = &op.insn;
     if op.fast == Fast::System(SystemOp::Rdtsc) {
         return Some(Extra::Rdtsc { aux: false });
+    }
+    if let Some(x) = super::privileged::privileged_form(op) {
+        return Some(x);
     }
     if op.fast != Fast::Generic || i.has_rep_prefix() || i.has_repne_prefix() {
         return None;
@@ -1347,6 +1356,9 @@ impl Emitter {
                 locked,
             } => self.xadd_mem(k, ip, reg, size, &m, locked),
             Extra::XmmMove { dst, src, aligned } => self.xmm_move(k, ip, dst, src, aligned),
+            Extra::Popf { next_ip } => self.popf(k, ip, next_ip),
+            Extra::Syscall { next_ip } => self.syscall(k, next_ip),
+            Extra::Sysret => self.sysret(k),
             Extra::Convert { code, to_rdx } => {
                 // No flags are touched: they may stay in the host.
                 self.load(ACC, 0, Size::B8)?;
