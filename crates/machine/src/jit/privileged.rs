@@ -154,8 +154,42 @@ impl Emitter {
         self.add_privilege_transition()?;
         self.a
             .mov(rax, qword_ptr(rbx + self.st(offset_of!(CpuState, lstar))))?;
-        self.fetch_exit(k)?;
+        self.chain_into_kernel(k)?;
         self.end_inline(k, full, &mut cont, false)
+    }
+
+    /// Instruction `k` (SYSCALL) completed, changed the privilege to 0 and
+    /// asked for no event check; execution goes on at the RIP in rax. As
+    /// `Cpu::jit_chain_fetch` would (`fetch_exit`), without the call where
+    /// its answer is known here: where the run loop would go straight on
+    /// (the deadline compare) and the fetch there is a first-level iTLB
+    /// hit in the supervisor class (changing nothing) of a block the
+    /// chaining table holds translated for CPL 0, on into it after this
+    /// block's counts; the deadline reached, out to the run loop; anything
+    /// else through `fetch_exit`.
+    fn chain_into_kernel(&mut self, k: usize) -> Result<(), NotTranslated> {
+        let o = self.o;
+        let n = k as u32 + 1;
+        let (mut out, mut rust) = (self.a.create_label(), self.a.create_label());
+        self.a.mov(r8d, n)?;
+        self.a.mov(r9, n as u64 * o.instruction_cost)?;
+        self.a.add(r9, qword_ptr(rbx + o.cycles))?;
+        self.a.cmp(r9, qword_ptr(rbx + o.jit_deadline))?;
+        self.a.jae(out)?;
+        // The probe and the lookup of the new privilege's class and
+        // translations (`user` is the emitter's, the block's own,
+        // elsewhere).
+        let user = std::mem::replace(&mut self.user, false);
+        let chained = self
+            .fetch_probe(rust, None)
+            .and_then(|()| self.chain_lookup(rust, None));
+        self.user = user;
+        chained?;
+        self.a.set_label(&mut rust)?;
+        self.fetch_exit(k)?;
+        self.a.set_label(&mut out)?;
+        self.a.jmp(self.chain_out)?;
+        Ok(())
     }
 
     /// SYSRETQ at CPL 0, as `Cpu::exec_sysret`: RFLAGS from R11, CS and SS
