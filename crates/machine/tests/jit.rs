@@ -2923,30 +2923,86 @@ fn a_native_popf_that_sets_tf_traps_after_one_instruction() {
     let rounds = 6u32;
     let (o, stats) = both(|a| {
         let mut top = a.create_label();
-        let mut body = a.create_label();
         a.xor(ebx, ebx).unwrap();
         a.mov(r12d, rounds).unwrap();
         a.set_label(&mut top).unwrap();
-        a.pushfq().unwrap();
-        a.pop(rax).unwrap();
-        a.cmp(r12d, 1).unwrap();
-        a.jne(body).unwrap();
-        a.or(eax, 0x100).unwrap();
-        a.set_label(&mut body).unwrap();
-        a.push(rax).unwrap();
-        a.popfq().unwrap();
-        a.inc(ebx).unwrap();
-        a.inc(ebx).unwrap();
-        a.dec(r12d).unwrap();
-        a.jnz(top).unwrap();
-        a.hlt().unwrap();
+        popf_tf_in_the_last_round(a, top);
     });
+    traps_after_one_instruction(&o, &stats, rounds);
+}
+
+/// The rest of a loop from `top` (r12 rounds, ebx counting): RFLAGS
+/// popped as pushed, but with TF in the last round, then two INCs of ebx;
+/// HLT after the loop.
+fn popf_tf_in_the_last_round(a: &mut CodeAssembler, top: CodeLabel) {
+    let mut body = a.create_label();
+    a.pushfq().unwrap();
+    a.pop(rax).unwrap();
+    a.cmp(r12d, 1).unwrap();
+    a.jne(body).unwrap();
+    a.or(eax, 0x100).unwrap();
+    a.set_label(&mut body).unwrap();
+    a.push(rax).unwrap();
+    a.popfq().unwrap();
+    a.inc(ebx).unwrap();
+    a.inc(ebx).unwrap();
+    a.dec(r12d).unwrap();
+    a.jnz(top).unwrap();
+    a.hlt().unwrap();
+}
+
+/// The outcome of [`popf_tf_in_the_last_round`] after `rounds`: the
+/// single-step #DB after the first INC of the last round.
+fn traps_after_one_instruction(o: &Outcome, stats: &machine::jit::JitStats, rounds: u32) {
     assert_eq!(stats.blocks_failed, 0, "{stats:?}");
     assert_eq!(o.exit, VmExit::Hlt);
     assert_eq!(o.gpr[15], HANDLER_MARK + 1, "single-step #DB");
-    assert_eq!(
-        o.gpr[3],
-        2 * rounds as u64 - 1,
-        "one instruction after the last POPF"
-    );
+    let after = 2 * rounds as u64 - 1;
+    assert_eq!(o.gpr[3], after, "one instruction after the last POPF");
+}
+
+#[test]
+fn a_popf_that_sets_tf_after_an_int_in_the_same_run_traps_after_one_instruction() {
+    // INT n (which the run loop's single-step rule marks as trapping on
+    // the TF it leaves) runs through the interpreter; translated code
+    // chained on from it (through its handler's IRETQ, or a plain jump
+    // back; both ways through `Cpu::jit_chain_fetch`, the delivery asking
+    // for an event check) to a POPF that sets TF trapped right after the
+    // POPF: the trap comes after the instruction after it, as in the
+    // interpreter, whose block after the INT's starts afresh.
+    let rounds = 4u32;
+    for iret in [true, false] {
+        let (o, stats) = both(|a| {
+            let mut top = a.create_label();
+            let mut back = a.create_label();
+            let mut handler = a.create_label();
+            // Vector 0x40's gate: the handler below.
+            let gate = IDT + 0x40 * 16;
+            a.lea(rax, ptr(handler)).unwrap();
+            a.mov(word_ptr(gate), ax).unwrap();
+            a.mov(word_ptr(gate + 2), KERNEL_CS as u32).unwrap();
+            a.mov(word_ptr(gate + 4), 0x8e00u32).unwrap();
+            a.shr(rax, 16).unwrap();
+            a.mov(word_ptr(gate + 6), ax).unwrap();
+            a.shr(rax, 16).unwrap();
+            a.mov(dword_ptr(gate + 8), eax).unwrap();
+            a.xor(ebx, ebx).unwrap();
+            a.mov(r12d, rounds).unwrap();
+            a.set_label(&mut top).unwrap();
+            a.int(0x40).unwrap();
+            a.set_label(&mut back).unwrap();
+            popf_tf_in_the_last_round(a, top);
+            a.set_label(&mut handler).unwrap();
+            a.inc(r13d).unwrap();
+            if iret {
+                a.iretq().unwrap();
+            } else {
+                // The frame dropped (IF was clear before the gate too).
+                a.add(rsp, 40).unwrap();
+                a.jmp(back).unwrap();
+            }
+        });
+        traps_after_one_instruction(&o, &stats, rounds);
+        assert_eq!(o.gpr[13], rounds as u64, "iret: {iret}");
+    }
 }
