@@ -2408,6 +2408,43 @@ fn shift_flags_kept_in_r15_agree() {
 
 /// The loop of the STI tests: `iterations` of CLI, work, STI (IF clear:
 /// the STI shadow), one instruction, more work; a flag live across each.
+/// Runs `prog` on both engines to cycle `stop`, then posts external
+/// interrupt 0x30 and runs on: the interpreter must stop at the limit,
+/// then take the interrupt (the handler halts), and the translator must
+/// agree on where (cycles, instructions, state). The translator's
+/// counters.
+fn interrupt_posted_at(
+    stop: u64,
+    prog: impl Fn(&mut CodeAssembler) + Copy,
+) -> machine::jit::JitStats {
+    let run = |engine| {
+        let mut r = rig(prog);
+        r.cpu.set_engine(engine);
+        r.cpu.set_jit_threshold(1);
+        let first = r.cpu.run(&r.mem, stop);
+        r.cpu.post_external_interrupt(0x30);
+        let exit = r.run();
+        (
+            (
+                first,
+                exit,
+                r.cpu.cycles(),
+                r.cpu.stats().instructions,
+                r.cpu.state_digest(),
+                r.cpu.state().gpr,
+            ),
+            r.cpu.jit_stats(),
+        )
+    };
+    let interp = run(Engine::Interp);
+    let jit = run(Engine::Jit);
+    assert_eq!(interp.0 .0, VmExit::CycleLimit, "stop at {stop}");
+    assert_eq!(interp.0 .1, VmExit::Hlt, "stop at {stop}");
+    assert_eq!(interp.0 .5[15], HANDLER_MARK + 0x30, "stop at {stop}");
+    assert_eq!(interp.0, jit.0, "stop at {stop}");
+    jit.1
+}
+
 fn sti_loop(a: &mut CodeAssembler, iterations: u64) {
     let mut top = a.create_label();
     a.mov(rcx, iterations).unwrap();
@@ -2430,50 +2467,33 @@ fn sti_loop(a: &mut CodeAssembler, iterations: u64) {
 fn sti_runs_natively_and_keeps_its_interrupt_shadow() {
     // STI at CPL 0 sets IF (and the shadow when IF was clear) in
     // translated code, no call-out; the block ends there and the run loop
-    // checks events as after the interpreter's STI.
+    // checks events as after the interpreter's STI: an interrupt posted in
+    // the loop is delivered after the instruction the STI that set IF
+    // shadows.
+    runs_natively_and_takes_interrupts(sti_loop, &[500, 1234, 2999, 4321]);
+}
+
+/// `looped(a, iterations)` (a loop at CPL 0) then HLT: on both engines,
+/// with first-level TLB misses the only call-outs; and an external
+/// interrupt posted at each cycle in `stops` of a longer run is
+/// delivered where the interpreter delivers it (the handler halts).
+fn runs_natively_and_takes_interrupts(looped: fn(&mut CodeAssembler, u64), stops: &[u64]) {
     let iterations = 300u64;
     let (o, stats) = both(|a| {
-        sti_loop(a, iterations);
+        looped(a, iterations);
         a.hlt().unwrap();
     });
     assert_eq!(o.exit, VmExit::Hlt);
     assert_eq!(stats.blocks_failed, 0, "{stats:?}");
-    // First-level TLB misses only: no STI goes to the interpreter.
     let bound = 40;
     assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
-    // An external interrupt posted at a cycle limit somewhere in the loop
-    // is delivered where the interpreter delivers it: after the
-    // instruction the STI that set IF shadows (the handler halts).
-    for stop in [500u64, 1234, 2999, 4321] {
-        let run = |engine| {
-            let mut r = rig(|a| {
-                sti_loop(a, 3 * iterations);
-                a.hlt().unwrap();
-            });
-            r.cpu.set_engine(engine);
-            r.cpu.set_jit_threshold(1);
-            let first = r.cpu.run(&r.mem, stop);
-            r.cpu.post_external_interrupt(0x30);
-            let exit = r.run();
-            (
-                (
-                    first,
-                    exit,
-                    r.cpu.cycles(),
-                    r.cpu.stats().instructions,
-                    r.cpu.state_digest(),
-                    r.cpu.state().gpr,
-                ),
-                r.cpu.jit_stats().blocks_translated,
-            )
-        };
-        let interp = run(Engine::Interp);
-        let jit = run(Engine::Jit);
-        assert_eq!(interp.0 .0, VmExit::CycleLimit, "stop at {stop}");
-        assert_eq!(interp.0 .1, VmExit::Hlt, "stop at {stop}");
-        assert_eq!(interp.0 .5[15], HANDLER_MARK + 0x30, "stop at {stop}");
-        assert_eq!(interp.0, jit.0, "stop at {stop}");
-        assert!(jit.1 >= 2, "stop at {stop}: {:?}", jit.1);
+    for &stop in stops {
+        let stats = interrupt_posted_at(stop, |a| {
+            looped(a, 3 * iterations);
+            a.hlt().unwrap();
+        });
+        assert!(stats.blocks_translated >= 2, "stop at {stop}: {stats:?}");
+        assert!(stats.call_outs <= bound, "stop at {stop}: {stats:?}");
     }
 }
 
@@ -2507,15 +2527,30 @@ fn stac_and_clac_run_natively_with_smap() {
         a.add(r12, qword_ptr(rsp - 16)).unwrap();
         a.dec(rcx).unwrap();
         a.jnz(top).unwrap();
-        a.mov(rax, qword_ptr(rsi + 0x10)).unwrap();
-        a.mov(r11d, 7u32).unwrap();
-        a.hlt().unwrap();
     };
-    for smap in [true, false] {
+    for (smap, stats) in with_and_without_smap(prog) {
+        // First-level TLB misses only.
+        let bound = 40;
+        assert!(stats.call_outs <= bound, "smap {smap}: {stats:?}");
+    }
+}
+
+/// Runs `prog` (at CPL 0, RSI = DATA at its end), then a read of DATA
+/// with RFLAGS.AC clear, with the first 2 MiB (code, stack, tables)
+/// supervisor-only and DATA a user-mode page, CR4.SMAP on and off, on
+/// both engines: they must agree, and that read takes the SMAP #PF
+/// exactly with SMAP. The translator's counters, per setting.
+fn with_and_without_smap(
+    prog: impl Fn(&mut CodeAssembler) + Copy,
+) -> [(bool, machine::jit::JitStats); 2] {
+    [true, false].map(|smap| {
         let make = || {
-            let mut r = rig(prog);
-            // The first 2 MiB (code, stack, tables) supervisor-only; DATA
-            // stays a user-mode page.
+            let mut r = rig(|a| {
+                prog(a);
+                a.mov(rax, qword_ptr(rsi + 0x10)).unwrap();
+                a.mov(r11d, 7u32).unwrap();
+                a.hlt().unwrap();
+            });
             r.mem.write_u64(Hpa(PD), 0x83).unwrap();
             if smap {
                 r.cpu.state_mut().cr4 |= machine::cpu::state::cr4::SMAP;
@@ -2534,10 +2569,8 @@ fn stac_and_clac_run_natively_with_smap() {
             assert_eq!(jit.gpr[15], 0);
             assert_eq!(jit.gpr[11], 7);
         }
-        // First-level TLB misses only.
-        let bound = 40;
-        assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
-    }
+        (smap, stats)
+    })
 }
 
 #[test]
@@ -2621,6 +2654,357 @@ fn double_shifts_and_memory_multiplies_run_natively() {
     // IMUL, first-level TLB misses.
     let bound = 2 * iterations + 40;
     assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+}
+
+/// `iterations` rounds at CPL 0 of POPF loading arithmetic flags from
+/// r8 with DF (IF clear), then with IOPL 3 and IF set, then the same
+/// again (IF unchanged), the flags live after each (ADC, SBB, PUSHFQ).
+fn popf_loop(a: &mut CodeAssembler, iterations: u64) {
+    let mut top = a.create_label();
+    a.mov(rcx, iterations).unwrap();
+    a.mov(r8, 0x9e37_79b9_7f4a_7c15u64).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.mov(rax, r8).unwrap();
+    a.and(eax, 0x8d5).unwrap();
+    a.or(eax, 0x402).unwrap();
+    a.push(rax).unwrap();
+    a.popfq().unwrap();
+    a.adc(r9, r8).unwrap();
+    a.pushfq().unwrap();
+    a.pop(rdx).unwrap();
+    a.add(r10, rdx).unwrap();
+    a.mov(rax, r8).unwrap();
+    a.and(eax, 0x8d5).unwrap();
+    a.or(eax, 0x3202).unwrap();
+    a.push(rax).unwrap();
+    a.popfq().unwrap();
+    a.sbb(r11, r9).unwrap();
+    a.pushfq().unwrap();
+    a.pop(rdx).unwrap();
+    a.xor(r10, rdx).unwrap();
+    a.push(rax).unwrap();
+    a.popfq().unwrap();
+    a.add(r8, rcx).unwrap();
+    a.rol(r8, 7).unwrap();
+    a.dec(rcx).unwrap();
+    a.jnz(top).unwrap();
+}
+
+#[test]
+fn popf_runs_natively_at_cpl0_and_asks_for_event_checks() {
+    // POPFQ at CPL 0 loads the flags (arithmetic, DF, IOPL, IF) in
+    // translated code, no call-out; when IF changes, an event check is
+    // made where the interpreter's run loop makes it: an interrupt posted
+    // in the loop is delivered right after the POPF that sets IF (no
+    // shadow), or at once where IF is set.
+    runs_natively_and_takes_interrupts(popf_loop, &[500, 1234, 2999, 4321, 5000, 6007]);
+}
+
+#[test]
+fn popf_changing_ac_under_smap_goes_through_the_interpreter() {
+    // POPF at CPL 0 setting or clearing RFLAGS.AC under CR4.SMAP changes
+    // the first-level TLB's key context: the interpreter runs it (with
+    // the SMAP revocation of the supervisor slots of user-mode pages when
+    // AC clears), so the access after the loop (AC clear, to a user page)
+    // takes the SMAP #PF on both engines. A POPF that keeps AC, and every
+    // POPF without SMAP, runs in translated code.
+    let iterations = 200u64;
+    let prog = |a: &mut CodeAssembler| {
+        let mut top = a.create_label();
+        a.mov(rsi, DATA).unwrap();
+        a.mov(rcx, iterations).unwrap();
+        a.set_label(&mut top).unwrap();
+        for (set, access) in [(true, true), (true, true), (false, false)] {
+            a.pushfq().unwrap();
+            a.pop(rax).unwrap();
+            if set {
+                a.or(eax, 0x4_0000).unwrap();
+            } else {
+                a.and(eax, !0x4_0000).unwrap();
+            }
+            a.push(rax).unwrap();
+            a.popfq().unwrap();
+            if access {
+                // A user page with AC set: the supervisor read slot noted.
+                a.mov(ebx, ecx).unwrap();
+                a.and(ebx, 7).unwrap();
+                a.add(r9, qword_ptr(rsi + rbx * 8)).unwrap();
+            }
+        }
+        a.dec(rcx).unwrap();
+        a.jnz(top).unwrap();
+    };
+    for (smap, stats) in with_and_without_smap(prog) {
+        let bound = 40;
+        // With SMAP, the two POPFs that change AC, per iteration.
+        let low = if smap { 2 * iterations } else { 0 };
+        assert!(
+            (low..=low + bound).contains(&stats.call_outs),
+            "smap {smap}: {stats:?}"
+        );
+    }
+}
+
+/// `rounds` SYSCALL/SYSRET round trips (see
+/// `syscall_and_sysret_run_natively`).
+fn syscall_round_trips(a: &mut CodeAssembler, rounds: u32) {
+    let mut entry = a.create_label();
+    syscall_msrs(a, entry, 0x4_0700);
+    // To ring 3 with IF and DF set.
+    user_syscall_loop(a, 0x602, rounds, |a| {
+        a.pushfq().unwrap();
+        a.pop(rax).unwrap();
+        a.xor(eax, 0x3200 | 0x8d5).unwrap();
+        a.push(rax).unwrap();
+        a.popfq().unwrap();
+        a.adc(rbx, r12).unwrap();
+        a.mov(ax, cs).unwrap();
+        a.mov(dx, ss).unwrap();
+        a.shl(edx, 16).unwrap();
+        a.or(eax, edx).unwrap();
+        a.add(rbx, rax).unwrap();
+    });
+    a.syscall().unwrap();
+    // The kernel: RCX, R11, RFLAGS, CS and SS into the sums; halt after
+    // the last round.
+    a.set_label(&mut entry).unwrap();
+    a.add(r13, rcx).unwrap();
+    a.add(r13, r11).unwrap();
+    a.pushfq().unwrap();
+    a.pop(rax).unwrap();
+    a.add(r14, rax).unwrap();
+    a.mov(ax, ss).unwrap();
+    a.add(r14w, ax).unwrap();
+    a.mov(ax, cs).unwrap();
+    a.add(r14w, ax).unwrap();
+    let mut back = a.create_label();
+    a.test(r12d, r12d).unwrap();
+    a.jnz(back).unwrap();
+    a.hlt().unwrap();
+    a.set_label(&mut back).unwrap();
+    a.sysretq().unwrap();
+}
+
+#[test]
+fn syscall_and_sysret_run_natively() {
+    // SYSCALL/SYSRET round trips in translated code, no call-out: FMASK
+    // clears IF, DF, AC and TF in the kernel, RCX and R11 as the
+    // interpreter leaves them, CS and SS the STAR selectors and flat
+    // segments of the ring (the state digests of runs stopped at cycle
+    // limits on either side), the privilege-transition cycles. The user
+    // side also runs POPF at CPL 3 (the interpreter: IOPL 0 keeps IF and
+    // IOPL).
+    let rounds = 300u32;
+    let (o, stats) = both(|a| syscall_round_trips(a, rounds));
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[12], 0, "every round ran");
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // The user POPF per round, the setup (MSR writes), first-level TLB
+    // misses: no SYSCALL or SYSRET goes to the interpreter.
+    let (low, high) = (rounds as u64, rounds as u64 + 40);
+    assert!(
+        (low..=high).contains(&stats.call_outs),
+        "{} not in {low}..={high}",
+        stats.call_outs
+    );
+    // SYSRET's event check is made by the fetch from its exit, once a
+    // round; SYSCALL chains into the kernel's block without it.
+    assert!(
+        (low..=high).contains(&stats.chain_fetches),
+        "{} not in {low}..={high}",
+        stats.chain_fetches
+    );
+    for step in [97u64, 1001] {
+        let prog = |a: &mut CodeAssembler| syscall_round_trips(a, 40);
+        let (interp, _) = run_stepped(Engine::Interp, 1, step, prog);
+        let (jit, stats) = run_stepped(Engine::Jit, 1, step, prog);
+        assert_eq!(interp, jit, "step {step}");
+        assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    }
+}
+
+#[test]
+fn syscall_and_sysret_changing_ac_under_smap_go_through_the_interpreter() {
+    // SYSCALL (FMASK clearing AC) and SYSRET (R11 clearing AC) change the
+    // first-level TLB's key context under CR4.SMAP when AC was set: the
+    // interpreter runs them, with the SMAP revocation of the supervisor
+    // slots of user-mode pages, so the kernel's next read of a user page
+    // (AC clear) takes the SMAP #PF on both engines; with AC kept they
+    // run in translated code. Without SMAP nothing faults.
+    let rounds = 100u32;
+    for fmask_ac in [true, false] {
+        let prog = |a: &mut CodeAssembler| {
+            let mut entry = a.create_label();
+            let mut user = a.create_label();
+            let mut uloop = a.create_label();
+            syscall_msrs(a, entry, 0x200 | if fmask_ac { 0x4_0000 } else { 0 });
+            a.mov(rsi, DATA).unwrap();
+            // The kernel reads a user page with AC set (STAC), then to
+            // ring 3 with AC set (the context keeps AC).
+            a.stac().unwrap();
+            a.add(r14, qword_ptr(rsi)).unwrap();
+            a.mov(r10d, 0x4_0202u32).unwrap();
+            a.lea(rcx, ptr(user)).unwrap();
+            a.mov(r11, r10).unwrap();
+            a.sysretq().unwrap();
+            a.set_label(&mut user).unwrap();
+            a.mov(r12d, rounds).unwrap();
+            a.set_label(&mut uloop).unwrap();
+            a.add(rbx, r12).unwrap();
+            // The last round returns with AC clear.
+            a.cmp(r12d, 1).unwrap();
+            a.mov(eax, 0x202u32).unwrap();
+            a.cmove(r10d, eax).unwrap();
+            a.syscall().unwrap();
+            a.dec(r12d).unwrap();
+            a.jnz(uloop).unwrap();
+            a.syscall().unwrap();
+            // The kernel: a read of the user page (allowed while AC is
+            // set), back with R11 = r10; halt after the last round.
+            a.set_label(&mut entry).unwrap();
+            a.add(r14, qword_ptr(rsi)).unwrap();
+            a.add(r13, rcx).unwrap();
+            let mut back = a.create_label();
+            a.test(r12d, r12d).unwrap();
+            a.jnz(back).unwrap();
+            a.mov(r9d, 7u32).unwrap();
+            a.hlt().unwrap();
+            a.set_label(&mut back).unwrap();
+            a.mov(r11, r10).unwrap();
+            a.sysretq().unwrap();
+        };
+        for smap in [true, false] {
+            let make = || {
+                let mut r = rig(prog);
+                if smap {
+                    r.cpu.state_mut().cr4 |= machine::cpu::state::cr4::SMAP;
+                }
+                r
+            };
+            let what = format!("fmask AC: {fmask_ac}, smap: {smap}");
+            let (interp, _) = run_rig(Engine::Interp, 1, make());
+            let (jit, stats) = run_rig(Engine::Jit, 1, make());
+            assert_eq!(interp, jit, "{what}");
+            let (jit2, _) = run_rig(Engine::Jit, 2, make());
+            assert_eq!(interp, jit2, "{what} (translating on the second run)");
+            assert_eq!(stats.blocks_failed, 0, "{what}: {stats:?}");
+            // (Under SMAP the #PF cannot be delivered: the rig's IDT, GDT
+            // and stacks are in a user-mode page, which SMAP denies the
+            // delivery's implicit supervisor accesses; it ends in a triple
+            // fault, where the kernel's read faulted.)
+            match (smap, fmask_ac) {
+                (false, _) => {
+                    assert_eq!(jit.exit, VmExit::Hlt, "{what}");
+                    assert_eq!(jit.gpr[9], 7, "{what}");
+                    assert!(stats.call_outs <= 40, "{what}: {stats:?}");
+                }
+                (true, true) => {
+                    // At the first SYSCALL.
+                    assert_eq!(jit.exit, VmExit::TripleFault, "{what}");
+                    assert_eq!(jit.gpr[12], rounds as u64, "{what}");
+                }
+                (true, false) => {
+                    // After the SYSRET that cleared AC, at the next read.
+                    assert_eq!(jit.exit, VmExit::TripleFault, "{what}");
+                    assert_eq!(jit.gpr[12], 0, "{what}");
+                    assert!(stats.call_outs <= 40, "{what}: {stats:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_native_popf_that_sets_tf_traps_after_one_instruction() {
+    // POPF at CPL 0 loading TF goes through the interpreter (which stops
+    // translated code's chaining: the trap comes after the next
+    // instruction), also where both blocks around it have run translated
+    // and chained before.
+    let rounds = 6u32;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.xor(ebx, ebx).unwrap();
+        a.mov(r12d, rounds).unwrap();
+        a.set_label(&mut top).unwrap();
+        popf_tf_in_the_last_round(a, top);
+    });
+    traps_after_one_instruction(&o, &stats, rounds);
+}
+
+/// The rest of a loop from `top` (r12 rounds, ebx counting): RFLAGS
+/// popped as pushed, but with TF in the last round, then two INCs of ebx;
+/// HLT after the loop.
+fn popf_tf_in_the_last_round(a: &mut CodeAssembler, top: CodeLabel) {
+    let mut body = a.create_label();
+    a.pushfq().unwrap();
+    a.pop(rax).unwrap();
+    a.cmp(r12d, 1).unwrap();
+    a.jne(body).unwrap();
+    a.or(eax, 0x100).unwrap();
+    a.set_label(&mut body).unwrap();
+    a.push(rax).unwrap();
+    a.popfq().unwrap();
+    a.inc(ebx).unwrap();
+    a.inc(ebx).unwrap();
+    a.dec(r12d).unwrap();
+    a.jnz(top).unwrap();
+    a.hlt().unwrap();
+}
+
+/// The outcome of [`popf_tf_in_the_last_round`] after `rounds`: the
+/// single-step #DB after the first INC of the last round.
+fn traps_after_one_instruction(o: &Outcome, stats: &machine::jit::JitStats, rounds: u32) {
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[15], HANDLER_MARK + 1, "single-step #DB");
+    let after = 2 * rounds as u64 - 1;
+    assert_eq!(o.gpr[3], after, "one instruction after the last POPF");
+}
+
+#[test]
+fn a_popf_that_sets_tf_after_an_int_in_the_same_run_traps_after_one_instruction() {
+    // INT n (which the run loop's single-step rule marks as trapping on
+    // the TF it leaves) runs through the interpreter; translated code
+    // chained on from it (through its handler's IRETQ, or a plain jump
+    // back; both ways through `Cpu::jit_chain_fetch`, the delivery asking
+    // for an event check) to a POPF that sets TF trapped right after the
+    // POPF: the trap comes after the instruction after it, as in the
+    // interpreter, whose block after the INT's starts afresh.
+    let rounds = 4u32;
+    for iret in [true, false] {
+        let (o, stats) = both(|a| {
+            let mut top = a.create_label();
+            let mut back = a.create_label();
+            let mut handler = a.create_label();
+            // Vector 0x40's gate: the handler below.
+            let gate = IDT + 0x40 * 16;
+            a.lea(rax, ptr(handler)).unwrap();
+            a.mov(word_ptr(gate), ax).unwrap();
+            a.mov(word_ptr(gate + 2), KERNEL_CS as u32).unwrap();
+            a.mov(word_ptr(gate + 4), 0x8e00u32).unwrap();
+            a.shr(rax, 16).unwrap();
+            a.mov(word_ptr(gate + 6), ax).unwrap();
+            a.shr(rax, 16).unwrap();
+            a.mov(dword_ptr(gate + 8), eax).unwrap();
+            a.xor(ebx, ebx).unwrap();
+            a.mov(r12d, rounds).unwrap();
+            a.set_label(&mut top).unwrap();
+            a.int(0x40).unwrap();
+            a.set_label(&mut back).unwrap();
+            popf_tf_in_the_last_round(a, top);
+            a.set_label(&mut handler).unwrap();
+            a.inc(r13d).unwrap();
+            if iret {
+                a.iretq().unwrap();
+            } else {
+                // The frame dropped (IF was clear before the gate too).
+                a.add(rsp, 40).unwrap();
+                a.jmp(back).unwrap();
+            }
+        });
+        traps_after_one_instruction(&o, &stats, rounds);
+        assert_eq!(o.gpr[13], rounds as u64, "iret: {iret}");
+    }
 }
 
 #[test]

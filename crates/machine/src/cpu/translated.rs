@@ -280,7 +280,14 @@ impl Cpu {
         {
             return NONE;
         }
-        // `run_block`'s end for this block, then the next one's fetch.
+        // `run_block`'s end for this block, then the next one's fetch. The
+        // next block is a run loop step of its own: an instruction of this
+        // one that traps on the TF it leaves (`tf_after_only`: SYSCALL,
+        // SYSRET, INT n, which end their blocks and come here through a
+        // privilege change or an event check) has left TF clear, so no
+        // trap; the next block starts without that mark, as `run_block`
+        // starts it.
+        self.tf_after_only = false;
         self.jit_stats.chain_fetches += 1;
         self.stats.instructions += instructions;
         self.cycles += instructions * self.costs.instruction;
@@ -464,6 +471,8 @@ impl Cpu {
             cr2: off(&self.state.cr2 as *const u64 as usize),
             tsc_aux: off(&self.state.tsc_aux as *const u64 as usize),
             vmx: off(&self.vmx as *const Option<Box<crate::vmx::VmxControls>> as usize),
+            state: off(&self.state as *const super::state::CpuState as usize),
+            privilege_transition: self.costs.privilege_transition,
         }
     }
 

@@ -893,6 +893,12 @@ pub(crate) enum Extra {
     /// REP STOS or (`movs`) REP MOVS of `size` elements with 64-bit
     /// addresses (`jit/string.rs`).
     RepString { movs: bool, size: Size },
+    /// POPFQ at CPL 0 (`jit::privileged`; `next_ip` the address after it).
+    Popf { next_ip: u64 },
+    /// SYSCALL (`jit::privileged`).
+    Syscall { next_ip: u64 },
+    /// SYSRETQ (`jit::privileged`).
+    Sysret,
 }
 
 /// An operand of [`Extra::XmmMove`]: an XMM register (0-15) or memory.
@@ -1008,6 +1014,9 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
     let i = &op.insn;
     if op.fast == Fast::System(SystemOp::Rdtsc) {
         return Some(Extra::Rdtsc { aux: false });
+    }
+    if let Some(x) = super::privileged::privileged_form(op) {
+        return Some(x);
     }
     if op.fast == Fast::Generic && (i.has_rep_prefix() || i.has_repne_prefix()) {
         return super::string::rep_string_form(i);
@@ -1380,6 +1389,9 @@ impl Emitter {
             } => self.xadd_mem(k, ip, reg, size, &m, locked),
             Extra::XmmMove { dst, src, aligned } => self.xmm_move(k, ip, dst, src, aligned),
             Extra::RepString { movs, size } => self.rep_string(k, ip, movs, size),
+            Extra::Popf { next_ip } => self.popf(k, ip, next_ip),
+            Extra::Syscall { next_ip } => self.syscall(k, next_ip),
+            Extra::Sysret => self.sysret(k),
             Extra::Convert { code, to_rdx } => {
                 // No flags are touched: they may stay in the host.
                 self.load(ACC, 0, Size::B8)?;

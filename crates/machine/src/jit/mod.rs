@@ -40,6 +40,7 @@ mod forms;
 mod memory;
 pub(crate) mod native;
 pub(crate) mod perf_map;
+mod privileged;
 pub(crate) mod profile;
 mod regs;
 mod scalar;
@@ -230,6 +231,11 @@ pub(crate) struct Offsets {
     /// (`forms::Extra::Rdtsc`).
     pub tsc_aux: i32,
     pub vmx: i32,
+    /// `Cpu::state` (the rest of the architectural state, addressed with
+    /// `offset_of!` on `CpuState`, for `jit::privileged`), and
+    /// `CycleCosts::privilege_transition` (SYSCALL and SYSRET).
+    pub state: i32,
+    pub privilege_transition: u64,
 }
 
 /// Slots of the chaining table (3 MiB of entries per CPU). A chaining
