@@ -59,7 +59,7 @@ trap 'rm -rf "$tmp"' EXIT
 initrd="$tmp/initramfs.cpio"
 
 python3 - "$progs" "$initrd" "$faultline" "$kernel" "$rounds" "$seeds" "${program[@]}" <<'EOF'
-import os, resource, statistics, subprocess, sys, time
+import os, resource, statistics, subprocess, sys, threading, time
 
 progs, initrd, faultline, kernel, rounds, seeds = sys.argv[1:7]
 program = sys.argv[7:]
@@ -100,6 +100,10 @@ with open(initrd, "wb") as f:
 
 OPTIONS = "console=ttyS0 panic=-1 reboot=t"
 
+# A run longer than this is stopped and reported (QEMU's TCG has been seen
+# to hang booting 4 vCPUs on this host, once in many rounds).
+TIMEOUT_S = 180
+
 def timed(argv, name):
     """Wall and CPU seconds of one run to its exit, the wall seconds from
     init's start to `name`'s end (None if either line is missing), its
@@ -108,6 +112,8 @@ def timed(argv, name):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    watchdog = threading.Timer(TIMEOUT_S, p.kill)
+    watchdog.start()
     out, t_init, t_end = [], None, None
     for line in p.stdout:
         if t_init is None and start_line in line:
@@ -116,10 +122,13 @@ def timed(argv, name):
             t_end = time.monotonic()
         out.append(line)
     p.wait()
+    watchdog.cancel()
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     out = b"".join(out).decode(errors="replace")
+    if wall >= TIMEOUT_S:
+        sys.exit(f"qemu-linux.sh: {argv[0]} did not end in {TIMEOUT_S} s (stopped):\n{out[-2000:]}")
     if p.returncode != 0:
         sys.exit(f"qemu-linux.sh: {argv[0]} exited with {p.returncode}:\n{out[-2000:]}")
     part = t_end - t_init if t_init is not None and t_end is not None else None
