@@ -3520,3 +3520,43 @@ fn rep_strings_crossing_into_a_page_mapped_elsewhere_agree() {
         assert!(stats.blocks_translated >= 1, "{stats:?}");
     }
 }
+
+#[test]
+fn extends_of_high_byte_registers_run_natively() {
+    // MOVZX and MOVSX of AH, CH, DH and BH into 32-bit registers (no REX
+    // prefix can name them: Linux's CRC32 table loop reads BH and AH so),
+    // over values whose high byte has bit 7 set and clear, the
+    // destination sometimes the source's own register.
+    let rounds = 300u64;
+    let prog = |a: &mut CodeAssembler| {
+        let mut top = a.create_label();
+        a.mov(r14, rounds).unwrap();
+        a.mov(r8, 0x0123_4567_89ab_cdefu64).unwrap();
+        a.mov(r9, 0xfedc_ba98_7654_3210u64).unwrap();
+        a.xor(r13d, r13d).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(rax, r8).unwrap();
+        a.mov(rcx, r9).unwrap();
+        a.mov(rdx, r8).unwrap();
+        a.mov(rbx, r9).unwrap();
+        a.movzx(ebp, ah).unwrap();
+        a.movsx(esi, ch).unwrap();
+        a.movsx(edi, dh).unwrap();
+        a.movzx(edx, bh).unwrap();
+        a.movsx(eax, ah).unwrap();
+        a.movzx(ebx, bh).unwrap();
+        for r in [rbp, rsi, rdi, rdx, rax, rbx] {
+            a.rol(r13, 9).unwrap();
+            a.xor(r13, r).unwrap();
+        }
+        a.rol(r8, 3).unwrap();
+        a.ror(r9, 5).unwrap();
+        a.dec(r14).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    };
+    let (o, stats) = both(prog);
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    assert!(stats.call_outs <= 2, "{stats:?}");
+}

@@ -788,6 +788,11 @@ pub(crate) enum Extra {
     /// of register `idx`, 0 to 3) with an immediate: the host
     /// instruction on that byte of the register in the `Cpu`.
     HighByteI { op: Option<BinOp>, idx: u8, imm: u8 },
+    /// MOVZX or (`signed`) MOVSX of AH, CH, DH or BH (byte 1 of register
+    /// `idx`, 0 to 3) into a 32-bit register (no REX prefix, so one of
+    /// the first eight): the host's from that byte of the register in the
+    /// `Cpu`.
+    ExtendHigh { signed: bool, dst: u8, idx: u8 },
     /// PREFETCHh, LFENCE, MFENCE, SFENCE: no architectural effect here
     /// (the interpreter does nothing, not even a translation; the machine
     /// runs one access at a time in program order), so no code.
@@ -970,6 +975,17 @@ fn wide_memory(i: &iced_x86::Instruction) -> Option<Size> {
 }
 
 /// BT, BTS, BTR or BTC by mnemonic.
+/// The register (0 to 3) whose byte 1 AH, CH, DH or BH is.
+fn high_byte_index(r: Register) -> Option<u8> {
+    match r {
+        Register::AH => Some(0),
+        Register::CH => Some(1),
+        Register::DH => Some(2),
+        Register::BH => Some(3),
+        _ => None,
+    }
+}
+
 fn bit_op(m: iced_x86::Mnemonic) -> BitOp {
     use iced_x86::Mnemonic as M;
     match m {
@@ -1231,17 +1247,22 @@ pub(crate) fn extra_form(op: &Op) -> Option<Extra> {
         M::Test | M::Add | M::Or | M::Adc | M::Sbb | M::And | M::Sub | M::Xor | M::Cmp
             if i.op0_kind() == OpKind::Register && i.op1_kind() == OpKind::Immediate8 =>
         {
-            let idx = match i.op0_register() {
-                Register::AH => 0,
-                Register::CH => 1,
-                Register::DH => 2,
-                Register::BH => 3,
-                _ => return None,
-            };
+            let idx = high_byte_index(i.op0_register())?;
             Some(Extra::HighByteI {
                 op: crate::cpu::fast::alu_op(m),
                 idx,
                 imm: i.immediate(1) as u8,
+            })
+        }
+        M::Movzx | M::Movsx
+            if i.op0_kind() == OpKind::Register && i.op1_kind() == OpKind::Register =>
+        {
+            let idx = high_byte_index(i.op1_register())?;
+            let (dst, size) = wide_gpr(i.op0_register())?;
+            (size == Size::B4).then_some(Extra::ExtendHigh {
+                signed: m == M::Movsx,
+                dst,
+                idx,
             })
         }
         M::Not | M::Neg if i.op0_kind() == OpKind::Register => {
@@ -1289,6 +1310,21 @@ impl Emitter {
             Extra::XchgMR { reg, size, m } => self.xchg_mem(k, ip, reg, size, &m),
             Extra::IncDecM { dec, size, m } => self.inc_dec_mem(k, ip, dec, size, &m),
             Extra::PushI { imm } => self.push_imm(k, ip, imm),
+            Extra::ExtendHigh { signed, dst, idx } => {
+                // No flags; the 32-bit result is zero-extended in rax, as
+                // `store_acc` needs it.
+                let byte = MemoryOperand::with_base_displ(
+                    Register::RBX,
+                    (self.o.gpr + 8 * idx as i32 + 1) as i64,
+                );
+                let code = if signed {
+                    Code::Movsx_r32_rm8
+                } else {
+                    Code::Movzx_r32_rm8
+                };
+                self.add(Instruction::with2(code, Register::EAX, byte))?;
+                self.store_acc(dst, Size::B4)
+            }
             Extra::HighByteI { op, idx, imm } => {
                 let byte = MemoryOperand::with_base_displ(
                     Register::RBX,
