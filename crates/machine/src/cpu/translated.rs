@@ -468,7 +468,6 @@ impl Cpu {
             cr0: off(&self.state.cr0 as *const u64 as usize),
             cr4: off(&self.state.cr4 as *const u64 as usize),
             xmm: off(self.state.fpu.xmm.as_ptr() as usize),
-            cr2: off(&self.state.cr2 as *const u64 as usize),
             tsc_aux: off(&self.state.tsc_aux as *const u64 as usize),
             vmx: off(&self.vmx as *const Option<Box<crate::vmx::VmxControls>> as usize),
             state: off(&self.state as *const super::state::CpuState as usize),

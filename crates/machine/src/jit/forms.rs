@@ -974,7 +974,6 @@ fn wide_memory(i: &iced_x86::Instruction) -> Option<Size> {
     }
 }
 
-/// BT, BTS, BTR or BTC by mnemonic.
 /// The register (0 to 3) whose byte 1 AH, CH, DH or BH is.
 fn high_byte_index(r: Register) -> Option<u8> {
     match r {
@@ -986,6 +985,7 @@ fn high_byte_index(r: Register) -> Option<u8> {
     }
 }
 
+/// BT, BTS, BTR or BTC by mnemonic.
 fn bit_op(m: iced_x86::Mnemonic) -> BitOp {
     use iced_x86::Mnemonic as M;
     match m {
@@ -1313,10 +1313,7 @@ impl Emitter {
             Extra::ExtendHigh { signed, dst, idx } => {
                 // No flags; the 32-bit result is zero-extended in rax, as
                 // `store_acc` needs it.
-                let byte = MemoryOperand::with_base_displ(
-                    Register::RBX,
-                    (self.o.gpr + 8 * idx as i32 + 1) as i64,
-                );
+                let byte = self.field(self.gpr_at(idx) + 1);
                 let code = if signed {
                     Code::Movsx_r32_rm8
                 } else {
@@ -1326,10 +1323,7 @@ impl Emitter {
                 self.store_acc(dst, Size::B4)
             }
             Extra::HighByteI { op, idx, imm } => {
-                let byte = MemoryOperand::with_base_displ(
-                    Register::RBX,
-                    (self.o.gpr + 8 * idx as i32 + 1) as i64,
-                );
+                let byte = self.field(self.gpr_at(idx) + 1);
                 match op {
                     None => {
                         self.add(Instruction::with2(Code::Test_rm8_imm8, byte, imm as u32))?;

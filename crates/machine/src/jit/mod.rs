@@ -223,8 +223,6 @@ pub(crate) struct Offsets {
     pub cr0: i32,
     pub cr4: i32,
     pub xmm: i32,
-    /// CR2, for MOV from CR2 (`forms::Extra::MovFromCr2`).
-    pub cr2: i32,
     /// `state.tsc_aux` (IA32_TSC_AUX, what RDTSCP puts in ECX) and
     /// `Cpu::vmx`, an `Option<Box<VmxControls>>`: a pointer, null when
     /// `None` (Rust guarantees that layout), for RDTSC and RDTSCP
@@ -232,7 +230,7 @@ pub(crate) struct Offsets {
     pub tsc_aux: i32,
     pub vmx: i32,
     /// `Cpu::state` (the rest of the architectural state, addressed with
-    /// `offset_of!` on `CpuState`, for `jit::privileged`), and
+    /// `offset_of!` on `CpuState`: `Emitter::state_at`), and
     /// `CycleCosts::privilege_transition` (SYSCALL and SYSRET).
     pub state: i32,
     pub privilege_transition: u64,
@@ -928,6 +926,18 @@ impl Emitter {
 
     fn field(&self, off: i32) -> MemoryOperand {
         MemoryOperand::with_base_displ(Register::RBX, off as i64)
+    }
+
+    /// The offset from rbx of guest register `idx`'s slot (exact where
+    /// the register cache is off: `Extra` forms, call-outs).
+    fn gpr_at(&self, idx: u8) -> i32 {
+        self.o.gpr + 8 * idx as i32
+    }
+
+    /// The offset from rbx of the `CpuState` field at `field` in it
+    /// (`offset_of!`).
+    fn state_at(&self, field: usize) -> i32 {
+        self.o.state + field as i32
     }
 
     /// `acc = gpr[idx]` at `size` (a 32-bit load zero-extends into rax).

@@ -48,17 +48,6 @@ pub(super) fn privileged_form(op: &Op) -> Option<forms::Extra> {
 }
 
 impl Emitter {
-    /// The offset from rbx of the `CpuState` field at `field` in it.
-    fn st(&self, field: usize) -> i32 {
-        self.o.state + field as i32
-    }
-
-    /// The offset from rbx of guest register `idx`'s slot (the register
-    /// cache is off for these forms: the slot is exact).
-    fn gpr_at(&self, idx: u8) -> i32 {
-        self.o.gpr + 8 * idx as i32
-    }
-
     /// POPFQ at CPL 0, as `Cpu::exec_popf`: the quadword at RSP read
     /// through the first-level TLB (a miss filled as the interpreter's
     /// stack read), RFLAGS = (old & !mask) | (popped & mask) | FIXED1, RSP
@@ -125,14 +114,16 @@ impl Emitter {
         let o = self.o;
         let (full, mut cont) = self.begin_inline()?;
         self.a.test(
-            dword_ptr(rbx + self.st(offset_of!(CpuState, efer))),
+            dword_ptr(rbx + self.state_at(offset_of!(CpuState, efer))),
             efer::SCE as i32,
         )?;
         self.a.je(full)?;
         // rdx = old RFLAGS; r8 = new.
         self.a.mov(rdx, qword_ptr(rbx + o.rflags))?;
-        self.a
-            .mov(r8, qword_ptr(rbx + self.st(offset_of!(CpuState, fmask))))?;
+        self.a.mov(
+            r8,
+            qword_ptr(rbx + self.state_at(offset_of!(CpuState, fmask))),
+        )?;
         self.a.or(r8, rflags::RF as i32)?;
         self.a.not(r8)?;
         self.a.and(r8, rdx)?;
@@ -146,14 +137,18 @@ impl Emitter {
         self.a.mov(rax, next_ip)?;
         self.a.mov(qword_ptr(rbx + self.gpr_at(1)), rax)?;
         // The selector: STAR[47:32] with RPL 0.
-        self.a
-            .mov(rax, qword_ptr(rbx + self.st(offset_of!(CpuState, star))))?;
+        self.a.mov(
+            rax,
+            qword_ptr(rbx + self.state_at(offset_of!(CpuState, star))),
+        )?;
         self.a.shr(rax, 32)?;
         self.a.and(eax, 0xfffc)?;
         self.flat_segments(false)?;
-        self.add_privilege_transition()?;
-        self.a
-            .mov(rax, qword_ptr(rbx + self.st(offset_of!(CpuState, lstar))))?;
+        self.add_cycles(o.privilege_transition)?;
+        self.a.mov(
+            rax,
+            qword_ptr(rbx + self.state_at(offset_of!(CpuState, lstar))),
+        )?;
         self.chain_into_kernel(k)?;
         self.end_inline(k, full, &mut cont, false)
     }
@@ -204,7 +199,7 @@ impl Emitter {
         self.a.test(word_ptr(rbx + o.cs_selector), 3)?;
         self.a.jne(full)?;
         self.a.test(
-            dword_ptr(rbx + self.st(offset_of!(CpuState, efer))),
+            dword_ptr(rbx + self.state_at(offset_of!(CpuState, efer))),
             efer::SCE as i32,
         )?;
         self.a.je(full)?;
@@ -218,10 +213,12 @@ impl Emitter {
         self.unless_smap_ac_kept(r8, full)?;
         self.a.mov(qword_ptr(rbx + o.rflags), r8)?;
         // The selectors: STAR[63:48] + 16 and + 8, RPL 3 (16-bit sums).
-        self.a
-            .movzx(eax, word_ptr(rbx + self.st(offset_of!(CpuState, star) + 6)))?;
+        self.a.movzx(
+            eax,
+            word_ptr(rbx + self.state_at(offset_of!(CpuState, star) + 6)),
+        )?;
         self.flat_segments(true)?;
-        self.add_privilege_transition()?;
+        self.add_cycles(o.privilege_transition)?;
         self.a.mov(byte_ptr(rbx + o.check_events), 1)?;
         self.a.mov(rax, r9)?;
         self.fetch_exit(k)?;
@@ -269,7 +266,7 @@ impl Emitter {
             (seg_attr::CODE64_KERNEL, seg_attr::DATA_KERNEL)
         };
         for (seg, sel, attr) in [(cs, Register::AX, code), (ss, Register::CX, data)] {
-            let base = self.st(seg);
+            let base = self.state_at(seg);
             let at = |f: usize| base + f as i32;
             self.add(Instruction::with2(
                 Code::Mov_rm16_r16,
@@ -283,14 +280,6 @@ impl Emitter {
             self.a
                 .mov(dword_ptr(rbx + at(offset_of!(Segment, attr))), attr as i32)?;
         }
-        Ok(())
-    }
-
-    /// `cycles += CycleCosts::privilege_transition`.
-    fn add_privilege_transition(&mut self) -> Result<(), NotTranslated> {
-        let cost = i32::try_from(self.o.privilege_transition)
-            .map_err(|_| NotTranslated::Unsupported("a privilege-transition cost above 2^31"))?;
-        self.a.add(qword_ptr(rbx + self.o.cycles), cost)?;
         Ok(())
     }
 

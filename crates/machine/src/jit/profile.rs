@@ -3,8 +3,9 @@
 //! make native next. Off unless the environment variable
 //! `FAULTLINE_JIT_CALLOUTS` is set when the CPU is made; each CPU prints
 //! its histogram to stderr when it is dropped. Set to `sites`, it counts
-//! by guest address too (`... @ffffffff81234567`): which code to look at. Nothing here is guest
-//! state: guest state, memory and virtual time do not depend on it.
+//! by guest address too (`... @ffffffff81234567`): which code to look
+//! at. Nothing here is guest state: guest state, memory and virtual time
+//! do not depend on it.
 
 use crate::cpu::fast::Op;
 use iced_x86::OpKind;

@@ -159,7 +159,7 @@ impl Emitter {
     /// Guest register `idx` in the `Cpu`, as it is there (what a dirty
     /// pool register holds is newer: see [`Self::g`]).
     pub(super) fn slot(&self, idx: u8) -> MemoryOperand {
-        MemoryOperand::with_base_displ(Register::RBX, (self.o.gpr + 8 * (idx as i32 & 15)) as i64)
+        self.field(self.gpr_at(idx & 15))
     }
 
     /// Guest register `idx` in the `Cpu`, for code that reads or writes

@@ -69,7 +69,8 @@ impl Emitter {
         let (full, mut cont) = self.begin_inline()?;
         self.unless_cpl0_without_events(full)?;
         self.add_cycles(self.o.serializing_cost)?;
-        self.a.mov(rax, qword_ptr(rbx + self.o.cr2))?;
+        let cr2 = self.state_at(std::mem::offset_of!(crate::cpu::state::CpuState, cr2));
+        self.a.mov(rax, qword_ptr(rbx + cr2))?;
         self.store_from(ACC, dst, Size::B8)?;
         self.end_inline(k, full, &mut cont, false)
     }

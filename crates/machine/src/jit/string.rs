@@ -81,7 +81,7 @@ impl Emitter {
         let (full, mut cont, miss, retry) = self.begin_filled()?;
         let bytes = size.bytes() as i32;
         let shift = bytes.trailing_zeros();
-        let reg = |e: &Self, idx: i32| qword_ptr(rbx + (e.o.gpr + 8 * idx));
+        let reg = |e: &Self, idx: u8| qword_ptr(rbx + e.gpr_at(idx));
         let (rax_at, rcx_at, rsi_at, rdi_at) =
             (reg(self, 0), reg(self, 1), reg(self, 6), reg(self, 7));
         self.a.mov(rcx, rcx_at)?;

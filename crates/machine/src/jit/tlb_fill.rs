@@ -8,13 +8,14 @@
 //! ([`Tlb::lookup_keyed`](crate::mmu::tlb::Tlb::lookup_keyed)'s first
 //! step when it hits: a hint to a 4 KiB entry, of the key's PCID or
 //! global, checked against the entry, one to a 2 MiB or 1 GiB entry good
-//! while the TLB's epoch has not moved), allowed under the lookup key the first-level TLB caches for the
-//! mode, counted as a hit and marked recently used as the TLB does, then
+//! while the TLB's epoch has not moved), allowed under the lookup key
+//! the first-level TLB caches for the mode, counted as a hit and marked recently used as the TLB does, then
 //! the first-level slot filled as [`L1Tlb::fill`](crate::cpu::l1tlb)
 //! fills it, with the 4 KiB piece of a larger entry's page (and the
 //! entry's U flag noted for a supervisor data class while RFLAGS.AC is
 //! set under SMAP). Most of a Linux guest's first-level misses are hits
-//! on the kernel's global pages. Anything else (a page-crossing or non-canonical address, no
+//! on the kernel's global pages. Anything else (a page-crossing or
+//! non-canonical address, no
 //! cached key, no hint, a stale hint, an entry that does not
 //! allow the access, a slot the interpreter's lookup would hit) goes,
 //! before any effect, to the Rust fill (`native::fill_out`), which does

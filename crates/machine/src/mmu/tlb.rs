@@ -1050,7 +1050,7 @@ impl Tlb {
     fn probe(&mut self, key: &LookupKey, va: u64) -> Found {
         let hint_key = key.context | (va >> 12);
         let hint_slot = hint_slot(va >> 12, key.eptp);
-        let Some(Located { size, set, way, .. }) = self.locate(key, va) else {
+        let Some(Located { size, set, way }) = self.locate(key, va) else {
             return Found::Absent;
         };
         let entry_data = self.entries[set * self.ways + way].data;
