@@ -769,8 +769,8 @@ pub(crate) enum Extra {
     /// cost) and the first-level TLB serves it.
     XchgMR { reg: u8, size: Size, m: MemOp },
     /// SETcc of a byte register other than AH/CH/DH/BH (`code`, one of
-    /// the `Set*_rm8` codes): the host instruction on the register's low
-    /// byte in the `Cpu`, with the guest flags in the host flags.
+    /// the `Set*_rm8` codes): the host instruction on the low byte of the
+    /// pool register holding it, with the guest flags in the host flags.
     Setcc { code: Code, dst: u8 },
     /// NOT (`neg` false) or NEG of a 32- or 64-bit register: the host
     /// instruction. NOT touches no flag; NEG writes all six as SUB from 0
@@ -904,6 +904,26 @@ pub(crate) enum Extra {
     Syscall { next_ip: u64 },
     /// SYSRETQ (`jit::privileged`).
     Sysret,
+}
+
+impl Extra {
+    /// Whether the form runs with the guest-register cache on
+    /// (`jit/regs.rs`) instead of storing every dirty register before it
+    /// and reloading after: its code reads and writes guest registers
+    /// only through the cache's accessors (`load`, `store_acc`,
+    /// `hold_reg`, ...), uses no pool register as scratch and calls into
+    /// nothing. Kernel code runs SETcc and CQO between register forms in
+    /// its hot loops (`setb %sil` in `mpihelp_submul_1`).
+    pub(super) fn keeps_cache(&self) -> bool {
+        matches!(
+            self,
+            Extra::Setcc { .. }
+                | Extra::Unary { .. }
+                | Extra::Bswap { .. }
+                | Extra::Convert { .. }
+                | Extra::Mul { .. }
+        )
+    }
 }
 
 /// An operand of [`Extra::XmmMove`]: an XMM register (0-15) or memory.
@@ -1341,8 +1361,18 @@ impl Emitter {
             }
             Extra::Setcc { code, dst } => {
                 self.need_flags()?;
-                let g = self.g(dst)?;
-                self.add(Instruction::with1(code, g))
+                // (The load into the pool register is a MOV: the host
+                // flags survive it.)
+                match self.hold_reg(dst)? {
+                    Some(h) => {
+                        self.add(Instruction::with1(code, h[0]))?;
+                        self.store_held(dst, h)
+                    }
+                    None => {
+                        let g = self.g(dst)?;
+                        self.add(Instruction::with1(code, g))
+                    }
+                }
             }
             Extra::Unary { neg, size, dst } => {
                 let code = match (neg, size) {
@@ -1429,13 +1459,21 @@ impl Emitter {
                     self.load(DXR, 2, Size::B8)?;
                 }
                 self.add(Ok(Instruction::with(code)))?;
-                let (idx, r) = if to_rdx {
-                    (2, Register::RDX)
-                } else {
-                    (0, Register::RAX)
-                };
-                let g = self.g(idx)?;
-                self.add(Instruction::with2(Code::Mov_rm64_r64, g, r))
+                // The whole register (CBW and CWD keep the bits above the
+                // 16 they write, which were loaded).
+                if !to_rdx {
+                    return self.store_acc(0, Size::B8);
+                }
+                match self.claim_reg(2)? {
+                    Some(h) => {
+                        self.add(Instruction::with2(Code::Mov_r64_rm64, h[3], Register::RDX))?;
+                        self.store_held(2, h)
+                    }
+                    None => {
+                        let g = self.g(2)?;
+                        self.add(Instruction::with2(Code::Mov_rm64_r64, g, Register::RDX))
+                    }
+                }
             }
         }
     }
@@ -2344,13 +2382,26 @@ impl Emitter {
             (true, Size::B8) => Code::Imul_rm64,
             _ => return Err(NotTranslated::Unsupported("8/16-bit one-operand multiply")),
         };
-        let g = self.g(src)?;
-        self.add(Instruction::with1(code, g))?;
-        // (MOVs only: the host flags survive them.)
-        let g0 = self.g(0)?;
-        let g2 = self.g(2)?;
-        self.add(Instruction::with2(Code::Mov_rm64_r64, g0, Register::RAX))?;
-        self.add(Instruction::with2(Code::Mov_rm64_r64, g2, Register::RDX))?;
+        match self.cached_reg(src, size) {
+            Some(h) => self.add(Instruction::with1(code, h))?,
+            None => {
+                let m = self.slot(src);
+                self.add(Instruction::with1(code, m))?
+            }
+        }
+        // rdx:rax whole (a 32-bit multiply zero-extends both). MOVs only:
+        // the host flags survive them.
+        self.store_acc(0, Size::B8)?;
+        match self.claim_reg(2)? {
+            Some(h) => {
+                self.add(Instruction::with2(Code::Mov_r64_rm64, h[3], Register::RDX))?;
+                self.store_held(2, h)?;
+            }
+            None => {
+                let g2 = self.g(2)?;
+                self.add(Instruction::with2(Code::Mov_rm64_r64, g2, Register::RDX))?;
+            }
+        }
         self.merge_multiply_flags()
     }
 }

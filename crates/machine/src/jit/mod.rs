@@ -590,10 +590,17 @@ fn translate_with(
             continue;
         }
         e.flags_dead = !live[k];
+        // The translator's own forms that are register forms too (no
+        // cycles looked at, no way out, the guest-register cache kept).
+        let register_extra = !is_native(&op.fast)
+            && !is_inline_memory(&op.fast)
+            && extra_form(op).is_some_and(|x| x.keeps_cache());
         // The cycles register forms left pending are charged before
         // anything that may look at `cycles` or leave the block: a register
         // form (no Jcc, JMP) does neither, so the charge may wait.
-        if matches!(op.fast, Fast::Jcc { .. } | Fast::Jmp { .. }) || !is_native(&op.fast) {
+        if matches!(op.fast, Fast::Jcc { .. } | Fast::Jmp { .. })
+            || !(is_native(&op.fast) || register_extra)
+        {
             e.charge_pending()?;
         }
         // Guest registers in host registers (`jit/regs.rs`) for the forms
@@ -602,7 +609,7 @@ fn translate_with(
             Fast::Ret => false,
             Fast::Jmp { .. } | Fast::Call { .. } => true,
             f if chain::is_native_indirect(&f) => false,
-            f => is_native(&f) || is_inline_memory(&f),
+            f => is_native(&f) || is_inline_memory(&f) || register_extra,
         };
         if !cached {
             e.regs_off()?;
