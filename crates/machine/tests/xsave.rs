@@ -262,4 +262,6 @@ fn xsave_across_a_page_boundary_is_the_same_every_way() {
     assert_eq!(run_at(data, false), reference);
     // In the code's frame, past the code.
     assert_eq!(run_at(CODE + 0x1000 - 0xc0, false), reference);
+    // Within one page (a quadword at a time).
+    assert_eq!(run_at(DATA + 0x40, false), reference);
 }

@@ -951,6 +951,100 @@ impl Cpu {
         let la = self.stack_linear(sp);
         self.read_mem(mem, la, size).map_err(stack_fault)
     }
+
+    /// `out.len()` consecutive stack items of `size` bytes, the first
+    /// `offset` bytes above the stack pointer: exactly the
+    /// [`Self::stack_peek`]s of each in turn (IRET and far RET read their
+    /// frames so). When the items lie in one page without wrapping and an
+    /// access does no more than translate and read (no data breakpoints
+    /// enabled in DR7, no MMIO emulation), the first item's translation has
+    /// all the effects and fills the first-level TLB, and each later item's
+    /// would be a first-level hit, which has none: so one translation, then
+    /// the reads from its page.
+    pub(crate) fn stack_peek_run(
+        &mut self,
+        mem: &PhysMemory,
+        offset: u64,
+        size: Size,
+        out: &mut [u64],
+    ) -> Result<(), Fault> {
+        let n = size.bytes() as u64;
+        let total = n * out.len() as u64;
+        let mask = self.state.stack_mask();
+        let sp = self.state.gpr[4].wrapping_add(offset) & mask;
+        let la = self.stack_linear(sp);
+        let one_page = total != 0
+            && sp.checked_add(total - 1).is_some_and(|end| end <= mask)
+            && (la & 0xfff) + total <= 0x1000;
+        if !one_page || self.state.debug.dr7 & DR7_ENABLES != 0 || self.mmio_emu.is_some() {
+            for (k, v) in (0u64..).zip(out.iter_mut()) {
+                *v = self.stack_peek(mem, offset.wrapping_add(k * n), size)?;
+            }
+            return Ok(());
+        }
+        let user = self.user_access();
+        let hpa = self
+            .translate(mem, la, AccessKind::Read, user)
+            .map_err(stack_fault)?;
+        for (k, v) in (0u64..).zip(out.iter_mut()) {
+            // (Without MMIO emulation `phys_read` is this read.)
+            *v = mem
+                .read(Hpa(hpa.0 + k * n), size.bytes())
+                .map_err(|e| stack_fault(e.into()))?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::read_implicit`] with the same translation, cycles and
+    /// counters, but the TLB hit taken through a lookup key made here
+    /// ([`Self::translate_implicit`]): for descriptor-table reads.
+    pub(crate) fn read_implicit_keyed(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        size: Size,
+    ) -> Result<u64, Fault> {
+        if (la & 0xfff) + size.bytes() as u64 > 0x1000 {
+            return self.read_implicit(mem, la, size);
+        }
+        let hpa = self.translate_implicit(mem, la, AccessKind::Read)?;
+        self.phys_read(mem, hpa, size.bytes())
+    }
+
+    /// The translation of an implicit supervisor access (`translate_as`
+    /// with `implicit`), with [`mmu::translate`]'s TLB lookup made here:
+    /// `Tlb::lookup` is `Tlb::lookup_keyed` with the key
+    /// `LookupKey::new` makes of the same registers, VPID and EPTP. A hit
+    /// is the answer (implicit accesses bypass the first-level TLB); the
+    /// rest (a miss's walk, faults, MMIO emulation) goes the full way as
+    /// before, only without a second lookup.
+    fn translate_implicit(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        kind: AccessKind,
+    ) -> Result<Hpa, Fault> {
+        let regs = self.paging_regs(true);
+        let ept = self.vmx.as_deref().and_then(|v| v.ept);
+        let mut looked_up = false;
+        if mmu::is_canonical(Gva(la)) && (regs.cr0 & cr0::PG != 0 || ept.is_some()) {
+            let access = Access { kind, user: false };
+            let key = mmu::tlb::LookupKey::new(self.vpid(), &regs, ept, access);
+            if let Some(hpa) = self.tlb.lookup_keyed(&key, Gva(la)) {
+                return Ok(hpa);
+            }
+            looked_up = true;
+        }
+        let r = self.translate_full(mem, la, kind, false, true, looked_up);
+        if let Err(f) = &r {
+            if self.mmio_emu.is_some() {
+                if let Some(hpa) = self.mmio_emu_translation(la, kind, f) {
+                    return Ok(hpa);
+                }
+            }
+        }
+        r
+    }
 }
 
 /// What [`Cpu::translate_keyed`] did.
@@ -1134,6 +1228,152 @@ mod tests {
                 ),
                 "{engine:?}: {exit:?}"
             );
+        }
+    }
+
+    /// What the model keeps of accesses: cycles, the TLB's counters, page
+    /// walk references, and whether the first-level TLB's supervisor read
+    /// class holds `pages`.
+    fn counts(cpu: &mut Cpu, pages: &[u64]) -> String {
+        cpu.sync_l1();
+        let slots: Vec<bool> = pages
+            .iter()
+            .map(|&la| cpu.l1.peek(AccessKind::Read as usize * 2, la))
+            .collect();
+        format!(
+            "cycles {} tlb {:?} refs {} psc {:?} l1 {slots:?}",
+            cpu.cycles(),
+            cpu.tlb.stats(),
+            cpu.stats().page_walk_refs,
+            cpu.tlb.psc().stats(),
+        )
+    }
+
+    /// Two ways of an access agree: the same result, and the same
+    /// [`counts`] on their CPUs.
+    fn agree<T: PartialEq + std::fmt::Debug>(
+        what: &str,
+        (got, a): (T, &mut Cpu),
+        (want, b): (T, &mut Cpu),
+        pages: &[u64],
+    ) {
+        assert_eq!(got, want, "{what}");
+        assert_eq!(counts(a, pages), counts(b, pages), "{what}");
+    }
+
+    /// `stack_peek_run` is the `stack_peek`s it stands for: the same
+    /// values or fault, cycles, TLB counters and first-level slots, in one
+    /// page (its one-translation way), across a page, with a wrapping
+    /// 16-bit stack, with DR7 breakpoints on, on a missing page and at a
+    /// non-canonical address; twice each (TLB misses, then hits).
+    #[test]
+    fn a_stack_run_reads_and_counts_as_its_single_reads() {
+        let missing = 0x40_0100; // Past the mapped 4 MiB.
+        let cases: [(&str, u64, Size, usize, u64); 8] = [
+            ("one page", 0x3f_e000 - 40, Size::B8, 5, 0),
+            ("one page, end", KERNEL_PAGE + 0x1000 - 24, Size::B8, 3, 0),
+            ("across pages", KERNEL_PAGE + 0x1000 - 16, Size::B8, 3, 0),
+            // SP 0xfffa after the offset: the fourth item wraps to SS.base,
+            // which is in another page than KERNEL_PAGE + 0x800.
+            ("16-bit wrap", 0xfff2, Size::B2, 5, 0),
+            ("32-bit", KERNEL_PAGE + 0x10, Size::B4, 5, 0),
+            ("dr7", KERNEL_PAGE + 0x40, Size::B8, 5, 1),
+            ("missing", missing, Size::B8, 3, 0),
+            ("non-canonical", 1 << 60, Size::B8, 2, 0),
+        ];
+        for (what, rsp, size, count, dr7) in cases {
+            let setup = || {
+                let (mem, mut cpu) = smap_machine(Engine::Interp);
+                for (k, page) in [KERNEL_PAGE, KERNEL_PAGE + 0x1000, 0x3f_d000]
+                    .into_iter()
+                    .enumerate()
+                {
+                    for q in 0..512u64 {
+                        let v = ((k as u64 + 1) << 56) | page | (q * 8);
+                        mem.write_u64(Hpa(page + q * 8), v).unwrap();
+                    }
+                }
+                let s = cpu.state_mut();
+                s.gpr[4] = rsp;
+                s.debug.dr7 = dr7;
+                if size != Size::B8 {
+                    // Compatibility mode: a 16-bit stack (SS.B clear) or
+                    // a 32-bit one.
+                    s.cs.attr &= !super::super::state::seg_attr::LONG;
+                    if size == Size::B2 {
+                        s.ss.attr &= !super::super::state::seg_attr::DB;
+                        s.ss.base = KERNEL_PAGE + 0x800 - 0xfffa;
+                    } else {
+                        s.ss.attr |= super::super::state::seg_attr::DB;
+                        s.ss.base = 0;
+                    }
+                }
+                (mem, cpu)
+            };
+            let (mem, mut run) = setup();
+            let (_, mut single) = setup();
+            let pages = [rsp, rsp + 0x1000, KERNEL_PAGE, KERNEL_PAGE + 0x1000];
+            for round in 0..2 {
+                let offset = 8;
+                let mut got = vec![0u64; count];
+                let got = run
+                    .stack_peek_run(&mem, offset, size, &mut got)
+                    .map(|()| got);
+                let want: Result<Vec<u64>, Fault> = (0..count as u64)
+                    .map(|k| single.stack_peek(&mem, offset + k * size.bytes() as u64, size))
+                    .collect();
+                let what = format!("{what}, round {round}");
+                agree(&what, (got, &mut run), (want, &mut single), &pages);
+            }
+        }
+    }
+
+    /// `read_implicit_keyed` is `read_implicit`: the same value or fault,
+    /// cycles, TLB counters (a miss and its walk, then hits) and
+    /// first-level slots (it fills none), for a supervisor page, a user
+    /// page under SMAP with RFLAGS.AC set (an implicit access ignores AC:
+    /// #PF, while a normal read with AC set has put the page in the TLB),
+    /// a missing page, a non-canonical address, a read across pages, and
+    /// with paging off.
+    #[test]
+    fn an_implicit_read_with_its_own_key_counts_as_the_full_way() {
+        let cases: [(&str, u64, bool, bool); 7] = [
+            ("supervisor", KERNEL_PAGE + 0x18, false, true),
+            ("supervisor, AC", KERNEL_PAGE + 0x18, true, true),
+            ("user, AC", USER_PAGE + 0x20, true, true),
+            ("missing", 0x40_0000, false, true),
+            ("non-canonical", 1 << 60, false, true),
+            ("across pages", KERNEL_PAGE + 0xffc, false, true),
+            ("no paging", KERNEL_PAGE + 0x18, false, false),
+        ];
+        for (what, la, ac, paging) in cases {
+            let setup = || {
+                let (mem, mut cpu) = smap_machine(Engine::Interp);
+                mem.write_u64(Hpa(KERNEL_PAGE + 0x18), 0x1122_3344_5566_7788)
+                    .unwrap();
+                mem.write_u64(Hpa(USER_PAGE + 0x20), 0x99).unwrap();
+                let s = cpu.state_mut();
+                if ac {
+                    s.rflags |= rflags::AC;
+                }
+                if !paging {
+                    s.cr0 &= !cr0::PG;
+                }
+                if ac && paging {
+                    // A normal read, allowed by AC, puts the page in the TLB.
+                    cpu.read_mem(&mem, la, Size::B8).unwrap();
+                }
+                (mem, cpu)
+            };
+            let (mem, mut keyed) = setup();
+            let (_, mut full) = setup();
+            let pages = [la, KERNEL_PAGE, USER_PAGE];
+            for round in 0..2 {
+                let got = keyed.read_implicit_keyed(&mem, la, Size::B8);
+                let want = full.read_implicit(&mem, la, Size::B8);
+                let what = format!("{what}, round {round}");
+                agree(&what, (got, &mut keyed), (want, &mut full), &pages);
+            }
         }
     }
 }

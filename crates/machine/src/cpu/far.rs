@@ -220,9 +220,11 @@ impl Cpu {
         };
         let n = size.bytes() as u64;
         let cpl = self.state.cpl();
-        let offset = self.stack_peek(mem, 0, size)?;
-        let sel = self.stack_peek(mem, n, size)? as u16;
-        let fl = self.stack_peek(mem, 2 * n, size)?;
+        let rflags_before = self.state.rflags;
+        let mut frame = [0u64; 3];
+        self.stack_peek_run(mem, 0, size, &mut frame)?;
+        let [offset, sel, fl] = frame;
+        let sel = sel as u16;
         let mut mask = rflags::WRITABLE;
         if size == Size::B2 {
             mask &= 0xffff;
@@ -235,6 +237,7 @@ impl Cpu {
             self.set_stack_pointer(sp);
             self.next_rip = offset & size.mask();
             self.check_events = true;
+            self.iret_moves_mode(rflags_before);
             return Ok(());
         }
         if self.state.rflags & rflags::NT != 0 || (fl & rflags::VM != 0 && cpl == 0) {
@@ -249,9 +252,10 @@ impl Cpu {
         let pop_stack = self.state.in_64bit_mode() || new_cpl > cpl;
         let mut stack = None;
         if pop_stack {
-            let new_sp = self.stack_peek(mem, 3 * n, size)?;
-            let ss = self.stack_peek(mem, 4 * n, size)? as u16;
-            stack = Some((self.return_stack_segment(mem, ss, new_cpl)?, new_sp));
+            let mut outer = [0u64; 2];
+            self.stack_peek_run(mem, 3 * n, size, &mut outer)?;
+            let [new_sp, ss] = outer;
+            stack = Some((self.return_stack_segment(mem, ss as u16, new_cpl)?, new_sp));
         }
         if cpl > 0 {
             mask &= !rflags::IOPL;
@@ -274,10 +278,22 @@ impl Cpu {
             }
         }
         self.rf_loaded = self.state.rflags & rflags::RF != 0;
-        self.mode_epoch += 1;
+        self.iret_moves_mode(rflags_before);
         self.next_rip = target;
         self.check_events = true;
         Ok(())
+    }
+
+    /// The mode epoch's move for an IRET that has changed RFLAGS from
+    /// `before` (`system_moves_mode`): of what IRET changes, the
+    /// first-level TLB's lookup-key context holds only RFLAGS.AC (CS and
+    /// the privilege are not in it), so it moves only when AC changed.
+    /// (Moving it for nothing would only make the next sync recompute the
+    /// context and find it the same.)
+    fn iret_moves_mode(&mut self, before: u64) {
+        if (self.state.rflags ^ before) & rflags::AC != 0 {
+            self.mode_epoch += 1;
+        }
     }
 
     /// LDS, LES, LSS, LFS, LGS: a far pointer from memory into a segment

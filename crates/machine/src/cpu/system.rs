@@ -109,11 +109,14 @@ impl Cpu {
     /// the epoch themselves). SYSCALL and SYSRET change the privilege
     /// (the first-level TLB keeps a class per privilege), CS, SS and
     /// RFLAGS, of which the context holds only AC, and only while SMAP is
-    /// on. Every other system instruction moves it.
+    /// on. IRET moves it itself, after its checks, when it changes
+    /// RFLAGS.AC (`exec_iret`), which spares the first stack read and
+    /// the sync after most IRETs a resync. Every other system instruction
+    /// moves it.
     #[inline(always)]
     pub(super) fn system_moves_mode(&self, m: M) -> bool {
         match m {
-            M::Swapgs | M::Rdtsc | M::Rdtscp => false,
+            M::Swapgs | M::Rdtsc | M::Rdtscp | M::Iret | M::Iretd | M::Iretq => false,
             M::Syscall | M::Sysretq => self.state.cr4 & cr4::SMAP != 0,
             _ => true,
         }
@@ -822,7 +825,7 @@ impl Cpu {
             // (Made only here: a fault is an allocation.)
             return Err(gp((selector as u32 & !3) | ext));
         }
-        let d = self.read_implicit(mem, table.0.wrapping_add(index), Size::B8)?;
+        let d = self.read_implicit_keyed(mem, table.0.wrapping_add(index), Size::B8)?;
         let attr = ((d >> 40) & 0xff) as u32 | ((((d >> 52) & 0xf) as u32) << 12);
         let mut limit = ((d & 0xffff) | ((d >> 32) & 0xf_0000)) as u32;
         if attr & seg_attr::GRANULARITY != 0 {

@@ -573,3 +573,61 @@ fn the_tss_io_bitmap_decides_user_port_access() {
         VmExit::Io { .. }
     ));
 }
+
+/// IRET moves the mode epoch itself, once it has changed state, rather
+/// than before it runs (`system_moves_mode`), and only when it changes the
+/// first-level TLB's lookup-key context (RFLAGS.AC under SMAP): in 64-bit
+/// and in real mode, AC set, cleared or kept.
+#[test]
+fn iret_moves_the_mode_epoch_when_it_changes_the_key_context() {
+    use iced_x86::{Decoder, DecoderOptions};
+    // IRETQ; in real mode IRETD (IRET's 16-bit FLAGS hold no AC).
+    for (bits, code) in [(64, &[0x48u8, 0xcf][..]), (16, &[0x66, 0xcf][..])] {
+        for (ac_before, ac_after) in [(false, true), (true, false), (true, true), (false, false)] {
+            let (mem, mut cpu) = machine();
+            // Null, 64-bit kernel code, kernel data.
+            load_gdt(
+                &mem,
+                &mut cpu,
+                &[0, 0x00af_9b00_0000_ffff, 0x00cf_9300_0000_ffff],
+            );
+            let flags = if ac_after {
+                rflags::FIXED1 | rflags::AC
+            } else {
+                rflags::FIXED1
+            };
+            let s = cpu.state_mut();
+            s.cr4 |= state::cr4::SMAP;
+            if ac_before {
+                s.rflags |= rflags::AC;
+            }
+            if bits == 16 {
+                s.cr0 &= !(state::cr0::PG | state::cr0::PE);
+                s.efer &= !state::efer::LMA;
+                s.ss.base = 0;
+                s.gpr[Gpr::Rsp as usize] = 0x8000;
+                for (k, v) in [0x100u32, 0, flags as u32].into_iter().enumerate() {
+                    mem.write_bytes(Hpa(0x8000 + 4 * k as u64), &v.to_le_bytes())
+                        .unwrap();
+                }
+            } else {
+                s.gpr[Gpr::Rsp as usize] = 0x3f_e000;
+                for (k, v) in [0x1234, 0x8, flags, 0x3f_f000, 0x10]
+                    .into_iter()
+                    .enumerate()
+                {
+                    mem.write_u64(Hpa(0x3f_e000 + 8 * k as u64), v).unwrap();
+                }
+            }
+            let insn = Decoder::with_ip(bits, code, 0x1000, DecoderOptions::NONE).decode();
+            cpu.next_rip = insn.next_ip();
+            let (epoch, context) = (cpu.mode_epoch, cpu.key_context());
+            cpu.exec_system(&mem, &insn).unwrap();
+            let what = format!("{bits}-bit, AC {ac_before} -> {ac_after}");
+            assert_eq!(cpu.state().rflags & rflags::AC != 0, ac_after, "{what}");
+            let moved = ac_before != ac_after;
+            assert_eq!(cpu.key_context() != context, moved, "{what}");
+            assert_eq!(cpu.mode_epoch != epoch, moved, "{what}");
+        }
+    }
+}

@@ -17,6 +17,7 @@ use super::debug_regs::DR7_ENABLES;
 use super::fpu_state::FXSAVE_SIZE;
 use super::state::{cr0, cr4};
 use super::{vector, Cpu, Fault};
+use crate::addr::Hpa;
 use crate::alu::Size;
 use crate::memory::PhysMemory;
 use crate::mmu::AccessKind;
@@ -139,16 +140,17 @@ impl Cpu {
             self.translate(mem, la.wrapping_add(end), AccessKind::Write, user)?;
         }
         let image = self.state.fpu.fxsave_image(wide);
-        let mut ranges: Vec<std::ops::Range<usize>> = Vec::with_capacity(4);
+        // The requested components' bytes, then MXCSR with SSE (no list
+        // built: an allocation per XSAVE).
         for c in 0..2 {
             if rfbm >> c & 1 != 0 {
-                ranges.extend(component_bytes(c));
+                for r in component_bytes(c) {
+                    self.write_bytes_linear(mem, la.wrapping_add(r.start as u64), &image[r])?;
+                }
             }
         }
         if rfbm & XCR0_SSE != 0 {
-            ranges.push(MXCSR_BYTES);
-        }
-        for r in ranges {
+            let r = MXCSR_BYTES;
             self.write_bytes_linear(mem, la.wrapping_add(r.start as u64), &image[r])?;
         }
         // XSTATE_BV: the requested components are in use; others keep
@@ -274,7 +276,7 @@ impl Cpu {
             } else {
                 let hpa = self.translate(mem, at, AccessKind::Read, user)?;
                 if mem.check(hpa, run as u64).is_ok() {
-                    mem.read_bytes(hpa, &mut buf[k..k + run])?;
+                    load_words(mem, hpa, &mut buf[k..k + run])?;
                     k += run;
                     continue;
                 }
@@ -287,6 +289,23 @@ impl Cpu {
         }
         Ok(())
     }
+}
+
+/// `buf` copied from `hpa` (in memory): `PhysMemory::read_bytes`, a
+/// quadword at a time when the range is quadword-aligned (the XSAVE
+/// area's ranges are) rather than a byte at a time. (The same for stores
+/// through `PhysMemory::write`, which checks and notes code per call,
+/// was slower than `PhysMemory::write_bytes`.)
+fn load_words(mem: &PhysMemory, hpa: Hpa, buf: &mut [u8]) -> Result<(), Fault> {
+    if hpa.0 % 8 != 0 || buf.len() % 8 != 0 {
+        return Ok(mem.read_bytes(hpa, buf)?);
+    }
+    let mut at = hpa.0;
+    for w in buf.chunks_exact_mut(8) {
+        w.copy_from_slice(&mem.read(Hpa(at), 8)?.to_le_bytes());
+        at += 8;
+    }
+    Ok(())
 }
 
 /// How many of `len` bytes from `la` up lie in `la`'s page.
