@@ -267,7 +267,7 @@ impl Cpu {
 
     /// The TLB lookup key of an access now (`None` when the TLB is not
     /// consulted: no paging and no EPT).
-    fn lookup_key(&self, kind: AccessKind, user: bool) -> Option<mmu::tlb::LookupKey> {
+    pub(super) fn lookup_key(&self, kind: AccessKind, user: bool) -> Option<mmu::tlb::LookupKey> {
         let regs = self.paging_regs(false);
         let ept = self.vmx.as_deref().and_then(|v| v.ept);
         (regs.cr0 & super::state::cr0::PG != 0 || ept.is_some())
