@@ -255,7 +255,7 @@ impl Cpu {
     /// paging and no EPT). Once per class and key context.
     #[cold]
     #[inline(never)]
-    fn cache_lookup_key(&mut self, class: usize, kind: AccessKind, user: bool) -> bool {
+    pub(super) fn cache_lookup_key(&mut self, class: usize, kind: AccessKind, user: bool) -> bool {
         match self.lookup_key(kind, user) {
             Some(k) => {
                 self.l1.set_key(class, k);
@@ -267,7 +267,7 @@ impl Cpu {
 
     /// The TLB lookup key of an access now (`None` when the TLB is not
     /// consulted: no paging and no EPT).
-    pub(super) fn lookup_key(&self, kind: AccessKind, user: bool) -> Option<mmu::tlb::LookupKey> {
+    fn lookup_key(&self, kind: AccessKind, user: bool) -> Option<mmu::tlb::LookupKey> {
         let regs = self.paging_regs(false);
         let ept = self.vmx.as_deref().and_then(|v| v.ept);
         (regs.cr0 & super::state::cr0::PG != 0 || ept.is_some())

@@ -563,12 +563,20 @@ impl Cpu {
             return jit::fill::FULL;
         }
         let user = class & 1 == 1;
-        if no_removal
-            && !self
-                .lookup_key(kind, user)
-                .is_some_and(|key| self.tlb.holds_usable(&key, crate::addr::Gva(la)))
-        {
-            return jit::fill::FULL;
+        if no_removal {
+            // The key cached as the interpreter's translation of the
+            // access caches it (should this leave it the instruction, it
+            // finds it cached: the same state).
+            if self.l1.key(class).is_none() && !self.cache_lookup_key(class, kind, user) {
+                return jit::fill::FULL;
+            }
+            let usable = self
+                .l1
+                .key(class)
+                .is_some_and(|key| self.tlb.holds_usable(key, crate::addr::Gva(la)));
+            if !usable {
+                return jit::fill::FULL;
+            }
         }
         match self.translate_for_jit(mem, la, bytes, class, kind, user) {
             Ok(Some(hpa)) if kind == AccessKind::Read || !mem.is_code(hpa) => jit::fill::RETRY,
