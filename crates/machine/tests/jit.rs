@@ -3651,3 +3651,194 @@ fn setcc_and_conversions_keep_guest_registers_in_host_registers() {
         adc.code_bytes
     );
 }
+
+#[test]
+fn rep_movs_whose_destination_misses_the_first_level_run_natively() {
+    // REP MOVS whose source hits the first level and whose destination's
+    // write slot a store 64 pages on has just taken (the TLB still holds
+    // the page): the destination is filled (the thunk's TLB hit; in the
+    // last 0x88 bytes of a page, where the thunk leaves it, the Rust
+    // fill's) and the copy runs natively; into a frame holding code the
+    // fill leaves it to the interpreter, the source still in its slot.
+    let iterations = 100u64;
+    let evict = |a: &mut CodeAssembler, page: u64| {
+        a.mov(qword_ptr(page + 0x40000), rax).unwrap();
+    };
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(r9, iterations).unwrap();
+        a.mov(rbx, 0x0f1e_2d3c_4b5a_6978u64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.lea(rax, qword_ptr(rbx + r9)).unwrap();
+        a.mov(qword_ptr(DATA + 0x6000), rax).unwrap();
+        a.mov(qword_ptr(DATA + 0x6ff8), r9).unwrap();
+        evict(a, DATA + 0x1000);
+        a.mov(rsi, DATA + 0x6000).unwrap();
+        a.lea(rdi, qword_ptr(r9 * 8 + DATA as i32 + 0x1000))
+            .unwrap();
+        a.mov(rcx, r9).unwrap();
+        a.rep().movsq().unwrap();
+        evict(a, DATA + 0x3000);
+        a.mov(rsi, DATA + 0x6003).unwrap();
+        a.lea(rdi, qword_ptr(r9 + DATA as i32 + 0x3003)).unwrap();
+        a.lea(rcx, qword_ptr(r9 + 7)).unwrap();
+        a.rep().movsb().unwrap();
+        // In the page's last 0x88 bytes, up to its end.
+        evict(a, DATA + 0x5000);
+        a.mov(rsi, DATA + 0x6200).unwrap();
+        a.mov(rdi, DATA + 0x5fc0).unwrap();
+        a.mov(ecx, 16).unwrap();
+        a.rep().movsd().unwrap();
+        // One element (the interpreter's element way).
+        evict(a, DATA + 0x4000);
+        a.mov(rsi, DATA + 0x6ff8).unwrap();
+        a.lea(rdi, qword_ptr(r9 * 8 + DATA as i32 + 0x4000))
+            .unwrap();
+        a.mov(ecx, 1).unwrap();
+        a.rep().movsq().unwrap();
+        a.add(r10, rdi).unwrap();
+        a.add(r11, rsi).unwrap();
+        a.add(r12, rcx).unwrap();
+        a.dec(r9).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    assert_eq!(o.gpr[1], 0);
+    // Four copies per iteration, each after its destination's miss; none
+    // calls out.
+    let bound = 10;
+    assert!(stats.call_outs <= bound, "{} > {bound}", stats.call_outs);
+    // Into a frame holding code (past the program's end): after the fill,
+    // the interpreter, every iteration.
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        a.mov(r9, iterations).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(qword_ptr(DATA + 0x6000), r9).unwrap();
+        evict(a, CODE);
+        a.mov(rsi, DATA + 0x6000).unwrap();
+        a.mov(rdi, CODE + 0xf00).unwrap();
+        a.mov(ecx, 8).unwrap();
+        a.rep().movsb().unwrap();
+        a.add(r10, qword_ptr(CODE + 0xf00)).unwrap();
+        a.dec(r9).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    assert_eq!(o.gpr[10], iterations * (iterations + 1) / 2);
+}
+
+#[test]
+fn rep_movs_whose_destination_faults_after_a_source_hit_agree() {
+    // 4 KiB pages, DATA + 0x2000 read-only: a REP MOVS inside that page,
+    // its source hitting the first level, its destination missing it
+    // while the TLB holds the page's entry, which does not allow the
+    // write (the interpreter's lookup drops it and walks: #PF, with the
+    // source's slot gone too); another whose destination page is not
+    // mapped. Both deliver the #PF at the instruction with RCX, RSI and
+    // RDI untouched, CR2 and the error code as the interpreter leaves
+    // them (the frame on a stack in the compared memory).
+    type Form = fn(&mut CodeAssembler);
+    let forms: [(&str, Form); 2] = [
+        ("read-only destination", |a| {
+            a.mov(rdi, DATA + 0x2800).unwrap();
+        }),
+        ("unmapped destination", |a| {
+            a.mov(rdi, DATA + 0x3040).unwrap();
+        }),
+    ];
+    for (name, form) in forms {
+        let prog = |a: &mut CodeAssembler| {
+            a.mov(rsp, DATA + 0x7000).unwrap();
+            a.mov(r8d, 20).unwrap();
+            let mut top = a.create_label();
+            a.set_label(&mut top).unwrap();
+            // Copies within the writable page (its entry in the TLB).
+            a.mov(rsi, DATA + 0x2010).unwrap();
+            a.mov(rdi, DATA + 0x1000).unwrap();
+            a.mov(ecx, 4).unwrap();
+            a.rep().movsq().unwrap();
+            a.dec(r8d).unwrap();
+            a.jnz(top).unwrap();
+            a.mov(rsi, DATA + 0x2010).unwrap();
+            form(a);
+            a.mov(ecx, 6).unwrap();
+            a.rep().movsq().unwrap();
+            a.hlt().unwrap();
+        };
+        let mapped = |engine, threshold| {
+            let r = rig(prog);
+            remap_4k(&r, 0x9000, 2);
+            let pte = |la: u64| Hpa(0x9000 + ((la - 0x20_0000) >> 12) * 8);
+            let ro = DATA + 0x2000;
+            r.mem.write_u64(pte(ro), ro | 0x5).unwrap();
+            r.mem.write_u64(pte(DATA + 0x3000), 0).unwrap();
+            run_rig(engine, threshold, r)
+        };
+        let (interp, _) = mapped(Engine::Interp, 1);
+        assert_eq!(interp.exit, VmExit::Hlt, "{name}");
+        assert_eq!(interp.gpr[15], HANDLER_MARK + 14, "{name}: #PF");
+        assert_eq!(interp.gpr[1], 6, "{name}: RCX untouched");
+        assert_eq!(interp.gpr[6], DATA + 0x2010, "{name}: RSI untouched");
+        for threshold in [1, 2] {
+            let (jit, stats) = mapped(Engine::Jit, threshold);
+            assert!(
+                interp == jit,
+                "{name}, threshold {threshold}:\n{interp:?}\n{jit:?}"
+            );
+            assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+            assert!(stats.blocks_translated >= 1, "{stats:?}");
+        }
+    }
+}
+
+#[test]
+fn rep_movs_whose_destination_fill_would_evict_the_source_goes_to_the_interpreter() {
+    // 4 KiB pages, eight of them in one TLB set (pages 512 KiB apart):
+    // the source's page read first (way 0), then seven written (the write
+    // class: the source keeps its read slot), which leaves the source's
+    // entry the set's next victim. A REP MOVS from it into a ninth page
+    // of the set, mapped to the frame holding the program (decoded code):
+    // the destination's walk evicts the source's entry, and the frame
+    // leaves the copy to the interpreter. The translator must not fill
+    // the destination first (it would leave the interpreter a source to
+    // translate again: a second walk the interpreter never makes).
+    let page = |vpn: u64| vpn << 12;
+    let (src, dst) = (page(0x310), page(0x590));
+    let fillers = [0x210, 0x290, 0x390, 0x410, 0x490, 0x510, 0x610];
+    let prog = |a: &mut CodeAssembler| {
+        a.mov(rsp, DATA + 0x7000).unwrap();
+        a.mov(rax, qword_ptr(src + 0x100)).unwrap();
+        for f in fillers {
+            a.mov(qword_ptr(page(f)), rax).unwrap();
+        }
+        a.mov(rsi, src + 0x100).unwrap();
+        a.mov(rdi, dst + 0xf00).unwrap();
+        a.mov(ecx, 8).unwrap();
+        a.rep().movsb().unwrap();
+        a.mov(r10, qword_ptr(CODE + 0xf00)).unwrap();
+        a.hlt().unwrap();
+    };
+    let mapped = |engine, threshold| {
+        let r = rig(prog);
+        remap_4k(&r, 0x9000, 3);
+        let pte = |la: u64| Hpa(0x9000 + ((la - 0x20_0000) >> 12) * 8);
+        r.mem.write_u64(pte(dst), CODE | 0x7).unwrap();
+        r.mem
+            .write_u64(Hpa(src + 0x100), 0x1122_3344_5566_7788)
+            .unwrap();
+        run_rig(engine, threshold, r)
+    };
+    let (interp, _) = mapped(Engine::Interp, 1);
+    assert_eq!(interp.exit, VmExit::Hlt);
+    assert_eq!(interp.gpr[10], 0x1122_3344_5566_7788);
+    for threshold in [1, 2] {
+        let (jit, stats) = mapped(Engine::Jit, threshold);
+        assert!(interp == jit, "threshold {threshold}:\n{interp:?}\n{jit:?}");
+        assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    }
+}

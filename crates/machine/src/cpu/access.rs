@@ -255,7 +255,7 @@ impl Cpu {
     /// paging and no EPT). Once per class and key context.
     #[cold]
     #[inline(never)]
-    fn cache_lookup_key(&mut self, class: usize, kind: AccessKind, user: bool) -> bool {
+    pub(super) fn cache_lookup_key(&mut self, class: usize, kind: AccessKind, user: bool) -> bool {
         match self.lookup_key(kind, user) {
             Some(k) => {
                 self.l1.set_key(class, k);

@@ -543,6 +543,10 @@ impl Cpu {
     /// interpreter (nothing done yet), or that the access faults (the fault
     /// in `jit_fault`, as the instruction would take it: every inline form
     /// makes this one translation first).
+    ///
+    /// With [`jit::fill::NO_REMOVAL`] in `bytes`, only where the TLB holds
+    /// an entry that allows the access (the lookup is a hit: no entry
+    /// removed or inserted); otherwise the interpreter, nothing done.
     pub(crate) fn jit_fill(&mut self, mem: &PhysMemory, la: u64, class: usize, bytes: u64) -> u64 {
         use crate::mmu::AccessKind;
         self.jit_stats.rust_fills += 1;
@@ -551,12 +555,30 @@ impl Cpu {
             1 => AccessKind::Write,
             _ => return jit::fill::FULL,
         };
+        let no_removal = bytes & u64::from(jit::fill::NO_REMOVAL) != 0;
+        let bytes = bytes & !u64::from(jit::fill::NO_REMOVAL);
         // Crossing accesses translate both pages, and a non-canonical
         // address is #GP or #SS by form: the interpreter's business.
         if (la & 0xfff) + bytes > 0x1000 || !crate::addr::is_canonical(la) {
             return jit::fill::FULL;
         }
-        match self.translate_for_jit(mem, la, bytes, class, kind, class & 1 == 1) {
+        let user = class & 1 == 1;
+        if no_removal {
+            // The key cached as the interpreter's translation of the
+            // access caches it (should this leave it the instruction, it
+            // finds it cached: the same state).
+            if self.l1.key(class).is_none() && !self.cache_lookup_key(class, kind, user) {
+                return jit::fill::FULL;
+            }
+            let usable = self
+                .l1
+                .key(class)
+                .is_some_and(|key| self.tlb.holds_usable(key, crate::addr::Gva(la)));
+            if !usable {
+                return jit::fill::FULL;
+            }
+        }
+        match self.translate_for_jit(mem, la, bytes, class, kind, user) {
             Ok(Some(hpa)) if kind == AccessKind::Read || !mem.is_code(hpa) => jit::fill::RETRY,
             Ok(_) => jit::fill::FULL,
             Err(f) => {

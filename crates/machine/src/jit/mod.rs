@@ -290,6 +290,10 @@ pub(crate) mod fill {
     pub const FULL: u64 = 1;
     /// The access faults (`Cpu::jit_fault`).
     pub const FAULT: u64 = 2;
+    /// A flag in the access's bytes: fill only as the thunk does (a TLB
+    /// hit, which removes no entry); the Rust fill answers `FULL` with
+    /// nothing done (a MOVS destination: `jit/string.rs`).
+    pub const NO_REMOVAL: u32 = 0x80;
 }
 
 /// The argument an access site passes its block's shared slow path in ecx

@@ -23,10 +23,17 @@
 //! element after the first adds `instruction + string_iteration`, as
 //! `exec_string` charges them.
 //!
+//! A MOVS destination's first-level miss is filled only where the TLB
+//! holds a usable entry for it (a hit: no entry removed or inserted), so
+//! the source's slot, which the interpreter has used already, survives
+//! the fill; a destination the TLB lacks (or whose entry does not allow
+//! the write) goes to the interpreter before anything is done.
+//!
 //! Everything else (DF set, a run leaving a page, a destination frame
 //! holding code, a first-level miss that the fill leaves to the
 //! interpreter) is the instruction through the interpreter, with nothing
-//! done before. RCX = 0 does nothing at all (no access, no extra cycle).
+//! done before but the fills. RCX = 0 does nothing at all (no access, no
+//! extra cycle).
 
 use super::forms::Extra;
 use super::*;
@@ -62,13 +69,14 @@ impl Emitter {
     /// [`Extra::RepString`] of instruction `k` at `ip` (see the module
     /// documentation). A first-level miss of the first access (the source
     /// for MOVS, the destination for STOS) is filled as the interpreter's
-    /// translation would fill it, then everything is checked again; a miss
-    /// of MOVS's destination is the instruction through the interpreter
-    /// without a fill: that fill's walk could evict the source's TLB
-    /// entry (emptying its slot), and were the fill then to leave the
-    /// instruction to the interpreter (a frame holding code), the
-    /// interpreter would translate the source a second time. The guest
-    /// flags end in `state.rflags`.
+    /// translation would fill it, then everything is checked again. A miss
+    /// of MOVS's destination is filled only through a TLB hit
+    /// ([`fill::NO_REMOVAL`]), then the destination alone is probed again,
+    /// the source's host address kept in r13: a walk could evict the
+    /// source's TLB entry (emptying its slot), and were the fill then to
+    /// leave the instruction to the interpreter (a frame holding code),
+    /// the interpreter would translate the source a second time. The
+    /// guest flags end in `state.rflags`.
     pub(super) fn rep_string(
         &mut self,
         k: usize,
@@ -79,6 +87,8 @@ impl Emitter {
         let cost = i32::try_from(self.o.instruction_cost + self.o.string_iteration_cost)
             .map_err(|_| NotTranslated::Unsupported("a string iteration cost above 2^31"))?;
         let (full, mut cont, miss, retry) = self.begin_filled()?;
+        // MOVS: the destination's slow path (labels and access).
+        let mut dst = None;
         let bytes = size.bytes() as i32;
         let shift = bytes.trailing_zeros();
         let reg = |e: &Self, idx: u8| qword_ptr(rbx + e.gpr_at(idx));
@@ -116,10 +126,27 @@ impl Emitter {
             // keeps it).
             self.fast_access(false, size, miss)?;
             let read = self.access;
-            self.a.mov(rsi, rdx)?;
+            // Its host address in r13 (callee-saved: it survives the
+            // destination's fill; free, as the cache is off here).
+            self.a.mov(r13, rdx)?;
+            let (dst_miss, dst_full) = (self.a.create_label(), self.a.create_label());
+            let dst_retry = self.retry_point()?;
             self.a.mov(rax, rdi_at)?;
-            self.fast_access(true, size, full)?;
+            self.fast_access(true, size, dst_miss)?;
+            // The destination's miss is filled only where the fill cannot
+            // remove a TLB entry (`fill::NO_REMOVAL`): the source, already
+            // translated, must stay in its slot for the interpreter should
+            // the fill leave the instruction to it; after a fill the
+            // destination alone is probed again (at `dst_retry`).
+            let (class, bytes) = self.access;
+            dst = Some((
+                dst_miss,
+                dst_full,
+                dst_retry,
+                (class, bytes | fill::NO_REMOVAL),
+            ));
             self.access = read;
+            self.a.mov(rsi, r13)?;
         } else {
             self.a.mov(rax, rdi_at)?;
             self.fast_access(true, size, miss)?;
@@ -155,6 +182,11 @@ impl Emitter {
         self.a.set_label(&mut cont)?;
         self.a.zero_bytes()?;
         self.filled_slow(k, Some(ip), miss, full, retry, cont, FlagsAt::State);
+        if let Some((dst_miss, dst_full, dst_retry, access)) = dst {
+            self.access = access;
+            let exit = FlagsAt::State;
+            self.filled_slow(k, Some(ip), dst_miss, dst_full, dst_retry, cont, exit);
+        }
         Ok(())
     }
 }

@@ -1094,6 +1094,14 @@ impl Tlb {
         None
     }
 
+    /// Whether a lookup of `gva` under `key` would now be a usable hit
+    /// (an entry that allows the access: nothing removed, nothing to
+    /// insert). Changes nothing.
+    pub(crate) fn holds_usable(&self, key: &LookupKey, gva: Gva) -> bool {
+        self.locate(key, gva.0 & VA_MASK)
+            .is_some_and(|l| key.permits(self.entries[l.set * self.ways + l.way].data))
+    }
+
     /// Whether the entry a lookup of `gva` under `key` finds now maps a
     /// user-mode page (its guest U flag, which entries made without guest
     /// paging carry too); `None` when there is no entry. Changes nothing
