@@ -903,8 +903,10 @@ pub(super) fn verify_encoding() -> bool {
 /// With `FAULTLINE_JIT_DISASM` set to a guest RIP in hex (or to `all`),
 /// prints the translation of the block there to stderr, one host
 /// instruction a line, from `entry` (the chained entry) marked: a
-/// developer's view of what the emitter makes of a block. Host side only.
-pub(super) fn disassemble_if_asked(block: &Block, code: &[u8], entry: usize) {
+/// developer's view of what the emitter makes of a block. The header
+/// line names the `Cpu` fields the code addresses through rbx (for
+/// `scripts/jit-profile.py`). Host side only.
+pub(super) fn disassemble_if_asked(block: &Block, code: &[u8], entry: usize, o: &super::Offsets) {
     let rip = block.rip;
     let Some(want) = std::env::var_os("FAULTLINE_JIT_DISASM") else {
         return;
@@ -915,7 +917,18 @@ pub(super) fn disassemble_if_asked(block: &Block, code: &[u8], entry: usize) {
         return;
     }
     use iced_x86::{Formatter, IntelFormatter};
-    let mut text = format!("jit: block {rip:#x}: {} bytes\n", code.len());
+    let mut text = format!(
+        "jit: block {rip:#x}: {} bytes; rbx+: gpr {:#x} cycles {:#x} instructions {:#x} \
+         deadline {:#x} chain_rip {:#x} rflags {:#x} next_rip {:#x}\n",
+        code.len(),
+        o.gpr,
+        o.cycles,
+        o.instructions,
+        o.jit_deadline,
+        o.jit_chain_rip,
+        o.rflags,
+        o.next_rip,
+    );
     let mut formatter = IntelFormatter::new();
     for op in &block.insns {
         text.push_str(&format!("  guest {:x}  ", op.insn.ip()));

@@ -472,7 +472,7 @@ pub(crate) fn translate(
     if let Some(at) = seen.filter(|at| !at.is_empty()) {
         (code, entry, _) = translate_with(block, o, helpers, user, Some(at))?;
     }
-    encode::disassemble_if_asked(block, &code, entry);
+    encode::disassemble_if_asked(block, &code, entry, &o);
     Ok((code, entry))
 }
 
