@@ -24,6 +24,7 @@ import bisect
 import collections
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -126,7 +127,14 @@ def instruction_costs(cg_path):
     return cost
 
 
+def stop(signum, frame):
+    """SIGTERM as Ctrl-C: the run under callgrind is stopped and the
+    temporary directory removed."""
+    raise KeyboardInterrupt
+
+
 def main():
+    signal.signal(signal.SIGTERM, stop)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--faultline", default="target/release/faultline")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the arguments of `faultline run`")
@@ -151,7 +159,11 @@ def main():
             except KeyboardInterrupt:
                 p.terminate()
                 p.wait()
-                sys.exit(130)
+                if os.path.exists(f"/tmp/perf-{p.pid}.map"):
+                    os.unlink(f"/tmp/perf-{p.pid}.map")
+                sys.exit("jit-profile: stopped")
+        if p.returncode != 0:
+            print(f"jit-profile: the run exited with status {p.returncode}", file=sys.stderr)
         map_path = f"/tmp/perf-{p.pid}.map"
         if not os.path.exists(map_path):
             sys.exit(f"jit-profile: no perf map {map_path} (did the run translate anything?)")
@@ -191,4 +203,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit("jit-profile: stopped")
