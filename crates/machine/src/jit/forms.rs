@@ -1461,18 +1461,10 @@ impl Emitter {
                 self.add(Ok(Instruction::with(code)))?;
                 // The whole register (CBW and CWD keep the bits above the
                 // 16 they write, which were loaded).
-                if !to_rdx {
-                    return self.store_acc(0, Size::B8);
-                }
-                match self.claim_reg(2)? {
-                    Some(h) => {
-                        self.add(Instruction::with2(Code::Mov_r64_rm64, h[3], Register::RDX))?;
-                        self.store_held(2, h)
-                    }
-                    None => {
-                        let g = self.g(2)?;
-                        self.add(Instruction::with2(Code::Mov_rm64_r64, g, Register::RDX))
-                    }
+                if to_rdx {
+                    self.store_from(DXR, 2, Size::B8)
+                } else {
+                    self.store_acc(0, Size::B8)
                 }
             }
         }
@@ -1480,12 +1472,18 @@ impl Emitter {
 
     /// `gpr[idx] = reg` at `size` with the partial-register rule (a
     /// 32-bit value must already be zero-extended in the 64-bit register).
+    /// With the cache on, a 32- or 64-bit value goes to the pool register
+    /// of `idx`, dirty (`jit/regs.rs`).
     pub(super) fn store_from(
         &mut self,
         reg: [Register; 4],
         idx: u8,
         size: Size,
     ) -> Result<(), NotTranslated> {
+        if let Some(h) = self.wide_claim(idx, size)? {
+            self.add(Instruction::with2(Code::Mov_r64_rm64, h[3], reg[3]))?;
+            return self.store_held(idx, h);
+        }
         let g = self.g(idx)?;
         match size {
             Size::B4 | Size::B8 => self.add(Instruction::with2(Code::Mov_rm64_r64, g, reg[3])),
@@ -2392,16 +2390,7 @@ impl Emitter {
         // rdx:rax whole (a 32-bit multiply zero-extends both). MOVs only:
         // the host flags survive them.
         self.store_acc(0, Size::B8)?;
-        match self.claim_reg(2)? {
-            Some(h) => {
-                self.add(Instruction::with2(Code::Mov_r64_rm64, h[3], Register::RDX))?;
-                self.store_held(2, h)?;
-            }
-            None => {
-                let g2 = self.g(2)?;
-                self.add(Instruction::with2(Code::Mov_rm64_r64, g2, Register::RDX))?;
-            }
-        }
+        self.store_from(DXR, 2, Size::B8)?;
         self.merge_multiply_flags()
     }
 }
