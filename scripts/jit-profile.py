@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where translated code spends its host instructions, by kind.
 
-    python3 scripts/jit-profile.py [--faultline BIN] -- RUN-ARGS...
+    python3 scripts/jit-profile.py [--faultline BIN] [--top N] -- RUN-ARGS...
 
 runs `BIN run RUN-ARGS` (default `target/release/faultline`; e.g.
 `-- --guest linux --mem 512M -- hello`) under callgrind with per-
@@ -11,10 +11,13 @@ the host instructions executed in translated blocks by what each host
 instruction does: the first-level TLB probes of inline accesses, guest
 registers loaded from and stored to the `Cpu`, the chaining lookups,
 the counters and cycle checks of the exits, the guest flags kept across
-checks, jumps, and the rest (the guest's own work). The classification
+checks, jumps, and the rest (the guest's own work); with `--top N`
+also the N translations that run the most, each with its guest RIP and
+its own split by kind. The classification
 is by the instruction's text (`classify`); the `Cpu` offsets come from
 the disassembly's header lines. Everything is written to a temporary
-directory, removed at the end. Callgrind makes the run about 50 times
+directory, removed at the end. Translation is made on the vCPU thread
+(`FAULTLINE_JIT_SYNC=1`), so the counts repeat. Callgrind makes the run about 50 times
 slower; the printing of the disassembly adds host instructions outside
 the blocks, so only the blocks' own counts are reported.
 """
@@ -76,12 +79,14 @@ def read_translations(map_path, dis_path):
             if line.startswith("jit: block"):
                 body = {}
                 bodies.append(body)
+                rip = int(line.split()[2].rstrip(":"), 16)
                 m = re.search(r"gpr (0x[0-9a-f]+) cycles (0x[0-9a-f]+) instructions (0x[0-9a-f]+) "
                               r"deadline (0x[0-9a-f]+) chain_rip (0x[0-9a-f]+)", line)
                 if not m:
                     sys.exit("jit-profile: the disassembly has no field offsets (an older build?)")
                 gpr, cycles, instructions, deadline, chain_rip = (int(x, 16) for x in m.groups())
-                fields.append({"gpr": gpr, "exit": {cycles, instructions, deadline, chain_rip}, "entry": 0})
+                fields.append({"gpr": gpr, "exit": {cycles, instructions, deadline, chain_rip}, "entry": 0,
+                               "rip": rip})
                 continue
             m = re.match(r"^([ >]) *([0-9a-f]+)  (.*)$", line)
             if body is not None and m and not line.startswith("  guest"):
@@ -137,6 +142,8 @@ def main():
     signal.signal(signal.SIGTERM, stop)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--faultline", default="target/release/faultline")
+    ap.add_argument("--top", type=int, default=0, metavar="N",
+                    help="also list the N translations that run the most host instructions")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the arguments of `faultline run`")
     a = ap.parse_args()
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
@@ -147,7 +154,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="jit-profile-") as tmp:
         cg = os.path.join(tmp, "callgrind.out")
         dis = os.path.join(tmp, "disassembly.txt")
-        env = dict(os.environ, FAULTLINE_PERF_MAP="1", FAULTLINE_JIT_DISASM="all")
+        env = dict(os.environ, FAULTLINE_PERF_MAP="1", FAULTLINE_JIT_DISASM="all", FAULTLINE_JIT_SYNC="1")
         print(f"jit-profile: callgrind of `{a.faultline} run {' '.join(args)}` (slow)...", file=sys.stderr)
         with open(dis, "w") as err:
             p = subprocess.Popen(
@@ -175,6 +182,7 @@ def main():
     order = sorted(range(len(spans)), key=lambda i: spans[i][0])
     starts = [spans[i][0] for i in order]
     by_kind = collections.Counter()
+    by_block = collections.defaultdict(collections.Counter)
     total = 0
     for addr, ir in cost.items():
         # The translation starting closest below the address, if it holds
@@ -196,10 +204,21 @@ def main():
             else classify(text, fields[owner])
         )
         by_kind[kind] += ir
+        by_block[owner][kind] += ir
     print(f"host instructions in translated blocks: {total:,} ({len(spans)} translations)")
     print(f"{'host instructions':>18}  {'share':>6}  kind")
     for kind, ir in by_kind.most_common():
         print(f"{ir:>18,}  {100 * ir / max(total, 1):5.1f}%  {kind}")
+    if a.top:
+        # Short names for the kinds, in the order of the table above.
+        kinds = [k for k, _ in by_kind.most_common()]
+        print(f"\nthe {a.top} translations that run the most (share of all blocks; "
+              "then of the translation's own instructions by kind, in the order above)")
+        hot = sorted(by_block, key=lambda i: -sum(by_block[i].values()))[: a.top]
+        for i in hot:
+            n = sum(by_block[i].values())
+            split = " ".join(f"{100 * by_block[i][k] / n:.0f}" for k in kinds)
+            print(f"{fields[i]['rip']:#018x} {n:>15,} {100 * n / max(total, 1):5.1f}%  [{split}]")
 
 
 if __name__ == "__main__":
