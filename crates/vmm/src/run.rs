@@ -790,6 +790,22 @@ impl DirtyLogger {
     }
 }
 
+/// CPU time of the calling thread (the one that ran the vCPUs) so far:
+/// what the run cost on the critical path, without the helper threads
+/// (prefaulting, translating) and whatever else shares the host.
+fn thread_cpu_seconds() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec the call writes; the clock id is a
+    // constant every Linux has.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } != 0 {
+        return f64::NAN;
+    }
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
 #[cfg(test)]
 mod tests {
     use super::boot_cmdline;
@@ -805,20 +821,4 @@ mod tests {
             "crash=triple seed=1 -- bm -f 4"
         );
     }
-}
-
-/// CPU time of the calling thread (the one that ran the vCPUs) so far:
-/// what the run cost on the critical path, without the helper threads
-/// (prefaulting, translating) and whatever else shares the host.
-fn thread_cpu_seconds() -> f64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec the call writes; the clock id is a
-    // constant every Linux has.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } != 0 {
-        return f64::NAN;
-    }
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
