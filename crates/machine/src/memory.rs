@@ -43,6 +43,9 @@ pub struct PhysMemory {
     /// Per frame: bumped by every store into a frame in `code_frames`, so
     /// decoded blocks of that frame become stale on every CPU.
     code_generation: Box<[AtomicU32]>,
+    /// Stores into frames in `code_frames` so far (any frame): whether any
+    /// generation moved since a moment, in one compare.
+    code_writes: AtomicU64,
     /// Backs memory ahead of the hypervisor's use on another host thread.
     prefault: crate::prefault::Prefaulter,
 }
@@ -114,6 +117,7 @@ impl PhysMemory {
             size,
             code_frames: (0..frames).map(|_| AtomicU8::new(0)).collect(),
             code_generation: (0..frames).map(|_| AtomicU32::new(0)).collect(),
+            code_writes: AtomicU64::new(0),
             prefault: crate::prefault::Prefaulter::new(ptr.cast(), size),
         })
     }
@@ -459,6 +463,7 @@ impl PhysMemory {
         let code = self.code_frames[frame].load(Ordering::Relaxed) != 0;
         if code {
             self.code_generation[frame].fetch_add(1, Ordering::Relaxed);
+            self.code_writes.fetch_add(1, Ordering::Relaxed);
         }
         code
     }
@@ -482,6 +487,13 @@ impl PhysMemory {
             }
             None => 0,
         }
+    }
+
+    /// How many stores into frames holding decoded code there have been
+    /// (each moved a frame's code-write generation).
+    #[inline]
+    pub fn code_writes(&self) -> u64 {
+        self.code_writes.load(Ordering::Relaxed)
     }
 
     /// The code-write generation of the frame of `hpa`.

@@ -289,6 +289,52 @@ fn self_modifying_code_runs_the_new_bytes() {
 }
 
 #[test]
+fn a_chained_exit_checked_before_a_store_into_code_checks_again() {
+    // A jumps to P and P to Q on every iteration (exits to known targets:
+    // once checked in full, P's chaining-table entry records its iTLB
+    // slot's version and A's exit goes straight on after that). Every
+    // fourth iteration Q patches P's immediate and leaves (a store into
+    // code): the next A -> P must not go into P's old translation, though
+    // P's entry and its slot are as they were (the run loop does not run
+    // P in between).
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        let mut p = a.create_label();
+        let mut q = a.create_label();
+        let mut done = a.create_label();
+        a.mov(ecx, 400u32).unwrap();
+        a.xor(ebx, ebx).unwrap();
+        a.lea(rdi, ptr(p)).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.add(rdx, rcx).unwrap();
+        a.jmp(p).unwrap();
+        a.set_label(&mut p).unwrap();
+        a.mov(eax, 7u32).unwrap();
+        a.add(rbx, rax).unwrap();
+        a.jmp(q).unwrap();
+        a.set_label(&mut q).unwrap();
+        a.dec(ecx).unwrap();
+        a.jz(done).unwrap();
+        a.test(cl, 3).unwrap();
+        a.jnz(top).unwrap();
+        a.mov(dword_ptr(rdi + 1), ecx).unwrap();
+        a.jmp(top).unwrap();
+        a.set_label(&mut done).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    let (mut imm, mut sum) = (7u64, 0u64);
+    for c in (0..400u64).rev() {
+        sum += imm;
+        if c != 0 && c % 4 == 0 {
+            imm = c;
+        }
+    }
+    assert_eq!(o.gpr[3], sum);
+}
+
+#[test]
 fn indirect_jumps_and_calls_agree() {
     // Indirect CALL/JMP run natively and chain: a function-pointer table
     // called through memory (one pointer straddling a page boundary, so
@@ -1183,6 +1229,58 @@ fn chaining_exits_refill_the_first_level_itlb_through_the_thunk() {
         "{} chaining-exit fetches through Rust",
         stats.chain_fetches
     );
+}
+
+#[test]
+fn an_exit_checked_before_its_itlb_slot_changed_checks_again() {
+    // A (page X) jumps to T (page P). In a first phase T goes back to A:
+    // every fetch hits the first-level iTLB, so A's exit checks T's entry
+    // in full once and goes straight on after that (the entry records
+    // the slot's version). In the second phase T goes on to U, 64 pages
+    // after P (the same first-level iTLB slot), which goes back to A: the
+    // fill for U (by the fill thunk) takes P's slot, so A's next exit to
+    // T must check again and fetch (a TLB hit, counted) instead of going
+    // straight on.
+    let rounds = 100u32;
+    let (o, stats) = both(|a| {
+        let mut top = a.create_label();
+        let mut t = a.create_label();
+        let mut u = a.create_label();
+        let mut done = a.create_label();
+        a.mov(ecx, rounds).unwrap();
+        a.xor(esi, esi).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.add(rax, 1).unwrap();
+        a.jmp(t).unwrap();
+        // T on the next page, U 64 pages after T.
+        a.db(&vec![0x90; 0x1000]).unwrap();
+        a.set_label(&mut t).unwrap();
+        a.add(rbx, rax).unwrap();
+        a.test(esi, esi).unwrap();
+        a.jnz(u).unwrap();
+        a.dec(ecx).unwrap();
+        a.jnz(top).unwrap();
+        a.test(esi, esi).unwrap();
+        a.jnz(done).unwrap();
+        a.mov(esi, 1u32).unwrap();
+        a.mov(ecx, rounds).unwrap();
+        a.jmp(top).unwrap();
+        a.set_label(&mut done).unwrap();
+        a.hlt().unwrap();
+        a.db(&vec![0x90; 0x40000]).unwrap();
+        a.set_label(&mut u).unwrap();
+        a.add(rdx, rbx).unwrap();
+        a.dec(ecx).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(o.gpr[0], 2 * rounds as u64);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    // The second phase's fetches of T and U miss the first level and hit
+    // the TLB: two hits a round.
+    eprintln!("DBG {:?} {:?}", o.tlb, stats);
+    assert!(o.tlb.hits >= 2 * rounds as u64, "{:?}", o.tlb);
 }
 
 #[test]

@@ -147,6 +147,17 @@ pub(crate) struct Book {
     /// Slots filled since the last clear (class * SLOTS + index), each once
     /// (so `filled_len` never passes its length).
     filled: [u16; SLOTS * CLASSES],
+    /// Per fetch class (supervisor, user) and slot: a number that changes
+    /// whenever what the slot holds may have changed (a fill, a clear, a
+    /// page dropped) and when code in memory was written
+    /// ([`L1Tlb::renew_fetch_versions`]), never to a number it had before.
+    /// A chaining-table entry that an exit checked in full against the
+    /// slot records it (`ChainEntry::version`): while both are unchanged
+    /// the full check would pass again (`jit::chain`).
+    fetch_versions: [[u64; SLOTS]; 2],
+    /// The last number given out to `fetch_versions` (they start at 0,
+    /// which no entry records).
+    last_version: u64,
 }
 
 /// Everything a TLB lookup key (`mmu::tlb::LookupKey::new`) is computed
@@ -217,6 +228,8 @@ pub(crate) mod book {
     pub const SMAP_AC: i32 = USER_PAGES + 8 * CLASSES as i32;
     pub const FILLED_LEN: i32 = SMAP_AC + 8;
     pub const FILLED: i32 = FILLED_LEN + 8;
+    pub const FETCH_VERSIONS: i32 = std::mem::offset_of!(Book, fetch_versions) as i32;
+    pub const LAST_VERSION: i32 = std::mem::offset_of!(Book, last_version) as i32;
     /// Entries in `filled`.
     pub const FILLED_CAPACITY: u32 = (SLOTS * CLASSES) as u32;
     const _: () = assert!(size_of::<KeySlot>() == KEY_SLOT_BYTES as usize);
@@ -232,7 +245,33 @@ pub(crate) mod book {
     const _: () = assert!(SLOTS == 64);
 }
 
+impl Book {
+    /// A new number for the slot at `index` of `class` if that is a
+    /// fetch class (see `fetch_versions`).
+    #[inline(always)]
+    fn new_fetch_version(&mut self, class: usize, index: usize) {
+        if let Some(v) = class
+            .checked_sub(DATA_CLASSES)
+            .and_then(|c| self.fetch_versions.get_mut(c))
+            .and_then(|c| c.get_mut(index))
+        {
+            self.last_version += 1;
+            *v = self.last_version;
+        }
+    }
+}
+
 impl L1Tlb {
+    /// New numbers for every fetch slot: code in memory was written, so no
+    /// chaining check made before still holds (`fetch_versions`).
+    pub(crate) fn renew_fetch_versions(&mut self) {
+        for class in DATA_CLASSES..CLASSES {
+            for index in 0..SLOTS {
+                self.book.new_fetch_version(class, index);
+            }
+        }
+    }
+
     pub(crate) fn new() -> Self {
         L1Tlb {
             slots: Box::new([[Slot::EMPTY; SLOTS]; CLASSES]),
@@ -247,6 +286,8 @@ impl L1Tlb {
                 smap_ac: 0,
                 filled_len: 0,
                 filled: [0; SLOTS * CLASSES],
+                fetch_versions: [[0; SLOTS]; 2],
+                last_version: 0,
             }),
         }
     }
@@ -259,12 +300,14 @@ impl L1Tlb {
         let book = &mut *self.book;
         let len = (book.filled_len as usize).min(book.filled.len());
         let slots = self.slots.as_flattened_mut();
-        for &i in &book.filled[..len] {
+        for k in 0..len {
             // `filled` holds class * SLOTS + index: the flat slot index.
-            if let Some(s) = slots.get_mut(i as usize) {
+            let i = book.filled[k] as usize;
+            if let Some(s) = slots.get_mut(i) {
                 s.page = Slot::EMPTY.page;
                 s.jit_page = Slot::EMPTY.jit_page;
             }
+            book.new_fetch_version(i / SLOTS, i % SLOTS);
         }
         book.filled_len = 0;
         book.listed = [0; CLASSES];
@@ -377,6 +420,9 @@ impl L1Tlb {
     /// bits, as the TLB tags it), in every class.
     fn drop_page(&mut self, vpn: u64) {
         let index = (vpn as usize + 1) & (SLOTS - 1);
+        for class in DATA_CLASSES..CLASSES {
+            self.book.new_fetch_version(class, index);
+        }
         for class in self.slots.iter_mut() {
             let s = &mut class[index];
             if s.page != 0 && s.page.wrapping_sub(1) & PAGE_NUMBER_BITS == vpn {
@@ -532,6 +578,7 @@ impl L1Tlb {
                 .wrapping_sub(la & !0xfff),
         };
         let book = &mut *self.book;
+        book.new_fetch_version(class, index);
         if book.listed[class] & (1 << index) == 0 {
             book.listed[class] |= 1 << index;
             // Listed once each: at most SLOTS * CLASSES entries.

@@ -308,6 +308,9 @@ pub struct Cpu {
     /// The chaining table and the blocks it keeps alive.
     jit_chain: Box<[crate::jit::ChainEntry]>,
     jit_chain_blocks: Box<[Option<std::rc::Rc<code_cache::Block>>]>,
+    /// `PhysMemory::code_writes` when the first-level iTLB's versions were
+    /// last renewed for it (`L1Tlb::renew_fetch_versions`).
+    jit_code_writes: u64,
 }
 
 impl std::fmt::Debug for Cpu {
@@ -379,6 +382,7 @@ impl Cpu {
             jit_chain: vec![crate::jit::ChainEntry::default(); crate::jit::CHAIN_SLOTS]
                 .into_boxed_slice(),
             jit_chain_blocks: vec![None; crate::jit::CHAIN_SLOTS].into_boxed_slice(),
+            jit_code_writes: 0,
         }
     }
 

@@ -131,10 +131,22 @@ impl Cpu {
             entry: t.chain_entry(),
             block: Rc::as_ptr(block) as u64,
             user: t.user as u64,
+            version: jit::NO_VERSION,
         };
-        if self.jit_chain[slot] != entry {
+        // (An entry already there keeps the version an exit recorded.)
+        let there = ChainEntry {
+            version: jit::NO_VERSION,
+            ..self.jit_chain[slot]
+        };
+        if there != entry {
             self.jit_chain[slot] = entry;
             self.jit_chain_blocks[slot] = Some(block.clone());
+        }
+        // A store into code anywhere: no chaining check made before holds.
+        let code_writes = mem.code_writes();
+        if code_writes != self.jit_code_writes {
+            self.jit_code_writes = code_writes;
+            self.l1.renew_fetch_versions();
         }
         let (mem_base, code_frames, code_generation) = mem.jit_view();
         // The inline accesses read first-level TLB slots with one compare:

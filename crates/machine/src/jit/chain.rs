@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::cpu::code_cache::MAX_INSN_LEN;
+use crate::cpu::l1tlb::book;
 use iced_x86::code_asm::{al, r15d, r8d, AsmRegister64};
 
 /// Whether the translator runs this indirect JMP/CALL as host code (with
@@ -16,6 +17,16 @@ pub(crate) fn is_native_indirect(f: &Fast) -> bool {
         Fast::JmpM { .. } | Fast::CallM { .. } => true,
         _ => false,
     }
+}
+
+/// Offset of `ChainEntry::version`.
+const CHAIN_VERSION: i32 = std::mem::offset_of!(ChainEntry, version) as i32;
+
+/// Where in the first-level TLB's book the version of the fetch slot of
+/// `target`'s page is, for code of privilege `user`.
+fn fetch_version_offset(user: bool, target: u64) -> i32 {
+    let index = ((target >> 12) + 1) as usize & (SLOTS - 1);
+    book::FETCH_VERSIONS + ((usize::from(user) * SLOTS + index) * 8) as i32
 }
 
 impl Emitter {
@@ -41,6 +52,26 @@ impl Emitter {
         self.a.add(r9, qword_ptr(rbx + o.cycles))?;
         self.a.cmp(r9, qword_ptr(rbx + o.jit_deadline))?;
         self.a.jae(out)?;
+        // Checked before and nothing changed since: the table's entry for
+        // the target recorded the version its first-level iTLB slot has
+        // now (see `ChainEntry::version`).
+        let mut full = self.a.create_label();
+        let s = chain_slot(target) as i32 * CHAIN_ENTRY_BYTES;
+        self.a.mov(r10, qword_ptr(r14 + ENV_CHAIN))?;
+        self.a.cmp(rax, qword_ptr(r10 + s))?;
+        self.a.jne(full)?;
+        self.a.mov(rcx, qword_ptr(r14 + ENV_L1_BOOK))?;
+        self.a.mov(
+            rcx,
+            qword_ptr(rcx + fetch_version_offset(self.user, target)),
+        )?;
+        self.a.cmp(rcx, qword_ptr(r10 + s + CHAIN_VERSION))?;
+        self.a.jne(full)?;
+        self.count_chained(true, Some(n))?;
+        self.a.mov(rcx, qword_ptr(r10 + s + 32))?;
+        self.a.mov(qword_ptr(rsp), rcx)?;
+        self.a.jmp(qword_ptr(r10 + s + 24))?;
+        self.a.set_label(&mut full)?;
         // An instruction there may cross into the next page: such a block
         // is not in the table, so where the table does not give a block,
         // ask `Cpu::jit_chain_crossing`.
@@ -530,6 +561,14 @@ impl Emitter {
         self.a.mov(ecx, dword_ptr(rcx + r11 * 4))?;
         self.a.cmp(rcx, qword_ptr(r10 + s + 16))?;
         self.a.jne(out)?;
+        if let Some((t, _)) = known {
+            // Checked in full: the slot's version recorded for the next
+            // time (`leave_to`).
+            self.a.mov(rcx, qword_ptr(r14 + ENV_L1_BOOK))?;
+            self.a
+                .mov(rcx, qword_ptr(rcx + fetch_version_offset(self.user, t)))?;
+            self.a.mov(qword_ptr(r10 + s + CHAIN_VERSION), rcx)?;
+        }
         self.count_chained(true, known.map(|(_, n)| n))?;
         self.a.mov(rcx, qword_ptr(r10 + s + 32))?;
         self.a.mov(qword_ptr(rsp), rcx)?;

@@ -248,7 +248,7 @@ pub(crate) const CHAIN_SLOTS: usize = 65536;
 /// jump to directly, valid while its frame's code-write generation is the
 /// one recorded (`Cpu` keeps the block, and so its code, alive while it is
 /// in the table).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub(crate) struct ChainEntry {
     pub rip: u64,
@@ -260,9 +260,32 @@ pub(crate) struct ChainEntry {
     pub block: u64,
     /// Translated for CPL 3.
     pub user: u64,
+    /// The first-level iTLB slot's version (`L1Tlb`'s `fetch_versions`)
+    /// when an exit to this RIP last checked the entry in full against it
+    /// ([`NO_VERSION`] until then): an exit that finds the slot's version
+    /// still this goes straight on (`Emitter::leave_to`).
+    pub version: u64,
 }
 
-const CHAIN_ENTRY_BYTES: i32 = 48;
+/// `ChainEntry::version` of an entry no exit has checked yet (no slot's
+/// version ever is).
+pub(crate) const NO_VERSION: u64 = u64::MAX;
+
+impl Default for ChainEntry {
+    fn default() -> Self {
+        ChainEntry {
+            rip: 0,
+            hpa: 0,
+            generation: 0,
+            entry: 0,
+            block: 0,
+            user: 0,
+            version: NO_VERSION,
+        }
+    }
+}
+
+const CHAIN_ENTRY_BYTES: i32 = 56;
 const _: () = assert!(std::mem::size_of::<ChainEntry>() == CHAIN_ENTRY_BYTES as usize);
 
 /// The slot of `rip` in the chaining table (the generated code computes

@@ -50,8 +50,8 @@ use super::{ENV_TLB_EPOCH, ENV_TLB_RECENTLY_USED, ENV_TLB_WAYS};
 use crate::cpu::l1tlb::{book, SLOTS, SLOT_BYTES, SLOT_HOST_DELTA, SLOT_HPA, SLOT_JIT_PAGE};
 use crate::mmu::tlb::jit_view as tv;
 use iced_x86::code_asm::{
-    byte_ptr, cl, dword_ptr, eax, ecx, edi, edx, esi, qword_ptr, r10, r10d, r11, r12, r14, r8, r8d,
-    r9, r9d, r9w, rax, rbp, rbx, rcx, rdi, rdx, rsi, word_ptr, CodeAssembler,
+    byte_ptr, cl, dword_ptr, eax, ecx, edi, edx, esi, qword_ptr, r10, r10d, r11, r11d, r12, r14,
+    r8, r8d, r9, r9d, r9w, rax, rbp, rbx, rcx, rdi, rdx, rsi, word_ptr, CodeAssembler,
 };
 use iced_x86::IcedError;
 
@@ -78,6 +78,7 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     let mut sized = a.create_label();
     let mut data_loaded = a.create_label();
     let mut own_pcid = a.create_label();
+    let mut versioned = a.create_label();
     let slot_shift = SLOT_BYTES.trailing_zeros();
     let class_shift = SLOTS.trailing_zeros();
     // Data and fetch classes (a fetch's fill is a chaining exit's: see
@@ -243,6 +244,18 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.add(r10, 1)?;
     a.mov(qword_ptr(rsi + book::FILLED_LEN), r10)?;
     a.set_label(&mut listed)?;
+    // A fetch slot gets a new version (`Book::fetch_versions`; r8 = class,
+    // edi = index, rsi = the book): class - 4, then << 6 | index.
+    a.cmp(r8d, crate::cpu::l1tlb::DATA_CLASSES as i32)?;
+    a.jb(versioned)?;
+    a.mov(r10, qword_ptr(rsi + book::LAST_VERSION))?;
+    a.add(r10, 1)?;
+    a.mov(qword_ptr(rsi + book::LAST_VERSION), r10)?;
+    a.lea(r11d, dword_ptr(r8 - crate::cpu::l1tlb::DATA_CLASSES as i32))?;
+    a.shl(r11d, class_shift)?;
+    a.or(r11d, edi)?;
+    a.mov(qword_ptr(rsi + r11 * 8 + book::FETCH_VERSIONS), r10)?;
+    a.set_label(&mut versioned)?;
     // Translated code may use the slot only inside memory, and stores not
     // into a frame holding code (r8 = class: writes are 2 and 3, fetches
     // 4 and 5).
