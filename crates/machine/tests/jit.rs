@@ -296,42 +296,49 @@ fn a_chained_exit_checked_before_a_store_into_code_checks_again() {
     // fourth iteration Q patches P's immediate and leaves (a store into
     // code): the next A -> P must not go into P's old translation, though
     // P's entry and its slot are as they were (the run loop does not run
-    // P in between).
-    let (o, stats) = both(|a| {
-        let mut top = a.create_label();
-        let mut p = a.create_label();
-        let mut q = a.create_label();
-        let mut done = a.create_label();
-        a.mov(ecx, 400u32).unwrap();
-        a.xor(ebx, ebx).unwrap();
-        a.lea(rdi, ptr(p)).unwrap();
-        a.set_label(&mut top).unwrap();
-        a.add(rdx, rcx).unwrap();
-        a.jmp(p).unwrap();
-        a.set_label(&mut p).unwrap();
-        a.mov(eax, 7u32).unwrap();
-        a.add(rbx, rax).unwrap();
-        a.jmp(q).unwrap();
-        a.set_label(&mut q).unwrap();
-        a.dec(ecx).unwrap();
-        a.jz(done).unwrap();
-        a.test(cl, 3).unwrap();
-        a.jnz(top).unwrap();
-        a.mov(dword_ptr(rdi + 1), ecx).unwrap();
-        a.jmp(top).unwrap();
-        a.set_label(&mut done).unwrap();
-        a.hlt().unwrap();
-    });
-    assert_eq!(o.exit, VmExit::Hlt);
-    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
-    let (mut imm, mut sum) = (7u64, 0u64);
-    for c in (0..400u64).rev() {
-        sum += imm;
-        if c != 0 && c % 4 == 0 {
-            imm = c;
+    // P in between). A's jump is direct (an exit to a known target), or
+    // through a register (the shared exit, which checks in full).
+    for indirect in [false, true] {
+        let (o, stats) = both(|a| {
+            let mut top = a.create_label();
+            let mut p = a.create_label();
+            let mut q = a.create_label();
+            let mut done = a.create_label();
+            a.mov(ecx, 400u32).unwrap();
+            a.xor(ebx, ebx).unwrap();
+            a.lea(rdi, ptr(p)).unwrap();
+            a.set_label(&mut top).unwrap();
+            a.add(rdx, rcx).unwrap();
+            if indirect {
+                a.jmp(rdi).unwrap();
+            } else {
+                a.jmp(p).unwrap();
+            }
+            a.set_label(&mut p).unwrap();
+            a.mov(eax, 7u32).unwrap();
+            a.add(rbx, rax).unwrap();
+            a.jmp(q).unwrap();
+            a.set_label(&mut q).unwrap();
+            a.dec(ecx).unwrap();
+            a.jz(done).unwrap();
+            a.test(cl, 3).unwrap();
+            a.jnz(top).unwrap();
+            a.mov(dword_ptr(rdi + 1), ecx).unwrap();
+            a.jmp(top).unwrap();
+            a.set_label(&mut done).unwrap();
+            a.hlt().unwrap();
+        });
+        assert_eq!(o.exit, VmExit::Hlt);
+        assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+        let (mut imm, mut sum) = (7u64, 0u64);
+        for c in (0..400u64).rev() {
+            sum += imm;
+            if c != 0 && c % 4 == 0 {
+                imm = c;
+            }
         }
+        assert_eq!(o.gpr[3], sum, "indirect: {indirect}");
     }
-    assert_eq!(o.gpr[3], sum);
 }
 
 #[test]
