@@ -222,6 +222,13 @@ const fn size_code(size: PageSize) -> u64 {
     }
 }
 
+// Size codes are ordered as the sizes (`Entry::splintered` compares them).
+const _: () = assert!(
+    size_code(PageSize::Size4K) == 0
+        && size_code(PageSize::Size2M) == 1
+        && size_code(PageSize::Size1G) == 2
+);
+
 const fn size_from_code(code: u64) -> PageSize {
     match code & 3 {
         0 => PageSize::Size4K,
@@ -262,13 +269,22 @@ impl Entry {
     fn linear_size(&self) -> PageSize {
         size_from_code(self.data >> data::LINEAR_SIZE_SHIFT)
     }
+    /// A piece of a larger guest page: its linear size is larger than
+    /// its size (compared as codes, which are ordered as the sizes).
+    #[inline(always)]
     fn splintered(&self) -> bool {
-        self.linear_size() > self.size()
+        (self.data >> data::LINEAR_SIZE_SHIFT) & 3 > (self.tag >> tag::SIZE_SHIFT) & 3
+    }
+    /// Larger than 4 KiB (size code not 0).
+    #[inline(always)]
+    fn large(&self) -> bool {
+        self.tag & tag::SIZE != 0
     }
     /// A hint to this entry is checked by the epoch, not against the
     /// entry: one larger than 4 KiB (see [`Hint`]).
+    #[inline(always)]
     fn hinted_by_epoch(&self) -> bool {
-        self.size() != PageSize::Size4K
+        self.large()
     }
     /// A global entry, serving lookups under every PCID.
     fn any_pcid(&self) -> bool {
@@ -644,7 +660,7 @@ impl Removals {
     #[inline(always)]
     fn note(&mut self, entry: &Entry) {
         self.count += 1;
-        self.last_page = (entry.size() == PageSize::Size4K).then_some(entry.tag & tag::VPN);
+        self.last_page = (!entry.large()).then_some(entry.tag & tag::VPN);
     }
 
     /// Any number of entries leave the TLB (a flush).
@@ -688,6 +704,9 @@ thread_local! {
     pub(crate) static EMPTY_SET_MISSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// Lookups the hints did not answer (sets probed), on this thread.
     pub(crate) static SET_PROBES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Fills that skipped the search for their entry's tag after a miss
+    /// (`Tlb::absent`), on this thread.
+    pub(crate) static KNOWN_ABSENT_FILLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// A VPID- and PCID-tagged translation lookaside buffer.
@@ -724,8 +743,18 @@ pub struct Tlb {
     may_hold_large: bool,
     /// A splintered entry may be present (cleared by full scans).
     may_hold_splinters: bool,
+    /// The 4 KiB tag and second word of the last lookup that found no
+    /// entry, while that still holds for the page (tag 0: none). Host-side
+    /// bookkeeping: entries come only through [`Tlb::place`], which takes
+    /// it, and `load_image`, which clears it; so when the fill that follows
+    /// a miss places that page's entry, `place` knows its set holds none
+    /// with its tag and second word (the lookup searched for one of the
+    /// key's PCID and a global one) and skips the search.
+    absent: (u64, u64),
     /// For tests: every miss probes the sets (no empty-set shortcut in
-    /// [`Tlb::lookup_probe`]), to check that the shortcut answers the same.
+    /// [`Tlb::lookup_probe`]) and every fill searches its set (no
+    /// `absent` shortcut in [`Tlb::place`]), to check that the shortcuts
+    /// answer the same.
     #[cfg(test)]
     pub(crate) full_probes: bool,
     stats: TlbStats,
@@ -774,6 +803,7 @@ impl Tlb {
                 (1u64 << config.ways) - 1
             },
             may_hold_splinters: false,
+            absent: (0, 0),
             #[cfg(test)]
             full_probes: false,
             stats: TlbStats::default(),
@@ -804,7 +834,7 @@ impl Tlb {
     /// Way `way` of `set` now holds the valid entry `e`.
     #[inline(always)]
     fn mark_valid(&mut self, set: usize, way: usize, e: &Entry) {
-        let (large, non_global) = (e.size() != PageSize::Size4K, e.non_global());
+        let (large, non_global) = (e.large(), e.non_global());
         let bits = &mut self.sets[set];
         let others = !(1 << way);
         if way < 8 {
@@ -1037,7 +1067,7 @@ impl Tlb {
                 self.remove(set, way);
                 self.epoch += 1;
             }
-            Found::Absent => {}
+            Found::Absent => self.absent = (key.context | (va >> 12), key.eptp),
         }
         self.stats.misses += 1;
         None
@@ -1173,7 +1203,29 @@ impl Tlb {
         // The first invalid way is the lowest clear bit of the set's
         // valid bitmap (which mirrors the entries).
         let invalid = !valid & self.full_set_mask;
-        let way = match self.way_of(set, valid, entry.tag, entry.eptp) {
+        // (A miss of this page just searched the set: `absent`.)
+        let (absent_tag, absent_word) = std::mem::take(&mut self.absent);
+        #[cfg(test)]
+        let shortcut = !self.full_probes;
+        #[cfg(not(test))]
+        let shortcut = true;
+        let known_absent = shortcut
+            && entry.tag == absent_tag
+            && (entry.eptp == absent_word || entry.eptp == any_pcid_word(absent_word));
+        #[cfg(test)]
+        {
+            assert!(
+                !known_absent || self.way_of(set, valid, entry.tag, entry.eptp).is_none(),
+                "a fill's entry said absent is in its set"
+            );
+            KNOWN_ABSENT_FILLS.with(|n| n.set(n.get() + u64::from(known_absent)));
+        }
+        let found = if known_absent {
+            None
+        } else {
+            self.way_of(set, valid, entry.tag, entry.eptp)
+        };
+        let way = match found {
             Some(way) => way,
             None if invalid != 0 => invalid.trailing_zeros() as usize,
             None => {
@@ -1421,6 +1473,7 @@ impl Tlb {
         mut repoint: impl FnMut(&mut TlbImageEntry) -> bool,
     ) -> Result<(), String> {
         self.flush_all();
+        self.absent = (0, 0);
         if image.recently_used.len() != self.recently_used.len() {
             return Err(format!(
                 "a TLB image of {} sets for a TLB of {}",
