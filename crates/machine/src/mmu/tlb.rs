@@ -831,11 +831,55 @@ impl Tlb {
         (set, set * self.ways..(set + 1) * self.ways)
     }
 
+    /// The bookkeeping of set `set` (taken modulo the number of sets),
+    /// without a bounds check: the miss path reads and writes it several
+    /// times per fill.
+    #[inline(always)]
+    fn bits(&self, set: usize) -> &SetBits {
+        let set = set & self.set_mask;
+        // SAFETY: `sets` holds `set_mask + 1` elements (made so by
+        // `with_psc`, never resized), and `set <= set_mask`.
+        unsafe { self.sets.get_unchecked(set) }
+    }
+
+    /// [`Self::bits`], mutable.
+    #[inline(always)]
+    fn bits_mut(&mut self, set: usize) -> &mut SetBits {
+        let set = set & self.set_mask;
+        // SAFETY: as in `bits`.
+        unsafe { self.sets.get_unchecked_mut(set) }
+    }
+
+    /// The recently-used bits of set `set` (taken modulo the number of
+    /// sets), without a bounds check.
+    #[inline(always)]
+    fn recent_mut(&mut self, set: usize) -> &mut u64 {
+        let set = set & self.set_mask;
+        // SAFETY: `recently_used` holds `set_mask + 1` elements (made so by
+        // `with_psc`, only ever copied into), and `set <= set_mask`.
+        unsafe { self.recently_used.get_unchecked_mut(set) }
+    }
+
+    /// The words of `nonempty` and `non_global_sets` holding set `set`'s
+    /// bit (`set` taken modulo the number of sets), without bounds checks.
+    #[inline(always)]
+    fn set_words_mut(&mut self, set: usize) -> (&mut u64, &mut u64) {
+        let word = (set & self.set_mask) / 64;
+        // SAFETY: both hold `(set_mask + 1).div_ceil(64)` words (made so by
+        // `with_psc`, never resized), and `word <= set_mask / 64`.
+        unsafe {
+            (
+                self.nonempty.get_unchecked_mut(word),
+                self.non_global_sets.get_unchecked_mut(word),
+            )
+        }
+    }
+
     /// Way `way` of `set` now holds the valid entry `e`.
     #[inline(always)]
     fn mark_valid(&mut self, set: usize, way: usize, e: &Entry) {
         let (large, non_global) = (e.large(), e.non_global());
-        let bits = &mut self.sets[set];
+        let bits = self.bits_mut(set);
         let others = !(1 << way);
         if way < 8 {
             let shift = way * 8;
@@ -848,11 +892,12 @@ impl Tlb {
         bits.non_global = (bits.non_global & others) | (u64::from(non_global) << way);
         let any_non_global = bits.non_global != 0;
         self.may_hold_large |= large;
-        self.nonempty[set / 64] |= 1 << (set % 64);
+        let (nonempty, non_global_sets) = self.set_words_mut(set);
+        *nonempty |= 1 << (set % 64);
         if !any_non_global {
-            self.non_global_sets[set / 64] &= !(1 << (set % 64));
+            *non_global_sets &= !(1 << (set % 64));
         } else {
-            self.non_global_sets[set / 64] |= 1 << (set % 64);
+            *non_global_sets |= 1 << (set % 64);
         }
     }
 
@@ -874,17 +919,18 @@ impl Tlb {
     /// The ways of `set` in the bitmap `ways` no longer hold entries.
     #[inline]
     fn mark_invalid_ways(&mut self, set: usize, ways: u64) {
-        let bits = &mut self.sets[set];
+        let bits = self.bits_mut(set);
         bits.valid &= !ways;
         bits.large &= !ways;
         bits.non_global &= !ways;
         bits.splintered &= !ways;
         let (any_valid, any_non_global) = (bits.valid != 0, bits.non_global != 0);
+        let (nonempty, non_global_sets) = self.set_words_mut(set);
         if !any_valid {
-            self.nonempty[set / 64] &= !(1 << (set % 64));
+            *nonempty &= !(1 << (set % 64));
         }
         if !any_non_global {
-            self.non_global_sets[set / 64] &= !(1 << (set % 64));
+            *non_global_sets &= !(1 << (set % 64));
         }
     }
 
@@ -932,7 +978,7 @@ impl Tlb {
             ways
         } else {
             let pattern = u64::from(fingerprint(tag)) * 0x0101_0101_0101_0101;
-            ways & zero_byte_bits(self.sets[set].fingerprints ^ pattern)
+            ways & zero_byte_bits(self.bits(set).fingerprints ^ pattern)
         }
     }
 
@@ -981,9 +1027,10 @@ impl Tlb {
 
     #[inline]
     fn touch(&mut self, set: usize, way: usize) {
-        let bits = &mut self.recently_used[set];
+        let full = self.full_set_mask;
+        let bits = self.recent_mut(set);
         *bits |= 1 << way;
-        if *bits == self.full_set_mask {
+        if *bits == full {
             *bits = 1 << way;
         }
     }
@@ -1047,7 +1094,7 @@ impl Tlb {
         let shortcut = !self.full_probes;
         #[cfg(not(test))]
         let shortcut = true;
-        if shortcut && !self.may_hold_large && self.sets[set].valid == 0 {
+        if shortcut && !self.may_hold_large && self.bits(set).valid == 0 {
             #[cfg(test)]
             EMPTY_SET_MISSES.with(|n| n.set(n.get() + 1));
             self.stats.misses += 1;
@@ -1113,9 +1160,9 @@ impl Tlb {
             let wanted = key.context | (size_code(size) << tag::SIZE_SHIFT) | vpn;
             let set = (vpn as usize) & self.set_mask;
             let ways = if size == PageSize::Size4K {
-                self.sets[set].valid
+                self.bits(set).valid
             } else {
-                self.sets[set].large
+                self.bits(set).large
             };
             if let Some(way) = self.way_of_key(set, ways, wanted, key.eptp) {
                 return Some(Located { size, set, way });
@@ -1199,7 +1246,7 @@ impl Tlb {
     #[inline(always)]
     fn place(&mut self, entry: Entry, splintered: bool) {
         let set = ((entry.tag & tag::VPN) as usize) & self.set_mask;
-        let valid = self.sets[set].valid;
+        let valid = self.bits(set).valid;
         // The first invalid way is the lowest clear bit of the set's
         // valid bitmap (which mirrors the entries).
         let invalid = !valid & self.full_set_mask;
@@ -1229,7 +1276,7 @@ impl Tlb {
             Some(way) => way,
             None if invalid != 0 => invalid.trailing_zeros() as usize,
             None => {
-                let not_recent = !self.recently_used[set] & self.full_set_mask;
+                let not_recent = !*self.recent_mut(set) & self.full_set_mask;
                 if not_recent == 0 {
                     0
                 } else {
