@@ -34,6 +34,7 @@
 //! accesses are writes with EPT A/D on).
 
 use super::paging::{MAX_PHYS_ADDR_BITS, PHYS_ADDR_RESERVED};
+use super::psc::ept_walk_refs;
 use super::{AccessKind, PageSize, PmlLog, TranslateError};
 use crate::addr::{Gpa, Gva, Hpa};
 use crate::memory::PhysMemory;
@@ -171,7 +172,32 @@ pub fn violation(
 /// to the translated address itself (`true`) or to a guest paging
 /// structure (`false`); it only shapes the violation qualification. Adds
 /// every EPT entry read to `walk_refs` (4 for a 4 KiB page).
+///
+/// Inlined: the common case is a few loads and mask tests
+/// ([`ept_walk_quick`]); every other case is out of line.
+#[inline(always)]
 pub fn ept_translate(
+    mem: &PhysMemory,
+    eptp: Eptp,
+    pml: Option<PmlLog<'_>>,
+    gpa: Gpa,
+    kind: AccessKind,
+    gla: Option<(Gva, bool)>,
+    walk_refs: &mut u64,
+) -> Result<EptTranslation, TranslateError> {
+    if let Some(t) = ept_walk_quick(mem, eptp, gpa, kind) {
+        #[cfg(test)]
+        QUICK_WALKS.with(|n| n.set(n.get() + 1));
+        *walk_refs += ept_walk_refs(PageSize::Size4K);
+        return Ok(t);
+    }
+    ept_translate_general(mem, eptp, pml, gpa, kind, gla, walk_refs)
+}
+
+/// [`ept_translate`] without its quick path: every case (for tests: the
+/// quick path must give the same).
+#[inline(never)]
+pub(crate) fn ept_translate_general(
     mem: &PhysMemory,
     eptp: Eptp,
     pml: Option<PmlLog<'_>>,
@@ -188,6 +214,77 @@ pub fn ept_translate(
             return Ok(t);
         }
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Translations [`ept_translate`] took the quick way for, on this
+    /// thread (for tests: that they exercise it).
+    pub(crate) static QUICK_WALKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The common case of [`ept_walk_once`], with no side effect: a 4 KiB
+/// page through four readable entries (R set: with it, neither "not
+/// present" nor "W without R"), no reserved address bit, no bit 7 above
+/// the leaf, a leaf memory type that is not reserved, the access allowed,
+/// and no accessed or dirty flag to set. Then the translation
+/// `ept_walk_once` gives, which makes 4 references and changes nothing
+/// either; in every other case `None` (the general walk decides).
+#[inline(always)]
+fn ept_walk_quick(
+    mem: &PhysMemory,
+    eptp: Eptp,
+    gpa: Gpa,
+    kind: AccessKind,
+) -> Option<EptTranslation> {
+    if gpa.0 >> MAX_PHYS_ADDR_BITS != 0 {
+        return None;
+    }
+    let ad = eptp.ad_enabled();
+    let accessed = if ad { epte::ACCESSED } else { 0 };
+    // One mask test per non-leaf entry: R and (with A/D) A set, bit 7
+    // (a PML4E misconfiguration, a large leaf below) and the reserved
+    // address bits clear.
+    let upper_mask = epte::READ | epte::HUGE | PHYS_ADDR_RESERVED | accessed;
+    let upper_want = epte::READ | accessed;
+    let mut perm_bits = epte::READ | epte::WRITE | epte::EXEC;
+    let mut table = eptp.pml4().0;
+    for level in [3u32, 2, 1] {
+        let index = (gpa.0 >> (PageSize::Size4K.shift() + 9 * level)) & 0x1ff;
+        let entry = mem.read_u64(Hpa(table + index * 8)).ok()?;
+        if entry & upper_mask != upper_want {
+            return None;
+        }
+        perm_bits &= entry;
+        table = entry & epte::ADDR_MASK;
+    }
+    let index = (gpa.0 >> PageSize::Size4K.shift()) & 0x1ff;
+    let leaf = mem.read_u64(Hpa(table + index * 8)).ok()?;
+    // The leaf's bit 7 is ignored; a write with A/D needs D set already.
+    let dirty = if ad && kind == AccessKind::Write {
+        epte::DIRTY
+    } else {
+        0
+    };
+    let leaf_mask = epte::READ | PHYS_ADDR_RESERVED | accessed | dirty;
+    if leaf & leaf_mask != epte::READ | accessed | dirty {
+        return None;
+    }
+    // Memory types 2, 3 and 7 are reserved.
+    let memory_type = (leaf >> epte::MEMTYPE_SHIFT) & 7;
+    if (1u32 << memory_type) & 0b1000_1100 != 0 {
+        return None;
+    }
+    let perms = EptPerms::from_bits(perm_bits & leaf);
+    if !perms.allows(kind) {
+        return None;
+    }
+    Some(EptTranslation {
+        hpa: Hpa((leaf & epte::ADDR_MASK) | (gpa.0 & 0xfff)),
+        perms,
+        page_size: PageSize::Size4K,
+        dirty_recorded: !ad || leaf & epte::DIRTY != 0,
+    })
 }
 
 /// [`ept_translate`] through the cached guest-physical mappings of `psc`

@@ -7,6 +7,8 @@ use super::*;
 use crate::cpu::state::{cr0, cr4, efer};
 use crate::vmx::{ept_qual, InveptKind, InvvpidKind};
 
+#[path = "ept_tests.rs"]
+mod ept_tests;
 #[path = "psc_tests.rs"]
 mod psc_tests;
 #[path = "walk_tests.rs"]
@@ -166,6 +168,27 @@ fn regs(cr3: u64) -> PagingRegs {
         efer: efer::LME | efer::LMA | efer::NXE,
         rflags_ac: false,
     }
+}
+
+/// A fixed pseudo-random sequence (xorshift64*) from `seed`.
+fn random(seed: u64) -> impl FnMut() -> u64 {
+    let mut state = seed | 1;
+    move || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// The words of the page tables (and EPT tables) and the PML log, to
+/// compare.
+fn tables(m: &TestMachine) -> Vec<u64> {
+    (TABLE_AREA..m.next_frame)
+        .chain(PML_PAGE..PML_PAGE + 0x1000)
+        .step_by(8)
+        .map(|a| m.read(a))
+        .collect()
 }
 
 fn new_tlb() -> Tlb {
@@ -1908,10 +1931,53 @@ fn global_hints_are_checked_against_their_entry() {
     assert!(found.contains("60"), "the global entry answers: {found}");
 }
 
-/// Host-side hints (and the hint every 4 KiB fill leaves) and the
-/// empty-set shortcut of a miss never change what the TLB answers: a TLB
-/// whose hints are wiped before every lookup and whose misses always probe
-/// the sets gives the same results, walk references, counters, entries and
+/// A fill after a miss skips the search of its set for an entry with its
+/// tag (`Tlb::absent`) only when the miss found none: a miss that dropped
+/// the key's own entry, as not allowing the access, may leave a global
+/// entry for the page (made under another PCID), which a global fill must
+/// replace in its way. The run: PCID 1's own read-only entry for a page,
+/// PCID 2's global entry for it, then a write under PCID 1 after the page
+/// became global and writable there.
+#[test]
+fn a_fill_after_a_dropped_entry_replaces_the_global_one() {
+    let page = 0x4000_3000u64;
+    let mut m = TestMachine::new();
+    let roots = [m.frame(), m.frame()];
+    m.map(roots[0], page, 0x50_0000, PageSize::Size4K, P, GUEST_TABLE);
+    let global = P | W | pte::GLOBAL;
+    m.map(
+        roots[1],
+        page,
+        0x60_0000,
+        PageSize::Size4K,
+        global,
+        GUEST_TABLE,
+    );
+    let mut tlbs = HintedAndPlain::one_set();
+    tlbs.plain.full_probes = true;
+    let mut both = |pcid: u64, m: &TestMachine, access: Access| -> String {
+        let mut r = regs(roots[pcid as usize - 1]);
+        r.cr4 |= cr4::PCIDE;
+        r.cr3 |= pcid;
+        tlbs.both(&m.ctx(r, None, 0), &move |t, ctx| {
+            format!("{:?}", tr(t, ctx, page, access))
+        })
+    };
+    both(1, &m, READ);
+    both(2, &m, READ);
+    let slot = m.slot(roots[0], page, 0);
+    m.write(slot, 0x60_0000 | global | pte::ACCESSED);
+    let found = both(1, &m, WRITE);
+    assert!(found.contains("60"), "the global entry answers: {found}");
+    let image = tlbs.hinted.image();
+    assert_eq!(image.entries.len(), 1, "one entry for the page: {image:?}");
+}
+
+/// Host-side hints (and the hint every 4 KiB fill leaves), the empty-set
+/// shortcut of a miss and a fill's skipped search after a miss never
+/// change what the TLB answers: a TLB whose hints are wiped before every
+/// lookup, whose misses always probe the sets and whose fills always
+/// search their set gives the same results, walk references, counters, entries and
 /// replacement state over a long mixed run (4 KiB and 2 MiB pages, user and
 /// supervisor, global and not, reads, writes and fetches, permission
 /// changes, INVLPG and CR3-load flushes, evictions in a small TLB; in its
@@ -1962,6 +2028,7 @@ fn hints_never_change_what_the_tlb_answers() {
     let mut plain = Tlb::new(config);
     plain.full_probes = true;
     let shortcuts_before = super::tlb::EMPTY_SET_MISSES.with(std::cell::Cell::get);
+    let known_absent_before = super::tlb::KNOWN_ABSENT_FILLS.with(std::cell::Cell::get);
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
         seed ^= seed << 13;
@@ -2029,6 +2096,12 @@ fn hints_never_change_what_the_tlb_answers() {
     );
     let shortcuts = super::tlb::EMPTY_SET_MISSES.with(std::cell::Cell::get) - shortcuts_before;
     assert!(shortcuts > 100, "misses must find empty sets: {shortcuts}");
+    let known_absent =
+        super::tlb::KNOWN_ABSENT_FILLS.with(std::cell::Cell::get) - known_absent_before;
+    assert!(
+        known_absent > 100,
+        "fills must follow misses that searched their set: {known_absent}"
+    );
 }
 
 #[test]

@@ -222,6 +222,13 @@ const fn size_code(size: PageSize) -> u64 {
     }
 }
 
+// Size codes are ordered as the sizes (`Entry::splintered` compares them).
+const _: () = assert!(
+    size_code(PageSize::Size4K) == 0
+        && size_code(PageSize::Size2M) == 1
+        && size_code(PageSize::Size1G) == 2
+);
+
 const fn size_from_code(code: u64) -> PageSize {
     match code & 3 {
         0 => PageSize::Size4K,
@@ -262,13 +269,22 @@ impl Entry {
     fn linear_size(&self) -> PageSize {
         size_from_code(self.data >> data::LINEAR_SIZE_SHIFT)
     }
+    /// A piece of a larger guest page: its linear size is larger than
+    /// its size (compared as codes, which are ordered as the sizes).
+    #[inline(always)]
     fn splintered(&self) -> bool {
-        self.linear_size() > self.size()
+        (self.data >> data::LINEAR_SIZE_SHIFT) & 3 > (self.tag >> tag::SIZE_SHIFT) & 3
+    }
+    /// Larger than 4 KiB (size code not 0).
+    #[inline(always)]
+    fn large(&self) -> bool {
+        self.tag & tag::SIZE != 0
     }
     /// A hint to this entry is checked by the epoch, not against the
     /// entry: one larger than 4 KiB (see [`Hint`]).
+    #[inline(always)]
     fn hinted_by_epoch(&self) -> bool {
-        self.size() != PageSize::Size4K
+        self.large()
     }
     /// A global entry, serving lookups under every PCID.
     fn any_pcid(&self) -> bool {
@@ -644,7 +660,7 @@ impl Removals {
     #[inline(always)]
     fn note(&mut self, entry: &Entry) {
         self.count += 1;
-        self.last_page = (entry.size() == PageSize::Size4K).then_some(entry.tag & tag::VPN);
+        self.last_page = (!entry.large()).then_some(entry.tag & tag::VPN);
     }
 
     /// Any number of entries leave the TLB (a flush).
@@ -688,6 +704,9 @@ thread_local! {
     pub(crate) static EMPTY_SET_MISSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// Lookups the hints did not answer (sets probed), on this thread.
     pub(crate) static SET_PROBES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Fills that skipped the search for their entry's tag after a miss
+    /// (`Tlb::absent`), on this thread.
+    pub(crate) static KNOWN_ABSENT_FILLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// A VPID- and PCID-tagged translation lookaside buffer.
@@ -724,8 +743,18 @@ pub struct Tlb {
     may_hold_large: bool,
     /// A splintered entry may be present (cleared by full scans).
     may_hold_splinters: bool,
+    /// The 4 KiB tag and second word of the last lookup that found no
+    /// entry, while that still holds for the page (tag 0: none). Host-side
+    /// bookkeeping: entries come only through [`Tlb::place`], which takes
+    /// it, and `load_image`, which clears it; so when the fill that follows
+    /// a miss places that page's entry, `place` knows its set holds none
+    /// with its tag and second word (the lookup searched for one of the
+    /// key's PCID and a global one) and skips the search.
+    absent: (u64, u64),
     /// For tests: every miss probes the sets (no empty-set shortcut in
-    /// [`Tlb::lookup_probe`]), to check that the shortcut answers the same.
+    /// [`Tlb::lookup_probe`]) and every fill searches its set (no
+    /// `absent` shortcut in [`Tlb::place`]), to check that the shortcuts
+    /// answer the same.
     #[cfg(test)]
     pub(crate) full_probes: bool,
     stats: TlbStats,
@@ -774,6 +803,7 @@ impl Tlb {
                 (1u64 << config.ways) - 1
             },
             may_hold_splinters: false,
+            absent: (0, 0),
             #[cfg(test)]
             full_probes: false,
             stats: TlbStats::default(),
@@ -801,11 +831,55 @@ impl Tlb {
         (set, set * self.ways..(set + 1) * self.ways)
     }
 
+    /// The bookkeeping of set `set` (taken modulo the number of sets),
+    /// without a bounds check: the miss path reads and writes it several
+    /// times per fill.
+    #[inline(always)]
+    fn bits(&self, set: usize) -> &SetBits {
+        let set = set & self.set_mask;
+        // SAFETY: `sets` holds `set_mask + 1` elements (made so by
+        // `with_psc`, never resized), and `set <= set_mask`.
+        unsafe { self.sets.get_unchecked(set) }
+    }
+
+    /// [`Self::bits`], mutable.
+    #[inline(always)]
+    fn bits_mut(&mut self, set: usize) -> &mut SetBits {
+        let set = set & self.set_mask;
+        // SAFETY: as in `bits`.
+        unsafe { self.sets.get_unchecked_mut(set) }
+    }
+
+    /// The recently-used bits of set `set` (taken modulo the number of
+    /// sets), without a bounds check.
+    #[inline(always)]
+    fn recent_mut(&mut self, set: usize) -> &mut u64 {
+        let set = set & self.set_mask;
+        // SAFETY: `recently_used` holds `set_mask + 1` elements (made so by
+        // `with_psc`, only ever copied into), and `set <= set_mask`.
+        unsafe { self.recently_used.get_unchecked_mut(set) }
+    }
+
+    /// The words of `nonempty` and `non_global_sets` holding set `set`'s
+    /// bit (`set` taken modulo the number of sets), without bounds checks.
+    #[inline(always)]
+    fn set_words_mut(&mut self, set: usize) -> (&mut u64, &mut u64) {
+        let word = (set & self.set_mask) / 64;
+        // SAFETY: both hold `(set_mask + 1).div_ceil(64)` words (made so by
+        // `with_psc`, never resized), and `word <= set_mask / 64`.
+        unsafe {
+            (
+                self.nonempty.get_unchecked_mut(word),
+                self.non_global_sets.get_unchecked_mut(word),
+            )
+        }
+    }
+
     /// Way `way` of `set` now holds the valid entry `e`.
     #[inline(always)]
     fn mark_valid(&mut self, set: usize, way: usize, e: &Entry) {
-        let (large, non_global) = (e.size() != PageSize::Size4K, e.non_global());
-        let bits = &mut self.sets[set];
+        let (large, non_global) = (e.large(), e.non_global());
+        let bits = self.bits_mut(set);
         let others = !(1 << way);
         if way < 8 {
             let shift = way * 8;
@@ -818,11 +892,12 @@ impl Tlb {
         bits.non_global = (bits.non_global & others) | (u64::from(non_global) << way);
         let any_non_global = bits.non_global != 0;
         self.may_hold_large |= large;
-        self.nonempty[set / 64] |= 1 << (set % 64);
+        let (nonempty, non_global_sets) = self.set_words_mut(set);
+        *nonempty |= 1 << (set % 64);
         if !any_non_global {
-            self.non_global_sets[set / 64] &= !(1 << (set % 64));
+            *non_global_sets &= !(1 << (set % 64));
         } else {
-            self.non_global_sets[set / 64] |= 1 << (set % 64);
+            *non_global_sets |= 1 << (set % 64);
         }
     }
 
@@ -844,17 +919,18 @@ impl Tlb {
     /// The ways of `set` in the bitmap `ways` no longer hold entries.
     #[inline]
     fn mark_invalid_ways(&mut self, set: usize, ways: u64) {
-        let bits = &mut self.sets[set];
+        let bits = self.bits_mut(set);
         bits.valid &= !ways;
         bits.large &= !ways;
         bits.non_global &= !ways;
         bits.splintered &= !ways;
         let (any_valid, any_non_global) = (bits.valid != 0, bits.non_global != 0);
+        let (nonempty, non_global_sets) = self.set_words_mut(set);
         if !any_valid {
-            self.nonempty[set / 64] &= !(1 << (set % 64));
+            *nonempty &= !(1 << (set % 64));
         }
         if !any_non_global {
-            self.non_global_sets[set / 64] &= !(1 << (set % 64));
+            *non_global_sets &= !(1 << (set % 64));
         }
     }
 
@@ -902,7 +978,7 @@ impl Tlb {
             ways
         } else {
             let pattern = u64::from(fingerprint(tag)) * 0x0101_0101_0101_0101;
-            ways & zero_byte_bits(self.sets[set].fingerprints ^ pattern)
+            ways & zero_byte_bits(self.bits(set).fingerprints ^ pattern)
         }
     }
 
@@ -951,9 +1027,10 @@ impl Tlb {
 
     #[inline]
     fn touch(&mut self, set: usize, way: usize) {
-        let bits = &mut self.recently_used[set];
+        let full = self.full_set_mask;
+        let bits = self.recent_mut(set);
         *bits |= 1 << way;
-        if *bits == self.full_set_mask {
+        if *bits == full {
             *bits = 1 << way;
         }
     }
@@ -1017,7 +1094,7 @@ impl Tlb {
         let shortcut = !self.full_probes;
         #[cfg(not(test))]
         let shortcut = true;
-        if shortcut && !self.may_hold_large && self.sets[set].valid == 0 {
+        if shortcut && !self.may_hold_large && self.bits(set).valid == 0 {
             #[cfg(test)]
             EMPTY_SET_MISSES.with(|n| n.set(n.get() + 1));
             self.stats.misses += 1;
@@ -1037,7 +1114,7 @@ impl Tlb {
                 self.remove(set, way);
                 self.epoch += 1;
             }
-            Found::Absent => {}
+            Found::Absent => self.absent = (key.context | (va >> 12), key.eptp),
         }
         self.stats.misses += 1;
         None
@@ -1083,9 +1160,9 @@ impl Tlb {
             let wanted = key.context | (size_code(size) << tag::SIZE_SHIFT) | vpn;
             let set = (vpn as usize) & self.set_mask;
             let ways = if size == PageSize::Size4K {
-                self.sets[set].valid
+                self.bits(set).valid
             } else {
-                self.sets[set].large
+                self.bits(set).large
             };
             if let Some(way) = self.way_of_key(set, ways, wanted, key.eptp) {
                 return Some(Located { size, set, way });
@@ -1169,15 +1246,37 @@ impl Tlb {
     #[inline(always)]
     fn place(&mut self, entry: Entry, splintered: bool) {
         let set = ((entry.tag & tag::VPN) as usize) & self.set_mask;
-        let valid = self.sets[set].valid;
+        let valid = self.bits(set).valid;
         // The first invalid way is the lowest clear bit of the set's
         // valid bitmap (which mirrors the entries).
         let invalid = !valid & self.full_set_mask;
-        let way = match self.way_of(set, valid, entry.tag, entry.eptp) {
+        // (A miss of this page just searched the set: `absent`.)
+        let (absent_tag, absent_word) = std::mem::take(&mut self.absent);
+        #[cfg(test)]
+        let shortcut = !self.full_probes;
+        #[cfg(not(test))]
+        let shortcut = true;
+        let known_absent = shortcut
+            && entry.tag == absent_tag
+            && (entry.eptp == absent_word || entry.eptp == any_pcid_word(absent_word));
+        #[cfg(test)]
+        {
+            assert!(
+                !known_absent || self.way_of(set, valid, entry.tag, entry.eptp).is_none(),
+                "a fill's entry said absent is in its set"
+            );
+            KNOWN_ABSENT_FILLS.with(|n| n.set(n.get() + u64::from(known_absent)));
+        }
+        let found = if known_absent {
+            None
+        } else {
+            self.way_of(set, valid, entry.tag, entry.eptp)
+        };
+        let way = match found {
             Some(way) => way,
             None if invalid != 0 => invalid.trailing_zeros() as usize,
             None => {
-                let not_recent = !self.recently_used[set] & self.full_set_mask;
+                let not_recent = !*self.recent_mut(set) & self.full_set_mask;
                 if not_recent == 0 {
                     0
                 } else {
@@ -1421,6 +1520,7 @@ impl Tlb {
         mut repoint: impl FnMut(&mut TlbImageEntry) -> bool,
     ) -> Result<(), String> {
         self.flush_all();
+        self.absent = (0, 0);
         if image.recently_used.len() != self.recently_used.len() {
             return Err(format!(
                 "a TLB image of {} sets for a TLB of {}",

@@ -10,17 +10,6 @@ use super::psc::PscConfig;
 use super::*;
 use std::cell::Cell;
 
-/// A fixed pseudo-random sequence (xorshift64*) from `seed`.
-fn random(seed: u64) -> impl FnMut() -> u64 {
-    let mut state = seed | 1;
-    move || {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
 /// Linear addresses the run uses: 4 KiB pages in two page tables of one
 /// 1 GiB region, 4 KiB pages under another PML4 entry, 2 MiB pages beside
 /// each of those page tables (in the same page directory) and in a 1 GiB
@@ -154,15 +143,6 @@ fn entry_slot(m: &TestMachine, root: u64, va: u64, level: u32) -> Option<u64> {
     }
     let slot = table + TestMachine::index(va, level) * 8;
     (slot < MEM_SIZE).then_some(slot)
-}
-
-/// The words of the page tables and the log, to compare.
-fn tables(m: &TestMachine) -> Vec<u64> {
-    (TABLE_AREA..m.next_frame)
-        .chain(PML_PAGE..PML_PAGE + 0x1000)
-        .step_by(8)
-        .map(|a| m.read(a))
-        .collect()
 }
 
 fn context<'a>(
