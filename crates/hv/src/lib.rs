@@ -68,6 +68,9 @@ pub use boot::{parse_kernel, KernelError, KernelImage, MAX_GUEST_MEM};
 pub use cost::HvCosts;
 pub use devices::DeviceSet;
 pub use error::{ApfStateError, GuestMemoryError, VmError};
+/// Translate guest code on a host thread of its own (see
+/// `machine::jit::background`): host time only, results unchanged.
+pub use machine::jit::background::set_enabled as translate_in_background;
 pub use machine::{CycleCosts, Engine, Gfn, Gpa, NamedCosts};
 pub use memslot::{MemslotError, SlotFlags, SlotId};
 pub use mmu::check::InvariantError;

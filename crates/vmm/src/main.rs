@@ -596,6 +596,10 @@ pub struct MergeArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Blocks are translated on a host thread of their own while the vCPU
+    // thread interprets them (`FAULTLINE_JIT_SYNC=1`: on the vCPU thread,
+    // for host instruction counts that repeat).
+    hv::translate_in_background(true);
     let status = match cli.command {
         Command::Run(args) => run::run(*args),
         Command::Bench(command) => bench::main(*command),

@@ -47,7 +47,9 @@ pub struct Block {
     /// The instructions, in order, with their fast forms.
     pub insns: Vec<Op>,
     /// Full runs of the block by the translating engine so far (it is
-    /// translated on the second: code run once is not worth it).
+    /// translated on its `Cpu::set_jit_threshold`-th), or `u32::MAX` once
+    /// its translation was asked of the translator thread
+    /// (`jit::background`).
     pub(crate) runs: std::cell::Cell<u32>,
     /// The block's host code, once translated (`None` inside: not
     /// translatable). Valid exactly as long as the block.

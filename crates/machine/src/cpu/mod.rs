@@ -311,6 +311,9 @@ pub struct Cpu {
     /// `PhysMemory::code_writes` when the first-level iTLB's versions were
     /// last renewed for it (`L1Tlb::renew_fetch_versions`).
     jit_code_writes: u64,
+    /// Translations asked of the translator thread (`jit::background`),
+    /// made on first use.
+    jit_pending: Option<crate::jit::background::Pending>,
 }
 
 impl std::fmt::Debug for Cpu {
@@ -383,6 +386,7 @@ impl Cpu {
                 .into_boxed_slice(),
             jit_chain_blocks: vec![None; crate::jit::CHAIN_SLOTS].into_boxed_slice(),
             jit_code_writes: 0,
+            jit_pending: None,
         }
     }
 

@@ -31,6 +31,11 @@ fn entered_index(rip: u64) -> Option<usize> {
 /// same for every value (the engines are bit-identical).
 pub(super) const TRANSLATE_AFTER_RUNS: u32 = 128;
 
+/// `Block::runs` of a block whose translation has been asked of the
+/// translator thread (`jit::background`): it is interpreted until the
+/// answer has come.
+const ASKED: u32 = u32::MAX;
+
 impl Cpu {
     /// The engine running guest code.
     pub fn engine(&self) -> Engine {
@@ -57,12 +62,14 @@ impl Cpu {
 
     /// The translation to run `block` with, if the translator runs it: only
     /// whole blocks (not the single first instruction the run loop takes
-    /// when events must be looked at after it), translated on their second
-    /// whole run.
+    /// when events must be looked at after it), translated on their
+    /// `jit_threshold`-th whole run: there and then, or asked of the
+    /// translator thread (`jit::background`), the block interpreted until
+    /// its translation has come.
     #[inline(always)]
     pub(super) fn translation<'b>(
         &mut self,
-        block: &'b Block,
+        block: &'b Rc<Block>,
         whole: bool,
     ) -> Option<&'b Translation> {
         if self.engine != Engine::Jit || !whole {
@@ -74,17 +81,64 @@ impl Cpu {
             // the other first-level TLB class (rare: interpret).
             return t.as_ref().filter(|t| t.user == user);
         }
-        let runs = block.runs.get() + 1;
+        let runs = block.runs.get();
+        if runs == ASKED {
+            return self.translation_come(block, user);
+        }
+        let runs = runs.saturating_add(1).min(ASKED - 1);
         block.runs.set(runs);
         if runs < self.jit_threshold {
             return None;
         }
         let offsets = self.jit_offsets();
-        let helpers = jit::Helpers {
+        let helpers = self.jit_helpers();
+        if jit::background::enabled() {
+            let pending = self
+                .jit_pending
+                .get_or_insert_with(jit::background::Pending::new);
+            if pending.request(block, offsets, helpers, user) {
+                block.runs.set(ASKED);
+                return self.translation_come(block, user);
+            }
+            // No translator thread: translate here.
+        }
+        let result = jit::translate(block, offsets, helpers, user);
+        self.install_translation(block, result, user)
+    }
+
+    /// [`Self::translation`] of a block whose translation was asked of
+    /// the translator thread: installs every answer that has come, then
+    /// the block's, if it has.
+    #[inline(never)]
+    fn translation_come<'b>(
+        &mut self,
+        block: &'b Rc<Block>,
+        user: bool,
+    ) -> Option<&'b Translation> {
+        while let Some((b, answer)) = self.jit_pending.as_mut().and_then(|p| p.next_answer()) {
+            let _ = self.install_translation(&b, answer.result, answer.user);
+        }
+        block.jit.get()?.as_ref().filter(|t| t.user == user)
+    }
+
+    /// The helpers translated code calls (the fill thunk installed on
+    /// first use).
+    fn jit_helpers(&mut self) -> jit::Helpers {
+        jit::Helpers {
             call_out: jit::native::call_out_address(),
             fill: self.jit_arena.fill_address(),
-        };
-        let translation = match jit::translate(block, offsets, helpers, user) {
+        }
+    }
+
+    /// Installs what translating `block` for `user` gave and attaches it
+    /// to the block (for good: a block is translated once).
+    fn install_translation<'b>(
+        &mut self,
+        block: &'b Block,
+        result: Result<(Vec<u8>, usize), jit::NotTranslated>,
+        user: bool,
+    ) -> Option<&'b Translation> {
+        let translation = match result {
             Ok((code, chain_offset)) => {
                 let t = self.jit_arena.install(&code, chain_offset, user);
                 match &t {

@@ -32,6 +32,7 @@
 //! All `unsafe` (the executable buffers and the calls into generated code)
 //! is in [`native`].
 
+pub mod background;
 mod chain;
 mod codes;
 mod encode;

@@ -1,0 +1,81 @@
+//! Translating on the translator thread (`jit::background`): the run's
+//! outcome is the interpreter's whatever the moment each translation
+//! arrives. In a test binary of its own: the switch is process-wide, and
+//! `tests/jit.rs` counts what was translated when.
+
+mod common;
+
+use common::*;
+use iced_x86::code_asm::*;
+use machine::{Engine, Hpa, VmExit};
+
+/// Hot blocks of several shapes: a loop with inline loads and stores, a
+/// call through a register and its return, a store into code that a later
+/// block runs (its translation, asked before the store, comes for a block
+/// no longer current).
+fn program(a: &mut CodeAssembler) {
+    let mut top = a.create_label();
+    let mut f = a.create_label();
+    let mut patch = a.create_label();
+    a.mov(ecx, 20_000u32).unwrap();
+    a.mov(rsi, DATA).unwrap();
+    a.lea(r12, ptr(f)).unwrap();
+    a.lea(rdi, ptr(patch)).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.mov(eax, ecx).unwrap();
+    a.and(eax, 0x1ff).unwrap();
+    a.add(qword_ptr(rsi + rax * 8), rcx).unwrap();
+    a.call(r12).unwrap();
+    a.set_label(&mut patch).unwrap();
+    a.mov(edx, 5u32).unwrap();
+    a.add(r9, rdx).unwrap();
+    a.test(ecx, 0xfff).unwrap();
+    let mut skip = a.create_label();
+    a.jnz(skip).unwrap();
+    a.mov(dword_ptr(rdi + 1), ecx).unwrap();
+    a.set_label(&mut skip).unwrap();
+    a.dec(ecx).unwrap();
+    a.jnz(top).unwrap();
+    a.hlt().unwrap();
+    a.set_label(&mut f).unwrap();
+    a.imul_3(rbx, rbx, 3).unwrap();
+    a.add(rbx, rcx).unwrap();
+    a.ret().unwrap();
+}
+
+fn outcome(engine: Engine) -> (VmExit, u64, u64, u64, [u64; 16], u64) {
+    let mut r = rig(program);
+    r.cpu.set_engine(engine);
+    r.cpu.set_jit_threshold(2);
+    let exit = r.run();
+    let mut data = vec![0u8; 0x1000];
+    r.mem.read_bytes(Hpa(DATA), &mut data).unwrap();
+    let digest = data
+        .iter()
+        .fold(0u64, |h, &b| h.rotate_left(5) ^ u64::from(b));
+    (
+        exit,
+        r.cpu.cycles(),
+        r.cpu.state_digest(),
+        digest,
+        r.cpu.state().gpr,
+        r.cpu.jit_stats().blocks_translated,
+    )
+}
+
+#[test]
+fn translations_from_the_translator_thread_change_nothing() {
+    let interp = outcome(Engine::Interp);
+    assert_eq!(interp.0, VmExit::Hlt);
+    machine::jit::background::set_enabled(true);
+    for round in 0..3 {
+        let jit = outcome(Engine::Jit);
+        assert_eq!(interp.0, jit.0, "round {round}");
+        assert_eq!(interp.1, jit.1, "cycles, round {round}");
+        assert_eq!(interp.2, jit.2, "state, round {round}");
+        assert_eq!(interp.3, jit.3, "memory, round {round}");
+        assert_eq!(interp.4, jit.4, "registers, round {round}");
+        // The loop runs long enough for the answers to come.
+        assert!(jit.5 >= 2, "{} blocks translated, round {round}", jit.5);
+    }
+}
