@@ -52,6 +52,13 @@ use crate::mmu::tlb::{LookupKey, Removals, PAGE_NUMBER_BITS};
 use crate::mmu::AccessKind;
 
 pub(crate) const SLOTS: usize = 64;
+/// The slot index (in every class) of linear address `la`'s page: its
+/// page number + 1, direct-mapped (translated code computes the same).
+#[inline(always)]
+pub(crate) const fn slot_index(la: u64) -> usize {
+    ((la >> 12) as usize + 1) & (SLOTS - 1)
+}
+
 /// Size of one slot (see [`Slot`]).
 pub(crate) const SLOT_BYTES: usize = 32;
 const _: () = assert!(std::mem::size_of::<Slot>() == SLOT_BYTES);
@@ -507,7 +514,7 @@ impl L1Tlb {
     /// bytes at `la` finds (see `jit::memory`): the host-physical page if
     /// it hits. The slots must be synced.
     pub(crate) fn jit_slot(&self, class: usize, la: u64, bytes: u64) -> Option<Hpa> {
-        let s = &self.slots[class][((la >> 12) as usize + 1) & (SLOTS - 1)];
+        let s = &self.slots[class][slot_index(la)];
         (s.jit_page == la.wrapping_add(bytes - 1) >> 12).then_some(Hpa(s.hpa))
     }
 
@@ -547,7 +554,7 @@ impl L1Tlb {
     #[inline]
     pub(crate) fn note_user_page(&mut self, class: usize, la: u64, user_page: bool) {
         debug_assert!(is_supervisor_data(class) && self.notes_user_pages());
-        let index = ((la >> 12) as usize + 1) & (SLOTS - 1);
+        let index = slot_index(la);
         let bits = &mut self.book.user_pages[class];
         *bits = (*bits & !(1 << index)) | (u64::from(user_page) << index);
     }

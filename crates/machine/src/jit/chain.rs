@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::cpu::code_cache::MAX_INSN_LEN;
-use crate::cpu::l1tlb::book;
+use crate::cpu::l1tlb::{book, slot_index};
 use iced_x86::code_asm::{al, r15d, r8d, AsmRegister64};
 
 /// Whether the translator runs this indirect JMP/CALL as host code (with
@@ -19,14 +19,15 @@ pub(crate) fn is_native_indirect(f: &Fast) -> bool {
     }
 }
 
-/// Offset of `ChainEntry::version`.
+/// Offsets of `ChainEntry`'s fields that generated code reads.
 const CHAIN_VERSION: i32 = std::mem::offset_of!(ChainEntry, version) as i32;
+const CHAIN_ENTRY: i32 = std::mem::offset_of!(ChainEntry, entry) as i32;
+const CHAIN_BLOCK: i32 = std::mem::offset_of!(ChainEntry, block) as i32;
 
 /// Where in the first-level TLB's book the version of the fetch slot of
 /// `target`'s page is, for code of privilege `user`.
 fn fetch_version_offset(user: bool, target: u64) -> i32 {
-    let index = ((target >> 12) + 1) as usize & (SLOTS - 1);
-    book::FETCH_VERSIONS + ((usize::from(user) * SLOTS + index) * 8) as i32
+    book::FETCH_VERSIONS + ((usize::from(user) * SLOTS + slot_index(target)) * 8) as i32
 }
 
 impl Emitter {
@@ -60,17 +61,11 @@ impl Emitter {
         self.a.mov(r10, qword_ptr(r14 + ENV_CHAIN))?;
         self.a.cmp(rax, qword_ptr(r10 + s))?;
         self.a.jne(full)?;
-        self.a.mov(rcx, qword_ptr(r14 + ENV_L1_BOOK))?;
-        self.a.mov(
-            rcx,
-            qword_ptr(rcx + fetch_version_offset(self.user, target)),
-        )?;
+        self.fetch_version(target)?;
         self.a.cmp(rcx, qword_ptr(r10 + s + CHAIN_VERSION))?;
         self.a.jne(full)?;
         self.count_chained(true, Some(n))?;
-        self.a.mov(rcx, qword_ptr(r10 + s + 32))?;
-        self.a.mov(qword_ptr(rsp), rcx)?;
-        self.a.jmp(qword_ptr(r10 + s + 24))?;
+        self.enter_chained(s)?;
         self.a.set_label(&mut full)?;
         // An instruction there may cross into the next page: such a block
         // is not in the table, so where the table does not give a block,
@@ -181,8 +176,7 @@ impl Emitter {
         // The fetch: a first-level iTLB hit for this privilege (changing
         // nothing) in the slot of this page, on this block's frame.
         let class = 2 * 2 + self.user as usize;
-        let slot = (class * SLOTS * SLOT_BYTES
-            + (((rip >> 12) + 1) as usize & (SLOTS - 1)) * SLOT_BYTES) as i32;
+        let slot = ((class * SLOTS + slot_index(rip)) * SLOT_BYTES) as i32;
         self.cmp_const(slot + SLOT_JIT_PAGE as i32, rip >> 12)?;
         self.a.jne(miss)?;
         self.cmp_const(slot + SLOT_HPA as i32, hpa & !0xfff)?;
@@ -502,7 +496,7 @@ impl Emitter {
         match target {
             Some(t) => {
                 // The slot is known: rbp + its offset.
-                let slot = c + ((((t >> 12) + 1) as usize & (SLOTS - 1)) * SLOT_BYTES) as i32;
+                let slot = c + (slot_index(t) * SLOT_BYTES) as i32;
                 self.cmp_const(slot + SLOT_JIT_PAGE as i32, t >> 12)?;
                 self.a.jne(out)?;
                 self.a.mov(rdx, qword_ptr(rbp + (slot + SLOT_HPA as i32)))?;
@@ -564,15 +558,30 @@ impl Emitter {
         if let Some((t, _)) = known {
             // Checked in full: the slot's version recorded for the next
             // time (`leave_to`).
-            self.a.mov(rcx, qword_ptr(r14 + ENV_L1_BOOK))?;
-            self.a
-                .mov(rcx, qword_ptr(rcx + fetch_version_offset(self.user, t)))?;
+            self.fetch_version(t)?;
             self.a.mov(qword_ptr(r10 + s + CHAIN_VERSION), rcx)?;
         }
         self.count_chained(true, known.map(|(_, n)| n))?;
-        self.a.mov(rcx, qword_ptr(r10 + s + 32))?;
+        self.enter_chained(s)
+    }
+
+    /// rcx = the version of `target`'s first-level iTLB slot for this
+    /// block's privilege (`Book::fetch_versions`).
+    fn fetch_version(&mut self, target: u64) -> Result<(), NotTranslated> {
+        self.a.mov(rcx, qword_ptr(r14 + ENV_L1_BOOK))?;
+        self.a.mov(
+            rcx,
+            qword_ptr(rcx + fetch_version_offset(self.user, target)),
+        )?;
+        Ok(())
+    }
+
+    /// Into the chained entry of the table entry at r10 + `s`, reporting
+    /// its block where call-outs find it (clobbers rcx).
+    fn enter_chained(&mut self, s: i32) -> Result<(), NotTranslated> {
+        self.a.mov(rcx, qword_ptr(r10 + s + CHAIN_BLOCK))?;
         self.a.mov(qword_ptr(rsp), rcx)?;
-        self.a.jmp(qword_ptr(r10 + s + 24))?;
+        self.a.jmp(qword_ptr(r10 + s + CHAIN_ENTRY))?;
         Ok(())
     }
 
