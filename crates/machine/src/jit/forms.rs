@@ -27,6 +27,16 @@ impl Emitter {
                 self.store_acc(dst, size)?;
             }
             Fast::MovRI { dst, size, imm } => {
+                if let Some(h) = self.wide_claim(dst, size)? {
+                    // Straight into the destination's host register (a
+                    // 32-bit move zero-extends).
+                    if size == Size::B8 {
+                        self.add(Instruction::with2(Code::Mov_r64_imm64, h[3], imm))?;
+                    } else {
+                        self.add(Instruction::with2(Code::Mov_r32_imm32, h[2], imm as u32))?;
+                    }
+                    return self.store_held(dst, h);
+                }
                 match size {
                     Size::B8 => self.a.mov(rax, imm)?,
                     Size::B4 => self.a.mov(eax, imm as u32)?,
@@ -36,6 +46,21 @@ impl Emitter {
                 self.store_acc(dst, size)?;
             }
             Fast::Lea { dst, size, m } => {
+                // Straight into the destination's host register: held
+                // (its value loaded) when the address reads it, else
+                // claimed.
+                let h = if m.base == dst || m.index == dst {
+                    self.wide_hold(dst, size)?
+                } else {
+                    self.wide_claim(dst, size)?
+                };
+                if let Some(h) = h {
+                    self.lea_to(&m, h)?;
+                    if size == Size::B4 {
+                        self.add(Instruction::with2(Code::Mov_r32_rm32, h[2], h[2]))?;
+                    }
+                    return self.store_held(dst, h);
+                }
                 self.lea(&m)?;
                 if size == Size::B4 {
                     self.a.mov(eax, eax)?;
@@ -51,7 +76,20 @@ impl Emitter {
             } => {
                 // The source where a host register holds it (a dirty one
                 // is not stored for this).
-                match self.cached_reg(src, ssize) {
+                let from = self.cached_reg(src, ssize);
+                if let Some(h) = self.wide_claim(dst, dsize)? {
+                    // Straight into the destination's host register.
+                    let (code, r) = extend_code_to(ssize, signed, dsize, h);
+                    match from {
+                        Some(f) => self.add(Instruction::with2(code, r, f))?,
+                        None => {
+                            let m = self.slot(src);
+                            self.add(Instruction::with2(code, r, m))?;
+                        }
+                    }
+                    return self.store_held(dst, h);
+                }
+                match from {
                     Some(h) => {
                         let (code, r) = extend_code(ssize, signed);
                         self.add(Instruction::with2(code, r, h))?;
@@ -353,6 +391,12 @@ impl Emitter {
         ssize: Size,
         signed: bool,
     ) -> Result<(), NotTranslated> {
+        if let Some(h) = self.wide_claim(dst, dsize)? {
+            // Straight into the destination's host register.
+            let (code, r) = extend_code_to(ssize, signed, dsize, h);
+            self.add(Instruction::with2(code, r, src))?;
+            return self.store_held(dst, h);
+        }
         let (code, r) = extend_code(ssize, signed);
         self.add(Instruction::with2(code, r, src))?;
         self.extended(dst, dsize)
@@ -618,6 +662,11 @@ impl Emitter {
     ) -> Result<(), NotTranslated> {
         let code = shift_code(op, size, false).ok_or(NotTranslated::Unsupported("RCL/RCR"))?;
         self.flags_clobbered();
+        if let Some(h) = self.wide_hold(dst, size)? {
+            // In place in the destination's host register.
+            self.add(Instruction::with2(code, h[si(size)], n as u32))?;
+            return self.store_held(dst, h);
+        }
         if matches!(size, Size::B4 | Size::B8) {
             self.load(ACC, dst, size)?;
             self.add(Instruction::with2(code, ACC[si(size)], n as u32))?;
@@ -971,6 +1020,24 @@ fn extend_code(ssize: Size, signed: bool) -> (Code, Register) {
         (Size::B4, false) => (Code::Mov_r32_rm32, Register::EAX),
         (Size::B8, _) => (Code::Mov_r64_rm64, Register::RAX),
     }
+}
+
+/// [`extend_code`] writing pool register `h` for a 32- or 64-bit
+/// destination: a 32-bit destination takes the 32-bit forms, which
+/// zero-extend.
+fn extend_code_to(ssize: Size, signed: bool, dsize: Size, h: [Register; 4]) -> (Code, Register) {
+    if dsize == Size::B8 {
+        let (code, r) = extend_code(ssize, signed);
+        return (code, if r == Register::EAX { h[2] } else { h[3] });
+    }
+    let code = match (ssize, signed) {
+        (Size::B1, true) => Code::Movsx_r32_rm8,
+        (Size::B2, true) => Code::Movsx_r32_rm16,
+        (Size::B1, false) => Code::Movzx_r32_rm8,
+        (Size::B2, false) => Code::Movzx_r32_rm16,
+        _ => Code::Mov_r32_rm32,
+    };
+    (code, h[2])
 }
 
 /// A full-width register operand (32 or 64 bits): its index.

@@ -8,9 +8,17 @@ impl Emitter {
     /// FS or GS base for such an operand) into rax without touching the
     /// flags.
     pub(super) fn lea(&mut self, m: &MemOp) -> Result<(), NotTranslated> {
+        self.lea_to(m, ACC)
+    }
+
+    /// [`Self::lea`] into `to` (rax, or a pool register by width),
+    /// clobbering rax and rcx on the way for registers no host register
+    /// holds.
+    pub(super) fn lea_to(&mut self, m: &MemOp, to: [Register; 4]) -> Result<(), NotTranslated> {
         let disp = m.disp as i64;
         let short = disp == disp as i32 as i64;
         let scale = 1u32 << m.scale_shift;
+        let dst = to[3];
         // Registers a host register holds (`jit/regs.rs`) are used where
         // they are.
         let held = |e: &Self, idx: u8| {
@@ -22,7 +30,7 @@ impl Emitter {
         };
         let (hb, hi) = (held(self, m.base), held(self, m.index));
         match (m.base != NONE_REG, m.index != NONE_REG) {
-            (true, true) if short && (hb.is_some() || hi.is_some()) => {
+            (true, true) if short => {
                 let b = match hb {
                     Some(h) => h,
                     None => {
@@ -44,37 +52,37 @@ impl Emitter {
                     disp,
                     if disp == 0 { 0 } else { 1 },
                 );
-                self.add(Instruction::with2(Code::Lea_r64_m, Register::RAX, mo))?;
+                self.add(Instruction::with2(Code::Lea_r64_m, dst, mo))?;
             }
-            (true, true) if short => {
-                self.load(ACC, m.base, Size::B8)?;
-                self.load(SEC, m.index, Size::B8)?;
-                self.a
-                    .lea(rax, qword_ptr(rax + rcx * scale + disp as i32))?;
-            }
-            (true, false) if short && disp != 0 && hb.is_some() => {
-                let mo = MemoryOperand::with_base_displ(hb.unwrap_or(Register::RAX), disp);
-                self.add(Instruction::with2(Code::Lea_r64_m, Register::RAX, mo))?;
-            }
-            (false, true) if short && hi.is_some() => {
+            (true, false) if short => match hb {
+                Some(h) if disp != 0 => {
+                    let mo = MemoryOperand::with_base_displ(h, disp);
+                    self.add(Instruction::with2(Code::Lea_r64_m, dst, mo))?;
+                }
+                _ => {
+                    self.load(to, m.base, Size::B8)?;
+                    if disp != 0 {
+                        let mo = MemoryOperand::with_base_displ(dst, disp);
+                        self.add(Instruction::with2(Code::Lea_r64_m, dst, mo))?;
+                    }
+                }
+            },
+            (false, true) if short => {
+                let i = match hi {
+                    Some(h) => h,
+                    None => {
+                        self.load(SEC, m.index, Size::B8)?;
+                        Register::RCX
+                    }
+                };
                 let mo = MemoryOperand::with_base_index_scale_displ_size(
                     Register::None,
-                    hi.unwrap_or(Register::RCX),
+                    i,
                     scale,
                     disp,
                     4,
                 );
-                self.add(Instruction::with2(Code::Lea_r64_m, Register::RAX, mo))?;
-            }
-            (true, false) if short => {
-                self.load(ACC, m.base, Size::B8)?;
-                if disp != 0 {
-                    self.a.lea(rax, qword_ptr(rax + disp as i32))?;
-                }
-            }
-            (false, true) if short => {
-                self.load(SEC, m.index, Size::B8)?;
-                self.a.lea(rax, qword_ptr(rcx * scale + disp as i32))?;
+                self.add(Instruction::with2(Code::Lea_r64_m, dst, mo))?;
             }
             (base, index) => {
                 self.a.mov(rax, m.disp)?;
@@ -86,10 +94,13 @@ impl Emitter {
                     self.load(SEC, m.index, Size::B8)?;
                     self.a.lea(rax, qword_ptr(rax + rcx * scale))?;
                 }
+                if dst != Register::RAX {
+                    self.add(Instruction::with2(Code::Mov_r64_rm64, dst, Register::RAX))?;
+                }
             }
         }
         if m.addr32 {
-            self.a.mov(eax, eax)?;
+            self.add(Instruction::with2(Code::Mov_r32_rm32, to[2], to[2]))?;
         }
         let base = match m.seg {
             1 => Some(self.o.fs_base),
@@ -98,7 +109,8 @@ impl Emitter {
         };
         if let Some(off) = base {
             self.a.mov(rcx, qword_ptr(rbx + off))?;
-            self.a.lea(rax, qword_ptr(rax + rcx))?;
+            let mo = MemoryOperand::with_base_index(dst, Register::RCX);
+            self.add(Instruction::with2(Code::Lea_r64_m, dst, mo))?;
         }
         Ok(())
     }
@@ -303,18 +315,31 @@ impl Emitter {
             Fast::MovRM { dst, size, m } => {
                 self.lea(&m)?;
                 self.fast_access(false, size, slow)?;
-                self.load_host(ACC, size)?;
-                self.store_acc(dst, size)?;
+                // Straight into the destination's host register if it
+                // takes one (32 and 64 bits).
+                match self.wide_claim(dst, size)? {
+                    Some(h) => {
+                        self.load_host(h, size)?;
+                        self.store_held(dst, h)?;
+                    }
+                    None => {
+                        self.load_host(ACC, size)?;
+                        self.store_acc(dst, size)?;
+                    }
+                }
             }
             Fast::MovMR { src, size, m } => {
                 self.lea(&m)?;
                 self.fast_access(true, size, slow)?;
-                self.load(SEC, src, size)?;
-                self.add(Instruction::with2(
-                    MOV_RM_R[si(size)],
-                    at_rdx,
-                    SEC[si(size)],
-                ))?;
+                // From the source's host register where one holds it.
+                let from = match self.cached_reg(src, size) {
+                    Some(h) => h,
+                    None => {
+                        self.load(SEC, src, size)?;
+                        SEC[si(size)]
+                    }
+                };
+                self.add(Instruction::with2(MOV_RM_R[si(size)], at_rdx, from))?;
             }
             Fast::MovMI { size, imm, m } => {
                 self.lea(&m)?;
@@ -388,8 +413,14 @@ impl Emitter {
                 self.load(ACC, 4, Size::B8)?;
                 self.a.lea(rax, qword_ptr(rax - 8))?;
                 self.fast_access(true, Size::B8, slow)?;
-                self.load(SEC, src, Size::B8)?;
-                self.a.mov(qword_ptr(rdx), rcx)?;
+                let from = match self.cached_reg(src, Size::B8) {
+                    Some(h) => h,
+                    None => {
+                        self.load(SEC, src, Size::B8)?;
+                        Register::RCX
+                    }
+                };
+                self.add(Instruction::with2(Code::Mov_rm64_r64, at_rdx, from))?;
                 self.store_acc(4, Size::B8)?;
             }
             Fast::Pop { dst } => {

@@ -1154,6 +1154,76 @@ impl Emitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::code_cache::{decode_block, Block};
+    use crate::cpu::{Cpu, CpuConfig};
+    use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
+
+    /// The host instructions (Intel syntax) translating `guest` (64-bit
+    /// code at 0x1000, supervisor) gives.
+    fn host_code(guest: impl Fn(&mut CodeAssembler)) -> Vec<String> {
+        let mut a = CodeAssembler::new(64).unwrap();
+        guest(&mut a);
+        let bytes = a.assemble(0x1000).unwrap();
+        let block = Block {
+            rip: 0x1000,
+            hpa: 0x1000,
+            generation: 0,
+            bits: 64,
+            insns: decode_block(&bytes, 0x1000, 64).unwrap(),
+            runs: Default::default(),
+            jit: Default::default(),
+        };
+        let cpu = Cpu::new(CpuConfig::default());
+        // Nothing runs: any address serves as the fill.
+        let helpers = Helpers {
+            call_out: native::call_out_address(),
+            fill: native::call_out_address(),
+        };
+        let (code, _) = translate(&block, cpu.jit_offsets(), helpers, false).unwrap();
+        let mut d = Decoder::with_ip(64, &code, 0, DecoderOptions::NONE);
+        let mut f = IntelFormatter::new();
+        d.iter()
+            .map(|i| {
+                let mut t = String::new();
+                f.format(&i, &mut t);
+                t
+            })
+            .collect()
+    }
+
+    #[test]
+    fn register_forms_write_their_host_register_directly() {
+        use iced_x86::code_asm::*;
+        let code = host_code(|a| {
+            a.lea(rdi, qword_ptr(rax * 8)).unwrap();
+            a.lea(rsi, qword_ptr(rdi + rax + 16)).unwrap();
+            a.movzx(esi, sil).unwrap();
+            a.movsxd(r9, r8d).unwrap();
+            a.mov(r8d, 5u32).unwrap();
+            a.mov(rcx, qword_ptr(rdx)).unwrap();
+            a.mov(qword_ptr(rdx + 8), rcx).unwrap();
+            // Flags dead: ADD replaces them all.
+            a.shr(rdx, 32).unwrap();
+            a.add(rdx, rbx).unwrap();
+            a.hlt().unwrap();
+        });
+        // The block body: up to the HLT's call-out.
+        let end = code.iter().position(|t| t.starts_with("call")).unwrap();
+        let code = &code[..end];
+        let text = code.join("\n");
+        // Each result goes straight into its pool register: none is
+        // computed in rax and copied from there, and the shift runs in
+        // place.
+        for pool in ["rsi", "rdi", "r8", "r9", "r10", "r11", "r13"] {
+            assert!(
+                !code.iter().any(|t| *t == format!("mov {pool},rax")),
+                "{pool} copied from rax:\n{text}"
+            );
+        }
+        assert!(!code.iter().any(|t| t.starts_with("shr rax")), "{text}");
+        // The store takes the loaded value from its pool register.
+        assert!(!code.iter().any(|t| t == "mov [rdx],rcx"), "{text}");
+    }
 
     #[test]
     fn engine_names_round_trip() {
