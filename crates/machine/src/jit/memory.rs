@@ -171,6 +171,33 @@ impl Emitter {
         bytes: u32,
         slow: CodeLabel,
     ) -> Result<(), NotTranslated> {
+        self.fast_access_delta(write, bytes, slow)?;
+        self.a.add(rdx, rax)?;
+        Ok(())
+    }
+
+    /// [`Self::fast_access`], but leaving in rdx the page's host address
+    /// minus its linear address: the access is `[rdx + rax]` (the operand
+    /// returned), one host instruction fewer, for code that accesses the
+    /// memory once before it changes rax.
+    pub(super) fn fast_access_at(
+        &mut self,
+        write: bool,
+        size: Size,
+        slow: CodeLabel,
+    ) -> Result<MemoryOperand, NotTranslated> {
+        self.fast_access_delta(write, size.bytes() as u32, slow)?;
+        Ok(MemoryOperand::with_base_index(Register::RDX, Register::RAX))
+    }
+
+    /// The probe of [`Self::fast_access_bytes`], leaving the slot's host
+    /// delta in rdx.
+    fn fast_access_delta(
+        &mut self,
+        write: bool,
+        bytes: u32,
+        slow: CodeLabel,
+    ) -> Result<(), NotTranslated> {
         let last = bytes as i32 - 1;
         let class = (write as usize) * 2 + self.user as usize;
         self.access = (class as u32, bytes);
@@ -178,13 +205,14 @@ impl Emitter {
         // rdx = the last byte's page; rcx = the slot offset of the first
         // byte's page (slots are indexed by page + 1).
         self.probe_l1(c, last, slow)?;
-        self.probed_host_address(c, write, slow)
+        self.probed_host_delta(c, write, slow)
     }
 
     /// After a hit of [`Self::probe_l1`] (rcx the slot's offset): for a
     /// write, to `slow` when the frame holds decoded code; then rdx = the
-    /// host address of rax. Clobbers the flags.
-    fn probed_host_address(
+    /// host address of the page minus its linear address (the host
+    /// address of rax is rdx + rax). Clobbers the flags.
+    fn probed_host_delta(
         &mut self,
         c: i32,
         write: bool,
@@ -200,7 +228,6 @@ impl Emitter {
         }
         self.a
             .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HOST_DELTA as i32)))?;
-        self.a.add(rdx, rax)?;
         Ok(())
     }
 
@@ -314,23 +341,23 @@ impl Emitter {
         match *f {
             Fast::MovRM { dst, size, m } => {
                 self.lea(&m)?;
-                self.fast_access(false, size, slow)?;
+                let at = self.fast_access_at(false, size, slow)?;
                 // Straight into the destination's host register if it
                 // takes one (32 and 64 bits).
                 match self.wide_claim(dst, size)? {
                     Some(h) => {
-                        self.load_host(h, size)?;
+                        self.add(Instruction::with2(MOV_R_RM[si(size)], h[si(size)], at))?;
                         self.store_held(dst, h)?;
                     }
                     None => {
-                        self.load_host(ACC, size)?;
+                        self.add(Instruction::with2(MOV_R_RM[si(size)], ACC[si(size)], at))?;
                         self.store_acc(dst, size)?;
                     }
                 }
             }
             Fast::MovMR { src, size, m } => {
                 self.lea(&m)?;
-                self.fast_access(true, size, slow)?;
+                let at = self.fast_access_at(true, size, slow)?;
                 // From the source's host register where one holds it.
                 let from = match self.cached_reg(src, size) {
                     Some(h) => h,
@@ -339,11 +366,11 @@ impl Emitter {
                         SEC[si(size)]
                     }
                 };
-                self.add(Instruction::with2(MOV_RM_R[si(size)], at_rdx, from))?;
+                self.add(Instruction::with2(MOV_RM_R[si(size)], at, from))?;
             }
             Fast::MovMI { size, imm, m } => {
                 self.lea(&m)?;
-                self.fast_access(true, size, slow)?;
+                let at = self.fast_access_at(true, size, slow)?;
                 let code = [
                     Code::Mov_rm8_imm8,
                     Code::Mov_rm16_imm16,
@@ -351,9 +378,9 @@ impl Emitter {
                     Code::Mov_rm64_imm32,
                 ][si(size)];
                 if size == Size::B8 {
-                    self.add(Instruction::with2(code, at_rdx, imm as i32))?;
+                    self.add(Instruction::with2(code, at, imm as i32))?;
                 } else {
-                    self.add(Instruction::with2(code, at_rdx, imm as u32))?;
+                    self.add(Instruction::with2(code, at, imm as u32))?;
                 }
             }
             Fast::ExtendM {
@@ -364,13 +391,13 @@ impl Emitter {
                 m,
             } => {
                 self.lea(&m)?;
-                self.fast_access(false, ssize, slow)?;
-                self.extend(dst, dsize, at_rdx, ssize, signed)?;
+                let at = self.fast_access_at(false, ssize, slow)?;
+                self.extend(dst, dsize, at, ssize, signed)?;
             }
             Fast::AluRM { op, dst, size, m } => {
                 self.lea(&m)?;
-                self.fast_access(false, size, slow)?;
-                self.load_host(DXR, size)?;
+                let at = self.fast_access_at(false, size, slow)?;
+                self.add(Instruction::with2(MOV_R_RM[si(size)], DXR[si(size)], at))?;
                 self.need_flags_for(op)?;
                 self.alu_gpr(op, dst, size, DXR)?;
                 writes_flags = Some(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
@@ -400,8 +427,8 @@ impl Emitter {
             Fast::CmovM { cc, dst, size, m } => {
                 // The source is read whatever the condition.
                 self.lea(&m)?;
-                self.fast_access(false, size, slow)?;
-                self.load_host(DXR, size)?;
+                let at = self.fast_access_at(false, size, slow)?;
+                self.add(Instruction::with2(MOV_R_RM[si(size)], DXR[si(size)], at))?;
                 self.need_flags()?;
                 let code =
                     cmov_code(cc, size).ok_or(NotTranslated::Unsupported("CMOVcc of this size"))?;
@@ -412,7 +439,7 @@ impl Emitter {
             Fast::Push { src } => {
                 self.load(ACC, 4, Size::B8)?;
                 self.a.lea(rax, qword_ptr(rax - 8))?;
-                self.fast_access(true, Size::B8, slow)?;
+                let at = self.fast_access_at(true, Size::B8, slow)?;
                 let from = match self.cached_reg(src, Size::B8) {
                     Some(h) => h,
                     None => {
@@ -420,13 +447,13 @@ impl Emitter {
                         Register::RCX
                     }
                 };
-                self.add(Instruction::with2(Code::Mov_rm64_r64, at_rdx, from))?;
+                self.add(Instruction::with2(Code::Mov_rm64_r64, at, from))?;
                 self.store_acc(4, Size::B8)?;
             }
             Fast::Pop { dst } => {
                 self.load(ACC, 4, Size::B8)?;
-                self.fast_access(false, Size::B8, slow)?;
-                self.a.mov(rcx, qword_ptr(rdx))?;
+                let at = self.fast_access_at(false, Size::B8, slow)?;
+                self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, at))?;
                 self.a.lea(rax, qword_ptr(rax + 8))?;
                 self.store_acc(4, Size::B8)?;
                 let g = self.g(dst)?;
@@ -436,8 +463,8 @@ impl Emitter {
             Fast::Call { .. } => self.push_value(Some(next_ip), slow)?,
             Fast::Ret => {
                 self.load(ACC, 4, Size::B8)?;
-                self.fast_access(false, Size::B8, slow)?;
-                self.a.mov(rsi, qword_ptr(rdx))?;
+                let at = self.fast_access_at(false, Size::B8, slow)?;
+                self.add(Instruction::with2(Code::Mov_r64_rm64, Register::RSI, at))?;
                 // A non-canonical return address faults: the slow path.
                 self.check_canonical(rsi, full)?;
                 self.a.lea(rax, qword_ptr(rax + 8))?;
@@ -528,7 +555,8 @@ impl Emitter {
             self.a.lea(rax, qword_ptr(rax - span))?;
         }
         self.probe_l1(c, span - 1, fallback)?;
-        self.probed_host_address(c, push, fallback)?;
+        self.probed_host_delta(c, push, fallback)?;
+        self.a.add(rdx, rax)?;
         for (i, op) in ops.iter().enumerate() {
             match op.fast {
                 Fast::Push { src } => {

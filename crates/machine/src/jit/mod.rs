@@ -1221,8 +1221,20 @@ mod tests {
             );
         }
         assert!(!code.iter().any(|t| t.starts_with("shr rax")), "{text}");
-        // The store takes the loaded value from its pool register.
-        assert!(!code.iter().any(|t| t == "mov [rdx],rcx"), "{text}");
+        // The store takes the loaded value from its pool register, and
+        // both accesses address the page as slot delta + linear address.
+        assert!(
+            !code
+                .iter()
+                .any(|t| t.ends_with(",rcx") && t.starts_with("mov [rdx")),
+            "{text}"
+        );
+        assert!(!code.iter().any(|t| t == "add rdx,rax"), "{text}");
+        assert_eq!(
+            code.iter().filter(|t| t.contains("[rdx+rax]")).count(),
+            2,
+            "{text}"
+        );
     }
 
     #[test]
