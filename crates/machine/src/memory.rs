@@ -46,6 +46,9 @@ pub struct PhysMemory {
     /// Stores into frames in `code_frames` so far (any frame): whether any
     /// generation moved since a moment, in one compare.
     code_writes: AtomicU64,
+    /// Frames that came to hold code so far (`code_frames` set): whether
+    /// any did since a moment, in one compare.
+    code_marks: AtomicU64,
     /// Backs memory ahead of the hypervisor's use on another host thread.
     prefault: crate::prefault::Prefaulter,
 }
@@ -118,6 +121,7 @@ impl PhysMemory {
             code_frames: (0..frames).map(|_| AtomicU8::new(0)).collect(),
             code_generation: (0..frames).map(|_| AtomicU32::new(0)).collect(),
             code_writes: AtomicU64::new(0),
+            code_marks: AtomicU64::new(0),
             prefault: crate::prefault::Prefaulter::new(ptr.cast(), size),
         })
     }
@@ -482,7 +486,9 @@ impl PhysMemory {
         let f = (hpa.0 / PAGE_SIZE) as usize;
         match self.code_frames.get(f) {
             Some(flag) => {
-                flag.store(1, Ordering::Relaxed);
+                if flag.swap(1, Ordering::Relaxed) == 0 {
+                    self.code_marks.fetch_add(1, Ordering::Relaxed);
+                }
                 self.code_generation[f].load(Ordering::Relaxed)
             }
             None => 0,
@@ -494,6 +500,13 @@ impl PhysMemory {
     #[inline]
     pub fn code_writes(&self) -> u64 {
         self.code_writes.load(Ordering::Relaxed)
+    }
+
+    /// How many frames have come to hold decoded code (each once: a
+    /// frame holding code keeps that mark).
+    #[inline]
+    pub fn code_marks(&self) -> u64 {
+        self.code_marks.load(Ordering::Relaxed)
     }
 
     /// The code-write generation of the frame of `hpa`.

@@ -342,6 +342,61 @@ fn a_chained_exit_checked_before_a_store_into_code_checks_again() {
 }
 
 #[test]
+fn a_store_slot_filled_before_its_page_held_code_keeps_stores_off_it() {
+    // A translated store fills the first-level write slot of a data page
+    // (a loop), then writes a function there (`mov eax, 7; ret`), which
+    // runs: decoding it makes the page a code frame. The same translated
+    // store then patches the function's immediate through the same slot,
+    // filled while the page held no code: it must take the slow path,
+    // which invalidates the decoded function, so the second call returns
+    // the new immediate; so must it after its slot was taken by another
+    // page and filled again.
+    let page = DATA + 0x3000;
+    let (o, stats) = both(|a| {
+        let mut warm = a.create_label();
+        let mut poke = a.create_label();
+        let mut main = a.create_label();
+        a.jmp(main).unwrap();
+        // poke: [rsi] = eax (mov eax, imm32), [rsi + 4] = dx (imm's top, RET).
+        a.set_label(&mut poke).unwrap();
+        a.mov(dword_ptr(rsi), eax).unwrap();
+        a.mov(word_ptr(rsi + 4), dx).unwrap();
+        a.ret().unwrap();
+        a.set_label(&mut main).unwrap();
+        a.mov(rsi, page).unwrap();
+        a.mov(ecx, 300u32).unwrap();
+        a.set_label(&mut warm).unwrap();
+        a.mov(dword_ptr(rsi + 0x800), ecx).unwrap();
+        a.dec(ecx).unwrap();
+        a.jnz(warm).unwrap();
+        a.mov(eax, 0x0000_07b8u32).unwrap();
+        a.mov(edx, 0xc300u32).unwrap();
+        a.call(poke).unwrap();
+        a.call(rsi).unwrap();
+        a.mov(ebx, eax).unwrap();
+        a.mov(eax, 0x0000_09b8u32).unwrap();
+        a.call(poke).unwrap();
+        a.call(rsi).unwrap();
+        a.add(ebx, eax).unwrap();
+        // A store to the page 64 pages on takes the write slot; the next
+        // patch fills it again, now for a code frame (no view either).
+        a.mov(dword_ptr(rsi + 64 * 0x1000), ebx).unwrap();
+        a.mov(eax, 0x0000_0bb8u32).unwrap();
+        a.call(poke).unwrap();
+        a.call(rsi).unwrap();
+        a.add(ebx, eax).unwrap();
+        a.hlt().unwrap();
+    });
+    assert_eq!(o.exit, VmExit::Hlt);
+    assert_eq!(stats.blocks_failed, 0, "{stats:?}");
+    assert_eq!(
+        o.gpr[3],
+        7 + 9 + 11,
+        "the later calls ran the patched function"
+    );
+}
+
+#[test]
 fn indirect_jumps_and_calls_agree() {
     // Indirect CALL/JMP run natively and chain: a function-pointer table
     // called through memory (one pointer straddling a page boundary, so

@@ -117,6 +117,20 @@ impl Cpu {
         }
     }
 
+    /// When frames came to hold decoded code since the last look (on any
+    /// CPU: `PhysMemory::code_marks`), takes the write slots of such
+    /// frames from translated code, whose stores then take the slow path
+    /// (`L1Tlb::keep_stores_off_code`): before translated code runs, and
+    /// after this CPU decodes a block.
+    #[inline(always)]
+    pub(crate) fn keep_stores_off_code(&mut self, mem: &PhysMemory) {
+        let marks = mem.code_marks();
+        if marks != self.jit_code_marks {
+            self.jit_code_marks = marks;
+            self.l1.keep_stores_off_code(|hpa| mem.is_code(hpa));
+        }
+    }
+
     /// [`Self::sync_l1`] when entries left the TLB or the mode epoch
     /// moved: the slots that must go are emptied (`l1tlb`).
     #[inline(never)]
@@ -220,7 +234,7 @@ impl Cpu {
                 // A hit removes nothing: the slots stay in sync.
                 debug_assert!(self.l1_in_sync());
                 self.l1.use_memory(mem.jit_view().0, mem.size());
-                self.fill_l1(class, la, hpa);
+                self.fill_l1(mem, class, la, hpa);
                 Keyed::Hit(hpa)
             }
             None => Keyed::Missed,
@@ -229,10 +243,14 @@ impl Cpu {
 
     /// The first-level fill of a translation the TLB just gave (the slots
     /// synced), with a supervisor data fill noted while the first-level
-    /// TLB notes them (RFLAGS.AC set under SMAP, `l1tlb`).
+    /// TLB notes them (RFLAGS.AC set under SMAP, `l1tlb`), and a write
+    /// slot of a frame holding decoded code kept from translated stores.
     #[inline(always)]
-    fn fill_l1(&mut self, class: usize, la: u64, hpa: Hpa) {
+    fn fill_l1(&mut self, mem: &PhysMemory, class: usize, la: u64, hpa: Hpa) {
         self.l1.fill(class, la, hpa);
+        if l1tlb::WRITE_CLASSES.contains(&class) && mem.is_code(hpa) {
+            self.l1.no_translated_stores(class, la);
+        }
         if self.l1.notes_user_pages() && l1tlb::is_supervisor_data(class) {
             let user_page = self.maps_user_page(class, la);
             self.l1.note_user_page(class, la, user_page);
@@ -383,7 +401,7 @@ impl Cpu {
             self.l1.use_memory(mem.jit_view().0, mem.size());
             // The walk's fill may have evicted an entry (its slots go).
             self.sync_l1();
-            self.fill_l1(class, la, hpa);
+            self.fill_l1(mem, class, la, hpa);
         }
         Ok(hpa)
     }

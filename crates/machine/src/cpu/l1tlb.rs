@@ -86,7 +86,9 @@ pub(crate) struct Slot {
     /// The linear page number (without the + 1) when the frame lies
     /// inside the memory the slot was filled for (translated code may then
     /// access it through `host_delta`), else `u64::MAX`, which no page
-    /// number equals.
+    /// number equals. Also `u64::MAX` in a write slot whose frame holds
+    /// decoded code ([`L1Tlb::keep_stores_off_code`]): translated stores
+    /// take their slow path there, which invalidates the code.
     pub(crate) jit_page: u64,
     /// Host address of the page minus its linear address (wrapping): the
     /// host address of a byte is its linear address plus this.
@@ -184,6 +186,13 @@ pub(crate) struct KeyContext {
     pub pcid: u64,
 }
 
+/// The write classes (supervisor, user): a class is access kind * 2 +
+/// user.
+pub(crate) const WRITE_CLASSES: [usize; 2] = [
+    AccessKind::Write as usize * 2,
+    AccessKind::Write as usize * 2 + 1,
+];
+
 /// The data-access classes (read and write, supervisor and user): the
 /// ones translated code's first-level fill serves.
 pub(crate) const DATA_CLASSES: usize = 4;
@@ -269,6 +278,29 @@ impl Book {
 }
 
 impl L1Tlb {
+    /// Keeps translated code's stores out of frames holding decoded code:
+    /// the write slots whose frame `is_code` says holds code get no
+    /// translated-code view (their `jit_page`), so the probe of a store
+    /// there misses and the store takes the slow path. Called when frames
+    /// may have come to hold code since the slots were filled; fills check
+    /// their own frame (`Cpu::fill_l1`, the fill thunk).
+    pub(crate) fn keep_stores_off_code(&mut self, is_code: impl Fn(Hpa) -> bool) {
+        for class in WRITE_CLASSES {
+            for s in self.slots[class].iter_mut() {
+                if s.jit_page != u64::MAX && is_code(Hpa(s.hpa)) {
+                    s.jit_page = u64::MAX;
+                }
+            }
+        }
+    }
+
+    /// The slot of `la` in `class` (just filled) without a translated-code
+    /// view: its frame holds decoded code (see
+    /// [`Self::keep_stores_off_code`]).
+    pub(crate) fn no_translated_stores(&mut self, class: usize, la: u64) {
+        self.slots[class][slot_index(la)].jit_page = u64::MAX;
+    }
+
     /// New numbers for every fetch slot: code in memory was written, so no
     /// chaining check made before still holds (`fetch_versions`).
     pub(crate) fn renew_fetch_versions(&mut self) {

@@ -311,6 +311,9 @@ pub struct Cpu {
     /// `PhysMemory::code_writes` when the first-level iTLB's versions were
     /// last renewed for it (`L1Tlb::renew_fetch_versions`).
     jit_code_writes: u64,
+    /// `PhysMemory::code_marks` when the write slots were last kept off
+    /// frames holding code (`L1Tlb::keep_stores_off_code`).
+    jit_code_marks: u64,
     /// Translations asked of the translator thread (`jit::background`),
     /// made on first use.
     jit_pending: Option<crate::jit::background::Pending>,
@@ -386,6 +389,7 @@ impl Cpu {
                 .into_boxed_slice(),
             jit_chain_blocks: vec![None; crate::jit::CHAIN_SLOTS].into_boxed_slice(),
             jit_code_writes: 0,
+            jit_code_marks: 0,
             jit_pending: None,
         }
     }
@@ -1139,7 +1143,11 @@ impl Cpu {
         match code_cache::decode_block(bytes, rip, bits) {
             Some(insns) => {
                 self.stats.blocks_decoded += 1;
-                Ok(self.code.insert(mem, hpa, rip, bits, insns))
+                let block = self.code.insert(mem, hpa, rip, bits, insns);
+                // (Translated code may be running: its own decodes come
+                // here, through `jit_chain_fetch`.)
+                self.keep_stores_off_code(mem);
+                Ok(block)
             }
             None => {
                 let mut first = [0u8; MAX_INSN_LEN];

@@ -204,9 +204,11 @@ impl Cpu {
         }
         let (mem_base, code_frames, code_generation) = mem.jit_view();
         // The inline accesses read first-level TLB slots with one compare:
-        // they must hold nothing stale (see `l1tlb`).
+        // they must hold nothing stale (see `l1tlb`), and no write slot of
+        // a frame holding code.
         self.l1.use_memory(mem_base, mem.size());
         self.sync_l1();
+        self.keep_stores_off_code(mem);
         let tlb = self.tlb.jit_pointers();
         let env = jit::native::Env {
             l1_slots: self.l1.slots_address(),

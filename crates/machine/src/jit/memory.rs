@@ -205,27 +205,15 @@ impl Emitter {
         // rdx = the last byte's page; rcx = the slot offset of the first
         // byte's page (slots are indexed by page + 1).
         self.probe_l1(c, last, slow)?;
-        self.probed_host_delta(c, write, slow)
+        self.probed_host_delta(c)
     }
 
-    /// After a hit of [`Self::probe_l1`] (rcx the slot's offset): for a
-    /// write, to `slow` when the frame holds decoded code; then rdx = the
-    /// host address of the page minus its linear address (the host
-    /// address of rax is rdx + rax). Clobbers the flags.
-    fn probed_host_delta(
-        &mut self,
-        c: i32,
-        write: bool,
-        slow: CodeLabel,
-    ) -> Result<(), NotTranslated> {
-        if write {
-            self.a
-                .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HPA as i32)))?;
-            self.a.shr(rdx, 12)?;
-            self.a.add(rdx, qword_ptr(r14 + ENV_CODE_FRAMES))?;
-            self.a.cmp(byte_ptr(rdx), 0)?;
-            self.a.jne(slow)?;
-        }
+    /// After a hit of [`Self::probe_l1`] (rcx the slot's offset): rdx =
+    /// the host address of the page minus its linear address (the host
+    /// address of rax is rdx + rax). A write slot hits only when its frame
+    /// holds no decoded code (`l1tlb::L1Tlb::keep_stores_off_code`): a
+    /// store into code takes the slow path, which invalidates it.
+    fn probed_host_delta(&mut self, c: i32) -> Result<(), NotTranslated> {
         self.a
             .mov(rdx, qword_ptr(rbp + rcx + (c + SLOT_HOST_DELTA as i32)))?;
         Ok(())
@@ -555,7 +543,7 @@ impl Emitter {
             self.a.lea(rax, qword_ptr(rax - span))?;
         }
         self.probe_l1(c, span - 1, fallback)?;
-        self.probed_host_delta(c, push, fallback)?;
+        self.probed_host_delta(c)?;
         self.a.add(rdx, rax)?;
         for (i, op) in ops.iter().enumerate() {
             match op.fast {

@@ -203,6 +203,18 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.je(outside)?;
     a.cmp(rax, qword_ptr(r14 + ENV_MEM_SIZE))?;
     a.jae(outside)?;
+    // A write slot (r9 = class << 6: writes are 2 and 3) of a frame
+    // holding decoded code gets no view either: translated stores must
+    // take the slow path there (`L1Tlb::keep_stores_off_code`).
+    a.cmp(r9d, 2 << class_shift)?;
+    a.jb(viewed)?;
+    a.cmp(r9d, (crate::cpu::l1tlb::DATA_CLASSES as i32) << class_shift)?;
+    a.jae(viewed)?;
+    a.mov(r8, rax)?;
+    a.shr(r8, 12)?;
+    a.add(r8, qword_ptr(r14 + ENV_CODE_FRAMES))?;
+    a.cmp(byte_ptr(r8), 0)?;
+    a.jne(outside)?;
     a.set_label(&mut viewed)?;
     a.mov(qword_ptr(rbp + rsi + SLOT_JIT_PAGE as i32), rdx)?;
     a.add(rcx, rax)?;
@@ -256,26 +268,18 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.or(r11d, edi)?;
     a.mov(qword_ptr(rsi + r11 * 8 + book::FETCH_VERSIONS), r10)?;
     a.set_label(&mut versioned)?;
-    // Translated code may use the slot only inside memory, and stores not
-    // into a frame holding code (r8 = class: writes are 2 and 3, fetches
-    // 4 and 5).
+    // Translated code may use the slot only where it has a view: inside
+    // memory, and for stores not into a frame holding code.
     a.cmp(rdx, -1)?;
     a.je(full)?;
-    a.cmp(r8d, 2)?;
-    a.jb(retry)?;
-    a.cmp(r8d, crate::cpu::l1tlb::DATA_CLASSES as i32)?;
-    a.jae(retry)?;
-    a.shr(rax, 12)?;
-    a.add(rax, qword_ptr(r14 + ENV_CODE_FRAMES))?;
-    a.cmp(byte_ptr(rax), 0)?;
-    a.jne(full)?;
     a.set_label(&mut retry)?;
     a.mov(eax, fill::RETRY as u32)?;
     a.ret()?;
     a.set_label(&mut full)?;
     a.mov(eax, fill::FULL as u32)?;
     a.ret()?;
-    // A frame outside memory: no translated-code view.
+    // A frame outside memory (or a write slot of code): no translated-code
+    // view.
     a.set_label(&mut outside)?;
     a.mov(rdx, -1i64)?;
     a.jmp(viewed)?;
