@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # qemu-linux.sh [ROUNDS] [PROGRAM ARGS...]
 # qemu-linux.sh --seeds [ROUNDS]
+# qemu-linux.sh --phases [ROUNDS]
 #
 # Debian's cloud kernel with
 # faultline's initramfs (its /init and Linux programs) under QEMU's TCG and
@@ -17,6 +18,11 @@
 # process" line to init's "PROGRAM exited" line, both read from the
 # console as it streams (so boot is left out). The throughput ratio is
 # QEMU's part over faultline's (same work: above 1 is faultline faster).
+#
+# --phases: `hello` on 1 vCPU, alternating, with the host time at which
+# each of a few console lines both print appeared (`PHASES`): per phase
+# (from the line before), the medians of both and faultline's share of
+# QEMU's time, to see where in a boot one is faster than the other.
 #
 # A benchmark, not a test (nothing in scripts/test.sh calls it). Needs
 # qemu-system-x86_64, python3, the kernel (`bash scripts/fetch-linux.sh`)
@@ -35,11 +41,14 @@ seeds=0
 if [ "${1:-}" = --seeds ]; then
     seeds=1
     shift
+elif [ "${1:-}" = --phases ]; then
+    seeds=2
+    shift
 fi
 rounds=${1:-3}
 shift || true
 program=("$@")
-[ $seeds = 0 ] || [ ${#program[@]} = 0 ] || { echo "qemu-linux.sh: --seeds takes only ROUNDS" >&2; exit 2; }
+[ $seeds = 0 ] || [ ${#program[@]} = 0 ] || { echo "qemu-linux.sh: --seeds and --phases take only ROUNDS" >&2; exit 2; }
 [ ${#program[@]} -gt 0 ] || program=(hello)
 case "$rounds" in
     '' | *[!0-9]* | 0) echo "qemu-linux.sh: ROUNDS must be a positive number" >&2; exit 2 ;;
@@ -64,6 +73,7 @@ import os, resource, statistics, subprocess, sys, threading, time
 progs, initrd, faultline, kernel, rounds, seeds = sys.argv[1:7]
 program = sys.argv[7:]
 rounds = int(rounds)
+phases = seeds == "2"
 seeds = seeds == "1"
 
 # The seed programs with a fixed amount of work each (--seeds).
@@ -104,10 +114,23 @@ OPTIONS = "console=ttyS0 panic=-1 reboot=t"
 # to hang booting 4 vCPUs on this host, once in many rounds).
 TIMEOUT_S = 180
 
-def timed(argv, name):
+# Console lines both machines print on the way through a boot (Linux
+# 6.1), in order, for --phases; the phase ending at each is named by it.
+PHASES = [
+    "smpboot: Allowing",
+    "clocksource: Switched to clocksource",
+    "Trying to unpack rootfs",
+    "Key type encrypted registered",
+    "Freeing unused decrypted memory",
+    "Run /init as init process",
+    "faultline-init: hello exited",
+]
+
+def timed(argv, name, marks=None):
     """Wall and CPU seconds of one run to its exit, the wall seconds from
     init's start to `name`'s end (None if either line is missing), its
-    output."""
+    output; with `marks` (console lines), also fills it with the wall
+    seconds from the start at which each first appeared."""
     start_line, end_line = b"Run /init as init process", f"faultline-init: {name} exited".encode()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
@@ -120,6 +143,10 @@ def timed(argv, name):
             t_init = time.monotonic()
         if t_end is None and end_line in line:
             t_end = time.monotonic()
+        if marks is not None:
+            for m in PHASES:
+                if m not in marks and m.encode() in line:
+                    marks[m] = time.monotonic() - start
         out.append(line)
     p.wait()
     watchdog.cancel()
@@ -155,6 +182,28 @@ def both(vcpus, program):
     return (qw, qc, qp), (fw, fc, fp)
 
 loadavg = lambda: " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+if phases:
+    print(f"qemu-linux.sh --phases: hello, 1 vCPU; kernel {os.path.basename(kernel)}; {rounds} rounds; "
+          f"load average {loadavg()}")
+    spans = {"qemu": [], "faultline": []}
+    for r in range(rounds):
+        for who, argv in (("qemu", qemu(1, ["hello"])), ("faultline", ours(1, ["hello"]))):
+            marks = {}
+            wall, _, _, out = timed(argv, "hello", marks)
+            missing = [m for m in PHASES if m not in marks]
+            if missing:
+                sys.exit(f"qemu-linux.sh: {who} printed no line with {missing[0]!r}:\n{out[-1500:]}")
+            at = [0.0] + [marks[m] for m in PHASES] + [wall]
+            spans[who].append([b - a for a, b in zip(at, at[1:])])
+    names = [f"to '{m}'" for m in PHASES] + ["to the process's end"]
+    q = [statistics.median(col) for col in zip(*spans["qemu"])]
+    f = [statistics.median(col) for col in zip(*spans["faultline"])]
+    print(f"{'phase (from the line before)':48} {'qemu s':>8} {'faultline s':>12} {'faultline/qemu':>15}")
+    for name, qs, fs in zip(names, q, f):
+        print(f"{name[:48]:48} {qs:8.3f} {fs:12.3f} {fs / qs:14.2f}x")
+    print(f"{'whole run':48} {sum(q):8.3f} {sum(f):12.3f} {sum(f) / sum(q):14.2f}x")
+    sys.exit(0)
 
 if seeds:
     print(f"qemu-linux.sh --seeds: 1 vCPU; kernel {os.path.basename(kernel)}; {rounds} rounds; "
