@@ -315,7 +315,7 @@ impl PhysMemory {
         // destination below the source, or the ranges apart), with the two
         // ranges equally aligned.
         if (src.0 ^ dst.0) & 7 == 0 && (dst.0 <= src.0 || dst.0 >= src.0 + len) {
-            self.copy_forward(src, dst, len);
+            self.copy_words(src, dst, len, false);
             return true;
         }
         for i in 0..count {
@@ -328,14 +328,56 @@ impl PhysMemory {
         true
     }
 
-    /// `len` bytes copied forward from `src` to `dst` (ranges checked,
-    /// equally aligned modulo 8): 8-byte aligned words where they fit,
-    /// single bytes at the ends.
+    /// `count` elements of `size` bytes copied from `src` down to `dst`
+    /// down (`src` and `dst` the highest elements: a string move with
+    /// RFLAGS.DF set), each read then written before the next, as that
+    /// many [`Self::read`] and [`Self::write_noting_code`] calls would;
+    /// both ranges in one frame each, `dst`'s holding no decoded code
+    /// (`false`, nothing done, otherwise).
+    pub(crate) fn copy_repeated_down(&self, src: Hpa, dst: Hpa, count: u64, size: u8) -> bool {
+        let step = size as u64;
+        let len = count * step;
+        let below = (count.saturating_sub(1)) * step;
+        let (Some(src_low), Some(dst_low)) = (src.0.checked_sub(below), dst.0.checked_sub(below))
+        else {
+            return false;
+        };
+        let (src_low, dst_low) = (Hpa(src_low), Hpa(dst_low));
+        if len == 0
+            || self.check(src_low, len).is_err()
+            || self.check(dst_low, len).is_err()
+            || self.is_code(dst_low)
+        {
+            return false;
+        }
+        // Element by element downward reads each byte before any element
+        // written earlier (above it) could cover it when the destination
+        // is not below the source (or the ranges are apart): the bytes as
+        // they were, copied from the top down, by aligned words when both
+        // ranges are equally aligned.
+        if (src.0 ^ dst.0) & 7 == 0 && (dst.0 >= src.0 || dst_low.0 + len <= src_low.0) {
+            self.copy_words(src_low, dst_low, len, true);
+            return true;
+        }
+        for i in (0..count).rev() {
+            let offset = i * step;
+            let Ok(v) = self.read(Hpa(src_low.0 + offset), size) else {
+                unreachable!("checked above")
+            };
+            self.store_unchecked(Hpa(dst_low.0 + offset), size, v);
+        }
+        true
+    }
+
+    /// `len` bytes copied from `src` to `dst` (ranges checked, equally
+    /// aligned modulo 8), forward or (`down`) from the highest byte down:
+    /// 8-byte aligned words where they fit, single bytes at the ends.
     #[inline]
-    fn copy_forward(&self, src: Hpa, dst: Hpa, len: u64) {
+    fn copy_words(&self, src: Hpa, dst: Hpa, len: u64, down: bool) {
         let (s, d) = (self.ptr(src), self.ptr(dst));
         let len = len as usize;
         let head = ((8 - (dst.0 & 7)) & 7).min(len as u64) as usize;
+        let words = (len - head) / 8;
         let byte = |i: usize| {
             // SAFETY: inside both checked ranges.
             unsafe {
@@ -343,17 +385,24 @@ impl PhysMemory {
                 (*(d.add(i) as *const AtomicU8)).store(b, Ordering::Relaxed);
             }
         };
-        (0..head).for_each(byte);
-        let words = (len - head) / 8;
-        for w in 0..words {
+        let word = |w: usize| {
             let i = head + 8 * w;
             // SAFETY: inside both checked ranges, both 8-byte aligned.
             unsafe {
                 let v = (*(s.add(i) as *const AtomicU64)).load(Ordering::Relaxed);
                 (*(d.add(i) as *const AtomicU64)).store(v, Ordering::Relaxed);
             }
+        };
+        let tail = head + 8 * words..len;
+        if down {
+            tail.rev().for_each(byte);
+            (0..words).rev().for_each(word);
+            (0..head).rev().for_each(byte);
+        } else {
+            (0..head).for_each(byte);
+            (0..words).for_each(word);
+            tail.for_each(byte);
         }
-        (head + 8 * words..len).for_each(byte);
     }
 
     /// 8-byte read.

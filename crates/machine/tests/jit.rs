@@ -3423,6 +3423,85 @@ fn rep_stos_and_movs_within_a_page_run_natively() {
 }
 
 #[test]
+fn backward_rep_strings_by_pages_match_element_by_element() {
+    // REP MOVS and STOS with DF set: overlapping with the destination
+    // above the source (a memmove up), overlapping below it, unaligned,
+    // apart, across pages, of every element size. The interpreter runs
+    // them a page at a time, or one element at a time while DR7 enables
+    // a breakpoint (here on an address none of them touches): memory and
+    // the index and count registers must end the same.
+    let prog = |elementwise: bool| {
+        move |a: &mut CodeAssembler| {
+            let mut fill = a.create_label();
+            if elementwise {
+                a.mov(rax, DATA + 0x7ff8).unwrap();
+                a.mov(dr0, rax).unwrap();
+                // L0, a data write breakpoint of one byte.
+                a.mov(eax, 0x0001_0001u32).unwrap();
+                a.mov(dr7, rax).unwrap();
+            }
+            // DATA's first 0x6000 bytes: a pattern of byte positions.
+            a.mov(rdi, DATA).unwrap();
+            a.mov(ecx, 0x6000u32 / 8).unwrap();
+            a.mov(rax, 0x0706_0504_0302_0100u64).unwrap();
+            a.mov(rdx, 0x0808_0808_0808_0808u64).unwrap();
+            a.set_label(&mut fill).unwrap();
+            a.mov(qword_ptr(rdi), rax).unwrap();
+            a.add(rax, rdx).unwrap();
+            a.add(rdi, 8).unwrap();
+            a.dec(ecx).unwrap();
+            a.jnz(fill).unwrap();
+            a.std().unwrap();
+            // (source top, destination top, count, element bytes)
+            let cases: [(u64, u64, u32, u32); 6] = [
+                (0x17f8, 0x19f8, 0x200, 8),
+                (0x1803, 0x17f0, 0x900, 1),
+                (0x2ffd, 0x3ab2, 0x310, 4),
+                (0x4102, 0x0a00, 0x123, 2),
+                (0x3ff8, 0x3ffc, 0x300, 8),
+                (0x5006, 0x5a0e, 0x401, 2),
+            ];
+            for (src, dst, count, bytes) in cases {
+                a.mov(rsi, DATA + src).unwrap();
+                a.mov(rdi, DATA + dst).unwrap();
+                a.mov(ecx, count).unwrap();
+                match bytes {
+                    1 => a.rep().movsb().unwrap(),
+                    2 => a.rep().movsw().unwrap(),
+                    4 => a.rep().movsd().unwrap(),
+                    _ => a.rep().movsq().unwrap(),
+                }
+            }
+            a.mov(rdi, DATA + 0x4ff8).unwrap();
+            a.mov(rax, 0x1122_3344_5566_7788u64).unwrap();
+            a.mov(ecx, 0x280u32).unwrap();
+            a.rep().stosq().unwrap();
+            a.mov(rdi, DATA + 0x2803).unwrap();
+            a.mov(ecx, 0x605u32).unwrap();
+            a.rep().stosb().unwrap();
+            a.cld().unwrap();
+            a.hlt().unwrap();
+        }
+    };
+    // (The outcomes' memory hashes take in the code page, which differs.)
+    let run = |elementwise: bool| {
+        let mut r = rig(prog(elementwise));
+        r.cpu.set_engine(Engine::Interp);
+        assert_eq!(r.run(), VmExit::Hlt);
+        let mut data = vec![0u8; 0x6000];
+        r.mem.read_bytes(Hpa(DATA), &mut data).unwrap();
+        let regs = r.cpu.state().gpr;
+        (data, [regs[1], regs[6], regs[7]])
+    };
+    let (pages, elements) = (run(false), run(true));
+    let differs = (0..pages.0.len()).find(|&i| pages.0[i] != elements.0[i]);
+    assert_eq!(differs, None, "the first byte that differs");
+    assert_eq!(pages.1, elements.1, "rcx, rsi, rdi");
+    // The engines agree on the page runs too.
+    both(prog(false));
+}
+
+#[test]
 fn rep_strings_the_fast_path_leaves_to_the_interpreter_agree() {
     // Runs crossing a page (either operand), DF set, RCX = 0 (nothing at
     // all), forward copies whose ranges overlap (the destination a byte

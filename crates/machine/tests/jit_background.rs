@@ -68,14 +68,21 @@ fn translations_from_the_translator_thread_change_nothing() {
     let interp = outcome(Engine::Interp);
     assert_eq!(interp.0, VmExit::Hlt);
     machine::jit::background::set_enabled(true);
-    for round in 0..3 {
+    // Every run agrees, whenever the answers come; at least three runs,
+    // and more (up to 30) until one had answers installed: on a loaded
+    // host the translator thread may not run before a run ends.
+    let mut most = 0;
+    for round in 0..30 {
         let jit = outcome(Engine::Jit);
         assert_eq!(interp.0, jit.0, "round {round}");
         assert_eq!(interp.1, jit.1, "cycles, round {round}");
         assert_eq!(interp.2, jit.2, "state, round {round}");
         assert_eq!(interp.3, jit.3, "memory, round {round}");
         assert_eq!(interp.4, jit.4, "registers, round {round}");
-        // The loop runs long enough for the answers to come.
-        assert!(jit.5 >= 2, "{} blocks translated, round {round}", jit.5);
+        most = most.max(jit.5);
+        if round >= 2 && most >= 2 {
+            break;
+        }
     }
+    assert!(most >= 2, "at most {most} blocks translated in a run");
 }

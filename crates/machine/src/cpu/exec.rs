@@ -991,11 +991,17 @@ impl Cpu {
             }
             let rsi = self.linear(src_seg, self.state.gpr[6] & amask);
             let rdi = self.linear(es, self.state.gpr[7] & amask);
-            if rep && delta == step && amask == u64::MAX {
+            if rep && amask == u64::MAX {
                 let left = (self.state.gpr[1]).min(REP_CHUNK - done);
-                let n = self.string_run(mem, op, rsi, rdi, size, left)?;
+                let down = delta != step;
+                let n = self.string_run(mem, op, rsi, rdi, size, left, down)?;
                 if n > 0 {
-                    let bytes = n * step;
+                    // The indexes move by n elements, down with DF set.
+                    let bytes = if down {
+                        (n * step).wrapping_neg()
+                    } else {
+                        n * step
+                    };
                     if op == StringOp::Movs {
                         self.state.gpr[6] = self.state.gpr[6].wrapping_add(bytes);
                     }
@@ -1060,15 +1066,17 @@ impl Cpu {
         Ok(())
     }
 
-    /// A forward REP STOS or MOVS with 64-bit addresses: the elements of
-    /// the next `left` that lie whole in the current page of RDI (and of
-    /// RSI), done after one translation of each page, in the order and
-    /// with the effects that one element at a time would have: the first
-    /// element's translations fault as its own accesses would, the later
-    /// elements' would hit the first-level TLB (no side effects), and a
-    /// page that is not RAM fails at the first element's access. Returns
-    /// how many were done: 0 (nothing done) when fewer than two fit or for
-    /// other string instructions.
+    /// A REP STOS or MOVS with 64-bit addresses, forward or (`down`,
+    /// RFLAGS.DF set) backward: the elements of the next `left` that lie
+    /// whole in the current page of RDI (and of RSI), done after one
+    /// translation of each page, in the order and with the effects that
+    /// one element at a time would have: the first element's translations
+    /// fault as its own accesses would, the later elements' would hit the
+    /// first-level TLB (no side effects), and a page that is not RAM fails
+    /// at the first element's access. Returns how many were done: 0
+    /// (nothing done) when fewer than two fit or for other string
+    /// instructions.
+    #[allow(clippy::too_many_arguments)]
     fn string_run(
         &mut self,
         mem: &PhysMemory,
@@ -1077,9 +1085,18 @@ impl Cpu {
         rdi: u64,
         size: Size,
         left: u64,
+        down: bool,
     ) -> Result<u64, Fault> {
         let step = size.bytes() as u64;
-        let in_page = |la: u64| (0x1000 - (la & 0xfff)) / step;
+        // Elements from `la` on (down: from `la` down) whole in its page.
+        let in_page = |la: u64| {
+            let offset = la & 0xfff;
+            match down {
+                false => (0x1000 - offset) / step,
+                true if offset + step <= 0x1000 => offset / step + 1,
+                true => 0,
+            }
+        };
         let n = match op {
             StringOp::Stos => left.min(in_page(rdi)),
             StringOp::Movs => left.min(in_page(rdi)).min(in_page(rsi)),
@@ -1096,12 +1113,21 @@ impl Cpu {
             return Ok(0);
         }
         let user = self.user_access();
-        let at = |base: Hpa, i: u64| Hpa(base.0 + i * step);
+        // The i-th element's address from the first's.
+        let at = |base: Hpa, i: u64| {
+            if down {
+                Hpa(base.0 - i * step)
+            } else {
+                Hpa(base.0 + i * step)
+            }
+        };
         match op {
             StringOp::Stos => {
                 let dst = self.translate(mem, rdi, AccessKind::Write, user)?;
                 let value = self.state.gpr[0] & size.mask();
-                if !mem.store_repeated(dst, n, size.bytes(), value) {
+                // (One value: the order of the stores does not matter.)
+                let lowest = if down { at(dst, n - 1) } else { dst };
+                if !mem.store_repeated(lowest, n, size.bytes(), value) {
                     // Decoded code in the frame, or not RAM (the first
                     // store fails): one store at a time.
                     for i in 0..n {
@@ -1115,7 +1141,12 @@ impl Cpu {
                 // would, before the destination is translated.
                 mem.read(src, size.bytes())?;
                 let dst = self.translate(mem, rdi, AccessKind::Write, user)?;
-                if !mem.copy_repeated(src, dst, n, size.bytes()) {
+                let copied = if down {
+                    mem.copy_repeated_down(src, dst, n, size.bytes())
+                } else {
+                    mem.copy_repeated(src, dst, n, size.bytes())
+                };
+                if !copied {
                     for i in 0..n {
                         let v = mem.read(at(src, i), size.bytes())?;
                         self.store(mem, at(dst, i), size, v)?;
