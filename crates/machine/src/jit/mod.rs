@@ -450,6 +450,26 @@ pub(crate) fn is_inline_memory(f: &Fast) -> bool {
     }
 }
 
+/// The translator's own forms that are register forms too (no cycles
+/// looked at, no way out, the guest-register cache kept).
+fn is_register_extra(op: &Op) -> bool {
+    !is_native(&op.fast)
+        && !is_inline_memory(&op.fast)
+        && extra_form(op).is_some_and(|x| x.keeps_cache())
+}
+
+/// Whether the translator keeps guest registers in host registers
+/// (`jit/regs.rs`) across instruction `op`: the forms that keep that cache
+/// exact; the others run with it empty and off.
+fn keeps_regs(op: &Op) -> bool {
+    match op.fast {
+        Fast::Ret => false,
+        Fast::Jmp { .. } | Fast::Call { .. } => true,
+        f if chain::is_native_indirect(&f) => false,
+        f => is_native(&f) || is_inline_memory(&f) || is_register_extra(op),
+    }
+}
+
 /// Why a block was not translated.
 #[derive(Debug)]
 #[allow(dead_code)] // The payloads are for debugging output.
@@ -492,9 +512,21 @@ pub(crate) fn translate(
     // registers host registers hold where the first translation loops
     // back are loaded at the second's entry and kept across its loop
     // (`jit/regs.rs`).
-    let (mut code, mut entry, seen) = translate_with(block, o, helpers, user, None)?;
-    if let Some(at) = seen.filter(|at| !at.is_empty()) {
-        (code, entry, _) = translate_with(block, o, helpers, user, Some(at))?;
+    // Again while the second's differs from what it preloaded (a few
+    // times at most), so that the loop back finds the registers where
+    // the loop top has them. The next-use table (`regs::Uses`) is made
+    // once.
+    let mut uses = None;
+    let (mut code, mut entry, mut seen) = translate_with(block, o, helpers, user, None, &mut uses)?;
+    let mut preload = None;
+    for _ in 0..4 {
+        match seen.filter(|at| !at.is_empty()) {
+            Some(at) if Some(at) != preload => {
+                preload = Some(at);
+                (code, entry, seen) = translate_with(block, o, helpers, user, Some(at), &mut uses)?;
+            }
+            _ => break,
+        }
     }
     encode::disassemble_if_asked(block, &code, entry, &o);
     Ok((code, entry))
@@ -502,13 +534,15 @@ pub(crate) fn translate(
 
 /// [`translate`], with `preload` the guest registers held in host
 /// registers at the loop top (after the chained entry); also answers
-/// those held where the code first loops back to it.
+/// those held where the code first loops back to it. `uses`: the block's
+/// next-use table, made here if `None` (and left there).
 fn translate_with(
     block: &Block,
     o: Offsets,
     helpers: Helpers,
     user: bool,
     preload: Option<regs::Regs>,
+    uses: &mut Option<regs::Uses>,
 ) -> Result<(Vec<u8>, usize, Option<regs::Regs>), NotTranslated> {
     if block.bits != 64 || o.instruction_cost > i32::MAX as u64 || o.multiply_cost > i32::MAX as u64
     {
@@ -537,6 +571,7 @@ fn translate_with(
         live_at_entry: flags::flags_live_at_entry(&block.insns),
         regs: regs::Regs::default(),
         retry_regs: regs::Regs::default(),
+        uses: regs::Uses::default(),
         loop_top: CodeLabel::default(),
         loop_live: false,
         preload: preload.unwrap_or_default(),
@@ -599,6 +634,10 @@ fn translate_with(
         e.af_clear = false;
         e.loop_live = true;
     }
+    // When each guest register is read next: what the pool evicts by.
+    e.uses = uses
+        .take()
+        .unwrap_or_else(|| regs::Uses::new(&block.insns, loops, keeps_regs));
     let preload = e.preload;
     e.reload_regs(&preload)?;
     e.regs = preload;
@@ -618,11 +657,7 @@ fn translate_with(
             continue;
         }
         e.flags_dead = !live[k];
-        // The translator's own forms that are register forms too (no
-        // cycles looked at, no way out, the guest-register cache kept).
-        let register_extra = !is_native(&op.fast)
-            && !is_inline_memory(&op.fast)
-            && extra_form(op).is_some_and(|x| x.keeps_cache());
+        let register_extra = is_register_extra(op);
         // The cycles register forms left pending are charged before
         // anything that may look at `cycles` or leave the block: a register
         // form (no Jcc, JMP) does neither, so the charge may wait.
@@ -631,14 +666,8 @@ fn translate_with(
         {
             e.charge_pending()?;
         }
-        // Guest registers in host registers (`jit/regs.rs`) for the forms
-        // that keep the cache exact; the others run with it empty and off.
-        let cached = match op.fast {
-            Fast::Ret => false,
-            Fast::Jmp { .. } | Fast::Call { .. } => true,
-            f if chain::is_native_indirect(&f) => false,
-            f => is_native(&f) || is_inline_memory(&f) || register_extra,
-        };
+        let cached = keeps_regs(op);
+        e.uses.start(k);
         if !cached {
             e.regs_off()?;
         }
@@ -801,6 +830,7 @@ fn translate_with(
         })?;
     }
     let chain_offset = r.offset(chained_at) as usize;
+    *uses = Some(std::mem::take(&mut e.uses));
     Ok((r.code, chain_offset, e.loop_seen))
 }
 
@@ -939,6 +969,9 @@ struct Emitter {
     /// the last [`Emitter::retry_point`].
     regs: regs::Regs,
     retry_regs: regs::Regs,
+    /// When the block reads each guest register next (what the pool
+    /// evicts by), and the instruction being translated.
+    uses: regs::Uses,
     /// Where a loop to the block's own start goes; whether the flags are
     /// in r15 there (else in `state.rflags`, or dead); the guest registers
     /// host registers hold there, and those held where the code first
