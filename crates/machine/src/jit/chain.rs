@@ -244,7 +244,7 @@ impl Emitter {
         self.a.push(r9)?;
         self.a.sub(rsp, 8)?;
         self.a.mov(rdi, rbx)?;
-        self.a.mov(rsi, r12)?;
+        self.a.mov(rsi, qword_ptr(r14 + ENV_MEMORY))?;
         self.a.mov(rdx, rax)?;
         self.a.call(qword_ptr(r14 + ENV_CHAIN_CROSSING))?;
         self.a.add(rsp, 8)?;
@@ -427,7 +427,7 @@ impl Emitter {
         self.a.push(rax)?;
         self.a.push(r8)?;
         self.a.mov(rdi, rbx)?;
-        self.a.mov(rsi, r12)?;
+        self.a.mov(rsi, qword_ptr(r14 + ENV_MEMORY))?;
         self.a.mov(rdx, rax)?;
         self.a.mov(rcx, r8)?;
         self.a.call(qword_ptr(r14 + ENV_CHAIN_FETCH))?;

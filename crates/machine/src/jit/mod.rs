@@ -351,6 +351,7 @@ const ENV_TLB_HITS: i32 = 96;
 const ENV_TLB_WAYS: i32 = 104;
 const ENV_TLB_FULL_SET: i32 = 112;
 const ENV_TLB_EPOCH: i32 = 120;
+const ENV_MEMORY: i32 = 128;
 const _: () = {
     use native::Env;
     use std::mem::offset_of;
@@ -370,6 +371,7 @@ const _: () = {
     assert!(offset_of!(Env, tlb_ways) == ENV_TLB_WAYS as usize);
     assert!(offset_of!(Env, tlb_full_set_mask) == ENV_TLB_FULL_SET as usize);
     assert!(offset_of!(Env, tlb_epoch) == ENV_TLB_EPOCH as usize);
+    assert!(offset_of!(Env, memory) == ENV_MEMORY as usize);
 };
 
 /// The arithmetic flags (CF PF AF ZF SF OF).
@@ -590,8 +592,8 @@ fn translate_with(
     let mut chained_entry = e.a.create_label();
     e.chained_entry = chained_entry;
     e.epilogue = epilogue;
-    // Prologue: rbx = cpu, r12 = memory, r14 = env, the block at [rsp]
-    // (r13 is a pool register, `jit/regs.rs`). Six pushes and that slot
+    // Prologue: rbx = cpu, r14 = env (which has the memory), the block at
+    // [rsp] (r12 and r13 are pool registers, `jit/regs.rs`). Six pushes and that slot
     // after the return address leave rsp 16-byte aligned for the
     // call-outs.
     e.a.push(rbx)?;
@@ -602,11 +604,10 @@ fn translate_with(
     e.a.push(r15)?;
     e.a.sub(rsp, 8)?;
     e.a.mov(rbx, rdi)?;
-    e.a.mov(r12, rsi)?;
     e.a.mov(qword_ptr(rsp), rdx)?;
     e.a.mov(r14, rcx)?;
     e.a.mov(rbp, qword_ptr(r14 + ENV_L1))?;
-    // Chained blocks enter here, with rbx, rbp, r12, r14 as above, [rsp]
+    // Chained blocks enter here, with rbx, rbp, r14 as above, [rsp]
     // their block, and the flags in `state.rflags`.
     // (A zero-length instruction carries the label and gives the offset:
     // the entry is the first instruction of the body, no `nop` run on
@@ -1110,7 +1111,7 @@ impl Emitter {
         self.a.jne(full)?;
         self.a.mov(rdx, rax)?;
         self.a.mov(rdi, rbx)?;
-        self.a.mov(rsi, r12)?;
+        self.a.mov(rsi, qword_ptr(r14 + ENV_MEMORY))?;
         self.a.movzx(ecx, word_ptr(rsp))?;
         self.a.mov(rax, self.helpers.fill)?;
         self.a.call(rax)?;
@@ -1146,7 +1147,7 @@ impl Emitter {
         }
         self.a.set_label(&mut run)?;
         self.a.mov(rdi, rbx)?;
-        self.a.mov(rsi, r12)?;
+        self.a.mov(rsi, qword_ptr(r14 + ENV_MEMORY))?;
         // The block: above the argument and the return address.
         self.a.mov(rdx, qword_ptr(rsp + 16))?;
         self.a.mov(ecx, dword_ptr(rsp))?;
@@ -1173,7 +1174,7 @@ impl Emitter {
     /// The call of [`Self::call_out`], the flags already written back.
     fn emit_call(&mut self, k: usize, epilogue: CodeLabel) -> Result<(), NotTranslated> {
         self.a.mov(rdi, rbx)?;
-        self.a.mov(rsi, r12)?;
+        self.a.mov(rsi, qword_ptr(r14 + ENV_MEMORY))?;
         self.a.mov(rdx, qword_ptr(rsp))?;
         self.a.mov(ecx, k as u32)?;
         self.a.mov(rax, self.helpers.call_out)?;

@@ -58,10 +58,11 @@ use super::*;
 
 /// Host registers that may hold guest registers (by width: 8, 16, 32, 64
 /// bits). The block body uses none of them outside instructions that run
-/// with the cache off, and every call reloads them (r13, callee-saved, is
-/// saved by the prologue; the block is kept on the stack instead).
+/// with the cache off, and every call reloads them (r12 and r13,
+/// callee-saved, are saved by the prologue; the block is kept on the
+/// stack and the memory in the `Env` instead).
 /// (R9 last: a loop back clobbers it with the cycle count.)
-const POOL: [[Register; 4]; 7] = [
+const POOL: [[Register; 4]; 8] = [
     [Register::SIL, Register::SI, Register::ESI, Register::RSI],
     [Register::DIL, Register::DI, Register::EDI, Register::RDI],
     [
@@ -82,6 +83,12 @@ const POOL: [[Register; 4]; 7] = [
         Register::R13W,
         Register::R13D,
         Register::R13,
+    ],
+    [
+        Register::R12L,
+        Register::R12W,
+        Register::R12D,
+        Register::R12,
     ],
     [Register::R9L, Register::R9W, Register::R9D, Register::R9],
 ];
@@ -617,8 +624,8 @@ mod tests {
 
     #[test]
     fn eviction_takes_the_register_read_furthest_ahead() {
-        // rax rcx rdx rsi rdi rbp r8 (0 1 2 6 7 5 8) are read in this
-        // order; r9 (9) is not read again (written whole first).
+        // rax rdx rcx rsi rdi rbp r10 r8 (0 2 1 6 7 5 10 8) are read in
+        // this order; r9 (9) is not read again (written whole first).
         let insns = ops(|a| {
             a.add(rdx, rax).unwrap();
             a.add(rdx, rcx).unwrap();
@@ -626,23 +633,24 @@ mod tests {
             a.add(rsi, rsi).unwrap();
             a.add(rdi, rdi).unwrap();
             a.add(rbp, rbp).unwrap();
+            a.add(r10, r10).unwrap();
             a.add(r8, r9).unwrap();
         });
         let mut uses = Uses::new(&insns, false, |_| true);
         uses.start(0);
         // A taken round (the pool's first register first) would evict rax:
         // read next. The one read furthest ahead is r8.
-        let regs = full([0, 1, 2, 6, 7, 5, 8], [false; POOL.len()]);
-        assert_eq!(regs.choose(3, &uses), Some(6));
+        let regs = full([0, 1, 2, 6, 7, 8, 10, 5], [false; POOL.len()]);
+        assert_eq!(regs.choose(3, &uses), Some(5));
         // A register not read again goes first, a clean one among those.
-        let regs = full([0, 9, 2, 6, 7, 5, 8], [false; POOL.len()]);
+        let regs = full([0, 9, 2, 6, 7, 8, 10, 5], [false; POOL.len()]);
         assert_eq!(regs.choose(3, &uses), Some(1));
         let mut dirty = [false; POOL.len()];
         dirty[1] = true;
-        let regs = full([0, 9, 2, 6, 7, 5, 4], dirty);
-        assert_eq!(regs.choose(3, &uses), Some(6), "rsp: not read, clean");
+        let regs = full([0, 9, 2, 6, 7, 8, 10, 4], dirty);
+        assert_eq!(regs.choose(3, &uses), Some(7), "rsp: not read, clean");
         // Never one taken for the instruction being translated.
-        uses.taken = 1 << 6 | 1 << 1;
+        uses.taken = 1 << 7 | 1 << 1;
         assert_eq!(regs.choose(3, &uses), Some(5));
         // The one holding it already, else a free one.
         assert_eq!(regs.choose(7, &uses), Some(4));
@@ -709,7 +717,6 @@ mod tests {
                     | Register::RBX
                     | Register::RBP
                     | Register::RSP
-                    | Register::R12
                     | Register::R14
                     | Register::R15
             ));
