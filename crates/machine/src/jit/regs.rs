@@ -61,7 +61,6 @@ use super::*;
 /// with the cache off, and every call reloads them (r12 and r13,
 /// callee-saved, are saved by the prologue; the block is kept on the
 /// stack and the memory in the `Env` instead).
-/// (R9 last: a loop back clobbers it with the cycle count.)
 const POOL: [[Register; 4]; 8] = [
     [Register::SIL, Register::SI, Register::ESI, Register::RSI],
     [Register::DIL, Register::DI, Register::EDI, Register::RDI],
@@ -520,13 +519,13 @@ impl Emitter {
     }
 
     /// At a loop back to the loop top, before its checks (which clobber
-    /// `clobbered`): stores every dirty register the loop top does not
+    /// no pool register): stores every dirty register the loop top does not
     /// take dirty in the same host register (`Emitter::preload`); those
     /// it does stay dirty across the back edge, and the ways out of the
     /// checks store them (the answer: what they are to store, see
     /// [`Self::store_dirty`]). Notes the first mapping found at a loop
     /// back (what the second translation preloads).
-    pub(super) fn loop_back_keep(&mut self, clobbered: &[Register]) -> Result<Regs, NotTranslated> {
+    pub(super) fn loop_back_keep(&mut self) -> Result<Regs, NotTranslated> {
         if !self.regs.on {
             debug_assert!(self.regs.is_clean());
             self.regs = Regs::default();
@@ -534,20 +533,12 @@ impl Emitter {
         if self.loop_seen.is_none() {
             let mut seen = self.regs;
             seen.acc = None;
-            for (p, h) in seen.held.iter_mut().enumerate() {
-                if clobbered.contains(&POOL[p][3]) {
-                    *h = None;
-                    seen.dirty[p] = false;
-                }
-            }
             self.loop_seen = Some(seen);
         }
         let want = self.preload;
-        for (p, host) in POOL.iter().enumerate() {
-            let kept = self.regs.held[p].is_some()
-                && want.held[p] == self.regs.held[p]
-                && want.dirty[p]
-                && !clobbered.contains(&host[3]);
+        for p in 0..POOL.len() {
+            let kept =
+                self.regs.held[p].is_some() && want.held[p] == self.regs.held[p] && want.dirty[p];
             if self.regs.dirty[p] && !kept {
                 self.store_pool(p)?;
             }
@@ -558,16 +549,16 @@ impl Emitter {
     /// After [`Self::loop_back_keep`] and the checks, before the jump to
     /// the loop top: the host registers hold the guest registers the top
     /// expects, reloaded from the `Cpu` where they are not already there
-    /// or were `clobbered` since (the `Cpu` is exact for them: every
+    /// (the `Cpu` is exact for them: every
     /// dirty register not kept in place was stored). The jump follows:
     /// no code after it has this mapping (the ways out of the checks store
     /// what `loop_back_keep` answered), so nothing is left dirty.
-    pub(super) fn loop_back_regs(&mut self, clobbered: &[Register]) -> Result<(), NotTranslated> {
+    pub(super) fn loop_back_regs(&mut self) -> Result<(), NotTranslated> {
         let now = self.regs;
         let want = self.preload;
         for (p, h) in want.held.iter().enumerate() {
             if let Some(idx) = *h {
-                if now.held[p] != Some(idx) || clobbered.contains(&POOL[p][3]) {
+                if now.held[p] != Some(idx) {
                     debug_assert!(!now.dirty[p]);
                     let m = self.slot(idx);
                     self.add(Instruction::with2(Code::Mov_r64_rm64, POOL[p][3], m))?;
