@@ -168,10 +168,15 @@ impl Regs {
 }
 
 /// When the guest registers are read next, for each instruction of a
-/// block: what [`Regs::choose`] evicts by. Computed once per translation
-/// ([`Uses::new`], one backward pass over the block).
+/// block: what [`Regs::choose`] evicts by. Computed once per block, where
+/// the pool first has to evict ([`Uses::table`], one backward pass over
+/// the block).
 #[derive(Debug, Default)]
 pub(super) struct Uses {
+    /// What [`Uses::table`] computes `next` from, until it does: the
+    /// block's instructions, whether it loops to its start, and which
+    /// instructions keep the pool.
+    block: Option<(Vec<Op>, bool, KeepsRegs)>,
     /// For instruction `k`, `next[k][r]`: the index of the first
     /// instruction from `k` on that reads guest register `r` with the pool
     /// still mapping it ([`NEVER`]: none, the register written whole
@@ -203,6 +208,9 @@ fn named_gprs(i: &Instruction) -> u16 {
     })
 }
 
+/// Whether an instruction runs with the pool on (see [`Uses::new`]).
+type KeepsRegs = fn(&Op) -> bool;
+
 /// [`Uses::next`] of a register not read again.
 const NEVER: u32 = u32::MAX;
 
@@ -210,16 +218,27 @@ impl Uses {
     /// The next reads of `insns` (`loops`: the block loops back to its
     /// start; `keeps_regs`: whether an instruction runs with the pool on,
     /// else the pool is stored and emptied there and nothing after it
-    /// finds a register in it).
-    pub(super) fn new(insns: &[Op], loops: bool, keeps_regs: impl Fn(&Op) -> bool) -> Uses {
+    /// finds a register in it), to be computed if the pool has to evict.
+    pub(super) fn new(insns: &[Op], loops: bool, keeps_regs: KeepsRegs) -> Uses {
         // Most blocks name too few guest registers to fill the pool, even
         // with two implicit ones (MUL's rdx, a shift's rcx...): they never
-        // evict, and need no table (the instruction information below is
-        // the costly part).
+        // evict, and need no table. Of the others most never evict either
+        // (the instruction information is the costly part).
         let named = insns.iter().fold(0u16, |m, op| m | named_gprs(&op.insn));
         if (named.count_ones() as usize) + 2 <= POOL.len() {
             return Uses::default();
         }
+        Uses {
+            block: Some((insns.to_vec(), loops, keeps_regs)),
+            ..Uses::default()
+        }
+    }
+
+    /// Computes the table, if not yet done (see [`Uses::new`]).
+    fn table(&mut self) {
+        let Some((insns, loops, keeps_regs)) = self.block.take() else {
+            return;
+        };
         let mut info = iced_x86::InstructionInfoFactory::new();
         // What each instruction reads and what it writes whole (a 32-bit
         // write zero-extends; 8- and 16-bit writes merge: reads), or
@@ -272,11 +291,7 @@ impl Uses {
                 next[k] = after;
             }
         }
-        Uses {
-            next,
-            at: 0,
-            taken: 0,
-        }
+        self.next = next;
     }
 
     /// Instruction `k` is translated next (taking no pool register yet).
@@ -350,6 +365,10 @@ impl Emitter {
     /// storing the dirty guest register it evicts; a newly mapped register
     /// is clean (its value loaded, or about to be written and marked).
     fn take(&mut self, idx: u8) -> Result<usize, NotTranslated> {
+        if self.regs.find(idx).is_none() && !self.regs.held.contains(&None) {
+            // An eviction.
+            self.uses.table();
+        }
         let p = self
             .regs
             .choose(idx, &self.uses)
@@ -628,6 +647,7 @@ mod tests {
             a.add(r8, r9).unwrap();
         });
         let mut uses = Uses::new(&insns, false, |_| true);
+        uses.table();
         uses.start(0);
         // A taken round (the pool's first register first) would evict rax:
         // read next. The one read furthest ahead is r8.
@@ -662,8 +682,10 @@ mod tests {
             a.mov(r10, r11).unwrap();
             a.mov(r12, r13).unwrap();
         });
+        let mut few = Uses::new(&insns[..5], true, |_| true);
+        few.table();
         assert!(
-            Uses::new(&insns[..5], true, |_| true).next.is_empty(),
+            few.next.is_empty(),
             "too few registers named to fill the pool: no table"
         );
         let n = insns.len() as u32;
@@ -675,14 +697,16 @@ mod tests {
             u.start(k);
             u.next_read(g)
         };
-        let straight = Uses::new(&insns, false, |op| op.insn.code() != Code::Add_rm32_imm8);
+        let mut straight = Uses::new(&insns, false, |op| op.insn.code() != Code::Add_rm32_imm8);
+        straight.table();
         assert_eq!(at(&straight, 0, 1), 0);
         assert_eq!(at(&straight, 0, 2), NEVER, "rdx: after the pool empties");
         assert_eq!(at(&straight, 2, 0), 2);
         assert_eq!(at(&straight, 2, 2), 4);
         assert_eq!(at(&straight, 3, 1), NEVER);
         assert_eq!(at(&straight, 3, 6), NEVER);
-        let looped = Uses::new(&insns, true, |_| true);
+        let mut looped = Uses::new(&insns, true, |_| true);
+        looped.table();
         // After the end, the loop top: rcx read there (0), rsi at 2, rdx
         // at 1.
         assert_eq!(at(&looped, 4, 1), n, "rcx: read at the top");
