@@ -227,6 +227,7 @@ impl Cpu {
             tlb_ways: tlb.ways,
             tlb_full_set_mask: tlb.full_set_mask,
             tlb_epoch: tlb.epoch,
+            memory: mem,
         };
         // What the run loop checks between blocks, as one deadline (events
         // are not pending: a block runs translated only when they are not).

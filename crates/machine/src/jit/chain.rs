@@ -167,11 +167,13 @@ impl Emitter {
         let out = self.a.create_label();
         let miss = self.a.create_label();
         let n = k as u32 + 1;
-        // r9 is the cycle count below.
-        let kept = self.loop_back_keep(&[Register::R9])?;
-        self.a.mov(r9, n as u64 * o.instruction_cost)?;
-        self.a.add(r9, qword_ptr(rbx + o.cycles))?;
-        self.a.cmp(r9, qword_ptr(rbx + o.jit_deadline))?;
+        // rax is the cycle count below (not a pool register: the guest
+        // registers the loop top holds stay in theirs across the back
+        // edge, r9 included).
+        let kept = self.loop_back_keep()?;
+        self.a.mov(rax, n as u64 * o.instruction_cost)?;
+        self.a.add(rax, qword_ptr(rbx + o.cycles))?;
+        self.a.cmp(rax, qword_ptr(rbx + o.jit_deadline))?;
         self.a.jae(out)?;
         // The fetch: a first-level iTLB hit for this privilege (changing
         // nothing) in the slot of this page, on this block's frame.
@@ -189,15 +191,16 @@ impl Emitter {
             generation as u32 as i32,
         )?;
         self.a.jne(out)?;
-        // The block ended in is already the one reported.
-        self.count_chained(false, Some(n))?;
+        // The counts, as `count_chained` adds them (the block ended in is
+        // already the one reported).
+        self.a.add(qword_ptr(rbx + o.instructions), n as i32)?;
+        self.a.mov(qword_ptr(rbx + o.cycles), rax)?;
         if self.loop_live && saved.is_none() {
             // (Written back: the loop top takes them in r15.)
             self.load_saved()?;
         }
-        // The guest registers the loop top holds in host registers (r9
-        // was the cycle count).
-        self.loop_back_regs(&[Register::R9])?;
+        // The guest registers the loop top holds in host registers.
+        self.loop_back_regs()?;
         self.a.jmp(self.loop_top)?;
         // The ways out: the guest registers kept dirty stored, the flags
         // written back, rax the target.
@@ -244,7 +247,7 @@ impl Emitter {
         self.a.push(r9)?;
         self.a.sub(rsp, 8)?;
         self.a.mov(rdi, rbx)?;
-        self.a.mov(rsi, r12)?;
+        self.a.mov(rsi, qword_ptr(r14 + ENV_MEMORY))?;
         self.a.mov(rdx, rax)?;
         self.a.call(qword_ptr(r14 + ENV_CHAIN_CROSSING))?;
         self.a.add(rsp, 8)?;
@@ -427,7 +430,7 @@ impl Emitter {
         self.a.push(rax)?;
         self.a.push(r8)?;
         self.a.mov(rdi, rbx)?;
-        self.a.mov(rsi, r12)?;
+        self.a.mov(rsi, qword_ptr(r14 + ENV_MEMORY))?;
         self.a.mov(rdx, rax)?;
         self.a.mov(rcx, r8)?;
         self.a.call(qword_ptr(r14 + ENV_CHAIN_FETCH))?;

@@ -351,6 +351,7 @@ const ENV_TLB_HITS: i32 = 96;
 const ENV_TLB_WAYS: i32 = 104;
 const ENV_TLB_FULL_SET: i32 = 112;
 const ENV_TLB_EPOCH: i32 = 120;
+const ENV_MEMORY: i32 = 128;
 const _: () = {
     use native::Env;
     use std::mem::offset_of;
@@ -370,6 +371,7 @@ const _: () = {
     assert!(offset_of!(Env, tlb_ways) == ENV_TLB_WAYS as usize);
     assert!(offset_of!(Env, tlb_full_set_mask) == ENV_TLB_FULL_SET as usize);
     assert!(offset_of!(Env, tlb_epoch) == ENV_TLB_EPOCH as usize);
+    assert!(offset_of!(Env, memory) == ENV_MEMORY as usize);
 };
 
 /// The arithmetic flags (CF PF AF ZF SF OF).
@@ -450,6 +452,26 @@ pub(crate) fn is_inline_memory(f: &Fast) -> bool {
     }
 }
 
+/// The translator's own forms that are register forms too (no cycles
+/// looked at, no way out, the guest-register cache kept).
+fn is_register_extra(op: &Op) -> bool {
+    !is_native(&op.fast)
+        && !is_inline_memory(&op.fast)
+        && extra_form(op).is_some_and(|x| x.keeps_cache())
+}
+
+/// Whether the translator keeps guest registers in host registers
+/// (`jit/regs.rs`) across instruction `op`: the forms that keep that cache
+/// exact; the others run with it empty and off.
+fn keeps_regs(op: &Op) -> bool {
+    match op.fast {
+        Fast::Ret => false,
+        Fast::Jmp { .. } | Fast::Call { .. } => true,
+        f if chain::is_native_indirect(&f) => false,
+        f => is_native(&f) || is_inline_memory(&f) || is_register_extra(op),
+    }
+}
+
 /// Why a block was not translated.
 #[derive(Debug)]
 #[allow(dead_code)] // The payloads are for debugging output.
@@ -492,9 +514,21 @@ pub(crate) fn translate(
     // registers host registers hold where the first translation loops
     // back are loaded at the second's entry and kept across its loop
     // (`jit/regs.rs`).
-    let (mut code, mut entry, seen) = translate_with(block, o, helpers, user, None)?;
-    if let Some(at) = seen.filter(|at| !at.is_empty()) {
-        (code, entry, _) = translate_with(block, o, helpers, user, Some(at))?;
+    // Again while the second's differs from what it preloaded (a few
+    // times at most), so that the loop back finds the registers where
+    // the loop top has them. The next-use table (`regs::Uses`) is made
+    // once.
+    let mut uses = None;
+    let (mut code, mut entry, mut seen) = translate_with(block, o, helpers, user, None, &mut uses)?;
+    let mut preload = None;
+    for _ in 0..4 {
+        match seen.filter(|at| !at.is_empty()) {
+            Some(at) if Some(at) != preload => {
+                preload = Some(at);
+                (code, entry, seen) = translate_with(block, o, helpers, user, Some(at), &mut uses)?;
+            }
+            _ => break,
+        }
     }
     encode::disassemble_if_asked(block, &code, entry, &o);
     Ok((code, entry))
@@ -502,13 +536,15 @@ pub(crate) fn translate(
 
 /// [`translate`], with `preload` the guest registers held in host
 /// registers at the loop top (after the chained entry); also answers
-/// those held where the code first loops back to it.
+/// those held where the code first loops back to it. `uses`: the block's
+/// next-use table, made here if `None` (and left there).
 fn translate_with(
     block: &Block,
     o: Offsets,
     helpers: Helpers,
     user: bool,
     preload: Option<regs::Regs>,
+    uses: &mut Option<regs::Uses>,
 ) -> Result<(Vec<u8>, usize, Option<regs::Regs>), NotTranslated> {
     if block.bits != 64 || o.instruction_cost > i32::MAX as u64 || o.multiply_cost > i32::MAX as u64
     {
@@ -537,6 +573,7 @@ fn translate_with(
         live_at_entry: flags::flags_live_at_entry(&block.insns),
         regs: regs::Regs::default(),
         retry_regs: regs::Regs::default(),
+        uses: regs::Uses::default(),
         loop_top: CodeLabel::default(),
         loop_live: false,
         preload: preload.unwrap_or_default(),
@@ -555,8 +592,8 @@ fn translate_with(
     let mut chained_entry = e.a.create_label();
     e.chained_entry = chained_entry;
     e.epilogue = epilogue;
-    // Prologue: rbx = cpu, r12 = memory, r14 = env, the block at [rsp]
-    // (r13 is a pool register, `jit/regs.rs`). Six pushes and that slot
+    // Prologue: rbx = cpu, r14 = env (which has the memory), the block at
+    // [rsp] (r12 and r13 are pool registers, `jit/regs.rs`). Six pushes and that slot
     // after the return address leave rsp 16-byte aligned for the
     // call-outs.
     e.a.push(rbx)?;
@@ -567,11 +604,10 @@ fn translate_with(
     e.a.push(r15)?;
     e.a.sub(rsp, 8)?;
     e.a.mov(rbx, rdi)?;
-    e.a.mov(r12, rsi)?;
     e.a.mov(qword_ptr(rsp), rdx)?;
     e.a.mov(r14, rcx)?;
     e.a.mov(rbp, qword_ptr(r14 + ENV_L1))?;
-    // Chained blocks enter here, with rbx, rbp, r12, r14 as above, [rsp]
+    // Chained blocks enter here, with rbx, rbp, r14 as above, [rsp]
     // their block, and the flags in `state.rflags`.
     // (A zero-length instruction carries the label and gives the offset:
     // the entry is the first instruction of the body, no `nop` run on
@@ -599,6 +635,10 @@ fn translate_with(
         e.af_clear = false;
         e.loop_live = true;
     }
+    // When each guest register is read next: what the pool evicts by.
+    e.uses = uses
+        .take()
+        .unwrap_or_else(|| regs::Uses::new(&block.insns, loops, keeps_regs));
     let preload = e.preload;
     e.reload_regs(&preload)?;
     e.regs = preload;
@@ -618,11 +658,7 @@ fn translate_with(
             continue;
         }
         e.flags_dead = !live[k];
-        // The translator's own forms that are register forms too (no
-        // cycles looked at, no way out, the guest-register cache kept).
-        let register_extra = !is_native(&op.fast)
-            && !is_inline_memory(&op.fast)
-            && extra_form(op).is_some_and(|x| x.keeps_cache());
+        let register_extra = is_register_extra(op);
         // The cycles register forms left pending are charged before
         // anything that may look at `cycles` or leave the block: a register
         // form (no Jcc, JMP) does neither, so the charge may wait.
@@ -631,14 +667,8 @@ fn translate_with(
         {
             e.charge_pending()?;
         }
-        // Guest registers in host registers (`jit/regs.rs`) for the forms
-        // that keep the cache exact; the others run with it empty and off.
-        let cached = match op.fast {
-            Fast::Ret => false,
-            Fast::Jmp { .. } | Fast::Call { .. } => true,
-            f if chain::is_native_indirect(&f) => false,
-            f => is_native(&f) || is_inline_memory(&f) || register_extra,
-        };
+        let cached = keeps_regs(op);
+        e.uses.start(k);
         if !cached {
             e.regs_off()?;
         }
@@ -801,6 +831,7 @@ fn translate_with(
         })?;
     }
     let chain_offset = r.offset(chained_at) as usize;
+    *uses = Some(std::mem::take(&mut e.uses));
     Ok((r.code, chain_offset, e.loop_seen))
 }
 
@@ -939,6 +970,9 @@ struct Emitter {
     /// the last [`Emitter::retry_point`].
     regs: regs::Regs,
     retry_regs: regs::Regs,
+    /// When the block reads each guest register next (what the pool
+    /// evicts by), and the instruction being translated.
+    uses: regs::Uses,
     /// Where a loop to the block's own start goes; whether the flags are
     /// in r15 there (else in `state.rflags`, or dead); the guest registers
     /// host registers hold there, and those held where the code first
@@ -1077,7 +1111,7 @@ impl Emitter {
         self.a.jne(full)?;
         self.a.mov(rdx, rax)?;
         self.a.mov(rdi, rbx)?;
-        self.a.mov(rsi, r12)?;
+        self.a.mov(rsi, qword_ptr(r14 + ENV_MEMORY))?;
         self.a.movzx(ecx, word_ptr(rsp))?;
         self.a.mov(rax, self.helpers.fill)?;
         self.a.call(rax)?;
@@ -1113,7 +1147,7 @@ impl Emitter {
         }
         self.a.set_label(&mut run)?;
         self.a.mov(rdi, rbx)?;
-        self.a.mov(rsi, r12)?;
+        self.a.mov(rsi, qword_ptr(r14 + ENV_MEMORY))?;
         // The block: above the argument and the return address.
         self.a.mov(rdx, qword_ptr(rsp + 16))?;
         self.a.mov(ecx, dword_ptr(rsp))?;
@@ -1140,7 +1174,7 @@ impl Emitter {
     /// The call of [`Self::call_out`], the flags already written back.
     fn emit_call(&mut self, k: usize, epilogue: CodeLabel) -> Result<(), NotTranslated> {
         self.a.mov(rdi, rbx)?;
-        self.a.mov(rsi, r12)?;
+        self.a.mov(rsi, qword_ptr(r14 + ENV_MEMORY))?;
         self.a.mov(rdx, qword_ptr(rsp))?;
         self.a.mov(ecx, k as u32)?;
         self.a.mov(rax, self.helpers.call_out)?;

@@ -205,6 +205,10 @@ pub(crate) struct Env {
     pub tlb_ways: u64,
     pub tlb_full_set_mask: u64,
     pub tlb_epoch: u64,
+    /// The guest's memory (what the calls into Rust take as their second
+    /// argument; no host register holds it: r12 is a pool register,
+    /// `jit/regs.rs`).
+    pub memory: *const PhysMemory,
 }
 
 /// The signature of generated code: (cpu, memory, block, env) -> status.

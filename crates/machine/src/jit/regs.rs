@@ -58,10 +58,10 @@ use super::*;
 
 /// Host registers that may hold guest registers (by width: 8, 16, 32, 64
 /// bits). The block body uses none of them outside instructions that run
-/// with the cache off, and every call reloads them (r13, callee-saved, is
-/// saved by the prologue; the block is kept on the stack instead).
-/// (R9 last: a loop back clobbers it with the cycle count.)
-const POOL: [[Register; 4]; 7] = [
+/// with the cache off, and every call reloads them (r12 and r13,
+/// callee-saved, are saved by the prologue; the block is kept on the
+/// stack and the memory in the `Env` instead).
+const POOL: [[Register; 4]; 8] = [
     [Register::SIL, Register::SI, Register::ESI, Register::RSI],
     [Register::DIL, Register::DI, Register::EDI, Register::RDI],
     [
@@ -83,6 +83,12 @@ const POOL: [[Register; 4]; 7] = [
         Register::R13D,
         Register::R13,
     ],
+    [
+        Register::R12L,
+        Register::R12W,
+        Register::R12D,
+        Register::R12,
+    ],
     [Register::R9L, Register::R9W, Register::R9D, Register::R9],
 ];
 
@@ -95,8 +101,6 @@ pub(super) struct Regs {
     /// For each pool register, whether its value is newer than the
     /// `Cpu`'s (to be stored there).
     dirty: [bool; POOL.len()],
-    /// The pool register the next allocation takes when none is free.
-    next: u8,
     /// Whether the instruction being translated uses the cache.
     on: bool,
     /// rax holds guest register `.0` whole: the last instruction emitted
@@ -109,7 +113,6 @@ impl Default for Regs {
         Regs {
             held: [None; POOL.len()],
             dirty: [false; POOL.len()],
-            next: 0,
             on: true,
             acc: None,
         }
@@ -138,20 +141,169 @@ impl Regs {
     }
 
     /// The pool register that will hold guest register `idx`: the one
-    /// holding it already, else a free one, else the next in turn (whose
-    /// guest register is to be stored first if dirty).
-    fn choose(&mut self, idx: u8) -> usize {
-        match self.find(idx) {
-            Some(p) => p,
-            None => match self.held.iter().position(Option::is_none) {
-                Some(p) => p,
-                None => {
-                    let p = self.next as usize;
-                    self.next = ((p + 1) % POOL.len()) as u8;
-                    p
-                }
-            },
+    /// holding it already, else a free one, else (Belady) the one whose
+    /// guest register `uses` says is read furthest ahead, a clean one
+    /// among equals (no store), never one taken for the instruction (or
+    /// stack run) being translated, whose code may still use it.
+    fn choose(&self, idx: u8, uses: &Uses) -> Option<usize> {
+        if let Some(p) = self.find(idx) {
+            return Some(p);
         }
+        if let Some(p) = self.held.iter().position(Option::is_none) {
+            return Some(p);
+        }
+        let mut best = None;
+        for (p, h) in self.held.iter().enumerate() {
+            let (Some(g), false) = (*h, uses.taken & 1 << p != 0) else {
+                continue;
+            };
+            let key = (uses.next_read(g), !self.dirty[p]);
+            if best.is_none_or(|(k, _)| key > k) {
+                best = Some((key, p));
+            }
+        }
+        // (None only if one instruction took the whole pool: none does.)
+        best.map(|(_, p)| p)
+    }
+}
+
+/// When the guest registers are read next, for each instruction of a
+/// block: what [`Regs::choose`] evicts by. Computed once per block, where
+/// the pool first has to evict ([`Uses::table`], one backward pass over
+/// the block).
+#[derive(Debug, Default)]
+pub(super) struct Uses {
+    /// What [`Uses::table`] computes `next` from, until it does: the
+    /// block's instructions, whether it loops to its start, and which
+    /// instructions keep the pool.
+    block: Option<(Vec<Op>, bool, KeepsRegs)>,
+    /// For instruction `k`, `next[k][r]`: the index of the first
+    /// instruction from `k` on that reads guest register `r` with the pool
+    /// still mapping it ([`NEVER`]: none, the register written whole
+    /// first, or the pool emptied first); past the block's end for a
+    /// self-loop (the loop top's instructions come after the back edge).
+    next: Vec<[u32; 16]>,
+    /// The instruction being translated.
+    at: usize,
+    /// The pool registers (bits) taken since it started.
+    taken: u8,
+}
+
+/// The guest registers `i`'s operands name (bits by number), without
+/// the implicit ones.
+fn named_gprs(i: &Instruction) -> u16 {
+    let bit = |r: Register| {
+        if r.is_gpr() {
+            1u16 << r.full_register().number()
+        } else {
+            0
+        }
+    };
+    (0..i.op_count()).fold(0, |m, n| {
+        m | match i.op_kind(n) {
+            iced_x86::OpKind::Register => bit(i.op_register(n)),
+            iced_x86::OpKind::Memory => bit(i.memory_base()) | bit(i.memory_index()),
+            _ => 0,
+        }
+    })
+}
+
+/// Whether an instruction runs with the pool on (see [`Uses::new`]).
+type KeepsRegs = fn(&Op) -> bool;
+
+/// [`Uses::next`] of a register not read again.
+const NEVER: u32 = u32::MAX;
+
+impl Uses {
+    /// The next reads of `insns` (`loops`: the block loops back to its
+    /// start; `keeps_regs`: whether an instruction runs with the pool on,
+    /// else the pool is stored and emptied there and nothing after it
+    /// finds a register in it), to be computed if the pool has to evict.
+    pub(super) fn new(insns: &[Op], loops: bool, keeps_regs: KeepsRegs) -> Uses {
+        // Most blocks name too few guest registers to fill the pool, even
+        // with two implicit ones (MUL's rdx, a shift's rcx...): they never
+        // evict, and need no table. Of the others most never evict either
+        // (the instruction information is the costly part).
+        let named = insns.iter().fold(0u16, |m, op| m | named_gprs(&op.insn));
+        if (named.count_ones() as usize) + 2 <= POOL.len() {
+            return Uses::default();
+        }
+        Uses {
+            block: Some((insns.to_vec(), loops, keeps_regs)),
+            ..Uses::default()
+        }
+    }
+
+    /// Computes the table, if not yet done (see [`Uses::new`]).
+    fn table(&mut self) {
+        let Some((insns, loops, keeps_regs)) = self.block.take() else {
+            return;
+        };
+        let mut info = iced_x86::InstructionInfoFactory::new();
+        // What each instruction reads and what it writes whole (a 32-bit
+        // write zero-extends; 8- and 16-bit writes merge: reads), or
+        // `None` for one that empties the pool.
+        let acts: Vec<Option<(u16, u16)>> = insns
+            .iter()
+            .map(|op| {
+                if !keeps_regs(op) {
+                    return None;
+                }
+                let (mut read, mut whole) = (0u16, 0u16);
+                let i =
+                    info.info_options(&op.insn, iced_x86::InstructionInfoOptions::NO_MEMORY_USAGE);
+                for u in i.used_registers() {
+                    let r = u.register();
+                    if !r.is_gpr() {
+                        continue;
+                    }
+                    let bit = 1u16 << r.full_register().number();
+                    match u.access() {
+                        iced_x86::OpAccess::Write if r.size() >= 4 => whole |= bit,
+                        _ => read |= bit,
+                    }
+                }
+                Some((read, whole & !read))
+            })
+            .collect();
+        let n = insns.len();
+        let mut next = vec![[NEVER; 16]; n];
+        let mut after = [NEVER; 16];
+        // A self-loop: what the loop top reads next comes after the end
+        // (a second pass, from what the first found at the top).
+        for pass in 0..if loops { 2 } else { 1 } {
+            if pass == 1 {
+                after = next[0].map(|j| if j == NEVER { NEVER } else { j + n as u32 });
+            }
+            for k in (0..n).rev() {
+                match acts[k] {
+                    None => after = [NEVER; 16],
+                    Some((read, whole)) => {
+                        for (r, a) in after.iter_mut().enumerate() {
+                            if read & 1 << r != 0 {
+                                *a = k as u32;
+                            } else if whole & 1 << r != 0 {
+                                *a = NEVER;
+                            }
+                        }
+                    }
+                }
+                next[k] = after;
+            }
+        }
+        self.next = next;
+    }
+
+    /// Instruction `k` is translated next (taking no pool register yet).
+    pub(super) fn start(&mut self, k: usize) {
+        self.at = k;
+        self.taken = 0;
+    }
+
+    /// When guest register `g` is read next, from the instruction being
+    /// translated on (`NEVER` where nothing says: no pass was made).
+    fn next_read(&self, g: u8) -> u32 {
+        self.next.get(self.at).map_or(NEVER, |n| n[g as usize & 15])
     }
 }
 
@@ -213,7 +365,17 @@ impl Emitter {
     /// storing the dirty guest register it evicts; a newly mapped register
     /// is clean (its value loaded, or about to be written and marked).
     fn take(&mut self, idx: u8) -> Result<usize, NotTranslated> {
-        let p = self.regs.choose(idx);
+        if self.regs.find(idx).is_none() && !self.regs.held.contains(&None) {
+            // An eviction.
+            self.uses.table();
+        }
+        let p = self
+            .regs
+            .choose(idx, &self.uses)
+            .ok_or(NotTranslated::Unsupported(
+                "an instruction taking every pool register",
+            ))?;
+        self.uses.taken |= 1 << p;
         if self.regs.held[p] != Some(idx) {
             if self.regs.dirty[p] {
                 self.store_pool(p)?;
@@ -376,13 +538,13 @@ impl Emitter {
     }
 
     /// At a loop back to the loop top, before its checks (which clobber
-    /// `clobbered`): stores every dirty register the loop top does not
+    /// no pool register): stores every dirty register the loop top does not
     /// take dirty in the same host register (`Emitter::preload`); those
     /// it does stay dirty across the back edge, and the ways out of the
     /// checks store them (the answer: what they are to store, see
     /// [`Self::store_dirty`]). Notes the first mapping found at a loop
     /// back (what the second translation preloads).
-    pub(super) fn loop_back_keep(&mut self, clobbered: &[Register]) -> Result<Regs, NotTranslated> {
+    pub(super) fn loop_back_keep(&mut self) -> Result<Regs, NotTranslated> {
         if !self.regs.on {
             debug_assert!(self.regs.is_clean());
             self.regs = Regs::default();
@@ -390,20 +552,12 @@ impl Emitter {
         if self.loop_seen.is_none() {
             let mut seen = self.regs;
             seen.acc = None;
-            for (p, h) in seen.held.iter_mut().enumerate() {
-                if clobbered.contains(&POOL[p][3]) {
-                    *h = None;
-                    seen.dirty[p] = false;
-                }
-            }
             self.loop_seen = Some(seen);
         }
         let want = self.preload;
-        for (p, host) in POOL.iter().enumerate() {
-            let kept = self.regs.held[p].is_some()
-                && want.held[p] == self.regs.held[p]
-                && want.dirty[p]
-                && !clobbered.contains(&host[3]);
+        for p in 0..POOL.len() {
+            let kept =
+                self.regs.held[p].is_some() && want.held[p] == self.regs.held[p] && want.dirty[p];
             if self.regs.dirty[p] && !kept {
                 self.store_pool(p)?;
             }
@@ -414,16 +568,16 @@ impl Emitter {
     /// After [`Self::loop_back_keep`] and the checks, before the jump to
     /// the loop top: the host registers hold the guest registers the top
     /// expects, reloaded from the `Cpu` where they are not already there
-    /// or were `clobbered` since (the `Cpu` is exact for them: every
+    /// (the `Cpu` is exact for them: every
     /// dirty register not kept in place was stored). The jump follows:
     /// no code after it has this mapping (the ways out of the checks store
     /// what `loop_back_keep` answered), so nothing is left dirty.
-    pub(super) fn loop_back_regs(&mut self, clobbered: &[Register]) -> Result<(), NotTranslated> {
+    pub(super) fn loop_back_regs(&mut self) -> Result<(), NotTranslated> {
         let now = self.regs;
         let want = self.preload;
         for (p, h) in want.held.iter().enumerate() {
             if let Some(idx) = *h {
-                if now.held[p] != Some(idx) || clobbered.contains(&POOL[p][3]) {
+                if now.held[p] != Some(idx) {
                     debug_assert!(!now.dirty[p]);
                     let m = self.slot(idx);
                     self.add(Instruction::with2(Code::Mov_r64_rm64, POOL[p][3], m))?;
@@ -450,6 +604,121 @@ impl Emitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use iced_x86::code_asm::{
+        dx, eax, ecx, edx, r10, r11, r12, r13, r8, r9, rax, rbp, rcx, rdi, rdx, rsi,
+    };
+
+    /// `prog`'s instructions as a block's (their fast forms left out:
+    /// `Uses::new` is given which keep the pool).
+    fn ops(prog: impl FnOnce(&mut CodeAssembler)) -> Vec<Op> {
+        let mut a = CodeAssembler::new(64).unwrap();
+        prog(&mut a);
+        a.instructions()
+            .iter()
+            .map(|i| Op {
+                insn: *i,
+                fast: Fast::Nop,
+                next_ip: i.next_ip(),
+            })
+            .collect()
+    }
+
+    /// A full pool: guest register `g[p]` in pool register `p`.
+    fn full(g: [u8; POOL.len()], dirty: [bool; POOL.len()]) -> Regs {
+        Regs {
+            held: g.map(Some),
+            dirty,
+            ..Regs::default()
+        }
+    }
+
+    #[test]
+    fn eviction_takes_the_register_read_furthest_ahead() {
+        // rax rdx rcx rsi rdi rbp r10 r8 (0 2 1 6 7 5 10 8) are read in
+        // this order; r9 (9) is not read again (written whole first).
+        let insns = ops(|a| {
+            a.add(rdx, rax).unwrap();
+            a.add(rdx, rcx).unwrap();
+            a.mov(r9, rdx).unwrap();
+            a.add(rsi, rsi).unwrap();
+            a.add(rdi, rdi).unwrap();
+            a.add(rbp, rbp).unwrap();
+            a.add(r10, r10).unwrap();
+            a.add(r8, r9).unwrap();
+        });
+        let mut uses = Uses::new(&insns, false, |_| true);
+        uses.table();
+        uses.start(0);
+        // A taken round (the pool's first register first) would evict rax:
+        // read next. The one read furthest ahead is r8.
+        let regs = full([0, 1, 2, 6, 7, 8, 10, 5], [false; POOL.len()]);
+        assert_eq!(regs.choose(3, &uses), Some(5));
+        // A register not read again goes first, a clean one among those.
+        let regs = full([0, 9, 2, 6, 7, 8, 10, 5], [false; POOL.len()]);
+        assert_eq!(regs.choose(3, &uses), Some(1));
+        let mut dirty = [false; POOL.len()];
+        dirty[1] = true;
+        let regs = full([0, 9, 2, 6, 7, 8, 10, 4], dirty);
+        assert_eq!(regs.choose(3, &uses), Some(7), "rsp: not read, clean");
+        // Never one taken for the instruction being translated.
+        uses.taken = 1 << 7 | 1 << 1;
+        assert_eq!(regs.choose(3, &uses), Some(5));
+        // The one holding it already, else a free one.
+        assert_eq!(regs.choose(7, &uses), Some(4));
+        let mut regs = regs;
+        regs.held[3] = None;
+        assert_eq!(regs.choose(3, &uses), Some(3));
+    }
+
+    #[test]
+    fn next_reads_wrap_around_a_self_loop_and_stop_where_the_pool_empties() {
+        let insns = ops(|a| {
+            a.mov(eax, ecx).unwrap(); // 0: reads rcx, writes rax whole
+            a.add(edx, 1).unwrap(); // 1: reads rdx (the pool emptied here)
+            a.add(rsi, rax).unwrap(); // 2
+            a.mov(ecx, 5).unwrap(); // 3: writes rcx whole
+            a.mov(dx, 7).unwrap(); // 4: a 16-bit write merges: a read
+                                   // (Enough registers named to need a table.)
+            a.mov(r10, r11).unwrap();
+            a.mov(r12, r13).unwrap();
+        });
+        let mut few = Uses::new(&insns[..5], true, |_| true);
+        few.table();
+        assert!(
+            few.next.is_empty(),
+            "too few registers named to fill the pool: no table"
+        );
+        let n = insns.len() as u32;
+        let at = |uses: &Uses, k: usize, g: u8| {
+            let mut u = Uses {
+                next: uses.next.clone(),
+                ..Uses::default()
+            };
+            u.start(k);
+            u.next_read(g)
+        };
+        let mut straight = Uses::new(&insns, false, |op| op.insn.code() != Code::Add_rm32_imm8);
+        straight.table();
+        assert_eq!(at(&straight, 0, 1), 0);
+        assert_eq!(at(&straight, 0, 2), NEVER, "rdx: after the pool empties");
+        assert_eq!(at(&straight, 2, 0), 2);
+        assert_eq!(at(&straight, 2, 2), 4);
+        assert_eq!(at(&straight, 3, 1), NEVER);
+        assert_eq!(at(&straight, 3, 6), NEVER);
+        let mut looped = Uses::new(&insns, true, |_| true);
+        looped.table();
+        // After the end, the loop top: rcx read there (0), rsi at 2, rdx
+        // at 1.
+        assert_eq!(at(&looped, 4, 1), n, "rcx: read at the top");
+        assert_eq!(at(&looped, 4, 6), n + 2);
+        assert_eq!(at(&looped, 2, 2), 4);
+        assert_eq!(at(&looped, 4, 0), NEVER, "rax: written at the top first");
+        assert_eq!(at(&looped, 3, 1), NEVER);
+        assert_eq!(at(&looped, 4, 2), 4);
+        assert_eq!(at(&looped, 3, 2), 4);
+        assert_eq!(at(&looped, 0, 2), 1);
+        assert_eq!(at(&looped, 4, 7), NEVER);
+    }
 
     #[test]
     fn the_pool_is_outside_the_pinned_registers() {
@@ -463,7 +732,6 @@ mod tests {
                     | Register::RBX
                     | Register::RBP
                     | Register::RSP
-                    | Register::R12
                     | Register::R14
                     | Register::R15
             ));

@@ -34,24 +34,25 @@
 //! memory, rdx = linear address, ecx = class | bytes << 8; returns a
 //! [`super::fill`] code in rax), called from generated code, so r14 holds
 //! the [`native::Env`](super::native::Env), rbp the first-level slots, and
-//! rbx and r12 the cpu and memory pointers (the shared slow path passes
-//! those as rdi and rsi). The thunk clobbers only caller-saved registers
+//! rbx the cpu pointer and the `Env` the memory pointer (the shared slow
+//! path passes those as rdi and rsi). The thunk clobbers only caller-saved registers
 //! and keeps rdx and rcx until it has decided: on the way to the Rust fill
-//! it reloads rdi and rsi from rbx and r12, so nothing is pushed or popped.
+//! it reloads rdi and rsi from rbx and the `Env`, so nothing is pushed or
+//! popped.
 //!
 //! Host instructions per call on `mips --quick --engine jit` (callgrind):
 //! 104 on average (a 4 KiB hit whose slot is already listed is 97),
 //! against 123 for the version that pushed and popped its arguments.
 
 use super::fill;
-use super::{ENV_CODE_FRAMES, ENV_L1_BOOK, ENV_MEM_BASE, ENV_MEM_SIZE};
+use super::{ENV_CODE_FRAMES, ENV_L1_BOOK, ENV_MEMORY, ENV_MEM_BASE, ENV_MEM_SIZE};
 use super::{ENV_TLB_ENTRIES, ENV_TLB_FULL_SET, ENV_TLB_HINTS, ENV_TLB_HITS};
 use super::{ENV_TLB_EPOCH, ENV_TLB_RECENTLY_USED, ENV_TLB_WAYS};
 use crate::cpu::l1tlb::{book, SLOTS, SLOT_BYTES, SLOT_HOST_DELTA, SLOT_HPA, SLOT_JIT_PAGE};
 use crate::mmu::tlb::jit_view as tv;
 use iced_x86::code_asm::{
-    byte_ptr, cl, dword_ptr, eax, ecx, edi, edx, esi, qword_ptr, r10, r10d, r11, r11d, r12, r14,
-    r8, r8d, r9, r9d, r9w, rax, rbp, rbx, rcx, rdi, rdx, rsi, word_ptr, CodeAssembler,
+    byte_ptr, cl, dword_ptr, eax, ecx, edi, edx, esi, qword_ptr, r10, r10d, r11, r11d, r14, r8,
+    r8d, r9, r9d, r9w, rax, rbp, rbx, rcx, rdi, rdx, rsi, word_ptr, CodeAssembler,
 };
 use iced_x86::IcedError;
 
@@ -319,7 +320,7 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.cmp(cl, crate::cpu::l1tlb::DATA_CLASSES as i32 - 1)?;
     a.ja(full)?;
     a.mov(rdi, rbx)?;
-    a.mov(rsi, r12)?;
+    a.mov(rsi, qword_ptr(r14 + ENV_MEMORY))?;
     a.mov(rax, fallback)?;
     a.jmp(rax)?;
     a.assemble(0)
