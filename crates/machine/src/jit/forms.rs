@@ -2278,8 +2278,8 @@ impl Emitter {
         match m {
             Some(m) => {
                 self.lea(&m)?;
-                self.fast_access(false, size, slow)?;
-                self.load_host(SEC, size)?;
+                let at = self.fast_access_at(false, size, slow)?;
+                self.load_host(SEC, size, at)?;
             }
             None => self.load(SEC, src, size)?,
         }
@@ -2420,8 +2420,8 @@ impl Emitter {
     fn imul_mem(&mut self, k: usize, dst: u8, size: Size, m: &MemOp) -> Result<(), NotTranslated> {
         let (slow, mut cont) = self.begin_inline()?;
         self.lea(m)?;
-        self.fast_access(false, size, slow)?;
-        self.load_host(SEC, size)?;
+        let at = self.fast_access_at(false, size, slow)?;
+        self.load_host(SEC, size, at)?;
         self.add_cycles(self.o.multiply_cost)?;
         self.load(ACC, dst, size)?;
         let code = [Code::Imul_r32_rm32, Code::Imul_r64_rm64][(size == Size::B8) as usize];

@@ -20,31 +20,11 @@ impl Emitter {
         let scale = 1u32 << m.scale_shift;
         let dst = to[3];
         // Registers a host register holds (`jit/regs.rs`) are used where
-        // they are.
-        let held = |e: &Self, idx: u8| {
-            if idx == NONE_REG {
-                None
-            } else {
-                e.cached_reg(idx, Size::B8)
-            }
-        };
-        let (hb, hi) = (held(self, m.base), held(self, m.index));
+        // they are (`Self::in_reg`).
         match (m.base != NONE_REG, m.index != NONE_REG) {
             (true, true) if short => {
-                let b = match hb {
-                    Some(h) => h,
-                    None => {
-                        self.load(ACC, m.base, Size::B8)?;
-                        Register::RAX
-                    }
-                };
-                let i = match hi {
-                    Some(h) => h,
-                    None => {
-                        self.load(SEC, m.index, Size::B8)?;
-                        Register::RCX
-                    }
-                };
+                let b = self.in_reg(ACC, m.base, Size::B8)?;
+                let i = self.in_reg(SEC, m.index, Size::B8)?;
                 let mo = MemoryOperand::with_base_index_scale_displ_size(
                     b,
                     i,
@@ -54,7 +34,7 @@ impl Emitter {
                 );
                 self.add(Instruction::with2(Code::Lea_r64_m, dst, mo))?;
             }
-            (true, false) if short => match hb {
+            (true, false) if short => match self.cached_reg(m.base, Size::B8) {
                 Some(h) if disp != 0 => {
                     let mo = MemoryOperand::with_base_displ(h, disp);
                     self.add(Instruction::with2(Code::Lea_r64_m, dst, mo))?;
@@ -68,13 +48,7 @@ impl Emitter {
                 }
             },
             (false, true) if short => {
-                let i = match hi {
-                    Some(h) => h,
-                    None => {
-                        self.load(SEC, m.index, Size::B8)?;
-                        Register::RCX
-                    }
-                };
+                let i = self.in_reg(SEC, m.index, Size::B8)?;
                 let mo = MemoryOperand::with_base_index_scale_displ_size(
                     Register::None,
                     i,
@@ -268,14 +242,15 @@ impl Emitter {
         });
     }
 
-    /// `reg = [rdx]` at `size` (32 bits zero-extend).
+    /// `reg = [at]` at `size` (32 bits zero-extend): `at` the operand
+    /// [`Self::fast_access_at`] gave.
     pub(super) fn load_host(
         &mut self,
         reg: [Register; 4],
         size: Size,
+        at: MemoryOperand,
     ) -> Result<(), NotTranslated> {
-        let m = MemoryOperand::with_base(Register::RDX);
-        self.add(Instruction::with2(MOV_R_RM[si(size)], reg[si(size)], m))
+        self.add(Instruction::with2(MOV_R_RM[si(size)], reg[si(size)], at))
     }
 
     /// The push of `value` (`None`: RFLAGS from the state as PUSHFQ
@@ -334,11 +309,11 @@ impl Emitter {
                 // takes one (32 and 64 bits).
                 match self.wide_claim(dst, size)? {
                     Some(h) => {
-                        self.add(Instruction::with2(MOV_R_RM[si(size)], h[si(size)], at))?;
+                        self.load_host(h, size, at)?;
                         self.store_held(dst, h)?;
                     }
                     None => {
-                        self.add(Instruction::with2(MOV_R_RM[si(size)], ACC[si(size)], at))?;
+                        self.load_host(ACC, size, at)?;
                         self.store_acc(dst, size)?;
                     }
                 }
@@ -347,13 +322,7 @@ impl Emitter {
                 self.lea(&m)?;
                 let at = self.fast_access_at(true, size, slow)?;
                 // From the source's host register where one holds it.
-                let from = match self.cached_reg(src, size) {
-                    Some(h) => h,
-                    None => {
-                        self.load(SEC, src, size)?;
-                        SEC[si(size)]
-                    }
-                };
+                let from = self.in_reg(SEC, src, size)?;
                 self.add(Instruction::with2(MOV_RM_R[si(size)], at, from))?;
             }
             Fast::MovMI { size, imm, m } => {
@@ -385,7 +354,7 @@ impl Emitter {
             Fast::AluRM { op, dst, size, m } => {
                 self.lea(&m)?;
                 let at = self.fast_access_at(false, size, slow)?;
-                self.add(Instruction::with2(MOV_R_RM[si(size)], DXR[si(size)], at))?;
+                self.load_host(DXR, size, at)?;
                 self.need_flags_for(op)?;
                 self.alu_gpr(op, dst, size, DXR)?;
                 writes_flags = Some(matches!(op, BinOp::And | BinOp::Or | BinOp::Xor));
@@ -416,7 +385,7 @@ impl Emitter {
                 // The source is read whatever the condition.
                 self.lea(&m)?;
                 let at = self.fast_access_at(false, size, slow)?;
-                self.add(Instruction::with2(MOV_R_RM[si(size)], DXR[si(size)], at))?;
+                self.load_host(DXR, size, at)?;
                 self.need_flags()?;
                 let code =
                     cmov_code(cc, size).ok_or(NotTranslated::Unsupported("CMOVcc of this size"))?;
@@ -428,13 +397,7 @@ impl Emitter {
                 self.load(ACC, 4, Size::B8)?;
                 self.a.lea(rax, qword_ptr(rax - 8))?;
                 let at = self.fast_access_at(true, Size::B8, slow)?;
-                let from = match self.cached_reg(src, Size::B8) {
-                    Some(h) => h,
-                    None => {
-                        self.load(SEC, src, Size::B8)?;
-                        Register::RCX
-                    }
-                };
+                let from = self.in_reg(SEC, src, Size::B8)?;
                 self.add(Instruction::with2(Code::Mov_rm64_r64, at, from))?;
                 self.store_acc(4, Size::B8)?;
             }

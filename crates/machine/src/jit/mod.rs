@@ -1023,6 +1023,23 @@ impl Emitter {
         self.add(Instruction::with2(MOV_R_RM[si(size)], reg[si(size)], m))
     }
 
+    /// Guest register `idx` at `size` in a host register: the pool
+    /// register holding it, else `scratch`, loaded from the `Cpu`.
+    fn in_reg(
+        &mut self,
+        scratch: [Register; 4],
+        idx: u8,
+        size: Size,
+    ) -> Result<Register, NotTranslated> {
+        match self.cached_reg(idx, size) {
+            Some(h) => Ok(h),
+            None => {
+                self.load(scratch, idx, size)?;
+                Ok(scratch[si(size)])
+            }
+        }
+    }
+
     /// `gpr[idx] = acc` with the interpreter's partial-register rule: 8-
     /// and 16-bit writes keep the bits above, a 32-bit write zero-extends
     /// (the 32-bit value is already zero-extended in rax). With the cache
