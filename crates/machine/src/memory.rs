@@ -294,13 +294,22 @@ impl PhysMemory {
         }
     }
 
-    /// `count` elements of `size` bytes copied from `src` up to `dst` up,
-    /// each read then written before the next (so overlapping ranges
-    /// behave as a forward string move), as that many [`Self::read`] and
+    /// `count` elements of `size` bytes copied from `src` to `dst` (each
+    /// its lowest element) in address order, or (`down`: a string move
+    /// with RFLAGS.DF set) from the highest element down, each read then
+    /// written before the next (so overlapping ranges behave as the
+    /// string move), as that many [`Self::read`] and
     /// [`Self::write_noting_code`] calls would; both ranges in one frame
     /// each, `dst`'s holding no decoded code (`false`, nothing done,
     /// otherwise).
-    pub(crate) fn copy_repeated(&self, src: Hpa, dst: Hpa, count: u64, size: u8) -> bool {
+    pub(crate) fn copy_repeated(
+        &self,
+        src: Hpa,
+        dst: Hpa,
+        count: u64,
+        size: u8,
+        down: bool,
+    ) -> bool {
         let len = count * size as u64;
         if len == 0
             || self.check(src, len).is_err()
@@ -309,62 +318,25 @@ impl PhysMemory {
         {
             return false;
         }
-        // Element by element forward reads each byte after the bytes
-        // before it were written; so does a forward copy by aligned words
-        // when no byte read lies past a byte written earlier (the
-        // destination below the source, or the ranges apart), with the two
-        // ranges equally aligned.
-        if (src.0 ^ dst.0) & 7 == 0 && (dst.0 <= src.0 || dst.0 >= src.0 + len) {
-            self.copy_words(src, dst, len, false);
+        // Element by element reads each byte before any element written
+        // earlier could cover it when the destination lies behind the
+        // source in the copy's order (below it forward, above it down) or
+        // the ranges are apart: then it copies the bytes as they were, so
+        // aligned words in that order do the same when both ranges are
+        // equally aligned.
+        let behind = if down { dst.0 >= src.0 } else { dst.0 <= src.0 };
+        let apart = dst.0 + len <= src.0 || dst.0 >= src.0 + len;
+        if (src.0 ^ dst.0) & 7 == 0 && (behind || apart) {
+            self.copy_words(src, dst, len, down);
             return true;
         }
-        for i in 0..count {
+        for k in 0..count {
+            let i = if down { count - 1 - k } else { k };
             let offset = i * size as u64;
             let Ok(v) = self.read(Hpa(src.0 + offset), size) else {
                 unreachable!("checked above")
             };
             self.store_unchecked(Hpa(dst.0 + offset), size, v);
-        }
-        true
-    }
-
-    /// `count` elements of `size` bytes copied from `src` down to `dst`
-    /// down (`src` and `dst` the highest elements: a string move with
-    /// RFLAGS.DF set), each read then written before the next, as that
-    /// many [`Self::read`] and [`Self::write_noting_code`] calls would;
-    /// both ranges in one frame each, `dst`'s holding no decoded code
-    /// (`false`, nothing done, otherwise).
-    pub(crate) fn copy_repeated_down(&self, src: Hpa, dst: Hpa, count: u64, size: u8) -> bool {
-        let step = size as u64;
-        let len = count * step;
-        let below = (count.saturating_sub(1)) * step;
-        let (Some(src_low), Some(dst_low)) = (src.0.checked_sub(below), dst.0.checked_sub(below))
-        else {
-            return false;
-        };
-        let (src_low, dst_low) = (Hpa(src_low), Hpa(dst_low));
-        if len == 0
-            || self.check(src_low, len).is_err()
-            || self.check(dst_low, len).is_err()
-            || self.is_code(dst_low)
-        {
-            return false;
-        }
-        // Element by element downward reads each byte before any element
-        // written earlier (above it) could cover it when the destination
-        // is not below the source (or the ranges are apart): the bytes as
-        // they were, copied from the top down, by aligned words when both
-        // ranges are equally aligned.
-        if (src.0 ^ dst.0) & 7 == 0 && (dst.0 >= src.0 || dst_low.0 + len <= src_low.0) {
-            self.copy_words(src_low, dst_low, len, true);
-            return true;
-        }
-        for i in (0..count).rev() {
-            let offset = i * step;
-            let Ok(v) = self.read(Hpa(src_low.0 + offset), size) else {
-                unreachable!("checked above")
-            };
-            self.store_unchecked(Hpa(dst_low.0 + offset), size, v);
         }
         true
     }
@@ -692,7 +664,7 @@ mod tests {
                     // overlapping and apart.
                     for src in [0u64, 1, 3, 8, 16, 24, 29, 64, 100] {
                         let (m, r) = (patterned(), patterned());
-                        let done = m.copy_repeated(Hpa(src), Hpa(start), count, size);
+                        let done = m.copy_repeated(Hpa(src), Hpa(start), count, size, false);
                         assert_eq!(done, count > 0);
                         for i in 0..count {
                             let at = i * size as u64;

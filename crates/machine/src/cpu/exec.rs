@@ -1121,13 +1121,14 @@ impl Cpu {
                 Hpa(base.0 + i * step)
             }
         };
+        // The run's lowest element from its first.
+        let lowest = |first: Hpa| if down { at(first, n - 1) } else { first };
         match op {
             StringOp::Stos => {
                 let dst = self.translate(mem, rdi, AccessKind::Write, user)?;
                 let value = self.state.gpr[0] & size.mask();
                 // (One value: the order of the stores does not matter.)
-                let lowest = if down { at(dst, n - 1) } else { dst };
-                if !mem.store_repeated(lowest, n, size.bytes(), value) {
+                if !mem.store_repeated(lowest(dst), n, size.bytes(), value) {
                     // Decoded code in the frame, or not RAM (the first
                     // store fails): one store at a time.
                     for i in 0..n {
@@ -1141,12 +1142,7 @@ impl Cpu {
                 // would, before the destination is translated.
                 mem.read(src, size.bytes())?;
                 let dst = self.translate(mem, rdi, AccessKind::Write, user)?;
-                let copied = if down {
-                    mem.copy_repeated_down(src, dst, n, size.bytes())
-                } else {
-                    mem.copy_repeated(src, dst, n, size.bytes())
-                };
-                if !copied {
+                if !mem.copy_repeated(lowest(src), lowest(dst), n, size.bytes(), down) {
                     for i in 0..n {
                         let v = mem.read(at(src, i), size.bytes())?;
                         self.store(mem, at(dst, i), size, v)?;
