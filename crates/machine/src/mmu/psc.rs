@@ -34,10 +34,11 @@
 //! with CR3, PCID included).
 //!
 //! A guest-physical mapping allows an access only as the walk would without
-//! setting a flag: its rights must allow the kind, and a write (guest
-//! paging-structure references are writes with EPT A/D on) needs the dirty
-//! flag recorded; otherwise the EPT is walked from memory (which may fault,
-//! set flags, log to the PML) and the mapping is refilled. A translation
+//! setting a flag: its rights must allow the kind, and it must have the
+//! dirty flag recorded, even for a read (another CPU may have set the flag
+//! since, and the TLB entry the access fills records it); otherwise the EPT
+//! is walked from memory (which may fault, set flags, log to the PML) and
+//! the mapping is refilled. A translation
 //! that used a cached entry and then faults is dropped and walked again
 //! from memory with no cache ([`super::translate`]), after the PSC entries
 //! for the address are invalidated (SDM 4.10.4.1: a page fault invalidates
@@ -598,13 +599,22 @@ impl Psc {
 
     /// What mapping `m` (of `gpa`'s page) gives an access of `kind`: its
     /// EPT translation if it allows the access with no flag to set.
+    ///
+    /// A mapping made while the leaf's EPT dirty flag was clear answers
+    /// nothing, not even a read: another CPU's write may have set the flag
+    /// since (hardware sets it; no software invalidates for that), and the
+    /// TLB entry a read fills records whether it is set, which decides
+    /// whether a later write walks again. A walk from memory sees the flag
+    /// as it is now, as with no cache, so the caches' sizes stay out of
+    /// virtual time (with 16384 mappings instead of 256, `bm -f 2 -w 2`
+    /// on 4 vCPUs took a different course before this rule).
     #[inline(always)]
     fn mapping_translation(
         m: &GpaMapping,
         gpa: Gpa,
         kind: super::AccessKind,
     ) -> Option<EptTranslation> {
-        let usable = m.perms.allows(kind) && (kind != super::AccessKind::Write || m.dirty_recorded);
+        let usable = m.perms.allows(kind) && m.dirty_recorded;
         if !usable {
             return None;
         }
