@@ -350,7 +350,9 @@ fn a_store_slot_filled_before_its_page_held_code_keeps_stores_off_it() {
     // filled while the page held no code: it must take the slow path,
     // which invalidates the decoded function, so the second call returns
     // the new immediate; so must it after its slot was taken by another
-    // page and filled again.
+    // page and filled again, and after the page left the TLB (INVLPG):
+    // the Rust fill (a walk) fills the slot, which must give the next
+    // patch, after the function ran again, no view either.
     let page = DATA + 0x3000;
     let (o, stats) = both(|a| {
         let mut warm = a.create_label();
@@ -385,13 +387,20 @@ fn a_store_slot_filled_before_its_page_held_code_keeps_stores_off_it() {
         a.call(poke).unwrap();
         a.call(rsi).unwrap();
         a.add(ebx, eax).unwrap();
+        a.invlpg(qword_ptr(rsi)).unwrap();
+        for imm in [13u32, 15] {
+            a.mov(eax, (imm << 8) | 0xb8).unwrap();
+            a.call(poke).unwrap();
+            a.call(rsi).unwrap();
+            a.add(ebx, eax).unwrap();
+        }
         a.hlt().unwrap();
     });
     assert_eq!(o.exit, VmExit::Hlt);
     assert_eq!(stats.blocks_failed, 0, "{stats:?}");
     assert_eq!(
         o.gpr[3],
-        7 + 9 + 11,
+        7 + 9 + 11 + 13 + 15,
         "the later calls ran the patched function"
     );
 }

@@ -247,10 +247,7 @@ impl Cpu {
     /// slot of a frame holding decoded code kept from translated stores.
     #[inline(always)]
     fn fill_l1(&mut self, mem: &PhysMemory, class: usize, la: u64, hpa: Hpa) {
-        self.l1.fill(class, la, hpa);
-        if l1tlb::WRITE_CLASSES.contains(&class) && mem.is_code(hpa) {
-            self.l1.no_translated_stores(class, la);
-        }
+        self.l1.fill(class, la, hpa, |frame| mem.is_code(frame));
         if self.l1.notes_user_pages() && l1tlb::is_supervisor_data(class) {
             let user_page = self.maps_user_page(class, la);
             self.l1.note_user_page(class, la, user_page);
