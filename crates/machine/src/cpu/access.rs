@@ -1218,7 +1218,7 @@ mod tests {
                 // as such (the second one's by the translated code's
                 // fill after the first round), the kernel page's is not.
                 cpu.sync_l1();
-                let slot = |la: u64| 1u64 << (((la >> 12) + 1) as usize % l1tlb::SLOTS);
+                let slot = |la: u64| 1u64 << l1tlb::slot_index(la);
                 let users = slot(USER_PAGES[0]) | slot(USER_PAGES[1]);
                 let noted = cpu.l1.user_pages(supervisor_read) & (users | slot(KERNEL_PAGE));
                 assert_eq!(noted, users, "{what}");

@@ -452,7 +452,9 @@ impl L1Tlb {
     /// Empties the slots of linear 4 KiB page number `vpn` (its low 36
     /// bits, as the TLB tags it), in every class.
     fn drop_page(&mut self, vpn: u64) {
-        let index = (vpn as usize + 1) & (SLOTS - 1);
+        // The index reads only the page number's low bits: the 36-bit
+        // tag gives the full address's slot.
+        let index = slot_index(vpn << 12);
         for class in DATA_CLASSES..CLASSES {
             self.book.new_fetch_version(class, index);
         }
@@ -492,7 +494,7 @@ impl L1Tlb {
     #[inline(always)]
     pub(crate) fn lookup(&self, class: usize, la: u64) -> Option<Hpa> {
         let page = (la >> 12) + 1;
-        let s = &self.slots[class][(page as usize) & (SLOTS - 1)];
+        let s = &self.slots[class][slot_index(la)];
         (s.page == page).then_some(Hpa(s.hpa | (la & 0xfff)))
     }
 
@@ -500,7 +502,7 @@ impl L1Tlb {
     #[inline]
     pub(crate) fn peek(&self, class: usize, la: u64) -> bool {
         let page = (la >> 12) + 1;
-        self.slots[class][(page as usize) & (SLOTS - 1)].page == page
+        self.slots[class][slot_index(la)].page == page
     }
 
     /// The cached TLB lookup key of class `class` (see `keys`). The slots
@@ -677,7 +679,7 @@ mod tests {
         fill(&mut l1, 3, 0x7000_1234, Hpa(0x5abc), 5, 9);
         assert_eq!(lookup(&mut l1, 0, 0x7000_1ff0, 5, 9), Some(Hpa(0x2ff0)));
         // Inside memory: the translated-code view is filled.
-        let s = l1.slots[0][(0x70001 + 1) & (SLOTS - 1)];
+        let s = l1.slots[0][slot_index(0x7000_1000)];
         assert_eq!(s.jit_page, 0x70001);
         assert_eq!(
             s.host_delta.wrapping_add(0x7000_1ff0),
@@ -685,7 +687,7 @@ mod tests {
         );
         assert_eq!(l1.jit_slot(0, 0x7000_1ff0, 16), Some(Hpa(0x2000)));
         // Outside memory: only the interpreter's view.
-        assert_eq!(l1.slots[3][(0x70001 + 1) & (SLOTS - 1)].jit_page, u64::MAX);
+        assert_eq!(l1.slots[3][slot_index(0x7000_1000)].jit_page, u64::MAX);
         assert_eq!(l1.jit_slot(3, 0x7000_1000, 1), None);
         assert_eq!(lookup(&mut l1, 3, 0x7000_1000, 5, 9), Some(Hpa(0x5000)));
         l1.sync(r(6), 9, || CTX);
