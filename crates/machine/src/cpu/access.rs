@@ -95,16 +95,42 @@ impl Cpu {
         user: bool,
         implicit: bool,
     ) -> Result<Hpa, Fault> {
-        // Implicit accesses differ only in SMAP's AC handling: they bypass
-        // the first-level TLB rather than get classes of their own.
-        if !implicit {
-            let class = kind as usize * 2 + user as usize;
-            self.sync_l1();
-            if let Some(hpa) = self.l1.lookup(class, la) {
+        if implicit {
+            return self.translate_implicit(mem, la, Access { kind, user });
+        }
+        let class = kind as usize * 2 + user as usize;
+        self.sync_l1();
+        if let Some(hpa) = self.l1.lookup(class, la) {
+            return Ok(hpa);
+        }
+        self.translate_slow(mem, la, kind, user)
+    }
+
+    /// The translation of an implicit supervisor access. Implicit
+    /// accesses differ only in SMAP's AC handling: they bypass the
+    /// first-level TLB rather than get classes of their own. The TLB
+    /// lookup [`mmu::translate`] would make is made here: `Tlb::lookup` is
+    /// `Tlb::lookup_keyed` with the key `LookupKey::new` makes of the same
+    /// registers, VPID and EPTP. A hit is the answer; the rest (a miss's
+    /// walk, faults, MMIO emulation) goes the full way, only without a
+    /// second lookup.
+    fn translate_implicit(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        access: Access,
+    ) -> Result<Hpa, Fault> {
+        let regs = self.paging_regs(true);
+        let ept = self.vmx.as_deref().and_then(|v| v.ept);
+        let mut looked_up = false;
+        if mmu::is_canonical(Gva(la)) && (regs.cr0 & cr0::PG != 0 || ept.is_some()) {
+            let key = mmu::tlb::LookupKey::new(self.vpid(), &regs, ept, access);
+            if let Some(hpa) = self.tlb.lookup_keyed(&key, Gva(la)) {
                 return Ok(hpa);
             }
+            looked_up = true;
         }
-        self.translate_slow(mem, la, kind, user, implicit)
+        self.translate_full_or_mmio(mem, la, access, true, looked_up)
     }
 
     /// Brings the first-level TLB up to the TLB's removals and the mode
@@ -190,7 +216,7 @@ impl Cpu {
         if !self.l1.peek(class, la) {
             // The interpreter's own miss path (its fill comes after any
             // walk and syncs first: the slots stay in sync).
-            self.translate_slow_inline(mem, la, Access { kind, user }, false)?;
+            self.translate_slow_inline(mem, la, Access { kind, user })?;
             debug_assert!(self.l1_in_sync());
         }
         Ok(self.l1.jit_slot(class, la, bytes))
@@ -289,9 +315,8 @@ impl Cpu {
             .then(|| mmu::tlb::LookupKey::new(self.vpid(), &regs, ept, Access { kind, user }))
     }
 
-    /// A first-level TLB miss (or an implicit access): the TLB's usable
-    /// hit through the cached key (an implicit access's: made here) when
-    /// there is one, else the full way.
+    /// A first-level TLB miss: the TLB's usable hit through the cached
+    /// key when there is one, else the full way.
     #[inline(never)]
     fn translate_slow(
         &mut self,
@@ -299,9 +324,8 @@ impl Cpu {
         la: u64,
         kind: AccessKind,
         user: bool,
-        implicit: bool,
     ) -> Result<Hpa, Fault> {
-        self.translate_slow_inline(mem, la, Access { kind, user }, implicit)
+        self.translate_slow_inline(mem, la, Access { kind, user })
     }
 
     /// [`Self::translate_slow`]'s body, inlined where first-level misses
@@ -313,35 +337,31 @@ impl Cpu {
         mem: &PhysMemory,
         la: u64,
         access: Access,
-        implicit: bool,
     ) -> Result<Hpa, Fault> {
         let Access { kind, user } = access;
         let mut looked_up = false;
-        if implicit {
-            // [`mmu::translate`]'s TLB lookup made here: `Tlb::lookup` is
-            // `Tlb::lookup_keyed` with the key `LookupKey::new` makes of
-            // the same registers, VPID and EPTP. A hit is the answer
-            // (implicit accesses bypass the first-level TLB); the rest (a
-            // miss's walk, faults, MMIO emulation) goes the full way, only
-            // without a second lookup.
-            let regs = self.paging_regs(true);
-            let ept = self.vmx.as_deref().and_then(|v| v.ept);
-            if mmu::is_canonical(Gva(la)) && (regs.cr0 & cr0::PG != 0 || ept.is_some()) {
-                let key = mmu::tlb::LookupKey::new(self.vpid(), &regs, ept, access);
-                if let Some(hpa) = self.tlb.lookup_keyed(&key, Gva(la)) {
-                    return Ok(hpa);
-                }
-                looked_up = true;
-            }
-        } else {
-            // `translate_as`'s lookup synced the slots.
-            let class = kind as usize * 2 + user as usize;
-            match self.translate_keyed(mem, la, class, kind, user) {
-                Keyed::Hit(hpa) => return Ok(hpa),
-                Keyed::Missed => looked_up = true,
-                Keyed::Unkeyed => {}
-            }
+        // `translate_as`'s lookup synced the slots.
+        let class = kind as usize * 2 + user as usize;
+        match self.translate_keyed(mem, la, class, kind, user) {
+            Keyed::Hit(hpa) => return Ok(hpa),
+            Keyed::Missed => looked_up = true,
+            Keyed::Unkeyed => {}
         }
+        self.translate_full_or_mmio(mem, la, access, false, looked_up)
+    }
+
+    /// [`Self::translate_full`], then, under MMIO emulation, the
+    /// translation a fault there stands for (`mmio_emu_translation`).
+    #[inline(always)]
+    fn translate_full_or_mmio(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        access: Access,
+        implicit: bool,
+        looked_up: bool,
+    ) -> Result<Hpa, Fault> {
+        let Access { kind, user } = access;
         let r = self.translate_full(mem, la, kind, user, implicit, looked_up);
         if let Err(f) = &r {
             if self.mmio_emu.is_some() {
@@ -448,7 +468,7 @@ impl Cpu {
             kind: AccessKind::Execute,
             user,
         };
-        self.translate_slow_inline(mem, la, access, false)
+        self.translate_slow_inline(mem, la, access)
     }
 
     #[inline]
