@@ -95,16 +95,42 @@ impl Cpu {
         user: bool,
         implicit: bool,
     ) -> Result<Hpa, Fault> {
-        // Implicit accesses differ only in SMAP's AC handling: they bypass
-        // the first-level TLB rather than get classes of their own.
-        if !implicit {
-            let class = kind as usize * 2 + user as usize;
-            self.sync_l1();
-            if let Some(hpa) = self.l1.lookup(class, la) {
+        if implicit {
+            return self.translate_implicit(mem, la, Access { kind, user });
+        }
+        let class = kind as usize * 2 + user as usize;
+        self.sync_l1();
+        if let Some(hpa) = self.l1.lookup(class, la) {
+            return Ok(hpa);
+        }
+        self.translate_slow(mem, la, kind, user)
+    }
+
+    /// The translation of an implicit supervisor access. Implicit
+    /// accesses differ only in SMAP's AC handling: they bypass the
+    /// first-level TLB rather than get classes of their own. The TLB
+    /// lookup [`mmu::translate`] would make is made here: `Tlb::lookup` is
+    /// `Tlb::lookup_keyed` with the key `LookupKey::new` makes of the same
+    /// registers, VPID and EPTP. A hit is the answer; the rest (a miss's
+    /// walk, faults, MMIO emulation) goes the full way, only without a
+    /// second lookup.
+    fn translate_implicit(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        access: Access,
+    ) -> Result<Hpa, Fault> {
+        let regs = self.paging_regs(true);
+        let ept = self.vmx.as_deref().and_then(|v| v.ept);
+        let mut looked_up = false;
+        if mmu::is_canonical(Gva(la)) && (regs.cr0 & cr0::PG != 0 || ept.is_some()) {
+            let key = mmu::tlb::LookupKey::new(self.vpid(), &regs, ept, access);
+            if let Some(hpa) = self.tlb.lookup_keyed(&key, Gva(la)) {
                 return Ok(hpa);
             }
+            looked_up = true;
         }
-        self.translate_slow(mem, la, kind, user, implicit)
+        self.translate_full_or_mmio(mem, la, access, true, looked_up)
     }
 
     /// Brings the first-level TLB up to the TLB's removals and the mode
@@ -190,7 +216,7 @@ impl Cpu {
         if !self.l1.peek(class, la) {
             // The interpreter's own miss path (its fill comes after any
             // walk and syncs first: the slots stay in sync).
-            self.translate_slow_inline(mem, la, Access { kind, user }, false)?;
+            self.translate_slow_inline(mem, la, Access { kind, user })?;
             debug_assert!(self.l1_in_sync());
         }
         Ok(self.l1.jit_slot(class, la, bytes))
@@ -247,10 +273,7 @@ impl Cpu {
     /// slot of a frame holding decoded code kept from translated stores.
     #[inline(always)]
     fn fill_l1(&mut self, mem: &PhysMemory, class: usize, la: u64, hpa: Hpa) {
-        self.l1.fill(class, la, hpa);
-        if l1tlb::WRITE_CLASSES.contains(&class) && mem.is_code(hpa) {
-            self.l1.no_translated_stores(class, la);
-        }
+        self.l1.fill(class, la, hpa, |frame| mem.is_code(frame));
         if self.l1.notes_user_pages() && l1tlb::is_supervisor_data(class) {
             let user_page = self.maps_user_page(class, la);
             self.l1.note_user_page(class, la, user_page);
@@ -292,8 +315,8 @@ impl Cpu {
             .then(|| mmu::tlb::LookupKey::new(self.vpid(), &regs, ept, Access { kind, user }))
     }
 
-    /// A first-level TLB miss (or an implicit access): the TLB's usable
-    /// hit through the cached key when there is one, else the full way.
+    /// A first-level TLB miss: the TLB's usable hit through the cached
+    /// key when there is one, else the full way.
     #[inline(never)]
     fn translate_slow(
         &mut self,
@@ -301,9 +324,8 @@ impl Cpu {
         la: u64,
         kind: AccessKind,
         user: bool,
-        implicit: bool,
     ) -> Result<Hpa, Fault> {
-        self.translate_slow_inline(mem, la, Access { kind, user }, implicit)
+        self.translate_slow_inline(mem, la, Access { kind, user })
     }
 
     /// [`Self::translate_slow`]'s body, inlined where first-level misses
@@ -315,19 +337,31 @@ impl Cpu {
         mem: &PhysMemory,
         la: u64,
         access: Access,
-        implicit: bool,
     ) -> Result<Hpa, Fault> {
         let Access { kind, user } = access;
         let mut looked_up = false;
-        if !implicit {
-            // `translate_as`'s lookup synced the slots.
-            let class = kind as usize * 2 + user as usize;
-            match self.translate_keyed(mem, la, class, kind, user) {
-                Keyed::Hit(hpa) => return Ok(hpa),
-                Keyed::Missed => looked_up = true,
-                Keyed::Unkeyed => {}
-            }
+        // `translate_as`'s lookup synced the slots.
+        let class = kind as usize * 2 + user as usize;
+        match self.translate_keyed(mem, la, class, kind, user) {
+            Keyed::Hit(hpa) => return Ok(hpa),
+            Keyed::Missed => looked_up = true,
+            Keyed::Unkeyed => {}
         }
+        self.translate_full_or_mmio(mem, la, access, false, looked_up)
+    }
+
+    /// [`Self::translate_full`], then, under MMIO emulation, the
+    /// translation a fault there stands for (`mmio_emu_translation`).
+    #[inline(always)]
+    fn translate_full_or_mmio(
+        &mut self,
+        mem: &PhysMemory,
+        la: u64,
+        access: Access,
+        implicit: bool,
+        looked_up: bool,
+    ) -> Result<Hpa, Fault> {
+        let Access { kind, user } = access;
         let r = self.translate_full(mem, la, kind, user, implicit, looked_up);
         if let Err(f) = &r {
             if self.mmio_emu.is_some() {
@@ -434,7 +468,7 @@ impl Cpu {
             kind: AccessKind::Execute,
             user,
         };
-        self.translate_slow_inline(mem, la, access, false)
+        self.translate_slow_inline(mem, la, access)
     }
 
     #[inline]
@@ -1012,57 +1046,6 @@ impl Cpu {
         }
         Ok(())
     }
-
-    /// [`Self::read_implicit`] with the same translation, cycles and
-    /// counters, but the TLB hit taken through a lookup key made here
-    /// ([`Self::translate_implicit`]): for descriptor-table reads.
-    pub(crate) fn read_implicit_keyed(
-        &mut self,
-        mem: &PhysMemory,
-        la: u64,
-        size: Size,
-    ) -> Result<u64, Fault> {
-        if (la & 0xfff) + size.bytes() as u64 > 0x1000 {
-            return self.read_implicit(mem, la, size);
-        }
-        let hpa = self.translate_implicit(mem, la, AccessKind::Read)?;
-        self.phys_read(mem, hpa, size.bytes())
-    }
-
-    /// The translation of an implicit supervisor access (`translate_as`
-    /// with `implicit`), with [`mmu::translate`]'s TLB lookup made here:
-    /// `Tlb::lookup` is `Tlb::lookup_keyed` with the key
-    /// `LookupKey::new` makes of the same registers, VPID and EPTP. A hit
-    /// is the answer (implicit accesses bypass the first-level TLB); the
-    /// rest (a miss's walk, faults, MMIO emulation) goes the full way as
-    /// before, only without a second lookup.
-    fn translate_implicit(
-        &mut self,
-        mem: &PhysMemory,
-        la: u64,
-        kind: AccessKind,
-    ) -> Result<Hpa, Fault> {
-        let regs = self.paging_regs(true);
-        let ept = self.vmx.as_deref().and_then(|v| v.ept);
-        let mut looked_up = false;
-        if mmu::is_canonical(Gva(la)) && (regs.cr0 & cr0::PG != 0 || ept.is_some()) {
-            let access = Access { kind, user: false };
-            let key = mmu::tlb::LookupKey::new(self.vpid(), &regs, ept, access);
-            if let Some(hpa) = self.tlb.lookup_keyed(&key, Gva(la)) {
-                return Ok(hpa);
-            }
-            looked_up = true;
-        }
-        let r = self.translate_full(mem, la, kind, false, true, looked_up);
-        if let Err(f) = &r {
-            if self.mmio_emu.is_some() {
-                if let Some(hpa) = self.mmio_emu_translation(la, kind, f) {
-                    return Ok(hpa);
-                }
-            }
-        }
-        r
-    }
 }
 
 /// What [`Cpu::translate_keyed`] did.
@@ -1221,7 +1204,7 @@ mod tests {
                 // as such (the second one's by the translated code's
                 // fill after the first round), the kernel page's is not.
                 cpu.sync_l1();
-                let slot = |la: u64| 1u64 << (((la >> 12) + 1) as usize % l1tlb::SLOTS);
+                let slot = |la: u64| 1u64 << l1tlb::slot_index(la);
                 let users = slot(USER_PAGES[0]) | slot(USER_PAGES[1]);
                 let noted = cpu.l1.user_pages(supervisor_read) & (users | slot(KERNEL_PAGE));
                 assert_eq!(noted, users, "{what}");
@@ -1346,15 +1329,33 @@ mod tests {
         }
     }
 
-    /// `read_implicit_keyed` is `read_implicit`: the same value or fault,
-    /// cycles, TLB counters (a miss and its walk, then hits) and
-    /// first-level slots (it fills none), for a supervisor page, a user
-    /// page under SMAP with RFLAGS.AC set (an implicit access ignores AC:
-    /// #PF, while a normal read with AC set has put the page in the TLB),
-    /// a missing page, a non-canonical address, a read across pages, and
-    /// with paging off.
+    /// An implicit access's translations the way [`mmu::translate`]
+    /// makes them, with its own TLB lookup (one, or one per byte across
+    /// pages as `read_split` and `write_split` make them).
+    fn implicit_full_way(
+        cpu: &mut Cpu,
+        mem: &PhysMemory,
+        la: u64,
+        size: Size,
+        kind: AccessKind,
+    ) -> Result<Vec<Hpa>, Fault> {
+        let n = size.bytes() as u64;
+        let one_page = (la & 0xfff) + n <= 0x1000;
+        (0..if one_page { 1 } else { n })
+            .map(|i| cpu.translate_full(mem, la.wrapping_add(i), kind, false, true, false))
+            .collect()
+    }
+
+    /// An implicit read and write, whose TLB lookup the CPU makes with a
+    /// key of its own, are the full way ([`implicit_full_way`]): the same
+    /// value or fault, cycles, TLB counters (a miss and its walk, then
+    /// hits) and first-level slots (they fill none), for a supervisor
+    /// page, a user page under SMAP with RFLAGS.AC set (an implicit access
+    /// ignores AC: #PF, while a normal read with AC set has put the page
+    /// in the TLB), a missing page, a non-canonical address, an access
+    /// across pages, and with paging off.
     #[test]
-    fn an_implicit_read_with_its_own_key_counts_as_the_full_way() {
+    fn an_implicit_access_with_its_own_key_counts_as_the_full_way() {
         let cases: [(&str, u64, bool, bool); 7] = [
             ("supervisor", KERNEL_PAGE + 0x18, false, true),
             ("supervisor, AC", KERNEL_PAGE + 0x18, true, true),
@@ -1387,10 +1388,36 @@ mod tests {
             let (_, mut full) = setup();
             let pages = [la, KERNEL_PAGE, USER_PAGE];
             for round in 0..2 {
-                let got = keyed.read_implicit_keyed(&mem, la, Size::B8);
-                let want = full.read_implicit(&mem, la, Size::B8);
                 let what = format!("{what}, round {round}");
-                agree(&what, (got, &mut keyed), (want, &mut full), &pages);
+                let got = keyed.read_implicit(&mem, la, Size::B8);
+                let v = *got.as_ref().unwrap_or(&0);
+                let want = implicit_full_way(&mut full, &mem, la, Size::B8, AccessKind::Read)
+                    .and_then(|hpas| match hpas[..] {
+                        [hpa] => full.phys_read(&mem, hpa, 8),
+                        _ => (0..8).try_fold(0, |v, i| {
+                            Ok(v | full.phys_read(&mem, hpas[i], 1)? << (8 * i))
+                        }),
+                    });
+                agree(
+                    &format!("read, {what}"),
+                    (got, &mut keyed),
+                    (want, &mut full),
+                    &pages,
+                );
+                // Writing back what was read leaves memory as it was.
+                let got = keyed.write_implicit(&mem, la, Size::B8, v);
+                let want = implicit_full_way(&mut full, &mem, la, Size::B8, AccessKind::Write)
+                    .and_then(|hpas| match hpas[..] {
+                        [hpa] => full.store(&mem, hpa, Size::B8, v),
+                        _ => (0..8)
+                            .try_for_each(|i| full.store(&mem, hpas[i], Size::B1, v >> (8 * i))),
+                    });
+                agree(
+                    &format!("write, {what}"),
+                    (got, &mut keyed),
+                    (want, &mut full),
+                    &pages,
+                );
             }
         }
     }

@@ -87,8 +87,9 @@ pub(crate) struct Slot {
     /// inside the memory the slot was filled for (translated code may then
     /// access it through `host_delta`), else `u64::MAX`, which no page
     /// number equals. Also `u64::MAX` in a write slot whose frame holds
-    /// decoded code ([`L1Tlb::keep_stores_off_code`]): translated stores
-    /// take their slow path there, which invalidates the code.
+    /// decoded code ([`L1Tlb::fill`], [`L1Tlb::keep_stores_off_code`]):
+    /// translated stores take their slow path there, which invalidates the
+    /// code.
     pub(crate) jit_page: u64,
     /// Host address of the page minus its linear address (wrapping): the
     /// host address of a byte is its linear address plus this.
@@ -283,7 +284,7 @@ impl L1Tlb {
     /// translated-code view (their `jit_page`), so the probe of a store
     /// there misses and the store takes the slow path. Called when frames
     /// may have come to hold code since the slots were filled; fills check
-    /// their own frame (`Cpu::fill_l1`, the fill thunk).
+    /// their own frame ([`Self::fill`], the fill thunk).
     pub(crate) fn keep_stores_off_code(&mut self, is_code: impl Fn(Hpa) -> bool) {
         for class in WRITE_CLASSES {
             for s in self.slots[class].iter_mut() {
@@ -292,13 +293,6 @@ impl L1Tlb {
                 }
             }
         }
-    }
-
-    /// The slot of `la` in `class` (just filled) without a translated-code
-    /// view: its frame holds decoded code (see
-    /// [`Self::keep_stores_off_code`]).
-    pub(crate) fn no_translated_stores(&mut self, class: usize, la: u64) {
-        self.slots[class][slot_index(la)].jit_page = u64::MAX;
     }
 
     /// New numbers for every fetch slot: code in memory was written, so no
@@ -458,7 +452,9 @@ impl L1Tlb {
     /// Empties the slots of linear 4 KiB page number `vpn` (its low 36
     /// bits, as the TLB tags it), in every class.
     fn drop_page(&mut self, vpn: u64) {
-        let index = (vpn as usize + 1) & (SLOTS - 1);
+        // The index reads only the page number's low bits: the 36-bit
+        // tag gives the full address's slot.
+        let index = slot_index(vpn << 12);
         for class in DATA_CLASSES..CLASSES {
             self.book.new_fetch_version(class, index);
         }
@@ -498,7 +494,7 @@ impl L1Tlb {
     #[inline(always)]
     pub(crate) fn lookup(&self, class: usize, la: u64) -> Option<Hpa> {
         let page = (la >> 12) + 1;
-        let s = &self.slots[class][(page as usize) & (SLOTS - 1)];
+        let s = &self.slots[class][slot_index(la)];
         (s.page == page).then_some(Hpa(s.hpa | (la & 0xfff)))
     }
 
@@ -506,7 +502,7 @@ impl L1Tlb {
     #[inline]
     pub(crate) fn peek(&self, class: usize, la: u64) -> bool {
         let page = (la >> 12) + 1;
-        self.slots[class][(page as usize) & (SLOTS - 1)].page == page
+        self.slots[class][slot_index(la)].page == page
     }
 
     /// The cached TLB lookup key of class `class` (see `keys`). The slots
@@ -599,19 +595,31 @@ impl L1Tlb {
     }
 
     /// Records a translation the TLB just gave. The slots must be synced.
+    /// The slot gets a translated-code view (`jit_page`) when its frame
+    /// lies inside memory, but not a write slot whose frame `is_code` says
+    /// holds decoded code (asked only then): translated stores take the
+    /// slow path there, which invalidates the code (as
+    /// [`Self::keep_stores_off_code`] makes it for slots filled before).
     /// While [`Self::notes_user_pages`], a supervisor data fill is then
     /// noted ([`Self::note_user_page`]).
     #[inline(always)]
-    pub(crate) fn fill(&mut self, class: usize, la: u64, hpa: Hpa) {
+    pub(crate) fn fill(
+        &mut self,
+        class: usize,
+        la: u64,
+        hpa: Hpa,
+        is_code: impl FnOnce(Hpa) -> bool,
+    ) {
         let page = (la >> 12) + 1;
-        let index = (page as usize) & (SLOTS - 1);
+        let index = slot_index(la);
         let hpa_page = hpa.0 & !0xfff;
         let (base, size) = self.memory;
         let inside = base != 0 && hpa_page < size;
+        let viewed = inside && !(WRITE_CLASSES.contains(&class) && is_code(Hpa(hpa_page)));
         self.slots[class][index] = Slot {
             page,
             hpa: hpa_page,
-            jit_page: if inside { la >> 12 } else { u64::MAX },
+            jit_page: if viewed { la >> 12 } else { u64::MAX },
             host_delta: (base as u64)
                 .wrapping_add(hpa_page)
                 .wrapping_sub(la & !0xfff),
@@ -654,7 +662,7 @@ mod tests {
     /// Syncs under `ctx`, then fills and looks up as the CPU does.
     fn fill(l1: &mut L1Tlb, class: usize, la: u64, hpa: Hpa, tlb: u64, mode: u64) {
         l1.sync(r(tlb), mode, || CTX);
-        l1.fill(class, la, hpa);
+        l1.fill(class, la, hpa, |_| false);
         assert!(l1.consistent());
     }
     fn lookup(l1: &mut L1Tlb, class: usize, la: u64, tlb: u64, mode: u64) -> Option<Hpa> {
@@ -671,7 +679,7 @@ mod tests {
         fill(&mut l1, 3, 0x7000_1234, Hpa(0x5abc), 5, 9);
         assert_eq!(lookup(&mut l1, 0, 0x7000_1ff0, 5, 9), Some(Hpa(0x2ff0)));
         // Inside memory: the translated-code view is filled.
-        let s = l1.slots[0][(0x70001 + 1) & (SLOTS - 1)];
+        let s = l1.slots[0][slot_index(0x7000_1000)];
         assert_eq!(s.jit_page, 0x70001);
         assert_eq!(
             s.host_delta.wrapping_add(0x7000_1ff0),
@@ -679,7 +687,7 @@ mod tests {
         );
         assert_eq!(l1.jit_slot(0, 0x7000_1ff0, 16), Some(Hpa(0x2000)));
         // Outside memory: only the interpreter's view.
-        assert_eq!(l1.slots[3][(0x70001 + 1) & (SLOTS - 1)].jit_page, u64::MAX);
+        assert_eq!(l1.slots[3][slot_index(0x7000_1000)].jit_page, u64::MAX);
         assert_eq!(l1.jit_slot(3, 0x7000_1000, 1), None);
         assert_eq!(lookup(&mut l1, 3, 0x7000_1000, 5, 9), Some(Hpa(0x5000)));
         l1.sync(r(6), 9, || CTX);
@@ -704,6 +712,39 @@ mod tests {
         let mut other = [0u8; 0x1000];
         l1.use_memory(other.as_mut_ptr(), 0x1000);
         assert_eq!(lookup(&mut l1, 0, 0x7000_1ff0, 6, 10), None);
+    }
+
+    /// A fill gives no translated-code view to a write slot whose frame
+    /// holds decoded code, and asks whether it does only for a write slot
+    /// inside memory; other slots of the frame keep their view.
+    #[test]
+    fn a_write_fill_of_a_code_frame_gets_no_translated_view() {
+        let mut l1 = L1Tlb::new();
+        let mut mem = [0u8; 0x4000];
+        l1.use_memory(mem.as_mut_ptr(), 0x4000);
+        l1.sync(r(1), 1, || CTX);
+        let code = Hpa(0x3000);
+        let asked = std::cell::Cell::new(0);
+        let is_code = |frame: Hpa| {
+            asked.set(asked.get() + 1);
+            frame == code
+        };
+        let la = 0x7000_1234;
+        for class in 0..CLASSES {
+            let write = WRITE_CLASSES.contains(&class);
+            asked.set(0);
+            l1.fill(class, la, Hpa(0x3abc), is_code);
+            assert_eq!(asked.get(), usize::from(write), "{class}");
+            assert_eq!(l1.jit_slot(class, la, 1).is_none(), write, "{class}");
+            assert_eq!(l1.lookup(class, la), Some(Hpa(0x3234)), "{class}");
+            l1.fill(class, la, Hpa(0x2abc), is_code);
+            assert_eq!(l1.jit_slot(class, la, 1), Some(Hpa(0x2000)), "{class}");
+            // Outside memory there is no view to withhold.
+            asked.set(0);
+            l1.fill(class, la, Hpa(0x5abc), is_code);
+            assert_eq!(asked.get(), 0, "{class}");
+        }
+        assert!(l1.consistent());
     }
 
     /// One 4 KiB page's removal since the last sync drops that page's
@@ -872,8 +913,8 @@ mod tests {
         // classes too: no rights are checked here), the supervisor data
         // slots of the user page noted as such.
         for class in 0..CLASSES {
-            l1.fill(class, user_page, Hpa(0x1000));
-            l1.fill(class, kernel_page, Hpa(0x2000));
+            l1.fill(class, user_page, Hpa(0x1000), |_| false);
+            l1.fill(class, kernel_page, Hpa(0x2000), |_| false);
             if is_supervisor_data(class) {
                 l1.note_user_page(class, user_page, true);
                 l1.note_user_page(class, kernel_page, false);
@@ -905,15 +946,15 @@ mod tests {
         assert!(all(&l1, kernel_page));
         assert!((0..CLASSES).all(|c| l1.key(c).is_none() == SUPERVISOR_DATA_CLASSES.contains(&c)));
         for class in SUPERVISOR_DATA_CLASSES {
-            l1.fill(class, user_page, Hpa(0x1000));
+            l1.fill(class, user_page, Hpa(0x1000), |_| false);
             l1.note_user_page(class, user_page, true);
         }
         assert!(all(&l1, user_page));
         // A kernel page refilled over a user page's slot is not revoked.
         let same_slot = user_page + (SLOTS as u64) * 0x1000;
-        l1.fill(2, user_page, Hpa(0x1000));
+        l1.fill(2, user_page, Hpa(0x1000), |_| false);
         l1.note_user_page(2, user_page, true);
-        l1.fill(2, same_slot, Hpa(0x3000));
+        l1.fill(2, same_slot, Hpa(0x3000), |_| false);
         l1.note_user_page(2, same_slot, false);
         mode += 1;
         l1.sync(r(1), mode, || ac_clear);

@@ -825,7 +825,7 @@ impl Cpu {
             // (Made only here: a fault is an allocation.)
             return Err(gp((selector as u32 & !3) | ext));
         }
-        let d = self.read_implicit_keyed(mem, table.0.wrapping_add(index), Size::B8)?;
+        let d = self.read_implicit(mem, table.0.wrapping_add(index), Size::B8)?;
         let attr = ((d >> 40) & 0xff) as u32 | ((((d >> 52) & 0xf) as u32) << 12);
         let mut limit = ((d & 0xffff) | ((d >> 32) & 0xf_0000)) as u32;
         if attr & seg_attr::GRANULARITY != 0 {

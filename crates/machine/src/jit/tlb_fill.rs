@@ -11,7 +11,9 @@
 //! while the TLB's epoch has not moved), allowed under the lookup key
 //! the first-level TLB caches for the mode, counted as a hit and marked recently used as the TLB does, then
 //! the first-level slot filled as [`L1Tlb::fill`](crate::cpu::l1tlb)
-//! fills it, with the 4 KiB piece of a larger entry's page (and the
+//! fills it (a translated-code view when the frame lies inside memory,
+//! but not for a write slot whose frame holds decoded code), with the
+//! 4 KiB piece of a larger entry's page (and the
 //! entry's U flag noted for a supervisor data class while RFLAGS.AC is
 //! set under SMAP). Most of a Linux guest's first-level misses are hits
 //! on the kernel's global pages. Anything else (a page-crossing or
@@ -204,9 +206,10 @@ pub(crate) fn thunk(fallback: u64) -> Result<Vec<u8>, IcedError> {
     a.je(outside)?;
     a.cmp(rax, qword_ptr(r14 + ENV_MEM_SIZE))?;
     a.jae(outside)?;
-    // A write slot (r9 = class << 6: writes are 2 and 3) of a frame
-    // holding decoded code gets no view either: translated stores must
-    // take the slow path there (`L1Tlb::keep_stores_off_code`).
+    // A write slot (r9 = class << 6: writes are 2 and 3) whose frame
+    // holds decoded code (asked only then) gets no view either, as
+    // `L1Tlb::fill` decides it: translated stores take the slow path
+    // there, which invalidates the code.
     a.cmp(r9d, 2 << class_shift)?;
     a.jb(viewed)?;
     a.cmp(r9d, (crate::cpu::l1tlb::DATA_CLASSES as i32) << class_shift)?;

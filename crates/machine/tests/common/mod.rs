@@ -5,8 +5,9 @@
 
 use iced_x86::code_asm::CodeAssembler;
 use machine::cpu::state::{seg_attr, Segment};
+use machine::jit::JitStats;
 use machine::vmx::VmxControls;
-use machine::{Cpu, CpuConfig, Hpa, PhysMemory};
+use machine::{Cpu, CpuConfig, Engine, Hpa, PhysMemory, VmExit};
 
 pub const MEM: u64 = 64 << 20;
 pub const PML4: u64 = 0x1000;
@@ -164,4 +165,77 @@ pub fn controls() -> VmxControls {
         external_interrupt_exiting: false,
         ..VmxControls::default()
     }
+}
+
+/// Everything a run's outcome is made of (what the engines must agree
+/// on).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub exit: VmExit,
+    pub cycles: u64,
+    pub state: u64,
+    /// A digest of DATA's first 32 KiB and CODE's 4 KiB.
+    pub memory: u64,
+    pub instructions: u64,
+    pub tlb: machine::mmu::tlb::TlbStats,
+    /// The whole TLB: entries, places and recently-used bits.
+    pub tlb_image: machine::mmu::tlb::TlbImage,
+    pub gpr: [u64; 16],
+    pub rip: u64,
+}
+
+impl Rig {
+    /// Runs on `engine` (blocks translated at their `threshold`-th run)
+    /// to the end: the outcome and the translator's counters.
+    pub fn outcome(mut self, engine: Engine, threshold: u32) -> (Outcome, JitStats) {
+        self.cpu.set_engine(engine);
+        self.cpu.set_jit_threshold(threshold);
+        let exit = self.run();
+        let mut h = machine::cpu::state::Fnv::default();
+        let mut page = vec![0u8; 0x8000];
+        self.mem.read_bytes(Hpa(DATA), &mut page).unwrap();
+        h.bytes(&page);
+        let mut code = vec![0u8; 0x1000];
+        self.mem.read_bytes(Hpa(CODE), &mut code).unwrap();
+        h.bytes(&code);
+        (
+            Outcome {
+                exit,
+                cycles: self.cpu.cycles(),
+                state: self.cpu.state_digest(),
+                memory: h.finish(),
+                instructions: self.cpu.stats().instructions,
+                tlb: self.cpu.tlb().stats(),
+                tlb_image: self.cpu.tlb().image(),
+                gpr: self.cpu.state().gpr,
+                rip: self.cpu.state().rip,
+            },
+            self.cpu.jit_stats(),
+        )
+    }
+}
+
+/// Runs a program with `run` (on an engine, blocks translated at a
+/// threshold) on the interpreter, then on the translator at each of
+/// `thresholds`: each translator run must end as the interpreter's
+/// (`what` names the case). The interpreter's outcome and the
+/// translator's counters, a run per threshold.
+pub fn engines_agree<O: PartialEq + std::fmt::Debug>(
+    what: &str,
+    thresholds: &[u32],
+    run: impl Fn(Engine, u32) -> (O, JitStats),
+) -> (O, Vec<JitStats>) {
+    let (interp, _) = run(Engine::Interp, 1);
+    let stats = thresholds
+        .iter()
+        .map(|&threshold| {
+            let (jit, stats) = run(Engine::Jit, threshold);
+            assert!(
+                interp == jit,
+                "{what}: interp vs jit (translating at run {threshold}):\n{interp:?}\n{jit:?}"
+            );
+            stats
+        })
+        .collect();
+    (interp, stats)
 }
