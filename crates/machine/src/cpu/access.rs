@@ -120,11 +120,11 @@ impl Cpu {
         la: u64,
         access: Access,
     ) -> Result<Hpa, Fault> {
-        let regs = self.paging_regs(true);
-        let ept = self.vmx.as_deref().and_then(|v| v.ept);
         let mut looked_up = false;
-        if mmu::is_canonical(Gva(la)) && (regs.cr0 & cr0::PG != 0 || ept.is_some()) {
-            let key = mmu::tlb::LookupKey::new(self.vpid(), &regs, ept, access);
+        if let Some(key) = mmu::is_canonical(Gva(la))
+            .then(|| self.lookup_key(access, true))
+            .flatten()
+        {
             if let Some(hpa) = self.tlb.lookup_keyed(&key, Gva(la)) {
                 return Ok(hpa);
             }
@@ -248,7 +248,7 @@ impl Cpu {
         }
         debug_assert_eq!(
             self.l1.key(class).copied(),
-            self.lookup_key(kind, user),
+            self.lookup_key(Access { kind, user }, false),
             "a stale TLB lookup key"
         );
         // (Read in place: the key cache and the TLB are separate fields.)
@@ -297,7 +297,7 @@ impl Cpu {
     #[cold]
     #[inline(never)]
     pub(super) fn cache_lookup_key(&mut self, class: usize, kind: AccessKind, user: bool) -> bool {
-        match self.lookup_key(kind, user) {
+        match self.lookup_key(Access { kind, user }, false) {
             Some(k) => {
                 self.l1.set_key(class, k);
                 true
@@ -306,13 +306,13 @@ impl Cpu {
         }
     }
 
-    /// The TLB lookup key of an access now (`None` when the TLB is not
-    /// consulted: no paging and no EPT).
-    fn lookup_key(&self, kind: AccessKind, user: bool) -> Option<mmu::tlb::LookupKey> {
-        let regs = self.paging_regs(false);
+    /// The TLB lookup key of an access now, `implicit` or not (`None`
+    /// when the TLB is not consulted: no paging and no EPT).
+    fn lookup_key(&self, access: Access, implicit: bool) -> Option<mmu::tlb::LookupKey> {
+        let regs = self.paging_regs(implicit);
         let ept = self.vmx.as_deref().and_then(|v| v.ept);
-        (regs.cr0 & super::state::cr0::PG != 0 || ept.is_some())
-            .then(|| mmu::tlb::LookupKey::new(self.vpid(), &regs, ept, Access { kind, user }))
+        (regs.cr0 & cr0::PG != 0 || ept.is_some())
+            .then(|| mmu::tlb::LookupKey::new(self.vpid(), &regs, ept, access))
     }
 
     /// A first-level TLB miss: the TLB's usable hit through the cached
