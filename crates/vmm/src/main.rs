@@ -14,6 +14,13 @@
 
 mod bench;
 mod plot;
+
+/// mimalloc instead of glibc's malloc: the vCPU thread frees what the
+/// translator thread allocated (requests, code), and glibc serialises
+/// such frees on the owning arena's lock (futex waits and wakes on both
+/// threads); mimalloc frees across threads without a lock.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod reproduce;
 
 // The product (run, restore, incoming, calibrate, the summary) is the
