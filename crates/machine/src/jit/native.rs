@@ -55,7 +55,7 @@ fn map_view(fd: libc::c_int, prot: libc::c_int) -> Option<*mut u8> {
             std::ptr::null_mut(),
             CHUNK_BYTES,
             prot,
-            libc::MAP_SHARED,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
             fd,
             0,
         )
