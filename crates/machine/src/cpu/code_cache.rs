@@ -383,9 +383,35 @@ impl CodeCache {
 /// Decodes a block of `bits`-bit code (64, 32 or 16) from `bytes` (which
 /// run to the end of the page) at `rip` (the offset in CS). `None` when
 /// the first instruction does not fit in `bytes` (it crosses the page end).
+///
+/// The block's vector is allocated once, at its exact length: it lives as
+/// long as the block, and a vector grown by doubling would reallocate and
+/// copy on the way and leave up to half its (fresh, host-zeroed) memory
+/// unused, which in a Linux boot was a tenth of the heap and a good part
+/// of the vCPU thread's page faults.
 pub fn decode_block(bytes: &[u8], rip: u64, bits: u32) -> Option<Vec<Op>> {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<Op>> =
+            std::cell::RefCell::new(Vec::with_capacity(MAX_BLOCK_INSNS));
+    }
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut insns) => {
+            insns.clear();
+            decode_block_into(bytes, rip, bits, &mut insns);
+            (!insns.is_empty()).then(|| insns.to_vec())
+        }
+        // Not reentered in practice; a fresh vector is as good.
+        Err(_) => {
+            let mut insns = Vec::new();
+            decode_block_into(bytes, rip, bits, &mut insns);
+            (!insns.is_empty()).then_some(insns)
+        }
+    })
+}
+
+/// [`decode_block`]'s work: the block's instructions appended to `insns`.
+fn decode_block_into(bytes: &[u8], rip: u64, bits: u32, insns: &mut Vec<Op>) {
     let mut decoder = Decoder::with_ip(bits, bytes, rip, DecoderOptions::NONE);
-    let mut insns = Vec::with_capacity(8);
     while decoder.can_decode() && insns.len() < MAX_BLOCK_INSNS {
         let pos = decoder.position();
         let insn = decoder.decode();
@@ -405,11 +431,6 @@ pub fn decode_block(bytes: &[u8], rip: u64, bits: u32) -> Option<Vec<Op>> {
         if end {
             break;
         }
-    }
-    if insns.is_empty() {
-        None
-    } else {
-        Some(insns)
     }
 }
 
