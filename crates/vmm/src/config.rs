@@ -263,7 +263,12 @@ pub fn read_input_file(
             path: path.to_path_buf(),
         });
     }
-    read_capped(option, path, file, cap)
+    // Sized from the start: the kernel image is tens of megabytes, and a
+    // vector grown while read copies it over and over.
+    let expected = meta.len().min(cap).saturating_add(1);
+    let mut bytes = Vec::with_capacity(usize::try_from(expected).unwrap_or(0));
+    read_capped_into(option, path, file, cap, &mut bytes)?;
+    Ok(bytes)
 }
 
 /// Reads `reader` to its end, refusing more than `cap` bytes (a file that
@@ -274,11 +279,23 @@ pub fn read_capped(
     reader: impl std::io::Read,
     cap: u64,
 ) -> Result<Vec<u8>, InputFileError> {
-    use std::io::Read;
     let mut bytes = Vec::new();
+    read_capped_into(option, path, reader, cap, &mut bytes)?;
+    Ok(bytes)
+}
+
+/// [`read_capped`] into `bytes` (empty; its capacity is kept if enough).
+fn read_capped_into(
+    option: &'static str,
+    path: &Path,
+    reader: impl std::io::Read,
+    cap: u64,
+    bytes: &mut Vec<u8>,
+) -> Result<(), InputFileError> {
+    use std::io::Read;
     reader
         .take(cap.saturating_add(1))
-        .read_to_end(&mut bytes)
+        .read_to_end(bytes)
         .map_err(|source| InputFileError::Io {
             option,
             path: path.to_path_buf(),
@@ -292,7 +309,7 @@ pub fn read_capped(
             what: cap_reason(option),
         });
     }
-    Ok(bytes)
+    Ok(())
 }
 
 /// A swap file must be a regular file on a disk-backed file system (or a

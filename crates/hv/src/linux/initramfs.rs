@@ -20,8 +20,15 @@ pub struct CpioWriter {
 
 impl CpioWriter {
     pub fn new() -> CpioWriter {
+        Self::with_capacity(0)
+    }
+
+    /// A writer whose archive has room for `bytes` before it grows (the
+    /// files' sizes plus some headers: growing a many-megabyte archive
+    /// copies it each time).
+    pub fn with_capacity(bytes: usize) -> CpioWriter {
         CpioWriter {
-            out: Vec::new(),
+            out: Vec::with_capacity(bytes),
             // Inode 0 is not used by real archives; start at 1.
             next_inode: 1,
         }
