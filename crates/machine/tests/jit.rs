@@ -1303,7 +1303,6 @@ fn an_exit_checked_before_its_itlb_slot_changed_checks_again() {
     assert_eq!(stats.blocks_failed, 0, "{stats:?}");
     // The second phase's fetches of T and U miss the first level and hit
     // the TLB: two hits a round.
-    eprintln!("DBG {:?} {:?}", o.tlb, stats);
     assert!(o.tlb.hits >= 2 * rounds as u64, "{:?}", o.tlb);
 }
 
@@ -1579,6 +1578,45 @@ fn self_loops_with_dead_entry_flags_stop_exactly() {
         assert_eq!(stats.blocks_failed, 0, "{stats:?}");
         assert!(stats.chain_fetches > 0, "{stats:?}");
     }
+}
+
+#[test]
+fn a_self_loop_whose_fills_evict_its_code_page_fetches_again() {
+    // A TLB of one set of two ways, and a loop that loads from one of two
+    // other 2 MiB pages, switching every 32 iterations. Between switches
+    // everything hits the first-level TLB: no Rust runs, and the back edge
+    // skips its fetch checks once they have passed. At a switch the load
+    // misses the TLB and the Rust fill evicts the code page's entry (the
+    // least recently used: first-level hits leave the TLB's order alone),
+    // so that back edge must find its fetch gone and fetch again (a TLB
+    // miss), as the interpreter does.
+    let prog = |a: &mut CodeAssembler| {
+        let mut top = a.create_label();
+        a.mov(ecx, 300u32).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(edx, ecx).unwrap();
+        a.and(edx, 32).unwrap();
+        a.shl(edx, 16).unwrap();
+        a.mov(rax, qword_ptr(rdx + 0x40_0000)).unwrap();
+        a.add(rbx, rax).unwrap();
+        a.add(rbx, rcx).unwrap();
+        a.dec(ecx).unwrap();
+        a.jnz(top).unwrap();
+        a.hlt().unwrap();
+    };
+    let tlb = machine::mmu::tlb::TlbConfig {
+        entries: 2,
+        ways: 2,
+    };
+    let (interp, stats) = engines_agree("loop evicting its code page", &[1, 2], |e, t| {
+        rig(prog).with_tlb(tlb).outcome(e, t)
+    });
+    assert_eq!(interp.exit, VmExit::Hlt);
+    // About two misses per switch: the load's, the fetch's.
+    assert!(interp.tlb.misses >= 18, "{:?}", interp.tlb);
+    let stats = stats[0];
+    assert!(stats.blocks_translated >= 1, "{stats:?}");
+    assert!(stats.chain_fetches >= 8, "{stats:?}");
 }
 
 /// Sets MSR `msr` to `value` (below 4 GiB): WRMSR with EDX zero.

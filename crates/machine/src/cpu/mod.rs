@@ -288,6 +288,15 @@ pub struct Cpu {
     /// at before the next block (events, a store into code, an IPI, a mode
     /// change...). One compare per chained block covers all of them.
     jit_deadline: u64,
+    /// Nonzero when Rust ran since translated code last checked a
+    /// self-loop's fetch (`Emitter::self_loop_exit`): set on every entry
+    /// into generated code from Rust and on every return to it from a
+    /// call into Rust (`jit::native`), cleared by a back edge whose checks
+    /// passed. Only Rust changes what those checks look at (the
+    /// first-level iTLB's slots, which translated code fills only at
+    /// chaining exits, and a frame's code-write generation), so while it
+    /// is clear a loop's back edge skips them. Host side only.
+    jit_loop_recheck: u64,
     /// While translated code runs: the run loop's cycle limit (what
     /// `jit_deadline` is recomputed from after an event check made for a
     /// chaining exit, `Cpu::jit_chain_fetch`).
@@ -380,6 +389,7 @@ impl Cpu {
             jit_stats: Default::default(),
             jit_profile: crate::jit::profile::CallOutProfile::from_env(),
             jit_deadline: 0,
+            jit_loop_recheck: 1,
             jit_cycle_limit: 0,
             jit_exit: None,
             jit_entered: Vec::new(),

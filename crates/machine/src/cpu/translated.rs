@@ -238,6 +238,7 @@ impl Cpu {
         };
         self.jit_cycle_limit = cycle_limit;
         self.jit_chain_rip = block.rip;
+        self.jit_loop_recheck = 1;
         let r = t.run(self, mem, block, &env);
         match r & 0xff {
             status::FETCHED => {
@@ -334,6 +335,7 @@ impl Cpu {
     ) -> jit::native::CrossingEntry {
         use jit::native::CrossingEntry;
         const NONE: CrossingEntry = CrossingEntry { entry: 0, block: 0 };
+        self.jit_loop_recheck = 1;
         let mtf = self.vmx.as_ref().is_some_and(|v| v.monitor_trap_flag);
         // (The deadline covers these; checked again so that what follows
         // is the run loop's next step whatever the caller.)
@@ -445,6 +447,7 @@ impl Cpu {
         rip: u64,
     ) -> jit::native::CrossingEntry {
         const NONE: jit::native::CrossingEntry = jit::native::CrossingEntry { entry: 0, block: 0 };
+        self.jit_loop_recheck = 1;
         let room = 4096 - (rip & 0xfff) as usize;
         if room >= MAX_INSN_LEN
             || self.state.code_bits() != 64
@@ -513,6 +516,7 @@ impl Cpu {
             cycles: off(&self.cycles as *const u64 as usize),
             jit_deadline: off(&self.jit_deadline as *const u64 as usize),
             jit_chain_rip: off(&self.jit_chain_rip as *const u64 as usize),
+            jit_loop_recheck: off(&self.jit_loop_recheck as *const u64 as usize),
             instruction_cost: self.costs.instruction,
             multiply_cost: self.costs.multiply,
             divide_cost: self.costs.divide,
@@ -548,6 +552,7 @@ impl Cpu {
     /// code: the status word of [`jit::status`]. The flags are left exact
     /// in `state.rflags` (the generated code reads them from there).
     pub(crate) fn jit_call_out(&mut self, mem: &PhysMemory, block: &Block, k: usize) -> u64 {
+        self.jit_loop_recheck = 1;
         let Some(op) = block.insns.get(k) else {
             return status::NEXT_IP | (k as u64) << 8;
         };
@@ -618,6 +623,7 @@ impl Cpu {
     /// removed or inserted); otherwise the interpreter, nothing done.
     pub(crate) fn jit_fill(&mut self, mem: &PhysMemory, la: u64, class: usize, bytes: u64) -> u64 {
         use crate::mmu::AccessKind;
+        self.jit_loop_recheck = 1;
         self.jit_stats.rust_fills += 1;
         let kind = match class / 2 {
             0 => AccessKind::Read,

@@ -150,7 +150,11 @@ impl Emitter {
     /// first-level iTLB slot (a constant offset) is compared with this
     /// block's page and frame, the frame's code-write generation (a
     /// constant address) with this block's, and the jump goes straight to
-    /// the chained entry. Every count is a constant: k + 1 instructions
+    /// the chained entry. Those compares are made only when Rust has run
+    /// since they last passed (`Cpu::jit_loop_recheck`): only Rust changes
+    /// the slot or the generation while generated code runs, and the
+    /// block was checked when it was chained into (or entered from Rust,
+    /// which sets the flag). Every count is a constant: k + 1 instructions
     /// (added as an immediate; r8 is set only on the way to the fetch),
     /// r9 the cycles after them.
     ///
@@ -175,6 +179,12 @@ impl Emitter {
         self.a.add(rax, qword_ptr(rbx + o.cycles))?;
         self.a.cmp(rax, qword_ptr(rbx + o.jit_deadline))?;
         self.a.jae(out)?;
+        // What follows holds as it did at the last check, or when the
+        // block was chained into, unless Rust has run since
+        // (`Cpu::jit_loop_recheck`).
+        let mut checked = self.a.create_label();
+        self.a.cmp(qword_ptr(rbx + o.jit_loop_recheck), 0)?;
+        self.a.je(checked)?;
         // The fetch: a first-level iTLB hit for this privilege (changing
         // nothing) in the slot of this page, on this block's frame.
         let class = 2 * 2 + self.user as usize;
@@ -191,6 +201,8 @@ impl Emitter {
             generation as u32 as i32,
         )?;
         self.a.jne(out)?;
+        self.a.mov(qword_ptr(rbx + o.jit_loop_recheck), 0)?;
+        self.a.set_label(&mut checked)?;
         // The counts, as `count_chained` adds them (the block ended in is
         // already the one reported).
         self.a.add(qword_ptr(rbx + o.instructions), n as i32)?;

@@ -192,6 +192,8 @@ pub(crate) struct Offsets {
     pub cycles: i32,
     pub jit_deadline: i32,
     pub jit_chain_rip: i32,
+    /// `Cpu::jit_loop_recheck`.
+    pub jit_loop_recheck: i32,
     /// `CycleCosts::instruction`, `multiply` and `divide` of the CPU.
     pub instruction_cost: u64,
     pub multiply_cost: u64,

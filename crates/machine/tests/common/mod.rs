@@ -103,6 +103,18 @@ pub fn rig(code: impl FnOnce(&mut CodeAssembler)) -> Rig {
 }
 
 impl Rig {
+    /// The same machine with a TLB of this geometry (a new CPU in the
+    /// rig's state).
+    pub fn with_tlb(mut self, tlb: machine::mmu::tlb::TlbConfig) -> Self {
+        let state = self.cpu.state().clone();
+        self.cpu = Cpu::new(CpuConfig {
+            tlb,
+            ..CpuConfig::default()
+        });
+        *self.cpu.state_mut() = state;
+        self
+    }
+
     /// Enters guest mode with these controls.
     pub fn guest(mut self, controls: VmxControls) -> Self {
         self.cpu.set_vmx(Some(controls));
