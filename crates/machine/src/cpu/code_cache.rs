@@ -387,8 +387,8 @@ impl CodeCache {
 /// The block's vector is allocated once, at its exact length: it lives as
 /// long as the block, and a vector grown by doubling would reallocate and
 /// copy on the way and leave up to half its (fresh, host-zeroed) memory
-/// unused, which in a Linux boot was a tenth of the heap and a good part
-/// of the vCPU thread's page faults.
+/// unused (massif, a Linux boot to 300 ms: 24 MB of a 55 MB heap were such
+/// grown vectors).
 pub fn decode_block(bytes: &[u8], rip: u64, bits: u32) -> Option<Vec<Op>> {
     thread_local! {
         static SCRATCH: std::cell::RefCell<Vec<Op>> =
