@@ -263,39 +263,28 @@ pub fn read_input_file(
             path: path.to_path_buf(),
         });
     }
-    // Sized from the start: the kernel image is tens of megabytes, and a
-    // vector grown while read copies it over and over.
-    let expected = meta.len().min(cap).saturating_add(1);
-    let mut bytes = Vec::with_capacity(usize::try_from(expected).unwrap_or(0));
-    read_capped_into(option, path, file, cap, &mut bytes)?;
-    Ok(bytes)
+    read_capped(option, path, file, cap, meta.len())
 }
 
 /// Reads `reader` to its end, refusing more than `cap` bytes (a file that
-/// grows while read, or standard input).
+/// grows while read, or standard input). `expected`: the bytes it likely
+/// holds (a file's size, or 0), room made for at the start: the kernel
+/// image is tens of megabytes, and a vector grown while read copies it
+/// over and over.
 pub fn read_capped(
     option: &'static str,
     path: &Path,
     reader: impl std::io::Read,
     cap: u64,
+    expected: u64,
 ) -> Result<Vec<u8>, InputFileError> {
-    let mut bytes = Vec::new();
-    read_capped_into(option, path, reader, cap, &mut bytes)?;
-    Ok(bytes)
-}
-
-/// [`read_capped`] into `bytes` (empty; its capacity is kept if enough).
-fn read_capped_into(
-    option: &'static str,
-    path: &Path,
-    reader: impl std::io::Read,
-    cap: u64,
-    bytes: &mut Vec<u8>,
-) -> Result<(), InputFileError> {
     use std::io::Read;
+    // (One byte over: the read that finds the end needs room.)
+    let room = expected.min(cap).saturating_add(1);
+    let mut bytes = Vec::with_capacity(usize::try_from(room).unwrap_or(0));
     reader
         .take(cap.saturating_add(1))
-        .read_to_end(bytes)
+        .read_to_end(&mut bytes)
         .map_err(|source| InputFileError::Io {
             option,
             path: path.to_path_buf(),
@@ -309,7 +298,7 @@ fn read_capped_into(
             what: cap_reason(option),
         });
     }
-    Ok(())
+    Ok(bytes)
 }
 
 /// A swap file must be a regular file on a disk-backed file system (or a
@@ -460,7 +449,7 @@ mod tests {
         ));
         // Standard input (any reader) is cut at the cap, not read to its end.
         let endless = std::io::repeat(0);
-        let e = read_capped("--console-input", Path::new("-"), endless, 4096).unwrap_err();
+        let e = read_capped("--console-input", Path::new("-"), endless, 4096, 0).unwrap_err();
         assert!(e.to_string().contains("more than 4K"), "{e}");
     }
 

@@ -184,7 +184,9 @@ pub fn cmdline(options: &str, program: &[String]) -> String {
 pub fn initramfs() -> Result<Vec<u8>, LinuxSetupError> {
     use hv::linux::initramfs::CpioWriter;
     let init = INIT.ok_or(LinuxSetupError::NoPrograms)?;
-    // Each entry is a 110-byte header, its name and padding besides the data.
+    // Each entry is a 110-byte header, its name and padding besides the
+    // data: 256 bytes is room for that, for each program and the eight
+    // other entries (five directories, the console, init, the trailer).
     let data: usize = init.len() + PROGRAMS.iter().map(|(_, b)| b.len()).sum::<usize>();
     let mut cpio = CpioWriter::with_capacity(data + (PROGRAMS.len() + 8) * 256);
     for dir in ["dev", "proc", "sys", "tmp", "bin"] {

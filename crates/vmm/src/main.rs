@@ -14,13 +14,6 @@
 
 mod bench;
 mod plot;
-
-/// mimalloc instead of glibc's malloc: the vCPU thread frees what the
-/// translator thread allocated (requests, code), and glibc serialises
-/// such frees on the owning arena's lock (futex waits and wakes on both
-/// threads); mimalloc frees across threads without a lock.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod reproduce;
 
 // The product (run, restore, incoming, calibrate, the summary) is the
@@ -35,6 +28,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use units::{parse_nonzero_size, parse_positive_duration, parse_positive_seconds, parse_size};
+
+/// mimalloc instead of glibc's malloc: the vCPU thread frees what the
+/// translator thread allocated (requests, code), and glibc serialises
+/// such frees on the owning arena's lock (futex waits and wakes on both
+/// threads); mimalloc frees across threads without a lock.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -360,6 +360,7 @@ fn read_console_input(path: Option<&std::path::Path>) -> Result<Vec<u8>, ConfigE
             path,
             std::io::stdin().lock(),
             CONSOLE_INPUT_CAP,
+            0,
         )?
     } else {
         read_input_file("--console-input", path, CONSOLE_INPUT_CAP)?

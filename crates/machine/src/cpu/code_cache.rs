@@ -394,18 +394,11 @@ pub fn decode_block(bytes: &[u8], rip: u64, bits: u32) -> Option<Vec<Op>> {
         static SCRATCH: std::cell::RefCell<Vec<Op>> =
             std::cell::RefCell::new(Vec::with_capacity(MAX_BLOCK_INSNS));
     }
-    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-        Ok(mut insns) => {
-            insns.clear();
-            decode_block_into(bytes, rip, bits, &mut insns);
-            (!insns.is_empty()).then(|| insns.to_vec())
-        }
-        // Not reentered in practice; a fresh vector is as good.
-        Err(_) => {
-            let mut insns = Vec::new();
-            decode_block_into(bytes, rip, bits, &mut insns);
-            (!insns.is_empty()).then_some(insns)
-        }
+    // (Never reentered: decoding calls nothing that decodes.)
+    SCRATCH.with_borrow_mut(|insns| {
+        insns.clear();
+        decode_block_into(bytes, rip, bits, insns);
+        (!insns.is_empty()).then(|| insns.to_vec())
     })
 }
 
